@@ -1,0 +1,65 @@
+"""The ``jaxrl-llm`` command: one subcommand per module, dispatched from an explicit table.
+
+Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``. A
+:class:`jaxrl_llm.errors.JaxrlError` raised anywhere is printed as one line on stderr with
+exit status 2; set ``JAXRL_LLM_TRACEBACK=1`` to see the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# name -> (module, one-line help). Explicit, in one place (no import side effects).
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("jaxrl_llm.cli.generate", "sample completions from a model"),
+    "convert": ("jaxrl_llm.cli.convert", "convert a model or checkpoint (e.g. to Hugging Face)"),
+    "train": ("jaxrl_llm.cli.train", "train with a YAML config and dotted overrides"),
+    "memory": ("jaxrl_llm.cli.memory", "estimate per-device memory for an algorithm"),
+    "plot": ("jaxrl_llm.cli.plot", "write PNG learning curves for a run directory"),
+    "bench": ("jaxrl_llm.cli.bench", "run the benchmark suite and rewrite BENCHMARKS.md"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every available subcommand attached."""
+    parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:
+                continue  # subcommand not built yet
+            raise
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``jaxrl-llm`` console script."""
+    from jaxrl_llm.errors import JaxrlError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except JaxrlError as e:
+        if os.environ.get("JAXRL_LLM_TRACEBACK"):
+            raise
+        print(f"jaxrl-llm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"jaxrl-llm {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""jaxrl_llm.data (in progress)."""
+
+__all__: list[str] = []

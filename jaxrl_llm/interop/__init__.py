@@ -1,0 +1,3 @@
+"""jaxrl_llm.interop (in progress)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""jaxrl_llm.losses (in progress)."""
+
+__all__: list[str] = []

@@ -1,0 +1,42 @@
+"""Llama-family decoder transformers as pure functions over a parameter dict, with an
+explicit KV cache and an optional scalar head. Knows nothing about RL."""
+
+from jaxrl_llm.models.config import Family
+from jaxrl_llm.models.config import HF_ARCHITECTURES
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.config import RopeScaling
+from jaxrl_llm.models.config import dtype_from_name
+from jaxrl_llm.models.transformer import KVCache
+from jaxrl_llm.models.transformer import ModelOutputs
+from jaxrl_llm.models.transformer import apply
+from jaxrl_llm.models.transformer import default_positions
+from jaxrl_llm.models.transformer import forward
+from jaxrl_llm.models.transformer import init_cache
+from jaxrl_llm.models.transformer import init_params
+from jaxrl_llm.models.transformer import logits_from_hidden
+from jaxrl_llm.models.transformer import param_logical_axes
+from jaxrl_llm.models.transformer import param_shapes_and_axes
+from jaxrl_llm.models.transformer import scalar_head
+from jaxrl_llm.models.transformer import trunk
+from jaxrl_llm.models.transformer import unembedding
+
+__all__ = [
+    "Family",
+    "HF_ARCHITECTURES",
+    "KVCache",
+    "ModelConfig",
+    "ModelOutputs",
+    "RopeScaling",
+    "apply",
+    "default_positions",
+    "dtype_from_name",
+    "forward",
+    "init_cache",
+    "init_params",
+    "logits_from_hidden",
+    "param_logical_axes",
+    "param_shapes_and_axes",
+    "scalar_head",
+    "trunk",
+    "unembedding",
+]

@@ -1,0 +1,233 @@
+"""Model configuration for the Llama family of decoder-only transformers.
+
+One frozen dataclass covers Llama (1/2/3, incl. SmolLM2 and Llama 3 rope scaling), Mistral,
+Qwen2/2.5 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm), as Hugging Face transformers
+implements them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+
+class Family(str, enum.Enum):
+    """Model families this implementation covers (transformers' ``model_type``)."""
+
+    LLAMA = "llama"
+    MISTRAL = "mistral"
+    QWEN2 = "qwen2"
+    QWEN3 = "qwen3"
+
+
+class RopeScaling(str, enum.Enum):
+    """RoPE frequency scaling schemes (transformers' ``rope_type``)."""
+
+    NONE = "default"
+    LINEAR = "linear"
+    LLAMA3 = "llama3"
+
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# transformers architecture names per family, used for export.
+HF_ARCHITECTURES = {
+    Family.LLAMA: ("LlamaForCausalLM", "LlamaForSequenceClassification"),
+    Family.MISTRAL: ("MistralForCausalLM", "MistralForSequenceClassification"),
+    Family.QWEN2: ("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
+    Family.QWEN3: ("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"),
+}
+
+
+def dtype_from_name(name: str | Any):
+    """'float32' | 'bfloat16' | 'float16' (or a dtype) -> jnp dtype; clear error otherwise."""
+    if not isinstance(name, str):
+        return jnp.dtype(name)
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; allowed: {sorted(_DTYPES)}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """Hyperparameters of a Llama-family decoder.
+
+    Attributes:
+      family: which transformers implementation the weights follow.
+      vocab_size, hidden_size (D), intermediate_size (F), num_layers (L), num_heads (H),
+      num_kv_heads (K, grouped-query attention; H % K == 0), head_dim (defaults to D // H).
+      rope_theta: RoPE base. rope_scaling: scheme; rope_factor, rope_low_freq_factor,
+        rope_high_freq_factor, rope_original_max_position: its parameters (Llama 3).
+      rms_norm_eps: RMSNorm ε. tie_embeddings: the unembedding is the embedding's transpose.
+      attention_bias: q/k/v projections have a bias (Qwen2). qk_norm: per-head RMSNorm on q, k
+        before RoPE (Qwen3). sliding_window: Mistral's local attention window (None = global).
+      num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
+      param_dtype, compute_dtype: 'float32' or 'bfloat16'.
+      bos_token_id, eos_token_ids, pad_token_id: special tokens carried for export/sampling.
+    """
+
+    family: Family = Family.LLAMA
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None
+    max_position_embeddings: int = 8192
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = RopeScaling.NONE
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    num_labels: int = 0
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "family", Family(self.family))
+        object.__setattr__(self, "rope_scaling", RopeScaling(self.rope_scaling))
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not divisible by num_heads="
+                    f"{self.num_heads}; set head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if self.num_labels not in (0, 1):
+            raise ValueError(f"num_labels must be 0 (language model) or 1 (scalar head), "
+                             f"got {self.num_labels}")
+        dtype_from_name(self.param_dtype)
+        dtype_from_name(self.compute_dtype)
+
+    @property
+    def param_jnp_dtype(self):
+        """The parameter dtype as a jnp dtype."""
+        return dtype_from_name(self.param_dtype)
+
+    @property
+    def compute_jnp_dtype(self):
+        """The activation / matmul dtype as a jnp dtype."""
+        return dtype_from_name(self.compute_dtype)
+
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        d, f, h, k, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
+                          self.num_kv_heads, self.head_dim)
+        per_layer = d * h * hd + 2 * d * k * hd + h * hd * d + 3 * d * f + 2 * d
+        if self.attention_bias:
+            per_layer += h * hd + 2 * k * hd
+        if self.qk_norm:
+            per_layer += 2 * hd
+        n = self.vocab_size * d + self.num_layers * per_layer + d
+        if not self.tie_embeddings:
+            n += d * self.vocab_size
+        n += d * self.num_labels
+        return n
+
+    # ----- presets -------------------------------------------------------------------------
+    @classmethod
+    def tiny(cls, family: Family | str = Family.LLAMA, **overrides) -> "ModelConfig":
+        """A tiny random-init config with odd, distinct sizes for unit tests."""
+        family = Family(family)
+        base = dict(family=family, vocab_size=97, hidden_size=48, intermediate_size=80,
+                    num_layers=2, num_heads=3, num_kv_heads=1, head_dim=16,
+                    max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6,
+                    tie_embeddings=family == Family.LLAMA,
+                    attention_bias=family == Family.QWEN2, qk_norm=family == Family.QWEN3)
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def smollm2_135m(cls, **overrides) -> "ModelConfig":
+        """SmolLM2-135M(-Instruct): 30 layers, D=576, 9 heads / 3 KV heads, tied, V=49152."""
+        base = dict(family=Family.LLAMA, vocab_size=49152, hidden_size=576,
+                    intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+                    head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
+                    rms_norm_eps=1e-5, tie_embeddings=True, bos_token_id=1,
+                    eos_token_ids=(2,), pad_token_id=2)
+        base.update(overrides)
+        return cls(**base)
+
+    # ----- transformers interop ------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, hf: Any, **overrides) -> "ModelConfig":
+        """Build from a transformers ``PretrainedConfig`` (or its ``to_dict()``).
+
+        Raises ValueError naming the architecture when it is not a supported family.
+        """
+        d: Mapping[str, Any] = hf if isinstance(hf, Mapping) else hf.to_dict()
+        model_type = d.get("model_type")
+        try:
+            family = Family(model_type)
+        except ValueError:
+            raise ValueError(
+                f"unsupported architecture model_type={model_type!r} "
+                f"(architectures={d.get('architectures')}); supported: "
+                f"{[f.value for f in Family]}") from None
+        rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
+        if rope_type not in {r.value for r in RopeScaling}:
+            raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: "
+                             f"{[r.value for r in RopeScaling]}")
+        rope_theta = d.get("rope_theta")
+        if rope_theta is None:
+            rope_theta = rope.get("rope_theta", 10000.0) if rope else 10000.0
+        eos = d.get("eos_token_id")
+        eos = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
+        sliding = d.get("sliding_window") if family == Family.MISTRAL else None
+        if family in (Family.QWEN2, Family.QWEN3) and d.get("use_sliding_window"):
+            sliding = d.get("sliding_window")
+        num_labels = 0
+        archs = d.get("architectures") or []
+        if any(a.endswith("ForSequenceClassification") for a in archs):
+            num_labels = int(d.get("num_labels", len(d.get("id2label", {}) or {0: 0})))
+        kwargs = dict(
+            family=family,
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=d["num_attention_heads"],
+            num_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+            head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
+            max_position_embeddings=d.get("max_position_embeddings", 8192),
+            rope_theta=float(rope_theta),
+            rope_scaling=RopeScaling(rope_type),
+            rope_factor=float(rope.get("factor", 1.0)) if rope else 1.0,
+            rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)) if rope else 1.0,
+            rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)) if rope else 4.0,
+            rope_original_max_position=int(
+                rope.get("original_max_position_embeddings", 8192)) if rope else 8192,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=bool(d.get("attention_bias", family == Family.QWEN2)),
+            qk_norm=family == Family.QWEN3,
+            sliding_window=sliding,
+            num_labels=num_labels,
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=eos,
+            pad_token_id=d.get("pad_token_id"),
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)

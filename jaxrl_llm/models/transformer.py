@@ -1,0 +1,424 @@
+"""A pure-function Llama-family decoder with an explicit KV cache.
+
+Parameters are a plain nested dict (see :func:`init_params`); per-layer weights are stacked
+along a leading ``layers`` axis and the layers run under ``lax.scan`` (one compiled layer body,
+fast compiles, a natural place for rematerialisation). Every parameter dimension has a logical
+axis name (:func:`param_logical_axes`) so the parallel layer can shard it without touching this
+file.
+
+Shapes use dimension letters: B batch, T new tokens, S cache slots, D model width, H query
+heads, K key/value heads, G = H // K query heads per KV head, E head dim, F MLP width, V vocab,
+L layers.
+
+The KV cache (:class:`KVCache`) is an explicit pytree passed in and returned; slot ``s`` of the
+cache holds the token written at step ``s`` for every row, ``mask[b, s]`` says whether that
+slot holds a real token of row ``b``. RoPE positions are per row and passed explicitly, so left
+padding and per-row prompt lengths are handled by (positions, mask), never by shifting data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.config import ModelConfig, RopeScaling
+
+Params = dict[str, Any]
+
+_NEG_INF = -1e30  # large finite negative: fully masked rows stay finite (no NaN).
+
+
+class KVCache(NamedTuple):
+    """Explicit key/value cache.
+
+    Attributes:
+      k, v: ``[L, B, S, K, E]`` keys (after RoPE) and values.
+      mask: ``[B, S]`` bool, slot holds a real token of that row.
+      positions: ``[B, S]`` int32 RoPE position of the token in each slot (for sliding windows).
+      index: ``[]`` int32, the next slot to write.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    positions: jax.Array
+    index: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        """Number of slots S."""
+        return self.k.shape[2]
+
+
+class ModelOutputs(NamedTuple):
+    """What the loss layer needs from a forward pass, without materialising logits.
+
+    Attributes:
+      hidden: ``[B, T, D]`` final-normed hidden states.
+      unembed: ``[D, V]`` output projection (the embedding's transpose when tied).
+      scalar: ``[B, T]`` scalar-head output (value / reward) or None.
+    """
+
+    hidden: jax.Array
+    unembed: jax.Array
+    scalar: jax.Array | None
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache with ``max_len`` slots for ``batch_size`` rows."""
+    dtype = config.compute_jnp_dtype if dtype is None else dtype
+    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        mask=jnp.zeros((batch_size, max_len), bool),
+        positions=jnp.zeros((batch_size, max_len), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+# ----- parameters -----------------------------------------------------------------------------
+
+def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
+    """Nested dict of ``(shape, logical_axes)`` leaves describing every parameter."""
+    c = config
+    L, D, F, H, K, E, V = (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads,
+                           c.num_kv_heads, c.head_dim, c.vocab_size)
+    layers: dict[str, Any] = {
+        "attn_norm": {"scale": ((L, D), ("layers", "norm"))},
+        "q_proj": {"kernel": ((L, D, H, E), ("layers", "embed", "heads", "head_dim"))},
+        "k_proj": {"kernel": ((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim"))},
+        "v_proj": {"kernel": ((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim"))},
+        "o_proj": {"kernel": ((L, H, E, D), ("layers", "heads", "head_dim", "embed"))},
+        "mlp_norm": {"scale": ((L, D), ("layers", "norm"))},
+        "gate_proj": {"kernel": ((L, D, F), ("layers", "embed", "mlp"))},
+        "up_proj": {"kernel": ((L, D, F), ("layers", "embed", "mlp"))},
+        "down_proj": {"kernel": ((L, F, D), ("layers", "mlp", "embed"))},
+    }
+    if c.attention_bias:
+        layers["q_proj"]["bias"] = ((L, H, E), ("layers", "heads", "head_dim"))
+        layers["k_proj"]["bias"] = ((L, K, E), ("layers", "kv_heads", "head_dim"))
+        layers["v_proj"]["bias"] = ((L, K, E), ("layers", "kv_heads", "head_dim"))
+    if c.qk_norm:
+        layers["q_norm"] = {"scale": ((L, E), ("layers", "head_dim"))}
+        layers["k_norm"] = {"scale": ((L, E), ("layers", "head_dim"))}
+    tree: dict[str, Any] = {
+        "embed": {"embedding": ((V, D), ("vocab", "embed"))},
+        "layers": layers,
+        "final_norm": {"scale": ((D,), ("norm",))},
+    }
+    if not c.tie_embeddings:
+        tree["lm_head"] = {"kernel": ((D, V), ("embed", "vocab"))}
+    if c.num_labels:
+        tree["score_head"] = {"kernel": ((D, c.num_labels), ("embed", "labels"))}
+    return tree
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple)
+
+
+def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
+    """Same tree as the params with a tuple of logical axis names per leaf.
+
+    Names: vocab, embed, heads, kv_heads, head_dim, mlp, layers, norm, labels.
+    """
+    return jax.tree.map(lambda s: s[1], param_shapes_and_axes(config), is_leaf=_is_spec)
+
+
+def init_params(config: ModelConfig, rng: jax.Array) -> Params:
+    """Random initialisation (normal, std 0.02; norms at 1) in ``config.param_dtype``.
+
+    Jittable and usable under ``jax.eval_shape`` for abstract (sharded) creation.
+    """
+    specs = param_shapes_and_axes(config)
+    leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
+    keys = jax.random.split(rng, len(leaves))
+    dtype = config.param_jnp_dtype
+    paths = [jax.tree_util.keystr(p) for p, _ in
+             jax.tree_util.tree_flatten_with_path(specs, is_leaf=_is_spec)[0]]
+    out = []
+    for key, path, (shape, _) in zip(keys, paths, leaves):
+        if "norm" in path and "scale" in path:
+            out.append(jnp.ones(shape, dtype))
+        elif "bias" in path:
+            out.append(jnp.zeros(shape, dtype))
+        else:
+            out.append((0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
+    return jax.tree.unflatten(treedef, out)
+
+
+# ----- building blocks ------------------------------------------------------------------------
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm as transformers' LlamaRMSNorm: normalise in float32, then scale."""
+    dtype = x.dtype
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return scale.astype(dtype) * x32.astype(dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
+    """Inverse RoPE frequencies ``[E/2]`` including Llama 3 / linear scaling."""
+    e = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    if config.rope_scaling == RopeScaling.LINEAR:
+        inv = inv / config.rope_factor
+    elif config.rope_scaling == RopeScaling.LLAMA3:
+        # Llama 3.1 (arXiv:2407.21783): keep high frequencies, divide low ones by `factor`,
+        # interpolate smoothly in between.
+        factor, lo, hi = config.rope_factor, config.rope_low_freq_factor, config.rope_high_freq_factor
+        old = config.rope_original_max_position
+        low_wavelen, high_wavelen = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = jnp.where(medium, smoothed, scaled)
+    return inv
+
+
+def apply_rope(x_btne: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding in transformers' "rotate half" layout."""
+    angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, E/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x = x_btne.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_btne.dtype)
+
+
+def _attention(q_btke, k_bske, v_bske, allowed_bts, num_groups: int) -> jax.Array:
+    """Grouped-query attention; ``q`` has H = K·G heads laid out [B, T, K·G, E]."""
+    b, t, h, e = q_btke.shape
+    kh = k_bske.shape[2]
+    q = q_btke.reshape(b, t, kh, num_groups, e)
+    scores = jnp.einsum("btkge,bske->bkgts", q, k_bske,
+                        preferred_element_type=jnp.float32) / math.sqrt(e)
+    scores = jnp.where(allowed_bts[:, None, None, :, :], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bske.dtype)
+    out = jnp.einsum("bkgts,bske->btkge", probs, v_bske)
+    return out.reshape(b, t, h, e)
+
+
+def _linear_heads(x_btd, p, dtype):
+    y = jnp.einsum("btd,dne->btne", x_btd, p["kernel"].astype(dtype))
+    if "bias" in p:
+        y = y + p["bias"].astype(dtype)
+    return y
+
+
+def _layer(config: ModelConfig, x_btd, lp, positions_bt, allowed_bts, inv_freq, kv=None,
+           write_index=None):
+    """One decoder layer. With ``kv`` = (k_bske, v_bske) cache slices, writes new keys/values
+    at ``write_index`` and attends over the whole cache; returns (x, (k, v))."""
+    dtype = x_btd.dtype
+    c = config
+    h = rms_norm(x_btd, lp["attn_norm"]["scale"], c.rms_norm_eps)
+    q = _linear_heads(h, lp["q_proj"], dtype)
+    k = _linear_heads(h, lp["k_proj"], dtype)
+    v = _linear_heads(h, lp["v_proj"], dtype)
+    if c.qk_norm:
+        q = rms_norm(q, lp["q_norm"]["scale"], c.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"]["scale"], c.rms_norm_eps)
+    q = apply_rope(q, positions_bt, inv_freq)
+    k = apply_rope(k, positions_bt, inv_freq)
+    if kv is not None:
+        k_cache, v_cache = kv
+        k_all = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), write_index, 1)
+        v_all = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), write_index, 1)
+        new_kv = (k_all, v_all)
+        k_att, v_att = k_all.astype(dtype), v_all.astype(dtype)
+    else:
+        new_kv = None
+        k_att, v_att = k, v
+    attn = _attention(q, k_att, v_att, allowed_bts, c.num_heads // c.num_kv_heads)
+    x = x_btd + jnp.einsum("btne,ned->btd", attn, lp["o_proj"]["kernel"].astype(dtype))
+    h = rms_norm(x, lp["mlp_norm"]["scale"], c.rms_norm_eps)
+    gate = jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype))
+    up = jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype))
+    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up,
+                       lp["down_proj"]["kernel"].astype(dtype))
+    return x, new_kv
+
+
+def default_positions(attention_mask: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    """RoPE positions from a ``[B, T]`` mask: cumsum(mask) − 1 (0 on left padding);
+    with segment ids, positions restart at 0 in every segment (packing)."""
+    m = attention_mask.astype(jnp.int32)
+    if segment_ids is None:
+        return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0)
+    idx = jnp.arange(m.shape[1])[None, :]
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return (idx - start_idx).astype(jnp.int32)
+
+
+Remat = str  # "none" | "full" | "dots"
+
+
+def _remat_policy(remat: str):
+    if remat == "none":
+        return None
+    if remat == "full":
+        return jax.checkpoint_policies.nothing_saveable
+    if remat == "dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    raise ValueError(f"unknown remat policy {remat!r}; allowed: 'none', 'full', 'dots'")
+
+
+def trunk(
+    params: Params,
+    tokens: jax.Array,
+    *,
+    config: ModelConfig,
+    positions: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+    remat: str = "none",
+) -> tuple[jax.Array, KVCache | None]:
+    """Embeddings → L decoder layers → final RMSNorm.
+
+    Args:
+      params: parameter tree from :func:`init_params` or an importer.
+      tokens: ``[B, T]`` int token ids.
+      positions: ``[B, T]`` RoPE positions (default :func:`default_positions`).
+      attention_mask: ``[B, T]`` 1 for real tokens (default all ones). Without a cache,
+        attention is causal among real tokens; padded queries produce ignorable output.
+      segment_ids: ``[B, T]`` ints for packed sequences; tokens attend only within their
+        segment (no cache allowed).
+      cache: a :class:`KVCache`; new keys/values are written at ``cache.index`` and the
+        queries attend over every filled slot.
+      remat: rematerialisation of each layer under autodiff: 'none', 'full' or 'dots'.
+    Returns:
+      (hidden ``[B, T, D]`` in the compute dtype, the new cache or None).
+    """
+    c = config
+    chex.assert_rank(tokens, 2)
+    b, t = tokens.shape
+    if attention_mask is None:
+        attention_mask = jnp.ones((b, t), bool)
+    attention_mask = attention_mask.astype(bool)
+    chex.assert_shape(attention_mask, (b, t))
+    if positions is None:
+        positions = default_positions(attention_mask, segment_ids)
+    chex.assert_shape(positions, (b, t))
+    dtype = c.compute_jnp_dtype
+    inv_freq = rope_inv_freq(c)
+
+    x = params["embed"]["embedding"].astype(dtype)[tokens]
+
+    if cache is None:
+        q_idx = jnp.arange(t)
+        allowed = (q_idx[:, None] >= q_idx[None, :])[None] & attention_mask[:, None, :]
+        if segment_ids is not None:
+            allowed &= segment_ids[:, :, None] == segment_ids[:, None, :]
+        if c.sliding_window is not None:
+            allowed &= (positions[:, :, None] - positions[:, None, :]) < c.sliding_window
+        allowed &= attention_mask[:, :, None] | jnp.eye(t, dtype=bool)[None]
+    else:
+        if segment_ids is not None:
+            raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
+        s = cache.max_len
+        slot = jnp.arange(s)
+        write = cache.index
+        new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
+        new_pos = jax.lax.dynamic_update_slice_in_dim(cache.positions,
+                                                      positions.astype(jnp.int32), write, 1)
+        q_slot = write + jnp.arange(t)
+        allowed = (slot[None, :] <= q_slot[:, None])[None] & new_mask[:, None, :]
+        if c.sliding_window is not None:
+            allowed &= (positions[:, :, None] - new_pos[:, None, :]) < c.sliding_window
+        allowed |= (slot[None, :] == q_slot[:, None])[None]  # a query always sees itself
+
+    layer_fn = lambda x, lp, kv: _layer(c, x, lp, positions, allowed, inv_freq, kv,
+                                        None if cache is None else cache.index)
+    policy = _remat_policy(remat)
+    if policy is not None:
+        layer_fn = jax.checkpoint(layer_fn, policy=policy)
+
+    if cache is None:
+        def body(x, lp):
+            x, _ = layer_fn(x, lp, None)
+            return x, None
+        x, _ = jax.lax.scan(body, x, params["layers"])
+        new_cache = None
+    else:
+        def body(x, xs):
+            lp, k_l, v_l = xs
+            x, (k_l, v_l) = layer_fn(x, lp, (k_l, v_l))
+            return x, (k_l, v_l)
+        x, (k_new, v_new) = jax.lax.scan(body, x, (params["layers"], cache.k, cache.v))
+        new_cache = KVCache(k=k_new, v=v_new, mask=new_mask, positions=new_pos,
+                            index=cache.index + t)
+
+    x = rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps)
+    return x, new_cache
+
+
+def unembedding(params: Params, config: ModelConfig) -> jax.Array:
+    """The output projection ``[D, V]`` (embedding transposed when tied)."""
+    if config.tie_embeddings:
+        return params["embed"]["embedding"].T
+    return params["lm_head"]["kernel"]
+
+
+def logits_from_hidden(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:
+    """``[B, T, V]`` logits in float32 (materialises the full vocabulary; prefer the chunked
+    log-prob ops in training)."""
+    w = unembedding(params, config).astype(hidden.dtype)
+    return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
+
+
+def scalar_head(params: Params, hidden: jax.Array) -> jax.Array:
+    """Scalar head output ``[B, T]`` (value model / reward model), float32."""
+    w = params["score_head"]["kernel"].astype(hidden.dtype)
+    return jnp.einsum("btd,dl->btl", hidden, w, preferred_element_type=jnp.float32)[..., 0]
+
+
+def forward(
+    params: Params,
+    tokens: jax.Array,
+    *,
+    config: ModelConfig,
+    positions: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+    remat: str = "none",
+) -> tuple[jax.Array, KVCache | None]:
+    """Full forward to float32 logits ``[B, T, V]``; returns (logits, new cache)."""
+    hidden, cache = trunk(params, tokens, config=config, positions=positions,
+                          attention_mask=attention_mask, segment_ids=segment_ids, cache=cache,
+                          remat=remat)
+    return logits_from_hidden(params, hidden, config), cache
+
+
+def apply(
+    params: Params,
+    tokens: jax.Array,
+    *,
+    config: ModelConfig,
+    attention_mask: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    remat: str = "none",
+) -> ModelOutputs:
+    """Training-time forward: hidden states, the unembedding and the scalar head if any.
+
+    This is the ``apply_fn`` the loss layer calls (bind ``config`` with functools.partial).
+    """
+    hidden, _ = trunk(params, tokens, config=config, positions=positions,
+                      attention_mask=attention_mask, segment_ids=segment_ids, remat=remat)
+    scalar = scalar_head(params, hidden) if config.num_labels else None
+    unembed = None if config.num_labels and "lm_head" not in params and not config.tie_embeddings \
+        else unembedding(params, config)
+    return ModelOutputs(hidden=hidden, unembed=unembed, scalar=scalar)

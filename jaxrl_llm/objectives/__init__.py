@@ -1,0 +1,3 @@
+"""jaxrl_llm.objectives (in progress)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""jaxrl_llm.parallel (in progress)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""jaxrl_llm.rewards (in progress)."""
+
+__all__: list[str] = []

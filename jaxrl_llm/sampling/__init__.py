@@ -1,0 +1,3 @@
+"""jaxrl_llm.sampling (in progress)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""jaxrl_llm.train (in progress)."""
+
+__all__: list[str] = []

@@ -1,0 +1,90 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm import models as M
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_stepwise_equals_full_forward(family):
+    c = M.ModelConfig.tiny(family)
+    p = M.init_params(c, jax.random.PRNGKey(0))
+    toks = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, c.vocab_size)
+    mask = jnp.ones((2, 9), bool).at[1, :3].set(False)  # left padding on row 1
+    full, _ = M.forward(p, toks, config=c, attention_mask=mask)
+    pos = M.default_positions(mask)
+    cache = M.init_cache(c, 2, 16)
+    step = jax.jit(lambda p, t, m, ps, cache: M.forward(p, t, config=c, attention_mask=m,
+                                                        positions=ps, cache=cache))
+    outs = []
+    lg, cache = step(p, toks[:, :5], mask[:, :5], pos[:, :5], cache)
+    outs.append(lg)
+    for i in range(5, 9):
+        lg, cache = step(p, toks[:, i:i + 1], mask[:, i:i + 1], pos[:, i:i + 1], cache)
+        outs.append(lg)
+    inc = jnp.concatenate(outs, 1)
+    diff = jnp.where(mask[..., None], inc - full, 0.0)
+    assert float(jnp.max(jnp.abs(diff))) <= 1e-5
+    assert int(cache.index) == 9
+
+
+def test_left_padding_does_not_change_real_token_logits():
+    c = M.ModelConfig.tiny("llama")
+    p = M.init_params(c, jax.random.PRNGKey(0))
+    toks = jax.random.randint(jax.random.PRNGKey(1), (1, 6), 0, c.vocab_size)
+    ref, _ = M.forward(p, toks, config=c)
+    padded = jnp.concatenate([jnp.zeros((1, 3), toks.dtype), toks], 1)
+    mask = jnp.arange(9)[None] >= 3
+    got, _ = M.forward(p, padded, config=c, attention_mask=mask)
+    np.testing.assert_allclose(got[:, 3:], ref, atol=1e-5)
+
+
+def test_packing_with_segment_ids_equals_separate_sequences():
+    c = M.ModelConfig.tiny("qwen3")
+    p = M.init_params(c, jax.random.PRNGKey(0))
+    a = jax.random.randint(jax.random.PRNGKey(1), (1, 4), 0, c.vocab_size)
+    b = jax.random.randint(jax.random.PRNGKey(2), (1, 5), 0, c.vocab_size)
+    la, _ = M.forward(p, a, config=c)
+    lb, _ = M.forward(p, b, config=c)
+    packed = jnp.concatenate([a, b], 1)
+    seg = jnp.array([[0] * 4 + [1] * 5])
+    lp, _ = M.forward(p, packed, config=c, segment_ids=seg)
+    np.testing.assert_allclose(lp[:, :4], la, atol=1e-5)
+    np.testing.assert_allclose(lp[:, 4:], lb, atol=1e-5)
+
+
+def test_param_count_and_logical_axes_cover_every_parameter():
+    for fam in FAMILIES:
+        c = M.ModelConfig.tiny(fam, num_labels=1)
+        p = M.init_params(c, jax.random.PRNGKey(0))
+        axes = M.param_logical_axes(c)
+        flat_p = jax.tree_util.tree_leaves_with_path(p)
+        flat_a = dict(jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple)))
+        assert c.num_params() == sum(x.size for _, x in flat_p)
+        for path, leaf in flat_p:
+            assert len(flat_a[path]) == leaf.ndim, path
+        out = M.apply(p, jnp.zeros((2, 3), jnp.int32), config=c)
+        assert out.scalar.shape == (2, 3) and out.hidden.shape == (2, 3, c.hidden_size)
+
+
+def test_config_validation_errors_are_clear():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        M.ModelConfig.tiny(num_heads=3, num_kv_heads=2)
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        M.ModelConfig.from_hf_config({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    with pytest.raises(ValueError, match="dtype"):
+        M.ModelConfig.tiny(param_dtype="float64x")
+
+
+def test_bfloat16_compute_runs_and_is_close():
+    c32 = M.ModelConfig.tiny("llama")
+    c16 = M.ModelConfig.tiny("llama", compute_dtype="bfloat16")
+    p = M.init_params(c32, jax.random.PRNGKey(0))
+    toks = jax.random.randint(jax.random.PRNGKey(1), (2, 7), 0, c32.vocab_size)
+    a, _ = M.forward(p, toks, config=c32)
+    b, _ = M.forward(p, toks, config=c16)
+    assert b.dtype == jnp.float32
+    np.testing.assert_allclose(a, b, atol=5e-2)
