@@ -1,0 +1,162 @@
+"""Run logging: ``metrics.jsonl`` (one JSON object per logged step, with ``step``), TensorBoard
+event files, optional Weights & Biases, and a progress line with ETA and key metrics.
+
+Only process 0 writes (multi-host runs never clobber each other's files); other processes get
+a logger whose methods do nothing, so callers never branch on the process index.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def _to_python(v: Any):
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    try:
+        arr = np.asarray(v)
+    except Exception:  # noqa: BLE001 - non-array values (strings) are logged as they are
+        return v
+    if arr.dtype.kind in "fiu" and arr.size == 1:
+        x = arr.item()
+        if isinstance(x, float) and not math.isfinite(x):
+            return None if math.isnan(x) else (math.inf if x > 0 else -math.inf)
+        return x
+    if arr.dtype.kind in "fiu":
+        return arr.tolist()
+    return v
+
+
+def scalarize(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Device arrays / numpy scalars -> plain Python numbers (NaN -> None) for JSON."""
+    return {k: _to_python(v) for k, v in metrics.items()}
+
+
+class MetricsLogger:
+    """Writes metrics for one run directory.
+
+    Args:
+      run_dir: where ``metrics.jsonl`` and ``tb/`` live (created if needed).
+      total_steps: for the progress line's ETA.
+      tensorboard: write TensorBoard events (needs ``tensorboardX``; skipped with a note if absent).
+      wandb_project: log to Weights & Biases as well (needs ``wandb`` installed and logged in).
+      is_main_process: only the main process writes; others are no-ops.
+      progress_keys: metric names shown on the progress line.
+      stream: where progress lines go (stderr by default, so stdout stays clean).
+    """
+
+    def __init__(self, run_dir: str, *, total_steps: int | None = None, tensorboard: bool = True,
+                 wandb_project: str | None = None, is_main_process: bool = True,
+                 progress_keys: tuple[str, ...] = ("loss",), stream=None, config: dict | None = None,
+                 resume: bool = False):
+        self.enabled = is_main_process
+        self.run_dir = run_dir
+        self.total_steps = total_steps
+        self.progress_keys = progress_keys
+        self.stream = stream or sys.stderr
+        self._t0 = time.perf_counter()
+        self._first_step: int | None = None
+        self._tb = None
+        self._wandb = None
+        self._file = None
+        if not self.enabled:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        path = os.path.join(run_dir, "metrics.jsonl")
+        self._file = open(path, "a" if resume else "w", encoding="utf-8")
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+                self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+            except ImportError:
+                print("note: tensorboardX not installed; skipping TensorBoard events",
+                      file=self.stream)
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                print("note: wandb not installed; skipping Weights & Biases logging",
+                      file=self.stream)
+            else:
+                self._wandb = wandb.init(project=wandb_project, dir=run_dir, config=config or {},
+                                         resume="allow" if resume else None)
+
+    def log(self, step: int, metrics: Mapping[str, Any], *, progress: bool = True) -> dict:
+        """Append one JSON line ``{"step": step, **metrics}`` and mirror it to TB / W&B."""
+        row = {"step": int(step), **scalarize(metrics)}
+        if not self.enabled:
+            return row
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(row, step=int(step))
+        if progress:
+            self.print_progress(step, row)
+        return row
+
+    def print_progress(self, step: int, row: Mapping[str, Any]) -> None:
+        """One line: step/total, elapsed, ETA, tokens/s and the progress keys."""
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self._first_step is None:
+            self._first_step, self._t0 = step, now
+        done = step - self._first_step
+        elapsed = now - self._t0
+        parts = [f"step {step}" + (f"/{self.total_steps}" if self.total_steps else "")]
+        if self.total_steps and done > 0:
+            eta = elapsed / done * max(self.total_steps - step, 0)
+            parts.append(f"eta {_fmt_time(eta)}")
+        for k in self.progress_keys:
+            v = row.get(k)
+            if isinstance(v, float):
+                parts.append(f"{k} {v:.4g}")
+            elif v is not None:
+                parts.append(f"{k} {v}")
+        print(" | ".join(parts), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """Flush and close every sink."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _fmt_time(s: float) -> str:
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """Read ``metrics.jsonl`` of a run directory (skips a torn last line from a killed run)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
