@@ -1,0 +1,71 @@
+import dataclasses
+import enum
+
+import pytest
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.train.config_io import apply_overrides, from_dict, load_config, to_dict
+
+
+class Sched(str, enum.Enum):
+    CONSTANT = "constant"
+    COSINE = "cosine"
+
+
+@dataclasses.dataclass(frozen=True)
+class Optim:
+    lr: float = 1e-5
+    schedule: Sched = Sched.CONSTANT
+    betas: tuple[float, ...] = (0.9, 0.999)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    seed: int
+    output_dir: str
+    max_steps: int = 10
+    packing: bool = False
+    optim: Optim = Optim()
+    note: str | None = None
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+
+
+def test_roundtrip_and_coercion(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("seed: 1\noutput_dir: out\noptim:\n  lr: 1e-4\n  schedule: cosine\n")
+    cfg = load_config(Run, str(p), ["optim.betas=[0.9, 0.95]", "packing=true", "note=null"])
+    assert cfg.optim.lr == 1e-4 and cfg.optim.schedule is Sched.COSINE
+    assert cfg.optim.betas == (0.9, 0.95) and cfg.packing is True and cfg.note is None
+    assert to_dict(cfg)["optim"]["schedule"] == "cosine"
+    assert from_dict(Run, to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"seed": 1, "output_dir": "o", "optim": {"lrr": 1}}, r"unknown config key 'optim.lrr' \(did you mean 'lr'\?\)"),
+    ({"seed": "x", "output_dir": "o"}, r"seed: expected an integer, got 'x'"),
+    ({"seed": 1, "output_dir": "o", "optim": {"schedule": "linear"}}, r"optim.schedule: expected one of 'constant', 'cosine'"),
+    ({"seed": 1, "output_dir": "o", "packing": "yes"}, r"packing: expected true or false"),
+    ({"output_dir": "o"}, r"missing required config key\(s\) \['seed'\]"),
+    ({"seed": 1, "output_dir": "o", "max_steps": 0}, r"max_steps must be >= 1"),
+])
+def test_errors_name_the_key(data, match):
+    with pytest.raises(ConfigError, match=match):
+        from_dict(Run, data)
+
+
+def test_override_errors_and_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        apply_overrides({}, ["novalue"])
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        apply_overrides({"seed": 1}, ["seed.x=2"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(Run, str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: [1,\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(Run, str(bad))
+    orig = {"a": {"b": 1}}
+    assert apply_overrides(orig, ["a.b=2"]) == {"a": {"b": 2}} and orig == {"a": {"b": 1}}
