@@ -1,3 +1,49 @@
-"""jaxrl_llm.sampling (in progress)."""
+"""Rollouts: jitted prefill + ``lax.while_loop`` decode with a KV cache, the prompt prefilled
+once per group of G samples, exact log-probs of the sampled tokens.
 
-__all__: list[str] = []
+Token data is batch-major ``[B, T]``; a rollout of B prompts × G samples has N = B·G rows,
+prompt-major (groups are consecutive rows of G). Log-probs follow the losses' convention
+log softmax(logits / τ)[token] (``jaxrl_llm.ops.token_logprobs(..., temperature=τ)``).
+"""
+
+from jaxrl_llm.sampling.config import DEFAULT_BUCKETS
+from jaxrl_llm.sampling.config import SamplingConfig
+from jaxrl_llm.sampling.config import bucket_length
+from jaxrl_llm.sampling.decode import DecodeState
+from jaxrl_llm.sampling.decode import Rollout
+from jaxrl_llm.sampling.decode import decode
+from jaxrl_llm.sampling.decode import generate
+from jaxrl_llm.sampling.decode import init_decode_state
+from jaxrl_llm.sampling.decode import pad_prompts
+from jaxrl_llm.sampling.decode import prefill
+from jaxrl_llm.sampling.decode import rollout
+from jaxrl_llm.sampling.decode import stop_token_ids
+from jaxrl_llm.sampling.decode import trace_counts
+from jaxrl_llm.sampling.filters import filtered_logits
+from jaxrl_llm.sampling.filters import min_p_filter
+from jaxrl_llm.sampling.filters import row_keys
+from jaxrl_llm.sampling.filters import select_tokens
+from jaxrl_llm.sampling.filters import top_k_filter
+from jaxrl_llm.sampling.filters import top_p_filter
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "DecodeState",
+    "Rollout",
+    "SamplingConfig",
+    "bucket_length",
+    "decode",
+    "filtered_logits",
+    "generate",
+    "init_decode_state",
+    "min_p_filter",
+    "pad_prompts",
+    "prefill",
+    "rollout",
+    "row_keys",
+    "select_tokens",
+    "stop_token_ids",
+    "top_k_filter",
+    "top_p_filter",
+    "trace_counts",
+]

@@ -1,0 +1,432 @@
+"""Jitted prefill + ``lax.while_loop`` decode over a preallocated KV cache, with the prompt
+prefilled once per group.
+
+Data flow for B prompts and G samples per prompt (N = B·G rows, prompt-major: row
+``b·G + g`` is sample g of prompt b, so groups are consecutive rows of ``G``):
+
+1. :func:`prefill` (jitted) runs the B left-padded prompts ``[B, P]`` through the model once,
+   writing their keys/values into a cache with ``P + M`` slots, and returns the logits of the
+   last prompt position.
+2. :func:`init_decode_state` (jitted) repeats that cache and those logits G times along the
+   batch (no G-fold prefill compute) and derives the per-row PRNG keys.
+3. :func:`decode` (jitted, state donated) is one ``lax.while_loop``: sample a token per row,
+   record its log-prob, mark rows that emitted a stop token as done, feed the tokens back
+   through the model (one cache slot per step). It stops after ``max_new_tokens`` steps or
+   as soon as every row is done; no host synchronisation happens inside the loop.
+
+Prompt length P and generation length M are bucketed (:func:`bucket_length`), so the number
+of compiled programs stays small; :func:`trace_counts` exposes how often each jitted function
+was traced (one trace = one compile).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.errors import ConfigError, DataError
+from jaxrl_llm.models import KVCache, ModelConfig, default_positions, init_cache, trunk, unembedding
+from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
+from jaxrl_llm.sampling.filters import row_keys, select_tokens
+
+_TRACES: collections.Counter = collections.Counter()
+
+
+def trace_counts() -> dict[str, int]:
+    """How many times each jitted sampling function has been traced (= compiled) in this
+    process: keys 'prefill', 'init_decode_state', 'decode'."""
+    return dict(_TRACES)
+
+
+class DecodeState(NamedTuple):
+    """Loop state of the decode ``while_loop`` (a pytree, donated between calls).
+
+    Attributes:
+      logits: ``[N, V]`` float32 logits for the next token of each row.
+      tokens: ``[N, M]`` int32 generated tokens (pad after a row is done).
+      logprobs: ``[N, M]`` float32 log π_τ of each generated token (0 after done).
+      positions: ``[N]`` int32 RoPE position of the next token of each row.
+      cache: the :class:`jaxrl_llm.models.KVCache` with ``P + M`` slots.
+      done: ``[N]`` bool, the row has emitted a stop token.
+      lengths: ``[N]`` int32 generated tokens per row so far (incl. the stop token).
+      keys: ``[N, 2]`` uint32 per-row PRNG keys (step t uses fold_in(key, t)).
+      step: ``[]`` int32 decode steps taken.
+      max_new_tokens: ``[]`` int32 step limit (≤ M; dynamic, so it does not recompile).
+    """
+
+    logits: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    positions: jax.Array
+    cache: KVCache
+    done: jax.Array
+    lengths: jax.Array
+    keys: jax.Array
+    step: jax.Array
+    max_new_tokens: jax.Array
+
+
+class Rollout(NamedTuple):
+    """Completions of N = B·G rows (prompt-major: groups are consecutive rows of G).
+
+    Attributes:
+      tokens: ``[N, M]`` int32 completion tokens (pad id after the end).
+      mask: ``[N, M]`` int32, 1 up to and including the stop token.
+      lengths: ``[N]`` int32 number of completion tokens (= mask.sum(-1)).
+      finished: ``[N]`` bool, the row ended with EOS / a stop token.
+      truncated: ``[N]`` bool, the row hit ``max_new_tokens`` without a stop token
+        (= ~finished).
+      logprobs: ``[N, M]`` float32 log softmax(z / τ)[token] of each sampled token under the
+        policy the losses use (``jaxrl_llm.ops.token_logprobs(..., temperature=τ)``), 0 where
+        mask is 0.
+      prompt_tokens: ``[N, P]`` int32 left-padded prompt of each row.
+      prompt_mask: ``[N, P]`` int32, 1 on real prompt tokens.
+      prompt_ids: ``[N]`` int32 the prompt id of each row.
+      sample_ids: ``[N]`` int32 the sample index of each row within its group.
+    """
+
+    tokens: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+    finished: jax.Array
+    truncated: jax.Array
+    logprobs: jax.Array
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    prompt_ids: jax.Array
+    sample_ids: jax.Array
+
+
+# ----- prefill --------------------------------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnames=("config", "cache_len"))
+def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_len: int):
+    _TRACES["prefill"] += 1
+    b, p = prompt_tokens.shape
+    mask = prompt_mask.astype(bool)
+    positions = default_positions(mask)
+    cache = init_cache(config, b, cache_len)
+    hidden, cache = trunk(params, prompt_tokens, config=config, positions=positions,
+                          attention_mask=mask, cache=cache)
+    w = unembedding(params, config).astype(hidden.dtype)
+    last_logits = jnp.einsum("bd,dv->bv", hidden[:, -1], w, preferred_element_type=jnp.float32)
+    next_positions = jnp.sum(mask, axis=-1).astype(jnp.int32)
+    return last_logits, cache, next_positions
+
+
+def prefill(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, *, config: ModelConfig,
+            cache_len: int) -> tuple[jax.Array, KVCache, jax.Array]:
+    """Run left-padded prompts through the model once and fill a fresh KV cache.
+
+    Args:
+      params: model parameters.
+      prompt_tokens: ``[B, P]`` int32 left-padded prompts (the last column is a real token of
+        every row).
+      prompt_mask: ``[B, P]`` 1 on real tokens.
+      config: the model config (static).
+      cache_len: S ≥ P, cache slots to allocate (P + generation length).
+    Returns:
+      (last-position logits ``[B, V]`` float32, the cache with P slots filled and
+      ``index = P``, next RoPE positions ``[B]`` = prompt lengths).
+    """
+    chex.assert_rank([prompt_tokens, prompt_mask], 2)
+    chex.assert_equal_shape([prompt_tokens, prompt_mask])
+    if cache_len < prompt_tokens.shape[1]:
+        raise ConfigError(f"cache_len={cache_len} is shorter than the prompt length "
+                          f"{prompt_tokens.shape[1]}")
+    return _prefill(params, prompt_tokens, prompt_mask, config=config, cache_len=int(cache_len))
+
+
+# ----- group expansion ------------------------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnames=("num_samples", "gen_len"))
+def _init_decode_state(last_logits, cache, next_positions, prompt_ids, seed, max_new_tokens, *,
+                       num_samples: int, gen_len: int):
+    _TRACES["init_decode_state"] += 1
+    g = num_samples
+    rep = lambda x, axis: jnp.repeat(x, g, axis=axis, total_repeat_length=x.shape[axis] * g)
+    cache = KVCache(k=rep(cache.k, 1), v=rep(cache.v, 1), mask=rep(cache.mask, 0),
+                    positions=rep(cache.positions, 0), index=cache.index)
+    n = last_logits.shape[0] * g
+    row_prompt = rep(prompt_ids.astype(jnp.int32), 0)
+    row_sample = jnp.tile(jnp.arange(g, dtype=jnp.int32), last_logits.shape[0])
+    return DecodeState(
+        logits=rep(last_logits, 0),
+        tokens=jnp.zeros((n, gen_len), jnp.int32),
+        logprobs=jnp.zeros((n, gen_len), jnp.float32),
+        positions=rep(next_positions, 0),
+        cache=cache,
+        done=jnp.zeros((n,), bool),
+        lengths=jnp.zeros((n,), jnp.int32),
+        keys=row_keys(seed, row_prompt, row_sample),
+        step=jnp.zeros((), jnp.int32),
+        max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32),
+    )
+
+
+def init_decode_state(last_logits: jax.Array, cache: KVCache, next_positions: jax.Array,
+                      prompt_ids: jax.Array, *, seed: int, num_samples: int, gen_len: int,
+                      max_new_tokens: int) -> DecodeState:
+    """Share each prefilled prompt with its G samples: repeat cache rows G times (prompt-major).
+
+    Args:
+      last_logits: ``[B, V]`` from :func:`prefill`.
+      cache: the prefilled cache (B rows, ``P + gen_len`` slots).
+      next_positions: ``[B]`` from :func:`prefill`.
+      prompt_ids: ``[B]`` int ids that seed each prompt's PRNG keys.
+      seed: int seed.
+      num_samples: G ≥ 1 (static).
+      gen_len: M, the (bucketed) width of the output buffers (static).
+      max_new_tokens: the step limit, 1 ≤ max_new_tokens ≤ M (dynamic).
+    Returns:
+      the initial :class:`DecodeState` with N = B·G rows.
+    """
+    chex.assert_rank([last_logits, next_positions, prompt_ids], [2, 1, 1])
+    if not 1 <= max_new_tokens <= gen_len:
+        raise ConfigError(f"max_new_tokens must be in [1, {gen_len}], got {max_new_tokens}")
+    if cache.max_len < gen_len:
+        raise ConfigError(f"the cache has {cache.max_len} slots, fewer than gen_len={gen_len}; "
+                          "prefill with cache_len = prompt length + gen_len")
+    return _init_decode_state(last_logits, cache, next_positions, prompt_ids,
+                              jnp.asarray(seed, jnp.uint32), max_new_tokens,
+                              num_samples=int(num_samples), gen_len=int(gen_len))
+
+
+# ----- decode loop ----------------------------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "stop_ids", "pad_id"),
+                   donate_argnums=(1,))
+def _decode(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
+            stop_ids: tuple[int, ...], pad_id: int) -> DecodeState:
+    _TRACES["decode"] += 1
+    stop = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
+
+    def cond(s: DecodeState):
+        return (s.step < s.max_new_tokens) & ~jnp.all(s.done)
+
+    def body(s: DecodeState):
+        keys = jax.vmap(jax.random.fold_in, (0, None))(s.keys, s.step.astype(jnp.uint32))
+        tok, logp = select_tokens(s.logits, keys, sampling)
+        alive = ~s.done
+        tok = jnp.where(alive, tok, pad_id)
+        logp = jnp.where(alive, logp, 0.0)
+        tokens = jax.lax.dynamic_update_slice_in_dim(s.tokens, tok[:, None], s.step, 1)
+        logprobs = jax.lax.dynamic_update_slice_in_dim(s.logprobs, logp[:, None], s.step, 1)
+        is_stop = jnp.any(tok[:, None] == stop[None, :], axis=-1)
+        done = s.done | (alive & is_stop)
+        lengths = s.lengths + alive.astype(jnp.int32)
+        hidden, cache = trunk(params, tok[:, None], config=config,
+                              positions=s.positions[:, None],
+                              attention_mask=jnp.ones_like(tok, bool)[:, None], cache=s.cache)
+        w = unembedding(params, config).astype(hidden.dtype)
+        logits = jnp.einsum("bd,dv->bv", hidden[:, 0], w, preferred_element_type=jnp.float32)
+        return DecodeState(logits=logits, tokens=tokens, logprobs=logprobs,
+                           positions=s.positions + 1, cache=cache, done=done, lengths=lengths,
+                           keys=s.keys, step=s.step + 1, max_new_tokens=s.max_new_tokens)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def decode(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
+           stop_ids: tuple[int, ...], pad_id: int = 0) -> DecodeState:
+    """Run the decode ``while_loop`` to ``max_new_tokens`` steps or until every row is done.
+
+    The input ``state`` is donated (its buffers are reused for the output); do not use it
+    after the call.
+
+    Args:
+      params: model parameters.
+      state: from :func:`init_decode_state`.
+      config: model config (static).
+      sampling: :class:`SamplingConfig` (static).
+      stop_ids: token ids that end a row (static; EOS and extra stop tokens).
+      pad_id: token written after a row is done (static).
+    Returns:
+      the final :class:`DecodeState`.
+    """
+    chex.assert_rank([state.logits, state.tokens], 2)
+    return _decode(params, state, config=config, sampling=sampling,
+                   stop_ids=tuple(int(t) for t in stop_ids), pad_id=int(pad_id))
+
+
+# ----- array-level and host-level entry points ------------------------------------------------
+
+def stop_token_ids(config: ModelConfig, sampling: SamplingConfig) -> tuple[int, ...]:
+    """The token ids that end a row: the model's EOS ids (unless disabled) + extra stop ids."""
+    ids = (tuple(config.eos_token_ids) if sampling.use_model_eos else ()) + sampling.stop_token_ids
+    return tuple(sorted(set(int(t) for t in ids)))
+
+
+def rollout(
+    params,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    *,
+    config: ModelConfig,
+    sampling: SamplingConfig = SamplingConfig(),
+    num_samples: int = 1,
+    seed: int = 0,
+    max_new_tokens: int = 128,
+    gen_len: int | None = None,
+    prompt_ids: jax.Array | None = None,
+) -> Rollout:
+    """Sample G completions for each of B left-padded prompts (arrays in, arrays out).
+
+    The prompt is prefilled once (B rows) and its cache shared by its G samples.
+
+    Args:
+      params: model parameters.
+      prompt_tokens: ``[B, P]`` int left-padded prompts.
+      prompt_mask: ``[B, P]`` 1 on real tokens; every row needs ≥ 1 real token and its last
+        column must be real (left padding).
+      config: model config.
+      sampling: :class:`SamplingConfig`.
+      num_samples: G ≥ 1 samples per prompt.
+      seed: PRNG seed.
+      max_new_tokens: ≥ 1 decode steps at most.
+      gen_len: M ≥ max_new_tokens, width of the output buffers and of the cache's generation
+        part (default: ``bucket_length(max_new_tokens)``).
+      prompt_ids: ``[B]`` ids for the per-row PRNG keys (default 0..B−1); pass dataset
+        indices so a prompt's samples do not depend on the batch it lands in.
+    Returns:
+      a :class:`Rollout` with N = B·G rows and M = gen_len columns.
+    """
+    chex.assert_rank([prompt_tokens, prompt_mask], 2)
+    chex.assert_equal_shape([prompt_tokens, prompt_mask])
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if num_samples < 1:
+        raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
+    gen_len = bucket_length(max_new_tokens) if gen_len is None else int(gen_len)
+    b, p = prompt_tokens.shape
+    if prompt_ids is None:
+        prompt_ids = jnp.arange(b, dtype=jnp.int32)
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    chex.assert_shape(prompt_ids, (b,))
+    prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+    prompt_mask = jnp.asarray(prompt_mask, jnp.int32)
+    last_logits, cache, next_pos = prefill(params, prompt_tokens, prompt_mask, config=config,
+                                           cache_len=p + gen_len)
+    state = init_decode_state(last_logits, cache, next_pos, prompt_ids, seed=seed,
+                              num_samples=num_samples, gen_len=gen_len,
+                              max_new_tokens=max_new_tokens)
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    state = decode(params, state, config=config, sampling=sampling,
+                   stop_ids=stop_token_ids(config, sampling), pad_id=pad_id)
+    return _to_rollout(state, prompt_tokens, prompt_mask, prompt_ids, num_samples)
+
+
+@functools.partial(jax.jit, static_argnames=("num_samples",))
+def _to_rollout_jit(state: DecodeState, prompt_tokens, prompt_mask, prompt_ids, *,
+                    num_samples: int) -> Rollout:
+    g = num_samples
+    m = state.tokens.shape[1]
+    mask = (jnp.arange(m)[None, :] < state.lengths[:, None]).astype(jnp.int32)
+    rep = lambda x: jnp.repeat(x, g, axis=0, total_repeat_length=x.shape[0] * g)
+    return Rollout(
+        tokens=state.tokens,
+        mask=mask,
+        lengths=state.lengths,
+        finished=state.done,
+        truncated=~state.done,
+        logprobs=jnp.where(mask > 0, state.logprobs, 0.0),
+        prompt_tokens=rep(prompt_tokens),
+        prompt_mask=rep(prompt_mask),
+        prompt_ids=rep(prompt_ids),
+        sample_ids=jnp.tile(jnp.arange(g, dtype=jnp.int32), prompt_tokens.shape[0]),
+    )
+
+
+def _to_rollout(state, prompt_tokens, prompt_mask, prompt_ids, num_samples) -> Rollout:
+    return _to_rollout_jit(state, prompt_tokens, prompt_mask, prompt_ids,
+                           num_samples=int(num_samples))
+
+
+def pad_prompts(prompts_tokens: list[list[int]], *, length: int | None = None, pad_id: int = 0,
+                buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists into ``[B, P]`` arrays, P = ``length`` or the bucketed max length.
+
+    Args:
+      prompts_tokens: B non-empty lists of token ids.
+      length: P (default ``bucket_length(max len, buckets)``).
+      pad_id: id written in padding slots (masked out; any valid id).
+      buckets: bucket sizes for P.
+    Returns:
+      (tokens ``[B, P]`` int32, mask ``[B, P]`` int32).
+    """
+    if not prompts_tokens:
+        raise DataError("no prompts given; pass at least one prompt")
+    for i, toks in enumerate(prompts_tokens):
+        if len(toks) == 0:
+            raise DataError(f"prompt {i} is empty; every prompt needs at least one token")
+    longest = max(len(t) for t in prompts_tokens)
+    p = bucket_length(longest, buckets) if length is None else int(length)
+    if p < longest:
+        raise DataError(f"prompt of {longest} tokens does not fit in length {p}")
+    tokens = np.full((len(prompts_tokens), p), pad_id, np.int32)
+    mask = np.zeros((len(prompts_tokens), p), np.int32)
+    for i, toks in enumerate(prompts_tokens):
+        tokens[i, p - len(toks):] = np.asarray(toks, np.int32)
+        mask[i, p - len(toks):] = 1
+    return tokens, mask
+
+
+def generate(
+    params,
+    config: ModelConfig,
+    prompts_tokens: list[list[int]],
+    *,
+    sampling: SamplingConfig = SamplingConfig(),
+    num_samples: int = 1,
+    seed: int = 0,
+    max_new_tokens: int = 128,
+    prompt_ids: list[int] | None = None,
+    prompt_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+    gen_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+) -> Rollout:
+    """Host-side generation from token lists: pad into buckets, prefill once, decode.
+
+    Shapes are bucketed (P = bucket of the longest prompt, M = bucket of max_new_tokens), so
+    calls with varying prompt lengths reuse a few compiled programs. The returned completion
+    arrays are cut to ``max_new_tokens`` columns; the prompt arrays keep the bucketed width P.
+
+    Args:
+      params: model parameters.
+      config: model config.
+      prompts_tokens: B non-empty lists of prompt token ids.
+      sampling: :class:`SamplingConfig` (default: τ = 1 ancestral sampling).
+      num_samples: G samples per prompt (rows are prompt-major).
+      seed: PRNG seed.
+      max_new_tokens: ≥ 1.
+      prompt_ids: B ints keying each prompt's PRNG stream (default 0..B−1).
+      prompt_buckets, gen_buckets: bucket sizes for P and M.
+    Returns:
+      a :class:`Rollout` with N = B·G rows and ``max_new_tokens`` completion columns.
+    """
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if num_samples < 1:
+        raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    for i, toks in enumerate(prompts_tokens):
+        bad = [t for t in toks if not 0 <= int(t) < config.vocab_size]
+        if bad:
+            raise DataError(f"prompt {i} has token ids outside [0, {config.vocab_size}): {bad[:5]}")
+    tokens, mask = pad_prompts(prompts_tokens, pad_id=pad_id, buckets=prompt_buckets)
+    if prompt_ids is not None and len(prompt_ids) != len(prompts_tokens):
+        raise ConfigError(f"prompt_ids has {len(prompt_ids)} entries for "
+                          f"{len(prompts_tokens)} prompts")
+    gen_len = bucket_length(max_new_tokens, gen_buckets)
+    out = rollout(params, tokens, mask, config=config, sampling=sampling,
+                  num_samples=num_samples, seed=seed, max_new_tokens=max_new_tokens,
+                  gen_len=gen_len,
+                  prompt_ids=None if prompt_ids is None else np.asarray(prompt_ids, np.int32))
+    m = max_new_tokens
+    return out._replace(tokens=out.tokens[:, :m], mask=out.mask[:, :m],
+                        logprobs=out.logprobs[:, :m])
