@@ -1,0 +1,260 @@
+"""Collation of tokenised examples into the shared batch layout (numpy arrays, ``[B, T]``).
+
+Batch layout (produced here, consumed by ``jaxrl_llm.losses``); token data is batch-major
+``[B, T]``, right-padded, int32:
+
+- Sequence batch (SFT; KTO and pairwise-rank rows too): ``input_ids`` (prompt + completion),
+  ``attention_mask`` (1 = real token) and ``loss_mask`` (1 where token t is a completion
+  token, i.e. a target; ``loss_mask[:, 0]`` is always 0 because token t is predicted from
+  position t − 1). Packed rows add ``segment_ids`` (1, 2, … per example in the row, 0 on
+  padding) and ``positions`` (restarting at 0 in every segment, as
+  ``jaxrl_llm.models.default_positions(mask, segment_ids)`` computes them).
+- Preference batch: ``chosen_input_ids, chosen_attention_mask, chosen_loss_mask,
+  rejected_input_ids, rejected_attention_mask, rejected_loss_mask`` (one common T).
+- KTO batch: a sequence batch plus ``label [B]`` (1 desirable, 0 undesirable) and the
+  mismatched KL rows ``kl_input_ids, kl_attention_mask, kl_loss_mask`` (prompt i with the
+  completion of row (i + 1) mod B), used for KTO's reference point z0 (arXiv:2402.01306).
+- Pairwise-rank batch: a sequence batch whose rows come in consecutive groups of
+  ``group_size`` responses to one prompt, plus ``scores [B]`` float32.
+- Prompt batch (online RL): ``prompt_ids`` / ``prompt_mask`` **left**-padded (so every
+  prompt ends at the same column and decoding starts there), plus the examples' extra fields.
+
+T is rounded up to a bucket (:func:`bucket_length`: a multiple of e.g. 64, or a power of two)
+so that a jitted train step compiles only a few shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxrl_llm.data.tokenize import (TokenizedPreference, TokenizedPrompt, TokenizedRank,
+                                     TokenizedSequence)
+from jaxrl_llm.errors import ConfigError, DataError
+
+
+class BucketMode(str, enum.Enum):
+    """How a batch's longest row length is rounded up: to a multiple, a power of two, or not."""
+
+    MULTIPLE = "multiple"
+    POW2 = "pow2"
+    NONE = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Padding:
+    """Padding settings for collation.
+
+    Attributes:
+      pad_id: token id written in padded positions (masked everywhere, so any valid id works;
+        usually ``tokenizer.pad_token_id`` or EOS).
+      bucket: :class:`BucketMode`. multiple: the multiple for ``BucketMode.MULTIPLE`` (64).
+      max_len: upper bound for the padded length (None: no bound); a bucket never exceeds it.
+    """
+
+    pad_id: int = 0
+    bucket: BucketMode = BucketMode.MULTIPLE
+    multiple: int = 64
+    max_len: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "bucket", BucketMode(self.bucket))
+        if self.multiple <= 0:
+            raise ConfigError(f"Padding.multiple must be positive, got {self.multiple}")
+
+
+def bucket_length(n: int, *, mode: BucketMode | str = BucketMode.MULTIPLE, multiple: int = 64,
+                  max_len: int | None = None) -> int:
+    """Round a row length ``n`` up to its bucket, never below ``n`` nor above ``max(n, max_len)``.
+
+    Examples: ``bucket_length(65, multiple=64) == 128``; ``bucket_length(65, mode="pow2") == 128``;
+    ``bucket_length(100, multiple=64, max_len=100) == 100``.
+    """
+    mode = BucketMode(mode)
+    n = max(int(n), 1)
+    if mode == BucketMode.MULTIPLE:
+        b = -(-n // multiple) * multiple
+    elif mode == BucketMode.POW2:
+        b = 1 << (n - 1).bit_length()
+    else:
+        b = n
+    if max_len is not None:
+        b = max(n, min(b, max_len))
+    return b
+
+
+def _bucket(n: int, padding: Padding) -> int:
+    return bucket_length(n, mode=padding.bucket, multiple=padding.multiple,
+                         max_len=padding.max_len)
+
+
+def _rows(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], t: int, pad_id: int,
+          prefix: str = "") -> dict[str, np.ndarray]:
+    """Right-padded (prompt + completion) rows with attention and loss masks."""
+    b = len(pairs)
+    ids = np.full((b, t), pad_id, np.int32)
+    attn = np.zeros((b, t), np.int32)
+    loss = np.zeros((b, t), np.int32)
+    for i, (p, c) in enumerate(pairs):
+        n_p, n = len(p), len(p) + len(c)
+        if n > t:
+            raise DataError(f"row {i} has {n} tokens, more than the padded length {t}")
+        ids[i, :n_p] = p
+        ids[i, n_p:n] = c
+        attn[i, :n] = 1
+        loss[i, n_p:n] = 1
+    loss[:, 0] = 0
+    return {prefix + "input_ids": ids, prefix + "attention_mask": attn, prefix + "loss_mask": loss}
+
+
+def _nonempty(items: Sequence[Any], what: str):
+    if len(items) == 0:
+        raise DataError(f"cannot collate an empty batch of {what}")
+
+
+def collate_sequences(items: Sequence[TokenizedSequence], *,
+                      padding: Padding = Padding()) -> dict[str, np.ndarray]:
+    """Sequence batch (see module doc): ``input_ids``, ``attention_mask``, ``loss_mask`` [B, T]."""
+    _nonempty(items, "sequences")
+    pairs = [(x.prompt_ids, x.completion_ids) for x in items]
+    t = _bucket(max(len(p) + len(c) for p, c in pairs), padding)
+    return _rows(pairs, t, padding.pad_id)
+
+
+def collate_preferences(items: Sequence[TokenizedPreference], *,
+                        padding: Padding = Padding()) -> dict[str, np.ndarray]:
+    """Preference batch: ``chosen_*`` and ``rejected_*`` ids / masks, each [B, T], one T."""
+    _nonempty(items, "preference pairs")
+    n = max(len(x.prompt_ids) + max(len(x.chosen_ids), len(x.rejected_ids)) for x in items)
+    t = _bucket(n, padding)
+    out = _rows([(x.prompt_ids, x.chosen_ids) for x in items], t, padding.pad_id, "chosen_")
+    out.update(_rows([(x.prompt_ids, x.rejected_ids) for x in items], t, padding.pad_id,
+                     "rejected_"))
+    return out
+
+
+def collate_kto(items: Sequence[TokenizedSequence], *,
+                padding: Padding = Padding()) -> dict[str, np.ndarray]:
+    """KTO batch: sequence rows, ``label [B]`` int32 and mismatched ``kl_*`` rows [B, T].
+
+    KL row i pairs prompt i with the completion of row (i + 1) mod B (KTO's estimate of the
+    reference point z0 = KL(π‖π_ref) from mismatched pairs, arXiv:2402.01306 §4). When
+    ``padding.max_len`` is set, a KL completion that would not fit is cut from the right.
+    """
+    _nonempty(items, "KTO examples")
+    for i, x in enumerate(items):
+        if x.label is None:
+            raise DataError(f"KTO batch row {i} has no label; build it with Format.KTO")
+    b = len(items)
+    pairs = [(x.prompt_ids, x.completion_ids) for x in items]
+    kl_pairs = [(items[i].prompt_ids, items[(i + 1) % b].completion_ids) for i in range(b)]
+    if padding.max_len is not None:
+        kl_pairs = [(p, c[:max(0, padding.max_len - len(p))]) for p, c in kl_pairs]
+    n = max(len(p) + len(c) for p, c in pairs + kl_pairs)
+    t = _bucket(n, padding)
+    out = _rows(pairs, t, padding.pad_id)
+    out.update(_rows(kl_pairs, t, padding.pad_id, "kl_"))
+    out["label"] = np.asarray([int(x.label) for x in items], np.int32)
+    return out
+
+
+def collate_ranks(items: Sequence[TokenizedRank], *,
+                  padding: Padding = Padding()) -> dict[str, np.ndarray]:
+    """Pairwise-rank batch: G consecutive rows per prompt (B = examples × G) and ``scores [B]``.
+
+    Every example in the batch must have the same number of responses G (the loss's
+    ``group_size``).
+    """
+    _nonempty(items, "ranking groups")
+    g = len(items[0].response_ids)
+    for i, x in enumerate(items):
+        if len(x.response_ids) != g:
+            raise DataError(f"ranking example {i} has {len(x.response_ids)} responses, the first "
+                            f"has {g}; every group in a data set must have the same size")
+    pairs = [(x.prompt_ids, r) for x in items for r in x.response_ids]
+    t = _bucket(max(len(p) + len(c) for p, c in pairs), padding)
+    out = _rows(pairs, t, padding.pad_id)
+    out["scores"] = np.asarray([s for x in items for s in x.scores], np.float32)
+    return out
+
+
+def collate_prompts(items: Sequence[TokenizedPrompt], *, padding: Padding = Padding()
+                    ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+    """Prompt batch for online RL: left-padded ``prompt_ids`` / ``prompt_mask`` [B, T].
+
+    Returns:
+      (arrays, extras): ``extras[i]`` is example i's extra fields (e.g. ``{"answer": "42"}``).
+    """
+    _nonempty(items, "prompts")
+    t = _bucket(max(len(x.prompt_ids) for x in items), padding)
+    ids = np.full((len(items), t), padding.pad_id, np.int32)
+    mask = np.zeros((len(items), t), np.int32)
+    for i, x in enumerate(items):
+        n = len(x.prompt_ids)
+        ids[i, t - n:] = x.prompt_ids
+        mask[i, t - n:] = 1
+    return {"prompt_ids": ids, "prompt_mask": mask}, [dict(x.extras) for x in items]
+
+
+def pack_sequences(items: Sequence[TokenizedSequence], *, row_len: int,
+                   num_rows: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Pack several (prompt + completion) examples into each row of length ``row_len``.
+
+    Examples are placed first-fit in decreasing length order; each keeps its own segment id
+    (1, 2, … within its row; 0 marks padding) and positions restarting at 0, so with
+    ``segment_ids`` the model's attention never crosses examples and every example sees
+    exactly the context it would see alone: packed and unpacked per-token log-probs agree.
+    The first token of each segment is a prompt token, so ``loss_mask`` is 0 at every segment
+    start (no token is predicted from the previous example).
+
+    Args:
+      items: tokenised sequences, each at most ``row_len`` long.
+      row_len: T of the packed rows.
+      num_rows: pad to exactly this many rows (extra rows are all padding); None: as many as
+        needed.
+      pad_id: token id for padding.
+    Returns:
+      ``input_ids, attention_mask, loss_mask, segment_ids, positions`` [R, row_len] int32.
+    """
+    _nonempty(items, "sequences")
+    lengths = [len(x.prompt_ids) + len(x.completion_ids) for x in items]
+    if max(lengths) > row_len:
+        raise DataError(f"an example has {max(lengths)} tokens, longer than row_len={row_len}; "
+                        f"apply the length policy first")
+    order = sorted(range(len(items)), key=lambda i: -lengths[i])
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        for r, f in enumerate(free):
+            if lengths[i] <= f:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - lengths[i])
+    n_rows = len(rows) if num_rows is None else num_rows
+    if len(rows) > n_rows:
+        raise DataError(f"{len(items)} examples need {len(rows)} packed rows of {row_len} "
+                        f"tokens, more than num_rows={num_rows}")
+    shape = (n_rows, row_len)
+    ids = np.full(shape, pad_id, np.int32)
+    attn, loss, seg, pos = (np.zeros(shape, np.int32) for _ in range(4))
+    for r, members in enumerate(rows):
+        col = 0
+        for s, i in enumerate(sorted(members), start=1):
+            p, c = items[i].prompt_ids, items[i].completion_ids
+            n = len(p) + len(c)
+            ids[r, col:col + len(p)] = p
+            ids[r, col + len(p):col + n] = c
+            attn[r, col:col + n] = 1
+            loss[r, col + len(p):col + n] = 1
+            loss[r, col] = 0
+            seg[r, col:col + n] = s
+            pos[r, col:col + n] = np.arange(n)
+            col += n
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss, "segment_ids": seg,
+            "positions": pos}

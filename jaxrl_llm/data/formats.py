@@ -1,0 +1,252 @@
+"""Example formats, validated per example.
+
+A format is a :class:`Format` member; :func:`parse_example` turns one raw
+:class:`~jaxrl_llm.data.readers.Record` into a small frozen dataclass, or raises
+:class:`~jaxrl_llm.errors.DataError` naming the record's location (file + line) and the field.
+
+Prompts are either plain strings or *conversational*: a tuple of ``{"role", "content"}``
+messages (roles ``system`` / ``user`` / ``assistant`` / ``tool``). Completions are always
+the assistant's text (a string); a completion given as a list of messages must be exactly one
+assistant message.
+
+Accepted fields per format (the same names TRL uses, https://huggingface.co/docs/trl/dataset_formats):
+
+- ``SFT``: ``prompt`` + ``completion``; or ``messages`` (the last message is the assistant's
+  completion, the earlier ones the prompt).
+- ``PREFERENCE`` (DPO family, ORPO, SimPO, reward models): ``prompt``, ``chosen``, ``rejected``.
+- ``KTO``: ``prompt``, ``completion``, ``label`` (bool: desirable or not).
+- ``PAIRWISE_RANK``: ``prompt``, ``responses`` (list, ≥ 2), ``scores`` (list of numbers,
+  same length).
+- ``PROMPT`` (online RL): ``prompt`` and any other fields, kept in ``extras`` for reward
+  functions (e.g. ``answer``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any, Mapping, Union
+
+from jaxrl_llm.data.readers import Record
+from jaxrl_llm.errors import DataError
+
+Message = Mapping[str, str]
+Prompt = Union[str, tuple]  # a string or a tuple of message dicts
+
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+class Format(str, enum.Enum):
+    """The kinds of training data the trainers consume."""
+
+    SFT = "sft"
+    PREFERENCE = "preference"
+    KTO = "kto"
+    PAIRWISE_RANK = "pairwise_rank"
+    PROMPT = "prompt"
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTExample:
+    """Supervised fine-tuning pair: the loss covers ``completion`` (+ EOS) only.
+
+    Attributes:
+      prompt: a string or a tuple of message dicts.
+      completion: the assistant's text.
+    """
+
+    prompt: Prompt
+    completion: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceExample:
+    """A prompt with a preferred (``chosen``) and a dispreferred (``rejected``) completion."""
+
+    prompt: Prompt
+    chosen: str
+    rejected: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KTOExample:
+    """A prompt, one completion and a binary desirability ``label`` (KTO, arXiv:2402.01306)."""
+
+    prompt: Prompt
+    completion: str
+    label: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RankExample:
+    """A prompt with several ``responses`` and one real-valued ``score`` each (higher = better)."""
+
+    prompt: Prompt
+    responses: tuple[str, ...]
+    scores: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptExample:
+    """An RL prompt; ``extras`` holds every other field (e.g. ``answer``) for reward functions."""
+
+    prompt: Prompt
+    extras: Mapping[str, Any]
+
+
+Example = Union[SFTExample, PreferenceExample, KTOExample, RankExample, PromptExample]
+
+
+def is_conversational(prompt: Prompt) -> bool:
+    """True when ``prompt`` is a tuple of messages (render it with the chat template)."""
+    return isinstance(prompt, tuple)
+
+
+# ----- field checks --------------------------------------------------------------------------
+
+def _fail(record: Record, field: str, what: str):
+    raise DataError(f"{record.location}: field {field!r}: {what}")
+
+
+def _get(record: Record, field: str) -> Any:
+    if field not in record.fields or record.fields[field] is None:
+        present = sorted(k for k, v in record.fields.items() if v is not None)
+        raise DataError(f"{record.location}: missing field {field!r} (fields present: "
+                        f"{present})")
+    return record.fields[field]
+
+
+def _text(record: Record, field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        _fail(record, field, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        _fail(record, field, "empty text")
+    return value
+
+
+def _messages(record: Record, field: str, value: Any) -> tuple:
+    if not value:
+        _fail(record, field, "empty list of messages")
+    out = []
+    for i, m in enumerate(value):
+        where = f"{field}[{i}]"
+        if not isinstance(m, Mapping):
+            _fail(record, where, f"expected a {{role, content}} object, got {type(m).__name__}")
+        if m.get("role") not in _ROLES:
+            _fail(record, f"{where}.role", f"expected one of {list(_ROLES)}, got "
+                                           f"{m.get('role')!r}")
+        content = m.get("content")
+        if content is None:
+            _fail(record, f"{where}.content", "missing")
+        _text(record, f"{where}.content", content)
+        out.append({"role": m["role"], "content": content})
+    return tuple(out)
+
+
+def _prompt(record: Record, field: str = "prompt") -> Prompt:
+    value = _get(record, field)
+    if isinstance(value, str):
+        return _text(record, field, value)
+    if isinstance(value, (list, tuple)):
+        msgs = _messages(record, field, value)
+        if msgs[-1]["role"] == "assistant":
+            _fail(record, field, "a conversational prompt must not end with an assistant "
+                                 "message (that is the completion)")
+        return msgs
+    _fail(record, field, f"expected a string or a list of messages, got {type(value).__name__}")
+
+
+def _completion(record: Record, field: str, value: Any = None) -> str:
+    value = _get(record, field) if value is None else value
+    if isinstance(value, str):
+        return _text(record, field, value)
+    if isinstance(value, (list, tuple)):
+        msgs = _messages(record, field, value)
+        if len(msgs) != 1 or msgs[0]["role"] != "assistant":
+            _fail(record, field, "a conversational completion must be exactly one assistant "
+                                 "message")
+        return msgs[0]["content"]
+    _fail(record, field, f"expected a string or a list with one assistant message, got "
+                         f"{type(value).__name__}")
+
+
+def _sft(record: Record) -> SFTExample:
+    if "messages" in record.fields and "prompt" not in record.fields:
+        value = record.fields["messages"]
+        if not isinstance(value, (list, tuple)):
+            _fail(record, "messages", f"expected a list of messages, got {type(value).__name__}")
+        msgs = _messages(record, "messages", value)
+        if len(msgs) < 2 or msgs[-1]["role"] != "assistant":
+            _fail(record, "messages", "needs at least one prompt message followed by a final "
+                                      "assistant message (the completion)")
+        return SFTExample(prompt=msgs[:-1], completion=msgs[-1]["content"])
+    return SFTExample(prompt=_prompt(record), completion=_completion(record, "completion"))
+
+
+def _preference(record: Record) -> PreferenceExample:
+    return PreferenceExample(prompt=_prompt(record), chosen=_completion(record, "chosen"),
+                             rejected=_completion(record, "rejected"))
+
+
+def _kto(record: Record) -> KTOExample:
+    label = _get(record, "label")
+    if not isinstance(label, bool):
+        _fail(record, "label", f"expected true or false, got {label!r}")
+    return KTOExample(prompt=_prompt(record), completion=_completion(record, "completion"),
+                      label=label)
+
+
+def _rank(record: Record) -> RankExample:
+    prompt = _prompt(record)
+    responses = _get(record, "responses")
+    scores = _get(record, "scores")
+    if not isinstance(responses, (list, tuple)):
+        _fail(record, "responses", f"expected a list, got {type(responses).__name__}")
+    if not isinstance(scores, (list, tuple)):
+        _fail(record, "scores", f"expected a list of numbers, got {type(scores).__name__}")
+    if len(responses) < 2:
+        _fail(record, "responses", f"need at least 2 responses to rank, got {len(responses)}")
+    if len(scores) != len(responses):
+        _fail(record, "scores", f"has {len(scores)} entries but 'responses' has "
+                                f"{len(responses)}; they must match")
+    texts = tuple(_completion(record, f"responses[{i}]", r) for i, r in enumerate(responses))
+    vals = []
+    for i, s in enumerate(scores):
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s):
+            _fail(record, f"scores[{i}]", f"expected a finite number, got {s!r}")
+        vals.append(float(s))
+    return RankExample(prompt=prompt, responses=texts, scores=tuple(vals))
+
+
+def _prompt_only(record: Record) -> PromptExample:
+    prompt = _prompt(record)
+    extras = {k: v for k, v in record.fields.items() if k != "prompt"}
+    return PromptExample(prompt=prompt, extras=extras)
+
+
+_PARSERS = {
+    Format.SFT: _sft,
+    Format.PREFERENCE: _preference,
+    Format.KTO: _kto,
+    Format.PAIRWISE_RANK: _rank,
+    Format.PROMPT: _prompt_only,
+}
+
+
+def parse_example(record: Record, fmt: Format | str) -> Example:
+    """Validate one raw record as ``fmt`` and return its typed example.
+
+    Raises:
+      DataError: ``"<file> line <n>: field '<name>': <problem>"`` for a missing field, a wrong
+        type, empty text, a bad message list or mismatched list lengths.
+    """
+    return _PARSERS[Format(fmt)](record)
+
+
+def parse_examples(records: list[Record], fmt: Format | str) -> list[Example]:
+    """:func:`parse_example` over a list; raises on the first bad record (or an empty list)."""
+    if not records:
+        raise DataError("empty data set (no examples)")
+    fmt = Format(fmt)
+    return [parse_example(r, fmt) for r in records]

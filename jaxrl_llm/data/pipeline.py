@@ -1,0 +1,95 @@
+"""End-to-end helpers: source → validated examples → token ids (length policy) → collate fn."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+from jaxrl_llm.data.collate import (Padding, collate_kto, collate_preferences, collate_prompts,
+                                    collate_ranks, collate_sequences, pack_sequences)
+from jaxrl_llm.data.formats import Example, Format, parse_example
+from jaxrl_llm.data.readers import read_records
+from jaxrl_llm.data.tokenize import LengthPolicy, Tokenized, apply_length_policy, tokenize_example
+from jaxrl_llm.errors import ConfigError
+
+
+def load_examples(source: Any, fmt: Format | str, *, split: str | None = None
+                  ) -> tuple[list[Example], list[str]]:
+    """Read ``source`` (see :func:`~jaxrl_llm.data.readers.read_records`) and validate every
+    record as ``fmt``.
+
+    Returns:
+      (examples, locations) — ``locations[i]`` names the file and line of ``examples[i]``.
+    """
+    fmt = Format(fmt)
+    records = read_records(source, split=split)
+    return [parse_example(r, fmt) for r in records], [r.location for r in records]
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedData:
+    """A tokenised data set ready for :func:`~jaxrl_llm.data.iterator.make_iterator`.
+
+    Attributes:
+      format: the :class:`Format`.
+      items: tokenised examples (after the length policy).
+      stats: ``{"total", "kept", "truncated", "dropped"}`` from the length policy.
+    """
+
+    format: Format
+    items: list[Tokenized]
+    stats: dict[str, int]
+
+
+def prepare_dataset(
+    source: Any,
+    fmt: Format | str,
+    tokenizer: Any,
+    *,
+    max_len: int,
+    length_policy: LengthPolicy | str = LengthPolicy.ERROR,
+    split: str | None = None,
+    add_eos: bool = True,
+) -> PreparedData:
+    """Read, validate, tokenise and length-check a data set in one call.
+
+    Args:
+      source: a .jsonl / .parquet path, a saved ``datasets`` directory or object, or a list
+        of dicts.
+      fmt: the :class:`Format` of its examples.
+      tokenizer: a Hugging Face tokenizer or :class:`~jaxrl_llm.data.tokenize.CharTokenizer`.
+      max_len: longest row in tokens. length_policy: see
+        :class:`~jaxrl_llm.data.tokenize.LengthPolicy`.
+      split: split of a ``DatasetDict``. add_eos: append EOS to completions.
+    """
+    fmt = Format(fmt)
+    examples, locations = load_examples(source, fmt, split=split)
+    tokenized = [tokenize_example(tokenizer, e, add_eos=add_eos) for e in examples]
+    items, stats = apply_length_policy(tokenized, max_len=max_len, policy=length_policy,
+                                       locations=locations)
+    return PreparedData(format=fmt, items=items, stats=stats)
+
+
+def collate_fn_for(fmt: Format | str, *, padding: Padding = Padding(),
+                   pack_rows: int | None = None) -> Callable[[list[Tokenized]], Any]:
+    """The collate function for a format (a partial of the matching ``collate_*``).
+
+    Args:
+      fmt: the :class:`Format`.
+      padding: :class:`~jaxrl_llm.data.collate.Padding`.
+      pack_rows: SFT only: pack each batch into this many rows of ``padding.max_len`` tokens
+        (:func:`~jaxrl_llm.data.collate.pack_sequences`); None: one example per row.
+    """
+    fmt = Format(fmt)
+    if pack_rows is not None:
+        if fmt != Format.SFT:
+            raise ConfigError(f"packing is supported for the sft format only, not {fmt.value}")
+        if padding.max_len is None:
+            raise ConfigError("packing needs padding.max_len (the packed row length)")
+        return functools.partial(pack_sequences, row_len=padding.max_len, num_rows=pack_rows,
+                                 pad_id=padding.pad_id)
+    fn = {Format.SFT: collate_sequences, Format.PREFERENCE: collate_preferences,
+          Format.KTO: collate_kto, Format.PAIRWISE_RANK: collate_ranks,
+          Format.PROMPT: collate_prompts}[fmt]
+    return functools.partial(fn, padding=padding)

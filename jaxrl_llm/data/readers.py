@@ -1,0 +1,169 @@
+"""Readers: local JSONL, Parquet and Hugging Face ``datasets`` objects / saved directories.
+
+Every reader returns a list of :class:`Record` (the raw field dict plus a human-readable
+location such as ``data/x.jsonl line 12``), so later validation can name the file, the line
+and the field of a bad example. Nothing is ever downloaded: Hugging Face data must be a
+``datasets.Dataset`` / ``DatasetDict`` already in memory or a directory written by
+``save_to_disk``. ``pyarrow`` and ``datasets`` are imported lazily, so the package works
+without them until such a source is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from jaxrl_llm.errors import DataError
+
+
+class Record(NamedTuple):
+    """One raw example as read from a source.
+
+    Attributes:
+      fields: the example's field dict (JSON object / table row).
+      location: where it came from, e.g. ``"train.jsonl line 3"`` or ``"x.parquet row 7"``.
+    """
+
+    fields: dict[str, Any]
+    location: str
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Record]:
+    """Read a JSON-lines file: one JSON object per line; blank lines are skipped.
+
+    Args:
+      path: a local ``.jsonl`` file.
+    Returns:
+      one :class:`Record` per non-blank line; ``location`` is ``"<path> line <n>"`` (1-based).
+    Raises:
+      DataError: missing file, non-UTF-8 bytes, malformed JSON, a line that is not a JSON
+        object, or no examples at all — each naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such data file")
+    records: list[Record] = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path} line {lineno}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not valid UTF-8 (byte {e.start}); re-encode the "
+                                f"file as UTF-8") from None
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: malformed JSON at column {e.colno}: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where}: expected a JSON object per line, got "
+                                f"{type(obj).__name__}")
+            records.append(Record(obj, where))
+    if not records:
+        raise DataError(f"{path}: empty data set (no examples)")
+    return records
+
+
+def read_parquet(path: str | os.PathLike) -> list[Record]:
+    """Read a Parquet file (via ``pyarrow``); ``location`` is ``"<path> row <n>"`` (1-based).
+
+    Raises:
+      DataError: missing/unreadable file, pyarrow not installed, or an empty table.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such data file")
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise DataError(f"{path}: reading Parquet needs pyarrow; pip install pyarrow") from None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow raises several unrelated types for corrupt files
+        raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if not rows:
+        raise DataError(f"{path}: empty data set (no rows)")
+    return [Record(row, f"{path} row {i}") for i, row in enumerate(rows, start=1)]
+
+
+def read_hf(source: Any, *, split: str | None = None) -> list[Record]:
+    """Read a Hugging Face ``datasets`` object or a directory saved with ``save_to_disk``.
+
+    Args:
+      source: a ``datasets.Dataset``, a ``datasets.DatasetDict`` (then ``split`` is required
+        unless it has a single split), or the path of a ``save_to_disk`` directory
+        (loaded with ``datasets.load_from_disk``; never downloads).
+      split: which split of a ``DatasetDict``.
+    Returns:
+      one :class:`Record` per row; ``location`` is ``"<name> row <n>"`` (1-based).
+    """
+    name = str(source) if isinstance(source, (str, os.PathLike)) else "dataset"
+    if isinstance(source, (str, os.PathLike)):
+        if not Path(source).is_dir():
+            raise DataError(f"{source}: no such dataset directory")
+        try:
+            import datasets
+        except ImportError:  # pragma: no cover
+            raise DataError(f"{source}: reading a saved dataset needs `datasets`; "
+                            f"pip install datasets") from None
+        try:
+            source = datasets.load_from_disk(str(source))
+        except Exception as e:
+            raise DataError(f"{name}: not a dataset saved with save_to_disk "
+                            f"({type(e).__name__})") from None
+    if isinstance(source, dict):  # a DatasetDict (a dict subclass) or a plain {split: rows}
+        splits = list(source.keys())
+        if split is None:
+            if len(splits) != 1:
+                raise DataError(f"{name}: has splits {splits}; choose one with split=")
+            split = splits[0]
+        if split not in splits:
+            raise DataError(f"{name}: no split {split!r}; available: {splits}")
+        source = source[split]
+        name = f"{name}[{split}]"
+    elif split is not None and name == "dataset":
+        name = f"dataset[{split}]"
+    rows = list(source)
+    if not rows:
+        raise DataError(f"{name}: empty data set (no rows)")
+    out = []
+    for i, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise DataError(f"{name} row {i}: expected a mapping of fields, got "
+                            f"{type(row).__name__}")
+        out.append(Record(dict(row), f"{name} row {i}"))
+    return out
+
+
+def read_records(source: Any, *, split: str | None = None) -> list[Record]:
+    """Read any supported source, chosen by type / file suffix.
+
+    ``*.jsonl`` → :func:`read_jsonl`; ``*.parquet`` → :func:`read_parquet`; a directory or a
+    ``datasets`` object → :func:`read_hf`; a list of dicts (in-memory) → records located as
+    ``"examples[i]"``.
+    """
+    if isinstance(source, list):
+        if not source:
+            raise DataError("examples: empty data set (no examples)")
+        out = []
+        for i, row in enumerate(source):
+            if not isinstance(row, dict):
+                raise DataError(f"examples[{i}]: expected a dict, got {type(row).__name__}")
+            out.append(Record(row, f"examples[{i}]"))
+        return out
+    if isinstance(source, (str, os.PathLike)):
+        p = Path(source)
+        if p.is_dir():
+            return read_hf(p, split=split)
+        if p.suffix == ".jsonl":
+            return read_jsonl(p)
+        if p.suffix == ".parquet":
+            return read_parquet(p)
+        raise DataError(f"{p}: unsupported data source; allowed: a .jsonl file, a .parquet "
+                        f"file or a directory saved with datasets' save_to_disk")
+    return read_hf(source, split=split)

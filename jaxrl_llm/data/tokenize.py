@@ -1,0 +1,243 @@
+"""Tokenisation of typed examples into prompt / completion token ids, and the length policy.
+
+Conversational prompts (tuples of messages) are rendered with the tokenizer's chat template,
+``apply_chat_template(messages, add_generation_prompt=True, tokenize=False)``, and the text is
+encoded with ``add_special_tokens=False`` (the template already writes its own special tokens,
+e.g. SmolLM2's ``<|im_start|>``). Plain-string prompts are encoded with
+``add_special_tokens=True``, i.e. with whatever the tokenizer itself adds (Llama-style
+tokenizers prepend BOS; SmolLM2's adds nothing); a trailing EOS that a tokenizer might append
+to the prompt is removed. Completions are always encoded with ``add_special_tokens=False`` and
+followed by one EOS token (``tokenizer.eos_token_id``; for chat models this is the end-of-turn
+token, e.g. ``<|im_end|>``), so the completion span = completion tokens + EOS, which is exactly
+what the loss mask covers and what a sampler emits before it stops.
+
+Prompt and completion are tokenised separately (as TRL does), so the token boundary between
+them is the one the sampler sees at generation time.
+
+A tokenizer is anything with ``encode(text, add_special_tokens=...) -> list[int]``,
+``eos_token_id``, ``pad_token_id`` and (for conversational data) ``apply_chat_template``:
+a Hugging Face tokenizer, or :class:`CharTokenizer` for fast tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from typing import Any, Sequence
+
+from jaxrl_llm.data.formats import (Example, KTOExample, PreferenceExample, Prompt,
+                                    PromptExample, RankExample, SFTExample, is_conversational)
+from jaxrl_llm.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+
+class CharTokenizer:
+    """A tiny byte-level tokenizer for tests and demos (no files, deterministic).
+
+    Ids: 0 = pad, 1 = BOS, 2 = EOS, 3 + b for each UTF-8 byte b (vocab size 259). Plain text
+    gets BOS when ``add_special_tokens=True``. Its chat template writes
+    ``"<role>: <content>\\n"`` per message and ``"assistant: "`` as the generation prompt.
+    """
+
+    pad_token_id = 0
+    bos_token_id = 1
+    eos_token_id = 2
+    vocab_size = 259
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Bytes of ``text`` shifted by 3, with BOS first when ``add_special_tokens``."""
+        ids = [b + 3 for b in text.encode("utf-8")]
+        return ([self.bos_token_id] + ids) if add_special_tokens else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Inverse of :meth:`encode` (special tokens are dropped)."""
+        return bytes(int(i) - 3 for i in ids if int(i) >= 3).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False,
+                            tokenize: bool = False, **_: Any):
+        """Render messages as text (``tokenize=False``) or ids."""
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            text += "assistant: "
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+class LengthPolicy(str, enum.Enum):
+    """What to do with an example longer than ``max_len`` tokens.
+
+    ERROR raises a DataError naming the example; TRUNCATE cuts the prompt from the left (keeping
+    at least one prompt token), then the completion(s) from the right; DROP skips it.
+    """
+
+    ERROR = "error"
+    TRUNCATE = "truncate"
+    DROP = "drop"
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedSequence:
+    """Prompt + one completion as token ids (SFT, and KTO with ``label``)."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    label: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedPreference:
+    """Prompt + chosen + rejected completions as token ids."""
+
+    prompt_ids: tuple[int, ...]
+    chosen_ids: tuple[int, ...]
+    rejected_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedRank:
+    """Prompt + a group of responses with their scores."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[tuple[int, ...], ...]
+    scores: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedPrompt:
+    """An RL prompt's ids and its extra fields for reward functions."""
+
+    prompt_ids: tuple[int, ...]
+    extras: Any
+
+
+Tokenized = Any  # one of the Tokenized* dataclasses above
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt) -> tuple[int, ...]:
+    """Prompt token ids (chat template with generation prompt, or plain text; see module doc)."""
+    if is_conversational(prompt):
+        text = tokenizer.apply_chat_template([dict(m) for m in prompt],
+                                             add_generation_prompt=True, tokenize=False)
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+    else:
+        ids = list(tokenizer.encode(prompt, add_special_tokens=True))
+        eos = tokenizer.eos_token_id
+        if ids and eos is not None and ids[-1] == eos and len(ids) > 1:
+            ids = ids[:-1]
+    return tuple(int(i) for i in ids)
+
+
+def encode_completion(tokenizer: Any, completion: str, *, add_eos: bool = True) -> tuple[int, ...]:
+    """Completion token ids (no special tokens) followed by EOS when ``add_eos``."""
+    ids = [int(i) for i in tokenizer.encode(completion, add_special_tokens=False)]
+    if add_eos:
+        if tokenizer.eos_token_id is None:
+            raise ConfigError("tokenizer has no eos_token_id; set one or pass add_eos=False")
+        ids.append(int(tokenizer.eos_token_id))
+    return tuple(ids)
+
+
+def tokenize_example(tokenizer: Any, example: Example, *, add_eos: bool = True) -> Tokenized:
+    """Tokenise one typed example into the matching ``Tokenized*`` dataclass."""
+    p = encode_prompt(tokenizer, example.prompt)
+    enc = lambda c: encode_completion(tokenizer, c, add_eos=add_eos)
+    if isinstance(example, SFTExample):
+        return TokenizedSequence(p, enc(example.completion))
+    if isinstance(example, KTOExample):
+        return TokenizedSequence(p, enc(example.completion), label=example.label)
+    if isinstance(example, PreferenceExample):
+        return TokenizedPreference(p, enc(example.chosen), enc(example.rejected))
+    if isinstance(example, RankExample):
+        return TokenizedRank(p, tuple(enc(r) for r in example.responses), example.scores)
+    if isinstance(example, PromptExample):
+        return TokenizedPrompt(p, dict(example.extras))
+    raise TypeError(f"not an example: {type(example).__name__}")
+
+
+def _completions(t: Tokenized) -> list[tuple[int, ...]]:
+    if isinstance(t, TokenizedSequence):
+        return [t.completion_ids]
+    if isinstance(t, TokenizedPreference):
+        return [t.chosen_ids, t.rejected_ids]
+    if isinstance(t, TokenizedRank):
+        return list(t.response_ids)
+    return []
+
+
+def _with_completions(t: Tokenized, prompt: tuple, comps: list[tuple]) -> Tokenized:
+    if isinstance(t, TokenizedSequence):
+        return dataclasses.replace(t, prompt_ids=prompt, completion_ids=comps[0])
+    if isinstance(t, TokenizedPreference):
+        return dataclasses.replace(t, prompt_ids=prompt, chosen_ids=comps[0], rejected_ids=comps[1])
+    if isinstance(t, TokenizedRank):
+        return dataclasses.replace(t, prompt_ids=prompt, response_ids=tuple(comps))
+    return dataclasses.replace(t, prompt_ids=prompt)
+
+
+def sequence_length(t: Tokenized) -> int:
+    """Longest row this example produces: prompt + its longest completion."""
+    comps = _completions(t)
+    return len(t.prompt_ids) + (max(len(c) for c in comps) if comps else 0)
+
+
+def truncate(t: Tokenized, max_len: int) -> Tokenized:
+    """Fit every row of ``t`` into ``max_len`` tokens.
+
+    The prompt is cut from the left (its end, next to the completion, is kept) down to
+    ``max(1, max_len − longest completion)`` tokens; then each completion is cut from the right
+    to ``max_len − len(prompt)`` tokens (a cut completion loses its EOS).
+    """
+    if max_len < 2 and _completions(t):
+        raise ConfigError(f"max_len={max_len} leaves no room for a prompt and a completion")
+    comps = _completions(t)
+    longest = max((len(c) for c in comps), default=0)
+    keep_prompt = max(1, max_len - longest) if comps else max_len
+    prompt = t.prompt_ids[-keep_prompt:] if len(t.prompt_ids) > keep_prompt else t.prompt_ids
+    room = max_len - len(prompt)
+    return _with_completions(t, prompt, [c[:room] for c in comps])
+
+
+def apply_length_policy(
+    items: Sequence[Tokenized],
+    *,
+    max_len: int,
+    policy: LengthPolicy | str = LengthPolicy.ERROR,
+    locations: Sequence[str] | None = None,
+) -> tuple[list[Tokenized], dict[str, int]]:
+    """Enforce ``max_len`` on tokenised examples and count what happened.
+
+    Args:
+      items: tokenised examples.
+      max_len: the longest allowed row (prompt + completion) in tokens.
+      policy: :class:`LengthPolicy` (``"error"``, ``"truncate"``, ``"drop"``).
+      locations: per-item source locations for error messages.
+    Returns:
+      (kept items, stats) with stats ``{"total", "kept", "truncated", "dropped"}``; the stats
+      are also logged as one line.
+    Raises:
+      DataError: under ``"error"``, naming the first over-long example and its length.
+    """
+    policy = LengthPolicy(policy)
+    if max_len <= 0:
+        raise ConfigError(f"max_len must be positive, got {max_len}")
+    out, truncated, dropped = [], 0, 0
+    for i, t in enumerate(items):
+        n = sequence_length(t)
+        if n <= max_len:
+            out.append(t)
+            continue
+        if policy == LengthPolicy.ERROR:
+            where = locations[i] if locations is not None else f"example {i}"
+            raise DataError(f"{where}: {n} tokens exceed max_len={max_len}; raise max_len or "
+                            f"use length_policy 'truncate' or 'drop'")
+        if policy == LengthPolicy.DROP:
+            dropped += 1
+            continue
+        out.append(truncate(t, max_len))
+        truncated += 1
+    stats = {"total": len(items), "kept": len(out), "truncated": truncated, "dropped": dropped}
+    log.info("length policy %s (max_len=%d): %s", policy.value, max_len, stats)
+    if not out:
+        raise DataError(f"every example was dropped by max_len={max_len}; raise max_len")
+    return out, stats
