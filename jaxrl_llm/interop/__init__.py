@@ -1,3 +1,38 @@
-"""jaxrl_llm.interop (in progress)."""
+"""Hugging Face / GGUF import and Hugging Face export for the Llama-family model.
 
-__all__: list[str] = []
+Import: :func:`load_model` takes a local Hugging Face directory (safetensors only), a GGUF file
+(de-quantised through transformers and cached on disk), a model alias such as
+``"smollm2-135m-instruct"``, or a transformers model object, and returns
+``LoadedModel(config, params, tokenizer)``. Export: :func:`export_hf` writes a directory that
+``transformers`` loads with no missing or unexpected keys and identical logits.
+"""
+
+from jaxrl_llm.interop.export import export_hf
+from jaxrl_llm.interop.load import MODEL_ALIASES
+from jaxrl_llm.interop.load import LoadedModel
+from jaxrl_llm.interop.load import cache_dir
+from jaxrl_llm.interop.load import cached_gguf_dir
+from jaxrl_llm.interop.load import from_hf_model
+from jaxrl_llm.interop.load import load_hf_dir
+from jaxrl_llm.interop.load import load_model
+from jaxrl_llm.interop.load import resolve_alias
+from jaxrl_llm.interop.state_dict import config_from_hf_dict
+from jaxrl_llm.interop.state_dict import hf_config_dict
+from jaxrl_llm.interop.state_dict import params_from_hf_state_dict
+from jaxrl_llm.interop.state_dict import params_to_hf_state_dict
+
+__all__ = [
+    "MODEL_ALIASES",
+    "LoadedModel",
+    "cache_dir",
+    "cached_gguf_dir",
+    "config_from_hf_dict",
+    "export_hf",
+    "from_hf_model",
+    "hf_config_dict",
+    "load_hf_dir",
+    "load_model",
+    "params_from_hf_state_dict",
+    "params_to_hf_state_dict",
+    "resolve_alias",
+]

