@@ -1,3 +1,102 @@
-"""jaxrl_llm.objectives (in progress)."""
+"""Post-training objectives as pure functions: arrays in, arrays out.
 
-__all__: list[str] = []
+Token data is batch-major ``[B, T]`` with an explicit ``mask`` ``[B, T]`` (1 = real token);
+sequence data is ``[B]``; groups (G samples of one prompt) are consecutive rows of
+``group_size``. No model, no config object: hyperparameters are keyword-only with their
+papers' defaults. Losses are minimised (loss = −objective); per-token / per-example values
+come back unreduced and :func:`aggregate` (or :func:`aggregate_parts` for exact gradient
+accumulation) reduces them.
+
+Contents: KL estimators (:func:`kl_penalty`), aggregation modes, advantage estimators
+(GRPO, RLOO, ReMax, REINFORCE++, GAE, process supervision) and reward shaping, the clipped
+policy loss (PPO/GRPO/DAPO/GSPO), the value loss, preference losses (DPO family, KTO, ORPO,
+SimPO, Bradley–Terry, pairwise rank), and re-exports of the log-prob / entropy ops.
+"""
+
+from jaxrl_llm.objectives.advantages import GRPOScale
+from jaxrl_llm.objectives.advantages import discounted_returns
+from jaxrl_llm.objectives.advantages import gae
+from jaxrl_llm.objectives.advantages import grpo_advantages
+from jaxrl_llm.objectives.advantages import informative_groups
+from jaxrl_llm.objectives.advantages import kl_shaped_rewards
+from jaxrl_llm.objectives.advantages import last_token_index
+from jaxrl_llm.objectives.advantages import overlong_penalty
+from jaxrl_llm.objectives.advantages import process_advantages
+from jaxrl_llm.objectives.advantages import reinforce_pp_advantages
+from jaxrl_llm.objectives.advantages import reinforce_pp_baseline_advantages
+from jaxrl_llm.objectives.advantages import remax_advantages
+from jaxrl_llm.objectives.advantages import rloo_advantages
+from jaxrl_llm.objectives.advantages import valid_token_count
+from jaxrl_llm.objectives.advantages import whiten
+from jaxrl_llm.objectives.aggregation import AggregationMode
+from jaxrl_llm.objectives.aggregation import aggregate
+from jaxrl_llm.objectives.aggregation import aggregate_parts
+from jaxrl_llm.objectives.aggregation import aggregation_denominator
+from jaxrl_llm.objectives.kl import KLKind
+from jaxrl_llm.objectives.kl import kl_penalty
+from jaxrl_llm.objectives.policy import RatioLevel
+from jaxrl_llm.objectives.policy import policy_loss
+from jaxrl_llm.objectives.policy import policy_loss_parts
+from jaxrl_llm.objectives.policy import sequence_log_ratio
+from jaxrl_llm.objectives.preference import DPOKind
+from jaxrl_llm.objectives.preference import bradley_terry_loss
+from jaxrl_llm.objectives.preference import dpo_loss
+from jaxrl_llm.objectives.preference import kto_loss
+from jaxrl_llm.objectives.preference import log1mexp
+from jaxrl_llm.objectives.preference import orpo_loss
+from jaxrl_llm.objectives.preference import pairwise_rank_loss
+from jaxrl_llm.objectives.preference import simpo_loss
+from jaxrl_llm.objectives.value import value_loss
+from jaxrl_llm.objectives.value import value_loss_parts
+from jaxrl_llm.ops.logprobs import entropy_from_hidden
+from jaxrl_llm.ops.logprobs import entropy_from_logits
+from jaxrl_llm.ops.logprobs import logprobs_and_entropy_from_hidden
+from jaxrl_llm.ops.logprobs import token_logprobs
+from jaxrl_llm.ops.logprobs import token_logprobs_from_hidden
+from jaxrl_llm.ops.masked import masked_mean
+from jaxrl_llm.ops.masked import masked_whiten
+
+__all__ = [
+    "AggregationMode",
+    "DPOKind",
+    "GRPOScale",
+    "KLKind",
+    "RatioLevel",
+    "aggregate",
+    "aggregate_parts",
+    "aggregation_denominator",
+    "bradley_terry_loss",
+    "discounted_returns",
+    "dpo_loss",
+    "entropy_from_hidden",
+    "entropy_from_logits",
+    "gae",
+    "grpo_advantages",
+    "informative_groups",
+    "kl_penalty",
+    "kl_shaped_rewards",
+    "kto_loss",
+    "last_token_index",
+    "log1mexp",
+    "logprobs_and_entropy_from_hidden",
+    "masked_mean",
+    "masked_whiten",
+    "orpo_loss",
+    "overlong_penalty",
+    "pairwise_rank_loss",
+    "policy_loss",
+    "policy_loss_parts",
+    "process_advantages",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "remax_advantages",
+    "rloo_advantages",
+    "sequence_log_ratio",
+    "simpo_loss",
+    "token_logprobs",
+    "token_logprobs_from_hidden",
+    "valid_token_count",
+    "value_loss",
+    "value_loss_parts",
+    "whiten",
+]
