@@ -1,0 +1,80 @@
+"""Per-format validation: accepted shapes and one clear error per bad case."""
+
+import json
+
+import pytest
+
+from jaxrl_llm.data import (Format, KTOExample, PreferenceExample, PromptExample, RankExample,
+                            Record, SFTExample, is_conversational, load_examples, parse_example)
+from jaxrl_llm.errors import DataError
+from tests.data.conftest import write_lines
+
+USER = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+def rec(**fields):
+    return Record(fields, "f.jsonl line 7")
+
+
+def test_sft_plain_prompt_messages_and_conversational_prompt():
+    e = parse_example(rec(prompt="2 + 3 =", completion=" 5"), Format.SFT)
+    assert e == SFTExample("2 + 3 =", " 5") and not is_conversational(e.prompt)
+    msgs = USER + [{"role": "assistant", "content": "5"}]
+    e = parse_example(rec(messages=msgs), "sft")
+    assert e.prompt == tuple(USER) and e.completion == "5" and is_conversational(e.prompt)
+    e = parse_example(rec(prompt=USER, completion=[{"role": "assistant", "content": "5"}]), "sft")
+    assert e == SFTExample(tuple(USER), "5")
+
+
+def test_preference_kto_rank_prompt():
+    e = parse_example(rec(prompt=USER, chosen="5", rejected=[{"role": "assistant",
+                                                              "content": "6"}]), "preference")
+    assert e == PreferenceExample(tuple(USER), "5", "6")
+    e = parse_example(rec(prompt="q", completion="a", label=False), Format.KTO)
+    assert e == KTOExample("q", "a", False)
+    e = parse_example(rec(prompt="q", responses=["a", "b"], scores=[1, 0.5]), "pairwise_rank")
+    assert e == RankExample("q", ("a", "b"), (1.0, 0.5))
+    e = parse_example(rec(prompt=USER, answer="5", difficulty=1), Format.PROMPT)
+    assert e == PromptExample(tuple(USER), {"answer": "5", "difficulty": 1})
+
+
+@pytest.mark.parametrize("fmt, fields, field, words", [
+    ("sft", {"prompt": "q"}, "completion", "missing field"),
+    ("sft", {"prompt": 3, "completion": "a"}, "prompt", "got int"),
+    ("sft", {"prompt": "q", "completion": "  "}, "completion", "empty text"),
+    ("sft", {"messages": [{"role": "user", "content": "q"}]}, "messages", "final assistant"),
+    ("sft", {"messages": [{"role": "bot", "content": "q"}, {"role": "assistant", "content": "a"}]},
+     "messages[0].role", "expected one of"),
+    ("sft", {"prompt": [{"role": "user", "content": ""}], "completion": "a"},
+     "prompt[0].content", "empty text"),
+    ("preference", {"prompt": "q", "chosen": "a"}, "rejected", "missing field"),
+    ("preference", {"prompt": "q", "chosen": "a", "rejected": [{"role": "user", "content": "b"}]},
+     "rejected", "one assistant message"),
+    ("kto", {"prompt": "q", "completion": "a", "label": 1}, "label", "true or false"),
+    ("pairwise_rank", {"prompt": "q", "responses": ["a", "b"], "scores": [1.0]}, "scores",
+     "must match"),
+    ("pairwise_rank", {"prompt": "q", "responses": ["a", "b"], "scores": [1.0, "x"]},
+     "scores[1]", "finite number"),
+    ("pairwise_rank", {"prompt": "q", "responses": ["a"], "scores": [1.0]}, "responses",
+     "at least 2"),
+    ("prompt", {"answer": "5"}, "prompt", "missing field"),
+])
+def test_bad_examples_name_location_and_field(fmt, fields, field, words):
+    with pytest.raises(DataError) as e:
+        parse_example(rec(**fields), fmt)
+    msg = str(e.value)
+    assert msg.startswith("f.jsonl line 7: ")
+    assert repr(field) in msg and words in msg and "\n" not in msg
+
+
+def test_error_from_file_names_file_line_and_field(tmp_path):
+    good = json.dumps({"prompt": "q", "completion": "a"})
+    p = write_lines(tmp_path / "sft.jsonl", [good, good, json.dumps({"prompt": "q",
+                                                                      "completion": 5})])
+    with pytest.raises(DataError, match=r"sft\.jsonl line 3: field 'completion': expected a "
+                                        r"string"):
+        load_examples(p, Format.SFT)
+    ok = write_lines(tmp_path / "ok.jsonl", [good, "", good])
+    examples, locations = load_examples(ok, Format.SFT)
+    assert examples == [SFTExample("q", "a")] * 2
+    assert locations == [f"{ok} line 1", f"{ok} line 3"]
