@@ -1,3 +1,155 @@
-"""jaxrl_llm.losses (in progress)."""
+"""Losses over parameters, one per algorithm: ``loss(params, batch, *, apply_fn, config)
+-> (scalar, metrics)``. They run the model (through ``apply_fn``) and call
+:mod:`jaxrl_llm.objectives`; this is the only layer that knows about both. We minimise
+loss = −objective. The algorithm table is :data:`LOSSES` (``registry.py``).
 
-__all__: list[str] = []
+``apply_fn(params, input_ids, attention_mask=..., positions=None, segment_ids=None)`` returns
+:class:`jaxrl_llm.models.ModelOutputs` (hidden ``[B, T, D]``, unembed ``[D, V]`` or None,
+scalar ``[B, T]`` or None); in practice
+``functools.partial(jaxrl_llm.models.apply, config=model_config)``. Log-probs are computed in
+time chunks from the hidden states, never as a ``[B, T, V]`` tensor. Frozen models
+(reference, old policy, reward model, critic) are never closed over: their outputs arrive in
+the batch, computed with :func:`sequence_logps` / :func:`summed_logps` / a spec's
+``reference_fn`` from the same compiled code.
+
+Batch layout (all token arrays batch-major ``[B, T]``, right-padded):
+
+* Sequence batch (SFT; also KTO and pairwise-rank rows): ``input_ids`` int32 (prompt +
+  completion), ``attention_mask`` (1 = real token), ``loss_mask`` (1 where token t is a
+  target/completion token; ``loss_mask[:, 0] == 0`` since token t is predicted from position
+  t−1). Optional ``segment_ids`` and ``positions`` for packed rows (positions restart per
+  segment; ``jaxrl_llm.models.default_positions(mask, segment_ids)``).
+* Per-token RL arrays ``old_logp``, ``ref_logp``, ``advantages``, ``values``, ``returns``,
+  ``token_rewards``: ``[B, T]`` aligned with ``input_ids`` (the value at t refers to token t;
+  0 where ``loss_mask`` is 0). ``values[b, t]`` is V of the state before token t.
+* Preference batch (DPO family, reward model, ORPO, SimPO): ``chosen_input_ids``,
+  ``chosen_attention_mask``, ``chosen_loss_mask``, ``rejected_input_ids``,
+  ``rejected_attention_mask``, ``rejected_loss_mask`` (same T); optional
+  ``ref_chosen_logps [B]``, ``ref_rejected_logps [B]`` (summed over completion tokens) and
+  ``margin [B]`` (reward model).
+* KTO batch: a sequence batch plus ``label [B]`` (1 desirable, 0 undesirable) and the
+  mismatched-pair rows ``kl_input_ids``, ``kl_attention_mask``, ``kl_loss_mask`` (prompt i
+  with completion (i+1) mod B) for the reference point z₀; ``ref_logps [B]``,
+  ``ref_kl_logps [B]``.
+* Pairwise-rank batch: a sequence batch in consecutive groups of ``group_size`` responses
+  to one prompt, plus ``scores [B]``.
+* Optional ``loss_denominator`` (scalar float): the loss divides its summed per-token /
+  per-sequence / per-pair / per-group loss by this number instead of its own micro-batch
+  denominator. The train step computes it once over the whole batch with the spec's
+  ``denominator_fn`` and passes it to every micro-batch, so summed micro-batch losses and
+  gradients equal the full-batch loss and gradient exactly.
+
+Padding never changes a loss: padding tokens have mask 0, padding rows (all-zero
+``loss_mask``) and padding pairs/groups are excluded from sums and denominators.
+"""
+
+from jaxrl_llm.losses.common import averaged_logps
+from jaxrl_llm.losses.common import sequence_logps
+from jaxrl_llm.losses.common import summed_logps
+from jaxrl_llm.losses.policy import AdvantageEstimator
+from jaxrl_llm.losses.policy import CriticConfig
+from jaxrl_llm.losses.policy import PolicyGradientConfig
+from jaxrl_llm.losses.policy import critic_denominator
+from jaxrl_llm.losses.policy import critic_values
+from jaxrl_llm.losses.policy import dapo_config
+from jaxrl_llm.losses.policy import dr_grpo_config
+from jaxrl_llm.losses.policy import grpo_config
+from jaxrl_llm.losses.policy import gspo_config
+from jaxrl_llm.losses.policy import policy_gradient_denominator
+from jaxrl_llm.losses.policy import policy_gradient_loss
+from jaxrl_llm.losses.policy import ppo_actor_config
+from jaxrl_llm.losses.policy import ppo_critic_config
+from jaxrl_llm.losses.policy import ppo_critic_loss
+from jaxrl_llm.losses.policy import reinforce_config
+from jaxrl_llm.losses.policy import reinforce_pp_config
+from jaxrl_llm.losses.policy import remax_config
+from jaxrl_llm.losses.policy import rloo_config
+from jaxrl_llm.losses.preference import DPOConfig
+from jaxrl_llm.losses.preference import ORPOConfig
+from jaxrl_llm.losses.preference import RewardModelConfig
+from jaxrl_llm.losses.preference import SimPOConfig
+from jaxrl_llm.losses.preference import dpo_config
+from jaxrl_llm.losses.preference import dpo_loss
+from jaxrl_llm.losses.preference import last_token_scores
+from jaxrl_llm.losses.preference import orpo_config
+from jaxrl_llm.losses.preference import orpo_loss
+from jaxrl_llm.losses.preference import pair_denominator
+from jaxrl_llm.losses.preference import preference_reference_logps
+from jaxrl_llm.losses.preference import reward_model_config
+from jaxrl_llm.losses.preference import reward_model_loss
+from jaxrl_llm.losses.preference import reward_scores
+from jaxrl_llm.losses.preference import simpo_config
+from jaxrl_llm.losses.preference import simpo_loss
+from jaxrl_llm.losses.registry import LOSSES
+from jaxrl_llm.losses.registry import LossSpec
+from jaxrl_llm.losses.registry import get_loss
+from jaxrl_llm.losses.registry import policy_reference_logps
+from jaxrl_llm.losses.sft import SFTConfig
+from jaxrl_llm.losses.sft import sft_config
+from jaxrl_llm.losses.sft import sft_denominator
+from jaxrl_llm.losses.sft import sft_loss
+from jaxrl_llm.losses.unpaired import KTOConfig
+from jaxrl_llm.losses.unpaired import PairwiseRankConfig
+from jaxrl_llm.losses.unpaired import group_denominator
+from jaxrl_llm.losses.unpaired import kto_config
+from jaxrl_llm.losses.unpaired import kto_loss
+from jaxrl_llm.losses.unpaired import kto_reference_logps
+from jaxrl_llm.losses.unpaired import pairwise_rank_config
+from jaxrl_llm.losses.unpaired import pairwise_rank_loss
+from jaxrl_llm.losses.unpaired import row_denominator
+
+__all__ = [
+    "AdvantageEstimator",
+    "CriticConfig",
+    "DPOConfig",
+    "KTOConfig",
+    "LOSSES",
+    "LossSpec",
+    "ORPOConfig",
+    "PairwiseRankConfig",
+    "PolicyGradientConfig",
+    "RewardModelConfig",
+    "SFTConfig",
+    "SimPOConfig",
+    "averaged_logps",
+    "critic_denominator",
+    "critic_values",
+    "dapo_config",
+    "dpo_config",
+    "dpo_loss",
+    "dr_grpo_config",
+    "get_loss",
+    "group_denominator",
+    "grpo_config",
+    "gspo_config",
+    "kto_config",
+    "kto_loss",
+    "kto_reference_logps",
+    "last_token_scores",
+    "orpo_config",
+    "orpo_loss",
+    "pair_denominator",
+    "pairwise_rank_config",
+    "pairwise_rank_loss",
+    "policy_gradient_denominator",
+    "policy_gradient_loss",
+    "policy_reference_logps",
+    "ppo_actor_config",
+    "ppo_critic_config",
+    "ppo_critic_loss",
+    "reinforce_config",
+    "reinforce_pp_config",
+    "remax_config",
+    "reward_model_config",
+    "reward_model_loss",
+    "reward_scores",
+    "rloo_config",
+    "row_denominator",
+    "sequence_logps",
+    "sft_config",
+    "sft_denominator",
+    "sft_loss",
+    "simpo_config",
+    "simpo_loss",
+    "summed_logps",
+]

@@ -1,0 +1,219 @@
+"""Shared helpers of the loss layer: batch access, per-token log-probs, exact reductions.
+
+The batch layout every loss in :mod:`jaxrl_llm.losses` consumes is documented in the package
+docstring. Everything here is a pure function of ``(params, batch)``; the model enters only
+through ``apply_fn(params, input_ids, attention_mask=..., positions=..., segment_ids=...)
+-> models.ModelOutputs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.errors import DataError
+from jaxrl_llm.ops.logprobs import logprobs_and_entropy_from_hidden
+from jaxrl_llm.ops.logprobs import token_logprobs_from_hidden
+from jaxrl_llm.ops.masked import masked_count
+from jaxrl_llm.ops.masked import masked_sum
+from jaxrl_llm.ops.masked import safe_divide
+
+Batch = Mapping[str, Any]
+ApplyFn = Callable[..., Any]
+
+LOSS_DENOMINATOR_KEY = "loss_denominator"
+
+
+def require(batch: Batch, key: str, *, loss: str, hint: str = "") -> jax.Array:
+    """``batch[key]``; raise :class:`DataError` naming the key and the loss when missing."""
+    if key not in batch:
+        extra = f"; {hint}" if hint else ""
+        raise DataError(
+            f"batch key {key!r} is required by the {loss!r} loss but missing "
+            f"(present: {sorted(batch)}){extra}")
+    return batch[key]
+
+
+def shift_right(x_bt: jax.Array) -> jax.Array:
+    """``[B, T-1]`` values that refer to token t+1 -> ``[B, T]`` aligned to token t (0 at t=0)."""
+    return jnp.pad(x_bt, ((0, 0), (1, 0)))
+
+
+def _model_inputs(batch: Batch, prefix: str, loss: str):
+    ids = require(batch, f"{prefix}input_ids", loss=loss)
+    chex.assert_rank(ids, 2)
+    attn = batch.get(f"{prefix}attention_mask")
+    if attn is None:
+        attn = jnp.ones(ids.shape, jnp.int32)
+    lmask = require(batch, f"{prefix}loss_mask", loss=loss)
+    chex.assert_equal_shape([ids, attn, lmask])
+    seg = batch.get(f"{prefix}segment_ids")
+    pos = batch.get(f"{prefix}positions")
+    return ids, attn, lmask, seg, pos
+
+
+def forward_logps(
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    prefix: str = "",
+    temperature: float = 1.0,
+    chunk_size: int = 128,
+    with_entropy: bool = False,
+    loss: str = "sequence_logps",
+) -> tuple[jax.Array, jax.Array | None, Any]:
+    """One forward pass; per-token log-probs (and entropies) aligned to ``input_ids``.
+
+    ``logp[b, t] = log π(x_t | x_<t)`` for t ≥ 1 where ``loss_mask[b, t] = 1``, else 0
+    (token t is predicted from the hidden state at t−1). ``entropy[b, t]`` is the entropy of
+    that same predictive distribution, 0 where masked. Never builds ``[B, T, V]`` logits.
+
+    Args:
+      params: model parameters.
+      batch: a sequence batch (keys ``{prefix}input_ids``, ``{prefix}attention_mask``,
+        ``{prefix}loss_mask``; optional ``{prefix}segment_ids``, ``{prefix}positions``).
+      apply_fn: ``apply_fn(params, ids, attention_mask=, positions=, segment_ids=)``.
+      prefix: key prefix (``"chosen_"``, ``"rejected_"``, ``"kl_"``).
+      temperature: τ; log π_τ = log softmax(z / τ), as the sampler records it.
+      chunk_size: time-chunk of the chunked log-prob op.
+      with_entropy: also return per-token entropies.
+      loss: name used in error messages.
+    Returns:
+      ``(logp [B, T] float32, entropy [B, T] or None, ModelOutputs)``.
+    """
+    ids, attn, lmask, seg, pos = _model_inputs(batch, prefix, loss)
+    out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg)
+    if out.unembed is None:
+        raise DataError(f"the {loss!r} loss needs token log-probs but apply_fn returned no "
+                        "unembedding (a scalar-head-only model); use a language model")
+    hidden = out.hidden[:, :-1]
+    targets = ids[:, 1:]
+    m = lmask.astype(bool)
+    if with_entropy:
+        lp, ent = logprobs_and_entropy_from_hidden(
+            hidden, out.unembed, targets, temperature=temperature, chunk_size=chunk_size)
+        ent = jnp.where(m, shift_right(ent), 0.0)
+    else:
+        lp = token_logprobs_from_hidden(
+            hidden, out.unembed, targets, temperature=temperature, chunk_size=chunk_size)
+        ent = None
+    logp = jnp.where(m, shift_right(lp), 0.0)
+    return logp, ent, out
+
+
+def sequence_logps(
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    prefix: str = "",
+    temperature: float = 1.0,
+    chunk_size: int = 128,
+) -> jax.Array:
+    """Per-token log-probs ``[B, T]`` of ``{prefix}input_ids`` under ``params``.
+
+    ``out[b, t] = log π(x_t | x_<t)`` where ``{prefix}loss_mask[b, t] = 1``, else 0. This is
+    the function the trainer uses for the reference model's (``ref_logp``) and the old
+    policy's (``old_logp``) log-probs, so they come from the same compiled code as the loss.
+
+    Args:
+      params: model parameters (policy, reference or old policy).
+      batch: see the package docstring; ``{prefix}input_ids``/``attention_mask``/``loss_mask``
+        ``[B, T]``, optional ``{prefix}segment_ids``/``positions``.
+      apply_fn: e.g. ``functools.partial(jaxrl_llm.models.apply, config=model_config)``.
+      prefix: key prefix, e.g. ``"chosen_"``.
+      temperature: sampling temperature τ the log-probs refer to.
+      chunk_size: time chunk of the log-prob computation.
+    Returns:
+      ``[B, T]`` float32.
+    """
+    logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn, prefix=prefix,
+                               temperature=temperature, chunk_size=chunk_size)
+    return logp
+
+
+def summed_logps(
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    prefix: str = "",
+    temperature: float = 1.0,
+    chunk_size: int = 128,
+) -> jax.Array:
+    """log π(y | x) = Σ_t log π(y_t | x, y_<t) over completion tokens, per row ``[B]``.
+
+    The quantity DPO/KTO reference log-probs (``ref_chosen_logps`` ...) hold.
+    Packed rows (``segment_ids``) are summed over the whole row.
+    """
+    logp = sequence_logps(params, batch, apply_fn=apply_fn, prefix=prefix,
+                          temperature=temperature, chunk_size=chunk_size)
+    return jnp.sum(logp, axis=-1)
+
+
+def averaged_logps(
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    prefix: str = "",
+    temperature: float = 1.0,
+    chunk_size: int = 128,
+) -> jax.Array:
+    """(1/|y|) Σ_t log π(y_t | x, y_<t) per row ``[B]`` (0 for rows without completion tokens).
+
+    The length-normalised log-likelihood of SimPO and ORPO.
+    """
+    logp = sequence_logps(params, batch, apply_fn=apply_fn, prefix=prefix,
+                          temperature=temperature, chunk_size=chunk_size)
+    n = masked_count(batch[f"{prefix}loss_mask"], axis=-1)
+    return safe_divide(jnp.sum(logp, axis=-1), n)
+
+
+def row_valid(loss_mask: jax.Array) -> jax.Array:
+    """``[B]`` bool: the row has at least one completion token (padding rows are False)."""
+    return jnp.any(loss_mask.astype(bool), axis=-1)
+
+
+def finish(num: jax.Array, local_den: jax.Array, batch: Batch) -> jax.Array:
+    """The scalar loss ``num / den``; ``den = batch["loss_denominator"]`` when present.
+
+    With the global denominator passed to every micro-batch, Σ_k finish(num_k, ·) equals the
+    full-batch loss, and so do the gradients (the denominator is a constant).
+    """
+    den = batch.get(LOSS_DENOMINATOR_KEY)
+    den = local_den if den is None else jnp.asarray(den, jnp.float32)
+    chex.assert_rank(den, 0)
+    return safe_divide(num.astype(jnp.float32), den)
+
+
+def masked_rows_mean(x_b: jax.Array, valid_b: jax.Array) -> jax.Array:
+    """Mean of ``x`` over valid rows (0 when none): padding rows do not change metrics."""
+    return safe_divide(masked_sum(x_b, valid_b), masked_count(valid_b))
+
+
+def stack_pair(batch: Batch, loss: str) -> dict[str, jax.Array]:
+    """Concatenate the chosen and rejected rows into one ``[2B, T]`` sequence batch.
+
+    One forward pass over both halves (same T) instead of two.
+    """
+    out = {}
+    for key in ("input_ids", "attention_mask", "loss_mask", "segment_ids", "positions"):
+        c, r = batch.get(f"chosen_{key}"), batch.get(f"rejected_{key}")
+        if c is None and r is None:
+            continue
+        if key in ("input_ids", "loss_mask"):
+            c = require(batch, f"chosen_{key}", loss=loss)
+            r = require(batch, f"rejected_{key}", loss=loss)
+        if c is None or r is None:
+            raise DataError(f"batch has only one of 'chosen_{key}' / 'rejected_{key}' "
+                            f"for the {loss!r} loss; give both or neither")
+        if c.shape != r.shape:
+            raise DataError(f"'chosen_{key}' {c.shape} and 'rejected_{key}' {r.shape} must have "
+                            "the same shape [B, T]; pad both to the same T")
+        out[key] = jnp.concatenate([c, r], axis=0)
+    return out

@@ -1,0 +1,371 @@
+"""Online RL policy losses (PPO actor, GRPO, Dr. GRPO, DAPO, GSPO, REINFORCE, REINFORCE++,
+RLOO, ReMax) and the PPO critic loss.
+
+All the policy-gradient algorithms share one loss, :func:`policy_gradient_loss`; they differ
+only in data, a :class:`PolicyGradientConfig` (clip range, clip-higher, token- or
+sequence-level ratio, aggregation, in-loss KL term, entropy bonus). One preset function per
+algorithm returns its config with the paper's defaults. Advantages are precomputed in the
+batch (the estimator runs in the RL loop before the update); the ``advantage`` field of the
+config names the estimator the algorithm is defined with, for the RL loop to read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.losses.common import ApplyFn
+from jaxrl_llm.losses.common import Batch
+from jaxrl_llm.losses.common import finish
+from jaxrl_llm.losses.common import forward_logps
+from jaxrl_llm.losses.common import require
+from jaxrl_llm.losses.common import shift_right
+from jaxrl_llm.objectives.aggregation import AggregationMode
+from jaxrl_llm.objectives.aggregation import aggregate_parts
+from jaxrl_llm.objectives.aggregation import aggregation_denominator
+from jaxrl_llm.objectives.kl import KLKind
+from jaxrl_llm.objectives.policy import RatioLevel
+from jaxrl_llm.objectives.policy import policy_loss_parts
+from jaxrl_llm.objectives.value import value_loss_parts
+from jaxrl_llm.ops.masked import masked_mean
+
+
+class AdvantageEstimator(str, enum.Enum):
+    """The advantage estimator an algorithm is defined with (run by the RL loop, not here).
+
+    ``grpo``: (r − mean_group) / std_group (DeepSeekMath); ``grpo_no_std``: r − mean_group
+    (Dr. GRPO); ``rloo``: leave-one-out baseline; ``remax``: r − r(greedy);
+    ``reinforce_pp``: batch-whitened discounted return (REINFORCE++); ``gae``: GAE with a
+    critic (PPO); ``reward``: the raw (KL-shaped) return, no baseline (REINFORCE).
+    """
+
+    GRPO = "grpo"
+    GRPO_NO_STD = "grpo_no_std"
+    RLOO = "rloo"
+    REMAX = "remax"
+    REINFORCE_PP = "reinforce_pp"
+    GAE = "gae"
+    REWARD = "reward"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyGradientConfig:
+    """Configuration of the clipped policy-gradient family (one loss, many algorithms).
+
+    Defaults are PPO's (Schulman et al. 2017, https://arxiv.org/abs/1707.06347): ε = 0.2,
+    token-level ratio, token-mean aggregation, no in-loss KL (RLHF-PPO puts the KL in the
+    reward, Ouyang et al. 2022, https://arxiv.org/abs/2203.02155).
+
+    Attributes:
+      clip_eps: ε of clip(ρ, 1 − ε, 1 + ε_high); None disables clipping (plain REINFORCE).
+      clip_eps_high: upper ε ("clip-higher", DAPO); None = clip_eps.
+      dual_clip: dual-clip constant c > 1 bounding negative-advantage losses (Ye et al. 2020,
+        https://arxiv.org/abs/1912.09729); None disables it.
+      ratio_level: :class:`RatioLevel` (GSPO uses ``sequence``).
+      aggregation: :class:`~jaxrl_llm.objectives.aggregation.AggregationMode`.
+      max_len: the constant L of ``seq_mean_token_sum_norm`` (Dr. GRPO): the generation
+        budget in tokens.
+      kl_coef: β of the in-loss KL penalty β·KL(π‖π_ref) (needs ``ref_logp`` in the batch).
+      kl_kind: KL estimator (:class:`~jaxrl_llm.objectives.kl.KLKind`), k3 for GRPO.
+      entropy_coef: c₂ of the entropy bonus (loss −= c₂·H), PPO eq. 9; 0 disables it.
+      temperature: sampling temperature τ the old log-probs were recorded with.
+      chunk_size: time chunk of the log-prob computation.
+      advantage: :class:`AdvantageEstimator` the algorithm is defined with (for the RL loop).
+    """
+
+    clip_eps: float | None = 0.2
+    clip_eps_high: float | None = None
+    dual_clip: float | None = None
+    ratio_level: RatioLevel = RatioLevel.TOKEN
+    aggregation: AggregationMode = AggregationMode.TOKEN_MEAN
+    max_len: int | None = None
+    kl_coef: float = 0.0
+    kl_kind: KLKind = KLKind.K3
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+    chunk_size: int = 128
+    advantage: AdvantageEstimator = AdvantageEstimator.GAE
+
+    def __post_init__(self):
+        for name, cls in (("ratio_level", RatioLevel), ("aggregation", AggregationMode),
+                          ("kl_kind", KLKind), ("advantage", AdvantageEstimator)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, cls(value))
+            except ValueError:
+                allowed = ", ".join(repr(m.value) for m in cls)
+                raise ConfigError(f"{name}={value!r} is not supported; use one of "
+                                  f"{allowed}") from None
+        if self.clip_eps is not None and not self.clip_eps > 0:
+            raise ConfigError(f"clip_eps={self.clip_eps!r} must be > 0 (or None: no clipping)")
+        if self.clip_eps_high is not None and self.clip_eps is None:
+            raise ConfigError("clip_eps_high is set but clip_eps is None; set both or neither")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise ConfigError(f"dual_clip={self.dual_clip!r} must be > 1 (or None)")
+        if self.aggregation is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM and not self.max_len:
+            raise ConfigError("aggregation='seq_mean_token_sum_norm' needs max_len (the "
+                              "generation budget in tokens)")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise ConfigError(f"kl_coef={self.kl_coef} and entropy_coef={self.entropy_coef} "
+                              "must be >= 0")
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature={self.temperature!r} must be > 0")
+
+
+# ----- presets: one per algorithm -------------------------------------------------------------
+
+def ppo_actor_config(**overrides) -> PolicyGradientConfig:
+    """PPO actor (Schulman et al. 2017, https://arxiv.org/abs/1707.06347; RLHF as in
+    Ouyang et al. 2022): ε = 0.2, token ratio, token_mean, GAE advantages, KL in the reward
+    (kl_coef = 0), entropy bonus c₂ (default 0 as in RLHF-PPO implementations; the PPO paper
+    used 0.01 on Atari)."""
+    return PolicyGradientConfig(**{**dict(advantage=AdvantageEstimator.GAE), **overrides})
+
+
+def grpo_config(**overrides) -> PolicyGradientConfig:
+    """GRPO (Shao et al. 2024, DeepSeekMath, https://arxiv.org/abs/2402.03300, eq. 3):
+    ε = 0.2, β = 0.04 with the k3 estimator in the loss, per-sequence mean of per-token
+    means (1/G Σ_i 1/|o_i| Σ_t), group-normalised advantages."""
+    base = dict(clip_eps=0.2, kl_coef=0.04, kl_kind=KLKind.K3,
+                aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN,
+                advantage=AdvantageEstimator.GRPO)
+    return PolicyGradientConfig(**{**base, **overrides})
+
+
+def dr_grpo_config(*, max_len: int = 1024, **overrides) -> PolicyGradientConfig:
+    """Dr. GRPO (Liu et al. 2025, https://arxiv.org/abs/2503.20783): GRPO without the length
+    and std biases: Σ_bt l·m / (B·max_len) (``seq_mean_token_sum_norm``), advantages
+    r − mean_group without std scaling, no KL term (β = 0). Set ``max_len`` to the
+    generation budget."""
+    base = dict(clip_eps=0.2, kl_coef=0.0, max_len=max_len,
+                aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM,
+                advantage=AdvantageEstimator.GRPO_NO_STD)
+    return PolicyGradientConfig(**{**base, **overrides})
+
+
+def dapo_config(**overrides) -> PolicyGradientConfig:
+    """DAPO (Yu et al. 2025, https://arxiv.org/abs/2503.14476): clip-higher ε_low = 0.2,
+    ε_high = 0.28, token-level mean over all tokens of the batch, no KL term; group-normalised
+    advantages (dynamic sampling and overlong shaping live in the RL loop)."""
+    base = dict(clip_eps=0.2, clip_eps_high=0.28, kl_coef=0.0,
+                aggregation=AggregationMode.TOKEN_MEAN, advantage=AdvantageEstimator.GRPO)
+    return PolicyGradientConfig(**{**base, **overrides})
+
+
+def gspo_config(**overrides) -> PolicyGradientConfig:
+    """GSPO (Zheng et al. 2025, https://arxiv.org/abs/2507.18071): sequence-level ratio
+    s_i = exp((1/|y_i|) Σ_t log ρ_it), clip range (1 − 3e-4, 1 + 4e-4) as in the paper,
+    one term per sequence (seq_mean_token_mean), no KL term, group-normalised advantages."""
+    base = dict(clip_eps=3e-4, clip_eps_high=4e-4, ratio_level=RatioLevel.SEQUENCE,
+                kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN,
+                advantage=AdvantageEstimator.GRPO)
+    return PolicyGradientConfig(**{**base, **overrides})
+
+
+def reinforce_config(**overrides) -> PolicyGradientConfig:
+    """Vanilla REINFORCE (Williams 1992): L = −Σ_t log π(y_t)·A_t, no clipping, token_mean,
+    KL folded into the reward."""
+    base = dict(clip_eps=None, kl_coef=0.0, aggregation=AggregationMode.TOKEN_MEAN,
+                advantage=AdvantageEstimator.REWARD)
+    return PolicyGradientConfig(**{**base, **overrides})
+
+
+def reinforce_pp_config(**overrides) -> PolicyGradientConfig:
+    """REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262): PPO-clip ε = 0.2,
+    token_mean, token-level KL folded into the reward (k1) and no critic; advantages are the
+    discounted returns whitened over the global batch."""
+    base = dict(clip_eps=0.2, kl_coef=0.0, aggregation=AggregationMode.TOKEN_MEAN,
+                advantage=AdvantageEstimator.REINFORCE_PP)
+    return PolicyGradientConfig(**{**base, **overrides})
+
+
+def rloo_config(**overrides) -> PolicyGradientConfig:
+    """RLOO (Ahmadian et al. 2024, https://arxiv.org/abs/2402.14740): REINFORCE with the
+    leave-one-out baseline, the whole completion as one action (per-sequence sum of token
+    terms, seq_mean_token_sum), KL in the reward; clipping ε = 0.2 (as TRL's RLOOTrainer) so
+    several updates per batch stay proximal."""
+    base = dict(clip_eps=0.2, kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM,
+                advantage=AdvantageEstimator.RLOO)
+    return PolicyGradientConfig(**{**base, **overrides})
+
+
+def remax_config(**overrides) -> PolicyGradientConfig:
+    """ReMax (Li et al. 2023, https://arxiv.org/abs/2310.10505): REINFORCE with the greedy
+    completion's reward as baseline, L = −(1/B) Σ_b Σ_t log π(y_bt)·(r_b − r̄_b), no clipping
+    (one on-policy update), seq_mean_token_sum, KL in the reward."""
+    base = dict(clip_eps=None, kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM,
+                advantage=AdvantageEstimator.REMAX)
+    return PolicyGradientConfig(**{**base, **overrides})
+
+
+# ----- the loss -------------------------------------------------------------------------------
+
+# objectives.policy_loss metric name -> logged name (the field's "pg/..." names).
+_PG_METRIC_NAMES = {"kl": "kl", "pg_loss": "pg/token_loss"}
+
+
+def policy_gradient_denominator(batch: Batch, config: PolicyGradientConfig) -> jax.Array:
+    """Denominator of :func:`policy_gradient_loss` over ``batch`` (depends on loss_mask only)."""
+    mask = require(batch, "loss_mask", loss="policy_gradient")
+    return aggregation_denominator(mask, mode=config.aggregation, max_len=config.max_len)
+
+
+def policy_gradient_loss(
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PolicyGradientConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped surrogate policy loss over parameters (PPO / GRPO / DAPO / GSPO / REINFORCE...).
+
+    L = agg_t[ −min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε_high) A_t) + β·KL_t ] − c₂·agg_t[H_t],
+    ρ_t = π_θ(y_t)/π_old(y_t) (or GSPO's sequence ratio). We minimise loss = −objective.
+
+    Args:
+      params: policy parameters.
+      batch: sequence batch ``input_ids``, ``attention_mask``, ``loss_mask`` ``[B, T]`` plus
+        ``advantages [B, T]`` (precomputed); ``old_logp [B, T]`` (when absent the update is
+        on-policy: old_logp = stop_gradient(logp), ρ = 1); ``ref_logp [B, T]`` (required when
+        ``kl_coef > 0``); optional ``loss_denominator``.
+      apply_fn: model apply function.
+      config: :class:`PolicyGradientConfig` (from a preset such as :func:`grpo_config`).
+    Returns:
+      ``(loss, metrics)``; metrics include ``loss``, ``pg/loss``, ``pg/clipfrac``,
+      ``pg/clipfrac_low``, ``pg/clipfrac_high``, ``pg/approx_kl``, ``entropy`` and ``kl``
+      (when ``ref_logp`` is given), as reported by ``objectives.policy_loss``.
+    """
+    name = "policy_gradient"
+    logp, ent, _ = forward_logps(params, batch, apply_fn=apply_fn,
+                                 temperature=config.temperature,
+                                 chunk_size=config.chunk_size, with_entropy=True, loss=name)
+    mask = batch["loss_mask"]
+    adv = require(batch, "advantages", loss=name,
+                  hint="compute them with an objectives.*_advantages estimator first")
+    old_logp = batch.get("old_logp")
+    if old_logp is None:
+        old_logp = jax.lax.stop_gradient(logp)
+    ref_logp = batch.get("ref_logp")
+    if config.kl_coef > 0 and ref_logp is None:
+        require(batch, "ref_logp", loss=name,
+                hint=f"kl_coef={config.kl_coef} > 0 needs reference log-probs "
+                     "(losses.sequence_logps with the reference params) or set kl_coef=0")
+    m = mask.astype(bool)
+    adv = jnp.where(m, adv, 0.0)
+    old_logp = jnp.where(m, old_logp, 0.0)
+    if ref_logp is not None:
+        ref_logp = jnp.where(m, ref_logp, 0.0)
+
+    num, den, pg_metrics = policy_loss_parts(
+        logp, old_logp, adv, mask,
+        # No clipping: an infinite range (clip(ρ, −∞, ∞) = ρ).
+        clip_eps=float("inf") if config.clip_eps is None else config.clip_eps,
+        clip_eps_high=config.clip_eps_high,
+        dual_clip=config.dual_clip,
+        ratio_level=config.ratio_level,
+        aggregation=config.aggregation,
+        max_len=config.max_len,
+        ref_logp=ref_logp,
+        kl_coef=config.kl_coef,
+        kl_kind=config.kl_kind,
+    )
+    pg_num = num
+    if config.entropy_coef:
+        ent_num, _ = aggregate_parts(ent, mask, mode=config.aggregation, max_len=config.max_len)
+        num = num - config.entropy_coef * ent_num
+    loss = finish(num, den, batch)
+
+    metrics = {_PG_METRIC_NAMES.get(k, f"pg/{k}"): jax.lax.stop_gradient(v)
+               for k, v in pg_metrics.items()}
+    metrics["pg/loss"] = jax.lax.stop_gradient(finish(pg_num, den, batch))
+    metrics["loss"] = loss
+    metrics["entropy"] = jax.lax.stop_gradient(masked_mean(ent, mask))
+    return loss, metrics
+
+
+# ----- PPO critic -----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CriticConfig:
+    """PPO value-function (critic) loss.
+
+    Attributes:
+      value_clip: clip the new values to old ± value_clip (PPO2 value clipping, OpenAI
+        baselines; 0.2 in OpenRLHF); None disables it.
+      aggregation: reduction of per-token value errors (default ``token_mean``).
+      max_len: constant length for ``seq_mean_token_sum_norm``.
+    """
+
+    value_clip: float | None = 0.2
+    aggregation: AggregationMode = AggregationMode.TOKEN_MEAN
+    max_len: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "aggregation", AggregationMode(self.aggregation))
+        if self.value_clip is not None and not self.value_clip > 0:
+            raise ConfigError(f"value_clip={self.value_clip!r} must be > 0 (or None)")
+
+
+def ppo_critic_config(**overrides) -> CriticConfig:
+    """Preset for the PPO critic (clipped value loss, ε_v = 0.2, token_mean)."""
+    return CriticConfig(**overrides)
+
+
+def critic_denominator(batch: Batch, config: CriticConfig) -> jax.Array:
+    """Denominator of :func:`ppo_critic_loss` over ``batch``."""
+    mask = require(batch, "loss_mask", loss="ppo_critic")
+    return aggregation_denominator(mask, mode=config.aggregation, max_len=config.max_len)
+
+
+def critic_values(params: Any, batch: Batch, *, apply_fn: ApplyFn) -> jax.Array:
+    """Per-token values ``[B, T]`` aligned to ``input_ids``: V(s_t) for the state before
+    token t, i.e. the scalar head at position t−1 (0 at t = 0 and where loss_mask is 0).
+
+    This is what the RL loop stores as ``values`` for GAE, from the same compiled code.
+    """
+    ids = require(batch, "input_ids", loss="ppo_critic")
+    mask = require(batch, "loss_mask", loss="ppo_critic")
+    attn = batch.get("attention_mask")
+    attn = jnp.ones(ids.shape, jnp.int32) if attn is None else attn
+    out = apply_fn(params, ids, attention_mask=attn, positions=batch.get("positions"),
+                   segment_ids=batch.get("segment_ids"))
+    if out.scalar is None:
+        raise ConfigError("the ppo_critic loss needs a model with a scalar head "
+                          "(ModelConfig.num_labels=1)")
+    return jnp.where(mask.astype(bool), shift_right(out.scalar[:, :-1]), 0.0)
+
+
+def ppo_critic_loss(
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: CriticConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped value loss over critic parameters.
+
+    L = agg_t ½·max((V_t − R_t)², (clip(V_t, V_old,t ± ε_v) − R_t)²) as
+    ``objectives.value_loss`` defines it (PPO, https://arxiv.org/abs/1707.06347).
+
+    Args:
+      params: critic parameters (a model with a scalar head).
+      batch: sequence batch plus ``values [B, T]`` (old values recorded at rollout) and
+        ``returns [B, T]``; optional ``loss_denominator``.
+      apply_fn: model apply function of the critic.
+      config: :class:`CriticConfig`.
+    Returns:
+      ``(loss, metrics)``: ``loss``, ``vf/loss``, ``vf/clipfrac``, ``vf/values``, ...
+    """
+    name = "ppo_critic"
+    values = critic_values(params, batch, apply_fn=apply_fn)
+    mask = batch["loss_mask"]
+    m = mask.astype(bool)
+    old_values = jnp.where(m, require(batch, "values", loss=name), 0.0)
+    returns = jnp.where(m, require(batch, "returns", loss=name), 0.0)
+    num, den, vf_metrics = value_loss_parts(values, old_values, returns, mask,
+                                            clip=config.value_clip,
+                                            aggregation=config.aggregation,
+                                            max_len=config.max_len)
+    loss = finish(num, den, batch)
+    names = {"vf_clipfrac": "vf/clipfrac", "value_mean": "vf/values", "value_mse": "vf/mse"}
+    metrics = {names.get(k, f"vf/{k}"): jax.lax.stop_gradient(v) for k, v in vf_metrics.items()}
+    metrics["vf/loss"] = jax.lax.stop_gradient(loss)
+    metrics["loss"] = loss
+    return loss, metrics
