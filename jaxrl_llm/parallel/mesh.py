@@ -1,0 +1,76 @@
+"""Device meshes with the named axes ("data", "fsdp", "tensor").
+
+A mesh is always passed explicitly; nothing here reads or sets a global mesh.
+
+* ``data``   — pure data parallelism: parameters replicated, batch rows split.
+* ``fsdp``   — fully sharded data parallelism (ZeRO-3, Rajbhandari et al. 2020,
+  https://arxiv.org/abs/1910.02054): batch rows split *and* parameters / optimizer state
+  sharded, gathered on use by XLA's SPMD partitioner.
+* ``tensor`` — tensor (model) parallelism over heads / MLP width / vocabulary
+  (Megatron-LM, Shoeybi et al. 2019, https://arxiv.org/abs/1909.08053).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from jaxrl_llm.errors import ConfigError
+
+MESH_AXES: tuple[str, str, str] = ("data", "fsdp", "tensor")
+
+
+def mesh_shape(num_devices: int, *, data: int = -1, fsdp: int = 1, tensor: int = 1) -> tuple[int, int, int]:
+    """Resolve (data, fsdp, tensor) sizes for ``num_devices``; at most one size may be -1.
+
+    Raises:
+      ConfigError: a size is 0 or < -1, more than one is -1, or the product is not
+        ``num_devices``.
+    """
+    sizes = {"data": int(data), "fsdp": int(fsdp), "tensor": int(tensor)}
+    for name, s in sizes.items():
+        if s == 0 or s < -1:
+            raise ConfigError(f"mesh.{name}={s} is invalid; use a positive size or -1 (the rest)")
+    free = [n for n, s in sizes.items() if s == -1]
+    if len(free) > 1:
+        raise ConfigError(f"mesh sizes {sizes}: only one of data/fsdp/tensor may be -1")
+    fixed = math.prod(s for s in sizes.values() if s != -1)
+    if free:
+        if num_devices % fixed:
+            raise ConfigError(f"mesh sizes {sizes}: {num_devices} devices are not divisible by "
+                              f"{fixed}; choose sizes whose product divides the device count")
+        sizes[free[0]] = num_devices // fixed
+    if math.prod(sizes.values()) != num_devices:
+        raise ConfigError(f"mesh sizes {sizes} multiply to {math.prod(sizes.values())} but there "
+                          f"are {num_devices} devices; make data*fsdp*tensor equal the device count "
+                          f"(or set one to -1)")
+    return sizes["data"], sizes["fsdp"], sizes["tensor"]
+
+
+def make_mesh(*, data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ``Mesh`` over ``devices`` (default: every device of every host) with axes
+    ("data", "fsdp", "tensor").
+
+    The tensor axis is innermost (neighbouring devices, fastest links), data outermost
+    (across hosts on multi-host runs), the usual layout for TPU pods and GPU nodes.
+
+    Args:
+      data, fsdp, tensor: axis sizes; one of them may be -1 for "the remaining devices".
+      devices: the devices to use (e.g. ``jax.devices()[:4]``); default ``jax.devices()``.
+    Returns:
+      A ``jax.sharding.Mesh`` with Auto axis types (GSPMD propagation).
+    Raises:
+      ConfigError: when the sizes do not multiply to the number of devices.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(len(devices), data=data, fsdp=fsdp, tensor=tensor)
+    if len(devices) == jax.device_count() and devices == list(jax.devices()):
+        # Let JAX pick a topology-aware device order (ICI rings on TPU, hosts outermost).
+        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
+                axis_types=(AxisType.Auto,) * 3)

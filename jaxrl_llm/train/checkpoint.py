@@ -1,0 +1,256 @@
+"""Orbax checkpoints of the train state: async, every N steps, keep the last K, atomic,
+restorable onto a different mesh, plus ``restore_model`` for export.
+
+Layout of ``<directory>/<step>/`` (one orbax composite checkpoint per step):
+``params/``, ``opt_state/`` (sharded arrays, written by every process for its own shards),
+``meta/`` (step, rng), ``extra/`` (a JSON dict: data-iterator position, run info, …) and
+``model_config/`` (the :class:`~jaxrl_llm.models.ModelConfig` fields as JSON, enums as
+strings). JSON items are written by process 0 only; orbax coordinates array writes across
+hosts. ``<directory>/tokenizer/`` holds a tokenizer saved once with ``save_pretrained``.
+
+Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it when
+every item (and every host) has finished; unfinalised directories are never listed as steps,
+so a crash mid-save leaves the previous checkpoint as the latest one.
+
+Restoring onto another mesh: pass the abstract state of the *new* mesh (shapes + shardings,
+from :func:`~jaxrl_llm.train.abstract_train_state`); orbax reads each device's slice directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxrl_llm.errors import CheckpointError
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.train.state import TrainState
+
+_ARRAY_ITEMS = ("params", "opt_state", "meta")
+_JSON_ITEMS = ("extra", "model_config")
+TOKENIZER_DIR = "tokenizer"
+
+
+def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
+    """ModelConfig -> JSON-ready dict (enums as their string values, tuples as lists)."""
+    out = {}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if isinstance(v, enum.Enum):
+            v = v.value
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[f.name] = v
+    return out
+
+
+def model_config_from_dict(d: Mapping[str, Any], *, source: str = "checkpoint") -> ModelConfig:
+    """Inverse of :func:`model_config_to_dict`; unknown keys raise CheckpointError."""
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise CheckpointError(f"{source}: model_config has unknown keys {unknown}; "
+                              f"allowed: {sorted(names)}")
+    try:
+        return ModelConfig(**d)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{source}: invalid model_config: {e}") from None
+
+
+def _handlers() -> dict[str, ocp.CheckpointHandler]:
+    h: dict[str, ocp.CheckpointHandler] = {k: ocp.StandardCheckpointHandler() for k in _ARRAY_ITEMS}
+    h.update({k: ocp.JsonCheckpointHandler() for k in _JSON_ITEMS})
+    return h
+
+
+class CheckpointManager:
+    """Save / restore :class:`~jaxrl_llm.train.TrainState` with orbax.
+
+    Args:
+      directory: checkpoint root (created if missing).
+      save_every: save when ``step % save_every == 0`` (``save(..., force=True)`` always saves).
+      keep: keep the last ``keep`` finalised checkpoints (None = all).
+      async_save: write in a background thread; training continues meanwhile
+        (call :meth:`wait_until_finished` before reading the files or exiting).
+      model_config: saved with every step so :func:`restore_model` can rebuild the model.
+      tokenizer: optional transformers tokenizer, saved once under ``<directory>/tokenizer``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, save_every: int = 1000,
+                 keep: int | None = 3, async_save: bool = True,
+                 model_config: ModelConfig | None = None, tokenizer: Any = None):
+        if save_every < 1:
+            raise CheckpointError(f"save_every={save_every} must be >= 1")
+        if keep is not None and keep < 1:
+            raise CheckpointError(f"keep={keep} must be >= 1 (or None to keep all)")
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.model_config = model_config
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=save_every, max_to_keep=keep,
+            enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
+        self._mgr = ocp.CheckpointManager(self.directory, options=options,
+                                          item_handlers=_handlers())
+        if tokenizer is not None and jax.process_index() == 0:
+            tok_dir = os.path.join(self.directory, TOKENIZER_DIR)
+            if not os.path.isdir(tok_dir):
+                tokenizer.save_pretrained(tok_dir)
+
+    # ----- queries -------------------------------------------------------------------------
+    def all_steps(self) -> list[int]:
+        """Finalised steps, ascending (unfinalised temporary directories are excluded)."""
+        self._mgr.reload()
+        return sorted(self._mgr.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest finalised step, or None when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    # ----- save ----------------------------------------------------------------------------
+    def save(self, step: int, state: TrainState, *, extra: Mapping[str, Any] | None = None,
+             force: bool = False) -> bool:
+        """Start saving ``state`` as ``step`` (asynchronously by default).
+
+        Args:
+          step: the step number (usually ``int(state.step)``).
+          state: the (sharded) train state.
+          extra: JSON-serialisable dict (data iterator position, run metadata, …).
+          force: save even when ``step`` is not a multiple of ``save_every``.
+        Returns:
+          True when a save was started.
+        Raises:
+          CheckpointError: ``extra`` is not JSON-serialisable.
+        """
+        extra = dict(extra or {})
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint extra at step {step} is not JSON-serialisable "
+                                  f"({e}); store plain numbers, strings, lists and dicts") from None
+        items = {
+            "params": ocp.args.StandardSave(state.params),
+            "opt_state": ocp.args.StandardSave(state.opt_state),
+            "meta": ocp.args.StandardSave({"step": state.step, "rng": state.rng}),
+            "extra": ocp.args.JsonSave(extra),
+        }
+        if self.model_config is not None:
+            items["model_config"] = ocp.args.JsonSave(model_config_to_dict(self.model_config))
+        return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=force))
+
+    def wait_until_finished(self) -> None:
+        """Block until every pending async save is finalised."""
+        self._mgr.wait_until_finished()
+
+    # ----- restore -------------------------------------------------------------------------
+    def restore(self, abstract_state: TrainState, step: int | None = None
+                ) -> tuple[TrainState, dict[str, Any]]:
+        """Restore a train state laid out as ``abstract_state`` (possibly on another mesh).
+
+        Args:
+          abstract_state: TrainState of ``jax.ShapeDtypeStruct`` with target shardings
+            (``abstract_train_state(...)[0]`` on the new mesh).
+          step: which step (default: the latest finalised one).
+        Returns:
+          ``(state, extra)``.
+        Raises:
+          CheckpointError: no finalised checkpoint, the step is missing, or the stored
+            arrays do not match the target structure.
+        """
+        self.wait_until_finished()
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"no finalised checkpoint in {self.directory}")
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointError(f"checkpoint step {step} not found in {self.directory}; "
+                                  f"available: {steps}")
+        args = ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract_state.params),
+            opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
+            meta=ocp.args.StandardRestore({"step": abstract_state.step,
+                                           "rng": abstract_state.rng}),
+            extra=ocp.args.JsonRestore(),
+        )
+        try:
+            out = self._mgr.restore(step, args=args)
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{self.directory}/{step}: cannot restore into the given "
+                                  f"state structure: {str(e).splitlines()[0]}") from None
+        state = TrainState(params=out["params"], opt_state=out["opt_state"],
+                           step=out["meta"]["step"], rng=out["meta"]["rng"])
+        return state, dict(out["extra"] or {})
+
+    def close(self) -> None:
+        """Wait for pending saves and release orbax resources."""
+        self._mgr.wait_until_finished()
+        self._mgr.close()
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _split_step_path(path: str) -> tuple[str, int | None]:
+    base = os.path.basename(os.path.normpath(path))
+    if base.isdigit() and os.path.isdir(os.path.join(path, "params")):
+        return os.path.dirname(os.path.normpath(path)), int(base)
+    return path, None
+
+
+def restore_model(path: str | os.PathLike, *, step: int | None = None,
+                  sharding: jax.sharding.Sharding | None = None
+                  ) -> tuple[ModelConfig, Any, Any]:
+    """Restore only the model: ``(ModelConfig, params, tokenizer or None)``.
+
+    Args:
+      path: a checkpoint root written by :class:`CheckpointManager` (or one of its step
+        directories, ``<root>/<step>``).
+      step: which step (default: the latest finalised, or the one named by ``path``).
+      sharding: where to put every parameter (default: the first local device).
+    Returns:
+      The saved ModelConfig, the parameter tree (the stored dtype, usually float32 master
+      weights) and the tokenizer saved under ``<root>/tokenizer`` (None when absent).
+    Raises:
+      CheckpointError: no checkpoint, or the step has no saved model config.
+    """
+    root, path_step = _split_step_path(os.path.abspath(os.fspath(path)))
+    step = step if step is not None else path_step
+    if not os.path.isdir(root):
+        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    mgr = ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(read_only=True),
+                                item_handlers=_handlers())
+    try:
+        steps = sorted(mgr.all_steps())
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"no finalised checkpoint in {root}")
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointError(f"checkpoint step {step} not found in {root}; available: {steps}")
+        if not os.path.isdir(os.path.join(root, str(step), "model_config")):
+            raise CheckpointError(f"{root}/{step} has no model_config; save with "
+                                  f"CheckpointManager(..., model_config=config)")
+        sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        meta = mgr.item_metadata(step)["params"]
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype,
+                                                             sharding=sharding), meta)
+        out = mgr.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(target),
+            model_config=ocp.args.JsonRestore()))
+    finally:
+        mgr.close()
+    config = model_config_from_dict(out["model_config"], source=f"{root}/{step}")
+    tokenizer = None
+    tok_dir = os.path.join(root, TOKENIZER_DIR)
+    if os.path.isdir(tok_dir):
+        from transformers import AutoTokenizer  # heavy import, only when needed
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    return config, out["params"], tokenizer

@@ -1,0 +1,215 @@
+"""The sharded, jitted train step: exact gradient accumulation, mixed precision, frozen models.
+
+Exact accumulation (the "reduce late and exactly" rule of STYLE.md). A token-mean loss over a
+batch is Σ_b,t ℓ_bt m_bt / Σ_b,t m_bt. Averaging per-micro-batch means would weight short
+micro-batches wrongly, so the step computes the denominator once over the *whole* batch with
+the loss's ``denominator_fn`` and sets ``batch["loss_denominator"]``; every micro-batch loss
+then divides by that same number, and the sum of micro-batch losses (and gradients) is exactly
+the big-batch loss (and gradient), up to float summation order.
+
+Mixed precision (Micikevicius et al. 2018, https://arxiv.org/abs/1710.03740): the master
+parameters and the optimizer state stay in their own dtype (float32); with ``compute_dtype``
+the loss sees a copy cast to e.g. bfloat16, and the gradient (which flows back through the
+cast) arrives in float32.
+
+The batch is batch-major: every array with a leading dimension is ``[B, ...]``; scalars
+(``loss_denominator``) are shared by all micro-batches.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.train.state import TrainState, _cast_floats
+
+LossFn = Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]]
+
+
+def count_tokens(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(real input tokens, loss tokens) of a batch, as float32 scalars.
+
+    Real tokens: the sum of every ``*attention_mask`` (all of ``input_ids`` when there is no
+    mask). Loss tokens: the sum of every ``*loss_mask`` (equal to real tokens when none).
+    Preference batches count chosen and rejected rows.
+    """
+    attn = [v for k, v in batch.items() if k.endswith("attention_mask")]
+    if attn:
+        tokens = sum(jnp.sum(a.astype(jnp.float32)) for a in attn)
+    else:
+        ids = [v for k, v in batch.items() if k.endswith("input_ids")]
+        tokens = jnp.asarray(float(sum(x.size for x in ids)), jnp.float32)
+    lm = [v for k, v in batch.items() if k.endswith("loss_mask")]
+    loss_tokens = sum(jnp.sum(m.astype(jnp.float32)) for m in lm) if lm else tokens
+    return jnp.asarray(tokens, jnp.float32), jnp.asarray(loss_tokens, jnp.float32)
+
+
+def _batch_axes(sharding) -> tuple[str, ...] | None:
+    leaves = jax.tree.leaves(sharding, is_leaf=lambda x: isinstance(x, NamedSharding))
+    for s in leaves:
+        if isinstance(s, NamedSharding) and len(s.spec) and s.spec[0] is not None:
+            first = s.spec[0]
+            return (first,) if isinstance(first, str) else tuple(first)
+    return None
+
+
+def split_micro_batches(batch: Mapping[str, jax.Array], micro_batches: int, *,
+                        mesh: Mesh | None = None,
+                        batch_axes: tuple[str, ...] | None = None) -> tuple[dict, dict]:
+    """Split ``[B, ...]`` arrays into ``[M, B/M, ...]`` micro-batches (strided rows).
+
+    Micro-batch m holds rows m, m + M, m + 2M, …: with rows sharded in contiguous blocks over
+    devices, each device keeps its own rows (no communication) and every micro-batch is
+    spread over all devices. Any partition of the rows gives the same summed loss.
+
+    Args:
+      batch: dict of arrays; scalars are returned separately.
+      micro_batches: M, dividing B (and B / M divisible by the batch shards).
+      mesh, batch_axes: when given, the stacked arrays are constrained to
+        ``P(None, batch_axes)``.
+    Returns:
+      ``(stacked, scalars)``: dict of ``[M, B/M, ...]`` arrays and dict of scalars.
+    Raises:
+      ConfigError: B is not divisible by M.
+    """
+    stacked, scalars = {}, {}
+    for key, x in batch.items():
+        if jnp.ndim(x) == 0:
+            scalars[key] = x
+            continue
+        b = x.shape[0]
+        if b % micro_batches:
+            raise ConfigError(f"batch[{key!r}] has {b} rows, not divisible by "
+                              f"micro_batches={micro_batches}")
+        y = jnp.swapaxes(x.reshape((b // micro_batches, micro_batches) + x.shape[1:]), 0, 1)
+        if mesh is not None:
+            y = jax.lax.with_sharding_constraint(
+                y, NamedSharding(mesh, PartitionSpec(None, batch_axes)))
+        stacked[key] = y
+    return stacked, scalars
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    *,
+    mesh: Mesh,
+    state_sharding: TrainState,
+    batch_sharding: Any,
+    micro_batches: int = 1,
+    denominator_fn: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None,
+    grad_clip: float | None = None,
+    compute_dtype: Any = None,
+    frozen_sharding: Mapping[str, Any] | None = None,
+    donate: bool = True,
+) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
+    """Build ``step(state, batch, frozen=None) -> (new_state, metrics)``, jitted over ``mesh``.
+
+    Per step: (1) with ``denominator_fn``, ``batch["loss_denominator"] = denominator_fn(batch)``
+    over the full batch; (2) ``lax.scan`` over ``micro_batches`` slices accumulates
+    Σ loss and Σ ∇loss in float32 (without ``denominator_fn`` the micro-batch results are
+    averaged instead, exact only for losses with a fixed per-row normaliser); (3) optional
+    global-norm clipping g ← g · min(1, c / ‖g‖) (Pascanu et al. 2013,
+    https://arxiv.org/abs/1211.5063); (4) the optax update.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch, **frozen) -> (scalar loss, metrics dict)``; the
+        losses package's functions with ``apply_fn`` / ``config`` bound by
+        ``functools.partial``. Sign: we minimise ``loss = −objective``.
+      optimizer: the optax transformation the state was created with.
+      mesh: the device mesh.
+      state_sharding: TrainState of NamedShardings (from ``create_train_state``).
+      batch_sharding: a NamedSharding applied to every batch leaf, or a tree matching the
+        batch (``parallel.batch_sharding_tree``; scalars replicated).
+      micro_batches: M ≥ 1 gradient-accumulation slices; B must be divisible by M.
+      denominator_fn: ``batch -> scalar`` (the loss's ``denominator_fn`` with its config bound).
+      grad_clip: max global gradient norm (None = no clipping; 1.0 is the usual LLM value).
+      compute_dtype: e.g. ``jnp.bfloat16``: params (and frozen params) are cast before the
+        loss; master weights and optimizer state keep their dtype. None = no cast.
+      frozen_sharding: ``{name: sharding tree}`` of frozen models (reference / old policy /
+        reward / critic params) passed as ``frozen={name: params}`` and forwarded to the
+        loss as keyword arguments; shard them with the same rules as the policy.
+      donate: donate the input state's buffers to the output state.
+    Returns:
+      The jitted step. ``metrics`` holds ``loss``, ``grad_norm`` (before clipping),
+      ``tokens`` (real input tokens), ``loss_tokens`` and the loss's own metrics averaged
+      over micro-batches; all replicated scalars.
+    """
+    if micro_batches < 1:
+        raise ConfigError(f"micro_batches={micro_batches} must be >= 1")
+    if grad_clip is not None and grad_clip <= 0:
+        raise ConfigError(f"grad_clip={grad_clip} must be positive (or None for no clipping)")
+    param_sharding = state_sharding.params
+    axes = _batch_axes(batch_sharding)
+    rep = NamedSharding(mesh, PartitionSpec())
+
+    def grad_fn(params, mb, frozen):
+        def f(p):
+            loss, metrics = loss_fn(_cast_floats(p, compute_dtype), mb,
+                                    **_cast_floats(frozen, compute_dtype))
+            chex.assert_rank(loss, 0)
+            return loss.astype(jnp.float32), metrics
+
+        (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        return loss, metrics, grads
+
+    def step(state: TrainState, batch: dict, frozen: dict):
+        batch = dict(batch)
+        if denominator_fn is not None:
+            batch["loss_denominator"] = jnp.asarray(denominator_fn(batch), jnp.float32)
+        tokens, loss_tokens = count_tokens(batch)
+        if micro_batches == 1:
+            loss, metrics, grads = grad_fn(state.params, batch, frozen)
+        else:
+            stacked, scalars = split_micro_batches(batch, micro_batches, mesh=mesh,
+                                                   batch_axes=axes)
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            zeros = jax.lax.with_sharding_constraint(zeros, param_sharding)
+
+            def body(carry, mb):
+                g_sum, l_sum = carry
+                loss, metrics, grads = grad_fn(state.params, {**mb, **scalars}, frozen)
+                g_sum = jax.tree.map(jnp.add, g_sum, grads)
+                return (g_sum, l_sum + loss), metrics
+
+            (grads, loss), metrics = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)),
+                                                  stacked)
+            metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+            if denominator_fn is None:
+                grads = jax.tree.map(lambda g: g / micro_batches, grads)
+                loss = loss / micro_batches
+        grads = jax.lax.with_sharding_constraint(grads, param_sharding)
+        grad_norm = optax.global_norm(grads)
+        if grad_clip is not None:
+            scale = jnp.minimum(1.0, grad_clip / jnp.maximum(grad_norm, 1e-12))
+            grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        rng, _ = jax.random.split(state.rng)
+        new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
+        out = {**{k: jnp.asarray(v, jnp.float32) for k, v in dict(metrics).items()},
+               "loss": loss, "grad_norm": grad_norm, "tokens": tokens,
+               "loss_tokens": loss_tokens}
+        return new_state, out
+
+    jitted = jax.jit(step,
+                     in_shardings=(state_sharding, batch_sharding, frozen_sharding or {}),
+                     out_shardings=(state_sharding, rep),
+                     donate_argnums=(0,) if donate else ())
+
+    @functools.wraps(step)
+    def run(state: TrainState, batch: Mapping[str, jax.Array],
+            frozen: Mapping[str, Any] | None = None):
+        return jitted(state, dict(batch), dict(frozen or {}))
+
+    run.jitted = jitted  # for .lower(...) / cost analysis
+    run.__doc__ = "Jitted train step: (state, batch, frozen=None) -> (new_state, metrics)."
+    return run
