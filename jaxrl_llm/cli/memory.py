@@ -1,0 +1,101 @@
+"""``jaxrl-llm memory``: per-device memory table for a model, algorithm, mesh and batch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from jaxrl_llm.errors import ConfigError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``jaxrl-llm memory``."""
+    from jaxrl_llm.train.memory import ALGORITHMS, DEVICE_MEMORY, MODEL_PRESETS
+
+    parser.add_argument("--model", default="135m",
+                        help=f"a size preset ({', '.join(MODEL_PRESETS)}), a Hugging Face model "
+                             f"directory, or a config.json file")
+    parser.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS), metavar="ALGO",
+                        help=f"one of: {', '.join(sorted(ALGORITHMS))}")
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full fine-tune)")
+    parser.add_argument("--mesh", default="data=1,fsdp=1,tensor=1",
+                        help="mesh axis sizes, e.g. data=2,fsdp=4,tensor=1")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--batch", type=int, default=8,
+                        help="examples per step (online algorithms: prompts per step)")
+    parser.add_argument("--seq-len", type=int, default=1024, help="prompt + completion tokens")
+    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (online)")
+    parser.add_argument("--remat", default="none", choices=["none", "dots", "full"])
+    parser.add_argument("--logits", default="chunked", choices=["chunked", "full"])
+    parser.add_argument("--device", default="h100", choices=sorted(DEVICE_MEMORY) + ["cpu"])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2,fsdp=4"`` -> {"data": 2, "fsdp": 4, "tensor": 1}; clear errors otherwise."""
+    out = {"data": 1, "fsdp": 1, "tensor": 1}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise ConfigError(f"--mesh: {part!r} must look like axis=size")
+        k, v = part.split("=", 1)
+        if k not in out:
+            raise ConfigError(f"--mesh: unknown axis {k!r}; allowed: data, fsdp, tensor")
+        try:
+            out[k] = int(v)
+        except ValueError:
+            raise ConfigError(f"--mesh: size of {k!r} must be an integer, got {v!r}") from None
+        if out[k] < 1:
+            raise ConfigError(f"--mesh: size of {k!r} must be >= 1, got {out[k]}")
+    return out
+
+
+def resolve_model_config(spec: str):
+    """A size preset, an HF directory or a config.json path -> ModelConfig."""
+    from jaxrl_llm.models import ModelConfig
+    from jaxrl_llm.train.memory import MODEL_PRESETS
+
+    if spec in MODEL_PRESETS:
+        return MODEL_PRESETS[spec]
+    path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
+    if not os.path.isfile(path):
+        raise ConfigError(f"--model {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) "
+                          f"and no config.json found at {path!r}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--model {path!r}: not a JSON config ({e})") from None
+    try:
+        return ModelConfig.from_hf_config(data)
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"--model {path!r}: {e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``jaxrl-llm memory``."""
+    from jaxrl_llm.train.memory import estimate_memory
+
+    mesh = parse_mesh(args.mesh)
+    config = resolve_model_config(args.model)
+    est = estimate_memory(config, args.algorithm, batch_size=args.batch, seq_len=args.seq_len,
+                          group_size=args.group_size, lora_rank=args.lora_rank, dtype=args.dtype,
+                          remat=args.remat, logits=args.logits, device=args.device, **mesh)
+    if args.json:
+        out = est.to_json()
+        out.update(model=args.model, mesh=mesh, params=config.num_params())
+        print(json.dumps(out))
+    else:
+        print(f"{args.algorithm} on {args.model} ({config.num_params() / 1e6:.1f}M params), "
+              f"mesh {mesh}, {args.dtype}, batch {args.batch} x {args.seq_len} tokens"
+              + (f", G={args.group_size}" if est.models_in_memory and
+                 args.algorithm in _online() else "")
+              + (f", LoRA r={args.lora_rank}" if args.lora_rank else ""))
+        print(est.table())
+    return 0
+
+
+def _online() -> set[str]:
+    from jaxrl_llm.train.memory import ALGORITHMS
+
+    return {k for k, v in ALGORITHMS.items() if v.online}

@@ -1,0 +1,104 @@
+import json
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from jaxrl_llm import models as M
+from jaxrl_llm import ops
+from jaxrl_llm.cli.main import main
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
+
+
+def test_models_in_memory_match_the_source_texts():
+    # ../shared/seeds: PPO 4, DPO 2, GRPO 2, KTO 2, SimPO/ORPO 1.
+    expected = {"ppo": 4, "dpo": 2, "grpo": 2, "kto": 2, "simpo": 1, "orpo": 1}
+    for algo, n in expected.items():
+        assert estimate_memory(MODEL_PRESETS["135m"], algo).models_in_memory == n
+
+
+def test_presets_have_published_parameter_counts():
+    # Llama 2 7B: 6.74B, Llama 3.1 8B: 8.03B, Llama 3.1 70B: 70.6B, SmolLM2: 134.5M.
+    assert MODEL_PRESETS["7b"].num_params() == pytest.approx(6.74e9, rel=0.01)
+    assert MODEL_PRESETS["8b"].num_params() == pytest.approx(8.03e9, rel=0.01)
+    assert MODEL_PRESETS["70b"].num_params() == pytest.approx(70.6e9, rel=0.01)
+    assert MODEL_PRESETS["135m"].num_params() == pytest.approx(134.5e6, rel=0.01)
+
+
+def test_sharding_lora_and_remat_reduce_memory():
+    c = MODEL_PRESETS["8b"]
+    base = estimate_memory(c, "grpo", batch_size=4, seq_len=1024, group_size=8)
+    fsdp = estimate_memory(c, "grpo", batch_size=4, seq_len=1024, group_size=8, fsdp=8)
+    lora = estimate_memory(c, "grpo", batch_size=4, seq_len=1024, group_size=8, lora_rank=16)
+    remat = estimate_memory(c, "grpo", batch_size=4, seq_len=1024, group_size=8, remat="full")
+    assert fsdp.total_bytes_per_device < base.total_bytes_per_device / 4
+    assert lora.total_bytes_per_device < base.total_bytes_per_device
+    assert lora.weight_copies == 1 and base.weight_copies == 2  # reference = base, adapters off
+    assert remat.total_bytes_per_device < base.total_bytes_per_device
+    # Full fine-tuning: fp32 master + grads + 2 Adam moments = 16 bytes/param, + bf16 reference.
+    weights = sum(r.bytes for r in base.rows if r.model in ("policy", "reference") and not r.transient)
+    assert weights == pytest.approx(c.num_params() * (16 + 2), rel=1e-6)
+
+
+def test_bad_arguments_raise_config_errors():
+    with pytest.raises(ConfigError, match="unknown algorithm 'ppo2'"):
+        estimate_memory(MODEL_PRESETS["135m"], "ppo2")
+    with pytest.raises(ConfigError, match="remat"):
+        estimate_memory(MODEL_PRESETS["135m"], "sft", remat="some")
+    with pytest.raises(ConfigError, match="fsdp must be >= 1"):
+        estimate_memory(MODEL_PRESETS["135m"], "sft", fsdp=0)
+
+
+def _xla_peak_bytes(c, B, T, remat):
+    opt = optax.adamw(1e-4)
+
+    def loss(p, toks, mask):
+        out = M.apply(p, toks, config=c, attention_mask=mask, remat=remat)
+        lp = ops.token_logprobs_from_hidden(out.hidden[:, :-1], out.unembed, toks[:, 1:],
+                                            chunk_size=128)
+        return -ops.masked_mean(lp, mask[:, 1:])
+
+    def step(p, s, toks, mask):
+        g = jax.grad(loss)(p, toks, mask)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    p = jax.eval_shape(lambda: M.init_params(c, jax.random.PRNGKey(0)))
+    s = jax.eval_shape(opt.init, p)
+    args = (p, s, jax.ShapeDtypeStruct((B, T), jnp.int32), jax.ShapeDtypeStruct((B, T), bool))
+    ma = jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile().memory_analysis()
+    return (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+            + ma.temp_size_in_bytes)
+
+
+@pytest.mark.parametrize("remat", ["none", "dots", "full"])
+def test_estimate_within_20_percent_of_xla_memory_analysis(remat):
+    c = M.ModelConfig.tiny("llama", hidden_size=192, num_layers=6, vocab_size=8000,
+                           intermediate_size=512, num_heads=4, num_kv_heads=2, head_dim=64,
+                           tie_embeddings=False)
+    B, T = 8, 96
+    peak = _xla_peak_bytes(c, B, T, remat)
+    est = estimate_memory(c, "sft", batch_size=B, seq_len=T, dtype="fp32", remat=remat,
+                          device="cpu")
+    assert est.total_bytes_per_device == pytest.approx(peak, rel=0.2)
+
+
+def test_cli_json_and_table(capsys):
+    assert main(["memory", "--model", "7b", "--algorithm", "ppo", "--mesh", "fsdp=8",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["models_in_memory"] == 4 and isinstance(out["total_bytes_per_device"], int)
+    assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert main(["memory", "--algorithm", "simpo"]) == 0
+    text = capsys.readouterr().out
+    assert "models in memory: 1" in text and "verdict" in text
+    assert main(["memory", "--algorithm", "dpo", "--mesh", "x=2"]) == 2
+    assert "unknown axis 'x'" in capsys.readouterr().err
+
+
+def test_every_algorithm_estimates():
+    for algo in ALGORITHMS:
+        est = estimate_memory(MODEL_PRESETS["1b"], algo, device="tpu-v5e")
+        assert est.total_bytes_per_device > 0 and est.table()
