@@ -35,6 +35,7 @@ from jaxrl_llm.ops.masked import masked_count
 from jaxrl_llm.ops.masked import masked_mean
 from jaxrl_llm.ops.masked import masked_std
 from jaxrl_llm.ops.masked import masked_var
+from jaxrl_llm.ops.masked import safe_divide
 
 
 class GRPOScale(str, enum.Enum):
@@ -123,7 +124,7 @@ def grpo_advantages(
         std = jnp.repeat(masked_std(g, ones, axis=1, unbiased=unbiased), group_size)
     else:
         std = masked_std(r, jnp.ones_like(r), unbiased=unbiased)
-    return centred / (std + eps)
+    return safe_divide(centred, std + eps)  # 0 (not NaN) for a constant group with eps=0
 
 
 def rloo_advantages(rewards: jax.Array, *, group_size: int) -> jax.Array:
@@ -346,7 +347,7 @@ def process_advantages(
     m = step_mask.astype(bool).reshape(n, group_size * s)
     mean = masked_mean(r, m, axis=1)[:, None]
     std = masked_std(r, m, axis=1, unbiased=unbiased)[:, None]
-    norm = jnp.where(m, (r - mean) / (std + eps), 0.0).reshape(b, s)
+    norm = jnp.where(m, safe_divide(r - mean, std + eps), 0.0).reshape(b, s)
     suffix = jnp.flip(jnp.cumsum(jnp.flip(norm, axis=1), axis=1), axis=1)  # [B, S]
     ids = token_step_ids.astype(jnp.int32)
     valid = (ids >= 0) & (ids < s)
