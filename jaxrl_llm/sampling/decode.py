@@ -22,6 +22,7 @@ was traced (one trace = one compile).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -200,12 +201,11 @@ def init_decode_state(last_logits: jax.Array, cache: KVCache, next_positions: ja
 
 # ----- decode loop ----------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "stop_ids", "pad_id"),
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "pad_id"),
                    donate_argnums=(1,))
-def _decode(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
-            stop_ids: tuple[int, ...], pad_id: int) -> DecodeState:
+def _decode(params, state: DecodeState, stop, *, config: ModelConfig, sampling: SamplingConfig,
+            pad_id: int) -> DecodeState:
     _TRACES["decode"] += 1
-    stop = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
 
     def cond(s: DecodeState):
         return (s.step < s.max_new_tokens) & ~jnp.all(s.done)
@@ -245,14 +245,23 @@ def decode(params, state: DecodeState, *, config: ModelConfig, sampling: Samplin
       state: from :func:`init_decode_state`.
       config: model config (static).
       sampling: :class:`SamplingConfig` (static).
-      stop_ids: token ids that end a row (static; EOS and extra stop tokens).
+      stop_ids: token ids that end a row (EOS and extra stop tokens; not static: changing
+        them does not recompile). ``sampling.stop_token_ids`` is ignored here; use
+        :func:`stop_token_ids` to combine it with the model's EOS ids.
       pad_id: token written after a row is done (static).
     Returns:
       the final :class:`DecodeState`.
     """
     chex.assert_rank([state.logits, state.tokens], 2)
-    return _decode(params, state, config=config, sampling=sampling,
-                   stop_ids=tuple(int(t) for t in stop_ids), pad_id=int(pad_id))
+    # Stop ids travel as a (dynamic) array padded to a multiple of 8 with −1, so changing them
+    # does not recompile; they are removed from the static sampling config for the same reason.
+    ids = sorted(set(int(t) for t in stop_ids))
+    width = max(8, -(-len(ids) // 8) * 8)
+    stop = np.full((width,), -1, np.int32)
+    stop[:len(ids)] = ids
+    static_sampling = dataclasses.replace(sampling, stop_token_ids=(), use_model_eos=False)
+    return _decode(params, state, jnp.asarray(stop), config=config, sampling=static_sampling,
+                   pad_id=int(pad_id))
 
 
 # ----- array-level and host-level entry points ------------------------------------------------
