@@ -1,5 +1,6 @@
 """Collation into the shared batch layout, bucketed padding, and packing == unpacking."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,12 +104,18 @@ def test_pack_layout_hand_computed():
     assert pack_sequences(items, row_len=7, num_rows=4)["input_ids"].shape == (4, 7)
 
 
+@functools.partial(jax.jit, static_argnames="config")
+def _logprobs_jit(params, ids, mask, segment_ids, positions, *, config):
+    logits, _ = forward(params, ids, config=config, attention_mask=mask,
+                        segment_ids=segment_ids, positions=positions)
+    lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+    return jnp.pad(lp, ((0, 0), (1, 0)))  # lp[:, t] = log π(token t | tokens < t)
+
+
 def _per_token_logprobs(params, config, batch):
-    kw = {k: jnp.asarray(batch[k]) for k in ("segment_ids", "positions") if k in batch}
-    logits, _ = forward(params, jnp.asarray(batch["input_ids"]), config=config,
-                        attention_mask=jnp.asarray(batch["attention_mask"]), **kw)
-    lp = token_logprobs(logits[:, :-1], jnp.asarray(batch["input_ids"])[:, 1:])
-    return np.asarray(jnp.pad(lp, ((0, 0), (1, 0))))  # lp[:, t] = log π(token t | < t)
+    return np.asarray(_logprobs_jit(params, batch["input_ids"], batch["attention_mask"],
+                                    batch.get("segment_ids"), batch.get("positions"),
+                                    config=config))
 
 
 def test_packing_equals_unpacked_logprobs_on_tiny_model():
