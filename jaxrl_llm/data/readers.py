@@ -53,6 +53,8 @@ def read_jsonl(path: str | os.PathLike) -> list[Record]:
             except UnicodeDecodeError as e:
                 raise DataError(f"{where}: not valid UTF-8 (byte {e.start}); re-encode the "
                                 f"file as UTF-8") from None
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")  # tolerate a UTF-8 byte-order mark
             if not text.strip():
                 continue
             try:

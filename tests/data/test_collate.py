@@ -113,9 +113,11 @@ def _logprobs_jit(params, ids, mask, segment_ids, positions, *, config):
 
 
 def _per_token_logprobs(params, config, batch):
-    return np.asarray(_logprobs_jit(params, batch["input_ids"], batch["attention_mask"],
-                                    batch.get("segment_ids"), batch.get("positions"),
-                                    config=config))
+    mask = batch["attention_mask"]
+    # an unpacked row is a single segment (segment id 1, padding 0): same compiled function
+    seg = batch.get("segment_ids", mask)
+    pos = batch.get("positions", np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32))
+    return np.asarray(_logprobs_jit(params, batch["input_ids"], mask, seg, pos, config=config))
 
 
 def test_packing_equals_unpacked_logprobs_on_tiny_model():
@@ -124,9 +126,10 @@ def test_packing_equals_unpacked_logprobs_on_tiny_model():
     items = [TokenizedSequence(encode_prompt(tok, p), encode_completion(tok, c)) for p, c in texts]
     config = ModelConfig.tiny(vocab_size=tok.vocab_size)
     params = init_params(config, jax.random.PRNGKey(0))
-    unpacked = collate_sequences(items, padding=Padding(multiple=8))
-    packed = pack_sequences(items, row_len=24)
-    assert packed["input_ids"].shape[0] < len(items)  # several examples share a row
+    unpacked = collate_sequences(items, padding=Padding(multiple=24))
+    packed = pack_sequences(items, row_len=24, num_rows=len(items))
+    assert packed["input_ids"].shape == unpacked["input_ids"].shape == (5, 24)
+    assert packed["segment_ids"].max() > 1  # several examples share a row
     lp_u = _per_token_logprobs(params, config, unpacked)
     lp_p = _per_token_logprobs(params, config, packed)
     seen = 0

@@ -34,6 +34,11 @@ def test_jsonl_bad_lines_name_file_and_line(tmp_path, lines, line_no, words):
     assert isinstance(e.value, JaxrlError)
 
 
+def test_jsonl_tolerates_byte_order_mark(tmp_path):
+    p = write_lines(tmp_path / "bom.jsonl", [b"\xef\xbb\xbf" + json.dumps(ROWS[0]).encode()])
+    assert [r.fields for r in read_jsonl(p)] == ROWS[:1]
+
+
 def test_jsonl_empty_and_missing(tmp_path):
     p = write_lines(tmp_path / "empty.jsonl", ["", ""])
     with pytest.raises(DataError, match="empty.jsonl: empty data set"):
