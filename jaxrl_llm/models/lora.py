@@ -1,0 +1,117 @@
+"""LoRA as a transformation of the parameter pytree.
+
+Low-rank adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models",
+https://arxiv.org/abs/2106.09685): for a frozen kernel W (input dims → output dims) the
+adapted kernel is  W' = W + (α / r) · A B  with A ``[L, in, r]`` (random, std 1/r... see
+:func:`init_lora`) and B ``[L, r, out]`` (zeros), so training starts exactly at the base model.
+
+The adapters live in their own small tree; :func:`merge_lora` returns an ordinary parameter
+tree for :func:`jaxrl_llm.models.apply`. Gradients with respect to the adapters flow through
+the merge, the base stays a frozen argument, and "the reference model" is simply the base tree
+(adapters off) — no second copy of the weights. Export merges the adapters into the kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.config import ModelConfig
+
+# kernel name -> number of input dims after the leading layers axis.
+_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1,
+            "down_proj": 1}
+ALL_TARGETS: tuple[str, ...] = tuple(_IN_DIMS)
+
+_IN_AXES = {"q_proj": ("embed",), "k_proj": ("embed",), "v_proj": ("embed",),
+            "o_proj": ("heads", "head_dim"), "gate_proj": ("embed",), "up_proj": ("embed",),
+            "down_proj": ("mlp",)}
+_OUT_AXES = {"q_proj": ("heads", "head_dim"), "k_proj": ("kv_heads", "head_dim"),
+             "v_proj": ("kv_heads", "head_dim"), "o_proj": ("embed",), "gate_proj": ("mlp",),
+             "up_proj": ("mlp",), "down_proj": ("embed",)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LoRAConfig:
+    """Adapter hyperparameters.
+
+    Attributes:
+      rank: r ≥ 1. alpha: scale numerator; the update is (alpha / rank) · A B (the paper's
+        convention; alpha = 2r is a common choice, default 16 with r = 8).
+      targets: which projections get adapters (default all seven of attention and MLP).
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ALL_TARGETS
+
+    def __post_init__(self):
+        if self.rank < 1:
+            raise ValueError(f"LoRA rank must be >= 1, got {self.rank}")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        unknown = [t for t in self.targets if t not in _IN_DIMS]
+        if unknown:
+            raise ValueError(f"unknown LoRA targets {unknown}; allowed: {list(ALL_TARGETS)}")
+
+    @property
+    def scale(self) -> float:
+        """α / r."""
+        return self.alpha / self.rank
+
+
+def _in_out(shape: tuple[int, ...], name: str) -> tuple[int, int]:
+    k = _IN_DIMS[name]
+    return math.prod(shape[1:1 + k]), math.prod(shape[1 + k:])
+
+
+def init_lora(config: ModelConfig, lora: LoRAConfig, rng: jax.Array, *, base_shapes=None) -> dict:
+    """Adapters ``{"layers": {name: {"a": [L, in, r], "b": [L, r, out]}}}`` in float32.
+
+    A ~ N(0, 1/in) (Kaiming-style, so A x has unit scale), B = 0: the adapted model equals the
+    base at initialisation.
+    """
+    from jaxrl_llm.models.transformer import param_shapes_and_axes
+
+    specs = param_shapes_and_axes(config)["layers"]
+    out: dict[str, Any] = {}
+    keys = jax.random.split(rng, len(lora.targets))
+    for key, name in zip(keys, lora.targets):
+        shape = specs[name]["kernel"][0]
+        fan_in, fan_out = _in_out(shape, name)
+        L = shape[0]
+        out[name] = {
+            "a": jax.random.normal(key, (L, fan_in, lora.rank), jnp.float32) / math.sqrt(fan_in),
+            "b": jnp.zeros((L, lora.rank, fan_out), jnp.float32),
+        }
+    return {"layers": out}
+
+
+def lora_logical_axes(lora: LoRAConfig) -> dict:
+    """Logical axes of the adapter tree (A: layers, lora_in, lora_rank; B: …, lora_out)."""
+    return {"layers": {name: {"a": ("layers", "lora_in", "lora_rank"),
+                              "b": ("layers", "lora_rank", "lora_out")}
+                       for name in lora.targets}}
+
+
+def merge_lora(base: dict, adapters: dict, lora: LoRAConfig) -> dict:
+    """W' = W + (α/r)·A B for every adapted kernel; returns a new params tree (base untouched).
+
+    The merged kernel takes the base kernel's dtype; the product is computed in float32.
+    """
+    layers = dict(base["layers"])
+    for name, ab in adapters["layers"].items():
+        w = layers[name]["kernel"]
+        delta = jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32),
+                           ab["b"].astype(jnp.float32)) * lora.scale
+        layers[name] = {**layers[name], "kernel": (w.astype(jnp.float32)
+                                                   + delta.reshape(w.shape)).astype(w.dtype)}
+    return {**base, "layers": layers}
+
+
+def lora_num_params(adapters: dict) -> int:
+    """Number of adapter parameters."""
+    return sum(x.size for x in jax.tree.leaves(adapters))
