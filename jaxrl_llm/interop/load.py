@@ -208,7 +208,10 @@ def from_hf_model(model: Any, tokenizer: Any = None, *, param_dtype: str = "floa
       ModelLoadError: unsupported architecture or a weight mismatch.
     """
     name = type(model).__name__
-    config = config_from_hf_dict(model.config, source=name)
+    hf_cfg = model.config.to_dict()
+    if not hf_cfg.get("architectures"):  # models built with from_config carry none
+        hf_cfg["architectures"] = [name]
+    config = config_from_hf_dict(hf_cfg, source=name)
     return _finish(config, model.state_dict(), tokenizer, source=name,
                    param_dtype=param_dtype, compute_dtype=compute_dtype)
 

