@@ -92,23 +92,26 @@ def parse_number(text: str | int | float | None) -> fractions.Fraction | None:
     s = s.rstrip(".")
     if s.startswith("(") and s.endswith(")") and s.count("(") == 1:
         s = s[1:-1]
-    m = re.fullmatch(r"([-+]?)\(?([\d,]*\.?\d+)\)?(?:/\(?([\d,]*\.?\d+)\)?)?", s)
+    parts = [_parse_simple(x) for x in s.split("/")]
+    if len(parts) > 2 or any(x is None for x in parts):
+        return None
+    if len(parts) == 2:
+        return None if parts[1] == 0 else parts[0] / parts[1]
+    return parts[0]
+
+
+_SIMPLE_RE = re.compile(r"([-+]?)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d*\.?\d+)")
+
+
+def _parse_simple(s: str) -> fractions.Fraction | None:
+    """"-1,234.5", "(3)", "+.5" → Fraction; None otherwise."""
+    if s.startswith("(") and s.endswith(")"):
+        s = s[1:-1]
+    m = _SIMPLE_RE.fullmatch(s)
     if not m:
         return None
-    sign, num, den = m.groups()
-    for part in (num, den):
-        if part and "," in part and not re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", part):
-            return None
-    try:
-        value = fractions.Fraction(num.replace(",", ""))
-        if den is not None:
-            d = fractions.Fraction(den.replace(",", ""))
-            if d == 0:
-                return None
-            value /= d
-    except (ValueError, ZeroDivisionError):
-        return None
-    return -value if sign == "-" else value
+    value = fractions.Fraction(m.group(2).replace(",", ""))
+    return -value if m.group(1) == "-" else value
 
 
 def answers_match(predicted: str | None, reference: str | int | float | None, *,
