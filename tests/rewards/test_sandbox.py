@@ -18,7 +18,7 @@ from jaxrl_llm.rewards import run_python
 
 GOOD = "def double(x):\n    return 2 * x\nprint('hello')\n"
 GOOD_TESTS = "assert double(2) == 4\nassert double(-3) == -6\n"
-MODES = ["auto", pytest.param("namespace", marks=pytest.mark.skipif(
+MODES = ["process", pytest.param("namespace", marks=pytest.mark.skipif(
     not namespaces_available(), reason="needs root + unshare"))]
 
 
@@ -33,8 +33,9 @@ def assert_still_works(**kw):
     assert r.passed and r.reason == "passed" and r.stdout == "hello\n", r
 
 
-def test_correct_solution_passes():
-    r = run(GOOD, GOOD_TESTS)
+@pytest.mark.parametrize("isolation", MODES)
+def test_correct_solution_passes(isolation):
+    r = run(GOOD, GOOD_TESTS, isolation=isolation)
     assert r.passed and r.reason == Outcome.PASSED.value and r.returncode == 0
     assert r.stdout == "hello\n" and r.duration_s < 2.0
 
@@ -53,9 +54,10 @@ def test_error_in_solution_and_early_exit_are_not_passes():
     assert run("import sys\nsys.exit(0)\n", "assert False").reason == "error"
 
 
-def test_infinite_loop_times_out():
+@pytest.mark.parametrize("isolation", MODES)
+def test_infinite_loop_times_out(isolation):
     t0 = time.monotonic()
-    r = run("while True:\n    pass\n", timeout_s=1.0)
+    r = run("while True:\n    pass\n", timeout_s=1.0, isolation=isolation)
     assert r.reason == "timeout" and not r.passed
     assert time.monotonic() - t0 < 3.0
     assert_still_works()
@@ -84,8 +86,10 @@ def test_fork_bomb_is_contained(isolation):
     assert_still_works(isolation=isolation)
 
 
-def test_memory_bomb_hits_memory_limit():
-    r = run("chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n", memory_mb=200)
+@pytest.mark.parametrize("isolation", MODES)
+def test_memory_bomb_hits_memory_limit(isolation):
+    r = run("chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n", memory_mb=200,
+            isolation=isolation)
     assert r.reason == "memory" and not r.passed
     assert_still_works()
 
