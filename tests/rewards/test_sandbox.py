@@ -2,7 +2,6 @@
 next normal run still works. Limits are tight so the shared test machine stays healthy."""
 
 import os
-import signal
 import socket
 import threading
 import time
