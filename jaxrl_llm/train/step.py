@@ -187,7 +187,7 @@ def make_train_step(
                 grads = jax.tree.map(lambda g: g / micro_batches, grads)
                 loss = loss / micro_batches
         grads = jax.lax.with_sharding_constraint(grads, param_sharding)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         if grad_clip is not None:
             scale = jnp.minimum(1.0, grad_clip / jnp.maximum(grad_norm, 1e-12))
             grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)

@@ -1,0 +1,42 @@
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.parallel import (batch_sharding, host_local_batch_to_global, host_local_rows,
+                                initialize_distributed, make_mesh)
+
+
+@pytest.fixture
+def no_dist_env(monkeypatch):
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_single_process_without_settings_is_a_no_op(no_dist_env):
+    assert initialize_distributed() is False
+    assert initialize_distributed(num_processes=1) is False
+    assert jax.process_count() == 1
+
+
+def test_partial_settings_raise(no_dist_env, monkeypatch):
+    with pytest.raises(ConfigError, match=r"missing \['process_id'\]"):
+        initialize_distributed("localhost:1234", 2)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES='two'"):
+        initialize_distributed()
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    with pytest.raises(ConfigError, match=r"process_id=5 must be in \[0, num_processes=2\)"):
+        initialize_distributed("localhost:1234", process_id=5)
+
+
+def test_host_local_batch_single_process_is_the_global_batch():
+    mesh = make_mesh(data=4, fsdp=2)
+    ids = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)
+    out = host_local_batch_to_global({"input_ids": ids, "loss_denominator": np.float32(7)}, mesh)
+    np.testing.assert_array_equal(np.asarray(out["input_ids"]), ids)
+    assert out["input_ids"].sharding == batch_sharding(mesh)
+    assert float(out["loss_denominator"]) == 7.0
+    assert host_local_rows(mesh, 8) == slice(0, 8)
+    with pytest.raises(ConfigError, match="not divisible by the 8 batch shards"):
+        host_local_rows(mesh, 12)
