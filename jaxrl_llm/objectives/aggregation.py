@@ -18,8 +18,8 @@ Modes (``l`` per-token loss ``[B, T]``, ``m`` mask ``[B, T]``, ``n_b = Σ_t m_bt
   TRL ``loss_type="dr_grpo"``).
 
 Rows without any valid token do not count in the per-sequence modes (they add 0 to ``num``
-and 0 to ``den``), so padding rows change nothing. verl divides by all B rows instead; the two
-agree whenever every row has a valid token.
+and 0 to ``den``), so padding rows change nothing. verl divides by all B rows instead
+(``count_empty_rows=True``); the two agree whenever every row has a valid token.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def aggregation_denominator(
     *,
     mode: AggregationMode | str = AggregationMode.TOKEN_MEAN,
     max_len: int | None = None,
+    count_empty_rows: bool = False,
 ) -> jax.Array:
     """The denominator of :func:`aggregate`; depends only on the mask.
 
@@ -71,6 +72,8 @@ def aggregation_denominator(
       mask: ``[B, T]`` 1 for a valid token.
       mode: an :class:`AggregationMode` or its string value.
       max_len: the constant length of ``seq_mean_token_sum_norm`` (required there).
+      count_empty_rows: count every row in B' (verl's convention) instead of only rows with
+        a valid token (default False).
     Returns:
       Scalar float32.
     """
@@ -78,7 +81,10 @@ def aggregation_denominator(
     mode = _check(mode, max_len)
     if mode is AggregationMode.TOKEN_MEAN:
         return masked_count(mask)
-    rows = jnp.sum(jnp.any(mask.astype(bool), axis=-1).astype(jnp.float32))
+    if count_empty_rows:
+        rows = jnp.asarray(float(mask.shape[0]), jnp.float32)
+    else:
+        rows = jnp.sum(jnp.any(mask.astype(bool), axis=-1).astype(jnp.float32))
     if mode is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM:
         return rows * float(max_len)
     return rows
@@ -90,6 +96,7 @@ def aggregate_parts(
     *,
     mode: AggregationMode | str = AggregationMode.TOKEN_MEAN,
     max_len: int | None = None,
+    count_empty_rows: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """``(num, den)`` with ``aggregate(...) == num / den``; sum both across micro-batches.
 
@@ -106,13 +113,15 @@ def aggregate_parts(
       mask: ``[B, T]`` 1 for a valid token, 0 for padding.
       mode: an :class:`AggregationMode` or its string value.
       max_len: constant length for ``seq_mean_token_sum_norm``.
+      count_empty_rows: see :func:`aggregation_denominator` (verl convention when True).
     Returns:
       ``(num, den)`` float32 scalars.
     """
     chex.assert_rank([per_token, mask], 2)
     chex.assert_equal_shape([per_token, mask])
     mode = _check(mode, max_len)
-    den = aggregation_denominator(mask, mode=mode, max_len=max_len)
+    den = aggregation_denominator(mask, mode=mode, max_len=max_len,
+                                  count_empty_rows=count_empty_rows)
     if mode is AggregationMode.SEQ_MEAN_TOKEN_MEAN:
         row_sum = masked_sum(per_token, mask, axis=-1)
         row_n = masked_count(mask, axis=-1, dtype=jnp.float32)
@@ -128,6 +137,7 @@ def aggregate(
     *,
     mode: AggregationMode | str = AggregationMode.TOKEN_MEAN,
     max_len: int | None = None,
+    count_empty_rows: bool = False,
 ) -> jax.Array:
     """Reduce per-token values ``[B, T]`` to a scalar with one of the :class:`AggregationMode` s.
 
@@ -142,8 +152,10 @@ def aggregate(
       mask: ``[B, T]`` 1 for a valid token, 0 for padding.
       mode: an :class:`AggregationMode` or its string value (default ``"token_mean"``).
       max_len: constant length, required for ``seq_mean_token_sum_norm``.
+      count_empty_rows: count rows without valid tokens in the per-sequence modes (verl).
     Returns:
       Scalar float32.
     """
-    num, den = aggregate_parts(per_token, mask, mode=mode, max_len=max_len)
+    num, den = aggregate_parts(per_token, mask, mode=mode, max_len=max_len,
+                               count_empty_rows=count_empty_rows)
     return safe_divide(num, den)

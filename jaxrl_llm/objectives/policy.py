@@ -130,7 +130,8 @@ def policy_loss_parts(
     if dual_clip is not None:
         pg3 = -adv * dual_clip
         dual = jnp.minimum(per_token, pg3)
-        metrics["dual_clipfrac"] = masked_mean(((adv < 0) & (pg3 < per_token)).astype(jnp.float32), m)
+        active = (adv < 0) & (pg3 < per_token)
+        metrics["dual_clipfrac"] = masked_mean(active.astype(jnp.float32), m)
         per_token = jnp.where(adv < 0, dual, per_token)
     metrics["pg_loss"] = masked_mean(per_token, m)
     if ref_logp is not None:

@@ -141,7 +141,9 @@ def kto_loss(
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Kahneman–Tversky optimisation losses (Ethayarajh et al. 2024, https://arxiv.org/abs/2402.01306).
+    """Kahneman–Tversky optimisation (KTO) losses, per example.
+
+    Ethayarajh et al. 2024, https://arxiv.org/abs/2402.01306.
 
     With ``r = log π(y|x) − log π_ref(y|x)`` and reference point ``z₀ = max(0, mean(kl))``
     (no gradient through z₀, as in the paper and TRL)::
@@ -235,7 +237,9 @@ def simpo_loss(
     beta: float = 2.0,
     gamma: float = 0.5,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """SimPO (Meng et al. 2024, https://arxiv.org/abs/2405.14734): reference-free, length-normalised.
+    """SimPO losses: reference-free, length-normalised preference loss, per example.
+
+    Meng et al. 2024, https://arxiv.org/abs/2405.14734.
 
     ``L = −log σ(β·ℓ̄_w − β·ℓ̄_l − γ)`` with ℓ̄ the average per-token log-prob and γ the
     target reward margin (absolute, as TRL ``CPOConfig.simpo_gamma``; the SimPO repo's

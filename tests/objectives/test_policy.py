@@ -95,8 +95,9 @@ def test_gspo_value_and_gradient_match_sequence_objective():
         s = jnp.exp(jnp.sum((lp - old) * m, 1) / n)
         return -jnp.mean(jnp.minimum(s * adv, jnp.clip(s, 1 - clip, 1 + clip) * adv))
 
-    ours = lambda lp: obj.policy_loss(lp, old, adv, m, clip_eps=clip, ratio_level="sequence",  # noqa
-                                      aggregation="seq_mean_token_mean")[0]
+    def ours(lp):
+        return obj.policy_loss(lp, old, adv, m, clip_eps=clip, ratio_level="sequence",
+                               aggregation="seq_mean_token_mean")[0]
     assert float(ours(logp)) == pytest.approx(float(gspo(logp)), rel=1e-5)
     np.testing.assert_allclose(jax.grad(ours)(logp), jax.grad(gspo)(logp), rtol=1e-4,
                                atol=1e-7)
