@@ -90,8 +90,10 @@ class CheckpointManager:
             raise CheckpointError(f"keep={keep} must be >= 1 (or None to keep all)")
         self.directory = os.path.abspath(os.fspath(directory))
         self.model_config = model_config
+        self.save_every = int(save_every)
+        # The save interval is applied here (orbax's own policy also saves the very first step).
         options = ocp.CheckpointManagerOptions(
-            save_interval_steps=save_every, max_to_keep=keep,
+            max_to_keep=keep,
             enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
         self._mgr = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=_handlers())
@@ -126,6 +128,8 @@ class CheckpointManager:
         Raises:
           CheckpointError: ``extra`` is not JSON-serialisable.
         """
+        if not force and int(step) % self.save_every:
+            return False
         extra = dict(extra or {})
         try:
             json.dumps(extra)
@@ -140,7 +144,7 @@ class CheckpointManager:
         }
         if self.model_config is not None:
             items["model_config"] = ocp.args.JsonSave(model_config_to_dict(self.model_config))
-        return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=force))
+        return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=True))
 
     def wait_until_finished(self) -> None:
         """Block until every pending async save is finalised."""
