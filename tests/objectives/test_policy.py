@@ -9,6 +9,11 @@ from jaxrl_llm import objectives as obj
 from jaxrl_llm.errors import ConfigError
 
 
+def _grad(f):
+    """Jitted gradient (op-by-op eager differentiation is slow on CPU)."""
+    return jax.jit(jax.grad(f))
+
+
 def _batch(seed=0, b=4, t=6):
     k = jax.random.split(jax.random.PRNGKey(seed), 4)
     logp = -jax.random.uniform(k[0], (b, t), minval=0.1, maxval=3.0)
@@ -24,8 +29,8 @@ def test_ratio_one_no_clip_is_vanilla_policy_gradient(run):
     loss, metrics = run(obj.policy_loss, logp, logp, adv, mask)
     expected = -float(jnp.sum(adv[:, None] * mask) / jnp.sum(mask))
     assert float(loss) == pytest.approx(expected, rel=1e-5)
-    g = jax.grad(lambda lp: obj.policy_loss(lp, logp, adv, mask)[0])(logp)
-    g_pg = jax.grad(lambda lp: -jnp.sum(adv[:, None] * lp * mask) / jnp.sum(mask))(logp)
+    g = _grad(lambda lp: obj.policy_loss(lp, logp, adv, mask)[0])(logp)
+    g_pg = _grad(lambda lp: -jnp.sum(adv[:, None] * lp * mask) / jnp.sum(mask))(logp)
     np.testing.assert_allclose(g, g_pg, rtol=1e-5, atol=1e-7)
     assert float(metrics["clipfrac"]) == 0.0
     assert float(metrics["ratio_mean"]) == pytest.approx(1.0)
@@ -50,7 +55,7 @@ def test_clip_hand_values_and_clipfracs(run):
     assert float(met["clipfrac"]) == pytest.approx(0.5)
     assert float(met["ratio_min"]) == pytest.approx(0.5, rel=1e-5)
     assert float(met["ratio_max"]) == pytest.approx(1.5, rel=1e-5)
-    g = jax.grad(lambda lp: obj.policy_loss(lp, old, adv, m)[0])(logp)
+    g = _grad(lambda lp: obj.policy_loss(lp, old, adv, m)[0])(logp)
     # clipped tokens have zero gradient; unclipped: -A·ρ/N
     np.testing.assert_allclose(g[0], [0.0, -0.5 / 4, 0.0, 1.5 / 4], rtol=1e-5, atol=1e-8)
 
@@ -81,8 +86,8 @@ def test_sequence_ratio_equals_token_ratio_for_one_token_responses(run):
     a, ma = run(obj.policy_loss, logp, old, adv, m, ratio_level="token")
     b, mb = run(obj.policy_loss, logp, old, adv, m, ratio_level="sequence")
     assert float(a) == pytest.approx(float(b), rel=1e-6)
-    ga = jax.grad(lambda lp: obj.policy_loss(lp, old, adv, m)[0])(logp)
-    gb = jax.grad(lambda lp: obj.policy_loss(lp, old, adv, m, ratio_level="sequence")[0])(logp)
+    ga = _grad(lambda lp: obj.policy_loss(lp, old, adv, m)[0])(logp)
+    gb = _grad(lambda lp: obj.policy_loss(lp, old, adv, m, ratio_level="sequence")[0])(logp)
     np.testing.assert_allclose(ga, gb, rtol=1e-6)
 
 
@@ -99,7 +104,7 @@ def test_gspo_value_and_gradient_match_sequence_objective():
         return obj.policy_loss(lp, old, adv, m, clip_eps=clip, ratio_level="sequence",
                                aggregation="seq_mean_token_mean")[0]
     assert float(ours(logp)) == pytest.approx(float(gspo(logp)), rel=1e-5)
-    np.testing.assert_allclose(jax.grad(ours)(logp), jax.grad(gspo)(logp), rtol=1e-4,
+    np.testing.assert_allclose(_grad(ours)(logp), _grad(gspo)(logp), rtol=1e-4,
                                atol=1e-7)
     lr = obj.sequence_log_ratio(logp, old, m)
     row = np.asarray(jnp.sum((logp - old) * m, 1) / jnp.sum(m, 1))
@@ -130,7 +135,7 @@ def test_padding_changes_nothing_and_gradients_finite():
         want, _ = obj.policy_loss(logp, old, adv, m, **kw2)
         got, met2 = obj.policy_loss(logp2, old2, adv2, m2, **dict(kw2, ref_logp=ref2))
         assert float(got) == pytest.approx(float(want), rel=1e-6)
-        g = jax.grad(lambda lp: obj.policy_loss(lp, old2, adv2, m2,
+        g = _grad(lambda lp: obj.policy_loss(lp, old2, adv2, m2,
                                                 **dict(kw2, ref_logp=ref2))[0])(logp2)
         assert np.isfinite(np.asarray(g)).all()
         assert (np.asarray(g)[np.asarray(m2) == 0] == 0).all()
