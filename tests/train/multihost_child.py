@@ -1,0 +1,51 @@
+"""One process of the two-process test (run by test_multihost.py, not collected by pytest).
+
+argv: coordinator_address num_processes process_id out_path. Each process has the CPU
+devices XLA_FLAGS gives it; the mesh spans all processes' devices.
+"""
+
+import functools
+import sys
+
+import jax
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+from jaxrl_llm.parallel import initialize_distributed  # noqa: E402
+
+
+def main(address: str, n: int, pid: int, out: str) -> None:
+    assert initialize_distributed(address, n, pid)
+    import numpy as np
+    import optax
+    from jax.experimental import multihost_utils
+
+    from jaxrl_llm.parallel import (batch_sharding, host_local_batch_to_global,
+                                    host_local_rows, make_mesh)
+    from jaxrl_llm.train import create_train_state, make_train_step
+    from tests.train.common import (axes, init_fn, nll_denominator, nll_loss, ragged_batch,
+                                    tiny_config)
+
+    assert jax.process_count() == n and jax.device_count() == 2 * n
+    cfg, opt = tiny_config(), optax.adamw(1e-2)
+    mesh = make_mesh(data=2, fsdp=-1)
+    state, sharding = create_train_state(init_fn(cfg), opt, mesh, param_axes=axes(cfg),
+                                         rng=jax.random.PRNGKey(0))
+    step = make_train_step(functools.partial(nll_loss, config=cfg), opt, mesh=mesh,
+                           state_sharding=sharding, batch_sharding=batch_sharding(mesh),
+                           denominator_fn=nll_denominator, micro_batches=2)
+    for i in range(3):
+        full = ragged_batch(10 + i, 8, 10, cfg.vocab_size)
+        rows = host_local_rows(mesh, 8)
+        batch = host_local_batch_to_global({k: v[rows] for k, v in full.items()}, mesh)
+        state, metrics = step(state, batch)
+    params = multihost_utils.process_allgather(state.params, tiled=True)
+    if pid == 0:
+        flat = {jax.tree_util.keystr(p): np.asarray(x)
+                for p, x in jax.tree_util.tree_leaves_with_path(params)}
+        np.savez(out, loss=float(metrics["loss"]), step=int(state.step), **flat)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,64 @@
+import functools
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jaxrl_llm.parallel import batch_sharding, make_mesh
+from jaxrl_llm.train import create_train_state, make_train_step
+from tests.train.common import axes, init_fn, nll_denominator, nll_loss, ragged_batch, tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_with_four_devices(tmp_path):
+    out = str(tmp_path / "params.npz")
+    address = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        env.pop(k, None)
+    child = os.path.join(ROOT, "tests", "train", "multihost_child.py")
+    procs = [subprocess.Popen([sys.executable, child, address, "2", str(i), out], env=env,
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(2)]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    assert all(p.returncode == 0 for p in procs), "\n".join(x[-3000:] for x in logs)
+
+    # the same three steps in this process on a 4-device mesh of the same shape
+    cfg, opt = tiny_config(), optax.adamw(1e-2)
+    mesh = make_mesh(data=2, fsdp=-1, devices=jax.devices()[:4])
+    state, sharding = create_train_state(init_fn(cfg), opt, mesh, param_axes=axes(cfg),
+                                         rng=jax.random.PRNGKey(0))
+    step = make_train_step(functools.partial(nll_loss, config=cfg), opt, mesh=mesh,
+                           state_sharding=sharding, batch_sharding=batch_sharding(mesh),
+                           denominator_fn=nll_denominator, micro_batches=2)
+    for i in range(3):
+        state, metrics = step(state, ragged_batch(10 + i, 8, 10, cfg.vocab_size))
+    got = np.load(out)
+    assert int(got["step"]) == 3
+    assert float(got["loss"]) == pytest.approx(float(metrics["loss"]), abs=1e-5)
+    ref = {jax.tree_util.keystr(p): np.asarray(x)
+           for p, x in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))}
+    assert set(ref) <= set(got.files)
+    for k, v in ref.items():
+        np.testing.assert_allclose(got[k], v, atol=1e-5, rtol=0, err_msg=k)
