@@ -79,19 +79,3 @@ def test_checkpoint_dir_without_restore_support_is_a_clear_error(tmp_path, monke
                         types.ModuleType("jaxrl_llm.train.checkpoint"))
     assert main(["convert", str(ckpt), str(tmp_path / "o")]) == 2
     assert "restore_model is missing" in capsys.readouterr().err
-
-
-@pytest.mark.real_model
-@pytest.mark.slow
-def test_convert_alias_to_bfloat16(real_model, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("JAXRL_LLM_CACHE", str(real_model.cache_root))  # warm cache
-    out = tmp_path / "smol"
-    assert main(["convert", "smollm2-135m-instruct", str(out), "--dtype", "bfloat16"]) == 0
-    assert "llama causal LM, 134.5M params, bfloat16" in capsys.readouterr().out
-    cfg = json.loads((out / "config.json").read_text())
-    assert "quantization_config" not in cfg and cfg["torch_dtype"] == "bfloat16"
-    back = interop.load_model(out)
-    assert back.tokenizer.chat_template == real_model.loaded.tokenizer.chat_template
-    emb = np.asarray(real_model.loaded.params["embed"]["embedding"])
-    np.testing.assert_allclose(np.asarray(back.params["embed"]["embedding"]), emb,
-                               rtol=1e-2, atol=1e-6)
