@@ -25,6 +25,9 @@ from jaxrl_llm.sampling.filters import row_keys
 from jaxrl_llm.sampling.filters import select_tokens
 from jaxrl_llm.sampling.filters import top_k_filter
 from jaxrl_llm.sampling.filters import top_p_filter
+from jaxrl_llm.sampling.text import decode_completions
+from jaxrl_llm.sampling.text import encode_prompts
+from jaxrl_llm.sampling.text import generate_text
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -33,8 +36,11 @@ __all__ = [
     "SamplingConfig",
     "bucket_length",
     "decode",
+    "decode_completions",
+    "encode_prompts",
     "filtered_logits",
     "generate",
+    "generate_text",
     "init_decode_state",
     "min_p_filter",
     "pad_prompts",
