@@ -18,7 +18,7 @@ _FORMATS = ("hf",)
 _DTYPES = ("float32", "bfloat16")
 # Names found at the top of an orbax checkpoint or a run's checkpoint folder.
 _CHECKPOINT_MARKERS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt", "checkpoints",
-                       "params", "state", "model", "metadata.json")
+                       "params", "model_config", "state", "metadata.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
