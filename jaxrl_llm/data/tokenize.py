@@ -51,8 +51,8 @@ class CharTokenizer:
         ids = [b + 3 for b in text.encode("utf-8")]
         return ([self.bos_token_id] + ids) if add_special_tokens else ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Inverse of :meth:`encode` (special tokens are dropped)."""
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Inverse of :meth:`encode` (special tokens are always dropped)."""
         return bytes(int(i) - 3 for i in ids if int(i) >= 3).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = False,

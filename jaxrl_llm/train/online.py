@@ -1,0 +1,481 @@
+"""The online RL loop: rollout → reward → advantage → K epochs × minibatches of updates.
+
+One loop serves every policy-gradient algorithm in the registry (GRPO, Dr. GRPO, DAPO, GSPO,
+REINFORCE, REINFORCE++, RLOO, ReMax); the algorithm is data: its loss config (from
+``jaxrl_llm.losses``) names the advantage estimator, the aggregation and the KL term, and the
+``rollout`` section of the run config says how completions are drawn.
+
+Per step:
+1. ``prompts_per_step`` prompts from the resumable iterator; G samples each with the jitted
+   sampler (each prompt prefilled once and its KV cache shared by its G rows), recording the
+   sampling policy's per-token log-probs (these are the "old" log-probs).
+2. Rewards from the configured functions (failures are contained: such a sample gets zero
+   advantage and is counted in the metrics). DAPO's dynamic sampling keeps drawing prompts
+   until the batch is full of groups whose rewards are not all equal.
+3. Advantages from the estimator (group / leave-one-out / greedy baseline / whitened
+   returns), DAPO's overlong shaping and truncation masking when configured.
+4. Reference log-probs from the frozen reference (the base model with LoRA) when the loss has
+   a KL term, computed with the same compiled forward.
+5. ``epochs`` × ``minibatches`` jitted, sharded train steps (``make_train_step``).
+6. Metrics (reward per function, accuracy, lengths, KL, entropy, clip fractions, advantage
+   statistics, dropped groups, rollout tokens/s, time split), held-out evaluation, checkpoints.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import objectives, rewards as R
+from jaxrl_llm.data import Format, make_iterator, prepare_dataset
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.losses import AdvantageEstimator, get_loss
+from jaxrl_llm.parallel import batch_sharding
+from jaxrl_llm.sampling import SamplingConfig, generate
+from jaxrl_llm.train.checkpoint import CheckpointManager
+from jaxrl_llm.train.config_io import to_dict
+from jaxrl_llm.train.logging import MetricsLogger
+from jaxrl_llm.train.run_config import RunConfig, loss_config
+from jaxrl_llm.train.setup import Policy, build_policy, check_batch_divisible
+from jaxrl_llm.train.step import make_train_step
+
+# Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
+# compiles only a few programs.
+PROMPT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def _math_answer(**kw):
+    return functools.partial(R.math_answer_reward, **kw)
+
+
+# Reward functions by config name -> factory(**kwargs) -> reward function. One explicit table.
+REWARD_FUNCTIONS: dict[str, Callable[..., Callable]] = {
+    "math_answer": _math_answer,
+    "format": R.make_format_reward,
+    "length_penalty": R.make_length_penalty,
+    "overlong": R.make_overlong_reward,
+    "code_execution": lambda **kw: functools.partial(R.code_execution_reward, **kw),
+}
+
+
+def build_rewards(cfg: RunConfig) -> R.RewardSet:
+    """The weighted :class:`~jaxrl_llm.rewards.RewardSet` of ``cfg.rewards``."""
+    specs = []
+    for i, item in enumerate(cfg.rewards):
+        factory = REWARD_FUNCTIONS.get(item.name)
+        if factory is None:
+            raise ConfigError(f"rewards[{i}].name: unknown reward {item.name!r}; available: "
+                              f"{', '.join(sorted(REWARD_FUNCTIONS))}")
+        try:
+            fn = factory(**item.kwargs)
+        except TypeError as e:
+            raise ConfigError(f"rewards[{i}].kwargs: {e}") from None
+        specs.append(R.RewardSpec(fn, weight=item.weight, name=item.name))
+    return R.RewardSet(specs)
+
+
+def _estimate_advantages(estimator: AdvantageEstimator, rewards: np.ndarray, *, group_size: int,
+                         scale: str, mask: np.ndarray, baseline: np.ndarray | None) -> np.ndarray:
+    """Per-sequence ``[N]`` or per-token ``[N, M]`` advantages for the estimator."""
+    r = jnp.asarray(rewards, jnp.float32)
+    if estimator == AdvantageEstimator.GRPO:
+        return np.asarray(objectives.grpo_advantages(r, group_size=group_size, scale=scale))
+    if estimator == AdvantageEstimator.GRPO_NO_STD:
+        return np.asarray(objectives.grpo_advantages(r, group_size=group_size, scale="none"))
+    if estimator == AdvantageEstimator.RLOO:
+        return np.asarray(objectives.rloo_advantages(r, group_size=group_size))
+    if estimator == AdvantageEstimator.REMAX:
+        return np.asarray(objectives.remax_advantages(r, jnp.asarray(baseline, jnp.float32)))
+    m = jnp.asarray(mask, jnp.float32)
+    if estimator == AdvantageEstimator.REINFORCE_PP:
+        if group_size > 1:  # REINFORCE++ with its group baseline (mean of the group)
+            return np.asarray(objectives.reinforce_pp_baseline_advantages(
+                r, m, group_size=group_size))
+        last = jnp.maximum(m.sum(-1).astype(jnp.int32) - 1, 0)
+        token_r = jnp.zeros_like(m).at[jnp.arange(m.shape[0]), last].set(r)
+        return np.asarray(objectives.reinforce_pp_advantages(token_r, m))
+    if estimator == AdvantageEstimator.REWARD:
+        return np.asarray(r)
+    raise ConfigError(f"advantage estimator {estimator.value!r} needs a critic (PPO), which "
+                      f"this loop does not run yet; use grpo, rloo, remax or reinforce_pp")
+
+
+class RolloutBatch:
+    """One step's rollouts on the host: tokens, masks, old log-probs, rewards, texts."""
+
+    def __init__(self, rollout, texts, prompts, rewards, valid, metrics, extras):
+        self.rollout = rollout
+        self.texts = texts
+        self.prompts = prompts
+        self.rewards = rewards
+        self.valid = valid
+        self.metrics = metrics
+        self.extras = extras
+
+
+def _rl_batch(rb: RolloutBatch, advantages: np.ndarray, loss_weight: np.ndarray) -> dict:
+    """Training batch in the losses' layout: prompt (left-padded) + completion per row."""
+    ro = rb.rollout
+    p_tok, p_mask = np.asarray(ro.prompt_tokens), np.asarray(ro.prompt_mask)
+    c_tok, c_mask = np.asarray(ro.tokens), np.asarray(ro.mask)
+    n, p = p_tok.shape
+    m = c_tok.shape[1]
+    input_ids = np.concatenate([p_tok, c_tok], 1).astype(np.int32)
+    attn = np.concatenate([p_mask, c_mask], 1).astype(np.int32)
+    lmask = np.concatenate([np.zeros_like(p_mask), c_mask * loss_weight[:, None]], 1)
+    old = np.concatenate([np.zeros((n, p), np.float32), np.asarray(ro.logprobs, np.float32)], 1)
+    if advantages.ndim == 1:
+        adv_c = np.repeat(advantages[:, None], m, 1)
+    else:
+        adv_c = advantages
+    adv = np.concatenate([np.zeros((n, p), np.float32), adv_c.astype(np.float32)], 1)
+    lmask = lmask.astype(np.int32)
+    return {"input_ids": input_ids, "attention_mask": attn, "loss_mask": lmask,
+            "old_logp": old * lmask, "advantages": adv * lmask}
+
+
+class OnlineTrainer:
+    """State of one online run; :meth:`run` trains it. Built from a validated RunConfig."""
+
+    def __init__(self, cfg: RunConfig, *, policy: Policy | None = None, log_stream=None):
+        self.cfg = cfg
+        self.log_stream = log_stream or sys.stderr
+        self.spec = get_loss(cfg.algorithm)
+        self.loss_config = loss_config(cfg)
+        self.policy = policy or build_policy(cfg)
+        p = self.policy
+        tok = p.tokenizer
+        d = cfg.data
+        r = cfg.rollout
+        check_batch_divisible(p.mesh, r.prompts_per_step * r.group_size // r.minibatches,
+                              "rollout.prompts_per_step x group_size / minibatches")
+        self.train_data = prepare_dataset(d.train, Format.PROMPT, tok, max_len=d.max_length,
+                                          length_policy=d.length_policy)
+        self.eval_data = (prepare_dataset(d.eval, Format.PROMPT, tok, max_len=d.max_length,
+                                          length_policy=d.length_policy) if d.eval else None)
+        self._say(f"data: {self.train_data.stats['kept']} training prompts"
+                  + (f", {self.eval_data.stats['kept']} held-out" if self.eval_data else ""))
+        r = cfg.rollout
+        self.sampling = SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                       min_p=r.min_p)
+        self.rewards = build_rewards(cfg)
+        self.estimator = self.loss_config.advantage
+        self.needs_ref = self.loss_config.kl_coef > 0
+        self.ref_params = None
+        if self.needs_ref:
+            # LoRA: the base (adapters off) is the reference. Full fine-tuning: a frozen copy.
+            self.ref_params = (p.base if p.lora is not None
+                               else jax.tree.map(jnp.copy, p.state.params))
+        self.step_fn = make_train_step(
+            p.loss_fn(self.spec.loss_fn, loss_config=self.loss_config), p.optimizer,
+            mesh=p.mesh, state_sharding=p.state_sharding,
+            batch_sharding=batch_sharding(p.mesh), micro_batches=1,
+            denominator_fn=functools.partial(self.spec.denominator_fn, config=self.loss_config),
+            grad_clip=cfg.optim.grad_clip, frozen_sharding=p.frozen_sharding)
+        self._ref_fn = jax.jit(functools.partial(self.spec.reference_fn, apply_fn=p.apply_fn,
+                                                 config=self.loss_config)) \
+            if self.spec.reference_fn is not None else None
+        self.iterator = make_iterator(self.train_data.items, batch_size=r.prompts_per_step,
+                                      seed=cfg.seed, shuffle=d.shuffle)
+        self.ckpt = CheckpointManager(os.path.join(cfg.output_dir, "checkpoints"),
+                                      save_every=max(cfg.checkpoint.save_every, 1) if
+                                      cfg.checkpoint.save_every else 10 ** 9,
+                                      keep=cfg.checkpoint.keep, model_config=p.config,
+                                      tokenizer=tok if hasattr(tok, "save_pretrained") else None)
+        self.start_step = 0
+        self.history: list[dict] = []
+
+    # ----- helpers --------------------------------------------------------------------------
+    def _say(self, msg: str) -> None:
+        if jax.process_index() == 0:
+            print(msg, file=self.log_stream, flush=True)
+
+    def _frozen(self) -> dict:
+        return {"base": self.policy.base} if self.policy.lora is not None else {}
+
+    def _prompt_texts(self, items) -> list[str]:
+        tok = self.policy.tokenizer
+        return [tok.decode(list(x.prompt_ids)) for x in items]
+
+    def sample(self, items, *, seed: int, greedy: bool = False, num_samples: int | None = None
+               ) -> RolloutBatch:
+        """Generate for ``items`` and score the completions."""
+        r = self.cfg.rollout
+        g = r.group_size if num_samples is None else num_samples
+        sampling = SamplingConfig(greedy=True) if greedy else self.sampling
+        params = self.policy.full_params()
+        ro = generate(params, self.policy.config, [list(x.prompt_ids) for x in items],
+                      sampling=sampling, num_samples=g, seed=seed,
+                      max_new_tokens=r.max_new_tokens, prompt_buckets=PROMPT_BUCKETS)
+        ro = jax.tree.map(np.asarray, ro)
+        tok = self.policy.tokenizer
+        texts = [tok.decode(ro.tokens[i, :ro.lengths[i]].tolist(), skip_special_tokens=True)
+                 for i in range(ro.tokens.shape[0])]
+        prompts = [t for t in self._prompt_texts(items) for _ in range(g)]
+        extras = [dict(x.extras) for x in items for _ in range(g)]
+        fields: dict[str, list] = {}
+        for k in sorted({k for e in extras for k in e}):
+            fields[k] = [e.get(k) for e in extras]
+        out = self.rewards(prompts, texts, **fields)
+        return RolloutBatch(ro, texts, prompts, np.asarray(out.rewards, np.float32),
+                            np.asarray(out.valid, bool), dict(out.metrics), extras)
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy decoding on the held-out prompts: mean of the first reward function."""
+        if self.eval_data is None:
+            return {}
+        e = self.cfg.eval
+        items = self.eval_data.items[: e.num_examples or None]
+        first = self.cfg.rewards[0].name
+        scores, lengths, n_valid = [], [], 0
+        for i in range(0, len(items), e.batch_size):
+            rb = self.sample(items[i:i + e.batch_size], seed=0, greedy=True, num_samples=1)
+            per = rb.metrics
+            raw = self.rewards(rb.prompts, rb.texts, **{
+                k: [x.get(k) for x in rb.extras] for k in sorted({k for x in rb.extras for k in x})})
+            vals = raw.per_function[first]
+            ok = np.isfinite(vals)
+            scores.extend(vals[ok].tolist())
+            n_valid += int(ok.sum())
+            lengths.extend(rb.rollout.lengths.tolist())
+            del per
+        acc = float(np.mean(scores)) if scores else float("nan")
+        return {f"eval/{first}": acc, "eval/num_examples": len(items),
+                "eval/valid": n_valid, "eval/completion_length": float(np.mean(lengths))}
+
+    def _collect(self, step: int) -> tuple[RolloutBatch, dict]:
+        """One step's rollouts, with DAPO dynamic sampling when configured."""
+        r = self.cfg.rollout
+        g = r.group_size
+        want = r.prompts_per_step
+        kept: list[RolloutBatch] = []
+        dropped = rounds = 0
+        while True:
+            items = next(self.iterator)
+            rb = self.sample(items, seed=self.cfg.seed * 1_000_003 + step * 101 + rounds)
+            rounds += 1
+            if not r.dynamic_sampling:
+                kept.append(rb)
+                break
+            info = np.asarray(objectives.informative_groups(jnp.asarray(rb.rewards),
+                                                            group_size=g))
+            info &= rb.valid.reshape(-1, g).all(-1)
+            dropped += int((~info).sum())
+            if info.any():
+                kept.append(_select_groups(rb, info, g))
+            have = sum(len(k.rewards) // g for k in kept)
+            if have >= want or rounds >= r.max_sampling_rounds:
+                break
+        rb = _concat_batches(kept, g, want) if len(kept) > 1 or r.dynamic_sampling else kept[0]
+        return rb, {"dynamic/groups_dropped": dropped, "dynamic/rounds": rounds,
+                    "dynamic/groups_kept": len(rb.rewards) // g if rb is not None else 0}
+
+    # ----- one step -------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict:
+        """Rollout → reward → advantages → updates; returns the step's metrics."""
+        cfg, r, p = self.cfg, self.cfg.rollout, self.policy
+        g = r.group_size
+        t0 = time.perf_counter()
+        rb, dyn = self._collect(step)
+        t_rollout = time.perf_counter() - t0
+        if rb is None or len(rb.rewards) == 0:
+            self._say(f"step {step}: no informative group after {dyn['dynamic/rounds']} "
+                      f"sampling rounds; skipping the update")
+            return {**dyn, "skipped": 1}
+        ro = rb.rollout
+        lengths = np.asarray(ro.lengths)
+        truncated = np.asarray(ro.truncated, bool)
+        rewards = rb.rewards.copy()
+        if r.overlong_buffer:
+            pen = np.asarray(objectives.overlong_penalty(
+                jnp.asarray(lengths), max_len=r.max_new_tokens, buffer=r.overlong_buffer))
+            rewards = rewards + r.overlong_penalty_factor * pen
+        baseline = None
+        if self.estimator == AdvantageEstimator.REMAX:
+            items = [it for it in self._last_items(rb, g)]
+            greedy = self.sample(items, seed=0, greedy=True, num_samples=1)
+            baseline = np.repeat(greedy.rewards, g)
+        adv = _estimate_advantages(self.estimator, rewards, group_size=g,
+                                   scale=r.advantage_scale, mask=np.asarray(ro.mask),
+                                   baseline=baseline)
+        # A failed reward gives its sample zero advantage (and it is counted in the metrics).
+        invalid = ~rb.valid
+        if adv.ndim == 1:
+            adv = np.where(invalid, 0.0, adv)
+        else:
+            adv = np.where(invalid[:, None], 0.0, adv)
+        weight = np.ones(len(rewards), np.int32)
+        if r.mask_truncated:
+            weight = (~truncated).astype(np.int32)
+        batch = _rl_batch(rb, adv, weight)
+        t1 = time.perf_counter()
+        frozen = self._frozen()
+        if self.needs_ref:
+            ref = self._ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in batch.items()})
+            batch["ref_logp"] = np.asarray(ref["ref_logp"])
+        t_ref = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        n = len(rewards)
+        mb = n // r.minibatches
+        loss_metrics: list[dict] = []
+        rng = np.random.default_rng(cfg.seed * 7919 + step)
+        for _ in range(r.epochs):
+            order = rng.permutation(n) if r.minibatches > 1 else np.arange(n)
+            for j in range(r.minibatches):
+                idx = order[j * mb:(j + 1) * mb]
+                sub = {k: v[idx] for k, v in batch.items()}
+                p.state, m = self.step_fn(p.state, sub, frozen)
+                loss_metrics.append(m)
+        loss_metrics = jax.device_get(loss_metrics)
+        t_update = time.perf_counter() - t2
+        comp_tokens = int(lengths.sum())
+        out = {k: float(np.mean([float(m[k]) for m in loss_metrics])) for k in loss_metrics[0]}
+        out.update(rb.metrics)
+        flat_adv = adv if adv.ndim == 1 else adv[np.asarray(ro.mask, bool)]
+        out.update({
+            **dyn,
+            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
+            "reward/failed": int(invalid.sum()),
+            "completion/length_mean": float(lengths.mean()),
+            "completion/length_max": int(lengths.max()),
+            "completion/truncated_frac": float(truncated.mean()),
+            "advantage/mean": float(np.mean(flat_adv)), "advantage/std": float(np.std(flat_adv)),
+            "advantage/max": float(np.max(flat_adv)), "advantage/min": float(np.min(flat_adv)),
+            "time/rollout_s": t_rollout, "time/reference_s": t_ref, "time/update_s": t_update,
+            "time/step_s": time.perf_counter() - t0,
+            "rollout/tokens_per_s": comp_tokens / max(t_rollout, 1e-9),
+        })
+        return out
+
+    def _last_items(self, rb: RolloutBatch, g: int):
+        from jaxrl_llm.data.tokenize import TokenizedPrompt
+
+        ro = rb.rollout
+        items = []
+        for i in range(0, len(rb.rewards), g):
+            ids = np.asarray(ro.prompt_tokens[i])[np.asarray(ro.prompt_mask[i], bool)]
+            items.append(TokenizedPrompt(prompt_ids=tuple(int(t) for t in ids),
+                                         extras=rb.extras[i]))
+        return items
+
+    # ----- the run --------------------------------------------------------------------------
+    def maybe_resume(self) -> None:
+        """Restore the latest checkpoint (state, iterator position) when ``resume`` is set."""
+        if not self.cfg.resume or self.ckpt.latest_step() is None:
+            return
+        p = self.policy
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=x.sharding), p.state)
+        state, extra = self.ckpt.restore(abstract)
+        p.state = state
+        self.iterator = make_iterator(self.train_data.items,
+                                      batch_size=self.cfg.rollout.prompts_per_step,
+                                      seed=self.cfg.seed, shuffle=self.cfg.data.shuffle,
+                                      state=extra.get("data"))
+        self.start_step = int(extra.get("step", int(state.step)))
+        self._say(f"resumed from step {self.start_step}")
+
+    def save(self, step: int, *, force: bool = False) -> None:
+        """Checkpoint the state and the data position."""
+        self.ckpt.save(step, self.policy.state, extra={"data": self.iterator.state(),
+                                                       "step": step}, force=force)
+
+    def run(self) -> dict:
+        """Train for ``max_steps`` (or from a resumed step); returns the summary dict."""
+        cfg = self.cfg
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        self.maybe_resume()
+        logger = MetricsLogger(cfg.output_dir, total_steps=cfg.max_steps,
+                               tensorboard=cfg.logging.tensorboard,
+                               wandb_project=cfg.logging.wandb_project,
+                               is_main_process=jax.process_index() == 0,
+                               progress_keys=("reward/mean", "loss", "eval/" + cfg.rewards[0].name,
+                                              "time/step_s"),
+                               stream=self.log_stream, config=to_dict(cfg),
+                               resume=self.start_step > 0)
+        summary: dict[str, Any] = {}
+        t_start = time.perf_counter()
+        if cfg.eval.before and self.eval_data is not None and self.start_step == 0:
+            ev = self.evaluate()
+            summary["eval_before"] = ev
+            logger.log(0, ev)
+        train_time = 0.0
+        for step in range(self.start_step + 1, cfg.max_steps + 1):
+            t = time.perf_counter()
+            metrics = self.train_step(step)
+            train_time += time.perf_counter() - t
+            metrics["time/train_elapsed_s"] = train_time
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.max_steps:
+                metrics.update(self.evaluate())
+            if step % cfg.logging.log_every == 0 or step == cfg.max_steps:
+                logger.log(step, metrics)
+            if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
+                self.save(step)
+        final = cfg.max_steps
+        if self.eval_data is not None:
+            ev = self.evaluate()
+            summary["eval_after"] = ev
+            logger.log(final, ev, progress=False)
+        self.save(final, force=True)
+        self.ckpt.wait_until_finished()
+        summary.update(train_time_s=train_time, total_time_s=time.perf_counter() - t_start,
+                       steps=final)
+        logger.close()
+        return summary
+
+    def close(self) -> None:
+        """Release the checkpoint manager."""
+        self.ckpt.close()
+
+
+def _select_groups(rb: RolloutBatch, keep_groups: np.ndarray, g: int) -> RolloutBatch:
+    rows = np.repeat(keep_groups, g)
+    ro = jax.tree.map(lambda x: x[rows], rb.rollout)
+    pick = lambda xs: [x for x, k in zip(xs, rows) if k]
+    return RolloutBatch(ro, pick(rb.texts), pick(rb.prompts), rb.rewards[rows], rb.valid[rows],
+                        rb.metrics, pick(rb.extras))
+
+
+def _concat_batches(batches: list[RolloutBatch], g: int, want_groups: int) -> RolloutBatch | None:
+    if not batches:
+        return None
+    n = want_groups * g
+
+    def cat(xs):
+        return np.concatenate(xs, 0)[:n]
+
+    # Prompt widths can differ between rounds (bucketing): left-pad to the widest.
+    width = max(b.rollout.prompt_tokens.shape[1] for b in batches)
+
+    def widen(ro):
+        pad = width - ro.prompt_tokens.shape[1]
+        if not pad:
+            return ro
+        return ro._replace(prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),
+                           prompt_mask=np.pad(ro.prompt_mask, ((0, 0), (pad, 0))))
+
+    ros = [widen(b.rollout) for b in batches]
+    ro = jax.tree.map(lambda *xs: cat(xs), *ros)
+    metrics = batches[0].metrics
+    return RolloutBatch(ro, sum((b.texts for b in batches), [])[:n],
+                        sum((b.prompts for b in batches), [])[:n], cat([b.rewards for b in batches]),
+                        cat([b.valid for b in batches]), metrics,
+                        sum((b.extras for b in batches), [])[:n])
+
+
+def train_online(cfg: RunConfig, *, log_stream=None) -> dict:
+    """Run an online RL config end to end; returns the summary (eval before/after, timings)."""
+    trainer = OnlineTrainer(cfg, log_stream=log_stream)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()

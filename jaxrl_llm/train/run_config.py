@@ -1,0 +1,277 @@
+"""The schema of ``jaxrl-llm train`` configs: one frozen dataclass per YAML section.
+
+Every config has top-level ``seed``, ``output_dir``, ``max_steps`` and ``algorithm`` (a name in
+:data:`jaxrl_llm.losses.LOSSES`, or ``ppo`` / ``online_dpo``). The ``loss`` section holds the
+algorithm's own hyperparameters and is validated against its config dataclass, starting from the
+algorithm's paper defaults (the registry's ``preset``). Offline algorithms read ``data`` +
+``train``; online ones read ``data`` (prompts) + ``rollout`` + ``rewards`` + ``eval``.
+
+Validation happens before anything compiles: unknown keys, wrong types and impossible
+combinations are one-line :class:`~jaxrl_llm.errors.ConfigError`s naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from jaxrl_llm.errors import ConfigError
+
+ONLINE_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp", "rloo",
+                     "remax")
+OFFLINE_ALGORITHMS = ("sft", "reward_model", "dpo", "kto", "orpo", "simpo", "pairwise_rank")
+
+# Data format each offline algorithm reads (jaxrl_llm.data.Format values).
+OFFLINE_FORMATS = {"sft": "sft", "reward_model": "preference", "dpo": "preference",
+                   "kto": "kto", "orpo": "preference", "simpo": "preference",
+                   "pairwise_rank": "rank"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASection:
+    """LoRA adapters (``jaxrl_llm.models.lora``): rank, alpha, target projections."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """Which model to train and how to run it.
+
+    Attributes:
+      source: HF directory, .gguf file, ``smollm2-135m-instruct``, or ``tiny`` (random init,
+        for tests; ``tiny`` holds ModelConfig.tiny overrides and ``tokenizer`` must be ``char``).
+      tokenizer: ``auto`` (from the source) or ``char`` (byte-level test tokenizer).
+      param_dtype / compute_dtype: ``float32`` or ``bfloat16`` (master weights stay float32).
+      remat: rematerialisation per layer: none | dots | full.
+      lora: LoRA adapters instead of full fine-tuning (null = full fine-tuning).
+      freeze_embeddings: keep the (tied) embedding matrix frozen during full fine-tuning.
+    """
+
+    source: str = "smollm2-135m-instruct"
+    tokenizer: Literal["auto", "char"] = "auto"
+    tiny: dict[str, Any] | None = None
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: Literal["none", "dots", "full"] = "none"
+    lora: LoRASection | None = None
+    freeze_embeddings: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+    """Optimizer (optax): AdamW by default, with a learning-rate schedule and clipping."""
+
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = 1e-5
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+    """Mesh axis sizes; -1 = all remaining devices."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    """Where metrics go: metrics.jsonl always; TensorBoard and W&B optional."""
+
+    log_every: int = 1
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    plots: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    """Orbax checkpoints under ``output_dir/checkpoints``; 0 = only at the end."""
+
+    save_every: int = 0
+    keep: int = 2
+    export_hf: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    """The data set(s): local JSONL / Parquet / saved HF datasets (no downloads)."""
+
+    train: str = ""
+    eval: str | None = None
+    max_length: int = 512
+    length_policy: Literal["error", "truncate", "drop"] = "truncate"
+    packing: bool = False
+    shuffle: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    """Offline training loop options."""
+
+    batch_size: int = 8
+    micro_batches: int = 1
+    eval_every: int = 0
+    eval_batches: int | None = None
+    reference: Literal["on_the_fly", "precompute"] = "on_the_fly"
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    """Online RL: how completions are sampled and turned into updates.
+
+    Attributes:
+      prompts_per_step: B prompts per step; group_size: G samples each (N = B·G rows).
+      max_new_tokens, temperature, top_k, top_p, min_p: sampling (the loss uses the same τ).
+      epochs: K passes over the rollout batch; minibatches: optimizer steps per pass.
+      dynamic_sampling: DAPO's filter: keep drawing prompts until the batch holds
+        ``prompts_per_step`` groups whose rewards are not all equal (at most
+        ``max_sampling_rounds`` rollouts per step; what is missing is reported).
+      mask_truncated: truncated completions get zero loss weight (DAPO).
+      overlong_buffer: DAPO soft overlong punishment buffer L_cache in tokens (null = off),
+        against ``max_new_tokens``; overlong_penalty_factor scales it.
+      advantage_scale: GRPO's std scaling: group | batch | none.
+    """
+
+    prompts_per_step: int = 4
+    group_size: int = 8
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    epochs: int = 1
+    minibatches: int = 1
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    mask_truncated: bool = False
+    overlong_buffer: int | None = None
+    overlong_penalty_factor: float = 1.0
+    advantage_scale: Literal["group", "batch", "none"] = "group"
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardItem:
+    """One reward function by name (see ``jaxrl_llm.train.online.REWARD_FUNCTIONS``)."""
+
+    name: str
+    weight: float = 1.0
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    """Held-out evaluation of an online run: greedy decoding, mean of the first reward.
+
+    Attributes:
+      every: evaluate every N steps (0 = only before and after training).
+      num_examples: how many held-out prompts (null = all).
+      batch_size: prompts per generation call.
+      before: also evaluate before the first step.
+    """
+
+    every: int = 0
+    num_examples: int | None = None
+    batch_size: int = 64
+    before: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A whole ``jaxrl-llm train`` config (see the module docstring)."""
+
+    output_dir: str
+    max_steps: int
+    algorithm: str
+    seed: int = 0
+    resume: bool = False
+    model: ModelSection = ModelSection()
+    optim: OptimSection = OptimSection()
+    mesh: MeshSection = MeshSection()
+    logging: LoggingSection = LoggingSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    data: DataSection = DataSection()
+    loss: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train: TrainSection = TrainSection()
+    rollout: RolloutSection = RolloutSection()
+    rewards: tuple[RewardItem, ...] = ()
+    eval: EvalSection = EvalSection()
+
+    def __post_init__(self):
+        allowed = ONLINE_ALGORITHMS + OFFLINE_ALGORITHMS
+        if self.algorithm not in allowed:
+            raise ConfigError(f"algorithm: unknown {self.algorithm!r}; allowed: "
+                              f"{', '.join(allowed)}")
+        if self.max_steps < 1:
+            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
+        if not self.data.train:
+            raise ConfigError("data.train: a training data file or directory is required")
+        if self.model.source == "tiny" and self.model.tokenizer != "char":
+            raise ConfigError("model.source=tiny needs model.tokenizer=char (a random model has "
+                              "no tokenizer of its own)")
+        if self.is_online:
+            r = self.rollout
+            if r.group_size < 2 and self.algorithm in ("grpo", "dr_grpo", "dapo", "gspo",
+                                                        "rloo", "reinforce_pp"):
+                raise ConfigError(f"rollout.group_size={r.group_size}: {self.algorithm} needs "
+                                  f"groups of at least 2 samples per prompt")
+            if not self.rewards:
+                raise ConfigError("rewards: an online algorithm needs at least one reward "
+                                  "function, e.g. rewards: [{name: math_answer}]")
+            n = r.prompts_per_step * r.group_size
+            if n % r.minibatches:
+                raise ConfigError(f"rollout.minibatches={r.minibatches} must divide the "
+                                  f"{n} rows of a rollout batch")
+            for name in ("prompts_per_step", "group_size", "max_new_tokens", "epochs",
+                         "minibatches", "max_sampling_rounds"):
+                if getattr(r, name) < 1:
+                    raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
+        else:
+            t = self.train
+            if t.batch_size < 1 or t.micro_batches < 1 or t.batch_size % t.micro_batches:
+                raise ConfigError(f"train.micro_batches={t.micro_batches} must divide "
+                                  f"train.batch_size={t.batch_size} (both >= 1)")
+            if self.rewards:
+                raise ConfigError(f"rewards: {self.algorithm} is an offline algorithm and uses "
+                                  f"no reward functions; remove the rewards section")
+
+    @property
+    def is_online(self) -> bool:
+        """True for the online RL algorithms (rollout → reward → update)."""
+        return self.algorithm in ONLINE_ALGORITHMS
+
+
+def loss_config(cfg: RunConfig):
+    """The algorithm's loss config: its paper preset with ``cfg.loss`` validated on top."""
+    from jaxrl_llm.losses import get_loss
+    from jaxrl_llm.train.config_io import from_dict, to_dict
+
+    spec = get_loss(cfg.algorithm)
+    try:
+        base = to_dict(spec.preset())
+    except TypeError:  # the preset has required fields (e.g. pairwise_rank's group_size)
+        base = {}
+    overrides = dict(cfg.loss)
+    if cfg.is_online and "temperature" not in overrides and "temperature" in base:
+        overrides["temperature"] = cfg.rollout.temperature  # the loss uses the sampling τ
+    if cfg.is_online and "max_len" in base and base.get("max_len") is not None \
+            and "max_len" not in overrides:
+        overrides["max_len"] = cfg.rollout.max_new_tokens
+    return from_dict(spec.config_cls, {**base, **overrides}, prefix="loss")

@@ -1,0 +1,204 @@
+"""Shared run set-up for the offline and online trainers: model + tokenizer, mesh, optimizer,
+the sharded train state (full fine-tuning or LoRA), and the policy's ``apply_fn``.
+
+Full fine-tuning trains the whole parameter tree. With LoRA the train state holds only the
+adapters; the base weights are a frozen argument of every step (``frozen={"base": ...}``) and
+double as the reference model (adapters off), so the weights exist once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxrl_llm import models
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.models.lora import LoRAConfig, init_lora, lora_logical_axes, merge_lora
+from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, replicated
+from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.state import TrainState, state_sharding_from_params
+
+# LoRA adapters are small: replicate them (their base kernels carry the sharding).
+RULES = {**DEFAULT_RULES, "lora_in": None, "lora_out": None, "lora_rank": None}
+
+
+@dataclasses.dataclass
+class Policy:
+    """Everything a trainer needs about the model being trained.
+
+    Attributes:
+      config: the model config. tokenizer: its tokenizer (with chat template).
+      mesh: the device mesh. base: the frozen base params (LoRA) or None.
+      lora: the LoRA config or None. state / state_sharding: the sharded TrainState.
+      apply_fn: ``apply_fn(params, input_ids, attention_mask=..., ...)`` -> ModelOutputs.
+      optimizer: the optax transformation.
+    """
+
+    config: models.ModelConfig
+    tokenizer: Any
+    mesh: jax.sharding.Mesh
+    base: Any
+    lora: LoRAConfig | None
+    state: TrainState
+    state_sharding: TrainState
+    apply_fn: Callable
+    optimizer: optax.GradientTransformation
+    param_sharding: Any
+    frozen_sharding: dict
+
+    def full_params(self, params=None):
+        """The model's parameter tree for sampling / evaluation / export (adapters merged)."""
+        params = self.state.params if params is None else params
+        if self.lora is None:
+            return params
+        return _merge_jit(self.base, params, self.lora)
+
+    def reference_params(self):
+        """The frozen reference: the base (LoRA) — for full fine-tuning the caller keeps a copy."""
+        return self.base
+
+    def loss_fn(self, loss, *, loss_config):
+        """Bind a registry loss to this policy: ``fn(params, batch, **frozen)`` for the step.
+
+        With LoRA the trainable params are the adapters; ``frozen["base"]`` is merged in.
+        """
+        if self.lora is None:
+            def fn(params, batch, **frozen):
+                return loss(params, batch, apply_fn=self.apply_fn, config=loss_config)
+        else:
+            lora = self.lora
+
+            def fn(adapters, batch, *, base, **frozen):
+                return loss(merge_lora(base, adapters, lora), batch, apply_fn=self.apply_fn,
+                            config=loss_config)
+        return fn
+
+
+@functools.partial(jax.jit, static_argnames=("lora",))
+def _merge_jit(base, adapters, lora):
+    return merge_lora(base, adapters, lora)
+
+
+def load_policy_model(cfg: RunConfig):
+    """(ModelConfig, params as numpy/jax arrays, tokenizer) for ``cfg.model``."""
+    m = cfg.model
+    if m.source == "tiny":
+        from jaxrl_llm.data import CharTokenizer
+
+        tok = CharTokenizer()
+        overrides = dict(vocab_size=tok.vocab_size, eos_token_ids=(tok.eos_token_id,),
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                         param_dtype=m.param_dtype, compute_dtype=m.compute_dtype)
+        overrides.update(m.tiny or {})
+        try:
+            config = models.ModelConfig.tiny(**overrides)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model.tiny: {e}") from None
+        params = models.init_params(config, jax.random.PRNGKey(cfg.seed))
+        return config, params, tok
+    from jaxrl_llm.interop import load_model
+
+    loaded = load_model(m.source, param_dtype="float32", compute_dtype=m.compute_dtype)
+    tok = loaded.tokenizer
+    if m.tokenizer == "char":
+        from jaxrl_llm.data import CharTokenizer
+        tok = CharTokenizer()
+    if tok is None:
+        raise ConfigError(f"model.source={m.source!r} has no tokenizer; set model.tokenizer")
+    return loaded.config, loaded.params, tok
+
+
+def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
+    """optax optimizer with the configured schedule (gradient clipping lives in the step)."""
+    o = cfg.optim
+    total = max(cfg.max_steps * _updates_per_step(cfg), 1)
+    warm = min(o.warmup_steps, total)
+    if o.schedule == "constant":
+        sched = optax.constant_schedule(o.lr)
+    elif o.schedule == "cosine":
+        sched = optax.cosine_decay_schedule(o.lr, max(total - warm, 1))
+    else:
+        sched = optax.linear_schedule(o.lr, 0.0, max(total - warm, 1))
+    if warm:
+        sched = optax.join_schedules([optax.linear_schedule(0.0, o.lr, warm), sched], [warm])
+    if o.name == "adamw":
+        return optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
+    if o.name == "adam":
+        return optax.adam(sched, b1=o.b1, b2=o.b2, eps=o.eps)
+    return optax.sgd(sched)
+
+
+def _updates_per_step(cfg: RunConfig) -> int:
+    if cfg.is_online:
+        return cfg.rollout.epochs * cfg.rollout.minibatches
+    return 1
+
+
+def _freeze_embeddings(optimizer, params):
+    labels = jax.tree_util.tree_map_with_path(
+        lambda path, _: "frozen" if "embed" in jax.tree_util.keystr(path) else "train", params)
+    return optax.multi_transform({"train": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+
+def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) -> Policy:
+    """Load the model, build the mesh, optimizer and the sharded train state."""
+    if config is None:
+        config, params, tokenizer = load_policy_model(cfg)
+    mesh = make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
+    optimizer = make_optimizer(cfg)
+    axes = models.param_logical_axes(config)
+    param_sharding_full = logical_to_sharding(axes, mesh, RULES, shapes=params)
+    params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params),
+                            param_sharding_full)
+    apply_fn = functools.partial(models.apply, config=config, remat=cfg.model.remat)
+    rng = jax.random.PRNGKey(cfg.seed)
+    lora = None
+    base = None
+    frozen_sharding: dict = {}
+    if cfg.model.lora is not None:
+        lc = cfg.model.lora
+        try:
+            lora = LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets)
+        except ValueError as e:
+            raise ConfigError(f"model.lora: {e}") from None
+        base = params
+        trainable = init_lora(config, lora, jax.random.fold_in(rng, 1))
+        param_sharding = logical_to_sharding(lora_logical_axes(lora), mesh, RULES,
+                                             shapes=trainable)
+        trainable = jax.device_put(trainable, param_sharding)
+        frozen_sharding = {"base": param_sharding_full}
+    else:
+        trainable = params
+        param_sharding = param_sharding_full
+        if cfg.model.freeze_embeddings:
+            optimizer = _freeze_embeddings(optimizer, params)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainable)
+    state_sharding = state_sharding_from_params(optimizer, abstract, param_sharding, mesh)
+    opt_state = jax.jit(optimizer.init, out_shardings=state_sharding.opt_state)(trainable)
+    state = TrainState(params=trainable, opt_state=opt_state,
+                       step=jax.device_put(jnp.zeros((), jnp.int32), replicated(mesh)),
+                       rng=jax.device_put(jax.random.fold_in(rng, 2), replicated(mesh)))
+    return Policy(config=config, tokenizer=tokenizer, mesh=mesh, base=base, lora=lora,
+                  state=state, state_sharding=state_sharding, apply_fn=apply_fn,
+                  optimizer=optimizer, param_sharding=param_sharding,
+                  frozen_sharding=frozen_sharding)
+
+
+def check_batch_divisible(mesh, rows: int, what: str) -> None:
+    """A batch of ``rows`` rows must split evenly over the mesh's data × fsdp axes."""
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if rows % shards:
+        raise ConfigError(f"{what}={rows} rows cannot be split over the mesh's data x fsdp = "
+                          f"{shards} devices; use a multiple of {shards} or set mesh.data / "
+                          f"mesh.fsdp")
+
+
+def host_numpy(tree):
+    """Device arrays -> numpy (for logging / host-side reward code)."""
+    return jax.tree.map(np.asarray, tree)
