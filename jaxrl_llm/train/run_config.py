@@ -24,7 +24,7 @@ OFFLINE_ALGORITHMS = ("sft", "reward_model", "dpo", "kto", "orpo", "simpo", "pai
 # Data format each offline algorithm reads (jaxrl_llm.data.Format values).
 OFFLINE_FORMATS = {"sft": "sft", "reward_model": "preference", "dpo": "preference",
                    "kto": "kto", "orpo": "preference", "simpo": "preference",
-                   "pairwise_rank": "rank"}
+                   "pairwise_rank": "pairwise_rank"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,4 +58,4 @@ def test_kto_on_pairs_only_data_is_a_clear_error(tmp_path, capsys):
     rc = main(["train", os.path.join(ROOT, "configs", "kto.yaml"), f"output_dir={tmp_path}/o",
                f"data.train={ROOT}/data/arith_prefs/train.jsonl", *TINY])
     err = capsys.readouterr().err
-    assert rc == 2 and "completion" in err and "arith_prefs/train.jsonl" in err, err
+    assert rc == 2 and "missing field 'label'" in err and "arith_prefs/train.jsonl line 1" in err, err
