@@ -230,11 +230,16 @@ def _layer(config: ModelConfig, x_btd, lp, positions_bt, allowed_bts, inv_freq, 
     q = apply_rope(q, positions_bt, inv_freq)
     k = apply_rope(k, positions_bt, inv_freq)
     if kv is not None:
-        k_cache, v_cache = kv
-        k_all = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), write_index, 1)
-        v_all = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), write_index, 1)
-        new_kv = (k_all, v_all)
-        k_att, v_att = k_all.astype(dtype), v_all.astype(dtype)
+        # kv = (k_cache [L, B, S, K, E], v_cache, layer): write this layer's new keys/values
+        # in place at (layer, :, write_index) and attend over the layer's slots.
+        k_cache, v_cache, layer = kv
+        zero = jnp.zeros((), jnp.int32)
+        at = (layer, zero, write_index, zero, zero)
+        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], at)
+        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], at)
+        new_kv = (k_cache, v_cache)
+        k_att = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False).astype(dtype)
+        v_att = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False).astype(dtype)
     else:
         new_kv = None
         k_att, v_att = k, v
@@ -352,11 +357,16 @@ def trunk(
         x, _ = jax.lax.scan(body, x, params["layers"])
         new_cache = None
     else:
-        def body(x, xs):
-            lp, k_l, v_l = xs
-            x, (k_l, v_l) = layer_fn(x, lp, (k_l, v_l))
-            return x, (k_l, v_l)
-        x, (k_new, v_new) = jax.lax.scan(body, x, (params["layers"], cache.k, cache.v))
+        # The whole cache rides in the scan carry so each layer updates its slots in place
+        # (as xs/ys the scan would read and rewrite the entire cache every decode step).
+        def body(carry, xs):
+            x, k_all, v_all = carry
+            lp, layer = xs
+            x, (k_all, v_all) = layer_fn(x, lp, (k_all, v_all, layer))
+            return (x, k_all, v_all), None
+        layers_idx = jnp.arange(c.num_layers, dtype=jnp.int32)
+        (x, k_new, v_new), _ = jax.lax.scan(body, (x, cache.k, cache.v),
+                                            (params["layers"], layers_idx))
         new_cache = KVCache(k=k_new, v=v_new, mask=new_mask, positions=new_pos,
                             index=cache.index + t)
 
