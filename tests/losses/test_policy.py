@@ -78,6 +78,7 @@ def test_clip_higher_is_data_dapo_keeps_gradient_where_grpo_clips(lm):
     assert float(m_dapo["pg/clipfrac_high"]) == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,config", [("grpo", GRPO), ("dr_grpo", DR_GRPO)])
 def test_micro_batches_sum_to_full_batch(lm, name, config):
     _, params, apply_fn = lm
