@@ -32,7 +32,8 @@ from jaxrl_llm.train.checkpoint import CheckpointManager
 from jaxrl_llm.train.config_io import to_dict
 from jaxrl_llm.train.logging import MetricsLogger
 from jaxrl_llm.train.run_config import OFFLINE_FORMATS, RunConfig, loss_config
-from jaxrl_llm.train.setup import Policy, build_policy, check_batch_divisible, load_policy_model
+from jaxrl_llm.train.setup import (Policy, build_policy, check_batch_divisible, export_policy,
+                                   load_policy_model)
 from jaxrl_llm.train.step import make_train_step
 
 # Metrics that summarise held-out quality per algorithm family (higher is better).
@@ -229,6 +230,8 @@ class OfflineTrainer:
             logger.log(cfg.max_steps, summary["eval_after"], progress=False)
         self.save(cfg.max_steps, force=True)
         self.ckpt.wait_until_finished()
+        if cfg.checkpoint.export_hf:
+            summary["hf_export"] = export_policy(self.policy, cfg)
         if self.reference is not None and self.reference.cache:
             summary["reference_cache"] = {"hits": self.reference.hits,
                                           "misses": self.reference.misses}

@@ -45,7 +45,7 @@ from jaxrl_llm.train.checkpoint import CheckpointManager
 from jaxrl_llm.train.config_io import to_dict
 from jaxrl_llm.train.logging import MetricsLogger
 from jaxrl_llm.train.run_config import RunConfig, loss_config
-from jaxrl_llm.train.setup import Policy, build_policy, check_batch_divisible
+from jaxrl_llm.train.setup import Policy, build_policy, check_batch_divisible, export_policy
 from jaxrl_llm.train.step import make_train_step
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
@@ -67,11 +67,32 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Callable]] = {
 }
 
 
+def _import_reward(path: str, key: str):
+    """``"package.module:function"`` -> a factory binding ``kwargs`` to that reward function."""
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{key}: cannot import reward {path!r} ({e})") from None
+    if not callable(fn):
+        raise ConfigError(f"{key}: {path!r} is not callable")
+    return lambda **kw: functools.partial(fn, **kw) if kw else fn
+
+
 def build_rewards(cfg: RunConfig) -> R.RewardSet:
-    """The weighted :class:`~jaxrl_llm.rewards.RewardSet` of ``cfg.rewards``."""
+    """The weighted :class:`~jaxrl_llm.rewards.RewardSet` of ``cfg.rewards``.
+
+    A name is a key of :data:`REWARD_FUNCTIONS` or ``"package.module:function"`` for a reward
+    function of your own (``fn(prompts, completions, **fields) -> list[float | None]``);
+    ``kwargs`` are bound to it.
+    """
     specs = []
     for i, item in enumerate(cfg.rewards):
         factory = REWARD_FUNCTIONS.get(item.name)
+        if factory is None and ":" in item.name:
+            factory = _import_reward(item.name, f"rewards[{i}].name")
         if factory is None:
             raise ConfigError(f"rewards[{i}].name: unknown reward {item.name!r}; available: "
                               f"{', '.join(sorted(REWARD_FUNCTIONS))}")
@@ -258,6 +279,7 @@ class OnlineTrainer:
         g = r.group_size
         want = r.prompts_per_step
         kept: list[RolloutBatch] = []
+        reserve: list[RolloutBatch] = []
         dropped = rounds = 0
         while True:
             items = next(self.iterator)
@@ -266,18 +288,27 @@ class OnlineTrainer:
             if not r.dynamic_sampling:
                 kept.append(rb)
                 break
-            info = np.asarray(objectives.informative_groups(jnp.asarray(rb.rewards),
-                                                            group_size=g))
+            info = np.array(objectives.informative_groups(jnp.asarray(rb.rewards),
+                                                          group_size=g))
             info &= rb.valid.reshape(-1, g).all(-1)
             dropped += int((~info).sum())
             if info.any():
                 kept.append(_select_groups(rb, info, g))
+            if (~info).any():
+                reserve.append(_select_groups(rb, ~info, g))
             have = sum(len(k.rewards) // g for k in kept)
             if have >= want or rounds >= r.max_sampling_rounds:
                 break
+        have = sum(len(k.rewards) // g for k in kept)
+        filled = 0
+        if have < want:
+            # Out of sampling rounds: top up with uninformative groups (zero advantage, so no
+            # gradient) to keep the batch shape, and so the compiled step, fixed.
+            filled = want - have
+            kept.extend(reserve)
         rb = _concat_batches(kept, g, want) if len(kept) > 1 or r.dynamic_sampling else kept[0]
         return rb, {"dynamic/groups_dropped": dropped, "dynamic/rounds": rounds,
-                    "dynamic/groups_kept": len(rb.rewards) // g if rb is not None else 0}
+                    "dynamic/groups_kept": want - filled, "dynamic/groups_filled": filled}
 
     # ----- one step -------------------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -427,6 +458,8 @@ class OnlineTrainer:
             logger.log(final, ev, progress=False)
         self.save(final, force=True)
         self.ckpt.wait_until_finished()
+        if cfg.checkpoint.export_hf:
+            summary["hf_export"] = export_policy(self.policy, cfg)
         summary.update(train_time_s=train_time, total_time_s=time.perf_counter() - t_start,
                        steps=final)
         logger.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Callable
 
 import jax
@@ -188,6 +189,19 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
                   state=state, state_sharding=state_sharding, apply_fn=apply_fn,
                   optimizer=optimizer, param_sharding=param_sharding,
                   frozen_sharding=frozen_sharding)
+
+
+def export_policy(policy: Policy, cfg: RunConfig) -> str | None:
+    """Write the trained policy (LoRA adapters merged) as a Hugging Face directory."""
+    if jax.process_index() != 0:
+        return None
+    from jaxrl_llm.interop import export_hf
+
+    out = os.path.join(cfg.output_dir, "hf")
+    tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
+    export_hf(out, config=policy.config, params=jax.device_get(policy.full_params()),
+              tokenizer=tok)
+    return out
 
 
 def check_batch_divisible(mesh, rows: int, what: str) -> None:
