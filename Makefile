@@ -17,9 +17,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The main job: GRPO teaches SmolLM2-135M-Instruct 2-digit addition (configs/grpo_smollm2_addition.yaml),
+# then the Hugging Face export is loaded back with transformers.
 run: $(STAMP)
-	$(BIN)/jaxrl-llm generate --model smollm2-135m-instruct --chat --greedy --max-new-tokens 48 \
-		--prompt "What is 37 + 45? Reply with just the number."
+	$(BIN)/jaxrl-llm train configs/grpo_smollm2_addition.yaml
+	$(BIN)/python tools/check_hf_export.py runs/grpo_smollm2_addition/hf
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -75,6 +75,9 @@ class PolicyGradientConfig:
       entropy_coef: c₂ of the entropy bonus (loss −= c₂·H), PPO eq. 9; 0 disables it.
       temperature: sampling temperature τ the old log-probs were recorded with.
       chunk_size: time chunk of the log-prob computation.
+      logprob_window: compute log-probs only for the last this-many columns of the batch
+        (the completion region of a rollout batch; None = every column). The RL loop sets it
+        to the generation length so the unembedding skips the prompt.
       advantage: :class:`AdvantageEstimator` the algorithm is defined with (for the RL loop).
     """
 
@@ -89,6 +92,7 @@ class PolicyGradientConfig:
     entropy_coef: float = 0.0
     temperature: float = 1.0
     chunk_size: int = 128
+    logprob_window: int | None = None
     advantage: AdvantageEstimator = AdvantageEstimator.GAE
 
     def __post_init__(self):
@@ -239,7 +243,8 @@ def policy_gradient_loss(
     name = "policy_gradient"
     logp, ent, _ = forward_logps(params, batch, apply_fn=apply_fn,
                                  temperature=config.temperature,
-                                 chunk_size=config.chunk_size, with_entropy=True, loss=name)
+                                 chunk_size=config.chunk_size, with_entropy=True, loss=name,
+                                 window=config.logprob_window)
     mask = batch["loss_mask"]
     adv = require(batch, "advantages", loss=name,
                   hint="compute them with an objectives.*_advantages estimator first")

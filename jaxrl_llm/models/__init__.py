@@ -6,6 +6,9 @@ from jaxrl_llm.models.config import HF_ARCHITECTURES
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.config import RopeScaling
 from jaxrl_llm.models.config import dtype_from_name
+from jaxrl_llm.models.lora import LoRAConfig
+from jaxrl_llm.models.lora import init_lora
+from jaxrl_llm.models.lora import merge_lora
 from jaxrl_llm.models.transformer import KVCache
 from jaxrl_llm.models.transformer import ModelOutputs
 from jaxrl_llm.models.transformer import apply
@@ -24,6 +27,7 @@ __all__ = [
     "Family",
     "HF_ARCHITECTURES",
     "KVCache",
+    "LoRAConfig",
     "ModelConfig",
     "ModelOutputs",
     "RopeScaling",
@@ -32,8 +36,10 @@ __all__ = [
     "dtype_from_name",
     "forward",
     "init_cache",
+    "init_lora",
     "init_params",
     "logits_from_hidden",
+    "merge_lora",
     "param_logical_axes",
     "param_shapes_and_axes",
     "scalar_head",

@@ -274,4 +274,7 @@ def loss_config(cfg: RunConfig):
     if cfg.is_online and "max_len" in base and base.get("max_len") is not None \
             and "max_len" not in overrides:
         overrides["max_len"] = cfg.rollout.max_new_tokens
+    if cfg.is_online and "logprob_window" in base and "logprob_window" not in overrides:
+        # rollout batches keep every target in their last max_new_tokens columns
+        overrides["logprob_window"] = cfg.rollout.max_new_tokens
     return from_dict(spec.config_cls, {**base, **overrides}, prefix="loss")

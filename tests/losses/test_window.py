@@ -1,0 +1,40 @@
+"""Log-probs computed on the last W columns only (the completion of a rollout batch) equal the
+full computation there, for the loss, its gradient and the reference log-probs."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import models
+from jaxrl_llm.losses import LOSSES, grpo_config, sequence_logps
+
+
+def test_logprob_window_matches_full_computation():
+    cfg = models.ModelConfig.tiny("llama")
+    params = models.init_params(cfg, jax.random.PRNGKey(0))
+    apply_fn = functools.partial(models.apply, config=cfg)
+    b, p, m = 4, 7, 5
+    ids = jax.random.randint(jax.random.PRNGKey(1), (b, p + m), 0, cfg.vocab_size)
+    attn = jnp.ones((b, p + m), jnp.int32).at[1, :3].set(0)          # left-padded prompt
+    comp = jnp.ones((b, m), jnp.int32).at[2, 3:].set(0)               # a shorter completion
+    loss_mask = jnp.concatenate([jnp.zeros((b, p), jnp.int32), comp], 1)
+    attn = attn.at[:, p:].set(comp)
+    adv = jax.random.normal(jax.random.PRNGKey(2), (b, p + m)) * loss_mask
+    batch = {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask, "advantages": adv}
+    full = sequence_logps(params, batch, apply_fn=apply_fn)
+    win = sequence_logps(params, batch, apply_fn=apply_fn, window=m)
+    np.testing.assert_allclose(win, full, atol=1e-6)
+    spec = LOSSES["grpo"]
+    for c_full, c_win in [(grpo_config(kl_coef=0.0), grpo_config(kl_coef=0.0, logprob_window=m))]:
+        (l1, _), g1 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
+            params, batch, apply_fn=apply_fn, config=c_full)
+        (l2, _), g2 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
+            params, batch, apply_fn=apply_fn, config=c_win)
+        np.testing.assert_allclose(l2, l1, atol=1e-6)
+        jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, atol=1e-6), g1, g2)
+    ref_full = spec.reference_fn(params, batch, apply_fn=apply_fn, config=grpo_config())
+    ref_win = spec.reference_fn(params, batch, apply_fn=apply_fn,
+                                config=grpo_config(logprob_window=m))
+    np.testing.assert_allclose(ref_win["ref_logp"], ref_full["ref_logp"], atol=1e-6)
