@@ -28,12 +28,10 @@ from jaxrl_llm import models
 from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator, prepare_dataset
 from jaxrl_llm.losses import get_loss
 from jaxrl_llm.parallel import batch_sharding
-from jaxrl_llm.train.checkpoint import CheckpointManager
-from jaxrl_llm.train.config_io import to_dict
-from jaxrl_llm.train.logging import MetricsLogger
 from jaxrl_llm.train.run_config import OFFLINE_FORMATS, RunConfig, loss_config
 from jaxrl_llm.train.setup import (Policy, build_policy, check_batch_divisible, export_policy,
-                                   load_policy_model)
+                                   load_policy_model, make_checkpointer, make_logger,
+                                   restore_latest)
 from jaxrl_llm.train.step import make_train_step
 
 # Metrics that summarise held-out quality per algorithm family (higher is better).
@@ -135,10 +133,7 @@ class OfflineTrainer:
             denominator_fn=functools.partial(self.spec.denominator_fn, config=self.loss_config),
             grad_clip=cfg.optim.grad_clip, frozen_sharding=p.frozen_sharding)
         self.eval_fn = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
-        self.ckpt = CheckpointManager(os.path.join(cfg.output_dir, "checkpoints"),
-                                      save_every=cfg.checkpoint.save_every or 10 ** 9,
-                                      keep=cfg.checkpoint.keep, model_config=config,
-                                      tokenizer=tok if hasattr(tok, "save_pretrained") else None)
+        self.ckpt = make_checkpointer(cfg, p)
         self.start_step = 0
 
     def _say(self, msg: str) -> None:
@@ -178,16 +173,13 @@ class OfflineTrainer:
 
     def maybe_resume(self) -> None:
         """Restore the latest checkpoint and the data position when ``resume`` is set."""
-        if not self.cfg.resume or self.ckpt.latest_step() is None:
+        extra = restore_latest(self.ckpt, self.policy) if self.cfg.resume else None
+        if extra is None:
             return
-        p = self.policy
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                               sharding=x.sharding), p.state)
-        p.state, extra = self.ckpt.restore(abstract)
         self.iterator = make_iterator(self.train_data.items, batch_size=self.cfg.train.batch_size,
                                       collate_fn=self.collate, seed=self.cfg.seed,
                                       shuffle=self.cfg.data.shuffle, state=extra.get("data"))
-        self.start_step = int(extra.get("step", int(p.state.step)))
+        self.start_step = int(extra.get("step", int(self.policy.state.step)))
         self._say(f"resumed from step {self.start_step}")
 
     def run(self) -> dict:
@@ -196,12 +188,8 @@ class OfflineTrainer:
         os.makedirs(cfg.output_dir, exist_ok=True)
         self.maybe_resume()
         keys = ("loss", "rewards/accuracies", "eval/rewards/accuracies", "eval/loss")
-        logger = MetricsLogger(cfg.output_dir, total_steps=cfg.max_steps,
-                               tensorboard=cfg.logging.tensorboard,
-                               wandb_project=cfg.logging.wandb_project,
-                               is_main_process=jax.process_index() == 0, progress_keys=keys,
-                               stream=self.log_stream, config=to_dict(cfg),
-                               resume=self.start_step > 0)
+        logger = make_logger(cfg, progress_keys=keys, stream=self.log_stream,
+                             resumed=self.start_step > 0)
         summary: dict[str, Any] = {}
         if self.start_step == 0 and self.eval_data is not None:
             summary["eval_before"] = self.evaluate()
@@ -241,7 +229,10 @@ class OfflineTrainer:
         return summary
 
     def save(self, step: int, *, force: bool = False) -> None:
-        """Checkpoint the state and the data position."""
+        """Checkpoint the state and the data position (a step already saved is skipped)."""
+        if step == getattr(self, "_last_saved", None):
+            return
+        self._last_saved = step
         self.ckpt.save(step, self.policy.state,
                        extra={"data": self.iterator.state(), "step": step}, force=force)
 

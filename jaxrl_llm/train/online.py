@@ -41,11 +41,9 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import AdvantageEstimator, get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
-from jaxrl_llm.train.checkpoint import CheckpointManager
-from jaxrl_llm.train.config_io import to_dict
-from jaxrl_llm.train.logging import MetricsLogger
 from jaxrl_llm.train.run_config import RunConfig, loss_config
-from jaxrl_llm.train.setup import Policy, build_policy, check_batch_divisible, export_policy
+from jaxrl_llm.train.setup import (Policy, build_policy, check_batch_divisible, export_policy,
+                                   make_checkpointer, make_logger, restore_latest)
 from jaxrl_llm.train.step import make_train_step
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
@@ -207,11 +205,7 @@ class OnlineTrainer:
             if self.spec.reference_fn is not None else None
         self.iterator = make_iterator(self.train_data.items, batch_size=r.prompts_per_step,
                                       seed=cfg.seed, shuffle=d.shuffle)
-        self.ckpt = CheckpointManager(os.path.join(cfg.output_dir, "checkpoints"),
-                                      save_every=max(cfg.checkpoint.save_every, 1) if
-                                      cfg.checkpoint.save_every else 10 ** 9,
-                                      keep=cfg.checkpoint.keep, model_config=p.config,
-                                      tokenizer=tok if hasattr(tok, "save_pretrained") else None)
+        self.ckpt = make_checkpointer(cfg, p)
         self.start_step = 0
         self.history: list[dict] = []
 
@@ -401,22 +395,21 @@ class OnlineTrainer:
     # ----- the run --------------------------------------------------------------------------
     def maybe_resume(self) -> None:
         """Restore the latest checkpoint (state, iterator position) when ``resume`` is set."""
-        if not self.cfg.resume or self.ckpt.latest_step() is None:
+        extra = restore_latest(self.ckpt, self.policy) if self.cfg.resume else None
+        if extra is None:
             return
-        p = self.policy
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                               sharding=x.sharding), p.state)
-        state, extra = self.ckpt.restore(abstract)
-        p.state = state
         self.iterator = make_iterator(self.train_data.items,
                                       batch_size=self.cfg.rollout.prompts_per_step,
                                       seed=self.cfg.seed, shuffle=self.cfg.data.shuffle,
                                       state=extra.get("data"))
-        self.start_step = int(extra.get("step", int(state.step)))
+        self.start_step = int(extra.get("step", int(self.policy.state.step)))
         self._say(f"resumed from step {self.start_step}")
 
     def save(self, step: int, *, force: bool = False) -> None:
-        """Checkpoint the state and the data position."""
+        """Checkpoint the state and the data position (a step already saved is skipped)."""
+        if step == getattr(self, "_last_saved", None):
+            return
+        self._last_saved = step
         self.ckpt.save(step, self.policy.state, extra={"data": self.iterator.state(),
                                                        "step": step}, force=force)
 
@@ -425,14 +418,9 @@ class OnlineTrainer:
         cfg = self.cfg
         os.makedirs(cfg.output_dir, exist_ok=True)
         self.maybe_resume()
-        logger = MetricsLogger(cfg.output_dir, total_steps=cfg.max_steps,
-                               tensorboard=cfg.logging.tensorboard,
-                               wandb_project=cfg.logging.wandb_project,
-                               is_main_process=jax.process_index() == 0,
-                               progress_keys=("reward/mean", "loss", "eval/" + cfg.rewards[0].name,
-                                              "time/step_s"),
-                               stream=self.log_stream, config=to_dict(cfg),
-                               resume=self.start_step > 0)
+        logger = make_logger(cfg, progress_keys=("reward/mean", "loss",
+                                                 "eval/" + cfg.rewards[0].name, "time/step_s"),
+                             stream=self.log_stream, resumed=self.start_step > 0)
         summary: dict[str, Any] = {}
         t_start = time.perf_counter()
         if cfg.eval.before and self.eval_data is not None and self.start_step == 0:

@@ -204,6 +204,41 @@ def export_policy(policy: Policy, cfg: RunConfig) -> str | None:
     return out
 
 
+def make_checkpointer(cfg: RunConfig, policy: Policy):
+    """The run's orbax CheckpointManager under ``output_dir/checkpoints`` (model config and
+    tokenizer saved alongside, so ``jaxrl-llm convert`` works from it)."""
+    from jaxrl_llm.train.checkpoint import CheckpointManager
+
+    tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
+    return CheckpointManager(os.path.join(cfg.output_dir, "checkpoints"),
+                             save_every=cfg.checkpoint.save_every or 10 ** 9,
+                             keep=cfg.checkpoint.keep, model_config=policy.config,
+                             tokenizer=tok)
+
+
+def restore_latest(ckpt, policy: Policy) -> dict | None:
+    """Restore the newest finalised checkpoint into ``policy.state`` (same shardings);
+    returns its ``extra`` dict, or None when there is no checkpoint."""
+    if ckpt.latest_step() is None:
+        return None
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            policy.state)
+    policy.state, extra = ckpt.restore(abstract)
+    return extra
+
+
+def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: bool):
+    """The run's MetricsLogger (metrics.jsonl, TensorBoard, W&B; main process only)."""
+    from jaxrl_llm.train.config_io import to_dict
+    from jaxrl_llm.train.logging import MetricsLogger
+
+    return MetricsLogger(cfg.output_dir, total_steps=cfg.max_steps,
+                         tensorboard=cfg.logging.tensorboard,
+                         wandb_project=cfg.logging.wandb_project,
+                         is_main_process=jax.process_index() == 0, progress_keys=progress_keys,
+                         stream=stream, config=to_dict(cfg), resume=resumed)
+
+
 def check_batch_divisible(mesh, rows: int, what: str) -> None:
     """A batch of ``rows`` rows must split evenly over the mesh's data × fsdp axes."""
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
