@@ -36,9 +36,15 @@ def top_k_filter(z: jax.Array, k: int) -> jax.Array:
 def top_p_filter(z: jax.Array, p: float) -> jax.Array:
     """Nucleus filter: keep the smallest set of most likely tokens with total mass ≥ p.
 
-    Token y (in descending order of probability) is kept iff the mass strictly before it is
-    < p, so the most likely token is always kept (Holtzman et al. 2020,
-    https://arxiv.org/abs/1904.09751; same rule as transformers' TopPLogitsWarper).
+    Token y is kept iff the mass of the tokens strictly more likely than y is < p, so the most
+    likely token is always kept (Holtzman et al. 2020, https://arxiv.org/abs/1904.09751; the
+    rule of transformers' TopPLogitsWarper, except that tokens tied in probability are kept or
+    dropped together instead of by sort order).
+
+    No sort: the kept set is {y : p_y ≥ t*} with t* the smallest probability whose strictly-
+    larger mass is < p. t* is found by bisection over the bit patterns of the (non-negative)
+    float32 probabilities, which order like the values, so 31 masked sums over the vocabulary
+    find it exactly — several times faster on CPU than sorting 49k logits per row every step.
 
     Args:
       z: ``[N, V]`` float logits (tempered); −∞ entries have zero mass.
@@ -50,14 +56,21 @@ def top_p_filter(z: jax.Array, p: float) -> jax.Array:
     if p >= 1.0:
         return z
     probs = jax.nn.softmax(z.astype(jnp.float32), axis=-1)
-    order = jnp.argsort(-probs, axis=-1)
-    sorted_p = jnp.take_along_axis(probs, order, axis=-1)
-    mass_before = jnp.cumsum(sorted_p, axis=-1) - sorted_p
-    keep_sorted = mass_before < p
-    keep_sorted = keep_sorted.at[:, 0].set(True)
-    # Scatter the decision back to vocabulary order.
-    keep = jnp.zeros_like(keep_sorted).at[jnp.arange(z.shape[0])[:, None], order].set(keep_sorted)
-    return jnp.where(keep, z, _NEG_INF)
+    bits = jax.lax.bitcast_convert_type(probs, jnp.int32)  # monotone for values ≥ 0
+
+    def mass_above(t):  # [N] mass of tokens with probability strictly above bits t
+        return jnp.sum(jnp.where(bits > t[:, None], probs, 0.0), axis=-1)
+
+    def body(_, lo_hi):
+        lo, hi = lo_hi  # invariant: mass_above(lo) ≥ p > mass_above(hi)
+        mid = lo + (hi - lo) // 2
+        ok = mass_above(mid) < p
+        return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+
+    lo = jnp.zeros(z.shape[:1], jnp.int32)
+    hi = jnp.max(bits, axis=-1)
+    _, hi = jax.lax.fori_loop(0, 32, body, (lo, hi))
+    return jnp.where(bits >= hi[:, None], z, _NEG_INF)
 
 
 def min_p_filter(z: jax.Array, min_p: float) -> jax.Array:
