@@ -23,6 +23,7 @@ Per step:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -35,13 +36,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm import objectives, rewards as R
+from jaxrl_llm import objectives, ops, rewards as R
 from jaxrl_llm.data import Format, make_iterator, prepare_dataset
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.losses import AdvantageEstimator, get_loss
+from jaxrl_llm.losses import AdvantageEstimator, critic_values, get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
-from jaxrl_llm.train.run_config import RunConfig, loss_config
+from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name
 from jaxrl_llm.train.setup import (Policy, build_policy, check_batch_divisible, export_policy,
                                    make_checkpointer, make_logger, restore_latest)
 from jaxrl_llm.train.step import make_train_step
@@ -55,6 +56,19 @@ def _math_answer(**kw):
     return functools.partial(R.math_answer_reward, **kw)
 
 
+def _reward_model(*, path: str, **kw):
+    """A trained reward model (HF directory / checkpoint with a scalar head) as a reward."""
+    from jaxrl_llm.interop import load_model
+
+    loaded = load_model(path)
+    if not loaded.config.num_labels:
+        raise ConfigError(f"reward_model path {path!r} has no scalar head (num_labels=0); "
+                          f"train one with configs/reward_model.yaml")
+    tok = loaded.tokenizer
+    encode = None if tok is None else (lambda s: tok.encode(s, add_special_tokens=False))
+    return R.make_reward_model_reward(loaded.params, loaded.config, tokenizer=encode, **kw)
+
+
 # Reward functions by config name -> factory(**kwargs) -> reward function. One explicit table.
 REWARD_FUNCTIONS: dict[str, Callable[..., Callable]] = {
     "math_answer": _math_answer,
@@ -62,6 +76,7 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Callable]] = {
     "length_penalty": R.make_length_penalty,
     "overlong": R.make_overlong_reward,
     "code_execution": lambda **kw: functools.partial(R.code_execution_reward, **kw),
+    "reward_model": _reward_model,
 }
 
 
@@ -124,8 +139,8 @@ def _estimate_advantages(estimator: AdvantageEstimator, rewards: np.ndarray, *, 
         return np.asarray(objectives.reinforce_pp_advantages(token_r, m))
     if estimator == AdvantageEstimator.REWARD:
         return np.asarray(r)
-    raise ConfigError(f"advantage estimator {estimator.value!r} needs a critic (PPO), which "
-                      f"this loop does not run yet; use grpo, rloo, remax or reinforce_pp")
+    raise ConfigError(f"advantage estimator {estimator.value!r} needs a critic: use "
+                      f"algorithm: ppo")
 
 
 class RolloutBatch:
@@ -168,7 +183,7 @@ class OnlineTrainer:
     def __init__(self, cfg: RunConfig, *, policy: Policy | None = None, log_stream=None):
         self.cfg = cfg
         self.log_stream = log_stream or sys.stderr
-        self.spec = get_loss(cfg.algorithm)
+        self.spec = get_loss(loss_name(cfg))
         self.loss_config = loss_config(cfg)
         self.policy = policy or build_policy(cfg)
         p = self.policy
@@ -203,11 +218,55 @@ class OnlineTrainer:
         self._ref_fn = jax.jit(functools.partial(self.spec.reference_fn, apply_fn=p.apply_fn,
                                                  config=self.loss_config)) \
             if self.spec.reference_fn is not None else None
+        self.critic = None
+        if cfg.algorithm == "ppo":
+            self._build_critic()
         self.iterator = make_iterator(self.train_data.items, batch_size=r.prompts_per_step,
                                       seed=cfg.seed, shuffle=d.shuffle)
         self.ckpt = make_checkpointer(cfg, p)
         self.start_step = 0
         self.history: list[dict] = []
+
+    def _build_critic(self) -> None:
+        """PPO: a value head on a copy of the policy (its own optimizer and train step), and a
+        frozen reference for the KL-shaped reward."""
+        cfg, p = self.cfg, self.policy
+        ccfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim,
+                                                                  lr=cfg.ppo.critic_lr))
+        config = dataclasses.replace(p.config, num_labels=1)
+        params = dict(jax.device_get(p.state.params))
+        params["score_head"] = {"kernel": np.zeros((config.hidden_size, 1), np.float32)}
+        self.critic = build_policy(ccfg, config=config, params=params, tokenizer=p.tokenizer)
+        spec = get_loss("ppo_critic")
+        ccfg_loss = spec.preset(value_clip=cfg.ppo.value_clip)
+        self.critic_step = make_train_step(
+            self.critic.loss_fn(spec.loss_fn, loss_config=ccfg_loss), self.critic.optimizer,
+            mesh=self.critic.mesh, state_sharding=self.critic.state_sharding,
+            batch_sharding=batch_sharding(self.critic.mesh), micro_batches=1,
+            denominator_fn=functools.partial(spec.denominator_fn, config=ccfg_loss),
+            grad_clip=cfg.optim.grad_clip)
+        self._values_fn = jax.jit(functools.partial(critic_values, apply_fn=self.critic.apply_fn))
+        if self.ref_params is None:
+            self.ref_params = jax.tree.map(jnp.copy, p.state.params)
+            self.needs_ref = True
+
+    def _ppo_advantages(self, batch: dict, scores: np.ndarray) -> dict:
+        """KL-shaped token rewards → GAE with the critic's values (whitened advantages)."""
+        ppo = self.cfg.ppo
+        jb = {k: jnp.asarray(v) for k, v in batch.items()}
+        mask = jb["loss_mask"]
+        values = self._values_fn(self.critic.state.params, jb)
+        token_r = objectives.kl_shaped_rewards(jnp.asarray(scores, jnp.float32), jb["old_logp"],
+                                               jb["ref_logp"], mask, kl_coef=ppo.kl_coef,
+                                               kind=ppo.kl_kind)
+        adv, returns = objectives.gae(token_r, values, mask, gamma=ppo.gamma, lam=ppo.lam)
+        if ppo.whiten_advantages:
+            adv = objectives.whiten(adv, mask)
+        kl = objectives.kl_penalty(jb["old_logp"], jb["ref_logp"], kind=ppo.kl_kind)
+        return {"advantages": np.asarray(adv * mask), "values": np.asarray(values),
+                "returns": np.asarray(returns * mask),
+                "_kl": float(ops.masked_mean(kl, mask)),
+                "_value_mean": float(ops.masked_mean(values, mask))}
 
     # ----- helpers --------------------------------------------------------------------------
     def _say(self, msg: str) -> None:
@@ -329,9 +388,12 @@ class OnlineTrainer:
             items = [it for it in self._last_items(rb, g)]
             greedy = self.sample(items, seed=0, greedy=True, num_samples=1)
             baseline = np.repeat(greedy.rewards, g)
-        adv = _estimate_advantages(self.estimator, rewards, group_size=g,
-                                   scale=r.advantage_scale, mask=np.asarray(ro.mask),
-                                   baseline=baseline)
+        if self.critic is not None:  # PPO: GAE with the critic, below, once ref_logp exists
+            adv = np.zeros(len(rewards), np.float32)
+        else:
+            adv = _estimate_advantages(self.estimator, rewards, group_size=g,
+                                       scale=r.advantage_scale, mask=np.asarray(ro.mask),
+                                       baseline=baseline)
         # A failed reward gives its sample zero advantage (and it is counted in the metrics).
         invalid = ~rb.valid
         if adv.ndim == 1:
@@ -348,6 +410,13 @@ class OnlineTrainer:
             ref = self._ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in batch.items()})
             batch["ref_logp"] = np.asarray(ref["ref_logp"])
         t_ref = time.perf_counter() - t1
+        ppo_stats = {}
+        if self.critic is not None:
+            extra = self._ppo_advantages(batch, np.where(invalid, 0.0, rewards))
+            ppo_stats = {"kl_to_ref": extra.pop("_kl"), "vf/value_mean": extra.pop("_value_mean")}
+            batch.update(extra)
+            adv = extra["advantages"]
+            batch.pop("ref_logp")  # the KL is in the reward, not in the actor loss
         t2 = time.perf_counter()
         n = len(rewards)
         mb = n // r.minibatches
@@ -358,14 +427,21 @@ class OnlineTrainer:
             for j in range(r.minibatches):
                 idx = order[j * mb:(j + 1) * mb]
                 sub = {k: v[idx] for k, v in batch.items()}
-                p.state, m = self.step_fn(p.state, sub, frozen)
+                actor = {k: v for k, v in sub.items() if k not in ("values", "returns")}
+                p.state, m = self.step_fn(p.state, actor, frozen)
+                if self.critic is not None:
+                    critic = {k: v for k, v in sub.items() if k not in ("old_logp", "advantages")}
+                    self.critic.state, cm = self.critic_step(self.critic.state, critic, {})
+                    m = {**m, **{f"critic/{k}": v for k, v in cm.items()}}
                 loss_metrics.append(m)
         loss_metrics = jax.device_get(loss_metrics)
         t_update = time.perf_counter() - t2
         comp_tokens = int(lengths.sum())
         out = {k: float(np.mean([float(m[k]) for m in loss_metrics])) for k in loss_metrics[0]}
         out.update(rb.metrics)
-        flat_adv = adv if adv.ndim == 1 else adv[np.asarray(ro.mask, bool)]
+        out.update(ppo_stats)
+        flat_adv = adv if adv.ndim == 1 else adv[batch["loss_mask"].astype(bool)] \
+            if adv.shape == batch["loss_mask"].shape else adv[np.asarray(ro.mask, bool)]
         out.update({
             **dyn,
             "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),

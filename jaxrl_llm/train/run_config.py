@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from jaxrl_llm.errors import ConfigError
 
-ONLINE_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp", "rloo",
-                     "remax")
+ONLINE_ALGORITHMS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp",
+                     "rloo", "remax")
 OFFLINE_ALGORITHMS = ("sft", "reward_model", "dpo", "kto", "orpo", "simpo", "pairwise_rank")
 
 # Data format each offline algorithm reads (jaxrl_llm.data.Format values).
@@ -168,6 +168,28 @@ class RolloutSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class PPOSection:
+    """PPO's critic and reward shaping (RLHF-PPO: Ziegler et al. 2019, Ouyang et al. 2022).
+
+    Attributes:
+      kl_coef: β of the per-token KL penalty in the reward (r_t = −β·KL_t, + score at the end).
+      kl_kind: KL estimator of the shaping (k1 as TRL / OpenRLHF / verl).
+      gamma, lam: GAE's discount and λ (Schulman et al. 2016; 1.0 and 0.95 are RLHF defaults).
+      whiten_advantages: whiten GAE advantages over the batch's valid tokens.
+      critic_lr: learning rate of the critic (a value head on a copy of the policy).
+      value_clip: PPO2 value clipping ε_v (null = off).
+    """
+
+    kl_coef: float = 0.05
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k1"
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    critic_lr: float = 1e-5
+    value_clip: float | None = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
 class RewardItem:
     """One reward function by name (see ``jaxrl_llm.train.online.REWARD_FUNCTIONS``)."""
 
@@ -213,6 +235,7 @@ class RunConfig:
     rollout: RolloutSection = RolloutSection()
     rewards: tuple[RewardItem, ...] = ()
     eval: EvalSection = EvalSection()
+    ppo: PPOSection = PPOSection()
 
     def __post_init__(self):
         allowed = ONLINE_ALGORITHMS + OFFLINE_ALGORITHMS
@@ -232,6 +255,9 @@ class RunConfig:
                                                         "rloo", "reinforce_pp"):
                 raise ConfigError(f"rollout.group_size={r.group_size}: {self.algorithm} needs "
                                   f"groups of at least 2 samples per prompt")
+            if self.algorithm == "ppo" and self.model.lora is not None:
+                raise ConfigError("model.lora: PPO's critic is a value head on a full copy of "
+                                  "the policy; LoRA is not supported for ppo yet")
             if not self.rewards:
                 raise ConfigError("rewards: an online algorithm needs at least one reward "
                                   "function, e.g. rewards: [{name: math_answer}]")
@@ -258,12 +284,17 @@ class RunConfig:
         return self.algorithm in ONLINE_ALGORITHMS
 
 
+def loss_name(cfg: RunConfig) -> str:
+    """The registry loss an algorithm trains its policy with (PPO: ``ppo_actor``)."""
+    return "ppo_actor" if cfg.algorithm == "ppo" else cfg.algorithm
+
+
 def loss_config(cfg: RunConfig):
     """The algorithm's loss config: its paper preset with ``cfg.loss`` validated on top."""
     from jaxrl_llm.losses import get_loss
     from jaxrl_llm.train.config_io import from_dict, to_dict
 
-    spec = get_loss(cfg.algorithm)
+    spec = get_loss(loss_name(cfg))
     try:
         base = to_dict(spec.preset())
     except TypeError:  # the preset has required fields (e.g. pairwise_rank's group_size)

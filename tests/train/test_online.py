@@ -16,7 +16,7 @@ from jaxrl_llm.train.online import OnlineTrainer, train_online
 from jaxrl_llm.train.run_config import RunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ONLINE = ["grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp", "rloo", "remax"]
+ONLINE = ["ppo", "grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp", "rloo", "remax"]
 TINY = ["model.source=tiny", "model.tokenizer=char", "logging.tensorboard=false",
         "logging.plots=false"]
 
