@@ -27,3 +27,7 @@ class CheckpointError(JaxrlError, RuntimeError):
 
 class RewardError(JaxrlError, RuntimeError):
     """A reward function failed in a way that cannot be scored as zero."""
+
+
+class TrainingError(JaxrlError, RuntimeError):
+    """Training cannot go on (e.g. too many consecutive non-finite steps)."""

@@ -29,7 +29,8 @@ from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator, prepa
 from jaxrl_llm.losses import get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.train.run_config import OFFLINE_FORMATS, RunConfig, loss_config
-from jaxrl_llm.train.setup import (Policy, build_policy, check_batch_divisible, export_policy,
+from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
+                                   export_policy,
                                    load_policy_model, make_checkpointer, make_logger,
                                    restore_latest)
 from jaxrl_llm.train.step import make_train_step
@@ -134,6 +135,7 @@ class OfflineTrainer:
             grad_clip=cfg.optim.grad_clip, frozen_sharding=p.frozen_sharding)
         self.eval_fn = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
         self.ckpt = make_checkpointer(cfg, p)
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
         self.start_step = 0
 
     def _say(self, msg: str) -> None:
@@ -187,7 +189,8 @@ class OfflineTrainer:
         cfg = self.cfg
         os.makedirs(cfg.output_dir, exist_ok=True)
         self.maybe_resume()
-        keys = ("loss", "rewards/accuracies", "eval/rewards/accuracies", "eval/loss")
+        keys = ("loss", "rewards/accuracies", "eval/rewards/accuracies", "eval/loss",
+                "tokens_per_s")
         logger = make_logger(cfg, progress_keys=keys, stream=self.log_stream,
                              resumed=self.start_step > 0)
         summary: dict[str, Any] = {}
@@ -209,9 +212,12 @@ class OfflineTrainer:
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 \
                     and step < cfg.max_steps:
                 metrics.update(self.evaluate())
-            if step % cfg.logging.log_every == 0 or step == cfg.max_steps:
+            metrics.update(self.guard.update(step, metrics["nonfinite"]))
+            if step % cfg.logging.log_every == 0 or step == cfg.max_steps or metrics["nonfinite"]:
                 logger.log(step, metrics)
-            if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
+            if self.guard.consecutive:
+                self.guard.check(step)
+            elif cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
                 self.save(step)
         if self.eval_data is not None:
             summary["eval_after"] = self.evaluate()

@@ -43,7 +43,8 @@ from jaxrl_llm.losses import AdvantageEstimator, critic_values, get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
 from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name
-from jaxrl_llm.train.setup import (Policy, build_policy, check_batch_divisible, export_policy,
+from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
+                                   export_policy,
                                    make_checkpointer, make_logger, restore_latest)
 from jaxrl_llm.train.step import make_train_step
 
@@ -143,6 +144,33 @@ def _estimate_advantages(estimator: AdvantageEstimator, rewards: np.ndarray, *, 
                       f"algorithm: ppo")
 
 
+def token_step_ids(tokenizer, tokens: np.ndarray, lengths: np.ndarray, texts: list[str],
+                   delimiter: str) -> tuple[np.ndarray, list[list[tuple[str, int, int]]]]:
+    """``[N, M]`` index of the reasoning step each completion token belongs to (−1: none).
+
+    Steps are the character spans of :func:`jaxrl_llm.rewards.split_steps`; token i covers the
+    characters between the decoded lengths of ``tokens[:i]`` and ``tokens[:i+1]`` and belongs
+    to the first step that ends after its first character (delimiter tokens join the step
+    that follows them; tokens after the last step get −1).
+    """
+    n, m = tokens.shape
+    out = np.full((n, m), -1, np.int32)
+    spans = []
+    for i in range(n):
+        steps = R.split_steps(texts[i], delimiter=delimiter)
+        spans.append(steps)
+        ends = [len(tokenizer.decode(tokens[i, :j + 1].tolist(), skip_special_tokens=True))
+                for j in range(int(lengths[i]))]
+        start = 0
+        for j, end in enumerate(ends):
+            for s, (_, _, s_end) in enumerate(steps):
+                if start < s_end:
+                    out[i, j] = s
+                    break
+            start = end
+    return out, spans
+
+
 class RolloutBatch:
     """One step's rollouts on the host: tokens, masks, old log-probs, rewards, texts."""
 
@@ -190,8 +218,12 @@ class OnlineTrainer:
         tok = p.tokenizer
         d = cfg.data
         r = cfg.rollout
-        check_batch_divisible(p.mesh, r.prompts_per_step * r.group_size // r.minibatches,
-                              "rollout.prompts_per_step x group_size / minibatches")
+        self.online_dpo = cfg.algorithm == "online_dpo"
+        if self.online_dpo:
+            check_batch_divisible(p.mesh, r.prompts_per_step, "rollout.prompts_per_step (pairs)")
+        else:
+            check_batch_divisible(p.mesh, r.prompts_per_step * r.group_size // r.minibatches,
+                                  "rollout.prompts_per_step x group_size / minibatches")
         self.train_data = prepare_dataset(d.train, Format.PROMPT, tok, max_len=d.max_length,
                                           length_policy=d.length_policy)
         self.eval_data = (prepare_dataset(d.eval, Format.PROMPT, tok, max_len=d.max_length,
@@ -202,8 +234,12 @@ class OnlineTrainer:
         self.sampling = SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                                        min_p=r.min_p)
         self.rewards = build_rewards(cfg)
-        self.estimator = self.loss_config.advantage
-        self.needs_ref = self.loss_config.kl_coef > 0
+        self.estimator = getattr(self.loss_config, "advantage", None)
+        self.step_scorer = None
+        if cfg.process_reward is not None:
+            self.step_scorer = self._build_step_scorer(cfg.process_reward)
+        self.needs_ref = (not self.loss_config.reference_free if self.online_dpo
+                          else self.loss_config.kl_coef > 0)
         self.ref_params = None
         if self.needs_ref:
             # LoRA: the base (adapters off) is the reference. Full fine-tuning: a frozen copy.
@@ -224,6 +260,7 @@ class OnlineTrainer:
         self.iterator = make_iterator(self.train_data.items, batch_size=r.prompts_per_step,
                                       seed=cfg.seed, shuffle=d.shuffle)
         self.ckpt = make_checkpointer(cfg, p)
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
         self.start_step = 0
         self.history: list[dict] = []
 
@@ -249,6 +286,33 @@ class OnlineTrainer:
         if self.ref_params is None:
             self.ref_params = jax.tree.map(jnp.copy, p.state.params)
             self.needs_ref = True
+
+    def _build_step_scorer(self, section):
+        if section.name == "outcome_as_process":
+            return R.outcome_as_process(self.rewards.specs[0].fn, delimiter=section.delimiter)
+        return _import_reward(section.name, "process_reward.name")(**section.kwargs)
+
+    def _process_advantages(self, rb: RolloutBatch) -> tuple[np.ndarray, dict]:
+        """Token-level ``[N, M]`` GRPO process-supervision advantages from step scores."""
+        sec, g = self.cfg.process_reward, self.cfg.rollout.group_size
+        fields = {k: [e.get(k) for e in rb.extras] for k in sorted({k for e in rb.extras
+                                                                    for k in e})}
+        try:
+            scores = R.process_rewards(self.step_scorer, rb.prompts, rb.texts,
+                                       delimiter=sec.delimiter, **fields)
+        except Exception as e:  # noqa: BLE001 - a failing scorer must not kill the run
+            self._say(f"process reward failed for the whole batch ({type(e).__name__}: {e})")
+            scores = [None] * len(rb.texts)
+        scores = [None if s is None or not np.all(np.isfinite(s)) else s for s in scores]
+        step_r, step_m = R.pad_step_rewards(scores)
+        ro = rb.rollout
+        ids, _ = token_step_ids(self.policy.tokenizer, np.asarray(ro.tokens),
+                                np.asarray(ro.lengths), rb.texts, sec.delimiter)
+        ids = np.where(ids < step_r.shape[1], ids, -1)
+        adv = objectives.process_advantages(jnp.asarray(step_r), jnp.asarray(step_m),
+                                            jnp.asarray(ids), group_size=g)
+        return np.asarray(adv), {"process/steps_mean": float(step_m.sum(1).mean()),
+                                 "process/failed": sum(s is None for s in scores)}
 
     def _ppo_advantages(self, batch: dict, scores: np.ndarray) -> dict:
         """KL-shaped token rewards → GAE with the critic's values (whitened advantages)."""
@@ -383,13 +447,30 @@ class OnlineTrainer:
             pen = np.asarray(objectives.overlong_penalty(
                 jnp.asarray(lengths), max_len=r.max_new_tokens, buffer=r.overlong_buffer))
             rewards = rewards + r.overlong_penalty_factor * pen
+        if self.online_dpo:
+            t2 = time.perf_counter()
+            out, times = self._online_dpo_update(rb, rewards)
+            out.update(rb.metrics)
+            out.update({**dyn, **times,
+                        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
+                        "reward/failed": int((~rb.valid).sum()),
+                        "completion/length_mean": float(lengths.mean()),
+                        "completion/length_max": int(lengths.max()),
+                        "completion/truncated_frac": float(truncated.mean()),
+                        "time/rollout_s": t_rollout, "time/update_s": time.perf_counter() - t2,
+                        "time/step_s": time.perf_counter() - t0,
+                        "rollout/tokens_per_s": int(lengths.sum()) / max(t_rollout, 1e-9)})
+            return out
         baseline = None
         if self.estimator == AdvantageEstimator.REMAX:
             items = [it for it in self._last_items(rb, g)]
             greedy = self.sample(items, seed=0, greedy=True, num_samples=1)
             baseline = np.repeat(greedy.rewards, g)
+        process_stats = {}
         if self.critic is not None:  # PPO: GAE with the critic, below, once ref_logp exists
             adv = np.zeros(len(rewards), np.float32)
+        elif self.step_scorer is not None:
+            adv, process_stats = self._process_advantages(rb)
         else:
             adv = _estimate_advantages(self.estimator, rewards, group_size=g,
                                        scale=r.advantage_scale, mask=np.asarray(ro.mask),
@@ -438,8 +519,10 @@ class OnlineTrainer:
         t_update = time.perf_counter() - t2
         comp_tokens = int(lengths.sum())
         out = {k: float(np.mean([float(m[k]) for m in loss_metrics])) for k in loss_metrics[0]}
+        out["nonfinite"] = float(max(float(m["nonfinite"]) for m in loss_metrics))
         out.update(rb.metrics)
         out.update(ppo_stats)
+        out.update(process_stats)
         flat_adv = adv if adv.ndim == 1 else adv[batch["loss_mask"].astype(bool)] \
             if adv.shape == batch["loss_mask"].shape else adv[np.asarray(ro.mask, bool)]
         out.update({
@@ -456,6 +539,44 @@ class OnlineTrainer:
             "rollout/tokens_per_s": comp_tokens / max(t_rollout, 1e-9),
         })
         return out
+
+    def _online_dpo_update(self, rb: RolloutBatch, rewards: np.ndarray) -> tuple[dict, dict]:
+        """Online / iterative DPO (Guo et al. 2024, https://arxiv.org/abs/2402.04792; Xiong et
+        al. 2024): in each group the best-scored sample is "chosen" and the worst "rejected";
+        groups whose samples all score the same (or failed) give no pair (masked out)."""
+        g = self.cfg.rollout.group_size
+        ro = rb.rollout
+        n_groups = len(rewards) // g
+        r = np.where(rb.valid, rewards, np.nan).reshape(n_groups, g)
+        has = np.isfinite(r).sum(1) >= 2
+        rr = np.where(np.isfinite(r), r, 0.0)
+        best = np.argmax(np.where(np.isfinite(r), r, -np.inf), 1)
+        worst = np.argmin(np.where(np.isfinite(r), r, np.inf), 1)
+        has &= rr[np.arange(n_groups), best] > rr[np.arange(n_groups), worst]
+        p_tok, p_mask = np.asarray(ro.prompt_tokens), np.asarray(ro.prompt_mask)
+        c_tok, c_mask = np.asarray(ro.tokens), np.asarray(ro.mask)
+        batch = {}
+        for side, pick in (("chosen", best), ("rejected", worst)):
+            rows = np.arange(n_groups) * g + pick
+            ids = np.concatenate([p_tok[rows], c_tok[rows]], 1).astype(np.int32)
+            attn = np.concatenate([p_mask[rows], c_mask[rows]], 1).astype(np.int32)
+            lm = np.concatenate([np.zeros_like(p_mask[rows]), c_mask[rows] * has[:, None]], 1)
+            batch.update({f"{side}_input_ids": ids, f"{side}_attention_mask": attn,
+                          f"{side}_loss_mask": lm.astype(np.int32)})
+        t1 = time.perf_counter()
+        if self.needs_ref:
+            ref = self._ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in batch.items()})
+            batch.update({k: np.asarray(v) for k, v in ref.items()})
+        t_ref = time.perf_counter() - t1
+        metrics = []
+        for _ in range(self.cfg.rollout.epochs):
+            self.policy.state, m = self.step_fn(self.policy.state, batch, self._frozen())
+            metrics.append(m)
+        metrics = jax.device_get(metrics)
+        out = {k: float(np.mean([float(m[k]) for m in metrics])) for k in metrics[0]}
+        out["nonfinite"] = float(max(float(m["nonfinite"]) for m in metrics))
+        out["dpo/pairs"] = int(has.sum())
+        return out, {"time/reference_s": t_ref}
 
     def _last_items(self, rb: RolloutBatch, g: int):
         from jaxrl_llm.data.tokenize import TokenizedPrompt
@@ -511,9 +632,13 @@ class OnlineTrainer:
             metrics["time/train_elapsed_s"] = train_time
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.max_steps:
                 metrics.update(self.evaluate())
-            if step % cfg.logging.log_every == 0 or step == cfg.max_steps:
+            bad = metrics.get("nonfinite", 0.0)
+            metrics.update(self.guard.update(step, bad))
+            if step % cfg.logging.log_every == 0 or step == cfg.max_steps or bad:
                 logger.log(step, metrics)
-            if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
+            if self.guard.consecutive:
+                self.guard.check(step)
+            elif cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
                 self.save(step)
         final = cfg.max_steps
         if self.eval_data is not None:

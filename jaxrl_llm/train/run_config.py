@@ -18,7 +18,7 @@ from typing import Any, Literal
 from jaxrl_llm.errors import ConfigError
 
 ONLINE_ALGORITHMS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp",
-                     "rloo", "remax")
+                     "rloo", "remax", "online_dpo")
 OFFLINE_ALGORITHMS = ("sft", "reward_model", "dpo", "kto", "orpo", "simpo", "pairwise_rank")
 
 # Data format each offline algorithm reads (jaxrl_llm.data.Format values).
@@ -199,6 +199,23 @@ class RewardItem:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProcessRewardSection:
+    """GRPO with process supervision (DeepSeekMath §4.1.3): per-step rewards.
+
+    Attributes:
+      name: ``package.module:function``, a step scorer ``fn(prompt, steps, **fields) ->
+        list[float]`` (one score per step), or ``outcome_as_process`` to score every prefix of
+        the completion with the first outcome reward ("is the answer there yet?").
+      delimiter: regex that separates steps (default: newlines).
+      kwargs: bound to an imported scorer.
+    """
+
+    name: str = "outcome_as_process"
+    delimiter: str = r"\n+"
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalSection:
     """Held-out evaluation of an online run: greedy decoding, mean of the first reward.
 
@@ -224,6 +241,7 @@ class RunConfig:
     algorithm: str
     seed: int = 0
     resume: bool = False
+    max_nonfinite_steps: int = 3
     model: ModelSection = ModelSection()
     optim: OptimSection = OptimSection()
     mesh: MeshSection = MeshSection()
@@ -236,6 +254,7 @@ class RunConfig:
     rewards: tuple[RewardItem, ...] = ()
     eval: EvalSection = EvalSection()
     ppo: PPOSection = PPOSection()
+    process_reward: ProcessRewardSection | None = None
 
     def __post_init__(self):
         allowed = ONLINE_ALGORITHMS + OFFLINE_ALGORITHMS
@@ -252,12 +271,16 @@ class RunConfig:
         if self.is_online:
             r = self.rollout
             if r.group_size < 2 and self.algorithm in ("grpo", "dr_grpo", "dapo", "gspo",
-                                                        "rloo", "reinforce_pp"):
+                                                        "rloo", "reinforce_pp", "online_dpo"):
                 raise ConfigError(f"rollout.group_size={r.group_size}: {self.algorithm} needs "
                                   f"groups of at least 2 samples per prompt")
             if self.algorithm == "ppo" and self.model.lora is not None:
                 raise ConfigError("model.lora: PPO's critic is a value head on a full copy of "
                                   "the policy; LoRA is not supported for ppo yet")
+            if self.process_reward is not None and self.algorithm not in ("grpo", "dr_grpo",
+                                                                          "dapo", "gspo"):
+                raise ConfigError(f"process_reward: process supervision is defined for the "
+                                  f"GRPO family, not {self.algorithm}")
             if not self.rewards:
                 raise ConfigError("rewards: an online algorithm needs at least one reward "
                                   "function, e.g. rewards: [{name: math_answer}]")
@@ -285,8 +308,9 @@ class RunConfig:
 
 
 def loss_name(cfg: RunConfig) -> str:
-    """The registry loss an algorithm trains its policy with (PPO: ``ppo_actor``)."""
-    return "ppo_actor" if cfg.algorithm == "ppo" else cfg.algorithm
+    """The registry loss an algorithm trains its policy with (PPO: ``ppo_actor``; online DPO:
+    ``dpo`` on pairs chosen from the policy's own samples)."""
+    return {"ppo": "ppo_actor", "online_dpo": "dpo"}.get(cfg.algorithm, cfg.algorithm)
 
 
 def loss_config(cfg: RunConfig):
@@ -300,7 +324,8 @@ def loss_config(cfg: RunConfig):
     except TypeError:  # the preset has required fields (e.g. pairwise_rank's group_size)
         base = {}
     overrides = dict(cfg.loss)
-    if cfg.is_online and "temperature" not in overrides and "temperature" in base:
+    if cfg.is_online and "temperature" not in overrides and "temperature" in base \
+            and cfg.algorithm != "online_dpo":
         overrides["temperature"] = cfg.rollout.temperature  # the loss uses the sampling τ
     if cfg.is_online and "max_len" in base and base.get("max_len") is not None \
             and "max_len" not in overrides:

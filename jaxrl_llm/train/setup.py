@@ -239,6 +239,39 @@ def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: bool):
                          stream=stream, config=to_dict(cfg), resume=resumed)
 
 
+class NonFiniteGuard:
+    """Counts consecutive steps whose update the train step skipped (NaN/Inf loss or gradient)
+    and stops the run after ``limit`` of them, naming the last good checkpoint."""
+
+    def __init__(self, limit: int, ckpt):
+        self.limit = max(int(limit), 1)
+        self.ckpt = ckpt
+        self.consecutive = 0
+        self.total = 0
+
+    def update(self, step: int, nonfinite: float) -> dict:
+        """Record one step's ``nonfinite`` flag; returns the metrics to log."""
+        if nonfinite:
+            self.consecutive += 1
+            self.total += 1
+        else:
+            self.consecutive = 0
+        return {"nonfinite_steps_total": self.total}
+
+    def check(self, step: int) -> None:
+        """Raise TrainingError after ``limit`` bad steps in a row (call after logging)."""
+        from jaxrl_llm.errors import TrainingError
+
+        if self.consecutive >= self.limit:
+            self.ckpt.wait_until_finished()  # an async save of the last good step may be pending
+            last = self.ckpt.latest_step()
+            where = (f"the last good checkpoint (step {last}) in {self.ckpt.directory} is intact"
+                     if last is not None else "no checkpoint was written")
+            raise TrainingError(f"step {step}: {self.consecutive} consecutive steps with a "
+                                f"non-finite loss or gradient (updates skipped); stopping — "
+                                f"{where}. Lower optim.lr or check the data and rewards.")
+
+
 def check_batch_divisible(mesh, rows: int, what: str) -> None:
     """A batch of ``rows`` rows must split evenly over the mesh's data × fsdp axes."""
     shards = mesh.shape["data"] * mesh.shape["fsdp"]

@@ -109,6 +109,7 @@ def make_train_step(
     compute_dtype: Any = None,
     frozen_sharding: Mapping[str, Any] | None = None,
     donate: bool = True,
+    skip_nonfinite: bool = True,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
     """Build ``step(state, batch, frozen=None) -> (new_state, metrics)``, jitted over ``mesh``.
 
@@ -137,9 +138,12 @@ def make_train_step(
         reward / critic params) passed as ``frozen={name: params}`` and forwarded to the
         loss as keyword arguments; shard them with the same rules as the policy.
       donate: donate the input state's buffers to the output state.
+      skip_nonfinite: when the loss or the gradient norm is NaN/Inf, keep the params and
+        optimizer state of the input (the update is skipped) and report ``nonfinite = 1``.
     Returns:
       The jitted step. ``metrics`` holds ``loss``, ``grad_norm`` (before clipping),
-      ``tokens`` (real input tokens), ``loss_tokens`` and the loss's own metrics averaged
+      ``tokens`` (real input tokens), ``loss_tokens``, ``nonfinite`` (1 when the update was
+      skipped by the NaN/Inf guard) and the loss's own metrics averaged
       over micro-batches; all replicated scalars.
     """
     if micro_batches < 1:
@@ -193,11 +197,18 @@ def make_train_step(
             grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        if skip_nonfinite:
+            # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer state
+            # untouched (the step counter still advances) and is reported as `nonfinite`.
+            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+            params = keep(params, state.params)
+            opt_state = keep(opt_state, state.opt_state)
         rng, _ = jax.random.split(state.rng)
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
         out = {**{k: jnp.asarray(v, jnp.float32) for k, v in dict(metrics).items()},
                "loss": loss, "grad_norm": grad_norm, "tokens": tokens,
-               "loss_tokens": loss_tokens}
+               "loss_tokens": loss_tokens, "nonfinite": 1.0 - finite.astype(jnp.float32)}
         return new_state, out
 
     jitted = jax.jit(step,

@@ -16,7 +16,7 @@ from jaxrl_llm.train.online import OnlineTrainer, train_online
 from jaxrl_llm.train.run_config import RunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ONLINE = ["ppo", "grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp", "rloo", "remax"]
+ONLINE = ["ppo", "online_dpo", "grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp", "rloo", "remax"]
 TINY = ["model.source=tiny", "model.tokenizer=char", "logging.tensorboard=false",
         "logging.plots=false"]
 
@@ -140,3 +140,35 @@ def test_resume_continues_exactly(toy_data, tmp_path):
     import jax
     jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6),
                  pa, pb)
+
+
+def test_token_step_ids_follow_the_step_spans():
+    from jaxrl_llm.data import CharTokenizer
+    from jaxrl_llm.train.online import token_step_ids
+
+    tok = CharTokenizer()
+    text = "ab\ncd\n\nef"
+    ids = np.asarray([tok.encode(text, add_special_tokens=False) + [0, 0]])
+    out, spans = token_step_ids(tok, ids, np.asarray([len(text)]), [text], r"\n+")
+    assert [s[0] for s in spans[0]] == ["ab", "cd", "ef"]
+    # a, b -> step 0; "\n" joins the next step; c, d -> 1; "\n\n" -> 2; e, f -> 2; padding -1
+    assert out[0].tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 2, -1, -1]
+
+
+def test_process_supervised_grpo_uses_step_rewards(toy_data, tmp_path):
+    cfg = toy_config(toy_data, tmp_path / "proc", "grpo", max_steps=2,
+                     rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=3),
+                     process_reward=dict(name="outcome_as_process"), eval=dict(before=False))
+    trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
+    try:
+        rb, _ = trainer._collect(1)
+        adv, stats = trainer._process_advantages(rb)
+        m = trainer.train_step(2)
+    finally:
+        trainer.close()
+    assert adv.shape == rb.rollout.tokens.shape and np.isfinite(adv).all()
+    assert stats["process/steps_mean"] > 0 and "process/steps_mean" in m
+    # tokens outside every step (padding after the completion) get no advantage
+    lengths = np.asarray(rb.rollout.lengths)
+    for i, n in enumerate(lengths):
+        assert np.all(adv[i, n:] == 0)

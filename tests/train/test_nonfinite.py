@@ -1,0 +1,65 @@
+"""NaN/Inf guard: a non-finite loss or gradient skips the update and is counted; after K
+consecutive bad steps the run stops with the last good checkpoint intact."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxrl_llm.cli.main import main
+from jaxrl_llm.parallel import batch_sharding, logical_to_sharding, make_mesh
+from jaxrl_llm.train import make_train_step
+from jaxrl_llm.train.checkpoint import restore_model
+from jaxrl_llm.train.state import TrainState, state_sharding_from_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_nonfinite_loss_skips_the_update():
+    mesh = make_mesh(data=-1)
+    params = {"w": jnp.ones((4, 3))}
+    axes = {"w": ("embed", "mlp")}
+    sharding = logical_to_sharding(axes, mesh)
+    opt = optax.adam(0.1)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    state_sharding = state_sharding_from_params(opt, abstract, sharding, mesh)
+    state = TrainState(params=params, opt_state=opt.init(params), step=jnp.zeros((), jnp.int32),
+                       rng=jax.random.PRNGKey(0))
+
+    def loss_fn(p, batch):
+        return jnp.mean((batch["x"] @ p["w"]) ** 2) * batch["scale"][0], {}
+
+    step = make_train_step(loss_fn, opt, mesh=mesh, state_sharding=state_sharding,
+                           batch_sharding=batch_sharding(mesh), donate=False)
+    x = np.ones((8, 4), np.float32)
+    good = {"x": x, "scale": np.ones((8,), np.float32)}
+    bad = {"x": x, "scale": np.full((8,), np.nan, np.float32)}
+    s1, m1 = step(state, good)
+    assert float(m1["nonfinite"]) == 0.0
+    s2, m2 = step(s1, bad)
+    assert float(m2["nonfinite"]) == 1.0 and int(s2.step) == 2
+    np.testing.assert_array_equal(np.asarray(s2.params["w"]), np.asarray(s1.params["w"]))
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 s2.opt_state, s1.opt_state)
+
+
+def test_run_stops_after_consecutive_nonfinite_steps(tmp_path, capsys):
+    out = tmp_path / "run"
+    # A learning rate of 1e30 makes the first update blow the weights up: from step 2 on every
+    # loss is non-finite, so the run stops after max_nonfinite_steps = 2 bad steps.
+    rc = main(["train", os.path.join(ROOT, "configs", "sft.yaml"), f"output_dir={out}",
+               "model.source=tiny", "model.tokenizer=char", "max_steps=10", "optim.lr=1e30",
+               "optim.schedule=constant", "optim.warmup_steps=0", "optim.grad_clip=null",
+               "max_nonfinite_steps=2", "checkpoint.save_every=1", "data.eval=null",
+               "logging.tensorboard=false", "logging.plots=false"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2
+    assert "consecutive steps with a non-finite loss" in err and "(step 1)" in err, err
+    rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert [r["nonfinite"] for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[-1]["nonfinite_steps_total"] == 2
+    config, params, _ = restore_model(str(out / "checkpoints"))
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
