@@ -45,7 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_llm.errors import JaxrlError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # parse_known_args, so that ``train CFG --resume a.b=1`` works: argparse stops filling a
+    # nargs="*" positional at the first option, and the rest would be "unrecognized".
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if isinstance(getattr(args, "overrides", None), list) and all(
+                "=" in x and not x.startswith("-") for x in extra):
+            args.overrides = args.overrides + extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
