@@ -66,6 +66,7 @@ def forward_logps(
     with_entropy: bool = False,
     loss: str = "sequence_logps",
     window: int | None = None,
+    prompt_group_size: int = 1,
 ) -> tuple[jax.Array, jax.Array | None, Any]:
     """One forward pass; per-token log-probs (and entropies) aligned to ``input_ids``.
 
@@ -88,11 +89,25 @@ def forward_logps(
         ``max_new_tokens`` columns, so the unembedding — about a fifth of a 135M model's FLOPs
         per token — runs on the completion only. Columns before the window come back as 0;
         ``loss_mask`` must be 0 there.
+      prompt_group_size: G > 1 declares that rows come in groups of G consecutive rows whose
+        columns before the window (the prompt) are identical — a group-RL rollout batch. The
+        model then computes each prompt once per group (``apply_fn(..., shared_prefix=(T −
+        window, G))``, see :func:`jaxrl_llm.models.trunk_shared_prefix`); same log-probs up
+        to float rounding, fewer FLOPs. Needs ``window``.
     Returns:
       ``(logp [B, T] float32, entropy [B, T] or None, ModelOutputs)``.
     """
     ids, attn, lmask, seg, pos = _model_inputs(batch, prefix, loss)
-    out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg)
+    t = ids.shape[1]
+    w = t - 1 if window is None else min(int(window), t - 1)
+    if prompt_group_size > 1:
+        if window is None:
+            raise ValueError("prompt_group_size > 1 needs a log-prob window (the completion "
+                             "columns); the prompt is every column before it")
+        out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg,
+                       shared_prefix=(t - w, int(prompt_group_size)))
+    else:
+        out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg)
     if out.unembed is None:
         raise DataError(f"the {loss!r} loss needs token log-probs but apply_fn returned no "
                         "unembedding (a scalar-head-only model); use a language model")
@@ -126,6 +141,7 @@ def sequence_logps(
     temperature: float = 1.0,
     chunk_size: int = 128,
     window: int | None = None,
+    prompt_group_size: int = 1,
 ) -> jax.Array:
     """Per-token log-probs ``[B, T]`` of ``{prefix}input_ids`` under ``params``.
 
@@ -142,11 +158,14 @@ def sequence_logps(
       temperature: sampling temperature τ the log-probs refer to.
       chunk_size: time chunk of the log-prob computation.
       window: only the last ``window`` columns (see :func:`forward_logps`).
+      prompt_group_size: rows share their prompt in groups of this many (see
+        :func:`forward_logps`).
     Returns:
       ``[B, T]`` float32.
     """
     logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn, prefix=prefix,
-                               temperature=temperature, chunk_size=chunk_size, window=window)
+                               temperature=temperature, chunk_size=chunk_size, window=window,
+                               prompt_group_size=prompt_group_size)
     return logp
 
 

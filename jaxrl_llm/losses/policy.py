@@ -78,6 +78,10 @@ class PolicyGradientConfig:
       logprob_window: compute log-probs only for the last this-many columns of the batch
         (the completion region of a rollout batch; None = every column). The RL loop sets it
         to the generation length so the unembedding skips the prompt.
+      prompt_group_size: G > 1 when the batch holds G consecutive completions of each prompt
+        (GRPO-style groups, prompt = the columns before ``logprob_window``): the forward then
+        computes each prompt once per group instead of G times (same log-probs up to float
+        rounding). The RL loop sets it to ``rollout.group_size``; 1 = a plain forward.
       advantage: :class:`AdvantageEstimator` the algorithm is defined with (for the RL loop).
     """
 
@@ -93,6 +97,7 @@ class PolicyGradientConfig:
     temperature: float = 1.0
     chunk_size: int = 128
     logprob_window: int | None = None
+    prompt_group_size: int = 1
     advantage: AdvantageEstimator = AdvantageEstimator.GAE
 
     def __post_init__(self):
@@ -119,6 +124,11 @@ class PolicyGradientConfig:
                               "must be >= 0")
         if not self.temperature > 0:
             raise ConfigError(f"temperature={self.temperature!r} must be > 0")
+        if self.prompt_group_size < 1:
+            raise ConfigError(f"prompt_group_size={self.prompt_group_size!r} must be >= 1")
+        if self.prompt_group_size > 1 and self.logprob_window is None:
+            raise ConfigError("prompt_group_size > 1 needs logprob_window (the completion "
+                              "length): the shared prompt is every column before it")
 
 
 # ----- presets: one per algorithm -------------------------------------------------------------
@@ -244,7 +254,8 @@ def policy_gradient_loss(
     logp, ent, _ = forward_logps(params, batch, apply_fn=apply_fn,
                                  temperature=config.temperature,
                                  chunk_size=config.chunk_size, with_entropy=True, loss=name,
-                                 window=config.logprob_window)
+                                 window=config.logprob_window,
+                                 prompt_group_size=config.prompt_group_size)
     mask = batch["loss_mask"]
     adv = require(batch, "advantages", loss=name,
                   hint="compute them with an objectives.*_advantages estimator first")

@@ -72,7 +72,8 @@ def policy_reference_logps(
 ) -> dict[str, jax.Array]:
     """``{"ref_logp": [B, T]}``: the reference policy's per-token log-probs (same temperature)."""
     lp = sequence_logps(ref_params, batch, apply_fn=apply_fn, temperature=config.temperature,
-                        chunk_size=config.chunk_size, window=config.logprob_window)
+                        chunk_size=config.chunk_size, window=config.logprob_window,
+                        prompt_group_size=config.prompt_group_size)
     return {"ref_logp": jax.lax.stop_gradient(lp)}
 
 

@@ -21,6 +21,7 @@ from jaxrl_llm.models.transformer import param_logical_axes
 from jaxrl_llm.models.transformer import param_shapes_and_axes
 from jaxrl_llm.models.transformer import scalar_head
 from jaxrl_llm.models.transformer import trunk
+from jaxrl_llm.models.transformer import trunk_shared_prefix
 from jaxrl_llm.models.transformer import unembedding
 
 __all__ = [
@@ -44,5 +45,6 @@ __all__ = [
     "param_shapes_and_axes",
     "scalar_head",
     "trunk",
+    "trunk_shared_prefix",
     "unembedding",
 ]

@@ -504,7 +504,8 @@ class OnlineTrainer:
         loss_metrics: list[dict] = []
         rng = np.random.default_rng(cfg.seed * 7919 + step)
         for _ in range(r.epochs):
-            order = rng.permutation(n) if r.minibatches > 1 else np.arange(n)
+            order = _minibatch_order(rng, n, r.minibatches,
+                                     getattr(self.loss_config, "prompt_group_size", 1))
             for j in range(r.minibatches):
                 idx = order[j * mb:(j + 1) * mb]
                 sub = {k: v[idx] for k, v in batch.items()}
@@ -657,6 +658,17 @@ class OnlineTrainer:
     def close(self) -> None:
         """Release the checkpoint manager."""
         self.ckpt.close()
+
+
+def _minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: int):
+    """Row order for splitting a rollout batch into minibatches: a random permutation, of
+    whole groups when the loss shares each prompt across its group (``prompt_group_size``)."""
+    if minibatches <= 1:
+        return np.arange(n)
+    if group <= 1:
+        return rng.permutation(n)
+    groups = rng.permutation(n // group)
+    return (groups[:, None] * group + np.arange(group)[None, :]).reshape(-1)
 
 
 def _select_groups(rb: RolloutBatch, keep_groups: np.ndarray, g: int) -> RolloutBatch:

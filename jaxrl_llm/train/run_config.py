@@ -333,4 +333,17 @@ def loss_config(cfg: RunConfig):
     if cfg.is_online and "logprob_window" in base and "logprob_window" not in overrides:
         # rollout batches keep every target in their last max_new_tokens columns
         overrides["logprob_window"] = cfg.rollout.max_new_tokens
+    r = cfg.rollout
+    whole_groups = r.prompts_per_step % r.minibatches == 0  # each minibatch holds whole groups
+    if cfg.is_online and "prompt_group_size" in base and "prompt_group_size" not in overrides:
+        # rollout batches hold group_size consecutive completions of each prompt: the update's
+        # forward computes each prompt once per group (set loss.prompt_group_size=1 to disable)
+        overrides["prompt_group_size"] = r.group_size if whole_groups else 1
+    elif cfg.is_online and overrides.get("prompt_group_size", 1) not in (1, r.group_size):
+        raise ConfigError(f"loss.prompt_group_size={overrides['prompt_group_size']} must be 1 "
+                          f"or rollout.group_size={r.group_size}")
+    elif cfg.is_online and overrides.get("prompt_group_size", 1) > 1 and not whole_groups:
+        raise ConfigError(f"loss.prompt_group_size>1 needs minibatches of whole groups: "
+                          f"rollout.minibatches={r.minibatches} must divide "
+                          f"rollout.prompts_per_step={r.prompts_per_step}")
     return from_dict(spec.config_cls, {**base, **overrides}, prefix="loss")

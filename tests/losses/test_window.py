@@ -38,3 +38,36 @@ def test_logprob_window_matches_full_computation():
     ref_win = spec.reference_fn(params, batch, apply_fn=apply_fn,
                                 config=grpo_config(logprob_window=m))
     np.testing.assert_allclose(ref_win["ref_logp"], ref_full["ref_logp"], atol=1e-6)
+
+
+def test_prompt_shared_per_group_matches_plain_forward():
+    """GRPO batches hold G completions of each prompt; computing the prompt once per group
+    (prompt_group_size=G) gives the same loss, gradient and reference log-probs."""
+    cfg = models.ModelConfig.tiny("qwen2")
+    params = models.init_params(cfg, jax.random.PRNGKey(0))
+    apply_fn = functools.partial(models.apply, config=cfg)
+    groups, g, p, m = 2, 4, 6, 5
+    prompts = jax.random.randint(jax.random.PRNGKey(1), (groups, p), 0, cfg.vocab_size)
+    comps = jax.random.randint(jax.random.PRNGKey(2), (groups * g, m), 0, cfg.vocab_size)
+    ids = jnp.concatenate([jnp.repeat(prompts, g, 0), comps], 1)
+    p_attn = jnp.ones((groups, p), jnp.int32).at[1, :2].set(0)         # left-padded prompt
+    comp = jnp.ones((groups * g, m), jnp.int32).at[2, 3:].set(0).at[7, 1:].set(0)
+    attn = jnp.concatenate([jnp.repeat(p_attn, g, 0), comp], 1)
+    loss_mask = jnp.concatenate([jnp.zeros((groups * g, p), jnp.int32), comp], 1)
+    adv = jax.random.normal(jax.random.PRNGKey(3), (groups * g, p + m)) * loss_mask
+    old = jax.random.normal(jax.random.PRNGKey(4), (groups * g, p + m)) * 0.1 - 2.0
+    batch = {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask,
+             "advantages": adv, "old_logp": old * loss_mask, "ref_logp": old * loss_mask}
+    spec = LOSSES["grpo"]
+    plain = grpo_config(kl_coef=0.04, logprob_window=m)
+    shared = grpo_config(kl_coef=0.04, logprob_window=m, prompt_group_size=g)
+    (l1, m1), g1 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
+        params, batch, apply_fn=apply_fn, config=plain)
+    (l2, m2), g2 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
+        params, batch, apply_fn=apply_fn, config=shared)
+    np.testing.assert_allclose(l2, l1, rtol=1e-5)
+    np.testing.assert_allclose(m2["pg/clipfrac"], m1["pg/clipfrac"])
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-4), g1, g2)
+    r1 = spec.reference_fn(params, batch, apply_fn=apply_fn, config=plain)["ref_logp"]
+    r2 = spec.reference_fn(params, batch, apply_fn=apply_fn, config=shared)["ref_logp"]
+    np.testing.assert_allclose(r2, r1, atol=1e-5)

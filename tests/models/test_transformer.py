@@ -88,3 +88,48 @@ def test_bfloat16_compute_runs_and_is_close():
     b, _ = M.forward(p, toks, config=c16)
     assert b.dtype == jnp.float32
     np.testing.assert_allclose(a, b, atol=5e-2)
+
+
+def _grouped_batch(c, groups=2, g=3, tp=5, tc=4, seed=1):
+    """Left-padded prompts shared by G rows each, then completions with padding after EOS."""
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    prompts = jax.random.randint(k1, (groups, tp), 0, c.vocab_size)
+    p_mask = jnp.ones((groups, tp), bool).at[1, :2].set(False)
+    comps = jax.random.randint(k2, (groups * g, tc), 0, c.vocab_size)
+    c_mask = jnp.ones((groups * g, tc), bool).at[1, 2:].set(False).at[4, 1:].set(False)
+    toks = jnp.concatenate([jnp.repeat(prompts, g, 0), comps], 1)
+    mask = jnp.concatenate([jnp.repeat(p_mask, g, 0), c_mask], 1)
+    return toks, mask
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_shared_prefix_trunk_equals_plain_trunk_values_and_grads(family, remat):
+    c = M.ModelConfig.tiny(family, num_labels=1)
+    p = M.init_params(c, jax.random.PRNGKey(0))
+    toks, mask = _grouped_batch(c)
+    w = jax.random.normal(jax.random.PRNGKey(3), (toks.shape[0], toks.shape[1], c.hidden_size))
+    real = mask[..., None]
+
+    def objective(params, shared):
+        out = M.apply(params, toks, config=c, attention_mask=mask, remat=remat,
+                      shared_prefix=(5, 3) if shared else None)
+        return jnp.sum(jnp.where(real, out.hidden * w, 0.0)) + jnp.sum(out.scalar * mask), out
+
+    (v0, o0), g0 = jax.value_and_grad(objective, has_aux=True)(p, False)
+    (v1, o1), g1 = jax.value_and_grad(objective, has_aux=True)(p, True)
+    np.testing.assert_allclose(np.where(real, o1.hidden, 0), np.where(real, o0.hidden, 0),
+                               atol=2e-5)
+    np.testing.assert_allclose(v1, v0, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_shared_prefix_rejects_a_batch_that_is_not_whole_groups():
+    c = M.ModelConfig.tiny("llama")
+    p = M.init_params(c, jax.random.PRNGKey(0))
+    toks, mask = _grouped_batch(c)
+    with pytest.raises(ValueError, match="whole number of groups"):
+        M.trunk_shared_prefix(p, toks[:5], config=c, prefix_len=5, group_size=3)
+    with pytest.raises(ValueError, match="prefix_len"):
+        M.trunk_shared_prefix(p, toks, config=c, prefix_len=9, group_size=3)
