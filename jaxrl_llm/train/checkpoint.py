@@ -10,7 +10,9 @@ hosts. ``<directory>/tokenizer/`` holds a tokenizer saved once with ``save_pretr
 
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it when
 every item (and every host) has finished; unfinalised directories are never listed as steps,
-so a crash mid-save leaves the previous checkpoint as the latest one.
+so a crash mid-save leaves the previous checkpoint as the latest one (leftover temporaries
+are removed when the next manager opens the directory). The tokenizer directory is written
+the same way (temporary name, then rename).
 
 Restoring onto another mesh: pass the abstract state of the *new* mesh (shapes + shardings,
 from :func:`~jaxrl_llm.train.abstract_train_state`); orbax reads each device's slice directly.
@@ -22,6 +24,7 @@ import dataclasses
 import enum
 import json
 import os
+import shutil
 from typing import Any, Mapping
 
 import jax
@@ -98,9 +101,7 @@ class CheckpointManager:
         self._mgr = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=_handlers())
         if tokenizer is not None and jax.process_index() == 0:
-            tok_dir = os.path.join(self.directory, TOKENIZER_DIR)
-            if not os.path.isdir(tok_dir):
-                tokenizer.save_pretrained(tok_dir)
+            _save_tokenizer_once(tokenizer, os.path.join(self.directory, TOKENIZER_DIR))
 
     # ----- queries -------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
@@ -200,6 +201,22 @@ class CheckpointManager:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _save_tokenizer_once(tokenizer: Any, tok_dir: str) -> None:
+    """``tokenizer.save_pretrained(tok_dir)`` unless ``tok_dir`` exists, atomically: written
+    into a temporary sibling and renamed, so a run killed mid-write never leaves a partial
+    tokenizer that later runs would take as saved (stale temporaries are removed)."""
+    if os.path.isdir(tok_dir):
+        return
+    parent, name = os.path.split(tok_dir)
+    os.makedirs(parent, exist_ok=True)
+    for entry in os.listdir(parent):
+        if entry.startswith(f"{name}.tmp-"):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+    tmp = f"{tok_dir}.tmp-{os.getpid()}"
+    tokenizer.save_pretrained(tmp)
+    os.rename(tmp, tok_dir)
 
 
 def _split_step_path(path: str) -> tuple[str, int | None]:

@@ -3,6 +3,12 @@ event files, optional Weights & Biases, and a progress line with ETA and key met
 
 Only process 0 writes (multi-host runs never clobber each other's files); other processes get
 a logger whose methods do nothing, so callers never branch on the process index.
+
+Resuming: a trainer stores :attr:`MetricsLogger.rows` (rows logged so far) in each checkpoint
+and passes it back as ``keep_rows`` when it resumes from that checkpoint, so the rows a killed
+run logged after its last checkpoint (which the resumed run logs again) are dropped, and
+``metrics.jsonl`` holds each step once. The file is rewritten atomically (temporary file +
+``os.replace``), so a kill during the rewrite leaves either the old or the new file.
 """
 
 from __future__ import annotations
@@ -50,13 +56,21 @@ class MetricsLogger:
       is_main_process: only the main process writes; others are no-ops.
       progress_keys: metric names shown on the progress line.
       stream: where progress lines go (stderr by default, so stdout stays clean).
+      resume: append to an existing ``metrics.jsonl`` (else it is started afresh).
+      keep_rows: with ``resume``, keep only the first ``keep_rows`` rows of the existing file
+        (the rows logged up to the checkpoint being resumed, :attr:`rows` at that save);
+        None keeps every complete row. A torn last line (a killed write) is always dropped.
+
+    Attributes:
+      rows: rows in ``metrics.jsonl`` so far (kept + logged); store it with a checkpoint.
     """
 
     def __init__(self, run_dir: str, *, total_steps: int | None = None, tensorboard: bool = True,
                  wandb_project: str | None = None, is_main_process: bool = True,
                  progress_keys: tuple[str, ...] = ("loss",), stream=None, config: dict | None = None,
-                 resume: bool = False):
+                 resume: bool = False, keep_rows: int | None = None):
         self.enabled = is_main_process
+        self.rows = int(keep_rows or 0) if resume else 0
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.progress_keys = progress_keys
@@ -70,6 +84,8 @@ class MetricsLogger:
             return
         os.makedirs(run_dir, exist_ok=True)
         path = os.path.join(run_dir, "metrics.jsonl")
+        if resume:
+            self.rows = _truncate_rows(path, keep_rows)
         self._file = open(path, "a" if resume else "w", encoding="utf-8")
         if tensorboard:
             try:
@@ -91,6 +107,7 @@ class MetricsLogger:
     def log(self, step: int, metrics: Mapping[str, Any], *, progress: bool = True) -> dict:
         """Append one JSON line ``{"step": step, **metrics}`` and mirror it to TB / W&B."""
         row = {"step": int(step), **scalarize(metrics)}
+        self.rows += 1
         if not self.enabled:
             return row
         self._file.write(json.dumps(row) + "\n")
@@ -137,6 +154,31 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def _truncate_rows(path: str, keep: int | None) -> int:
+    """Atomically rewrite ``path`` with its first ``keep`` complete rows (None: all of them);
+    returns the number of rows kept. A missing file counts as empty."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f.read().split("\n") if _is_row(line)]
+    if keep is not None:
+        lines = lines[:keep]
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(lines)
+
+
+def _is_row(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def _fmt_time(s: float) -> str:

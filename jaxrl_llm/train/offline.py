@@ -30,9 +30,8 @@ from jaxrl_llm.losses import get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.train.run_config import OFFLINE_FORMATS, RunConfig, loss_config
 from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
-                                   export_policy,
-                                   load_policy_model, make_checkpointer, make_logger,
-                                   restore_latest)
+                                   export_policy, load_policy_model, make_checkpointer,
+                                   make_logger, restore_latest, run_extra)
 from jaxrl_llm.train.step import make_train_step
 
 # Metrics that summarise held-out quality per algorithm family (higher is better).
@@ -137,6 +136,9 @@ class OfflineTrainer:
         self.ckpt = make_checkpointer(cfg, p)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
         self.start_step = 0
+        self.resumed: dict | None = None  # the extra of the checkpoint resumed from
+        self.train_time = 0.0
+        self.logger = None
 
     def _say(self, msg: str) -> None:
         if jax.process_index() == 0:
@@ -182,6 +184,10 @@ class OfflineTrainer:
                                       collate_fn=self.collate, seed=self.cfg.seed,
                                       shuffle=self.cfg.data.shuffle, state=extra.get("data"))
         self.start_step = int(extra.get("step", int(self.policy.state.step)))
+        self._last_saved = self.start_step  # on disk already: saving it again would fail
+        self.guard.restore(extra)
+        self.train_time = float(extra.get("train_time_s", 0.0))
+        self.resumed = extra
         self._say(f"resumed from step {self.start_step}")
 
     def run(self) -> dict:
@@ -191,14 +197,13 @@ class OfflineTrainer:
         self.maybe_resume()
         keys = ("loss", "rewards/accuracies", "eval/rewards/accuracies", "eval/loss",
                 "tokens_per_s")
-        logger = make_logger(cfg, progress_keys=keys, stream=self.log_stream,
-                             resumed=self.start_step > 0)
+        self.logger = logger = make_logger(cfg, progress_keys=keys, stream=self.log_stream,
+                                           resumed=self.resumed)
         summary: dict[str, Any] = {}
         if self.start_step == 0 and self.eval_data is not None:
             summary["eval_before"] = self.evaluate()
             logger.log(0, summary["eval_before"])
         t_start = time.perf_counter()
-        train_time = 0.0
         p = self.policy
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             t0 = time.perf_counter()
@@ -206,9 +211,9 @@ class OfflineTrainer:
             p.state, metrics = self.step_fn(p.state, batch, self._frozen())
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             dt = time.perf_counter() - t0
-            train_time += dt
+            self.train_time += dt
             metrics.update({"time/step_s": dt, "tokens_per_s": metrics["tokens"] / dt,
-                            "time/train_elapsed_s": train_time})
+                            "time/train_elapsed_s": self.train_time})
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 \
                     and step < cfg.max_steps:
                 metrics.update(self.evaluate())
@@ -219,28 +224,32 @@ class OfflineTrainer:
                 self.guard.check(step)
             elif cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
                 self.save(step)
+        # Saved before the final evaluation, so that a run resumed from this checkpoint
+        # evaluates (and logs) it exactly once.
+        self.save(cfg.max_steps, force=True)
         if self.eval_data is not None:
             summary["eval_after"] = self.evaluate()
             logger.log(cfg.max_steps, summary["eval_after"], progress=False)
-        self.save(cfg.max_steps, force=True)
         self.ckpt.wait_until_finished()
         if cfg.checkpoint.export_hf:
             summary["hf_export"] = export_policy(self.policy, cfg)
         if self.reference is not None and self.reference.cache:
             summary["reference_cache"] = {"hits": self.reference.hits,
                                           "misses": self.reference.misses}
-        summary.update(train_time_s=train_time, total_time_s=time.perf_counter() - t_start,
+        summary.update(train_time_s=self.train_time, total_time_s=time.perf_counter() - t_start,
                        steps=cfg.max_steps)
         logger.close()
         return summary
 
     def save(self, step: int, *, force: bool = False) -> None:
-        """Checkpoint the state and the data position (a step already saved is skipped)."""
+        """Checkpoint the state, the data position and the run's counters (see
+        :func:`~jaxrl_llm.train.setup.run_extra`); a step already saved is skipped."""
         if step == getattr(self, "_last_saved", None):
             return
         self._last_saved = step
-        self.ckpt.save(step, self.policy.state,
-                       extra={"data": self.iterator.state(), "step": step}, force=force)
+        self.ckpt.save(step, self.policy.state, force=force,
+                       extra=run_extra(step, iterator=self.iterator, logger=self.logger,
+                                       guard=self.guard, train_time_s=self.train_time))
 
     def close(self) -> None:
         """Release the checkpoint manager."""

@@ -18,7 +18,13 @@ Per step:
    a KL term, computed with the same compiled forward.
 5. ``epochs`` × ``minibatches`` jitted, sharded train steps (``make_train_step``).
 6. Metrics (reward per function, accuracy, lengths, KL, entropy, clip fractions, advantage
-   statistics, dropped groups, rollout tokens/s, time split), held-out evaluation, checkpoints.
+   statistics, dropped groups, rollout tokens/s, time split, the data position), held-out
+   evaluation, checkpoints.
+
+Resuming (``resume=true``) restores the train state, the data position and the run's counters
+from the latest finalised checkpoint; the sampling and minibatch seeds are functions of
+(seed, step), so a run killed at any moment and resumed logs the same metrics and ends with
+the same parameters as one that was never interrupted (``tests/train/test_kill_resume.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import math
 import os
 import sys
 import time
+import zlib
 from typing import Any, Callable
 
 import jax
@@ -42,10 +49,11 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import AdvantageEstimator, critic_values, get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
+from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name
 from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
-                                   export_policy,
-                                   make_checkpointer, make_logger, restore_latest)
+                                   export_policy, make_checkpointer, make_logger, restore_latest,
+                                   run_extra)
 from jaxrl_llm.train.step import make_train_step
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
@@ -262,7 +270,9 @@ class OnlineTrainer:
         self.ckpt = make_checkpointer(cfg, p)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
         self.start_step = 0
-        self.history: list[dict] = []
+        self.resumed: dict | None = None  # the extra of the checkpoint resumed from
+        self.train_time = 0.0
+        self.logger = None
 
     def _build_critic(self) -> None:
         """PPO: a value head on a copy of the policy (its own optimizer and train step), and a
@@ -397,9 +407,11 @@ class OnlineTrainer:
         want = r.prompts_per_step
         kept: list[RolloutBatch] = []
         reserve: list[RolloutBatch] = []
-        dropped = rounds = 0
+        dropped = rounds = crc = 0
         while True:
             items = next(self.iterator)
+            for x in items:
+                crc = zlib.crc32(np.asarray(x.prompt_ids, np.int32).tobytes(), crc)
             rb = self.sample(items, seed=self.cfg.seed * 1_000_003 + step * 101 + rounds)
             rounds += 1
             if not r.dynamic_sampling:
@@ -424,8 +436,14 @@ class OnlineTrainer:
             filled = want - have
             kept.extend(reserve)
         rb = _concat_batches(kept, g, want) if len(kept) > 1 or r.dynamic_sampling else kept[0]
+        fault_point("rollout", step)
+        it = self.iterator.state()
         return rb, {"dynamic/groups_dropped": dropped, "dynamic/rounds": rounds,
-                    "dynamic/groups_kept": want - filled, "dynamic/groups_filled": filled}
+                    "dynamic/groups_kept": want - filled, "dynamic/groups_filled": filled,
+                    # where the run is in its data, and a fingerprint of the prompts drawn
+                    # (equal across runs that drew the same prompts in the same order)
+                    "data/epoch": it["epoch"] + it["position"] / self.iterator.steps_per_epoch,
+                    "data/prompts_crc32": crc}
 
     # ----- one step -------------------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -511,6 +529,7 @@ class OnlineTrainer:
                 sub = {k: v[idx] for k, v in batch.items()}
                 actor = {k: v for k, v in sub.items() if k not in ("values", "returns")}
                 p.state, m = self.step_fn(p.state, actor, frozen)
+                fault_point("update", step)
                 if self.critic is not None:
                     critic = {k: v for k, v in sub.items() if k not in ("old_logp", "advantages")}
                     self.critic.state, cm = self.critic_step(self.critic.state, critic, {})
@@ -601,36 +620,43 @@ class OnlineTrainer:
                                       seed=self.cfg.seed, shuffle=self.cfg.data.shuffle,
                                       state=extra.get("data"))
         self.start_step = int(extra.get("step", int(self.policy.state.step)))
+        self._last_saved = self.start_step  # on disk already: saving it again would fail
+        self.guard.restore(extra)
+        self.train_time = float(extra.get("train_time_s", 0.0))
+        self.resumed = extra
         self._say(f"resumed from step {self.start_step}")
 
     def save(self, step: int, *, force: bool = False) -> None:
-        """Checkpoint the state and the data position (a step already saved is skipped)."""
+        """Checkpoint the state, the data position and the run's counters (see
+        :func:`~jaxrl_llm.train.setup.run_extra`); a step already saved is skipped."""
         if step == getattr(self, "_last_saved", None):
             return
         self._last_saved = step
-        self.ckpt.save(step, self.policy.state, extra={"data": self.iterator.state(),
-                                                       "step": step}, force=force)
+        self.ckpt.save(step, self.policy.state, force=force,
+                       extra=run_extra(step, iterator=self.iterator, logger=self.logger,
+                                       guard=self.guard, train_time_s=self.train_time))
+        fault_point("checkpoint", step)
 
     def run(self) -> dict:
         """Train for ``max_steps`` (or from a resumed step); returns the summary dict."""
         cfg = self.cfg
         os.makedirs(cfg.output_dir, exist_ok=True)
         self.maybe_resume()
-        logger = make_logger(cfg, progress_keys=("reward/mean", "loss",
-                                                 "eval/" + cfg.rewards[0].name, "time/step_s"),
-                             stream=self.log_stream, resumed=self.start_step > 0)
+        self.logger = logger = make_logger(
+            cfg, progress_keys=("reward/mean", "loss", "eval/" + cfg.rewards[0].name,
+                                "time/step_s"),
+            stream=self.log_stream, resumed=self.resumed)
         summary: dict[str, Any] = {}
         t_start = time.perf_counter()
         if cfg.eval.before and self.eval_data is not None and self.start_step == 0:
             ev = self.evaluate()
             summary["eval_before"] = ev
             logger.log(0, ev)
-        train_time = 0.0
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             t = time.perf_counter()
             metrics = self.train_step(step)
-            train_time += time.perf_counter() - t
-            metrics["time/train_elapsed_s"] = train_time
+            self.train_time += time.perf_counter() - t
+            metrics["time/train_elapsed_s"] = self.train_time
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.max_steps:
                 metrics.update(self.evaluate())
             bad = metrics.get("nonfinite", 0.0)
@@ -642,16 +668,18 @@ class OnlineTrainer:
             elif cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
                 self.save(step)
         final = cfg.max_steps
+        # Saved before the final evaluation, so that a run resumed from this checkpoint
+        # evaluates (and logs) it exactly once.
+        self.save(final, force=True)
         if self.eval_data is not None:
             ev = self.evaluate()
             summary["eval_after"] = ev
             logger.log(final, ev, progress=False)
-        self.save(final, force=True)
         self.ckpt.wait_until_finished()
         if cfg.checkpoint.export_hf:
             summary["hf_export"] = export_policy(self.policy, cfg)
-        summary.update(train_time_s=train_time, total_time_s=time.perf_counter() - t_start,
-                       steps=final)
+        summary.update(train_time_s=self.train_time,
+                       total_time_s=time.perf_counter() - t_start, steps=final)
         logger.close()
         return summary
 

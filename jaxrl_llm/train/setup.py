@@ -227,8 +227,13 @@ def restore_latest(ckpt, policy: Policy) -> dict | None:
     return extra
 
 
-def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: bool):
-    """The run's MetricsLogger (metrics.jsonl, TensorBoard, W&B; main process only)."""
+def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: dict | None):
+    """The run's MetricsLogger (metrics.jsonl, TensorBoard, W&B; main process only).
+
+    ``resumed`` is the ``extra`` dict of the checkpoint the run resumed from (None for a fresh
+    run): its ``metrics_rows`` (see :func:`run_extra`) says how many rows of ``metrics.jsonl``
+    to keep, so rows logged after that checkpoint by a killed run are not duplicated.
+    """
     from jaxrl_llm.train.config_io import to_dict
     from jaxrl_llm.train.logging import MetricsLogger
 
@@ -236,7 +241,18 @@ def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: bool):
                          tensorboard=cfg.logging.tensorboard,
                          wandb_project=cfg.logging.wandb_project,
                          is_main_process=jax.process_index() == 0, progress_keys=progress_keys,
-                         stream=stream, config=to_dict(cfg), resume=resumed)
+                         stream=stream, config=to_dict(cfg), resume=resumed is not None,
+                         keep_rows=None if resumed is None else resumed.get("metrics_rows"))
+
+
+def run_extra(step: int, *, iterator, logger, guard: "NonFiniteGuard",
+              train_time_s: float) -> dict:
+    """The JSON ``extra`` a trainer saves with each checkpoint: everything besides the train
+    state that a resumed run needs to continue exactly as an uninterrupted one (data position,
+    rows of ``metrics.jsonl`` logged so far, the non-finite guard's count, training time)."""
+    return {"step": int(step), "data": iterator.state(),
+            "metrics_rows": None if logger is None else logger.rows,
+            "nonfinite_steps_total": guard.total, "train_time_s": float(train_time_s)}
 
 
 class NonFiniteGuard:
@@ -248,6 +264,11 @@ class NonFiniteGuard:
         self.ckpt = ckpt
         self.consecutive = 0
         self.total = 0
+
+    def restore(self, extra: dict) -> None:
+        """Continue the count of a resumed run (from its checkpoint's :func:`run_extra`);
+        periodic checkpoints follow good steps only, so ``consecutive`` restarts at 0."""
+        self.total = int(extra.get("nonfinite_steps_total", 0))
 
     def update(self, step: int, nonfinite: float) -> dict:
         """Record one step's ``nonfinite`` flag; returns the metrics to log."""

@@ -116,3 +116,30 @@ def test_model_config_json_round_trip():
     assert model_config_from_dict(d) == cfg
     with pytest.raises(CheckpointError, match=r"unknown keys \['quantization_config'\]"):
         model_config_from_dict({**d, "quantization_config": {}})
+
+
+class _Tokenizer:
+    """Writes two files; with ``crash`` it dies between them (a run killed mid-write)."""
+
+    def __init__(self, crash=False):
+        self.crash = crash
+
+    def save_pretrained(self, path):
+        os.makedirs(path)
+        with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+            f.write("{}")
+        if self.crash:
+            raise KeyboardInterrupt("killed")
+        with open(os.path.join(path, "tokenizer.json"), "w") as f:
+            f.write("{}")
+
+
+def test_tokenizer_is_written_atomically(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        CheckpointManager(tmp_path, tokenizer=_Tokenizer(crash=True))
+    # no half-written tokenizer/ that a later run would take as saved
+    assert not os.path.exists(tmp_path / "tokenizer")
+    CheckpointManager(tmp_path, tokenizer=_Tokenizer()).close()
+    assert sorted(os.listdir(tmp_path / "tokenizer")) == ["tokenizer.json",
+                                                          "tokenizer_config.json"]
+    assert not [e for e in os.listdir(tmp_path) if e.startswith("tokenizer.tmp")]

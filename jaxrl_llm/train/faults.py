@@ -1,0 +1,26 @@
+"""Fault injection for the kill-and-resume tests (``tests/train/test_kill_resume.py``).
+
+``JAXRL_LLM_FAULT=PHASE:STEP`` makes a trainer SIGKILL its own process when step ``STEP``
+reaches ``PHASE``, the way a preempted or OOM-killed job dies (no cleanup, no flush, an async
+checkpoint write cut off). The phases, in the order a step passes them:
+
+- ``rollout``: the step's prompts are drawn and sampled (the data iterator has advanced).
+- ``update``: the first minibatch update of the step has been applied to the state in memory.
+- ``checkpoint``: the step's checkpoint write has started and is still in flight.
+
+Unset (the normal case), :func:`fault_point` is a dictionary lookup and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV_VAR = "JAXRL_LLM_FAULT"
+
+
+def fault_point(phase: str, step: int) -> None:
+    """SIGKILL this process if ``JAXRL_LLM_FAULT`` is ``f"{phase}:{step}"``."""
+    spec = os.environ.get(ENV_VAR)
+    if spec and spec == f"{phase}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
