@@ -1,11 +1,13 @@
 """Peak memory of a GRPO-style policy-gradient train step: full [B, T, V] logits vs the chunked
 log-probs from hidden states, from XLA's compiled memory analysis (no weights needed).
 
-SmolLM2-135M shapes (V = 49,152), float32, AdamW, rows = prompts × G, T = prompt + completion.
-Reported: XLA's argument + output − aliased + temporary bytes of the compiled step, and the
-estimate of ``jaxrl_llm.train.memory.estimate_memory`` for the same run.
+The named model's shapes (default SmolLM2-135M, V = 49,152), float32, AdamW, rows = prompts × G,
+T = prompt + completion. Reported: XLA's argument + output − aliased + temporary bytes of the
+compiled step, and the estimate of ``jaxrl_llm.train.memory.estimate_memory`` for the same run.
+Writes a markdown section to --out and its headline numbers to the .json next to it.
 
-Usage: python tools/bench/bench_memory.py [--rows 32] [--seq 320] [--out FILE]
+Full run:    python tools/bench/bench_memory.py --out tools/bench/results/memory.md
+Smoke test:  python tools/bench/bench_memory.py --model tiny --rows 4 --seq 32 --out /tmp/m.md
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import sys
 
 import jax
@@ -23,15 +24,19 @@ import optax
 from jaxrl_llm import models, ops
 from jaxrl_llm.train.memory import estimate_memory
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
-def step_peak_bytes(config, rows: int, seq: int, *, chunked: bool, remat: str = "none") -> int:
+
+def step_peak_bytes(config, rows: int, seq: int, *, chunked: bool, remat: str = "none",
+                    chunk: int = 128) -> int:
     opt = optax.adamw(1e-5)
 
     def loss(params, ids, mask, adv):
         out = models.apply(params, ids, config=config, attention_mask=mask, remat=remat)
         if chunked:
             lp = ops.token_logprobs_from_hidden(out.hidden[:, :-1], out.unembed, ids[:, 1:],
-                                                chunk_size=128)
+                                                chunk_size=chunk)
         else:
             logits = models.logits_from_hidden(params, out.hidden[:, :-1], config)
             lp = ops.token_logprobs(logits, ids[:, 1:])
@@ -56,47 +61,54 @@ def step_peak_bytes(config, rows: int, seq: int, *, chunked: bool, remat: str = 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=common.DEFAULT_MODEL,
+                    help="whose shapes to use: an alias/path, or 'tiny' (smoke test)")
     ap.add_argument("--rows", type=int, default=32, help="rows per step (prompts x G)")
     ap.add_argument("--seq", type=int, default=320, help="tokens per row")
+    ap.add_argument("--chunk", type=int, default=128, help="log-prob chunk length")
+    ap.add_argument("--remat", default="none,full",
+                    help="comma-separated remat policies to measure (none, full)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    config = models.ModelConfig.smollm2_135m()
-    gib = 1024 ** 3
+    config = common.model_config(args.model)
     table = []
     peaks = {}
-    for remat in ("none", "full"):
+    remats = [x.strip() for x in args.remat.split(",") if x.strip()]
+    for remat in remats:
         for kind in ("full", "chunked"):
             peak = step_peak_bytes(config, args.rows, args.seq, chunked=kind == "chunked",
-                                   remat=remat)
+                                   remat=remat, chunk=args.chunk)
             peaks[remat, kind] = peak
             est = estimate_memory(config, "sft", batch_size=args.rows, seq_len=args.seq,
                                   dtype="fp32", logits=kind, remat=remat,
                                   device="cpu").total_bytes_per_device
-            what = "full [B, T, V] logits" if kind == "full" else "hidden states, 128-token chunks"
-            table.append(f"| {remat} | {what} | {peak / gib:.2f} | {est / gib:.2f} |")
-    lines = [
-        "### Peak memory of a policy-gradient train step: full logits vs chunked log-probs",
+            what = ("full [B, T, V] logits" if kind == "full"
+                    else f"hidden states, {args.chunk}-token chunks")
+            table.append([remat, what, peak, est])
+    big = max(max(r[2], r[3]) for r in table) >= 2 ** 30 / 10
+    unit, scale = ("GiB", 2 ** 30) if big else ("MiB", 2 ** 20)
+    table = [[r[0], r[1], f"{r[2] / scale:.2f}", f"{r[3] / scale:.2f}"] for r in table]
+    body = [
+        f"{args.model} shapes ({common.fmt_params(config.num_params())} parameters, V = "
+        f"{config.vocab_size:,}), float32, AdamW; {args.rows} rows × {args.seq} tokens; "
+        f"memory from XLA's compiled memory analysis on {jax.default_backend()}.",
         "",
-        f"Command: `python {' '.join(['tools/bench/bench_memory.py'] + (argv or sys.argv[1:]))}`",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} "
-        f"({jax.default_backend()}); memory from XLA's compiled memory analysis.",
-        f"SmolLM2-135M shapes, float32, AdamW; {args.rows} rows × {args.seq} tokens.",
-        "",
-        "| remat | log-probs from | XLA peak (GiB) | estimator (GiB) |",
-        "|---|---|---|---|",
-        *table,
+        *common.markdown_table(["remat", "log-probs from", f"XLA peak ({unit})",
+                                f"estimator ({unit})"],
+                               table, align="llrr"),
         "",
     ]
-    for remat in ("none", "full"):
+    metrics = {}
+    for remat in remats:
         full, chunked = peaks[remat, "full"], peaks[remat, "chunked"]
-        lines.append(f"remat={remat}: chunking saves {(full - chunked) / gib:.2f} GiB "
-                     f"({100 * (1 - chunked / full):.0f}% of the step's peak).")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
+        metrics[f"peak_full_{remat}_bytes"] = full
+        metrics[f"peak_chunked_{remat}_bytes"] = chunked
+        metrics[f"saving_{remat}_fraction"] = 1 - chunked / full
+        body.append(f"remat={remat}: chunking saves {(full - chunked) / scale:.2f} {unit} "
+                    f"({100 * (1 - chunked / full):.0f}% of the step's peak).")
+    common.write_report(args.out, title="Peak memory of a policy-gradient train step: full "
+                        "logits vs chunked log-probs", command=common.command_line(__file__, argv),
+                        body=body, metrics=metrics)
     return 0
 
 

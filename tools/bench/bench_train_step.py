@@ -1,12 +1,14 @@
 """Benchmark: one policy-gradient train step (token-level PG loss, random advantages, AdamW,
 float32) with jaxrl_llm's sharded jitted step vs transformers + torch eager on the same model.
 
-Reports tokens/s for both and JAX's MFU against a measured jnp matmul rate
-(MFU = 6 · params · tokens / step time / matmul FLOP/s). Prints a markdown table and writes
-it (with the exact command and a machine description) to --out.
+Reports tokens/s for both and MFU against a measured jnp matmul rate on one device
+(MFU = 6 · params · tokens / step time / (devices · matmul FLOP/s)). The weights are random
+(same shapes as the named model): the step's cost does not depend on their values. Torch runs
+on the GPU when it sees one, else on the CPU. Writes a markdown section (with the exact command
+and a machine description) to --out and its headline numbers to the .json next to it.
 
-Full run (the lead's):  python tools/bench/bench_train_step.py --out tools/bench/results/train_step.md
-Smoke test (tiny):      python tools/bench/bench_train_step.py --tiny --steps 2 --out /tmp/t.md
+Full run:    python tools/bench/bench_train_step.py --out tools/bench/results/train_step.md
+Smoke test:  python tools/bench/bench_train_step.py --model tiny --steps 2 --out /tmp/t.md
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import sys
 import time
 
@@ -24,9 +25,12 @@ import numpy as np
 import optax
 
 from jaxrl_llm import ops
-from jaxrl_llm.models import ModelConfig, apply, init_params, param_logical_axes
+from jaxrl_llm.models import apply, init_params, param_logical_axes
 from jaxrl_llm.parallel import batch_sharding, make_mesh
 from jaxrl_llm.train import create_train_state, make_train_step, measure_matmul_flops
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 
 def pg_loss(params, batch, *, config):
@@ -68,7 +72,7 @@ def bench_jax(cfg, batches, steps, warmup):
     return float(np.median(times)), float(m["loss"])
 
 
-def bench_torch(cfg, batches, steps, warmup, threads):
+def bench_torch(cfg, batches, steps, warmup, threads, device="cpu"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -80,12 +84,12 @@ def bench_torch(cfg, batches, steps, warmup, threads):
                      head_dim=cfg.head_dim, rope_theta=cfg.rope_theta,
                      rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_embeddings,
                      max_position_embeddings=cfg.max_position_embeddings)
-    model = LlamaForCausalLM(hf).float().train()
+    model = LlamaForCausalLM(hf).float().train().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     times = []
     for i in range(warmup + steps):
-        b = {k: torch.from_numpy(v) for k, v in batches[i % len(batches)].items()}
         t0 = time.perf_counter()
+        b = {k: torch.from_numpy(v).to(device) for k, v in batches[i % len(batches)].items()}
         logits = model(input_ids=b["input_ids"].long(),
                        attention_mask=b["attention_mask"]).logits[:, :-1].float()
         logp = torch.log_softmax(logits, -1).gather(
@@ -95,76 +99,69 @@ def bench_torch(cfg, batches, steps, warmup, threads):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return float(np.median(times)), float(loss.detach())
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    dev = jax.devices()[0]
-    return (f"{len(jax.devices())} × {dev.platform} ({dev.device_kind}); host CPU: {cpu}, "
-            f"{os.cpu_count()} cores; jax {jax.__version__}, python {platform.python_version()}")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tiny", action="store_true", help="a tiny random model (smoke test)")
+    p.add_argument("--model", default=common.DEFAULT_MODEL,
+                   help="whose shapes to use: an alias/path, or 'tiny' (smoke test)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
     p.add_argument("--matmul-n", type=int, default=1024)
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
-    if args.tiny:
-        cfg = ModelConfig.tiny(vocab_size=256, hidden_size=64, intermediate_size=128,
-                               num_heads=4, num_kv_heads=2, head_dim=16)
-        name = "tiny random Llama"
-    else:
-        cfg = ModelConfig.smollm2_135m()
-        name = "SmolLM2-135M (random init, same shapes)"
+    cfg = common.model_config(args.model)
+    name = f"{args.model} (random init, same shapes)"
     batches = [make_batch(i, args.batch, args.seq, cfg.vocab_size) for i in range(2)]
     tokens = args.batch * args.seq
     n_params = cfg.num_params()
-    peak = measure_matmul_flops(n=args.matmul_n)
+    n_dev = len(jax.devices())
+    peak = measure_matmul_flops(n=args.matmul_n) * n_dev
     jt, jloss = bench_jax(cfg, batches, args.steps, args.warmup)
     mfu = 6 * n_params * tokens / jt / peak
     rows = [("jaxrl_llm (jit, sharded step)", jt, tokens / jt, f"{100 * mfu:.1f}%")]
-    if not args.no_torch:
-        tt, _ = bench_torch(cfg, batches, args.steps, args.warmup, args.threads)
+    metrics = {"jax_step_s": jt, "jax_tokens_per_s": tokens / jt, "jax_mfu": mfu,
+               "matmul_flops": peak}
+    torch_missing = not (common.have("torch") and common.have("transformers"))
+    if not args.no_torch and torch_missing:
+        common.log("torch eager not run: torch/transformers are not installed")
+    if not args.no_torch and not torch_missing:
+        device = common.torch_device()
+        tt, _ = bench_torch(cfg, batches, args.steps, args.warmup, args.threads, device)
         ttf = 6 * n_params * tokens / tt / peak
-        rows.append((f"transformers + torch eager ({args.threads} threads)", tt, tokens / tt,
+        where = "GPU" if device == "cuda" else f"{args.threads} threads"
+        rows.append((f"transformers + torch eager ({where})", tt, tokens / tt,
                      f"{100 * ttf:.1f}%"))
-    lines = [
-        f"## Train step: token-level PG loss, AdamW, float32 — {name}",
-        "",
-        f"Command: `{' '.join([os.path.basename(sys.executable)] + sys.argv)}`",
-        f"Machine: {machine()}",
-        f"Model: {n_params / 1e6:.1f} M params; batch {args.batch} × {args.seq} = {tokens} "
+        metrics.update(torch_step_s=tt, torch_tokens_per_s=tokens / tt, torch_mfu=ttf,
+                       speedup_vs_torch=tt / jt)
+    body = [
+        f"Model: {common.fmt_params(n_params)} params; batch {args.batch} × {args.seq} = {tokens} "
         f"tokens; median of {args.steps} steps after {args.warmup} warm-up.",
-        f"Measured matmul rate ({args.matmul_n}² f32, one device): {peak / 1e9:.1f} GFLOP/s "
-        f"(MFU = 6 · params · tokens / time / this rate).",
+        f"Measured matmul rate ({args.matmul_n}² f32, {n_dev} device(s)): {peak / 1e9:.1f} "
+        f"GFLOP/s (MFU = 6 · params · tokens / time / this rate).",
         "",
-        "| implementation | step time (s) | tokens/s | MFU |",
-        "|---|---|---|---|",
-    ] + [f"| {n} | {t:.3f} | {tps:.0f} | {m} |" for n, t, tps, m in rows]
+        *common.markdown_table(["implementation", "step time (s)", "tokens/s", "MFU"],
+                               [[n, f"{t:.3f}", f"{tps:,.0f}", m] for n, t, tps, m in rows],
+                               align="lrrr"),
+    ]
     if len(rows) == 2:
-        lines += ["", f"Speed-up of jaxrl_llm over torch eager: {rows[1][1] / rows[0][1]:.2f}×"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
+        body += ["", f"Speed-up of jaxrl_llm over torch eager: {rows[1][1] / rows[0][1]:.2f}×"]
+    elif not args.no_torch:
+        body += ["", "torch eager not run: torch/transformers are not installed "
+                     "(`pip install -e .[dev]`)."]
+    common.write_report(args.out, title=f"Train step: token-level PG loss, AdamW, float32 — "
+                        f"{name}", command=common.command_line(__file__, argv), body=body,
+                        metrics=metrics)
     return 0
 
 

@@ -1,0 +1,161 @@
+"""Scaling curves of the jitted sampler: generated tokens/s vs batch size, vs sequence length
+and vs group size G, as markdown tables and PNG plots.
+
+Every point is one ``jaxrl_llm.sampling.rollout`` call (prefill once per prompt + decode with a
+KV cache, τ = 1 ancestral sampling as in GRPO rollouts, stop tokens disabled so every row runs
+every step) on random prompt tokens. Each new shape compiles on its first call: that call is
+timed on its own and reported as compile time (first call − best timed call); tokens/s is
+rows · new tokens / the best of ``--repeats`` timed calls, prefill included.
+
+  batch:   B prompts × G = 1, prompt ``--batch-prompt-len``, ``--new-tokens`` new tokens;
+  seq:     ``--seq-rows`` prompts × G = 1, T = prompt + ``--new-tokens`` new tokens;
+  group:   ``--group-prompts`` prompts × G samples (the prompt prefilled once, its cache shared).
+
+Full run:    python tools/bench/bench_scaling.py --out tools/bench/results/scaling.md
+Smoke test:  python tools/bench/bench_scaling.py --model tiny --batch-sizes 1,2 --seq-lens 16,24 \
+    --groups 1,2 --new-tokens 4 --batch-prompt-len 8 --repeats 1 --out /tmp/s.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+# curve name -> (x-axis label, PNG file name)
+CURVES = {
+    "batch": ("batch size B (prompts, G = 1)", "scaling_batch.png"),
+    "seq": ("sequence length T (prompt + generated tokens)", "scaling_seq.png"),
+    "group": ("group size G (samples per prompt)", "scaling_group.png"),
+}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=common.DEFAULT_MODEL,
+                   help="model alias/path for jaxrl_llm.interop.load_model, or 'tiny' (random)")
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--batch-prompt-len", type=int, default=64)
+    p.add_argument("--seq-lens", type=_ints, default=[128, 256, 512, 1024],
+                   help="T = prompt + new tokens")
+    p.add_argument("--seq-rows", type=int, default=8)
+    p.add_argument("--groups", type=_ints, default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--group-prompts", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2, help="timed calls per point (best kept)")
+    p.add_argument("--plots-dir", default=None,
+                   help="where the PNGs go (default: the folder of --out)")
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def _plot(path: str, xs, ys, *, xlabel: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.0, 3.8), dpi=110)
+    ax.plot(xs, ys, marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("generated tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    import jax
+
+    from jaxrl_llm.sampling import SamplingConfig, pad_prompts, rollout
+
+    config, params, _ = common.load_model(args.model)
+    sampling = SamplingConfig(temperature=1.0, use_model_eos=False)
+    rng = np.random.default_rng(0)
+    low = 3 if config.vocab_size > 3 else 0
+    m = args.new_tokens
+
+    def point(b: int, g: int, p_len: int) -> dict[str, float]:
+        prompts = [rng.integers(low, config.vocab_size, size=p_len).tolist() for _ in range(b)]
+        tokens, mask = pad_prompts(prompts, length=p_len)
+        run = lambda: jax.block_until_ready(
+            rollout(params, tokens, mask, config=config, sampling=sampling, num_samples=g,
+                    max_new_tokens=m, gen_len=m).tokens)
+        first = common.timed_first_call(run)
+        best = common.best_time(run, args.repeats)
+        out = {"rows": b * g, "prompt_len": p_len, "seconds": best,
+               "tokens_per_s": b * g * m / best, "compile_s": max(first - best, 0.0)}
+        common.log(f"B={b} G={g} P={p_len} M={m}: {out['tokens_per_s']:,.1f} tokens/s, "
+                   f"compile {out['compile_s']:.1f} s")
+        return out
+
+    curves: dict[str, list[tuple[int, dict]]] = {
+        "batch": [(b, point(b, 1, args.batch_prompt_len)) for b in args.batch_sizes],
+        "seq": [(t, point(args.seq_rows, 1, t - m)) for t in args.seq_lens if t > m],
+        "group": [(g, point(args.group_prompts, g, args.batch_prompt_len)) for g in args.groups],
+    }
+    plots_dir = args.plots_dir or (os.path.dirname(os.path.abspath(args.out)) if args.out
+                                   else None)
+    if plots_dir and not common.have("matplotlib"):
+        common.log("no PNG plots: matplotlib is not installed (pip install -e .[dev])")
+        plots_dir = None
+    desc = {
+        "batch": f"B prompts × G = 1, {args.batch_prompt_len}-token prompts, {m} new tokens",
+        "seq": f"{args.seq_rows} prompts × G = 1, T − {m}-token prompts, {m} new tokens",
+        "group": f"{args.group_prompts} prompts × G, {args.batch_prompt_len}-token prompts, "
+                 f"{m} new tokens (prefix shared)",
+    }
+    head = {"batch": "B", "seq": "T", "group": "G"}
+    n_params = config.num_params()
+    body = [
+        f"Model: {args.model} ({common.fmt_params(n_params)} parameters, "
+        f"{config.param_dtype}); τ = 1 sampling, stop tokens disabled; tokens/s = generated "
+        f"tokens / best of {args.repeats} timed calls (prefill included) after a compiling "
+        f"first call.",
+    ]
+    metrics: dict[str, object] = {}
+    dev = jax.devices()[0]
+    for name, pts in curves.items():
+        xlabel, png = CURVES[name]
+        if not pts:
+            continue
+        xs = [x for x, _ in pts]
+        ys = [p["tokens_per_s"] for _, p in pts]
+        body += ["", f"**Tokens/s vs {xlabel}** — {desc[name]}.", ""]
+        body += common.markdown_table(
+            [head[name], "rows", "prompt + new", "tokens/s", "seconds", "compile (s)"],
+            [[x, p["rows"], f"{p['prompt_len']} + {m}", f"{p['tokens_per_s']:,.1f}",
+              f"{p['seconds']:.3f}", f"{p['compile_s']:.1f}"] for x, p in pts],
+            align="rrrrrr")
+        if plots_dir:
+            os.makedirs(plots_dir, exist_ok=True)
+            _plot(os.path.join(plots_dir, png), xs, ys, xlabel=xlabel,
+                  title=f"{args.model} on {dev.platform} ({dev.device_kind})\n{desc[name]}")
+            body += ["", f"![tokens/s vs {xlabel}]({png})"]
+        best = int(np.argmax(ys))
+        metrics[f"{name}_x"] = xs
+        metrics[f"{name}_tokens_per_s"] = ys
+        metrics[f"{name}_best_x"] = xs[best]
+        metrics[f"{name}_best_tokens_per_s"] = ys[best]
+    common.write_report(args.out, title="Sampler scaling: tokens/s vs batch, sequence length, G",
+                        command=common.command_line(__file__, argv), body=body, metrics=metrics)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
