@@ -45,7 +45,7 @@ import numpy as np
 
 from jaxrl_llm import objectives, ops, rewards as R
 from jaxrl_llm.data import Format, make_iterator, prepare_dataset
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, TrainingError
 from jaxrl_llm.losses import AdvantageEstimator, critic_values, get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
@@ -268,6 +268,10 @@ class OnlineTrainer:
         self.iterator = make_iterator(self.train_data.items, batch_size=r.prompts_per_step,
                                       seed=cfg.seed, shuffle=d.shuffle)
         self.ckpt = make_checkpointer(cfg, p)
+        # PPO's critic (weights + optimizer state) is checkpointed beside the policy, at the
+        # same steps, so a resumed PPO run continues with the critic it had.
+        self.critic_ckpt = None if self.critic is None else make_checkpointer(
+            cfg, self.critic, subdir="critic_checkpoints")
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
         self.start_step = 0
         self.resumed: dict | None = None  # the extra of the checkpoint resumed from
@@ -612,7 +616,20 @@ class OnlineTrainer:
     # ----- the run --------------------------------------------------------------------------
     def maybe_resume(self) -> None:
         """Restore the latest checkpoint (state, iterator position) when ``resume`` is set."""
-        extra = restore_latest(self.ckpt, self.policy) if self.cfg.resume else None
+        if not self.cfg.resume:
+            return
+        step = None
+        if self.critic_ckpt is not None and self.ckpt.latest_step() is not None:
+            # the newest step both writes finished (a kill can land between the two)
+            both = sorted(set(self.ckpt.all_steps()) & set(self.critic_ckpt.all_steps()))
+            if not both:
+                raise TrainingError(
+                    f"{self.cfg.output_dir}: no step has both a policy and a critic checkpoint "
+                    f"(policy: {self.ckpt.all_steps()}, critic: "
+                    f"{self.critic_ckpt.all_steps()}); start a fresh run or restore one")
+            step = both[-1]
+            restore_latest(self.critic_ckpt, self.critic, step)
+        extra = restore_latest(self.ckpt, self.policy, step)
         if extra is None:
             return
         self.iterator = make_iterator(self.train_data.items,
@@ -632,6 +649,8 @@ class OnlineTrainer:
         if step == getattr(self, "_last_saved", None):
             return
         self._last_saved = step
+        if self.critic_ckpt is not None:  # first, so a policy step implies its critic
+            self.critic_ckpt.save(step, self.critic.state, force=force, extra={"step": step})
         self.ckpt.save(step, self.policy.state, force=force,
                        extra=run_extra(step, iterator=self.iterator, logger=self.logger,
                                        guard=self.guard, train_time_s=self.train_time))
@@ -676,6 +695,8 @@ class OnlineTrainer:
             summary["eval_after"] = ev
             logger.log(final, ev, progress=False)
         self.ckpt.wait_until_finished()
+        if self.critic_ckpt is not None:
+            self.critic_ckpt.wait_until_finished()
         if cfg.checkpoint.export_hf:
             summary["hf_export"] = export_policy(self.policy, cfg)
         summary.update(train_time_s=self.train_time,
@@ -686,6 +707,8 @@ class OnlineTrainer:
     def close(self) -> None:
         """Release the checkpoint manager."""
         self.ckpt.close()
+        if self.critic_ckpt is not None:
+            self.critic_ckpt.close()
 
 
 def _minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: int):

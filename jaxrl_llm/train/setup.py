@@ -204,26 +204,26 @@ def export_policy(policy: Policy, cfg: RunConfig) -> str | None:
     return out
 
 
-def make_checkpointer(cfg: RunConfig, policy: Policy):
-    """The run's orbax CheckpointManager under ``output_dir/checkpoints`` (model config and
+def make_checkpointer(cfg: RunConfig, policy: Policy, *, subdir: str = "checkpoints"):
+    """The run's orbax CheckpointManager under ``output_dir/<subdir>`` (model config and
     tokenizer saved alongside, so ``jaxrl-llm convert`` works from it)."""
     from jaxrl_llm.train.checkpoint import CheckpointManager
 
     tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
-    return CheckpointManager(os.path.join(cfg.output_dir, "checkpoints"),
+    return CheckpointManager(os.path.join(cfg.output_dir, subdir),
                              save_every=cfg.checkpoint.save_every or 10 ** 9,
                              keep=cfg.checkpoint.keep, model_config=policy.config,
                              tokenizer=tok)
 
 
-def restore_latest(ckpt, policy: Policy) -> dict | None:
-    """Restore the newest finalised checkpoint into ``policy.state`` (same shardings);
-    returns its ``extra`` dict, or None when there is no checkpoint."""
+def restore_latest(ckpt, policy: Policy, step: int | None = None) -> dict | None:
+    """Restore the newest finalised checkpoint (or ``step``) into ``policy.state`` (same
+    shardings); returns its ``extra`` dict, or None when there is no checkpoint."""
     if ckpt.latest_step() is None:
         return None
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             policy.state)
-    policy.state, extra = ckpt.restore(abstract)
+    policy.state, extra = ckpt.restore(abstract, step)
     return extra
 
 

@@ -142,6 +142,40 @@ def test_resume_continues_exactly(toy_data, tmp_path):
                  pa, pb)
 
 
+@pytest.mark.slow
+def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
+    """PPO: 3 straight steps == 2 steps, stop, resume to 3 — the critic's weights and optimizer
+    state come back from their own checkpoint (else the value loss of step 3 would differ)."""
+    import jax
+
+    from jaxrl_llm.train.checkpoint import CheckpointManager
+
+    common = dict(rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=2),
+                  checkpoint=dict(save_every=2, keep=2), eval=dict(before=False))
+    train_online(toy_config(toy_data, tmp_path / "a", "ppo", max_steps=3, **common),
+                 log_stream=open(os.devnull, "w"))
+    train_online(toy_config(toy_data, tmp_path / "b", "ppo", max_steps=2, **common),
+                 log_stream=open(os.devnull, "w"))
+    assert CheckpointManager(str(tmp_path / "b" / "critic_checkpoints")).all_steps() == [2]
+    train_online(toy_config(toy_data, tmp_path / "b", "ppo", max_steps=3, resume=True, **common),
+                 log_stream=open(os.devnull, "w"))
+
+    def rows(d):
+        return {r["step"]: r for r in map(json.loads, open(d / "metrics.jsonl")) if "loss" in r}
+
+    a, b = rows(tmp_path / "a"), rows(tmp_path / "b")
+    assert sorted(b) == [1, 2, 3]
+    for key in ("loss", "critic/loss", "vf/value_mean"):
+        assert key in a[3], sorted(a[3])
+        assert a[3][key] == pytest.approx(b[3][key], abs=1e-6), key
+    from jaxrl_llm.train.checkpoint import restore_model
+    for sub in ("checkpoints", "critic_checkpoints"):
+        _, pa, _ = restore_model(str(tmp_path / "a" / sub))
+        _, pb, _ = restore_model(str(tmp_path / "b" / sub))
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
+                                                             atol=1e-6), pa, pb)
+
+
 def test_token_step_ids_follow_the_step_spans():
     from jaxrl_llm.data import CharTokenizer
     from jaxrl_llm.train.online import token_step_ids
