@@ -2,7 +2,8 @@
 
 Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``. A
 :class:`jaxrl_llm.errors.JaxrlError` raised anywhere is printed as one line on stderr with
-exit status 2; set ``JAXRL_LLM_TRACEBACK=1`` to see the full traceback instead.
+exit status 2; set ``JAXRL_LLM_TRACEBACK=1`` to see the full traceback instead. A usage error
+(unknown option, a flag's value of the wrong type) is also one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -23,9 +24,17 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (no usage block) naming the help."""
+
+    def error(self, message: str):
+        """Print ``<prog>: error: <message>`` and the help hint on one line; exit status 2."""
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand attached."""
-    parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="jaxrl-llm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         try:
@@ -36,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _parser=p)
     return parser
 
 
@@ -46,14 +55,15 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     # parse_known_args, so that ``train CFG --resume a.b=1`` works: argparse stops filling a
-    # nargs="*" positional at the first option, and the rest would be "unrecognized".
+    # nargs="*" positional at the first option, and the rest would be "unrecognized". A word
+    # without "=" joins them too, so that its error names the override and the expected form.
     args, extra = parser.parse_known_args(argv)
     if extra:
         if isinstance(getattr(args, "overrides", None), list) and all(
-                "=" in x and not x.startswith("-") for x in extra):
+                not x.startswith("-") for x in extra):
             args.overrides = args.overrides + extra
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        else:  # the subcommand's parser, so the error names the command and its --help
+            getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

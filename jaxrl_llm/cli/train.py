@@ -1,8 +1,9 @@
 """``jaxrl-llm train CONFIG.yaml [dotted.key=value ...]``: run any algorithm from a YAML config.
 
 The config is validated before anything compiles (unknown key, wrong type, impossible
-combination → one line naming the key). ``--resume`` (or ``resume=true``) continues from the
-latest checkpoint in ``output_dir`` with the same data order.
+combination, a mesh that does not fit the devices or the batch → one line naming the key).
+``--resume`` (or ``resume=true``) continues from the latest checkpoint in ``output_dir`` with
+the same data order; a fresh run refuses an ``output_dir`` that already holds checkpoints.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ def run(args: argparse.Namespace) -> int:
 
     from jaxrl_llm.train.config_io import load_config, to_dict
     from jaxrl_llm.train.run_config import RunConfig, loss_config
+    from jaxrl_llm.train.setup import check_mesh
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
     lcfg = loss_config(cfg)  # validates the loss section too
+    check_mesh(cfg)  # the mesh fits the devices and the batch splits over it
+    _check_output_dir(cfg)
     resolved = to_dict(cfg)
     resolved["loss"] = to_dict(lcfg)
     if args.dry_run:
@@ -64,6 +68,22 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, f, indent=2)
     _print_summary(cfg, summary)
     return 0
+
+
+def _check_output_dir(cfg) -> None:
+    """``output_dir`` must be a directory (or not exist yet); a fresh run (no ``--resume``)
+    must not start over another run's checkpoints, which it could not save beside."""
+    out = cfg.output_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"output_dir {out!r} exists and is not a directory; choose another "
+                          f"output_dir")
+    ckpt = os.path.join(out, "checkpoints")
+    steps = sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) \
+        else []
+    if steps and not cfg.resume:
+        raise ConfigError(f"output_dir {out!r} already holds checkpoints of a run (latest step "
+                          f"{steps[-1]}); pass --resume to continue it, or choose a new "
+                          f"output_dir")
 
 
 def _print_summary(cfg, summary: dict) -> None:

@@ -109,12 +109,39 @@ def _fail(record: Record, field: str, what: str):
     raise DataError(f"{record.location}: field {field!r}: {what}")
 
 
+class _MissingField(DataError):
+    """A required field is absent; :func:`parse_example` adds which format the record
+    looks like instead."""
+
+
+# The fields that identify each format (most specific first), for the hint on a missing field.
+_SIGNATURES = ((Format.PREFERENCE, ("prompt", "chosen", "rejected")),
+               (Format.PAIRWISE_RANK, ("prompt", "responses", "scores")),
+               (Format.KTO, ("prompt", "completion", "label")),
+               (Format.SFT, ("prompt", "completion")),
+               (Format.SFT, ("messages",)))
+
+
 def _get(record: Record, field: str) -> Any:
     if field not in record.fields or record.fields[field] is None:
         present = sorted(k for k, v in record.fields.items() if v is not None)
-        raise DataError(f"{record.location}: missing field {field!r} (fields present: "
-                        f"{present})")
+        raise _MissingField(f"{record.location}: missing field {field!r} (fields present: "
+                            f"{present})")
     return record.fields[field]
+
+
+def _format_hint(record: Record, fmt: Format) -> str:
+    """``"; ... look like preference data (prompt, chosen, rejected), not kto data"`` when the
+    record's fields are another format's, else ``""``."""
+    present = {k for k, v in record.fields.items() if v is not None}
+    for other, fields in _SIGNATURES:
+        if set(fields) <= present:
+            if other == fmt:
+                return ""
+            return (f"; these fields look like {other.value} data ({', '.join(fields)}), "
+                    f"not {fmt.value} data: choose an algorithm that reads {other.value} data "
+                    f"or convert the file")
+    return ""
 
 
 def _text(record: Record, field: str, value: Any) -> str:
@@ -241,7 +268,11 @@ def parse_example(record: Record, fmt: Format | str) -> Example:
       DataError: ``"<file> line <n>: field '<name>': <problem>"`` for a missing field, a wrong
         type, empty text, a bad message list or mismatched list lengths.
     """
-    return _PARSERS[Format(fmt)](record)
+    fmt = Format(fmt)
+    try:
+        return _PARSERS[fmt](record)
+    except _MissingField as e:
+        raise DataError(f"{e}{_format_hint(record, fmt)}") from None
 
 
 def parse_examples(records: list[Record], fmt: Format | str) -> list[Example]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Callable
 
 from jaxrl_llm.data.collate import (Padding, collate_kto, collate_preferences, collate_prompts,
@@ -66,8 +67,9 @@ def prepare_dataset(
     fmt = Format(fmt)
     examples, locations = load_examples(source, fmt, split=split)
     tokenized = [tokenize_example(tokenizer, e, add_eos=add_eos) for e in examples]
+    name = str(source) if isinstance(source, (str, os.PathLike)) else None
     items, stats = apply_length_policy(tokenized, max_len=max_len, policy=length_policy,
-                                       locations=locations)
+                                       locations=locations, source=name)
     return PreparedData(format=fmt, items=items, stats=stats)
 
 

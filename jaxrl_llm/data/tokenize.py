@@ -204,6 +204,7 @@ def apply_length_policy(
     max_len: int,
     policy: LengthPolicy | str = LengthPolicy.ERROR,
     locations: Sequence[str] | None = None,
+    source: str | None = None,
 ) -> tuple[list[Tokenized], dict[str, int]]:
     """Enforce ``max_len`` on tokenised examples and count what happened.
 
@@ -212,6 +213,7 @@ def apply_length_policy(
       max_len: the longest allowed row (prompt + completion) in tokens.
       policy: :class:`LengthPolicy` (``"error"``, ``"truncate"``, ``"drop"``).
       locations: per-item source locations for error messages.
+      source: the data set's name (e.g. its file) for the error when every example is dropped.
     Returns:
       (kept items, stats) with stats ``{"total", "kept", "truncated", "dropped"}``; the stats
       are also logged as one line.
@@ -221,9 +223,10 @@ def apply_length_policy(
     policy = LengthPolicy(policy)
     if max_len <= 0:
         raise ConfigError(f"max_len must be positive, got {max_len}")
-    out, truncated, dropped = [], 0, 0
+    out, truncated, dropped, shortest = [], 0, 0, None
     for i, t in enumerate(items):
         n = sequence_length(t)
+        shortest = n if shortest is None else min(shortest, n)
         if n <= max_len:
             out.append(t)
             continue
@@ -239,5 +242,7 @@ def apply_length_policy(
     stats = {"total": len(items), "kept": len(out), "truncated": truncated, "dropped": dropped}
     log.info("length policy %s (max_len=%d): %s", policy.value, max_len, stats)
     if not out:
-        raise DataError(f"every example was dropped by max_len={max_len}; raise max_len")
+        raise DataError(f"{source + ': ' if source else ''}every example was dropped by "
+                        f"max_len={max_len} (length_policy 'drop'; the shortest has "
+                        f"{shortest} tokens); raise max_len or use length_policy 'truncate'")
     return out, stats

@@ -174,7 +174,8 @@ def load_hf_dir(path: str | os.PathLike, *, param_dtype: str = "float32",
       A :class:`LoadedModel`.
     Raises:
       ModelLoadError: missing directory / config.json / weights, bad JSON, unsupported
-        architecture, missing or mis-shaped weights.
+        architecture, missing or mis-shaped weights, a tokenizer with more tokens than the
+        model's vocabulary.
     """
     d = Path(path)
     if not d.is_dir():
@@ -189,6 +190,12 @@ def load_hf_dir(path: str | os.PathLike, *, param_dtype: str = "float32",
     config = config_from_hf_dict(hf_cfg, source=str(cfg_file))
     sd = _read_safetensors(d)
     tokenizer = _load_tokenizer(d)
+    n_tokens = None if tokenizer is None else len(tokenizer)
+    if n_tokens is not None and n_tokens > config.vocab_size:
+        # Ids past the embedding table would be clamped silently on accelerators.
+        raise ModelLoadError(f"{d}: the tokenizer has {n_tokens} tokens but config.json's "
+                             f"vocab_size is {config.vocab_size}; the tokenizer files do not "
+                             f"belong to these weights (use the model's own tokenizer)")
     return _finish(config, sd, tokenizer, source=str(d), param_dtype=param_dtype,
                    compute_dtype=compute_dtype)
 

@@ -181,7 +181,8 @@ class RewardSet:
                 if f is not None:
                     scores[i] = f
         if failed == n:
-            return scores, f"raised {type(batch_error).__name__}: {batch_error}"
+            return scores, (f"raised {type(batch_error).__name__}: {batch_error} for every "
+                            f"sample")
         return scores, None
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str],
@@ -218,9 +219,12 @@ class RewardSet:
             else:
                 self._strikes[name] += 1
                 if self._strikes[name] >= self.max_consecutive_failures:
+                    fix = ("make it return None for a sample it cannot score instead of "
+                           "raising" if problem.startswith("raised") else "return one value "
+                           "per completion")
                     raise RewardError(f"reward function {name!r} {problem} in "
-                                      f"{self._strikes[name]} consecutive batches; fix its "
-                                      f"signature fn(prompts, completions, **fields) -> "
+                                      f"{self._strikes[name]} consecutive batches; {fix}: "
+                                      f"fn(prompts, completions, **fields) -> "
                                       f"list[float | None]")
             ok = np.isfinite(scores)
             valid &= ok

@@ -56,7 +56,10 @@ def _coerce(value: Any, tp, key: str):
             try:
                 return _coerce(value, a, key)
             except ConfigError as e:
-                errors.append(e)
+                errors.append((a, e))
+        for a, e in errors:  # a mapping for a section: its own error names the inner key
+            if isinstance(value, Mapping) and dataclasses.is_dataclass(a):
+                raise e
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is typing.Literal:
         if value in typing.get_args(tp):
@@ -140,8 +143,12 @@ def from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):
                           f"{[f'{prefix}.{m}' if prefix else m for m in missing]}")
     try:
         return cls(**kwargs)
-    except ConfigError:
-        raise
+    except ConfigError as e:
+        # A section's own check (e.g. a loss config's ``beta=-0.1 must be > 0``) names its
+        # field; prefix the section so the user knows where to look (``loss: ...``).
+        if not prefix or str(e).startswith(prefix):
+            raise
+        raise ConfigError(f"{prefix}: {e}") from None
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{prefix or 'config'}: {e}") from None
 
@@ -186,6 +193,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             nxt = node.get(p)
             if nxt is None:
                 nxt = node[p] = {}
+            elif isinstance(nxt, list):
+                raise ConfigError(f"override {ov!r}: {p!r} is a list; override it whole, "
+                                  f"e.g. {p}=[{{...}}, ...]")
             elif not isinstance(nxt, dict):
                 raise ConfigError(f"override {ov!r}: {p!r} is a value, not a section")
             node = nxt
@@ -200,6 +210,14 @@ def load_yaml(path: str) -> dict:
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path!r} is a directory; pass a YAML file such as "
+                          f"configs/sft.yaml") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path!r}: not valid UTF-8 (byte {e.start}); save it "
+                          f"as UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path!r} cannot be read ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

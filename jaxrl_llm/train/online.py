@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import os
@@ -45,15 +46,15 @@ import numpy as np
 
 from jaxrl_llm import objectives, ops, rewards as R
 from jaxrl_llm.data import Format, make_iterator, prepare_dataset
-from jaxrl_llm.errors import ConfigError, TrainingError
+from jaxrl_llm.errors import ConfigError, DataError, TrainingError
 from jaxrl_llm.losses import AdvantageEstimator, critic_values, get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
 from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name
 from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
-                                   export_policy, make_checkpointer, make_logger, restore_latest,
-                                   run_extra)
+                                   check_mesh, export_policy, load_policy_model,
+                                   make_checkpointer, make_logger, restore_latest, run_extra)
 from jaxrl_llm.train.step import make_train_step
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
@@ -61,8 +62,30 @@ from jaxrl_llm.train.step import make_train_step
 PROMPT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
+def _bind(fn: Callable, **kw) -> Callable:
+    """``fn`` with the config's ``kwargs`` bound. Each must be a named parameter of ``fn``:
+    a reward function's ``**fields`` are the data's columns, so a misspelt option would
+    otherwise vanish into them. A keyword ``fn`` does not name is a TypeError at start-up,
+    not a surprise minutes into a run."""
+    if not kw:
+        return fn
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to check (a builtin): the call will tell
+        return functools.partial(fn, **kw)
+    named = [n for i, (n, p) in enumerate(params.items())
+             if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and i >= 2)]
+    unknown = sorted(set(kw) - set(named))
+    if unknown:
+        name = getattr(fn, "__name__", repr(fn))
+        raise TypeError(f"{name}() got an unexpected keyword argument "
+                        f"{', '.join(repr(u) for u in unknown)}; it takes: "
+                        f"{', '.join(named) or 'no options'}")
+    return functools.partial(fn, **kw)
+
+
 def _math_answer(**kw):
-    return functools.partial(R.math_answer_reward, **kw)
+    return _bind(R.math_answer_reward, **kw)
 
 
 def _reward_model(*, path: str, **kw):
@@ -84,7 +107,7 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Callable]] = {
     "format": R.make_format_reward,
     "length_penalty": R.make_length_penalty,
     "overlong": R.make_overlong_reward,
-    "code_execution": lambda **kw: functools.partial(R.code_execution_reward, **kw),
+    "code_execution": lambda **kw: _bind(R.code_execution_reward, **kw),
     "reward_model": _reward_model,
 }
 
@@ -100,7 +123,7 @@ def _import_reward(path: str, key: str):
         raise ConfigError(f"{key}: cannot import reward {path!r} ({e})") from None
     if not callable(fn):
         raise ConfigError(f"{key}: {path!r} is not callable")
-    return lambda **kw: functools.partial(fn, **kw) if kw else fn
+    return lambda **kw: _bind(fn, **kw)
 
 
 def build_rewards(cfg: RunConfig) -> R.RewardSet:
@@ -221,27 +244,39 @@ class OnlineTrainer:
         self.log_stream = log_stream or sys.stderr
         self.spec = get_loss(loss_name(cfg))
         self.loss_config = loss_config(cfg)
-        self.policy = policy or build_policy(cfg)
-        p = self.policy
-        tok = p.tokenizer
         d = cfg.data
         r = cfg.rollout
         self.online_dpo = cfg.algorithm == "online_dpo"
-        if self.online_dpo:
-            check_batch_divisible(p.mesh, r.prompts_per_step, "rollout.prompts_per_step (pairs)")
+        # Rewards and data are built and checked before anything compiles: a bad reward
+        # keyword or data line costs no model build.
+        self.rewards = build_rewards(cfg)
+        if policy is None:
+            check_mesh(cfg)
+            config, params, tok = load_policy_model(cfg)
         else:
-            check_batch_divisible(p.mesh, r.prompts_per_step * r.group_size // r.minibatches,
-                                  "rollout.prompts_per_step x group_size / minibatches")
+            tok = policy.tokenizer
         self.train_data = prepare_dataset(d.train, Format.PROMPT, tok, max_len=d.max_length,
                                           length_policy=d.length_policy)
         self.eval_data = (prepare_dataset(d.eval, Format.PROMPT, tok, max_len=d.max_length,
                                           length_policy=d.length_policy) if d.eval else None)
         self._say(f"data: {self.train_data.stats['kept']} training prompts"
                   + (f", {self.eval_data.stats['kept']} held-out" if self.eval_data else ""))
-        r = cfg.rollout
+        n, want = len(self.train_data.items), r.prompts_per_step * jax.process_count()
+        if n < want:
+            raise DataError(f"{d.train}: {n} prompts (after data.length_policy={d.length_policy}) "
+                            f"cannot fill one step of rollout.prompts_per_step="
+                            f"{r.prompts_per_step}" + (f" x {jax.process_count()} hosts"
+                                                       if jax.process_count() > 1 else "")
+                            + "; add prompts or lower rollout.prompts_per_step")
+        self.policy = policy or build_policy(cfg, config=config, params=params, tokenizer=tok)
+        p = self.policy
+        if self.online_dpo:
+            check_batch_divisible(p.mesh, r.prompts_per_step, "rollout.prompts_per_step (pairs)")
+        else:
+            check_batch_divisible(p.mesh, r.prompts_per_step * r.group_size // r.minibatches,
+                                  "rollout.prompts_per_step x group_size / minibatches")
         self.sampling = SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                                        min_p=r.min_p)
-        self.rewards = build_rewards(cfg)
         self.estimator = getattr(self.loss_config, "advantage", None)
         self.step_scorer = None
         if cfg.process_reward is not None:
@@ -377,9 +412,11 @@ class OnlineTrainer:
         fields: dict[str, list] = {}
         for k in sorted({k for e in extras for k in e}):
             fields[k] = [e.get(k) for e in extras]
+        t0 = time.perf_counter()
         out = self.rewards(prompts, texts, **fields)
+        metrics = {**out.metrics, "time/reward_s": time.perf_counter() - t0}  # inside rollout_s
         return RolloutBatch(ro, texts, prompts, np.asarray(out.rewards, np.float32),
-                            np.asarray(out.valid, bool), dict(out.metrics), extras)
+                            np.asarray(out.valid, bool), metrics, extras)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy decoding on the held-out prompts: mean of the first reward function."""

@@ -13,6 +13,7 @@ combinations are one-line :class:`~jaxrl_llm.errors.ConfigError`s naming the key
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 from jaxrl_llm.errors import ConfigError
@@ -35,6 +36,19 @@ class LoRASection:
     alpha: float = 16.0
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                 "down_proj")
+
+    def __post_init__(self):
+        from jaxrl_llm.models.lora import ALL_TARGETS
+
+        if self.rank < 1:
+            raise ConfigError(f"model.lora.rank must be >= 1, got {self.rank} (for full "
+                              f"fine-tuning set model.lora=null)")
+        if not self.alpha > 0:
+            raise ConfigError(f"model.lora.alpha must be > 0, got {self.alpha}")
+        unknown = [t for t in self.targets if t not in ALL_TARGETS]
+        if unknown or not self.targets:
+            raise ConfigError(f"model.lora.targets: unknown {unknown or 'empty list'}; allowed: "
+                              f"{list(ALL_TARGETS)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +90,20 @@ class OptimSection:
     grad_clip: float | None = 1.0
 
     def __post_init__(self):
-        if not self.lr > 0:
-            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"optim.lr must be a finite number > 0, got {self.lr}")
         if self.warmup_steps < 0:
             raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for name in ("b1", "b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.eps > 0:
+            raise ConfigError(f"optim.eps must be > 0, got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise ConfigError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ConfigError(f"optim.grad_clip must be > 0 (or null: no clipping), got "
+                              f"{self.grad_clip}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +113,15 @@ class MeshSection:
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+
+    def __post_init__(self):
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            if size == 0 or size < -1:
+                raise ConfigError(f"mesh.{name}={size} is invalid; use a positive size or -1 "
+                                  f"(all remaining devices)")
+        if sum(size == -1 for size in sizes.values()) > 1:
+            raise ConfigError(f"mesh: only one of data/fsdp/tensor may be -1, got {sizes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +133,10 @@ class LoggingSection:
     wandb_project: str | None = None
     plots: bool = True
 
+    def __post_init__(self):
+        if self.log_every < 1:
+            raise ConfigError(f"logging.log_every must be >= 1, got {self.log_every}")
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSection:
@@ -108,6 +145,13 @@ class CheckpointSection:
     save_every: int = 0
     keep: int = 2
     export_hf: bool = False
+
+    def __post_init__(self):
+        if self.save_every < 0:
+            raise ConfigError(f"checkpoint.save_every must be >= 0 (0 = only at the end), got "
+                              f"{self.save_every}")
+        if self.keep < 1:
+            raise ConfigError(f"checkpoint.keep must be >= 1, got {self.keep}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +165,11 @@ class DataSection:
     packing: bool = False
     shuffle: bool = True
 
+    def __post_init__(self):
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length must be >= 2 tokens (a prompt token and a "
+                              f"completion token), got {self.max_length}")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
@@ -131,6 +180,14 @@ class TrainSection:
     eval_every: int = 0
     eval_batches: int | None = None
     reference: Literal["on_the_fly", "precompute"] = "on_the_fly"
+
+    def __post_init__(self):
+        if self.eval_every < 0:
+            raise ConfigError(f"train.eval_every must be >= 0 (0 = only before and after "
+                              f"training), got {self.eval_every}")
+        if self.eval_batches is not None and self.eval_batches < 1:
+            raise ConfigError(f"train.eval_batches must be >= 1 (or null: all), got "
+                              f"{self.eval_batches}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +245,19 @@ class PPOSection:
     critic_lr: float = 1e-5
     value_clip: float | None = 0.2
 
+    def __post_init__(self):
+        if not self.kl_coef >= 0:
+            raise ConfigError(f"ppo.kl_coef must be >= 0, got {self.kl_coef}")
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"ppo.{name} must be in [0, 1], got {getattr(self, name)}")
+        if not (self.critic_lr > 0 and math.isfinite(self.critic_lr)):
+            raise ConfigError(f"ppo.critic_lr must be a finite number > 0, got "
+                              f"{self.critic_lr}")
+        if self.value_clip is not None and not self.value_clip > 0:
+            raise ConfigError(f"ppo.value_clip must be > 0 (or null: off), got "
+                              f"{self.value_clip}")
+
 
 @dataclasses.dataclass(frozen=True)
 class RewardItem:
@@ -231,6 +301,16 @@ class EvalSection:
     batch_size: int = 64
     before: bool = True
 
+    def __post_init__(self):
+        if self.every < 0:
+            raise ConfigError(f"eval.every must be >= 0 (0 = only before and after training), "
+                              f"got {self.every}")
+        if self.num_examples is not None and self.num_examples < 1:
+            raise ConfigError(f"eval.num_examples must be >= 1 (or null: all), got "
+                              f"{self.num_examples}")
+        if self.batch_size < 1:
+            raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -263,6 +343,10 @@ class RunConfig:
                               f"{', '.join(allowed)}")
         if self.max_steps < 1:
             raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
+        if not self.output_dir.strip():
+            raise ConfigError("output_dir: a run directory is required, e.g. output_dir=runs/x")
+        if self.max_nonfinite_steps < 1:
+            raise ConfigError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if not self.data.train:
             raise ConfigError("data.train: a training data file or directory is required")
         if self.model.source == "tiny" and self.model.tokenizer != "char":
@@ -292,6 +376,7 @@ class RunConfig:
                          "minibatches", "max_sampling_rounds"):
                 if getattr(r, name) < 1:
                     raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
+            _check_sampling(r)
         else:
             t = self.train
             if t.batch_size < 1 or t.micro_batches < 1 or t.batch_size % t.micro_batches:
@@ -305,6 +390,25 @@ class RunConfig:
     def is_online(self) -> bool:
         """True for the online RL algorithms (rollout → reward → update)."""
         return self.algorithm in ONLINE_ALGORITHMS
+
+
+def _check_sampling(r: RolloutSection) -> None:
+    """The rollout's sampling settings, named as config keys (what SamplingConfig allows)."""
+    if not (r.temperature > 0 and math.isfinite(r.temperature)):
+        raise ConfigError(f"rollout.temperature must be a finite number > 0, got "
+                          f"{r.temperature}")
+    if r.top_k < 0:
+        raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {r.top_k}")
+    if not 0.0 < r.top_p <= 1.0:
+        raise ConfigError(f"rollout.top_p must be in (0, 1] (1 = off), got {r.top_p}")
+    if not 0.0 <= r.min_p < 1.0:
+        raise ConfigError(f"rollout.min_p must be in [0, 1) (0 = off), got {r.min_p}")
+    if r.overlong_buffer is not None and not 0 < r.overlong_buffer <= r.max_new_tokens:
+        raise ConfigError(f"rollout.overlong_buffer={r.overlong_buffer} must be between 1 and "
+                          f"rollout.max_new_tokens={r.max_new_tokens} (or null: off)")
+    if not r.overlong_penalty_factor >= 0:
+        raise ConfigError(f"rollout.overlong_penalty_factor must be >= 0, got "
+                          f"{r.overlong_penalty_factor}")
 
 
 def loss_name(cfg: RunConfig) -> str:

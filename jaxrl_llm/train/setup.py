@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from jaxrl_llm import models
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, ModelLoadError
 from jaxrl_llm.models.lora import LoRAConfig, init_lora, lora_logical_axes, merge_lora
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, replicated
 from jaxrl_llm.train.run_config import RunConfig
@@ -96,11 +96,17 @@ def load_policy_model(cfg: RunConfig):
         overrides = dict(vocab_size=tok.vocab_size, eos_token_ids=(tok.eos_token_id,),
                          pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                          param_dtype=m.param_dtype, compute_dtype=m.compute_dtype)
+        allowed = sorted(f.name for f in dataclasses.fields(models.ModelConfig))
+        unknown = sorted(set(m.tiny or {}) - set(allowed))
+        if unknown:
+            raise ConfigError(f"model.tiny: unknown key(s) {unknown}; allowed: {allowed}")
         overrides.update(m.tiny or {})
         try:
             config = models.ModelConfig.tiny(**overrides)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"model.tiny: {e}") from None
+        check_vocab(config, tok, source="model.source=tiny", tokenizer_name="model.tokenizer=char",
+                    fix="set model.tiny.vocab_size >= that (or leave it out)")
         params = models.init_params(config, jax.random.PRNGKey(cfg.seed))
         return config, params, tok
     from jaxrl_llm.interop import load_model
@@ -112,7 +118,30 @@ def load_policy_model(cfg: RunConfig):
         tok = CharTokenizer()
     if tok is None:
         raise ConfigError(f"model.source={m.source!r} has no tokenizer; set model.tokenizer")
+    check_vocab(loaded.config, tok, source=f"model.source={m.source!r}",
+                tokenizer_name=f"model.tokenizer={m.tokenizer}")
     return loaded.config, loaded.params, tok
+
+
+def tokenizer_size(tokenizer) -> int | None:
+    """How many token ids ``tokenizer`` can produce (``len()`` of a transformers tokenizer,
+    which counts added tokens; ``vocab_size`` otherwise), or None when it does not say."""
+    try:
+        return int(len(tokenizer))
+    except TypeError:
+        size = getattr(tokenizer, "vocab_size", None)
+        return None if size is None else int(size)
+
+
+def check_vocab(config: models.ModelConfig, tokenizer, *, source: str,
+                tokenizer_name: str = "its tokenizer",
+                fix: str = "use the tokenizer that belongs to this model") -> None:
+    """A tokenizer must not produce ids the model's embedding table does not have (a gather
+    past the table is clamped silently on accelerators, so the run would train on garbage)."""
+    n = tokenizer_size(tokenizer)
+    if n is not None and n > config.vocab_size:
+        raise ModelLoadError(f"{source}: {tokenizer_name} has {n} tokens but the model's "
+                             f"vocabulary has {config.vocab_size} (vocab_size); {fix}")
 
 
 def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
@@ -294,12 +323,43 @@ class NonFiniteGuard:
 
 
 def check_batch_divisible(mesh, rows: int, what: str) -> None:
-    """A batch of ``rows`` rows must split evenly over the mesh's data × fsdp axes."""
-    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    """A batch of ``rows`` rows must split evenly over the mesh's data × fsdp axes.
+
+    ``mesh`` is a ``Mesh`` or a ``{"data": n, "fsdp": n, ...}`` dict of axis sizes.
+    """
+    shape = mesh if isinstance(mesh, dict) else mesh.shape
+    shards = shape["data"] * shape["fsdp"]
     if rows % shards:
         raise ConfigError(f"{what}={rows} rows cannot be split over the mesh's data x fsdp = "
                           f"{shards} devices; use a multiple of {shards} or set mesh.data / "
                           f"mesh.fsdp")
+
+
+def check_mesh(cfg: RunConfig, num_devices: int | None = None) -> dict[str, int]:
+    """Resolve ``cfg.mesh`` for ``num_devices`` (default: every device) and check that each
+    step's batch splits over it — before any model is loaded, and by ``train --dry-run``.
+
+    Returns:
+      the axis sizes ``{"data", "fsdp", "tensor"}``.
+    Raises:
+      ConfigError: the sizes do not fit the device count, or the batch rows do not split.
+    """
+    from jaxrl_llm.parallel.mesh import mesh_shape
+
+    n = jax.device_count() if num_devices is None else num_devices
+    sizes = dict(zip(("data", "fsdp", "tensor"),
+                     mesh_shape(n, data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
+                                tensor=cfg.mesh.tensor)))
+    r, t = cfg.rollout, cfg.train
+    if cfg.algorithm == "online_dpo":
+        check_batch_divisible(sizes, r.prompts_per_step, "rollout.prompts_per_step (pairs)")
+    elif cfg.is_online:
+        check_batch_divisible(sizes, r.prompts_per_step * r.group_size // r.minibatches,
+                              "rollout.prompts_per_step x group_size / minibatches")
+    else:
+        check_batch_divisible(sizes, t.batch_size // t.micro_batches,
+                              "train.batch_size / train.micro_batches")
+    return sizes
 
 
 def host_numpy(tree):

@@ -245,7 +245,15 @@ def command_line(script: str, argv: list[str] | None) -> str:
     path = os.path.abspath(script)
     rel = os.path.relpath(path, ROOT)
     shown = path if rel.startswith("..") else rel
-    return "python " + " ".join(shlex.quote(a) for a in [shown] + args)
+
+    def repo_relative(arg: str) -> str:  # paths inside the checkout, as a reader would type them
+        if os.path.isabs(arg):
+            r = os.path.relpath(arg, ROOT)
+            if not r.startswith(".."):
+                return r
+        return arg
+
+    return "python " + " ".join(shlex.quote(a) for a in [shown] + [repo_relative(a) for a in args])
 
 
 def write_report(out: str | None, *, title: str, command: str, body: list[str],

@@ -143,10 +143,26 @@ def section_for(md: str, *, results_dir: str, out_dir: str, keep_machine: bool) 
                   lambda m: "](" + os.path.join(rel, m.group(1)).replace(os.sep, "/") + ")", text)
 
 
-def machine_block(*, command: str, quick: bool, seconds: float) -> str:
-    """The machine description and how the suite was run."""
+def machine_block(*, command: str, quick: bool, seconds: float, results_dir: str | None = None,
+                  names: tuple[str, ...] = ()) -> str:
+    """The machine description and how the suite was run.
+
+    The machine is as the benchmark processes saw it (the ``machine`` entry of their
+    ``results/*.json``, first of ``names`` that has one): this process may see other devices
+    (e.g. under a test harness that forces 8 host devices). Without such a file, this process's
+    own view."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"- {k}: {v}" for k, v in common.machine_info().items()]
+    info = None
+    reports = _load_metrics(results_dir) if results_dir else {}
+    for name in names:
+        if reports.get(name, {}).get("machine"):
+            info = reports[name]["machine"]
+            break
+    if info is None:
+        info = common.machine_info()
+    order = ("CPU", "JAX devices", "software", "OS")
+    keys = [k for k in order if k in info] + [k for k in info if k not in order]
+    lines = [f"- {k}: {info[k]}" for k in keys]
     lines.append(f"- suite: `{command}`, {now}, {seconds / 60:.1f} min")
     if quick:
         lines += ["", "**Quick mode (`--quick`): tiny sizes, a smoke test of the suite; the "
@@ -335,7 +351,8 @@ def run_suite(args: argparse.Namespace, *, prog: str = "python tools/bench/run_a
         text = set_block(text, name, content)
     if whole:
         text = set_block(text, "machine", machine_block(
-            command=suite_command, quick=args.quick, seconds=time.perf_counter() - t_suite))
+            command=suite_command, quick=args.quick, seconds=time.perf_counter() - t_suite,
+            results_dir=results_dir, names=tuple(n for n in names if status[n] == 0)))
     # The summary is rebuilt from results/*.json; while some benchmark has none yet (it was
     # never run by the suite), a summary already in the file is kept rather than shrunk.
     have_all = all(os.path.isfile(os.path.join(results_dir, f"{n}.json")) for n in BENCHES)
