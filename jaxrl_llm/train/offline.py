@@ -25,14 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import models
-from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator, prepare_dataset
-from jaxrl_llm.errors import DataError
+from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator
 from jaxrl_llm.losses import get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.train.run_config import OFFLINE_FORMATS, RunConfig, loss_config
 from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
                                    check_mesh, export_policy, load_policy_model,
-                                   make_checkpointer, make_logger, restore_latest, run_extra)
+                                   make_checkpointer, make_logger, read_splits, restore_latest,
+                                   run_extra)
 from jaxrl_llm.train.step import make_train_step
 
 # Metrics that summarise held-out quality per algorithm family (higher is better).
@@ -100,19 +100,11 @@ class OfflineTrainer:
         config, params, tok = load_policy_model(cfg)
         # The data is read and checked before anything compiles: a bad line costs no compile.
         self.format = Format(OFFLINE_FORMATS[cfg.algorithm])
-        self.train_data = prepare_dataset(d.train, self.format, tok, max_len=d.max_length,
-                                          length_policy=d.length_policy)
-        self.eval_data = (prepare_dataset(d.eval, self.format, tok, max_len=d.max_length,
-                                          length_policy=d.length_policy) if d.eval else None)
+        self.train_data, self.eval_data = read_splits(
+            cfg, self.format, tok, per_step=t.batch_size, per_step_key="train.batch_size",
+            unit="examples")
         self._say(f"data: {self.train_data.stats} (train)"
                   + (f", {self.eval_data.stats} (held-out)" if self.eval_data else ""))
-        n, rows = len(self.train_data.items), t.batch_size * jax.process_count()
-        if n < rows:
-            raise DataError(f"{d.train}: {n} examples (after data.length_policy="
-                            f"{d.length_policy}) cannot fill one batch of train.batch_size="
-                            f"{t.batch_size}" + (f" x {jax.process_count()} hosts"
-                                                 if jax.process_count() > 1 else "")
-                            + "; add examples or lower train.batch_size")
         if cfg.algorithm == "reward_model":
             config, params = _with_score_head(config, params, cfg.seed)
         self.policy: Policy = build_policy(cfg, config=config, params=params, tokenizer=tok)

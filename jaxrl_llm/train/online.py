@@ -45,8 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import objectives, ops, rewards as R
-from jaxrl_llm.data import Format, make_iterator, prepare_dataset
-from jaxrl_llm.errors import ConfigError, DataError, TrainingError
+from jaxrl_llm.data import Format, make_iterator
+from jaxrl_llm.errors import ConfigError, TrainingError
 from jaxrl_llm.losses import AdvantageEstimator, critic_values, get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
@@ -54,7 +54,8 @@ from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name
 from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
                                    check_mesh, export_policy, load_policy_model,
-                                   make_checkpointer, make_logger, restore_latest, run_extra)
+                                   make_checkpointer, make_logger, read_splits, restore_latest,
+                                   run_extra)
 from jaxrl_llm.train.step import make_train_step
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
@@ -255,19 +256,11 @@ class OnlineTrainer:
             config, params, tok = load_policy_model(cfg)
         else:
             tok = policy.tokenizer
-        self.train_data = prepare_dataset(d.train, Format.PROMPT, tok, max_len=d.max_length,
-                                          length_policy=d.length_policy)
-        self.eval_data = (prepare_dataset(d.eval, Format.PROMPT, tok, max_len=d.max_length,
-                                          length_policy=d.length_policy) if d.eval else None)
+        self.train_data, self.eval_data = read_splits(
+            cfg, Format.PROMPT, tok, per_step=r.prompts_per_step,
+            per_step_key="rollout.prompts_per_step", unit="prompts")
         self._say(f"data: {self.train_data.stats['kept']} training prompts"
                   + (f", {self.eval_data.stats['kept']} held-out" if self.eval_data else ""))
-        n, want = len(self.train_data.items), r.prompts_per_step * jax.process_count()
-        if n < want:
-            raise DataError(f"{d.train}: {n} prompts (after data.length_policy={d.length_policy}) "
-                            f"cannot fill one step of rollout.prompts_per_step="
-                            f"{r.prompts_per_step}" + (f" x {jax.process_count()} hosts"
-                                                       if jax.process_count() > 1 else "")
-                            + "; add prompts or lower rollout.prompts_per_step")
         self.policy = policy or build_policy(cfg, config=config, params=params, tokenizer=tok)
         p = self.policy
         if self.online_dpo:

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from jaxrl_llm import models
-from jaxrl_llm.errors import ConfigError, ModelLoadError
+from jaxrl_llm.errors import ConfigError, DataError, ModelLoadError
 from jaxrl_llm.models.lora import LoRAConfig, init_lora, lora_logical_axes, merge_lora
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, replicated
 from jaxrl_llm.train.run_config import RunConfig
@@ -365,3 +365,28 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None) -> dict[str, int]
 def host_numpy(tree):
     """Device arrays -> numpy (for logging / host-side reward code)."""
     return jax.tree.map(np.asarray, tree)
+
+
+def read_splits(cfg: RunConfig, fmt, tokenizer, *, per_step: int, per_step_key: str, unit: str):
+    """The tokenised training and held-out sets of ``cfg.data`` (held-out None without
+    ``data.eval``), read before anything compiles so that a bad line costs no compile.
+
+    Raises:
+      DataError: the training set (after ``data.length_policy``) cannot fill one step of
+        ``per_step`` examples per host (``per_step_key`` names the setting, ``unit`` the
+        examples: "examples", "prompts").
+    """
+    from jaxrl_llm.data import prepare_dataset
+
+    d = cfg.data
+    train = prepare_dataset(d.train, fmt, tokenizer, max_len=d.max_length,
+                            length_policy=d.length_policy)
+    held_out = (prepare_dataset(d.eval, fmt, tokenizer, max_len=d.max_length,
+                                length_policy=d.length_policy) if d.eval else None)
+    hosts = jax.process_count()
+    if len(train.items) < per_step * hosts:
+        raise DataError(f"{d.train}: {len(train.items)} {unit} (after data.length_policy="
+                        f"{d.length_policy}) cannot fill one step of {per_step_key}={per_step}"
+                        + (f" x {hosts} hosts" if hosts > 1 else "")
+                        + f"; add {unit} or lower {per_step_key}")
+    return train, held_out
