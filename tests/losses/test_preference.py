@@ -159,6 +159,9 @@ def test_dpo_adam_steps_raise_preference_accuracy(lm):
     for _ in range(20):
         p, state, loss, metrics = step(p, state)
     (loss_end, m_end), _ = vg(p, batch)
-    assert float(m0["rewards/accuracies"]) == 0.0  # at the reference every margin is 0
+    # At the reference every margin is 0 up to float rounding (the reference log-probs come
+    # from another XLA program; on some CPUs the two differ in the last bits, so the sign of a
+    # margin, and with it the accuracy, is not defined there).
+    assert abs(float(m0["rewards/margins"])) < 1e-4
     assert float(m_end["rewards/accuracies"]) == 1.0
     assert float(loss_end) < float(loss0) - 0.3
