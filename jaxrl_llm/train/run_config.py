@@ -27,6 +27,12 @@ OFFLINE_FORMATS = {"sft": "sft", "reward_model": "preference", "dpo": "preferenc
                    "kto": "kto", "orpo": "preference", "simpo": "preference",
                    "pairwise_rank": "pairwise_rank"}
 
+def _at_least(key: str, value, lo, note: str = "") -> None:
+    """ConfigError ``"<key> must be >= <lo> (<note>), got <value>"`` when ``value < lo``;
+    None passes (an optional setting left unset)."""
+    if value is not None and value < lo:
+        raise ConfigError(f"{key} must be >= {lo}{f' ({note})' if note else ''}, got {value}")
+
 
 @dataclasses.dataclass(frozen=True)
 class LoRASection:
@@ -134,8 +140,7 @@ class LoggingSection:
     plots: bool = True
 
     def __post_init__(self):
-        if self.log_every < 1:
-            raise ConfigError(f"logging.log_every must be >= 1, got {self.log_every}")
+        _at_least("logging.log_every", self.log_every, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,11 +152,8 @@ class CheckpointSection:
     export_hf: bool = False
 
     def __post_init__(self):
-        if self.save_every < 0:
-            raise ConfigError(f"checkpoint.save_every must be >= 0 (0 = only at the end), got "
-                              f"{self.save_every}")
-        if self.keep < 1:
-            raise ConfigError(f"checkpoint.keep must be >= 1, got {self.keep}")
+        _at_least("checkpoint.save_every", self.save_every, 0, "0 = only at the end")
+        _at_least("checkpoint.keep", self.keep, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,12 +184,8 @@ class TrainSection:
     reference: Literal["on_the_fly", "precompute"] = "on_the_fly"
 
     def __post_init__(self):
-        if self.eval_every < 0:
-            raise ConfigError(f"train.eval_every must be >= 0 (0 = only before and after "
-                              f"training), got {self.eval_every}")
-        if self.eval_batches is not None and self.eval_batches < 1:
-            raise ConfigError(f"train.eval_batches must be >= 1 (or null: all), got "
-                              f"{self.eval_batches}")
+        _at_least("train.eval_every", self.eval_every, 0, "0 = only before and after training")
+        _at_least("train.eval_batches", self.eval_batches, 1, "or null: all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,14 +300,9 @@ class EvalSection:
     before: bool = True
 
     def __post_init__(self):
-        if self.every < 0:
-            raise ConfigError(f"eval.every must be >= 0 (0 = only before and after training), "
-                              f"got {self.every}")
-        if self.num_examples is not None and self.num_examples < 1:
-            raise ConfigError(f"eval.num_examples must be >= 1 (or null: all), got "
-                              f"{self.num_examples}")
-        if self.batch_size < 1:
-            raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+        _at_least("eval.every", self.every, 0, "0 = only before and after training")
+        _at_least("eval.num_examples", self.num_examples, 1, "or null: all")
+        _at_least("eval.batch_size", self.batch_size, 1)
 
 
 @dataclasses.dataclass(frozen=True)
