@@ -19,9 +19,14 @@ setup: $(STAMP)
 
 # The main job: GRPO teaches SmolLM2-135M-Instruct 2-digit addition (configs/grpo_smollm2_addition.yaml),
 # then the Hugging Face export is loaded back with transformers.
+# Each `make run` starts the demo afresh: the previous run's directory is replaced (a fresh
+# `jaxrl-llm train` refuses an output_dir that holds checkpoints; continue one with --resume).
+RUN_DIR := runs/grpo_smollm2_addition
+
 run: $(STAMP)
-	$(BIN)/jaxrl-llm train configs/grpo_smollm2_addition.yaml
-	$(BIN)/python tools/check_hf_export.py runs/grpo_smollm2_addition/hf
+	@if [ -d $(RUN_DIR) ]; then echo "make run: replacing the previous run in $(RUN_DIR)"; rm -rf $(RUN_DIR); fi
+	$(BIN)/jaxrl-llm train configs/grpo_smollm2_addition.yaml output_dir=$(RUN_DIR)
+	$(BIN)/python tools/check_hf_export.py $(RUN_DIR)/hf
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
