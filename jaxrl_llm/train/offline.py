@@ -29,8 +29,8 @@ from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator
 from jaxrl_llm.losses import get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.train.run_config import OFFLINE_FORMATS, RunConfig, loss_config
-from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
-                                   check_mesh, export_policy, load_policy_model,
+from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_mesh,
+                                   export_policy, load_policy_model,
                                    make_checkpointer, make_logger, read_splits, restore_latest,
                                    run_extra)
 from jaxrl_llm.train.step import make_train_step
@@ -109,8 +109,6 @@ class OfflineTrainer:
             config, params = _with_score_head(config, params, cfg.seed)
         self.policy: Policy = build_policy(cfg, config=config, params=params, tokenizer=tok)
         p = self.policy
-        check_batch_divisible(p.mesh, t.batch_size // t.micro_batches,
-                              "train.batch_size / train.micro_batches")
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.padding = Padding(pad_id=pad_id, multiple=16, max_len=d.max_length)
         pack_rows = None

@@ -52,10 +52,9 @@ from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
 from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name
-from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_batch_divisible,
-                                   check_mesh, export_policy, load_policy_model,
-                                   make_checkpointer, make_logger, read_splits, restore_latest,
-                                   run_extra)
+from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_mesh,
+                                   export_policy, load_policy_model, make_checkpointer,
+                                   make_logger, read_splits, restore_latest, run_extra)
 from jaxrl_llm.train.step import make_train_step
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
@@ -251,8 +250,9 @@ class OnlineTrainer:
         # Rewards and data are built and checked before anything compiles: a bad reward
         # keyword or data line costs no model build.
         self.rewards = build_rewards(cfg)
+        # The batch splits over the mesh: checked once, before any model loads.
+        check_mesh(cfg, mesh=policy.mesh if policy is not None else None)
         if policy is None:
-            check_mesh(cfg)
             config, params, tok = load_policy_model(cfg)
         else:
             tok = policy.tokenizer
@@ -263,11 +263,6 @@ class OnlineTrainer:
                   + (f", {self.eval_data.stats['kept']} held-out" if self.eval_data else ""))
         self.policy = policy or build_policy(cfg, config=config, params=params, tokenizer=tok)
         p = self.policy
-        if self.online_dpo:
-            check_batch_divisible(p.mesh, r.prompts_per_step, "rollout.prompts_per_step (pairs)")
-        else:
-            check_batch_divisible(p.mesh, r.prompts_per_step * r.group_size // r.minibatches,
-                                  "rollout.prompts_per_step x group_size / minibatches")
         self.sampling = SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                                        min_p=r.min_p)
         self.estimator = getattr(self.loss_config, "advantage", None)

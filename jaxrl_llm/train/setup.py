@@ -335,9 +335,13 @@ def check_batch_divisible(mesh, rows: int, what: str) -> None:
                           f"mesh.fsdp")
 
 
-def check_mesh(cfg: RunConfig, num_devices: int | None = None) -> dict[str, int]:
+def check_mesh(cfg: RunConfig, num_devices: int | None = None, *,
+               mesh=None) -> dict[str, int]:
     """Resolve ``cfg.mesh`` for ``num_devices`` (default: every device) and check that each
     step's batch splits over it — before any model is loaded, and by ``train --dry-run``.
+
+    With ``mesh`` (the mesh of a policy built elsewhere), its axis sizes are checked instead
+    of ``cfg.mesh``'s.
 
     Returns:
       the axis sizes ``{"data", "fsdp", "tensor"}``.
@@ -346,10 +350,13 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None) -> dict[str, int]
     """
     from jaxrl_llm.parallel.mesh import mesh_shape
 
-    n = jax.device_count() if num_devices is None else num_devices
-    sizes = dict(zip(("data", "fsdp", "tensor"),
-                     mesh_shape(n, data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
-                                tensor=cfg.mesh.tensor)))
+    if mesh is not None:
+        sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor")}
+    else:
+        n = jax.device_count() if num_devices is None else num_devices
+        sizes = dict(zip(("data", "fsdp", "tensor"),
+                         mesh_shape(n, data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
+                                    tensor=cfg.mesh.tensor)))
     r, t = cfg.rollout, cfg.train
     if cfg.algorithm == "online_dpo":
         check_batch_divisible(sizes, r.prompts_per_step, "rollout.prompts_per_step (pairs)")

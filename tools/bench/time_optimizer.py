@@ -1,9 +1,9 @@
 """How long the optimizer part of a train step takes on its own, at SmolLM2-135M's shapes.
 
 Times three jitted programs over the full parameter tree (float32, one device): the AdamW update
-(``optax.adamw``, params and moments donated), the same with the NaN/Inf guard of
-``jaxrl_llm.train.step`` (``jnp.where`` over params and moments), and the global gradient norm
-with clipping. Compare with the "optimizer + step overhead" row of the train-step profile
+(``optax.adamw``, params and moments donated), the same behind the NaN/Inf guard in its two
+forms (a per-element ``jnp.where`` over params and moments, and the ``lax.cond`` branch that
+``jaxrl_llm.train.step`` uses), and the global gradient norm with clipping. Compare with the "optimizer + step overhead" row of the train-step profile
 (``profile_train_step.py``): whatever that row holds beyond these is not the optimizer's
 arithmetic.
 
@@ -46,11 +46,15 @@ def main(argv=None) -> int:
         u, s = opt.update(g, s, p)
         return optax.apply_updates(p, u), s
 
-    def guarded(p, s, g):
+    def guarded_where(p, s, g):
         p2, s2 = update(p, s, g)
         finite = jnp.isfinite(optax.tree.norm(g))
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         return keep(p2, p), keep(s2, s)
+
+    def guarded_cond(p, s, g):
+        finite = jnp.isfinite(optax.tree.norm(g))
+        return jax.lax.cond(finite, update, lambda p, s, g: (p, s), p, s, g)
 
     def clip(g):
         n = optax.tree.norm(g)
@@ -58,7 +62,9 @@ def main(argv=None) -> int:
 
     n_params = sum(x.size for x in jax.tree.leaves(params))
     print(f"{n_params / 1e6:.1f}M float32 parameters; best of {args.repeats} after a warm-up")
-    for name, fn in (("AdamW update", update), ("AdamW update + NaN/Inf guard", guarded)):
+    for name, fn in (("AdamW update", update),
+                     ("AdamW update + NaN/Inf guard, jnp.where", guarded_where),
+                     ("AdamW update + NaN/Inf guard, lax.cond (train.step)", guarded_cond)):
         jitted = jax.jit(fn, donate_argnums=(0, 1))
         state = {"p": params, "s": opt.init(params)}
 
