@@ -7,6 +7,7 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.config import RopeScaling
 from jaxrl_llm.models.config import dtype_from_name
 from jaxrl_llm.models.lora import LoRAConfig
+from jaxrl_llm.models.lora import attach_lora
 from jaxrl_llm.models.lora import init_lora
 from jaxrl_llm.models.lora import merge_lora
 from jaxrl_llm.models.transformer import KVCache
@@ -33,6 +34,7 @@ __all__ = [
     "ModelOutputs",
     "RopeScaling",
     "apply",
+    "attach_lora",
     "default_positions",
     "dtype_from_name",
     "forward",

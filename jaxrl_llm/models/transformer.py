@@ -207,8 +207,20 @@ def _attention(q_btke, k_bske, v_bske, allowed_bts, num_groups: int) -> jax.Arra
     return out.reshape(b, t, h, e)
 
 
+def _with_adapter(y, x, p, n_in: int):
+    """``y + (x A) B`` when the projection carries an unmerged LoRA adapter (``lora_a``
+    ``[in, r]``, ``lora_b`` ``[r, out]``, scale folded into B: :func:`models.lora.attach_lora`);
+    ``x``'s last ``n_in`` dims are the kernel's input dims. Otherwise ``y`` unchanged."""
+    if "lora_a" not in p:
+        return y
+    dtype = y.dtype
+    lead = x.shape[:x.ndim - n_in]
+    low = x.reshape(*lead, -1) @ p["lora_a"].astype(dtype)
+    return y + (low @ p["lora_b"].astype(dtype)).reshape(y.shape)
+
+
 def _linear_heads(x_btd, p, dtype):
-    y = jnp.einsum("btd,dne->btne", x_btd, p["kernel"].astype(dtype))
+    y = _with_adapter(jnp.einsum("btd,dne->btne", x_btd, p["kernel"].astype(dtype)), x_btd, p, 1)
     if "bias" in p:
         y = y + p["bias"].astype(dtype)
     return y
@@ -232,12 +244,16 @@ def _output_and_mlp(config: ModelConfig, x_btd, attn_btne, lp):
     """Post-attention half of a layer: output projection + residual, then the SwiGLU MLP."""
     dtype = x_btd.dtype
     c = config
-    x = x_btd + jnp.einsum("btne,ned->btd", attn_btne, lp["o_proj"]["kernel"].astype(dtype))
+    o = jnp.einsum("btne,ned->btd", attn_btne, lp["o_proj"]["kernel"].astype(dtype))
+    x = x_btd + _with_adapter(o, attn_btne, lp["o_proj"], 2)
     h = rms_norm(x, lp["mlp_norm"]["scale"], c.rms_norm_eps)
-    gate = jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype))
-    up = jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype))
-    return x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up,
-                          lp["down_proj"]["kernel"].astype(dtype))
+    gate = _with_adapter(jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype)),
+                         h, lp["gate_proj"], 1)
+    up = _with_adapter(jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)),
+                       h, lp["up_proj"], 1)
+    act = jax.nn.silu(gate) * up
+    down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
+    return x + _with_adapter(down, act, lp["down_proj"], 1)
 
 
 def _layer(config: ModelConfig, x_btd, lp, positions_bt, allowed_bts, inv_freq, kv=None,

@@ -20,7 +20,8 @@ import optax
 
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError, DataError, ModelLoadError
-from jaxrl_llm.models.lora import LoRAConfig, init_lora, lora_logical_axes, merge_lora
+from jaxrl_llm.models.lora import (LoRAConfig, attach_lora, init_lora, lora_logical_axes,
+                                   merge_lora)
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, replicated
 from jaxrl_llm.train.run_config import RunConfig
 from jaxrl_llm.train.state import TrainState, state_sharding_from_params
@@ -67,7 +68,8 @@ class Policy:
     def loss_fn(self, loss, *, loss_config):
         """Bind a registry loss to this policy: ``fn(params, batch, **frozen)`` for the step.
 
-        With LoRA the trainable params are the adapters; ``frozen["base"]`` is merged in.
+        With LoRA the trainable params are the adapters, attached unmerged to
+        ``frozen["base"]`` (:func:`models.lora.attach_lora`: no full-size weight gradients).
         """
         if self.lora is None:
             def fn(params, batch, **frozen):
@@ -76,7 +78,7 @@ class Policy:
             lora = self.lora
 
             def fn(adapters, batch, *, base, **frozen):
-                return loss(merge_lora(base, adapters, lora), batch, apply_fn=self.apply_fn,
+                return loss(attach_lora(base, adapters, lora), batch, apply_fn=self.apply_fn,
                             config=loss_config)
         return fn
 
