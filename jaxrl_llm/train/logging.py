@@ -60,6 +60,9 @@ class MetricsLogger:
       keep_rows: with ``resume``, keep only the first ``keep_rows`` rows of the existing file
         (the rows logged up to the checkpoint being resumed, :attr:`rows` at that save);
         None keeps every complete row. A torn last line (a killed write) is always dropped.
+      resume_step: with ``resume``, the step of the checkpoint being resumed: TensorBoard
+        events of later steps (logged by the killed run, logged again now) are purged
+        (tensorboardX's ``purge_step``), so curves carry one point per step.
 
     Attributes:
       rows: rows in ``metrics.jsonl`` so far (kept + logged); store it with a checkpoint.
@@ -68,7 +71,8 @@ class MetricsLogger:
     def __init__(self, run_dir: str, *, total_steps: int | None = None, tensorboard: bool = True,
                  wandb_project: str | None = None, is_main_process: bool = True,
                  progress_keys: tuple[str, ...] = ("loss",), stream=None, config: dict | None = None,
-                 resume: bool = False, keep_rows: int | None = None):
+                 resume: bool = False, keep_rows: int | None = None,
+                 resume_step: int | None = None):
         self.enabled = is_main_process
         self.rows = int(keep_rows or 0) if resume else 0
         self.run_dir = run_dir
@@ -90,7 +94,8 @@ class MetricsLogger:
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
-                self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+                purge = resume_step + 1 if resume and resume_step is not None else None
+                self._tb = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=purge)
             except ImportError:
                 print("note: tensorboardX not installed; skipping TensorBoard events",
                       file=self.stream)

@@ -263,7 +263,8 @@ def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: dict | None):
 
     ``resumed`` is the ``extra`` dict of the checkpoint the run resumed from (None for a fresh
     run): its ``metrics_rows`` (see :func:`run_extra`) says how many rows of ``metrics.jsonl``
-    to keep, so rows logged after that checkpoint by a killed run are not duplicated.
+    to keep, and its ``step`` which TensorBoard events to purge, so rows logged after that
+    checkpoint by a killed run are not duplicated.
     """
     from jaxrl_llm.train.config_io import to_dict
     from jaxrl_llm.train.logging import MetricsLogger
@@ -273,7 +274,8 @@ def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: dict | None):
                          wandb_project=cfg.logging.wandb_project,
                          is_main_process=jax.process_index() == 0, progress_keys=progress_keys,
                          stream=stream, config=to_dict(cfg), resume=resumed is not None,
-                         keep_rows=None if resumed is None else resumed.get("metrics_rows"))
+                         keep_rows=None if resumed is None else resumed.get("metrics_rows"),
+                         resume_step=None if resumed is None else resumed.get("step"))
 
 
 def run_extra(step: int, *, iterator, logger, guard: "NonFiniteGuard",
