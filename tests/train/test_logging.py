@@ -1,5 +1,6 @@
 """metrics.jsonl on resume: rows logged after the checkpoint being resumed are dropped (the
-a fresh run starts over; TensorBoard points after the checkpoint are purged."""
+resumed run logs those steps again), a torn last line is dropped, a fresh run starts over;
+TensorBoard points logged after the checkpoint are purged."""
 
 import io
 import json
