@@ -11,7 +11,12 @@ Times, each as the median of ``--steps`` runs after a warm-up, in one process:
   one jitted program: the floor a perfectly fused step could reach on this backend;
 * XLA's own cost analysis of the compiled step (FLOPs and bytes accessed), to show how far the
   non-matmul work (attention softmax, norms, RoPE, elementwise, log-softmax) and memory traffic
-  go beyond the 6·N·T estimate.
+  go beyond the 6·N·T estimate;
+* one step under ``jax.profiler`` (``xla_trace.py``): the self time of every XLA operation of
+  the compiled step, by phase (forward / backward / optimizer and the rest) and kind (matmul,
+  elementwise / reduce, copy / layout, control flow), and the operations that take longest;
+* the step without its parts (one jitted ``value_and_grad`` + AdamW; ``make_train_step``
+  without the NaN/Inf guard), to show what the step adds to ``value_and_grad``.
 
 Full run:    python tools/bench/profile_train_step.py --out tools/bench/results/train_profile.md
 Smoke test:  python tools/bench/profile_train_step.py --model tiny --steps 1 --out /tmp/p.md
@@ -37,6 +42,7 @@ from jaxrl_llm.train import create_train_state, make_train_step
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from bench_train_step import make_batch, pg_loss  # noqa: E402
+from xla_trace import KINDS, PHASES, op_time_breakdown  # noqa: E402
 
 
 def _median_time(fn, steps: int) -> float:
@@ -118,7 +124,42 @@ def main(argv=None) -> int:
         holder["state"], m = step(holder["state"], batch)
         return m
 
+    # Copies for the runs below: the step donates (deletes) the state it is given.
+    fh = {"p": jax.tree.map(jnp.copy, params), "s": jax.tree.map(jnp.copy, state.opt_state)}
     t_step = _median_time(run_step, args.steps)
+
+    common.log("timing the step without its parts ...")
+
+    def fused(prm, opt_state, b):
+        value, grads = jax.value_and_grad(lambda q: loss(q, b)[0])(prm)
+        updates, opt_state = opt.update(grads, opt_state, prm)
+        return optax.apply_updates(prm, updates), opt_state, value
+
+    fused_j = jax.jit(fused, donate_argnums=(0, 1))
+
+    def run_fused():
+        fh["p"], fh["s"], value = fused_j(fh["p"], fh["s"], jbatch)
+        return value
+
+    t_fused = _median_time(run_fused, args.steps)
+    del fh
+    unguarded = make_train_step(loss, opt, mesh=mesh, state_sharding=sharding,
+                                batch_sharding=batch_sharding(mesh), skip_nonfinite=False)
+    uh = {"state": jax.tree.map(jnp.copy, holder["state"])}
+
+    def run_unguarded():
+        uh["state"], m = unguarded(uh["state"], jbatch)
+        return m
+
+    t_unguarded = _median_time(run_unguarded, args.steps)
+    del uh
+
+    common.log("one step under the profiler ...")
+    trace = None
+    try:
+        trace = op_time_breakdown(step.jitted, holder["state"], jbatch, {})
+    except Exception as e:  # the profiler's per-op events are backend-dependent
+        common.log(f"per-operation trace unavailable: {e}")
     common.log("timing the matmul-only program ...")
     mm_fn, mm_flops = matmul_only_program(cfg, tokens)
     t_mm = _median_time(mm_fn, args.steps)
@@ -142,6 +183,10 @@ def main(argv=None) -> int:
         ["optimizer + step overhead (step − value_and_grad)", f"{t_step - t_grad:.3f}",
          f"{100 * (t_step - t_grad) / t_step:.0f}%"],
         ["**whole train step**", f"**{t_step:.3f}**", "100%"],
+        ["value_and_grad + AdamW in one jit (no sharding annotations, no guard)",
+         f"{t_fused:.3f}", f"{100 * t_fused / t_step:.0f}%"],
+        ["the train step without the NaN/Inf guard", f"{t_unguarded:.3f}",
+         f"{100 * t_unguarded / t_step:.0f}%"],
         ["the step's dense matmuls alone (same shapes)", f"{t_mm:.3f}",
          f"{100 * t_mm / t_step:.0f}%"],
     ]
@@ -157,6 +202,7 @@ def main(argv=None) -> int:
         f"GFLOP/s, against {rate_sq / 1e9:.1f} GFLOP/s for a 1024² square matmul.",
     ]
     metrics = {"forward_s": t_fwd, "value_and_grad_s": t_grad, "step_s": t_step,
+               "fused_value_and_grad_adamw_s": t_fused, "step_unguarded_s": t_unguarded,
                "matmul_only_s": t_mm, "matmul_only_flops": mm_flops,
                "matmul_rate_model_shapes": mm_flops / t_mm, "matmul_rate_square": rate_sq}
     if cost:
@@ -169,6 +215,25 @@ def main(argv=None) -> int:
              "normalisation, elementwise and log-softmax work plus memory traffic, and the gap "
              "between the two matmul rates is the cost of the model's thin shapes on this "
              "backend."]
+    if trace is not None:
+        tot = trace["total_s"]
+        cells = [[ph] + [f"{trace['table'].get((ph, k), 0.0):.3f}" for k in KINDS]
+                 + [f"{sum(trace['table'].get((ph, k), 0.0) for k in KINDS):.3f}"]
+                 for ph in PHASES]
+        cells.append(["**all**"] + [f"{sum(trace['table'].get((ph, k), 0.0) for ph in PHASES):.3f}"
+                                    for k in KINDS] + [f"**{tot:.3f}**"])
+        body += ["", "One step under `jax.profiler` (`xla_trace.py`): self time in seconds of the "
+                 "compiled step's XLA operations by phase and kind (the profiled step runs "
+                 "slower than the timed ones; the shares are what matters):", "",
+                 *common.markdown_table(["phase", *KINDS, "total"], cells, align="lrrrrr"), "",
+                 "The operations that take longest:", "",
+                 *common.markdown_table(
+                     ["operation", "s", "share", "phase", "kind", "JAX op"],
+                     [[f"`{n}`", f"{t:.3f}", f"{100 * t / tot:.1f}%", ph, k,
+                       f"`{'/'.join(op.split('/')[-2:]) or '-'}`"]
+                      for n, t, ph, k, op in trace["top"][:12]], align="lrrlll")]
+        metrics.update(trace_total_s=tot, trace={f"{ph}/{k}": v
+                                                 for (ph, k), v in trace["table"].items()})
     common.write_report(args.out, title=f"Train-step profile — {args.model}",
                         command=common.command_line(__file__, argv), body=body, metrics=metrics)
     return 0
