@@ -60,7 +60,8 @@ def test_quick_suite_rewrites_every_section(tmp_path, monkeypatch):
                    "hidden states, 8-token chunks", "rollout: generation", "| reward |",
                    "reference log-probs", "| update |", "Tokens/s vs batch size",
                    "Tokens/s vs sequence length", "Tokens/s vs group size",
-                   "compile (s)", "| train step vs torch eager |"):
+                   "compile (s)", "| train step vs torch eager |", "| phase | matmul |",
+                   "value_and_grad + AdamW in one jit"):
         assert needle in text, needle
     for png in PNGS:
         path = tmp_path / "results" / png
