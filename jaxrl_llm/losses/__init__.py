@@ -57,6 +57,7 @@ from jaxrl_llm.losses.policy import grpo_config
 from jaxrl_llm.losses.policy import gspo_config
 from jaxrl_llm.losses.policy import policy_gradient_denominator
 from jaxrl_llm.losses.policy import policy_gradient_loss
+from jaxrl_llm.losses.policy import policy_gradient_zero_batch
 from jaxrl_llm.losses.policy import ppo_actor_config
 from jaxrl_llm.losses.policy import ppo_critic_config
 from jaxrl_llm.losses.policy import ppo_critic_loss
@@ -133,6 +134,7 @@ __all__ = [
     "pairwise_rank_loss",
     "policy_gradient_denominator",
     "policy_gradient_loss",
+    "policy_gradient_zero_batch",
     "policy_reference_logps",
     "ppo_actor_config",
     "ppo_critic_config",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -227,6 +227,31 @@ def policy_gradient_denominator(batch: Batch, config: PolicyGradientConfig) -> j
     """Denominator of :func:`policy_gradient_loss` over ``batch`` (depends on loss_mask only)."""
     mask = require(batch, "loss_mask", loss="policy_gradient")
     return aggregation_denominator(mask, mode=config.aggregation, max_len=config.max_len)
+
+
+def policy_gradient_zero_batch(config: PolicyGradientConfig) -> Callable[[Batch], jax.Array] | None:
+    """``is_zero(batch) -> bool scalar``: True when :func:`policy_gradient_loss` and its
+    gradient are exactly 0 on ``batch`` (given the full-batch ``loss_denominator``), so a train
+    step may skip its forward and backward; None when ``config`` has a term that does not
+    vanish with the advantages (``kl_coef > 0`` or ``entropy_coef > 0``).
+
+    Every surrogate term is ``−min(ρ·A, clip(ρ)·A)`` (or the dual clip's ``max(·, c·A)``), so a
+    row whose advantages are 0 contributes 0 to the loss and to the gradient. In GRPO-style
+    groups this is every group whose rewards are all equal, which DAPO (Yu et al. 2025,
+    https://arxiv.org/abs/2503.14476, §3.2) notes "results in zero policy gradients"; on the
+    2-digit addition job most groups of 4 are such groups.
+    """
+    if config.kl_coef > 0 or config.entropy_coef > 0:
+        return None
+
+    def is_zero(batch: Batch) -> jax.Array:
+        mask = batch["loss_mask"].astype(bool)
+        adv = batch["advantages"]
+        if adv.ndim == 1:
+            adv = adv[:, None]
+        return jnp.all(jnp.where(mask, adv, 0.0) == 0.0)
+
+    return is_zero
 
 
 def policy_gradient_loss(

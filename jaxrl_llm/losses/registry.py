@@ -29,6 +29,7 @@ from jaxrl_llm.losses.policy import grpo_config
 from jaxrl_llm.losses.policy import gspo_config
 from jaxrl_llm.losses.policy import policy_gradient_denominator
 from jaxrl_llm.losses.policy import policy_gradient_loss
+from jaxrl_llm.losses.policy import policy_gradient_zero_batch
 from jaxrl_llm.losses.policy import ppo_actor_config
 from jaxrl_llm.losses.policy import ppo_critic_config
 from jaxrl_llm.losses.policy import ppo_critic_loss
@@ -91,6 +92,9 @@ class LossSpec:
         batch entries a frozen reference model provides, or None when none is needed.
       batch_kind: which batch layout the loss reads: ``sequence``, ``rl``, ``preference``,
         ``kto`` or ``rank`` (see the package docstring).
+      zero_batch_fn: ``zero_batch_fn(config) -> is_zero or None``, where ``is_zero(batch)``
+        is True only when the loss and its gradient on that batch are exactly 0 (the train
+        step's ``skip_fn``); None (the field or its result) when no batch can be skipped.
     """
 
     loss_fn: LossFn
@@ -99,11 +103,12 @@ class LossSpec:
     preset: Callable[..., Any]
     reference_fn: Callable[..., dict[str, jax.Array]] | None = None
     batch_kind: str = "sequence"
+    zero_batch_fn: Callable[[Any], Callable[[Batch], jax.Array] | None] | None = None
 
 
 def _pg(preset) -> LossSpec:
     return LossSpec(policy_gradient_loss, policy_gradient_denominator, PolicyGradientConfig,
-                    preset, policy_reference_logps, "rl")
+                    preset, policy_reference_logps, "rl", policy_gradient_zero_batch)
 
 
 LOSSES: dict[str, LossSpec] = {

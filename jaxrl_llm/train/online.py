@@ -51,7 +51,7 @@ from jaxrl_llm.losses import AdvantageEstimator, critic_values, get_loss
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.sampling import SamplingConfig, generate
 from jaxrl_llm.train.faults import fault_point
-from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name
+from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name, update_micro_batches
 from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_mesh,
                                    export_policy, load_policy_model, make_checkpointer,
                                    make_logger, read_splits, restore_latest, run_extra)
@@ -276,12 +276,19 @@ class OnlineTrainer:
             # LoRA: the base (adapters off) is the reference. Full fine-tuning: a frozen copy.
             self.ref_params = (p.base if p.lora is not None
                                else jax.tree.map(jnp.copy, p.state.params))
+        # Groups whose advantages are all zero add nothing to the update: with
+        # rollout.skip_zero_advantage the step runs micro-batches of whole groups and skips
+        # those (exact; see losses.policy_gradient_zero_batch).
+        self.update_micro_batches = update_micro_batches(
+            cfg, self.loss_config, shards=int(p.mesh.shape["data"] * p.mesh.shape["fsdp"]))
+        zero_fn = (self.spec.zero_batch_fn(self.loss_config)
+                   if self.update_micro_batches > 1 else None)
         self.step_fn = make_train_step(
             p.loss_fn(self.spec.loss_fn, loss_config=self.loss_config), p.optimizer,
             mesh=p.mesh, state_sharding=p.state_sharding,
-            batch_sharding=batch_sharding(p.mesh), micro_batches=1,
+            batch_sharding=batch_sharding(p.mesh), micro_batches=self.update_micro_batches,
             denominator_fn=functools.partial(self.spec.denominator_fn, config=self.loss_config),
-            grad_clip=cfg.optim.grad_clip, frozen_sharding=p.frozen_sharding)
+            grad_clip=cfg.optim.grad_clip, frozen_sharding=p.frozen_sharding, skip_fn=zero_fn)
         self._ref_fn = jax.jit(functools.partial(self.spec.reference_fn, apply_fn=p.apply_fn,
                                                  config=self.loss_config)) \
             if self.spec.reference_fn is not None else None
@@ -556,6 +563,8 @@ class OnlineTrainer:
             for j in range(r.minibatches):
                 idx = order[j * mb:(j + 1) * mb]
                 sub = {k: v[idx] for k, v in batch.items()}
+                if self.update_micro_batches > 1:
+                    sub = _skippable_layout(sub, g, self.update_micro_batches)
                 actor = {k: v for k, v in sub.items() if k not in ("values", "returns")}
                 p.state, m = self.step_fn(p.state, actor, frozen)
                 fault_point("update", step)
@@ -569,6 +578,9 @@ class OnlineTrainer:
         comp_tokens = int(lengths.sum())
         out = {k: float(np.mean([float(m[k]) for m in loss_metrics])) for k in loss_metrics[0]}
         out["nonfinite"] = float(max(float(m["nonfinite"]) for m in loss_metrics))
+        if "computed_micro_batches" in out:  # the fraction of update micro-batches that ran
+            out["update/computed_frac"] = out.pop("computed_micro_batches") \
+                / self.update_micro_batches
         out.update(rb.metrics)
         out.update(ppo_stats)
         out.update(process_stats)
@@ -745,6 +757,22 @@ def _minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: 
         return rng.permutation(n)
     groups = rng.permutation(n // group)
     return (groups[:, None] * group + np.arange(group)[None, :]).reshape(-1)
+
+
+def _skippable_layout(batch: dict, group: int, micro_batches: int) -> dict:
+    """Reorder a minibatch of whole groups (``group`` consecutive rows each) for a train step
+    with ``micro_batches`` strided micro-batches (``train.step.split_micro_batches``: micro-batch
+    m holds rows m, m + M, …) so that each micro-batch holds whole groups, the groups with a
+    nonzero advantage first: the micro-batches left with only zero-advantage groups are then
+    skipped by the step. A permutation of rows, so the summed loss is the same."""
+    n = len(batch["loss_mask"])
+    adv = np.asarray(batch["advantages"]).reshape(n, -1)
+    mask = np.asarray(batch["loss_mask"]).reshape(n, -1).astype(bool)
+    informative = np.any((adv != 0) & mask, axis=1).reshape(-1, group).any(axis=1)
+    groups = np.argsort(~informative, kind="stable")  # informative groups first
+    rows = (groups[:, None] * group + np.arange(group)[None, :]).reshape(micro_batches, -1)
+    order = rows.T.reshape(-1)  # batch row i*M + m = row i of micro-batch m
+    return {k: v[order] for k, v in batch.items()}
 
 
 def _select_groups(rb: RolloutBatch, keep_groups: np.ndarray, g: int) -> RolloutBatch:

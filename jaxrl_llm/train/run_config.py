@@ -203,6 +203,15 @@ class RolloutSection:
       overlong_buffer: DAPO soft overlong punishment buffer L_cache in tokens (null = off),
         against ``max_new_tokens``; overlong_penalty_factor scales it.
       advantage_scale: GRPO's std scaling: group | batch | none.
+      skip_zero_advantage: the update skips the forward and backward of groups whose
+        advantages are all zero (every reward of the group equal): each minibatch is split into
+        micro-batches of ``micro_batch_groups`` groups, informative groups first, and a
+        micro-batch with no nonzero advantage is not computed. Exact (same update, the token
+        denominator stays the whole minibatch's); it applies to the group algorithms when the
+        loss has no β·KL and no entropy term, and is ignored otherwise.
+      micro_batch_groups: groups per update micro-batch when skipping, rounded up to a
+        divisor of the minibatch's groups whose rows split over the mesh's batch shards;
+        smaller skips more finely, larger runs fewer, bigger matmuls.
     """
 
     prompts_per_step: int = 4
@@ -220,6 +229,8 @@ class RolloutSection:
     overlong_buffer: int | None = None
     overlong_penalty_factor: float = 1.0
     advantage_scale: Literal["group", "batch", "none"] = "group"
+    skip_zero_advantage: bool = True
+    micro_batch_groups: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +377,7 @@ class RunConfig:
                 raise ConfigError(f"rollout.minibatches={r.minibatches} must divide the "
                                   f"{n} rows of a rollout batch")
             for name in ("prompts_per_step", "group_size", "max_new_tokens", "epochs",
-                         "minibatches", "max_sampling_rounds"):
+                         "minibatches", "max_sampling_rounds", "micro_batch_groups"):
                 if getattr(r, name) < 1:
                     raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
             _check_sampling(r)
@@ -444,3 +455,28 @@ def loss_config(cfg: RunConfig):
                           f"rollout.minibatches={r.minibatches} must divide "
                           f"rollout.prompts_per_step={r.prompts_per_step}")
     return from_dict(spec.config_cls, {**base, **overrides}, prefix="loss")
+
+
+def update_micro_batches(cfg: RunConfig, loss_cfg=None, *, shards: int = 1) -> int:
+    """How many micro-batches an online minibatch update is split into so that groups whose
+    advantages are all zero can be skipped (``rollout.skip_zero_advantage``).
+
+    Each micro-batch holds k whole groups: the smallest k ≥ ``rollout.micro_batch_groups``
+    that divides the minibatch's groups and whose k·G rows split over ``shards`` (the mesh's
+    data × fsdp devices). 1 when skipping does not apply: an offline or pairwise algorithm,
+    PPO (critic advantages), a loss with a β·KL or entropy term, minibatches that split groups.
+    """
+    from jaxrl_llm.losses import get_loss
+
+    r = cfg.rollout
+    if not cfg.is_online or cfg.algorithm in ("online_dpo", "ppo") or not r.skip_zero_advantage \
+            or r.group_size < 2 or r.prompts_per_step % r.minibatches:
+        return 1
+    spec = get_loss(loss_name(cfg))
+    if spec.zero_batch_fn is None or spec.zero_batch_fn(loss_cfg or loss_config(cfg)) is None:
+        return 1
+    groups = r.prompts_per_step // r.minibatches
+    for k in range(max(1, r.micro_batch_groups), groups + 1):
+        if groups % k == 0 and (k * r.group_size) % shards == 0:
+            return groups // k
+    return 1

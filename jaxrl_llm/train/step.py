@@ -110,6 +110,7 @@ def make_train_step(
     frozen_sharding: Mapping[str, Any] | None = None,
     donate: bool = True,
     skip_nonfinite: bool = True,
+    skip_fn: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
     """Build ``step(state, batch, frozen=None) -> (new_state, metrics)``, jitted over ``mesh``.
 
@@ -140,6 +141,12 @@ def make_train_step(
       donate: donate the input state's buffers to the output state.
       skip_nonfinite: when the loss or the gradient norm is NaN/Inf, keep the params and
         optimizer state of the input (the update is skipped) and report ``nonfinite = 1``.
+      skip_fn: ``micro_batch -> bool scalar``, True only when that micro-batch's loss and
+        gradient are exactly zero (e.g. a policy-gradient batch whose advantages are all 0,
+        :func:`jaxrl_llm.losses.policy_gradient_zero_batch`). Its forward and backward are then
+        skipped (a ``lax.cond`` branch; the result is unchanged), and the loss's own metrics
+        are averaged over the micro-batches that ran; ``computed_micro_batches`` reports how
+        many did. The denominator stays the whole batch's, so the update is exact.
     Returns:
       The jitted step. ``metrics`` holds ``loss``, ``grad_norm`` (before clipping),
       ``tokens`` (real input tokens), ``loss_tokens``, ``nonfinite`` (1 when the update was
@@ -165,13 +172,29 @@ def make_train_step(
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         return loss, metrics, grads
 
+    def maybe_grad_fn(params, mb, frozen):
+        """grad_fn, or zeros without running the model when ``skip_fn(mb)`` says so; the
+        last output is 1.0 when the micro-batch was computed."""
+        if skip_fn is None:
+            return (*grad_fn(params, mb, frozen), jnp.ones((), jnp.float32))
+        shapes = jax.eval_shape(grad_fn, params, mb, frozen)
+
+        def run(params, mb, frozen):
+            return (*grad_fn(params, mb, frozen), jnp.ones((), jnp.float32))
+
+        def skip(params, mb, frozen):
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            return (*zeros, jnp.zeros((), jnp.float32))
+
+        return jax.lax.cond(jnp.asarray(skip_fn(mb), bool), skip, run, params, mb, frozen)
+
     def step(state: TrainState, batch: dict, frozen: dict):
         batch = dict(batch)
         if denominator_fn is not None:
             batch["loss_denominator"] = jnp.asarray(denominator_fn(batch), jnp.float32)
         tokens, loss_tokens = count_tokens(batch)
         if micro_batches == 1:
-            loss, metrics, grads = grad_fn(state.params, batch, frozen)
+            loss, metrics, grads, computed = maybe_grad_fn(state.params, batch, frozen)
         else:
             stacked, scalars = split_micro_batches(batch, micro_batches, mesh=mesh,
                                                    batch_axes=axes)
@@ -180,13 +203,18 @@ def make_train_step(
 
             def body(carry, mb):
                 g_sum, l_sum = carry
-                loss, metrics, grads = grad_fn(state.params, {**mb, **scalars}, frozen)
+                loss, metrics, grads, ran = maybe_grad_fn(state.params, {**mb, **scalars},
+                                                          frozen)
                 g_sum = jax.tree.map(jnp.add, g_sum, grads)
-                return (g_sum, l_sum + loss), metrics
+                return (g_sum, l_sum + loss), (metrics, ran)
 
-            (grads, loss), metrics = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)),
-                                                  stacked)
-            metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+            (grads, loss), (metrics, ran) = jax.lax.scan(
+                body, (zeros, jnp.zeros((), jnp.float32)), stacked)
+            computed = jnp.sum(ran)
+            # Mean over the micro-batches that ran (all of them without skip_fn).
+            metrics = jax.tree.map(
+                lambda m: jnp.sum(m * ran.reshape((-1,) + (1,) * (m.ndim - 1)), axis=0)
+                / jnp.maximum(computed, 1.0), metrics)
             if denominator_fn is None:
                 grads = jax.tree.map(lambda g: g / micro_batches, grads)
                 loss = loss / micro_batches
@@ -214,6 +242,8 @@ def make_train_step(
         out = {**{k: jnp.asarray(v, jnp.float32) for k, v in dict(metrics).items()},
                "loss": loss, "grad_norm": grad_norm, "tokens": tokens,
                "loss_tokens": loss_tokens, "nonfinite": 1.0 - finite.astype(jnp.float32)}
+        if skip_fn is not None:
+            out["computed_micro_batches"] = computed
         return new_state, out
 
     jitted = jax.jit(step,

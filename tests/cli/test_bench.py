@@ -13,9 +13,9 @@ from jaxrl_llm.cli import bench
 from jaxrl_llm.cli.main import main
 
 BLOCKS = ("machine", "summary", "decode", "train_step", "train_profile", "memory", "grpo_split",
-          "scaling", "commands")
+          "update_skip", "scaling", "commands")
 SCRIPTS = ("bench_decode.py", "bench_train_step.py", "profile_train_step.py", "bench_memory.py",
-           "bench_grpo_split.py", "bench_scaling.py")
+           "bench_grpo_split.py", "bench_update_skip.py", "bench_scaling.py")
 PNGS = ("scaling_batch.png", "scaling_seq.png", "scaling_group.png")
 
 
@@ -61,7 +61,8 @@ def test_quick_suite_rewrites_every_section(tmp_path, monkeypatch):
                    "reference log-probs", "| update |", "Tokens/s vs batch size",
                    "Tokens/s vs sequence length", "Tokens/s vs group size",
                    "compile (s)", "| train step vs torch eager |", "| phase | matmul |",
-                   "value_and_grad + AdamW in one jit"):
+                   "value_and_grad + AdamW in one jit", "| skip, 1 group(s) per micro-batch |",
+                   "GRPO update skipping zero-advantage groups"):
         assert needle in text, needle
     for png in PNGS:
         path = tmp_path / "results" / png

@@ -92,6 +92,50 @@ def test_dynamic_sampling_reports_dropped_groups(toy_data, tmp_path):
     assert m["dynamic/rounds"] >= 1 and m["dynamic/groups_dropped"] >= 1
 
 
+def test_skipping_zero_advantage_groups_gives_the_same_update(toy_data, tmp_path):
+    # Same seed, same rollout: the update with zero-advantage groups skipped (micro-batches of
+    # one group of 4) equals the update computed on the whole batch.
+    import jax
+
+    params, metrics = {}, {}
+    for skip in (True, False):
+        cfg = toy_config(toy_data, tmp_path / f"skip_{skip}", "grpo", max_steps=1,
+                         rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=2,
+                                      skip_zero_advantage=skip, micro_batch_groups=1),
+                         loss=dict(kl_coef=0.0),  # skipping is exact only without a KL term
+                         eval=dict(before=False))
+        trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
+        try:
+            # one group per micro-batch, or two when the batch is sharded over 8 devices
+            assert (trainer.update_micro_batches > 1) == skip
+            metrics[skip] = trainer.train_step(1)
+            params[skip] = jax.device_get(trainer.policy.state.params)
+        finally:
+            trainer.close()
+    on, off = metrics[True], metrics[False]
+    assert on["reward/mean"] == off["reward/mean"]  # the same rollout
+    assert 0 < on["update/computed_frac"] < 1, on  # some groups informative, some skipped
+    assert "update/computed_frac" not in off
+    assert on["loss"] == pytest.approx(off["loss"], rel=1e-5, abs=1e-7)
+    assert on["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-4) and off["grad_norm"] > 0
+    diff = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), params[True], params[False])
+    assert max(jax.tree.leaves(diff)) < 1e-6
+
+
+def test_skippable_layout_puts_whole_informative_groups_first():
+    from jaxrl_llm.train.online import _skippable_layout
+    from jaxrl_llm.train.step import split_micro_batches
+
+    # 4 groups of 2 rows; groups 1 and 3 informative
+    adv = np.array([0, 0, 1, -1, 0, 0, 2, -2], np.float32)[:, None] * np.ones((1, 3))
+    batch = {"advantages": adv, "loss_mask": np.ones((8, 3), np.int32),
+             "row": np.arange(8)}
+    out = _skippable_layout(batch, 2, 2)
+    stacked, _ = split_micro_batches(out, 2)
+    np.testing.assert_array_equal(stacked["row"][0], [2, 3, 6, 7])  # both informative groups
+    np.testing.assert_array_equal(stacked["row"][1], [0, 1, 4, 5])
+
+
 def test_online_config_errors(toy_data, tmp_path):
     with pytest.raises(ConfigError, match="needs groups of at least 2"):
         toy_config(toy_data, tmp_path, "grpo", rollout=dict(group_size=1))

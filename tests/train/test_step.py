@@ -82,6 +82,32 @@ def test_grad_accumulation_equals_big_batch(single_device):
     assert abs(np.mean(per_mb) - float(ref_m["loss"])) > 1e-3
 
 
+def _no_loss_tokens(mb):
+    return jnp.all(mb["loss_mask"] == 0)
+
+
+def test_skipped_micro_batches_leave_the_update_unchanged():
+    # Rows 1, 5 (micro-batch 1) and 3, 7 (micro-batch 3) carry no loss tokens: their loss and
+    # gradient are exactly zero, so skipping their forward and backward changes nothing.
+    batch = dict(BATCH)
+    lm = np.array(batch["loss_mask"])
+    lm[[1, 3, 5, 7]] = 0
+    batch["loss_mask"] = lm
+    _, ref_state, ref_m = _run((1, 1, 1), optax.sgd(1.0), batch, micro_batches=4)
+    _, state, m = _run((1, 1, 1), optax.sgd(1.0), batch, micro_batches=4,
+                       skip_fn=_no_loss_tokens)
+    assert m["computed_micro_batches"] == 2.0 and "computed_micro_batches" not in ref_m
+    assert m["loss"] == pytest.approx(float(ref_m["loss"]), rel=1e-6)
+    assert _max_diff(state.params, ref_state.params) < 1e-7
+    # the loss's own metrics average over the micro-batches that ran
+    assert m["nll_sum"] == pytest.approx(2 * float(ref_m["nll_sum"]), rel=1e-5)
+    # the skip branch really replaces the computation: skipping a micro-batch that has loss
+    # tokens changes the update
+    _, wrong, _ = _run((1, 1, 1), optax.sgd(1.0), batch, micro_batches=4,
+                       skip_fn=lambda mb: mb["loss_mask"].sum() < 1e9)
+    assert _max_diff(wrong.params, ref_state.params) > 1e-3
+
+
 def test_split_micro_batches_is_a_strided_partition():
     x = np.arange(12).reshape(6, 2)
     stacked, scalars = split_micro_batches({"x": x, "loss_denominator": np.float32(4)}, 3)

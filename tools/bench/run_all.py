@@ -66,6 +66,9 @@ BENCHES: dict[str, Bench] = {
         "bench_grpo_split.py", "GRPO step time split",
         quick=("--steps", "1", "--set", "rollout.prompts_per_step=2",
                "--set", "rollout.group_size=2", "--set", "rollout.max_new_tokens=4")),
+    "update_skip": Bench(
+        "bench_update_skip.py", "GRPO update: skipping zero-advantage groups",
+        quick=("--micro-batch-groups", "1", "--repeats", "1")),
     "scaling": Bench(
         "bench_scaling.py", "Scaling curves",
         # Points that share shapes reuse compiled programs: (B=2, P=8) is the batch curve's
@@ -243,6 +246,16 @@ def summary_block(results_dir: str) -> str:
                            ("other_s", "other")])
         rows.append([f"GRPO step ({g['rows']} rows, β = {g['kl_coef']:g})",
                      f"{step:.2f} s: {split}", "—", ""])
+    u = reports.get("update_skip", {}).get("metrics", {})
+    if u and u.get("results"):
+        whole = u["results"].get("whole batch", {})
+        best = [(k, v) for k, v in u["results"].items() if k != "whole batch"]
+        ks = sorted(whole, key=int)
+        if best and ks:
+            label, cells = min(best, key=lambda kv: sum(kv[1].values()))
+            speed = ", ".join(f"{whole[k] / cells[k]:.2f}× at {k}/{u['groups']}" for k in ks)
+            rows.append([f"GRPO update skipping zero-advantage groups ({label}) vs whole batch",
+                         f"{speed} groups informative", "—", ""])
     sc = reports.get("scaling", {}).get("metrics", {})
     if sc:
         best = [f"{sc[f'{c}_best_tokens_per_s']:,.0f} tok/s at {c} = {sc[f'{c}_best_x']}"
