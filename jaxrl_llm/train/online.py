@@ -55,7 +55,7 @@ from jaxrl_llm.train.run_config import RunConfig, loss_config, loss_name, update
 from jaxrl_llm.train.setup import (NonFiniteGuard, Policy, build_policy, check_mesh,
                                    export_policy, load_policy_model, make_checkpointer,
                                    make_logger, read_splits, restore_latest, run_extra)
-from jaxrl_llm.train.step import make_train_step
+from jaxrl_llm.train.step import STEP_METRICS, is_loss_share, make_train_step
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
 # compiles only a few programs.
@@ -560,7 +560,9 @@ class OnlineTrainer:
         loss_metrics: list[dict] = []
         rng = np.random.default_rng(cfg.seed * 7919 + step)
         for _ in range(r.epochs):
+            # whole groups per minibatch when the loss shares prompts or groups are skipped
             order = _minibatch_order(rng, n, r.minibatches,
+                                     g if self.update_micro_batches > 1 else
                                      getattr(self.loss_config, "prompt_group_size", 1))
             for j in range(r.minibatches):
                 idx = order[j * mb:(j + 1) * mb]
@@ -578,7 +580,7 @@ class OnlineTrainer:
         loss_metrics = jax.device_get(loss_metrics)
         t_update = time.perf_counter() - t2
         comp_tokens = int(lengths.sum())
-        out = {k: float(np.mean([float(m[k]) for m in loss_metrics])) for k in loss_metrics[0]}
+        out = _mean_metrics(loss_metrics)
         out["nonfinite"] = float(max(float(m["nonfinite"]) for m in loss_metrics))
         if "computed_micro_batches" in out:  # the fraction of update micro-batches that ran
             out["update/computed_frac"] = out.pop("computed_micro_batches") \
@@ -761,6 +763,21 @@ def _minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: 
     return (groups[:, None] * group + np.arange(group)[None, :]).reshape(-1)
 
 
+def _mean_metrics(per_update: list[dict]) -> dict[str, float]:
+    """The step's metrics over a step's updates (minibatches × epochs). The loss's own
+    metrics are averaged over the micro-batches that ran (``computed_micro_batches``), and
+    left out when none ran (all groups skipped): a 0 entropy or ratio would be misread."""
+    out = {}
+    w = np.array([float(m.get("computed_micro_batches", 1.0)) for m in per_update])
+    for k in per_update[0]:
+        v = np.array([float(m[k]) for m in per_update])
+        if k in STEP_METRICS or is_loss_share(k):
+            out[k] = float(v.mean())
+        elif w.sum() > 0:
+            out[k] = float((v * w).sum() / w.sum())
+    return out
+
+
 def _skippable_layout(batch: dict, group: int, micro_batches: int) -> dict:
     """Reorder a minibatch of whole groups (``group`` consecutive rows each) for a train step
     with ``micro_batches`` strided micro-batches (``train.step.split_micro_batches``: micro-batch
@@ -781,8 +798,10 @@ def _select_groups(rb: RolloutBatch, keep_groups: np.ndarray, g: int) -> Rollout
     rows = np.repeat(keep_groups, g)
     ro = jax.tree.map(lambda x: x[rows], rb.rollout)
     pick = lambda xs: [x for x, k in zip(xs, rows) if k]
+    per_function = None if rb.per_function is None else {
+        k: np.asarray(v)[rows] for k, v in rb.per_function.items()}
     return RolloutBatch(ro, pick(rb.texts), pick(rb.prompts), rb.rewards[rows], rb.valid[rows],
-                        rb.metrics, pick(rb.extras))
+                        rb.metrics, pick(rb.extras), per_function)
 
 
 def _concat_batches(batches: list[RolloutBatch], g: int, want_groups: int) -> RolloutBatch | None:
@@ -806,10 +825,14 @@ def _concat_batches(batches: list[RolloutBatch], g: int, want_groups: int) -> Ro
     ros = [widen(b.rollout) for b in batches]
     ro = jax.tree.map(lambda *xs: cat(xs), *ros)
     metrics = batches[0].metrics
+    per_function = None
+    if all(b.per_function is not None for b in batches):
+        per_function = {k: cat([np.asarray(b.per_function[k]) for b in batches])
+                        for k in batches[0].per_function}
     return RolloutBatch(ro, sum((b.texts for b in batches), [])[:n],
                         sum((b.prompts for b in batches), [])[:n], cat([b.rewards for b in batches]),
                         cat([b.valid for b in batches]), metrics,
-                        sum((b.extras for b in batches), [])[:n])
+                        sum((b.extras for b in batches), [])[:n], per_function)
 
 
 def train_online(cfg: RunConfig, *, log_stream=None) -> dict:

@@ -206,9 +206,10 @@ class RolloutSection:
       skip_zero_advantage: the update skips the forward and backward of groups whose
         advantages are all zero (every reward of the group equal): each minibatch is split into
         micro-batches of ``micro_batch_groups`` groups, informative groups first, and a
-        micro-batch with no nonzero advantage is not computed. Exact (same update, the token
-        denominator stays the whole minibatch's); it applies to the group algorithms when the
-        loss has no β·KL and no entropy term, and is ignored otherwise.
+        micro-batch with no nonzero advantage is not computed. Exact (same update: the loss's
+        denominator, tokens or rows by aggregation, stays the whole minibatch's); it applies to
+        the policy-gradient algorithms other than PPO with group_size ≥ 2 when the loss has no
+        β·KL and no entropy term, and is ignored otherwise.
       micro_batch_groups: groups per update micro-batch when skipping, rounded up to a
         divisor of the minibatch's groups whose rows split over the mesh's batch shards;
         smaller skips more finely, larger runs fewer, bigger matmuls.
@@ -462,8 +463,9 @@ def update_micro_batches(cfg: RunConfig, loss_cfg=None, *, shards: int = 1) -> i
     advantages are all zero can be skipped (``rollout.skip_zero_advantage``).
 
     Each micro-batch holds k whole groups: the smallest k ≥ ``rollout.micro_batch_groups``
-    that divides the minibatch's groups and whose k·G rows split over ``shards`` (the mesh's
-    data × fsdp devices). 1 when skipping does not apply: an offline or pairwise algorithm,
+    that divides the minibatch's groups into at least two micro-batches and is a multiple of
+    ``shards`` (the mesh's data × fsdp devices: every device then holds whole groups), else
+    the smallest whose k·G rows split over the shards. 1 when skipping does not apply: an offline or pairwise algorithm,
     PPO (critic advantages), a loss with a β·KL or entropy term, minibatches that split groups.
     """
     from jaxrl_llm.losses import get_loss
@@ -476,7 +478,11 @@ def update_micro_batches(cfg: RunConfig, loss_cfg=None, *, shards: int = 1) -> i
     if spec.zero_batch_fn is None or spec.zero_batch_fn(loss_cfg or loss_config(cfg)) is None:
         return 1
     groups = r.prompts_per_step // r.minibatches
-    for k in range(max(1, r.micro_batch_groups), groups + 1):
-        if groups % k == 0 and (k * r.group_size) % shards == 0:
-            return groups // k
+    sizes = range(max(1, r.micro_batch_groups), groups + 1)
+    # First choice: k a multiple of the shards, so each device holds whole groups (the shared
+    # prompt is then computed without crossing devices); else any k whose rows split evenly.
+    for fits in (lambda k: k % shards == 0, lambda k: (k * r.group_size) % shards == 0):
+        for k in sizes:
+            if groups % k == 0 and groups // k > 1 and fits(k):
+                return groups // k
     return 1

@@ -32,6 +32,16 @@ from jaxrl_llm.train.state import TrainState, _cast_floats
 
 LossFn = Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]]
 
+# Metrics the step itself reports (not the loss's own).
+STEP_METRICS = ("loss", "grad_norm", "tokens", "loss_tokens", "nonfinite",
+                "computed_micro_batches")
+
+
+def is_loss_share(key: str) -> bool:
+    """A metric that is a share of the loss (``loss``, ``pg/loss``, ``vf/loss``...): with the
+    whole batch's denominator, micro-batch values add up to the batch's value."""
+    return key == "loss" or key.endswith("/loss")
+
 
 def count_tokens(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """(real input tokens, loss tokens) of a batch, as float32 scalars.
@@ -145,13 +155,16 @@ def make_train_step(
         gradient are exactly zero (e.g. a policy-gradient batch whose advantages are all 0,
         :func:`jaxrl_llm.losses.policy_gradient_zero_batch`). Its forward and backward are then
         skipped (a ``lax.cond`` branch; the result is unchanged), and the loss's own metrics
-        are averaged over the micro-batches that ran; ``computed_micro_batches`` reports how
-        many did. The denominator stays the whole batch's, so the update is exact.
+        are averaged over the micro-batches that ran (0 when none ran: weight them by
+        ``computed_micro_batches``, which reports how many did). The denominator stays the
+        whole batch's, so the update is exact.
     Returns:
       The jitted step. ``metrics`` holds ``loss``, ``grad_norm`` (before clipping),
       ``tokens`` (real input tokens), ``loss_tokens``, ``nonfinite`` (1 when the update was
-      skipped by the NaN/Inf guard) and the loss's own metrics averaged
-      over micro-batches; all replicated scalars.
+      skipped by the NaN/Inf guard), ``computed_micro_batches`` (with ``skip_fn``) and the
+      loss's own metrics averaged over micro-batches, except its loss shares
+      (:func:`is_loss_share`: ``pg/loss``...), summed when there is a ``denominator_fn``; all
+      replicated scalars.
     """
     if micro_batches < 1:
         raise ConfigError(f"micro_batches={micro_batches} must be >= 1")
@@ -211,10 +224,15 @@ def make_train_step(
             (grads, loss), (metrics, ran) = jax.lax.scan(
                 body, (zeros, jnp.zeros((), jnp.float32)), stacked)
             computed = jnp.sum(ran)
-            # Mean over the micro-batches that ran (all of them without skip_fn).
-            metrics = jax.tree.map(
-                lambda m: jnp.sum(m * ran.reshape((-1,) + (1,) * (m.ndim - 1)), axis=0)
-                / jnp.maximum(computed, 1.0), metrics)
+
+            def reduce(key, m):
+                if denominator_fn is not None and is_loss_share(key):
+                    return jnp.sum(m, axis=0)  # shares of the batch's loss add up
+                # others: the mean over the micro-batches that ran (all, without skip_fn)
+                w = ran.reshape((-1,) + (1,) * (m.ndim - 1))
+                return jnp.sum(m * w, axis=0) / jnp.maximum(computed, 1.0)
+
+            metrics = {k: reduce(k, v) for k, v in dict(metrics).items()}
             if denominator_fn is None:
                 grads = jax.tree.map(lambda g: g / micro_batches, grads)
                 loss = loss / micro_batches

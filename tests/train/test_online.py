@@ -117,6 +117,8 @@ def test_skipping_zero_advantage_groups_gives_the_same_update(toy_data, tmp_path
     assert 0 < on["update/computed_frac"] < 1, on  # some groups informative, some skipped
     assert "update/computed_frac" not in off
     assert on["loss"] == pytest.approx(off["loss"], rel=1e-5, abs=1e-7)
+    # a loss share adds up over micro-batches (not averaged): the same pg/loss
+    assert on["pg/loss"] == pytest.approx(off["pg/loss"], rel=1e-5, abs=1e-7)
     assert on["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-4) and off["grad_norm"] > 0
     diff = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), params[True], params[False])
     assert max(jax.tree.leaves(diff)) < 1e-6
@@ -134,6 +136,34 @@ def test_skippable_layout_puts_whole_informative_groups_first():
     stacked, _ = split_micro_batches(out, 2)
     np.testing.assert_array_equal(stacked["row"][0], [2, 3, 6, 7])  # both informative groups
     np.testing.assert_array_equal(stacked["row"][1], [0, 1, 4, 5])
+
+
+def test_step_metrics_over_updates_weight_the_micro_batches_that_ran():
+    from jaxrl_llm.train.online import _mean_metrics
+
+    ran = {"loss": 0.2, "pg/loss": 0.2, "entropy": 1.5, "computed_micro_batches": 2.0}
+    skipped = {"loss": 0.0, "pg/loss": 0.0, "entropy": 0.0, "computed_micro_batches": 0.0}
+    out = _mean_metrics([ran, skipped])
+    assert out["entropy"] == 1.5  # the skipped minibatch's placeholder 0 is not averaged in
+    assert out["loss"] == pytest.approx(0.1) and out["pg/loss"] == pytest.approx(0.1)
+    assert "entropy" not in _mean_metrics([skipped])  # nothing ran: no entropy to report
+
+
+def test_update_micro_batches_keep_groups_on_one_device(toy_data, tmp_path):
+    from jaxrl_llm.train.run_config import update_micro_batches
+
+    cfg = toy_config(toy_data, tmp_path, "grpo", loss=dict(kl_coef=0.0),
+                     rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1))
+    assert update_micro_batches(cfg, shards=1) == 8  # one group per micro-batch
+    assert update_micro_batches(cfg, shards=2) == 4  # 2 groups: one per device
+    assert update_micro_batches(cfg, shards=8) == 4  # 8 rows over 8 devices (groups split)
+    assert update_micro_batches(cfg, shards=3) == 1  # no even split
+    beta = toy_config(toy_data, tmp_path, "grpo", loss=dict(kl_coef=0.04),
+                      rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1))
+    assert update_micro_batches(beta) == 1  # the KL term does not vanish with A = 0
+    ppo = toy_config(toy_data, tmp_path, "ppo",
+                     rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1))
+    assert update_micro_batches(ppo) == 1
 
 
 def test_online_config_errors(toy_data, tmp_path):
