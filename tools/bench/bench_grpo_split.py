@@ -21,11 +21,8 @@ Smoke test:  python tools/bench/bench_grpo_split.py --model tiny --steps 1 \
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -83,14 +80,9 @@ def main(argv=None) -> int:
     from jaxrl_llm.train.online import OnlineTrainer
     from jaxrl_llm.train.run_config import RunConfig
 
-    model = (["model.source=tiny", "model.tokenizer=char"] if args.model == common.TINY
-             else [f"model.source={args.model}"])
-    tmp = tempfile.mkdtemp(prefix="bench_grpo_")  # output_dir: nothing is kept
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    overrides = model + [f"output_dir={tmp}", f"loss.kl_coef={args.kl_coef}", "eval.every=0",
-                         "logging.tensorboard=false", "logging.plots=false",
-                         "checkpoint.export_hf=false", "checkpoint.save_every=0",
-                         f"max_steps={args.warmup + args.steps}"] + list(args.overrides)
+    overrides = (common.online_run_overrides(args.model, kl_coef=args.kl_coef,
+                                             prefix="bench_grpo_")
+                 + [f"max_steps={args.warmup + args.steps}"] + list(args.overrides))
     cfg = load_config(RunConfig, args.config, overrides)
     r = cfg.rollout
     trainer = OnlineTrainer(cfg, log_stream=sys.stderr)

@@ -18,11 +18,8 @@ Smoke test:  python tools/bench/bench_update_skip.py --model tiny --repeats 1 --
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -52,13 +49,7 @@ def main(argv=None) -> int:
     from jaxrl_llm.train.online import OnlineTrainer, _rl_batch, _skippable_layout
     from jaxrl_llm.train.run_config import RunConfig
 
-    model = (["model.source=tiny", "model.tokenizer=char"] if args.model == common.TINY
-             else [f"model.source={args.model}"])
-    tmp = tempfile.mkdtemp(prefix="bench_skip_")
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    base = model + [f"output_dir={tmp}", "loss.kl_coef=0", "eval.every=0",
-                    "logging.tensorboard=false", "logging.plots=false",
-                    "checkpoint.export_hf=false", "checkpoint.save_every=0"]
+    base = common.online_run_overrides(args.model, kl_coef=0.0, prefix="bench_skip_")
     mbgs = [int(x) for x in args.micro_batch_groups.split(",")]
     settings = [("whole batch", ["rollout.skip_zero_advantage=false"])] + [
         (f"skip, {k} group(s) per micro-batch", [f"rollout.micro_batch_groups={k}"])

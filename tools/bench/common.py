@@ -196,6 +196,23 @@ def load_model(name: str):
     return loaded.config, loaded.params, loaded.tokenizer
 
 
+def online_run_overrides(model: str, *, kl_coef: float, prefix: str) -> list[str]:
+    """Config overrides for timing the online trainer: model.source (``tiny`` or a name), β,
+    a temporary output_dir removed at exit, and no evaluation, logging files, export or
+    checkpoints."""
+    import atexit
+    import shutil
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix=prefix)  # output_dir: nothing is kept
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    source = (["model.source=tiny", "model.tokenizer=char"] if model == TINY
+              else [f"model.source={model}"])
+    return source + [f"output_dir={tmp}", f"loss.kl_coef={kl_coef}", "eval.every=0",
+                     "logging.tensorboard=false", "logging.plots=false",
+                     "checkpoint.export_hf=false", "checkpoint.save_every=0"]
+
+
 def hf_model_dir(name: str, config, params) -> str:
     """A Hugging Face directory transformers can load for the same weights."""
     if name == TINY:
