@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TypeVar
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -54,3 +55,12 @@ def masked_min_max(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]
     lo = jnp.min(jnp.where(m, x, jnp.inf))
     hi = jnp.max(jnp.where(m, x, -jnp.inf))
     return jnp.where(any_, lo, 0.0), jnp.where(any_, hi, 0.0)
+
+
+def token_advantages(advantages: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """``[B]`` advantages broadcast over tokens to ``shape`` ``[B, T]``; ``[B, T]`` checked."""
+    if advantages.ndim == 1:
+        chex.assert_equal(advantages.shape[0], shape[0])
+        return jnp.broadcast_to(advantages[:, None], shape)
+    chex.assert_shape(advantages, shape)
+    return advantages
