@@ -9,8 +9,11 @@ accumulation) reduces them.
 
 Contents: KL estimators (:func:`kl_penalty`), aggregation modes, advantage estimators
 (GRPO, RLOO, ReMax, REINFORCE++, GAE, process supervision) and reward shaping, the clipped
-policy loss (PPO/GRPO/DAPO/GSPO), the value loss, preference losses (DPO family, KTO, ORPO,
-SimPO, Bradley–Terry, pairwise rank), and re-exports of the log-prob / entropy ops.
+policy loss (PPO/GRPO/DAPO/GSPO, with importance weights and decoupled PPO), the 2025
+surrogates (CISPO, SAPO, GMPO) and covariance-based entropy control (KL-Cov, Clip-Cov),
+rollout/learner mismatch correction (TIS, MIS), the value loss, preference losses (DPO family,
+KTO, ORPO, SimPO, Bradley–Terry, pairwise rank), the pass@k estimator, and re-exports of the
+log-prob / entropy ops.
 """
 
 from jaxrl_llm.objectives.advantages import GRPOScale
@@ -32,6 +35,15 @@ from jaxrl_llm.objectives.aggregation import AggregationMode
 from jaxrl_llm.objectives.aggregation import aggregate
 from jaxrl_llm.objectives.aggregation import aggregate_parts
 from jaxrl_llm.objectives.aggregation import aggregation_denominator
+from jaxrl_llm.objectives.correction import CorrectionLevel
+from jaxrl_llm.objectives.correction import CorrectionMode
+from jaxrl_llm.objectives.correction import rollout_correction
+from jaxrl_llm.objectives.entropy_control import clip_cov_loss
+from jaxrl_llm.objectives.entropy_control import clip_cov_loss_parts
+from jaxrl_llm.objectives.entropy_control import kl_cov_loss
+from jaxrl_llm.objectives.entropy_control import kl_cov_loss_parts
+from jaxrl_llm.objectives.entropy_control import token_covariance
+from jaxrl_llm.objectives.evaluation import pass_at_k
 from jaxrl_llm.objectives.kl import KLKind
 from jaxrl_llm.objectives.kl import kl_penalty
 from jaxrl_llm.objectives.policy import RatioLevel
@@ -46,6 +58,12 @@ from jaxrl_llm.objectives.preference import log1mexp
 from jaxrl_llm.objectives.preference import orpo_loss
 from jaxrl_llm.objectives.preference import pairwise_rank_loss
 from jaxrl_llm.objectives.preference import simpo_loss
+from jaxrl_llm.objectives.surrogates import cispo_loss
+from jaxrl_llm.objectives.surrogates import cispo_loss_parts
+from jaxrl_llm.objectives.surrogates import gmpo_loss
+from jaxrl_llm.objectives.surrogates import gmpo_loss_parts
+from jaxrl_llm.objectives.surrogates import sapo_loss
+from jaxrl_llm.objectives.surrogates import sapo_loss_parts
 from jaxrl_llm.objectives.value import value_loss
 from jaxrl_llm.objectives.value import value_loss_parts
 from jaxrl_llm.ops.logprobs import entropy_from_hidden
@@ -58,6 +76,8 @@ from jaxrl_llm.ops.masked import masked_whiten
 
 __all__ = [
     "AggregationMode",
+    "CorrectionLevel",
+    "CorrectionMode",
     "DPOKind",
     "GRPOScale",
     "KLKind",
@@ -66,13 +86,21 @@ __all__ = [
     "aggregate_parts",
     "aggregation_denominator",
     "bradley_terry_loss",
+    "cispo_loss",
+    "cispo_loss_parts",
+    "clip_cov_loss",
+    "clip_cov_loss_parts",
     "discounted_returns",
     "dpo_loss",
     "entropy_from_hidden",
     "entropy_from_logits",
     "gae",
+    "gmpo_loss",
+    "gmpo_loss_parts",
     "grpo_advantages",
     "informative_groups",
+    "kl_cov_loss",
+    "kl_cov_loss_parts",
     "kl_penalty",
     "kl_shaped_rewards",
     "kto_loss",
@@ -84,6 +112,7 @@ __all__ = [
     "orpo_loss",
     "overlong_penalty",
     "pairwise_rank_loss",
+    "pass_at_k",
     "policy_loss",
     "policy_loss_parts",
     "process_advantages",
@@ -91,8 +120,12 @@ __all__ = [
     "reinforce_pp_baseline_advantages",
     "remax_advantages",
     "rloo_advantages",
+    "rollout_correction",
+    "sapo_loss",
+    "sapo_loss_parts",
     "sequence_log_ratio",
     "simpo_loss",
+    "token_covariance",
     "token_logprobs",
     "token_logprobs_from_hidden",
     "valid_token_count",

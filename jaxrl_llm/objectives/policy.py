@@ -83,6 +83,8 @@ def policy_loss_parts(
     ref_logp: jax.Array | None = None,
     kl_coef: float = 0.0,
     kl_kind: KLKind | str = KLKind.K3,
+    is_weights: jax.Array | None = None,
+    proximal_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """:func:`policy_loss` as ``(num, den, metrics)`` with ``loss = num / den``.
 
@@ -116,23 +118,39 @@ def policy_loss_parts(
     logp = jnp.where(m, logp.astype(jnp.float32), 0.0)
     old = jax.lax.stop_gradient(jnp.where(m, old_logp.astype(jnp.float32), 0.0))
     adv = jax.lax.stop_gradient(jnp.where(m, advantages.astype(jnp.float32), 0.0))
-    token_lr = jnp.where(m, logp - old, 0.0)
+    metrics: dict[str, jax.Array] = {}
+    anchor = old
+    if proximal_logp is not None:
+        # Decoupled PPO: the ratio and its clip are taken around the proximal policy; the
+        # behaviour policy (old_logp) enters only through the constant weight π_prox/π_behav.
+        chex.assert_equal_shape([proximal_logp, logp])
+        anchor = jax.lax.stop_gradient(jnp.where(m, proximal_logp.astype(jnp.float32), 0.0))
+        behav_weight = jnp.where(m, jnp.exp(anchor - old), 0.0)
+        metrics["behav_weight_mean"] = masked_mean(behav_weight, m)
+        metrics["behav_weight_max"] = masked_min_max(behav_weight, m)[1]
+    token_lr = jnp.where(m, logp - anchor, 0.0)
     if level is RatioLevel.TOKEN:
         log_ratio = token_lr
     else:
-        log_ratio = sequence_log_ratio(logp, old, mask)
+        log_ratio = sequence_log_ratio(logp, anchor, mask)
     ratio = jnp.exp(log_ratio)
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg1 = -adv * ratio
     pg2 = -adv * clipped
     per_token = jnp.maximum(pg1, pg2)
-    metrics: dict[str, jax.Array] = {}
     if dual_clip is not None:
         pg3 = -adv * dual_clip
         dual = jnp.minimum(per_token, pg3)
         active = (adv < 0) & (pg3 < per_token)
         metrics["dual_clipfrac"] = masked_mean(active.astype(jnp.float32), m)
         per_token = jnp.where(adv < 0, dual, per_token)
+    if proximal_logp is not None:
+        per_token = behav_weight * per_token
+    if is_weights is not None:
+        chex.assert_equal_shape([is_weights, logp])
+        w = jax.lax.stop_gradient(jnp.where(m, is_weights.astype(jnp.float32), 0.0))
+        per_token = w * per_token
+        metrics["is_weight_mean"] = masked_mean(w, m)
     metrics["pg_loss"] = masked_mean(per_token, m)
     if ref_logp is not None:
         chex.assert_equal_shape([ref_logp, logp])
@@ -171,6 +189,8 @@ def policy_loss(
     ref_logp: jax.Array | None = None,
     kl_coef: float = 0.0,
     kl_kind: KLKind | str = KLKind.K3,
+    is_weights: jax.Array | None = None,
+    proximal_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped surrogate policy loss (PPO/GRPO/DAPO/GSPO), aggregated to a scalar.
 
@@ -179,8 +199,11 @@ def policy_loss(
     (``"sequence"``, see :func:`sequence_log_ratio`). Per token
     ``ℓ = max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high))``; with ``dual_clip=c``,
     ``ℓ = min(ℓ, −c·A)`` for A < 0; plus ``kl_coef·KL_t`` when ``kl_coef > 0``. We minimise
-    ℓ (= −objective). PPO https://arxiv.org/abs/1707.06347 (ε = 0.2); DAPO clip-higher
-    https://arxiv.org/abs/2503.14476 (ε_low 0.2, ε_high 0.28); dual clip
+    ℓ (= −objective). Optional constant per-token weights: ``ℓ ← w_t·ℓ`` (``is_weights``,
+    off-policy correction); decoupled PPO (``proximal_logp``): ``ρ_t = π_θ/π_prox`` and
+    ``ℓ ← (π_prox/π_behav)·ℓ`` with the behaviour policy ``old_logp`` (AReaL,
+    https://arxiv.org/abs/2505.24298). PPO https://arxiv.org/abs/1707.06347 (ε = 0.2);
+    DAPO clip-higher https://arxiv.org/abs/2503.14476 (ε_low 0.2, ε_high 0.28); dual clip
     https://arxiv.org/abs/1912.09729 (c = 3); GSPO https://arxiv.org/abs/2507.18071
     (ε ≈ 3e-4 / 4e-4); GRPO's in-loss k3 KL https://arxiv.org/abs/2402.03300.
     With ρ = 1 and no clipping active the gradient is the vanilla policy gradient
@@ -200,15 +223,26 @@ def policy_loss(
       ref_logp: ``[B, T]`` reference log-probs, for the KL term and the ``kl`` metric.
       kl_coef: β of the in-loss KL (default 0.0; GRPO used 0.04).
       kl_kind: KL estimator (default ``"k3"``, GRPO).
+      is_weights: ``[B, T]`` constant importance weights multiplying the per-token surrogate
+        (not the KL term), e.g. from :func:`~jaxrl_llm.objectives.rollout_correction`
+        (TIS / MIS); a zero weight keeps the token in the denominator. None: no weights.
+      proximal_logp: ``[B, T]`` log π_prox of the proximal policy for decoupled PPO
+        (AReaL, https://arxiv.org/abs/2505.24298): ``old_logp`` is then the behaviour
+        policy that sampled, the ratio and its clip are ``π_θ/π_prox``, and the surrogate is
+        multiplied by the constant ``π_prox/π_behav``. With ``proximal_logp == old_logp``
+        this is plain PPO. None (default): the ratio is taken against ``old_logp``.
     Returns:
       ``(loss, metrics)``: scalar float32 loss and a dict of scalar metrics (token means
       over valid tokens, no gradient): ``pg_loss``, ``clipfrac``, ``clipfrac_low``,
       ``clipfrac_high``, ``approx_kl`` (k3 estimate of KL(π_old‖π_θ)), ``ratio_mean``,
-      ``ratio_min``, ``ratio_max``, plus ``kl`` when ``ref_logp`` is given and
-      ``dual_clipfrac`` when ``dual_clip`` is set.
+      ``ratio_min``, ``ratio_max``, plus ``kl`` when ``ref_logp`` is given,
+      ``dual_clipfrac`` when ``dual_clip`` is set, ``is_weight_mean`` with ``is_weights``,
+      and ``behav_weight_mean`` / ``behav_weight_max`` with ``proximal_logp`` (then the
+      ratio metrics and ``approx_kl`` are against π_prox).
     """
     num, den, metrics = policy_loss_parts(
         logp, old_logp, advantages, mask, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
         dual_clip=dual_clip, ratio_level=ratio_level, aggregation=aggregation,
-        max_len=max_len, ref_logp=ref_logp, kl_coef=kl_coef, kl_kind=kl_kind)
+        max_len=max_len, ref_logp=ref_logp, kl_coef=kl_coef, kl_kind=kl_kind,
+        is_weights=is_weights, proximal_logp=proximal_logp)
     return safe_divide(num, den), metrics

@@ -7,6 +7,8 @@ import pytest
 
 from jaxrl_llm import objectives as obj
 from jaxrl_llm.errors import ConfigError
+from tests.objectives._helpers import check_grad_fd
+from tests.objectives._helpers import pad_with_garbage
 
 
 def _grad(f):
@@ -179,3 +181,83 @@ def test_vmap_over_independent_batches():
     for i, bt in enumerate(batches):
         assert float(got[i]) == pytest.approx(float(obj.policy_loss(*bt, clip_eps=0.1)[0]),
                                               rel=1e-5)
+
+
+def test_is_weights_of_ones_equal_no_weights():
+    logp, old, adv, m = _batch(9)
+    kw = dict(dual_clip=3.0, ref_logp=logp - 0.1, kl_coef=0.05)
+    f = jax.jit(jax.value_and_grad(lambda lp, w: obj.policy_loss(lp, old, adv, m, **kw,
+                                                                  is_weights=w)[0]))
+    g = jax.jit(jax.value_and_grad(lambda lp: obj.policy_loss(lp, old, adv, m, **kw)[0]))
+    (a, ga), (b, gb) = f(logp, jnp.ones_like(logp)), g(logp)
+    assert float(a) == float(b)
+    np.testing.assert_array_equal(ga, gb)
+
+
+def test_is_weights_scale_the_surrogate_not_the_kl_and_keep_the_denominator(run):
+    # tokens (ρ=1.5, A=+1) -> −1.2 and (ρ=0.5, A=+1) -> −0.5, weights 2 and 0
+    logp, old, adv, m = _tokens([1.5, 0.5], [1.0, 1.0])
+    w = jnp.array([[2.0, 0.0]])
+    loss, met = run(obj.policy_loss, logp, old, adv, m, is_weights=w)
+    assert float(loss) == pytest.approx((2 * -1.2 + 0 * -0.5) / 2, rel=1e-6)
+    assert float(met["is_weight_mean"]) == pytest.approx(1.0)
+    ref = old  # KL term untouched by the weights
+    with_kl, _ = run(obj.policy_loss, logp, old, adv, m, is_weights=w, ref_logp=ref,
+                     kl_coef=0.5)
+    k3 = obj.aggregate(obj.kl_penalty(logp, ref, kind="k3"), m)
+    assert float(with_kl) == pytest.approx(float(loss) + 0.5 * float(k3), rel=1e-5)
+    # gradient: w·(PPO gradient); finite differences agree
+    lp, o, a, mm = _batch(10)
+    wts = jnp.exp(0.3 * jnp.cos(jnp.arange(24.0))).reshape(4, 6)
+    gw = check_grad_fd(lambda x: obj.policy_loss(x, o, a, mm, is_weights=wts)[0], lp, mm)
+    g = _grad(lambda x: obj.policy_loss(x, o, a, mm)[0])(lp)
+    np.testing.assert_allclose(gw, wts * g, rtol=1e-5, atol=1e-7)
+
+
+def test_proximal_equal_to_old_is_plain_ppo():
+    logp, old, adv, m = _batch(11)
+    for level in ("token", "sequence"):
+        kw = dict(ratio_level=level, dual_clip=3.0)
+        a, ma = obj.policy_loss(logp, old, adv, m, **kw)
+        b, mb = obj.policy_loss(logp, old, adv, m, proximal_logp=old, **kw)
+        assert float(a) == pytest.approx(float(b), rel=1e-7)
+        ga = _grad(lambda x: obj.policy_loss(x, old, adv, m, **kw)[0])(logp)
+        gb = _grad(lambda x: obj.policy_loss(x, old, adv, m, proximal_logp=old, **kw)[0])(logp)
+        np.testing.assert_allclose(ga, gb, rtol=1e-7)
+        assert float(mb["behav_weight_mean"]) == pytest.approx(1.0)
+        for k in ma:
+            assert float(ma[k]) == pytest.approx(float(mb[k]), rel=1e-6, abs=1e-8), k
+
+
+def test_decoupled_ppo_hand_values(run):
+    # behaviour μ, proximal π_prox, current π_θ per token; ratio and clip around π_prox
+    behav = jnp.log(jnp.array([[0.2, 0.5]]))
+    prox = jnp.log(jnp.array([[0.3, 0.25]]))  # π_prox/μ = 1.5, 0.5
+    logp = prox + jnp.log(jnp.array([[1.5, 1.1]]))  # π_θ/π_prox = 1.5 (clipped), 1.1
+    adv = jnp.array([[1.0, -1.0]])
+    m = jnp.ones((1, 2))
+    loss, met = run(obj.policy_loss, logp, behav, adv, m, proximal_logp=prox)
+    want = (1.5 * -1.2 + 0.5 * 1.1) / 2
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    assert float(met["behav_weight_max"]) == pytest.approx(1.5, rel=1e-5)
+    assert float(met["clipfrac_high"]) == pytest.approx(0.5)
+    g = _grad(lambda x: obj.policy_loss(x, behav, adv, m, proximal_logp=prox)[0])(logp)
+    np.testing.assert_allclose(g[0], [0.0, 0.5 * 1.1 / 2], rtol=1e-5)
+    lp, o, a, mm = _batch(12)
+    p = o + 0.1 * jnp.sin(jnp.arange(6.0))
+    check_grad_fd(lambda x: obj.policy_loss(x, o, a, mm, proximal_logp=p)[0], lp, mm)
+
+
+def test_padding_with_weights_and_proximal_changes_nothing():
+    logp, old, adv, m = _batch(13)
+    prox = old + 0.05
+    w = jnp.full(m.shape, 0.7)
+    want, _ = obj.policy_loss(logp, old, adv, m, is_weights=w, proximal_logp=prox)
+    logp2, old2, adv2, m2 = pad_with_garbage(logp, old, adv, m)
+    prox2, _, _, _ = pad_with_garbage(prox, old, adv, m)
+    w2 = jnp.concatenate([jnp.where(m > 0, w, jnp.nan), jnp.full((1, 6), jnp.inf)])
+    f = lambda x: obj.policy_loss(x, old2, adv2, m2, is_weights=w2, proximal_logp=prox2)  # noqa
+    assert float(f(logp2)[0]) == pytest.approx(float(want), rel=1e-6)
+    g = _grad(lambda x: f(x)[0])(logp2)
+    assert np.isfinite(np.asarray(g)).all()
+    assert (np.asarray(g)[np.asarray(m2) == 0] == 0).all()
