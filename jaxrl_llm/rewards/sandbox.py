@@ -1,51 +1,92 @@
-"""Run model-written Python against tests in a contained child process.
+"""Run model-written Python against tests, with a verdict the code cannot reach or forge.
 
-What is enforced, and where (``Isolation.NAMESPACE``, used when we are root and util-linux
-``unshare`` works, as in our containers and most CI runners):
+**How a run works.** The candidate's code runs in one process (the *solution*); the tests run
+in another (the *judge*), started from the same trusted bootstrap but never running a line of
+candidate code. The judge's names for the solution's functions, classes and objects are
+proxies: a call sends plain arguments over a socket, the solution computes, and only plain
+built-in values (exact types, decoded strictly) come back. The judge compares them with its
+own, untouched builtins and reports the verdict through a pipe the solution never had. So
+nothing the candidate does to its own interpreter (frames, ``gc``, ``builtins``, ``compile``,
+``AssertionError``, ``unittest``, ``sys.exit``, stdout) reaches the verdict, and an object
+whose ``__eq__`` is always True cannot pass ``assert f(x) == 3``: the judge never holds it.
 
-| threat | kernel / process level | inside the interpreter (audit hook) |
+**What a test string means** (``tests``, one per data-set row): Python source executed top
+to bottom in the judge, in a fresh ``__main__`` namespace that starts with one binding per
+global name the solution defined (names starting with ``__`` excluded):
+
+* plain values (None, bool, int, float, complex, str, bytes, bytearray, and list, tuple,
+  dict, set, frozenset of plain values) are copied; instances of subclasses of these built-in
+  types arrive as their built-in contents (a namedtuple as a tuple, a Counter as a dict);
+* modules are imported again by name in the judge (``math`` stays usable if the solution
+  imported it); the solution's exception classes become judge-side exception classes of the
+  same name and nearest built-in base, so ``except MyError`` works;
+* everything else (functions, classes, instances, generators) is a proxy: calls, attribute
+  reads and writes, ``[]``, ``len``, ``in``, iteration and ``str`` run in the solution, whose
+  results come back as plain values or proxies. A proxy has no truth value, no ordering or
+  arithmetic, and is equal only to itself: write ``assert f(x) == 3``, not
+  ``assert f(x)`` on an object; compare plain values.
+* Arguments must be plain values or proxies (a lambda written in the tests cannot be sent).
+  A list, dict, set or bytearray passed directly as a positional argument is updated in place
+  after the call (copy-in / copy-out), so ``sort_in_place(xs); assert xs == [1, 2]`` works.
+* An exception raised by the solution is re-raised in the judge as the built-in exception of
+  the same class name, the solution's own exception class, or ``SolutionError``.
+* The run passes when the solution's top level ran to its end and the test source then ran to
+  its end without raising. ``AssertionError`` gives ``failed_tests``; anything else ``error``.
+  The solution runs as a module named ``solution`` (an ``if __name__ == "__main__":`` block is
+  skipped); without tests (``tests=None``) it runs as ``__main__`` and passes when it ends.
+
+**Isolation** (:class:`Isolation`), i.e. what contains the solution and the judge:
+
+| threat | ``namespace`` (root) / ``user_namespace`` (any user) | ``process`` (opt-in only) |
 |---|---|---|
-| infinite loop | wall-clock timeout kills the process group; RLIMIT_CPU | – |
-| fork bomb | new PID namespace (dies with its init), RLIMIT_NPROC for a unique non-root uid | – |
-| memory bomb | RLIMIT_AS (MemoryError → reason ``memory``) | – |
-| huge output | parent reads at most ``max_output_bytes`` then kills; RLIMIT_FSIZE; tmpfs size | – |
-| network | new, empty network namespace (no interface is up) | connect/bind refused |
-| writes outside cwd | non-root uid, root file system remounted read-only, private tmpfs /tmp | refused |
-| parent's environment | child gets a fresh, minimal environment; ``python -I`` ignores PYTHON* | – |
-| signalling the parent | different uid, parent invisible from the PID namespace | refused |
+| host files | fresh tmpfs root: /usr, /etc, the interpreter read-only; host homes, checkouts, keys absent | audit hook only (bypassable) |
+| writes | only /tmp (tmpfs, ``max_file_bytes`` + 1 MiB), RLIMIT_FSIZE | audit hook, RLIMIT_FSIZE |
+| network | new, empty network namespace | audit hook only |
+| other processes | new pid namespace with its own /proc; the host's processes are invisible | a different uid when root; same uid otherwise |
+| secrets in environ | the bootstrap starts with an empty environment, the host is invisible | empty environment; the trainer is made non-dumpable (its /proc/<pid>/environ unreadable) when not root |
+| privileges | another uid (root host) or no capabilities (user ns); no new privileges | same |
+| leftovers | pid 1 of the namespace exits, the kernel kills everything in it | subreaper kills its descendants; best effort |
+| fork / memory / CPU / output | RLIMIT_NPROC, RLIMIT_AS, RLIMIT_CPU + wall clock, output caps | same |
 
-``Isolation.PROCESS`` (fallback when namespaces are unavailable, e.g. an unprivileged user on
-a laptop): a new session, the same rlimits, a fresh temporary directory, a clean environment,
-a non-root uid if we are root, and a stricter audit hook that also refuses starting processes
-and loading ctypes. Audit hooks are not a security boundary against native code; use the
-namespace mode (or a VM) for untrusted code at scale.
+``auto`` picks ``namespace`` when we are root and it works, else ``user_namespace`` when the
+kernel allows unprivileged user namespaces, else nothing: running untrusted code without a
+boundary needs ``allow_unisolated=True`` (config ``sandbox.allow_unisolated: true``), and
+then uses ``process``. The audit hook inside the solution is defence in depth in every mode.
 
-The result of a run is a :class:`SandboxResult`; every failure mode is a :class:`Outcome`
+The result of a run is a :class:`SandboxResult`; every failure mode is an :class:`Outcome`
 with a short reason, never an exception in the caller.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import dataclasses
 import enum
 import functools
 import json
+import logging
 import os
 import re
-import secrets
+import select
 import shutil
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.rewards._boot import BOOT_SOURCE
+
+log = logging.getLogger(__name__)
+
+_BOOT_SOURCE = (Path(__file__).with_name("_sandbox_boot.py")).read_text()
 
 
 class Outcome(str, enum.Enum):
@@ -62,11 +103,12 @@ class Outcome(str, enum.Enum):
 
 
 class Isolation(str, enum.Enum):
-    """How the child is contained (see the module docstring)."""
+    """How the solution and the judge are contained (see the module docstring)."""
 
-    AUTO = "auto"  # NAMESPACE when available, else PROCESS
-    NAMESPACE = "namespace"
-    PROCESS = "process"
+    AUTO = "auto"  # NAMESPACE if root and it works, else USER_NAMESPACE, else refuse
+    NAMESPACE = "namespace"  # root: pid/net/mount/ipc/uts namespaces, sandbox uids
+    USER_NAMESPACE = "user_namespace"  # any user: the same inside an unprivileged user ns
+    PROCESS = "process"  # no kernel boundary; only with allow_unisolated=True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,10 +116,13 @@ class SandboxResult:
     """Outcome of one sandboxed run.
 
     Attributes:
-      passed: the program and all tests ran to the end without error.
+      passed: the solution ran to its end and every test held (judged outside the solution).
       reason: an :class:`Outcome` value (``"passed"``, ``"timeout"``, ``"memory"``, ...).
-      stdout, stderr: decoded output, each at most ``max_output_bytes`` bytes.
-      returncode: the child's exit status (negative: killed by that signal; None: not started).
+      stdout, stderr: decoded output of the solution and the judge, each at most
+        ``max_output_bytes`` bytes (never used for the verdict).
+      returncode: the solution process's exit status if it ended by itself (negative: killed
+        by that signal), 0 if it was still answering the judge when the run ended, None if it
+        did not start.
       duration_s: wall-clock seconds of the run.
     """
 
@@ -89,45 +134,106 @@ class SandboxResult:
     duration_s: float
 
 
-_EXIT_REASON = {10: Outcome.ERROR, 11: Outcome.FAILED_TESTS, 12: Outcome.ERROR,
-                13: Outcome.MEMORY, 14: Outcome.ERROR, 15: Outcome.SANDBOX_ERROR}
-_SIGNAL_REASON = {signal.SIGXCPU: Outcome.TIMEOUT, signal.SIGXFSZ: Outcome.OUTPUT_LIMIT}
+_SIGNAL_REASON = {signal.SIGXCPU: Outcome.TIMEOUT, signal.SIGXFSZ: Outcome.OUTPUT_LIMIT,
+                  signal.SIGKILL: Outcome.ERROR}
+_EXIT_REASON = {13: Outcome.MEMORY, 15: Outcome.SANDBOX_ERROR}
 
-
-# Each concurrent run gets its own uid so one run's processes count neither against another's
-# RLIMIT_NPROC nor can signal it. The base mixes in our pid so two host processes rarely share.
-_UID_BASE = 200_000 + (os.getpid() % 4096) * 64
+# Each concurrent run (root host) gets two uids of its own, one for the solution and one for
+# the judge, so one run's processes neither count against another's RLIMIT_NPROC nor can
+# signal it or each other. The base mixes in our pid so two host processes rarely share.
+_UID_BASE = 200_000 + (os.getpid() % 2048) * 128
 _uid_lock = threading.Lock()
-_free_uids = list(range(_UID_BASE, _UID_BASE + 64))
+_free_uids = list(range(_UID_BASE, _UID_BASE + 128, 2))
 
 
-def _take_uid() -> int:
+def _take_uids() -> list[int]:
     with _uid_lock:
         if not _free_uids:
             raise ConfigError("sandbox: more than 64 concurrent runs; lower max_workers")
-        return _free_uids.pop()
+        u = _free_uids.pop()
+        return [u, u + 1]
 
 
-def _give_uid(uid: int) -> None:
+def _give_uids(uids: list[int]) -> None:
     with _uid_lock:
-        _free_uids.append(uid)
+        _free_uids.append(uids[0])
+
+
+_NS_FLAGS = ("--fork", "--pid", "--net", "--mount", "--ipc", "--uts", "--kill-child")
+
+
+def _command(mode: Isolation, interp: str) -> list[str]:
+    boot = [interp, "-I", "-S", "-B", "-c", _BOOT_SOURCE]
+    if mode == Isolation.PROCESS:
+        return boot
+    unshare = shutil.which("unshare") or "unshare"
+    if mode == Isolation.USER_NAMESPACE:
+        return [unshare, "--user", "--map-root-user", *_NS_FLAGS, "--", *boot]
+    return [unshare, *_NS_FLAGS, "--", *boot]
+
+
+def _probe(mode: Isolation) -> bool:
+    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+        return False
+    try:
+        r = _run("x = 1\n", "assert x == 1\n", mode=mode, timeout_s=10.0, memory_mb=256,
+                 max_output_bytes=1 << 16, max_file_bytes=1 << 20, max_procs=16,
+                 audit_hooks=True, python=None)
+    except (OSError, ConfigError):
+        return False
+    if not r.passed:
+        log.debug("sandbox: isolation %s unavailable: %s %s", mode.value, r.reason, r.stderr)
+    return r.passed
 
 
 @functools.cache
 def namespaces_available() -> bool:
-    """Whether the namespace isolation works here (root, util-linux ``unshare``, kernel support)."""
-    exe = shutil.which("unshare")
-    if exe is None or os.geteuid() != 0 or not sys.platform.startswith("linux"):
-        return False
-    try:
-        r = subprocess.run([exe, *_UNSHARE_FLAGS, "true"], stdin=subprocess.DEVNULL,
-                           capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
+    """Whether ``Isolation.NAMESPACE`` works here: we are root, util-linux ``unshare`` exists
+    and a trivial program passes its test inside the namespaces (probed once, cached)."""
+    return os.geteuid() == 0 and _probe(Isolation.NAMESPACE)
 
 
-_UNSHARE_FLAGS = ("--fork", "--pid", "--net", "--mount", "--mount-proc", "--kill-child", "--")
+@functools.cache
+def user_namespaces_available() -> bool:
+    """Whether ``Isolation.USER_NAMESPACE`` works here (unprivileged user namespaces enabled,
+    e.g. ``kernel.unprivileged_userns_clone`` / AppArmor allow them; probed once, cached)."""
+    return _probe(Isolation.USER_NAMESPACE)
+
+
+def resolve_isolation(isolation: Isolation | str = Isolation.AUTO, *,
+                      allow_unisolated: bool = False) -> Isolation:
+    """The isolation a run will use; raises ConfigError rather than run without a boundary.
+
+    ``auto`` -> ``namespace`` (root) or ``user_namespace`` when they work; otherwise
+    ``process`` if ``allow_unisolated`` else ConfigError. Asking for ``process`` also needs
+    ``allow_unisolated=True``; asking for a namespace mode that does not work raises.
+    Call it at start-up to fail (or warn) early.
+    """
+    isolation = Isolation(isolation)
+    if isolation == Isolation.AUTO:
+        if os.geteuid() == 0 and namespaces_available():
+            return Isolation.NAMESPACE
+        if user_namespaces_available():
+            return Isolation.USER_NAMESPACE
+        if allow_unisolated:
+            return Isolation.PROCESS
+        raise ConfigError(
+            "sandbox: no isolation boundary works on this machine (namespaces need root, and "
+            "unprivileged user namespaces are disabled or util-linux `unshare` is missing); "
+            "untrusted code would run as this user. Enable user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1 / kernel.apparmor_restrict_"
+            "unprivileged_userns=0), run as root, or set sandbox.allow_unisolated: true "
+            "(allow_unisolated=True) to accept the risk")
+    if isolation == Isolation.NAMESPACE and not namespaces_available():
+        raise ConfigError("sandbox: isolation='namespace' needs root and a working `unshare` "
+                          "(util-linux); use 'user_namespace' or 'auto'")
+    if isolation == Isolation.USER_NAMESPACE and not user_namespaces_available():
+        raise ConfigError("sandbox: isolation='user_namespace' is unavailable here "
+                          "(unprivileged user namespaces disabled, or no `unshare`)")
+    if isolation == Isolation.PROCESS and not allow_unisolated:
+        raise ConfigError("sandbox: isolation='process' is no security boundary; pass "
+                          "allow_unisolated=True (config sandbox.allow_unisolated: true)")
+    return isolation
 
 
 def _world_executable(path: str) -> bool:
@@ -146,13 +252,35 @@ def _world_executable(path: str) -> bool:
 
 @functools.cache
 def default_interpreter() -> str:
-    """The Python used for sandboxed programs: ours if another uid may run it, else /usr/bin's."""
+    """The Python used for sandboxed programs: ours if another uid may run it, else /usr/bin's.
+
+    (Only ``process`` mode as root needs another uid to read the interpreter's files; the
+    namespace modes bind its installation into the sandbox's root.)
+    """
     if os.geteuid() != 0 or _world_executable(sys.executable):
         return sys.executable
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if os.path.exists(candidate) and _world_executable(candidate):
             return candidate
     return sys.executable
+
+
+_made_non_dumpable = False
+
+
+def _make_self_non_dumpable() -> None:
+    """PR_SET_DUMPABLE 0 on this (trainer) process: its /proc/<pid>/environ, mem, fd become
+    root-owned, so same-uid code outside a namespace cannot read its secrets. Side effect: no
+    core dumps, and debuggers (py-spy, gdb) cannot attach without root."""
+    global _made_non_dumpable
+    if _made_non_dumpable or os.geteuid() == 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, ctypes.c_ulong(0), 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
+    _made_non_dumpable = True
+    log.warning("sandbox: running untrusted code WITHOUT an isolation boundary "
+                "(allow_unisolated); this process is now non-dumpable")
 
 
 def _reader(stream, cap: int, sink: bytearray, over: threading.Event) -> None:
@@ -179,79 +307,108 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_python(
-    code: str,
-    *,
-    tests: str | None = None,
-    timeout_s: float = 5.0,
-    memory_mb: int = 512,
-    max_output_bytes: int = 1 << 20,
-    max_file_bytes: int = 16 << 20,
-    max_procs: int = 16,
-    isolation: Isolation | str = Isolation.AUTO,
-    audit_hooks: bool = True,
-    python: str | None = None,
-) -> SandboxResult:
-    """Runs ``code`` and then ``tests`` (same globals) in a contained child Python.
+def _kill_uids(uids: list[int]) -> None:
+    """Root host, ``process`` mode: SIGKILL whatever still runs as this run's uids."""
+    for _ in range(50):
+        found = False
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    if os.stat(f"/proc/{d}").st_uid in uids:
+                        os.kill(int(d), signal.SIGKILL)
+                        found = True
+                except (FileNotFoundError, ProcessLookupError):
+                    pass
+        if not found:
+            return
+        time.sleep(0.01)
 
-    The program is ``solution.py`` and the tests ``tests.py`` in a fresh working directory that
-    is deleted afterwards; both run under ``python -I -S -B`` (no site-packages, no user
-    environment). Tests are plain Python (typically ``assert f(2) == 4``); an
-    ``AssertionError`` gives ``failed_tests``, any other exception ``error``. Never raises for
-    anything the program does; see the module docstring for what is enforced where.
 
-    Args:
-      code: Python source of the solution.
-      tests: Python source run after ``code`` in the same namespace, or None.
-      timeout_s: wall-clock limit; the CPU-time limit is ``int(timeout_s) + 2`` seconds.
-      memory_mb: address-space limit of the program (RLIMIT_AS).
-      max_output_bytes: cap for stdout and for stderr each; exceeding it kills the run.
-      max_file_bytes: largest file the program may write (RLIMIT_FSIZE; also the tmpfs size).
-      max_procs: process/thread limit of the sandbox uid (RLIMIT_NPROC).
-      isolation: :class:`Isolation`; ``namespace`` raises ConfigError if unavailable.
-      audit_hooks: install the in-interpreter audit hook (defence in depth).
-      python: interpreter path; default :func:`default_interpreter`.
+def _read_summary(sock: socket.socket, wait_s: float) -> dict | None:
+    data = bytearray()
+    end = time.monotonic() + wait_s
+    while len(data) < (1 << 20):
+        left = end - time.monotonic()
+        if left <= 0 or not select.select([sock], [], [], left)[0]:
+            return None
+        try:
+            chunk = sock.recv(65536)
+        except OSError:
+            return None
+        if not chunk:
+            break
+        data += chunk
+    try:
+        summary = json.loads(bytes(data).decode())
+    except ValueError:
+        return None
+    return summary if isinstance(summary, dict) else None
 
-    Returns:
-      A :class:`SandboxResult`; ``passed`` is True only if the bootstrap confirmed (with a
-      per-run random token on stdout) that every line of code and tests ran.
-    """
-    isolation = Isolation(isolation)
-    if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes <= 0 or max_procs <= 0:
-        raise ConfigError("run_python: timeout_s, memory_mb, max_output_bytes and max_procs "
-                          "must be positive")
-    if isolation == Isolation.AUTO:
-        isolation = Isolation.NAMESPACE if namespaces_available() else Isolation.PROCESS
-    elif isolation == Isolation.NAMESPACE and not namespaces_available():
-        raise ConfigError("run_python: isolation='namespace' needs root and a working "
-                          "`unshare` (util-linux); use isolation='process' or 'auto'")
-    isolated = isolation == Isolation.NAMESPACE
-    nonce = secrets.token_hex(16)
-    uid = _take_uid() if os.geteuid() == 0 else None
-    workdir = None if isolated else tempfile.mkdtemp(prefix="jaxrl_sandbox_")
-    if workdir is not None and uid is not None:
-        os.chown(workdir, uid, uid)
-    cfg = dict(code=code, tests=tests, nonce=nonce, uid=uid, isolated=isolated, workdir=workdir,
+
+def _outcome(summary: dict | None, timed_out: bool, over: bool, stderr: str,
+             boot_rc: int | None) -> tuple[Outcome, int | None]:
+    """(reason, returncode) from what the trusted bootstrap reported."""
+    if timed_out or (summary or {}).get("timeout"):
+        return Outcome.TIMEOUT, None
+    if over:
+        return Outcome.OUTPUT_LIMIT, None
+    if summary is None:
+        return (Outcome.SANDBOX_ERROR if boot_rc in (15, None) or "sandbox setup failed"
+                in stderr else Outcome.ERROR), None
+    sol = summary.get("solution") or {}
+    rc = 0 if sol.get("killed") else sol.get("exit", -sol.get("signal", 0) or 0)
+    verdict = summary.get("verdict")
+    if verdict == "passed":
+        return Outcome.PASSED, rc
+    if verdict == "failed_tests":
+        return Outcome.FAILED_TESTS, rc
+    if "signal" in sol:
+        reason = _SIGNAL_REASON.get(sol["signal"], Outcome.ERROR)
+    else:
+        reason = _EXIT_REASON.get(sol.get("exit"), Outcome.ERROR)
+    if verdict is None and summary.get("judge") == 15:
+        reason = Outcome.SANDBOX_ERROR
+    if reason == Outcome.ERROR and ("MemoryError" in stderr
+                                    or str(summary.get("detail", "")).startswith("memory")):
+        reason = Outcome.MEMORY
+    return reason, rc
+
+
+def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, memory_mb: int,
+         max_output_bytes: int, max_file_bytes: int, max_procs: int, audit_hooks: bool,
+         python: str | None) -> SandboxResult:
+    # Sandbox uids exist only outside a user namespace (one uid is mapped inside it).
+    uids = _take_uids() if os.geteuid() == 0 and mode != Isolation.USER_NAMESPACE else None
+    workdir = None
+    if mode == Isolation.PROCESS:
+        _make_self_non_dumpable()
+        workdir = tempfile.mkdtemp(prefix="jaxrl_sandbox_")
+        if uids is not None:
+            os.chown(workdir, uids[0], uids[0])
+    host_sock, child_sock = socket.socketpair()
+    cfg = dict(code=code, has_tests=tests is not None, mode=mode.value, chan=child_sock.fileno(),
+               uids=uids, workdir=workdir, timeout_s=float(timeout_s),
                cpu_s=int(timeout_s) + 2, memory_bytes=int(memory_mb) << 20,
                fsize_bytes=int(max_file_bytes), disk_mb=max(1, (int(max_file_bytes) >> 20) + 1),
                max_procs=int(max_procs), hooks=bool(audit_hooks))
-    interp = python or default_interpreter()
-    cmd = [interp, "-I", "-S", "-B", "-c", BOOT_SOURCE]
-    if isolated:
-        cmd = [shutil.which("unshare"), *_UNSHARE_FLAGS, *cmd]
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    interp = python or (default_interpreter() if mode == Isolation.PROCESS else sys.executable)
     start = time.monotonic()
     out, err = bytearray(), bytearray()
     over = threading.Event()
     timed_out = False
+    proc = None
     try:
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env, cwd=workdir or "/",
-                                    start_new_session=True, close_fds=True)
+            # An empty environment: nothing secret to read from the bootstrap's environ.
+            proc = subprocess.Popen(_command(mode, interp), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
+                                    cwd=workdir or "/", start_new_session=True, close_fds=True,
+                                    pass_fds=(child_sock.fileno(),))
         except OSError as e:
             return SandboxResult(False, Outcome.SANDBOX_ERROR.value, "", f"cannot start: {e}",
                                  None, time.monotonic() - start)
+        finally:
+            child_sock.close()
         readers = [threading.Thread(target=_reader, args=(s, max_output_bytes, b, over),
                                     daemon=True) for s, b in ((proc.stdout, out), (proc.stderr, err))]
         for t in readers:
@@ -259,9 +416,13 @@ def run_python(
         try:
             proc.stdin.write(json.dumps(cfg).encode())
             proc.stdin.close()
-        except (BrokenPipeError, OSError):
+            if tests is not None:  # after the solution was forked; only the judge reads it
+                data = json.dumps(tests).encode()
+                host_sock.sendall(struct.pack(">I", len(data)) + data)
+            host_sock.shutdown(socket.SHUT_WR)
+        except OSError:
             pass
-        deadline = start + timeout_s
+        deadline = start + timeout_s + 1.0  # the bootstrap enforces timeout_s itself
         while True:
             try:
                 proc.wait(timeout=0.02)
@@ -275,41 +436,77 @@ def run_python(
                 timed_out = True
                 _kill_group(proc)
                 break
-        _kill_group(proc)  # leftovers of the group (PROCESS mode); no-op if all is gone
+        summary = None if (timed_out or over.is_set()) else _read_summary(host_sock, 1.0)
+        _kill_group(proc)  # leftovers of the group; no-op if all is gone
         proc.wait()
         for t in readers:
             t.join(timeout=1.0)
         for s in (proc.stdout, proc.stderr):
             s.close()
     finally:
-        if uid is not None:
-            _give_uid(uid)
+        host_sock.close()
+        if uids is not None:
+            if mode == Isolation.PROCESS:
+                _kill_uids(uids)
+            _give_uids(uids)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
     duration = time.monotonic() - start
-    rc = proc.returncode
     stdout = bytes(out).decode("utf-8", "replace")
     stderr = bytes(err).decode("utf-8", "replace")
-    marker = "\n" + nonce + "\n"
-    confirmed = stdout.endswith(marker)
-    if confirmed:
-        stdout = stdout[: -len(marker)]
-    if isolated and rc is not None and rc > 128:
-        rc = -(rc - 128)  # the namespace init reports the program's signal as 128 + n
-    if timed_out:
-        reason = Outcome.TIMEOUT
-    elif over.is_set():
-        reason = Outcome.OUTPUT_LIMIT
-    elif rc == 0:
-        reason = Outcome.PASSED if confirmed else Outcome.ERROR
-    elif rc is not None and rc < 0:
-        reason = _SIGNAL_REASON.get(-rc, Outcome.ERROR)
-    else:
-        reason = _EXIT_REASON.get(rc, Outcome.ERROR)
-    if reason == Outcome.ERROR and "MemoryError" in stderr:
-        reason = Outcome.MEMORY
+    reason, rc = _outcome(summary, timed_out, over.is_set(), stderr, proc.returncode)
     return SandboxResult(passed=reason == Outcome.PASSED, reason=reason.value, stdout=stdout,
                          stderr=stderr, returncode=rc, duration_s=duration)
+
+
+def run_python(
+    code: str,
+    *,
+    tests: str | None = None,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_output_bytes: int = 1 << 20,
+    max_file_bytes: int = 16 << 20,
+    max_procs: int = 16,
+    isolation: Isolation | str = Isolation.AUTO,
+    audit_hooks: bool = True,
+    python: str | None = None,
+    allow_unisolated: bool = False,
+) -> SandboxResult:
+    """Runs ``code`` in a contained solution process and judges it with ``tests`` elsewhere.
+
+    See the module docstring for what a test string means (the judge's namespace, proxies,
+    plain values) and what each isolation mode enforces. Never raises for anything the
+    program does; raises ConfigError for bad limits or when no isolation boundary is available
+    and ``allow_unisolated`` is False.
+
+    Args:
+      code: Python source of the solution.
+      tests: Python source run by the judge against the solution's names, or None (then the
+        run passes when the solution's code runs to its end).
+      timeout_s: wall-clock limit of the whole run; CPU-time limit ``int(timeout_s) + 2`` s.
+      memory_mb: address-space limit of the solution and of the judge (RLIMIT_AS).
+      max_output_bytes: cap for stdout and for stderr each; exceeding it kills the run.
+      max_file_bytes: largest file the program may write (RLIMIT_FSIZE; also the tmpfs size).
+      max_procs: process/thread limit (RLIMIT_NPROC).
+      isolation: :class:`Isolation`; see :func:`resolve_isolation`.
+      audit_hooks: install the in-interpreter audit hook in the solution (defence in depth).
+      python: interpreter path; default: this one (namespace modes) or
+        :func:`default_interpreter` (``process`` mode).
+      allow_unisolated: accept running without a kernel boundary when none is available
+        (``auto``) or when ``process`` is asked for. Off by default.
+
+    Returns:
+      A :class:`SandboxResult`; ``passed`` is True only if the judge, a process the solution
+      cannot reach, saw every test hold.
+    """
+    if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes <= 0 or max_procs <= 0:
+        raise ConfigError("run_python: timeout_s, memory_mb, max_output_bytes and max_procs "
+                          "must be positive")
+    mode = resolve_isolation(isolation, allow_unisolated=allow_unisolated)
+    return _run(code, tests, mode=mode, timeout_s=timeout_s, memory_mb=memory_mb,
+                max_output_bytes=max_output_bytes, max_file_bytes=max_file_bytes,
+                max_procs=max_procs, audit_hooks=audit_hooks, python=python)
 
 
 _CODE_BLOCK = re.compile(r"```(?:python|py|Python|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -333,6 +530,7 @@ def code_execution_reward(
     memory_mb: int = 512,
     max_workers: int = 4,
     isolation: Isolation | str = Isolation.AUTO,
+    allow_unisolated: bool = False,
     **_fields,
 ) -> list[float | None]:
     """Unit-test pass reward: 1.0 if the completion's last ```python block passes ``tests``.
@@ -348,7 +546,7 @@ def code_execution_reward(
       prompts: N prompts (unused; part of the reward interface).
       completions: N completions.
       tests: N test sources (the data set's ``tests`` column), or None per sample.
-      timeout_s, memory_mb, isolation: passed to :func:`run_python`.
+      timeout_s, memory_mb, isolation, allow_unisolated: passed to :func:`run_python`.
       max_workers: concurrent sandboxes.
 
     Returns:
@@ -357,7 +555,8 @@ def code_execution_reward(
     return [None if r is None else float(r.passed)
             for r in code_execution_details(completions, tests=tests, timeout_s=timeout_s,
                                             memory_mb=memory_mb, max_workers=max_workers,
-                                            isolation=isolation)]
+                                            isolation=isolation,
+                                            allow_unisolated=allow_unisolated)]
 
 
 def code_execution_details(
@@ -368,12 +567,13 @@ def code_execution_details(
     memory_mb: int = 512,
     max_workers: int = 4,
     isolation: Isolation | str = Isolation.AUTO,
+    allow_unisolated: bool = False,
 ) -> list[SandboxResult | None]:
     """Runs every completion's code block against its tests; one :class:`SandboxResult` each.
 
     Args:
       completions: N completions. tests: N test sources or None (then the result is None).
-      timeout_s, memory_mb, isolation: passed to :func:`run_python`.
+      timeout_s, memory_mb, isolation, allow_unisolated: passed to :func:`run_python`.
       max_workers: concurrent sandboxes (threads, each waiting on its own child process).
 
     Returns:
@@ -382,6 +582,8 @@ def code_execution_details(
     if len(tests) != len(completions):
         raise ConfigError(f"code_execution_reward: field 'tests' has {len(tests)} entries for "
                           f"{len(completions)} completions; they must be aligned")
+    # Resolved once, up front: no boundary and no opt-in is an error for the whole batch.
+    isolation = resolve_isolation(isolation, allow_unisolated=allow_unisolated)
 
     def one(i: int) -> SandboxResult | None:
         if tests[i] is None:
@@ -390,7 +592,7 @@ def code_execution_details(
         if code is None:
             return SandboxResult(False, Outcome.NO_CODE.value, "", "", None, 0.0)
         return run_python(code, tests=tests[i], timeout_s=timeout_s, memory_mb=memory_mb,
-                          isolation=isolation)
+                          isolation=isolation, allow_unisolated=allow_unisolated)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
         return list(pool.map(one, range(len(completions))))

@@ -14,16 +14,23 @@ from jaxrl_llm.rewards import code_execution_reward
 from jaxrl_llm.rewards import extract_python_code
 from jaxrl_llm.rewards import namespaces_available
 from jaxrl_llm.rewards import run_python
+from jaxrl_llm.rewards.sandbox import user_namespaces_available
 
 GOOD = "def double(x):\n    return 2 * x\nprint('hello')\n"
 GOOD_TESTS = "assert double(2) == 4\nassert double(-3) == -6\n"
-MODES = ["process", pytest.param("namespace", marks=pytest.mark.skipif(
-    not namespaces_available(), reason="needs root + unshare"))]
+# "process" has no kernel boundary: it now runs only with allow_unisolated=True (see run()).
+MODES = ["process",
+         pytest.param("namespace", marks=pytest.mark.skipif(
+             not namespaces_available(), reason="needs root + util-linux unshare")),
+         pytest.param("user_namespace", marks=pytest.mark.skipif(
+             not user_namespaces_available(),
+             reason="the kernel does not allow unprivileged user namespaces here"))]
 
 
 def run(code, tests=None, **kw):
     kw.setdefault("timeout_s", 2.0)
     kw.setdefault("memory_mb", 256)
+    kw.setdefault("allow_unisolated", kw.get("isolation") == "process")
     return run_python(code, tests=tests, **kw)
 
 
