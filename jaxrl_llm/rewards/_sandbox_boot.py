@@ -675,6 +675,10 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
             if type(item) is not list or len(item) != 2 or type(item[0]) is not str:
                 raise ValueError("malformed name")
             name, value = item
+            if hasattr(builtins, name):
+                continue  # the tests' built-ins are the real ones (no fake `sorted`, `len`)
+            if name in sys.stdlib_module_names:
+                value = {"module": name}  # and `math` is the real math, whatever it was bound to
             if type(value) is dict and set(value) == {"module"}:
                 try:
                     ns[name] = importlib.import_module(str(value["module"]))
