@@ -4,14 +4,18 @@ Per valid token, with ratio ρ and advantage A::
 
     ℓ_t = max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high))            (PPO, clip-higher)
     ℓ_t = min(ℓ_t, −A·c)        where A < 0, if dual_clip = c      (dual-clip PPO)
+    ℓ_t = (π_prox/π_behav)·ℓ_t  with ρ = π_θ/π_prox, if proximal   (decoupled PPO, AReaL)
+    ℓ_t = w_t·ℓ_t               if is_weights = w (constants)      (TIS / MIS correction)
     ℓ_t += β·KL_t(π‖π_ref)      if kl_coef = β > 0                 (GRPO's in-loss KL)
 
 then reduced with :func:`jaxrl_llm.objectives.aggregate`. We minimise this loss
 (= −objective). References: PPO, Schulman et al. 2017 (https://arxiv.org/abs/1707.06347);
 clip-higher, DAPO (https://arxiv.org/abs/2503.14476); dual clip, Ye et al. 2020
-(https://arxiv.org/abs/1912.09729); sequence ratio, GSPO (https://arxiv.org/abs/2507.18071).
-Conventions: the loss form, ``clip_ratio_c`` dual clip, and low/high clip fractions follow
-verl's ``compute_policy_loss``; TRL and OpenRLHF compute the same surrogate.
+(https://arxiv.org/abs/1912.09729); sequence ratio, GSPO (https://arxiv.org/abs/2507.18071);
+decoupled PPO, AReaL (https://arxiv.org/abs/2505.24298); importance weights from
+:func:`jaxrl_llm.objectives.rollout_correction`. Conventions: the loss form, ``clip_ratio_c``
+dual clip, and low/high clip fractions follow verl's ``compute_policy_loss``; TRL and OpenRLHF
+compute the same surrogate.
 """
 
 from __future__ import annotations
