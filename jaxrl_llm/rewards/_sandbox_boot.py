@@ -202,11 +202,13 @@ def _drop_privileges(uid):
     for cap in range(64):
         if _libc.prctl(_PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0:
             break  # EINVAL past the last capability
+    hdr, data = _CapHeader(0x20080522, 0), (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(hdr), data), "capget")
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-    else:
+    elif any(d.permitted for d in data):
         # uid 0 of a user namespace: lock "root gets capabilities" off, then clear them all.
         _prctl(_PR_SET_SECUREBITS, 0x2F)  # NOROOT, NO_SETUID_FIXUP, their locks, KEEP_CAPS lock
         _libc.prctl(_PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
