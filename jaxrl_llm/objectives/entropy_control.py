@@ -26,8 +26,8 @@ Conventions, and where implementations differ:
   which most other frameworks copy) calls the loss per micro-batch, so its selection is per
   micro-batch too; the paper states it over the batch. Pass the whole batch to get the
   paper's selection; the ``*_parts`` forms still accumulate exactly for a given selection.
-* Ties in ``Cov_t`` (KL-Cov) go to the earlier token in row-major order; ``torch.topk`` leaves
-  them unspecified.
+* Ties in ``Cov_t`` (KL-Cov) go to the earlier token in row-major order (``lax.top_k``);
+  ``torch.topk`` leaves them unspecified.
 * Clip-Cov: verl multiplies the selected tokens' loss by 0 (value and gradient 0); we
   detach them with ``stop_gradient`` (value kept, gradient 0). Gradients are identical; our
   reported loss is still the PPO surrogate's value. verl's sampler is ``torch.randperm``; ours
@@ -37,6 +37,8 @@ Conventions, and where implementations differ:
 """
 
 from __future__ import annotations
+
+import math
 
 import chex
 import jax
@@ -77,18 +79,26 @@ def token_covariance(logp: jax.Array, advantages: jax.Array, mask: jax.Array) ->
     return jax.lax.stop_gradient(jnp.where(m, cov, 0.0))
 
 
-def _selection_count(m: jax.Array, ratio: float) -> jax.Array:
-    """``max(1, ⌊ratio·N⌋)`` with N the number of valid tokens (int32, traced)."""
+def _selection_count(m: jax.Array, ratio: float) -> tuple[jax.Array, int]:
+    """``max(1, ⌊ratio·N⌋)`` with N the valid tokens (int32, traced), and its static bound for
+    N = B·T (every token valid)."""
     n = masked_count(m)
-    return jnp.maximum(1, jnp.floor(n * ratio * (1.0 + 1e-6)).astype(jnp.int32))
+    k = jnp.maximum(1, jnp.floor(n * ratio * (1.0 + 1e-6)).astype(jnp.int32))
+    k_max = max(1, math.floor(m.size * ratio * (1.0 + 1e-6)))
+    return k, min(k_max, m.size)
 
 
-def _top_ranks(score: jax.Array) -> jax.Array:
-    """Rank of each entry of ``score`` ``[B, T]`` in descending order (0 = largest), stable."""
-    flat = score.reshape(-1)
-    order = jnp.argsort(-flat, stable=True)
-    ranks = jnp.zeros_like(order).at[order].set(jnp.arange(flat.size, dtype=order.dtype))
-    return ranks.reshape(score.shape)
+def _top(score: jax.Array, k: jax.Array, k_max: int) -> jax.Array:
+    """Boolean ``[B, T]``: the ``k`` (traced, ≤ ``k_max``) largest entries of ``score``.
+
+    ``lax.top_k`` with the static bound ``k_max`` rather than a full sort: the selected share
+    is tiny (2e-4), so this costs about as much as the surrogate itself. Ties go to the
+    lower flat (row-major) index.
+    """
+    flat = jnp.where(score == 0, 0.0, score).reshape(-1)  # −0.0 sorts below +0.0 in top_k
+    _, idx = jax.lax.top_k(flat, k_max)
+    chosen = jnp.arange(k_max) < k
+    return jnp.zeros(flat.shape, bool).at[idx].set(chosen).reshape(score.shape)
 
 
 def _check_ratio(name: str, ratio: float) -> None:
@@ -136,8 +146,8 @@ def kl_cov_loss_parts(
     _check_ratio("kl_cov_ratio", kl_cov_ratio)
     m, logp, adv, log_ratio = _prepare(logp, old_logp, advantages, mask)
     cov = token_covariance(logp, adv, m)
-    k = _selection_count(m, kl_cov_ratio)
-    selected = (_top_ranks(jnp.where(m, cov, -jnp.inf)) < k) & m
+    k, k_max = _selection_count(m, kl_cov_ratio)
+    selected = _top(jnp.where(m, cov, -jnp.inf), k, k_max) & m
     ratio = jnp.exp(log_ratio)
     pg = -adv * ratio
     abs_kl = jnp.abs(log_ratio)
@@ -232,8 +242,8 @@ def clip_cov_loss_parts(
     cov = token_covariance(logp, adv, m)
     candidate = m & ~ppo_clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
     draw = jax.random.uniform(key, cov.shape)
-    selected = candidate & (_top_ranks(jnp.where(candidate, draw, -jnp.inf))
-                            < _selection_count(m, clip_cov_ratio))
+    selected = _top(jnp.where(candidate, draw, -jnp.inf), *_selection_count(m, clip_cov_ratio))
+    selected = selected & candidate
     per_token = jnp.where(selected, jax.lax.stop_gradient(per_token), per_token)
     per_token = jnp.where(m, per_token, 0.0)
     num, den = aggregate_parts(per_token, mask, mode=aggregation, max_len=max_len)

@@ -80,6 +80,12 @@ def test_kl_cov_token_count_at_least_one_and_exact_products():
     assert float(met["kl_cov_frac"]) == pytest.approx(3 / 50)
     with pytest.raises(ConfigError, match="kl_cov_ratio"):
         obj.kl_cov_loss(*args, kl_cov_ratio=0.0)
+    # equal advantages: every Cov_t is 0, ties go to the first tokens in row-major order
+    flat_adv = jnp.full((2,), 0.5)
+    loss, _ = obj.kl_cov_loss(logp[:2], old[:2], flat_adv, m, kl_cov_ratio=0.06)
+    want, sel = _kl_cov_reference(logp[:2], old[:2], flat_adv, m, 0.06, 1.0)
+    assert sel.reshape(-1)[:3].all() and sel.sum() == 3
+    assert float(loss) == pytest.approx(want, rel=1e-5)
 
 
 def test_kl_cov_with_zero_coefficient_is_the_unclipped_policy_gradient():
