@@ -121,7 +121,7 @@ def cispo_loss(
     ``−ŵ_t·A_t·∇log π_θ(y_t)``; with ``r = 1`` this is the vanilla policy gradient. The loss
     *value* is ``−ŵ·A·log π`` (a gradient carrier, not the PPO surrogate's value). The paper
     imposes no lower bound (``clip_eps_low=None``) and tunes ε_high; the defaults (0.2, 0.2)
-    are those of the issue and of verl's ``cispo`` loss.
+    follow verl's ``cispo`` loss (its PPO clip ratios).
 
     Args:
       logp: ``[B, T]`` log π_θ(y_t) (differentiated).
@@ -195,8 +195,8 @@ def sapo_loss(
 
     ``ℓ_t = −(4/τ_t)·σ(τ_t·(r_t − 1))·A_t`` with ``τ_t = τ_pos`` where ``A_t > 0`` and
     ``τ_neg`` otherwise (Soft Adaptive Policy Optimization, Qwen team 2025,
-    https://arxiv.org/abs/2511.20347; defaults τ_pos = 1.0, τ_neg = 1.05 from the
-    paper, a slightly faster decay for negative advantages). The gradient is
+    https://arxiv.org/abs/2511.20347; defaults τ_pos = 1.0, τ_neg = 1.05: the paper
+    argues for τ_neg > τ_pos, a faster decay for negative advantages). The gradient is
     ``−w_t·r_t·A_t·∇log π_θ(y_t)`` with the soft gate ``w_t = 4σ(1 − σ)``, which is 1 at
     ``r = 1`` (the vanilla policy gradient on-policy) and decays smoothly as ``r`` leaves 1.
     The paper averages tokens within a sequence, then sequences (``seq_mean_token_mean``).
