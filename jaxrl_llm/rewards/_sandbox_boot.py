@@ -221,7 +221,10 @@ def _drop_privileges(uid):
 
 
 def _bind_readonly(src, dst):
-    os.makedirs(dst, exist_ok=True)
+    if os.path.isdir(src):
+        os.makedirs(dst, exist_ok=True)
+    else:
+        open(dst, "w").close()
     _mount(src, dst, None, _MS_BIND | _MS_REC)
     keep = 0
     f_flag = os.statvfs(dst).f_flag
@@ -244,9 +247,17 @@ def _build_root(cfg):
     _check(_libc.syscall(ctypes.c_long(nr), b"/tmp", b"/tmp/oldroot"), "pivot_root")
     os.chdir("/")
     old = "/oldroot"
-    binds = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"]
-    for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.realpath(
-            sys.executable))):
+    binds = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+    # /etc: only what the loader and the standard library read, not the host's configuration
+    # (/etc/environment, gitconfig, credentials of services).
+    etc = ["alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone",
+           "passwd", "group", "nsswitch.conf", "mime.types", "os-release", "ssl"]
+    try:
+        etc += [n for n in os.listdir(old + "/etc") if n.startswith("python3")]
+    except OSError:
+        pass
+    binds += ["/etc/" + n for n in etc]
+    for p in (sys.base_prefix, sys.base_exec_prefix):  # the interpreter's installation
         binds.append(os.path.realpath(p))
     done = []
     for p in binds:
@@ -257,7 +268,8 @@ def _build_root(cfg):
             os.makedirs(os.path.dirname(p), exist_ok=True)
             if not os.path.lexists(p):
                 os.symlink(os.readlink(src), p)
-        elif os.path.isdir(src):
+        elif os.path.exists(src):
+            os.makedirs(os.path.dirname(p), exist_ok=True)
             _bind_readonly(src, p)
         else:
             continue

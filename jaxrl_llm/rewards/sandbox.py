@@ -164,14 +164,25 @@ def _give_uids(uids: list[int]) -> None:
 _NS_FLAGS = ("--fork", "--pid", "--net", "--mount", "--ipc", "--uts", "--kill-child")
 
 
-def _command(mode: Isolation, interp: str) -> list[str]:
+def _command(mode: Isolation, interp: str, setpriv_uid: int | None) -> list[str]:
     boot = [interp, "-I", "-S", "-B", "-c", _BOOT_SOURCE]
     if mode == Isolation.PROCESS:
         return boot
     unshare = shutil.which("unshare") or "unshare"
-    if mode == Isolation.USER_NAMESPACE:
-        return [unshare, "--user", "--map-root-user", *_NS_FLAGS, "--", *boot]
-    return [unshare, *_NS_FLAGS, "--", *boot]
+    if mode == Isolation.NAMESPACE:
+        return [unshare, *_NS_FLAGS, "--", *boot]
+    cmd = [unshare, "--user", "--map-root-user", *_NS_FLAGS, "--", *boot]
+    if setpriv_uid is not None:
+        # Root asked for a user namespace: enter it as a sandbox uid, not as root, so that
+        # RLIMIT_NPROC holds (the kernel never applies it to the host's root).
+        u = str(setpriv_uid)
+        cmd = [shutil.which("setpriv") or "setpriv", "--reuid=" + u, "--regid=" + u,
+               "--clear-groups", *cmd]
+    return cmd
+
+
+def _setpriv_usable() -> bool:
+    return shutil.which("setpriv") is not None and _world_executable(default_interpreter())
 
 
 def _probe(mode: Isolation) -> bool:
@@ -379,8 +390,11 @@ def _outcome(summary: dict | None, timed_out: bool, over: bool, stderr: str,
 def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, memory_mb: int,
          max_output_bytes: int, max_file_bytes: int, max_procs: int, audit_hooks: bool,
          python: str | None) -> SandboxResult:
-    # Sandbox uids exist only outside a user namespace (one uid is mapped inside it).
-    uids = _take_uids() if os.geteuid() == 0 and mode != Isolation.USER_NAMESPACE else None
+    uids = _take_uids() if os.geteuid() == 0 else None
+    # Inside a user namespace only one uid is mapped: there the boot gets no sandbox uids.
+    setpriv_uid = None
+    if uids is not None and mode == Isolation.USER_NAMESPACE:
+        setpriv_uid = uids[0] if _setpriv_usable() else None
     workdir = None
     if mode == Isolation.PROCESS:
         _make_self_non_dumpable()
@@ -389,11 +403,12 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
             os.chown(workdir, uids[0], uids[0])
     host_sock, child_sock = socket.socketpair()
     cfg = dict(code=code, has_tests=tests is not None, mode=mode.value, chan=child_sock.fileno(),
-               uids=uids, workdir=workdir, timeout_s=float(timeout_s),
+               uids=None if mode == Isolation.USER_NAMESPACE else uids, workdir=workdir, timeout_s=float(timeout_s),
                cpu_s=int(timeout_s) + 2, memory_bytes=int(memory_mb) << 20,
                fsize_bytes=int(max_file_bytes), disk_mb=max(1, (int(max_file_bytes) >> 20) + 1),
                max_procs=int(max_procs), hooks=bool(audit_hooks))
-    interp = python or (default_interpreter() if mode == Isolation.PROCESS else sys.executable)
+    interp = python or (default_interpreter() if mode == Isolation.PROCESS or setpriv_uid
+                        is not None else sys.executable)
     start = time.monotonic()
     out, err = bytearray(), bytearray()
     over = threading.Event()
@@ -402,7 +417,7 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
     try:
         try:
             # An empty environment: nothing secret to read from the bootstrap's environ.
-            proc = subprocess.Popen(_command(mode, interp), stdin=subprocess.PIPE,
+            proc = subprocess.Popen(_command(mode, interp, setpriv_uid), stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
                                     cwd=workdir or "/", start_new_session=True, close_fds=True,
                                     pass_fds=(child_sock.fileno(),))
