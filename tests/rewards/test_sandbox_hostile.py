@@ -2,8 +2,9 @@
 
 Each program tries to leave the sandbox: open a socket to a host listener, start processes,
 call libc through ctypes, write and read outside its temporary directory (a "private key"),
-read the secrets in its parent's and other processes' environments and /proc, leave a daemon
-behind in a new session, kill its parents, and switch the in-interpreter audit hook off first.
+enter new namespaces, mount, ptrace, read the secrets in its parent's and other processes'
+environments and /proc, leave a daemon behind in a new session, kill its parents, and switch
+the in-interpreter audit hook off first.
 Every attempt must be contained: the host sees no connection, no file change, no leftover
 process, and no secret comes back in the output.
 
@@ -123,6 +124,14 @@ if os.fork() == 0:
 time.sleep(0.3)
 print('DAEMON_STARTED')
 """,
+    "kernel_surface": HOOK_OFF + """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print('unshare', libc.unshare(0x10000000 | 0x20000))  # a new user + mount namespace
+print('ptrace', libc.ptrace(16, os.getppid(), 0, 0))  # PTRACE_ATTACH to the bootstrap
+print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))
+print('chroot', libc.chroot(b'/tmp'))
+""",
     "kill_parents": HOOK_OFF + """
 import ctypes, os
 libc = ctypes.CDLL(None)
@@ -228,6 +237,9 @@ def _assert_contained(out, d, listener):
     assert "DAEMON_STARTED" in results["daemon"][1], results["daemon"]  # it did start...
     time.sleep(0.3)
     assert _daemons() == []  # ...and did not outlive the run
+    # New namespaces, ptrace, mounts and chroot are refused (capabilities dropped + seccomp).
+    for call in ("unshare", "ptrace", "mount", "chroot"):
+        assert f"{call} -1" in results["kernel_surface"][1], results["kernel_surface"]
     # The pid namespace shows none of the host's processes.
     pids = {line.split()[0] for line in results["environ_and_proc"][1].splitlines()
             if line.split() and line.split()[0].isdigit()}
