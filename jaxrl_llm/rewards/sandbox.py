@@ -47,6 +47,7 @@ module name (``math``) is always that real module, whatever the solution bound t
 | other processes | new pid namespace with its own /proc; the host's processes are invisible | a different uid when root; same uid otherwise |
 | secrets in environ | the bootstrap starts with an empty environment, the host is invisible | empty environment; the trainer is made non-dumpable (its /proc/<pid>/environ unreadable) when not root |
 | privileges | another uid (root host) or no capabilities (user ns); no new privileges | same |
+| kernel surface | seccomp deny-list: namespaces, mount, ptrace, process_vm_*, bpf, perf, keyrings, io_uring, modules, open_by_handle_at (EPERM); other ABIs killed | same |
 | leftovers | pid 1 of the namespace exits, the kernel kills everything in it | subreaper kills its descendants; best effort |
 | fork / memory / CPU / output | RLIMIT_NPROC, RLIMIT_AS, RLIMIT_CPU + wall clock, output caps | same |
 

@@ -27,6 +27,11 @@ MODES = ["process",
              reason="the kernel does not allow unprivileged user namespaces here"))]
 
 
+# A mode with a kernel boundary, if this machine has one (root namespaces or user namespaces).
+KERNEL_MODE = ("namespace" if namespaces_available() else
+               "user_namespace" if user_namespaces_available() else None)
+
+
 def run(code, tests=None, **kw):
     kw.setdefault("timeout_s", 2.0)
     kw.setdefault("memory_mb", 256)
@@ -103,9 +108,10 @@ def test_memory_bomb_hits_memory_limit(isolation):
 @pytest.mark.parametrize("hooks", [True, False])
 def test_write_outside_workdir_refused(tmp_path, hooks):
     target = tmp_path / "pwned.txt"
-    isolation = "namespace" if not hooks else "auto"
-    if not hooks and not namespaces_available():
-        pytest.skip("without audit hooks only the namespace mode refuses this")
+    isolation = KERNEL_MODE if not hooks else "auto"
+    if isolation is None:
+        pytest.skip("without audit hooks only a namespace mode refuses this, and neither "
+                    "root nor user namespaces work here")
     code = (f"open({str(target)!r}, 'w').write('x')\n"
             "open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n")
     r = run(code, isolation=isolation, audit_hooks=hooks)
@@ -122,8 +128,9 @@ def test_write_outside_workdir_refused(tmp_path, hooks):
 
 @pytest.mark.parametrize("hooks", [True, False])
 def test_network_connection_refused(hooks):
-    if not hooks and not namespaces_available():
-        pytest.skip("without audit hooks only the namespace mode blocks the network")
+    if not hooks and KERNEL_MODE is None:
+        pytest.skip("without audit hooks only a namespace mode blocks the network, and neither "
+                    "root nor user namespaces work here")
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -140,7 +147,7 @@ def test_network_connection_refused(hooks):
     t = threading.Thread(target=accept)
     t.start()
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-    r = run(code, isolation="auto" if hooks else "namespace", audit_hooks=hooks)
+    r = run(code, isolation="auto" if hooks else KERNEL_MODE, audit_hooks=hooks)
     t.join()
     server.close()
     assert r.reason == "error" and accepted == []
