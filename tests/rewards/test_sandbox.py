@@ -24,18 +24,23 @@ MODES = ["process",
              not namespaces_available(), reason="needs root + util-linux unshare")),
          pytest.param("user_namespace", marks=pytest.mark.skipif(
              not user_namespaces_available(),
-             reason="the kernel does not allow unprivileged user namespaces here"))]
+             reason="unprivileged user namespaces unavailable (kernel setting, or no util-linux unshare)"))]
 
 
 # A mode with a kernel boundary, if this machine has one (root namespaces or user namespaces).
 KERNEL_MODE = ("namespace" if namespaces_available() else
                "user_namespace" if user_namespaces_available() else None)
+# What these tests run under by default: a kernel boundary where the machine has one, else the
+# opt-in process mode (a machine without namespaces still tests everything else).
+DEFAULT = KERNEL_MODE or "process"
+UNISOLATED = dict(allow_unisolated=DEFAULT == "process")
 
 
 def run(code, tests=None, **kw):
     kw.setdefault("timeout_s", 2.0)
     kw.setdefault("memory_mb", 256)
-    kw.setdefault("allow_unisolated", kw.get("isolation") == "process")
+    kw.setdefault("isolation", DEFAULT)
+    kw.setdefault("allow_unisolated", kw["isolation"] == "process")
     return run_python(code, tests=tests, **kw)
 
 
@@ -108,7 +113,7 @@ def test_memory_bomb_hits_memory_limit(isolation):
 @pytest.mark.parametrize("hooks", [True, False])
 def test_write_outside_workdir_refused(tmp_path, hooks):
     target = tmp_path / "pwned.txt"
-    isolation = KERNEL_MODE if not hooks else "auto"
+    isolation = KERNEL_MODE if not hooks else DEFAULT
     if isolation is None:
         pytest.skip("without audit hooks only a namespace mode refuses this, and neither "
                     "root nor user namespaces work here")
@@ -147,7 +152,7 @@ def test_network_connection_refused(hooks):
     t = threading.Thread(target=accept)
     t.start()
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-    r = run(code, isolation="auto" if hooks else KERNEL_MODE, audit_hooks=hooks)
+    r = run(code, isolation=DEFAULT if hooks else KERNEL_MODE, audit_hooks=hooks)
     t.join()
     server.close()
     assert r.reason == "error" and accepted == []
@@ -205,8 +210,10 @@ def test_code_execution_reward_concurrent_mixed_batch():
                    "no code at all", block.format("while True:\n    pass"),
                    block.format(GOOD)]
     tests = [GOOD_TESTS, GOOD_TESTS, GOOD_TESTS, GOOD_TESTS, None]
-    details = code_execution_details(completions, tests=tests, timeout_s=1.0, max_workers=3)
+    details = code_execution_details(completions, tests=tests, timeout_s=1.0, max_workers=3,
+                                     isolation=DEFAULT, **UNISOLATED)
     assert [d.reason if d else None for d in details] == [
         "passed", "failed_tests", "no_code", "timeout", None]
-    rewards = code_execution_reward([""] * 3, completions[:3], tests=tests[:3], timeout_s=1.0)
+    rewards = code_execution_reward([""] * 3, completions[:3], tests=tests[:3], timeout_s=1.0,
+                                    isolation=DEFAULT, **UNISOLATED)
     assert rewards == [1.0, 0.0, 0.0]

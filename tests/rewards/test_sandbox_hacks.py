@@ -151,7 +151,7 @@ MODES = [
         not namespaces_available(), reason="needs root + util-linux unshare")),
     pytest.param("user_namespace", marks=pytest.mark.skipif(
         not user_namespaces_available(),
-        reason="the kernel does not allow unprivileged user namespaces here")),
+        reason="unprivileged user namespaces unavailable (kernel setting, or no util-linux unshare)")),
     "process",  # the verdict is out of reach even without a kernel boundary
 ]
 
