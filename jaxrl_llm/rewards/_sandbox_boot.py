@@ -242,7 +242,7 @@ _DENY = {
     "reboot": (169, 142), "acct": (163, 89), "quotactl": (179, 60),
 }
 _CLONE, _CLONE3 = (56, 220), (435, 435)
-_CLONE_NS_FLAGS = 0x7E020080  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
+_CLONE_NS_FLAGS = 0x7E020080  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
 
 
 class _SockFilter(ctypes.Structure):
@@ -435,7 +435,8 @@ def _install_hooks(work, strict):
         elif event in path_events:
             for a in args[:2]:
                 if isinstance(a, (str, bytes, os.PathLike)) and not inside(a):
-                    raise PermissionError("sandbox: changes outside the working directory are refused")
+                    raise PermissionError("sandbox: changes outside the working directory "
+                                          "are refused")
         elif event in net_events:
             raise PermissionError("sandbox: network access is refused")
         elif event in ("os.kill", "os.killpg"):
@@ -450,7 +451,8 @@ def _install_hooks(work, strict):
                 except OSError:
                     target_pgid = None
             if target_pgid != parent_pgid or pid == parent_pid:
-                raise PermissionError("sandbox: signalling processes outside the sandbox is refused")
+                raise PermissionError("sandbox: signalling processes outside the sandbox "
+                                      "is refused")
         elif strict and event in proc_events:
             raise PermissionError("sandbox: starting processes is refused (" + event + ")")
 

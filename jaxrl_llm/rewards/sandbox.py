@@ -39,17 +39,26 @@ module name (``math``) is always that real module, whatever the solution bound t
 
 **Isolation** (:class:`Isolation`), i.e. what contains the solution and the judge:
 
-| threat | ``namespace`` (root) / ``user_namespace`` (any user) | ``process`` (opt-in only) |
-|---|---|---|
-| host files | fresh tmpfs root: /usr, /etc, the interpreter read-only; host homes, checkouts, keys absent | audit hook only (bypassable) |
-| writes | only /tmp (tmpfs, ``max_file_bytes`` + 1 MiB), RLIMIT_FSIZE | audit hook, RLIMIT_FSIZE |
-| network | new, empty network namespace | audit hook only |
-| other processes | new pid namespace with its own /proc; the host's processes are invisible | a different uid when root; same uid otherwise |
-| secrets in environ | the bootstrap starts with an empty environment, the host is invisible | empty environment; the trainer is made non-dumpable (its /proc/<pid>/environ unreadable) when not root |
-| privileges | another uid (root host) or no capabilities (user ns); no new privileges | same |
-| kernel surface | seccomp deny-list: namespaces, mount, ptrace, process_vm_*, bpf, perf, keyrings, io_uring, modules, open_by_handle_at (EPERM); other ABIs killed | same |
-| leftovers | pid 1 of the namespace exits, the kernel kills everything in it | subreaper kills its descendants; best effort |
-| fork / memory / CPU / output | RLIMIT_NPROC, RLIMIT_AS, RLIMIT_CPU + wall clock, output caps | same |
+In ``namespace`` (root) and ``user_namespace`` (any user, where the kernel allows it):
+
+* host files: a fresh tmpfs root with /usr, /lib*, a few /etc files and the interpreter's
+  installation bound read-only; homes, checkouts and keys are absent. Writable: /tmp only
+  (tmpfs of ``max_file_bytes`` + 1 MiB), with RLIMIT_FSIZE.
+* network: a new, empty network namespace. Other processes: a new pid namespace with its own
+  /proc; the host's processes (and their environ) are invisible. The bootstrap starts with an
+  empty environment.
+* privileges: another uid (root host: one for the solution, one for the judge) or, in a user
+  namespace, no capabilities; no_new_privs; non-dumpable judge and bootstrap.
+* kernel surface: a seccomp deny-list (namespaces, mount, ptrace, process_vm_*, bpf, perf,
+  keyrings, io_uring, modules, open_by_handle_at: EPERM; other system-call ABIs: killed).
+* leftovers: pid 1 of the namespace exits and the kernel kills everything in it.
+* fork, memory, CPU, output: RLIMIT_NPROC, RLIMIT_AS, RLIMIT_CPU + wall clock, output caps.
+
+In ``process`` (opt-in only, no kernel boundary): the same rlimits, privileges and seccomp, a
+different uid when root, an empty environment; files, network and same-uid processes are
+guarded only by the audit hook (bypassable); the calling (trainer) process is made
+non-dumpable when not root, so its /proc/<pid>/environ is unreadable; a subreaper kills the
+program's descendants at the end (best effort).
 
 ``auto`` picks ``namespace`` when we are root and it works, else ``user_namespace`` when the
 kernel allows unprivileged user namespaces, else nothing: running untrusted code without a
@@ -404,7 +413,8 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
             os.chown(workdir, uids[0], uids[0])
     host_sock, child_sock = socket.socketpair()
     cfg = dict(code=code, has_tests=tests is not None, mode=mode.value, chan=child_sock.fileno(),
-               uids=None if mode == Isolation.USER_NAMESPACE else uids, workdir=workdir, timeout_s=float(timeout_s),
+               uids=None if mode == Isolation.USER_NAMESPACE else uids, workdir=workdir,
+               timeout_s=float(timeout_s),
                cpu_s=int(timeout_s) + 2, memory_bytes=int(memory_mb) << 20,
                fsize_bytes=int(max_file_bytes), disk_mb=max(1, (int(max_file_bytes) >> 20) + 1),
                max_procs=int(max_procs), hooks=bool(audit_hooks))
@@ -428,7 +438,8 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
         finally:
             child_sock.close()
         readers = [threading.Thread(target=_reader, args=(s, max_output_bytes, b, over),
-                                    daemon=True) for s, b in ((proc.stdout, out), (proc.stderr, err))]
+                                    daemon=True)
+                   for s, b in ((proc.stdout, out), (proc.stderr, err))]
         for t in readers:
             t.start()
         try:

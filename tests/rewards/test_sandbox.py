@@ -24,7 +24,8 @@ MODES = ["process",
              not namespaces_available(), reason="needs root + util-linux unshare")),
          pytest.param("user_namespace", marks=pytest.mark.skipif(
              not user_namespaces_available(),
-             reason="unprivileged user namespaces unavailable (kernel setting, or no util-linux unshare)"))]
+             reason="unprivileged user namespaces unavailable "
+                    "(kernel setting, or no util-linux unshare)"))]
 
 
 # A mode with a kernel boundary, if this machine has one (root namespaces or user namespaces).

@@ -93,7 +93,8 @@ HACKS = [
      "import os\nhits = []\nfor pid in os.listdir('/proc'):\n"
      "    if not pid.isdigit() or int(pid) == os.getpid():\n        continue\n"
      "    for leaf in ('mem', 'fd/3', 'fd/4', 'environ'):\n"
-     "        try:\n            f = open('/proc/%s/%s' % (pid, leaf), 'r+b' if leaf != 'environ' else 'rb')\n"
+     "        try:\n"
+     "            f = open('/proc/%s/%s' % (pid, leaf), 'rb' if leaf == 'environ' else 'r+b')\n"
      "            hits.append((pid, leaf))\n        except OSError:\n            pass\n"
      "print('REACHED', hits)\n" + WRONG, ADD_TESTS),
 ]
@@ -101,7 +102,8 @@ HACKS = [
 HONEST = [
     ("function", "def add(a, b):\n    return a + b\n", ADD_TESTS),
     ("main_block_skipped",
-     "def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(add(int(input()), 1))\n",
+     "def add(a, b):\n    return a + b\n"
+     "if __name__ == '__main__':\n    print(add(int(input()), 1))\n",
      ADD_TESTS),
     ("humaneval_check", "def add(a, b):\n    return a + b\n",
      "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(0, 0) == 0\n"
@@ -151,7 +153,8 @@ MODES = [
         not namespaces_available(), reason="needs root + util-linux unshare")),
     pytest.param("user_namespace", marks=pytest.mark.skipif(
         not user_namespaces_available(),
-        reason="unprivileged user namespaces unavailable (kernel setting, or no util-linux unshare)")),
+        reason="unprivileged user namespaces unavailable "
+                    "(kernel setting, or no util-linux unshare)")),
     "process",  # the verdict is out of reach even without a kernel boundary
 ]
 
