@@ -26,6 +26,7 @@ Exit status of boot: 0, or 15 when the sandbox itself could not be set up.
 """
 
 
+import ast
 import builtins
 import importlib
 import json
@@ -740,6 +741,15 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
         os.write(verdict_fd, json.dumps({"verdict": result, "detail": detail[:4000]}).encode())
         os._exit(0)
 
+    # Names the tests use as `name.attr`: if such a name is a standard-library module's, the
+    # tests mean the real module, never whatever the solution bound to it (a fake `math`).
+    dotted = set()
+    try:
+        for node in ast.walk(ast.parse(tests)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                dotted.add(node.value.id)
+    except (SyntaxError, ValueError, RecursionError):
+        pass  # compile() below reports it
     try:
         first = _recv(rpc)
         names = first["names"]
@@ -752,8 +762,8 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
             name, value = item
             if hasattr(builtins, name):
                 continue  # the tests' built-ins are the real ones (no fake `sorted`, `len`)
-            if name in sys.stdlib_module_names:
-                value = {"module": name}  # and `math` is the real math, whatever it was bound to
+            if name in sys.stdlib_module_names and name in dotted:
+                value = {"module": name}
             if type(value) is dict and set(value) == {"module"}:
                 try:
                     ns[name] = importlib.import_module(str(value["module"]))

@@ -13,8 +13,9 @@ whose ``__eq__`` is always True cannot pass ``assert f(x) == 3``: the judge neve
 **What a test string means** (``tests``, one per data-set row): Python source executed top
 to bottom in the judge, in a fresh ``__main__`` namespace that starts with one binding per
 global name the solution defined, except names starting with ``__`` and names of built-ins
-(``len``, ``sorted``, ``AssertionError`` stay the judge's own); a name that is a standard-library
-module name (``math``) is always that real module, whatever the solution bound to it:
+(``len``, ``sorted``, ``AssertionError`` stay the judge's own); a standard-library module name
+that the tests use as ``name.attr`` (``math.isclose``) is always the real module, whatever the
+solution bound to it:
 
 * plain values (None, bool, int, float, complex, str, bytes, bytearray, and list, tuple,
   dict, set, frozenset of plain values) are copied; instances of subclasses of these built-in

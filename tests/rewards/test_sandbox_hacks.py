@@ -140,6 +140,8 @@ HONEST = [
      "for v in (None, True, 3, 2**80, -1.5, float('inf'), 1+2j, 'é', b'\\x00', bytearray(b'a'),\n"
      "          [1, [2]], (1, (2,)), {'a': {1: 2}}, {1, 2}, frozenset({3})):\n"
      "    assert ident(v) == v and type(ident(v)) is type(v)\n"),
+    ("function_named_like_a_module",  # `select` is a stdlib module, but called, not dotted
+     "def select(xs, n):\n    return xs[:n]\n", "assert select([1, 2, 3], 2) == [1, 2]\n"),
     ("objects_as_arguments",
      "class Node:\n    def __init__(self, v, nxt=None):\n        self.v, self.next = v, nxt\n"
      "def length(n):\n    return 0 if n is None else 1 + length(n.next)\n"
