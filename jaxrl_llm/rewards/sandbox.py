@@ -570,7 +570,11 @@ def code_execution_reward(
     code rewards of DeepSeek-R1 (https://arxiv.org/abs/2501.12948). A completion without a
     code block, a failing test, a timeout, a memory or output violation all give 0.0; a
     sample whose ``tests`` field is None gets None (no score). Samples run concurrently in a
-    small thread pool (each in its own sandbox process).
+    small thread pool (each in its own sandbox). The tests are judged in a process that never
+    runs the completion's code (see the module docstring for what a test string may use), so
+    a completion cannot forge a pass by patching its interpreter, exiting early, printing, or
+    returning objects whose ``__eq__`` always holds. Raises ConfigError when no isolation
+    boundary works here and ``allow_unisolated`` is False.
 
     Args:
       prompts: N prompts (unused; part of the reward interface).
