@@ -1,6 +1,16 @@
 """Llama-family decoder transformers as pure functions over a parameter dict, with an
 explicit KV cache and an optional scalar head. Knows nothing about RL."""
 
+from jaxrl_llm.models.attention import AttentionMask
+from jaxrl_llm.models.attention import NAIVE_MAX_SCORES
+from jaxrl_llm.models.attention import blockwise_attention
+from jaxrl_llm.models.attention import causal_self_mask
+from jaxrl_llm.models.attention import cudnn_attention
+from jaxrl_llm.models.attention import dot_product_attention
+from jaxrl_llm.models.attention import naive_attention
+from jaxrl_llm.models.attention import select_attention_impl
+from jaxrl_llm.models.attention import splash_attention
+from jaxrl_llm.models.config import AttentionImpl
 from jaxrl_llm.models.config import Family
 from jaxrl_llm.models.config import HF_ARCHITECTURES
 from jaxrl_llm.models.config import ModelConfig
@@ -26,16 +36,23 @@ from jaxrl_llm.models.transformer import trunk_shared_prefix
 from jaxrl_llm.models.transformer import unembedding
 
 __all__ = [
+    "AttentionImpl",
+    "AttentionMask",
     "Family",
     "HF_ARCHITECTURES",
     "KVCache",
+    "NAIVE_MAX_SCORES",
     "LoRAConfig",
     "ModelConfig",
     "ModelOutputs",
     "RopeScaling",
     "apply",
     "attach_lora",
+    "blockwise_attention",
+    "causal_self_mask",
+    "cudnn_attention",
     "default_positions",
+    "dot_product_attention",
     "dtype_from_name",
     "forward",
     "init_cache",
@@ -43,9 +60,12 @@ __all__ = [
     "init_params",
     "logits_from_hidden",
     "merge_lora",
+    "naive_attention",
     "param_logical_axes",
     "param_shapes_and_axes",
     "scalar_head",
+    "select_attention_impl",
+    "splash_attention",
     "trunk",
     "trunk_shared_prefix",
     "unembedding",

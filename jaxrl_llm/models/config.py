@@ -31,6 +31,22 @@ class RopeScaling(str, enum.Enum):
     LLAMA3 = "llama3"
 
 
+class AttentionImpl(str, enum.Enum):
+    """Which attention implementation the model runs (:mod:`jaxrl_llm.models.attention`).
+
+    AUTO picks by backend and shape (``select_attention_impl``): cuDNN flash attention on GPU
+    and the Pallas splash kernel on TPU where they can express the mask, else the naive path
+    for tiny shapes and the decode step, else the blockwise (O(T) memory) path. The others
+    force one; CUDNN and SPLASH still fall back to BLOCKWISE where they cannot apply.
+    """
+
+    AUTO = "auto"
+    NAIVE = "naive"
+    BLOCKWISE = "blockwise"
+    CUDNN = "cudnn"
+    SPLASH = "splash"
+
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 # transformers architecture names per family, used for export.
@@ -67,6 +83,8 @@ class ModelConfig:
         before RoPE (Qwen3). sliding_window: Mistral's local attention window (None = global).
       num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
       param_dtype, compute_dtype: 'float32' or 'bfloat16'.
+      attention: :class:`AttentionImpl` (default 'auto'); how attention is computed, not what:
+        every choice gives the same result up to float rounding.
       bos_token_id, eos_token_ids, pad_token_id: special tokens carried for export/sampling.
     """
 
@@ -93,6 +111,7 @@ class ModelConfig:
     num_labels: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+    attention: AttentionImpl = AttentionImpl.AUTO
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -100,6 +119,7 @@ class ModelConfig:
     def __post_init__(self):
         object.__setattr__(self, "family", Family(self.family))
         object.__setattr__(self, "rope_scaling", RopeScaling(self.rope_scaling))
+        object.__setattr__(self, "attention", AttentionImpl(self.attention))
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(

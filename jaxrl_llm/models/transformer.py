@@ -25,12 +25,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models.config import ModelConfig, RopeScaling
 
 Params = dict[str, Any]
-
-_NEG_INF = -1e30  # large finite negative: fully masked rows stay finite (no NaN).
-
 
 class KVCache(NamedTuple):
     """Explicit key/value cache.
@@ -194,19 +192,6 @@ def apply_rope(x_btne: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
     return out.astype(x_btne.dtype)
 
 
-def _attention(q_btke, k_bske, v_bske, allowed_bts, num_groups: int) -> jax.Array:
-    """Grouped-query attention; ``q`` has H = K·G heads laid out [B, T, K·G, E]."""
-    b, t, h, e = q_btke.shape
-    kh = k_bske.shape[2]
-    q = q_btke.reshape(b, t, kh, num_groups, e)
-    scores = jnp.einsum("btkge,bske->bkgts", q, k_bske,
-                        preferred_element_type=jnp.float32) / math.sqrt(e)
-    scores = jnp.where(allowed_bts[:, None, None, :, :], scores, _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bske.dtype)
-    out = jnp.einsum("bkgts,bske->btkge", probs, v_bske)
-    return out.reshape(b, t, h, e)
-
-
 def _with_adapter(y, x, p, n_in: int):
     """``y + (x A) B`` when the projection carries an unmerged LoRA adapter (``lora_a``
     ``[in, r]``, ``lora_b`` ``[r, out]``, scale folded into B: :func:`models.lora.attach_lora`);
@@ -256,7 +241,13 @@ def _output_and_mlp(config: ModelConfig, x_btd, attn_btne, lp):
     return x + _with_adapter(down, act, lp["down_proj"], 1)
 
 
-def _layer(config: ModelConfig, x_btd, lp, positions_bt, allowed_bts, inv_freq, kv=None,
+def _attend(config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask):
+    """Attention of one layer through the configured implementation (``config.attention``)."""
+    return attn_lib.dot_product_attention(q, k, v, mask, window=config.sliding_window,
+                                          impl=config.attention)
+
+
+def _layer(config: ModelConfig, x_btd, lp, positions_bt, mask, inv_freq, kv=None,
            write_index=None):
     """One decoder layer. With ``kv`` = (k_bske, v_bske) cache slices, writes new keys/values
     at ``write_index`` and attends over the whole cache; returns (x, (k, v))."""
@@ -277,7 +268,7 @@ def _layer(config: ModelConfig, x_btd, lp, positions_bt, allowed_bts, inv_freq, 
     else:
         new_kv = None
         k_att, v_att = k, v
-    attn = _attention(q, k_att, v_att, allowed_bts, c.num_heads // c.num_kv_heads)
+    attn = _attend(c, q, k_att, v_att, mask)
     return _output_and_mlp(c, x_btd, attn, lp), new_kv
 
 
@@ -307,18 +298,13 @@ def _remat_policy(remat: str):
     raise ValueError(f"unknown remat policy {remat!r}; allowed: 'none', 'full', 'dots'")
 
 
-def _self_attention_allowed(config: ModelConfig, attention_mask, positions, segment_ids=None):
-    """``[B, T, T]`` bool: may query t attend to key s (causal, real keys, same segment,
-    inside the sliding window). A padded query attends only to itself (its output is ignored
-    but stays finite)."""
-    t = attention_mask.shape[1]
-    q_idx = jnp.arange(t)
-    allowed = (q_idx[:, None] >= q_idx[None, :])[None] & attention_mask[:, None, :]
-    if segment_ids is not None:
-        allowed &= segment_ids[:, :, None] == segment_ids[:, None, :]
-    if config.sliding_window is not None:
-        allowed &= (positions[:, :, None] - positions[:, None, :]) < config.sliding_window
-    return allowed & (attention_mask[:, :, None] | jnp.eye(t, dtype=bool)[None])
+def _self_attention_mask(config: ModelConfig, attention_mask, positions, segment_ids=None):
+    """Compact mask of causal self-attention: causal, real keys, same segment, inside the
+    sliding window; a query always sees itself (so a padded query's ignorable output stays
+    finite). ``attention_mask`` None = every key real."""
+    window = config.sliding_window is not None
+    return attn_lib.causal_self_mask(attention_mask, positions if window else None, segment_ids,
+                                     num_tokens=positions.shape[1])
 
 
 def trunk(
@@ -351,9 +337,8 @@ def trunk(
     c = config
     chex.assert_rank(tokens, 2)
     b, t = tokens.shape
-    if attention_mask is None:
-        attention_mask = jnp.ones((b, t), bool)
-    attention_mask = attention_mask.astype(bool)
+    key_mask = None if attention_mask is None else attention_mask.astype(bool)
+    attention_mask = jnp.ones((b, t), bool) if key_mask is None else key_mask
     chex.assert_shape(attention_mask, (b, t))
     if positions is None:
         positions = default_positions(attention_mask, segment_ids)
@@ -364,23 +349,23 @@ def trunk(
     x = params["embed"]["embedding"].astype(dtype)[tokens]
 
     if cache is None:
-        allowed = _self_attention_allowed(c, attention_mask, positions, segment_ids)
+        mask = _self_attention_mask(c, key_mask, positions, segment_ids)
     else:
         if segment_ids is not None:
             raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
-        s = cache.max_len
-        slot = jnp.arange(s)
         write = cache.index
         new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
         new_pos = jax.lax.dynamic_update_slice_in_dim(cache.positions,
                                                       positions.astype(jnp.int32), write, 1)
-        q_slot = write + jnp.arange(t)
-        allowed = (slot[None, :] <= q_slot[:, None])[None] & new_mask[:, None, :]
-        if c.sliding_window is not None:
-            allowed &= (positions[:, :, None] - new_pos[:, None, :]) < c.sliding_window
-        allowed |= (slot[None, :] == q_slot[:, None])[None]  # a query always sees itself
+        # Slot s is visible to the query in slot write + i when s ≤ write + i, it holds a real
+        # token and (sliding window) is close enough; a query always sees itself.
+        window = c.sliding_window is not None
+        mask = attn_lib.AttentionMask(
+            q_index=(write + jnp.arange(t)).astype(jnp.int32), k_valid=new_mask,
+            q_positions=positions.astype(jnp.int32) if window else None,
+            k_positions=new_pos if window else None)
 
-    layer_fn = lambda x, lp, kv: _layer(c, x, lp, positions, allowed, inv_freq, kv,
+    layer_fn = lambda x, lp, kv: _layer(c, x, lp, positions, mask, inv_freq, kv,
                                         None if cache is None else cache.index)
     policy = _remat_policy(remat)
     if policy is not None:
@@ -451,30 +436,32 @@ def trunk_shared_prefix(
         raise ValueError(f"batch of {b} rows is not a whole number of groups of {g}")
     if not 0 < tp < t:
         raise ValueError(f"prefix_len={tp} must be inside (0, {t})")
-    if attention_mask is None:
-        attention_mask = jnp.ones((b, t), bool)
-    attention_mask = attention_mask.astype(bool)
+    key_mask = None if attention_mask is None else attention_mask.astype(bool)
+    attention_mask = jnp.ones((b, t), bool) if key_mask is None else key_mask
     if positions is None:
         positions = default_positions(attention_mask)
     chex.assert_shape([attention_mask, positions], (b, t))
     dtype = c.compute_jnp_dtype
     inv_freq = rope_inv_freq(c)
-    num_groups = c.num_heads // c.num_kv_heads
 
-    allowed = _self_attention_allowed(c, attention_mask, positions)
-    allowed_p = allowed[::g, :tp, :tp]            # prompt queries, prompt keys (one per group)
-    allowed_c = allowed[:, tp:, :]                # completion queries, all keys
     pos_p, pos_c = positions[::g, :tp], positions[:, tp:]
+    window = c.sliding_window is not None
+    # Prompt queries over prompt keys (one row per group): causal self-attention.
+    mask_p = _self_attention_mask(c, None if key_mask is None else key_mask[::g, :tp], pos_p)
+    # Completion queries (slots tp..T−1) over every key of their row.
+    mask_c = attn_lib.AttentionMask(
+        q_index=jnp.arange(tp, t, dtype=jnp.int32), k_valid=key_mask,
+        q_positions=pos_c if window else None, k_positions=positions if window else None)
     embed = params["embed"]["embedding"].astype(dtype)
     x_p, x_c = embed[tokens[::g, :tp]], embed[tokens[:, tp:]]
 
     def layer_fn(x_p, x_c, lp):
         q_p, k_p, v_p = _project_qkv(c, x_p, lp, pos_p, inv_freq)
         q_c, k_c, v_c = _project_qkv(c, x_c, lp, pos_c, inv_freq)
-        attn_p = _attention(q_p, k_p, v_p, allowed_p, num_groups)
+        attn_p = _attend(c, q_p, k_p, v_p, mask_p)
         k_all = jnp.concatenate([jnp.repeat(k_p, g, axis=0), k_c], axis=1)
         v_all = jnp.concatenate([jnp.repeat(v_p, g, axis=0), v_c], axis=1)
-        attn_c = _attention(q_c, k_all, v_all, allowed_c, num_groups)
+        attn_c = _attend(c, q_c, k_all, v_all, mask_c)
         return _output_and_mlp(c, x_p, attn_p, lp), _output_and_mlp(c, x_c, attn_c, lp)
 
     policy = _remat_policy(remat)
