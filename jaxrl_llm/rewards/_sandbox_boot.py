@@ -11,9 +11,10 @@ child subreaper of the host):
   boot (trusted, non-dumpable)
    ├─ solution: runs the candidate's code, then answers calls from the judge; it never sees the
    │  tests, the host channel or the verdict pipe (closed before the candidate's code runs);
-   │  its privileges are dropped (another uid when we are root; no capabilities, no new
-   │  privileges in a user namespace).
-   └─ judge: a second interpreter state that never runs candidate code. It executes the tests
+   │  its privileges are dropped (another uid when we are root, no capabilities in a user
+   │  namespace; no new privileges and a seccomp filter in both).
+   └─ judge: a second process, forked before any candidate code could touch it, that never
+      runs candidate code. It executes the tests
       with proxies standing for the solution's names; every call goes over a socket to the
       solution, and only plain built-in values (exact types) come back. It writes its verdict
       to a pipe that only boot reads. Non-dumpable, so the solution cannot ptrace it or read
@@ -21,7 +22,8 @@ child subreaper of the host):
 
 boot writes one JSON summary to the host channel after both are gone:
   ``{"verdict": "passed" | "failed_tests" | "error" | null, "detail": str,
-     "solution": {"exit": n} | {"signal": n} | {"killed": true} | null, "timeout": bool}``.
+     "solution": {"exit": n} | {"signal": n} | {"killed": true}, "timeout": bool,
+     "judge": exit status or -signal or null}``.
 Exit status of boot: 0, or 15 when the sandbox itself could not be set up.
 """
 
@@ -762,7 +764,7 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
             name, value = item
             if hasattr(builtins, name):
                 continue  # the tests' built-ins are the real ones (no fake `sorted`, `len`)
-            if name in sys.stdlib_module_names and name in dotted:
+            if name in getattr(sys, "stdlib_module_names", ()) and name in dotted:
                 value = {"module": name}
             if type(value) is dict and set(value) == {"module"}:
                 try:
