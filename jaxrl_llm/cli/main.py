@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("jaxrl_llm.cli.convert", "convert a model or checkpoint (e.g. to Hugging Face)"),
     "train": ("jaxrl_llm.cli.train", "train with a YAML config and dotted overrides"),
     "memory": ("jaxrl_llm.cli.memory", "estimate per-device memory for an algorithm"),
+    "compile": ("jaxrl_llm.cli.compile", "compile for a TPU slice: per-device memory, FLOPs, fit"),
     "plot": ("jaxrl_llm.cli.plot", "write PNG learning curves for a run directory"),
     "bench": ("jaxrl_llm.cli.bench", "run the benchmark suite and rewrite BENCHMARKS.md"),
 }

@@ -7,9 +7,9 @@ batch and sequence length, so a user can see before launching whether a run fits
 
 What is counted, per device (``shards`` = fsdp × tensor for weights, data × fsdp for the batch):
 
-* every model's weights (trainable ones in float32 master precision; frozen ones in the run
-  dtype); with LoRA the reference is the base with adapters off (no second copy) and only the
-  adapters are trainable;
+* every model's weights (trainable ones in float32 master precision; frozen ones in
+  ``frozen_dtype``, float32 by default as the trainers hold them); with LoRA the reference is
+  the base with adapters off (no second copy) and only the adapters are trainable;
 * gradients (float32, like the master weights) and AdamW moments (2 × float32) of what trains;
 * training activations kept for the backward pass, without or with rematerialisation (per
   layer, per token: the layer input only for ``full``; the matmul outputs for ``dots``);
@@ -17,12 +17,15 @@ What is counted, per device (``shards`` = fsdp × tensor for weights, data × fs
   ``[B, chunk, V]`` slice with the chunked log-prob ops (the default here);
 * the rollout KV cache for online algorithms (prompts × G rows × (prompt + completion) slots).
 
-Activations and logits are transient: trainable models (policy, critic) update one after the
-other, so the total counts the largest model's transient memory, not their sum. Attention is
-the plain (non-flash) kind this package implements, so its scores cost H · T per token.
+Activations, logits and the KV cache are transient: the rollout and the trainable models'
+updates (policy, critic) run one after the other, so the total counts the largest of their
+transient memory, not the sum. Attention is the plain (non-flash) kind this package
+implements, so its scores cost H · T per token.
 
-These are estimates of the dominant terms, checked against XLA's compiled memory analysis in
-``tests/train/test_memory.py``; fragmentation and small buffers are not modelled.
+These are estimates of the dominant terms, checked against XLA's compiled memory analysis on
+CPU in ``tests/train/test_memory.py`` and against TPU programs compiled for a TPU slice
+(``jaxrl-llm compile``, ``tests/cli/test_compile.py``); fragmentation, small buffers and the
+compiler's own temporaries (weight casts, collectives' buffers) are not modelled.
 """
 
 from __future__ import annotations
@@ -115,9 +118,10 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
                   rope_scaling=RopeScaling.LLAMA3, rope_factor=8.0),
 }
 
-# Memory per device (bytes): datasheets (TPU v5e 16 GB HBM, v5p 95 GB, v6e 32 GB;
+# Memory per device (bytes): datasheets (TPU v4 32 GiB HBM, v5e 16 GB HBM, v5p 95 GB, v6e 32 GB;
 # H100 SXM 80 GB, H200 141 GB). "cpu" reads this machine's RAM.
 DEVICE_MEMORY: dict[str, int] = {
+    "tpu-v4": 32 * GiB,
     "tpu-v5e": 16 * GiB,
     "tpu-v5p": 95 * GiB,
     "tpu-v6e": 32 * GiB,
@@ -244,6 +248,8 @@ def estimate_memory(
     logits_chunk: int = 128,
     optimizer: str = "adamw",
     device: str = "h100",
+    micro_batches: int = 1,
+    frozen_dtype: str = "fp32",
 ) -> MemoryEstimate:
     """Estimate per-device memory of one training step of ``algorithm``.
 
@@ -253,30 +259,39 @@ def estimate_memory(
       batch_size: examples per step (online: prompts per step; rows = prompts × group_size).
       seq_len: tokens per sequence (prompt + completion). prompt_len: for the KV cache split.
       group_size: G samples per prompt for online algorithms.
-      data, fsdp, tensor: mesh axis sizes. dtype: 'bf16' or 'fp32' (frozen weights and
-        activations; trainable weights keep float32 master copies).
+      data, fsdp, tensor: mesh axis sizes. dtype: 'bf16' or 'fp32' (activations and the KV
+        cache; trainable weights keep float32 master copies).
       lora_rank: 0 for full fine-tuning; r > 0 trains rank-r adapters only.
       remat: 'none' | 'dots' | 'full'. logits: 'chunked' | 'full'. optimizer: 'adamw' | 'sgd'.
       device: a key of :data:`DEVICE_MEMORY` or 'cpu'.
+      micro_batches: slices a step's rows are trained in, one after the other (gradient
+        accumulation; online: minibatches × micro-batches per update): activations and logits
+        are those of one slice.
+      frozen_dtype: dtype frozen weights are held in (reference, reward model, LoRA base).
+        'fp32' by default: this package's trainers keep the reference as a copy of the float32
+        master weights and load models in float32, casting to ``dtype`` per use (the compiled
+        TPU programs of ``jaxrl-llm compile`` show them at 4 bytes/param).
     Returns:
       A :class:`MemoryEstimate`.
     """
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(ALGORITHMS)}")
-    if dtype not in _BYTES:
-        raise ConfigError(f"unknown dtype {dtype!r}; allowed: 'bf16', 'fp32'")
+    for name, v in (("dtype", dtype), ("frozen_dtype", frozen_dtype)):
+        if v not in _BYTES:
+            raise ConfigError(f"unknown {name} {v!r}; allowed: 'bf16', 'fp32'")
     if logits not in ("chunked", "full"):
         raise ConfigError(f"logits must be 'chunked' or 'full', got {logits!r}")
     if optimizer not in ("adamw", "sgd"):
         raise ConfigError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
     for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("group_size", group_size),
-                    ("data", data), ("fsdp", fsdp), ("tensor", tensor)):
+                    ("data", data), ("fsdp", fsdp), ("tensor", tensor),
+                    ("micro_batches", micro_batches)):
         if v < 1:
             raise ConfigError(f"{name} must be >= 1, got {v}")
     if lora_rank < 0:
         raise ConfigError(f"lora_rank must be >= 0, got {lora_rank}")
     algo = ALGORITHMS[algorithm]
-    b = _BYTES[dtype]
+    b, fb = _BYTES[dtype], _BYTES[frozen_dtype]
     weight_shards = fsdp * tensor
     batch_shards = data * fsdp
     n = config.num_params()
@@ -287,7 +302,8 @@ def estimate_memory(
 
     rows_per_step = batch_size * (group_size if algo.online else 1) * algo.sequences_per_example
     local_rows = -(-rows_per_step // batch_shards)
-    tokens = local_rows * seq_len
+    train_rows = -(-local_rows // micro_batches)  # rows of one forward/backward slice
+    tokens = train_rows * seq_len
     opt_factor = 2 if optimizer == "adamw" else 0
 
     weight_copies = 0
@@ -299,7 +315,7 @@ def estimate_memory(
             continue
         weight_copies += 1
         if trains and lora_rank:
-            add(name, f"base weights ({dtype}, frozen)", n * b / weight_shards)
+            add(name, f"base weights ({frozen_dtype}, frozen)", n * fb / weight_shards)
             na = lora_params(config, lora_rank)
             add(name, "LoRA adapters (fp32)", na * 4 / weight_shards)
             add(name, "gradients (adapters, fp32)", na * 4 / weight_shards)
@@ -309,7 +325,7 @@ def estimate_memory(
             add(name, "gradients (fp32)", n * 4 / weight_shards)
             add(name, f"optimizer state ({optimizer})", opt_factor * n * 4 / weight_shards)
         else:
-            add(name, f"weights ({dtype}, frozen)", n * b / weight_shards)
+            add(name, f"weights ({frozen_dtype}, frozen)", n * fb / weight_shards)
         if trains:
             per_tok = activation_bytes_per_token_per_layer(config, seq_len, remat=remat,
                                                            dtype_bytes=b, tensor=tensor)
@@ -322,13 +338,13 @@ def estimate_memory(
                 v = config.vocab_size / tensor
                 width = seq_len if logits == "full" else min(logits_chunk, seq_len)
                 # float32 logits and their gradient (softmax fused into them by XLA)
-                add(name, f"logits ({logits})", 2 * local_rows * width * v * 4, True)
+                add(name, f"logits ({logits})", 2 * train_rows * width * v * 4, True)
     if algo.online:
         kv = (2 * config.num_layers * local_rows * seq_len
               * max(config.num_kv_heads // tensor, 1) * config.head_dim * b)
-        add("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv)
-    # Activations and logits live only during one model's update; trainable models (policy,
-    # critic) update one after the other, so the peak holds the largest of them, not the sum.
+        add("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv, True)
+    # Activations and logits live only during one model's update, the KV cache only during the
+    # rollout; these phases run one after the other, so the peak holds the largest, not the sum.
     transient: dict[str, int] = {}
     for r in rows:
         if r.transient:

@@ -1,0 +1,507 @@
+"""Compile a run's programs ahead of time for a TPU slice, without a TPU, and read their memory.
+
+What ``jaxrl-llm compile`` runs. For one model, algorithm, mesh and batch it builds the same
+programs the trainers build (:func:`jaxrl_llm.train.step.make_train_step` with the registry
+loss and the run config's optimizer, the reference log-prob program, PPO's critic step, and
+the sampler's decode loop :func:`jaxrl_llm.sampling.decode`), lowers them on a mesh of
+abstract TPU devices (:mod:`jaxrl_llm.parallel.topology`) with every parameter, optimizer
+moment and batch array an abstract ``ShapeDtypeStruct`` carrying its rule-table sharding, and
+compiles them with the TPU compiler. Nothing the size of a weight is ever allocated.
+
+Per program XLA reports, per device: argument, output, aliased (donated) and temporary
+bytes. A program's own footprint is ``arguments + outputs − aliased + temporaries``. Arrays
+that stay alive across the whole step but are not that program's arguments (the optimizer
+state while sampling, the frozen reference while updating, PPO's critic) are added to it as
+``resident``; the run's peak is the largest program footprint + resident. This is what
+:func:`jaxrl_llm.train.memory.estimate_memory` estimates, and the report puts both side by
+side.
+
+Not counted: host memory, the rollout batch while it sits on the host, buffers of one
+program that the runtime frees before the next starts, and fragmentation of the allocator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from jaxrl_llm import models
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.parallel import batch_sharding, logical_to_sharding, logical_to_spec, replicated
+from jaxrl_llm.parallel.topology import Topology, topology_mesh
+from jaxrl_llm.train.memory import ALGORITHMS, GiB, MemoryEstimate, estimate_memory
+from jaxrl_llm.train.state import TrainState, state_sharding_from_params
+
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+    """One compiled program's per-device memory and cost, from XLA.
+
+    Attributes:
+      name: ``train``, ``reference``, ``critic`` or ``decode``.
+      argument_bytes, output_bytes, alias_bytes, temp_bytes, code_bytes: XLA's
+        ``memory_analysis()`` per device (alias = outputs written into donated arguments).
+      flops: XLA's ``cost_analysis()["flops"]`` per device, one call of the program.
+      resident_bytes: arrays alive during this program that are not its arguments.
+    """
+
+    name: str
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    flops: float
+    resident_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """The program's own footprint: arguments + outputs − aliased + temporaries."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """Footprint + the run's arrays that live through it without being arguments."""
+        return self.total_bytes + self.resident_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    """Compiled memory of a run's programs next to the estimator's number.
+
+    Attributes:
+      topology: the slice name. algorithm: the algorithm. mesh: axis sizes.
+      hbm_bytes: HBM per device. programs: per-program memory. resident: the arrays alive
+      through the step (name -> bytes/device). estimate: :func:`estimate_memory`'s result.
+      settings: the run settings the programs were built with.
+    """
+
+    topology: str
+    algorithm: str
+    mesh: dict[str, int]
+    hbm_bytes: int
+    programs: tuple[ProgramMemory, ...]
+    resident: dict[str, int]
+    estimate: MemoryEstimate
+    settings: dict[str, Any]
+
+    @property
+    def peak_bytes(self) -> int:
+        """Largest program footprint + resident arrays: the compiled per-device peak."""
+        return max(p.peak_bytes for p in self.programs)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the compiled peak fits in one device's HBM."""
+        return self.peak_bytes <= self.hbm_bytes
+
+    @property
+    def estimate_ratio(self) -> float:
+        """estimate / compiled peak (1.0 = exact)."""
+        return self.estimate.total_bytes_per_device / max(self.peak_bytes, 1)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (bytes are ints; programs carry their totals)."""
+        return {
+            "topology": self.topology, "algorithm": self.algorithm, "mesh": self.mesh,
+            "settings": self.settings, "hbm_bytes_per_device": int(self.hbm_bytes),
+            "programs": [{**dataclasses.asdict(p), "total_bytes": p.total_bytes,
+                          "peak_bytes": p.peak_bytes} for p in self.programs],
+            "resident": {k: int(v) for k, v in self.resident.items()},
+            "compiled_peak_bytes": int(self.peak_bytes),
+            "estimate_bytes": int(self.estimate.total_bytes_per_device),
+            "estimate_over_compiled": round(self.estimate_ratio, 4),
+            "fits": self.fits,
+        }
+
+    def table(self) -> str:
+        """A plain-text report for the terminal."""
+        g = lambda b: f"{b / GiB:9.3f}"
+        lines = [f"{'program':<10} {'args':>9} {'outputs':>9} {'aliased':>9} {'temps':>9} "
+                 f"{'total':>9} {'+resident':>9} {'TFLOP':>9}   (GiB per device)",
+                 "-" * 88]
+        for p in self.programs:
+            lines.append(f"{p.name:<10} {g(p.argument_bytes)} {g(p.output_bytes)} "
+                         f"{g(p.alias_bytes)} {g(p.temp_bytes)} {g(p.total_bytes)} "
+                         f"{g(p.peak_bytes)} {p.flops / 1e12:9.2f}")
+        lines.append("-" * 88)
+        lines.append("TFLOP: XLA's cost analysis, which counts a loop body (the scan over layers,"
+                     " micro-batches, decode steps) once; 6N (8N with full remat) per token: "
+                     f"{self.settings['train_flops_analytic'] / 1e12:.2f} TFLOP per device and "
+                     f"update")
+        for name, b in self.resident.items():
+            lines.append(f"resident: {name:<32} {b / GiB:9.3f} GiB")
+        verdict = "fits" if self.fits else "does NOT fit"
+        lines += [
+            f"compiled peak per device          {self.peak_bytes / GiB:9.3f} GiB",
+            f"estimate (jaxrl-llm memory)       {self.estimate.total_bytes_per_device / GiB:9.3f}"
+            f" GiB  ({self.estimate_ratio:.2f}x the compiled peak)",
+            f"HBM per device ({self.topology})  {self.hbm_bytes / GiB:9.3f} GiB; verdict: "
+            f"{verdict}",
+        ]
+        return "\n".join(lines)
+
+
+def _per_device_bytes(tree: Any) -> int:
+    """Bytes one device holds of a tree of ShapeDtypeStructs with NamedShardings (its shard)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def _abstract(shapes: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, shardings)
+
+
+def _program(name: str, jitted, args: tuple, resident: int) -> ProgramMemory:
+    compiled = jitted.lower(*args).compile()
+    ma = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return ProgramMemory(name=name, argument_bytes=int(ma.argument_size_in_bytes),
+                         output_bytes=int(ma.output_size_in_bytes),
+                         alias_bytes=int(ma.alias_size_in_bytes),
+                         temp_bytes=int(ma.temp_size_in_bytes),
+                         code_bytes=int(ma.generated_code_size_in_bytes),
+                         flops=float((cost or {}).get("flops", 0.0)), resident_bytes=resident)
+
+
+# ----- abstract batches, one builder per loss batch layout (LossSpec.batch_kind) --------------
+
+def _seq(rows: int, t: int, prefix: str = "") -> dict:
+    i = lambda: jax.ShapeDtypeStruct((rows, t), jnp.int32)
+    return {f"{prefix}input_ids": i(), f"{prefix}attention_mask": i(), f"{prefix}loss_mask": i()}
+
+
+def _f32(*shape) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def _rl_batch(rows, t, *, with_ref):
+    out = {**_seq(rows, t), "old_logp": _f32(rows, t), "advantages": _f32(rows, t)}
+    return {**out, "ref_logp": _f32(rows, t)} if with_ref else out
+
+
+def _preference_batch(rows, t, *, with_ref):
+    out = {**_seq(rows, t, "chosen_"), **_seq(rows, t, "rejected_")}
+    if with_ref:
+        out.update(ref_chosen_logps=_f32(rows), ref_rejected_logps=_f32(rows))
+    return out
+
+
+def _kto_batch(rows, t, *, with_ref):
+    out = {**_seq(rows, t), **_seq(rows, t, "kl_"), "label": _f32(rows)}
+    return {**out, "ref_logps": _f32(rows), "ref_kl_logps": _f32(rows)} if with_ref else out
+
+
+def _rank_batch(rows, t, *, with_ref):
+    return {**_seq(rows, t), "scores": _f32(rows)}
+
+
+def _sequence_batch(rows, t, *, with_ref):
+    return _seq(rows, t)
+
+
+BATCHES = {"rl": _rl_batch, "preference": _preference_batch, "kto": _kto_batch,
+           "rank": _rank_batch, "sequence": _sequence_batch}
+
+
+def _critic_batch(rows, t):
+    return {**_seq(rows, t), "values": _f32(rows, t), "returns": _f32(rows, t)}
+
+
+# ----- the run ---------------------------------------------------------------------------------
+
+def _run_config(algorithm, *, batch_size, group_size, gen_len, prompt_len, minibatches,
+                micro_batches, remat, dtype, lora_rank, mesh):
+    from jaxrl_llm.train.run_config import (DataSection, LoRASection, MeshSection, ModelSection,
+                                            RewardItem, RolloutSection, RunConfig, TrainSection,
+                                            ONLINE_ALGORITHMS)
+
+    online = algorithm in ONLINE_ALGORITHMS
+    return RunConfig(
+        output_dir="(compile)", max_steps=1, algorithm=algorithm,
+        model=ModelSection(source="(preset)", compute_dtype=_DTYPES[dtype], remat=remat,
+                           lora=LoRASection(rank=lora_rank) if lora_rank else None),
+        mesh=MeshSection(**mesh), data=DataSection(train="(compile)",
+                                                   max_length=prompt_len + gen_len),
+        rollout=RolloutSection(prompts_per_step=batch_size, group_size=group_size,
+                               max_new_tokens=gen_len, minibatches=minibatches),
+        train=TrainSection(batch_size=batch_size, micro_batches=micro_batches),
+        rewards=(RewardItem("math_answer"),) if online else ())
+
+
+def compile_run(
+    config: models.ModelConfig,
+    algorithm: str,
+    topology: Topology,
+    *,
+    data: int = 1,
+    fsdp: int = 1,
+    tensor: int = 1,
+    batch_size: int = 8,
+    seq_len: int = 1024,
+    prompt_len: int | None = None,
+    group_size: int = 8,
+    minibatches: int = 1,
+    micro_batches: int = 1,
+    remat: str = "full",
+    dtype: str = "bf16",
+    lora_rank: int = 0,
+    decode: bool = True,
+) -> CompileReport:
+    """Compile a run's programs for ``topology`` and compare their memory with the estimate.
+
+    Args:
+      config: the policy's model config (critic / reward model: the same trunk, scalar head).
+      algorithm: a name of :data:`jaxrl_llm.train.run_config.ONLINE_ALGORITHMS` or
+        ``OFFLINE_ALGORITHMS`` (PPO: actor and critic steps).
+      topology: from :func:`jaxrl_llm.parallel.topology.tpu_topology`.
+      data, fsdp, tensor: mesh axis sizes (product = the slice's devices; one may be -1).
+      batch_size: online: prompts per step (rows = prompts × group_size); offline: examples
+        (pairs for preference losses) per step.
+      seq_len: tokens per row, prompt + completion. prompt_len: online prompt part (default
+        ``seq_len // 2``); the completion (generation) part is ``seq_len − prompt_len``.
+      group_size: G samples per prompt (online).
+      minibatches: online: optimizer updates per rollout batch (each sees rows / minibatches).
+      micro_batches: offline: gradient-accumulation slices per step.
+      remat: per-layer rematerialisation 'none' | 'dots' | 'full'.
+      dtype: 'bf16' | 'fp32' compute dtype (master weights and optimizer state are float32).
+      lora_rank: 0 = full fine-tuning; r > 0 trains rank-r adapters on a frozen base.
+      decode: also compile the sampler's decode loop (online algorithms).
+    Returns:
+      A :class:`CompileReport`.
+    Raises:
+      ConfigError: unknown algorithm, or sizes the mesh or the trainer reject.
+    """
+    from jaxrl_llm.losses import get_loss
+    from jaxrl_llm.sampling import SamplingConfig, decode as decode_loop, init_decode_state
+    from jaxrl_llm.train.run_config import loss_config, loss_name, update_micro_batches
+    from jaxrl_llm.train.setup import RULES, Policy, make_optimizer
+    from jaxrl_llm.train.step import make_train_step
+
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(ALGORITHMS)}")
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
+    mesh = topology_mesh(topology, data=data, fsdp=fsdp, tensor=tensor)
+    sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor")}
+    prompt_len = seq_len // 2 if prompt_len is None else int(prompt_len)
+    gen_len = seq_len - prompt_len
+    if not 1 <= prompt_len < seq_len:
+        raise ConfigError(f"prompt_len={prompt_len} must be in [1, seq_len={seq_len})")
+    cfg = _run_config(algorithm, batch_size=batch_size, group_size=group_size, gen_len=gen_len,
+                      prompt_len=prompt_len, minibatches=minibatches,
+                      micro_batches=micro_batches, remat=remat, dtype=dtype,
+                      lora_rank=lora_rank, mesh=sizes)
+    from jaxrl_llm.train.setup import check_mesh
+
+    check_mesh(cfg, mesh=mesh)
+    config = dataclasses.replace(config, param_dtype="float32", compute_dtype=_DTYPES[dtype])
+    spec = get_loss(loss_name(cfg))
+    lc = loss_config(cfg)
+    online = cfg.is_online
+    optimizer = make_optimizer(cfg)
+    apply_fn = functools.partial(models.apply, config=config, remat=remat)
+    shards = sizes["data"] * sizes["fsdp"]
+
+    # Policy weights, abstract and sharded by the rule table (as build_policy shards them).
+    full_shapes = jax.eval_shape(functools.partial(models.init_params, config),
+                                 jax.random.PRNGKey(0))
+    full_sharding = logical_to_sharding(models.param_logical_axes(config), mesh, RULES,
+                                        shapes=full_shapes)
+    full = _abstract(full_shapes, full_sharding)
+    lora = None
+    frozen, frozen_sharding = {}, {}
+    if lora_rank:
+        from jaxrl_llm.models.lora import LoRAConfig, init_lora, lora_logical_axes
+
+        lora = LoRAConfig(rank=cfg.model.lora.rank, alpha=cfg.model.lora.alpha,
+                          targets=cfg.model.lora.targets)
+        t_shapes = jax.eval_shape(lambda r: init_lora(config, lora, r), jax.random.PRNGKey(0))
+        t_sharding = logical_to_sharding(lora_logical_axes(lora), mesh, RULES, shapes=t_shapes)
+        frozen, frozen_sharding = {"base": full}, {"base": full_sharding}
+    else:
+        t_shapes, t_sharding = full_shapes, full_sharding
+    state_sharding = state_sharding_from_params(optimizer, t_shapes, t_sharding, mesh)
+    rep = replicated(mesh)
+    state = TrainState(
+        params=_abstract(t_shapes, t_sharding),
+        opt_state=_abstract(jax.eval_shape(optimizer.init, t_shapes), state_sharding.opt_state),
+        step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
+        rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
+    policy = Policy(config=config, tokenizer=None, mesh=mesh, base=frozen.get("base"),
+                    lora=lora, state=state, state_sharding=state_sharding, apply_fn=apply_fn,
+                    optimizer=optimizer, param_sharding=t_sharding,
+                    frozen_sharding=frozen_sharding)
+
+    # What lives through the whole step (bytes per device), as the trainers hold it.
+    resident: dict[str, int] = {"policy train state": _per_device_bytes(state)}
+    if lora is not None:
+        resident["frozen base (= reference)"] = _per_device_bytes(full)
+    algo = ALGORITHMS[algorithm]
+    needs_ref = spec.reference_fn is not None and (
+        not getattr(lc, "reference_free", False) if spec.batch_kind == "preference"
+        else getattr(lc, "kl_coef", 1.0) > 0)
+    ref_params = frozen.get("base", full)
+    if needs_ref and lora is None:
+        # online.py / offline.py keep the reference as jnp.copy of the float32 master params
+        resident["reference weights (copy of master)"] = _per_device_bytes(full)
+
+    # rows: the rollout batch (online) and one update's share of it
+    if algorithm == "online_dpo":
+        rollout_rows, step_rows = batch_size * group_size, batch_size
+    elif online:
+        rollout_rows = batch_size * group_size
+        step_rows = rollout_rows // minibatches
+    else:
+        rollout_rows = step_rows = batch_size
+    step_micro = (update_micro_batches(cfg, lc, shards=shards) if online
+                  else cfg.train.micro_batches)
+    zero_fn = spec.zero_batch_fn(lc) if (online and step_micro > 1 and spec.zero_batch_fn) \
+        else None
+    rows_sharding = batch_sharding(mesh)
+
+    critic_state = critic_step = None
+    if algorithm == "ppo":
+        cconfig = dataclasses.replace(config, num_labels=1)
+        c_shapes = jax.eval_shape(functools.partial(models.init_params, cconfig),
+                                  jax.random.PRNGKey(0))
+        c_sharding = logical_to_sharding(models.param_logical_axes(cconfig), mesh, RULES,
+                                         shapes=c_shapes)
+        c_opt = make_optimizer(cfg)
+        c_state_sharding = state_sharding_from_params(c_opt, c_shapes, c_sharding, mesh)
+        critic_state = TrainState(
+            params=_abstract(c_shapes, c_sharding),
+            opt_state=_abstract(jax.eval_shape(c_opt.init, c_shapes), c_state_sharding.opt_state),
+            step=state.step, rng=state.rng)
+        resident["critic train state"] = _per_device_bytes(critic_state)
+        # the reward model: a scalar-head model of the policy's size, float32 as loaded
+        resident["reward model weights"] = _per_device_bytes(_abstract(c_shapes, c_sharding))
+        cspec = get_loss("ppo_critic")
+        clc = cspec.preset()
+        c_apply = functools.partial(models.apply, config=cconfig, remat=remat)
+        critic_step = make_train_step(
+            lambda p, b: cspec.loss_fn(p, b, apply_fn=c_apply, config=clc), c_opt, mesh=mesh,
+            state_sharding=c_state_sharding, batch_sharding=rows_sharding, micro_batches=1,
+            denominator_fn=functools.partial(cspec.denominator_fn, config=clc),
+            grad_clip=cfg.optim.grad_clip)
+
+    def others(*used: str, minus: int = 0) -> int:
+        return sum(v for k, v in resident.items() if k not in used) - minus
+
+    programs = []
+    # 1. the policy update (the trainers' make_train_step, as online.py / offline.py call it)
+    step = make_train_step(
+        policy.loss_fn(spec.loss_fn, loss_config=lc), optimizer, mesh=mesh,
+        state_sharding=state_sharding, batch_sharding=rows_sharding, micro_batches=step_micro,
+        denominator_fn=functools.partial(spec.denominator_fn, config=lc),
+        grad_clip=cfg.optim.grad_clip, frozen_sharding=frozen_sharding, skip_fn=zero_fn)
+    t = prompt_len + gen_len
+    batch = BATCHES[spec.batch_kind](step_rows, t, with_ref=needs_ref)
+    programs.append(_program("train", step.jitted, (state, batch, frozen),
+                             others("policy train state", "frozen base (= reference)")))
+    # 2. the reference log-probs over the rollout batch (or the offline batch)
+    if needs_ref:
+        ref_jit = jax.jit(functools.partial(spec.reference_fn, apply_fn=apply_fn, config=lc),
+                          in_shardings=(full_sharding, rows_sharding))
+        ref_batch = BATCHES[spec.batch_kind](rollout_rows if algorithm != "online_dpo"
+                                             else step_rows, t, with_ref=False)
+        programs.append(_program("reference", ref_jit, (ref_params, ref_batch),
+                                 others("frozen base (= reference)",
+                                        "reference weights (copy of master)")))
+    # 3. PPO's critic update
+    if critic_step is not None:
+        programs.append(_program("critic", critic_step.jitted,
+                                 (critic_state, _critic_batch(step_rows, t), {}),
+                                 others("critic train state")))
+    # 4. the sampler's decode loop over the rollout rows (prefilled prompts, G per prompt)
+    if online and decode:
+        n_prompts = batch_size
+        cache_len = prompt_len + gen_len
+
+        def init(last_logits, cache, pos, ids):
+            return init_decode_state(last_logits, cache, pos, ids, seed=0,
+                                     num_samples=group_size, gen_len=gen_len,
+                                     max_new_tokens=gen_len)
+
+        dstate = jax.eval_shape(
+            init, jax.ShapeDtypeStruct((n_prompts, config.vocab_size), jnp.float32),
+            jax.eval_shape(lambda: models.init_cache(config, n_prompts, cache_len)),
+            jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
+            jax.ShapeDtypeStruct((n_prompts,), jnp.int32))
+        dsharding = _decode_state_sharding(dstate, mesh)
+        sampling = SamplingConfig()
+        dec = jax.jit(lambda p, s: decode_loop(p, s, config=config, sampling=sampling,
+                                               stop_ids=(0,), pad_id=0),
+                      in_shardings=(full_sharding, dsharding), out_shardings=dsharding,
+                      donate_argnums=(1,))
+        if lora is None:  # full fine-tuning samples with the master params themselves
+            resident_dec = others(minus=_per_device_bytes(full))
+        else:  # LoRA samples with a merged copy (an argument), the base stays resident
+            resident_dec = others()
+        programs.append(_program("decode", dec, (full, _abstract(dstate, dsharding)),
+                                 resident_dec))
+
+    rows_per_update = step_rows // step_micro
+    est = estimate_memory(config, algorithm, batch_size=batch_size, seq_len=t,
+                          prompt_len=prompt_len, group_size=group_size, dtype=dtype,
+                          lora_rank=lora_rank, remat=remat, device=f"tpu-{topology.generation}",
+                          micro_batches=max(1, (rollout_rows if online else step_rows)
+                                            // max(rows_per_update, 1)),
+                          **sizes)
+    settings = dict(batch_size=batch_size, seq_len=t, prompt_len=prompt_len,
+                    train_flops_analytic=analytic_train_flops(
+                        config, step_rows * t, remat=remat) / topology.num_devices,
+                    group_size=group_size if online else None, minibatches=minibatches,
+                    micro_batches=step_micro, remat=remat, dtype=dtype, lora_rank=lora_rank,
+                    rows_per_update=rows_per_update, params=config.num_params())
+    return CompileReport(topology=topology.name, algorithm=algorithm, mesh=sizes,
+                         hbm_bytes=topology.hbm_bytes_per_device, programs=tuple(programs),
+                         resident=resident, estimate=est, settings=settings)
+
+
+_DECODE_AXES = {  # logical names of DecodeState / KVCache dimensions
+    "logits": ("batch", None), "tokens": ("batch", None), "logprobs": ("batch", None),
+    "positions": ("batch",), "done": ("batch",), "lengths": ("batch",), "keys": ("batch", None),
+    "step": (), "max_new_tokens": (),
+}
+_CACHE_AXES = {"k": ("layers", "batch", "length", "kv_heads", "head_dim"),
+               "v": ("layers", "batch", "length", "kv_heads", "head_dim"),
+               "mask": ("batch", "length"), "positions": ("batch", "length"), "index": ()}
+
+
+def _decode_state_sharding(dstate, mesh):
+    """Rows over the batch axes, KV heads over ``tensor``: how a sharded sampler lays out its
+    loop state (``DecodeState`` fields by name)."""
+    def named(axes, x, name):
+        return NamedSharding(mesh, logical_to_spec(axes, mesh, shape=x.shape, name=name))
+
+    fields = {}
+    for f, x in dstate._asdict().items():
+        if f == "cache":
+            fields[f] = type(x)(**{k: named(_CACHE_AXES[k], v, f"cache.{k}")
+                                   for k, v in x._asdict().items()})
+        else:
+            fields[f] = named(_DECODE_AXES[f], x, f)
+    return type(dstate)(**fields)
+
+
+def analytic_train_flops(config: models.ModelConfig, tokens: int, *, remat: str) -> float:
+    """Matmul FLOPs of one training pass over ``tokens`` tokens: 6·N·tokens (forward 2·N,
+    backward 4·N; Kaplan et al. 2020, https://arxiv.org/abs/2001.08361) + 2·N·tokens more when
+    every layer is recomputed (``remat='full'``). Attention's T² term is left out."""
+    n = config.num_params()
+    return (8.0 if remat == "full" else 6.0) * n * tokens
+
