@@ -46,10 +46,12 @@ from jaxrl_llm.models.config import AttentionImpl
 
 _NEG_INF = -1e30  # large finite negative: masked scores stay finite (no inf − inf = NaN).
 
-# Below this many score entries per (row, head) — T·S — :attr:`AttentionImpl.AUTO` on CPU uses
-# the naive path. Measured on the 2-core CPU host (tools/bench/bench_attention.py --threshold,
-# SmolLM2-135M-shaped attention, float32, forward + backward): naive was faster up to
-# T = S = 512 and the blockwise path from T = S = 1024 on; the decode step (T = 1) stays naive.
+# Up to this many score entries per (row, head), T·S, :attr:`AttentionImpl.AUTO` runs the naive
+# path. Measured (tools/bench/results/attention.md: SmolLM2-135M heads, float32, causal,
+# forward + backward, 2-core CPU shared with other jobs): equal times up to T = S = 512 (there
+# the blockwise path is a single 512 × 512 block, the same arithmetic), blockwise 0.39× the
+# naive time at 1,024 and 0.28× at 2,048. Keeping the naive path below keeps the decode step
+# (T = 1) exactly as before.
 NAIVE_MAX_SCORES = 512 * 512
 
 
@@ -104,9 +106,11 @@ def causal_self_mask(attention_mask: jax.Array | None, positions: jax.Array | No
 
 
 def _allowed(mask: AttentionMask, q_index, k_index, q_sl, k_sl, window):
-    """``[B or 1, t, s]`` bool for one block; ``q_sl`` / ``k_sl`` slice the per-row vectors."""
-    ok = jnp.ones((1, q_index.shape[0] if q_index is not None else 1, k_index.shape[0]), bool)
-    if mask.q_index is not None:
+    """Bool, broadcastable to ``[B, t, s]``, for the queries ``q_index`` (None: not causal) and
+    keys ``k_index`` of one block; ``q_sl`` / ``k_sl`` take the block's part of a ``[B, ·]``
+    vector."""
+    ok = jnp.ones((1, 1, k_index.shape[0]), bool)
+    if q_index is not None:
         ok = (k_index[None, :] <= q_index[:, None])[None]
     if mask.k_valid is not None:
         ok = ok & k_sl(mask.k_valid)[:, None, :]
@@ -115,7 +119,7 @@ def _allowed(mask: AttentionMask, q_index, k_index, q_sl, k_sl, window):
     if window is not None:
         diff = q_sl(mask.q_positions)[:, :, None] - k_sl(mask.k_positions)[:, None, :]
         ok = ok & (diff < window)
-    if mask.q_index is not None:
+    if q_index is not None:
         ok = ok | (k_index[None, :] == q_index[:, None])[None]
     return ok
 
@@ -206,7 +210,8 @@ def _pad_mask(mask: AttentionMask, tp: int, sp: int) -> AttentionMask:
 
 
 def _block_fns(mask: AttentionMask, window, bq, bk):
-    """Per-block helpers: the mask of block (i, j) and the causal ranges of blocks to visit."""
+    """Per-block helpers: slicers of a [B, ·] vector for query block i / key block j, and the
+    mask of block (i, j)."""
 
     def q_sl(i):
         return lambda x: jax.lax.dynamic_slice_in_dim(x, i * bq, bq, axis=1)
