@@ -118,7 +118,8 @@ def d(tmp_path_factory):
     _copy_with(d / "hf", d / "truncated", weights=weights[:len(weights) // 2])
     _copy_with(d / "hf", d / "garbage", weights=b"not a safetensors file" * 8)
     _copy_with(d / "hf", d / "pickle", weights=b"", extra={"pytorch_model.bin": b"\x80\x04"})
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
 
     vocab = {f"w{i}": i for i in range(120)} | {"[UNK]": 120}  # 121 tokens > 97
     tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="[UNK]"))
@@ -355,7 +356,7 @@ MODELS = {
                                         ["--model", "bert/config.json", "model_type='bert'"]),
 }
 
-REWARD_SETUP = [f"data.train={{d}}/prompts.jsonl", "rollout.prompts_per_step=4",
+REWARD_SETUP = ["data.train={d}/prompts.jsonl", "rollout.prompts_per_step=4",
                 "rollout.group_size=2", "rollout.max_new_tokens=1", "eval.before=false"]
 REWARDS = {
     "unknown-reward-name": (_train(GRPO, *REWARD_SETUP, "rewards=[{name: nope}]"),

@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     path = find_suite()
     name = "jaxrl_llm_bench_suite"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise JaxrlError(f"cannot load the benchmark suite from {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

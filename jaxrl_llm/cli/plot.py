@@ -19,8 +19,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exponential moving-average factor in [0, 1) drawn over the raw curve")
 
 
+# The overview's panels, in reading order: (title, metric names; a name ending in "/" is a
+# prefix). A panel shows the metrics of the run that vary; a panel with none is left out.
+OVERVIEW_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward (training)", ("reward/mean",)),
+    ("held-out", ("eval/",)),
+    ("loss", ("loss", "pg/loss", "nll")),
+    ("KL and clipping", ("kl", "kl_to_ref", "pg/clipfrac", "pg/approx_kl")),
+    ("entropy", ("entropy",)),
+    ("completion length (tokens)", ("completion/length_mean", "completion/length_max")),
+    ("step time split (s)", ("time/rollout_s", "time/reference_s", "time/update_s",
+                             "time/step_s")),
+    ("preference", ("rewards/accuracies", "rewards/margins")),
+    ("gradient norm", ("grad_norm",)),
+)
+# Bookkeeping, not learning: never on the overview.
+_NOT_ON_OVERVIEW = ("eval/num_examples", "eval/valid", "eval/completion_length")
+
+
+def _varies(ys) -> bool:
+    vals = [y for y in ys if y is not None and not (isinstance(y, float) and math.isnan(y))]
+    return len(vals) >= 1 and (len(vals) == 1 or min(vals) != max(vals))
+
+
+def overview_panels(series: dict) -> list[tuple[str, list[str]]]:
+    """The overview's ``(title, metric names)`` panels for a run's ``series`` (name -> (xs,
+    ys)): :data:`OVERVIEW_PANELS` filled with the metrics that exist and vary; a constant
+    series (a data fingerprint, the example count) is never drawn. A run with none of those
+    metrics gets one panel per varying metric."""
+    live = {k for k, (_, ys) in series.items() if k not in _NOT_ON_OVERVIEW and _varies(ys)}
+    panels = []
+    for title, names in OVERVIEW_PANELS:
+        found = [k for n in names for k in sorted(live)
+                 if (k.startswith(n) if n.endswith("/") else k == n)]
+        if found:
+            panels.append((title, found))
+    if not panels:
+        panels = [(k, [k]) for k in sorted(live)]
+    return panels or [(k, [k]) for k in sorted(series)][:1]
+
+
 def plot_run(run_dir: str, *, keys=None, out_dir=None, smooth: float = 0.0) -> list[str]:
-    """Write one PNG per metric (x = step) and an overview grid; returns the written paths."""
+    """Write one PNG per metric (x = step) and ``overview.png`` (the panels a user reads:
+    :func:`overview_panels`); returns the written paths."""
     from jaxrl_llm.train.logging import read_metrics
 
     if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
@@ -73,14 +114,20 @@ def plot_run(run_dir: str, *, keys=None, out_dir=None, smooth: float = 0.0) -> l
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
-    n = len(series)
+    panels = overview_panels(series)
+    n = len(panels)
     cols = min(3, n)
     nrows = math.ceil(n / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 2.8 * nrows), dpi=100,
                              squeeze=False)
-    for ax, (k, (xs, ys)) in zip(axes.flat, sorted(series.items())):
-        ax.plot(xs, ema(ys) if smooth else ys, lw=1.2)
-        ax.set_title(k, fontsize=9)
+    for ax, (title, names) in zip(axes.flat, panels):
+        for k in names:
+            xs, ys = series[k]
+            ax.plot(xs, ema(ys) if smooth else ys, lw=1.2, marker="." if len(xs) < 15 else None,
+                    label=k)
+        ax.set_title(title, fontsize=9)
+        if len(names) > 1:
+            ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")

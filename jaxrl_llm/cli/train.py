@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from jaxrl_llm.train.config_io import load_config, to_dict
+    from jaxrl_llm.train.preflight import check_mesh
     from jaxrl_llm.train.run_config import RunConfig, loss_config
-    from jaxrl_llm.train.setup import check_mesh
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
@@ -52,13 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
         summary = train_online(cfg)
     else:
-        try:
-            from jaxrl_llm.train.offline import train_offline
-        except ModuleNotFoundError as e:
-            if e.name != "jaxrl_llm.train.offline":
-                raise
-            raise ConfigError(f"algorithm {cfg.algorithm!r}: the offline trainer is not "
-                              f"built yet") from None
+        from jaxrl_llm.train.offline import train_offline
+
         summary = train_offline(cfg)
     if cfg.logging.plots:
         from jaxrl_llm.cli.plot import plot_run

@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from jaxrl_llm.data.tokenize import (TokenizedPreference, TokenizedPrompt, TokenizedRank,
-                                     TokenizedSequence)
+from jaxrl_llm.data.tokenize import (
+    TokenizedPreference,
+    TokenizedPrompt,
+    TokenizedRank,
+    TokenizedSequence,
+)
 from jaxrl_llm.errors import ConfigError, DataError
 
 

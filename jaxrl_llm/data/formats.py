@@ -26,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, Mapping, Union
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, TypeGuard
 
 from jaxrl_llm.data.readers import Record
 from jaxrl_llm.errors import DataError
 
 Message = Mapping[str, str]
-Prompt = Union[str, tuple]  # a string or a tuple of message dicts
+Prompt = str | tuple  # a string or a tuple of message dicts
 
 _ROLES = ("system", "user", "assistant", "tool")
 
@@ -95,17 +96,17 @@ class PromptExample:
     extras: Mapping[str, Any]
 
 
-Example = Union[SFTExample, PreferenceExample, KTOExample, RankExample, PromptExample]
+Example = SFTExample | PreferenceExample | KTOExample | RankExample | PromptExample
 
 
-def is_conversational(prompt: Prompt) -> bool:
+def is_conversational(prompt: Prompt) -> TypeGuard[tuple[Message, ...]]:
     """True when ``prompt`` is a tuple of messages (render it with the chat template)."""
     return isinstance(prompt, tuple)
 
 
 # ----- field checks --------------------------------------------------------------------------
 
-def _fail(record: Record, field: str, what: str):
+def _fail(record: Record, field: str, what: str) -> NoReturn:
     raise DataError(f"{record.location}: field {field!r}: {what}")
 
 
@@ -252,7 +253,7 @@ def _prompt_only(record: Record) -> PromptExample:
     return PromptExample(prompt=prompt, extras=extras)
 
 
-_PARSERS = {
+_PARSERS: dict[Format, Callable[[Record], Example]] = {
     Format.SFT: _sft,
     Format.PREFERENCE: _preference,
     Format.KTO: _kto,

@@ -5,10 +5,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from jaxrl_llm.data.collate import (Padding, collate_kto, collate_preferences, collate_prompts,
-                                    collate_ranks, collate_sequences, pack_sequences)
+from jaxrl_llm.data.collate import (
+    Padding,
+    collate_kto,
+    collate_preferences,
+    collate_prompts,
+    collate_ranks,
+    collate_sequences,
+    pack_sequences,
+)
 from jaxrl_llm.data.formats import Example, Format, parse_example
 from jaxrl_llm.data.readers import read_records
 from jaxrl_llm.data.tokenize import LengthPolicy, Tokenized, apply_length_policy, tokenize_example

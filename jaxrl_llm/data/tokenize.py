@@ -24,10 +24,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from jaxrl_llm.data.formats import (Example, KTOExample, PreferenceExample, Prompt,
-                                    PromptExample, RankExample, SFTExample, is_conversational)
+from jaxrl_llm.data.formats import (
+    Example,
+    KTOExample,
+    PreferenceExample,
+    Prompt,
+    PromptExample,
+    RankExample,
+    SFTExample,
+    is_conversational,
+)
 from jaxrl_llm.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)

@@ -8,18 +8,22 @@ Import: :func:`load_model` takes a local Hugging Face directory (safetensors onl
 """
 
 from jaxrl_llm.interop.export import export_hf
-from jaxrl_llm.interop.load import MODEL_ALIASES
-from jaxrl_llm.interop.load import LoadedModel
-from jaxrl_llm.interop.load import cache_dir
-from jaxrl_llm.interop.load import cached_gguf_dir
-from jaxrl_llm.interop.load import from_hf_model
-from jaxrl_llm.interop.load import load_hf_dir
-from jaxrl_llm.interop.load import load_model
-from jaxrl_llm.interop.load import resolve_alias
-from jaxrl_llm.interop.state_dict import config_from_hf_dict
-from jaxrl_llm.interop.state_dict import hf_config_dict
-from jaxrl_llm.interop.state_dict import params_from_hf_state_dict
-from jaxrl_llm.interop.state_dict import params_to_hf_state_dict
+from jaxrl_llm.interop.load import (
+    MODEL_ALIASES,
+    LoadedModel,
+    cache_dir,
+    cached_gguf_dir,
+    from_hf_model,
+    load_hf_dir,
+    load_model,
+    resolve_alias,
+)
+from jaxrl_llm.interop.state_dict import (
+    config_from_hf_dict,
+    hf_config_dict,
+    params_from_hf_state_dict,
+    params_to_hf_state_dict,
+)
 
 __all__ = [
     "MODEL_ALIASES",

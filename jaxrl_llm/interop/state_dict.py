@@ -13,7 +13,8 @@ permutation (transformers' GGUF reader already undoes llama.cpp's interleaved pe
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -1,7 +1,9 @@
 """Losses over parameters, one per algorithm: ``loss(params, batch, *, apply_fn, config)
 -> (scalar, metrics)``. They run the model (through ``apply_fn``) and call
 :mod:`jaxrl_llm.objectives`; this is the only layer that knows about both. We minimise
-loss = −objective. The algorithm table is :data:`LOSSES` (``registry.py``).
+loss = −objective. Every loss also takes ``logprobs=LogprobSettings(...)`` (sampling temperature,
+chunking, completion window, shared prompt: how log-probs are computed, not a hyperparameter).
+The loss table is :data:`LOSSES` and the algorithm table :data:`ALGORITHMS` (``registry.py``).
 
 ``apply_fn(params, input_ids, attention_mask=..., positions=None, segment_ids=None)`` returns
 :class:`jaxrl_llm.models.ModelOutputs` (hidden ``[B, T, D]``, unembed ``[D, V]`` or None,
@@ -43,64 +45,84 @@ Padding never changes a loss: padding tokens have mask 0, padding rows (all-zero
 ``loss_mask``) and padding pairs/groups are excluded from sums and denominators.
 """
 
-from jaxrl_llm.losses.common import averaged_logps
-from jaxrl_llm.losses.common import sequence_logps
-from jaxrl_llm.losses.common import summed_logps
-from jaxrl_llm.losses.policy import AdvantageEstimator
-from jaxrl_llm.losses.policy import CriticConfig
-from jaxrl_llm.losses.policy import PolicyGradientConfig
-from jaxrl_llm.losses.policy import critic_denominator
-from jaxrl_llm.losses.policy import critic_values
-from jaxrl_llm.losses.policy import dapo_config
-from jaxrl_llm.losses.policy import dr_grpo_config
-from jaxrl_llm.losses.policy import grpo_config
-from jaxrl_llm.losses.policy import gspo_config
-from jaxrl_llm.losses.policy import policy_gradient_denominator
-from jaxrl_llm.losses.policy import policy_gradient_loss
-from jaxrl_llm.losses.policy import policy_gradient_zero_batch
-from jaxrl_llm.losses.policy import ppo_actor_config
-from jaxrl_llm.losses.policy import ppo_critic_config
-from jaxrl_llm.losses.policy import ppo_critic_loss
-from jaxrl_llm.losses.policy import reinforce_config
-from jaxrl_llm.losses.policy import reinforce_pp_config
-from jaxrl_llm.losses.policy import remax_config
-from jaxrl_llm.losses.policy import rloo_config
-from jaxrl_llm.losses.preference import DPOConfig
-from jaxrl_llm.losses.preference import ORPOConfig
-from jaxrl_llm.losses.preference import RewardModelConfig
-from jaxrl_llm.losses.preference import SimPOConfig
-from jaxrl_llm.losses.preference import dpo_config
-from jaxrl_llm.losses.preference import dpo_loss
-from jaxrl_llm.losses.preference import last_token_scores
-from jaxrl_llm.losses.preference import orpo_config
-from jaxrl_llm.losses.preference import orpo_loss
-from jaxrl_llm.losses.preference import pair_denominator
-from jaxrl_llm.losses.preference import preference_reference_logps
-from jaxrl_llm.losses.preference import reward_model_config
-from jaxrl_llm.losses.preference import reward_model_loss
-from jaxrl_llm.losses.preference import reward_scores
-from jaxrl_llm.losses.preference import simpo_config
-from jaxrl_llm.losses.preference import simpo_loss
-from jaxrl_llm.losses.registry import LOSSES
-from jaxrl_llm.losses.registry import LossSpec
-from jaxrl_llm.losses.registry import get_loss
-from jaxrl_llm.losses.registry import policy_reference_logps
-from jaxrl_llm.losses.sft import SFTConfig
-from jaxrl_llm.losses.sft import sft_config
-from jaxrl_llm.losses.sft import sft_denominator
-from jaxrl_llm.losses.sft import sft_loss
-from jaxrl_llm.losses.unpaired import KTOConfig
-from jaxrl_llm.losses.unpaired import PairwiseRankConfig
-from jaxrl_llm.losses.unpaired import group_denominator
-from jaxrl_llm.losses.unpaired import kto_config
-from jaxrl_llm.losses.unpaired import kto_loss
-from jaxrl_llm.losses.unpaired import kto_reference_logps
-from jaxrl_llm.losses.unpaired import pairwise_rank_config
-from jaxrl_llm.losses.unpaired import pairwise_rank_loss
-from jaxrl_llm.losses.unpaired import row_denominator
+from jaxrl_llm.losses.common import (
+    DEFAULT_LOGPROBS,
+    LogprobSettings,
+    averaged_logps,
+    sequence_logps,
+    summed_logps,
+)
+from jaxrl_llm.losses.policy import (
+    TRACED_HPARAMS,
+    AdvantageEstimator,
+    CriticConfig,
+    PolicyGradientConfig,
+    critic_denominator,
+    critic_values,
+    dapo_config,
+    dr_grpo_config,
+    grpo_config,
+    gspo_config,
+    policy_gradient_denominator,
+    policy_gradient_loss,
+    policy_gradient_zero_batch,
+    ppo_actor_config,
+    ppo_critic_config,
+    ppo_critic_loss,
+    reinforce_config,
+    reinforce_pp_config,
+    remax_config,
+    rloo_config,
+)
+from jaxrl_llm.losses.preference import (
+    DPOConfig,
+    ORPOConfig,
+    RewardModelConfig,
+    SimPOConfig,
+    dpo_config,
+    dpo_loss,
+    last_token_scores,
+    orpo_config,
+    orpo_loss,
+    pair_denominator,
+    preference_reference_logps,
+    reward_model_config,
+    reward_model_loss,
+    reward_scores,
+    simpo_config,
+    simpo_loss,
+)
+from jaxrl_llm.losses.registry import (
+    ALGORITHMS,
+    LOSSES,
+    Algorithm,
+    Family,
+    LossSpec,
+    get_algorithm,
+    get_loss,
+    policy_reference_logps,
+)
+from jaxrl_llm.losses.sft import SFTConfig, sft_config, sft_denominator, sft_loss
+from jaxrl_llm.losses.unpaired import (
+    KTOConfig,
+    PairwiseRankConfig,
+    group_denominator,
+    kto_config,
+    kto_loss,
+    kto_reference_logps,
+    pairwise_rank_config,
+    pairwise_rank_loss,
+    row_denominator,
+)
 
 __all__ = [
+    "ALGORITHMS",
     "AdvantageEstimator",
+    "Algorithm",
+    "DEFAULT_LOGPROBS",
+    "Family",
+    "LogprobSettings",
+    "TRACED_HPARAMS",
     "CriticConfig",
     "DPOConfig",
     "KTOConfig",
@@ -119,6 +141,7 @@ __all__ = [
     "dpo_config",
     "dpo_loss",
     "dr_grpo_config",
+    "get_algorithm",
     "get_loss",
     "group_denominator",
     "grpo_config",
@@ -136,6 +159,7 @@ __all__ = [
     "policy_gradient_loss",
     "policy_gradient_zero_batch",
     "policy_reference_logps",
+    "preference_reference_logps",
     "ppo_actor_config",
     "ppo_critic_config",
     "ppo_critic_loss",

@@ -8,23 +8,62 @@ through ``apply_fn(params, input_ids, attention_mask=..., positions=..., segment
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import chex
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.errors import DataError
-from jaxrl_llm.ops.logprobs import logprobs_and_entropy_from_hidden
-from jaxrl_llm.ops.logprobs import token_logprobs_from_hidden
-from jaxrl_llm.ops.masked import masked_count
-from jaxrl_llm.ops.masked import masked_sum
-from jaxrl_llm.ops.masked import safe_divide
+from jaxrl_llm.errors import ConfigError, DataError
+from jaxrl_llm.ops.logprobs import logprobs_and_entropy_from_hidden, token_logprobs_from_hidden
+from jaxrl_llm.ops.masked import masked_count, masked_sum, safe_divide
 
 Batch = Mapping[str, Any]
 ApplyFn = Callable[..., Any]
 
 LOSS_DENOMINATOR_KEY = "loss_denominator"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LogprobSettings:
+    """How a loss computes per-token log-probs: no paper's hyperparameter, so not in any loss
+    config. Every loss takes ``logprobs=LogprobSettings(...)`` beside its ``config``.
+
+    Attributes:
+      temperature: τ the log-probs refer to (log π_τ = log softmax(z / τ)); an online run sets
+        it to the sampling temperature the behaviour log-probs were recorded with.
+      chunk_size: time chunk of the log-prob computation (memory vs. speed).
+      window: compute log-probs only for the last ``window`` columns (None = every column);
+        an online run sets it to the generation length (see :func:`forward_logps`).
+      prompt_group_size: G > 1 when rows come in groups of G sharing the columns before the
+        window (a group-RL rollout batch): each prompt is computed once per group.
+    """
+
+    temperature: float = 1.0
+    chunk_size: int = 128
+    window: int | None = None
+    prompt_group_size: int = 1
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise ConfigError(f"log-prob temperature={self.temperature!r} must be > 0")
+        if self.chunk_size < 1:
+            raise ConfigError(f"logprobs.chunk_size={self.chunk_size!r} must be >= 1")
+        if self.prompt_group_size < 1:
+            raise ConfigError(f"prompt_group_size={self.prompt_group_size!r} must be >= 1")
+        if self.prompt_group_size > 1 and self.window is None:
+            raise ConfigError("prompt_group_size > 1 needs a log-prob window (the completion "
+                              "length): the shared prompt is every column before it")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The settings as :func:`forward_logps` / :func:`sequence_logps` keywords."""
+        return {"temperature": self.temperature, "chunk_size": self.chunk_size,
+                "window": self.window, "prompt_group_size": self.prompt_group_size}
+
+
+DEFAULT_LOGPROBS = LogprobSettings()
 
 
 def require(batch: Batch, key: str, *, loss: str, hint: str = "") -> jax.Array:

@@ -6,37 +6,54 @@ only in data, a :class:`PolicyGradientConfig` (clip range, clip-higher, token- o
 sequence-level ratio, aggregation, in-loss KL term, entropy bonus). One preset function per
 algorithm returns its config with the paper's defaults. Advantages are precomputed in the
 batch (the estimator runs in the RL loop before the update); the ``advantage`` field of the
-config names the estimator the algorithm is defined with, for the RL loop to read.
+algorithm's registry entry (``jaxrl_llm.losses.ALGORITHMS``) names the estimator it is defined
+with. How log-probs are computed (sampling temperature, chunking, the completion window, the
+shared prompt of a group) is not a hyperparameter: it is the ``logprobs`` argument
+(:class:`~jaxrl_llm.losses.common.LogprobSettings`).
+
+The scalar hyperparameters in :data:`TRACED_HPARAMS` may also come as traced values
+(``hparams={"kl_coef": β_t}``), so that a schedule of β or ε does not recompile the step; the
+config's values decide the loss's structure (a KL term exists when ``config.kl_coef > 0``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.losses.common import ApplyFn
-from jaxrl_llm.losses.common import Batch
-from jaxrl_llm.losses.common import finish
-from jaxrl_llm.losses.common import forward_logps
-from jaxrl_llm.losses.common import require
-from jaxrl_llm.losses.common import shift_right
-from jaxrl_llm.objectives.aggregation import AggregationMode
-from jaxrl_llm.objectives.aggregation import aggregate_parts
-from jaxrl_llm.objectives.aggregation import aggregation_denominator
-from jaxrl_llm.objectives.kl import KLKind
-from jaxrl_llm.objectives.policy import RatioLevel
-from jaxrl_llm.objectives.policy import policy_loss_parts
+from jaxrl_llm.losses.common import (
+    DEFAULT_LOGPROBS,
+    ApplyFn,
+    Batch,
+    LogprobSettings,
+    finish,
+    forward_logps,
+    require,
+    shift_right,
+)
+from jaxrl_llm.objectives.aggregation import (
+    AggregationMode,
+    aggregate_parts,
+    aggregation_denominator,
+)
+from jaxrl_llm.objectives.kl import KLKind, kl_penalty
+from jaxrl_llm.objectives.policy import RatioLevel, policy_loss_parts
 from jaxrl_llm.objectives.value import value_loss_parts
 from jaxrl_llm.ops.masked import masked_mean
 
+# Scalar hyperparameters of PolicyGradientConfig that may be passed traced (``hparams``).
+TRACED_HPARAMS = ("kl_coef", "entropy_coef")
+
 
 class AdvantageEstimator(str, enum.Enum):
-    """The advantage estimator an algorithm is defined with (run by the RL loop, not here).
+    """The advantage estimator an algorithm is defined with (run by the RL loop, not here;
+    the registry's :class:`~jaxrl_llm.losses.registry.Algorithm` entry names it).
 
     ``grpo``: (r − mean_group) / std_group (DeepSeekMath); ``grpo_no_std``: r − mean_group
     (Dr. GRPO); ``rloo``: leave-one-out baseline; ``remax``: r − r(greedy);
@@ -73,16 +90,6 @@ class PolicyGradientConfig:
       kl_coef: β of the in-loss KL penalty β·KL(π‖π_ref) (needs ``ref_logp`` in the batch).
       kl_kind: KL estimator (:class:`~jaxrl_llm.objectives.kl.KLKind`), k3 for GRPO.
       entropy_coef: c₂ of the entropy bonus (loss −= c₂·H), PPO eq. 9; 0 disables it.
-      temperature: sampling temperature τ the old log-probs were recorded with.
-      chunk_size: time chunk of the log-prob computation.
-      logprob_window: compute log-probs only for the last this-many columns of the batch
-        (the completion region of a rollout batch; None = every column). The RL loop sets it
-        to the generation length so the unembedding skips the prompt.
-      prompt_group_size: G > 1 when the batch holds G consecutive completions of each prompt
-        (GRPO-style groups, prompt = the columns before ``logprob_window``): the forward then
-        computes each prompt once per group instead of G times (same log-probs up to float
-        rounding). The RL loop sets it to ``rollout.group_size``; 1 = a plain forward.
-      advantage: :class:`AdvantageEstimator` the algorithm is defined with (for the RL loop).
     """
 
     clip_eps: float | None = 0.2
@@ -94,15 +101,10 @@ class PolicyGradientConfig:
     kl_coef: float = 0.0
     kl_kind: KLKind = KLKind.K3
     entropy_coef: float = 0.0
-    temperature: float = 1.0
-    chunk_size: int = 128
-    logprob_window: int | None = None
-    prompt_group_size: int = 1
-    advantage: AdvantageEstimator = AdvantageEstimator.GAE
 
     def __post_init__(self):
         for name, cls in (("ratio_level", RatioLevel), ("aggregation", AggregationMode),
-                          ("kl_kind", KLKind), ("advantage", AdvantageEstimator)):
+                          ("kl_kind", KLKind)):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, cls(value))
@@ -122,13 +124,6 @@ class PolicyGradientConfig:
         if self.kl_coef < 0 or self.entropy_coef < 0:
             raise ConfigError(f"kl_coef={self.kl_coef} and entropy_coef={self.entropy_coef} "
                               "must be >= 0")
-        if not self.temperature > 0:
-            raise ConfigError(f"temperature={self.temperature!r} must be > 0")
-        if self.prompt_group_size < 1:
-            raise ConfigError(f"prompt_group_size={self.prompt_group_size!r} must be >= 1")
-        if self.prompt_group_size > 1 and self.logprob_window is None:
-            raise ConfigError("prompt_group_size > 1 needs logprob_window (the completion "
-                              "length): the shared prompt is every column before it")
 
 
 # ----- presets: one per algorithm -------------------------------------------------------------
@@ -138,7 +133,7 @@ def ppo_actor_config(**overrides) -> PolicyGradientConfig:
     Ouyang et al. 2022): ε = 0.2, token ratio, token_mean, GAE advantages, KL in the reward
     (kl_coef = 0), entropy bonus c₂ (default 0 as in RLHF-PPO implementations; the PPO paper
     used 0.01 on Atari)."""
-    return PolicyGradientConfig(**{**dict(advantage=AdvantageEstimator.GAE), **overrides})
+    return PolicyGradientConfig(**overrides)
 
 
 def grpo_config(**overrides) -> PolicyGradientConfig:
@@ -146,8 +141,7 @@ def grpo_config(**overrides) -> PolicyGradientConfig:
     ε = 0.2, β = 0.04 with the k3 estimator in the loss, per-sequence mean of per-token
     means (1/G Σ_i 1/|o_i| Σ_t), group-normalised advantages."""
     base = dict(clip_eps=0.2, kl_coef=0.04, kl_kind=KLKind.K3,
-                aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN,
-                advantage=AdvantageEstimator.GRPO)
+                aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN)
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -157,8 +151,7 @@ def dr_grpo_config(*, max_len: int = 1024, **overrides) -> PolicyGradientConfig:
     r − mean_group without std scaling, no KL term (β = 0). Set ``max_len`` to the
     generation budget."""
     base = dict(clip_eps=0.2, kl_coef=0.0, max_len=max_len,
-                aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM,
-                advantage=AdvantageEstimator.GRPO_NO_STD)
+                aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM)
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -167,7 +160,7 @@ def dapo_config(**overrides) -> PolicyGradientConfig:
     ε_high = 0.28, token-level mean over all tokens of the batch, no KL term; group-normalised
     advantages (dynamic sampling and overlong shaping live in the RL loop)."""
     base = dict(clip_eps=0.2, clip_eps_high=0.28, kl_coef=0.0,
-                aggregation=AggregationMode.TOKEN_MEAN, advantage=AdvantageEstimator.GRPO)
+                aggregation=AggregationMode.TOKEN_MEAN)
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -176,16 +169,14 @@ def gspo_config(**overrides) -> PolicyGradientConfig:
     s_i = exp((1/|y_i|) Σ_t log ρ_it), clip range (1 − 3e-4, 1 + 4e-4) as in the paper,
     one term per sequence (seq_mean_token_mean), no KL term, group-normalised advantages."""
     base = dict(clip_eps=3e-4, clip_eps_high=4e-4, ratio_level=RatioLevel.SEQUENCE,
-                kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN,
-                advantage=AdvantageEstimator.GRPO)
+                kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN)
     return PolicyGradientConfig(**{**base, **overrides})
 
 
 def reinforce_config(**overrides) -> PolicyGradientConfig:
     """Vanilla REINFORCE (Williams 1992): L = −Σ_t log π(y_t)·A_t, no clipping, token_mean,
     KL folded into the reward."""
-    base = dict(clip_eps=None, kl_coef=0.0, aggregation=AggregationMode.TOKEN_MEAN,
-                advantage=AdvantageEstimator.REWARD)
+    base = dict(clip_eps=None, kl_coef=0.0, aggregation=AggregationMode.TOKEN_MEAN)
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -193,8 +184,7 @@ def reinforce_pp_config(**overrides) -> PolicyGradientConfig:
     """REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262): PPO-clip ε = 0.2,
     token_mean, token-level KL folded into the reward (k1) and no critic; advantages are the
     discounted returns whitened over the global batch."""
-    base = dict(clip_eps=0.2, kl_coef=0.0, aggregation=AggregationMode.TOKEN_MEAN,
-                advantage=AdvantageEstimator.REINFORCE_PP)
+    base = dict(clip_eps=0.2, kl_coef=0.0, aggregation=AggregationMode.TOKEN_MEAN)
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -203,8 +193,7 @@ def rloo_config(**overrides) -> PolicyGradientConfig:
     leave-one-out baseline, the whole completion as one action (per-sequence sum of token
     terms, seq_mean_token_sum), KL in the reward; clipping ε = 0.2 (as TRL's RLOOTrainer) so
     several updates per batch stay proximal."""
-    base = dict(clip_eps=0.2, kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM,
-                advantage=AdvantageEstimator.RLOO)
+    base = dict(clip_eps=0.2, kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM)
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -212,8 +201,7 @@ def remax_config(**overrides) -> PolicyGradientConfig:
     """ReMax (Li et al. 2023, https://arxiv.org/abs/2310.10505): REINFORCE with the greedy
     completion's reward as baseline, L = −(1/B) Σ_b Σ_t log π(y_bt)·(r_b − r̄_b), no clipping
     (one on-policy update), seq_mean_token_sum, KL in the reward."""
-    base = dict(clip_eps=None, kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM,
-                advantage=AdvantageEstimator.REMAX)
+    base = dict(clip_eps=None, kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM)
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -255,7 +243,9 @@ def policy_gradient_zero_batch(config: PolicyGradientConfig) -> Callable[[Batch]
 
 
 def policy_gradient_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PolicyGradientConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PolicyGradientConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
+    hparams: Mapping[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped surrogate policy loss over parameters (PPO / GRPO / DAPO / GSPO / REINFORCE...).
 
@@ -270,17 +260,23 @@ def policy_gradient_loss(
         ``kl_coef > 0``); optional ``loss_denominator``.
       apply_fn: model apply function.
       config: :class:`PolicyGradientConfig` (from a preset such as :func:`grpo_config`).
+      logprobs: :class:`~jaxrl_llm.losses.common.LogprobSettings` (τ, chunking, window,
+        shared prompt).
+      hparams: traced values of some of :data:`TRACED_HPARAMS` (override the config's; a
+        term the config switches off, such as ``kl_coef = 0``, stays off).
     Returns:
       ``(loss, metrics)``; metrics include ``loss``, ``pg/loss``, ``pg/clipfrac``,
       ``pg/clipfrac_low``, ``pg/clipfrac_high``, ``pg/approx_kl``, ``entropy`` and ``kl``
       (when ``ref_logp`` is given), as reported by ``objectives.policy_loss``.
     """
     name = "policy_gradient"
-    logp, ent, _ = forward_logps(params, batch, apply_fn=apply_fn,
-                                 temperature=config.temperature,
-                                 chunk_size=config.chunk_size, with_entropy=True, loss=name,
-                                 window=config.logprob_window,
-                                 prompt_group_size=config.prompt_group_size)
+    hp = {k: getattr(config, k) for k in TRACED_HPARAMS}
+    unknown = sorted(set(hparams or {}) - set(hp))
+    if unknown:
+        raise ConfigError(f"hparams {unknown} cannot be traced; traceable: {list(hp)}")
+    hp.update(hparams or {})
+    logp, ent, _ = forward_logps(params, batch, apply_fn=apply_fn, with_entropy=True,
+                                 loss=name, **logprobs.kwargs())
     mask = batch["loss_mask"]
     adv = require(batch, "advantages", loss=name,
                   hint="compute them with an objectives.*_advantages estimator first")
@@ -308,13 +304,19 @@ def policy_gradient_loss(
         aggregation=config.aggregation,
         max_len=config.max_len,
         ref_logp=ref_logp,
-        kl_coef=config.kl_coef,
         kl_kind=config.kl_kind,
     )
     pg_num = num
+    if config.kl_coef > 0:
+        # β·KL added here rather than inside the objective so that β may be traced: the
+        # aggregation is linear, so Σ agg(pg + β·kl) = agg(pg) + β·agg(kl), same denominator.
+        ref = jax.lax.stop_gradient(ref_logp.astype(jnp.float32))
+        kl = jnp.where(m, kl_penalty(logp.astype(jnp.float32), ref, kind=config.kl_kind), 0.0)
+        kl_num, _ = aggregate_parts(kl, mask, mode=config.aggregation, max_len=config.max_len)
+        num = num + hp["kl_coef"] * kl_num
     if config.entropy_coef:
         ent_num, _ = aggregate_parts(ent, mask, mode=config.aggregation, max_len=config.max_len)
-        num = num - config.entropy_coef * ent_num
+        num = num - hp["entropy_coef"] * ent_num
     loss = finish(num, den, batch)
 
     metrics = {_PG_METRIC_NAMES.get(k, f"pg/{k}"): jax.lax.stop_gradient(v)
@@ -378,7 +380,8 @@ def critic_values(params: Any, batch: Batch, *, apply_fn: ApplyFn) -> jax.Array:
 
 
 def ppo_critic_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: CriticConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: CriticConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped value loss over critic parameters.
 
@@ -394,6 +397,7 @@ def ppo_critic_loss(
     Returns:
       ``(loss, metrics)``: ``loss``, ``vf/loss``, ``vf/clipfrac``, ``vf/values``, ...
     """
+    del logprobs  # values come from the scalar head
     name = "ppo_critic"
     values = critic_values(params, batch, apply_fn=apply_fn)
     mask = batch["loss_mask"]

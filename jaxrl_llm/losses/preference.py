@@ -15,23 +15,24 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.losses.common import ApplyFn
-from jaxrl_llm.losses.common import Batch
-from jaxrl_llm.losses.common import finish
-from jaxrl_llm.losses.common import forward_logps
-from jaxrl_llm.losses.common import masked_rows_mean
-from jaxrl_llm.losses.common import require
-from jaxrl_llm.losses.common import row_valid
-from jaxrl_llm.losses.common import stack_pair
-from jaxrl_llm.losses.common import summed_logps
-from jaxrl_llm.objectives.preference import DPOKind
-from jaxrl_llm.objectives.preference import bradley_terry_loss
+from jaxrl_llm.losses.common import (
+    DEFAULT_LOGPROBS,
+    ApplyFn,
+    Batch,
+    LogprobSettings,
+    finish,
+    forward_logps,
+    masked_rows_mean,
+    require,
+    row_valid,
+    stack_pair,
+    summed_logps,
+)
+from jaxrl_llm.objectives.preference import DPOKind, bradley_terry_loss
 from jaxrl_llm.objectives.preference import dpo_loss as dpo_objective
 from jaxrl_llm.objectives.preference import orpo_loss as orpo_objective
 from jaxrl_llm.objectives.preference import simpo_loss as simpo_objective
-from jaxrl_llm.ops.masked import masked_count
-from jaxrl_llm.ops.masked import masked_sum
-from jaxrl_llm.ops.masked import safe_divide
+from jaxrl_llm.ops.masked import masked_count, masked_sum, safe_divide
 
 
 def pair_denominator(batch: Batch, config: Any = None) -> jax.Array:
@@ -42,14 +43,14 @@ def pair_denominator(batch: Batch, config: Any = None) -> jax.Array:
     return masked_count(row_valid(c) & row_valid(r))
 
 
-def _pair_forward(params, batch, apply_fn, chunk_size, loss):
+def _pair_forward(params, batch, apply_fn, logprobs, loss):
     """Per-token log-probs of chosen and rejected rows from one stacked forward pass.
 
     Returns (sum_c, sum_r, n_c, n_r, valid, logp [2B, T], stacked batch); sums, counts [B].
     """
     pair = stack_pair(batch, loss)
-    logp, _, out = forward_logps(params, pair, apply_fn=apply_fn, chunk_size=chunk_size,
-                                 loss=loss)
+    logp, _, out = forward_logps(params, pair, apply_fn=apply_fn, loss=loss,
+                                 **logprobs.kwargs())
     b = batch["chosen_input_ids"].shape[0]
     sums = jnp.sum(logp, axis=-1)
     n = masked_count(pair["loss_mask"], axis=-1)
@@ -87,14 +88,12 @@ class DPOConfig:
       label_smoothing: ε, the assumed label-flip rate for ``sigmoid``/``robust``/``cdpo``
         (0 = clean labels, where both reduce to ``sigmoid``; must be 0 for ipo/hinge).
       reference_free: use log π_ref = 0 (no reference model; Rafailov et al. §5 ablation).
-      chunk_size: time chunk of the log-prob computation.
     """
 
     beta: float = 0.1
     kind: DPOKind = DPOKind.SIGMOID
     label_smoothing: float = 0.0
     reference_free: bool = False
-    chunk_size: int = 128
 
     def __post_init__(self):
         try:
@@ -129,7 +128,8 @@ def _ref_pair(batch: Batch, b: int, reference_free: bool, loss: str):
 
 
 def dpo_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: DPOConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: DPOConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DPO over parameters: mean over pairs of ``objectives.dpo_loss``.
 
@@ -149,7 +149,7 @@ def dpo_loss(
       (rewards are β·(log π − log π_ref), means over real pairs).
     """
     name = "dpo"
-    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, config.chunk_size, name)
+    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs, name)
     ref_c, ref_r = _ref_pair(batch, c.shape[0], config.reference_free, name)
     losses, _ = dpo_objective(
         c, r, ref_c, ref_r, beta=config.beta, kind=config.kind,
@@ -170,12 +170,10 @@ class SimPOConfig:
     Attributes:
       beta: β scaling the average log-likelihood reward (2.0, the paper's common setting).
       gamma: target reward margin γ (0.5, as the DESIGN contract and TRL's CPO/SimPO).
-      chunk_size: time chunk of the log-prob computation.
     """
 
     beta: float = 2.0
     gamma: float = 0.5
-    chunk_size: int = 128
 
 
 def simpo_config(**overrides) -> SimPOConfig:
@@ -184,7 +182,8 @@ def simpo_config(**overrides) -> SimPOConfig:
 
 
 def simpo_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: SimPOConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: SimPOConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """SimPO: L = −log σ(β/|y_w| log π(y_w) − β/|y_l| log π(y_l) − γ), mean over pairs.
 
@@ -197,7 +196,7 @@ def simpo_loss(
       ``(loss, metrics)``: ``loss``, ``rewards/*`` (β × average log-prob), ``logps/*``
       (average log-probs).
     """
-    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, config.chunk_size,
+    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs,
                                                 "simpo")
     avg_c, avg_r = safe_divide(c, n_c), safe_divide(r, n_r)
     losses, _ = simpo_objective(avg_c, avg_r, beta=config.beta, gamma=config.gamma)
@@ -215,11 +214,9 @@ class ORPOConfig:
 
     Attributes:
       beta: λ weighting the odds-ratio term (0.1, TRL's ORPOTrainer default).
-      chunk_size: time chunk of the log-prob computation.
     """
 
     beta: float = 0.1
-    chunk_size: int = 128
 
 
 def orpo_config(**overrides) -> ORPOConfig:
@@ -228,7 +225,8 @@ def orpo_config(**overrides) -> ORPOConfig:
 
 
 def orpo_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: ORPOConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: ORPOConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """ORPO per pair: L_i = −(1/|y_w|) Σ_t log π(y_w,t) + L_OR,i, mean over pairs.
 
@@ -246,7 +244,7 @@ def orpo_loss(
       ``(loss, metrics)``: ``loss``, ``nll``, ``or_loss``, ``rewards/*`` (λ × average
       log-prob, as TRL), ``logps/*`` (average log-probs).
     """
-    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, config.chunk_size,
+    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs,
                                                 "orpo")
     avg_c, avg_r = safe_divide(c, n_c), safe_divide(r, n_r)
     or_losses, _ = orpo_objective(avg_c, avg_r, beta=config.beta)
@@ -304,7 +302,8 @@ def reward_scores(params: Any, batch: Batch, *, apply_fn: ApplyFn, prefix: str =
 
 
 def reward_model_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: RewardModelConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: RewardModelConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Bradley–Terry: L = −log σ(r(x, y_w) − r(x, y_l) − m), mean over pairs.
 
@@ -318,6 +317,7 @@ def reward_model_loss(
       ``(loss, metrics)``: ``loss``, ``rewards/chosen``, ``rewards/rejected``,
       ``rewards/accuracies``, ``rewards/margins``.
     """
+    del logprobs  # scores come from the scalar head, not from token log-probs
     pair = stack_pair(batch, "reward_model")
     b = batch["chosen_input_ids"].shape[0]
     scores = reward_scores(params, {k: v for k, v in pair.items() if k != "segment_ids"},
@@ -335,7 +335,8 @@ def reward_model_loss(
 
 
 def preference_reference_logps(
-    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: Any = None
+    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: Any = None,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> dict[str, jax.Array]:
     """``{"ref_chosen_logps", "ref_rejected_logps"}`` ``[B]`` under the reference params.
 
@@ -343,7 +344,8 @@ def preference_reference_logps(
     """
     del config
     pair = stack_pair(batch, "dpo")
-    s = summed_logps(ref_params, pair, apply_fn=apply_fn)
+    s = summed_logps(ref_params, pair, apply_fn=apply_fn, temperature=logprobs.temperature,
+                     chunk_size=logprobs.chunk_size)
     b = batch["chosen_input_ids"].shape[0]
     s = jax.lax.stop_gradient(s)
     return {"ref_chosen_logps": s[:b], "ref_rejected_logps": s[b:]}

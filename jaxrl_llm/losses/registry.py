@@ -1,123 +1,154 @@
-"""The algorithm table: loss name -> :class:`LossSpec`, one explicit dict (no import side effects).
+"""Algorithm facts in one place: two explicit dicts (no import side effects).
 
-The train step looks an algorithm up here::
+* :data:`LOSSES`: loss name -> :class:`LossSpec` (the loss, its denominator, its config class
+  and paper preset, the reference pass it needs, the batches it may skip).
+* :data:`ALGORITHMS`: algorithm name (a run config's ``algorithm:``) -> :class:`Algorithm`,
+  what the trainers, the config checks and the memory estimator ask instead of comparing
+  names: online or offline, the family (which learner strategy turns experience into
+  batches), the advantage estimator, whether it needs groups, a critic, a reward model,
+  pairs, a greedy baseline, and which rollout settings its loss reads.
+
+The train step looks a loss up here::
 
     spec = LOSSES["grpo"]
     config = spec.preset(kl_coef=0.02)                # frozen dataclass, paper defaults
     den = spec.denominator_fn(full_batch, config)      # once per optimizer step
     loss, metrics = spec.loss_fn(params, {**micro, "loss_denominator": den},
-                                 apply_fn=apply_fn, config=config)
+                                 apply_fn=apply_fn, config=config, logprobs=settings)
+
+Adding a group-policy-gradient algorithm that differs only in its per-token loss: one loss
+function (in ``policy.py`` or its own module), one :data:`LOSSES` entry, one
+:data:`ALGORITHMS` entry with ``family=Family.GROUP_POLICY_GRADIENT``, and a config file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+import enum
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.losses.common import ApplyFn
-from jaxrl_llm.losses.common import Batch
-from jaxrl_llm.losses.common import sequence_logps
-from jaxrl_llm.losses.policy import CriticConfig
-from jaxrl_llm.losses.policy import PolicyGradientConfig
-from jaxrl_llm.losses.policy import critic_denominator
-from jaxrl_llm.losses.policy import dapo_config
-from jaxrl_llm.losses.policy import dr_grpo_config
-from jaxrl_llm.losses.policy import grpo_config
-from jaxrl_llm.losses.policy import gspo_config
-from jaxrl_llm.losses.policy import policy_gradient_denominator
-from jaxrl_llm.losses.policy import policy_gradient_loss
-from jaxrl_llm.losses.policy import policy_gradient_zero_batch
-from jaxrl_llm.losses.policy import ppo_actor_config
-from jaxrl_llm.losses.policy import ppo_critic_config
-from jaxrl_llm.losses.policy import ppo_critic_loss
-from jaxrl_llm.losses.policy import reinforce_config
-from jaxrl_llm.losses.policy import reinforce_pp_config
-from jaxrl_llm.losses.policy import remax_config
-from jaxrl_llm.losses.policy import rloo_config
-from jaxrl_llm.losses.preference import DPOConfig
-from jaxrl_llm.losses.preference import ORPOConfig
-from jaxrl_llm.losses.preference import RewardModelConfig
-from jaxrl_llm.losses.preference import SimPOConfig
-from jaxrl_llm.losses.preference import dpo_config
-from jaxrl_llm.losses.preference import dpo_loss
-from jaxrl_llm.losses.preference import orpo_config
-from jaxrl_llm.losses.preference import orpo_loss
-from jaxrl_llm.losses.preference import pair_denominator
-from jaxrl_llm.losses.preference import preference_reference_logps
-from jaxrl_llm.losses.preference import reward_model_config
-from jaxrl_llm.losses.preference import reward_model_loss
-from jaxrl_llm.losses.preference import simpo_config
-from jaxrl_llm.losses.preference import simpo_loss
-from jaxrl_llm.losses.sft import SFTConfig
-from jaxrl_llm.losses.sft import sft_config
-from jaxrl_llm.losses.sft import sft_denominator
-from jaxrl_llm.losses.sft import sft_loss
-from jaxrl_llm.losses.unpaired import KTOConfig
-from jaxrl_llm.losses.unpaired import PairwiseRankConfig
-from jaxrl_llm.losses.unpaired import group_denominator
-from jaxrl_llm.losses.unpaired import kto_config
-from jaxrl_llm.losses.unpaired import kto_loss
-from jaxrl_llm.losses.unpaired import kto_reference_logps
-from jaxrl_llm.losses.unpaired import pairwise_rank_config
-from jaxrl_llm.losses.unpaired import pairwise_rank_loss
-from jaxrl_llm.losses.unpaired import row_denominator
+from jaxrl_llm.losses.common import (
+    DEFAULT_LOGPROBS,
+    ApplyFn,
+    Batch,
+    LogprobSettings,
+    sequence_logps,
+)
+from jaxrl_llm.losses.policy import (
+    TRACED_HPARAMS,
+    AdvantageEstimator,
+    CriticConfig,
+    PolicyGradientConfig,
+    critic_denominator,
+    dapo_config,
+    dr_grpo_config,
+    grpo_config,
+    gspo_config,
+    policy_gradient_denominator,
+    policy_gradient_loss,
+    policy_gradient_zero_batch,
+    ppo_actor_config,
+    ppo_critic_config,
+    ppo_critic_loss,
+    reinforce_config,
+    reinforce_pp_config,
+    remax_config,
+    rloo_config,
+)
+from jaxrl_llm.losses.preference import (
+    DPOConfig,
+    ORPOConfig,
+    RewardModelConfig,
+    SimPOConfig,
+    dpo_config,
+    dpo_loss,
+    orpo_config,
+    orpo_loss,
+    pair_denominator,
+    preference_reference_logps,
+    reward_model_config,
+    reward_model_loss,
+    simpo_config,
+    simpo_loss,
+)
+from jaxrl_llm.losses.sft import SFTConfig, sft_config, sft_denominator, sft_loss
+from jaxrl_llm.losses.unpaired import (
+    KTOConfig,
+    PairwiseRankConfig,
+    group_denominator,
+    kto_config,
+    kto_loss,
+    kto_reference_logps,
+    pairwise_rank_config,
+    pairwise_rank_loss,
+    row_denominator,
+)
 
 LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def policy_reference_logps(
-    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PolicyGradientConfig
+    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PolicyGradientConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> dict[str, jax.Array]:
-    """``{"ref_logp": [B, T]}``: the reference policy's per-token log-probs (same temperature)."""
-    lp = sequence_logps(ref_params, batch, apply_fn=apply_fn, temperature=config.temperature,
-                        chunk_size=config.chunk_size, window=config.logprob_window,
-                        prompt_group_size=config.prompt_group_size)
+    """``{"ref_logp": [B, T]}``: the reference policy's per-token log-probs (same settings as
+    the policy's: temperature, window, shared prompt)."""
+    del config
+    lp = sequence_logps(ref_params, batch, apply_fn=apply_fn, **logprobs.kwargs())
     return {"ref_logp": jax.lax.stop_gradient(lp)}
 
 
 @dataclasses.dataclass(frozen=True)
 class LossSpec:
-    """One algorithm: its loss, denominator, config class and preset.
+    """One loss: its function, denominator, config class and preset, and what it needs.
 
     Attributes:
-      loss_fn: ``loss_fn(params, batch, *, apply_fn, config) -> (scalar, metrics)``.
+      loss_fn: ``loss_fn(params, batch, *, apply_fn, config, logprobs) -> (scalar, metrics)``.
       denominator_fn: ``denominator_fn(batch, config) -> scalar``, the full-batch denominator
         to pass to every micro-batch as ``batch["loss_denominator"]``.
-      config_cls: the frozen config dataclass.
+      config_cls: the frozen config dataclass (the paper's hyperparameters only).
       preset: ``preset(**overrides) -> config`` with the algorithm's paper defaults.
-      reference_fn: ``reference_fn(ref_params, batch, *, apply_fn, config) -> dict`` of the
-        batch entries a frozen reference model provides, or None when none is needed.
+      reference_fn: ``reference_fn(ref_params, batch, *, apply_fn, config, logprobs) -> dict``
+        of the batch entries a frozen reference model provides, or None when none is needed.
+      uses_reference: ``uses_reference(config) -> bool``: whether this config needs the
+        reference pass (e.g. GRPO only with β > 0, DPO unless reference-free).
       batch_kind: which batch layout the loss reads: ``sequence``, ``rl``, ``preference``,
         ``kto`` or ``rank`` (see the package docstring).
       zero_batch_fn: ``zero_batch_fn(config) -> is_zero or None``, where ``is_zero(batch)``
         is True only when the loss and its gradient on that batch are exactly 0 (the train
         step's ``skip_fn``); None (the field or its result) when no batch can be skipped.
+      traced_hparams: the config's scalar fields the loss also takes traced
+        (``hparams={name: value}``), so that a schedule of them does not recompile.
     """
 
     loss_fn: LossFn
-    denominator_fn: Callable[[Batch, Any], jax.Array]
+    denominator_fn: Callable[..., jax.Array]
     config_cls: type
     preset: Callable[..., Any]
     reference_fn: Callable[..., dict[str, jax.Array]] | None = None
+    uses_reference: Callable[[Any], bool] = lambda config: False
     batch_kind: str = "sequence"
     zero_batch_fn: Callable[[Any], Callable[[Batch], jax.Array] | None] | None = None
+    traced_hparams: tuple[str, ...] = ()
 
 
 def _pg(preset) -> LossSpec:
     return LossSpec(policy_gradient_loss, policy_gradient_denominator, PolicyGradientConfig,
-                    preset, policy_reference_logps, "rl", policy_gradient_zero_batch)
+                    preset, policy_reference_logps, lambda c: c.kl_coef > 0, "rl",
+                    policy_gradient_zero_batch, TRACED_HPARAMS)
 
 
 LOSSES: dict[str, LossSpec] = {
-    "sft": LossSpec(sft_loss, sft_denominator, SFTConfig, sft_config, None, "sequence"),
+    "sft": LossSpec(sft_loss, sft_denominator, SFTConfig, sft_config),
     "reward_model": LossSpec(reward_model_loss, pair_denominator, RewardModelConfig,
-                             reward_model_config, None, "preference"),
+                             reward_model_config, batch_kind="preference"),
     "ppo_actor": _pg(ppo_actor_config),
     "ppo_critic": LossSpec(ppo_critic_loss, critic_denominator, CriticConfig,
-                           ppo_critic_config, None, "rl"),
+                           ppo_critic_config, batch_kind="rl"),
     "grpo": _pg(grpo_config),
     "dr_grpo": _pg(dr_grpo_config),
     "dapo": _pg(dapo_config),
@@ -127,14 +158,15 @@ LOSSES: dict[str, LossSpec] = {
     "rloo": _pg(rloo_config),
     "remax": _pg(remax_config),
     "dpo": LossSpec(dpo_loss, pair_denominator, DPOConfig, dpo_config,
-                    preference_reference_logps, "preference"),
+                    preference_reference_logps, lambda c: not c.reference_free, "preference"),
     "kto": LossSpec(kto_loss, row_denominator, KTOConfig, kto_config, kto_reference_logps,
-                    "kto"),
-    "orpo": LossSpec(orpo_loss, pair_denominator, ORPOConfig, orpo_config, None, "preference"),
-    "simpo": LossSpec(simpo_loss, pair_denominator, SimPOConfig, simpo_config, None,
-                      "preference"),
+                    lambda c: True, "kto"),
+    "orpo": LossSpec(orpo_loss, pair_denominator, ORPOConfig, orpo_config,
+                     batch_kind="preference"),
+    "simpo": LossSpec(simpo_loss, pair_denominator, SimPOConfig, simpo_config,
+                      batch_kind="preference"),
     "pairwise_rank": LossSpec(pairwise_rank_loss, group_denominator, PairwiseRankConfig,
-                              pairwise_rank_config, None, "rank"),
+                              pairwise_rank_config, batch_kind="rank"),
 }
 
 
@@ -145,3 +177,140 @@ def get_loss(name: str) -> LossSpec:
     except KeyError:
         raise ConfigError(f"unknown loss/algorithm {name!r}; available: "
                           f"{', '.join(sorted(LOSSES))}") from None
+
+
+class Family(str, enum.Enum):
+    """How an algorithm turns data into learner batches (the train layer has one strategy per
+    family).
+
+    ``offline``: a fixed data set, batches straight from the collator. ``group_policy_gradient``:
+    G samples per prompt, rewards → per-sequence (or per-token) advantages, the clipped
+    surrogate. ``ppo``: a critic, GAE on a KL-shaped reward. ``online_pairs``: the best and
+    worst sample of each group as a DPO pair (online DPO).
+    """
+
+    OFFLINE = "offline"
+    GROUP_POLICY_GRADIENT = "group_policy_gradient"
+    PPO = "ppo"
+    ONLINE_PAIRS = "online_pairs"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Algorithm:
+    """What the trainers, the config checks and the memory estimator know of an algorithm.
+
+    Attributes:
+      loss: the :data:`LOSSES` key its policy trains with.
+      family: the :class:`Family` (which learner strategy builds its batches).
+      data_format: the ``jaxrl_llm.data.Format`` value of its training data (``prompt`` for
+        the online algorithms).
+      preset_overrides: fixed overrides of the loss preset (``ipo``: DPO with ``kind=ipo``).
+      advantage: the :class:`~jaxrl_llm.losses.policy.AdvantageEstimator` it is defined with
+        (group policy gradient; None otherwise).
+      min_group_size: the least ``rollout.group_size`` it is defined for (2: group baselines
+        and pairs need two samples of a prompt).
+      critic: trains a value model beside the policy (PPO).
+      trains_reward_head: the trained model is a reward model with a scalar head.
+      scores_with_reward_model: its reward usually comes from a learned reward model (for the
+        memory estimator's model count; a verifier works too).
+      process_supervision: accepts a ``process_reward`` section (per-step rewards).
+      lora: LoRA adapters are supported.
+      sampling_settings: the rollout settings its loss reads: ``temperature`` (log-probs at
+        the sampling τ), ``max_new_tokens`` (a loss ``max_len`` defaulting to the budget).
+      sequences_per_example: forward passes per example (2 for chosen + rejected).
+      data_note / reward_note: the source texts' columns (the memory table prints them).
+    """
+
+    loss: str
+    family: Family
+    data_format: str
+    preset_overrides: tuple[tuple[str, Any], ...] = ()
+    advantage: AdvantageEstimator | None = None
+    min_group_size: int = 1
+    critic: bool = False
+    trains_reward_head: bool = False
+    scores_with_reward_model: bool = False
+    process_supervision: bool = False
+    lora: bool = True
+    sampling_settings: tuple[str, ...] = ()
+    sequences_per_example: int = 1
+    data_note: str = ""
+    reward_note: str = ""
+
+    @property
+    def online(self) -> bool:
+        """True when it samples rollouts (rollout → reward → update)."""
+        return self.family is not Family.OFFLINE
+
+    @property
+    def greedy_baseline(self) -> bool:
+        """True when its baseline is the reward of a greedy completion (ReMax)."""
+        return self.advantage is AdvantageEstimator.REMAX
+
+    def loss_spec(self) -> LossSpec:
+        """The :class:`LossSpec` of :attr:`loss`."""
+        return LOSSES[self.loss]
+
+    def preset(self, **overrides) -> Any:
+        """The loss config with the paper's defaults, this entry's fixed overrides, then
+        ``overrides``."""
+        return self.loss_spec().preset(**{**dict(self.preset_overrides), **overrides})
+
+
+def _group_pg(loss: str, advantage: AdvantageEstimator, *, groups: bool = True,
+              process: bool = True, reward: str = "verifiable or RM") -> Algorithm:
+    return Algorithm(loss=loss, family=Family.GROUP_POLICY_GRADIENT, data_format="prompt",
+                     advantage=advantage, min_group_size=2 if groups else 1,
+                     process_supervision=process,
+                     sampling_settings=("temperature", "max_new_tokens"),
+                     data_note="online", reward_note=reward)
+
+
+def _offline(loss: str, fmt: str, data: str, reward: str, *, pairs: bool = False,
+             **kw) -> Algorithm:
+    return Algorithm(loss=loss, family=Family.OFFLINE, data_format=fmt,
+                     sequences_per_example=2 if pairs else 1, data_note=data,
+                     reward_note=reward, **kw)
+
+
+_A = AdvantageEstimator
+ALGORITHMS: dict[str, Algorithm] = {
+    "sft": _offline("sft", "sft", "demonstrations", "none"),
+    "reward_model": _offline("reward_model", "preference", "offline pairs",
+                             "learned (trained here)", pairs=True, trains_reward_head=True),
+    "dpo": _offline("dpo", "preference", "offline pairs", "implicit", pairs=True),
+    "ipo": _offline("dpo", "preference", "offline pairs", "implicit", pairs=True,
+                    preset_overrides=(("kind", "ipo"),)),
+    "kto": _offline("kto", "kto", "offline binary labels", "implicit", pairs=True),
+    "orpo": _offline("orpo", "preference", "offline pairs", "implicit (odds ratio)",
+                     pairs=True),
+    "simpo": _offline("simpo", "preference", "offline pairs", "implicit (length-normalised)",
+                      pairs=True),
+    "pairwise_rank": _offline("pairwise_rank", "pairwise_rank", "offline ranked groups",
+                              "scores"),
+    "ppo": Algorithm(loss="ppo_actor", family=Family.PPO, data_format="prompt",
+                     advantage=_A.GAE, critic=True, scores_with_reward_model=True, lora=False,
+                     sampling_settings=("temperature", "max_new_tokens"), data_note="online",
+                     reward_note="learned RM"),
+    "grpo": _group_pg("grpo", _A.GRPO, reward="verifiable"),
+    "dr_grpo": _group_pg("dr_grpo", _A.GRPO_NO_STD, reward="verifiable"),
+    "dapo": _group_pg("dapo", _A.GRPO, reward="verifiable (no KL term)"),
+    "gspo": _group_pg("gspo", _A.GRPO, reward="verifiable"),
+    "reinforce": _group_pg("reinforce", _A.REWARD, groups=False, process=False),
+    "reinforce_pp": _group_pg("reinforce_pp", _A.REINFORCE_PP, process=False),
+    "rloo": _group_pg("rloo", _A.RLOO, process=False),
+    "remax": _group_pg("remax", _A.REMAX, groups=False, process=False),
+    "online_dpo": Algorithm(loss="dpo", family=Family.ONLINE_PAIRS, data_format="prompt",
+                            min_group_size=2, scores_with_reward_model=True,
+                            sequences_per_example=2, data_note="online pairs",
+                            reward_note="RM or verifier"),
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The :class:`Algorithm` entry of ``name``; :class:`ConfigError` listing the names."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(f"algorithm: unknown {name!r}; allowed: "
+                          f"{', '.join(ALGORITHMS)}") from None

@@ -7,17 +7,21 @@ from typing import Any
 
 import jax
 
-from jaxrl_llm.losses.common import ApplyFn
-from jaxrl_llm.losses.common import Batch
-from jaxrl_llm.losses.common import finish
-from jaxrl_llm.losses.common import forward_logps
-from jaxrl_llm.losses.common import require
-from jaxrl_llm.objectives.aggregation import AggregationMode
-from jaxrl_llm.objectives.aggregation import aggregate_parts
-from jaxrl_llm.objectives.aggregation import aggregation_denominator
-from jaxrl_llm.ops.masked import masked_count
-from jaxrl_llm.ops.masked import masked_sum
-from jaxrl_llm.ops.masked import safe_divide
+from jaxrl_llm.losses.common import (
+    DEFAULT_LOGPROBS,
+    ApplyFn,
+    Batch,
+    LogprobSettings,
+    finish,
+    forward_logps,
+    require,
+)
+from jaxrl_llm.objectives.aggregation import (
+    AggregationMode,
+    aggregate_parts,
+    aggregation_denominator,
+)
+from jaxrl_llm.ops.masked import masked_count, masked_sum, safe_divide
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,12 +32,10 @@ class SFTConfig:
       aggregation: how per-token NLL reduces (default ``token_mean``: every completion token
         weighs the same, as in TRL's SFTTrainer / Hugging Face causal-LM loss).
       max_len: constant length for ``seq_mean_token_sum_norm``.
-      chunk_size: time chunk of the log-prob computation.
     """
 
     aggregation: AggregationMode = AggregationMode.TOKEN_MEAN
     max_len: int | None = None
-    chunk_size: int = 128
 
     def __post_init__(self):
         object.__setattr__(self, "aggregation", AggregationMode(self.aggregation))
@@ -51,7 +53,8 @@ def sft_denominator(batch: Batch, config: SFTConfig) -> jax.Array:
 
 
 def sft_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: SFTConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: SFTConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Masked next-token NLL: L = −Σ_{b,t} m_bt log π(x_bt | x_b,<t) / Σ m (token_mean).
 
@@ -61,12 +64,12 @@ def sft_loss(
         optional ``segment_ids``/``positions`` (packing) and ``loss_denominator``.
       apply_fn: model apply function (see the package docstring).
       config: :class:`SFTConfig`.
+      logprobs: :class:`~jaxrl_llm.losses.common.LogprobSettings` (chunking).
     Returns:
       ``(loss, metrics)``; metrics: ``loss``, ``nll`` (token-mean NLL of this micro-batch),
       ``num_tokens``.
     """
-    logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn, chunk_size=config.chunk_size,
-                               loss="sft")
+    logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn, loss="sft", **logprobs.kwargs())
     mask = batch["loss_mask"]
     num, den = aggregate_parts(-logp, mask, mode=config.aggregation, max_len=config.max_len)
     loss = finish(num, den, batch)

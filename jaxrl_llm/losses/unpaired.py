@@ -8,20 +8,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.errors import DataError
-from jaxrl_llm.losses.common import ApplyFn
-from jaxrl_llm.losses.common import Batch
-from jaxrl_llm.losses.common import finish
-from jaxrl_llm.losses.common import forward_logps
-from jaxrl_llm.losses.common import masked_rows_mean
-from jaxrl_llm.losses.common import require
-from jaxrl_llm.losses.common import row_valid
-from jaxrl_llm.losses.common import summed_logps
+from jaxrl_llm.errors import ConfigError, DataError
+from jaxrl_llm.losses.common import (
+    DEFAULT_LOGPROBS,
+    ApplyFn,
+    Batch,
+    LogprobSettings,
+    finish,
+    forward_logps,
+    masked_rows_mean,
+    require,
+    row_valid,
+    summed_logps,
+)
 from jaxrl_llm.objectives.preference import kto_loss as kto_objective
 from jaxrl_llm.objectives.preference import pairwise_rank_loss as pairwise_rank_objective
-from jaxrl_llm.ops.masked import masked_count
-from jaxrl_llm.ops.masked import masked_sum
+from jaxrl_llm.ops.masked import masked_count, masked_sum
 
 _SEQ_KEYS = ("input_ids", "attention_mask", "loss_mask", "positions")
 
@@ -36,13 +38,11 @@ class KTOConfig:
       beta: β (0.1, the paper's and TRL's default).
       desirable_weight: λ_D (1.0).
       undesirable_weight: λ_U (1.0; the paper suggests λ_D·n_D/(λ_U·n_U) ∈ [1, 4/3]).
-      chunk_size: time chunk of the log-prob computation.
     """
 
     beta: float = 0.1
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
-    chunk_size: int = 128
 
     def __post_init__(self):
         if not self.beta > 0:
@@ -78,7 +78,8 @@ def _stack_kto(batch: Batch) -> dict[str, jax.Array]:
 
 
 def kto_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: KTOConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: KTOConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """KTO over parameters: mean over rows of the desirable / undesirable value losses.
 
@@ -107,7 +108,7 @@ def kto_loss(
     ref_kl = jnp.asarray(require(batch, "ref_kl_logps", loss=name, hint=hint), jnp.float32)
     stacked = _stack_kto(batch)
     logp, _, _ = forward_logps(params, stacked, apply_fn=apply_fn,
-                               chunk_size=config.chunk_size, loss=name)
+                               loss=name, **logprobs.kwargs())
     b = batch["input_ids"].shape[0]
     sums = jnp.sum(logp, axis=-1)
     pol, pol_kl = sums[:b], sums[b:]
@@ -136,12 +137,15 @@ def kto_loss(
 
 
 def kto_reference_logps(
-    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: Any = None
+    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: Any = None,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> dict[str, jax.Array]:
     """``{"ref_logps", "ref_kl_logps"}`` ``[B]``: summed reference log-probs of the rows and of
     the mismatched KL rows, from one stacked forward pass."""
     del config
-    s = jax.lax.stop_gradient(summed_logps(ref_params, _stack_kto(batch), apply_fn=apply_fn))
+    s = jax.lax.stop_gradient(summed_logps(ref_params, _stack_kto(batch), apply_fn=apply_fn,
+                                                  temperature=logprobs.temperature,
+                                                  chunk_size=logprobs.chunk_size))
     b = batch["input_ids"].shape[0]
     return {"ref_logps": s[:b], "ref_kl_logps": s[b:]}
 
@@ -156,12 +160,10 @@ class PairwiseRankConfig:
       group_size: responses per prompt; groups are consecutive rows (required).
       beta: β scaling log-prob differences (0.1, as DPO's β; the source's worked example
         uses 0.3).
-      chunk_size: time chunk of the log-prob computation.
     """
 
     group_size: int
     beta: float = 0.1
-    chunk_size: int = 128
 
     def __post_init__(self):
         if not isinstance(self.group_size, int) or self.group_size < 2:
@@ -192,7 +194,8 @@ def group_denominator(batch: Batch, config: PairwiseRankConfig) -> jax.Array:
 
 
 def pairwise_rank_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PairwiseRankConfig
+    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PairwiseRankConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean over groups of L_g = Σ_{i,j∈g: s_i > s_j} −log σ(β(log π(y_i) − log π(y_j))).
 
@@ -211,7 +214,7 @@ def pairwise_rank_loss(
     name = "pairwise_rank"
     scores = require(batch, "scores", loss=name)
     logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn,
-                               chunk_size=config.chunk_size, loss=name)
+                               loss=name, **logprobs.kwargs())
     seq = jnp.sum(logp, axis=-1)
     gv = group_valid(batch["loss_mask"], config.group_size)
     losses, obj_metrics = pairwise_rank_objective(seq, scores, group_size=config.group_size,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -167,7 +168,7 @@ class ModelConfig:
 
     # ----- presets -------------------------------------------------------------------------
     @classmethod
-    def tiny(cls, family: Family | str = Family.LLAMA, **overrides) -> "ModelConfig":
+    def tiny(cls, family: Family | str = Family.LLAMA, **overrides) -> ModelConfig:
         """A tiny random-init config with odd, distinct sizes for unit tests."""
         family = Family(family)
         base = dict(family=family, vocab_size=97, hidden_size=48, intermediate_size=80,
@@ -179,7 +180,7 @@ class ModelConfig:
         return cls(**base)
 
     @classmethod
-    def smollm2_135m(cls, **overrides) -> "ModelConfig":
+    def smollm2_135m(cls, **overrides) -> ModelConfig:
         """SmolLM2-135M(-Instruct): 30 layers, D=576, 9 heads / 3 KV heads, tied, V=49152."""
         base = dict(family=Family.LLAMA, vocab_size=49152, hidden_size=576,
                     intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
@@ -191,7 +192,7 @@ class ModelConfig:
 
     # ----- transformers interop ------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, hf: Any, **overrides) -> "ModelConfig":
+    def from_hf_config(cls, hf: Any, **overrides) -> ModelConfig:
         """Build from a transformers ``PretrainedConfig`` (or its ``to_dict()``).
 
         Raises ValueError naming the architecture when it is not a supported family.

@@ -331,6 +331,9 @@ def trunk(
       cache: a :class:`KVCache`; new keys/values are written at ``cache.index`` and the
         queries attend over every filled slot.
       remat: rematerialisation of each layer under autodiff: 'none', 'full' or 'dots'.
+    Attention runs through ``config.attention`` (:mod:`jaxrl_llm.models.attention`): naive for
+    short sequences and the decode step, blockwise (O(T) memory) or a fused kernel otherwise;
+    the mask goes in as per-row vectors (only the naive path builds a ``[B, T, S]`` mask).
     Returns:
       (hidden ``[B, T, D]`` in the compute dtype, the new cache or None).
     """

@@ -16,63 +16,72 @@ KTO, ORPO, SimPO, Bradley–Terry, pairwise rank), the pass@k estimator, and re-
 log-prob / entropy ops.
 """
 
-from jaxrl_llm.objectives.advantages import GRPOScale
-from jaxrl_llm.objectives.advantages import discounted_returns
-from jaxrl_llm.objectives.advantages import gae
-from jaxrl_llm.objectives.advantages import grpo_advantages
-from jaxrl_llm.objectives.advantages import informative_groups
-from jaxrl_llm.objectives.advantages import kl_shaped_rewards
-from jaxrl_llm.objectives.advantages import last_token_index
-from jaxrl_llm.objectives.advantages import overlong_penalty
-from jaxrl_llm.objectives.advantages import process_advantages
-from jaxrl_llm.objectives.advantages import reinforce_pp_advantages
-from jaxrl_llm.objectives.advantages import reinforce_pp_baseline_advantages
-from jaxrl_llm.objectives.advantages import remax_advantages
-from jaxrl_llm.objectives.advantages import rloo_advantages
-from jaxrl_llm.objectives.advantages import valid_token_count
-from jaxrl_llm.objectives.advantages import whiten
-from jaxrl_llm.objectives.aggregation import AggregationMode
-from jaxrl_llm.objectives.aggregation import aggregate
-from jaxrl_llm.objectives.aggregation import aggregate_parts
-from jaxrl_llm.objectives.aggregation import aggregation_denominator
-from jaxrl_llm.objectives.correction import CorrectionLevel
-from jaxrl_llm.objectives.correction import CorrectionMode
-from jaxrl_llm.objectives.correction import rollout_correction
-from jaxrl_llm.objectives.entropy_control import clip_cov_loss
-from jaxrl_llm.objectives.entropy_control import clip_cov_loss_parts
-from jaxrl_llm.objectives.entropy_control import kl_cov_loss
-from jaxrl_llm.objectives.entropy_control import kl_cov_loss_parts
-from jaxrl_llm.objectives.entropy_control import token_covariance
+from jaxrl_llm.objectives.advantages import (
+    GRPOScale,
+    discounted_returns,
+    gae,
+    grpo_advantages,
+    informative_groups,
+    kl_shaped_rewards,
+    last_token_index,
+    overlong_penalty,
+    process_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    remax_advantages,
+    rloo_advantages,
+    valid_token_count,
+    whiten,
+)
+from jaxrl_llm.objectives.aggregation import (
+    AggregationMode,
+    aggregate,
+    aggregate_parts,
+    aggregation_denominator,
+)
+from jaxrl_llm.objectives.correction import CorrectionLevel, CorrectionMode, rollout_correction
+from jaxrl_llm.objectives.entropy_control import (
+    clip_cov_loss,
+    clip_cov_loss_parts,
+    kl_cov_loss,
+    kl_cov_loss_parts,
+    token_covariance,
+)
 from jaxrl_llm.objectives.evaluation import pass_at_k
-from jaxrl_llm.objectives.kl import KLKind
-from jaxrl_llm.objectives.kl import kl_penalty
-from jaxrl_llm.objectives.policy import RatioLevel
-from jaxrl_llm.objectives.policy import policy_loss
-from jaxrl_llm.objectives.policy import policy_loss_parts
-from jaxrl_llm.objectives.policy import sequence_log_ratio
-from jaxrl_llm.objectives.preference import DPOKind
-from jaxrl_llm.objectives.preference import bradley_terry_loss
-from jaxrl_llm.objectives.preference import dpo_loss
-from jaxrl_llm.objectives.preference import kto_loss
-from jaxrl_llm.objectives.preference import log1mexp
-from jaxrl_llm.objectives.preference import orpo_loss
-from jaxrl_llm.objectives.preference import pairwise_rank_loss
-from jaxrl_llm.objectives.preference import simpo_loss
-from jaxrl_llm.objectives.surrogates import cispo_loss
-from jaxrl_llm.objectives.surrogates import cispo_loss_parts
-from jaxrl_llm.objectives.surrogates import gmpo_loss
-from jaxrl_llm.objectives.surrogates import gmpo_loss_parts
-from jaxrl_llm.objectives.surrogates import sapo_loss
-from jaxrl_llm.objectives.surrogates import sapo_loss_parts
-from jaxrl_llm.objectives.value import value_loss
-from jaxrl_llm.objectives.value import value_loss_parts
-from jaxrl_llm.ops.logprobs import entropy_from_hidden
-from jaxrl_llm.ops.logprobs import entropy_from_logits
-from jaxrl_llm.ops.logprobs import logprobs_and_entropy_from_hidden
-from jaxrl_llm.ops.logprobs import token_logprobs
-from jaxrl_llm.ops.logprobs import token_logprobs_from_hidden
-from jaxrl_llm.ops.masked import masked_mean
-from jaxrl_llm.ops.masked import masked_whiten
+from jaxrl_llm.objectives.kl import KLKind, kl_penalty
+from jaxrl_llm.objectives.policy import (
+    RatioLevel,
+    policy_loss,
+    policy_loss_parts,
+    sequence_log_ratio,
+)
+from jaxrl_llm.objectives.preference import (
+    DPOKind,
+    bradley_terry_loss,
+    dpo_loss,
+    kto_loss,
+    log1mexp,
+    orpo_loss,
+    pairwise_rank_loss,
+    simpo_loss,
+)
+from jaxrl_llm.objectives.surrogates import (
+    cispo_loss,
+    cispo_loss_parts,
+    gmpo_loss,
+    gmpo_loss_parts,
+    sapo_loss,
+    sapo_loss_parts,
+)
+from jaxrl_llm.objectives.value import value_loss, value_loss_parts
+from jaxrl_llm.ops.logprobs import (
+    entropy_from_hidden,
+    entropy_from_logits,
+    logprobs_and_entropy_from_hidden,
+    token_logprobs,
+    token_logprobs_from_hidden,
+)
+from jaxrl_llm.ops.masked import masked_mean, masked_whiten
 
 __all__ = [
     "AggregationMode",

@@ -26,16 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.objectives._util import check_group_size
-from jaxrl_llm.objectives._util import coerce_enum
-from jaxrl_llm.objectives._util import safe_rsqrt
-from jaxrl_llm.objectives.kl import KLKind
-from jaxrl_llm.objectives.kl import kl_penalty
-from jaxrl_llm.ops.masked import masked_count
-from jaxrl_llm.ops.masked import masked_mean
-from jaxrl_llm.ops.masked import masked_std
-from jaxrl_llm.ops.masked import masked_var
-from jaxrl_llm.ops.masked import safe_divide
+from jaxrl_llm.objectives._util import check_group_size, coerce_enum, safe_rsqrt
+from jaxrl_llm.objectives.kl import KLKind, kl_penalty
+from jaxrl_llm.ops.masked import masked_count, masked_mean, masked_std, masked_var, safe_divide
 
 
 class GRPOScale(str, enum.Enum):

@@ -32,9 +32,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.objectives._util import coerce_enum
-from jaxrl_llm.ops.masked import masked_count
-from jaxrl_llm.ops.masked import masked_sum
-from jaxrl_llm.ops.masked import safe_divide
+from jaxrl_llm.ops.masked import masked_count, masked_sum, safe_divide
 
 
 class AggregationMode(str, enum.Enum):

@@ -29,10 +29,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.objectives._util import coerce_enum
-from jaxrl_llm.objectives._util import masked_min_max
-from jaxrl_llm.ops.masked import masked_mean
-from jaxrl_llm.ops.masked import masked_sum
+from jaxrl_llm.objectives._util import coerce_enum, masked_min_max
+from jaxrl_llm.ops.masked import masked_mean, masked_sum
 
 _MAX_LOG_RATIO = 20.0
 

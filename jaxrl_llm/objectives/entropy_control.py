@@ -45,13 +45,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.objectives._util import masked_min_max
-from jaxrl_llm.objectives._util import token_advantages
-from jaxrl_llm.objectives.aggregation import AggregationMode
-from jaxrl_llm.objectives.aggregation import aggregate_parts
-from jaxrl_llm.ops.masked import masked_count
-from jaxrl_llm.ops.masked import masked_mean
-from jaxrl_llm.ops.masked import safe_divide
+from jaxrl_llm.objectives._util import masked_min_max, token_advantages
+from jaxrl_llm.objectives.aggregation import AggregationMode, aggregate_parts
+from jaxrl_llm.ops.masked import masked_count, masked_mean, safe_divide
 
 _MAX_LOG_RATIO = 20.0
 

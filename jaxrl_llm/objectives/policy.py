@@ -27,16 +27,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.objectives._util import coerce_enum
-from jaxrl_llm.objectives._util import masked_min_max
-from jaxrl_llm.objectives.aggregation import AggregationMode
-from jaxrl_llm.objectives.aggregation import aggregate_parts
-from jaxrl_llm.objectives.kl import KLKind
-from jaxrl_llm.objectives.kl import kl_penalty
-from jaxrl_llm.ops.masked import masked_count
-from jaxrl_llm.ops.masked import masked_mean
-from jaxrl_llm.ops.masked import masked_sum
-from jaxrl_llm.ops.masked import safe_divide
+from jaxrl_llm.objectives._util import coerce_enum, masked_min_max
+from jaxrl_llm.objectives.aggregation import AggregationMode, aggregate_parts
+from jaxrl_llm.objectives.kl import KLKind, kl_penalty
+from jaxrl_llm.ops.masked import masked_count, masked_mean, masked_sum, safe_divide
 
 
 class RatioLevel(str, enum.Enum):

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.objectives._util import check_group_size
-from jaxrl_llm.objectives._util import coerce_enum
+from jaxrl_llm.objectives._util import check_group_size, coerce_enum
 
 
 class DPOKind(str, enum.Enum):

@@ -7,10 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.objectives.aggregation import AggregationMode
-from jaxrl_llm.objectives.aggregation import aggregate_parts
-from jaxrl_llm.ops.masked import masked_mean
-from jaxrl_llm.ops.masked import safe_divide
+from jaxrl_llm.objectives.aggregation import AggregationMode, aggregate_parts
+from jaxrl_llm.ops.masked import masked_mean, safe_divide
 
 
 def value_loss_parts(

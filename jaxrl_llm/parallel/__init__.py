@@ -2,19 +2,21 @@
 sharding, and multi-host initialisation. Batches are batch-major ``[B, T]``; rows are split
 over the ``batch`` rule's mesh axes."""
 
-from jaxrl_llm.parallel.distributed import host_local_batch_to_global
-from jaxrl_llm.parallel.distributed import host_local_rows
-from jaxrl_llm.parallel.distributed import initialize_distributed
-from jaxrl_llm.parallel.mesh import MESH_AXES
-from jaxrl_llm.parallel.mesh import make_mesh
-from jaxrl_llm.parallel.mesh import mesh_shape
-from jaxrl_llm.parallel.rules import DEFAULT_RULES
-from jaxrl_llm.parallel.rules import ShardingFallbackWarning
-from jaxrl_llm.parallel.rules import batch_sharding
-from jaxrl_llm.parallel.rules import batch_sharding_tree
-from jaxrl_llm.parallel.rules import logical_to_sharding
-from jaxrl_llm.parallel.rules import logical_to_spec
-from jaxrl_llm.parallel.rules import replicated
+from jaxrl_llm.parallel.distributed import (
+    host_local_batch_to_global,
+    host_local_rows,
+    initialize_distributed,
+)
+from jaxrl_llm.parallel.mesh import MESH_AXES, make_mesh, mesh_shape
+from jaxrl_llm.parallel.rules import (
+    DEFAULT_RULES,
+    ShardingFallbackWarning,
+    batch_sharding,
+    batch_sharding_tree,
+    logical_to_sharding,
+    logical_to_spec,
+    replicated,
+)
 
 __all__ = [
     "DEFAULT_RULES",

@@ -13,7 +13,7 @@ A mesh is always passed explicitly; nothing here reads or sets a global mesh.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np

@@ -92,8 +92,9 @@ def parse_number(text: str | int | float | None) -> fractions.Fraction | None:
     s = s.rstrip(".")
     if s.startswith("(") and s.endswith(")") and s.count("(") == 1:
         s = s[1:-1]
-    parts = [_parse_simple(x) for x in s.split("/")]
-    if len(parts) > 2 or any(x is None for x in parts):
+    pieces = [_parse_simple(x) for x in s.split("/")]
+    parts = [x for x in pieces if x is not None]
+    if len(pieces) > 2 or len(parts) != len(pieces):
         return None
     if len(parts) == 2:
         return None if parts[1] == 0 else parts[0] / parts[1]

@@ -389,7 +389,7 @@ def _outcome(summary: dict | None, timed_out: bool, over: bool, stderr: str,
     if "signal" in sol:
         reason = _SIGNAL_REASON.get(sol["signal"], Outcome.ERROR)
     else:
-        reason = _EXIT_REASON.get(sol.get("exit"), Outcome.ERROR)
+        reason = _EXIT_REASON.get(sol["exit"], Outcome.ERROR) if "exit" in sol else Outcome.ERROR
     if verdict is None and summary.get("judge") == 15:
         reason = Outcome.SANDBOX_ERROR
     if reason == Outcome.ERROR and ("MemoryError" in stderr
@@ -438,14 +438,16 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
                                  None, time.monotonic() - start)
         finally:
             child_sock.close()
+        stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+        assert stdin is not None and stdout is not None and stderr is not None  # all PIPEs
         readers = [threading.Thread(target=_reader, args=(s, max_output_bytes, b, over),
                                     daemon=True)
-                   for s, b in ((proc.stdout, out), (proc.stderr, err))]
+                   for s, b in ((stdout, out), (stderr, err))]
         for t in readers:
             t.start()
         try:
-            proc.stdin.write(json.dumps(cfg).encode())
-            proc.stdin.close()
+            stdin.write(json.dumps(cfg).encode())
+            stdin.close()
             if tests is not None:  # after the solution was forked; only the judge reads it
                 data = json.dumps(tests).encode()
                 host_sock.sendall(struct.pack(">I", len(data)) + data)
@@ -471,7 +473,7 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
         proc.wait()
         for t in readers:
             t.join(timeout=1.0)
-        for s in (proc.stdout, proc.stderr):
+        for s in (stdout, stderr):
             s.close()
     finally:
         host_sock.close()

@@ -6,28 +6,28 @@ prompt-major (groups are consecutive rows of G). Log-probs follow the losses' co
 log softmax(logits / τ)[token] (``jaxrl_llm.ops.token_logprobs(..., temperature=τ)``).
 """
 
-from jaxrl_llm.sampling.config import DEFAULT_BUCKETS
-from jaxrl_llm.sampling.config import SamplingConfig
-from jaxrl_llm.sampling.config import bucket_length
-from jaxrl_llm.sampling.decode import DecodeState
-from jaxrl_llm.sampling.decode import Rollout
-from jaxrl_llm.sampling.decode import decode
-from jaxrl_llm.sampling.decode import generate
-from jaxrl_llm.sampling.decode import init_decode_state
-from jaxrl_llm.sampling.decode import pad_prompts
-from jaxrl_llm.sampling.decode import prefill
-from jaxrl_llm.sampling.decode import rollout
-from jaxrl_llm.sampling.decode import stop_token_ids
-from jaxrl_llm.sampling.decode import trace_counts
-from jaxrl_llm.sampling.filters import filtered_logits
-from jaxrl_llm.sampling.filters import min_p_filter
-from jaxrl_llm.sampling.filters import row_keys
-from jaxrl_llm.sampling.filters import select_tokens
-from jaxrl_llm.sampling.filters import top_k_filter
-from jaxrl_llm.sampling.filters import top_p_filter
-from jaxrl_llm.sampling.text import decode_completions
-from jaxrl_llm.sampling.text import encode_prompts
-from jaxrl_llm.sampling.text import generate_text
+from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
+from jaxrl_llm.sampling.decode import (
+    DecodeState,
+    Rollout,
+    decode,
+    generate,
+    init_decode_state,
+    pad_prompts,
+    prefill,
+    rollout,
+    stop_token_ids,
+    trace_counts,
+)
+from jaxrl_llm.sampling.filters import (
+    filtered_logits,
+    min_p_filter,
+    row_keys,
+    select_tokens,
+    top_k_filter,
+    top_p_filter,
+)
+from jaxrl_llm.sampling.text import decode_completions, encode_prompts, generate_text
 
 __all__ = [
     "DEFAULT_BUCKETS",

@@ -3,7 +3,8 @@ decode completions. Host-side helpers around :func:`jaxrl_llm.sampling.generate`
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

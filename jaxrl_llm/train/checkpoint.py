@@ -25,7 +25,8 @@ import enum
 import json
 import os
 import shutil
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -196,7 +197,7 @@ class CheckpointManager:
         self._mgr.wait_until_finished()
         self._mgr.close()
 
-    def __enter__(self) -> "CheckpointManager":
+    def __enter__(self) -> CheckpointManager:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,7 +15,8 @@ import difflib
 import enum
 import types
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -55,17 +56,17 @@ def _coerce(value: Any, tp, key: str):
                 continue
             try:
                 return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append((a, e))
-        for a, e in errors:  # a mapping for a section: its own error names the inner key
+            except ConfigError as err:
+                errors.append((a, err))
+        for a, problem in errors:  # a mapping for a section: its own error names the inner key
             if isinstance(value, Mapping) and dataclasses.is_dataclass(a):
-                raise e
+                raise problem
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is typing.Literal:
         if value in typing.get_args(tp):
             return value
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
@@ -181,7 +182,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """Apply ``dotted.key=value`` overrides to a nested dict (returns a new dict)."""
     import copy
 
@@ -230,6 +231,6 @@ def load_yaml(path: str) -> dict:
     return data
 
 
-def load_config(cls, path: str, overrides: list[str] = ()):
+def load_config(cls, path: str, overrides: Sequence[str] = ()):
     """YAML file + overrides -> validated dataclass ``cls``."""
     return from_dict(cls, apply_overrides(load_yaml(path), list(overrides)))

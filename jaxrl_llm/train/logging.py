@@ -18,7 +18,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -115,6 +116,7 @@ class MetricsLogger:
         self.rows += 1
         if not self.enabled:
             return row
+        assert self._file is not None  # enabled implies an open file
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._tb is not None:

@@ -7,7 +7,8 @@ shards (no full copy on one device first).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.struct
 import jax
@@ -31,8 +32,9 @@ class TrainState:
 
     params: Any
     opt_state: Any
-    step: jax.Array
-    rng: jax.Array
+    # Any: the same tree also carries shardings or ShapeDtypeStructs (state_sharding_from_params)
+    step: Any
+    rng: Any
 
 
 def _cast_floats(tree, dtype):

@@ -19,7 +19,8 @@ The batch is batch-major: every array with a leading dimension is ``[B, ...]``; 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import chex
 import jax
@@ -122,7 +123,10 @@ def make_train_step(
     skip_nonfinite: bool = True,
     skip_fn: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
-    """Build ``step(state, batch, frozen=None) -> (new_state, metrics)``, jitted over ``mesh``.
+    """Build ``step(state, batch, frozen=None, hparams=None) -> (new_state, metrics)``, jitted
+    over ``mesh``. ``hparams`` (``{name: scalar}``, replicated) are traced hyperparameters
+    passed to the loss as ``loss_fn(..., hparams=hparams)``: a schedule of them changes values,
+    not the compiled program.
 
     Per step: (1) with ``denominator_fn``, ``batch["loss_denominator"] = denominator_fn(batch)``
     over the full batch; (2) ``lax.scan`` over ``micro_batches`` slices accumulates
@@ -174,10 +178,12 @@ def make_train_step(
     axes = _batch_axes(batch_sharding)
     rep = NamedSharding(mesh, PartitionSpec())
 
-    def grad_fn(params, mb, frozen):
+    def grad_fn(params, mb, frozen, hparams):
+        kw = {"hparams": hparams} if hparams else {}
+
         def f(p):
             loss, metrics = loss_fn(_cast_floats(p, compute_dtype), mb,
-                                    **_cast_floats(frozen, compute_dtype))
+                                    **_cast_floats(frozen, compute_dtype), **kw)
             chex.assert_rank(loss, 0)
             return loss.astype(jnp.float32), metrics
 
@@ -185,15 +191,15 @@ def make_train_step(
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         return loss, metrics, grads
 
-    def maybe_grad_fn(params, mb, frozen):
+    def maybe_grad_fn(params, mb, frozen, hparams):
         """grad_fn, or zeros without running the model when ``skip_fn(mb)`` says so; the
         last output is 1.0 when the micro-batch was computed."""
         if skip_fn is None:
-            return (*grad_fn(params, mb, frozen), jnp.ones((), jnp.float32))
-        shapes = jax.eval_shape(grad_fn, params, mb, frozen)
+            return (*grad_fn(params, mb, frozen, hparams), jnp.ones((), jnp.float32))
+        shapes = jax.eval_shape(grad_fn, params, mb, frozen, hparams)
 
         def run(params, mb, frozen):
-            return (*grad_fn(params, mb, frozen), jnp.ones((), jnp.float32))
+            return (*grad_fn(params, mb, frozen, hparams), jnp.ones((), jnp.float32))
 
         def skip(params, mb, frozen):
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -201,13 +207,13 @@ def make_train_step(
 
         return jax.lax.cond(jnp.asarray(skip_fn(mb), bool), skip, run, params, mb, frozen)
 
-    def step(state: TrainState, batch: dict, frozen: dict):
+    def step(state: TrainState, batch: dict, frozen: dict, hparams: dict):
         batch = dict(batch)
         if denominator_fn is not None:
             batch["loss_denominator"] = jnp.asarray(denominator_fn(batch), jnp.float32)
         tokens, loss_tokens = count_tokens(batch)
         if micro_batches == 1:
-            loss, metrics, grads, computed = maybe_grad_fn(state.params, batch, frozen)
+            loss, metrics, grads, computed = maybe_grad_fn(state.params, batch, frozen, hparams)
         else:
             stacked, scalars = split_micro_batches(batch, micro_batches, mesh=mesh,
                                                    batch_axes=axes)
@@ -217,7 +223,7 @@ def make_train_step(
             def body(carry, mb):
                 g_sum, l_sum = carry
                 loss, metrics, grads, ran = maybe_grad_fn(state.params, {**mb, **scalars},
-                                                          frozen)
+                                                          frozen, hparams)
                 g_sum = jax.tree.map(jnp.add, g_sum, grads)
                 return (g_sum, l_sum + loss), (metrics, ran)
 
@@ -265,15 +271,18 @@ def make_train_step(
         return new_state, out
 
     jitted = jax.jit(step,
-                     in_shardings=(state_sharding, batch_sharding, frozen_sharding or {}),
+                     in_shardings=(state_sharding, batch_sharding, frozen_sharding or {}, rep),
                      out_shardings=(state_sharding, rep),
                      donate_argnums=(0,) if donate else ())
 
     @functools.wraps(step)
     def run(state: TrainState, batch: Mapping[str, jax.Array],
-            frozen: Mapping[str, Any] | None = None):
-        return jitted(state, dict(batch), dict(frozen or {}))
+            frozen: Mapping[str, Any] | None = None,
+            hparams: Mapping[str, Any] | None = None):
+        hp = {k: jnp.asarray(v, jnp.float32) for k, v in (hparams or {}).items()}
+        return jitted(state, dict(batch), dict(frozen or {}), hp)
 
-    run.jitted = jitted  # for .lower(...) / cost analysis
-    run.__doc__ = "Jitted train step: (state, batch, frozen=None) -> (new_state, metrics)."
+    run.jitted = jitted  # type: ignore[attr-defined]  # for .lower(...) / cost analysis
+    run.__doc__ = ("Jitted train step: (state, batch, frozen=None, hparams=None) -> "
+                   "(new_state, metrics).")
     return run

@@ -8,7 +8,8 @@ attention FLOPs ignored), so MFU = 6 · N · tokens / (step time · peak FLOP/s)
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp

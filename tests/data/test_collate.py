@@ -1,15 +1,30 @@
 """Collation into the shared batch layout, bucketed padding, and packing == unpacking."""
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.data import (BucketMode, CharTokenizer, Padding, TokenizedPreference,
-                            TokenizedPrompt, TokenizedRank, TokenizedSequence, bucket_length,
-                            collate_kto, collate_preferences, collate_prompts, collate_ranks,
-                            collate_sequences, encode_completion, encode_prompt, pack_sequences)
+from jaxrl_llm.data import (
+    BucketMode,
+    CharTokenizer,
+    Padding,
+    TokenizedPreference,
+    TokenizedPrompt,
+    TokenizedRank,
+    TokenizedSequence,
+    bucket_length,
+    collate_kto,
+    collate_preferences,
+    collate_prompts,
+    collate_ranks,
+    collate_sequences,
+    encode_completion,
+    encode_prompt,
+    pack_sequences,
+)
 from jaxrl_llm.errors import DataError
 from jaxrl_llm.models import ModelConfig, default_positions, forward, init_params
 from jaxrl_llm.ops import token_logprobs

@@ -4,8 +4,18 @@ import json
 
 import pytest
 
-from jaxrl_llm.data import (Format, KTOExample, PreferenceExample, PromptExample, RankExample,
-                            Record, SFTExample, is_conversational, load_examples, parse_example)
+from jaxrl_llm.data import (
+    Format,
+    KTOExample,
+    PreferenceExample,
+    PromptExample,
+    RankExample,
+    Record,
+    SFTExample,
+    is_conversational,
+    load_examples,
+    parse_example,
+)
 from jaxrl_llm.errors import DataError
 from tests.data.conftest import write_lines
 

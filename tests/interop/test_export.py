@@ -9,7 +9,13 @@ import transformers
 
 from jaxrl_llm import interop
 from jaxrl_llm import models as M
-from tests.interop._tiny import VARIANTS, tiny_hf_model, tiny_tokenizer, tokens_and_mask, torch_logits
+from tests.interop._tiny import (
+    VARIANTS,
+    tiny_hf_model,
+    tiny_tokenizer,
+    tokens_and_mask,
+    torch_logits,
+)
 
 
 def _positions(mask):

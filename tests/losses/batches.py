@@ -6,8 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.losses import LOSSES
-from jaxrl_llm.losses import sequence_logps
+from jaxrl_llm.losses import LOSSES, sequence_logps
 
 B, T = 4, 10
 
@@ -114,7 +113,7 @@ def tree_allclose(a, b, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def loss_and_grad(name, config, apply_fn):
     """Cached ``jit(value_and_grad(loss))`` of a registered loss, shared by every test file.
 
@@ -129,7 +128,7 @@ def loss_and_grad(name, config, apply_fn):
     return jax.jit(jax.value_and_grad(f, has_aux=True))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jit_logps(apply_fn, prefix):
     return jax.jit(lambda p, b: sequence_logps(p, b, apply_fn=apply_fn, prefix=prefix))
 

@@ -7,13 +7,15 @@ import pytest
 
 from jaxrl_llm import losses
 from jaxrl_llm.errors import DataError
-from tests.losses.batches import logps
-from tests.losses.batches import loss_and_grad
-from tests.losses.batches import pad_rows
-from tests.losses.batches import rl_batch
-from tests.losses.batches import take_rows
-from tests.losses.batches import tree_allclose
-from tests.losses.batches import with_den
+from tests.losses.batches import (
+    logps,
+    loss_and_grad,
+    pad_rows,
+    rl_batch,
+    take_rows,
+    tree_allclose,
+    with_den,
+)
 
 GRPO = losses.grpo_config()
 DR_GRPO = losses.dr_grpo_config(max_len=8)

@@ -11,13 +11,15 @@ import pytest
 from jaxrl_llm import losses
 from jaxrl_llm.errors import DataError
 from jaxrl_llm.objectives.preference import dpo_loss as dpo_objective
-from tests.losses.batches import logps
-from tests.losses.batches import loss_and_grad
-from tests.losses.batches import pad_rows
-from tests.losses.batches import pref_batch
-from tests.losses.batches import take_rows
-from tests.losses.batches import tree_allclose
-from tests.losses.batches import with_den
+from tests.losses.batches import (
+    logps,
+    loss_and_grad,
+    pad_rows,
+    pref_batch,
+    take_rows,
+    tree_allclose,
+    with_den,
+)
 
 DPO = losses.dpo_config()
 

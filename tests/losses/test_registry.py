@@ -10,13 +10,15 @@ import pytest
 from jaxrl_llm import losses
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.objectives.aggregation import AggregationMode
-from tests.losses.batches import kto_batch
-from tests.losses.batches import loss_and_grad
-from tests.losses.batches import pref_batch
-from tests.losses.batches import rank_batch
-from tests.losses.batches import rl_batch
-from tests.losses.batches import seq_batch
-from tests.losses.batches import tree_allclose
+from tests.losses.batches import (
+    kto_batch,
+    loss_and_grad,
+    pref_batch,
+    rank_batch,
+    rl_batch,
+    seq_batch,
+    tree_allclose,
+)
 
 EXPECTED = {"sft", "reward_model", "ppo_actor", "ppo_critic", "grpo", "dr_grpo", "dapo", "gspo",
             "reinforce", "reinforce_pp", "rloo", "remax", "dpo", "kto", "orpo", "simpo",
@@ -102,7 +104,7 @@ def test_presets_encode_the_papers_differences():
     assert d.aggregation is AggregationMode.TOKEN_MEAN
     dr = losses.dr_grpo_config(max_len=512)
     assert dr.aggregation is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM and dr.max_len == 512
-    assert dr.advantage is losses.AdvantageEstimator.GRPO_NO_STD
+    assert losses.ALGORITHMS["dr_grpo"].advantage is losses.AdvantageEstimator.GRPO_NO_STD
     gs = losses.gspo_config()
     assert gs.ratio_level.value == "sequence" and gs.clip_eps < 1e-3
     assert losses.reinforce_config().clip_eps is None
@@ -125,3 +127,53 @@ def test_configs_are_frozen_and_validated():
         losses.DPOConfig(kind="ipo", label_smoothing=0.1)
     with pytest.raises(ConfigError, match="group_size"):
         losses.PairwiseRankConfig(group_size=1)
+
+
+def test_loss_configs_hold_only_hyperparameters():
+    # How log-probs are computed (temperature, chunking, window, shared prompt) and which
+    # advantage estimator the loop runs are not in any loss config.
+    loop_fields = {"temperature", "chunk_size", "logprob_window", "prompt_group_size",
+                   "advantage"}
+    for name, spec in losses.LOSSES.items():
+        fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+        assert not fields & loop_fields, (name, fields & loop_fields)
+
+
+def test_algorithm_table_states_what_each_algorithm_needs():
+    A, F = losses.ALGORITHMS, losses.Family
+    assert set(A) >= {"ppo", "grpo", "online_dpo", "sft", "dpo", "ipo"}
+    for name, algo in A.items():
+        assert algo.loss in losses.LOSSES, name
+        assert algo.online == (algo.family is not F.OFFLINE)
+        if algo.family is F.GROUP_POLICY_GRADIENT:
+            assert algo.advantage is not None, name
+    assert A["ppo"].critic and A["ppo"].family is F.PPO and not A["ppo"].lora
+    assert A["remax"].greedy_baseline and not A["grpo"].greedy_baseline
+    assert A["online_dpo"].family is F.ONLINE_PAIRS and A["online_dpo"].min_group_size == 2
+    assert A["ipo"].preset().kind.value == "ipo"
+    assert A["reward_model"].trains_reward_head
+    # the reference pass is asked of the loss config, not of the algorithm's name
+    grpo = losses.LOSSES["grpo"]
+    assert grpo.uses_reference(losses.grpo_config()) and not grpo.uses_reference(
+        losses.grpo_config(kl_coef=0.0))
+    assert not losses.LOSSES["dpo"].uses_reference(losses.dpo_config(reference_free=True))
+    with pytest.raises(ConfigError, match="allowed"):
+        losses.get_algorithm("ppo2")
+
+
+def test_traced_kl_coef_equals_the_config_value(lm):
+    # hparams={"kl_coef": β} as a traced value gives the loss and gradient of config β.
+    _, params, apply_fn = lm
+    spec = losses.LOSSES["grpo"]
+    cfg = losses.grpo_config(kl_coef=0.04)
+    batch = _batch_for("grpo", spec, params, apply_fn, cfg)
+    fixed = jax.value_and_grad(spec.loss_fn, has_aux=True)(
+        params, batch, apply_fn=apply_fn, config=losses.grpo_config(kl_coef=0.3))
+    traced = jax.jit(jax.value_and_grad(
+        lambda p, beta: spec.loss_fn(p, batch, apply_fn=apply_fn, config=cfg,
+                                     hparams={"kl_coef": beta}), has_aux=True))(
+        params, jnp.float32(0.3))
+    np.testing.assert_allclose(traced[0][0], fixed[0][0], rtol=1e-5)
+    tree_allclose(traced[1], fixed[1], atol=1e-5)
+    with pytest.raises(ConfigError, match="cannot be traced"):
+        spec.loss_fn(params, batch, apply_fn=apply_fn, config=cfg, hparams={"dual_clip": 2.0})

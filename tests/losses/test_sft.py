@@ -4,15 +4,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm import losses
-from jaxrl_llm import models
-from tests.losses.batches import loss_and_grad
-from tests.losses.batches import pad_rows
-from tests.losses.batches import pad_time
-from tests.losses.batches import seq_batch
-from tests.losses.batches import take_rows
-from tests.losses.batches import tree_allclose
-from tests.losses.batches import with_den
+from jaxrl_llm import losses, models
+from tests.losses.batches import (
+    loss_and_grad,
+    pad_rows,
+    pad_time,
+    seq_batch,
+    take_rows,
+    tree_allclose,
+    with_den,
+)
 
 CONFIG = losses.sft_config()
 

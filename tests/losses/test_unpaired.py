@@ -6,10 +6,7 @@ import pytest
 
 from jaxrl_llm import losses
 from jaxrl_llm.errors import DataError
-from tests.losses.batches import kto_batch
-from tests.losses.batches import logps
-from tests.losses.batches import pad_rows
-from tests.losses.batches import rank_batch
+from tests.losses.batches import kto_batch, logps, pad_rows, rank_batch
 
 sigmoid = lambda x: 1.0 / (1.0 + np.exp(-x))  # noqa: E731
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import models
-from jaxrl_llm.losses import LOSSES, grpo_config, sequence_logps
+from jaxrl_llm.losses import LOSSES, LogprobSettings, grpo_config, sequence_logps
 
 
 def test_logprob_window_matches_full_computation():
@@ -27,22 +27,22 @@ def test_logprob_window_matches_full_computation():
     win = sequence_logps(params, batch, apply_fn=apply_fn, window=m)
     np.testing.assert_allclose(win, full, atol=1e-6)
     spec = LOSSES["grpo"]
-    for c_full, c_win in [(grpo_config(kl_coef=0.0), grpo_config(kl_coef=0.0, logprob_window=m))]:
-        (l1, _), g1 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
-            params, batch, apply_fn=apply_fn, config=c_full)
-        (l2, _), g2 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
-            params, batch, apply_fn=apply_fn, config=c_win)
-        np.testing.assert_allclose(l2, l1, atol=1e-6)
-        jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, atol=1e-6), g1, g2)
+    config = grpo_config(kl_coef=0.0)
+    (l1, _), g1 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
+        params, batch, apply_fn=apply_fn, config=config)
+    (l2, _), g2 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
+        params, batch, apply_fn=apply_fn, config=config, logprobs=LogprobSettings(window=m))
+    np.testing.assert_allclose(l2, l1, atol=1e-6)
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, atol=1e-6), g1, g2)
     ref_full = spec.reference_fn(params, batch, apply_fn=apply_fn, config=grpo_config())
-    ref_win = spec.reference_fn(params, batch, apply_fn=apply_fn,
-                                config=grpo_config(logprob_window=m))
+    ref_win = spec.reference_fn(params, batch, apply_fn=apply_fn, config=grpo_config(),
+                                logprobs=LogprobSettings(window=m))
     np.testing.assert_allclose(ref_win["ref_logp"], ref_full["ref_logp"], atol=1e-6)
 
 
 def test_prompt_shared_per_group_matches_plain_forward():
     """GRPO batches hold G completions of each prompt; computing the prompt once per group
-    (prompt_group_size=G) gives the same loss, gradient and reference log-probs."""
+    (LogprobSettings.prompt_group_size=G) gives the same loss, gradient and reference log-probs."""
     cfg = models.ModelConfig.tiny("qwen2")
     params = models.init_params(cfg, jax.random.PRNGKey(0))
     apply_fn = functools.partial(models.apply, config=cfg)
@@ -59,15 +59,18 @@ def test_prompt_shared_per_group_matches_plain_forward():
     batch = {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask,
              "advantages": adv, "old_logp": old * loss_mask, "ref_logp": old * loss_mask}
     spec = LOSSES["grpo"]
-    plain = grpo_config(kl_coef=0.04, logprob_window=m)
-    shared = grpo_config(kl_coef=0.04, logprob_window=m, prompt_group_size=g)
+    config = grpo_config(kl_coef=0.04)
+    plain = LogprobSettings(window=m)
+    shared = LogprobSettings(window=m, prompt_group_size=g)
     (l1, m1), g1 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
-        params, batch, apply_fn=apply_fn, config=plain)
+        params, batch, apply_fn=apply_fn, config=config, logprobs=plain)
     (l2, m2), g2 = jax.value_and_grad(spec.loss_fn, has_aux=True)(
-        params, batch, apply_fn=apply_fn, config=shared)
+        params, batch, apply_fn=apply_fn, config=config, logprobs=shared)
     np.testing.assert_allclose(l2, l1, rtol=1e-5)
     np.testing.assert_allclose(m2["pg/clipfrac"], m1["pg/clipfrac"])
     jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-4), g1, g2)
-    r1 = spec.reference_fn(params, batch, apply_fn=apply_fn, config=plain)["ref_logp"]
-    r2 = spec.reference_fn(params, batch, apply_fn=apply_fn, config=shared)["ref_logp"]
+    r1 = spec.reference_fn(params, batch, apply_fn=apply_fn, config=config,
+                           logprobs=plain)["ref_logp"]
+    r2 = spec.reference_fn(params, batch, apply_fn=apply_fn, config=config,
+                           logprobs=shared)["ref_logp"]
     np.testing.assert_allclose(r2, r1, atol=1e-5)

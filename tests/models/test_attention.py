@@ -298,3 +298,13 @@ def test_splash_kernel_in_interpreter_matches_naive_on_real_tokens():
     ref = M.naive_attention(q, k, v, mask, softcap=5.0)
     diff = jnp.where(attn[:, :, None, None], got - ref, 0.0)
     assert float(jnp.max(jnp.abs(diff))) <= 1e-4
+
+
+def test_blockwise_bfloat16_close_to_naive():
+    q, k, v = _qkv(5, 1, 40, 40, 1, 3, 16, jnp.bfloat16)
+    mask = M.causal_self_mask(None, num_tokens=40)
+    ref = M.naive_attention(q, k, v, mask)
+    got = M.blockwise_attention(q, k, v, mask, block_q=16, block_k=8)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
+                               atol=2e-2)

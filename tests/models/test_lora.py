@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import models as M
-from jaxrl_llm.models.lora import (LoRAConfig, attach_lora, init_lora, lora_logical_axes,
-                                   merge_lora)
+from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, lora_logical_axes, merge_lora
 
 
 def test_lora_starts_at_base_and_merge_is_low_rank_update():

@@ -7,8 +7,7 @@ import pytest
 
 from jaxrl_llm import objectives as obj
 from jaxrl_llm.errors import ConfigError
-from tests.objectives._helpers import check_grad_fd
-from tests.objectives._helpers import pad_with_garbage
+from tests.objectives._helpers import check_grad_fd, pad_with_garbage
 
 
 def _grad(f):

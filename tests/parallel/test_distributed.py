@@ -3,8 +3,13 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.parallel import (batch_sharding, host_local_batch_to_global, host_local_rows,
-                                initialize_distributed, make_mesh)
+from jaxrl_llm.parallel import (
+    batch_sharding,
+    host_local_batch_to_global,
+    host_local_rows,
+    initialize_distributed,
+    make_mesh,
+)
 
 
 @pytest.fixture

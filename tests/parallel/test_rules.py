@@ -7,9 +7,15 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import init_params, param_logical_axes
-from jaxrl_llm.parallel import (DEFAULT_RULES, ShardingFallbackWarning, batch_sharding,
-                                batch_sharding_tree, logical_to_sharding, logical_to_spec,
-                                make_mesh)
+from jaxrl_llm.parallel import (
+    DEFAULT_RULES,
+    ShardingFallbackWarning,
+    batch_sharding,
+    batch_sharding_tree,
+    logical_to_sharding,
+    logical_to_spec,
+    make_mesh,
+)
 from jaxrl_llm.train import create_train_state
 from tests.train.common import tiny_config
 

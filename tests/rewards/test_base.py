@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.errors import RewardError
-from jaxrl_llm.rewards import RewardSet
-from jaxrl_llm.rewards import RewardSpec
-from jaxrl_llm.rewards import combine_rewards
+from jaxrl_llm.rewards import RewardSet, RewardSpec, combine_rewards
 
 P = ["p0", "p1", "p2", "p3"]
 C = ["0", "1", "2", "3"]

@@ -4,12 +4,14 @@ import fractions
 
 import pytest
 
-from jaxrl_llm.rewards import AnswerSource
-from jaxrl_llm.rewards import answers_match
-from jaxrl_llm.rewards import extract_answer
-from jaxrl_llm.rewards import extract_boxed
-from jaxrl_llm.rewards import math_answer_reward
-from jaxrl_llm.rewards import parse_number
+from jaxrl_llm.rewards import (
+    AnswerSource,
+    answers_match,
+    extract_answer,
+    extract_boxed,
+    math_answer_reward,
+    parse_number,
+)
 
 
 @pytest.mark.parametrize("text,expected,source", [

@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.errors import RewardError
-from jaxrl_llm.rewards import math_answer_reward
-from jaxrl_llm.rewards import outcome_as_process
-from jaxrl_llm.rewards import pad_step_rewards
-from jaxrl_llm.rewards import process_rewards
-from jaxrl_llm.rewards import split_steps
+from jaxrl_llm.rewards import (
+    math_answer_reward,
+    outcome_as_process,
+    pad_step_rewards,
+    process_rewards,
+    split_steps,
+)
 
 
 def test_split_steps_spans():

@@ -6,12 +6,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.models import ModelConfig
-from jaxrl_llm.models import apply
-from jaxrl_llm.models import init_params
-from jaxrl_llm.rewards import last_token_index
-from jaxrl_llm.rewards import make_reward_model_reward
-from jaxrl_llm.rewards import reward_model_scores
+from jaxrl_llm.models import ModelConfig, apply, init_params
+from jaxrl_llm.rewards import last_token_index, make_reward_model_reward, reward_model_scores
 
 
 @pytest.fixture(scope="module")

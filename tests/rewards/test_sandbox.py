@@ -8,12 +8,14 @@ import time
 
 import pytest
 
-from jaxrl_llm.rewards import Outcome
-from jaxrl_llm.rewards import code_execution_details
-from jaxrl_llm.rewards import code_execution_reward
-from jaxrl_llm.rewards import extract_python_code
-from jaxrl_llm.rewards import namespaces_available
-from jaxrl_llm.rewards import run_python
+from jaxrl_llm.rewards import (
+    Outcome,
+    code_execution_details,
+    code_execution_reward,
+    extract_python_code,
+    namespaces_available,
+    run_python,
+)
 from jaxrl_llm.rewards.sandbox import user_namespaces_available
 
 GOOD = "def double(x):\n    return 2 * x\nprint('hello')\n"

@@ -7,8 +7,7 @@ these hacks can only damage the candidate's own process."""
 
 import pytest
 
-from jaxrl_llm.rewards import code_execution_details
-from jaxrl_llm.rewards import namespaces_available
+from jaxrl_llm.rewards import code_execution_details, namespaces_available
 from jaxrl_llm.rewards.sandbox import user_namespaces_available
 
 ADD_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"

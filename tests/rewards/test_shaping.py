@@ -3,9 +3,7 @@
 import pytest
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.rewards import make_format_reward
-from jaxrl_llm.rewards import make_length_penalty
-from jaxrl_llm.rewards import make_overlong_reward
+from jaxrl_llm.rewards import make_format_reward, make_length_penalty, make_overlong_reward
 
 
 def test_think_answer_format():
@@ -30,7 +28,6 @@ def test_linear_length_penalty():
 
 
 def test_overlong_chars_and_tokens():
-    pytest.importorskip("jaxrl_llm.objectives").overlong_penalty  # provided by objectives
     fn = make_overlong_reward(max_len=10, buffer=4)
     # start of the soft zone = 6: 6 -> 0, 8 -> -0.5, 10 -> -1, 11 -> -1
     assert fn([""] * 4, ["a" * 6, "a" * 8, "a" * 10, "a" * 11]) == [0.0, -0.5, -1.0, -1.0]

@@ -1,7 +1,6 @@
 """Tests of jaxrl_llm/cli/generate.py (kept in tests/sampling/, the sampling owner's folder):
 one-line errors for bad arguments, and a smoke run on a tiny model saved to disk."""
 
-import json
 
 import jax
 import numpy as np

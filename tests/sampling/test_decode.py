@@ -9,8 +9,17 @@ import pytest
 from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.models import ModelConfig, forward, init_params
 from jaxrl_llm.ops import token_logprobs
-from jaxrl_llm.sampling import (Rollout, SamplingConfig, decode, generate, init_decode_state,
-                                pad_prompts, prefill, rollout, row_keys, trace_counts)
+from jaxrl_llm.sampling import (
+    Rollout,
+    SamplingConfig,
+    decode,
+    generate,
+    init_decode_state,
+    pad_prompts,
+    prefill,
+    row_keys,
+    trace_counts,
+)
 
 CONFIG = ModelConfig.tiny(eos_token_ids=(96,), pad_token_id=0)
 PROMPTS = [[5, 17, 3], [40, 2, 9, 11, 30, 8, 1], [60], [7, 7, 7, 7, 7]]

@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.ops import token_logprobs
-from jaxrl_llm.sampling import (SamplingConfig, filtered_logits, min_p_filter, row_keys,
-                                select_tokens, top_k_filter, top_p_filter)
+from jaxrl_llm.sampling import (
+    SamplingConfig,
+    filtered_logits,
+    min_p_filter,
+    row_keys,
+    select_tokens,
+    top_k_filter,
+    top_p_filter,
+)
 
 # A hand-made distribution in shuffled vocabulary order: p = [0.05, 0.5, 0.15, 0.3].
 PROBS = np.array([0.05, 0.5, 0.15, 0.3])

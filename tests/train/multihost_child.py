@@ -20,11 +20,21 @@ def main(address: str, n: int, pid: int, out: str) -> None:
     import optax
     from jax.experimental import multihost_utils
 
-    from jaxrl_llm.parallel import (batch_sharding, host_local_batch_to_global,
-                                    host_local_rows, make_mesh)
+    from jaxrl_llm.parallel import (
+        batch_sharding,
+        host_local_batch_to_global,
+        host_local_rows,
+        make_mesh,
+    )
     from jaxrl_llm.train import create_train_state, make_train_step
-    from tests.train.common import (axes, init_fn, nll_denominator, nll_loss, ragged_batch,
-                                    tiny_config)
+    from tests.train.common import (
+        axes,
+        init_fn,
+        nll_denominator,
+        nll_loss,
+        ragged_batch,
+        tiny_config,
+    )
 
     assert jax.process_count() == n and jax.device_count() == 2 * n
     cfg, opt = tiny_config(), optax.adamw(1e-2)

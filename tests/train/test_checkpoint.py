@@ -10,8 +10,12 @@ import pytest
 from jaxrl_llm.errors import CheckpointError
 from jaxrl_llm.parallel import batch_sharding, make_mesh
 from jaxrl_llm.train import abstract_train_state, create_train_state, make_train_step
-from jaxrl_llm.train.checkpoint import (CheckpointManager, model_config_from_dict,
-                                        model_config_to_dict, restore_model)
+from jaxrl_llm.train.checkpoint import (
+    CheckpointManager,
+    model_config_from_dict,
+    model_config_to_dict,
+    restore_model,
+)
 from tests.train.common import axes, init_fn, nll_denominator, nll_loss, ragged_batch, tiny_config
 
 CFG = tiny_config()

@@ -8,8 +8,7 @@ import pytest
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import batch_sharding, logical_to_sharding, make_mesh
-from jaxrl_llm.train import (count_tokens, create_train_state, make_train_step,
-                             split_micro_batches)
+from jaxrl_llm.train import count_tokens, create_train_state, make_train_step, split_micro_batches
 from tests.train.common import axes, init_fn, nll_denominator, nll_loss, ragged_batch, tiny_config
 
 CFG = tiny_config()

@@ -56,8 +56,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxrl_llm.sampling import (SamplingConfig, init_decode_state, pad_prompts, prefill,
-                                    rollout)
+    from jaxrl_llm.sampling import SamplingConfig, init_decode_state, pad_prompts, prefill, rollout
 
     config, params, _ = common.load_model(args.model)
     n_params = config.num_params()

@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     cfg = load_config(RunConfig, args.config, overrides)
     r = cfg.rollout
     trainer = OnlineTrainer(cfg, log_stream=sys.stderr)
-    rewards = TimedRewards(trainer.rewards)
-    trainer.rewards = rewards
+    rewards = TimedRewards(trainer.rollouts.rewards)
+    trainer.rollouts.rewards = rewards
     per_step: list[dict[str, float]] = []
     first_step_s = 0.0
     try:

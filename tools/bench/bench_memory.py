@@ -13,7 +13,6 @@ Smoke test:  python tools/bench/bench_memory.py --model tiny --rows 4 --seq 32 -
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 

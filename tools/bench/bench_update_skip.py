@@ -46,7 +46,9 @@ def main(argv=None) -> int:
     import jax
 
     from jaxrl_llm.train.config_io import load_config
-    from jaxrl_llm.train.online import OnlineTrainer, _rl_batch, _skippable_layout
+    from jaxrl_llm.train.experience import rl_batch
+    from jaxrl_llm.train.learner import skippable_layout
+    from jaxrl_llm.train.online import OnlineTrainer
     from jaxrl_llm.train.run_config import RunConfig
 
     base = common.online_run_overrides(args.model, kl_coef=0.0, prefix="bench_skip_")
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
     cfg0 = load_config(RunConfig, args.config, base)
     first = OnlineTrainer(cfg0, log_stream=sys.stderr)
     policy = first.policy
-    rb, _ = first._collect(1)
+    rb, _ = first.rollouts.collect(first.iterator, 1)
     r = cfg0.rollout
     g, n_groups = r.group_size, r.prompts_per_step
     n = g * n_groups
@@ -75,13 +77,13 @@ def main(argv=None) -> int:
             trainers.append(trainer)
             m = trainer.update_micro_batches
             micro[label] = m
-            frozen = trainer._frozen()
+            frozen = policy.frozen()
             results[label] = {}
             for k in ks:
                 adv = np.where(np.arange(n) < k * g, adv_all, 0.0).astype(np.float32)
-                batch = _rl_batch(rb, adv, np.ones(n, np.int32))
+                batch = rl_batch(rb, adv, np.ones(n, np.int32))
                 if m > 1:
-                    batch = _skippable_layout(batch, g, m)
+                    batch = skippable_layout(batch, g, m)
 
                 def call():
                     policy.state, metrics = trainer.step_fn(policy.state, batch, frozen)

@@ -70,7 +70,7 @@ def matmul_only_program(cfg, tokens: int):
     def run(ws, unembed, xs):
         def layer(acc, w_layer):
             out = acc
-            for (a, b), w in zip(shapes, w_layer):
+            for (a, _b), w in zip(shapes, w_layer):
                 x = xs[a]
                 y = x @ w                            # forward
                 dx = y @ w.T                         # input gradient
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         return value
 
     t_fused = _median_time(run_fused, args.steps)
-    del fh
+    fh.clear()  # free the copies
     unguarded = make_train_step(loss, opt, mesh=mesh, state_sharding=sharding,
                                 batch_sharding=batch_sharding(mesh), skip_nonfinite=False)
     uh = {"state": jax.tree.map(jnp.copy, holder["state"])}
@@ -152,12 +152,12 @@ def main(argv=None) -> int:
         return m
 
     t_unguarded = _median_time(run_unguarded, args.steps)
-    del uh
+    uh.clear()
 
     common.log("one step under the profiler ...")
     trace = None
     try:
-        trace = op_time_breakdown(step.jitted, holder["state"], jbatch, {})
+        trace = op_time_breakdown(step.jitted, holder["state"], jbatch, {}, {})
     except Exception as e:  # the profiler's per-op events are backend-dependent
         common.log(f"per-operation trace unavailable: {e}")
     common.log("timing the matmul-only program ...")

@@ -1,0 +1,169 @@
+"""Reward functions by config name: the one table a run's ``rewards:`` section is read against.
+
+A run config lists rewards as ``{name, weight, kwargs}``. ``name`` is a key of
+:data:`REWARD_FUNCTIONS` or ``"package.module:function"`` for a function of your own with the
+reward signature ``fn(prompts, completions, **fields) -> list[float | None]``; ``kwargs`` are
+bound to it, and a keyword the function does not name is a start-up error (a misspelt option
+would otherwise vanish into ``**fields``).
+
+Factories take the :class:`RewardContext` of the run (the policy's tokenizer, the generation
+budget), so that a reward such as DAPO's overlong punishment can measure lengths in the
+policy's own tokens without the config repeating them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.rewards.base import RewardSet, RewardSpec
+from jaxrl_llm.rewards.math_answer import math_answer_reward
+from jaxrl_llm.rewards.math_verify import math_verify_reward
+from jaxrl_llm.rewards.process import outcome_as_process
+from jaxrl_llm.rewards.sandbox import code_execution_reward
+from jaxrl_llm.rewards.shaping import make_format_reward, make_length_penalty, make_overlong_reward
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardContext:
+    """What a reward factory may know about the run.
+
+    Attributes:
+      tokenizer: ``text -> token ids`` of the policy (None when the run has none yet).
+      max_new_tokens: the rollout's generation budget in tokens (None offline).
+      load_reward_model: ``path -> (params, model_config, tokenizer)`` for the ``reward_model``
+        reward (the train layer provides the loader; rewards do not import interop).
+    """
+
+    tokenizer: Callable[[str], Sequence[int]] | None = None
+    max_new_tokens: int | None = None
+    load_reward_model: Callable[[str], Any] | None = None
+
+
+def bind_reward(fn: Callable, **kw) -> Callable:
+    """``fn`` with ``kw`` bound; each must be a named parameter of ``fn`` (not one of the
+    ``prompts, completions`` positionals). A keyword ``fn`` does not name is a TypeError
+    listing the ones it takes."""
+    if not kw:
+        return fn
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to check (a builtin): the call will tell
+        return functools.partial(fn, **kw)
+    named = [n for i, (n, p) in enumerate(params.items())
+             if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and i >= 2)]
+    unknown = sorted(set(kw) - set(named))
+    if unknown:
+        name = getattr(fn, "__name__", repr(fn))
+        raise TypeError(f"{name}() got an unexpected keyword argument "
+                        f"{', '.join(repr(u) for u in unknown)}; it takes: "
+                        f"{', '.join(named) or 'no options'}")
+    return functools.partial(fn, **kw)
+
+
+def _overlong(ctx: RewardContext, *, max_len: int | None = None, buffer: int,
+              unit: str = "tokens"):
+    """DAPO's soft overlong punishment; lengths in the policy's tokens against the rollout's
+    ``max_new_tokens`` unless given (the reward's weight is DAPO's penalty factor)."""
+    max_len = ctx.max_new_tokens if max_len is None else max_len
+    if max_len is None:
+        raise TypeError("overlong: max_len is required outside an online run")
+    return make_overlong_reward(max_len=max_len, buffer=buffer, unit=unit,
+                                tokenizer=ctx.tokenizer if unit == "tokens" else None)
+
+
+def _code_execution(ctx: RewardContext, **kw):
+    """Unit tests in the sandbox; the isolation is resolved now, so a machine without a
+    boundary fails at start-up (or warns, with ``allow_unisolated: true``) instead of marking
+    every sample invalid later."""
+    import logging
+
+    from jaxrl_llm.rewards.sandbox import Isolation, resolve_isolation
+
+    fn = bind_reward(code_execution_reward, **kw)
+    iso = resolve_isolation(kw.get("isolation", Isolation.AUTO),
+                            allow_unisolated=bool(kw.get("allow_unisolated", False)))
+    if iso == Isolation.PROCESS:
+        logging.getLogger("jaxrl_llm").warning(
+            "code_execution: no kernel isolation on this machine; untrusted completions run "
+            "as this user (allow_unisolated: true)")
+    return fn
+
+
+def _reward_model(ctx: RewardContext, *, path: str, **kw):
+    """A trained reward model (HF directory / checkpoint with a scalar head) as a reward."""
+    from jaxrl_llm.rewards.reward_model import make_reward_model_reward
+
+    if ctx.load_reward_model is None:
+        raise TypeError("reward_model: this run provides no model loader")
+    params, config, encode = ctx.load_reward_model(path)
+    return make_reward_model_reward(params, config, tokenizer=encode, **kw)
+
+
+# Reward functions by config name -> factory(ctx, **kwargs) -> reward function. One explicit table.
+REWARD_FUNCTIONS: dict[str, Callable[..., Callable]] = {
+    "math_answer": lambda ctx, **kw: bind_reward(math_answer_reward, **kw),
+    "format": lambda ctx, **kw: make_format_reward(**kw),
+    "length_penalty": lambda ctx, **kw: make_length_penalty(**kw),
+    "overlong": _overlong,
+    "code_execution": _code_execution,
+    "math_verify": lambda ctx, **kw: bind_reward(math_verify_reward, **kw),
+    "reward_model": _reward_model,
+}
+
+
+def import_function(path: str, key: str, *, what: str = "reward") -> Callable:
+    """``"package.module:function"`` -> the callable; :class:`ConfigError` naming ``key``."""
+    module_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{key}: cannot import {what} {path!r} ({e})") from None
+    if not callable(fn):
+        raise ConfigError(f"{key}: {path!r} is not callable")
+    return fn
+
+
+def build_reward(name: str, kwargs: dict[str, Any], *, key: str,
+                 ctx: RewardContext = RewardContext()) -> Callable:
+    """One reward function from its config ``name`` and ``kwargs`` (``key`` names the config
+    entry in errors)."""
+    factory = REWARD_FUNCTIONS.get(name)
+    if factory is None and ":" in name:
+        fn = import_function(name, f"{key}.name")
+        factory = lambda _ctx, **kw: bind_reward(fn, **kw)  # noqa: E731
+    if factory is None:
+        raise ConfigError(f"{key}.name: unknown reward {name!r}; available: "
+                          f"{', '.join(sorted(REWARD_FUNCTIONS))}")
+    try:
+        return factory(ctx, **kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{key}.kwargs: {e}") from None
+
+
+def build_reward_set(items: Sequence[Any], *, ctx: RewardContext = RewardContext()
+                     ) -> RewardSet:
+    """The weighted :class:`RewardSet` of a config's ``rewards`` list (items with ``name``,
+    ``weight``, ``kwargs``)."""
+    specs = [RewardSpec(build_reward(item.name, dict(item.kwargs), key=f"rewards[{i}]", ctx=ctx),
+                        weight=item.weight, name=item.name)
+             for i, item in enumerate(items)]
+    return RewardSet(specs)
+
+
+def build_step_scorer(name: str, kwargs: dict[str, Any], *, outcome: Callable,
+                      delimiter: str) -> Callable:
+    """A process-reward step scorer: ``outcome_as_process`` (every prefix scored with the
+    ``outcome`` reward) or ``"package.module:function"`` with ``kwargs`` bound."""
+    if name == "outcome_as_process":
+        return outcome_as_process(outcome, delimiter=delimiter)
+    fn = import_function(name, "process_reward.name")
+    try:
+        return bind_reward(fn, **kwargs)
+    except TypeError as e:
+        raise ConfigError(f"process_reward.kwargs: {e}") from None

@@ -1,0 +1,151 @@
+"""The record between rollout and learner: :class:`Experience`, and the buffer they meet in.
+
+An :class:`Experience` is one batch of scored episodes on the host, rows in request order with
+the G samples of a prompt consecutive (a group). The rollout side produces it
+(:mod:`jaxrl_llm.train.rollout`), an algorithm strategy turns it into learner batches
+(:mod:`jaxrl_llm.train.algorithms`). :class:`ExperienceBuffer` is the seam between the two: a
+synchronous run puts one batch and takes it back at once; an asynchronous one lets the rollout
+side run ahead by at most ``max_staleness`` policy versions.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_llm.sampling import Rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class Experience:
+    """Scored episodes of one step (host numpy), N = prompts × G rows.
+
+    Attributes:
+      rollout: the sampler's :class:`~jaxrl_llm.sampling.Rollout` as numpy: completion
+        ``tokens``/``mask`` ``[N, M]`` (mask 1 = a token the policy generated), behaviour
+        ``logprobs [N, M]``, ``lengths``, ``truncated``, left-padded ``prompt_tokens`` /
+        ``prompt_mask [N, P]``, ``prompt_ids`` / ``sample_ids [N]``.
+      texts: N decoded completions. prompts: N decoded prompts. extras: N data rows' other
+        columns (reward function fields).
+      rewards: ``[N]`` float32 weighted reward (0 where invalid).
+      valid: ``[N]`` bool, every reward function scored the row.
+      scores: reward name -> ``[N]`` raw scores of each function (NaN where it failed).
+      metrics: the reward set's metrics (per-function means, failures, timing).
+      group_size: G.
+      policy_version: ``[N]`` int, the optimizer step of the weights that sampled each row.
+    """
+
+    rollout: Rollout
+    texts: list[str]
+    prompts: list[str]
+    extras: list[dict[str, Any]]
+    rewards: np.ndarray
+    valid: np.ndarray
+    scores: dict[str, np.ndarray]
+    metrics: dict[str, float]
+    group_size: int
+    policy_version: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def num_groups(self) -> int:
+        """Number of prompts (groups of G rows)."""
+        return len(self.rewards) // self.group_size
+
+    def select_groups(self, keep: np.ndarray) -> Experience:
+        """The rows of the groups where ``keep [num_groups]`` is True (order kept)."""
+        rows = np.repeat(np.asarray(keep, bool), self.group_size)
+        pick = lambda xs: [x for x, k in zip(xs, rows) if k]  # noqa: E731
+        return dataclasses.replace(
+            self, rollout=jax.tree.map(lambda x: x[rows], self.rollout), texts=pick(self.texts),
+            prompts=pick(self.prompts), extras=pick(self.extras), rewards=self.rewards[rows],
+            valid=self.valid[rows], scores={k: v[rows] for k, v in self.scores.items()},
+            policy_version=self.policy_version[rows])
+
+
+def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience:
+    """Experience of several sampling rounds as one, cut to ``max_groups`` groups; prompts of
+    different (bucketed) widths are left-padded to the widest. ``metrics`` are the first
+    part's."""
+    g = parts[0].group_size
+    n = max_groups * g
+    width = max(p.rollout.prompt_tokens.shape[1] for p in parts)
+
+    def widen(ro: Rollout) -> Rollout:
+        pad = width - ro.prompt_tokens.shape[1]
+        if not pad:
+            return ro
+        return ro._replace(prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),  # type: ignore[arg-type]  # host numpy Rollout
+                           prompt_mask=np.pad(ro.prompt_mask, ((0, 0), (pad, 0))))  # type: ignore[arg-type]
+
+    def cat(xs):
+        return np.concatenate(xs, 0)[:n]
+
+    ro = jax.tree.map(lambda *xs: cat(xs), *[widen(p.rollout) for p in parts])
+    def flat(name: str) -> list:
+        return sum((getattr(p, name) for p in parts), [])[:n]
+
+    return Experience(
+        rollout=ro, texts=flat("texts"), prompts=flat("prompts"), extras=flat("extras"),
+        rewards=cat([p.rewards for p in parts]), valid=cat([p.valid for p in parts]),
+        scores={k: cat([p.scores[k] for p in parts]) for k in parts[0].scores},
+        metrics=parts[0].metrics, group_size=g,
+        policy_version=cat([p.policy_version for p in parts]))
+
+
+def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -> dict:
+    """The learner batch in the losses' ``rl`` layout: prompt (left-padded) + completion per
+    row; ``loss_mask`` = the policy's tokens × ``loss_weight [N]``; ``old_logp`` the behaviour
+    log-probs; ``advantages`` per sequence ``[N]`` (broadcast over the completion) or per
+    token ``[N, M]``."""
+    ro = exp.rollout
+    p_tok, p_mask = np.asarray(ro.prompt_tokens), np.asarray(ro.prompt_mask)
+    c_tok, c_mask = np.asarray(ro.tokens), np.asarray(ro.mask)
+    n, p = p_tok.shape
+    m = c_tok.shape[1]
+    input_ids = np.concatenate([p_tok, c_tok], 1).astype(np.int32)
+    attn = np.concatenate([p_mask, c_mask], 1).astype(np.int32)
+    lmask = np.concatenate([np.zeros_like(p_mask), c_mask * loss_weight[:, None]], 1)
+    old = np.concatenate([np.zeros((n, p), np.float32), np.asarray(ro.logprobs, np.float32)], 1)
+    adv_c = np.repeat(advantages[:, None], m, 1) if advantages.ndim == 1 else advantages
+    adv = np.concatenate([np.zeros((n, p), np.float32), adv_c.astype(np.float32)], 1)
+    lmask = lmask.astype(np.int32)
+    return {"input_ids": input_ids, "attention_mask": attn, "loss_mask": lmask,
+            "old_logp": old * lmask, "advantages": adv * lmask}
+
+
+class ExperienceBuffer:
+    """Where rollout and learner meet: a FIFO of :class:`Experience` batches.
+
+    The learner takes the oldest batch whose rows were sampled at most ``max_staleness``
+    policy versions before the learner's current version; older batches are dropped and
+    counted. ``max_staleness = 0`` with one put per get is the synchronous loop (what the
+    trainer runs today); the asynchronous trainer will put ahead of the learner.
+    """
+
+    def __init__(self, max_staleness: int = 0):
+        self.max_staleness = int(max_staleness)
+        self._queue: collections.deque[Experience] = collections.deque()
+        self.dropped = 0
+
+    def put(self, exp: Experience) -> None:
+        """Add one batch (the rollout side)."""
+        self._queue.append(exp)
+
+    def get(self, version: int) -> Experience | None:
+        """The oldest batch fresh enough for a learner at ``version`` (None when empty)."""
+        while self._queue:
+            exp = self._queue.popleft()
+            if version - int(np.min(exp.policy_version)) <= self.max_staleness:
+                return exp
+            self.dropped += 1
+        return None
+
+    def __len__(self) -> int:
+        return len(self._queue)

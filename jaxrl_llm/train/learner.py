@@ -1,0 +1,121 @@
+"""The learner side of the online loop: epochs × minibatches × micro-batches of the jitted,
+sharded train step over one learner batch, and the step's metrics over those updates.
+
+A minibatch of group-RL rows is laid out as micro-batches of whole groups, informative groups
+first (:func:`skippable_layout`), so that the step can skip the forward and backward of the
+micro-batches whose advantages are all zero (``make_train_step(skip_fn=...)``; exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_llm.train.faults import fault_point
+from jaxrl_llm.train.step import STEP_METRICS, is_loss_share
+
+
+def minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: int
+                    ) -> np.ndarray:
+    """Row order for splitting ``n`` rows into minibatches: a random permutation, of whole
+    groups of ``group`` consecutive rows when the update needs them (a shared prompt, or
+    skipping); the identity for one minibatch."""
+    if minibatches <= 1:
+        return np.arange(n)
+    if group <= 1:
+        return rng.permutation(n)
+    groups = rng.permutation(n // group)
+    return (groups[:, None] * group + np.arange(group)[None, :]).reshape(-1)
+
+
+def skippable_layout(batch: dict, group: int, micro_batches: int) -> dict:
+    """Reorder a minibatch of whole groups (``group`` consecutive rows each) for a train step
+    with ``micro_batches`` strided micro-batches (``train.step.split_micro_batches``: micro-batch
+    m holds rows m, m + M, …) so that each micro-batch holds whole groups, the groups with a
+    nonzero advantage first: the micro-batches left with only zero-advantage groups are then
+    skipped by the step. A permutation of rows, so the summed loss is the same."""
+    n = len(batch["loss_mask"])
+    adv = np.asarray(batch["advantages"]).reshape(n, -1)
+    mask = np.asarray(batch["loss_mask"]).reshape(n, -1).astype(bool)
+    informative = np.any((adv != 0) & mask, axis=1).reshape(-1, group).any(axis=1)
+    groups = np.argsort(~informative, kind="stable")  # informative groups first
+    rows = (groups[:, None] * group + np.arange(group)[None, :]).reshape(micro_batches, -1)
+    order = rows.T.reshape(-1)  # batch row i*M + m = row i of micro-batch m
+    return {k: v[order] for k, v in batch.items()}
+
+
+def mean_metrics(per_update: list[dict]) -> dict[str, float]:
+    """The step's metrics over a step's updates (minibatches × epochs). The loss's own
+    metrics are averaged over the micro-batches that ran (``computed_micro_batches``), and
+    left out when none ran (all groups skipped): a 0 entropy or ratio would be misread."""
+    out = {}
+    w = np.array([float(m.get("computed_micro_batches", 1.0)) for m in per_update])
+    for k in per_update[0]:
+        v = np.array([float(m[k]) for m in per_update])
+        if k in STEP_METRICS or is_loss_share(k):
+            out[k] = float(v.mean())
+        elif w.sum() > 0:
+            out[k] = float((v * w).sum() / w.sum())
+    return out
+
+
+class Learner:
+    """Runs the policy's train step over a learner batch.
+
+    Args:
+      step_fn: the jitted step ``(state, batch, frozen, hparams=None) -> (state, metrics)``.
+      epochs, minibatches: K passes, each split into this many optimizer steps.
+      group: rows per group (G); minibatches keep whole groups when ``group_minibatches``.
+      group_minibatches: permute whole groups (a shared-prompt forward or skipping needs them).
+      micro_batches: M > 1 lays each minibatch out for skipping (:func:`skippable_layout`).
+      seed: minibatch permutations are functions of (seed, step).
+      companion: ``companion(minibatch) -> metrics``, a second update per minibatch on the same
+        rows (PPO's critic), or None.
+      actor_drop: batch keys the policy's step does not take (the critic's ``values``...).
+    """
+
+    def __init__(self, step_fn: Callable, *, epochs: int, minibatches: int, group: int,
+                 group_minibatches: bool, micro_batches: int, seed: int,
+                 companion: Callable[[dict], dict] | None = None,
+                 actor_drop: tuple[str, ...] = ()):
+        self.step_fn = step_fn
+        self.epochs, self.minibatches = epochs, minibatches
+        self.group, self.group_minibatches = group, group_minibatches
+        self.micro_batches, self.seed = micro_batches, seed
+        self.companion, self.actor_drop = companion, actor_drop
+
+    def update(self, policy: Any, batch: dict, step: int, *, frozen: dict,
+               hparams: dict | None = None) -> dict[str, float]:
+        """``epochs × minibatches`` updates of ``policy.state`` on ``batch``; the step's
+        metrics (means over updates; ``nonfinite`` the max; ``update/computed_frac`` the
+        share of micro-batches that ran when skipping)."""
+        n = len(next(iter(batch.values())))
+        mb = n // self.minibatches
+        rng = np.random.default_rng(self.seed * 7919 + step)
+        per_update: list[dict] = []
+        for _ in range(self.epochs):
+            order = minibatch_order(rng, n, self.minibatches,
+                                    self.group if self.group_minibatches else 1)
+            for j in range(self.minibatches):
+                idx = order[j * mb:(j + 1) * mb]
+                sub = {k: v[idx] for k, v in batch.items()}
+                if self.micro_batches > 1:
+                    sub = skippable_layout(sub, self.group, self.micro_batches)
+                actor = {k: v for k, v in sub.items() if k not in self.actor_drop}
+                if hparams is None:
+                    policy.state, m = self.step_fn(policy.state, actor, frozen)
+                else:
+                    policy.state, m = self.step_fn(policy.state, actor, frozen, hparams)
+                fault_point("update", step)
+                if self.companion is not None:
+                    m = {**m, **self.companion(sub)}
+                per_update.append(m)
+        per_update = jax.device_get(per_update)
+        out = mean_metrics(per_update)
+        out["nonfinite"] = float(max(float(m["nonfinite"]) for m in per_update))
+        if "computed_micro_batches" in out:  # the fraction of update micro-batches that ran
+            out["update/computed_frac"] = out.pop("computed_micro_batches") / self.micro_batches
+        return out

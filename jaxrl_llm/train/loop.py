@@ -1,0 +1,175 @@
+"""What every trainer does around its step, written once: resume, the step loop with its
+cadences (evaluation, logging, the non-finite guard, checkpoints), the final save, evaluation
+and export.
+
+A trainer subclasses :class:`Trainer` and provides ``train_step(step) -> metrics``,
+``evaluate() -> metrics`` and ``make_iterator(state)``; the offline trainer
+(:mod:`jaxrl_llm.train.offline`) and the online one (:mod:`jaxrl_llm.train.online`) do.
+
+Resuming (``resume=true``) restores the train state (and its companions, PPO's critic), the
+data position and the run's counters from the newest finalised checkpoint; seeds are functions
+of (seed, step), so a run killed at any moment and resumed logs the same metrics and ends with
+the same parameters as one that was never interrupted (``tests/train/test_kill_resume.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+
+from jaxrl_llm.errors import TrainingError
+from jaxrl_llm.train.faults import fault_point
+from jaxrl_llm.train.policy import Policy, export_policy
+from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.run_state import NonFiniteGuard, make_logger, restore_latest, run_extra
+
+
+class Trainer:
+    """The run loop shared by the trainers (see the module docstring).
+
+    Subclasses set ``cfg``, ``policy``, ``ckpt`` (CheckpointManager), ``guard``
+    (NonFiniteGuard), ``iterator``, ``eval_data`` and ``companions`` (``[(checkpointer,
+    policy)]`` saved before and restored with the policy) in ``__init__``.
+    """
+
+    cfg: RunConfig
+    policy: Policy
+    ckpt: Any  # CheckpointManager
+    guard: NonFiniteGuard
+    iterator: Any
+    eval_data: Any  # the held-out split, or None
+    progress_keys: tuple[str, ...] = ("loss",)
+    eval_every: int = 0
+    eval_before: bool = True
+
+    def __init__(self, cfg: RunConfig, *, log_stream=None):
+        self.cfg = cfg
+        self.log_stream = log_stream or sys.stderr
+        self.companions: list[tuple[Any, Policy]] = []
+        self.start_step = 0
+        self.resumed: dict | None = None  # the extra of the checkpoint resumed from
+        self.train_time = 0.0
+        self.logger = None
+        self._last_saved: int | None = None
+
+    # ----- provided by the trainer --------------------------------------------------------
+    def train_step(self, step: int) -> dict:
+        """One optimizer step (or several, online); returns its metrics."""
+        raise NotImplementedError
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics (``eval/...``); empty without held-out data."""
+        raise NotImplementedError
+
+    def make_iterator(self, state: dict | None = None):
+        """The training data iterator, at ``state`` (a checkpoint's data position) or fresh."""
+        raise NotImplementedError
+
+    def summary_extras(self) -> dict:
+        """Trainer-specific entries of the run summary."""
+        return {}
+
+    # ----- shared -------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        """One progress line on the run's stream (main process only)."""
+        if jax.process_index() == 0:
+            print(msg, file=self.log_stream, flush=True)
+
+    def maybe_resume(self) -> None:
+        """Restore the newest checkpoint that the policy and every companion hold (a kill can
+        land between their writes), the data position and the counters, when ``resume``."""
+        if not self.cfg.resume:
+            return
+        step = None
+        if self.companions and self.ckpt.latest_step() is not None:
+            both = set(self.ckpt.all_steps())
+            for c, _ in self.companions:
+                both &= set(c.all_steps())
+            if not both:
+                raise TrainingError(
+                    f"{self.cfg.output_dir}: no step has both a policy and a "
+                    f"{'/'.join(os.path.basename(c.directory) for c, _ in self.companions)} "
+                    f"checkpoint (policy: {self.ckpt.all_steps()}, others: "
+                    f"{[c.all_steps() for c, _ in self.companions]}); start a fresh run or "
+                    f"restore one")
+            step = max(both)
+            for c, holder in self.companions:
+                restore_latest(c, holder, step)
+        extra = restore_latest(self.ckpt, self.policy, step)
+        if extra is None:
+            return
+        self.iterator = self.make_iterator(extra.get("data"))
+        self.start_step = int(extra.get("step", int(self.policy.state.step)))
+        self._last_saved = self.start_step  # on disk already: saving it again would fail
+        self.guard.restore(extra)
+        self.train_time = float(extra.get("train_time_s", 0.0))
+        self.resumed = extra
+        self.say(f"resumed from step {self.start_step}")
+
+    def save(self, step: int, *, force: bool = False) -> None:
+        """Checkpoint the state (companions first, so a policy step implies theirs), the data
+        position and the run's counters (:func:`run_extra`); a step already saved is skipped."""
+        if step == self._last_saved:
+            return
+        self._last_saved = step
+        for c, holder in self.companions:
+            c.save(step, holder.state, force=force, extra={"step": step})
+        self.ckpt.save(step, self.policy.state, force=force,
+                       extra=run_extra(step, iterator=self.iterator, logger=self.logger,
+                                       guard=self.guard, train_time_s=self.train_time))
+        fault_point("checkpoint", step)
+
+    def run(self) -> dict:
+        """Train for ``max_steps`` (or from a resumed step); returns the summary dict
+        (held-out metrics before / after, timings, the export path)."""
+        cfg = self.cfg
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        self.maybe_resume()
+        self.logger = logger = make_logger(cfg, progress_keys=self.progress_keys,
+                                           stream=self.log_stream, resumed=self.resumed)
+        summary: dict[str, Any] = {}
+        t_start = time.perf_counter()
+        if self.eval_before and self.eval_data is not None and self.start_step == 0:
+            summary["eval_before"] = self.evaluate()
+            logger.log(0, summary["eval_before"])
+        for step in range(self.start_step + 1, cfg.max_steps + 1):
+            t = time.perf_counter()
+            metrics = self.train_step(step)
+            self.train_time += time.perf_counter() - t
+            metrics["time/train_elapsed_s"] = self.train_time
+            if self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps:
+                metrics.update(self.evaluate())
+            bad = metrics.get("nonfinite", 0.0)
+            metrics.update(self.guard.update(step, bad))
+            if step % cfg.logging.log_every == 0 or step == cfg.max_steps or bad:
+                logger.log(step, metrics)
+            if self.guard.consecutive:
+                self.guard.check(step)
+            elif cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
+                self.save(step)
+        # Saved before the final evaluation, so that a run resumed from this checkpoint
+        # evaluates (and logs) it exactly once.
+        self.save(cfg.max_steps, force=True)
+        if self.eval_data is not None:
+            summary["eval_after"] = self.evaluate()
+            logger.log(cfg.max_steps, summary["eval_after"], progress=False)
+        self.ckpt.wait_until_finished()
+        for c, _ in self.companions:
+            c.wait_until_finished()
+        if cfg.checkpoint.export_hf:
+            summary["hf_export"] = export_policy(self.policy, cfg)
+        summary.update(self.summary_extras())
+        summary.update(train_time_s=self.train_time,
+                       total_time_s=time.perf_counter() - t_start, steps=cfg.max_steps)
+        logger.close()
+        return summary
+
+    def close(self) -> None:
+        """Release the checkpoint managers."""
+        self.ckpt.close()
+        for c, _ in self.companions:
+            c.close()

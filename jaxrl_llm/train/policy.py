@@ -1,0 +1,244 @@
+"""The model being trained: load it, build the mesh, the optimizer and the sharded train state
+(full fine-tuning or LoRA), bind a loss to it, export it.
+
+Full fine-tuning trains the whole parameter tree. With LoRA the train state holds only the
+adapters; the base weights are a frozen argument of every step (``frozen={"base": ...}``) and
+double as the reference model (adapters off), so the weights exist once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_llm import models
+from jaxrl_llm.errors import ConfigError, ModelLoadError
+from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, lora_logical_axes, merge_lora
+from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, replicated
+from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.state import TrainState, state_sharding_from_params
+
+# LoRA adapters are small: replicate them (their base kernels carry the sharding).
+RULES = {**DEFAULT_RULES, "lora_in": None, "lora_out": None, "lora_rank": None}
+
+
+@dataclasses.dataclass
+class Policy:
+    """Everything a trainer needs about the model being trained.
+
+    Attributes:
+      config: the model config. tokenizer: its tokenizer (with chat template).
+      mesh: the device mesh. base: the frozen base params (LoRA) or None.
+      lora: the LoRA config or None. state / state_sharding: the sharded TrainState.
+      apply_fn: ``apply_fn(params, input_ids, attention_mask=..., ...)`` -> ModelOutputs.
+      optimizer: the optax transformation.
+    """
+
+    config: models.ModelConfig
+    tokenizer: Any
+    mesh: jax.sharding.Mesh
+    base: Any
+    lora: LoRAConfig | None
+    state: TrainState
+    state_sharding: TrainState
+    apply_fn: Callable
+    optimizer: optax.GradientTransformation
+    param_sharding: Any
+    frozen_sharding: dict
+
+    def full_params(self, params=None):
+        """The model's parameter tree for sampling / evaluation / export (adapters merged)."""
+        params = self.state.params if params is None else params
+        if self.lora is None:
+            return params
+        return _merge_jit(self.base, params, self.lora)
+
+    def frozen(self) -> dict:
+        """The frozen arguments of every train step: ``{"base": params}`` with LoRA, else ``{}``."""
+        return {"base": self.base} if self.lora is not None else {}
+
+    def reference_params(self):
+        """A frozen reference policy: the base weights (adapters off) with LoRA, a copy of the
+        current weights otherwise."""
+        if self.lora is not None:
+            return self.base
+        return jax.tree.map(jnp.copy, self.state.params)
+
+    def loss_fn(self, loss, *, loss_config, logprobs=None):
+        """Bind a registry loss to this policy: ``fn(params, batch, *, hparams=None,
+        **frozen)`` for the step (``hparams``: traced hyperparameters, forwarded only when
+        given).
+
+        With LoRA the trainable params are the adapters, attached unmerged to
+        ``frozen["base"]`` (:func:`models.lora.attach_lora`: no full-size weight gradients).
+        """
+        kw: dict[str, Any] = {"apply_fn": self.apply_fn, "config": loss_config}
+        if logprobs is not None:
+            kw["logprobs"] = logprobs
+        lora = self.lora
+
+        def fn(params, batch, *, hparams=None, base=None, **frozen):
+            if lora is not None:
+                params = attach_lora(base, params, lora)
+            extra = {} if hparams is None else {"hparams": hparams}
+            return loss(params, batch, **kw, **extra)
+        return fn
+
+
+@functools.partial(jax.jit, static_argnames=("lora",))
+def _merge_jit(base, adapters, lora):
+    return merge_lora(base, adapters, lora)
+
+
+def load_policy_model(cfg: RunConfig):
+    """(ModelConfig, params as numpy/jax arrays, tokenizer) for ``cfg.model``."""
+    m = cfg.model
+    if m.source == "tiny":
+        from jaxrl_llm.data import CharTokenizer
+
+        tok = CharTokenizer()
+        overrides: dict[str, Any] = dict(vocab_size=tok.vocab_size, eos_token_ids=(tok.eos_token_id,),
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                         param_dtype=m.param_dtype, compute_dtype=m.compute_dtype)
+        allowed = sorted(f.name for f in dataclasses.fields(models.ModelConfig))
+        unknown = sorted(set(m.tiny or {}) - set(allowed))
+        if unknown:
+            raise ConfigError(f"model.tiny: unknown key(s) {unknown}; allowed: {allowed}")
+        overrides.update(m.tiny or {})
+        try:
+            config = models.ModelConfig.tiny(**overrides)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model.tiny: {e}") from None
+        check_vocab(config, tok, source="model.source=tiny", tokenizer_name="model.tokenizer=char",
+                    fix="set model.tiny.vocab_size >= that (or leave it out)")
+        params = models.init_params(config, jax.random.PRNGKey(cfg.seed))
+        return config, params, tok
+    from jaxrl_llm.interop import load_model
+
+    loaded = load_model(m.source, param_dtype="float32", compute_dtype=m.compute_dtype)
+    tok = loaded.tokenizer
+    if m.tokenizer == "char":
+        from jaxrl_llm.data import CharTokenizer
+        tok = CharTokenizer()
+    if tok is None:
+        raise ConfigError(f"model.source={m.source!r} has no tokenizer; set model.tokenizer")
+    check_vocab(loaded.config, tok, source=f"model.source={m.source!r}",
+                tokenizer_name=f"model.tokenizer={m.tokenizer}")
+    return loaded.config, loaded.params, tok
+
+
+def tokenizer_size(tokenizer) -> int | None:
+    """How many token ids ``tokenizer`` can produce (``len()`` of a transformers tokenizer,
+    which counts added tokens; ``vocab_size`` otherwise), or None when it does not say."""
+    try:
+        return int(len(tokenizer))
+    except TypeError:
+        size = getattr(tokenizer, "vocab_size", None)
+        return None if size is None else int(size)
+
+
+def check_vocab(config: models.ModelConfig, tokenizer, *, source: str,
+                tokenizer_name: str = "its tokenizer",
+                fix: str = "use the tokenizer that belongs to this model") -> None:
+    """A tokenizer must not produce ids the model's embedding table does not have (a gather
+    past the table is clamped silently on accelerators, so the run would train on garbage)."""
+    n = tokenizer_size(tokenizer)
+    if n is not None and n > config.vocab_size:
+        raise ModelLoadError(f"{source}: {tokenizer_name} has {n} tokens but the model's "
+                             f"vocabulary has {config.vocab_size} (vocab_size); {fix}")
+
+
+def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
+    """optax optimizer with the configured schedule (gradient clipping lives in the step)."""
+    o = cfg.optim
+    total = max(cfg.max_steps * _updates_per_step(cfg), 1)
+    warm = min(o.warmup_steps, total)
+    if o.schedule == "constant":
+        sched = optax.constant_schedule(o.lr)
+    elif o.schedule == "cosine":
+        sched = optax.cosine_decay_schedule(o.lr, max(total - warm, 1))
+    else:
+        sched = optax.linear_schedule(o.lr, 0.0, max(total - warm, 1))
+    if warm:
+        sched = optax.join_schedules([optax.linear_schedule(0.0, o.lr, warm), sched], [warm])
+    if o.name == "adamw":
+        return optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
+    if o.name == "adam":
+        return optax.adam(sched, b1=o.b1, b2=o.b2, eps=o.eps)
+    return optax.sgd(sched)
+
+
+def _updates_per_step(cfg: RunConfig) -> int:
+    if cfg.is_online:
+        return cfg.rollout.epochs * cfg.rollout.minibatches
+    return 1
+
+
+def _freeze_embeddings(optimizer, params):
+    labels = jax.tree_util.tree_map_with_path(
+        lambda path, _: "frozen" if "embed" in jax.tree_util.keystr(path) else "train", params)
+    return optax.multi_transform({"train": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+
+def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) -> Policy:
+    """Load the model, build the mesh, optimizer and the sharded train state."""
+    if config is None:
+        config, params, tokenizer = load_policy_model(cfg)
+    mesh = make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
+    optimizer = make_optimizer(cfg)
+    axes = models.param_logical_axes(config)
+    param_sharding_full = logical_to_sharding(axes, mesh, RULES, shapes=params)
+    params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params),
+                            param_sharding_full)
+    apply_fn = functools.partial(models.apply, config=config, remat=cfg.model.remat)
+    rng = jax.random.PRNGKey(cfg.seed)
+    lora = None
+    base = None
+    frozen_sharding: dict = {}
+    if cfg.model.lora is not None:
+        lc = cfg.model.lora
+        try:
+            lora = LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets)
+        except ValueError as e:
+            raise ConfigError(f"model.lora: {e}") from None
+        base = params
+        trainable = init_lora(config, lora, jax.random.fold_in(rng, 1))
+        param_sharding = logical_to_sharding(lora_logical_axes(lora), mesh, RULES,
+                                             shapes=trainable)
+        trainable = jax.device_put(trainable, param_sharding)
+        frozen_sharding = {"base": param_sharding_full}
+    else:
+        trainable = params
+        param_sharding = param_sharding_full
+        if cfg.model.freeze_embeddings:
+            optimizer = _freeze_embeddings(optimizer, params)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainable)
+    state_sharding = state_sharding_from_params(optimizer, abstract, param_sharding, mesh)
+    opt_state = jax.jit(optimizer.init, out_shardings=state_sharding.opt_state)(trainable)
+    state = TrainState(params=trainable, opt_state=opt_state,
+                       step=jax.device_put(jnp.zeros((), jnp.int32), replicated(mesh)),
+                       rng=jax.device_put(jax.random.fold_in(rng, 2), replicated(mesh)))
+    return Policy(config=config, tokenizer=tokenizer, mesh=mesh, base=base, lora=lora,
+                  state=state, state_sharding=state_sharding, apply_fn=apply_fn,
+                  optimizer=optimizer, param_sharding=param_sharding,
+                  frozen_sharding=frozen_sharding)
+
+
+def export_policy(policy: Policy, cfg: RunConfig) -> str | None:
+    """Write the trained policy (LoRA adapters merged) as a Hugging Face directory."""
+    if jax.process_index() != 0:
+        return None
+    from jaxrl_llm.interop import export_hf
+
+    out = os.path.join(cfg.output_dir, "hf")
+    tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
+    export_hf(out, config=policy.config, params=jax.device_get(policy.full_params()),
+              tokenizer=tok)
+    return out

@@ -1,0 +1,86 @@
+"""Checks run before anything compiles: the mesh against the batch, and the data splits.
+
+A bad mesh size or a data set too small for one step is a one-line
+:class:`~jaxrl_llm.errors.ConfigError` / :class:`~jaxrl_llm.errors.DataError` before a model
+loads (and from ``jaxrl-llm train --dry-run``).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxrl_llm.errors import ConfigError, DataError
+from jaxrl_llm.losses.registry import Family
+from jaxrl_llm.train.run_config import RunConfig
+
+
+def check_batch_divisible(mesh, rows: int, what: str) -> None:
+    """A batch of ``rows`` rows must split evenly over the mesh's data × fsdp axes.
+
+    ``mesh`` is a ``Mesh`` or a ``{"data": n, "fsdp": n, ...}`` dict of axis sizes.
+    """
+    shape = mesh if isinstance(mesh, dict) else mesh.shape
+    shards = shape["data"] * shape["fsdp"]
+    if rows % shards:
+        raise ConfigError(f"{what}={rows} rows cannot be split over the mesh's data x fsdp = "
+                          f"{shards} devices; use a multiple of {shards} or set mesh.data / "
+                          f"mesh.fsdp")
+
+
+def check_mesh(cfg: RunConfig, num_devices: int | None = None, *,
+               mesh=None) -> dict[str, int]:
+    """Resolve ``cfg.mesh`` for ``num_devices`` (default: every device) and check that each
+    step's batch splits over it — before any model is loaded, and by ``train --dry-run``.
+
+    With ``mesh`` (the mesh of a policy built elsewhere), its axis sizes are checked instead
+    of ``cfg.mesh``'s.
+
+    Returns:
+      the axis sizes ``{"data", "fsdp", "tensor"}``.
+    Raises:
+      ConfigError: the sizes do not fit the device count, or the batch rows do not split.
+    """
+    from jaxrl_llm.parallel.mesh import mesh_shape
+
+    if mesh is not None:
+        sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor")}
+    else:
+        n = jax.device_count() if num_devices is None else num_devices
+        sizes = dict(zip(("data", "fsdp", "tensor"),
+                         mesh_shape(n, data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
+                                    tensor=cfg.mesh.tensor)))
+    r, t = cfg.rollout, cfg.train
+    if cfg.algo.family is Family.ONLINE_PAIRS:
+        check_batch_divisible(sizes, r.prompts_per_step, "rollout.prompts_per_step (pairs)")
+    elif cfg.is_online:
+        check_batch_divisible(sizes, r.prompts_per_step * r.group_size // r.minibatches,
+                              "rollout.prompts_per_step x group_size / minibatches")
+    else:
+        check_batch_divisible(sizes, t.batch_size // t.micro_batches,
+                              "train.batch_size / train.micro_batches")
+    return sizes
+
+
+def read_splits(cfg: RunConfig, fmt, tokenizer, *, per_step: int, per_step_key: str, unit: str):
+    """The tokenised training and held-out sets of ``cfg.data`` (held-out None without
+    ``data.eval``), read before anything compiles so that a bad line costs no compile.
+
+    Raises:
+      DataError: the training set (after ``data.length_policy``) cannot fill one step of
+        ``per_step`` examples per host (``per_step_key`` names the setting, ``unit`` the
+        examples: "examples", "prompts").
+    """
+    from jaxrl_llm.data import prepare_dataset
+
+    d = cfg.data
+    train = prepare_dataset(d.train, fmt, tokenizer, max_len=d.max_length,
+                            length_policy=d.length_policy)
+    held_out = (prepare_dataset(d.eval, fmt, tokenizer, max_len=d.max_length,
+                                length_policy=d.length_policy) if d.eval else None)
+    hosts = jax.process_count()
+    if len(train.items) < per_step * hosts:
+        raise DataError(f"{d.train}: {len(train.items)} {unit} (after data.length_policy="
+                        f"{d.length_policy}) cannot fill one step of {per_step_key}={per_step}"
+                        + (f" x {hosts} hosts" if hosts > 1 else "")
+                        + f"; add {unit} or lower {per_step_key}")
+    return train, held_out

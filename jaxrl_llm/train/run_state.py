@@ -1,0 +1,103 @@
+"""What a run keeps besides its train state: the checkpointer, the metrics logger, the
+non-finite guard, and the ``extra`` record a resumed run continues from.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from jaxrl_llm.train.policy import Policy
+from jaxrl_llm.train.run_config import RunConfig
+
+
+def make_checkpointer(cfg: RunConfig, policy: Policy, *, subdir: str = "checkpoints"):
+    """The run's orbax CheckpointManager under ``output_dir/<subdir>`` (model config and
+    tokenizer saved alongside, so ``jaxrl-llm convert`` works from it)."""
+    from jaxrl_llm.train.checkpoint import CheckpointManager
+
+    tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
+    return CheckpointManager(os.path.join(cfg.output_dir, subdir),
+                             save_every=cfg.checkpoint.save_every or 10 ** 9,
+                             keep=cfg.checkpoint.keep, model_config=policy.config,
+                             tokenizer=tok)
+
+
+def restore_latest(ckpt, policy: Policy, step: int | None = None) -> dict | None:
+    """Restore the newest finalised checkpoint (or ``step``) into ``policy.state`` (same
+    shardings); returns its ``extra`` dict, or None when there is no checkpoint."""
+    if ckpt.latest_step() is None:
+        return None
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            policy.state)
+    policy.state, extra = ckpt.restore(abstract, step)
+    return extra
+
+
+def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: dict | None):
+    """The run's MetricsLogger (metrics.jsonl, TensorBoard, W&B; main process only).
+
+    ``resumed`` is the ``extra`` dict of the checkpoint the run resumed from (None for a fresh
+    run): its ``metrics_rows`` (see :func:`run_extra`) says how many rows of ``metrics.jsonl``
+    to keep, and its ``step`` which TensorBoard events to purge, so rows logged after that
+    checkpoint by a killed run are not duplicated.
+    """
+    from jaxrl_llm.train.config_io import to_dict
+    from jaxrl_llm.train.logging import MetricsLogger
+
+    return MetricsLogger(cfg.output_dir, total_steps=cfg.max_steps,
+                         tensorboard=cfg.logging.tensorboard,
+                         wandb_project=cfg.logging.wandb_project,
+                         is_main_process=jax.process_index() == 0, progress_keys=progress_keys,
+                         stream=stream, config=to_dict(cfg), resume=resumed is not None,
+                         keep_rows=None if resumed is None else resumed.get("metrics_rows"),
+                         resume_step=None if resumed is None else resumed.get("step"))
+
+
+def run_extra(step: int, *, iterator, logger, guard: NonFiniteGuard,
+              train_time_s: float) -> dict:
+    """The JSON ``extra`` a trainer saves with each checkpoint: everything besides the train
+    state that a resumed run needs to continue exactly as an uninterrupted one (data position,
+    rows of ``metrics.jsonl`` logged so far, the non-finite guard's count, training time)."""
+    return {"step": int(step), "data": iterator.state(),
+            "metrics_rows": None if logger is None else logger.rows,
+            "nonfinite_steps_total": guard.total, "train_time_s": float(train_time_s)}
+
+
+class NonFiniteGuard:
+    """Counts consecutive steps whose update the train step skipped (NaN/Inf loss or gradient)
+    and stops the run after ``limit`` of them, naming the last good checkpoint."""
+
+    def __init__(self, limit: int, ckpt):
+        self.limit = max(int(limit), 1)
+        self.ckpt = ckpt
+        self.consecutive = 0
+        self.total = 0
+
+    def restore(self, extra: dict) -> None:
+        """Continue the count of a resumed run (from its checkpoint's :func:`run_extra`);
+        periodic checkpoints follow good steps only, so ``consecutive`` restarts at 0."""
+        self.total = int(extra.get("nonfinite_steps_total", 0))
+
+    def update(self, step: int, nonfinite: float) -> dict:
+        """Record one step's ``nonfinite`` flag; returns the metrics to log."""
+        if nonfinite:
+            self.consecutive += 1
+            self.total += 1
+        else:
+            self.consecutive = 0
+        return {"nonfinite_steps_total": self.total}
+
+    def check(self, step: int) -> None:
+        """Raise TrainingError after ``limit`` bad steps in a row (call after logging)."""
+        from jaxrl_llm.errors import TrainingError
+
+        if self.consecutive >= self.limit:
+            self.ckpt.wait_until_finished()  # an async save of the last good step may be pending
+            last = self.ckpt.latest_step()
+            where = (f"the last good checkpoint (step {last}) in {self.ckpt.directory} is intact"
+                     if last is not None else "no checkpoint was written")
+            raise TrainingError(f"step {step}: {self.consecutive} consecutive steps with a "
+                                f"non-finite loss or gradient (updates skipped); stopping — "
+                                f"{where}. Lower optim.lr or check the data and rewards.")

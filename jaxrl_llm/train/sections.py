@@ -1,0 +1,343 @@
+"""The sections of a ``jaxrl-llm train`` config, one frozen dataclass each (the whole config is
+:class:`jaxrl_llm.train.run_config.RunConfig`). Each validates its own fields: a bad value is a
+one-line :class:`~jaxrl_llm.errors.ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+from jaxrl_llm.errors import ConfigError
+
+
+def _at_least(key: str, value, lo, note: str = "") -> None:
+    """ConfigError ``"<key> must be >= <lo> (<note>), got <value>"`` when ``value < lo``;
+    None passes (an optional setting left unset)."""
+    if value is not None and value < lo:
+        raise ConfigError(f"{key} must be >= {lo}{f' ({note})' if note else ''}, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASection:
+    """LoRA adapters (``jaxrl_llm.models.lora``): rank, alpha, target projections."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj")
+
+    def __post_init__(self):
+        from jaxrl_llm.models.lora import ALL_TARGETS
+
+        if self.rank < 1:
+            raise ConfigError(f"model.lora.rank must be >= 1, got {self.rank} (for full "
+                              f"fine-tuning set model.lora=null)")
+        if not self.alpha > 0:
+            raise ConfigError(f"model.lora.alpha must be > 0, got {self.alpha}")
+        unknown = [t for t in self.targets if t not in ALL_TARGETS]
+        if unknown or not self.targets:
+            raise ConfigError(f"model.lora.targets: unknown {unknown or 'empty list'}; allowed: "
+                              f"{list(ALL_TARGETS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """Which model to train and how to run it.
+
+    Attributes:
+      source: HF directory, .gguf file, ``smollm2-135m-instruct``, or ``tiny`` (random init,
+        for tests; ``tiny`` holds ModelConfig.tiny overrides and ``tokenizer`` must be ``char``).
+      tokenizer: ``auto`` (from the source) or ``char`` (byte-level test tokenizer).
+      param_dtype / compute_dtype: ``float32`` or ``bfloat16`` (master weights stay float32).
+      remat: rematerialisation per layer: none | dots | full.
+      lora: LoRA adapters instead of full fine-tuning (null = full fine-tuning).
+      freeze_embeddings: keep the (tied) embedding matrix frozen during full fine-tuning.
+    """
+
+    source: str = "smollm2-135m-instruct"
+    tokenizer: Literal["auto", "char"] = "auto"
+    tiny: dict[str, Any] | None = None
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: Literal["none", "dots", "full"] = "none"
+    lora: LoRASection | None = None
+    freeze_embeddings: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+    """Optimizer (optax): AdamW by default, with a learning-rate schedule and clipping."""
+
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = 1e-5
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+
+    def __post_init__(self):
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"optim.lr must be a finite number > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for name in ("b1", "b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.eps > 0:
+            raise ConfigError(f"optim.eps must be > 0, got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise ConfigError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ConfigError(f"optim.grad_clip must be > 0 (or null: no clipping), got "
+                              f"{self.grad_clip}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+    """Mesh axis sizes; -1 = all remaining devices."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self):
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            if size == 0 or size < -1:
+                raise ConfigError(f"mesh.{name}={size} is invalid; use a positive size or -1 "
+                                  f"(all remaining devices)")
+        if sum(size == -1 for size in sizes.values()) > 1:
+            raise ConfigError(f"mesh: only one of data/fsdp/tensor may be -1, got {sizes}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    """Where metrics go: metrics.jsonl always; TensorBoard and W&B optional."""
+
+    log_every: int = 1
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    plots: bool = True
+
+    def __post_init__(self):
+        _at_least("logging.log_every", self.log_every, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    """Orbax checkpoints under ``output_dir/checkpoints``; 0 = only at the end."""
+
+    save_every: int = 0
+    keep: int = 2
+    export_hf: bool = False
+
+    def __post_init__(self):
+        _at_least("checkpoint.save_every", self.save_every, 0, "0 = only at the end")
+        _at_least("checkpoint.keep", self.keep, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    """The data set(s): local JSONL / Parquet / saved HF datasets (no downloads)."""
+
+    train: str = ""
+    eval: str | None = None
+    max_length: int = 512
+    length_policy: Literal["error", "truncate", "drop"] = "truncate"
+    packing: bool = False
+    shuffle: bool = True
+
+    def __post_init__(self):
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length must be >= 2 tokens (a prompt token and a "
+                              f"completion token), got {self.max_length}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    """Offline training loop options."""
+
+    batch_size: int = 8
+    micro_batches: int = 1
+    eval_every: int = 0
+    eval_batches: int | None = None
+    reference: Literal["on_the_fly", "precompute"] = "on_the_fly"
+
+    def __post_init__(self):
+        _at_least("train.eval_every", self.eval_every, 0, "0 = only before and after training")
+        _at_least("train.eval_batches", self.eval_batches, 1, "or null: all")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    """Online RL: how completions are sampled and turned into updates.
+
+    Attributes:
+      prompts_per_step: B prompts per step; group_size: G samples each (N = B·G rows).
+      max_new_tokens, temperature, top_k, top_p, min_p: sampling (the loss uses the same τ).
+      epochs: K passes over the rollout batch; minibatches: optimizer steps per pass.
+      dynamic_sampling: DAPO's filter: keep drawing prompts until the batch holds
+        ``prompts_per_step`` groups whose rewards are not all equal (at most
+        ``max_sampling_rounds`` rollouts per step; what is missing is reported).
+      mask_truncated: truncated completions get zero loss weight (DAPO). (DAPO's soft
+        overlong punishment is the ``overlong`` reward: ``rewards: [{name: overlong,
+        kwargs: {buffer: L_cache}}]``, its weight the penalty factor.)
+      advantage_scale: GRPO's std scaling: group | batch | none.
+      skip_zero_advantage: the update skips the forward and backward of groups whose
+        advantages are all zero (every reward of the group equal): each minibatch is split into
+        micro-batches of ``micro_batch_groups`` groups, informative groups first, and a
+        micro-batch with no nonzero advantage is not computed. Exact (same update: the loss's
+        denominator, tokens or rows by aggregation, stays the whole minibatch's); it applies to
+        the policy-gradient algorithms other than PPO with group_size ≥ 2 when the loss has no
+        β·KL and no entropy term, and is ignored otherwise.
+      micro_batch_groups: groups per update micro-batch when skipping, rounded up to a
+        divisor of the minibatch's groups whose rows split over the mesh's batch shards;
+        smaller skips more finely, larger runs fewer, bigger matmuls.
+    """
+
+    prompts_per_step: int = 4
+    group_size: int = 8
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    epochs: int = 1
+    minibatches: int = 1
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    mask_truncated: bool = False
+    advantage_scale: Literal["group", "batch", "none"] = "group"
+    skip_zero_advantage: bool = True
+    micro_batch_groups: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOSection:
+    """PPO's critic and reward shaping (RLHF-PPO: Ziegler et al. 2019, Ouyang et al. 2022).
+
+    Attributes:
+      kl_coef: β of the per-token KL penalty in the reward (r_t = −β·KL_t, + score at the end).
+      kl_kind: KL estimator of the shaping (k1 as TRL / OpenRLHF / verl).
+      gamma, lam: GAE's discount and λ (Schulman et al. 2016; 1.0 and 0.95 are RLHF defaults).
+      whiten_advantages: whiten GAE advantages over the batch's valid tokens.
+      critic_lr: learning rate of the critic (a value head on a copy of the policy).
+      value_clip: PPO2 value clipping ε_v (null = off).
+    """
+
+    kl_coef: float = 0.05
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k1"
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    critic_lr: float = 1e-5
+    value_clip: float | None = 0.2
+
+    def __post_init__(self):
+        if not self.kl_coef >= 0:
+            raise ConfigError(f"ppo.kl_coef must be >= 0, got {self.kl_coef}")
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"ppo.{name} must be in [0, 1], got {getattr(self, name)}")
+        if not (self.critic_lr > 0 and math.isfinite(self.critic_lr)):
+            raise ConfigError(f"ppo.critic_lr must be a finite number > 0, got "
+                              f"{self.critic_lr}")
+        if self.value_clip is not None and not self.value_clip > 0:
+            raise ConfigError(f"ppo.value_clip must be > 0 (or null: off), got "
+                              f"{self.value_clip}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardItem:
+    """One reward function by name (``jaxrl_llm.rewards.REWARD_FUNCTIONS`` or
+    ``package.module:function``), its weight and keyword arguments."""
+
+    name: str
+    weight: float = 1.0
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobSection:
+    """How the losses compute per-token log-probs (performance, not hyperparameters).
+
+    Attributes:
+      chunk_size: time chunk of the chunked log-prob op (memory vs. speed).
+      shared_prompt: online group RL: compute each prompt once per group in the update's
+        forward (same log-probs up to float rounding, fewer FLOPs); needs minibatches of
+        whole groups (``rollout.minibatches`` dividing ``rollout.prompts_per_step``).
+    """
+
+    chunk_size: int = 128
+    shared_prompt: bool = True
+
+    def __post_init__(self):
+        _at_least("logprobs.chunk_size", self.chunk_size, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleItem:
+    """A schedule of one loss hyperparameter, from the ``loss`` value to ``end``; the value
+    is a traced input of the train step, so it does not recompile.
+
+    Attributes:
+      name: a traceable hyperparameter of the algorithm's loss (``LossSpec.traced_hparams``,
+        e.g. ``kl_coef``).
+      end: the value after ``steps`` steps. kind: ``linear`` or ``cosine`` (optax schedules).
+      steps: steps to reach ``end`` (null = ``max_steps``).
+    """
+
+    name: str
+    end: float
+    kind: Literal["linear", "cosine"] = "linear"
+    steps: int | None = None
+
+    def __post_init__(self):
+        _at_least(f"schedules[{self.name}].steps", self.steps, 1, "or null: max_steps")
+        if not math.isfinite(self.end) or self.end < 0:
+            raise ConfigError(f"schedules[{self.name}].end must be a finite number >= 0, got "
+                              f"{self.end}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessRewardSection:
+    """GRPO with process supervision (DeepSeekMath §4.1.3): per-step rewards.
+
+    Attributes:
+      name: ``package.module:function``, a step scorer ``fn(prompt, steps, **fields) ->
+        list[float]`` (one score per step), or ``outcome_as_process`` to score every prefix of
+        the completion with the first outcome reward ("is the answer there yet?").
+      delimiter: regex that separates steps (default: newlines).
+      kwargs: bound to an imported scorer.
+    """
+
+    name: str = "outcome_as_process"
+    delimiter: str = r"\n+"
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    """Held-out evaluation of an online run: greedy decoding, mean of the first reward.
+
+    Attributes:
+      every: evaluate every N steps (0 = only before and after training).
+      num_examples: how many held-out prompts (null = all).
+      batch_size: prompts per generation call.
+      before: also evaluate before the first step.
+    """
+
+    every: int = 0
+    num_examples: int | None = None
+    batch_size: int = 64
+    before: bool = True
+
+    def __post_init__(self):
+        _at_least("eval.every", self.every, 0, "0 = only before and after training")
+        _at_least("eval.num_examples", self.num_examples, 1, "or null: all")
+        _at_least("eval.batch_size", self.batch_size, 1)
