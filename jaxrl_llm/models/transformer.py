@@ -44,7 +44,7 @@ class KVCache(NamedTuple):
     v: jax.Array
     mask: jax.Array
     positions: jax.Array
-    index: jax.Array
+    index: jax.Array  # type: ignore[assignment]  # shadows tuple.index; fine at run time
 
     @property
     def max_len(self) -> int:
@@ -57,12 +57,13 @@ class ModelOutputs(NamedTuple):
 
     Attributes:
       hidden: ``[B, T, D]`` final-normed hidden states.
-      unembed: ``[D, V]`` output projection (the embedding's transpose when tied).
+      unembed: ``[D, V]`` output projection (the embedding's transpose when tied), or None
+        for a scalar-head model that has no language-model head.
       scalar: ``[B, T]`` scalar-head output (value / reward) or None.
     """
 
     hidden: jax.Array
-    unembed: jax.Array
+    unembed: jax.Array | None
     scalar: jax.Array | None
 
 
