@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 
 import chex
 import jax
@@ -532,6 +533,8 @@ def dot_product_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Arra
 
     Every implementation computes ``softmax(cap(q·kᵀ/√E) masked) · v`` for the keys the
     :class:`AttentionMask` allows to real queries; they differ in memory, speed and rounding.
+    When cuDNN is chosen but cannot run (no cuDNN, or no kernel for the shape on this GPU),
+    a RuntimeWarning says so and the blockwise path runs.
 
     Args:
       q_btne: ``[B, T, H, E]`` queries; k_bske, v_bske: ``[B, S, K, E]``; H a multiple of K.
@@ -548,7 +551,14 @@ def dot_product_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Arra
         causal=mask.q_index is not None, key_mask=mask.k_valid is not None,
         segment_ids=mask.q_segments is not None, window=window, softcap=softcap)
     if chosen == AttentionImpl.CUDNN:
-        return cudnn_attention(q_btne, k_bske, v_bske)
+        try:
+            return cudnn_attention(q_btne, k_bske, v_bske)
+        except (NotImplementedError, RuntimeError) as e:
+            # Raised while tracing: no cuDNN found, or this GPU / cuDNN version has no fused
+            # kernel for the shape. The blockwise path computes the same attention.
+            warnings.warn(f"cuDNN attention unavailable ({e}); using blockwise attention",
+                          RuntimeWarning, stacklevel=2)
+            chosen = AttentionImpl.BLOCKWISE
     if chosen == AttentionImpl.SPLASH:
         return splash_attention(q_btne, k_bske, v_bske, mask, softcap=softcap)
     if chosen == AttentionImpl.NAIVE:

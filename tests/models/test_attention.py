@@ -308,3 +308,15 @@ def test_blockwise_bfloat16_close_to_naive():
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
                                atol=2e-2)
+
+
+def test_cudnn_unavailable_falls_back_to_blockwise_with_a_warning():
+    # On this CPU, cuDNN raises while tracing ("cuDNN is not detected"): blockwise runs instead.
+    q, k, v = _qkv(6, 1, 600, 600, 1, 2, 64, jnp.bfloat16)
+    mask = M.causal_self_mask(None, num_tokens=600)
+    assert M.select_attention_impl("cuda", num_queries=600, num_keys=600, head_dim=64,
+                                   dtype=jnp.bfloat16) == AttentionImpl.CUDNN
+    with pytest.warns(RuntimeWarning, match="blockwise"):
+        got = M.dot_product_attention(q, k, v, mask, backend="cuda")
+    ref = M.blockwise_attention(q, k, v, mask)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(ref, np.float32))
