@@ -94,6 +94,7 @@ def test_blockwise_matches_hand_computed_attention():
     np.testing.assert_allclose(out[0, :, 0, 0], [1.0, 1.5, 7.0 / 3.0], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_blockwise_equals_naive_over_random_configs():
     """A seeded property test: random shapes, cache offsets, masks, windows and caps (values
     for all 20, gradients for every fourth: the backward's compile is the slow part)."""
