@@ -455,18 +455,21 @@ def compile_run(
                                  resident_dec))
 
     rows_per_update = step_rows // step_micro
-    est = estimate_memory(config, algorithm, batch_size=batch_size, seq_len=t,
-                          prompt_len=prompt_len, group_size=group_size, dtype=dtype,
-                          lora_rank=lora_rank, remat=remat, device=f"tpu-{topology.generation}",
-                          micro_batches=max(1, (rollout_rows if online else step_rows)
-                                            // max(rows_per_update, 1)),
-                          **sizes)
+    # the estimator, asked about the same run (these settings are kept in the report)
+    est_kwargs = dict(batch_size=batch_size, seq_len=t, prompt_len=prompt_len,
+                      group_size=group_size, dtype=dtype, lora_rank=lora_rank, remat=remat,
+                      device=f"tpu-{topology.generation}",
+                      micro_batches=max(1, (rollout_rows if online else step_rows)
+                                        // max(rows_per_update, 1)),
+                      prompt_group_size=int(getattr(lc, "prompt_group_size", 1)), **sizes)
+    est = estimate_memory(config, algorithm, **est_kwargs)
     settings = dict(batch_size=batch_size, seq_len=t, prompt_len=prompt_len,
                     train_flops_analytic=analytic_train_flops(
                         config, step_rows * t, remat=remat) / topology.num_devices,
                     group_size=group_size if online else None, minibatches=minibatches,
                     micro_batches=step_micro, remat=remat, dtype=dtype, lora_rank=lora_rank,
-                    rows_per_update=rows_per_update, params=config.num_params())
+                    rows_per_update=rows_per_update, params=config.num_params(),
+                    estimate_kwargs=est_kwargs)
     return CompileReport(topology=topology.name, algorithm=algorithm, mesh=sizes,
                          hbm_bytes=topology.hbm_bytes_per_device, programs=tuple(programs),
                          resident=resident, estimate=est, settings=settings)

@@ -11,6 +11,8 @@ What is counted, per device (``shards`` = fsdp × tensor for weights, data × fs
   ``frozen_dtype``, float32 by default as the trainers hold them); with LoRA the reference is
   the base with adapters off (no second copy) and only the adapters are trainable;
 * gradients (float32, like the master weights) and AdamW moments (2 × float32) of what trains;
+* the compute-dtype copy of a trained model's weights that its step makes (XLA hoists the
+  per-layer casts out of the scan over layers, so the whole sharded copy exists at once);
 * training activations kept for the backward pass, without or with rematerialisation (per
   layer, per token: the layer input only for ``full``; the matmul outputs for ``dots``);
 * logits: the ``[B, T, V]`` float32 tensor and its softmax/gradient when materialised, or one
@@ -250,6 +252,7 @@ def estimate_memory(
     device: str = "h100",
     micro_batches: int = 1,
     frozen_dtype: str = "fp32",
+    prompt_group_size: int = 1,
 ) -> MemoryEstimate:
     """Estimate per-device memory of one training step of ``algorithm``.
 
@@ -257,7 +260,8 @@ def estimate_memory(
       config: the model (policy; critic and reward model are assumed the same size).
       algorithm: a key of :data:`ALGORITHMS`.
       batch_size: examples per step (online: prompts per step; rows = prompts × group_size).
-      seq_len: tokens per sequence (prompt + completion). prompt_len: for the KV cache split.
+      seq_len: tokens per sequence (prompt + completion). prompt_len: the prompt's share of
+        it (needed for ``prompt_group_size``).
       group_size: G samples per prompt for online algorithms.
       data, fsdp, tensor: mesh axis sizes. dtype: 'bf16' or 'fp32' (activations and the KV
         cache; trainable weights keep float32 master copies).
@@ -271,6 +275,9 @@ def estimate_memory(
         'fp32' by default: this package's trainers keep the reference as a copy of the float32
         master weights and load models in float32, casting to ``dtype`` per use (the compiled
         TPU programs of ``jaxrl-llm compile`` show them at 4 bytes/param).
+      prompt_group_size: rows sharing one prompt in the update's forward pass (the online
+        trainer's ``loss.prompt_group_size``, G by default there): the prompt's activations
+        are computed once per group, the completions' per row. 1 = every row in full.
     Returns:
       A :class:`MemoryEstimate`.
     """
@@ -285,7 +292,7 @@ def estimate_memory(
         raise ConfigError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
     for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("group_size", group_size),
                     ("data", data), ("fsdp", fsdp), ("tensor", tensor),
-                    ("micro_batches", micro_batches)):
+                    ("micro_batches", micro_batches), ("prompt_group_size", prompt_group_size)):
         if v < 1:
             raise ConfigError(f"{name} must be >= 1, got {v}")
     if lora_rank < 0:
@@ -304,6 +311,9 @@ def estimate_memory(
     local_rows = -(-rows_per_step // batch_shards)
     train_rows = -(-local_rows // micro_batches)  # rows of one forward/backward slice
     tokens = train_rows * seq_len
+    if prompt_group_size > 1 and prompt_len:  # the shared prompt once per group
+        tokens = (train_rows * (seq_len - prompt_len)
+                  + -(-train_rows // prompt_group_size) * prompt_len)
     opt_factor = 2 if optimizer == "adamw" else 0
 
     weight_copies = 0
@@ -334,6 +344,8 @@ def estimate_memory(
                 act += activation_bytes_per_token_per_layer(
                     config, seq_len, remat="none", dtype_bytes=b, tensor=tensor) * tokens
             add(name, f"activations (remat={remat})", act, True)
+            if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
+                add(name, f"weights cast to {dtype} (in the step)", n * b / weight_shards, True)
             if role != Role.CRITIC and role != Role.REWARD:
                 v = config.vocab_size / tensor
                 width = seq_len if logits == "full" else min(logits_chunk, seq_len)
