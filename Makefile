@@ -28,7 +28,11 @@ run: $(STAMP)
 	$(BIN)/jaxrl-llm train configs/grpo_smollm2_addition.yaml output_dir=$(RUN_DIR)
 	$(BIN)/python tools/check_hf_export.py $(RUN_DIR)/hf
 
+# Lint, format and types first (seconds), then the whole suite.
 test: $(STAMP)
+	$(BIN)/ruff check jaxrl_llm tests tools
+	$(BIN)/ruff format --check jaxrl_llm tests tools
+	$(BIN)/mypy jaxrl_llm
 	$(BIN)/python -m pytest -q tests
 
 clean:

@@ -8,7 +8,7 @@ Conventions used across the package:
 * Losses are minimised: ``loss = -objective``.
 
 Layers (imports point up this list, never down): ops, objectives, models, interop, sampling,
-rewards, losses, parallel, train, data, cli. See ``docs/DESIGN.md`` in the repository.
+rewards, losses, parallel, train, data, cli. ``docs/ARCHITECTURE.md`` in the repository maps the layers.
 """
 
 __version__ = "0.1.0"

@@ -103,6 +103,17 @@ from jaxrl_llm.losses.registry import (
     policy_reference_logps,
 )
 from jaxrl_llm.losses.sft import SFTConfig, sft_config, sft_denominator, sft_loss
+from jaxrl_llm.losses.surrogates import (
+    CISPOConfig,
+    GMPOConfig,
+    SAPOConfig,
+    cispo_config,
+    cispo_loss,
+    gmpo_config,
+    gmpo_loss,
+    sapo_config,
+    sapo_loss,
+)
 from jaxrl_llm.losses.unpaired import (
     KTOConfig,
     PairwiseRankConfig,
@@ -116,6 +127,15 @@ from jaxrl_llm.losses.unpaired import (
 )
 
 __all__ = [
+    "sapo_loss",
+    "sapo_config",
+    "gmpo_loss",
+    "gmpo_config",
+    "cispo_loss",
+    "cispo_config",
+    "SAPOConfig",
+    "GMPOConfig",
+    "CISPOConfig",
     "ALGORITHMS",
     "AdvantageEstimator",
     "Algorithm",

@@ -169,7 +169,7 @@ class SimPOConfig:
 
     Attributes:
       beta: β scaling the average log-likelihood reward (2.0, the paper's common setting).
-      gamma: target reward margin γ (0.5, as the DESIGN contract and TRL's CPO/SimPO).
+      gamma: target reward margin γ (0.5, as the public contract of jaxrl_llm.objectives and TRL's CPO/SimPO).
     """
 
     beta: float = 2.0

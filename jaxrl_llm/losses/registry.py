@@ -76,6 +76,20 @@ from jaxrl_llm.losses.preference import (
     simpo_loss,
 )
 from jaxrl_llm.losses.sft import SFTConfig, sft_config, sft_denominator, sft_loss
+from jaxrl_llm.losses.surrogates import (
+    CISPOConfig,
+    GMPOConfig,
+    SAPOConfig,
+    cispo_config,
+    cispo_loss,
+    gmpo_config,
+    gmpo_loss,
+    sapo_config,
+    sapo_loss,
+    sequence_denominator,
+    token_denominator,
+    zero_advantage_batch,
+)
 from jaxrl_llm.losses.unpaired import (
     KTOConfig,
     PairwiseRankConfig,
@@ -165,6 +179,12 @@ LOSSES: dict[str, LossSpec] = {
                      batch_kind="preference"),
     "simpo": LossSpec(simpo_loss, pair_denominator, SimPOConfig, simpo_config,
                       batch_kind="preference"),
+    "cispo": LossSpec(cispo_loss, token_denominator, CISPOConfig, cispo_config,
+                      batch_kind="rl", zero_batch_fn=zero_advantage_batch),
+    "sapo": LossSpec(sapo_loss, token_denominator, SAPOConfig, sapo_config,
+                     batch_kind="rl", zero_batch_fn=zero_advantage_batch),
+    "gmpo": LossSpec(gmpo_loss, sequence_denominator, GMPOConfig, gmpo_config,
+                     batch_kind="rl", zero_batch_fn=zero_advantage_batch),
     "pairwise_rank": LossSpec(pairwise_rank_loss, group_denominator, PairwiseRankConfig,
                               pairwise_rank_config, batch_kind="rank"),
 }
@@ -300,6 +320,10 @@ ALGORITHMS: dict[str, Algorithm] = {
     "reinforce_pp": _group_pg("reinforce_pp", _A.REINFORCE_PP, process=False),
     "rloo": _group_pg("rloo", _A.RLOO, process=False),
     "remax": _group_pg("remax", _A.REMAX, groups=False, process=False),
+    # 2025-26 surrogates: the GRPO data path (group advantages) with another per-token loss
+    "cispo": _group_pg("cispo", _A.GRPO, reward="verifiable"),
+    "sapo": _group_pg("sapo", _A.GRPO, reward="verifiable"),
+    "gmpo": _group_pg("gmpo", _A.GRPO, reward="verifiable"),
     "online_dpo": Algorithm(loss="dpo", family=Family.ONLINE_PAIRS, data_format="prompt",
                             min_group_size=2, scores_with_reward_model=True,
                             sequences_per_example=2, data_note="online pairs",

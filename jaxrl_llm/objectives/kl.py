@@ -56,7 +56,7 @@ def kl_penalty(
       logp: ``[...]`` float log π(y_t) of the policy being trained.
       ref_logp: same shape, log π_ref(y_t) of the frozen reference policy.
       kind: a :class:`KLKind` or one of the strings ``"k1"``, ``"k2"``, ``"k3"``, ``"abs"``.
-        The DESIGN contract lists ``kind`` without a default; we default to ``"k3"``.
+        The public contract lists ``kind`` without a default; we default to ``"k3"``.
       clamp: if set, the estimate is clipped to ``[−clamp, clamp]`` (verl's
         ``low_var_kl`` uses 10). ``None`` (default) leaves it exact.
     Returns:

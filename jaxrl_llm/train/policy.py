@@ -119,7 +119,7 @@ def load_policy_model(cfg: RunConfig):
         check_vocab(config, tok, source="model.source=tiny", tokenizer_name="model.tokenizer=char",
                     fix="set model.tiny.vocab_size >= that (or leave it out)")
         params = models.init_params(config, jax.random.PRNGKey(cfg.seed))
-        return config, params, tok
+        return dataclasses.replace(config, attention=m.attention), params, tok
     from jaxrl_llm.interop import load_model
 
     loaded = load_model(m.source, param_dtype="float32", compute_dtype=m.compute_dtype)
@@ -131,7 +131,7 @@ def load_policy_model(cfg: RunConfig):
         raise ConfigError(f"model.source={m.source!r} has no tokenizer; set model.tokenizer")
     check_vocab(loaded.config, tok, source=f"model.source={m.source!r}",
                 tokenizer_name=f"model.tokenizer={m.tokenizer}")
-    return loaded.config, loaded.params, tok
+    return dataclasses.replace(loaded.config, attention=m.attention), loaded.params, tok
 
 
 def tokenizer_size(tokenizer) -> int | None:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import objectives
+from jaxrl_llm.objectives import pass_at_k
 from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import SamplingConfig, generate
@@ -158,5 +159,23 @@ class Rollouts:
             n_valid += int(ok.sum())
             lengths.extend(exp.rollout.lengths.tolist())
         acc = float(np.mean(scores)) if scores else float("nan")
-        return {f"eval/{metric}": acc, "eval/num_examples": len(items),
-                "eval/valid": n_valid, "eval/completion_length": float(np.mean(lengths))}
+        out = {f"eval/{metric}": acc, "eval/num_examples": len(items),
+               "eval/valid": n_valid, "eval/completion_length": float(np.mean(lengths))}
+        if settings.num_samples:
+            out.update(self._pass_at(items, settings, metric))
+        return out
+
+    def _pass_at(self, items: list[TokenizedPrompt], settings: EvalSection, metric: str
+                 ) -> dict[str, float]:
+        """``eval/pass@k`` over ``settings.num_samples`` sampled completions per prompt (a
+        fixed seed, so every evaluation of a run draws the same way)."""
+        n = settings.num_samples
+        correct: list[int] = []
+        for i in range(0, len(items), settings.batch_size):
+            exp = self.sample(items[i:i + settings.batch_size], seed=7_777_777 + i,
+                              num_samples=n)
+            ok = np.nan_to_num(exp.scores[metric], nan=0.0) == 1.0
+            correct.extend(ok.reshape(-1, n).sum(1).tolist())
+        c = np.asarray(correct, np.int64)
+        return {f"eval/pass@{k}": float(np.mean(pass_at_k(n, c, k=k)))
+                for k in settings.pass_at}

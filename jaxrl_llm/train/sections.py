@@ -54,6 +54,9 @@ class ModelSection:
       remat: rematerialisation per layer: none | dots | full.
       lora: LoRA adapters instead of full fine-tuning (null = full fine-tuning).
       freeze_embeddings: keep the (tied) embedding matrix frozen during full fine-tuning.
+      attention: ``auto`` (the backend's fused kernel where it applies, blockwise O(T)-memory
+        attention for long sequences, naive for short ones), or force ``naive`` /
+        ``blockwise`` / ``cudnn`` / ``splash`` (``jaxrl_llm.models.AttentionImpl``).
     """
 
     source: str = "smollm2-135m-instruct"
@@ -64,6 +67,7 @@ class ModelSection:
     remat: Literal["none", "dots", "full"] = "none"
     lora: LoRASection | None = None
     freeze_embeddings: bool = False
+    attention: Literal["auto", "naive", "blockwise", "cudnn", "splash"] = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,14 +334,25 @@ class EvalSection:
       num_examples: how many held-out prompts (null = all).
       batch_size: prompts per generation call.
       before: also evaluate before the first step.
+      num_samples: n sampled completions per held-out prompt (at the rollout's temperature)
+        besides the greedy one (0 = greedy only); pass_at: the k of ``eval/pass@k``, the
+        unbiased estimator of Chen et al. 2021 over those n samples (a sample is correct when
+        the first reward scores it 1).
     """
 
     every: int = 0
     num_examples: int | None = None
     batch_size: int = 64
     before: bool = True
+    num_samples: int = 0
+    pass_at: tuple[int, ...] = ()
 
     def __post_init__(self):
         _at_least("eval.every", self.every, 0, "0 = only before and after training")
         _at_least("eval.num_examples", self.num_examples, 1, "or null: all")
         _at_least("eval.batch_size", self.batch_size, 1)
+        _at_least("eval.num_samples", self.num_samples, 0, "0 = greedy only")
+        for k in self.pass_at:
+            if not 1 <= k <= self.num_samples:
+                raise ConfigError(f"eval.pass_at: k={k} must be between 1 and "
+                                  f"eval.num_samples={self.num_samples}")

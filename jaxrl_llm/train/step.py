@@ -1,6 +1,6 @@
 """The sharded, jitted train step: exact gradient accumulation, mixed precision, frozen models.
 
-Exact accumulation (the "reduce late and exactly" rule of STYLE.md). A token-mean loss over a
+Exact accumulation (reduce late and exactly). A token-mean loss over a
 batch is Σ_b,t ℓ_bt m_bt / Σ_b,t m_bt. Averaging per-micro-batch means would weight short
 micro-batches wrongly, so the step computes the denominator once over the *whole* batch with
 the loss's ``denominator_fn`` and sets ``batch["loss_denominator"]``; every micro-batch loss

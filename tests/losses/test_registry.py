@@ -22,7 +22,7 @@ from tests.losses.batches import (
 
 EXPECTED = {"sft", "reward_model", "ppo_actor", "ppo_critic", "grpo", "dr_grpo", "dapo", "gspo",
             "reinforce", "reinforce_pp", "rloo", "remax", "dpo", "kto", "orpo", "simpo",
-            "pairwise_rank"}
+            "pairwise_rank", "cispo", "sapo", "gmpo"}
 
 PRESET_ARGS = {"pairwise_rank": dict(group_size=2), "dr_grpo": dict(max_len=8)}
 

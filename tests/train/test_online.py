@@ -16,7 +16,8 @@ from jaxrl_llm.train.online import OnlineTrainer, train_online
 from jaxrl_llm.train.run_config import RunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ONLINE = ["ppo", "online_dpo", "grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp", "rloo", "remax"]
+ONLINE = ["ppo", "online_dpo", "grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp",
+          "rloo", "remax", "cispo", "sapo", "gmpo"]
 TINY = ["model.source=tiny", "model.tokenizer=char", "logging.tensorboard=false",
         "logging.plots=false"]
 
@@ -307,3 +308,21 @@ def test_kl_schedule_moves_beta_without_recompiling(toy_data, tmp_path):
         from jaxrl_llm.train.run_config import loss_config
 
         loss_config(toy_config(toy_data, tmp_path, "grpo", schedules=[dict(name="beta", end=0.0)]))
+
+
+def test_eval_pass_at_k_from_sampled_completions(toy_data, tmp_path):
+    cfg = toy_config(toy_data, tmp_path / "passk", "grpo", max_steps=1,
+                     rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=1),
+                     eval=dict(before=False, num_examples=8, batch_size=8, num_samples=4,
+                               pass_at=[1, 4]))
+    trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
+    try:
+        ev = trainer.evaluate()
+    finally:
+        trainer.close()
+    p1, p4 = ev["eval/pass@1"], ev["eval/pass@4"]
+    assert 0.0 <= p1 <= p4 <= 1.0
+    # pass@1 is the mean share of correct samples: a multiple of 1/(8 prompts x 4 samples)
+    assert (p1 * 32) == pytest.approx(round(p1 * 32))
+    with pytest.raises(ConfigError, match="eval.pass_at"):
+        toy_config(toy_data, tmp_path, "grpo", eval=dict(num_samples=2, pass_at=[4]))
