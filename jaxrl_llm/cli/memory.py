@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     config = resolve_model_config(args.model)
     est = estimate_memory(config, args.algorithm, batch_size=args.batch, seq_len=args.seq_len,
                           group_size=args.group_size, lora_rank=args.lora_rank, dtype=args.dtype,
-                          remat=args.remat, logits=args.logits, device=args.device, **mesh)
+                          remat=args.remat, logits=args.logits, device=args.device,
+                          data=mesh["data"], fsdp=mesh["fsdp"], tensor=mesh["tensor"])
     if args.json:
         out = est.to_json()
         out.update(model=args.model, mesh=mesh, params=config.num_params())

@@ -150,9 +150,11 @@ def collate_kto(items: Sequence[TokenizedSequence], *,
     ``padding.max_len`` is set, a KL completion that would not fit is cut from the right.
     """
     _nonempty(items, "KTO examples")
+    labels = []
     for i, x in enumerate(items):
         if x.label is None:
             raise DataError(f"KTO batch row {i} has no label; build it with Format.KTO")
+        labels.append(int(x.label))
     b = len(items)
     pairs = [(x.prompt_ids, x.completion_ids) for x in items]
     kl_pairs = [(items[i].prompt_ids, items[(i + 1) % b].completion_ids) for i in range(b)]
@@ -162,7 +164,7 @@ def collate_kto(items: Sequence[TokenizedSequence], *,
     t = _bucket(n, padding)
     out = _rows(pairs, t, padding.pad_id)
     out.update(_rows(kl_pairs, t, padding.pad_id, "kl_"))
-    out["label"] = np.asarray([int(x.label) for x in items], np.int32)
+    out["label"] = np.asarray(labels, np.int32)
     return out
 
 

@@ -64,7 +64,7 @@ class BatchIterator(Iterator[Any]):
         self._seed, self._epoch, self._position = int(seed), 0, 0
         if state is not None:
             self._restore(state)
-        self._order = None
+        self._order = np.empty((0,), np.int64)  # the order of epoch self._order_epoch
         self._order_epoch = -1
 
     @property

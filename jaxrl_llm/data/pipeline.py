@@ -99,7 +99,8 @@ def collate_fn_for(fmt: Format | str, *, padding: Padding = Padding(),
             raise ConfigError("packing needs padding.max_len (the packed row length)")
         return functools.partial(pack_sequences, row_len=padding.max_len, num_rows=pack_rows,
                                  pad_id=padding.pad_id)
-    fn = {Format.SFT: collate_sequences, Format.PREFERENCE: collate_preferences,
-          Format.KTO: collate_kto, Format.PAIRWISE_RANK: collate_ranks,
-          Format.PROMPT: collate_prompts}[fmt]
-    return functools.partial(fn, padding=padding)
+    collators: dict[Format, Callable[..., Any]] = {
+        Format.SFT: collate_sequences, Format.PREFERENCE: collate_preferences,
+        Format.KTO: collate_kto, Format.PAIRWISE_RANK: collate_ranks,
+        Format.PROMPT: collate_prompts}
+    return functools.partial(collators[fmt], padding=padding)

@@ -277,6 +277,7 @@ def policy_gradient_loss(
     hp.update(hparams or {})
     logp, ent, _ = forward_logps(params, batch, apply_fn=apply_fn, with_entropy=True,
                                  loss=name, **logprobs.kwargs())
+    assert ent is not None  # with_entropy=True
     mask = batch["loss_mask"]
     adv = require(batch, "advantages", loss=name,
                   hint="compute them with an objectives.*_advantages estimator first")
@@ -310,6 +311,7 @@ def policy_gradient_loss(
     if config.kl_coef > 0:
         # β·KL added here rather than inside the objective so that β may be traced: the
         # aggregation is linear, so Σ agg(pg + β·kl) = agg(pg) + β·agg(kl), same denominator.
+        assert ref_logp is not None  # required above when kl_coef > 0
         ref = jax.lax.stop_gradient(ref_logp.astype(jnp.float32))
         kl = jnp.where(m, kl_penalty(logp.astype(jnp.float32), ref, kind=config.kl_kind), 0.0)
         kl_num, _ = aggregate_parts(kl, mask, mode=config.aggregation, max_len=config.max_len)

@@ -98,7 +98,13 @@ def causal_self_mask(attention_mask: jax.Array | None, positions: jax.Array | No
       num_tokens: T, needed only when all three are None.
     """
     known = [x for x in (attention_mask, positions, segment_ids) if x is not None]
-    t = known[0].shape[1] if known else int(num_tokens)
+    if known:
+        t = known[0].shape[1]
+    elif num_tokens is None:
+        raise ValueError("causal_self_mask needs num_tokens when attention_mask, positions and "
+                         "segment_ids are all None")
+    else:
+        t = int(num_tokens)
     return AttentionMask(
         q_index=jnp.arange(t, dtype=jnp.int32),
         k_valid=None if attention_mask is None else attention_mask.astype(bool),

@@ -96,7 +96,8 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int | None = None
+    # None (the default) becomes hidden_size // num_heads in __post_init__, so readers see an int.
+    head_dim: int = None  # type: ignore[assignment]
     max_position_embeddings: int = 8192
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = RopeScaling.NONE
@@ -171,22 +172,24 @@ class ModelConfig:
     def tiny(cls, family: Family | str = Family.LLAMA, **overrides) -> ModelConfig:
         """A tiny random-init config with odd, distinct sizes for unit tests."""
         family = Family(family)
-        base = dict(family=family, vocab_size=97, hidden_size=48, intermediate_size=80,
-                    num_layers=2, num_heads=3, num_kv_heads=1, head_dim=16,
-                    max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6,
-                    tie_embeddings=family == Family.LLAMA,
-                    attention_bias=family == Family.QWEN2, qk_norm=family == Family.QWEN3)
+        base: dict[str, Any] = dict(
+            family=family, vocab_size=97, hidden_size=48, intermediate_size=80,
+            num_layers=2, num_heads=3, num_kv_heads=1, head_dim=16,
+            max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6,
+            tie_embeddings=family == Family.LLAMA,
+            attention_bias=family == Family.QWEN2, qk_norm=family == Family.QWEN3)
         base.update(overrides)
         return cls(**base)
 
     @classmethod
     def smollm2_135m(cls, **overrides) -> ModelConfig:
         """SmolLM2-135M(-Instruct): 30 layers, D=576, 9 heads / 3 KV heads, tied, V=49152."""
-        base = dict(family=Family.LLAMA, vocab_size=49152, hidden_size=576,
-                    intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
-                    head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
-                    rms_norm_eps=1e-5, tie_embeddings=True, bos_token_id=1,
-                    eos_token_ids=(2,), pad_token_id=2)
+        base: dict[str, Any] = dict(
+            family=Family.LLAMA, vocab_size=49152, hidden_size=576,
+            intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+            head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
+            rms_norm_eps=1e-5, tie_embeddings=True, bos_token_id=1,
+            eos_token_ids=(2,), pad_token_id=2)
         base.update(overrides)
         return cls(**base)
 

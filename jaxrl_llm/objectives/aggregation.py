@@ -84,6 +84,7 @@ def aggregation_denominator(
     else:
         rows = jnp.sum(jnp.any(mask.astype(bool), axis=-1).astype(jnp.float32))
     if mode is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM:
+        assert max_len is not None  # _check raised otherwise
         return rows * float(max_len)
     return rows
 

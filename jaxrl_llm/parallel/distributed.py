@@ -71,14 +71,16 @@ def initialize_distributed(coordinator_address: str | None = None,
         return False
     if n == 1 and address is None:
         return False
-    missing = [k for k, v in given.items() if v is None]
-    if missing:
+    if address is None or n is None or pid is None:
+        missing = [k for k, v in given.items() if v is None]
         raise ConfigError(f"distributed init needs coordinator_address, num_processes and "
                           f"process_id; missing {missing} (pass them or set {ENV_COORDINATOR}, "
                           f"{ENV_NUM_PROCESSES}, {ENV_PROCESS_ID})")
     if not 0 <= pid < n:
         raise ConfigError(f"process_id={pid} must be in [0, num_processes={n})")
-    platforms = os.environ.get("JAX_PLATFORMS", "") or str(jax.config.jax_platforms or "")
+    # jax.config options are dynamic attributes, unknown to the checker.
+    configured = jax.config.jax_platforms  # type: ignore[attr-defined]
+    platforms = os.environ.get("JAX_PLATFORMS", "") or str(configured or "")
     if platforms in ("", "cpu") or platforms.startswith("cpu"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=address, num_processes=n, process_id=pid)
@@ -107,7 +109,7 @@ def host_local_rows(mesh: Mesh, global_batch_size: int,
                           f"{shards} batch shards of mesh {dict(mesh.shape)}")
     index_map = sharding.addressable_devices_indices_map((global_batch_size,))
     rows = sorted({(idx[0].start or 0, idx[0].stop if idx[0].stop is not None
-                    else global_batch_size) for idx in index_map.values()})
+                    else global_batch_size) for idx in index_map.values() if idx is not None})
     start, stop = rows[0][0], rows[-1][1]
     covered = sum(b - a for a, b in rows)
     if covered != stop - start:

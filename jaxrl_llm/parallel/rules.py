@@ -92,7 +92,7 @@ def logical_to_spec(
         raise ConfigError(f"{name}: {len(logical_axes)} logical axes {logical_axes} for an array "
                           f"of shape {shape}")
     used: set[str] = set()
-    spec = []
+    spec: list[str | tuple[str, ...] | None] = []
     for dim, logical in enumerate(logical_axes):
         if logical is None:
             spec.append(None)
@@ -148,10 +148,13 @@ def logical_to_sharding(
       ConfigError: a logical axis has no rule (never silently replicated).
     """
     paths_axes, treedef = jax.tree_util.tree_flatten_with_path(axes_tree, is_leaf=_is_axes_leaf)
+    shape_leaves: list[tuple[int, ...] | None]
     if shapes is None:
         shape_leaves = [None] * len(paths_axes)
     else:
-        shape_leaves = [tuple(s.shape) for s in treedef.flatten_up_to(shapes)]
+        # jaxlib ships no type stub for PyTreeDef's methods.
+        leaves = treedef.flatten_up_to(shapes)  # type: ignore[attr-defined]
+        shape_leaves = [tuple(s.shape) for s in leaves]
     out = []
     for (path, axes), shape in zip(paths_axes, shape_leaves):
         spec = logical_to_spec(axes, mesh, rules, shape=shape, name=jax.tree_util.keystr(path))

@@ -149,7 +149,7 @@ class RewardSet:
         self._strikes = {s.label: 0 for s in parsed}
 
     def _score_one_fn(self, spec: RewardSpec, prompts: list[str], completions: list[str],
-                      fields: Mapping[str, list]) -> tuple[np.ndarray, str | None]:
+                      fields: Mapping[str, Sequence[Any]]) -> tuple[np.ndarray, str | None]:
         """Raw scores ``[N]`` (NaN = failed) and a batch-failure message or None."""
         n = len(completions)
         scores = np.full((n,), np.nan, np.float64)

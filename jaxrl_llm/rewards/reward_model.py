@@ -51,12 +51,12 @@ def reward_model_scores(params: Any, tokens: jax.Array, attention_mask: jax.Arra
     """
     chex.assert_rank([tokens, attention_mask], 2)
     chex.assert_equal_shape([tokens, attention_mask])
-    if not config.num_labels:
+    scalar = apply(params, tokens, config=config, attention_mask=attention_mask).scalar
+    if scalar is None:  # config.num_labels == 0
         raise ConfigError("reward_model_scores: the model has no scalar head "
                           "(config.num_labels must be 1)")
-    out = apply(params, tokens, config=config, attention_mask=attention_mask)
     last = last_token_index(attention_mask)
-    return jnp.take_along_axis(out.scalar, last[:, None], axis=1)[:, 0].astype(jnp.float32)
+    return jnp.take_along_axis(scalar, last[:, None], axis=1)[:, 0].astype(jnp.float32)
 
 
 def _bucket(n: int, minimum: int = 16) -> int:

@@ -438,16 +438,16 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
                                  None, time.monotonic() - start)
         finally:
             child_sock.close()
-        stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
-        assert stdin is not None and stdout is not None and stderr is not None  # all PIPEs
+        to_boot, boot_out, boot_err = proc.stdin, proc.stdout, proc.stderr
+        assert to_boot is not None and boot_out is not None and boot_err is not None  # PIPEs
         readers = [threading.Thread(target=_reader, args=(s, max_output_bytes, b, over),
                                     daemon=True)
-                   for s, b in ((stdout, out), (stderr, err))]
+                   for s, b in ((boot_out, out), (boot_err, err))]
         for t in readers:
             t.start()
         try:
-            stdin.write(json.dumps(cfg).encode())
-            stdin.close()
+            to_boot.write(json.dumps(cfg).encode())
+            to_boot.close()
             if tests is not None:  # after the solution was forked; only the judge reads it
                 data = json.dumps(tests).encode()
                 host_sock.sendall(struct.pack(">I", len(data)) + data)
@@ -473,7 +473,7 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
         proc.wait()
         for t in readers:
             t.join(timeout=1.0)
-        for s in (stdout, stderr):
+        for s in (boot_out, boot_err):
             s.close()
     finally:
         host_sock.close()

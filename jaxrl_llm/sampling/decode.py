@@ -112,9 +112,9 @@ def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_l
     b, p = prompt_tokens.shape
     mask = prompt_mask.astype(bool)
     positions = default_positions(mask)
-    cache = init_cache(config, b, cache_len)
     hidden, cache = trunk(params, prompt_tokens, config=config, positions=positions,
-                          attention_mask=mask, cache=cache)
+                          attention_mask=mask, cache=init_cache(config, b, cache_len))
+    assert cache is not None  # a cache in, a cache out
     w = unembedding(params, config).astype(hidden.dtype)
     last_logits = jnp.einsum("bd,dv->bv", hidden[:, -1], w, preferred_element_type=jnp.float32)
     next_positions = jnp.sum(mask, axis=-1).astype(jnp.int32)
@@ -224,6 +224,7 @@ def _decode(params, state: DecodeState, stop, *, config: ModelConfig, sampling: 
         hidden, cache = trunk(params, tok[:, None], config=config,
                               positions=s.positions[:, None],
                               attention_mask=jnp.ones_like(tok, bool)[:, None], cache=s.cache)
+        assert cache is not None  # a cache in, a cache out
         w = unembedding(params, config).astype(hidden.dtype)
         logits = jnp.einsum("bd,dv->bv", hidden[:, 0], w, preferred_element_type=jnp.float32)
         return DecodeState(logits=logits, tokens=tokens, logprobs=logprobs,
@@ -274,8 +275,8 @@ def stop_token_ids(config: ModelConfig, sampling: SamplingConfig) -> tuple[int, 
 
 def rollout(
     params,
-    prompt_tokens: jax.Array,
-    prompt_mask: jax.Array,
+    prompt_tokens: jax.Array | np.ndarray,
+    prompt_mask: jax.Array | np.ndarray,
     *,
     config: ModelConfig,
     sampling: SamplingConfig = SamplingConfig(),
@@ -283,7 +284,7 @@ def rollout(
     seed: int = 0,
     max_new_tokens: int = 128,
     gen_len: int | None = None,
-    prompt_ids: jax.Array | None = None,
+    prompt_ids: jax.Array | np.ndarray | None = None,
 ) -> Rollout:
     """Sample G completions for each of B left-padded prompts (arrays in, arrays out).
 
