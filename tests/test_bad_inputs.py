@@ -23,14 +23,23 @@ import pytest
 from jaxrl_llm.cli.main import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SFT, DPO, KTO, RANK, GRPO = (os.path.join(ROOT, "configs", f"{n}.yaml")
-                             for n in ("sft", "dpo", "kto", "pairwise_rank", "grpo"))
-TINY = ["model.source=tiny", "model.tokenizer=char", "model.tiny.num_layers=1",
-        "logging.tensorboard=false", "logging.plots=false", "data.eval=null"]
+SFT, DPO, KTO, RANK, GRPO = (
+    os.path.join(ROOT, "configs", f"{n}.yaml")
+    for n in ("sft", "dpo", "kto", "pairwise_rank", "grpo")
+)
+TINY = [
+    "model.source=tiny",
+    "model.tokenizer=char",
+    "model.tiny.num_layers=1",
+    "logging.tensorboard=false",
+    "logging.plots=false",
+    "data.eval=null",
+]
 DEVICES = 8  # tests/conftest.py: --xla_force_host_platform_device_count=8
 
 
 # ----- fixtures: bad files ----------------------------------------------------------------------
+
 
 def _jsonl(path, rows) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -44,16 +53,30 @@ def _tiny_hf_dir(path) -> None:
     from jaxrl_llm import models
     from jaxrl_llm.interop.state_dict import params_to_hf_state_dict
 
-    config = models.ModelConfig.tiny(vocab_size=97, eos_token_ids=(2,), pad_token_id=0,
-                                     bos_token_id=1)
+    config = models.ModelConfig.tiny(
+        vocab_size=97, eos_token_ids=(2,), pad_token_id=0, bos_token_id=1
+    )
     params = models.init_params(config, jax.random.PRNGKey(0))
     path.mkdir()
     save_file(params_to_hf_state_dict(params, config), str(path / "model.safetensors"))
-    hf = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=97,
-              hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=3,
-              num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-              rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1,
-              eos_token_id=2, pad_token_id=0)
+    hf = dict(
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        vocab_size=97,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     (path / "config.json").write_text(json.dumps(hf))
 
 
@@ -84,15 +107,28 @@ def d(tmp_path_factory):
     _jsonl(d / "missing.jsonl", [ok, {"prompt": "a"}])
     _jsonl(d / "wrongtype.jsonl", [ok, {"prompt": "a", "completion": 3}])
     _jsonl(d / "emptycomp.jsonl", [ok, {"prompt": "a", "completion": "   "}])
-    (d / "nonutf8.jsonl").write_bytes(json.dumps(ok).encode() + b'\n{"prompt": "a\xff\xfe", '
-                                      b'"completion": "b"}\n')
+    (d / "nonutf8.jsonl").write_bytes(
+        json.dumps(ok).encode() + b'\n{"prompt": "a\xff\xfe", "completion": "b"}\n'
+    )
     (d / "notobject.jsonl").write_text('["prompt", "completion"]\n')
-    _jsonl(d / "badrole.jsonl", [{"messages": [{"role": "human", "content": "hi"},
-                                               {"role": "assistant", "content": "yo"}]}])
+    _jsonl(
+        d / "badrole.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "human", "content": "hi"},
+                    {"role": "assistant", "content": "yo"},
+                ]
+            }
+        ],
+    )
     _jsonl(d / "long.jsonl", [ok, {"prompt": "x" * 300, "completion": "y"}])
     _jsonl(d / "few.jsonl", [ok, ok])
-    _jsonl(d / "mixedlen.jsonl", [{"prompt": f"q{i}", "completion": "a"} for i in range(10)]
-           + [{"prompt": "x" * 200, "completion": "y"}] * 3)
+    _jsonl(
+        d / "mixedlen.jsonl",
+        [{"prompt": f"q{i}", "completion": "a"} for i in range(10)]
+        + [{"prompt": "x" * 200, "completion": "y"}] * 3,
+    )
     (d / "empty.jsonl").write_text("\n\n")
     (d / "data.csv").write_text("prompt,completion\n2+2=,4\n")
     (d / "corrupt.parquet").write_bytes(b"this is not parquet")
@@ -100,22 +136,25 @@ def d(tmp_path_factory):
     _jsonl(d / "badrank.jsonl", [{"prompt": "a", "responses": ["b", "c"], "scores": [1.0]}])
     _jsonl(d / "noprompt.jsonl", [{"question": "1+1", "answer": "2"}] * 8)
     modes = ["raise", "nan", "none", "ok"]
-    _jsonl(d / "prompts.jsonl", [{"prompt": f"{i % 10}>", "mode": modes[i % 4]}
-                                 for i in range(40)])
+    _jsonl(d / "prompts.jsonl", [{"prompt": f"{i % 10}>", "mode": modes[i % 4]} for i in range(40)])
     # configs
-    (d / "badyaml.yaml").write_text("seed: 0\noutput_dir: x\nmax_steps: 3\nalgorithm: sft\n"
-                                    "data:\n  train: a.jsonl\n   eval: b.jsonl\n")
+    (d / "badyaml.yaml").write_text(
+        "seed: 0\noutput_dir: x\nmax_steps: 3\nalgorithm: sft\n"
+        "data:\n  train: a.jsonl\n   eval: b.jsonl\n"
+    )
     (d / "list.yaml").write_text("- algorithm: sft\n- max_steps: 3\n")
     (d / "adir").mkdir()
     (d / "oldrun" / "checkpoints" / "3").mkdir(parents=True)
     # models
     _tiny_hf_dir(d / "hf")
     weights = (d / "hf" / "model.safetensors").read_bytes()
-    _copy_with(d / "hf", d / "gpt2", config=dict(model_type="gpt2",
-                                                 architectures=["GPT2LMHeadModel"]))
-    _copy_with(d / "hf", d / "bert", config=dict(model_type="bert",
-                                                 architectures=["BertForMaskedLM"]))
-    _copy_with(d / "hf", d / "truncated", weights=weights[:len(weights) // 2])
+    _copy_with(
+        d / "hf", d / "gpt2", config=dict(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    )
+    _copy_with(
+        d / "hf", d / "bert", config=dict(model_type="bert", architectures=["BertForMaskedLM"])
+    )
+    _copy_with(d / "hf", d / "truncated", weights=weights[: len(weights) // 2])
     _copy_with(d / "hf", d / "garbage", weights=b"not a safetensors file" * 8)
     _copy_with(d / "hf", d / "pickle", weights=b"", extra={"pytorch_model.bin": b"\x80\x04"})
     from tokenizers import Tokenizer, pre_tokenizers
@@ -124,11 +163,21 @@ def d(tmp_path_factory):
     vocab = {f"w{i}": i for i in range(120)} | {"[UNK]": 120}  # 121 tokens > 97
     tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    _copy_with(d / "hf", d / "bigtok", extra={
-        "tokenizer.json": tok.to_str(),
-        "tokenizer_config.json": json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                             "unk_token": "[UNK]", "eos_token": "w2",
-                                             "pad_token": "w0"})})
+    _copy_with(
+        d / "hf",
+        d / "bigtok",
+        extra={
+            "tokenizer.json": tok.to_str(),
+            "tokenizer_config.json": json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "unk_token": "[UNK]",
+                    "eos_token": "w2",
+                    "pad_token": "w0",
+                }
+            ),
+        },
+    )
     (d / "notgguf.gguf").write_bytes(b"hello, world" * 8)
     (d / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00" * 60)
     return d
@@ -167,250 +216,419 @@ def error_line(err: str, command: str, *, before: tuple[str, ...] = ()) -> str:
 # (argv, substrings the error line must contain). "{d}" is the bad-input directory, "{out}" a
 # fresh output directory. Each error line names the input and says what is allowed / to do.
 
+
 def _train(config, *overrides, dry=False):
-    return ["train", config, "output_dir={out}", *TINY, *overrides] + (["--dry-run"] if dry
-                                                                        else [])
+    return ["train", config, "output_dir={out}", *TINY, *overrides] + (["--dry-run"] if dry else [])
 
 
 DATA = {
-    "malformed-json": (_train(SFT, "data.train={d}/malformed.jsonl"),
-                       ["malformed.jsonl line 2", "malformed JSON at column"]),
-    "missing-field": (_train(SFT, "data.train={d}/missing.jsonl"),
-                      ["missing.jsonl line 2", "missing field 'completion'", "fields present"]),
-    "wrong-type": (_train(SFT, "data.train={d}/wrongtype.jsonl"),
-                   ["wrongtype.jsonl line 2", "field 'completion'", "expected a string", "int"]),
-    "empty-completion": (_train(SFT, "data.train={d}/emptycomp.jsonl"),
-                         ["emptycomp.jsonl line 2", "field 'completion'", "empty text"]),
-    "non-utf8": (_train(SFT, "data.train={d}/nonutf8.jsonl"),
-                 ["nonutf8.jsonl line 2", "not valid UTF-8", "re-encode the file as UTF-8"]),
-    "line-not-an-object": (_train(SFT, "data.train={d}/notobject.jsonl"),
-                           ["notobject.jsonl line 1", "expected a JSON object per line"]),
-    "bad-message-role": (_train(SFT, "data.train={d}/badrole.jsonl"),
-                         ["badrole.jsonl line 1", "'messages[0].role'", "expected one of",
-                          "'human'"]),
-    "too-long-error-policy": (_train(SFT, "data.train={d}/long.jsonl", "data.max_length=64",
-                                     "data.length_policy=error"),
-                              ["long.jsonl line 2", "tokens exceed max_len=64",
-                               "use length_policy 'truncate' or 'drop'"]),
-    "all-dropped": (_train(SFT, "data.train={d}/long.jsonl", "data.max_length=4",
-                           "data.length_policy=drop"),
-                    ["long.jsonl", "every example was dropped by max_len=4", "raise max_len"]),
-    "too-few-for-a-batch": (_train(SFT, "data.train={d}/few.jsonl"),
-                            ["few.jsonl", "2 examples", "train.batch_size=8",
-                             "lower train.batch_size"]),
-    "empty-data-set": (_train(SFT, "data.train={d}/empty.jsonl"),
-                       ["empty.jsonl", "empty data set"]),
-    "nonexistent-file": (_train(SFT, "data.train={d}/nope.jsonl"),
-                         ["nope.jsonl", "no such data file"]),
-    "unsupported-extension": (_train(SFT, "data.train={d}/data.csv"),
-                              ["data.csv", "unsupported data source", "a .jsonl file",
-                               "a .parquet file"]),
-    "corrupt-parquet": (_train(SFT, "data.train={d}/corrupt.parquet"),
-                        ["corrupt.parquet", "not a readable Parquet file"]),
-    "bad-eval-file": (_train(SFT, "data.train=" + ROOT + "/data/arith_sft/train.jsonl",
-                             "data.eval={d}/missing.jsonl"),
-                      ["missing.jsonl line 2", "missing field 'completion'"]),
-    "kto-on-pairs-only-data": (_train(KTO, "data.train=" + ROOT + "/data/arith_prefs/train.jsonl"),
-                               ["arith_prefs/train.jsonl line 1", "missing field 'label'",
-                                "look like preference data", "not kto data"]),
-    "dpo-on-kto-data": (_train(DPO, "data.train=" + ROOT + "/data/arith_kto/train.jsonl"),
-                        ["arith_kto/train.jsonl line 1", "missing field 'chosen'",
-                         "look like kto data"]),
-    "kto-label-not-bool": (_train(KTO, "data.train={d}/badlabel.jsonl"),
-                           ["badlabel.jsonl line 1", "field 'label'", "expected true or false"]),
-    "rank-scores-mismatch": (_train(RANK, "data.train={d}/badrank.jsonl"),
-                             ["badrank.jsonl line 1", "field 'scores'", "must match"]),
-    "online-prompt-missing": (_train(GRPO, "data.train={d}/noprompt.jsonl"),
-                              ["noprompt.jsonl line 1", "missing field 'prompt'",
-                               "['answer', 'question']"]),
+    "malformed-json": (
+        _train(SFT, "data.train={d}/malformed.jsonl"),
+        ["malformed.jsonl line 2", "malformed JSON at column"],
+    ),
+    "missing-field": (
+        _train(SFT, "data.train={d}/missing.jsonl"),
+        ["missing.jsonl line 2", "missing field 'completion'", "fields present"],
+    ),
+    "wrong-type": (
+        _train(SFT, "data.train={d}/wrongtype.jsonl"),
+        ["wrongtype.jsonl line 2", "field 'completion'", "expected a string", "int"],
+    ),
+    "empty-completion": (
+        _train(SFT, "data.train={d}/emptycomp.jsonl"),
+        ["emptycomp.jsonl line 2", "field 'completion'", "empty text"],
+    ),
+    "non-utf8": (
+        _train(SFT, "data.train={d}/nonutf8.jsonl"),
+        ["nonutf8.jsonl line 2", "not valid UTF-8", "re-encode the file as UTF-8"],
+    ),
+    "line-not-an-object": (
+        _train(SFT, "data.train={d}/notobject.jsonl"),
+        ["notobject.jsonl line 1", "expected a JSON object per line"],
+    ),
+    "bad-message-role": (
+        _train(SFT, "data.train={d}/badrole.jsonl"),
+        ["badrole.jsonl line 1", "'messages[0].role'", "expected one of", "'human'"],
+    ),
+    "too-long-error-policy": (
+        _train(SFT, "data.train={d}/long.jsonl", "data.max_length=64", "data.length_policy=error"),
+        ["long.jsonl line 2", "tokens exceed max_len=64", "use length_policy 'truncate' or 'drop'"],
+    ),
+    "all-dropped": (
+        _train(SFT, "data.train={d}/long.jsonl", "data.max_length=4", "data.length_policy=drop"),
+        ["long.jsonl", "every example was dropped by max_len=4", "raise max_len"],
+    ),
+    "too-few-for-a-batch": (
+        _train(SFT, "data.train={d}/few.jsonl"),
+        ["few.jsonl", "2 examples", "train.batch_size=8", "lower train.batch_size"],
+    ),
+    "empty-data-set": (
+        _train(SFT, "data.train={d}/empty.jsonl"),
+        ["empty.jsonl", "empty data set"],
+    ),
+    "nonexistent-file": (
+        _train(SFT, "data.train={d}/nope.jsonl"),
+        ["nope.jsonl", "no such data file"],
+    ),
+    "unsupported-extension": (
+        _train(SFT, "data.train={d}/data.csv"),
+        ["data.csv", "unsupported data source", "a .jsonl file", "a .parquet file"],
+    ),
+    "corrupt-parquet": (
+        _train(SFT, "data.train={d}/corrupt.parquet"),
+        ["corrupt.parquet", "not a readable Parquet file"],
+    ),
+    "bad-eval-file": (
+        _train(
+            SFT, "data.train=" + ROOT + "/data/arith_sft/train.jsonl", "data.eval={d}/missing.jsonl"
+        ),
+        ["missing.jsonl line 2", "missing field 'completion'"],
+    ),
+    "kto-on-pairs-only-data": (
+        _train(KTO, "data.train=" + ROOT + "/data/arith_prefs/train.jsonl"),
+        [
+            "arith_prefs/train.jsonl line 1",
+            "missing field 'label'",
+            "look like preference data",
+            "not kto data",
+        ],
+    ),
+    "dpo-on-kto-data": (
+        _train(DPO, "data.train=" + ROOT + "/data/arith_kto/train.jsonl"),
+        ["arith_kto/train.jsonl line 1", "missing field 'chosen'", "look like kto data"],
+    ),
+    "kto-label-not-bool": (
+        _train(KTO, "data.train={d}/badlabel.jsonl"),
+        ["badlabel.jsonl line 1", "field 'label'", "expected true or false"],
+    ),
+    "rank-scores-mismatch": (
+        _train(RANK, "data.train={d}/badrank.jsonl"),
+        ["badrank.jsonl line 1", "field 'scores'", "must match"],
+    ),
+    "online-prompt-missing": (
+        _train(GRPO, "data.train={d}/noprompt.jsonl"),
+        ["noprompt.jsonl line 1", "missing field 'prompt'", "['answer', 'question']"],
+    ),
 }
 
 CONFIG = {
-    "unknown-top-level-key": (_train(SFT, "max_step=3", dry=True),
-                              ["unknown config key 'max_step'", "did you mean 'max_steps'",
-                               "allowed keys"]),
-    "unknown-nested-key": (_train(SFT, "optim.lrr=1e-4", dry=True),
-                           ["unknown config key 'optim.lrr'", "did you mean 'lr'",
-                            "allowed keys under 'optim'"]),
-    "unknown-loss-key": (_train(DPO, "loss.betta=0.1", dry=True),
-                         ["unknown config key 'loss.betta'", "did you mean 'beta'"]),
-    "unknown-dotted-override": (_train(SFT, "optim.adam.b1=0.9", dry=True),
-                                ["unknown config key 'optim.adam'", "allowed keys under 'optim'"]),
-    "override-into-a-value": (_train(SFT, "max_steps.x=1", dry=True),
-                              ["'max_steps.x=1'", "'max_steps' is a value, not a section"]),
-    "override-into-a-list": (_train(GRPO, "rewards.0.name=x", dry=True),
-                             ["'rewards.0.name=x'", "'rewards' is a list", "override it whole"]),
-    "override-without-equals": (["train", SFT, "max_steps", "--dry-run"],
-                                ["override 'max_steps'", "must look like dotted.key=value"]),
-    "override-without-equals-after-option": (["train", SFT, "--dry-run", "max_steps"],
-                                             ["override 'max_steps'", "dotted.key=value"]),
-    "wrong-type-number": (_train(SFT, "optim.lr=fast", dry=True),
-                          ["optim.lr", "expected a number", "'fast'"]),
-    "wrong-type-integer": (_train(SFT, "max_steps=2.5", dry=True),
-                           ["max_steps", "expected an integer", "2.5"]),
-    "wrong-type-bool": (_train(SFT, "data.packing=maybe", dry=True),
-                        ["data.packing", "expected true or false"]),
-    "wrong-type-section": (_train(SFT, "optim=3", dry=True),
-                           ["optim", "expected a mapping of", "'lr'"]),
-    "bad-enum": (_train(SFT, "model.remat=sometimes", dry=True),
-                 ["model.remat", "one of 'none', 'dots', 'full'", "'sometimes'"]),
-    "bad-algorithm": (_train(SFT, "algorithm=dpo2", dry=True),
-                      ["algorithm", "unknown 'dpo2'", "allowed", "simpo"]),
+    "unknown-top-level-key": (
+        _train(SFT, "max_step=3", dry=True),
+        ["unknown config key 'max_step'", "did you mean 'max_steps'", "allowed keys"],
+    ),
+    "unknown-nested-key": (
+        _train(SFT, "optim.lrr=1e-4", dry=True),
+        ["unknown config key 'optim.lrr'", "did you mean 'lr'", "allowed keys under 'optim'"],
+    ),
+    "unknown-loss-key": (
+        _train(DPO, "loss.betta=0.1", dry=True),
+        ["unknown config key 'loss.betta'", "did you mean 'beta'"],
+    ),
+    "unknown-dotted-override": (
+        _train(SFT, "optim.adam.b1=0.9", dry=True),
+        ["unknown config key 'optim.adam'", "allowed keys under 'optim'"],
+    ),
+    "override-into-a-value": (
+        _train(SFT, "max_steps.x=1", dry=True),
+        ["'max_steps.x=1'", "'max_steps' is a value, not a section"],
+    ),
+    "override-into-a-list": (
+        _train(GRPO, "rewards.0.name=x", dry=True),
+        ["'rewards.0.name=x'", "'rewards' is a list", "override it whole"],
+    ),
+    "override-without-equals": (
+        ["train", SFT, "max_steps", "--dry-run"],
+        ["override 'max_steps'", "must look like dotted.key=value"],
+    ),
+    "override-without-equals-after-option": (
+        ["train", SFT, "--dry-run", "max_steps"],
+        ["override 'max_steps'", "dotted.key=value"],
+    ),
+    "wrong-type-number": (
+        _train(SFT, "optim.lr=fast", dry=True),
+        ["optim.lr", "expected a number", "'fast'"],
+    ),
+    "wrong-type-integer": (
+        _train(SFT, "max_steps=2.5", dry=True),
+        ["max_steps", "expected an integer", "2.5"],
+    ),
+    "wrong-type-bool": (
+        _train(SFT, "data.packing=maybe", dry=True),
+        ["data.packing", "expected true or false"],
+    ),
+    "wrong-type-section": (
+        _train(SFT, "optim=3", dry=True),
+        ["optim", "expected a mapping of", "'lr'"],
+    ),
+    "bad-enum": (
+        _train(SFT, "model.remat=sometimes", dry=True),
+        ["model.remat", "one of 'none', 'dots', 'full'", "'sometimes'"],
+    ),
+    "bad-algorithm": (
+        _train(SFT, "algorithm=dpo2", dry=True),
+        ["algorithm", "unknown 'dpo2'", "allowed", "simpo"],
+    ),
     "zero-max-steps": (_train(SFT, "max_steps=0", dry=True), ["max_steps must be >= 1, got 0"]),
-    "negative-max-steps": (_train(SFT, "max_steps=-3", dry=True),
-                           ["max_steps must be >= 1, got -3"]),
+    "negative-max-steps": (
+        _train(SFT, "max_steps=-3", dry=True),
+        ["max_steps must be >= 1, got -3"],
+    ),
     "zero-lr": (_train(SFT, "optim.lr=0", dry=True), ["optim.lr must be", "> 0, got 0.0"]),
     "negative-lr": (_train(SFT, "optim.lr=-1e-5", dry=True), ["optim.lr must be", "-1e-05"]),
     "bad-adam-beta": (_train(SFT, "optim.b2=1.5", dry=True), ["optim.b2 must be in [0, 1)"]),
-    "zero-max-length": (_train(SFT, "data.max_length=0", dry=True),
-                        ["data.max_length must be >= 2", "got 0"]),
-    "zero-log-every": (_train(SFT, "logging.log_every=0", dry=True),
-                       ["logging.log_every must be >= 1"]),
-    "zero-keep": (_train(SFT, "checkpoint.keep=0", dry=True),
-                      ["checkpoint.keep must be >= 1"]),
-    "lora-rank-zero": (_train(SFT, "model.lora.rank=0", dry=True),
-                       ["model.lora.rank must be >= 1", "model.lora=null"]),
-    "lora-unknown-target": (_train(SFT, "model.lora.targets=[qkv]", dry=True),
-                            ["model.lora.targets", "['qkv']", "allowed", "q_proj"]),
+    "zero-max-length": (
+        _train(SFT, "data.max_length=0", dry=True),
+        ["data.max_length must be >= 2", "got 0"],
+    ),
+    "zero-log-every": (
+        _train(SFT, "logging.log_every=0", dry=True),
+        ["logging.log_every must be >= 1"],
+    ),
+    "zero-keep": (_train(SFT, "checkpoint.keep=0", dry=True), ["checkpoint.keep must be >= 1"]),
+    "lora-rank-zero": (
+        _train(SFT, "model.lora.rank=0", dry=True),
+        ["model.lora.rank must be >= 1", "model.lora=null"],
+    ),
+    "lora-unknown-target": (
+        _train(SFT, "model.lora.targets=[qkv]", dry=True),
+        ["model.lora.targets", "['qkv']", "allowed", "q_proj"],
+    ),
     "empty-output-dir": (_train(SFT, "output_dir=", dry=True), ["output_dir", "is required"]),
     "loss-value": (_train(DPO, "loss.beta=-0.1", dry=True), ["loss: ", "beta=-0.1", "> 0"]),
-    "rollout-top-p": (_train(GRPO, "rollout.top_p=1.5", dry=True),
-                      ["rollout.top_p must be in (0, 1]", "1.5"]),
-    "rollout-temperature": (_train(GRPO, "rollout.temperature=0", dry=True),
-                            ["rollout.temperature must be", "> 0"]),
-    "grpo-group-size-1": (_train(GRPO, "rollout.group_size=1", dry=True),
-                          ["rollout.group_size=1", "grpo needs groups of at least 2"]),
-    "online-without-rewards": (_train(GRPO, "rewards=[]", dry=True),
-                               ["rewards", "needs at least one reward", "math_answer"]),
-    "offline-with-rewards": (_train(SFT, "rewards=[{name: math_answer}]", dry=True),
-                             ["rewards", "sft is an offline algorithm", "remove the rewards"]),
-    "tiny-without-char-tokenizer": (_train(SFT, "model.tokenizer=auto", dry=True),
-                                    ["model.source=tiny needs model.tokenizer=char"]),
-    "batch-not-divisible-by-mesh": (_train(SFT, "train.batch_size=12", dry=True),
-                                    ["train.batch_size", "=12 rows",
-                                     f"data x fsdp = {DEVICES} devices",
-                                     f"multiple of {DEVICES}"]),
-    "rollout-not-divisible-by-mesh": (_train(GRPO, "rollout.prompts_per_step=3",
-                                             "rollout.group_size=3", dry=True),
-                                      ["rollout.prompts_per_step x group_size", "9 rows",
-                                       f"multiple of {DEVICES}"]),
-    "mesh-not-device-count": (_train(SFT, "mesh.data=3", dry=True),
-                              ["mesh sizes", "multiply to 3", f"{DEVICES} devices"]),
-    "mesh-zero-axis": (_train(SFT, "mesh.fsdp=0", dry=True),
-                       ["mesh.fsdp=0 is invalid", "positive size or -1"]),
-    "missing-config-file": (["train", "{d}/nope.yaml", "--dry-run"],
-                            ["nope.yaml", "does not exist"]),
-    "yaml-syntax-error": (["train", "{d}/badyaml.yaml", "--dry-run"],
-                          ["badyaml.yaml", "line 7", "invalid YAML"]),
-    "yaml-not-a-mapping": (["train", "{d}/list.yaml", "--dry-run"],
-                           ["list.yaml", "top level must be a mapping"]),
-    "config-is-a-directory": (["train", "{d}/adir", "--dry-run"],
-                              ["adir", "is a directory", "pass a YAML file"]),
-    "fresh-run-over-checkpoints": (_train(SFT, "output_dir={d}/oldrun", dry=True),
-                                   ["oldrun", "already holds checkpoints", "latest step 3",
-                                    "--resume"]),
-    "unknown-option": (["train", SFT, "--no-such-flag"],
-                       ["unrecognized arguments: --no-such-flag", "--help"]),
+    "rollout-top-p": (
+        _train(GRPO, "rollout.top_p=1.5", dry=True),
+        ["rollout.top_p must be in (0, 1]", "1.5"],
+    ),
+    "rollout-temperature": (
+        _train(GRPO, "rollout.temperature=0", dry=True),
+        ["rollout.temperature must be", "> 0"],
+    ),
+    "grpo-group-size-1": (
+        _train(GRPO, "rollout.group_size=1", dry=True),
+        ["rollout.group_size=1", "grpo needs groups of at least 2"],
+    ),
+    "online-without-rewards": (
+        _train(GRPO, "rewards=[]", dry=True),
+        ["rewards", "needs at least one reward", "math_answer"],
+    ),
+    "offline-with-rewards": (
+        _train(SFT, "rewards=[{name: math_answer}]", dry=True),
+        ["rewards", "sft is an offline algorithm", "remove the rewards"],
+    ),
+    "tiny-without-char-tokenizer": (
+        _train(SFT, "model.tokenizer=auto", dry=True),
+        ["model.source=tiny needs model.tokenizer=char"],
+    ),
+    "batch-not-divisible-by-mesh": (
+        _train(SFT, "train.batch_size=12", dry=True),
+        [
+            "train.batch_size",
+            "=12 rows",
+            f"data x fsdp = {DEVICES} devices",
+            f"multiple of {DEVICES}",
+        ],
+    ),
+    "rollout-not-divisible-by-mesh": (
+        _train(GRPO, "rollout.prompts_per_step=3", "rollout.group_size=3", dry=True),
+        ["rollout.prompts_per_step x group_size", "9 rows", f"multiple of {DEVICES}"],
+    ),
+    "mesh-not-device-count": (
+        _train(SFT, "mesh.data=3", dry=True),
+        ["mesh sizes", "multiply to 3", f"{DEVICES} devices"],
+    ),
+    "mesh-zero-axis": (
+        _train(SFT, "mesh.fsdp=0", dry=True),
+        ["mesh.fsdp=0 is invalid", "positive size or -1"],
+    ),
+    "missing-config-file": (
+        ["train", "{d}/nope.yaml", "--dry-run"],
+        ["nope.yaml", "does not exist"],
+    ),
+    "yaml-syntax-error": (
+        ["train", "{d}/badyaml.yaml", "--dry-run"],
+        ["badyaml.yaml", "line 7", "invalid YAML"],
+    ),
+    "yaml-not-a-mapping": (
+        ["train", "{d}/list.yaml", "--dry-run"],
+        ["list.yaml", "top level must be a mapping"],
+    ),
+    "config-is-a-directory": (
+        ["train", "{d}/adir", "--dry-run"],
+        ["adir", "is a directory", "pass a YAML file"],
+    ),
+    "fresh-run-over-checkpoints": (
+        _train(SFT, "output_dir={d}/oldrun", dry=True),
+        ["oldrun", "already holds checkpoints", "latest step 3", "--resume"],
+    ),
+    "unknown-option": (
+        ["train", SFT, "--no-such-flag"],
+        ["unrecognized arguments: --no-such-flag", "--help"],
+    ),
 }
 
 MODELS = {
-    "wrong-path": (_train(SFT, "model.source={d}/no_model"),
-                   ["no_model", "no such file or directory", "known aliases"]),
-    "unsupported-architecture-gpt2": (_train(SFT, "model.source={d}/gpt2"),
-                                      ["gpt2/config.json", "unsupported architecture",
-                                       "model_type='gpt2'", "supported", "llama"]),
-    "unsupported-architecture-bert": (["convert", "{d}/bert", "{out}"],
-                                      ["bert/config.json", "model_type='bert'", "supported"]),
-    "truncated-safetensors": (_train(SFT, "model.source={d}/truncated"),
-                              ["truncated/model.safetensors", "not a readable safetensors file"]),
-    "garbage-safetensors": (["convert", "{d}/garbage", "{out}"],
-                            ["garbage/model.safetensors", "truncated or corrupt"]),
-    "pickle-weights-only": (_train(SFT, "model.source={d}/pickle"),
-                            ["pickle", "no *.safetensors weights", "pytorch_model.bin",
-                             "never loaded"]),
-    "not-a-gguf-file": (_train(SFT, "model.source={d}/notgguf.gguf"),
-                        ["notgguf.gguf", "not a GGUF file", "expected b'GGUF'"]),
-    "corrupt-gguf": (_train(SFT, "model.source={d}/corrupt.gguf"),
-                     ["corrupt.gguf", "cannot read this GGUF file"]),
-    "char-tokenizer-vs-model-vocab": (_train(SFT, "model.source={d}/hf"),
-                                      ["model.source='{d}/hf'", "model.tokenizer=char has 259 "
-                                       "tokens", "vocabulary has 97"]),
-    "tiny-vocab-below-tokenizer": (_train(SFT, "model.tiny.vocab_size=50"),
-                                   ["model.tiny.vocab_size", "has 259 tokens",
-                                    "vocabulary has 50"]),
-    "tiny-unknown-key": (_train(SFT, "model.tiny.layers=1"),
-                         ["model.tiny", "unknown key(s) ['layers']", "num_layers"]),
-    "hf-tokenizer-vs-model-vocab": (["generate", "--model", "{d}/bigtok", "--prompt", "w1"],
-                                    ["bigtok", "tokenizer has 121 tokens",
-                                     "vocab_size is 97"]),
-    "generate-without-tokenizer": (["generate", "--model", "{d}/hf", "--prompt", "hi"],
-                                   ["{d}/hf", "no tokenizer files", "needs a tokenizer"]),
-    "convert-wrong-path": (["convert", "{d}/no_model", "{out}"],
-                           ["no_model", "no such file or directory"]),
-    "convert-out-is-a-file": (["convert", "{d}/hf", "{d}/data.csv"],
-                              ["data.csv", "exists and is not a directory"]),
-    "memory-wrong-path": (["memory", "--algorithm", "grpo", "--model", "{d}/no_model"],
-                          ["--model", "no_model", "not a preset", "no config.json"]),
-    "memory-unsupported-architecture": (["memory", "--algorithm", "grpo", "--model",
-                                         "{d}/bert/config.json"],
-                                        ["--model", "bert/config.json", "model_type='bert'"]),
+    "wrong-path": (
+        _train(SFT, "model.source={d}/no_model"),
+        ["no_model", "no such file or directory", "known aliases"],
+    ),
+    "unsupported-architecture-gpt2": (
+        _train(SFT, "model.source={d}/gpt2"),
+        ["gpt2/config.json", "unsupported architecture", "model_type='gpt2'", "supported", "llama"],
+    ),
+    "unsupported-architecture-bert": (
+        ["convert", "{d}/bert", "{out}"],
+        ["bert/config.json", "model_type='bert'", "supported"],
+    ),
+    "truncated-safetensors": (
+        _train(SFT, "model.source={d}/truncated"),
+        ["truncated/model.safetensors", "not a readable safetensors file"],
+    ),
+    "garbage-safetensors": (
+        ["convert", "{d}/garbage", "{out}"],
+        ["garbage/model.safetensors", "truncated or corrupt"],
+    ),
+    "pickle-weights-only": (
+        _train(SFT, "model.source={d}/pickle"),
+        ["pickle", "no *.safetensors weights", "pytorch_model.bin", "never loaded"],
+    ),
+    "not-a-gguf-file": (
+        _train(SFT, "model.source={d}/notgguf.gguf"),
+        ["notgguf.gguf", "not a GGUF file", "expected b'GGUF'"],
+    ),
+    "corrupt-gguf": (
+        _train(SFT, "model.source={d}/corrupt.gguf"),
+        ["corrupt.gguf", "cannot read this GGUF file"],
+    ),
+    "char-tokenizer-vs-model-vocab": (
+        _train(SFT, "model.source={d}/hf"),
+        ["model.source='{d}/hf'", "model.tokenizer=char has 259 tokens", "vocabulary has 97"],
+    ),
+    "tiny-vocab-below-tokenizer": (
+        _train(SFT, "model.tiny.vocab_size=50"),
+        ["model.tiny.vocab_size", "has 259 tokens", "vocabulary has 50"],
+    ),
+    "tiny-unknown-key": (
+        _train(SFT, "model.tiny.layers=1"),
+        ["model.tiny", "unknown key(s) ['layers']", "num_layers"],
+    ),
+    "hf-tokenizer-vs-model-vocab": (
+        ["generate", "--model", "{d}/bigtok", "--prompt", "w1"],
+        ["bigtok", "tokenizer has 121 tokens", "vocab_size is 97"],
+    ),
+    "generate-without-tokenizer": (
+        ["generate", "--model", "{d}/hf", "--prompt", "hi"],
+        ["{d}/hf", "no tokenizer files", "needs a tokenizer"],
+    ),
+    "convert-wrong-path": (
+        ["convert", "{d}/no_model", "{out}"],
+        ["no_model", "no such file or directory"],
+    ),
+    "convert-out-is-a-file": (
+        ["convert", "{d}/hf", "{d}/data.csv"],
+        ["data.csv", "exists and is not a directory"],
+    ),
+    "memory-wrong-path": (
+        ["memory", "--algorithm", "grpo", "--model", "{d}/no_model"],
+        ["--model", "no_model", "not a preset", "no config.json"],
+    ),
+    "memory-unsupported-architecture": (
+        ["memory", "--algorithm", "grpo", "--model", "{d}/bert/config.json"],
+        ["--model", "bert/config.json", "model_type='bert'"],
+    ),
 }
 
-REWARD_SETUP = ["data.train={d}/prompts.jsonl", "rollout.prompts_per_step=4",
-                "rollout.group_size=2", "rollout.max_new_tokens=1", "eval.before=false"]
+REWARD_SETUP = [
+    "data.train={d}/prompts.jsonl",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=1",
+    "eval.before=false",
+]
 REWARDS = {
-    "unknown-reward-name": (_train(GRPO, *REWARD_SETUP, "rewards=[{name: nope}]"),
-                            ["rewards[0].name", "unknown reward 'nope'", "available",
-                             "math_answer"]),
-    "reward-module-not-importable": (_train(GRPO, *REWARD_SETUP,
-                                            "rewards=[{name: nopkg.mod:fn}]"),
-                                     ["rewards[0].name", "cannot import reward 'nopkg.mod:fn'",
-                                      "No module named 'nopkg'"]),
-    "reward-function-missing": (_train(GRPO, *REWARD_SETUP,
-                                       "rewards=[{name: tests.test_bad_inputs:no_such_fn}]"),
-                                ["rewards[0].name", "tests.test_bad_inputs:no_such_fn",
-                                 "has no attribute 'no_such_fn'"]),
-    "unknown-reward-kwarg": (_train(GRPO, *REWARD_SETUP,
-                                    "rewards=[{name: math_answer, kwargs: {toleranse: 0.1}}]"),
-                             ["rewards[0].kwargs", "math_answer_reward",
-                              "unexpected keyword argument 'toleranse'"]),
-    "unknown-kwarg-of-own-reward": (_train(GRPO, *REWARD_SETUP,
-                                           "rewards=[{name: 'tests.test_bad_inputs:reward_plain',"
-                                           " kwargs: {nope: 1}}]"),
-                                    ["rewards[0].kwargs", "reward_plain", "'nope'"]),
-    "too-few-prompts-for-a-step": (_train(GRPO, "data.train={d}/prompts.jsonl",
-                                          "rollout.prompts_per_step=64", "rollout.group_size=2"),
-                                   ["prompts.jsonl", "40 prompts",
-                                    "rollout.prompts_per_step=64",
-                                    "lower rollout.prompts_per_step"]),
+    "unknown-reward-name": (
+        _train(GRPO, *REWARD_SETUP, "rewards=[{name: nope}]"),
+        ["rewards[0].name", "unknown reward 'nope'", "available", "math_answer"],
+    ),
+    "reward-module-not-importable": (
+        _train(GRPO, *REWARD_SETUP, "rewards=[{name: nopkg.mod:fn}]"),
+        ["rewards[0].name", "cannot import reward 'nopkg.mod:fn'", "No module named 'nopkg'"],
+    ),
+    "reward-function-missing": (
+        _train(GRPO, *REWARD_SETUP, "rewards=[{name: tests.test_bad_inputs:no_such_fn}]"),
+        ["rewards[0].name", "tests.test_bad_inputs:no_such_fn", "has no attribute 'no_such_fn'"],
+    ),
+    "unknown-reward-kwarg": (
+        _train(GRPO, *REWARD_SETUP, "rewards=[{name: math_answer, kwargs: {toleranse: 0.1}}]"),
+        ["rewards[0].kwargs", "math_answer_reward", "unexpected keyword argument 'toleranse'"],
+    ),
+    "unknown-kwarg-of-own-reward": (
+        _train(
+            GRPO,
+            *REWARD_SETUP,
+            "rewards=[{name: 'tests.test_bad_inputs:reward_plain', kwargs: {nope: 1}}]",
+        ),
+        ["rewards[0].kwargs", "reward_plain", "'nope'"],
+    ),
+    "too-few-prompts-for-a-step": (
+        _train(
+            GRPO,
+            "data.train={d}/prompts.jsonl",
+            "rollout.prompts_per_step=64",
+            "rollout.group_size=2",
+        ),
+        [
+            "prompts.jsonl",
+            "40 prompts",
+            "rollout.prompts_per_step=64",
+            "lower rollout.prompts_per_step",
+        ],
+    ),
 }
 
 GENERATE = {
-    "negative-max-new-tokens": (["generate", "--prompt", "hi", "--max-new-tokens", "-3"],
-                                ["--max-new-tokens must be >= 1", "-3"]),
-    "top-p-above-one": (["generate", "--prompt", "hi", "--top-p", "1.5"],
-                        ["--top-p must be in (0, 1]", "1.5"]),
+    "negative-max-new-tokens": (
+        ["generate", "--prompt", "hi", "--max-new-tokens", "-3"],
+        ["--max-new-tokens must be >= 1", "-3"],
+    ),
+    "top-p-above-one": (
+        ["generate", "--prompt", "hi", "--top-p", "1.5"],
+        ["--top-p must be in (0, 1]", "1.5"],
+    ),
     "top-p-zero": (["generate", "--prompt", "hi", "--top-p", "0"], ["--top-p must be in (0, 1]"]),
-    "top-p-not-a-number": (["generate", "--prompt", "hi", "--top-p", "most"],
-                           ["argument --top-p", "invalid float value: 'most'", "--help"]),
-    "negative-temperature": (["generate", "--prompt", "hi", "--temperature", "-1"],
-                             ["--temperature must be > 0", "--greedy"]),
-    "greedy-with-top-k": (["generate", "--prompt", "hi", "--greedy", "--top-k", "5"],
-                          ["--greedy cannot be combined", "--top-k"]),
+    "top-p-not-a-number": (
+        ["generate", "--prompt", "hi", "--top-p", "most"],
+        ["argument --top-p", "invalid float value: 'most'", "--help"],
+    ),
+    "negative-temperature": (
+        ["generate", "--prompt", "hi", "--temperature", "-1"],
+        ["--temperature must be > 0", "--greedy"],
+    ),
+    "greedy-with-top-k": (
+        ["generate", "--prompt", "hi", "--greedy", "--top-k", "5"],
+        ["--greedy cannot be combined", "--top-k"],
+    ),
     "empty-prompt": (["generate", "--prompt", ""], ["--prompt must not be empty"]),
-    "unknown-model": (["generate", "--model", "no-such-model", "--prompt", "hi"],
-                      ["no-such-model", "not a model alias", "smollm2-135m-instruct"]),
-    "memory-bad-mesh": (["memory", "--algorithm", "grpo", "--mesh", "data=0"],
-                        ["--mesh", "'data' must be >= 1"]),
-    "memory-unknown-algorithm": (["memory", "--algorithm", "grpo2"],
-                                 ["--algorithm", "invalid choice: 'grpo2'", "--help"]),
+    "unknown-model": (
+        ["generate", "--model", "no-such-model", "--prompt", "hi"],
+        ["no-such-model", "not a model alias", "smollm2-135m-instruct"],
+    ),
+    "memory-bad-mesh": (
+        ["memory", "--algorithm", "grpo", "--mesh", "data=0"],
+        ["--mesh", "'data' must be >= 1"],
+    ),
+    "memory-unknown-algorithm": (
+        ["memory", "--algorithm", "grpo2"],
+        ["--algorithm", "invalid choice: 'grpo2'", "--help"],
+    ),
 }
 
-CASES = {**{f"data/{k}": v for k, v in DATA.items()},
-         **{f"config/{k}": v for k, v in CONFIG.items()},
-         **{f"model/{k}": v for k, v in MODELS.items()},
-         **{f"reward/{k}": v for k, v in REWARDS.items()},
-         **{f"cli/{k}": v for k, v in GENERATE.items()}}
+CASES = {
+    **{f"data/{k}": v for k, v in DATA.items()},
+    **{f"config/{k}": v for k, v in CONFIG.items()},
+    **{f"model/{k}": v for k, v in MODELS.items()},
+    **{f"reward/{k}": v for k, v in REWARDS.items()},
+    **{f"cli/{k}": v for k, v in GENERATE.items()},
+}
 # Lines a run prints before the error: the data counts that explain it, and the data line an
 # online run prints before it resolves its reward functions (jaxrl_llm/train/online.py).
 BEFORE = {"data/too-few-for-a-batch": ("data: ",), **{f"reward/{k}": ("data: ",) for k in REWARDS}}
@@ -432,16 +650,29 @@ def test_bad_input_is_one_line_error(case, d, tmp_path, capsys):
 
 # ----- documented handling that is not an error -------------------------------------------------
 
-@pytest.mark.parametrize("policy,counts", [
-    ("drop", "'total': 13, 'kept': 10, 'truncated': 0, 'dropped': 3"),
-    ("truncate", "'total': 13, 'kept': 13, 'truncated': 3, 'dropped': 0"),
-], ids=["drop", "truncate"])
+
+@pytest.mark.parametrize(
+    "policy,counts",
+    [
+        ("drop", "'total': 13, 'kept': 10, 'truncated': 0, 'dropped': 3"),
+        ("truncate", "'total': 13, 'kept': 13, 'truncated': 3, 'dropped': 0"),
+    ],
+    ids=["drop", "truncate"],
+)
 def test_length_policy_reports_counts(policy, counts, d, tmp_path, capsys):
     """Examples over data.max_length are dropped / truncated, and the run says how many."""
-    rc, _, err = run_cli(_train(SFT, f"output_dir={tmp_path / 'out'}",
-                                f"data.train={d}/mixedlen.jsonl", "data.max_length=32",
-                                f"data.length_policy={policy}", "max_steps=1",
-                                "train.batch_size=8"), capsys)
+    rc, _, err = run_cli(
+        _train(
+            SFT,
+            f"output_dir={tmp_path / 'out'}",
+            f"data.train={d}/mixedlen.jsonl",
+            "data.max_length=32",
+            f"data.length_policy={policy}",
+            "max_steps=1",
+            "train.batch_size=8",
+        ),
+        capsys,
+    )
     assert rc == 0 and "Traceback" not in err, err
     assert f"data: {{{counts}}} (train)" in err, err
 
@@ -484,8 +715,15 @@ def reward_run(d, tmp_path_factory):
     out = tmp_path_factory.mktemp("reward_run") / "out"
     names = ["reward_raises", "reward_nan", "reward_none", "reward_wrong_count"]
     rewards = ", ".join(f"{{name: 'tests.test_bad_inputs:{n}'}}" for n in names)
-    argv = _train(GRPO, f"output_dir={out}", *REWARD_SETUP, "data.shuffle=false",
-                  "loss.kl_coef=0", "max_steps=3", f"rewards=[{rewards}]")
+    argv = _train(
+        GRPO,
+        f"output_dir={out}",
+        *REWARD_SETUP,
+        "data.shuffle=false",
+        "loss.kl_coef=0",
+        "max_steps=3",
+        f"rewards=[{rewards}]",
+    )
     argv = [a.replace("{d}", str(d)) for a in argv]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -514,7 +752,13 @@ def test_reward_with_wrong_count_stops_after_repeated_batches(reward_run):
     rc, err, rows = reward_run
     assert rc == 2
     line = error_line(err, "train", before=("data: ", "step "))
-    assert "'tests.test_bad_inputs:reward_wrong_count' returned 9 values for 8 completions" \
-        in line and "3 consecutive batches" in line and "one value per completion" in line
-    assert [r["rewards/tests.test_bad_inputs:reward_wrong_count/failures"] for r in rows
-            if "reward/failed" in r] == [8, 8]
+    assert (
+        "'tests.test_bad_inputs:reward_wrong_count' returned 9 values for 8 completions" in line
+        and "3 consecutive batches" in line
+        and "one value per completion" in line
+    )
+    assert [
+        r["rewards/tests.test_bad_inputs:reward_wrong_count/failures"]
+        for r in rows
+        if "reward/failed" in r
+    ] == [8, 8]

@@ -28,11 +28,20 @@ def test_notebook_executes(name):
     env_flags = os.environ.get("XLA_FLAGS")
     os.environ.pop("XLA_FLAGS", None)  # the kernel runs on one CPU device, like a user's laptop
     try:
-        nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+        nbclient.NotebookClient(
+            nb,
+            timeout=600,
+            kernel_name="python3",
+            resources={"metadata": {"path": os.path.dirname(path)}},
+        ).execute()
     finally:
         if env_flags is not None:
             os.environ["XLA_FLAGS"] = env_flags
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors

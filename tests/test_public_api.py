@@ -8,8 +8,7 @@ import pytest
 
 import jaxrl_llm
 
-PACKAGES = sorted(m.name for m in pkgutil.iter_modules(jaxrl_llm.__path__, "jaxrl_llm.")
-                  if m.ispkg)
+PACKAGES = sorted(m.name for m in pkgutil.iter_modules(jaxrl_llm.__path__, "jaxrl_llm.") if m.ispkg)
 
 
 @pytest.mark.parametrize("name", PACKAGES)

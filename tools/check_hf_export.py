@@ -14,11 +14,12 @@ def main(path: str) -> int:
     bad = {k: v for k, v in info.items() if v and k != "error_msgs"}
     tok = AutoTokenizer.from_pretrained(path)
     msgs = [{"role": "user", "content": "What is 37 + 45? Reply with just the number."}]
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)
+    ids = tok.apply_chat_template(
+        msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=16, do_sample=False)
-    text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     n = sum(p.numel() for p in model.parameters())
     print(f"transformers loads {path}: {n / 1e6:.1f}M parameters, loading issues: {bad or 'none'}")
     print(f"  'What is 37 + 45?' -> {text!r}")

@@ -58,8 +58,11 @@ def _pref(a, b, rng):
 
 def _kto(a, b, rng):
     good = rng.random() < 0.5
-    return {"prompt": _prompt(a, b), "completion": str(a + b if good else _wrong(rng, a + b)),
-            "label": good}
+    return {
+        "prompt": _prompt(a, b),
+        "completion": str(a + b if good else _wrong(rng, a + b)),
+        "label": good,
+    }
 
 
 def _rank(a, b, rng):
@@ -68,16 +71,24 @@ def _rank(a, b, rng):
     while len(set(responses)) < 4:
         responses = [ans] + [_wrong(rng, ans) for _ in range(3)]
     rng.shuffle(responses)
-    return {"prompt": _prompt(a, b), "responses": [str(r) for r in responses],
-            "scores": [float(-abs(r - ans)) for r in responses]}
+    return {
+        "prompt": _prompt(a, b),
+        "responses": [str(r) for r in responses],
+        "scores": [float(-abs(r - ans)) for r in responses],
+    }
 
 
 def _sft(a, b, rng):
     return {"prompt": _prompt(a, b), "completion": str(a + b)}
 
 
-_MAKERS = {"addition": _addition, "arith_prefs": _pref, "arith_kto": _kto,
-           "arith_rank": _rank, "arith_sft": _sft}
+_MAKERS = {
+    "addition": _addition,
+    "arith_prefs": _pref,
+    "arith_kto": _kto,
+    "arith_rank": _rank,
+    "arith_sft": _sft,
+}
 
 
 def generate(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
@@ -90,7 +101,10 @@ def generate(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
     for name, (n_train, n_heldout) in SIZES.items():
         sub = random.Random(f"{seed}-{name}")
         splits = {}
-        for split, pool, n in (("train", train_pool, n_train), ("heldout", heldout_pool, n_heldout)):
+        for split, pool, n in (
+            ("train", train_pool, n_train),
+            ("heldout", heldout_pool, n_heldout),
+        ):
             chosen = sub.sample(pool, n)
             splits[split] = [_MAKERS[name](a, b, sub) for a, b in chosen]
         out[name] = splits

@@ -160,10 +160,17 @@ assert len(steps) == 3
 
 def main():
     os.makedirs(os.path.join(ROOT, "notebooks"), exist_ok=True)
-    for name, cells in [("01_algorithm_explorer", EXPLORER), ("02_loss_playground", PLAYGROUND),
-                        ("03_quickstart", QUICKSTART)]:
-        nb = nbformat.v4.new_notebook(cells=cells, metadata={
-            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    for name, cells in [
+        ("01_algorithm_explorer", EXPLORER),
+        ("02_loss_playground", PLAYGROUND),
+        ("03_quickstart", QUICKSTART),
+    ]:
+        nb = nbformat.v4.new_notebook(
+            cells=cells,
+            metadata={
+                "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+            },
+        )
         path = os.path.join(ROOT, "notebooks", f"{name}.ipynb")
         nbformat.write(nb, path)
         print(path)

@@ -26,21 +26,35 @@ SUITE = os.path.join("tools", "bench", "run_all.py")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``jaxrl-llm bench`` (``tools/bench/run_all.py`` takes the same)."""
-    parser.add_argument("--only", default=None, metavar="NAME[,NAME]",
-                        help="run only these benchmarks (decode, train_step, memory, "
-                             "grpo_split, scaling)")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, seconds per benchmark (smoke test; the numbers mean "
-                             "nothing); default --out becomes build/bench-quick/BENCHMARKS.md")
-    parser.add_argument("--out", default=None,
-                        help="the markdown file to rewrite (default: BENCHMARKS.md of the "
-                             "repository)")
-    parser.add_argument("--results-dir", default=None,
-                        help="where each benchmark's .md/.json/.png go (default: "
-                             "tools/bench/results for the repository's BENCHMARKS.md, else "
-                             "OUT_DIR/results)")
-    parser.add_argument("--model", default="smollm2-135m-instruct",
-                        help="model alias or path, or 'tiny' (random weights, no download)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="NAME[,NAME]",
+        help="run only these benchmarks (decode, train_step, memory, grpo_split, scaling)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds per benchmark (smoke test; the numbers mean "
+        "nothing); default --out becomes build/bench-quick/BENCHMARKS.md",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="the markdown file to rewrite (default: BENCHMARKS.md of the repository)",
+    )
+    parser.add_argument(
+        "--results-dir",
+        default=None,
+        help="where each benchmark's .md/.json/.png go (default: "
+        "tools/bench/results for the repository's BENCHMARKS.md, else "
+        "OUT_DIR/results)",
+    )
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help="model alias or path, or 'tiny' (random weights, no download)",
+    )
 
 
 def find_suite() -> str:
@@ -57,7 +71,8 @@ def find_suite() -> str:
     raise JaxrlError(
         f"the benchmark suite ({SUITE}) is not part of this installation: jaxrl_llm was "
         f"installed without its source tree. Clone the repository and run `pip install -e .` "
-        f"there, or run `jaxrl-llm bench` (or `python {SUITE}`) from the checkout's root")
+        f"there, or run `jaxrl-llm bench` (or `python {SUITE}`) from the checkout's root"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,18 +17,30 @@ from jaxrl_llm.errors import CheckpointError, ModelLoadError
 _FORMATS = ("hf",)
 _DTYPES = ("float32", "bfloat16")
 # Names found at the top of an orbax checkpoint or a run's checkpoint folder.
-_CHECKPOINT_MARKERS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt", "checkpoints",
-                       "params", "model_config", "state", "metadata.json")
+_CHECKPOINT_MARKERS = (
+    "_CHECKPOINT_METADATA",
+    "_METADATA",
+    "manifest.ocdbt",
+    "checkpoints",
+    "params",
+    "model_config",
+    "state",
+    "metadata.json",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Attach ``SRC OUT --to --dtype`` to the ``convert`` sub-parser."""
-    parser.add_argument("src", metavar="SRC",
-                        help="Hugging Face directory, .gguf file, model alias, or checkpoint dir")
+    parser.add_argument(
+        "src",
+        metavar="SRC",
+        help="Hugging Face directory, .gguf file, model alias, or checkpoint dir",
+    )
     parser.add_argument("out", metavar="OUT", help="output directory")
     parser.add_argument("--to", choices=_FORMATS, default="hf", help="output format (hf)")
-    parser.add_argument("--dtype", choices=_DTYPES, default="float32",
-                        help="stored weight dtype (default float32)")
+    parser.add_argument(
+        "--dtype", choices=_DTYPES, default="float32", help="stored weight dtype (default float32)"
+    )
 
 
 def _looks_like_checkpoint(path: Path) -> bool:
@@ -49,9 +61,11 @@ def _restore_checkpoint(path: Path):
         module = None
     restore = getattr(module, "restore_model", None)
     if restore is None:
-        raise CheckpointError(f"{path}: looks like a training checkpoint, but checkpoint "
-                              f"restore is not available in this install "
-                              f"(jaxrl_llm.train.checkpoint.restore_model is missing)")
+        raise CheckpointError(
+            f"{path}: looks like a training checkpoint, but checkpoint "
+            f"restore is not available in this install "
+            f"(jaxrl_llm.train.checkpoint.restore_model is missing)"
+        )
     config, params, tokenizer = restore(str(path))
     return config, params, tokenizer
 
@@ -75,11 +89,19 @@ def run(args: argparse.Namespace) -> int:
         raise ModelLoadError(f"{out}: OUT must differ from SRC")
     if args.to != "hf":  # argparse already restricts this; kept for programmatic callers
         raise ModelLoadError(f"--to {args.to!r} is not supported; allowed: {list(_FORMATS)}")
-    written = export_hf(out, config=config, params=params, tokenizer=tokenizer,
-                        generation_config=generation_config, dtype=args.dtype)
+    written = export_hf(
+        out,
+        config=config,
+        params=params,
+        tokenizer=tokenizer,
+        generation_config=generation_config,
+        dtype=args.dtype,
+    )
     arch = "sequence classifier" if config.num_labels else "causal LM"
-    print(f"converted {args.src} -> {out} ({config.family.value} {arch}, "
-          f"{config.num_params() / 1e6:.1f}M params, {args.dtype})")
+    print(
+        f"converted {args.src} -> {out} ({config.family.value} {arch}, "
+        f"{config.num_params() / 1e6:.1f}M params, {args.dtype})"
+    )
     for p in written:
         print(f"  wrote {p} ({p.stat().st_size / 1e6:.1f} MB)")
     return 0

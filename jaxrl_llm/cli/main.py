@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         if isinstance(getattr(args, "overrides", None), list) and all(
-                not x.startswith("-") for x in extra):
+            not x.startswith("-") for x in extra
+        ):
             args.overrides = args.overrides + extra
         else:  # the subcommand's parser, so the error names the command and its --help
             getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")

@@ -13,17 +13,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``jaxrl-llm memory``."""
     from jaxrl_llm.train.memory import ALGORITHMS, DEVICE_MEMORY, MODEL_PRESETS
 
-    parser.add_argument("--model", default="135m",
-                        help=f"a size preset ({', '.join(MODEL_PRESETS)}), a Hugging Face model "
-                             f"directory, or a config.json file")
-    parser.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS), metavar="ALGO",
-                        help=f"one of: {', '.join(sorted(ALGORITHMS))}")
+    parser.add_argument(
+        "--model",
+        default="135m",
+        help=f"a size preset ({', '.join(MODEL_PRESETS)}), a Hugging Face model "
+        f"directory, or a config.json file",
+    )
+    parser.add_argument(
+        "--algorithm",
+        required=True,
+        choices=sorted(ALGORITHMS),
+        metavar="ALGO",
+        help=f"one of: {', '.join(sorted(ALGORITHMS))}",
+    )
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full fine-tune)")
-    parser.add_argument("--mesh", default="data=1,fsdp=1,tensor=1",
-                        help="mesh axis sizes, e.g. data=2,fsdp=4,tensor=1")
+    parser.add_argument(
+        "--mesh",
+        default="data=1,fsdp=1,tensor=1",
+        help="mesh axis sizes, e.g. data=2,fsdp=4,tensor=1",
+    )
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    parser.add_argument("--batch", type=int, default=8,
-                        help="examples per step (online algorithms: prompts per step)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=8,
+        help="examples per step (online algorithms: prompts per step)",
+    )
     parser.add_argument("--seq-len", type=int, default=1024, help="prompt + completion tokens")
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (online)")
     parser.add_argument("--remat", default="none", choices=["none", "dots", "full"])
@@ -59,8 +74,10 @@ def resolve_model_config(spec: str):
         return MODEL_PRESETS[spec]
     path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
     if not os.path.isfile(path):
-        raise ConfigError(f"--model {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) "
-                          f"and no config.json found at {path!r}")
+        raise ConfigError(
+            f"--model {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) "
+            f"and no config.json found at {path!r}"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -78,20 +95,36 @@ def run(args: argparse.Namespace) -> int:
 
     mesh = parse_mesh(args.mesh)
     config = resolve_model_config(args.model)
-    est = estimate_memory(config, args.algorithm, batch_size=args.batch, seq_len=args.seq_len,
-                          group_size=args.group_size, lora_rank=args.lora_rank, dtype=args.dtype,
-                          remat=args.remat, logits=args.logits, device=args.device,
-                          data=mesh["data"], fsdp=mesh["fsdp"], tensor=mesh["tensor"])
+    est = estimate_memory(
+        config,
+        args.algorithm,
+        batch_size=args.batch,
+        seq_len=args.seq_len,
+        group_size=args.group_size,
+        lora_rank=args.lora_rank,
+        dtype=args.dtype,
+        remat=args.remat,
+        logits=args.logits,
+        device=args.device,
+        data=mesh["data"],
+        fsdp=mesh["fsdp"],
+        tensor=mesh["tensor"],
+    )
     if args.json:
         out = est.to_json()
         out.update(model=args.model, mesh=mesh, params=config.num_params())
         print(json.dumps(out))
     else:
-        print(f"{args.algorithm} on {args.model} ({config.num_params() / 1e6:.1f}M params), "
-              f"mesh {mesh}, {args.dtype}, batch {args.batch} x {args.seq_len} tokens"
-              + (f", G={args.group_size}" if est.models_in_memory and
-                 args.algorithm in _online() else "")
-              + (f", LoRA r={args.lora_rank}" if args.lora_rank else ""))
+        print(
+            f"{args.algorithm} on {args.model} ({config.num_params() / 1e6:.1f}M params), "
+            f"mesh {mesh}, {args.dtype}, batch {args.batch} x {args.seq_len} tokens"
+            + (
+                f", G={args.group_size}"
+                if est.models_in_memory and args.algorithm in _online()
+                else ""
+            )
+            + (f", LoRA r={args.lora_rank}" if args.lora_rank else "")
+        )
         print(est.table())
     return 0
 

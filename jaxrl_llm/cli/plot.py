@@ -12,11 +12,19 @@ from jaxrl_llm.errors import JaxrlError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``jaxrl-llm plot``."""
     parser.add_argument("run_dir", help="run directory containing metrics.jsonl")
-    parser.add_argument("--keys", nargs="*", default=None,
-                        help="metric names to plot (default: every numeric metric)")
+    parser.add_argument(
+        "--keys",
+        nargs="*",
+        default=None,
+        help="metric names to plot (default: every numeric metric)",
+    )
     parser.add_argument("--out", default=None, help="output folder (default RUN_DIR/plots)")
-    parser.add_argument("--smooth", type=float, default=0.0,
-                        help="exponential moving-average factor in [0, 1) drawn over the raw curve")
+    parser.add_argument(
+        "--smooth",
+        type=float,
+        default=0.0,
+        help="exponential moving-average factor in [0, 1) drawn over the raw curve",
+    )
 
 
 # The overview's panels, in reading order: (title, metric names; a name ending in "/" is a
@@ -28,8 +36,7 @@ OVERVIEW_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KL and clipping", ("kl", "kl_to_ref", "pg/clipfrac", "pg/approx_kl")),
     ("entropy", ("entropy",)),
     ("completion length (tokens)", ("completion/length_mean", "completion/length_max")),
-    ("step time split (s)", ("time/rollout_s", "time/reference_s", "time/update_s",
-                             "time/step_s")),
+    ("step time split (s)", ("time/rollout_s", "time/reference_s", "time/update_s", "time/step_s")),
     ("preference", ("rewards/accuracies", "rewards/margins")),
     ("gradient norm", ("grad_norm",)),
 )
@@ -50,8 +57,12 @@ def overview_panels(series: dict) -> list[tuple[str, list[str]]]:
     live = {k for k, (_, ys) in series.items() if k not in _NOT_ON_OVERVIEW and _varies(ys)}
     panels = []
     for title, names in OVERVIEW_PANELS:
-        found = [k for n in names for k in sorted(live)
-                 if (k.startswith(n) if n.endswith("/") else k == n)]
+        found = [
+            k
+            for n in names
+            for k in sorted(live)
+            if (k.startswith(n) if n.endswith("/") else k == n)
+        ]
         if found:
             panels.append((title, found))
     if not panels:
@@ -65,11 +76,13 @@ def plot_run(run_dir: str, *, keys=None, out_dir=None, smooth: float = 0.0) -> l
     from jaxrl_llm.train.logging import read_metrics
 
     if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
-        raise JaxrlError(f"{run_dir}: no metrics.jsonl here; pass a run directory written by "
-                         f"`jaxrl-llm train`")
+        raise JaxrlError(
+            f"{run_dir}: no metrics.jsonl here; pass a run directory written by `jaxrl-llm train`"
+        )
     if not 0.0 <= smooth < 1.0:
         raise JaxrlError(f"--smooth must be in [0, 1), got {smooth}")
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -85,8 +98,10 @@ def plot_run(run_dir: str, *, keys=None, out_dir=None, smooth: float = 0.0) -> l
     if keys:
         missing = [k for k in keys if k not in series]
         if missing:
-            raise JaxrlError(f"metrics not found in {run_dir}/metrics.jsonl: {missing}; "
-                             f"available: {sorted(series)}")
+            raise JaxrlError(
+                f"metrics not found in {run_dir}/metrics.jsonl: {missing}; "
+                f"available: {sorted(series)}"
+            )
         series = {k: series[k] for k in keys}
     if not series:
         raise JaxrlError(f"{run_dir}/metrics.jsonl has no numeric metrics to plot")
@@ -118,13 +133,13 @@ def plot_run(run_dir: str, *, keys=None, out_dir=None, smooth: float = 0.0) -> l
     n = len(panels)
     cols = min(3, n)
     nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 2.8 * nrows), dpi=100,
-                             squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 2.8 * nrows), dpi=100, squeeze=False)
     for ax, (title, names) in zip(axes.flat, panels):
         for k in names:
             xs, ys = series[k]
-            ax.plot(xs, ema(ys) if smooth else ys, lw=1.2, marker="." if len(xs) < 15 else None,
-                    label=k)
+            ax.plot(
+                xs, ema(ys) if smooth else ys, lw=1.2, marker="." if len(xs) < 15 else None, label=k
+            )
         ax.set_title(title, fontsize=9)
         if len(names) > 1:
             ax.legend(fontsize=7)

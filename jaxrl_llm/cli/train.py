@@ -18,12 +18,18 @@ from jaxrl_llm.errors import ConfigError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``jaxrl-llm train``."""
     parser.add_argument("config", help="YAML config (see configs/)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dotted overrides, e.g. max_steps=3 optim.lr=1e-5")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in output_dir")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate the config, print it resolved, and exit")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides, e.g. max_steps=3 optim.lr=1e-5",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in output_dir"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="validate the config, print it resolved, and exit"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,25 +76,35 @@ def _check_output_dir(cfg) -> None:
     must not start over another run's checkpoints, which it could not save beside."""
     out = cfg.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"output_dir {out!r} exists and is not a directory; choose another "
-                          f"output_dir")
+        raise ConfigError(
+            f"output_dir {out!r} exists and is not a directory; choose another output_dir"
+        )
     ckpt = os.path.join(out, "checkpoints")
-    steps = sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) \
-        else []
+    steps = sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) else []
     if steps and not cfg.resume:
-        raise ConfigError(f"output_dir {out!r} already holds checkpoints of a run (latest step "
-                          f"{steps[-1]}); pass --resume to continue it, or choose a new "
-                          f"output_dir")
+        raise ConfigError(
+            f"output_dir {out!r} already holds checkpoints of a run (latest step "
+            f"{steps[-1]}); pass --resume to continue it, or choose a new "
+            f"output_dir"
+        )
 
 
 def _print_summary(cfg, summary: dict) -> None:
     before = summary.get("eval_before") or {}
     after = summary.get("eval_after") or {}
     for key in after:
-        if key.startswith("eval/") and key in before and key.count("/") == 1 \
-                and not key.endswith(("num_examples", "valid", "completion_length")):
-            print(f"held-out {key[5:]}: {before[key]:.3f} -> {after[key]:.3f} "
-                  f"({after.get('eval/num_examples')} examples, greedy)")
+        if (
+            key.startswith("eval/")
+            and key in before
+            and key.count("/") == 1
+            and not key.endswith(("num_examples", "valid", "completion_length"))
+        ):
+            print(
+                f"held-out {key[5:]}: {before[key]:.3f} -> {after[key]:.3f} "
+                f"({after.get('eval/num_examples')} examples, greedy)"
+            )
     if "train_time_s" in summary:
-        print(f"training time: {summary['train_time_s'] / 60:.1f} min over "
-              f"{summary.get('steps')} steps; run directory: {cfg.output_dir}")
+        print(
+            f"training time: {summary['train_time_s'] / 60:.1f} min over "
+            f"{summary.get('steps')} steps; run directory: {cfg.output_dir}"
+        )

@@ -71,8 +71,13 @@ class Padding:
             raise ConfigError(f"Padding.multiple must be positive, got {self.multiple}")
 
 
-def bucket_length(n: int, *, mode: BucketMode | str = BucketMode.MULTIPLE, multiple: int = 64,
-                  max_len: int | None = None) -> int:
+def bucket_length(
+    n: int,
+    *,
+    mode: BucketMode | str = BucketMode.MULTIPLE,
+    multiple: int = 64,
+    max_len: int | None = None,
+) -> int:
     """Round a row length ``n`` up to its bucket, never below ``n`` nor above ``max(n, max_len)``.
 
     Examples: ``bucket_length(65, multiple=64) == 128``; ``bucket_length(65, mode="pow2") == 128``;
@@ -92,12 +97,12 @@ def bucket_length(n: int, *, mode: BucketMode | str = BucketMode.MULTIPLE, multi
 
 
 def _bucket(n: int, padding: Padding) -> int:
-    return bucket_length(n, mode=padding.bucket, multiple=padding.multiple,
-                         max_len=padding.max_len)
+    return bucket_length(n, mode=padding.bucket, multiple=padding.multiple, max_len=padding.max_len)
 
 
-def _rows(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], t: int, pad_id: int,
-          prefix: str = "") -> dict[str, np.ndarray]:
+def _rows(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], t: int, pad_id: int, prefix: str = ""
+) -> dict[str, np.ndarray]:
     """Right-padded (prompt + completion) rows with attention and loss masks."""
     b = len(pairs)
     ids = np.full((b, t), pad_id, np.int32)
@@ -120,8 +125,9 @@ def _nonempty(items: Sequence[Any], what: str):
         raise DataError(f"cannot collate an empty batch of {what}")
 
 
-def collate_sequences(items: Sequence[TokenizedSequence], *,
-                      padding: Padding = Padding()) -> dict[str, np.ndarray]:
+def collate_sequences(
+    items: Sequence[TokenizedSequence], *, padding: Padding = Padding()
+) -> dict[str, np.ndarray]:
     """Sequence batch (see module doc): ``input_ids``, ``attention_mask``, ``loss_mask`` [B, T]."""
     _nonempty(items, "sequences")
     pairs = [(x.prompt_ids, x.completion_ids) for x in items]
@@ -129,20 +135,23 @@ def collate_sequences(items: Sequence[TokenizedSequence], *,
     return _rows(pairs, t, padding.pad_id)
 
 
-def collate_preferences(items: Sequence[TokenizedPreference], *,
-                        padding: Padding = Padding()) -> dict[str, np.ndarray]:
+def collate_preferences(
+    items: Sequence[TokenizedPreference], *, padding: Padding = Padding()
+) -> dict[str, np.ndarray]:
     """Preference batch: ``chosen_*`` and ``rejected_*`` ids / masks, each [B, T], one T."""
     _nonempty(items, "preference pairs")
     n = max(len(x.prompt_ids) + max(len(x.chosen_ids), len(x.rejected_ids)) for x in items)
     t = _bucket(n, padding)
     out = _rows([(x.prompt_ids, x.chosen_ids) for x in items], t, padding.pad_id, "chosen_")
-    out.update(_rows([(x.prompt_ids, x.rejected_ids) for x in items], t, padding.pad_id,
-                     "rejected_"))
+    out.update(
+        _rows([(x.prompt_ids, x.rejected_ids) for x in items], t, padding.pad_id, "rejected_")
+    )
     return out
 
 
-def collate_kto(items: Sequence[TokenizedSequence], *,
-                padding: Padding = Padding()) -> dict[str, np.ndarray]:
+def collate_kto(
+    items: Sequence[TokenizedSequence], *, padding: Padding = Padding()
+) -> dict[str, np.ndarray]:
     """KTO batch: sequence rows, ``label [B]`` int32 and mismatched ``kl_*`` rows [B, T].
 
     KL row i pairs prompt i with the completion of row (i + 1) mod B (KTO's estimate of the
@@ -159,7 +168,7 @@ def collate_kto(items: Sequence[TokenizedSequence], *,
     pairs = [(x.prompt_ids, x.completion_ids) for x in items]
     kl_pairs = [(items[i].prompt_ids, items[(i + 1) % b].completion_ids) for i in range(b)]
     if padding.max_len is not None:
-        kl_pairs = [(p, c[:max(0, padding.max_len - len(p))]) for p, c in kl_pairs]
+        kl_pairs = [(p, c[: max(0, padding.max_len - len(p))]) for p, c in kl_pairs]
     n = max(len(p) + len(c) for p, c in pairs + kl_pairs)
     t = _bucket(n, padding)
     out = _rows(pairs, t, padding.pad_id)
@@ -168,8 +177,9 @@ def collate_kto(items: Sequence[TokenizedSequence], *,
     return out
 
 
-def collate_ranks(items: Sequence[TokenizedRank], *,
-                  padding: Padding = Padding()) -> dict[str, np.ndarray]:
+def collate_ranks(
+    items: Sequence[TokenizedRank], *, padding: Padding = Padding()
+) -> dict[str, np.ndarray]:
     """Pairwise-rank batch: G consecutive rows per prompt (B = examples × G) and ``scores [B]``.
 
     Every example in the batch must have the same number of responses G (the loss's
@@ -179,8 +189,10 @@ def collate_ranks(items: Sequence[TokenizedRank], *,
     g = len(items[0].response_ids)
     for i, x in enumerate(items):
         if len(x.response_ids) != g:
-            raise DataError(f"ranking example {i} has {len(x.response_ids)} responses, the first "
-                            f"has {g}; every group in a data set must have the same size")
+            raise DataError(
+                f"ranking example {i} has {len(x.response_ids)} responses, the first "
+                f"has {g}; every group in a data set must have the same size"
+            )
     pairs = [(x.prompt_ids, r) for x in items for r in x.response_ids]
     t = _bucket(max(len(p) + len(c) for p, c in pairs), padding)
     out = _rows(pairs, t, padding.pad_id)
@@ -188,8 +200,9 @@ def collate_ranks(items: Sequence[TokenizedRank], *,
     return out
 
 
-def collate_prompts(items: Sequence[TokenizedPrompt], *, padding: Padding = Padding()
-                    ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+def collate_prompts(
+    items: Sequence[TokenizedPrompt], *, padding: Padding = Padding()
+) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
     """Prompt batch for online RL: left-padded ``prompt_ids`` / ``prompt_mask`` [B, T].
 
     Returns:
@@ -201,13 +214,18 @@ def collate_prompts(items: Sequence[TokenizedPrompt], *, padding: Padding = Padd
     mask = np.zeros((len(items), t), np.int32)
     for i, x in enumerate(items):
         n = len(x.prompt_ids)
-        ids[i, t - n:] = x.prompt_ids
-        mask[i, t - n:] = 1
+        ids[i, t - n :] = x.prompt_ids
+        mask[i, t - n :] = 1
     return {"prompt_ids": ids, "prompt_mask": mask}, [dict(x.extras) for x in items]
 
 
-def pack_sequences(items: Sequence[TokenizedSequence], *, row_len: int,
-                   num_rows: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
+def pack_sequences(
+    items: Sequence[TokenizedSequence],
+    *,
+    row_len: int,
+    num_rows: int | None = None,
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
     """Pack several (prompt + completion) examples into each row of length ``row_len``.
 
     Examples are placed first-fit in decreasing length order; each keeps its own segment id
@@ -229,8 +247,10 @@ def pack_sequences(items: Sequence[TokenizedSequence], *, row_len: int,
     _nonempty(items, "sequences")
     lengths = [len(x.prompt_ids) + len(x.completion_ids) for x in items]
     if max(lengths) > row_len:
-        raise DataError(f"an example has {max(lengths)} tokens, longer than row_len={row_len}; "
-                        f"apply the length policy first")
+        raise DataError(
+            f"an example has {max(lengths)} tokens, longer than row_len={row_len}; "
+            f"apply the length policy first"
+        )
     order = sorted(range(len(items)), key=lambda i: -lengths[i])
     rows: list[list[int]] = []
     free: list[int] = []
@@ -245,8 +265,10 @@ def pack_sequences(items: Sequence[TokenizedSequence], *, row_len: int,
             free.append(row_len - lengths[i])
     n_rows = len(rows) if num_rows is None else num_rows
     if len(rows) > n_rows:
-        raise DataError(f"{len(items)} examples need {len(rows)} packed rows of {row_len} "
-                        f"tokens, more than num_rows={num_rows}")
+        raise DataError(
+            f"{len(items)} examples need {len(rows)} packed rows of {row_len} "
+            f"tokens, more than num_rows={num_rows}"
+        )
     shape = (n_rows, row_len)
     ids = np.full(shape, pad_id, np.int32)
     attn, loss, seg, pos = (np.zeros(shape, np.int32) for _ in range(4))
@@ -255,13 +277,18 @@ def pack_sequences(items: Sequence[TokenizedSequence], *, row_len: int,
         for s, i in enumerate(sorted(members), start=1):
             p, c = items[i].prompt_ids, items[i].completion_ids
             n = len(p) + len(c)
-            ids[r, col:col + len(p)] = p
-            ids[r, col + len(p):col + n] = c
-            attn[r, col:col + n] = 1
-            loss[r, col + len(p):col + n] = 1
+            ids[r, col : col + len(p)] = p
+            ids[r, col + len(p) : col + n] = c
+            attn[r, col : col + n] = 1
+            loss[r, col + len(p) : col + n] = 1
             loss[r, col] = 0
-            seg[r, col:col + n] = s
-            pos[r, col:col + n] = np.arange(n)
+            seg[r, col : col + n] = s
+            pos[r, col : col + n] = np.arange(n)
             col += n
-    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss, "segment_ids": seg,
-            "positions": pos}
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "loss_mask": loss,
+        "segment_ids": seg,
+        "positions": pos,
+    }

@@ -106,6 +106,7 @@ def is_conversational(prompt: Prompt) -> TypeGuard[tuple[Message, ...]]:
 
 # ----- field checks --------------------------------------------------------------------------
 
+
 def _fail(record: Record, field: str, what: str) -> NoReturn:
     raise DataError(f"{record.location}: field {field!r}: {what}")
 
@@ -116,18 +117,21 @@ class _MissingField(DataError):
 
 
 # The fields that identify each format (most specific first), for the hint on a missing field.
-_SIGNATURES = ((Format.PREFERENCE, ("prompt", "chosen", "rejected")),
-               (Format.PAIRWISE_RANK, ("prompt", "responses", "scores")),
-               (Format.KTO, ("prompt", "completion", "label")),
-               (Format.SFT, ("prompt", "completion")),
-               (Format.SFT, ("messages",)))
+_SIGNATURES = (
+    (Format.PREFERENCE, ("prompt", "chosen", "rejected")),
+    (Format.PAIRWISE_RANK, ("prompt", "responses", "scores")),
+    (Format.KTO, ("prompt", "completion", "label")),
+    (Format.SFT, ("prompt", "completion")),
+    (Format.SFT, ("messages",)),
+)
 
 
 def _get(record: Record, field: str) -> Any:
     if field not in record.fields or record.fields[field] is None:
         present = sorted(k for k, v in record.fields.items() if v is not None)
-        raise _MissingField(f"{record.location}: missing field {field!r} (fields present: "
-                            f"{present})")
+        raise _MissingField(
+            f"{record.location}: missing field {field!r} (fields present: {present})"
+        )
     return record.fields[field]
 
 
@@ -139,9 +143,11 @@ def _format_hint(record: Record, fmt: Format) -> str:
         if set(fields) <= present:
             if other == fmt:
                 return ""
-            return (f"; these fields look like {other.value} data ({', '.join(fields)}), "
-                    f"not {fmt.value} data: choose an algorithm that reads {other.value} data "
-                    f"or convert the file")
+            return (
+                f"; these fields look like {other.value} data ({', '.join(fields)}), "
+                f"not {fmt.value} data: choose an algorithm that reads {other.value} data "
+                f"or convert the file"
+            )
     return ""
 
 
@@ -162,8 +168,7 @@ def _messages(record: Record, field: str, value: Any) -> tuple:
         if not isinstance(m, Mapping):
             _fail(record, where, f"expected a {{role, content}} object, got {type(m).__name__}")
         if m.get("role") not in _ROLES:
-            _fail(record, f"{where}.role", f"expected one of {list(_ROLES)}, got "
-                                           f"{m.get('role')!r}")
+            _fail(record, f"{where}.role", f"expected one of {list(_ROLES)}, got {m.get('role')!r}")
         content = m.get("content")
         if content is None:
             _fail(record, f"{where}.content", "missing")
@@ -179,8 +184,12 @@ def _prompt(record: Record, field: str = "prompt") -> Prompt:
     if isinstance(value, (list, tuple)):
         msgs = _messages(record, field, value)
         if msgs[-1]["role"] == "assistant":
-            _fail(record, field, "a conversational prompt must not end with an assistant "
-                                 "message (that is the completion)")
+            _fail(
+                record,
+                field,
+                "a conversational prompt must not end with an assistant "
+                "message (that is the completion)",
+            )
         return msgs
     _fail(record, field, f"expected a string or a list of messages, got {type(value).__name__}")
 
@@ -192,11 +201,15 @@ def _completion(record: Record, field: str, value: Any = None) -> str:
     if isinstance(value, (list, tuple)):
         msgs = _messages(record, field, value)
         if len(msgs) != 1 or msgs[0]["role"] != "assistant":
-            _fail(record, field, "a conversational completion must be exactly one assistant "
-                                 "message")
+            _fail(
+                record, field, "a conversational completion must be exactly one assistant message"
+            )
         return msgs[0]["content"]
-    _fail(record, field, f"expected a string or a list with one assistant message, got "
-                         f"{type(value).__name__}")
+    _fail(
+        record,
+        field,
+        f"expected a string or a list with one assistant message, got {type(value).__name__}",
+    )
 
 
 def _sft(record: Record) -> SFTExample:
@@ -206,23 +219,31 @@ def _sft(record: Record) -> SFTExample:
             _fail(record, "messages", f"expected a list of messages, got {type(value).__name__}")
         msgs = _messages(record, "messages", value)
         if len(msgs) < 2 or msgs[-1]["role"] != "assistant":
-            _fail(record, "messages", "needs at least one prompt message followed by a final "
-                                      "assistant message (the completion)")
+            _fail(
+                record,
+                "messages",
+                "needs at least one prompt message followed by a final "
+                "assistant message (the completion)",
+            )
         return SFTExample(prompt=msgs[:-1], completion=msgs[-1]["content"])
     return SFTExample(prompt=_prompt(record), completion=_completion(record, "completion"))
 
 
 def _preference(record: Record) -> PreferenceExample:
-    return PreferenceExample(prompt=_prompt(record), chosen=_completion(record, "chosen"),
-                             rejected=_completion(record, "rejected"))
+    return PreferenceExample(
+        prompt=_prompt(record),
+        chosen=_completion(record, "chosen"),
+        rejected=_completion(record, "rejected"),
+    )
 
 
 def _kto(record: Record) -> KTOExample:
     label = _get(record, "label")
     if not isinstance(label, bool):
         _fail(record, "label", f"expected true or false, got {label!r}")
-    return KTOExample(prompt=_prompt(record), completion=_completion(record, "completion"),
-                      label=label)
+    return KTOExample(
+        prompt=_prompt(record), completion=_completion(record, "completion"), label=label
+    )
 
 
 def _rank(record: Record) -> RankExample:
@@ -236,8 +257,11 @@ def _rank(record: Record) -> RankExample:
     if len(responses) < 2:
         _fail(record, "responses", f"need at least 2 responses to rank, got {len(responses)}")
     if len(scores) != len(responses):
-        _fail(record, "scores", f"has {len(scores)} entries but 'responses' has "
-                                f"{len(responses)}; they must match")
+        _fail(
+            record,
+            "scores",
+            f"has {len(scores)} entries but 'responses' has {len(responses)}; they must match",
+        )
     texts = tuple(_completion(record, f"responses[{i}]", r) for i, r in enumerate(responses))
     vals = []
     for i, s in enumerate(scores):

@@ -38,24 +38,37 @@ def epoch_order(num_examples: int, *, seed: int, epoch: int, shuffle: bool = Tru
 class BatchIterator(Iterator[Any]):
     """Iterator over collated batches; see the module doc and :func:`make_iterator`."""
 
-    def __init__(self, examples: Sequence[Any], *, batch_size: int,
-                 collate_fn: Callable[[list[Any]], Any] | None, seed: int, shuffle: bool,
-                 num_epochs: int | None, process_index: int, process_count: int,
-                 state: Mapping[str, Any] | None):
+    def __init__(
+        self,
+        examples: Sequence[Any],
+        *,
+        batch_size: int,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        seed: int,
+        shuffle: bool,
+        num_epochs: int | None,
+        process_index: int,
+        process_count: int,
+        state: Mapping[str, Any] | None,
+    ):
         if batch_size <= 0:
             raise ConfigError(f"batch_size must be positive, got {batch_size}")
         if process_count <= 0 or not 0 <= process_index < process_count:
-            raise ConfigError(f"need 0 <= process_index < process_count, got process_index="
-                              f"{process_index}, process_count={process_count}")
+            raise ConfigError(
+                f"need 0 <= process_index < process_count, got process_index="
+                f"{process_index}, process_count={process_count}"
+            )
         if num_epochs is not None and num_epochs <= 0:
             raise ConfigError(f"num_epochs must be positive or None, got {num_epochs}")
         self._examples = examples
         self._n = len(examples)
         self._global = batch_size * process_count
         if self._n < self._global:
-            raise ConfigError(f"{self._n} examples cannot fill one global batch of "
-                              f"{batch_size} x {process_count} hosts = {self._global}; lower "
-                              f"batch_size")
+            raise ConfigError(
+                f"{self._n} examples cannot fill one global batch of "
+                f"{batch_size} x {process_count} hosts = {self._global}; lower "
+                f"batch_size"
+            )
         self._batch_size = batch_size
         self._collate = collate_fn
         self._shuffle = shuffle
@@ -77,20 +90,29 @@ class BatchIterator(Iterator[Any]):
         if missing:
             raise ConfigError(f"iterator state is missing keys {sorted(missing)}")
         if int(state["num_examples"]) != self._n:
-            raise ConfigError(f"iterator state was saved for {state['num_examples']} examples, "
-                              f"but the data set has {self._n}; resume with the same data")
+            raise ConfigError(
+                f"iterator state was saved for {state['num_examples']} examples, "
+                f"but the data set has {self._n}; resume with the same data"
+            )
         if int(state["seed"]) != self._seed:
-            raise ConfigError(f"iterator state has seed {state['seed']}, the iterator was "
-                              f"built with seed {self._seed}; they must match")
+            raise ConfigError(
+                f"iterator state has seed {state['seed']}, the iterator was "
+                f"built with seed {self._seed}; they must match"
+            )
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
         if not 0 <= self._position <= self.steps_per_epoch:
-            raise ConfigError(f"iterator state position {self._position} is outside 0.."
-                              f"{self.steps_per_epoch}")
+            raise ConfigError(
+                f"iterator state position {self._position} is outside 0..{self.steps_per_epoch}"
+            )
 
     def state(self) -> dict[str, int]:
         """JSON-serialisable position after the last yielded batch."""
-        return {"seed": self._seed, "epoch": self._epoch, "position": self._position,
-                "num_examples": self._n}
+        return {
+            "seed": self._seed,
+            "epoch": self._epoch,
+            "position": self._position,
+            "num_examples": self._n,
+        }
 
     def __iter__(self):
         return self
@@ -103,11 +125,12 @@ class BatchIterator(Iterator[Any]):
         if self._num_epochs is not None and self._epoch >= self._num_epochs:
             raise StopIteration
         if self._order_epoch != self._epoch:
-            self._order = epoch_order(self._n, seed=self._seed, epoch=self._epoch,
-                                      shuffle=self._shuffle)
+            self._order = epoch_order(
+                self._n, seed=self._seed, epoch=self._epoch, shuffle=self._shuffle
+            )
             self._order_epoch = self._epoch
         start = self._position * self._global + self._pi * self._batch_size
-        idx = self._order[start:start + self._batch_size]
+        idx = self._order[start : start + self._batch_size]
         self._position += 1
         return idx
 
@@ -144,6 +167,14 @@ def make_iterator(
     Returns:
       a :class:`BatchIterator`.
     """
-    return BatchIterator(examples, batch_size=batch_size, collate_fn=collate_fn, seed=seed,
-                         shuffle=shuffle, num_epochs=num_epochs, process_index=process_index,
-                         process_count=process_count, state=state)
+    return BatchIterator(
+        examples,
+        batch_size=batch_size,
+        collate_fn=collate_fn,
+        seed=seed,
+        shuffle=shuffle,
+        num_epochs=num_epochs,
+        process_index=process_index,
+        process_count=process_count,
+        state=state,
+    )

@@ -23,8 +23,9 @@ from jaxrl_llm.data.tokenize import LengthPolicy, Tokenized, apply_length_policy
 from jaxrl_llm.errors import ConfigError
 
 
-def load_examples(source: Any, fmt: Format | str, *, split: str | None = None
-                  ) -> tuple[list[Example], list[str]]:
+def load_examples(
+    source: Any, fmt: Format | str, *, split: str | None = None
+) -> tuple[list[Example], list[str]]:
     """Read ``source`` (see :func:`~jaxrl_llm.data.readers.read_records`) and validate every
     record as ``fmt``.
 
@@ -76,13 +77,15 @@ def prepare_dataset(
     examples, locations = load_examples(source, fmt, split=split)
     tokenized = [tokenize_example(tokenizer, e, add_eos=add_eos) for e in examples]
     name = str(source) if isinstance(source, (str, os.PathLike)) else None
-    items, stats = apply_length_policy(tokenized, max_len=max_len, policy=length_policy,
-                                       locations=locations, source=name)
+    items, stats = apply_length_policy(
+        tokenized, max_len=max_len, policy=length_policy, locations=locations, source=name
+    )
     return PreparedData(format=fmt, items=items, stats=stats)
 
 
-def collate_fn_for(fmt: Format | str, *, padding: Padding = Padding(),
-                   pack_rows: int | None = None) -> Callable[[list[Tokenized]], Any]:
+def collate_fn_for(
+    fmt: Format | str, *, padding: Padding = Padding(), pack_rows: int | None = None
+) -> Callable[[list[Tokenized]], Any]:
     """The collate function for a format (a partial of the matching ``collate_*``).
 
     Args:
@@ -97,10 +100,14 @@ def collate_fn_for(fmt: Format | str, *, padding: Padding = Padding(),
             raise ConfigError(f"packing is supported for the sft format only, not {fmt.value}")
         if padding.max_len is None:
             raise ConfigError("packing needs padding.max_len (the packed row length)")
-        return functools.partial(pack_sequences, row_len=padding.max_len, num_rows=pack_rows,
-                                 pad_id=padding.pad_id)
+        return functools.partial(
+            pack_sequences, row_len=padding.max_len, num_rows=pack_rows, pad_id=padding.pad_id
+        )
     collators: dict[Format, Callable[..., Any]] = {
-        Format.SFT: collate_sequences, Format.PREFERENCE: collate_preferences,
-        Format.KTO: collate_kto, Format.PAIRWISE_RANK: collate_ranks,
-        Format.PROMPT: collate_prompts}
+        Format.SFT: collate_sequences,
+        Format.PREFERENCE: collate_preferences,
+        Format.KTO: collate_kto,
+        Format.PAIRWISE_RANK: collate_ranks,
+        Format.PROMPT: collate_prompts,
+    }
     return functools.partial(collators[fmt], padding=padding)

@@ -51,8 +51,9 @@ def read_jsonl(path: str | os.PathLike) -> list[Record]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not valid UTF-8 (byte {e.start}); re-encode the "
-                                f"file as UTF-8") from None
+                raise DataError(
+                    f"{where}: not valid UTF-8 (byte {e.start}); re-encode the file as UTF-8"
+                ) from None
             if lineno == 1:
                 text = text.removeprefix("\ufeff")  # tolerate a UTF-8 byte-order mark
             if not text.strip():
@@ -62,8 +63,9 @@ def read_jsonl(path: str | os.PathLike) -> list[Record]:
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: malformed JSON at column {e.colno}: {e.msg}") from None
             if not isinstance(obj, dict):
-                raise DataError(f"{where}: expected a JSON object per line, got "
-                                f"{type(obj).__name__}")
+                raise DataError(
+                    f"{where}: expected a JSON object per line, got {type(obj).__name__}"
+                )
             records.append(Record(obj, where))
     if not records:
         raise DataError(f"{path}: empty data set (no examples)")
@@ -86,8 +88,10 @@ def read_parquet(path: str | os.PathLike) -> list[Record]:
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as e:  # pyarrow raises several unrelated types for corrupt files
-        raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise DataError(
+            f"{path}: not a readable Parquet file ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
     if not rows:
         raise DataError(f"{path}: empty data set (no rows)")
     return [Record(row, f"{path} row {i}") for i, row in enumerate(rows, start=1)]
@@ -111,13 +115,15 @@ def read_hf(source: Any, *, split: str | None = None) -> list[Record]:
         try:
             import datasets
         except ImportError:  # pragma: no cover
-            raise DataError(f"{source}: reading a saved dataset needs `datasets`; "
-                            f"pip install datasets") from None
+            raise DataError(
+                f"{source}: reading a saved dataset needs `datasets`; pip install datasets"
+            ) from None
         try:
             source = datasets.load_from_disk(str(source))
         except Exception as e:
-            raise DataError(f"{name}: not a dataset saved with save_to_disk "
-                            f"({type(e).__name__})") from None
+            raise DataError(
+                f"{name}: not a dataset saved with save_to_disk ({type(e).__name__})"
+            ) from None
     if isinstance(source, dict):  # a DatasetDict (a dict subclass) or a plain {split: rows}
         splits = list(source.keys())
         if split is None:
@@ -136,8 +142,9 @@ def read_hf(source: Any, *, split: str | None = None) -> list[Record]:
     out = []
     for i, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
-            raise DataError(f"{name} row {i}: expected a mapping of fields, got "
-                            f"{type(row).__name__}")
+            raise DataError(
+                f"{name} row {i}: expected a mapping of fields, got {type(row).__name__}"
+            )
         out.append(Record(dict(row), f"{name} row {i}"))
     return out
 
@@ -166,6 +173,8 @@ def read_records(source: Any, *, split: str | None = None) -> list[Record]:
             return read_jsonl(p)
         if p.suffix == ".parquet":
             return read_parquet(p)
-        raise DataError(f"{p}: unsupported data source; allowed: a .jsonl file, a .parquet "
-                        f"file or a directory saved with datasets' save_to_disk")
+        raise DataError(
+            f"{p}: unsupported data source; allowed: a .jsonl file, a .parquet "
+            f"file or a directory saved with datasets' save_to_disk"
+        )
     return read_hf(source, split=split)

@@ -64,8 +64,9 @@ class CharTokenizer:
         """Inverse of :meth:`encode` (special tokens are always dropped)."""
         return bytes(int(i) - 3 for i in ids if int(i) >= 3).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = False,
-                            tokenize: bool = False, **_: Any):
+    def apply_chat_template(
+        self, messages, add_generation_prompt: bool = False, tokenize: bool = False, **_: Any
+    ):
         """Render messages as text (``tokenize=False``) or ids."""
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
         if add_generation_prompt:
@@ -126,8 +127,9 @@ Tokenized = Any  # one of the Tokenized* dataclasses above
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> tuple[int, ...]:
     """Prompt token ids (chat template with generation prompt, or plain text; see module doc)."""
     if is_conversational(prompt):
-        text = tokenizer.apply_chat_template([dict(m) for m in prompt],
-                                             add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [dict(m) for m in prompt], add_generation_prompt=True, tokenize=False
+        )
         ids = list(tokenizer.encode(text, add_special_tokens=False))
     else:
         ids = list(tokenizer.encode(prompt, add_special_tokens=True))
@@ -241,8 +243,10 @@ def apply_length_policy(
             continue
         if policy == LengthPolicy.ERROR:
             where = locations[i] if locations is not None else f"example {i}"
-            raise DataError(f"{where}: {n} tokens exceed max_len={max_len}; raise max_len or "
-                            f"use length_policy 'truncate' or 'drop'")
+            raise DataError(
+                f"{where}: {n} tokens exceed max_len={max_len}; raise max_len or "
+                f"use length_policy 'truncate' or 'drop'"
+            )
         if policy == LengthPolicy.DROP:
             dropped += 1
             continue
@@ -251,7 +255,9 @@ def apply_length_policy(
     stats = {"total": len(items), "kept": len(out), "truncated": truncated, "dropped": dropped}
     log.info("length policy %s (max_len=%d): %s", policy.value, max_len, stats)
     if not out:
-        raise DataError(f"{source + ': ' if source else ''}every example was dropped by "
-                        f"max_len={max_len} (length_policy 'drop'; the shortest has "
-                        f"{shortest} tokens); raise max_len or use length_policy 'truncate'")
+        raise DataError(
+            f"{source + ': ' if source else ''}every example was dropped by "
+            f"max_len={max_len} (length_policy 'drop'; the shortest has "
+            f"{shortest} tokens); raise max_len or use length_policy 'truncate'"
+        )
     return out, stats

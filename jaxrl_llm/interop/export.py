@@ -26,11 +26,13 @@ def _numpy_dtype(name: str):
         return np.float32
     if name == "bfloat16":
         import ml_dtypes
+
         return ml_dtypes.bfloat16
     if name == "float16":
         return np.float16
-    raise ModelLoadError(f"export: dtype {name!r} is not supported; allowed: "
-                         f"'float32', 'bfloat16', 'float16'")
+    raise ModelLoadError(
+        f"export: dtype {name!r} is not supported; allowed: 'float32', 'bfloat16', 'float16'"
+    )
 
 
 def _generation_config_dict(config: ModelConfig, generation_config: Any) -> dict[str, Any]:
@@ -39,22 +41,33 @@ def _generation_config_dict(config: ModelConfig, generation_config: Any) -> dict
     elif isinstance(generation_config, Mapping):
         d = dict(generation_config)
     else:  # transformers.GenerationConfig
-        d = generation_config.to_diff_dict() if hasattr(generation_config, "to_diff_dict") \
+        d = (
+            generation_config.to_diff_dict()
+            if hasattr(generation_config, "to_diff_dict")
             else generation_config.to_dict()
+        )
     d.pop("transformers_version", None)
     eos = list(config.eos_token_ids)
-    defaults = {"bos_token_id": config.bos_token_id,
-                "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
-                "pad_token_id": config.pad_token_id}
+    defaults = {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+        "pad_token_id": config.pad_token_id,
+    }
     for k, v in defaults.items():
         if d.get(k) is None and v is not None:
             d[k] = v
     return d
 
 
-def export_hf(out_dir: str | os.PathLike, *, config: ModelConfig, params: Mapping[str, Any],
-              tokenizer: Any = None, generation_config: Any = None,
-              dtype: str | None = None) -> list[Path]:
+def export_hf(
+    out_dir: str | os.PathLike,
+    *,
+    config: ModelConfig,
+    params: Mapping[str, Any],
+    tokenizer: Any = None,
+    generation_config: Any = None,
+    dtype: str | None = None,
+) -> list[Path]:
     """Write a Hugging Face model directory for ``(config, params)``.
 
     ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` (or
@@ -83,6 +96,7 @@ def export_hf(out_dir: str | os.PathLike, *, config: ModelConfig, params: Mappin
     hf_cfg = hf_config_dict(config, dtype=dtype)
     host = {}
     import jax
+
     host_params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), dict(params))
     for k, v in params_to_hf_state_dict(host_params, config).items():
         host[k] = np.ascontiguousarray(v.astype(np_dtype))
@@ -98,14 +112,17 @@ def export_hf(out_dir: str | os.PathLike, *, config: ModelConfig, params: Mappin
     written.append(cfg_path)
 
     gen_path = out / "generation_config.json"
-    gen_path.write_text(json.dumps(_generation_config_dict(config, generation_config),
-                                   indent=2, sort_keys=True) + "\n")
+    gen_path.write_text(
+        json.dumps(_generation_config_dict(config, generation_config), indent=2, sort_keys=True)
+        + "\n"
+    )
     written.append(gen_path)
 
     if tokenizer is not None:
         before = set(out.iterdir())
         tokenizer.save_pretrained(str(out))
-        written.extend(sorted(set(out.iterdir()) - before) or
-                       sorted(p for p in out.iterdir() if "token" in p.name or
-                              "template" in p.name))
+        written.extend(
+            sorted(set(out.iterdir()) - before)
+            or sorted(p for p in out.iterdir() if "token" in p.name or "template" in p.name)
+        )
     return written

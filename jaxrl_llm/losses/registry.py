@@ -106,7 +106,11 @@ LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def policy_reference_logps(
-    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PolicyGradientConfig,
+    ref_params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: PolicyGradientConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> dict[str, jax.Array]:
     """``{"ref_logp": [B, T]}``: the reference policy's per-token log-probs (same settings as
@@ -151,18 +155,32 @@ class LossSpec:
 
 
 def _pg(preset) -> LossSpec:
-    return LossSpec(policy_gradient_loss, policy_gradient_denominator, PolicyGradientConfig,
-                    preset, policy_reference_logps, lambda c: c.kl_coef > 0, "rl",
-                    policy_gradient_zero_batch, TRACED_HPARAMS)
+    return LossSpec(
+        policy_gradient_loss,
+        policy_gradient_denominator,
+        PolicyGradientConfig,
+        preset,
+        policy_reference_logps,
+        lambda c: c.kl_coef > 0,
+        "rl",
+        policy_gradient_zero_batch,
+        TRACED_HPARAMS,
+    )
 
 
 LOSSES: dict[str, LossSpec] = {
     "sft": LossSpec(sft_loss, sft_denominator, SFTConfig, sft_config),
-    "reward_model": LossSpec(reward_model_loss, pair_denominator, RewardModelConfig,
-                             reward_model_config, batch_kind="preference"),
+    "reward_model": LossSpec(
+        reward_model_loss,
+        pair_denominator,
+        RewardModelConfig,
+        reward_model_config,
+        batch_kind="preference",
+    ),
     "ppo_actor": _pg(ppo_actor_config),
-    "ppo_critic": LossSpec(ppo_critic_loss, critic_denominator, CriticConfig,
-                           ppo_critic_config, batch_kind="rl"),
+    "ppo_critic": LossSpec(
+        ppo_critic_loss, critic_denominator, CriticConfig, ppo_critic_config, batch_kind="rl"
+    ),
     "grpo": _pg(grpo_config),
     "dr_grpo": _pg(dr_grpo_config),
     "dapo": _pg(dapo_config),
@@ -171,22 +189,53 @@ LOSSES: dict[str, LossSpec] = {
     "reinforce_pp": _pg(reinforce_pp_config),
     "rloo": _pg(rloo_config),
     "remax": _pg(remax_config),
-    "dpo": LossSpec(dpo_loss, pair_denominator, DPOConfig, dpo_config,
-                    preference_reference_logps, lambda c: not c.reference_free, "preference"),
-    "kto": LossSpec(kto_loss, row_denominator, KTOConfig, kto_config, kto_reference_logps,
-                    lambda c: True, "kto"),
-    "orpo": LossSpec(orpo_loss, pair_denominator, ORPOConfig, orpo_config,
-                     batch_kind="preference"),
-    "simpo": LossSpec(simpo_loss, pair_denominator, SimPOConfig, simpo_config,
-                      batch_kind="preference"),
-    "cispo": LossSpec(cispo_loss, token_denominator, CISPOConfig, cispo_config,
-                      batch_kind="rl", zero_batch_fn=zero_advantage_batch),
-    "sapo": LossSpec(sapo_loss, token_denominator, SAPOConfig, sapo_config,
-                     batch_kind="rl", zero_batch_fn=zero_advantage_batch),
-    "gmpo": LossSpec(gmpo_loss, sequence_denominator, GMPOConfig, gmpo_config,
-                     batch_kind="rl", zero_batch_fn=zero_advantage_batch),
-    "pairwise_rank": LossSpec(pairwise_rank_loss, group_denominator, PairwiseRankConfig,
-                              pairwise_rank_config, batch_kind="rank"),
+    "dpo": LossSpec(
+        dpo_loss,
+        pair_denominator,
+        DPOConfig,
+        dpo_config,
+        preference_reference_logps,
+        lambda c: not c.reference_free,
+        "preference",
+    ),
+    "kto": LossSpec(
+        kto_loss, row_denominator, KTOConfig, kto_config, kto_reference_logps, lambda c: True, "kto"
+    ),
+    "orpo": LossSpec(orpo_loss, pair_denominator, ORPOConfig, orpo_config, batch_kind="preference"),
+    "simpo": LossSpec(
+        simpo_loss, pair_denominator, SimPOConfig, simpo_config, batch_kind="preference"
+    ),
+    "cispo": LossSpec(
+        cispo_loss,
+        token_denominator,
+        CISPOConfig,
+        cispo_config,
+        batch_kind="rl",
+        zero_batch_fn=zero_advantage_batch,
+    ),
+    "sapo": LossSpec(
+        sapo_loss,
+        token_denominator,
+        SAPOConfig,
+        sapo_config,
+        batch_kind="rl",
+        zero_batch_fn=zero_advantage_batch,
+    ),
+    "gmpo": LossSpec(
+        gmpo_loss,
+        sequence_denominator,
+        GMPOConfig,
+        gmpo_config,
+        batch_kind="rl",
+        zero_batch_fn=zero_advantage_batch,
+    ),
+    "pairwise_rank": LossSpec(
+        pairwise_rank_loss,
+        group_denominator,
+        PairwiseRankConfig,
+        pairwise_rank_config,
+        batch_kind="rank",
+    ),
 }
 
 
@@ -195,8 +244,9 @@ def get_loss(name: str) -> LossSpec:
     try:
         return LOSSES[name]
     except KeyError:
-        raise ConfigError(f"unknown loss/algorithm {name!r}; available: "
-                          f"{', '.join(sorted(LOSSES))}") from None
+        raise ConfigError(
+            f"unknown loss/algorithm {name!r}; available: {', '.join(sorted(LOSSES))}"
+        ) from None
 
 
 class Family(str, enum.Enum):
@@ -277,41 +327,79 @@ class Algorithm:
         return self.loss_spec().preset(**{**dict(self.preset_overrides), **overrides})
 
 
-def _group_pg(loss: str, advantage: AdvantageEstimator, *, groups: bool = True,
-              process: bool = True, reward: str = "verifiable or RM") -> Algorithm:
-    return Algorithm(loss=loss, family=Family.GROUP_POLICY_GRADIENT, data_format="prompt",
-                     advantage=advantage, min_group_size=2 if groups else 1,
-                     process_supervision=process,
-                     sampling_settings=("temperature", "max_new_tokens"),
-                     data_note="online", reward_note=reward)
+def _group_pg(
+    loss: str,
+    advantage: AdvantageEstimator,
+    *,
+    groups: bool = True,
+    process: bool = True,
+    reward: str = "verifiable or RM",
+) -> Algorithm:
+    return Algorithm(
+        loss=loss,
+        family=Family.GROUP_POLICY_GRADIENT,
+        data_format="prompt",
+        advantage=advantage,
+        min_group_size=2 if groups else 1,
+        process_supervision=process,
+        sampling_settings=("temperature", "max_new_tokens"),
+        data_note="online",
+        reward_note=reward,
+    )
 
 
-def _offline(loss: str, fmt: str, data: str, reward: str, *, pairs: bool = False,
-             **kw) -> Algorithm:
-    return Algorithm(loss=loss, family=Family.OFFLINE, data_format=fmt,
-                     sequences_per_example=2 if pairs else 1, data_note=data,
-                     reward_note=reward, **kw)
+def _offline(
+    loss: str, fmt: str, data: str, reward: str, *, pairs: bool = False, **kw
+) -> Algorithm:
+    return Algorithm(
+        loss=loss,
+        family=Family.OFFLINE,
+        data_format=fmt,
+        sequences_per_example=2 if pairs else 1,
+        data_note=data,
+        reward_note=reward,
+        **kw,
+    )
 
 
 _A = AdvantageEstimator
 ALGORITHMS: dict[str, Algorithm] = {
     "sft": _offline("sft", "sft", "demonstrations", "none"),
-    "reward_model": _offline("reward_model", "preference", "offline pairs",
-                             "learned (trained here)", pairs=True, trains_reward_head=True),
+    "reward_model": _offline(
+        "reward_model",
+        "preference",
+        "offline pairs",
+        "learned (trained here)",
+        pairs=True,
+        trains_reward_head=True,
+    ),
     "dpo": _offline("dpo", "preference", "offline pairs", "implicit", pairs=True),
-    "ipo": _offline("dpo", "preference", "offline pairs", "implicit", pairs=True,
-                    preset_overrides=(("kind", "ipo"),)),
+    "ipo": _offline(
+        "dpo",
+        "preference",
+        "offline pairs",
+        "implicit",
+        pairs=True,
+        preset_overrides=(("kind", "ipo"),),
+    ),
     "kto": _offline("kto", "kto", "offline binary labels", "implicit", pairs=True),
-    "orpo": _offline("orpo", "preference", "offline pairs", "implicit (odds ratio)",
-                     pairs=True),
-    "simpo": _offline("simpo", "preference", "offline pairs", "implicit (length-normalised)",
-                      pairs=True),
-    "pairwise_rank": _offline("pairwise_rank", "pairwise_rank", "offline ranked groups",
-                              "scores"),
-    "ppo": Algorithm(loss="ppo_actor", family=Family.PPO, data_format="prompt",
-                     advantage=_A.GAE, critic=True, scores_with_reward_model=True, lora=False,
-                     sampling_settings=("temperature", "max_new_tokens"), data_note="online",
-                     reward_note="learned RM"),
+    "orpo": _offline("orpo", "preference", "offline pairs", "implicit (odds ratio)", pairs=True),
+    "simpo": _offline(
+        "simpo", "preference", "offline pairs", "implicit (length-normalised)", pairs=True
+    ),
+    "pairwise_rank": _offline("pairwise_rank", "pairwise_rank", "offline ranked groups", "scores"),
+    "ppo": Algorithm(
+        loss="ppo_actor",
+        family=Family.PPO,
+        data_format="prompt",
+        advantage=_A.GAE,
+        critic=True,
+        scores_with_reward_model=True,
+        lora=False,
+        sampling_settings=("temperature", "max_new_tokens"),
+        data_note="online",
+        reward_note="learned RM",
+    ),
     "grpo": _group_pg("grpo", _A.GRPO, reward="verifiable"),
     "dr_grpo": _group_pg("dr_grpo", _A.GRPO_NO_STD, reward="verifiable"),
     "dapo": _group_pg("dapo", _A.GRPO, reward="verifiable (no KL term)"),
@@ -324,10 +412,16 @@ ALGORITHMS: dict[str, Algorithm] = {
     "cispo": _group_pg("cispo", _A.GRPO, reward="verifiable"),
     "sapo": _group_pg("sapo", _A.GRPO, reward="verifiable"),
     "gmpo": _group_pg("gmpo", _A.GRPO, reward="verifiable"),
-    "online_dpo": Algorithm(loss="dpo", family=Family.ONLINE_PAIRS, data_format="prompt",
-                            min_group_size=2, scores_with_reward_model=True,
-                            sequences_per_example=2, data_note="online pairs",
-                            reward_note="RM or verifier"),
+    "online_dpo": Algorithm(
+        loss="dpo",
+        family=Family.ONLINE_PAIRS,
+        data_format="prompt",
+        min_group_size=2,
+        scores_with_reward_model=True,
+        sequences_per_example=2,
+        data_note="online pairs",
+        reward_note="RM or verifier",
+    ),
 }
 
 
@@ -336,5 +430,6 @@ def get_algorithm(name: str) -> Algorithm:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        raise ConfigError(f"algorithm: unknown {name!r}; allowed: "
-                          f"{', '.join(ALGORITHMS)}") from None
+        raise ConfigError(
+            f"algorithm: unknown {name!r}; allowed: {', '.join(ALGORITHMS)}"
+        ) from None

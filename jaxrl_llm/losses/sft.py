@@ -53,7 +53,11 @@ def sft_denominator(batch: Batch, config: SFTConfig) -> jax.Array:
 
 
 def sft_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: SFTConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: SFTConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Masked next-token NLL: L = −Σ_{b,t} m_bt log π(x_bt | x_b,<t) / Σ m (token_mean).
@@ -80,4 +84,3 @@ def sft_loss(
         "num_tokens": n_tok,
     }
     return loss, metrics
-

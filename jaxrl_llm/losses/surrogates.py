@@ -107,11 +107,16 @@ def gmpo_config(**overrides) -> GMPOConfig:
 
 
 def _rl_inputs(params, batch, apply_fn, logprobs, name):
-    logp, ent, _ = forward_logps(params, batch, apply_fn=apply_fn, with_entropy=True,
-                                 loss=name, **logprobs.kwargs())
+    logp, ent, _ = forward_logps(
+        params, batch, apply_fn=apply_fn, with_entropy=True, loss=name, **logprobs.kwargs()
+    )
     mask = batch["loss_mask"]
-    adv = require(batch, "advantages", loss=name,
-                  hint="compute them with an objectives.*_advantages estimator first")
+    adv = require(
+        batch,
+        "advantages",
+        loss=name,
+        hint="compute them with an objectives.*_advantages estimator first",
+    )
     old = batch.get("old_logp")
     old = jax.lax.stop_gradient(logp) if old is None else old
     m = mask.astype(bool)
@@ -120,42 +125,73 @@ def _rl_inputs(params, batch, apply_fn, logprobs, name):
 
 def _finish(num, den, batch, metrics, ent, mask):
     loss = finish(num, den, batch)
-    out = {f"pg/{k}" if k != "pg_loss" else "pg/token_loss": jax.lax.stop_gradient(v)
-           for k, v in metrics.items()}
+    out = {
+        f"pg/{k}" if k != "pg_loss" else "pg/token_loss": jax.lax.stop_gradient(v)
+        for k, v in metrics.items()
+    }
     out["pg/loss"] = jax.lax.stop_gradient(loss)
     out["loss"] = loss
     out["entropy"] = jax.lax.stop_gradient(masked_mean(ent, mask))
     return loss, out
 
 
-def cispo_loss(params: Any, batch: Batch, *, apply_fn: ApplyFn, config: CISPOConfig,
-               logprobs: LogprobSettings = DEFAULT_LOGPROBS
-               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def cispo_loss(
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: CISPOConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """CISPO over parameters: agg_t[−sg(clip(ρ_t, 1 − ε_low, 1 + ε_high))·A_t·log π_θ(y_t)]
     (:func:`jaxrl_llm.objectives.cispo_loss`). Batch and returns as
     :func:`~jaxrl_llm.losses.policy_gradient_loss`."""
     logp, ent, old, adv, mask = _rl_inputs(params, batch, apply_fn, logprobs, "cispo")
-    num, den, m = cispo_loss_parts(logp, old, adv, mask, clip_eps_low=config.clip_eps_low,
-                                   clip_eps_high=config.clip_eps_high,
-                                   aggregation=config.aggregation, max_len=config.max_len)
+    num, den, m = cispo_loss_parts(
+        logp,
+        old,
+        adv,
+        mask,
+        clip_eps_low=config.clip_eps_low,
+        clip_eps_high=config.clip_eps_high,
+        aggregation=config.aggregation,
+        max_len=config.max_len,
+    )
     return _finish(num, den, batch, m, ent, mask)
 
 
-def sapo_loss(params: Any, batch: Batch, *, apply_fn: ApplyFn, config: SAPOConfig,
-              logprobs: LogprobSettings = DEFAULT_LOGPROBS
-              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def sapo_loss(
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: SAPOConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """SAPO over parameters: agg_t[−(4/τ)·σ(τ(ρ_t − 1))·A_t] (:func:`jaxrl_llm.objectives.
     sapo_loss`). Batch and returns as :func:`~jaxrl_llm.losses.policy_gradient_loss`."""
     logp, ent, old, adv, mask = _rl_inputs(params, batch, apply_fn, logprobs, "sapo")
-    num, den, m = sapo_loss_parts(logp, old, adv, mask, tau_pos=config.tau_pos,
-                                  tau_neg=config.tau_neg, aggregation=config.aggregation,
-                                  max_len=config.max_len)
+    num, den, m = sapo_loss_parts(
+        logp,
+        old,
+        adv,
+        mask,
+        tau_pos=config.tau_pos,
+        tau_neg=config.tau_neg,
+        aggregation=config.aggregation,
+        max_len=config.max_len,
+    )
     return _finish(num, den, batch, m, ent, mask)
 
 
-def gmpo_loss(params: Any, batch: Batch, *, apply_fn: ApplyFn, config: GMPOConfig,
-              logprobs: LogprobSettings = DEFAULT_LOGPROBS
-              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def gmpo_loss(
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: GMPOConfig,
+    logprobs: LogprobSettings = DEFAULT_LOGPROBS,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GMPO over parameters: mean over sequences of −A·exp(mean_t clip(log ρ_t))
     (:func:`jaxrl_llm.objectives.gmpo_loss`). Batch and returns as
     :func:`~jaxrl_llm.losses.policy_gradient_loss`."""

@@ -30,6 +30,7 @@ _SEQ_KEYS = ("input_ids", "attention_mask", "loss_mask", "positions")
 
 # ----- KTO ------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class KTOConfig:
     """KTO (Ethayarajh et al. 2024, https://arxiv.org/abs/2402.01306).
@@ -68,17 +69,27 @@ def _stack_kto(batch: Batch) -> dict[str, jax.Array]:
             continue
         if key in ("input_ids", "loss_mask"):
             a = require(batch, key, loss="kto")
-            b = require(batch, f"kl_{key}", loss="kto",
-                        hint="KTO's reference point needs the mismatched-pair rows kl_*")
+            b = require(
+                batch,
+                f"kl_{key}",
+                loss="kto",
+                hint="KTO's reference point needs the mismatched-pair rows kl_*",
+            )
         if a is None or b is None:
-            raise DataError(f"batch has only one of {key!r} / 'kl_{key}' for the 'kto' loss; "
-                            "give both or neither")
+            raise DataError(
+                f"batch has only one of {key!r} / 'kl_{key}' for the 'kto' loss; "
+                "give both or neither"
+            )
         out[key] = jnp.concatenate([a, b], axis=0)
     return out
 
 
 def kto_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: KTOConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: KTOConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """KTO over parameters: mean over rows of the desirable / undesirable value losses.
@@ -107,8 +118,7 @@ def kto_loss(
     ref = jnp.asarray(require(batch, "ref_logps", loss=name, hint=hint), jnp.float32)
     ref_kl = jnp.asarray(require(batch, "ref_kl_logps", loss=name, hint=hint), jnp.float32)
     stacked = _stack_kto(batch)
-    logp, _, _ = forward_logps(params, stacked, apply_fn=apply_fn,
-                               loss=name, **logprobs.kwargs())
+    logp, _, _ = forward_logps(params, stacked, apply_fn=apply_fn, loss=name, **logprobs.kwargs())
     b = batch["input_ids"].shape[0]
     sums = jnp.sum(logp, axis=-1)
     pol, pol_kl = sums[:b], sums[b:]
@@ -117,9 +127,14 @@ def kto_loss(
     z0 = masked_rows_mean(jax.lax.stop_gradient(pol_kl - ref_kl), kl_valid)
     r = pol - ref
     # Each row is scored both ways; its label picks which loss applies (static shapes).
-    both, _ = kto_objective(r, r, z0, beta=config.beta,
-                            desirable_weight=config.desirable_weight,
-                            undesirable_weight=config.undesirable_weight)
+    both, _ = kto_objective(
+        r,
+        r,
+        z0,
+        beta=config.beta,
+        desirable_weight=config.desirable_weight,
+        undesirable_weight=config.undesirable_weight,
+    )
     desirable = label.astype(bool)
     losses = jnp.where(desirable, both[:b], both[b:])
     loss = finish(masked_sum(losses, valid), masked_count(valid), batch)
@@ -137,20 +152,31 @@ def kto_loss(
 
 
 def kto_reference_logps(
-    ref_params: Any, batch: Batch, *, apply_fn: ApplyFn, config: Any = None,
+    ref_params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: Any = None,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> dict[str, jax.Array]:
     """``{"ref_logps", "ref_kl_logps"}`` ``[B]``: summed reference log-probs of the rows and of
     the mismatched KL rows, from one stacked forward pass."""
     del config
-    s = jax.lax.stop_gradient(summed_logps(ref_params, _stack_kto(batch), apply_fn=apply_fn,
-                                                  temperature=logprobs.temperature,
-                                                  chunk_size=logprobs.chunk_size))
+    s = jax.lax.stop_gradient(
+        summed_logps(
+            ref_params,
+            _stack_kto(batch),
+            apply_fn=apply_fn,
+            temperature=logprobs.temperature,
+            chunk_size=logprobs.chunk_size,
+        )
+    )
     b = batch["input_ids"].shape[0]
     return {"ref_logps": s[:b], "ref_kl_logps": s[b:]}
 
 
 # ----- pairwise rank --------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PairwiseRankConfig:
@@ -167,8 +193,9 @@ class PairwiseRankConfig:
 
     def __post_init__(self):
         if not isinstance(self.group_size, int) or self.group_size < 2:
-            raise ConfigError(f"pairwise_rank group_size={self.group_size!r} must be an "
-                              "integer >= 2")
+            raise ConfigError(
+                f"pairwise_rank group_size={self.group_size!r} must be an integer >= 2"
+            )
         if not self.beta > 0:
             raise ConfigError(f"pairwise_rank beta={self.beta!r} must be > 0")
 
@@ -182,8 +209,10 @@ def group_valid(loss_mask: jax.Array, group_size: int) -> jax.Array:
     """``[B // group_size]`` bool: the group has at least one real row (padding groups False)."""
     v = row_valid(loss_mask)
     if v.shape[0] % group_size:
-        raise DataError(f"pairwise_rank batch has {v.shape[0]} rows, not a multiple of "
-                        f"group_size={group_size}; pad with whole groups")
+        raise DataError(
+            f"pairwise_rank batch has {v.shape[0]} rows, not a multiple of "
+            f"group_size={group_size}; pad with whole groups"
+        )
     return jnp.any(v.reshape(-1, group_size), axis=-1)
 
 
@@ -194,7 +223,11 @@ def group_denominator(batch: Batch, config: PairwiseRankConfig) -> jax.Array:
 
 
 def pairwise_rank_loss(
-    params: Any, batch: Batch, *, apply_fn: ApplyFn, config: PairwiseRankConfig,
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    config: PairwiseRankConfig,
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean over groups of L_g = Σ_{i,j∈g: s_i > s_j} −log σ(β(log π(y_i) − log π(y_j))).
@@ -213,15 +246,16 @@ def pairwise_rank_loss(
     """
     name = "pairwise_rank"
     scores = require(batch, "scores", loss=name)
-    logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn,
-                               loss=name, **logprobs.kwargs())
+    logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn, loss=name, **logprobs.kwargs())
     seq = jnp.sum(logp, axis=-1)
     gv = group_valid(batch["loss_mask"], config.group_size)
-    losses, obj_metrics = pairwise_rank_objective(seq, scores, group_size=config.group_size,
-                                                  beta=config.beta)
+    losses, obj_metrics = pairwise_rank_objective(
+        seq, scores, group_size=config.group_size, beta=config.beta
+    )
     loss = finish(masked_sum(losses, gv), masked_count(gv), batch)
     metrics = dict(obj_metrics)
     metrics["loss"] = loss
     metrics["logps/mean"] = jax.lax.stop_gradient(
-        masked_rows_mean(seq, row_valid(batch["loss_mask"])))
+        masked_rows_mean(seq, row_valid(batch["loss_mask"]))
+    )
     return loss, metrics

@@ -56,10 +56,11 @@ _NEG_INF = -1e30  # large finite negative: masked scores stay finite (no inf −
 NAIVE_MAX_SCORES = 512 * 512
 
 
-@functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["q_index", "k_valid", "q_positions", "k_positions",
-                                "q_segments", "k_segments"],
-                   meta_fields=["self_attention"])
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["q_index", "k_valid", "q_positions", "k_positions", "q_segments", "k_segments"],
+    meta_fields=["self_attention"],
+)
 @dataclasses.dataclass(frozen=True)
 class AttentionMask:
     """Compact per-row description of which keys each query may attend to (a pytree).
@@ -86,9 +87,13 @@ class AttentionMask:
     self_attention: bool = False
 
 
-def causal_self_mask(attention_mask: jax.Array | None, positions: jax.Array | None = None,
-                     segment_ids: jax.Array | None = None, *,
-                     num_tokens: int | None = None) -> AttentionMask:
+def causal_self_mask(
+    attention_mask: jax.Array | None,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    *,
+    num_tokens: int | None = None,
+) -> AttentionMask:
     """The :class:`AttentionMask` of causal self-attention over ``[B, T]`` tokens.
 
     Args:
@@ -101,15 +106,21 @@ def causal_self_mask(attention_mask: jax.Array | None, positions: jax.Array | No
     if known:
         t = known[0].shape[1]
     elif num_tokens is None:
-        raise ValueError("causal_self_mask needs num_tokens when attention_mask, positions and "
-                         "segment_ids are all None")
+        raise ValueError(
+            "causal_self_mask needs num_tokens when attention_mask, positions and "
+            "segment_ids are all None"
+        )
     else:
         t = int(num_tokens)
     return AttentionMask(
         q_index=jnp.arange(t, dtype=jnp.int32),
         k_valid=None if attention_mask is None else attention_mask.astype(bool),
-        q_positions=positions, k_positions=positions,
-        q_segments=segment_ids, k_segments=segment_ids, self_attention=True)
+        q_positions=positions,
+        k_positions=positions,
+        q_segments=segment_ids,
+        k_segments=segment_ids,
+        self_attention=True,
+    )
 
 
 def _allowed(mask: AttentionMask, q_index, k_index, q_sl, k_sl, window):
@@ -159,9 +170,15 @@ def _cap(s, softcap):
     return s if softcap is None else softcap * jnp.tanh(s / softcap)
 
 
-def naive_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array,
-                    mask: AttentionMask, *, window: int | None = None,
-                    softcap: float | None = None) -> jax.Array:
+def naive_attention(
+    q_btne: jax.Array,
+    k_bske: jax.Array,
+    v_bske: jax.Array,
+    mask: AttentionMask,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> jax.Array:
     """Grouped-query attention that materialises the scores ``[B, K, G, T, S]``.
 
     ``softmax(cap(q·kᵀ/√E) masked) · v`` with H = K·G query heads laid out ``[B, T, K·G, E]``
@@ -178,11 +195,13 @@ def naive_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array,
     b, t, h, e = q_btne.shape
     s, kh = k_bske.shape[1], k_bske.shape[2]
     q = q_btne.reshape(b, t, kh, h // kh, e)
-    scores = jnp.einsum("btkge,bske->bkgts", q, k_bske,
-                        preferred_element_type=jnp.float32) / math.sqrt(e)
+    scores = jnp.einsum(
+        "btkge,bske->bkgts", q, k_bske, preferred_element_type=jnp.float32
+    ) / math.sqrt(e)
     scores = _cap(scores, softcap)
-    allowed = _allowed(mask, mask.q_index, jnp.arange(s, dtype=jnp.int32), lambda x: x,
-                       lambda x: x, window)
+    allowed = _allowed(
+        mask, mask.q_index, jnp.arange(s, dtype=jnp.int32), lambda x: x, lambda x: x, window
+    )
     scores = jnp.where(allowed[:, None, None, :, :], scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_bske.dtype)
     out = jnp.einsum("bkgts,bske->btkge", probs, v_bske)
@@ -190,6 +209,7 @@ def naive_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array,
 
 
 # ----- blockwise ------------------------------------------------------------------------------
+
 
 def _pad_to(x, n, axis, value=0):
     extra = n - x.shape[axis]
@@ -204,8 +224,10 @@ def _pad_mask(mask: AttentionMask, tp: int, sp: int) -> AttentionMask:
     """Pad the per-row vectors to ``tp`` queries / ``sp`` keys. Padded keys must already be
     marked invalid by the caller; padded queries get q_index −1 (they see nothing and their
     rows are dropped afterwards)."""
+
     def pad(x, n, axis, value=0):
         return None if x is None else _pad_to(x, n, axis, value)
+
     return dataclasses.replace(
         mask,
         q_index=pad(mask.q_index, tp, 0, -1),
@@ -213,7 +235,8 @@ def _pad_mask(mask: AttentionMask, tp: int, sp: int) -> AttentionMask:
         q_positions=pad(mask.q_positions, tp, 1),
         k_positions=pad(mask.k_positions, sp, 1),
         q_segments=pad(mask.q_segments, tp, 1),
-        k_segments=pad(mask.k_segments, sp, 1))
+        k_segments=pad(mask.k_segments, sp, 1),
+    )
 
 
 def _block_fns(mask: AttentionMask, window, bq, bk):
@@ -227,8 +250,9 @@ def _block_fns(mask: AttentionMask, window, bq, bk):
         return lambda x: jax.lax.dynamic_slice_in_dim(x, j * bk, bk, axis=1)
 
     def allowed(i, j):
-        q_index = None if mask.q_index is None else jax.lax.dynamic_slice_in_dim(
-            mask.q_index, i * bq, bq)
+        q_index = (
+            None if mask.q_index is None else jax.lax.dynamic_slice_in_dim(mask.q_index, i * bq, bq)
+        )
         k_index = j * bk + jnp.arange(bk, dtype=jnp.int32)
         return _allowed(mask, q_index, k_index, q_sl(i), k_sl(j), window)
 
@@ -247,9 +271,9 @@ def _first_q_block_for(mask: AttentionMask, nq, nk, bq, bk):
     """``[nk]`` first query block that can see key block j (blocks before it are skipped)."""
     if mask.q_index is None:
         return jnp.zeros((nk,), jnp.int32)
-    last = jnp.max(mask.q_index.reshape(nq, bq), axis=1)           # [nq]
-    starts = jnp.arange(nk, dtype=jnp.int32) * bk                     # [nk]
-    sees = last[None, :] >= starts[:, None]                           # [nk, nq]
+    last = jnp.max(mask.q_index.reshape(nq, bq), axis=1)  # [nq]
+    starts = jnp.arange(nk, dtype=jnp.int32) * bk  # [nk]
+    sees = last[None, :] >= starts[:, None]  # [nk, nq]
     return jnp.where(jnp.any(sees, axis=1), jnp.argmax(sees, axis=1), nq).astype(jnp.int32)
 
 
@@ -283,18 +307,24 @@ def _forward(q, k, v, mask, window, softcap, bq, bk):
             p = jnp.exp(s - m_new[..., None])
             alpha = jnp.exp(m - m_new)
             l = alpha * l + jnp.sum(p, axis=-1)
-            pv = jnp.einsum("bkgts,bske->bkgte", p.astype(v.dtype), k_sl(j)(v),
-                            preferred_element_type=jnp.float32)
+            pv = jnp.einsum(
+                "bkgts,bske->bkgte",
+                p.astype(v.dtype),
+                k_sl(j)(v),
+                preferred_element_type=jnp.float32,
+            )
             return alpha[..., None] * o + pv, m_new, l
 
-        init = (jnp.zeros((b, kh, g, bq, e), jnp.float32),
-                jnp.full((b, kh, g, bq), _NEG_INF, jnp.float32),
-                jnp.zeros((b, kh, g, bq), jnp.float32))
+        init = (
+            jnp.zeros((b, kh, g, bq, e), jnp.float32),
+            jnp.full((b, kh, g, bq), _NEG_INF, jnp.float32),
+            jnp.zeros((b, kh, g, bq), jnp.float32),
+        )
         o, m, l = jax.lax.fori_loop(0, n_kv[i], kv_step, init)
         l_safe = jnp.where(l > 0, l, 1.0)
         return o / l_safe[..., None], m + jnp.log(l_safe)
 
-    o, lse = jax.lax.map(q_block, jnp.arange(nq))                     # [nq, B, K, G, bq, ·]
+    o, lse = jax.lax.map(q_block, jnp.arange(nq))  # [nq, B, K, G, bq, ·]
     out = jnp.transpose(o, (1, 0, 4, 2, 3, 5)).reshape(b, tp, kh, g, e).astype(v.dtype)
     lse = jnp.transpose(lse, (1, 2, 3, 0, 4)).reshape(b, kh, g, tp)
     return out, lse
@@ -324,8 +354,9 @@ def _backward(q, k, v, mask, window, softcap, bq, bk, out, lse, do):
             s, th = _scores(q_blk, k_blk, scale, softcap)
             ok = allowed(i, j)[:, None, None]
             p = jnp.where(ok, jnp.exp(s - t_sl(i)(lse)[..., None]), 0.0)
-            dv = dv + jnp.einsum("bkgts,btkge->bske", p.astype(do.dtype), do_blk,
-                                 preferred_element_type=jnp.float32)
+            dv = dv + jnp.einsum(
+                "bkgts,btkge->bske", p.astype(do.dtype), do_blk, preferred_element_type=jnp.float32
+            )
             dp = jnp.einsum("btkge,bske->bkgts", do_blk, v_blk, preferred_element_type=jnp.float32)
             ds = p * (dp - t_sl(i)(delta)[..., None])
             if softcap is not None:
@@ -365,10 +396,17 @@ def _flash_bwd(window, softcap, bq, bk, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def blockwise_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array,
-                        mask: AttentionMask, *, window: int | None = None,
-                        softcap: float | None = None, block_q: int = 512,
-                        block_k: int = 512) -> jax.Array:
+def blockwise_attention(
+    q_btne: jax.Array,
+    k_bske: jax.Array,
+    v_bske: jax.Array,
+    mask: AttentionMask,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    block_q: int = 512,
+    block_k: int = 512,
+) -> jax.Array:
     """Memory-efficient (flash) grouped-query attention in pure JAX; equals
     :func:`naive_attention` up to float rounding, in O(T + S) memory (plus one
     ``block_q × block_k`` score block per head).
@@ -450,11 +488,19 @@ def select_attention_impl(
     if requested in (AttentionImpl.NAIVE, AttentionImpl.BLOCKWISE):
         return requested
     fused_ok = self_attention and causal and window is None and num_queries == num_keys
-    cudnn_ok = (backend in ("gpu", "cuda") and fused_ok and not key_mask and not segment_ids
-                and softcap is None and jnp.dtype(dtype) in _CUDNN_DTYPES
-                and head_dim % 8 == 0 and head_dim <= 128)
-    splash_ok = (backend == "tpu" and fused_ok and num_queries % _SPLASH_BLOCK == 0
-                 and head_dim % 128 == 0)
+    cudnn_ok = (
+        backend in ("gpu", "cuda")
+        and fused_ok
+        and not key_mask
+        and not segment_ids
+        and softcap is None
+        and jnp.dtype(dtype) in _CUDNN_DTYPES
+        and head_dim % 8 == 0
+        and head_dim <= 128
+    )
+    splash_ok = (
+        backend == "tpu" and fused_ok and num_queries % _SPLASH_BLOCK == 0 and head_dim % 128 == 0
+    )
     if requested == AttentionImpl.CUDNN:
         return AttentionImpl.CUDNN if cudnn_ok else AttentionImpl.BLOCKWISE
     if requested == AttentionImpl.SPLASH:
@@ -479,14 +525,25 @@ def cudnn_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array) -> 
     Returns:
       ``[B, T, H, E]``.
     """
-    return jax.nn.dot_product_attention(q_btne, k_bske, v_bske, is_causal=True,
-                                        scale=1.0 / math.sqrt(q_btne.shape[-1]),
-                                        implementation="cudnn")
+    return jax.nn.dot_product_attention(
+        q_btne,
+        k_bske,
+        v_bske,
+        is_causal=True,
+        scale=1.0 / math.sqrt(q_btne.shape[-1]),
+        implementation="cudnn",
+    )
 
 
-def splash_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array,
-                     mask: AttentionMask, *, softcap: float | None = None,
-                     interpret: bool = False) -> jax.Array:
+def splash_attention(
+    q_btne: jax.Array,
+    k_bske: jax.Array,
+    v_bske: jax.Array,
+    mask: AttentionMask,
+    *,
+    softcap: float | None = None,
+    interpret: bool = False,
+) -> jax.Array:
     """Causal grouped-query self-attention with the Pallas TPU splash-attention kernel.
 
     The key-validity mask and segment ids become splash segment ids (a padded token gets its
@@ -510,15 +567,22 @@ def splash_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array,
         seg = jnp.where(mask.k_valid, base, jnp.iinfo(jnp.int32).min)
     block = sa.BlockSizes.get_default()
     heads_mask = sa.MultiHeadMask([sa.CausalMask((t, t))] * h)
-    kernel = sa.make_splash_mha(heads_mask, head_shards=1, q_seq_shards=1, block_sizes=block,
-                                attn_logits_soft_cap=softcap, interpret=interpret)
+    kernel = sa.make_splash_mha(
+        heads_mask,
+        head_shards=1,
+        q_seq_shards=1,
+        block_sizes=block,
+        attn_logits_soft_cap=softcap,
+        interpret=interpret,
+    )
     q = jnp.swapaxes(q_btne, 1, 2) * jnp.asarray(1.0 / math.sqrt(e), q_btne.dtype)
     k, v = jnp.swapaxes(k_bske, 1, 2), jnp.swapaxes(v_bske, 1, 2)
     if seg is None:
         out = jax.vmap(kernel)(q, k, v)
     else:
         out = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=sa.SegmentIds(q=s, kv=s)))(
-            q, k, v, seg)
+            q, k, v, seg
+        )
     return jnp.swapaxes(out, 1, 2).astype(v_bske.dtype)
 
 
@@ -530,11 +594,18 @@ def _backend() -> str:
     return backend
 
 
-def dot_product_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array,
-                          mask: AttentionMask, *, window: int | None = None,
-                          softcap: float | None = None,
-                          impl: AttentionImpl | str = AttentionImpl.AUTO,
-                          backend: str | None = None, block_size: int = 512) -> jax.Array:
+def dot_product_attention(
+    q_btne: jax.Array,
+    k_bske: jax.Array,
+    v_bske: jax.Array,
+    mask: AttentionMask,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    impl: AttentionImpl | str = AttentionImpl.AUTO,
+    backend: str | None = None,
+    block_size: int = 512,
+) -> jax.Array:
     """Grouped-query attention through the implementation :func:`select_attention_impl` picks.
 
     Every implementation computes ``softmax(cap(q·kᵀ/√E) masked) · v`` for the keys the
@@ -552,22 +623,42 @@ def dot_product_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Arra
     """
     b, t, h, e = q_btne.shape
     chosen = select_attention_impl(
-        backend or _backend(), requested=impl, num_queries=t, num_keys=k_bske.shape[1],
-        head_dim=e, dtype=q_btne.dtype, self_attention=mask.self_attention,
-        causal=mask.q_index is not None, key_mask=mask.k_valid is not None,
-        segment_ids=mask.q_segments is not None, window=window, softcap=softcap)
+        backend or _backend(),
+        requested=impl,
+        num_queries=t,
+        num_keys=k_bske.shape[1],
+        head_dim=e,
+        dtype=q_btne.dtype,
+        self_attention=mask.self_attention,
+        causal=mask.q_index is not None,
+        key_mask=mask.k_valid is not None,
+        segment_ids=mask.q_segments is not None,
+        window=window,
+        softcap=softcap,
+    )
     if chosen == AttentionImpl.CUDNN:
         try:
             return cudnn_attention(q_btne, k_bske, v_bske)
         except (NotImplementedError, RuntimeError) as e:
             # Raised while tracing: no cuDNN found, or this GPU / cuDNN version has no fused
             # kernel for the shape. The blockwise path computes the same attention.
-            warnings.warn(f"cuDNN attention unavailable ({e}); using blockwise attention",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"cuDNN attention unavailable ({e}); using blockwise attention",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             chosen = AttentionImpl.BLOCKWISE
     if chosen == AttentionImpl.SPLASH:
         return splash_attention(q_btne, k_bske, v_bske, mask, softcap=softcap)
     if chosen == AttentionImpl.NAIVE:
         return naive_attention(q_btne, k_bske, v_bske, mask, window=window, softcap=softcap)
-    return blockwise_attention(q_btne, k_bske, v_bske, mask, window=window, softcap=softcap,
-                               block_q=block_size, block_k=block_size)
+    return blockwise_attention(
+        q_btne,
+        k_bske,
+        v_bske,
+        mask,
+        window=window,
+        softcap=softcap,
+        block_q=block_size,
+        block_k=block_size,
+    )

@@ -126,19 +126,29 @@ class ModelConfig:
             if self.hidden_size % self.num_heads:
                 raise ValueError(
                     f"hidden_size={self.hidden_size} is not divisible by num_heads="
-                    f"{self.num_heads}; set head_dim explicitly")
+                    f"{self.num_heads}; set head_dim explicitly"
+                )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if self.num_labels not in (0, 1):
-            raise ValueError(f"num_labels must be 0 (language model) or 1 (scalar head), "
-                             f"got {self.num_labels}")
+            raise ValueError(
+                f"num_labels must be 0 (language model) or 1 (scalar head), got {self.num_labels}"
+            )
         dtype_from_name(self.param_dtype)
         dtype_from_name(self.compute_dtype)
 
@@ -154,8 +164,13 @@ class ModelConfig:
 
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
-        d, f, h, k, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
-                          self.num_kv_heads, self.head_dim)
+        d, f, h, k, hd = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+        )
         per_layer = d * h * hd + 2 * d * k * hd + h * hd * d + 3 * d * f + 2 * d
         if self.attention_bias:
             per_layer += h * hd + 2 * k * hd
@@ -173,11 +188,21 @@ class ModelConfig:
         """A tiny random-init config with odd, distinct sizes for unit tests."""
         family = Family(family)
         base: dict[str, Any] = dict(
-            family=family, vocab_size=97, hidden_size=48, intermediate_size=80,
-            num_layers=2, num_heads=3, num_kv_heads=1, head_dim=16,
-            max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6,
+            family=family,
+            vocab_size=97,
+            hidden_size=48,
+            intermediate_size=80,
+            num_layers=2,
+            num_heads=3,
+            num_kv_heads=1,
+            head_dim=16,
+            max_position_embeddings=256,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-6,
             tie_embeddings=family == Family.LLAMA,
-            attention_bias=family == Family.QWEN2, qk_norm=family == Family.QWEN3)
+            attention_bias=family == Family.QWEN2,
+            qk_norm=family == Family.QWEN3,
+        )
         base.update(overrides)
         return cls(**base)
 
@@ -185,11 +210,22 @@ class ModelConfig:
     def smollm2_135m(cls, **overrides) -> ModelConfig:
         """SmolLM2-135M(-Instruct): 30 layers, D=576, 9 heads / 3 KV heads, tied, V=49152."""
         base: dict[str, Any] = dict(
-            family=Family.LLAMA, vocab_size=49152, hidden_size=576,
-            intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
-            head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
-            rms_norm_eps=1e-5, tie_embeddings=True, bos_token_id=1,
-            eos_token_ids=(2,), pad_token_id=2)
+            family=Family.LLAMA,
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_layers=30,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            max_position_embeddings=8192,
+            rope_theta=100000.0,
+            rms_norm_eps=1e-5,
+            tie_embeddings=True,
+            bos_token_id=1,
+            eos_token_ids=(2,),
+            pad_token_id=2,
+        )
         base.update(overrides)
         return cls(**base)
 
@@ -208,12 +244,15 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported architecture model_type={model_type!r} "
                 f"(architectures={d.get('architectures')}); supported: "
-                f"{[f.value for f in Family]}") from None
+                f"{[f.value for f in Family]}"
+            ) from None
         rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
         if rope_type not in {r.value for r in RopeScaling}:
-            raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: "
-                             f"{[r.value for r in RopeScaling]}")
+            raise ValueError(
+                f"unsupported rope scaling {rope_type!r}; supported: "
+                f"{[r.value for r in RopeScaling]}"
+            )
         rope_theta = d.get("rope_theta")
         if rope_theta is None:
             rope_theta = rope.get("rope_theta", 10000.0) if rope else 10000.0
@@ -241,8 +280,9 @@ class ModelConfig:
             rope_factor=float(rope.get("factor", 1.0)) if rope else 1.0,
             rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)) if rope else 1.0,
             rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)) if rope else 4.0,
-            rope_original_max_position=int(
-                rope.get("original_max_position_embeddings", 8192)) if rope else 8192,
+            rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192))
+            if rope
+            else 8192,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", family == Family.QWEN2)),

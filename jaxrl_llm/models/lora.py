@@ -32,16 +32,35 @@ import jax.numpy as jnp
 from jaxrl_llm.models.config import ModelConfig
 
 # kernel name -> number of input dims after the leading layers axis.
-_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1,
-            "down_proj": 1}
+_IN_DIMS = {
+    "q_proj": 1,
+    "k_proj": 1,
+    "v_proj": 1,
+    "o_proj": 2,
+    "gate_proj": 1,
+    "up_proj": 1,
+    "down_proj": 1,
+}
 ALL_TARGETS: tuple[str, ...] = tuple(_IN_DIMS)
 
-_IN_AXES = {"q_proj": ("embed",), "k_proj": ("embed",), "v_proj": ("embed",),
-            "o_proj": ("heads", "head_dim"), "gate_proj": ("embed",), "up_proj": ("embed",),
-            "down_proj": ("mlp",)}
-_OUT_AXES = {"q_proj": ("heads", "head_dim"), "k_proj": ("kv_heads", "head_dim"),
-             "v_proj": ("kv_heads", "head_dim"), "o_proj": ("embed",), "gate_proj": ("mlp",),
-             "up_proj": ("mlp",), "down_proj": ("embed",)}
+_IN_AXES = {
+    "q_proj": ("embed",),
+    "k_proj": ("embed",),
+    "v_proj": ("embed",),
+    "o_proj": ("heads", "head_dim"),
+    "gate_proj": ("embed",),
+    "up_proj": ("embed",),
+    "down_proj": ("mlp",),
+}
+_OUT_AXES = {
+    "q_proj": ("heads", "head_dim"),
+    "k_proj": ("kv_heads", "head_dim"),
+    "v_proj": ("kv_heads", "head_dim"),
+    "o_proj": ("embed",),
+    "gate_proj": ("mlp",),
+    "up_proj": ("mlp",),
+    "down_proj": ("embed",),
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,7 +93,7 @@ class LoRAConfig:
 
 def _in_out(shape: tuple[int, ...], name: str) -> tuple[int, int]:
     k = _IN_DIMS[name]
-    return math.prod(shape[1:1 + k]), math.prod(shape[1 + k:])
+    return math.prod(shape[1 : 1 + k]), math.prod(shape[1 + k :])
 
 
 def init_lora(config: ModelConfig, lora: LoRAConfig, rng: jax.Array, *, base_shapes=None) -> dict:
@@ -101,9 +120,15 @@ def init_lora(config: ModelConfig, lora: LoRAConfig, rng: jax.Array, *, base_sha
 
 def lora_logical_axes(lora: LoRAConfig) -> dict:
     """Logical axes of the adapter tree (A: layers, lora_in, lora_rank; B: …, lora_out)."""
-    return {"layers": {name: {"a": ("layers", "lora_in", "lora_rank"),
-                              "b": ("layers", "lora_rank", "lora_out")}
-                       for name in lora.targets}}
+    return {
+        "layers": {
+            name: {
+                "a": ("layers", "lora_in", "lora_rank"),
+                "b": ("layers", "lora_rank", "lora_out"),
+            }
+            for name in lora.targets
+        }
+    }
 
 
 def merge_lora(base: dict, adapters: dict, lora: LoRAConfig) -> dict:
@@ -114,10 +139,14 @@ def merge_lora(base: dict, adapters: dict, lora: LoRAConfig) -> dict:
     layers = dict(base["layers"])
     for name, ab in adapters["layers"].items():
         w = layers[name]["kernel"]
-        delta = jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32),
-                           ab["b"].astype(jnp.float32)) * lora.scale
-        layers[name] = {**layers[name], "kernel": (w.astype(jnp.float32)
-                                                   + delta.reshape(w.shape)).astype(w.dtype)}
+        delta = (
+            jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
+            * lora.scale
+        )
+        layers[name] = {
+            **layers[name],
+            "kernel": (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(w.dtype),
+        }
     return {**base, "layers": layers}
 
 

@@ -30,6 +30,7 @@ from jaxrl_llm.models.config import ModelConfig, RopeScaling
 
 Params = dict[str, Any]
 
+
 class KVCache(NamedTuple):
     """Explicit key/value cache.
 
@@ -82,11 +83,19 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
 
 # ----- parameters -----------------------------------------------------------------------------
 
+
 def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     """Nested dict of ``(shape, logical_axes)`` leaves describing every parameter."""
     c = config
-    L, D, F, H, K, E, V = (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads,
-                           c.num_kv_heads, c.head_dim, c.vocab_size)
+    L, D, F, H, K, E, V = (
+        c.num_layers,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+    )
     layers: dict[str, Any] = {
         "attn_norm": {"scale": ((L, D), ("layers", "norm"))},
         "q_proj": {"kernel": ((L, D, H, E), ("layers", "embed", "heads", "head_dim"))},
@@ -138,8 +147,10 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
     keys = jax.random.split(rng, len(leaves))
     dtype = config.param_jnp_dtype
-    paths = [jax.tree_util.keystr(p) for p, _ in
-             jax.tree_util.tree_flatten_with_path(specs, is_leaf=_is_spec)[0]]
+    paths = [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(specs, is_leaf=_is_spec)[0]
+    ]
     out = []
     for key, path, (shape, _) in zip(keys, paths, leaves):
         if "norm" in path and "scale" in path:
@@ -152,6 +163,7 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
 
 
 # ----- building blocks ------------------------------------------------------------------------
+
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     """RMSNorm as transformers' LlamaRMSNorm: normalise in float32, then scale."""
@@ -170,7 +182,11 @@ def rope_inv_freq(config: ModelConfig) -> jax.Array:
     elif config.rope_scaling == RopeScaling.LLAMA3:
         # Llama 3.1 (arXiv:2407.21783): keep high frequencies, divide low ones by `factor`,
         # interpolate smoothly in between.
-        factor, lo, hi = config.rope_factor, config.rope_low_freq_factor, config.rope_high_freq_factor
+        factor, lo, hi = (
+            config.rope_factor,
+            config.rope_low_freq_factor,
+            config.rope_high_freq_factor,
+        )
         old = config.rope_original_max_position
         low_wavelen, high_wavelen = old / lo, old / hi
         wavelen = 2 * math.pi / inv
@@ -200,7 +216,7 @@ def _with_adapter(y, x, p, n_in: int):
     if "lora_a" not in p:
         return y
     dtype = y.dtype
-    lead = x.shape[:x.ndim - n_in]
+    lead = x.shape[: x.ndim - n_in]
     low = x.reshape(*lead, -1) @ p["lora_a"].astype(dtype)
     return y + (low @ p["lora_b"].astype(dtype)).reshape(y.shape)
 
@@ -233,10 +249,12 @@ def _output_and_mlp(config: ModelConfig, x_btd, attn_btne, lp):
     o = jnp.einsum("btne,ned->btd", attn_btne, lp["o_proj"]["kernel"].astype(dtype))
     x = x_btd + _with_adapter(o, attn_btne, lp["o_proj"], 2)
     h = rms_norm(x, lp["mlp_norm"]["scale"], c.rms_norm_eps)
-    gate = _with_adapter(jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype)),
-                         h, lp["gate_proj"], 1)
-    up = _with_adapter(jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)),
-                       h, lp["up_proj"], 1)
+    gate = _with_adapter(
+        jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype)), h, lp["gate_proj"], 1
+    )
+    up = _with_adapter(
+        jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)), h, lp["up_proj"], 1
+    )
     act = jax.nn.silu(gate) * up
     down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
     return x + _with_adapter(down, act, lp["down_proj"], 1)
@@ -244,12 +262,12 @@ def _output_and_mlp(config: ModelConfig, x_btd, attn_btne, lp):
 
 def _attend(config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask):
     """Attention of one layer through the configured implementation (``config.attention``)."""
-    return attn_lib.dot_product_attention(q, k, v, mask, window=config.sliding_window,
-                                          impl=config.attention)
+    return attn_lib.dot_product_attention(
+        q, k, v, mask, window=config.sliding_window, impl=config.attention
+    )
 
 
-def _layer(config: ModelConfig, x_btd, lp, positions_bt, mask, inv_freq, kv=None,
-           write_index=None):
+def _layer(config: ModelConfig, x_btd, lp, positions_bt, mask, inv_freq, kv=None, write_index=None):
     """One decoder layer. With ``kv`` = (k_bske, v_bske) cache slices, writes new keys/values
     at ``write_index`` and attends over the whole cache; returns (x, (k, v))."""
     dtype = x_btd.dtype
@@ -281,7 +299,8 @@ def default_positions(attention_mask: jax.Array, segment_ids: jax.Array | None =
         return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0)
     idx = jnp.arange(m.shape[1])[None, :]
     starts = jnp.concatenate(
-        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
     start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
     return (idx - start_idx).astype(jnp.int32)
 
@@ -304,8 +323,9 @@ def _self_attention_mask(config: ModelConfig, attention_mask, positions, segment
     sliding window; a query always sees itself (so a padded query's ignorable output stays
     finite). ``attention_mask`` None = every key real."""
     window = config.sliding_window is not None
-    return attn_lib.causal_self_mask(attention_mask, positions if window else None, segment_ids,
-                                     num_tokens=positions.shape[1])
+    return attn_lib.causal_self_mask(
+        attention_mask, positions if window else None, segment_ids, num_tokens=positions.shape[1]
+    )
 
 
 def trunk(
@@ -359,26 +379,32 @@ def trunk(
             raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
         write = cache.index
         new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
-        new_pos = jax.lax.dynamic_update_slice_in_dim(cache.positions,
-                                                      positions.astype(jnp.int32), write, 1)
+        new_pos = jax.lax.dynamic_update_slice_in_dim(
+            cache.positions, positions.astype(jnp.int32), write, 1
+        )
         # Slot s is visible to the query in slot write + i when s ≤ write + i, it holds a real
         # token and (sliding window) is close enough; a query always sees itself.
         window = c.sliding_window is not None
         mask = attn_lib.AttentionMask(
-            q_index=(write + jnp.arange(t)).astype(jnp.int32), k_valid=new_mask,
+            q_index=(write + jnp.arange(t)).astype(jnp.int32),
+            k_valid=new_mask,
             q_positions=positions.astype(jnp.int32) if window else None,
-            k_positions=new_pos if window else None)
+            k_positions=new_pos if window else None,
+        )
 
-    layer_fn = lambda x, lp, kv: _layer(c, x, lp, positions, mask, inv_freq, kv,
-                                        None if cache is None else cache.index)
+    layer_fn = lambda x, lp, kv: _layer(
+        c, x, lp, positions, mask, inv_freq, kv, None if cache is None else cache.index
+    )
     policy = _remat_policy(remat)
     if policy is not None:
         layer_fn = jax.checkpoint(layer_fn, policy=policy)
 
     if cache is None:
+
         def body(x, lp):
             x, _ = layer_fn(x, lp, None)
             return x, None
+
         x, _ = jax.lax.scan(body, x, params["layers"])
         new_cache = None
     else:
@@ -389,11 +415,14 @@ def trunk(
             lp, layer = xs
             x, (k_all, v_all) = layer_fn(x, lp, (k_all, v_all, layer))
             return (x, k_all, v_all), None
+
         layers_idx = jnp.arange(c.num_layers, dtype=jnp.int32)
-        (x, k_new, v_new), _ = jax.lax.scan(body, (x, cache.k, cache.v),
-                                            (params["layers"], layers_idx))
-        new_cache = KVCache(k=k_new, v=v_new, mask=new_mask, positions=new_pos,
-                            index=cache.index + t)
+        (x, k_new, v_new), _ = jax.lax.scan(
+            body, (x, cache.k, cache.v), (params["layers"], layers_idx)
+        )
+        new_cache = KVCache(
+            k=k_new, v=v_new, mask=new_mask, positions=new_pos, index=cache.index + t
+        )
 
     x = rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps)
     return x, new_cache
@@ -454,8 +483,11 @@ def trunk_shared_prefix(
     mask_p = _self_attention_mask(c, None if key_mask is None else key_mask[::g, :tp], pos_p)
     # Completion queries (slots tp..T−1) over every key of their row.
     mask_c = attn_lib.AttentionMask(
-        q_index=jnp.arange(tp, t, dtype=jnp.int32), k_valid=key_mask,
-        q_positions=pos_c if window else None, k_positions=positions if window else None)
+        q_index=jnp.arange(tp, t, dtype=jnp.int32),
+        k_valid=key_mask,
+        q_positions=pos_c if window else None,
+        k_positions=positions if window else None,
+    )
     embed = params["embed"]["embedding"].astype(dtype)
     x_p, x_c = embed[tokens[::g, :tp]], embed[tokens[:, tp:]]
 
@@ -512,9 +544,16 @@ def forward(
     remat: str = "none",
 ) -> tuple[jax.Array, KVCache | None]:
     """Full forward to float32 logits ``[B, T, V]``; returns (logits, new cache)."""
-    hidden, cache = trunk(params, tokens, config=config, positions=positions,
-                          attention_mask=attention_mask, segment_ids=segment_ids, cache=cache,
-                          remat=remat)
+    hidden, cache = trunk(
+        params,
+        tokens,
+        config=config,
+        positions=positions,
+        attention_mask=attention_mask,
+        segment_ids=segment_ids,
+        cache=cache,
+        remat=remat,
+    )
     return logits_from_hidden(params, hidden, config), cache
 
 
@@ -538,13 +577,30 @@ def apply(
     if shared_prefix is not None and shared_prefix[1] > 1:
         if segment_ids is not None:
             raise ValueError("shared_prefix cannot be combined with segment_ids (packing)")
-        hidden = trunk_shared_prefix(params, tokens, config=config, prefix_len=shared_prefix[0],
-                                     group_size=shared_prefix[1], positions=positions,
-                                     attention_mask=attention_mask, remat=remat)
+        hidden = trunk_shared_prefix(
+            params,
+            tokens,
+            config=config,
+            prefix_len=shared_prefix[0],
+            group_size=shared_prefix[1],
+            positions=positions,
+            attention_mask=attention_mask,
+            remat=remat,
+        )
     else:
-        hidden, _ = trunk(params, tokens, config=config, positions=positions,
-                          attention_mask=attention_mask, segment_ids=segment_ids, remat=remat)
+        hidden, _ = trunk(
+            params,
+            tokens,
+            config=config,
+            positions=positions,
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            remat=remat,
+        )
     scalar = scalar_head(params, hidden) if config.num_labels else None
-    unembed = None if config.num_labels and "lm_head" not in params and not config.tie_embeddings \
+    unembed = (
+        None
+        if config.num_labels and "lm_head" not in params and not config.tie_embeddings
         else unembedding(params, config)
+    )
     return ModelOutputs(hidden=hidden, unembed=unembed, scalar=scalar)

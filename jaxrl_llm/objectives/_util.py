@@ -32,7 +32,8 @@ def check_group_size(n: int, group_size: int, name: str = "rewards") -> int:
     if n % group_size:
         raise ConfigError(
             f"{name} has {n} rows, not a multiple of group_size={group_size}; "
-            "groups are consecutive rows of group_size")
+            "groups are consecutive rows of group_size"
+        )
     return n // group_size
 
 

@@ -166,8 +166,9 @@ def _reverse_masked_scan(step, init, xs_bt):
     return jax.tree.map(lambda a: jnp.moveaxis(a, 0, 1), ys)
 
 
-def discounted_returns(token_rewards: jax.Array, mask: jax.Array, *, gamma: float = 1.0
-                       ) -> jax.Array:
+def discounted_returns(
+    token_rewards: jax.Array, mask: jax.Array, *, gamma: float = 1.0
+) -> jax.Array:
     """Return-to-go ``G_t = Σ_{k ≥ t} γ^{(k − t)} r_k`` over valid tokens; 0 at padding.
 
     Masked positions are skipped: their reward is ignored and they do not count as a step
@@ -417,8 +418,8 @@ def overlong_penalty(lengths: jax.Array, *, max_len: int, buffer: int) -> jax.Ar
     chex.assert_rank(lengths, 1)
     if not 0 < buffer <= max_len:
         raise ConfigError(
-            f"overlong_penalty needs 0 < buffer <= max_len (got buffer={buffer}, "
-            f"max_len={max_len})")
+            f"overlong_penalty needs 0 < buffer <= max_len (got buffer={buffer}, max_len={max_len})"
+        )
     ln = lengths.astype(jnp.float32)
     start = float(max_len - buffer)
     soft = (start - ln) / float(buffer)
@@ -456,5 +457,3 @@ def valid_token_count(mask: jax.Array) -> jax.Array:
     """Number of valid tokens per row ``[B]`` (response lengths for :func:`overlong_penalty`)."""
     chex.assert_rank(mask, 2)
     return masked_count(mask, axis=1)
-
-

@@ -50,7 +50,8 @@ def _check(mode, max_len) -> AggregationMode:
         if max_len is None or max_len <= 0:
             raise ConfigError(
                 f"aggregation mode 'seq_mean_token_sum_norm' needs max_len > 0 (got {max_len!r});"
-                " pass the maximum response length used at generation")
+                " pass the maximum response length used at generation"
+            )
     return mode
 
 
@@ -119,8 +120,9 @@ def aggregate_parts(
     chex.assert_rank([per_token, mask], 2)
     chex.assert_equal_shape([per_token, mask])
     mode = _check(mode, max_len)
-    den = aggregation_denominator(mask, mode=mode, max_len=max_len,
-                                  count_empty_rows=count_empty_rows)
+    den = aggregation_denominator(
+        mask, mode=mode, max_len=max_len, count_empty_rows=count_empty_rows
+    )
     if mode is AggregationMode.SEQ_MEAN_TOKEN_MEAN:
         row_sum = masked_sum(per_token, mask, axis=-1)
         row_n = masked_count(mask, axis=-1, dtype=jnp.float32)
@@ -155,6 +157,7 @@ def aggregate(
     Returns:
       Scalar float32.
     """
-    num, den = aggregate_parts(per_token, mask, mode=mode, max_len=max_len,
-                               count_empty_rows=count_empty_rows)
+    num, den = aggregate_parts(
+        per_token, mask, mode=mode, max_len=max_len, count_empty_rows=count_empty_rows
+    )
     return safe_divide(num, den)

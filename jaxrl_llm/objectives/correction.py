@@ -127,6 +127,7 @@ def rollout_correction(
     }
     if level is CorrectionLevel.SEQUENCE:
         rows = jnp.any(m, axis=1)
-        metrics["seq_outside_frac"] = masked_mean(jnp.any(outside, axis=1).astype(jnp.float32),
-                                                  rows)
+        metrics["seq_outside_frac"] = masked_mean(
+            jnp.any(outside, axis=1).astype(jnp.float32), rows
+        )
     return jax.lax.stop_gradient(weights), jax.lax.stop_gradient(metrics)

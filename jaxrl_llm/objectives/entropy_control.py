@@ -104,8 +104,10 @@ def _check_ratio(name: str, ratio: float) -> None:
 
 def _ratio_metrics(log_ratio, m) -> dict[str, jax.Array]:
     ratio = jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-    out = {"approx_kl": masked_mean(jnp.expm1(log_ratio) - log_ratio, m),
-           "ratio_mean": masked_mean(ratio, m)}
+    out = {
+        "approx_kl": masked_mean(jnp.expm1(log_ratio) - log_ratio, m),
+        "ratio_mean": masked_mean(ratio, m),
+    }
     out["ratio_min"], out["ratio_max"] = masked_min_max(ratio, m)
     return out
 
@@ -196,8 +198,15 @@ def kl_cov_loss(
       ``ratio_min``, ``ratio_max``.
     """
     num, den, metrics = kl_cov_loss_parts(
-        logp, old_logp, advantages, mask, kl_cov_ratio=kl_cov_ratio, kl_coef=kl_coef,
-        aggregation=aggregation, max_len=max_len)
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        kl_cov_ratio=kl_cov_ratio,
+        kl_coef=kl_coef,
+        aggregation=aggregation,
+        max_len=max_len,
+    )
     return safe_divide(num, den), metrics
 
 
@@ -298,7 +307,17 @@ def clip_cov_loss(
       ``ratio_max``.
     """
     num, den, metrics = clip_cov_loss_parts(
-        logp, old_logp, advantages, mask, clip_cov_ratio=clip_cov_ratio,
-        clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub, clip_eps=clip_eps,
-        clip_eps_high=clip_eps_high, key=key, aggregation=aggregation, max_len=max_len)
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_cov_ratio=clip_cov_ratio,
+        clip_cov_lb=clip_cov_lb,
+        clip_cov_ub=clip_cov_ub,
+        clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
+        key=key,
+        aggregation=aggregation,
+        max_len=max_len,
+    )
     return safe_divide(num, den), metrics

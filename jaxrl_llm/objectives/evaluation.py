@@ -44,8 +44,10 @@ def pass_at_k(num_samples, num_correct, *, k: int) -> np.ndarray:
     if np.any(c < 0) or np.any(c > n):
         raise ConfigError("pass_at_k: need 0 <= num_correct <= num_samples for every problem")
     if np.any(n < k):
-        raise ConfigError(f"pass_at_k: k={k} exceeds num_samples={int(n.min())} for some "
-                          f"problem; pass@k needs at least k samples")
+        raise ConfigError(
+            f"pass_at_k: k={k} exceeds num_samples={int(n.min())} for some "
+            f"problem; pass@k needs at least k samples"
+        )
     width = int(c.max()) if c.size else 0
     # Row j of the product holds i = n − c + 1 + j for j < c, and the neutral 1 beyond.
     j = np.arange(width, dtype=np.int64)

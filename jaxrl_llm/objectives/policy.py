@@ -239,8 +239,20 @@ def policy_loss(
       ratio metrics and ``approx_kl`` are against π_prox).
     """
     num, den, metrics = policy_loss_parts(
-        logp, old_logp, advantages, mask, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
-        dual_clip=dual_clip, ratio_level=ratio_level, aggregation=aggregation,
-        max_len=max_len, ref_logp=ref_logp, kl_coef=kl_coef, kl_kind=kl_kind,
-        is_weights=is_weights, proximal_logp=proximal_logp)
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
+        dual_clip=dual_clip,
+        ratio_level=ratio_level,
+        aggregation=aggregation,
+        max_len=max_len,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+        kl_kind=kl_kind,
+        is_weights=is_weights,
+        proximal_logp=proximal_logp,
+    )
     return safe_divide(num, den), metrics

@@ -114,7 +114,8 @@ def dpo_loss(
         losses = (1.0 - eps) * _nll_sigmoid(beta * h) + eps * _nll_sigmoid(-beta * h)
     elif kind is DPOKind.ROBUST:
         losses = ((1.0 - eps) * _nll_sigmoid(beta * h) - eps * _nll_sigmoid(-beta * h)) / (
-            1.0 - 2.0 * eps)
+            1.0 - 2.0 * eps
+        )
     elif kind is DPOKind.HINGE:
         losses = jax.nn.relu(1.0 - beta * h)
     else:

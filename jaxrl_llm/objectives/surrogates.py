@@ -76,8 +76,7 @@ def cispo_loss_parts(
             raise ConfigError(f"{name}={eps} must be >= 0 or None (no bound)")
     m, logp, old, adv = _inputs(logp, old_logp, advantages, mask)
     log_ratio = jnp.where(m, logp - old, 0.0)
-    ratio = jax.lax.stop_gradient(jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO,
-                                                   _MAX_LOG_RATIO)))
+    ratio = jax.lax.stop_gradient(jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)))
     low = None if clip_eps_low is None else 1.0 - float(clip_eps_low)
     high = None if clip_eps_high is None else 1.0 + float(clip_eps_high)
     weight = jnp.clip(ratio, low, high) if (low, high) != (None, None) else ratio
@@ -134,8 +133,15 @@ def cispo_loss(
       ``ratio_mean``, ``ratio_min``, ``ratio_max``.
     """
     num, den, metrics = cispo_loss_parts(
-        logp, old_logp, advantages, mask, clip_eps_low=clip_eps_low,
-        clip_eps_high=clip_eps_high, aggregation=aggregation, max_len=max_len)
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        aggregation=aggregation,
+        max_len=max_len,
+    )
     return safe_divide(num, den), metrics
 
 
@@ -211,8 +217,15 @@ def sapo_loss(
       the gradient), ``approx_kl``, ``ratio_mean``, ``ratio_min``, ``ratio_max``.
     """
     num, den, metrics = sapo_loss_parts(
-        logp, old_logp, advantages, mask, tau_pos=tau_pos, tau_neg=tau_neg,
-        aggregation=aggregation, max_len=max_len)
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        tau_pos=tau_pos,
+        tau_neg=tau_neg,
+        aggregation=aggregation,
+        max_len=max_len,
+    )
     return safe_divide(num, den), metrics
 
 

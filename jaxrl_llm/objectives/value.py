@@ -84,6 +84,7 @@ def value_loss(
       ``(loss, metrics)``: scalar float32 loss; metrics ``vf_clipfrac`` (fraction of tokens
       where the clipped error is the larger), ``value_mean``, ``value_mse``.
     """
-    num, den, metrics = value_loss_parts(values, old_values, returns, mask, clip=clip,
-                                         aggregation=aggregation, max_len=max_len)
+    num, den, metrics = value_loss_parts(
+        values, old_values, returns, mask, clip=clip, aggregation=aggregation, max_len=max_len
+    )
     return safe_divide(num, den), metrics

@@ -73,6 +73,7 @@ def token_logprobs_from_hidden(
 
     Equal to ``token_logprobs(hidden @ unembed, tokens)`` without building ``[B, T, V]``.
     """
+
     def fn(h_bcd, tok_bc):
         logits = jnp.einsum("bcd,dv->bcv", h_bcd, unembed.astype(h_bcd.dtype))
         return token_logprobs(logits, tok_bc, temperature=temperature)
@@ -88,6 +89,7 @@ def entropy_from_hidden(
     chunk_size: int = 128,
 ) -> jax.Array:
     """Per-position entropy ``[B, T]`` from hidden states and unembedding, chunked."""
+
     def fn(h_bcd, _):
         logits = jnp.einsum("bcd,dv->bcv", h_bcd, unembed.astype(h_bcd.dtype))
         return entropy_from_logits(logits, temperature=temperature)
@@ -104,6 +106,7 @@ def logprobs_and_entropy_from_hidden(
     chunk_size: int = 128,
 ) -> tuple[jax.Array, jax.Array]:
     """Both log π(tokens) and the entropy, ``[B, T]`` each, in one chunked pass."""
+
     def fn(h_bcd, tok_bc):
         logits = jnp.einsum("bcd,dv->bcv", h_bcd, unembed.astype(h_bcd.dtype))
         z = logits.astype(jnp.float32) / temperature

@@ -36,10 +36,13 @@ def _env_int(name: str) -> int | None:
         raise ConfigError(f"environment variable {name}={value!r} must be an integer") from None
 
 
-def initialize_distributed(coordinator_address: str | None = None,
-                           num_processes: int | None = None,
-                           process_id: int | None = None,
-                           *, auto_detect: bool = False) -> bool:
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    auto_detect: bool = False,
+) -> bool:
     """Start ``jax.distributed`` for a multi-process run, from arguments or the environment.
 
     Arguments win; missing ones are read from ``JAX_COORDINATOR_ADDRESS``,
@@ -73,9 +76,11 @@ def initialize_distributed(coordinator_address: str | None = None,
         return False
     if address is None or n is None or pid is None:
         missing = [k for k, v in given.items() if v is None]
-        raise ConfigError(f"distributed init needs coordinator_address, num_processes and "
-                          f"process_id; missing {missing} (pass them or set {ENV_COORDINATOR}, "
-                          f"{ENV_NUM_PROCESSES}, {ENV_PROCESS_ID})")
+        raise ConfigError(
+            f"distributed init needs coordinator_address, num_processes and "
+            f"process_id; missing {missing} (pass them or set {ENV_COORDINATOR}, "
+            f"{ENV_NUM_PROCESSES}, {ENV_PROCESS_ID})"
+        )
     if not 0 <= pid < n:
         raise ConfigError(f"process_id={pid} must be in [0, num_processes={n})")
     # jax.config options are dynamic attributes, unknown to the checker.
@@ -88,8 +93,9 @@ def initialize_distributed(coordinator_address: str | None = None,
     return True
 
 
-def host_local_rows(mesh: Mesh, global_batch_size: int,
-                    rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> slice:
+def host_local_rows(
+    mesh: Mesh, global_batch_size: int, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
+) -> slice:
     """The contiguous slice of global batch rows this process must load.
 
     Args:
@@ -105,21 +111,31 @@ def host_local_rows(mesh: Mesh, global_batch_size: int,
     sharding = batch_sharding(mesh, rules)
     shards = int(np.prod([mesh.shape[a] for a in sharding.spec[0]])) if sharding.spec[0] else 1
     if global_batch_size % shards:
-        raise ConfigError(f"global batch size {global_batch_size} is not divisible by the "
-                          f"{shards} batch shards of mesh {dict(mesh.shape)}")
+        raise ConfigError(
+            f"global batch size {global_batch_size} is not divisible by the "
+            f"{shards} batch shards of mesh {dict(mesh.shape)}"
+        )
     index_map = sharding.addressable_devices_indices_map((global_batch_size,))
-    rows = sorted({(idx[0].start or 0, idx[0].stop if idx[0].stop is not None
-                    else global_batch_size) for idx in index_map.values() if idx is not None})
+    rows = sorted(
+        {
+            (idx[0].start or 0, idx[0].stop if idx[0].stop is not None else global_batch_size)
+            for idx in index_map.values()
+            if idx is not None
+        }
+    )
     start, stop = rows[0][0], rows[-1][1]
     covered = sum(b - a for a, b in rows)
     if covered != stop - start:
-        raise ConfigError(f"this process's batch rows {rows} are not contiguous on mesh "
-                          f"{dict(mesh.shape)}; put hosts on the outermost batch axis")
+        raise ConfigError(
+            f"this process's batch rows {rows} are not contiguous on mesh "
+            f"{dict(mesh.shape)}; put hosts on the outermost batch axis"
+        )
     return slice(start, stop)
 
 
-def host_local_batch_to_global(batch: Mapping[str, Any], mesh: Mesh,
-                               rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> dict[str, jax.Array]:
+def host_local_batch_to_global(
+    batch: Mapping[str, Any], mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
+) -> dict[str, jax.Array]:
     """Assemble per-process rows into global, batch-sharded ``jax.Array`` s.
 
     Each process passes its own rows (``batch[k]`` of shape ``[B_local, ...]``, the rows

@@ -24,7 +24,9 @@ from jaxrl_llm.errors import ConfigError
 MESH_AXES: tuple[str, str, str] = ("data", "fsdp", "tensor")
 
 
-def mesh_shape(num_devices: int, *, data: int = -1, fsdp: int = 1, tensor: int = 1) -> tuple[int, int, int]:
+def mesh_shape(
+    num_devices: int, *, data: int = -1, fsdp: int = 1, tensor: int = 1
+) -> tuple[int, int, int]:
     """Resolve (data, fsdp, tensor) sizes for ``num_devices``; at most one size may be -1.
 
     Raises:
@@ -41,18 +43,23 @@ def mesh_shape(num_devices: int, *, data: int = -1, fsdp: int = 1, tensor: int =
     fixed = math.prod(s for s in sizes.values() if s != -1)
     if free:
         if num_devices % fixed:
-            raise ConfigError(f"mesh sizes {sizes}: {num_devices} devices are not divisible by "
-                              f"{fixed}; choose sizes whose product divides the device count")
+            raise ConfigError(
+                f"mesh sizes {sizes}: {num_devices} devices are not divisible by "
+                f"{fixed}; choose sizes whose product divides the device count"
+            )
         sizes[free[0]] = num_devices // fixed
     if math.prod(sizes.values()) != num_devices:
-        raise ConfigError(f"mesh sizes {sizes} multiply to {math.prod(sizes.values())} but there "
-                          f"are {num_devices} devices; make data*fsdp*tensor equal the device count "
-                          f"(or set one to -1)")
+        raise ConfigError(
+            f"mesh sizes {sizes} multiply to {math.prod(sizes.values())} but there "
+            f"are {num_devices} devices; make data*fsdp*tensor equal the device count "
+            f"(or set one to -1)"
+        )
     return sizes["data"], sizes["fsdp"], sizes["tensor"]
 
 
-def make_mesh(*, data: int = -1, fsdp: int = 1, tensor: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    *, data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
     """A ``Mesh`` over ``devices`` (default: every device of every host) with axes
     ("data", "fsdp", "tensor").
 
@@ -72,5 +79,6 @@ def make_mesh(*, data: int = -1, fsdp: int = 1, tensor: int = 1,
     if len(devices) == jax.device_count() and devices == list(jax.devices()):
         # Let JAX pick a topology-aware device order (ICI rings on TPU, hosts outermost).
         return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
-    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
-                axis_types=(AxisType.Auto,) * 3)
+    return Mesh(
+        np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3
+    )

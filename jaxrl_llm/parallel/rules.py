@@ -29,21 +29,23 @@ from jaxrl_llm.errors import ConfigError
 MeshAxes = str | tuple[str, ...] | None
 
 #: The default rule table: logical axis name -> mesh axis (or tuple of axes, or None).
-DEFAULT_RULES: Mapping[str, MeshAxes] = types.MappingProxyType({
-    # activations / data
-    "batch": ("data", "fsdp"),
-    "length": None,
-    # parameters
-    "vocab": "tensor",
-    "embed": "fsdp",
-    "heads": "tensor",
-    "kv_heads": "tensor",
-    "mlp": "tensor",
-    "head_dim": None,
-    "layers": None,
-    "norm": None,
-    "labels": None,
-})
+DEFAULT_RULES: Mapping[str, MeshAxes] = types.MappingProxyType(
+    {
+        # activations / data
+        "batch": ("data", "fsdp"),
+        "length": None,
+        # parameters
+        "vocab": "tensor",
+        "embed": "fsdp",
+        "heads": "tensor",
+        "kv_heads": "tensor",
+        "mlp": "tensor",
+        "head_dim": None,
+        "layers": None,
+        "norm": None,
+        "labels": None,
+    }
+)
 
 
 class ShardingFallbackWarning(UserWarning):
@@ -89,8 +91,9 @@ def logical_to_spec(
       ConfigError: a logical axis has no rule, or a rule names an axis not in the mesh.
     """
     if shape is not None and len(shape) != len(logical_axes):
-        raise ConfigError(f"{name}: {len(logical_axes)} logical axes {logical_axes} for an array "
-                          f"of shape {shape}")
+        raise ConfigError(
+            f"{name}: {len(logical_axes)} logical axes {logical_axes} for an array of shape {shape}"
+        )
     used: set[str] = set()
     spec: list[str | tuple[str, ...] | None] = []
     for dim, logical in enumerate(logical_axes):
@@ -98,14 +101,18 @@ def logical_to_spec(
             spec.append(None)
             continue
         if logical not in rules:
-            raise ConfigError(f"{name}: logical axis {logical!r} has no sharding rule; add it to "
-                              f"the rules (known: {sorted(rules)})")
+            raise ConfigError(
+                f"{name}: logical axis {logical!r} has no sharding rule; add it to "
+                f"the rules (known: {sorted(rules)})"
+            )
         axes = rules[logical]
         names = _names(axes)
         for n in names:
             if n not in mesh.shape:
-                raise ConfigError(f"sharding rule {logical!r} -> {axes!r} names mesh axis {n!r}, "
-                                  f"which the mesh {dict(mesh.shape)} does not have")
+                raise ConfigError(
+                    f"sharding rule {logical!r} -> {axes!r} names mesh axis {n!r}, "
+                    f"which the mesh {dict(mesh.shape)} does not have"
+                )
         names = tuple(n for n in names if n not in used)
         if not names:
             spec.append(None)
@@ -115,7 +122,9 @@ def logical_to_spec(
             warnings.warn(
                 f"{name}: dimension {dim} ({logical}={shape[dim]}) is not divisible by mesh axes "
                 f"{names} of size {size}; replicating this dimension",
-                ShardingFallbackWarning, stacklevel=3)
+                ShardingFallbackWarning,
+                stacklevel=3,
+            )
             spec.append(None)
             continue
         used.update(names)
@@ -181,8 +190,9 @@ def batch_sharding(mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) ->
     return NamedSharding(mesh, PartitionSpec(axes if axes else None))
 
 
-def batch_sharding_tree(batch: Any, mesh: Mesh,
-                        rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> Any:
+def batch_sharding_tree(
+    batch: Any, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
+) -> Any:
     """The batch sharding for every leaf of a batch dict; scalar leaves (``[]``, e.g.
     ``loss_denominator``) are replicated."""
     rows, rep = batch_sharding(mesh, rules), replicated(mesh)

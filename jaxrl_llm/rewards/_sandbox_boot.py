@@ -27,7 +27,6 @@ boot writes one JSON summary to the host channel after both are gone:
 Exit status of boot: 0, or 15 when the sandbox itself could not be set up.
 """
 
-
 import ast
 import builtins
 import importlib
@@ -56,6 +55,7 @@ _MAX_DEPTH = 200
 # Only *exact* built-in types are plain (an int subclass is a handle), so nothing the solution
 # defines ever runs inside the judge.
 # ---------------------------------------------------------------------------------------------
+
 
 def _send(sock, obj):
     data = json.dumps(obj, allow_nan=True, separators=(",", ":")).encode()
@@ -101,8 +101,9 @@ def _encode(x, handle_of, depth=0):
     if issubclass(t, tuple):
         return {"t": enc(tuple.__iter__(x))}
     if issubclass(t, dict):
-        return {"d": [[_encode(k, handle_of, d), _encode(v, handle_of, d)]
-                      for k, v in dict.items(x)]}
+        return {
+            "d": [[_encode(k, handle_of, d), _encode(v, handle_of, d)] for k, v in dict.items(x)]
+        }
     if issubclass(t, frozenset):
         return {"f": enc(frozenset.__iter__(x))}
     if issubclass(t, set):
@@ -150,8 +151,11 @@ def _decode(v, proxy_of, depth=0):
             raise ValueError("malformed bytes")
         return (bytes if tag == "b" else bytearray).fromhex(body)
     if tag == "c":
-        if type(body) is not list or len(body) != 2 or \
-                any(type(p) not in (int, float) for p in body):
+        if (
+            type(body) is not list
+            or len(body) != 2
+            or any(type(p) not in (int, float) for p in body)
+        ):
             raise ValueError("malformed complex")
         return complex(body[0], body[1])
     if tag == "r" and type(body) is int:
@@ -182,8 +186,10 @@ def _check(rc, what):
 
 def _mount(src, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           "mount " + target)
+    _check(
+        _libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        "mount " + target,
+    )
 
 
 def _prctl(option, arg):
@@ -195,8 +201,11 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 def _drop_privileges(uid):
@@ -231,26 +240,54 @@ def _drop_privileges(uid):
 # (i386, x32) kills the process. Numbers: (x86_64, aarch64).
 _SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _DENY = {
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
-    "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40), "umount2": (166, 39),
-    "pivot_root": (155, 41), "chroot": (161, 51), "bpf": (321, 280),
-    "perf_event_open": (298, 241), "userfaultfd": (323, 282), "keyctl": (250, 219),
-    "add_key": (248, 217), "request_key": (249, 218), "io_uring_setup": (425, 425),
-    "io_uring_enter": (426, 426), "io_uring_register": (427, 427), "kexec_load": (246, 104),
-    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
-    "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264),
-    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
-    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
-    "mount_setattr": (442, 442), "swapon": (167, 224), "swapoff": (168, 225),
-    "reboot": (169, 142), "acct": (163, 89), "quotactl": (179, 60),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "chroot": (161, 51),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "kexec_load": (246, 104),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "reboot": (169, 142),
+    "acct": (163, 89),
+    "quotactl": (179, 60),
 }
 _CLONE, _CLONE3 = (56, 220), (435, 435)
 _CLONE_NS_FLAGS = 0x7E020080  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
 
 
 class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                ("k", ctypes.c_uint32)]
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
 
 
 class _SockFprog(ctypes.Structure):
@@ -266,19 +303,25 @@ def _install_seccomp():
     ld, jeq, jset, jge, ret = 0x20, 0x15, 0x45, 0x35, 0x06
     kill, allow = 0x80000000, 0x7FFF0000
     eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, _SECCOMP_ARCH[machine]), (ret, 0, 0, kill),
-            (ld, 0, 0, 0)]
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, _SECCOMP_ARCH[machine]), (ret, 0, 0, kill), (ld, 0, 0, 0)]
     if machine == "x86_64":
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, kill)]  # the x32 ABI
     for nrs in _DENY.values():
         prog += [(jeq, 0, 1, nrs[col]), (ret, 0, 0, eperm)]
-    prog += [(jeq, 0, 1, _CLONE3[col]), (ret, 0, 0, enosys),
-             (jeq, 0, 3, _CLONE[col]), (ld, 0, 0, 16), (jset, 0, 1, _CLONE_NS_FLAGS),
-             (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    prog += [
+        (jeq, 0, 1, _CLONE3[col]),
+        (ret, 0, 0, enosys),
+        (jeq, 0, 3, _CLONE[col]),
+        (ld, 0, 0, 16),
+        (jset, 0, 1, _CLONE_NS_FLAGS),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, allow),
+    ]
     filters = (_SockFilter * len(prog))(*[_SockFilter(*i) for i in prog])
     fprog = _SockFprog(len(prog), filters)
-    _check(_libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), 0, 0),
-           "prctl(PR_SET_SECCOMP)")  # SECCOMP_MODE_FILTER
+    _check(
+        _libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), 0, 0), "prctl(PR_SET_SECCOMP)"
+    )  # SECCOMP_MODE_FILTER
     return True
 
 
@@ -312,8 +355,20 @@ def _build_root(cfg):
     binds = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
     # /etc: only what the loader and the standard library read, not the host's configuration
     # (/etc/environment, gitconfig, credentials of services).
-    etc = ["alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone",
-           "passwd", "group", "nsswitch.conf", "mime.types", "os-release", "ssl"]
+    etc = [
+        "alternatives",
+        "ld.so.cache",
+        "ld.so.conf",
+        "ld.so.conf.d",
+        "localtime",
+        "timezone",
+        "passwd",
+        "group",
+        "nsswitch.conf",
+        "mime.types",
+        "os-release",
+        "ssl",
+    ]
     try:
         etc += [n for n in os.listdir(old + "/etc") if n.startswith("python3")]
     except OSError:
@@ -338,8 +393,7 @@ def _build_root(cfg):
         done.append(p)
     # /tmp: the only writable place; /tmp/work is the solution's working directory.
     os.makedirs("/tmp", exist_ok=True)
-    _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV,
-           "size=%dm,mode=1777" % cfg["disk_mb"])
+    _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=%dm,mode=1777" % cfg["disk_mb"])
     os.mkdir("/tmp/work", 0o700)
     uid = cfg["uids"][0] if cfg["uids"] else None
     if uid is not None:
@@ -351,8 +405,12 @@ def _build_root(cfg):
         if os.path.exists(old + "/dev/" + name):
             open("/dev/" + name, "w").close()
             _mount(old + "/dev/" + name, "/dev/" + name, None, _MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, "/dev/" + name)
     os.mkdir("/dev/shm")
     _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=1777")
@@ -401,20 +459,50 @@ def _close_fds_except(keep):
 # The solution process.
 # ---------------------------------------------------------------------------------------------
 
+
 def _install_hooks(work, strict):
     """Defence in depth inside the solution's interpreter; the kernel is the real fence."""
     work = os.path.realpath(work)
     parent_pgid = os.getpgid(0)
     parent_pid = os.getppid()
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    path_events = {"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown",
-                   "os.symlink", "os.link", "os.truncate", "os.utime", "shutil.rmtree",
-                   "shutil.move", "shutil.copyfile"}
-    net_events = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
-                  "socket.getaddrinfo", "socket.gethostbyname"}
-    proc_events = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
-                   "os.system", "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym",
-                   "ctypes.call_function", "os.startfile", "pty.spawn"}
+    path_events = {
+        "os.remove",
+        "os.rename",
+        "os.mkdir",
+        "os.rmdir",
+        "os.chmod",
+        "os.chown",
+        "os.symlink",
+        "os.link",
+        "os.truncate",
+        "os.utime",
+        "shutil.rmtree",
+        "shutil.move",
+        "shutil.copyfile",
+    }
+    net_events = {
+        "socket.connect",
+        "socket.bind",
+        "socket.sendto",
+        "socket.sendmsg",
+        "socket.getaddrinfo",
+        "socket.gethostbyname",
+    }
+    proc_events = {
+        "os.fork",
+        "os.forkpty",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.system",
+        "subprocess.Popen",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.call_function",
+        "os.startfile",
+        "pty.spawn",
+    }
 
     def inside(path):
         if isinstance(path, int):
@@ -431,15 +519,17 @@ def _install_hooks(work, strict):
     def hook(event, args):
         if event == "open":
             path, mode, flags = args
-            writing = (mode is not None and any(c in str(mode) for c in "wax+")) or \
-                (isinstance(flags, int) and flags & write_flags)
+            writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
+                isinstance(flags, int) and flags & write_flags
+            )
             if writing and not inside(path):
                 raise PermissionError("sandbox: writes outside the working directory are refused")
         elif event in path_events:
             for a in args[:2]:
                 if isinstance(a, (str, bytes, os.PathLike)) and not inside(a):
-                    raise PermissionError("sandbox: changes outside the working directory "
-                                          "are refused")
+                    raise PermissionError(
+                        "sandbox: changes outside the working directory are refused"
+                    )
         elif event in net_events:
             raise PermissionError("sandbox: network access is refused")
         elif event in ("os.kill", "os.killpg"):
@@ -454,8 +544,9 @@ def _install_hooks(work, strict):
                 except OSError:
                     target_pgid = None
             if target_pgid != parent_pgid or pid == parent_pid:
-                raise PermissionError("sandbox: signalling processes outside the sandbox "
-                                      "is refused")
+                raise PermissionError(
+                    "sandbox: signalling processes outside the sandbox is refused"
+                )
         elif strict and event in proc_events:
             raise PermissionError("sandbox: starting processes is refused (" + event + ")")
 
@@ -575,6 +666,7 @@ def _solution_main(cfg, code, work, rpc):
 # The judge process: runs the tests; never runs candidate code.
 # ---------------------------------------------------------------------------------------------
 
+
 class SolutionError(Exception):
     """An exception raised by the solution whose class is not a built-in one."""
 
@@ -597,8 +689,11 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
         def handle_of(v):
             if type(v) is Remote:
                 return {"r": object.__getattribute__(v, "_h")}
-            raise TypeError("cannot pass a %s to the solution: only plain built-in values and "
-                            "the solution's own objects cross" % type(v).__name__)
+            raise TypeError(
+                "cannot pass a %s to the solution: only plain built-in values and "
+                "the solution's own objects cross" % type(v).__name__
+            )
+
         return _encode(x, handle_of)
 
     def rpc_call(op, target, **fields):
@@ -617,10 +712,18 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
             else:
                 back = [_decode(b, proxy_of) for b in reply.get("back", [])]
                 return _decode(reply["ok"], proxy_of), back
-        except (OSError, EOFError, ValueError, KeyError, TypeError, RecursionError,
-                struct.error) as e:
-            raise SolutionGone("the solution process ended or broke the protocol (%s: %s)"
-                               % (type(e).__name__, e)) from None
+        except (
+            OSError,
+            EOFError,
+            ValueError,
+            KeyError,
+            TypeError,
+            RecursionError,
+            struct.error,
+        ) as e:
+            raise SolutionGone(
+                "the solution process ended or broke the protocol (%s: %s)" % (type(e).__name__, e)
+            ) from None
         for n in names:
             if type(n) is not str:
                 continue
@@ -628,8 +731,11 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
                 err = exc_classes[n]
                 break
             cls = getattr(builtins, n, None)
-            if isinstance(cls, type) and issubclass(cls, Exception) and \
-                    not issubclass(cls, SolutionGone):
+            if (
+                isinstance(cls, type)
+                and issubclass(cls, Exception)
+                and not issubclass(cls, SolutionGone)
+            ):
                 err = cls
                 break
         try:
@@ -654,8 +760,13 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
 
         def __call__(self, *args, **kwargs):
             back = [i for i, a in enumerate(args) if type(a) in (list, dict, set, bytearray)]
-            result, new = rpc_call("call", self, args=encode_arg(list(args)),
-                                   kwargs=encode_arg(dict(kwargs)), back=back)
+            result, new = rpc_call(
+                "call",
+                self,
+                args=encode_arg(list(args)),
+                kwargs=encode_arg(dict(kwargs)),
+                back=back,
+            )
             if len(new) != len(back):
                 raise SolutionGone("malformed reply")
             for i, value in zip(back, new):  # copy-in / copy-out of mutable arguments
@@ -711,12 +822,16 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
             return s
 
         def __repr__(self):
-            return "<solution %s #%d>" % (object.__getattribute__(self, "_t"),
-                                          object.__getattribute__(self, "_h"))
+            return "<solution %s #%d>" % (
+                object.__getattribute__(self, "_t"),
+                object.__getattribute__(self, "_h"),
+            )
 
         def __bool__(self):
-            raise TypeError("%r: an object of the solution has no truth value in the tests; "
-                            "compare a plain value" % self)
+            raise TypeError(
+                "%r: an object of the solution has no truth value in the tests; "
+                "compare a plain value" % self
+            )
 
         def __eq__(self, other):
             return self is other
@@ -772,10 +887,13 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
                 except Exception:  # noqa: BLE001 - the tests must import it themselves
                     pass
             elif type(value) is dict and set(value) == {"exception"}:
-                bases = [getattr(builtins, n, None) for n in value["exception"][1:]
-                         if type(n) is str]
-                base = next((b for b in bases if isinstance(b, type)
-                             and issubclass(b, Exception)), Exception)
+                bases = [
+                    getattr(builtins, n, None) for n in value["exception"][1:] if type(n) is str
+                ]
+                base = next(
+                    (b for b in bases if isinstance(b, type) and issubclass(b, Exception)),
+                    Exception,
+                )
                 ns[name] = exc_classes[name] = type(name, (base,), {})
             else:
                 ns[name] = _decode(value, proxy_of)
@@ -796,6 +914,7 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
 # ---------------------------------------------------------------------------------------------
 # boot
 # ---------------------------------------------------------------------------------------------
+
 
 def _read_tests(chan):
     try:
@@ -932,10 +1051,17 @@ def main():
         solution = {"signal": os.WTERMSIG(sol_status)}
     else:
         solution = {"exit": os.WEXITSTATUS(sol_status)}
-    result.update(solution=solution, timeout=timed_out,
-                  judge=None if judge_status is None else (
-                      os.WEXITSTATUS(judge_status) if os.WIFEXITED(judge_status)
-                      else -os.WTERMSIG(judge_status)))
+    result.update(
+        solution=solution,
+        timeout=timed_out,
+        judge=None
+        if judge_status is None
+        else (
+            os.WEXITSTATUS(judge_status)
+            if os.WIFEXITED(judge_status)
+            else -os.WTERMSIG(judge_status)
+        ),
+    )
     try:
         chan.sendall(json.dumps(result).encode())
         chan.shutdown(socket.SHUT_WR)

@@ -39,8 +39,9 @@ from jaxrl_llm.errors import RewardError
 class RewardFn(Protocol):
     """``fn(prompts, completions, **fields) -> list[float | None]`` (one value per completion)."""
 
-    def __call__(self, prompts: list[str], completions: list[str], **fields: Any
-                 ) -> Sequence[float | None]: ...
+    def __call__(
+        self, prompts: list[str], completions: list[str], **fields: Any
+    ) -> Sequence[float | None]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,8 +126,9 @@ class RewardSet:
       max_consecutive_failures: batch failures in a row of one function before RewardError.
     """
 
-    def __init__(self, specs: Sequence[RewardSpec | tuple | Callable], *,
-                 max_consecutive_failures: int = 3):
+    def __init__(
+        self, specs: Sequence[RewardSpec | tuple | Callable], *, max_consecutive_failures: int = 3
+    ):
         parsed = []
         for s in specs:
             if isinstance(s, RewardSpec):
@@ -140,16 +142,23 @@ class RewardSet:
         labels = [s.label for s in parsed]
         dup = {x for x in labels if labels.count(x) > 1}
         if dup:
-            raise RewardError(f"RewardSet: duplicate reward names {sorted(dup)}; pass "
-                              f"RewardSpec(fn, weight, name=...) to tell them apart")
+            raise RewardError(
+                f"RewardSet: duplicate reward names {sorted(dup)}; pass "
+                f"RewardSpec(fn, weight, name=...) to tell them apart"
+            )
         if max_consecutive_failures < 1:
             raise RewardError("RewardSet: max_consecutive_failures must be >= 1")
         self.specs: tuple[RewardSpec, ...] = tuple(parsed)
         self.max_consecutive_failures = max_consecutive_failures
         self._strikes = {s.label: 0 for s in parsed}
 
-    def _score_one_fn(self, spec: RewardSpec, prompts: list[str], completions: list[str],
-                      fields: Mapping[str, Sequence[Any]]) -> tuple[np.ndarray, str | None]:
+    def _score_one_fn(
+        self,
+        spec: RewardSpec,
+        prompts: list[str],
+        completions: list[str],
+        fields: Mapping[str, Sequence[Any]],
+    ) -> tuple[np.ndarray, str | None]:
         """Raw scores ``[N]`` (NaN = failed) and a batch-failure message or None."""
         n = len(completions)
         scores = np.full((n,), np.nan, np.float64)
@@ -175,18 +184,21 @@ class RewardSet:
             except Exception:  # noqa: BLE001 - one bad sample is scored invalid
                 failed += 1
                 continue
-            if isinstance(out, (Sequence, np.ndarray)) and not isinstance(out, (str, bytes)) \
-                    and len(out) == 1:
+            if (
+                isinstance(out, (Sequence, np.ndarray))
+                and not isinstance(out, (str, bytes))
+                and len(out) == 1
+            ):
                 f = _to_float(out[0])
                 if f is not None:
                     scores[i] = f
         if failed == n:
-            return scores, (f"raised {type(batch_error).__name__}: {batch_error} for every "
-                            f"sample")
+            return scores, (f"raised {type(batch_error).__name__}: {batch_error} for every sample")
         return scores, None
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
-                 **fields: Sequence[Any]) -> RewardOutput:
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence[Any]
+    ) -> RewardOutput:
         """Scores a batch; see :class:`RewardOutput`.
 
         Args:
@@ -200,13 +212,17 @@ class RewardSet:
         prompts, completions = list(prompts), list(completions)
         n = len(completions)
         if len(prompts) != n:
-            raise RewardError(f"rewards: {len(prompts)} prompts for {n} completions; repeat "
-                              f"each prompt once per sample")
+            raise RewardError(
+                f"rewards: {len(prompts)} prompts for {n} completions; repeat "
+                f"each prompt once per sample"
+            )
         fields = {k: list(v) for k, v in fields.items()}
         for k, v in fields.items():
             if len(v) != n:
-                raise RewardError(f"rewards: field {k!r} has {len(v)} values for {n} "
-                                  f"completions; every column must be aligned")
+                raise RewardError(
+                    f"rewards: field {k!r} has {len(v)} values for {n} "
+                    f"completions; every column must be aligned"
+                )
         total = np.zeros((n,), np.float64)
         valid = np.ones((n,), bool)
         per_function: dict[str, np.ndarray] = {}
@@ -219,13 +235,17 @@ class RewardSet:
             else:
                 self._strikes[name] += 1
                 if self._strikes[name] >= self.max_consecutive_failures:
-                    fix = ("make it return None for a sample it cannot score instead of "
-                           "raising" if problem.startswith("raised") else "return one value "
-                           "per completion")
-                    raise RewardError(f"reward function {name!r} {problem} in "
-                                      f"{self._strikes[name]} consecutive batches; {fix}: "
-                                      f"fn(prompts, completions, **fields) -> "
-                                      f"list[float | None]")
+                    fix = (
+                        "make it return None for a sample it cannot score instead of raising"
+                        if problem.startswith("raised")
+                        else "return one value per completion"
+                    )
+                    raise RewardError(
+                        f"reward function {name!r} {problem} in "
+                        f"{self._strikes[name]} consecutive batches; {fix}: "
+                        f"fn(prompts, completions, **fields) -> "
+                        f"list[float | None]"
+                    )
             ok = np.isfinite(scores)
             valid &= ok
             total += np.where(ok, spec.weight * np.nan_to_num(scores), 0.0)
@@ -239,12 +259,14 @@ class RewardSet:
         rewards = np.where(valid, total, 0.0).astype(np.float32)
         metrics["rewards/total/mean"] = float(rewards[valid].mean()) if valid.any() else 0.0
         metrics["rewards/valid_frac"] = float(valid.mean()) if n else 1.0
-        return RewardOutput(rewards=rewards, valid=valid, per_function=per_function,
-                            metrics=metrics)
+        return RewardOutput(
+            rewards=rewards, valid=valid, per_function=per_function, metrics=metrics
+        )
 
 
-def combine_rewards(specs: Sequence[RewardSpec | tuple | Callable], *,
-                    max_consecutive_failures: int = 3) -> RewardSet:
+def combine_rewards(
+    specs: Sequence[RewardSpec | tuple | Callable], *, max_consecutive_failures: int = 3
+) -> RewardSet:
     """``RewardSet(specs)``: a callable ``(prompts, completions, **fields) -> RewardOutput``.
 
     Args:

@@ -14,8 +14,10 @@ import fractions
 import re
 from collections.abc import Sequence
 
-_NUMBER_RE = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
-                        r"(?:\s*/\s*\d+(?:\.\d+)?)?|(?<![\w\d])[-+−]?\.\d+")
+_NUMBER_RE = re.compile(
+    r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+    r"(?:\s*/\s*\d+(?:\.\d+)?)?|(?<![\w\d])[-+−]?\.\d+"
+)
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
 _FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _STRICT_STRIP = " \t\n\r.$*`"
@@ -105,7 +107,7 @@ _SIMPLE_RE = re.compile(r"([-+]?)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d*\.?\d+)")
 
 
 def _parse_simple(s: str) -> fractions.Fraction | None:
-    """"-1,234.5", "(3)", "+.5" → Fraction; None otherwise."""
+    """ "-1,234.5", "(3)", "+.5" → Fraction; None otherwise."""
     if s.startswith("(") and s.endswith(")"):
         s = s[1:-1]
     m = _SIMPLE_RE.fullmatch(s)
@@ -115,8 +117,9 @@ def _parse_simple(s: str) -> fractions.Fraction | None:
     return -value if m.group(1) == "-" else value
 
 
-def answers_match(predicted: str | None, reference: str | int | float | None, *,
-                  rel_tol: float = 0.0) -> bool:
+def answers_match(
+    predicted: str | None, reference: str | int | float | None, *, rel_tol: float = 0.0
+) -> bool:
     """Numeric equivalence of two answers; falls back to whitespace-normalised string equality.
 
     Args:

@@ -44,8 +44,10 @@ def _import():
     try:
         import math_verify
     except ImportError as e:  # pragma: no cover - exercised only without the package
-        raise RewardError("math_verify_reward needs the math-verify package: "
-                          "pip install 'math-verify[antlr4_13_2]'") from e
+        raise RewardError(
+            "math_verify_reward needs the math-verify package: "
+            "pip install 'math-verify[antlr4_13_2]'"
+        ) from e
     logging.getLogger("math_verify.parser").addFilter(_QuietTimeoutWarning())
     logging.getLogger("math_verify.grader").addFilter(_QuietTimeoutWarning())
     return math_verify
@@ -65,6 +67,7 @@ def _gold_text(reference: Any) -> str:
 def _with_deadline(fn, seconds: float):
     """``fn()`` within ``seconds`` of wall clock, or raise :class:`_Deadline`."""
     if threading.current_thread() is threading.main_thread():
+
         def on_alarm(signum, frame):
             raise _Deadline()
 
@@ -80,8 +83,7 @@ def _with_deadline(fn, seconds: float):
                 left = outer - (time.monotonic() - start)
                 signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
     result: list = []
-    worker = threading.Thread(target=lambda: result.append(fn()), daemon=True,
-                              name="math-verify")
+    worker = threading.Thread(target=lambda: result.append(fn()), daemon=True, name="math-verify")
     worker.start()
     worker.join(seconds)
     if worker.is_alive() or not result:
@@ -123,8 +125,9 @@ def math_verify_reward(
       sample is then marked invalid rather than scored wrong).
     """
     if not timeout_seconds > 0 or not math.isfinite(timeout_seconds):
-        raise RewardError(f"math_verify_reward: timeout_seconds={timeout_seconds} must be a "
-                          f"finite number > 0")
+        raise RewardError(
+            f"math_verify_reward: timeout_seconds={timeout_seconds} must be a finite number > 0"
+        )
     mv = _import()
     gold_cache: dict[str, list] = {}
     out: list[float | None] = []

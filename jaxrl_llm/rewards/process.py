@@ -41,8 +41,8 @@ def split_steps(text: str, *, delimiter: str = r"\n+") -> list[tuple[str, int, i
     """
     steps, pos = [], 0
     for m in re.finditer(delimiter, text):
-        if text[pos:m.start()].strip():
-            steps.append((text[pos:m.start()], pos, m.start()))
+        if text[pos : m.start()].strip():
+            steps.append((text[pos : m.start()], pos, m.start()))
         pos = m.end()
     if text[pos:].strip():
         steps.append((text[pos:], pos, len(text)))
@@ -84,15 +84,17 @@ def process_rewards(
             out.append(None)
             continue
         if len(scores) != len(steps) or not all(
-                isinstance(s, numbers.Real) and math.isfinite(float(s)) for s in scores):
+            isinstance(s, numbers.Real) and math.isfinite(float(s)) for s in scores
+        ):
             out.append(None)
             continue
         out.append([float(s) for s in scores])
     return out
 
 
-def pad_step_rewards(step_scores: Sequence[Sequence[float] | None], *,
-                     max_steps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def pad_step_rewards(
+    step_scores: Sequence[Sequence[float] | None], *, max_steps: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Ragged per-step scores → ``(step_rewards [N, S] float32, step_mask [N, S] bool)``.
 
     None rows (failed scoring) are all-masked. ``S = max_steps`` or the longest row (at least
@@ -110,8 +112,9 @@ def pad_step_rewards(step_scores: Sequence[Sequence[float] | None], *,
     return rewards, mask
 
 
-def outcome_as_process(reward_fn: Callable[..., Sequence[float | None]], *,
-                       delimiter: str = r"\n+") -> StepScorer:
+def outcome_as_process(
+    reward_fn: Callable[..., Sequence[float | None]], *, delimiter: str = r"\n+"
+) -> StepScorer:
     """A StepScorer that scores each prefix ``steps[:k]`` with an outcome reward function.
 
     r_{k} = reward_fn([prompt], [join(steps[:k])], **fields)[0]; useful as a verifiable
@@ -123,7 +126,9 @@ def outcome_as_process(reward_fn: Callable[..., Sequence[float | None]], *,
         """Outcome reward of every step prefix."""
         vals = []
         for k in range(1, len(steps) + 1):
-            v = reward_fn([prompt], [joiner.join(steps[:k])], **{f: [x] for f, x in fields.items()})[0]
+            v = reward_fn(
+                [prompt], [joiner.join(steps[:k])], **{f: [x] for f, x in fields.items()}
+            )[0]
             vals.append(float("nan") if v is None else float(v))
         return vals
 

@@ -55,26 +55,34 @@ def bind_reward(fn: Callable, **kw) -> Callable:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # no signature to check (a builtin): the call will tell
         return functools.partial(fn, **kw)
-    named = [n for i, (n, p) in enumerate(params.items())
-             if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and i >= 2)]
+    named = [
+        n
+        for i, (n, p) in enumerate(params.items())
+        if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and i >= 2)
+    ]
     unknown = sorted(set(kw) - set(named))
     if unknown:
         name = getattr(fn, "__name__", repr(fn))
-        raise TypeError(f"{name}() got an unexpected keyword argument "
-                        f"{', '.join(repr(u) for u in unknown)}; it takes: "
-                        f"{', '.join(named) or 'no options'}")
+        raise TypeError(
+            f"{name}() got an unexpected keyword argument "
+            f"{', '.join(repr(u) for u in unknown)}; it takes: "
+            f"{', '.join(named) or 'no options'}"
+        )
     return functools.partial(fn, **kw)
 
 
-def _overlong(ctx: RewardContext, *, max_len: int | None = None, buffer: int,
-              unit: str = "tokens"):
+def _overlong(ctx: RewardContext, *, max_len: int | None = None, buffer: int, unit: str = "tokens"):
     """DAPO's soft overlong punishment; lengths in the policy's tokens against the rollout's
     ``max_new_tokens`` unless given (the reward's weight is DAPO's penalty factor)."""
     max_len = ctx.max_new_tokens if max_len is None else max_len
     if max_len is None:
         raise TypeError("overlong: max_len is required outside an online run")
-    return make_overlong_reward(max_len=max_len, buffer=buffer, unit=unit,
-                                tokenizer=ctx.tokenizer if unit == "tokens" else None)
+    return make_overlong_reward(
+        max_len=max_len,
+        buffer=buffer,
+        unit=unit,
+        tokenizer=ctx.tokenizer if unit == "tokens" else None,
+    )
 
 
 def _code_execution(ctx: RewardContext, **kw):
@@ -86,12 +94,15 @@ def _code_execution(ctx: RewardContext, **kw):
     from jaxrl_llm.rewards.sandbox import Isolation, resolve_isolation
 
     fn = bind_reward(code_execution_reward, **kw)
-    iso = resolve_isolation(kw.get("isolation", Isolation.AUTO),
-                            allow_unisolated=bool(kw.get("allow_unisolated", False)))
+    iso = resolve_isolation(
+        kw.get("isolation", Isolation.AUTO),
+        allow_unisolated=bool(kw.get("allow_unisolated", False)),
+    )
     if iso == Isolation.PROCESS:
         logging.getLogger("jaxrl_llm").warning(
             "code_execution: no kernel isolation on this machine; untrusted completions run "
-            "as this user (allow_unisolated: true)")
+            "as this user (allow_unisolated: true)"
+        )
     return fn
 
 
@@ -129,8 +140,9 @@ def import_function(path: str, key: str, *, what: str = "reward") -> Callable:
     return fn
 
 
-def build_reward(name: str, kwargs: dict[str, Any], *, key: str,
-                 ctx: RewardContext = RewardContext()) -> Callable:
+def build_reward(
+    name: str, kwargs: dict[str, Any], *, key: str, ctx: RewardContext = RewardContext()
+) -> Callable:
     """One reward function from its config ``name`` and ``kwargs`` (``key`` names the config
     entry in errors)."""
     factory = REWARD_FUNCTIONS.get(name)
@@ -138,26 +150,32 @@ def build_reward(name: str, kwargs: dict[str, Any], *, key: str,
         fn = import_function(name, f"{key}.name")
         factory = lambda _ctx, **kw: bind_reward(fn, **kw)  # noqa: E731
     if factory is None:
-        raise ConfigError(f"{key}.name: unknown reward {name!r}; available: "
-                          f"{', '.join(sorted(REWARD_FUNCTIONS))}")
+        raise ConfigError(
+            f"{key}.name: unknown reward {name!r}; available: {', '.join(sorted(REWARD_FUNCTIONS))}"
+        )
     try:
         return factory(ctx, **kwargs)
     except TypeError as e:
         raise ConfigError(f"{key}.kwargs: {e}") from None
 
 
-def build_reward_set(items: Sequence[Any], *, ctx: RewardContext = RewardContext()
-                     ) -> RewardSet:
+def build_reward_set(items: Sequence[Any], *, ctx: RewardContext = RewardContext()) -> RewardSet:
     """The weighted :class:`RewardSet` of a config's ``rewards`` list (items with ``name``,
     ``weight``, ``kwargs``)."""
-    specs = [RewardSpec(build_reward(item.name, dict(item.kwargs), key=f"rewards[{i}]", ctx=ctx),
-                        weight=item.weight, name=item.name)
-             for i, item in enumerate(items)]
+    specs = [
+        RewardSpec(
+            build_reward(item.name, dict(item.kwargs), key=f"rewards[{i}]", ctx=ctx),
+            weight=item.weight,
+            name=item.name,
+        )
+        for i, item in enumerate(items)
+    ]
     return RewardSet(specs)
 
 
-def build_step_scorer(name: str, kwargs: dict[str, Any], *, outcome: Callable,
-                      delimiter: str) -> Callable:
+def build_step_scorer(
+    name: str, kwargs: dict[str, Any], *, outcome: Callable, delimiter: str
+) -> Callable:
     """A process-reward step scorer: ``outcome_as_process`` (every prefix scored with the
     ``outcome`` reward) or ``"package.module:function"`` with ``kwargs`` bound."""
     if name == "outcome_as_process":

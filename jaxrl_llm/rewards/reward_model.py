@@ -36,8 +36,9 @@ def last_token_index(attention_mask: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def reward_model_scores(params: Any, tokens: jax.Array, attention_mask: jax.Array, *,
-                        config: ModelConfig) -> jax.Array:
+def reward_model_scores(
+    params: Any, tokens: jax.Array, attention_mask: jax.Array, *, config: ModelConfig
+) -> jax.Array:
     """Sequence scores r_b = head(h_{b, t_b}) at the last real token t_b of each row (jitted).
 
     Args:
@@ -53,8 +54,9 @@ def reward_model_scores(params: Any, tokens: jax.Array, attention_mask: jax.Arra
     chex.assert_equal_shape([tokens, attention_mask])
     scalar = apply(params, tokens, config=config, attention_mask=attention_mask).scalar
     if scalar is None:  # config.num_labels == 0
-        raise ConfigError("reward_model_scores: the model has no scalar head "
-                          "(config.num_labels must be 1)")
+        raise ConfigError(
+            "reward_model_scores: the model has no scalar head (config.num_labels must be 1)"
+        )
     last = last_token_index(attention_mask)
     return jnp.take_along_axis(scalar, last[:, None], axis=1)[:, 0].astype(jnp.float32)
 
@@ -101,8 +103,9 @@ def make_reward_model_reward(
     if not config.num_labels:
         raise ConfigError("reward model reward: config.num_labels must be 1 (a scalar head)")
     if truncate not in ("left", "right"):
-        raise ConfigError(f"reward model reward: truncate must be 'left' or 'right', "
-                          f"got {truncate!r}")
+        raise ConfigError(
+            f"reward model reward: truncate must be 'left' or 'right', got {truncate!r}"
+        )
 
     def reward_model_reward(prompts, completions, **fields):
         """Reward-model score of each prompt + completion."""
@@ -111,20 +114,23 @@ def make_reward_model_reward(
         elif token_field in fields:
             ids = [list(x) for x in fields[token_field]]
         else:
-            raise ConfigError(f"reward model reward: pass a tokenizer or a data field "
-                              f"{token_field!r} with token ids")
+            raise ConfigError(
+                f"reward model reward: pass a tokenizer or a data field "
+                f"{token_field!r} with token ids"
+            )
         ids = [x[-max_length:] if truncate == "left" else x[:max_length] for x in ids]
         scores: list[float] = []
         for s in range(0, len(ids), batch_size):
-            chunk = ids[s:s + batch_size]
+            chunk = ids[s : s + batch_size]
             t = _bucket(max(1, max(len(x) for x in chunk)))
             toks = np.full((batch_size, t), pad_id, np.int32)
             mask = np.zeros((batch_size, t), np.int32)
             for i, x in enumerate(chunk):
-                toks[i, :len(x)] = x
-                mask[i, :len(x)] = 1
-            out = np.asarray(reward_model_scores(params, jnp.asarray(toks), jnp.asarray(mask),
-                                                 config=config))
+                toks[i, : len(x)] = x
+                mask[i, : len(x)] = 1
+            out = np.asarray(
+                reward_model_scores(params, jnp.asarray(toks), jnp.asarray(mask), config=config)
+            )
             scores.extend(float(v) if len(x) else float("nan") for v, x in zip(out, chunk))
         return scores
 

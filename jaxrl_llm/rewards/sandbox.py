@@ -147,8 +147,11 @@ class SandboxResult:
     duration_s: float
 
 
-_SIGNAL_REASON = {signal.SIGXCPU: Outcome.TIMEOUT, signal.SIGXFSZ: Outcome.OUTPUT_LIMIT,
-                  signal.SIGKILL: Outcome.ERROR}
+_SIGNAL_REASON = {
+    signal.SIGXCPU: Outcome.TIMEOUT,
+    signal.SIGXFSZ: Outcome.OUTPUT_LIMIT,
+    signal.SIGKILL: Outcome.ERROR,
+}
 _EXIT_REASON = {13: Outcome.MEMORY, 15: Outcome.SANDBOX_ERROR}
 
 # Each concurrent run (root host) gets two uids of its own, one for the solution and one for
@@ -187,8 +190,13 @@ def _command(mode: Isolation, interp: str, setpriv_uid: int | None) -> list[str]
         # Root asked for a user namespace: enter it as a sandbox uid, not as root, so that
         # RLIMIT_NPROC holds (the kernel never applies it to the host's root).
         u = str(setpriv_uid)
-        cmd = [shutil.which("setpriv") or "setpriv", "--reuid=" + u, "--regid=" + u,
-               "--clear-groups", *cmd]
+        cmd = [
+            shutil.which("setpriv") or "setpriv",
+            "--reuid=" + u,
+            "--regid=" + u,
+            "--clear-groups",
+            *cmd,
+        ]
     return cmd
 
 
@@ -200,9 +208,18 @@ def _probe(mode: Isolation) -> bool:
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         return False
     try:
-        r = _run("x = 1\n", "assert x == 1\n", mode=mode, timeout_s=10.0, memory_mb=256,
-                 max_output_bytes=1 << 16, max_file_bytes=1 << 20, max_procs=16,
-                 audit_hooks=True, python=None)
+        r = _run(
+            "x = 1\n",
+            "assert x == 1\n",
+            mode=mode,
+            timeout_s=10.0,
+            memory_mb=256,
+            max_output_bytes=1 << 16,
+            max_file_bytes=1 << 20,
+            max_procs=16,
+            audit_hooks=True,
+            python=None,
+        )
     except (OSError, ConfigError):
         return False
     if not r.passed:
@@ -224,8 +241,9 @@ def user_namespaces_available() -> bool:
     return _probe(Isolation.USER_NAMESPACE)
 
 
-def resolve_isolation(isolation: Isolation | str = Isolation.AUTO, *,
-                      allow_unisolated: bool = False) -> Isolation:
+def resolve_isolation(
+    isolation: Isolation | str = Isolation.AUTO, *, allow_unisolated: bool = False
+) -> Isolation:
     """The isolation a run will use; raises ConfigError rather than run without a boundary.
 
     ``auto`` -> ``namespace`` (root) or ``user_namespace`` when they work; otherwise
@@ -247,16 +265,23 @@ def resolve_isolation(isolation: Isolation | str = Isolation.AUTO, *,
             "untrusted code would run as this user. Enable user namespaces "
             "(sysctl kernel.unprivileged_userns_clone=1 / kernel.apparmor_restrict_"
             "unprivileged_userns=0), run as root, or set sandbox.allow_unisolated: true "
-            "(allow_unisolated=True) to accept the risk")
+            "(allow_unisolated=True) to accept the risk"
+        )
     if isolation == Isolation.NAMESPACE and not namespaces_available():
-        raise ConfigError("sandbox: isolation='namespace' needs root and a working `unshare` "
-                          "(util-linux); use 'user_namespace' or 'auto'")
+        raise ConfigError(
+            "sandbox: isolation='namespace' needs root and a working `unshare` "
+            "(util-linux); use 'user_namespace' or 'auto'"
+        )
     if isolation == Isolation.USER_NAMESPACE and not user_namespaces_available():
-        raise ConfigError("sandbox: isolation='user_namespace' is unavailable here "
-                          "(unprivileged user namespaces disabled, or no `unshare`)")
+        raise ConfigError(
+            "sandbox: isolation='user_namespace' is unavailable here "
+            "(unprivileged user namespaces disabled, or no `unshare`)"
+        )
     if isolation == Isolation.PROCESS and not allow_unisolated:
-        raise ConfigError("sandbox: isolation='process' is no security boundary; pass "
-                          "allow_unisolated=True (config sandbox.allow_unisolated: true)")
+        raise ConfigError(
+            "sandbox: isolation='process' is no security boundary; pass "
+            "allow_unisolated=True (config sandbox.allow_unisolated: true)"
+        )
     return isolation
 
 
@@ -303,8 +328,10 @@ def _make_self_non_dumpable() -> None:
     if libc.prctl(4, ctypes.c_ulong(0), 0, 0, 0) != 0:  # PR_SET_DUMPABLE
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
     _made_non_dumpable = True
-    log.warning("sandbox: running untrusted code WITHOUT an isolation boundary "
-                "(allow_unisolated); this process is now non-dumpable")
+    log.warning(
+        "sandbox: running untrusted code WITHOUT an isolation boundary "
+        "(allow_unisolated); this process is now non-dumpable"
+    )
 
 
 def _reader(stream, cap: int, sink: bytearray, over: threading.Event) -> None:
@@ -369,16 +396,20 @@ def _read_summary(sock: socket.socket, wait_s: float) -> dict | None:
     return summary if isinstance(summary, dict) else None
 
 
-def _outcome(summary: dict | None, timed_out: bool, over: bool, stderr: str,
-             boot_rc: int | None) -> tuple[Outcome, int | None]:
+def _outcome(
+    summary: dict | None, timed_out: bool, over: bool, stderr: str, boot_rc: int | None
+) -> tuple[Outcome, int | None]:
     """(reason, returncode) from what the trusted bootstrap reported."""
     if timed_out or (summary or {}).get("timeout"):
         return Outcome.TIMEOUT, None
     if over:
         return Outcome.OUTPUT_LIMIT, None
     if summary is None:
-        return (Outcome.SANDBOX_ERROR if boot_rc in (15, None) or "sandbox setup failed"
-                in stderr else Outcome.ERROR), None
+        return (
+            Outcome.SANDBOX_ERROR
+            if boot_rc in (15, None) or "sandbox setup failed" in stderr
+            else Outcome.ERROR
+        ), None
     sol = summary.get("solution") or {}
     rc = 0 if sol.get("killed") else sol.get("exit", -sol.get("signal", 0) or 0)
     verdict = summary.get("verdict")
@@ -392,15 +423,26 @@ def _outcome(summary: dict | None, timed_out: bool, over: bool, stderr: str,
         reason = _EXIT_REASON.get(sol["exit"], Outcome.ERROR) if "exit" in sol else Outcome.ERROR
     if verdict is None and summary.get("judge") == 15:
         reason = Outcome.SANDBOX_ERROR
-    if reason == Outcome.ERROR and ("MemoryError" in stderr
-                                    or str(summary.get("detail", "")).startswith("memory")):
+    if reason == Outcome.ERROR and (
+        "MemoryError" in stderr or str(summary.get("detail", "")).startswith("memory")
+    ):
         reason = Outcome.MEMORY
     return reason, rc
 
 
-def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, memory_mb: int,
-         max_output_bytes: int, max_file_bytes: int, max_procs: int, audit_hooks: bool,
-         python: str | None) -> SandboxResult:
+def _run(
+    code: str,
+    tests: str | None,
+    *,
+    mode: Isolation,
+    timeout_s: float,
+    memory_mb: int,
+    max_output_bytes: int,
+    max_file_bytes: int,
+    max_procs: int,
+    audit_hooks: bool,
+    python: str | None,
+) -> SandboxResult:
     uids = _take_uids() if os.geteuid() == 0 else None
     # Inside a user namespace only one uid is mapped: there the boot gets no sandbox uids.
     setpriv_uid = None
@@ -413,14 +455,26 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
         if uids is not None:
             os.chown(workdir, uids[0], uids[0])
     host_sock, child_sock = socket.socketpair()
-    cfg = dict(code=code, has_tests=tests is not None, mode=mode.value, chan=child_sock.fileno(),
-               uids=None if mode == Isolation.USER_NAMESPACE else uids, workdir=workdir,
-               timeout_s=float(timeout_s),
-               cpu_s=int(timeout_s) + 2, memory_bytes=int(memory_mb) << 20,
-               fsize_bytes=int(max_file_bytes), disk_mb=max(1, (int(max_file_bytes) >> 20) + 1),
-               max_procs=int(max_procs), hooks=bool(audit_hooks))
-    interp = python or (default_interpreter() if mode == Isolation.PROCESS or setpriv_uid
-                        is not None else sys.executable)
+    cfg = dict(
+        code=code,
+        has_tests=tests is not None,
+        mode=mode.value,
+        chan=child_sock.fileno(),
+        uids=None if mode == Isolation.USER_NAMESPACE else uids,
+        workdir=workdir,
+        timeout_s=float(timeout_s),
+        cpu_s=int(timeout_s) + 2,
+        memory_bytes=int(memory_mb) << 20,
+        fsize_bytes=int(max_file_bytes),
+        disk_mb=max(1, (int(max_file_bytes) >> 20) + 1),
+        max_procs=int(max_procs),
+        hooks=bool(audit_hooks),
+    )
+    interp = python or (
+        default_interpreter()
+        if mode == Isolation.PROCESS or setpriv_uid is not None
+        else sys.executable
+    )
     start = time.monotonic()
     out, err = bytearray(), bytearray()
     over = threading.Event()
@@ -429,20 +483,34 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
     try:
         try:
             # An empty environment: nothing secret to read from the bootstrap's environ.
-            proc = subprocess.Popen(_command(mode, interp, setpriv_uid), stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
-                                    cwd=workdir or "/", start_new_session=True, close_fds=True,
-                                    pass_fds=(child_sock.fileno(),))
+            proc = subprocess.Popen(
+                _command(mode, interp, setpriv_uid),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={},
+                cwd=workdir or "/",
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(child_sock.fileno(),),
+            )
         except OSError as e:
-            return SandboxResult(False, Outcome.SANDBOX_ERROR.value, "", f"cannot start: {e}",
-                                 None, time.monotonic() - start)
+            return SandboxResult(
+                False,
+                Outcome.SANDBOX_ERROR.value,
+                "",
+                f"cannot start: {e}",
+                None,
+                time.monotonic() - start,
+            )
         finally:
             child_sock.close()
         to_boot, boot_out, boot_err = proc.stdin, proc.stdout, proc.stderr
         assert to_boot is not None and boot_out is not None and boot_err is not None  # PIPEs
-        readers = [threading.Thread(target=_reader, args=(s, max_output_bytes, b, over),
-                                    daemon=True)
-                   for s, b in ((boot_out, out), (boot_err, err))]
+        readers = [
+            threading.Thread(target=_reader, args=(s, max_output_bytes, b, over), daemon=True)
+            for s, b in ((boot_out, out), (boot_err, err))
+        ]
         for t in readers:
             t.start()
         try:
@@ -487,8 +555,14 @@ def _run(code: str, tests: str | None, *, mode: Isolation, timeout_s: float, mem
     stdout = bytes(out).decode("utf-8", "replace")
     stderr = bytes(err).decode("utf-8", "replace")
     reason, rc = _outcome(summary, timed_out, over.is_set(), stderr, proc.returncode)
-    return SandboxResult(passed=reason == Outcome.PASSED, reason=reason.value, stdout=stdout,
-                         stderr=stderr, returncode=rc, duration_s=duration)
+    return SandboxResult(
+        passed=reason == Outcome.PASSED,
+        reason=reason.value,
+        stdout=stdout,
+        stderr=stderr,
+        returncode=rc,
+        duration_s=duration,
+    )
 
 
 def run_python(
@@ -533,12 +607,22 @@ def run_python(
       cannot reach, saw every test hold.
     """
     if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes <= 0 or max_procs <= 0:
-        raise ConfigError("run_python: timeout_s, memory_mb, max_output_bytes and max_procs "
-                          "must be positive")
+        raise ConfigError(
+            "run_python: timeout_s, memory_mb, max_output_bytes and max_procs must be positive"
+        )
     mode = resolve_isolation(isolation, allow_unisolated=allow_unisolated)
-    return _run(code, tests, mode=mode, timeout_s=timeout_s, memory_mb=memory_mb,
-                max_output_bytes=max_output_bytes, max_file_bytes=max_file_bytes,
-                max_procs=max_procs, audit_hooks=audit_hooks, python=python)
+    return _run(
+        code,
+        tests,
+        mode=mode,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        max_output_bytes=max_output_bytes,
+        max_file_bytes=max_file_bytes,
+        max_procs=max_procs,
+        audit_hooks=audit_hooks,
+        python=python,
+    )
 
 
 _CODE_BLOCK = re.compile(r"```(?:python|py|Python|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -588,11 +672,18 @@ def code_execution_reward(
     Returns:
       N floats in {0.0, 1.0} (or None). Use :func:`code_execution_details` for the reasons.
     """
-    return [None if r is None else float(r.passed)
-            for r in code_execution_details(completions, tests=tests, timeout_s=timeout_s,
-                                            memory_mb=memory_mb, max_workers=max_workers,
-                                            isolation=isolation,
-                                            allow_unisolated=allow_unisolated)]
+    return [
+        None if r is None else float(r.passed)
+        for r in code_execution_details(
+            completions,
+            tests=tests,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_workers=max_workers,
+            isolation=isolation,
+            allow_unisolated=allow_unisolated,
+        )
+    ]
 
 
 def code_execution_details(
@@ -616,8 +707,10 @@ def code_execution_details(
       N results (``reason == "no_code"`` when the completion has no code block).
     """
     if len(tests) != len(completions):
-        raise ConfigError(f"code_execution_reward: field 'tests' has {len(tests)} entries for "
-                          f"{len(completions)} completions; they must be aligned")
+        raise ConfigError(
+            f"code_execution_reward: field 'tests' has {len(tests)} entries for "
+            f"{len(completions)} completions; they must be aligned"
+        )
     # Resolved once, up front: no boundary and no opt-in is an error for the whole batch.
     isolation = resolve_isolation(isolation, allow_unisolated=allow_unisolated)
 
@@ -627,8 +720,14 @@ def code_execution_details(
         code = extract_python_code(completions[i])
         if code is None:
             return SandboxResult(False, Outcome.NO_CODE.value, "", "", None, 0.0)
-        return run_python(code, tests=tests[i], timeout_s=timeout_s, memory_mb=memory_mb,
-                          isolation=isolation, allow_unisolated=allow_unisolated)
+        return run_python(
+            code,
+            tests=tests[i],
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            isolation=isolation,
+            allow_unisolated=allow_unisolated,
+        )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
         return list(pool.map(one, range(len(completions))))

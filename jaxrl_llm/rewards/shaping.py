@@ -12,9 +12,14 @@ THINK_ANSWER_PATTERN = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
 """DeepSeek-R1's format: reasoning in <think>...</think>, then <answer>...</answer>."""
 
 
-def make_format_reward(pattern: str = THINK_ANSWER_PATTERN, *, flags: int = re.DOTALL,
-                       full_match: bool = False, reward: float = 1.0, penalty: float = 0.0
-                       ) -> Callable[..., list[float]]:
+def make_format_reward(
+    pattern: str = THINK_ANSWER_PATTERN,
+    *,
+    flags: int = re.DOTALL,
+    full_match: bool = False,
+    reward: float = 1.0,
+    penalty: float = 0.0,
+) -> Callable[..., list[float]]:
     """A reward function: ``reward`` if the completion matches ``pattern``, else ``penalty``.
 
     The format reward of DeepSeek-R1 (https://arxiv.org/abs/2501.12948), whose default
@@ -42,8 +47,13 @@ def make_format_reward(pattern: str = THINK_ANSWER_PATTERN, *, flags: int = re.D
     return format_reward
 
 
-def make_length_penalty(*, target: int, coef: float = 0.001, max_penalty: float | None = None,
-                        count: Callable[[str], int] = len) -> Callable[..., list[float]]:
+def make_length_penalty(
+    *,
+    target: int,
+    coef: float = 0.001,
+    max_penalty: float | None = None,
+    count: Callable[[str], int] = len,
+) -> Callable[..., list[float]]:
     """Linear length penalty beyond a target: r = −coef · max(0, L − target), floored at −max_penalty.
 
     Args:
@@ -76,9 +86,13 @@ class LengthUnit(str, enum.Enum):
     TOKENS = "tokens"
 
 
-def make_overlong_reward(*, max_len: int, buffer: int, unit: LengthUnit | str = LengthUnit.CHARS,
-                         tokenizer: Callable[[str], Sequence[int]] | None = None
-                         ) -> Callable[..., list[float]]:
+def make_overlong_reward(
+    *,
+    max_len: int,
+    buffer: int,
+    unit: LengthUnit | str = LengthUnit.CHARS,
+    tokenizer: Callable[[str], Sequence[int]] | None = None,
+) -> Callable[..., list[float]]:
     """DAPO's soft overlong punishment as a reward function (values in [−1, 0]).
 
         R(L) = 0                         if L ≤ max_len − buffer
@@ -102,8 +116,9 @@ def make_overlong_reward(*, max_len: int, buffer: int, unit: LengthUnit | str = 
     if unit == LengthUnit.TOKENS and tokenizer is None:
         raise ConfigError("overlong reward: unit='tokens' needs a tokenizer (text -> ids)")
     if not 0 < buffer <= max_len:
-        raise ConfigError(f"overlong reward: need 0 < buffer <= max_len, got buffer={buffer}, "
-                          f"max_len={max_len}")
+        raise ConfigError(
+            f"overlong reward: need 0 < buffer <= max_len, got buffer={buffer}, max_len={max_len}"
+        )
 
     def overlong_reward(prompts, completions, **_fields):
         """DAPO soft overlong punishment of each completion's length."""

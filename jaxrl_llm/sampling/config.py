@@ -59,8 +59,10 @@ class SamplingConfig:
         if not math.isfinite(self.temperature):
             raise ConfigError(f"sampling temperature must be finite, got {self.temperature}")
         if not self.greedy and self.temperature <= 0:
-            raise ConfigError(f"sampling temperature must be > 0 (got {self.temperature}); "
-                              "use greedy decoding for temperature 0")
+            raise ConfigError(
+                f"sampling temperature must be > 0 (got {self.temperature}); "
+                "use greedy decoding for temperature 0"
+            )
         if int(self.top_k) != self.top_k or self.top_k < 0:
             raise ConfigError(f"sampling top_k must be an integer >= 0 (0 = off), got {self.top_k}")
         object.__setattr__(self, "top_k", int(self.top_k))

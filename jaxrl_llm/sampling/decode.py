@@ -106,14 +106,21 @@ class Rollout(NamedTuple):
 
 # ----- prefill --------------------------------------------------------------------------------
 
+
 @functools.partial(jax.jit, static_argnames=("config", "cache_len"))
 def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_len: int):
     _TRACES["prefill"] += 1
     b, p = prompt_tokens.shape
     mask = prompt_mask.astype(bool)
     positions = default_positions(mask)
-    hidden, cache = trunk(params, prompt_tokens, config=config, positions=positions,
-                          attention_mask=mask, cache=init_cache(config, b, cache_len))
+    hidden, cache = trunk(
+        params,
+        prompt_tokens,
+        config=config,
+        positions=positions,
+        attention_mask=mask,
+        cache=init_cache(config, b, cache_len),
+    )
     assert cache is not None  # a cache in, a cache out
     w = unembedding(params, config).astype(hidden.dtype)
     last_logits = jnp.einsum("bd,dv->bv", hidden[:, -1], w, preferred_element_type=jnp.float32)
@@ -121,8 +128,9 @@ def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_l
     return last_logits, cache, next_positions
 
 
-def prefill(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, *, config: ModelConfig,
-            cache_len: int) -> tuple[jax.Array, KVCache, jax.Array]:
+def prefill(
+    params, prompt_tokens: jax.Array, prompt_mask: jax.Array, *, config: ModelConfig, cache_len: int
+) -> tuple[jax.Array, KVCache, jax.Array]:
     """Run left-padded prompts through the model once and fill a fresh KV cache.
 
     Args:
@@ -139,21 +147,37 @@ def prefill(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, *, config:
     chex.assert_rank([prompt_tokens, prompt_mask], 2)
     chex.assert_equal_shape([prompt_tokens, prompt_mask])
     if cache_len < prompt_tokens.shape[1]:
-        raise ConfigError(f"cache_len={cache_len} is shorter than the prompt length "
-                          f"{prompt_tokens.shape[1]}")
+        raise ConfigError(
+            f"cache_len={cache_len} is shorter than the prompt length {prompt_tokens.shape[1]}"
+        )
     return _prefill(params, prompt_tokens, prompt_mask, config=config, cache_len=int(cache_len))
 
 
 # ----- group expansion ------------------------------------------------------------------------
 
+
 @functools.partial(jax.jit, static_argnames=("num_samples", "gen_len"))
-def _init_decode_state(last_logits, cache, next_positions, prompt_ids, seed, max_new_tokens, *,
-                       num_samples: int, gen_len: int):
+def _init_decode_state(
+    last_logits,
+    cache,
+    next_positions,
+    prompt_ids,
+    seed,
+    max_new_tokens,
+    *,
+    num_samples: int,
+    gen_len: int,
+):
     _TRACES["init_decode_state"] += 1
     g = num_samples
     rep = lambda x, axis: jnp.repeat(x, g, axis=axis, total_repeat_length=x.shape[axis] * g)
-    cache = KVCache(k=rep(cache.k, 1), v=rep(cache.v, 1), mask=rep(cache.mask, 0),
-                    positions=rep(cache.positions, 0), index=cache.index)
+    cache = KVCache(
+        k=rep(cache.k, 1),
+        v=rep(cache.v, 1),
+        mask=rep(cache.mask, 0),
+        positions=rep(cache.positions, 0),
+        index=cache.index,
+    )
     n = last_logits.shape[0] * g
     row_prompt = rep(prompt_ids.astype(jnp.int32), 0)
     row_sample = jnp.tile(jnp.arange(g, dtype=jnp.int32), last_logits.shape[0])
@@ -171,9 +195,17 @@ def _init_decode_state(last_logits, cache, next_positions, prompt_ids, seed, max
     )
 
 
-def init_decode_state(last_logits: jax.Array, cache: KVCache, next_positions: jax.Array,
-                      prompt_ids: jax.Array, *, seed: int, num_samples: int, gen_len: int,
-                      max_new_tokens: int) -> DecodeState:
+def init_decode_state(
+    last_logits: jax.Array,
+    cache: KVCache,
+    next_positions: jax.Array,
+    prompt_ids: jax.Array,
+    *,
+    seed: int,
+    num_samples: int,
+    gen_len: int,
+    max_new_tokens: int,
+) -> DecodeState:
     """Share each prefilled prompt with its G samples: repeat cache rows G times (prompt-major).
 
     Args:
@@ -192,19 +224,29 @@ def init_decode_state(last_logits: jax.Array, cache: KVCache, next_positions: ja
     if not 1 <= max_new_tokens <= gen_len:
         raise ConfigError(f"max_new_tokens must be in [1, {gen_len}], got {max_new_tokens}")
     if cache.max_len < gen_len:
-        raise ConfigError(f"the cache has {cache.max_len} slots, fewer than gen_len={gen_len}; "
-                          "prefill with cache_len = prompt length + gen_len")
-    return _init_decode_state(last_logits, cache, next_positions, prompt_ids,
-                              jnp.asarray(seed, jnp.uint32), max_new_tokens,
-                              num_samples=int(num_samples), gen_len=int(gen_len))
+        raise ConfigError(
+            f"the cache has {cache.max_len} slots, fewer than gen_len={gen_len}; "
+            "prefill with cache_len = prompt length + gen_len"
+        )
+    return _init_decode_state(
+        last_logits,
+        cache,
+        next_positions,
+        prompt_ids,
+        jnp.asarray(seed, jnp.uint32),
+        max_new_tokens,
+        num_samples=int(num_samples),
+        gen_len=int(gen_len),
+    )
 
 
 # ----- decode loop ----------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "pad_id"),
-                   donate_argnums=(1,))
-def _decode(params, state: DecodeState, stop, *, config: ModelConfig, sampling: SamplingConfig,
-            pad_id: int) -> DecodeState:
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "pad_id"), donate_argnums=(1,))
+def _decode(
+    params, state: DecodeState, stop, *, config: ModelConfig, sampling: SamplingConfig, pad_id: int
+) -> DecodeState:
     _TRACES["decode"] += 1
 
     def cond(s: DecodeState):
@@ -221,21 +263,42 @@ def _decode(params, state: DecodeState, stop, *, config: ModelConfig, sampling: 
         is_stop = jnp.any(tok[:, None] == stop[None, :], axis=-1)
         done = s.done | (alive & is_stop)
         lengths = s.lengths + alive.astype(jnp.int32)
-        hidden, cache = trunk(params, tok[:, None], config=config,
-                              positions=s.positions[:, None],
-                              attention_mask=jnp.ones_like(tok, bool)[:, None], cache=s.cache)
+        hidden, cache = trunk(
+            params,
+            tok[:, None],
+            config=config,
+            positions=s.positions[:, None],
+            attention_mask=jnp.ones_like(tok, bool)[:, None],
+            cache=s.cache,
+        )
         assert cache is not None  # a cache in, a cache out
         w = unembedding(params, config).astype(hidden.dtype)
         logits = jnp.einsum("bd,dv->bv", hidden[:, 0], w, preferred_element_type=jnp.float32)
-        return DecodeState(logits=logits, tokens=tokens, logprobs=logprobs,
-                           positions=s.positions + 1, cache=cache, done=done, lengths=lengths,
-                           keys=s.keys, step=s.step + 1, max_new_tokens=s.max_new_tokens)
+        return DecodeState(
+            logits=logits,
+            tokens=tokens,
+            logprobs=logprobs,
+            positions=s.positions + 1,
+            cache=cache,
+            done=done,
+            lengths=lengths,
+            keys=s.keys,
+            step=s.step + 1,
+            max_new_tokens=s.max_new_tokens,
+        )
 
     return jax.lax.while_loop(cond, body, state)
 
 
-def decode(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
-           stop_ids: tuple[int, ...], pad_id: int = 0) -> DecodeState:
+def decode(
+    params,
+    state: DecodeState,
+    *,
+    config: ModelConfig,
+    sampling: SamplingConfig,
+    stop_ids: tuple[int, ...],
+    pad_id: int = 0,
+) -> DecodeState:
     """Run the decode ``while_loop`` to ``max_new_tokens`` steps or until every row is done.
 
     The input ``state`` is donated (its buffers are reused for the output); do not use it
@@ -259,13 +322,20 @@ def decode(params, state: DecodeState, *, config: ModelConfig, sampling: Samplin
     ids = sorted(set(int(t) for t in stop_ids))
     width = max(8, -(-len(ids) // 8) * 8)
     stop = np.full((width,), -1, np.int32)
-    stop[:len(ids)] = ids
+    stop[: len(ids)] = ids
     static_sampling = dataclasses.replace(sampling, stop_token_ids=(), use_model_eos=False)
-    return _decode(params, state, jnp.asarray(stop), config=config, sampling=static_sampling,
-                   pad_id=int(pad_id))
+    return _decode(
+        params,
+        state,
+        jnp.asarray(stop),
+        config=config,
+        sampling=static_sampling,
+        pad_id=int(pad_id),
+    )
 
 
 # ----- array-level and host-level entry points ------------------------------------------------
+
 
 def stop_token_ids(config: ModelConfig, sampling: SamplingConfig) -> tuple[int, ...]:
     """The token ids that end a row: the model's EOS ids (unless disabled) + extra stop ids."""
@@ -321,20 +391,35 @@ def rollout(
     chex.assert_shape(prompt_ids, (b,))
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
     prompt_mask = jnp.asarray(prompt_mask, jnp.int32)
-    last_logits, cache, next_pos = prefill(params, prompt_tokens, prompt_mask, config=config,
-                                           cache_len=p + gen_len)
-    state = init_decode_state(last_logits, cache, next_pos, prompt_ids, seed=seed,
-                              num_samples=num_samples, gen_len=gen_len,
-                              max_new_tokens=max_new_tokens)
+    last_logits, cache, next_pos = prefill(
+        params, prompt_tokens, prompt_mask, config=config, cache_len=p + gen_len
+    )
+    state = init_decode_state(
+        last_logits,
+        cache,
+        next_pos,
+        prompt_ids,
+        seed=seed,
+        num_samples=num_samples,
+        gen_len=gen_len,
+        max_new_tokens=max_new_tokens,
+    )
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-    state = decode(params, state, config=config, sampling=sampling,
-                   stop_ids=stop_token_ids(config, sampling), pad_id=pad_id)
+    state = decode(
+        params,
+        state,
+        config=config,
+        sampling=sampling,
+        stop_ids=stop_token_ids(config, sampling),
+        pad_id=pad_id,
+    )
     return _to_rollout(state, prompt_tokens, prompt_mask, prompt_ids, num_samples)
 
 
 @functools.partial(jax.jit, static_argnames=("num_samples",))
-def _to_rollout_jit(state: DecodeState, prompt_tokens, prompt_mask, prompt_ids, *,
-                    num_samples: int) -> Rollout:
+def _to_rollout_jit(
+    state: DecodeState, prompt_tokens, prompt_mask, prompt_ids, *, num_samples: int
+) -> Rollout:
     g = num_samples
     m = state.tokens.shape[1]
     mask = (jnp.arange(m)[None, :] < state.lengths[:, None]).astype(jnp.int32)
@@ -354,12 +439,18 @@ def _to_rollout_jit(state: DecodeState, prompt_tokens, prompt_mask, prompt_ids, 
 
 
 def _to_rollout(state, prompt_tokens, prompt_mask, prompt_ids, num_samples) -> Rollout:
-    return _to_rollout_jit(state, prompt_tokens, prompt_mask, prompt_ids,
-                           num_samples=int(num_samples))
+    return _to_rollout_jit(
+        state, prompt_tokens, prompt_mask, prompt_ids, num_samples=int(num_samples)
+    )
 
 
-def pad_prompts(prompts_tokens: list[list[int]], *, length: int | None = None, pad_id: int = 0,
-                buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> tuple[np.ndarray, np.ndarray]:
+def pad_prompts(
+    prompts_tokens: list[list[int]],
+    *,
+    length: int | None = None,
+    pad_id: int = 0,
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+) -> tuple[np.ndarray, np.ndarray]:
     """Left-pad token lists into ``[B, P]`` arrays, P = ``length`` or the bucketed max length.
 
     Args:
@@ -382,8 +473,8 @@ def pad_prompts(prompts_tokens: list[list[int]], *, length: int | None = None, p
     tokens = np.full((len(prompts_tokens), p), pad_id, np.int32)
     mask = np.zeros((len(prompts_tokens), p), np.int32)
     for i, toks in enumerate(prompts_tokens):
-        tokens[i, p - len(toks):] = np.asarray(toks, np.int32)
-        mask[i, p - len(toks):] = 1
+        tokens[i, p - len(toks) :] = np.asarray(toks, np.int32)
+        mask[i, p - len(toks) :] = 1
     return tokens, mask
 
 
@@ -430,13 +521,23 @@ def generate(
             raise DataError(f"prompt {i} has token ids outside [0, {config.vocab_size}): {bad[:5]}")
     tokens, mask = pad_prompts(prompts_tokens, pad_id=pad_id, buckets=prompt_buckets)
     if prompt_ids is not None and len(prompt_ids) != len(prompts_tokens):
-        raise ConfigError(f"prompt_ids has {len(prompt_ids)} entries for "
-                          f"{len(prompts_tokens)} prompts")
+        raise ConfigError(
+            f"prompt_ids has {len(prompt_ids)} entries for {len(prompts_tokens)} prompts"
+        )
     gen_len = bucket_length(max_new_tokens, gen_buckets)
-    out = rollout(params, tokens, mask, config=config, sampling=sampling,
-                  num_samples=num_samples, seed=seed, max_new_tokens=max_new_tokens,
-                  gen_len=gen_len,
-                  prompt_ids=None if prompt_ids is None else np.asarray(prompt_ids, np.int32))
+    out = rollout(
+        params,
+        tokens,
+        mask,
+        config=config,
+        sampling=sampling,
+        num_samples=num_samples,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        gen_len=gen_len,
+        prompt_ids=None if prompt_ids is None else np.asarray(prompt_ids, np.int32),
+    )
     m = max_new_tokens
-    return out._replace(tokens=out.tokens[:, :m], mask=out.mask[:, :m],
-                        logprobs=out.logprobs[:, :m])
+    return out._replace(
+        tokens=out.tokens[:, :m], mask=out.mask[:, :m], logprobs=out.logprobs[:, :m]
+    )

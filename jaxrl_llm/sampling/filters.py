@@ -109,8 +109,9 @@ def filtered_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
     return z
 
 
-def select_tokens(logits: jax.Array, keys: jax.Array, sampling: SamplingConfig
-                  ) -> tuple[jax.Array, jax.Array]:
+def select_tokens(
+    logits: jax.Array, keys: jax.Array, sampling: SamplingConfig
+) -> tuple[jax.Array, jax.Array]:
     """Choose one token per row and return its log-prob under the recorded policy.
 
     token ~ softmax(filtered_logits(z)) (or argmax z when greedy);

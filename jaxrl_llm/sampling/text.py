@@ -32,21 +32,27 @@ def encode_prompts(tokenizer: Any, texts: Sequence[str], *, chat: bool = False) 
     for i, text in enumerate(texts):
         if chat:
             if not getattr(tokenizer, "chat_template", None):
-                raise DataError("--chat needs a tokenizer with a chat template; this model's "
-                                "tokenizer has none (drop --chat)")
+                raise DataError(
+                    "--chat needs a tokenizer with a chat template; this model's "
+                    "tokenizer has none (drop --chat)"
+                )
             rendered = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
             ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
         else:
             ids = tokenizer(text)["input_ids"]
         if len(ids) == 0:
-            raise DataError(f"prompt {i} ({text!r}) tokenises to no tokens; give a non-empty prompt")
+            raise DataError(
+                f"prompt {i} ({text!r}) tokenises to no tokens; give a non-empty prompt"
+            )
         out.append([int(t) for t in ids])
     return out
 
 
-def decode_completions(tokenizer: Any, rollout: Rollout, *,
-                       skip_special_tokens: bool = True) -> list[str]:
+def decode_completions(
+    tokenizer: Any, rollout: Rollout, *, skip_special_tokens: bool = True
+) -> list[str]:
     """Completion text of every row (``rollout.tokens`` cut at ``rollout.lengths``).
 
     Args:
@@ -58,9 +64,10 @@ def decode_completions(tokenizer: Any, rollout: Rollout, *,
     """
     tokens = np.asarray(rollout.tokens)
     lengths = np.asarray(rollout.lengths)
-    return [tokenizer.decode(tokens[i, :lengths[i]].tolist(),
-                             skip_special_tokens=skip_special_tokens)
-            for i in range(tokens.shape[0])]
+    return [
+        tokenizer.decode(tokens[i, : lengths[i]].tolist(), skip_special_tokens=skip_special_tokens)
+        for i in range(tokens.shape[0])
+    ]
 
 
 def generate_text(
@@ -87,6 +94,13 @@ def generate_text(
       (N = B·G completion strings, prompt-major; the underlying :class:`Rollout`).
     """
     prompts = encode_prompts(tokenizer, texts, chat=chat)
-    out = generate(params, config, prompts, sampling=sampling, num_samples=num_samples,
-                   seed=seed, max_new_tokens=max_new_tokens)
+    out = generate(
+        params,
+        config,
+        prompts,
+        sampling=sampling,
+        num_samples=num_samples,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+    )
     return decode_completions(tokenizer, out), out

@@ -37,9 +37,15 @@ from jaxrl_llm.train.run_config import RunConfig
 from jaxrl_llm.train.step import make_train_step
 
 
-def estimate_advantages(estimator: AdvantageEstimator, rewards: np.ndarray, *, group_size: int,
-                        scale: str, mask: np.ndarray, baseline: np.ndarray | None = None
-                        ) -> np.ndarray:
+def estimate_advantages(
+    estimator: AdvantageEstimator,
+    rewards: np.ndarray,
+    *,
+    group_size: int,
+    scale: str,
+    mask: np.ndarray,
+    baseline: np.ndarray | None = None,
+) -> np.ndarray:
     """Per-sequence ``[N]`` or per-token ``[N, M]`` advantages of ``rewards [N]`` with the
     algorithm's estimator (``mask [N, M]``: the completion tokens; ``baseline [N]``: ReMax's
     greedy rewards)."""
@@ -55,19 +61,20 @@ def estimate_advantages(estimator: AdvantageEstimator, rewards: np.ndarray, *, g
     m = jnp.asarray(mask, jnp.float32)
     if estimator == AdvantageEstimator.REINFORCE_PP:
         if group_size > 1:  # REINFORCE++ with its group baseline (mean of the group)
-            return np.asarray(objectives.reinforce_pp_baseline_advantages(
-                r, m, group_size=group_size))
+            return np.asarray(
+                objectives.reinforce_pp_baseline_advantages(r, m, group_size=group_size)
+            )
         last = jnp.maximum(m.sum(-1).astype(jnp.int32) - 1, 0)
         token_r = jnp.zeros_like(m).at[jnp.arange(m.shape[0]), last].set(r)
         return np.asarray(objectives.reinforce_pp_advantages(token_r, m))
     if estimator == AdvantageEstimator.REWARD:
         return np.asarray(r)
-    raise ConfigError(f"advantage estimator {estimator.value!r} needs a critic: use "
-                      f"algorithm: ppo")
+    raise ConfigError(f"advantage estimator {estimator.value!r} needs a critic: use algorithm: ppo")
 
 
-def token_step_ids(tokenizer, tokens: np.ndarray, lengths: np.ndarray, texts: list[str],
-                   delimiter: str) -> tuple[np.ndarray, list[list[tuple[str, int, int]]]]:
+def token_step_ids(
+    tokenizer, tokens: np.ndarray, lengths: np.ndarray, texts: list[str], delimiter: str
+) -> tuple[np.ndarray, list[list[tuple[str, int, int]]]]:
     """``[N, M]`` index of the reasoning step each completion token belongs to (−1: none).
 
     Steps are the character spans of :func:`jaxrl_llm.rewards.split_steps`; token i covers the
@@ -81,8 +88,10 @@ def token_step_ids(tokenizer, tokens: np.ndarray, lengths: np.ndarray, texts: li
     for i in range(n):
         steps = R.split_steps(texts[i], delimiter=delimiter)
         spans.append(steps)
-        ends = [len(tokenizer.decode(tokens[i, :j + 1].tolist(), skip_special_tokens=True))
-                for j in range(int(lengths[i]))]
+        ends = [
+            len(tokenizer.decode(tokens[i, : j + 1].tolist(), skip_special_tokens=True))
+            for j in range(int(lengths[i]))
+        ]
         start = 0
         for j, end in enumerate(ends):
             for s, (_, _, s_end) in enumerate(steps):
@@ -118,16 +127,24 @@ class Prepared:
 class GroupPolicyGradient:
     """Group policy gradient: advantages from the rewards of each prompt's G samples."""
 
-    def __init__(self, algo: Algorithm, cfg: RunConfig, *, policy: Policy, rollouts: Rollouts,
-                 loss_config: Any, log: Callable[[str], None]):
+    def __init__(
+        self,
+        algo: Algorithm,
+        cfg: RunConfig,
+        *,
+        policy: Policy,
+        rollouts: Rollouts,
+        loss_config: Any,
+        log: Callable[[str], None],
+    ):
         self.algo, self.cfg, self.policy, self.rollouts, self.log = algo, cfg, policy, rollouts, log
         self.needs_reference = algo.loss_spec().uses_reference(loss_config)
         self.step_scorer: Any = None
         if cfg.process_reward is not None:
             sec = cfg.process_reward
-            self.step_scorer = R.build_step_scorer(sec.name, sec.kwargs,
-                                                   outcome=rollouts.rewards.specs[0].fn,
-                                                   delimiter=sec.delimiter)
+            self.step_scorer = R.build_step_scorer(
+                sec.name, sec.kwargs, outcome=rollouts.rewards.specs[0].fn, delimiter=sec.delimiter
+            )
 
     def prepare(self, exp: Experience, reference: Callable[[dict], dict] | None) -> Prepared:
         """Advantages → the ``rl`` batch (+ ``ref_logp`` when the loss has a KL term)."""
@@ -138,9 +155,14 @@ class GroupPolicyGradient:
         else:
             baseline = self.rollouts.greedy_rewards(exp) if self.algo.greedy_baseline else None
             assert self.algo.advantage is not None
-            adv = estimate_advantages(self.algo.advantage, exp.rewards,
-                                      group_size=exp.group_size, scale=r.advantage_scale,
-                                      mask=np.asarray(exp.rollout.mask), baseline=baseline)
+            adv = estimate_advantages(
+                self.algo.advantage,
+                exp.rewards,
+                group_size=exp.group_size,
+                scale=r.advantage_scale,
+                mask=np.asarray(exp.rollout.mask),
+                baseline=baseline,
+            )
         adv = invalid_to_zero(adv, exp.valid)
         batch = rl_batch(exp, adv, loss_weight(self.cfg, exp))
         if self.needs_reference and reference is not None:
@@ -151,24 +173,34 @@ class GroupPolicyGradient:
         """Token-level ``[N, M]`` GRPO process-supervision advantages from step scores."""
         sec = self.cfg.process_reward
         assert sec is not None
-        fields = {k: [e.get(k) for e in exp.extras]
-                  for k in sorted({k for e in exp.extras for k in e})}
+        fields = {
+            k: [e.get(k) for e in exp.extras] for k in sorted({k for e in exp.extras for k in e})
+        }
         try:
-            scores = R.process_rewards(self.step_scorer, exp.prompts, exp.texts,
-                                       delimiter=sec.delimiter, **fields)
+            scores = R.process_rewards(
+                self.step_scorer, exp.prompts, exp.texts, delimiter=sec.delimiter, **fields
+            )
         except Exception as e:  # noqa: BLE001 - a failing scorer must not kill the run
             self.log(f"process reward failed for the whole batch ({type(e).__name__}: {e})")
             scores = [None] * len(exp.texts)
         scores = [None if s is None or not np.all(np.isfinite(s)) else s for s in scores]
         step_r, step_m = R.pad_step_rewards(scores)
         ro = exp.rollout
-        ids, _ = token_step_ids(self.policy.tokenizer, np.asarray(ro.tokens),
-                                np.asarray(ro.lengths), exp.texts, sec.delimiter)
+        ids, _ = token_step_ids(
+            self.policy.tokenizer,
+            np.asarray(ro.tokens),
+            np.asarray(ro.lengths),
+            exp.texts,
+            sec.delimiter,
+        )
         ids = np.where(ids < step_r.shape[1], ids, -1)
-        adv = objectives.process_advantages(jnp.asarray(step_r), jnp.asarray(step_m),
-                                            jnp.asarray(ids), group_size=exp.group_size)
-        return np.asarray(adv), {"process/steps_mean": float(step_m.sum(1).mean()),
-                                 "process/failed": sum(s is None for s in scores)}
+        adv = objectives.process_advantages(
+            jnp.asarray(step_r), jnp.asarray(step_m), jnp.asarray(ids), group_size=exp.group_size
+        )
+        return np.asarray(adv), {
+            "process/steps_mean": float(step_m.sum(1).mean()),
+            "process/failed": sum(s is None for s in scores),
+        }
 
 
 class PPOStrategy:
@@ -177,12 +209,19 @@ class PPOStrategy:
 
     needs_reference = True
 
-    def __init__(self, algo: Algorithm, cfg: RunConfig, *, policy: Policy, rollouts: Rollouts,
-                 loss_config: Any, log: Callable[[str], None]):
+    def __init__(
+        self,
+        algo: Algorithm,
+        cfg: RunConfig,
+        *,
+        policy: Policy,
+        rollouts: Rollouts,
+        loss_config: Any,
+        log: Callable[[str], None],
+    ):
         del algo, rollouts, loss_config, log
         self.cfg = cfg
-        ccfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim,
-                                                                  lr=cfg.ppo.critic_lr))
+        ccfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=cfg.ppo.critic_lr))
         config = dataclasses.replace(policy.config, num_labels=1)
         params = dict(jax.device_get(policy.state.params))
         params["score_head"] = {"kernel": np.zeros((config.hidden_size, 1), np.float32)}
@@ -190,11 +229,15 @@ class PPOStrategy:
         spec = get_loss("ppo_critic")
         closs = spec.preset(value_clip=cfg.ppo.value_clip)
         self.critic_step = make_train_step(
-            self.critic.loss_fn(spec.loss_fn, loss_config=closs), self.critic.optimizer,
-            mesh=self.critic.mesh, state_sharding=self.critic.state_sharding,
-            batch_sharding=batch_sharding(self.critic.mesh), micro_batches=1,
+            self.critic.loss_fn(spec.loss_fn, loss_config=closs),
+            self.critic.optimizer,
+            mesh=self.critic.mesh,
+            state_sharding=self.critic.state_sharding,
+            batch_sharding=batch_sharding(self.critic.mesh),
+            micro_batches=1,
             denominator_fn=functools.partial(spec.denominator_fn, config=closs),
-            grad_clip=cfg.optim.grad_clip)
+            grad_clip=cfg.optim.grad_clip,
+        )
         self._values_fn = jax.jit(functools.partial(critic_values, apply_fn=self.critic.apply_fn))
 
     def prepare(self, exp: Experience, reference: Callable[[dict], dict] | None) -> Prepared:
@@ -208,18 +251,30 @@ class PPOStrategy:
         ref_logp = jnp.asarray(reference(batch)["ref_logp"])
         mask = jb["loss_mask"]
         values = self._values_fn(self.critic.state.params, jb)
-        token_r = objectives.kl_shaped_rewards(jnp.asarray(scores, jnp.float32), jb["old_logp"],
-                                               ref_logp, mask, kl_coef=ppo.kl_coef,
-                                               kind=ppo.kl_kind)
+        token_r = objectives.kl_shaped_rewards(
+            jnp.asarray(scores, jnp.float32),
+            jb["old_logp"],
+            ref_logp,
+            mask,
+            kl_coef=ppo.kl_coef,
+            kind=ppo.kl_kind,
+        )
         adv, returns = objectives.gae(token_r, values, mask, gamma=ppo.gamma, lam=ppo.lam)
         if ppo.whiten_advantages:
             adv = objectives.whiten(adv, mask)
         kl = objectives.kl_penalty(jb["old_logp"], ref_logp, kind=ppo.kl_kind)
         adv_np = np.asarray(adv * mask)
-        batch.update(advantages=adv_np, values=np.asarray(values),
-                     returns=np.asarray(returns * mask))
-        return Prepared(batch, adv_np, {"kl_to_ref": float(ops.masked_mean(kl, mask)),
-                                     "vf/value_mean": float(ops.masked_mean(values, mask))})
+        batch.update(
+            advantages=adv_np, values=np.asarray(values), returns=np.asarray(returns * mask)
+        )
+        return Prepared(
+            batch,
+            adv_np,
+            {
+                "kl_to_ref": float(ops.masked_mean(kl, mask)),
+                "vf/value_mean": float(ops.masked_mean(values, mask)),
+            },
+        )
 
     def critic_update(self, sub: dict) -> dict:
         """One critic step on a minibatch (the actor's keys left out); metrics as ``critic/*``."""
@@ -233,8 +288,16 @@ class OnlinePairs:
     2024): in each group the best-scored sample is "chosen" and the worst "rejected"; groups
     whose samples all score the same (or failed) give no pair (masked out)."""
 
-    def __init__(self, algo: Algorithm, cfg: RunConfig, *, policy: Policy, rollouts: Rollouts,
-                 loss_config: Any, log: Callable[[str], None]):
+    def __init__(
+        self,
+        algo: Algorithm,
+        cfg: RunConfig,
+        *,
+        policy: Policy,
+        rollouts: Rollouts,
+        loss_config: Any,
+        log: Callable[[str], None],
+    ):
         del cfg, policy, rollouts, log
         self.needs_reference = algo.loss_spec().uses_reference(loss_config)
 
@@ -257,8 +320,13 @@ class OnlinePairs:
             ids = np.concatenate([p_tok[rows], c_tok[rows]], 1).astype(np.int32)
             attn = np.concatenate([p_mask[rows], c_mask[rows]], 1).astype(np.int32)
             lm = np.concatenate([np.zeros_like(p_mask[rows]), c_mask[rows] * has[:, None]], 1)
-            batch.update({f"{side}_input_ids": ids, f"{side}_attention_mask": attn,
-                          f"{side}_loss_mask": lm.astype(np.int32)})
+            batch.update(
+                {
+                    f"{side}_input_ids": ids,
+                    f"{side}_attention_mask": attn,
+                    f"{side}_loss_mask": lm.astype(np.int32),
+                }
+            )
         if self.needs_reference and reference is not None:
             batch.update({k: np.asarray(v) for k, v in reference(batch).items()})
         return Prepared(batch, None, {"dpo/pairs": int(has.sum())})

@@ -58,8 +58,9 @@ def model_config_from_dict(d: Mapping[str, Any], *, source: str = "checkpoint") 
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(d) - names)
     if unknown:
-        raise CheckpointError(f"{source}: model_config has unknown keys {unknown}; "
-                              f"allowed: {sorted(names)}")
+        raise CheckpointError(
+            f"{source}: model_config has unknown keys {unknown}; allowed: {sorted(names)}"
+        )
     try:
         return ModelConfig(**d)
     except (TypeError, ValueError) as e:
@@ -85,9 +86,16 @@ class CheckpointManager:
       tokenizer: optional transformers tokenizer, saved once under ``<directory>/tokenizer``.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, save_every: int = 1000,
-                 keep: int | None = 3, async_save: bool = True,
-                 model_config: ModelConfig | None = None, tokenizer: Any = None):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        save_every: int = 1000,
+        keep: int | None = 3,
+        async_save: bool = True,
+        model_config: ModelConfig | None = None,
+        tokenizer: Any = None,
+    ):
         if save_every < 1:
             raise CheckpointError(f"save_every={save_every} must be >= 1")
         if keep is not None and keep < 1:
@@ -97,10 +105,11 @@ class CheckpointManager:
         self.save_every = int(save_every)
         # The save interval is applied here (orbax's own policy also saves the very first step).
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
-            enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
-        self._mgr = ocp.CheckpointManager(self.directory, options=options,
-                                          item_handlers=_handlers())
+            max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
+        )
+        self._mgr = ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=_handlers()
+        )
         if tokenizer is not None and jax.process_index() == 0:
             _save_tokenizer_once(tokenizer, os.path.join(self.directory, TOKENIZER_DIR))
 
@@ -116,8 +125,14 @@ class CheckpointManager:
         return steps[-1] if steps else None
 
     # ----- save ----------------------------------------------------------------------------
-    def save(self, step: int, state: TrainState, *, extra: Mapping[str, Any] | None = None,
-             force: bool = False) -> bool:
+    def save(
+        self,
+        step: int,
+        state: TrainState,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> bool:
         """Start saving ``state`` as ``step`` (asynchronously by default).
 
         Args:
@@ -136,8 +151,10 @@ class CheckpointManager:
         try:
             json.dumps(extra)
         except (TypeError, ValueError) as e:
-            raise CheckpointError(f"checkpoint extra at step {step} is not JSON-serialisable "
-                                  f"({e}); store plain numbers, strings, lists and dicts") from None
+            raise CheckpointError(
+                f"checkpoint extra at step {step} is not JSON-serialisable "
+                f"({e}); store plain numbers, strings, lists and dicts"
+            ) from None
         items = {
             "params": ocp.args.StandardSave(state.params),
             "opt_state": ocp.args.StandardSave(state.opt_state),
@@ -153,8 +170,9 @@ class CheckpointManager:
         self._mgr.wait_until_finished()
 
     # ----- restore -------------------------------------------------------------------------
-    def restore(self, abstract_state: TrainState, step: int | None = None
-                ) -> tuple[TrainState, dict[str, Any]]:
+    def restore(
+        self, abstract_state: TrainState, step: int | None = None
+    ) -> tuple[TrainState, dict[str, Any]]:
         """Restore a train state laid out as ``abstract_state`` (possibly on another mesh).
 
         Args:
@@ -174,22 +192,28 @@ class CheckpointManager:
                 raise CheckpointError(f"no finalised checkpoint in {self.directory}")
             step = steps[-1]
         elif step not in steps:
-            raise CheckpointError(f"checkpoint step {step} not found in {self.directory}; "
-                                  f"available: {steps}")
+            raise CheckpointError(
+                f"checkpoint step {step} not found in {self.directory}; available: {steps}"
+            )
         args = ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_state.params),
             opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
-            meta=ocp.args.StandardRestore({"step": abstract_state.step,
-                                           "rng": abstract_state.rng}),
+            meta=ocp.args.StandardRestore({"step": abstract_state.step, "rng": abstract_state.rng}),
             extra=ocp.args.JsonRestore(),
         )
         try:
             out = self._mgr.restore(step, args=args)
         except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{self.directory}/{step}: cannot restore into the given "
-                                  f"state structure: {str(e).splitlines()[0]}") from None
-        state = TrainState(params=out["params"], opt_state=out["opt_state"],
-                           step=out["meta"]["step"], rng=out["meta"]["rng"])
+            raise CheckpointError(
+                f"{self.directory}/{step}: cannot restore into the given "
+                f"state structure: {str(e).splitlines()[0]}"
+            ) from None
+        state = TrainState(
+            params=out["params"],
+            opt_state=out["opt_state"],
+            step=out["meta"]["step"],
+            rng=out["meta"]["rng"],
+        )
         return state, dict(out["extra"] or {})
 
     def close(self) -> None:
@@ -227,9 +251,12 @@ def _split_step_path(path: str) -> tuple[str, int | None]:
     return path, None
 
 
-def restore_model(path: str | os.PathLike, *, step: int | None = None,
-                  sharding: jax.sharding.Sharding | None = None
-                  ) -> tuple[ModelConfig, Any, Any]:
+def restore_model(
+    path: str | os.PathLike,
+    *,
+    step: int | None = None,
+    sharding: jax.sharding.Sharding | None = None,
+) -> tuple[ModelConfig, Any, Any]:
     """Restore only the model: ``(ModelConfig, params, tokenizer or None)``.
 
     Args:
@@ -247,8 +274,9 @@ def restore_model(path: str | os.PathLike, *, step: int | None = None,
     step = step if step is not None else path_step
     if not os.path.isdir(root):
         raise CheckpointError(f"checkpoint directory {root} does not exist")
-    mgr = ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(read_only=True),
-                                item_handlers=_handlers())
+    mgr = ocp.CheckpointManager(
+        root, options=ocp.CheckpointManagerOptions(read_only=True), item_handlers=_handlers()
+    )
     try:
         steps = sorted(mgr.all_steps())
         if step is None:
@@ -258,15 +286,21 @@ def restore_model(path: str | os.PathLike, *, step: int | None = None,
         elif step not in steps:
             raise CheckpointError(f"checkpoint step {step} not found in {root}; available: {steps}")
         if not os.path.isdir(os.path.join(root, str(step), "model_config")):
-            raise CheckpointError(f"{root}/{step} has no model_config; save with "
-                                  f"CheckpointManager(..., model_config=config)")
+            raise CheckpointError(
+                f"{root}/{step} has no model_config; save with "
+                f"CheckpointManager(..., model_config=config)"
+            )
         sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         meta = mgr.item_metadata(step)["params"]
-        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype,
-                                                             sharding=sharding), meta)
-        out = mgr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(target),
-            model_config=ocp.args.JsonRestore()))
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), meta
+        )
+        out = mgr.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(target), model_config=ocp.args.JsonRestore()
+            ),
+        )
     finally:
         mgr.close()
     config = model_config_from_dict(out["model_config"], source=f"{root}/{step}")
@@ -274,5 +308,6 @@ def restore_model(path: str | os.PathLike, *, step: int | None = None,
     tok_dir = os.path.join(root, TOKENIZER_DIR)
     if os.path.isdir(tok_dir):
         from transformers import AutoTokenizer  # heavy import, only when needed
+
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
     return config, out["params"], tokenizer

@@ -70,8 +70,10 @@ def _coerce(value: Any, tp, key: str):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping of {sorted(f.name for f in dataclasses.fields(tp))}, "
-                              f"got {value!r}")
+            raise ConfigError(
+                f"{key}: expected a mapping of {sorted(f.name for f in dataclasses.fields(tp))}, "
+                f"got {value!r}"
+            )
         return from_dict(tp, value, prefix=key)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
@@ -133,15 +135,22 @@ def from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):
         if k not in fields:
             close = difflib.get_close_matches(str(k), list(fields), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown config key {key!r}{hint}; allowed keys"
-                              f"{' under ' + repr(prefix) if prefix else ''}: {sorted(fields)}")
+            raise ConfigError(
+                f"unknown config key {key!r}{hint}; allowed keys"
+                f"{' under ' + repr(prefix) if prefix else ''}: {sorted(fields)}"
+            )
         kwargs[k] = _coerce(v, hints[k], key)
-    missing = [n for n, f in fields.items()
-               if n not in kwargs and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
-        raise ConfigError(f"missing required config key(s) "
-                          f"{[f'{prefix}.{m}' if prefix else m for m in missing]}")
+        raise ConfigError(
+            f"missing required config key(s) {[f'{prefix}.{m}' if prefix else m for m in missing]}"
+        )
     try:
         return cls(**kwargs)
     except ConfigError as e:
@@ -195,8 +204,9 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
             if nxt is None:
                 nxt = node[p] = {}
             elif isinstance(nxt, list):
-                raise ConfigError(f"override {ov!r}: {p!r} is a list; override it whole, "
-                                  f"e.g. {p}=[{{...}}, ...]")
+                raise ConfigError(
+                    f"override {ov!r}: {p!r} is a list; override it whole, e.g. {p}=[{{...}}, ...]"
+                )
             elif not isinstance(nxt, dict):
                 raise ConfigError(f"override {ov!r}: {p!r} is a value, not a section")
             node = nxt
@@ -212,18 +222,21 @@ def load_yaml(path: str) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except IsADirectoryError:
-        raise ConfigError(f"config file {path!r} is a directory; pass a YAML file such as "
-                          f"configs/sft.yaml") from None
+        raise ConfigError(
+            f"config file {path!r} is a directory; pass a YAML file such as configs/sft.yaml"
+        ) from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {path!r}: not valid UTF-8 (byte {e.start}); save it "
-                          f"as UTF-8 text") from None
+        raise ConfigError(
+            f"config file {path!r}: not valid UTF-8 (byte {e.start}); save it as UTF-8 text"
+        ) from None
     except OSError as e:
         raise ConfigError(f"config file {path!r} cannot be read ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {path!r}{where}: invalid YAML "
-                          f"({getattr(e, 'problem', e)})") from None
+        raise ConfigError(
+            f"config file {path!r}{where}: invalid YAML ({getattr(e, 'problem', e)})"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -63,10 +63,16 @@ class Experience:
         rows = np.repeat(np.asarray(keep, bool), self.group_size)
         pick = lambda xs: [x for x, k in zip(xs, rows) if k]  # noqa: E731
         return dataclasses.replace(
-            self, rollout=jax.tree.map(lambda x: x[rows], self.rollout), texts=pick(self.texts),
-            prompts=pick(self.prompts), extras=pick(self.extras), rewards=self.rewards[rows],
-            valid=self.valid[rows], scores={k: v[rows] for k, v in self.scores.items()},
-            policy_version=self.policy_version[rows])
+            self,
+            rollout=jax.tree.map(lambda x: x[rows], self.rollout),
+            texts=pick(self.texts),
+            prompts=pick(self.prompts),
+            extras=pick(self.extras),
+            rewards=self.rewards[rows],
+            valid=self.valid[rows],
+            scores={k: v[rows] for k, v in self.scores.items()},
+            policy_version=self.policy_version[rows],
+        )
 
 
 def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience:
@@ -81,22 +87,31 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
         pad = width - ro.prompt_tokens.shape[1]
         if not pad:
             return ro
-        return ro._replace(prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),  # type: ignore[arg-type]  # host numpy Rollout
-                           prompt_mask=np.pad(ro.prompt_mask, ((0, 0), (pad, 0))))  # type: ignore[arg-type]
+        return ro._replace(
+            prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),  # type: ignore[arg-type]  # host numpy Rollout
+            prompt_mask=np.pad(ro.prompt_mask, ((0, 0), (pad, 0))),
+        )  # type: ignore[arg-type]
 
     def cat(xs):
         return np.concatenate(xs, 0)[:n]
 
     ro = jax.tree.map(lambda *xs: cat(xs), *[widen(p.rollout) for p in parts])
+
     def flat(name: str) -> list:
         return sum((getattr(p, name) for p in parts), [])[:n]
 
     return Experience(
-        rollout=ro, texts=flat("texts"), prompts=flat("prompts"), extras=flat("extras"),
-        rewards=cat([p.rewards for p in parts]), valid=cat([p.valid for p in parts]),
+        rollout=ro,
+        texts=flat("texts"),
+        prompts=flat("prompts"),
+        extras=flat("extras"),
+        rewards=cat([p.rewards for p in parts]),
+        valid=cat([p.valid for p in parts]),
         scores={k: cat([p.scores[k] for p in parts]) for k in parts[0].scores},
-        metrics=parts[0].metrics, group_size=g,
-        policy_version=cat([p.policy_version for p in parts]))
+        metrics=parts[0].metrics,
+        group_size=g,
+        policy_version=cat([p.policy_version for p in parts]),
+    )
 
 
 def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -> dict:
@@ -116,8 +131,13 @@ def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -
     adv_c = np.repeat(advantages[:, None], m, 1) if advantages.ndim == 1 else advantages
     adv = np.concatenate([np.zeros((n, p), np.float32), adv_c.astype(np.float32)], 1)
     lmask = lmask.astype(np.int32)
-    return {"input_ids": input_ids, "attention_mask": attn, "loss_mask": lmask,
-            "old_logp": old * lmask, "advantages": adv * lmask}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attn,
+        "loss_mask": lmask,
+        "old_logp": old * lmask,
+        "advantages": adv * lmask,
+    }
 
 
 class ExperienceBuffer:

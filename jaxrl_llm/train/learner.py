@@ -18,8 +18,7 @@ from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.step import STEP_METRICS, is_loss_share
 
 
-def minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: int
-                    ) -> np.ndarray:
+def minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: int) -> np.ndarray:
     """Row order for splitting ``n`` rows into minibatches: a random permutation, of whole
     groups of ``group`` consecutive rows when the update needs them (a shared prompt, or
     skipping); the identity for one minibatch."""
@@ -77,18 +76,28 @@ class Learner:
       actor_drop: batch keys the policy's step does not take (the critic's ``values``...).
     """
 
-    def __init__(self, step_fn: Callable, *, epochs: int, minibatches: int, group: int,
-                 group_minibatches: bool, micro_batches: int, seed: int,
-                 companion: Callable[[dict], dict] | None = None,
-                 actor_drop: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        step_fn: Callable,
+        *,
+        epochs: int,
+        minibatches: int,
+        group: int,
+        group_minibatches: bool,
+        micro_batches: int,
+        seed: int,
+        companion: Callable[[dict], dict] | None = None,
+        actor_drop: tuple[str, ...] = (),
+    ):
         self.step_fn = step_fn
         self.epochs, self.minibatches = epochs, minibatches
         self.group, self.group_minibatches = group, group_minibatches
         self.micro_batches, self.seed = micro_batches, seed
         self.companion, self.actor_drop = companion, actor_drop
 
-    def update(self, policy: Any, batch: dict, step: int, *, frozen: dict,
-               hparams: dict | None = None) -> dict[str, float]:
+    def update(
+        self, policy: Any, batch: dict, step: int, *, frozen: dict, hparams: dict | None = None
+    ) -> dict[str, float]:
         """``epochs × minibatches`` updates of ``policy.state`` on ``batch``; the step's
         metrics (means over updates; ``nonfinite`` the max; ``update/computed_frac`` the
         share of micro-batches that ran when skipping)."""
@@ -97,10 +106,11 @@ class Learner:
         rng = np.random.default_rng(self.seed * 7919 + step)
         per_update: list[dict] = []
         for _ in range(self.epochs):
-            order = minibatch_order(rng, n, self.minibatches,
-                                    self.group if self.group_minibatches else 1)
+            order = minibatch_order(
+                rng, n, self.minibatches, self.group if self.group_minibatches else 1
+            )
             for j in range(self.minibatches):
-                idx = order[j * mb:(j + 1) * mb]
+                idx = order[j * mb : (j + 1) * mb]
                 sub = {k: v[idx] for k, v in batch.items()}
                 if self.micro_batches > 1:
                     sub = skippable_layout(sub, self.group, self.micro_batches)

@@ -69,11 +69,21 @@ class MetricsLogger:
       rows: rows in ``metrics.jsonl`` so far (kept + logged); store it with a checkpoint.
     """
 
-    def __init__(self, run_dir: str, *, total_steps: int | None = None, tensorboard: bool = True,
-                 wandb_project: str | None = None, is_main_process: bool = True,
-                 progress_keys: tuple[str, ...] = ("loss",), stream=None, config: dict | None = None,
-                 resume: bool = False, keep_rows: int | None = None,
-                 resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: str,
+        *,
+        total_steps: int | None = None,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        is_main_process: bool = True,
+        progress_keys: tuple[str, ...] = ("loss",),
+        stream=None,
+        config: dict | None = None,
+        resume: bool = False,
+        keep_rows: int | None = None,
+        resume_step: int | None = None,
+    ):
         self.enabled = is_main_process
         self.rows = int(keep_rows or 0) if resume else 0
         self.run_dir = run_dir
@@ -95,20 +105,28 @@ class MetricsLogger:
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
+
                 purge = resume_step + 1 if resume and resume_step is not None else None
                 self._tb = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=purge)
             except ImportError:
-                print("note: tensorboardX not installed; skipping TensorBoard events",
-                      file=self.stream)
+                print(
+                    "note: tensorboardX not installed; skipping TensorBoard events",
+                    file=self.stream,
+                )
         if wandb_project:
             try:
                 import wandb
             except ImportError:
-                print("note: wandb not installed; skipping Weights & Biases logging",
-                      file=self.stream)
+                print(
+                    "note: wandb not installed; skipping Weights & Biases logging", file=self.stream
+                )
             else:
-                self._wandb = wandb.init(project=wandb_project, dir=run_dir, config=config or {},
-                                         resume="allow" if resume else None)
+                self._wandb = wandb.init(
+                    project=wandb_project,
+                    dir=run_dir,
+                    config=config or {},
+                    resume="allow" if resume else None,
+                )
 
     def log(self, step: int, metrics: Mapping[str, Any], *, progress: bool = True) -> dict:
         """Append one JSON line ``{"step": step, **metrics}`` and mirror it to TB / W&B."""

@@ -95,7 +95,8 @@ class Trainer:
                     f"{'/'.join(os.path.basename(c.directory) for c, _ in self.companions)} "
                     f"checkpoint (policy: {self.ckpt.all_steps()}, others: "
                     f"{[c.all_steps() for c, _ in self.companions]}); start a fresh run or "
-                    f"restore one")
+                    f"restore one"
+                )
             step = max(both)
             for c, holder in self.companions:
                 restore_latest(c, holder, step)
@@ -118,9 +119,18 @@ class Trainer:
         self._last_saved = step
         for c, holder in self.companions:
             c.save(step, holder.state, force=force, extra={"step": step})
-        self.ckpt.save(step, self.policy.state, force=force,
-                       extra=run_extra(step, iterator=self.iterator, logger=self.logger,
-                                       guard=self.guard, train_time_s=self.train_time))
+        self.ckpt.save(
+            step,
+            self.policy.state,
+            force=force,
+            extra=run_extra(
+                step,
+                iterator=self.iterator,
+                logger=self.logger,
+                guard=self.guard,
+                train_time_s=self.train_time,
+            ),
+        )
         fault_point("checkpoint", step)
 
     def run(self) -> dict:
@@ -129,8 +139,9 @@ class Trainer:
         cfg = self.cfg
         os.makedirs(cfg.output_dir, exist_ok=True)
         self.maybe_resume()
-        self.logger = logger = make_logger(cfg, progress_keys=self.progress_keys,
-                                           stream=self.log_stream, resumed=self.resumed)
+        self.logger = logger = make_logger(
+            cfg, progress_keys=self.progress_keys, stream=self.log_stream, resumed=self.resumed
+        )
         summary: dict[str, Any] = {}
         t_start = time.perf_counter()
         if self.eval_before and self.eval_data is not None and self.start_step == 0:
@@ -163,8 +174,11 @@ class Trainer:
         if cfg.checkpoint.export_hf:
             summary["hf_export"] = export_policy(self.policy, cfg)
         summary.update(self.summary_extras())
-        summary.update(train_time_s=self.train_time,
-                       total_time_s=time.perf_counter() - t_start, steps=cfg.max_steps)
+        summary.update(
+            train_time_s=self.train_time,
+            total_time_s=time.perf_counter() - t_start,
+            steps=cfg.max_steps,
+        )
         logger.close()
         return summary
 

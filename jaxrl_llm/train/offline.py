@@ -88,8 +88,13 @@ class ReferenceCache:
 class OfflineTrainer(Trainer):
     """One offline run; :meth:`run` trains it."""
 
-    progress_keys = ("loss", "rewards/accuracies", "eval/rewards/accuracies", "eval/loss",
-                     "tokens_per_s")
+    progress_keys = (
+        "loss",
+        "rewards/accuracies",
+        "eval/rewards/accuracies",
+        "eval/loss",
+        "tokens_per_s",
+    )
 
     def __init__(self, cfg: RunConfig, *, log_stream=None):
         super().__init__(cfg, log_stream=log_stream)
@@ -104,10 +109,17 @@ class OfflineTrainer(Trainer):
         # The data is read and checked before anything compiles: a bad line costs no compile.
         self.format = Format(algo.data_format)
         self.train_data, self.eval_data = read_splits(
-            cfg, self.format, tok, per_step=t.batch_size, per_step_key="train.batch_size",
-            unit="examples")
-        self.say(f"data: {self.train_data.stats} (train)"
-                 + (f", {self.eval_data.stats} (held-out)" if self.eval_data else ""))
+            cfg,
+            self.format,
+            tok,
+            per_step=t.batch_size,
+            per_step_key="train.batch_size",
+            unit="examples",
+        )
+        self.say(
+            f"data: {self.train_data.stats} (train)"
+            + (f", {self.eval_data.stats} (held-out)" if self.eval_data else "")
+        )
         if algo.trains_reward_head:
             config, params = _with_score_head(config, params, cfg.seed)
         self.policy: Policy = build_policy(cfg, config=config, params=params, tokenizer=tok)
@@ -122,16 +134,29 @@ class OfflineTrainer(Trainer):
         self.iterator = self.make_iterator()
         self.reference = None
         if self.spec.reference_fn is not None and self.spec.uses_reference(self.loss_config):
-            ref_fn = jax.jit(functools.partial(self.spec.reference_fn, apply_fn=p.apply_fn,
-                                               config=self.loss_config, logprobs=logprobs))
-            self.reference = ReferenceCache(ref_fn, p.reference_params(),
-                                            cache=t.reference == "precompute")
+            ref_fn = jax.jit(
+                functools.partial(
+                    self.spec.reference_fn,
+                    apply_fn=p.apply_fn,
+                    config=self.loss_config,
+                    logprobs=logprobs,
+                )
+            )
+            self.reference = ReferenceCache(
+                ref_fn, p.reference_params(), cache=t.reference == "precompute"
+            )
         loss = p.loss_fn(self.spec.loss_fn, loss_config=self.loss_config, logprobs=logprobs)
         self.step_fn = make_train_step(
-            loss, p.optimizer, mesh=p.mesh, state_sharding=p.state_sharding,
-            batch_sharding=batch_sharding(p.mesh), micro_batches=t.micro_batches,
+            loss,
+            p.optimizer,
+            mesh=p.mesh,
+            state_sharding=p.state_sharding,
+            batch_sharding=batch_sharding(p.mesh),
+            micro_batches=t.micro_batches,
             denominator_fn=functools.partial(self.spec.denominator_fn, config=self.loss_config),
-            grad_clip=cfg.optim.grad_clip, frozen_sharding=p.frozen_sharding)
+            grad_clip=cfg.optim.grad_clip,
+            frozen_sharding=p.frozen_sharding,
+        )
         self.eval_fn = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
         self.ckpt = make_checkpointer(cfg, p)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
@@ -139,9 +164,14 @@ class OfflineTrainer(Trainer):
     def make_iterator(self, state: dict | None = None):
         """The collated batch iterator (``train.batch_size`` examples), at a checkpoint's
         position."""
-        return make_iterator(self.train_data.items, batch_size=self.cfg.train.batch_size,
-                             collate_fn=self.collate, seed=self.cfg.seed,
-                             shuffle=self.cfg.data.shuffle, state=state)
+        return make_iterator(
+            self.train_data.items,
+            batch_size=self.cfg.train.batch_size,
+            collate_fn=self.collate,
+            seed=self.cfg.seed,
+            shuffle=self.cfg.data.shuffle,
+            state=state,
+        )
 
     def _prepare(self, batch: dict) -> dict:
         batch = {k: np.asarray(v) for k, v in batch.items()}
@@ -172,12 +202,13 @@ class OfflineTrainer(Trainer):
         if t.eval_batches:
             n_batches = min(n_batches, t.eval_batches)
         for i in range(max(n_batches, 1)):
-            chunk = items[i * bs:(i + 1) * bs]
+            chunk = items[i * bs : (i + 1) * bs]
             if len(chunk) < bs:
                 break
             batch = self._prepare(self.eval_collate(chunk))
-            rows.append(jax.device_get(self.eval_fn(self.policy.state.params, batch,
-                                                    self.policy.frozen())))
+            rows.append(
+                jax.device_get(self.eval_fn(self.policy.state.params, batch, self.policy.frozen()))
+            )
         if not rows:
             return {}
         return {f"eval/{k}": float(np.mean([float(r[k]) for r in rows])) for k in rows[0]}
@@ -185,8 +216,9 @@ class OfflineTrainer(Trainer):
     def summary_extras(self) -> dict:
         """The reference cache's hits and misses (``train.reference: precompute``)."""
         if self.reference is not None and self.reference.cache:
-            return {"reference_cache": {"hits": self.reference.hits,
-                                        "misses": self.reference.misses}}
+            return {
+                "reference_cache": {"hits": self.reference.hits, "misses": self.reference.misses}
+            }
         return {}
 
 

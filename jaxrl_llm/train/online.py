@@ -55,6 +55,7 @@ def _encoder(tok):
             return encode(text, add_special_tokens=False)
         except TypeError:  # a tokenizer without that option (the char test tokenizer)
             return encode(text)
+
     return fn
 
 
@@ -65,8 +66,10 @@ def _reward_model_loader(path: str):
 
     loaded = load_model(path)
     if not loaded.config.num_labels:
-        raise ConfigError(f"reward_model path {path!r} has no scalar head (num_labels=0); "
-                          f"train one with configs/reward_model.yaml")
+        raise ConfigError(
+            f"reward_model path {path!r} has no scalar head (num_labels=0); "
+            f"train one with configs/reward_model.yaml"
+        )
     tok = loaded.tokenizer
     encode = None if tok is None else (lambda s: tok.encode(s, add_special_tokens=False))
     return loaded.params, loaded.config, encode
@@ -92,48 +95,77 @@ class OnlineTrainer(Trainer):
             tok = policy.tokenizer
         # Rewards and data are built and checked before anything compiles: a bad reward
         # keyword or data line costs no model build.
-        ctx = RewardContext(tokenizer=_encoder(tok), max_new_tokens=r.max_new_tokens,
-                            load_reward_model=_reward_model_loader)
+        ctx = RewardContext(
+            tokenizer=_encoder(tok),
+            max_new_tokens=r.max_new_tokens,
+            load_reward_model=_reward_model_loader,
+        )
         rewards = build_reward_set(cfg.rewards, ctx=ctx)
         self.train_data, self.eval_data = read_splits(
-            cfg, Format.PROMPT, tok, per_step=r.prompts_per_step,
-            per_step_key="rollout.prompts_per_step", unit="prompts")
-        self.say(f"data: {self.train_data.stats['kept']} training prompts"
-                 + (f", {self.eval_data.stats['kept']} held-out" if self.eval_data else ""))
+            cfg,
+            Format.PROMPT,
+            tok,
+            per_step=r.prompts_per_step,
+            per_step_key="rollout.prompts_per_step",
+            unit="prompts",
+        )
+        self.say(
+            f"data: {self.train_data.stats['kept']} training prompts"
+            + (f", {self.eval_data.stats['kept']} held-out" if self.eval_data else "")
+        )
         self.policy = p = policy or build_policy(cfg, config=config, params=params, tokenizer=tok)
-        self.rollouts = Rollouts(r, rewards, tokenizer=p.tokenizer, model_config=p.config,
-                                 params_fn=p.full_params, version_fn=lambda: int(p.state.step),
-                                 seed=cfg.seed)
-        self.strategy = make_strategy(algo, cfg, policy=p, rollouts=self.rollouts,
-                                      loss_config=self.loss_config, log=self.say)
+        self.rollouts = Rollouts(
+            r,
+            rewards,
+            tokenizer=p.tokenizer,
+            model_config=p.config,
+            params_fn=p.full_params,
+            version_fn=lambda: int(p.state.step),
+            seed=cfg.seed,
+        )
+        self.strategy = make_strategy(
+            algo, cfg, policy=p, rollouts=self.rollouts, loss_config=self.loss_config, log=self.say
+        )
         self.buffer = ExperienceBuffer(max_staleness=0)
         self.ref_params = p.reference_params() if self.strategy.needs_reference else None
         self._ref_fn = None
         if self.ref_params is not None and self.spec.reference_fn is not None:
-            self._ref_fn = jax.jit(functools.partial(
-                self.spec.reference_fn, apply_fn=p.apply_fn, config=self.loss_config,
-                logprobs=self.logprobs))
+            self._ref_fn = jax.jit(
+                functools.partial(
+                    self.spec.reference_fn,
+                    apply_fn=p.apply_fn,
+                    config=self.loss_config,
+                    logprobs=self.logprobs,
+                )
+            )
         self.update_micro_batches = update_micro_batches(
-            cfg, self.loss_config, shards=int(p.mesh.shape["data"] * p.mesh.shape["fsdp"]))
+            cfg, self.loss_config, shards=int(p.mesh.shape["data"] * p.mesh.shape["fsdp"])
+        )
         self.step_fn = self._build_step()
         critic = getattr(self.strategy, "critic", None)
         self.learner = Learner(
-            self.step_fn, epochs=r.epochs,
+            self.step_fn,
+            epochs=r.epochs,
             minibatches=1 if algo.family is Family.ONLINE_PAIRS else r.minibatches,
             group=r.group_size,
             group_minibatches=self.update_micro_batches > 1 or self.logprobs.prompt_group_size > 1,
-            micro_batches=self.update_micro_batches, seed=cfg.seed,
+            micro_batches=self.update_micro_batches,
+            seed=cfg.seed,
             companion=None if critic is None else self.strategy.critic_update,
-            actor_drop=("values", "returns"))
-        self.schedules = {s.name: _schedule(s, getattr(self.loss_config, s.name), cfg.max_steps)
-                          for s in cfg.schedules}
+            actor_drop=("values", "returns"),
+        )
+        self.schedules = {
+            s.name: _schedule(s, getattr(self.loss_config, s.name), cfg.max_steps)
+            for s in cfg.schedules
+        }
         self.iterator = self.make_iterator()
         self.ckpt = make_checkpointer(cfg, p)
         # PPO's critic (weights + optimizer state) is checkpointed beside the policy, at the
         # same steps, so a resumed PPO run continues with the critic it had.
         if critic is not None:
-            self.companions = [(make_checkpointer(cfg, critic, subdir="critic_checkpoints"),
-                                critic)]
+            self.companions = [
+                (make_checkpointer(cfg, critic, subdir="critic_checkpoints"), critic)
+            ]
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
 
     def _build_step(self):
@@ -141,31 +173,48 @@ class OnlineTrainer(Trainer):
         micro-batches of whole groups and skips those whose advantages are all zero (exact;
         see ``losses.policy_gradient_zero_batch``)."""
         cfg, p = self.cfg, self.policy
-        zero_fn = (self.spec.zero_batch_fn(self.loss_config)
-                   if self.update_micro_batches > 1 and self.spec.zero_batch_fn else None)
+        zero_fn = (
+            self.spec.zero_batch_fn(self.loss_config)
+            if self.update_micro_batches > 1 and self.spec.zero_batch_fn
+            else None
+        )
         if zero_fn is not None:
-            self.say(f"update: {self.update_micro_batches} micro-batches of whole groups per "
-                     f"minibatch; those whose advantages are all zero are skipped "
-                     f"(rollout.skip_zero_advantage)")
+            self.say(
+                f"update: {self.update_micro_batches} micro-batches of whole groups per "
+                f"minibatch; those whose advantages are all zero are skipped "
+                f"(rollout.skip_zero_advantage)"
+            )
         return make_train_step(
             p.loss_fn(self.spec.loss_fn, loss_config=self.loss_config, logprobs=self.logprobs),
-            p.optimizer, mesh=p.mesh, state_sharding=p.state_sharding,
-            batch_sharding=batch_sharding(p.mesh), micro_batches=self.update_micro_batches,
+            p.optimizer,
+            mesh=p.mesh,
+            state_sharding=p.state_sharding,
+            batch_sharding=batch_sharding(p.mesh),
+            micro_batches=self.update_micro_batches,
             denominator_fn=functools.partial(self.spec.denominator_fn, config=self.loss_config),
-            grad_clip=cfg.optim.grad_clip, frozen_sharding=p.frozen_sharding, skip_fn=zero_fn)
+            grad_clip=cfg.optim.grad_clip,
+            frozen_sharding=p.frozen_sharding,
+            skip_fn=zero_fn,
+        )
 
     def make_iterator(self, state: dict | None = None):
         """The prompt iterator (``prompts_per_step`` per step), at a checkpoint's position."""
-        return make_iterator(self.train_data.items, batch_size=self.cfg.rollout.prompts_per_step,
-                             seed=self.cfg.seed, shuffle=self.cfg.data.shuffle, state=state)
+        return make_iterator(
+            self.train_data.items,
+            batch_size=self.cfg.rollout.prompts_per_step,
+            seed=self.cfg.seed,
+            shuffle=self.cfg.data.shuffle,
+            state=state,
+        )
 
     def reference(self, batch: dict) -> dict:
         """The frozen reference's batch entries (``ref_logp`` or the pair log-probs), as
         numpy; its time adds to this step's ``time/reference_s``."""
         assert self._ref_fn is not None
         t = time.perf_counter()
-        out = jax.device_get(self._ref_fn(self.ref_params,
-                                          {k: jnp.asarray(v) for k, v in batch.items()}))
+        out = jax.device_get(
+            self._ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in batch.items()})
+        )
         self._t_ref += time.perf_counter() - t
         return out
 
@@ -173,8 +222,7 @@ class OnlineTrainer(Trainer):
         """Greedy decoding on the held-out prompts: mean of the first reward function."""
         if self.eval_data is None:
             return {}
-        return self.rollouts.evaluate(self.eval_data.items, self.cfg.eval,
-                                      self.cfg.rewards[0].name)
+        return self.rollouts.evaluate(self.eval_data.items, self.cfg.eval, self.cfg.rewards[0].name)
 
     def hparams(self, step: int) -> dict[str, float] | None:
         """This step's scheduled loss hyperparameters (``schedules``), or None."""
@@ -196,31 +244,48 @@ class OnlineTrainer(Trainer):
         prepared = self.strategy.prepare(exp, self.reference if self._ref_fn else None)
         t2 = time.perf_counter()
         hp = self.hparams(step)
-        out = self.learner.update(self.policy, prepared.batch, step, frozen=self.policy.frozen(),
-                                  hparams=hp)
+        out = self.learner.update(
+            self.policy, prepared.batch, step, frozen=self.policy.frozen(), hparams=hp
+        )
         t_update = time.perf_counter() - t2
         out.update(exp.metrics)
         out.update(prepared.metrics)
         out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
         lengths, truncated = np.asarray(exp.rollout.lengths), np.asarray(exp.rollout.truncated)
-        out.update({
-            **info,
-            "reward/mean": float(exp.rewards.mean()), "reward/std": float(exp.rewards.std()),
-            "reward/failed": int((~exp.valid).sum()),
-            "completion/length_mean": float(lengths.mean()),
-            "completion/length_max": int(lengths.max()),
-            "completion/truncated_frac": float(truncated.mean()),
-            "time/rollout_s": t_rollout, "time/reference_s": self._t_ref,
-            "time/prepare_s": t2 - t1 - self._t_ref, "time/update_s": t_update,
-            "time/step_s": time.perf_counter() - t0,
-            "rollout/tokens_per_s": int(lengths.sum()) / max(t_rollout, 1e-9),
-        })
+        out.update(
+            {
+                **info,
+                "reward/mean": float(exp.rewards.mean()),
+                "reward/std": float(exp.rewards.std()),
+                "reward/failed": int((~exp.valid).sum()),
+                "completion/length_mean": float(lengths.mean()),
+                "completion/length_max": int(lengths.max()),
+                "completion/truncated_frac": float(truncated.mean()),
+                "time/rollout_s": t_rollout,
+                "time/reference_s": self._t_ref,
+                "time/prepare_s": t2 - t1 - self._t_ref,
+                "time/update_s": t_update,
+                "time/step_s": time.perf_counter() - t0,
+                "rollout/tokens_per_s": int(lengths.sum()) / max(t_rollout, 1e-9),
+            }
+        )
         if prepared.advantages is not None:
             adv = prepared.advantages
-            flat = adv if adv.ndim == 1 else adv[np.asarray(exp.rollout.mask, bool)] \
-                if adv.shape == exp.rollout.mask.shape else adv[prepared.batch["loss_mask"] > 0]
-            out.update({"advantage/mean": float(np.mean(flat)), "advantage/std": float(np.std(flat)),
-                        "advantage/max": float(np.max(flat)), "advantage/min": float(np.min(flat))})
+            flat = (
+                adv
+                if adv.ndim == 1
+                else adv[np.asarray(exp.rollout.mask, bool)]
+                if adv.shape == exp.rollout.mask.shape
+                else adv[prepared.batch["loss_mask"] > 0]
+            )
+            out.update(
+                {
+                    "advantage/mean": float(np.mean(flat)),
+                    "advantage/std": float(np.std(flat)),
+                    "advantage/max": float(np.max(flat)),
+                    "advantage/min": float(np.min(flat)),
+                }
+            )
         return out
 
 

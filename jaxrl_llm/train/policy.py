@@ -89,6 +89,7 @@ class Policy:
                 params = attach_lora(base, params, lora)
             extra = {} if hparams is None else {"hparams": hparams}
             return loss(params, batch, **kw, **extra)
+
         return fn
 
 
@@ -104,9 +105,14 @@ def load_policy_model(cfg: RunConfig):
         from jaxrl_llm.data import CharTokenizer
 
         tok = CharTokenizer()
-        overrides: dict[str, Any] = dict(vocab_size=tok.vocab_size, eos_token_ids=(tok.eos_token_id,),
-                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                         param_dtype=m.param_dtype, compute_dtype=m.compute_dtype)
+        overrides: dict[str, Any] = dict(
+            vocab_size=tok.vocab_size,
+            eos_token_ids=(tok.eos_token_id,),
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+            param_dtype=m.param_dtype,
+            compute_dtype=m.compute_dtype,
+        )
         allowed = sorted(f.name for f in dataclasses.fields(models.ModelConfig))
         unknown = sorted(set(m.tiny or {}) - set(allowed))
         if unknown:
@@ -116,22 +122,36 @@ def load_policy_model(cfg: RunConfig):
             config = models.ModelConfig.tiny(**overrides)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"model.tiny: {e}") from None
-        check_vocab(config, tok, source="model.source=tiny", tokenizer_name="model.tokenizer=char",
-                    fix="set model.tiny.vocab_size >= that (or leave it out)")
+        check_vocab(
+            config,
+            tok,
+            source="model.source=tiny",
+            tokenizer_name="model.tokenizer=char",
+            fix="set model.tiny.vocab_size >= that (or leave it out)",
+        )
         params = models.init_params(config, jax.random.PRNGKey(cfg.seed))
-        return dataclasses.replace(config, attention=m.attention), params, tok
+        return dataclasses.replace(config, attention=models.AttentionImpl(m.attention)), params, tok
     from jaxrl_llm.interop import load_model
 
     loaded = load_model(m.source, param_dtype="float32", compute_dtype=m.compute_dtype)
     tok = loaded.tokenizer
     if m.tokenizer == "char":
         from jaxrl_llm.data import CharTokenizer
+
         tok = CharTokenizer()
     if tok is None:
         raise ConfigError(f"model.source={m.source!r} has no tokenizer; set model.tokenizer")
-    check_vocab(loaded.config, tok, source=f"model.source={m.source!r}",
-                tokenizer_name=f"model.tokenizer={m.tokenizer}")
-    return dataclasses.replace(loaded.config, attention=m.attention), loaded.params, tok
+    check_vocab(
+        loaded.config,
+        tok,
+        source=f"model.source={m.source!r}",
+        tokenizer_name=f"model.tokenizer={m.tokenizer}",
+    )
+    return (
+        dataclasses.replace(loaded.config, attention=models.AttentionImpl(m.attention)),
+        loaded.params,
+        tok,
+    )
 
 
 def tokenizer_size(tokenizer) -> int | None:
@@ -144,15 +164,22 @@ def tokenizer_size(tokenizer) -> int | None:
         return None if size is None else int(size)
 
 
-def check_vocab(config: models.ModelConfig, tokenizer, *, source: str,
-                tokenizer_name: str = "its tokenizer",
-                fix: str = "use the tokenizer that belongs to this model") -> None:
+def check_vocab(
+    config: models.ModelConfig,
+    tokenizer,
+    *,
+    source: str,
+    tokenizer_name: str = "its tokenizer",
+    fix: str = "use the tokenizer that belongs to this model",
+) -> None:
     """A tokenizer must not produce ids the model's embedding table does not have (a gather
     past the table is clamped silently on accelerators, so the run would train on garbage)."""
     n = tokenizer_size(tokenizer)
     if n is not None and n > config.vocab_size:
-        raise ModelLoadError(f"{source}: {tokenizer_name} has {n} tokens but the model's "
-                             f"vocabulary has {config.vocab_size} (vocab_size); {fix}")
+        raise ModelLoadError(
+            f"{source}: {tokenizer_name} has {n} tokens but the model's "
+            f"vocabulary has {config.vocab_size} (vocab_size); {fix}"
+        )
 
 
 def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
@@ -183,7 +210,8 @@ def _updates_per_step(cfg: RunConfig) -> int:
 
 def _freeze_embeddings(optimizer, params):
     labels = jax.tree_util.tree_map_with_path(
-        lambda path, _: "frozen" if "embed" in jax.tree_util.keystr(path) else "train", params)
+        lambda path, _: "frozen" if "embed" in jax.tree_util.keystr(path) else "train", params
+    )
     return optax.multi_transform({"train": optimizer, "frozen": optax.set_to_zero()}, labels)
 
 
@@ -195,8 +223,9 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
     optimizer = make_optimizer(cfg)
     axes = models.param_logical_axes(config)
     param_sharding_full = logical_to_sharding(axes, mesh, RULES, shapes=params)
-    params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params),
-                            param_sharding_full)
+    params = jax.device_put(
+        jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), param_sharding_full
+    )
     apply_fn = functools.partial(models.apply, config=config, remat=cfg.model.remat)
     rng = jax.random.PRNGKey(cfg.seed)
     lora = None
@@ -210,8 +239,7 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
             raise ConfigError(f"model.lora: {e}") from None
         base = params
         trainable = init_lora(config, lora, jax.random.fold_in(rng, 1))
-        param_sharding = logical_to_sharding(lora_logical_axes(lora), mesh, RULES,
-                                             shapes=trainable)
+        param_sharding = logical_to_sharding(lora_logical_axes(lora), mesh, RULES, shapes=trainable)
         trainable = jax.device_put(trainable, param_sharding)
         frozen_sharding = {"base": param_sharding_full}
     else:
@@ -222,13 +250,25 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainable)
     state_sharding = state_sharding_from_params(optimizer, abstract, param_sharding, mesh)
     opt_state = jax.jit(optimizer.init, out_shardings=state_sharding.opt_state)(trainable)
-    state = TrainState(params=trainable, opt_state=opt_state,
-                       step=jax.device_put(jnp.zeros((), jnp.int32), replicated(mesh)),
-                       rng=jax.device_put(jax.random.fold_in(rng, 2), replicated(mesh)))
-    return Policy(config=config, tokenizer=tokenizer, mesh=mesh, base=base, lora=lora,
-                  state=state, state_sharding=state_sharding, apply_fn=apply_fn,
-                  optimizer=optimizer, param_sharding=param_sharding,
-                  frozen_sharding=frozen_sharding)
+    state = TrainState(
+        params=trainable,
+        opt_state=opt_state,
+        step=jax.device_put(jnp.zeros((), jnp.int32), replicated(mesh)),
+        rng=jax.device_put(jax.random.fold_in(rng, 2), replicated(mesh)),
+    )
+    return Policy(
+        config=config,
+        tokenizer=tokenizer,
+        mesh=mesh,
+        base=base,
+        lora=lora,
+        state=state,
+        state_sharding=state_sharding,
+        apply_fn=apply_fn,
+        optimizer=optimizer,
+        param_sharding=param_sharding,
+        frozen_sharding=frozen_sharding,
+    )
 
 
 def export_policy(policy: Policy, cfg: RunConfig) -> str | None:
@@ -239,6 +279,5 @@ def export_policy(policy: Policy, cfg: RunConfig) -> str | None:
 
     out = os.path.join(cfg.output_dir, "hf")
     tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
-    export_hf(out, config=policy.config, params=jax.device_get(policy.full_params()),
-              tokenizer=tok)
+    export_hf(out, config=policy.config, params=jax.device_get(policy.full_params()), tokenizer=tok)
     return out

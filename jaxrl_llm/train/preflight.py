@@ -22,13 +22,14 @@ def check_batch_divisible(mesh, rows: int, what: str) -> None:
     shape = mesh if isinstance(mesh, dict) else mesh.shape
     shards = shape["data"] * shape["fsdp"]
     if rows % shards:
-        raise ConfigError(f"{what}={rows} rows cannot be split over the mesh's data x fsdp = "
-                          f"{shards} devices; use a multiple of {shards} or set mesh.data / "
-                          f"mesh.fsdp")
+        raise ConfigError(
+            f"{what}={rows} rows cannot be split over the mesh's data x fsdp = "
+            f"{shards} devices; use a multiple of {shards} or set mesh.data / "
+            f"mesh.fsdp"
+        )
 
 
-def check_mesh(cfg: RunConfig, num_devices: int | None = None, *,
-               mesh=None) -> dict[str, int]:
+def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> dict[str, int]:
     """Resolve ``cfg.mesh`` for ``num_devices`` (default: every device) and check that each
     step's batch splits over it — before any model is loaded, and by ``train --dry-run``.
 
@@ -46,18 +47,25 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *,
         sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor")}
     else:
         n = jax.device_count() if num_devices is None else num_devices
-        sizes = dict(zip(("data", "fsdp", "tensor"),
-                         mesh_shape(n, data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
-                                    tensor=cfg.mesh.tensor)))
+        sizes = dict(
+            zip(
+                ("data", "fsdp", "tensor"),
+                mesh_shape(n, data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor),
+            )
+        )
     r, t = cfg.rollout, cfg.train
     if cfg.algo.family is Family.ONLINE_PAIRS:
         check_batch_divisible(sizes, r.prompts_per_step, "rollout.prompts_per_step (pairs)")
     elif cfg.is_online:
-        check_batch_divisible(sizes, r.prompts_per_step * r.group_size // r.minibatches,
-                              "rollout.prompts_per_step x group_size / minibatches")
+        check_batch_divisible(
+            sizes,
+            r.prompts_per_step * r.group_size // r.minibatches,
+            "rollout.prompts_per_step x group_size / minibatches",
+        )
     else:
-        check_batch_divisible(sizes, t.batch_size // t.micro_batches,
-                              "train.batch_size / train.micro_batches")
+        check_batch_divisible(
+            sizes, t.batch_size // t.micro_batches, "train.batch_size / train.micro_batches"
+        )
     return sizes
 
 
@@ -73,14 +81,20 @@ def read_splits(cfg: RunConfig, fmt, tokenizer, *, per_step: int, per_step_key: 
     from jaxrl_llm.data import prepare_dataset
 
     d = cfg.data
-    train = prepare_dataset(d.train, fmt, tokenizer, max_len=d.max_length,
-                            length_policy=d.length_policy)
-    held_out = (prepare_dataset(d.eval, fmt, tokenizer, max_len=d.max_length,
-                                length_policy=d.length_policy) if d.eval else None)
+    train = prepare_dataset(
+        d.train, fmt, tokenizer, max_len=d.max_length, length_policy=d.length_policy
+    )
+    held_out = (
+        prepare_dataset(d.eval, fmt, tokenizer, max_len=d.max_length, length_policy=d.length_policy)
+        if d.eval
+        else None
+    )
     hosts = jax.process_count()
     if len(train.items) < per_step * hosts:
-        raise DataError(f"{d.train}: {len(train.items)} {unit} (after data.length_policy="
-                        f"{d.length_policy}) cannot fill one step of {per_step_key}={per_step}"
-                        + (f" x {hosts} hosts" if hosts > 1 else "")
-                        + f"; add {unit} or lower {per_step_key}")
+        raise DataError(
+            f"{d.train}: {len(train.items)} {unit} (after data.length_policy="
+            f"{d.length_policy}) cannot fill one step of {per_step_key}={per_step}"
+            + (f" x {hosts} hosts" if hosts > 1 else "")
+            + f"; add {unit} or lower {per_step_key}"
+        )
     return train, held_out

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import objectives
-from jaxrl_llm.objectives import pass_at_k
 from jaxrl_llm.data.tokenize import TokenizedPrompt
+from jaxrl_llm.objectives import pass_at_k
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import SamplingConfig, generate
 from jaxrl_llm.train.experience import Experience, concat_experience
@@ -47,9 +47,17 @@ class Rollouts:
       seed: the run's seed; sampling seeds are functions of (seed, step, round).
     """
 
-    def __init__(self, settings: RolloutSection, rewards: RewardSet, *, tokenizer: Any,
-                 model_config: Any, params_fn: Callable[[], Any],
-                 version_fn: Callable[[], int], seed: int):
+    def __init__(
+        self,
+        settings: RolloutSection,
+        rewards: RewardSet,
+        *,
+        tokenizer: Any,
+        model_config: Any,
+        params_fn: Callable[[], Any],
+        version_fn: Callable[[], int],
+        seed: int,
+    ):
         self.settings = settings
         self.rewards = rewards
         self.tokenizer = tokenizer
@@ -58,36 +66,59 @@ class Rollouts:
         self.version_fn = version_fn
         self.seed = seed
         r = settings
-        self.sampling = SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                       min_p=r.min_p)
+        self.sampling = SamplingConfig(
+            temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p
+        )
 
-    def sample(self, items: list[TokenizedPrompt], *, seed: int, greedy: bool = False,
-               num_samples: int | None = None) -> Experience:
+    def sample(
+        self,
+        items: list[TokenizedPrompt],
+        *,
+        seed: int,
+        greedy: bool = False,
+        num_samples: int | None = None,
+    ) -> Experience:
         """Generate ``num_samples`` (default G) completions of each item and score them."""
         g = self.settings.group_size if num_samples is None else num_samples
         sampling = SamplingConfig(greedy=True) if greedy else self.sampling
-        ro = generate(self.params_fn(), self.model_config, [list(x.prompt_ids) for x in items],
-                      sampling=sampling, num_samples=g, seed=seed,
-                      max_new_tokens=self.settings.max_new_tokens, prompt_buckets=PROMPT_BUCKETS)
+        ro = generate(
+            self.params_fn(),
+            self.model_config,
+            [list(x.prompt_ids) for x in items],
+            sampling=sampling,
+            num_samples=g,
+            seed=seed,
+            max_new_tokens=self.settings.max_new_tokens,
+            prompt_buckets=PROMPT_BUCKETS,
+        )
         ro = jax.tree.map(np.asarray, ro)
         tok = self.tokenizer
-        texts = [tok.decode(ro.tokens[i, :ro.lengths[i]].tolist(), skip_special_tokens=True)
-                 for i in range(ro.tokens.shape[0])]
+        texts = [
+            tok.decode(ro.tokens[i, : ro.lengths[i]].tolist(), skip_special_tokens=True)
+            for i in range(ro.tokens.shape[0])
+        ]
         prompts = [tok.decode(list(x.prompt_ids)) for x in items for _ in range(g)]
         extras = [dict(x.extras) for x in items for _ in range(g)]
         fields = {k: [e.get(k) for e in extras] for k in sorted({k for e in extras for k in e})}
         t0 = time.perf_counter()
         out = self.rewards(prompts, texts, **fields)
         metrics = {**out.metrics, "time/reward_s": time.perf_counter() - t0}  # inside rollout_s
-        return Experience(rollout=ro, texts=texts, prompts=prompts, extras=extras,
-                          rewards=np.asarray(out.rewards, np.float32),
-                          valid=np.asarray(out.valid, bool),
-                          scores={k: np.asarray(v) for k, v in out.per_function.items()},
-                          metrics=metrics, group_size=g,
-                          policy_version=np.full(len(texts), self.version_fn(), np.int64))
+        return Experience(
+            rollout=ro,
+            texts=texts,
+            prompts=prompts,
+            extras=extras,
+            rewards=np.asarray(out.rewards, np.float32),
+            valid=np.asarray(out.valid, bool),
+            scores={k: np.asarray(v) for k, v in out.per_function.items()},
+            metrics=metrics,
+            group_size=g,
+            policy_version=np.full(len(texts), self.version_fn(), np.int64),
+        )
 
-    def collect(self, iterator: Iterator[list[TokenizedPrompt]], step: int
-                ) -> tuple[Experience, dict]:
+    def collect(
+        self, iterator: Iterator[list[TokenizedPrompt]], step: int
+    ) -> tuple[Experience, dict]:
         """One step's experience: ``prompts_per_step`` prompts × G samples, with DAPO's
         dynamic sampling when configured (groups whose rewards are all equal are dropped and
         more prompts drawn, up to ``max_sampling_rounds`` rounds; what is still missing is
@@ -106,8 +137,7 @@ class Rollouts:
             if not r.dynamic_sampling:
                 kept.append(exp)
                 break
-            info = np.array(objectives.informative_groups(jnp.asarray(exp.rewards),
-                                                          group_size=g))
+            info = np.array(objectives.informative_groups(jnp.asarray(exp.rewards), group_size=g))
             info &= exp.valid.reshape(-1, g).all(-1)
             dropped += int((~info).sum())
             if info.any():
@@ -125,57 +155,69 @@ class Rollouts:
         exp = concat_experience(kept, max_groups=want) if r.dynamic_sampling else kept[0]
         fault_point("rollout", step)
         it = iterator.state()  # type: ignore[attr-defined]
-        return exp, {"dynamic/groups_dropped": dropped, "dynamic/rounds": rounds,
-                     "dynamic/groups_kept": want - filled, "dynamic/groups_filled": filled,
-                     # where the run is in its data, and a fingerprint of the prompts drawn
-                     # (equal across runs that drew the same prompts in the same order)
-                     "data/epoch": it["epoch"] + it["position"] / iterator.steps_per_epoch,  # type: ignore[attr-defined]
-                     "data/prompts_crc32": crc}
+        return exp, {
+            "dynamic/groups_dropped": dropped,
+            "dynamic/rounds": rounds,
+            "dynamic/groups_kept": want - filled,
+            "dynamic/groups_filled": filled,
+            # where the run is in its data, and a fingerprint of the prompts drawn
+            # (equal across runs that drew the same prompts in the same order)
+            "data/epoch": it["epoch"] + it["position"] / iterator.steps_per_epoch,  # type: ignore[attr-defined]
+            "data/prompts_crc32": crc,
+        }
 
     def greedy_rewards(self, exp: Experience) -> np.ndarray:
         """``[N]`` the reward of the greedy completion of each row's prompt (ReMax's
         baseline), repeated over the group."""
         g = exp.group_size
         ro = exp.rollout
-        items = [TokenizedPrompt(prompt_ids=tuple(int(t) for t in
-                                                  ro.prompt_tokens[i][ro.prompt_mask[i] > 0]),
-                                 extras=exp.extras[i])
-                 for i in range(0, len(exp), g)]
+        items = [
+            TokenizedPrompt(
+                prompt_ids=tuple(int(t) for t in ro.prompt_tokens[i][ro.prompt_mask[i] > 0]),
+                extras=exp.extras[i],
+            )
+            for i in range(0, len(exp), g)
+        ]
         greedy = self.sample(items, seed=0, greedy=True, num_samples=1)
         return np.repeat(greedy.rewards, g)
 
-    def evaluate(self, items: list[TokenizedPrompt], settings: EvalSection, metric: str
-                 ) -> dict[str, float]:
+    def evaluate(
+        self, items: list[TokenizedPrompt], settings: EvalSection, metric: str
+    ) -> dict[str, float]:
         """Greedy decoding on held-out ``items``: the mean of reward ``metric`` over the rows
         it scored, how many it scored, the mean completion length."""
         items = items[: settings.num_examples or None]
         scores, lengths, n_valid = [], [], 0
         for i in range(0, len(items), settings.batch_size):
-            exp = self.sample(items[i:i + settings.batch_size], seed=0, greedy=True,
-                              num_samples=1)
+            exp = self.sample(
+                items[i : i + settings.batch_size], seed=0, greedy=True, num_samples=1
+            )
             vals = exp.scores[metric]
             ok = np.isfinite(vals)
             scores.extend(vals[ok].tolist())
             n_valid += int(ok.sum())
             lengths.extend(exp.rollout.lengths.tolist())
         acc = float(np.mean(scores)) if scores else float("nan")
-        out = {f"eval/{metric}": acc, "eval/num_examples": len(items),
-               "eval/valid": n_valid, "eval/completion_length": float(np.mean(lengths))}
+        out = {
+            f"eval/{metric}": acc,
+            "eval/num_examples": len(items),
+            "eval/valid": n_valid,
+            "eval/completion_length": float(np.mean(lengths)),
+        }
         if settings.num_samples:
             out.update(self._pass_at(items, settings, metric))
         return out
 
-    def _pass_at(self, items: list[TokenizedPrompt], settings: EvalSection, metric: str
-                 ) -> dict[str, float]:
+    def _pass_at(
+        self, items: list[TokenizedPrompt], settings: EvalSection, metric: str
+    ) -> dict[str, float]:
         """``eval/pass@k`` over ``settings.num_samples`` sampled completions per prompt (a
         fixed seed, so every evaluation of a run draws the same way)."""
         n = settings.num_samples
         correct: list[int] = []
         for i in range(0, len(items), settings.batch_size):
-            exp = self.sample(items[i:i + settings.batch_size], seed=7_777_777 + i,
-                              num_samples=n)
+            exp = self.sample(items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n)
             ok = np.nan_to_num(exp.scores[metric], nan=0.0) == 1.0
             correct.extend(ok.reshape(-1, n).sum(1).tolist())
         c = np.asarray(correct, np.int64)
-        return {f"eval/pass@{k}": float(np.mean(pass_at_k(n, c, k=k)))
-                for k in settings.pass_at}
+        return {f"eval/pass@{k}": float(np.mean(pass_at_k(n, c, k=k))) for k in settings.pass_at}

@@ -66,8 +66,9 @@ class RunConfig:
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"algorithm: unknown {self.algorithm!r}; allowed: "
-                              f"{', '.join(ALGORITHMS)}")
+            raise ConfigError(
+                f"algorithm: unknown {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}"
+            )
         algo = self.algo
         if self.max_steps < 1:
             raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
@@ -78,40 +79,66 @@ class RunConfig:
         if not self.data.train:
             raise ConfigError("data.train: a training data file or directory is required")
         if self.model.source == "tiny" and self.model.tokenizer != "char":
-            raise ConfigError("model.source=tiny needs model.tokenizer=char (a random model has "
-                              "no tokenizer of its own)")
+            raise ConfigError(
+                "model.source=tiny needs model.tokenizer=char (a random model has "
+                "no tokenizer of its own)"
+            )
         if not algo.lora and self.model.lora is not None:
-            raise ConfigError(f"model.lora: {self.algorithm} does not support LoRA yet"
-                              + (" (its critic is a value head on a full copy of the policy)"
-                                 if algo.critic else ""))
+            raise ConfigError(
+                f"model.lora: {self.algorithm} does not support LoRA yet"
+                + (
+                    " (its critic is a value head on a full copy of the policy)"
+                    if algo.critic
+                    else ""
+                )
+            )
         if self.is_online:
             r = self.rollout
             if r.group_size < algo.min_group_size:
-                raise ConfigError(f"rollout.group_size={r.group_size}: {self.algorithm} needs "
-                                  f"groups of at least {algo.min_group_size} samples per prompt")
+                raise ConfigError(
+                    f"rollout.group_size={r.group_size}: {self.algorithm} needs "
+                    f"groups of at least {algo.min_group_size} samples per prompt"
+                )
             if self.process_reward is not None and not algo.process_supervision:
-                raise ConfigError(f"process_reward: process supervision is defined for the "
-                                  f"GRPO family, not {self.algorithm}")
+                raise ConfigError(
+                    f"process_reward: process supervision is defined for the "
+                    f"GRPO family, not {self.algorithm}"
+                )
             if not self.rewards:
-                raise ConfigError("rewards: an online algorithm needs at least one reward "
-                                  "function, e.g. rewards: [{name: math_answer}]")
+                raise ConfigError(
+                    "rewards: an online algorithm needs at least one reward "
+                    "function, e.g. rewards: [{name: math_answer}]"
+                )
             n = r.prompts_per_step * r.group_size
             if n % r.minibatches:
-                raise ConfigError(f"rollout.minibatches={r.minibatches} must divide the "
-                                  f"{n} rows of a rollout batch")
-            for name in ("prompts_per_step", "group_size", "max_new_tokens", "epochs",
-                         "minibatches", "max_sampling_rounds", "micro_batch_groups"):
+                raise ConfigError(
+                    f"rollout.minibatches={r.minibatches} must divide the "
+                    f"{n} rows of a rollout batch"
+                )
+            for name in (
+                "prompts_per_step",
+                "group_size",
+                "max_new_tokens",
+                "epochs",
+                "minibatches",
+                "max_sampling_rounds",
+                "micro_batch_groups",
+            ):
                 if getattr(r, name) < 1:
                     raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
             _check_sampling(r)
         else:
             t = self.train
             if t.batch_size < 1 or t.micro_batches < 1 or t.batch_size % t.micro_batches:
-                raise ConfigError(f"train.micro_batches={t.micro_batches} must divide "
-                                  f"train.batch_size={t.batch_size} (both >= 1)")
+                raise ConfigError(
+                    f"train.micro_batches={t.micro_batches} must divide "
+                    f"train.batch_size={t.batch_size} (both >= 1)"
+                )
             if self.rewards:
-                raise ConfigError(f"rewards: {self.algorithm} is an offline algorithm and uses "
-                                  f"no reward functions; remove the rewards section")
+                raise ConfigError(
+                    f"rewards: {self.algorithm} is an offline algorithm and uses "
+                    f"no reward functions; remove the rewards section"
+                )
 
     @property
     def algo(self) -> Algorithm:
@@ -127,8 +154,7 @@ class RunConfig:
 def _check_sampling(r: RolloutSection) -> None:
     """The rollout's sampling settings, named as config keys (what SamplingConfig allows)."""
     if not (r.temperature > 0 and math.isfinite(r.temperature)):
-        raise ConfigError(f"rollout.temperature must be a finite number > 0, got "
-                          f"{r.temperature}")
+        raise ConfigError(f"rollout.temperature must be a finite number > 0, got {r.temperature}")
     if r.top_k < 0:
         raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {r.top_k}")
     if not 0.0 < r.top_p <= 1.0:
@@ -155,8 +181,12 @@ def loss_config(cfg: RunConfig):
     except TypeError:  # the preset has required fields (e.g. pairwise_rank's group_size)
         base = {}
     overrides = dict(cfg.loss)
-    if cfg.is_online and "max_new_tokens" in algo.sampling_settings \
-            and base.get("max_len") is not None and "max_len" not in overrides:
+    if (
+        cfg.is_online
+        and "max_new_tokens" in algo.sampling_settings
+        and base.get("max_len") is not None
+        and "max_len" not in overrides
+    ):
         overrides["max_len"] = cfg.rollout.max_new_tokens
     config = from_dict(spec.config_cls, {**base, **overrides}, prefix="loss")
     _check_schedules(cfg, spec, config)
@@ -168,14 +198,18 @@ def _check_schedules(cfg: RunConfig, spec: LossSpec, config) -> None:
     for item in cfg.schedules:
         key = f"schedules[{item.name}]"
         if item.name not in spec.traced_hparams:
-            raise ConfigError(f"{key}: {cfg.algorithm}'s loss cannot schedule {item.name!r}; "
-                              f"it can schedule: {list(spec.traced_hparams) or 'nothing'}")
+            raise ConfigError(
+                f"{key}: {cfg.algorithm}'s loss cannot schedule {item.name!r}; "
+                f"it can schedule: {list(spec.traced_hparams) or 'nothing'}"
+            )
         if item.name in seen:
             raise ConfigError(f"{key}: scheduled twice")
         seen.add(item.name)
         if not getattr(config, item.name) > 0:
-            raise ConfigError(f"{key}: loss.{item.name} must be > 0 for a schedule (0 switches "
-                              f"the term off when the step compiles)")
+            raise ConfigError(
+                f"{key}: loss.{item.name} must be > 0 for a schedule (0 switches "
+                f"the term off when the step compiles)"
+            )
 
 
 def logprob_settings(cfg: RunConfig):
@@ -193,8 +227,12 @@ def logprob_settings(cfg: RunConfig):
     whole_groups = r.prompts_per_step % r.minibatches == 0
     group = r.group_size if lp.shared_prompt and whole_groups else 1
     # rollout batches keep every target in their last max_new_tokens columns
-    return LogprobSettings(temperature=temperature, chunk_size=lp.chunk_size,
-                           window=r.max_new_tokens, prompt_group_size=group)
+    return LogprobSettings(
+        temperature=temperature,
+        chunk_size=lp.chunk_size,
+        window=r.max_new_tokens,
+        prompt_group_size=group,
+    )
 
 
 def update_micro_batches(cfg: RunConfig, loss_cfg=None, *, shards: int = 1) -> int:
@@ -209,8 +247,12 @@ def update_micro_batches(cfg: RunConfig, loss_cfg=None, *, shards: int = 1) -> i
     split groups.
     """
     r = cfg.rollout
-    if cfg.algo.family is not Family.GROUP_POLICY_GRADIENT or not r.skip_zero_advantage \
-            or r.group_size < 2 or r.prompts_per_step % r.minibatches:
+    if (
+        cfg.algo.family is not Family.GROUP_POLICY_GRADIENT
+        or not r.skip_zero_advantage
+        or r.group_size < 2
+        or r.prompts_per_step % r.minibatches
+    ):
         return 1
     spec = cfg.algo.loss_spec()
     if spec.zero_batch_fn is None or spec.zero_batch_fn(loss_cfg or loss_config(cfg)) is None:

@@ -18,10 +18,13 @@ def make_checkpointer(cfg: RunConfig, policy: Policy, *, subdir: str = "checkpoi
     from jaxrl_llm.train.checkpoint import CheckpointManager
 
     tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
-    return CheckpointManager(os.path.join(cfg.output_dir, subdir),
-                             save_every=cfg.checkpoint.save_every or 10 ** 9,
-                             keep=cfg.checkpoint.keep, model_config=policy.config,
-                             tokenizer=tok)
+    return CheckpointManager(
+        os.path.join(cfg.output_dir, subdir),
+        save_every=cfg.checkpoint.save_every or 10**9,
+        keep=cfg.checkpoint.keep,
+        model_config=policy.config,
+        tokenizer=tok,
+    )
 
 
 def restore_latest(ckpt, policy: Policy, step: int | None = None) -> dict | None:
@@ -29,8 +32,9 @@ def restore_latest(ckpt, policy: Policy, step: int | None = None) -> dict | None
     shardings); returns its ``extra`` dict, or None when there is no checkpoint."""
     if ckpt.latest_step() is None:
         return None
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            policy.state)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), policy.state
+    )
     policy.state, extra = ckpt.restore(abstract, step)
     return extra
 
@@ -46,23 +50,32 @@ def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: dict | None):
     from jaxrl_llm.train.config_io import to_dict
     from jaxrl_llm.train.logging import MetricsLogger
 
-    return MetricsLogger(cfg.output_dir, total_steps=cfg.max_steps,
-                         tensorboard=cfg.logging.tensorboard,
-                         wandb_project=cfg.logging.wandb_project,
-                         is_main_process=jax.process_index() == 0, progress_keys=progress_keys,
-                         stream=stream, config=to_dict(cfg), resume=resumed is not None,
-                         keep_rows=None if resumed is None else resumed.get("metrics_rows"),
-                         resume_step=None if resumed is None else resumed.get("step"))
+    return MetricsLogger(
+        cfg.output_dir,
+        total_steps=cfg.max_steps,
+        tensorboard=cfg.logging.tensorboard,
+        wandb_project=cfg.logging.wandb_project,
+        is_main_process=jax.process_index() == 0,
+        progress_keys=progress_keys,
+        stream=stream,
+        config=to_dict(cfg),
+        resume=resumed is not None,
+        keep_rows=None if resumed is None else resumed.get("metrics_rows"),
+        resume_step=None if resumed is None else resumed.get("step"),
+    )
 
 
-def run_extra(step: int, *, iterator, logger, guard: NonFiniteGuard,
-              train_time_s: float) -> dict:
+def run_extra(step: int, *, iterator, logger, guard: NonFiniteGuard, train_time_s: float) -> dict:
     """The JSON ``extra`` a trainer saves with each checkpoint: everything besides the train
     state that a resumed run needs to continue exactly as an uninterrupted one (data position,
     rows of ``metrics.jsonl`` logged so far, the non-finite guard's count, training time)."""
-    return {"step": int(step), "data": iterator.state(),
-            "metrics_rows": None if logger is None else logger.rows,
-            "nonfinite_steps_total": guard.total, "train_time_s": float(train_time_s)}
+    return {
+        "step": int(step),
+        "data": iterator.state(),
+        "metrics_rows": None if logger is None else logger.rows,
+        "nonfinite_steps_total": guard.total,
+        "train_time_s": float(train_time_s),
+    }
 
 
 class NonFiniteGuard:
@@ -96,8 +109,13 @@ class NonFiniteGuard:
         if self.consecutive >= self.limit:
             self.ckpt.wait_until_finished()  # an async save of the last good step may be pending
             last = self.ckpt.latest_step()
-            where = (f"the last good checkpoint (step {last}) in {self.ckpt.directory} is intact"
-                     if last is not None else "no checkpoint was written")
-            raise TrainingError(f"step {step}: {self.consecutive} consecutive steps with a "
-                                f"non-finite loss or gradient (updates skipped); stopping — "
-                                f"{where}. Lower optim.lr or check the data and rewards.")
+            where = (
+                f"the last good checkpoint (step {last}) in {self.ckpt.directory} is intact"
+                if last is not None
+                else "no checkpoint was written"
+            )
+            raise TrainingError(
+                f"step {step}: {self.consecutive} consecutive steps with a "
+                f"non-finite loss or gradient (updates skipped); stopping — "
+                f"{where}. Lower optim.lr or check the data and rewards."
+            )

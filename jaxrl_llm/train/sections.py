@@ -25,21 +25,32 @@ class LoRASection:
 
     rank: int = 8
     alpha: float = 16.0
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                "down_proj")
+    targets: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
 
     def __post_init__(self):
         from jaxrl_llm.models.lora import ALL_TARGETS
 
         if self.rank < 1:
-            raise ConfigError(f"model.lora.rank must be >= 1, got {self.rank} (for full "
-                              f"fine-tuning set model.lora=null)")
+            raise ConfigError(
+                f"model.lora.rank must be >= 1, got {self.rank} (for full "
+                f"fine-tuning set model.lora=null)"
+            )
         if not self.alpha > 0:
             raise ConfigError(f"model.lora.alpha must be > 0, got {self.alpha}")
         unknown = [t for t in self.targets if t not in ALL_TARGETS]
         if unknown or not self.targets:
-            raise ConfigError(f"model.lora.targets: unknown {unknown or 'empty list'}; allowed: "
-                              f"{list(ALL_TARGETS)}")
+            raise ConfigError(
+                f"model.lora.targets: unknown {unknown or 'empty list'}; allowed: "
+                f"{list(ALL_TARGETS)}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +108,9 @@ class OptimSection:
         if not self.weight_decay >= 0:
             raise ConfigError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ConfigError(f"optim.grad_clip must be > 0 (or null: no clipping), got "
-                              f"{self.grad_clip}")
+            raise ConfigError(
+                f"optim.grad_clip must be > 0 (or null: no clipping), got {self.grad_clip}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +125,10 @@ class MeshSection:
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if size == 0 or size < -1:
-                raise ConfigError(f"mesh.{name}={size} is invalid; use a positive size or -1 "
-                                  f"(all remaining devices)")
+                raise ConfigError(
+                    f"mesh.{name}={size} is invalid; use a positive size or -1 "
+                    f"(all remaining devices)"
+                )
         if sum(size == -1 for size in sizes.values()) > 1:
             raise ConfigError(f"mesh: only one of data/fsdp/tensor may be -1, got {sizes}")
 
@@ -158,8 +172,10 @@ class DataSection:
 
     def __post_init__(self):
         if self.max_length < 2:
-            raise ConfigError(f"data.max_length must be >= 2 tokens (a prompt token and a "
-                              f"completion token), got {self.max_length}")
+            raise ConfigError(
+                f"data.max_length must be >= 2 tokens (a prompt token and a "
+                f"completion token), got {self.max_length}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,11 +265,9 @@ class PPOSection:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"ppo.{name} must be in [0, 1], got {getattr(self, name)}")
         if not (self.critic_lr > 0 and math.isfinite(self.critic_lr)):
-            raise ConfigError(f"ppo.critic_lr must be a finite number > 0, got "
-                              f"{self.critic_lr}")
+            raise ConfigError(f"ppo.critic_lr must be a finite number > 0, got {self.critic_lr}")
         if self.value_clip is not None and not self.value_clip > 0:
-            raise ConfigError(f"ppo.value_clip must be > 0 (or null: off), got "
-                              f"{self.value_clip}")
+            raise ConfigError(f"ppo.value_clip must be > 0 (or null: off), got {self.value_clip}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,8 +318,9 @@ class ScheduleItem:
     def __post_init__(self):
         _at_least(f"schedules[{self.name}].steps", self.steps, 1, "or null: max_steps")
         if not math.isfinite(self.end) or self.end < 0:
-            raise ConfigError(f"schedules[{self.name}].end must be a finite number >= 0, got "
-                              f"{self.end}")
+            raise ConfigError(
+                f"schedules[{self.name}].end must be a finite number >= 0, got {self.end}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,5 +369,6 @@ class EvalSection:
         _at_least("eval.num_samples", self.num_samples, 0, "0 = greedy only")
         for k in self.pass_at:
             if not 1 <= k <= self.num_samples:
-                raise ConfigError(f"eval.pass_at: k={k} must be between 1 and "
-                                  f"eval.num_samples={self.num_samples}")
+                raise ConfigError(
+                    f"eval.pass_at: k={k} must be between 1 and eval.num_samples={self.num_samples}"
+                )

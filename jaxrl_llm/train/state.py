@@ -41,11 +41,13 @@ def _cast_floats(tree, dtype):
     if dtype is None:
         return tree
     return jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
 
 
-def state_sharding_from_params(optimizer: optax.GradientTransformation, abstract_params: Any,
-                               param_sharding: Any, mesh: Mesh) -> TrainState:
+def state_sharding_from_params(
+    optimizer: optax.GradientTransformation, abstract_params: Any, param_sharding: Any, mesh: Mesh
+) -> TrainState:
     """Shardings of a whole :class:`TrainState`: optimizer-state leaves that mirror a parameter
     (Adam's μ, ν, …) get that parameter's sharding; other leaves (counts) are replicated.
 
@@ -60,8 +62,8 @@ def state_sharding_from_params(optimizer: optax.GradientTransformation, abstract
     rep = replicated(mesh)
     abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
     opt_sharding = optax.tree_map_params(
-        optimizer, lambda _, s: s, abstract_opt, param_sharding,
-        transform_non_params=lambda _: rep)
+        optimizer, lambda _, s: s, abstract_opt, param_sharding, transform_non_params=lambda _: rep
+    )
     return TrainState(params=param_sharding, opt_state=opt_sharding, step=rep, rng=rep)
 
 
@@ -89,19 +91,22 @@ def abstract_train_state(
     Raises:
       ConfigError: a parameter's logical axis has no rule.
     """
-    abstract_params = jax.eval_shape(lambda r: _cast_floats(init_fn(r), param_dtype),
-                                     jax.random.PRNGKey(0))
+    abstract_params = jax.eval_shape(
+        lambda r: _cast_floats(init_fn(r), param_dtype), jax.random.PRNGKey(0)
+    )
     param_sharding = logical_to_sharding(param_axes, mesh, rules, shapes=abstract_params)
     sharding = state_sharding_from_params(optimizer, abstract_params, param_sharding, mesh)
 
     def build(rng):
         params = _cast_floats(init_fn(rng), param_dtype)
-        return TrainState(params=params, opt_state=optimizer.init(params),
-                          step=jnp.zeros((), jnp.int32), rng=rng)
+        return TrainState(
+            params=params, opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32), rng=rng
+        )
 
     shapes = jax.eval_shape(build, jax.random.PRNGKey(0))
-    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                            shapes, sharding)
+    abstract = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, sharding
+    )
     return abstract, sharding
 
 
@@ -131,14 +136,19 @@ def create_train_state(
     Returns:
       ``(state, state_sharding)``.
     """
-    _, sharding = abstract_train_state(init_fn, optimizer, mesh, rules, param_axes=param_axes,
-                                       param_dtype=param_dtype)
+    _, sharding = abstract_train_state(
+        init_fn, optimizer, mesh, rules, param_axes=param_axes, param_dtype=param_dtype
+    )
 
     def build(key):
         init_key, state_key = jax.random.split(key)
         params = _cast_floats(init_fn(init_key), param_dtype)
-        return TrainState(params=params, opt_state=optimizer.init(params),
-                          step=jnp.zeros((), jnp.int32), rng=state_key)
+        return TrainState(
+            params=params,
+            opt_state=optimizer.init(params),
+            step=jnp.zeros((), jnp.int32),
+            rng=state_key,
+        )
 
     rng = jax.device_put(jnp.asarray(rng, jnp.uint32), replicated(mesh))
     return jax.jit(build, out_shardings=sharding)(rng), sharding

@@ -34,8 +34,7 @@ from jaxrl_llm.train.state import TrainState, _cast_floats
 LossFn = Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]]
 
 # Metrics the step itself reports (not the loss's own).
-STEP_METRICS = ("loss", "grad_norm", "tokens", "loss_tokens", "nonfinite",
-                "computed_micro_batches")
+STEP_METRICS = ("loss", "grad_norm", "tokens", "loss_tokens", "nonfinite", "computed_micro_batches")
 
 
 def is_loss_share(key: str) -> bool:
@@ -71,9 +70,13 @@ def _batch_axes(sharding) -> tuple[str, ...] | None:
     return None
 
 
-def split_micro_batches(batch: Mapping[str, jax.Array], micro_batches: int, *,
-                        mesh: Mesh | None = None,
-                        batch_axes: tuple[str, ...] | None = None) -> tuple[dict, dict]:
+def split_micro_batches(
+    batch: Mapping[str, jax.Array],
+    micro_batches: int,
+    *,
+    mesh: Mesh | None = None,
+    batch_axes: tuple[str, ...] | None = None,
+) -> tuple[dict, dict]:
     """Split ``[B, ...]`` arrays into ``[M, B/M, ...]`` micro-batches (strided rows).
 
     Micro-batch m holds rows m, m + M, m + 2M, …: with rows sharded in contiguous blocks over
@@ -97,12 +100,14 @@ def split_micro_batches(batch: Mapping[str, jax.Array], micro_batches: int, *,
             continue
         b = x.shape[0]
         if b % micro_batches:
-            raise ConfigError(f"batch[{key!r}] has {b} rows, not divisible by "
-                              f"micro_batches={micro_batches}")
+            raise ConfigError(
+                f"batch[{key!r}] has {b} rows, not divisible by micro_batches={micro_batches}"
+            )
         y = jnp.swapaxes(x.reshape((b // micro_batches, micro_batches) + x.shape[1:]), 0, 1)
         if mesh is not None:
             y = jax.lax.with_sharding_constraint(
-                y, NamedSharding(mesh, PartitionSpec(None, batch_axes)))
+                y, NamedSharding(mesh, PartitionSpec(None, batch_axes))
+            )
         stacked[key] = y
     return stacked, scalars
 
@@ -182,8 +187,9 @@ def make_train_step(
         kw = {"hparams": hparams} if hparams else {}
 
         def f(p):
-            loss, metrics = loss_fn(_cast_floats(p, compute_dtype), mb,
-                                    **_cast_floats(frozen, compute_dtype), **kw)
+            loss, metrics = loss_fn(
+                _cast_floats(p, compute_dtype), mb, **_cast_floats(frozen, compute_dtype), **kw
+            )
             chex.assert_rank(loss, 0)
             return loss.astype(jnp.float32), metrics
 
@@ -215,20 +221,21 @@ def make_train_step(
         if micro_batches == 1:
             loss, metrics, grads, computed = maybe_grad_fn(state.params, batch, frozen, hparams)
         else:
-            stacked, scalars = split_micro_batches(batch, micro_batches, mesh=mesh,
-                                                   batch_axes=axes)
+            stacked, scalars = split_micro_batches(batch, micro_batches, mesh=mesh, batch_axes=axes)
             zeros = jax.tree.map(jnp.zeros_like, state.params)
             zeros = jax.lax.with_sharding_constraint(zeros, param_sharding)
 
             def body(carry, mb):
                 g_sum, l_sum = carry
-                loss, metrics, grads, ran = maybe_grad_fn(state.params, {**mb, **scalars},
-                                                          frozen, hparams)
+                loss, metrics, grads, ran = maybe_grad_fn(
+                    state.params, {**mb, **scalars}, frozen, hparams
+                )
                 g_sum = jax.tree.map(jnp.add, g_sum, grads)
                 return (g_sum, l_sum + loss), (metrics, ran)
 
             (grads, loss), (metrics, ran) = jax.lax.scan(
-                body, (zeros, jnp.zeros((), jnp.float32)), stacked)
+                body, (zeros, jnp.zeros((), jnp.float32)), stacked
+            )
             computed = jnp.sum(ran)
 
             def reduce(key, m):
@@ -247,6 +254,7 @@ def make_train_step(
         if grad_clip is not None:
             scale = jnp.minimum(1.0, grad_clip / jnp.maximum(grad_norm, 1e-12))
             grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
+
         def apply(params, opt_state, grads):
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
@@ -257,32 +265,44 @@ def make_train_step(
             # untouched (the step counter still advances) and is reported as `nonfinite`.
             # A branch, not a per-element select: `jnp.where` over params and moments made the
             # update ~3x slower (tools/bench/time_optimizer.py).
-            params, opt_state = jax.lax.cond(finite, apply, lambda p, s, g: (p, s),
-                                             state.params, state.opt_state, grads)
+            params, opt_state = jax.lax.cond(
+                finite, apply, lambda p, s, g: (p, s), state.params, state.opt_state, grads
+            )
         else:
             params, opt_state = apply(state.params, state.opt_state, grads)
         rng, _ = jax.random.split(state.rng)
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
-        out = {**{k: jnp.asarray(v, jnp.float32) for k, v in dict(metrics).items()},
-               "loss": loss, "grad_norm": grad_norm, "tokens": tokens,
-               "loss_tokens": loss_tokens, "nonfinite": 1.0 - finite.astype(jnp.float32)}
+        out = {
+            **{k: jnp.asarray(v, jnp.float32) for k, v in dict(metrics).items()},
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "tokens": tokens,
+            "loss_tokens": loss_tokens,
+            "nonfinite": 1.0 - finite.astype(jnp.float32),
+        }
         if skip_fn is not None:
             out["computed_micro_batches"] = computed
         return new_state, out
 
-    jitted = jax.jit(step,
-                     in_shardings=(state_sharding, batch_sharding, frozen_sharding or {}, rep),
-                     out_shardings=(state_sharding, rep),
-                     donate_argnums=(0,) if donate else ())
+    jitted = jax.jit(
+        step,
+        in_shardings=(state_sharding, batch_sharding, frozen_sharding or {}, rep),
+        out_shardings=(state_sharding, rep),
+        donate_argnums=(0,) if donate else (),
+    )
 
     @functools.wraps(step)
-    def run(state: TrainState, batch: Mapping[str, jax.Array],
-            frozen: Mapping[str, Any] | None = None,
-            hparams: Mapping[str, Any] | None = None):
+    def run(
+        state: TrainState,
+        batch: Mapping[str, jax.Array],
+        frozen: Mapping[str, Any] | None = None,
+        hparams: Mapping[str, Any] | None = None,
+    ):
         hp = {k: jnp.asarray(v, jnp.float32) for k, v in (hparams or {}).items()}
         return jitted(state, dict(batch), dict(frozen or {}), hp)
 
     run.jitted = jitted  # type: ignore[attr-defined]  # for .lower(...) / cost analysis
-    run.__doc__ = ("Jitted train step: (state, batch, frozen=None, hparams=None) -> "
-                   "(new_state, metrics).")
+    run.__doc__ = (
+        "Jitted train step: (state, batch, frozen=None, hparams=None) -> (new_state, metrics)."
+    )
     return run

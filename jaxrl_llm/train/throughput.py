@@ -29,8 +29,9 @@ def mfu(*, num_params: int, tokens: float, seconds: float, peak_flops: float) ->
     return 6.0 * num_params * tokens / seconds / peak_flops
 
 
-def measure_matmul_flops(*, n: int = 1024, dtype: Any = jnp.float32, repeats: int = 5,
-                         device: jax.Device | None = None) -> float:
+def measure_matmul_flops(
+    *, n: int = 1024, dtype: Any = jnp.float32, repeats: int = 5, device: jax.Device | None = None
+) -> float:
     """Measured FLOP/s of one device on an ``n × n`` by ``n × n`` jitted matmul (2·n³ FLOPs),
     best of ``repeats`` after a warm-up: a practical "peak" where no datasheet number applies
     (e.g. CPUs)."""
@@ -44,12 +45,18 @@ def measure_matmul_flops(*, n: int = 1024, dtype: Any = jnp.float32, repeats: in
         t0 = time.perf_counter()
         f(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best
+    return 2.0 * n**3 / best
 
 
-def timed_step(step: Callable, state: Any, batch: Mapping[str, Any],
-               frozen: Mapping[str, Any] | None = None, *, num_params: int | None = None,
-               peak_flops: float | None = None) -> tuple[Any, dict[str, float]]:
+def timed_step(
+    step: Callable,
+    state: Any,
+    batch: Mapping[str, Any],
+    frozen: Mapping[str, Any] | None = None,
+    *,
+    num_params: int | None = None,
+    peak_flops: float | None = None,
+) -> tuple[Any, dict[str, float]]:
     """Run one step, wait for it, and add host-side throughput metrics.
 
     Returns:
@@ -64,6 +71,10 @@ def timed_step(step: Callable, state: Any, batch: Mapping[str, Any],
     out["step_time_s"] = seconds
     out["tokens_per_s"] = out.get("tokens", 0.0) / seconds
     if num_params is not None and peak_flops is not None:
-        out["mfu"] = mfu(num_params=num_params, tokens=out.get("tokens", 0.0), seconds=seconds,
-                         peak_flops=peak_flops)
+        out["mfu"] = mfu(
+            num_params=num_params,
+            tokens=out.get("tokens", 0.0),
+            seconds=seconds,
+            peak_flops=peak_flops,
+        )
     return state, out

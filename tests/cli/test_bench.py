@@ -12,10 +12,27 @@ import pytest
 from jaxrl_llm.cli import bench
 from jaxrl_llm.cli.main import main
 
-BLOCKS = ("machine", "summary", "decode", "train_step", "train_profile", "memory", "grpo_split",
-          "update_skip", "scaling", "commands")
-SCRIPTS = ("bench_decode.py", "bench_train_step.py", "profile_train_step.py", "bench_memory.py",
-           "bench_grpo_split.py", "bench_update_skip.py", "bench_scaling.py")
+BLOCKS = (
+    "machine",
+    "summary",
+    "decode",
+    "train_step",
+    "train_profile",
+    "memory",
+    "grpo_split",
+    "update_skip",
+    "scaling",
+    "commands",
+)
+SCRIPTS = (
+    "bench_decode.py",
+    "bench_train_step.py",
+    "profile_train_step.py",
+    "bench_memory.py",
+    "bench_grpo_split.py",
+    "bench_update_skip.py",
+    "bench_scaling.py",
+)
 PNGS = ("scaling_batch.png", "scaling_seq.png", "scaling_group.png")
 
 
@@ -35,8 +52,10 @@ def test_quick_suite_rewrites_every_section(tmp_path, monkeypatch):
     # One CPU device in the benchmark processes (the test conftest forces 8 for sharding tests).
     monkeypatch.setenv("XLA_FLAGS", "")
     out = tmp_path / "BENCHMARKS.md"
-    out.write_text("# Benchmarks\n\nHand-written intro.\n\n## Decode\n\n<!-- bench:decode -->\n"
-                   "stale numbers\n<!-- /bench:decode -->\n\nHand-written analysis.\n")
+    out.write_text(
+        "# Benchmarks\n\nHand-written intro.\n\n## Decode\n\n<!-- bench:decode -->\n"
+        "stale numbers\n<!-- /bench:decode -->\n\nHand-written analysis.\n"
+    )
     assert main(["bench", "--quick", "--model", "tiny", "--out", str(out)]) == 0
     text = out.read_text()
 
@@ -51,18 +70,37 @@ def test_quick_suite_rewrites_every_section(tmp_path, monkeypatch):
     assert "- suite: `jaxrl-llm bench --quick --out" in text and "Quick mode" in text
     # Every table says the exact command that produced it.
     for script in SCRIPTS:
-        assert re.search(rf"^Command: `python tools/bench/{script} .*--model tiny --out "
-                         rf"{re.escape(str(tmp_path))}/results/\w+\.md`$", text, re.M), script
+        assert re.search(
+            rf"^Command: `python tools/bench/{script} .*--model tiny --out "
+            rf"{re.escape(str(tmp_path))}/results/\w+\.md`$",
+            text,
+            re.M,
+        ), script
     # The comparisons, side by side.
-    for needle in ("transformers generate greedy", "transformers generate sampling",
-                   "compute roofline", "memory roofline", "prefix shared",
-                   "repeated prompts", "transformers + torch eager", "MFU",
-                   "hidden states, 8-token chunks", "rollout: generation", "| reward |",
-                   "reference log-probs", "| update |", "Tokens/s vs batch size",
-                   "Tokens/s vs sequence length", "Tokens/s vs group size",
-                   "compile (s)", "| train step vs torch eager |", "| phase | matmul |",
-                   "value_and_grad + AdamW in one jit", "| skip, 1 group(s) per micro-batch |",
-                   "GRPO update skipping zero-advantage groups"):
+    for needle in (
+        "transformers generate greedy",
+        "transformers generate sampling",
+        "compute roofline",
+        "memory roofline",
+        "prefix shared",
+        "repeated prompts",
+        "transformers + torch eager",
+        "MFU",
+        "hidden states, 8-token chunks",
+        "rollout: generation",
+        "| reward |",
+        "reference log-probs",
+        "| update |",
+        "Tokens/s vs batch size",
+        "Tokens/s vs sequence length",
+        "Tokens/s vs group size",
+        "compile (s)",
+        "| train step vs torch eager |",
+        "| phase | matmul |",
+        "value_and_grad + AdamW in one jit",
+        "| skip, 1 group(s) per micro-batch |",
+        "GRPO update skipping zero-advantage groups",
+    ):
         assert needle in text, needle
     for png in PNGS:
         path = tmp_path / "results" / png
@@ -85,14 +123,18 @@ def test_blocks_are_replaced_in_place_and_missing_ones_appended(suite):
 
 
 def test_section_drops_machine_line_and_relinks_plots(suite, tmp_path):
-    md = ("### T\n\nCommand: `python x.py`\n\nMachine: CPU: something\n\nbody\n\n"
-          "![curve](scaling_batch.png)\n")
-    out = suite.section_for(md, results_dir=str(tmp_path / "r"), out_dir=str(tmp_path),
-                            keep_machine=False)
+    md = (
+        "### T\n\nCommand: `python x.py`\n\nMachine: CPU: something\n\nbody\n\n"
+        "![curve](scaling_batch.png)\n"
+    )
+    out = suite.section_for(
+        md, results_dir=str(tmp_path / "r"), out_dir=str(tmp_path), keep_machine=False
+    )
     assert "Machine:" not in out and "\n\n\n" not in out
     assert "![curve](r/scaling_batch.png)" in out
-    kept = suite.section_for(md, results_dir=str(tmp_path / "r"), out_dir=str(tmp_path),
-                             keep_machine=True)
+    kept = suite.section_for(
+        md, results_dir=str(tmp_path / "r"), out_dir=str(tmp_path), keep_machine=True
+    )
     assert "Machine: CPU: something" in kept
 
 

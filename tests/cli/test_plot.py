@@ -29,7 +29,7 @@ def test_logger_writes_jsonl_and_plot_writes_pngs(tmp_path, capsys):
 def test_torn_last_line_is_skipped(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n{\"step\": 2, \"lo")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + '\n{"step": 2, "lo')
     assert read_metrics(str(run)) == [{"step": 1, "loss": 2.0}]
 
 
@@ -47,15 +47,32 @@ def test_overview_shows_the_panels_a_user_reads_and_no_constant_series():
     from jaxrl_llm.cli.plot import overview_panels
 
     steps = [1, 2, 3]
-    series = {k: (steps, ys) for k, ys in {
-        "reward/mean": [0.1, 0.3, 0.5], "eval/math_answer": [0.2, 0.4, 0.6],
-        "eval/num_examples": [200, 200, 200], "data/prompts_crc32": [7, 7, 7],
-        "loss": [1.0, 0.5, 0.2], "pg/clipfrac": [0.0, 0.1, 0.2], "entropy": [2.0, 1.5, 1.2],
-        "completion/length_mean": [9.0, 8.0, 7.0], "time/rollout_s": [3.0, 2.0, 2.5],
-        "time/update_s": [6.0, 1.0, 2.0], "kl": [0.0, 0.0, 0.0]}.items()}
+    series = {
+        k: (steps, ys)
+        for k, ys in {
+            "reward/mean": [0.1, 0.3, 0.5],
+            "eval/math_answer": [0.2, 0.4, 0.6],
+            "eval/num_examples": [200, 200, 200],
+            "data/prompts_crc32": [7, 7, 7],
+            "loss": [1.0, 0.5, 0.2],
+            "pg/clipfrac": [0.0, 0.1, 0.2],
+            "entropy": [2.0, 1.5, 1.2],
+            "completion/length_mean": [9.0, 8.0, 7.0],
+            "time/rollout_s": [3.0, 2.0, 2.5],
+            "time/update_s": [6.0, 1.0, 2.0],
+            "kl": [0.0, 0.0, 0.0],
+        }.items()
+    }
     panels = dict(overview_panels(series))
-    assert list(panels) == ["reward (training)", "held-out", "loss", "KL and clipping",
-                            "entropy", "completion length (tokens)", "step time split (s)"]
+    assert list(panels) == [
+        "reward (training)",
+        "held-out",
+        "loss",
+        "KL and clipping",
+        "entropy",
+        "completion length (tokens)",
+        "step time split (s)",
+    ]
     assert panels["held-out"] == ["eval/math_answer"]  # the example count is not a curve
     assert panels["KL and clipping"] == ["pg/clipfrac"]  # a constant kl is left out
     drawn = {k for names in panels.values() for k in names}

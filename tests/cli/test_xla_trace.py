@@ -11,10 +11,12 @@ from xla_trace import KINDS, PHASES, op_time_breakdown, self_times  # noqa: E402
 
 
 def test_self_times_subtract_nested_events_on_the_same_thread():
-    evs = [{"name": "while", "ts": 0.0, "dur": 100.0, "pid": 1, "tid": 1},
-           {"name": "dot", "ts": 10.0, "dur": 30.0, "pid": 1, "tid": 1},
-           {"name": "fusion", "ts": 50.0, "dur": 20.0, "pid": 1, "tid": 1},
-           {"name": "dot", "ts": 5.0, "dur": 50.0, "pid": 1, "tid": 2}]
+    evs = [
+        {"name": "while", "ts": 0.0, "dur": 100.0, "pid": 1, "tid": 1},
+        {"name": "dot", "ts": 10.0, "dur": 30.0, "pid": 1, "tid": 1},
+        {"name": "fusion", "ts": 50.0, "dur": 20.0, "pid": 1, "tid": 1},
+        {"name": "dot", "ts": 5.0, "dur": 50.0, "pid": 1, "tid": 2},
+    ]
     t = self_times(evs)
     assert abs(t["while"] - 50e-6) < 1e-12
     assert abs(t["dot"] - 80e-6) < 1e-12 and abs(t["fusion"] - 20e-6) < 1e-12
@@ -29,6 +31,7 @@ def test_breakdown_of_a_gradient_step_finds_forward_and_backward_matmuls():
     def step(w1, w2, x):
         def loss(ws):
             return jnp.mean(jnp.tanh(x @ ws[0]) @ ws[1])
+
         g = jax.grad(loss)((w1, w2))
         return w1 - 0.1 * g[0], w2 - 0.1 * g[1]
 

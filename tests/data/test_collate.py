@@ -30,12 +30,21 @@ from jaxrl_llm.models import ModelConfig, default_positions, forward, init_param
 from jaxrl_llm.ops import token_logprobs
 
 
-@pytest.mark.parametrize("n, mode, multiple, max_len, expected", [
-    (1, "multiple", 64, None, 64), (64, "multiple", 64, None, 64), (65, "multiple", 64, None, 128),
-    (65, "pow2", 64, None, 128), (128, "pow2", 64, None, 128), (5, "pow2", 64, None, 8),
-    (7, "none", 64, None, 7), (100, "multiple", 64, 100, 100), (90, "multiple", 64, 100, 100),
-    (120, "multiple", 64, 100, 120),
-])
+@pytest.mark.parametrize(
+    "n, mode, multiple, max_len, expected",
+    [
+        (1, "multiple", 64, None, 64),
+        (64, "multiple", 64, None, 64),
+        (65, "multiple", 64, None, 128),
+        (65, "pow2", 64, None, 128),
+        (128, "pow2", 64, None, 128),
+        (5, "pow2", 64, None, 8),
+        (7, "none", 64, None, 7),
+        (100, "multiple", 64, 100, 100),
+        (90, "multiple", 64, 100, 100),
+        (120, "multiple", 64, 100, 120),
+    ],
+)
 def test_bucket_length(n, mode, multiple, max_len, expected):
     assert bucket_length(n, mode=mode, multiple=multiple, max_len=max_len) == expected
 
@@ -43,18 +52,23 @@ def test_bucket_length(n, mode, multiple, max_len, expected):
 def test_collate_sequences_hand_computed():
     items = [TokenizedSequence((5, 6), (7, 2)), TokenizedSequence((8,), (9, 10, 2))]
     b = collate_sequences(items, padding=Padding(pad_id=0, multiple=8))
-    np.testing.assert_array_equal(b["input_ids"], [[5, 6, 7, 2, 0, 0, 0, 0],
-                                                   [8, 9, 10, 2, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(
+        b["input_ids"], [[5, 6, 7, 2, 0, 0, 0, 0], [8, 9, 10, 2, 0, 0, 0, 0]]
+    )
     np.testing.assert_array_equal(b["attention_mask"], [[1, 1, 1, 1, 0, 0, 0, 0]] * 2)
-    np.testing.assert_array_equal(b["loss_mask"], [[0, 0, 1, 1, 0, 0, 0, 0],
-                                                   [0, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(
+        b["loss_mask"], [[0, 0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 1, 0, 0, 0, 0]]
+    )
     assert all(v.dtype == np.int32 for v in b.values())
 
 
 def test_buckets_limit_shapes():
-    shapes = {collate_sequences([TokenizedSequence((1,) * p, (2,))],
-                                padding=Padding(bucket=BucketMode.POW2))["input_ids"].shape
-              for p in range(1, 60)}
+    shapes = {
+        collate_sequences(
+            [TokenizedSequence((1,) * p, (2,))], padding=Padding(bucket=BucketMode.POW2)
+        )["input_ids"].shape
+        for p in range(1, 60)
+    }
     assert shapes == {(1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (1, 64)}
 
 
@@ -68,25 +82,32 @@ def test_collate_preferences_common_length():
 
 
 def test_collate_kto_mismatched_kl_rows():
-    items = [TokenizedSequence((5,), (6, 2), label=True),
-             TokenizedSequence((8, 8), (9, 9, 2), label=False),
-             TokenizedSequence((4,), (3, 2), label=True)]
+    items = [
+        TokenizedSequence((5,), (6, 2), label=True),
+        TokenizedSequence((8, 8), (9, 9, 2), label=False),
+        TokenizedSequence((4,), (3, 2), label=True),
+    ]
     b = collate_kto(items, padding=Padding(bucket="none", pad_id=0))
     np.testing.assert_array_equal(b["label"], [1, 0, 1])
     # kl row i = prompt i + completion (i+1) mod B
-    np.testing.assert_array_equal(b["kl_input_ids"], [[5, 9, 9, 2, 0], [8, 8, 3, 2, 0],
-                                                      [4, 6, 2, 0, 0]])
-    np.testing.assert_array_equal(b["kl_loss_mask"], [[0, 1, 1, 1, 0], [0, 0, 1, 1, 0],
-                                                      [0, 1, 1, 0, 0]])
+    np.testing.assert_array_equal(
+        b["kl_input_ids"], [[5, 9, 9, 2, 0], [8, 8, 3, 2, 0], [4, 6, 2, 0, 0]]
+    )
+    np.testing.assert_array_equal(
+        b["kl_loss_mask"], [[0, 1, 1, 1, 0], [0, 0, 1, 1, 0], [0, 1, 1, 0, 0]]
+    )
     assert b["input_ids"].shape == b["kl_input_ids"].shape
 
 
 def test_collate_ranks_groups_and_scores():
-    items = [TokenizedRank((5,), ((6, 2), (7, 2)), (1.0, -1.0)),
-             TokenizedRank((8,), ((9, 2), (3, 3, 2)), (0.0, 2.0))]
+    items = [
+        TokenizedRank((5,), ((6, 2), (7, 2)), (1.0, -1.0)),
+        TokenizedRank((8,), ((9, 2), (3, 3, 2)), (0.0, 2.0)),
+    ]
     b = collate_ranks(items, padding=Padding(bucket="none"))
-    np.testing.assert_array_equal(b["input_ids"], [[5, 6, 2, 0], [5, 7, 2, 0], [8, 9, 2, 0],
-                                                   [8, 3, 3, 2]])
+    np.testing.assert_array_equal(
+        b["input_ids"], [[5, 6, 2, 0], [5, 7, 2, 0], [8, 9, 2, 0], [8, 3, 3, 2]]
+    )
     np.testing.assert_array_equal(b["scores"], np.float32([1, -1, 0, 2]))
     with pytest.raises(DataError, match="same size"):
         collate_ranks([items[0], TokenizedRank((1,), ((2,),) * 3, (0.0,) * 3)])
@@ -95,15 +116,19 @@ def test_collate_ranks_groups_and_scores():
 def test_collate_prompts_left_padded_with_extras():
     arrays, extras = collate_prompts(
         [TokenizedPrompt((5, 6, 7), {"answer": "1"}), TokenizedPrompt((8,), {"answer": "2"})],
-        padding=Padding(pad_id=0, multiple=4))
+        padding=Padding(pad_id=0, multiple=4),
+    )
     np.testing.assert_array_equal(arrays["prompt_ids"], [[0, 5, 6, 7], [0, 0, 0, 8]])
     np.testing.assert_array_equal(arrays["prompt_mask"], [[0, 1, 1, 1], [0, 0, 0, 1]])
     assert extras == [{"answer": "1"}, {"answer": "2"}]
 
 
 def test_pack_layout_hand_computed():
-    items = [TokenizedSequence((5,), (6, 2)), TokenizedSequence((7, 7), (2,)),
-             TokenizedSequence((8, 8, 8), (9, 9, 2))]
+    items = [
+        TokenizedSequence((5,), (6, 2)),
+        TokenizedSequence((7, 7), (2,)),
+        TokenizedSequence((8, 8, 8), (9, 9, 2)),
+    ]
     b = pack_sequences(items, row_len=7, pad_id=0)
     # first-fit decreasing: row 0 holds example 2 (6 tokens); row 1 holds examples 0 and 1
     np.testing.assert_array_equal(b["input_ids"], [[8, 8, 8, 9, 9, 2, 0], [5, 6, 2, 7, 7, 2, 0]])
@@ -111,8 +136,9 @@ def test_pack_layout_hand_computed():
     np.testing.assert_array_equal(b["positions"], [[0, 1, 2, 3, 4, 5, 0], [0, 1, 2, 0, 1, 2, 0]])
     np.testing.assert_array_equal(b["loss_mask"], [[0, 0, 0, 1, 1, 1, 0], [0, 1, 1, 0, 0, 1, 0]])
     real = b["attention_mask"].astype(bool)
-    model_pos = np.asarray(default_positions(jnp.asarray(b["attention_mask"]),
-                                             jnp.asarray(b["segment_ids"])))
+    model_pos = np.asarray(
+        default_positions(jnp.asarray(b["attention_mask"]), jnp.asarray(b["segment_ids"]))
+    )
     np.testing.assert_array_equal(model_pos[real], b["positions"][real])
     with pytest.raises(DataError, match="num_rows=1"):
         pack_sequences(items, row_len=7, num_rows=1)
@@ -121,8 +147,14 @@ def test_pack_layout_hand_computed():
 
 @functools.partial(jax.jit, static_argnames="config")
 def _logprobs_jit(params, ids, mask, segment_ids, positions, *, config):
-    logits, _ = forward(params, ids, config=config, attention_mask=mask,
-                        segment_ids=segment_ids, positions=positions)
+    logits, _ = forward(
+        params,
+        ids,
+        config=config,
+        attention_mask=mask,
+        segment_ids=segment_ids,
+        positions=positions,
+    )
     lp = token_logprobs(logits[:, :-1], ids[:, 1:])
     return jnp.pad(lp, ((0, 0), (1, 0)))  # lp[:, t] = log π(token t | tokens < t)
 
@@ -152,11 +184,13 @@ def test_packing_equals_unpacked_logprobs_on_tiny_model():
         for s in range(1, packed["segment_ids"][r].max() + 1):
             cols = np.flatnonzero(packed["segment_ids"][r] == s)
             seg_ids = packed["input_ids"][r, cols]
-            i = next(i for i, x in enumerate(items)
-                     if x.prompt_ids + x.completion_ids == tuple(seg_ids))
+            i = next(
+                i for i, x in enumerate(items) if x.prompt_ids + x.completion_ids == tuple(seg_ids)
+            )
             n = len(cols)
-            np.testing.assert_array_equal(packed["loss_mask"][r, cols],
-                                          unpacked["loss_mask"][i, :n])
+            np.testing.assert_array_equal(
+                packed["loss_mask"][r, cols], unpacked["loss_mask"][i, :n]
+            )
             # every token after the segment's first is predicted from its own example only
             np.testing.assert_allclose(lp_p[r, cols[1:]], lp_u[i, 1:n], rtol=1e-5, atol=1e-5)
             seen += 1

@@ -37,8 +37,9 @@ def test_sft_plain_prompt_messages_and_conversational_prompt():
 
 
 def test_preference_kto_rank_prompt():
-    e = parse_example(rec(prompt=USER, chosen="5", rejected=[{"role": "assistant",
-                                                              "content": "6"}]), "preference")
+    e = parse_example(
+        rec(prompt=USER, chosen="5", rejected=[{"role": "assistant", "content": "6"}]), "preference"
+    )
     assert e == PreferenceExample(tuple(USER), "5", "6")
     e = parse_example(rec(prompt="q", completion="a", label=False), Format.KTO)
     assert e == KTOExample("q", "a", False)
@@ -48,27 +49,54 @@ def test_preference_kto_rank_prompt():
     assert e == PromptExample(tuple(USER), {"answer": "5", "difficulty": 1})
 
 
-@pytest.mark.parametrize("fmt, fields, field, words", [
-    ("sft", {"prompt": "q"}, "completion", "missing field"),
-    ("sft", {"prompt": 3, "completion": "a"}, "prompt", "got int"),
-    ("sft", {"prompt": "q", "completion": "  "}, "completion", "empty text"),
-    ("sft", {"messages": [{"role": "user", "content": "q"}]}, "messages", "final assistant"),
-    ("sft", {"messages": [{"role": "bot", "content": "q"}, {"role": "assistant", "content": "a"}]},
-     "messages[0].role", "expected one of"),
-    ("sft", {"prompt": [{"role": "user", "content": ""}], "completion": "a"},
-     "prompt[0].content", "empty text"),
-    ("preference", {"prompt": "q", "chosen": "a"}, "rejected", "missing field"),
-    ("preference", {"prompt": "q", "chosen": "a", "rejected": [{"role": "user", "content": "b"}]},
-     "rejected", "one assistant message"),
-    ("kto", {"prompt": "q", "completion": "a", "label": 1}, "label", "true or false"),
-    ("pairwise_rank", {"prompt": "q", "responses": ["a", "b"], "scores": [1.0]}, "scores",
-     "must match"),
-    ("pairwise_rank", {"prompt": "q", "responses": ["a", "b"], "scores": [1.0, "x"]},
-     "scores[1]", "finite number"),
-    ("pairwise_rank", {"prompt": "q", "responses": ["a"], "scores": [1.0]}, "responses",
-     "at least 2"),
-    ("prompt", {"answer": "5"}, "prompt", "missing field"),
-])
+@pytest.mark.parametrize(
+    "fmt, fields, field, words",
+    [
+        ("sft", {"prompt": "q"}, "completion", "missing field"),
+        ("sft", {"prompt": 3, "completion": "a"}, "prompt", "got int"),
+        ("sft", {"prompt": "q", "completion": "  "}, "completion", "empty text"),
+        ("sft", {"messages": [{"role": "user", "content": "q"}]}, "messages", "final assistant"),
+        (
+            "sft",
+            {"messages": [{"role": "bot", "content": "q"}, {"role": "assistant", "content": "a"}]},
+            "messages[0].role",
+            "expected one of",
+        ),
+        (
+            "sft",
+            {"prompt": [{"role": "user", "content": ""}], "completion": "a"},
+            "prompt[0].content",
+            "empty text",
+        ),
+        ("preference", {"prompt": "q", "chosen": "a"}, "rejected", "missing field"),
+        (
+            "preference",
+            {"prompt": "q", "chosen": "a", "rejected": [{"role": "user", "content": "b"}]},
+            "rejected",
+            "one assistant message",
+        ),
+        ("kto", {"prompt": "q", "completion": "a", "label": 1}, "label", "true or false"),
+        (
+            "pairwise_rank",
+            {"prompt": "q", "responses": ["a", "b"], "scores": [1.0]},
+            "scores",
+            "must match",
+        ),
+        (
+            "pairwise_rank",
+            {"prompt": "q", "responses": ["a", "b"], "scores": [1.0, "x"]},
+            "scores[1]",
+            "finite number",
+        ),
+        (
+            "pairwise_rank",
+            {"prompt": "q", "responses": ["a"], "scores": [1.0]},
+            "responses",
+            "at least 2",
+        ),
+        ("prompt", {"answer": "5"}, "prompt", "missing field"),
+    ],
+)
 def test_bad_examples_name_location_and_field(fmt, fields, field, words):
     with pytest.raises(DataError) as e:
         parse_example(rec(**fields), fmt)
@@ -79,10 +107,14 @@ def test_bad_examples_name_location_and_field(fmt, fields, field, words):
 
 def test_error_from_file_names_file_line_and_field(tmp_path):
     good = json.dumps({"prompt": "q", "completion": "a"})
-    p = write_lines(tmp_path / "sft.jsonl", [good, good, json.dumps({"prompt": "q",
-                                                                      "completion": 5})])
-    with pytest.raises(DataError, match=r"sft\.jsonl line 3: field 'completion': expected a "
-                                        r"string"):
+    p = write_lines(
+        tmp_path / "sft.jsonl", [good, good, json.dumps({"prompt": "q", "completion": 5})]
+    )
+    with pytest.raises(
+        DataError,
+        match=r"sft\.jsonl line 3: field 'completion': expected a "
+        r"string",
+    ):
         load_examples(p, Format.SFT)
     ok = write_lines(tmp_path / "ok.jsonl", [good, "", good])
     examples, locations = load_examples(ok, Format.SFT)

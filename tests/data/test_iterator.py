@@ -41,8 +41,9 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches():
         it = make_iterator(DATA, batch_size=4, seed=1, num_epochs=3, collate_fn=collate)
         head = take(it, stop)
         state = json.loads(json.dumps(it.state()))  # survives a JSON round trip
-        rest = list(make_iterator(DATA, batch_size=4, seed=1, num_epochs=3, collate_fn=collate,
-                                  state=state))
+        rest = list(
+            make_iterator(DATA, batch_size=4, seed=1, num_epochs=3, collate_fn=collate, state=state)
+        )
         assert head + rest == full
 
 
@@ -56,8 +57,10 @@ def test_resume_rejects_mismatched_state():
 
 
 def test_host_sharding_partitions_each_global_batch():
-    hosts = [make_iterator(DATA, batch_size=3, seed=5, num_epochs=2, process_index=h,
-                           process_count=3) for h in range(3)]
+    hosts = [
+        make_iterator(DATA, batch_size=3, seed=5, num_epochs=2, process_index=h, process_count=3)
+        for h in range(3)
+    ]
     single = list(make_iterator(DATA, batch_size=9, seed=5, num_epochs=2))
     per_host = [list(it) for it in hosts]
     assert all(len(p) == len(single) == 4 for p in per_host)  # 23 // 9 = 2 steps x 2 epochs

@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("make_demo_data", ROOT / "tools" /
-                                                  "make_demo_data.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_demo_data", ROOT / "tools" / "make_demo_data.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -42,8 +43,9 @@ def test_contents_are_correct(tool):
     for r in data["addition"]["train"][:50]:
         a, b = pair(r)
         assert r["answer"] == str(a + b) and 10 <= a <= 99 and 10 <= b <= 99
-        assert r["prompt"] == [{"role": "user",
-                                "content": f"What is {a} + {b}? Reply with just the number."}]
+        assert r["prompt"] == [
+            {"role": "user", "content": f"What is {a} + {b}? Reply with just the number."}
+        ]
     for r in data["arith_prefs"]["train"][:50]:
         a, b = pair(r)
         assert r["chosen"] == str(a + b) and r["rejected"] != r["chosen"]
@@ -65,6 +67,7 @@ def test_committed_files_match_generator(tool):
         for split, rows in splits.items():
             path = ROOT / "data" / name / f"{split}.jsonl"
             assert path.read_text(encoding="utf-8") == tool.to_jsonl(rows), (
-                f"{path} is stale; run python tools/make_demo_data.py")
+                f"{path} is stale; run python tools/make_demo_data.py"
+            )
             total += path.stat().st_size
-    assert total < 5 * 2 ** 20
+    assert total < 5 * 2**20

@@ -12,12 +12,15 @@ from tests.data.conftest import write_lines
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 
-@pytest.mark.parametrize("name, fmt, keys", [
-    ("arith_sft", Format.SFT, {"input_ids", "attention_mask", "loss_mask"}),
-    ("arith_prefs", Format.PREFERENCE, {"chosen_input_ids", "rejected_loss_mask"}),
-    ("arith_kto", Format.KTO, {"label", "kl_input_ids", "kl_loss_mask"}),
-    ("arith_rank", Format.PAIRWISE_RANK, {"scores", "input_ids"}),
-])
+@pytest.mark.parametrize(
+    "name, fmt, keys",
+    [
+        ("arith_sft", Format.SFT, {"input_ids", "attention_mask", "loss_mask"}),
+        ("arith_prefs", Format.PREFERENCE, {"chosen_input_ids", "rejected_loss_mask"}),
+        ("arith_kto", Format.KTO, {"label", "kl_input_ids", "kl_loss_mask"}),
+        ("arith_rank", Format.PAIRWISE_RANK, {"scores", "input_ids"}),
+    ],
+)
 def test_demo_sets_load_and_collate(smollm2_tokenizer, name, fmt, keys):
     data = prepare_dataset(DATA / name / "heldout.jsonl", fmt, smollm2_tokenizer, max_len=128)
     assert data.stats["kept"] == data.stats["total"] > 0 and data.stats["dropped"] == 0
@@ -30,8 +33,9 @@ def test_demo_sets_load_and_collate(smollm2_tokenizer, name, fmt, keys):
 
 
 def test_demo_prompts_keep_answer(smollm2_tokenizer):
-    data = prepare_dataset(DATA / "addition" / "heldout.jsonl", "prompt", smollm2_tokenizer,
-                           max_len=128)
+    data = prepare_dataset(
+        DATA / "addition" / "heldout.jsonl", "prompt", smollm2_tokenizer, max_len=128
+    )
     arrays, extras = collate_fn_for("prompt")(data.items[:3])
     assert arrays["prompt_ids"].shape == (3, 64)
     for row, mask, ex in zip(arrays["prompt_ids"], arrays["prompt_mask"], extras):
@@ -50,7 +54,8 @@ def test_prepare_with_length_policy_and_packing(char_tokenizer, tmp_path):
     pack = collate_fn_for("sft", padding=Padding(max_len=16), pack_rows=2)
     batch = pack(data.items)
     assert batch["input_ids"].shape == (2, 16)
-    assert int(batch["attention_mask"].sum()) == sum(len(x.prompt_ids) + len(x.completion_ids)
-                                                    for x in data.items)
+    assert int(batch["attention_mask"].sum()) == sum(
+        len(x.prompt_ids) + len(x.completion_ids) for x in data.items
+    )
     with pytest.raises(ConfigError, match="sft format only"):
         collate_fn_for("kto", padding=Padding(max_len=16), pack_rows=2)

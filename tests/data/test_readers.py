@@ -19,11 +19,14 @@ def test_jsonl_reads_objects_and_skips_blank_lines(tmp_path):
     assert recs[1].location == f"{p} line 4"  # 1-based, blank lines still counted
 
 
-@pytest.mark.parametrize("lines, line_no, words", [
-    (['{"prompt": "x"}', '{"prompt": "y",}'], 2, "malformed JSON"),
-    (['{"prompt": "x"}', b'{"prompt": "\xff\xfe"}'], 2, "UTF-8"),
-    (['[1, 2]'], 1, "JSON object"),
-])
+@pytest.mark.parametrize(
+    "lines, line_no, words",
+    [
+        (['{"prompt": "x"}', '{"prompt": "y",}'], 2, "malformed JSON"),
+        (['{"prompt": "x"}', b'{"prompt": "\xff\xfe"}'], 2, "UTF-8"),
+        (["[1, 2]"], 1, "JSON object"),
+    ],
+)
 def test_jsonl_bad_lines_name_file_and_line(tmp_path, lines, line_no, words):
     p = write_lines(tmp_path / "bad.jsonl", lines)
     with pytest.raises(DataError) as e:

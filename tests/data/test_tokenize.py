@@ -38,12 +38,18 @@ def test_char_chat_template(char_tokenizer):
 
 
 def test_tokenize_example_kinds(char_tokenizer):
-    t = tokenize_example(char_tokenizer, parse_example(
-        Record({"prompt": "q", "completion": "a", "label": True}, "x"), Format.KTO))
+    t = tokenize_example(
+        char_tokenizer,
+        parse_example(Record({"prompt": "q", "completion": "a", "label": True}, "x"), Format.KTO),
+    )
     assert t == TokenizedSequence((1,) + ids("q"), ids("a") + (2,), label=True)
-    t = tokenize_example(char_tokenizer, parse_example(
-        Record({"prompt": "q", "responses": ["a", "bc"], "scores": [1, 2]}, "x"),
-        Format.PAIRWISE_RANK))
+    t = tokenize_example(
+        char_tokenizer,
+        parse_example(
+            Record({"prompt": "q", "responses": ["a", "bc"], "scores": [1, 2]}, "x"),
+            Format.PAIRWISE_RANK,
+        ),
+    )
     assert t.response_ids == (ids("a") + (2,), ids("bc") + (2,)) and t.scores == (1.0, 2.0)
 
 
@@ -60,10 +66,9 @@ def test_smollm2_chat_template_loss_mask_covers_completion_and_eos(smollm2_token
     targets = row[loss.astype(bool)]
     assert tok.decode(targets) == "42<|im_end|>"
     assert targets[-1] == tok.eos_token_id
-    assert np.all(loss[:len(t.prompt_ids)] == 0) and np.all(loss[n:] == 0)
+    assert np.all(loss[: len(t.prompt_ids)] == 0) and np.all(loss[n:] == 0)
     # the row is the chat template's rendering of the full conversation (up to its final "\n")
-    full = tok.apply_chat_template(user + [{"role": "assistant", "content": "42"}],
-                                   tokenize=False)
+    full = tok.apply_chat_template(user + [{"role": "assistant", "content": "42"}], tokenize=False)
     assert tok.decode(row[:n]) == full.rstrip("\n")
     prompt_text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
     assert tok.decode(t.prompt_ids) == prompt_text
@@ -83,8 +88,9 @@ def seq(p, c):
 def test_length_policy_error_names_example():
     items = [seq(3, 2), seq(5, 4)]
     with pytest.raises(DataError, match=r"f.jsonl line 2: 9 tokens exceed max_len=6"):
-        apply_length_policy(items, max_len=6, policy="error", locations=["f.jsonl line 1",
-                                                                        "f.jsonl line 2"])
+        apply_length_policy(
+            items, max_len=6, policy="error", locations=["f.jsonl line 1", "f.jsonl line 2"]
+        )
 
 
 def test_length_policy_drop_counts():

@@ -10,18 +10,39 @@ import numpy as np
 import torch
 import transformers
 
-SIZES = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-             num_attention_heads=3, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
-             max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+SIZES = dict(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    num_key_value_heads=1,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
 
 # name -> (transformers config class, extra config kwargs)
 VARIANTS = {
     "llama_tied": (transformers.LlamaConfig, dict(tie_word_embeddings=True)),
     "llama_untied": (transformers.LlamaConfig, dict(tie_word_embeddings=False)),
-    "llama3_rope": (transformers.LlamaConfig, dict(
-        tie_word_embeddings=False, rope_theta=10000.0,
-        rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama3_rope": (
+        transformers.LlamaConfig,
+        dict(
+            tie_word_embeddings=False,
+            rope_theta=10000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ),
     "mistral": (transformers.MistralConfig, dict(tie_word_embeddings=False, sliding_window=5)),
     "qwen2": (transformers.Qwen2Config, dict(tie_word_embeddings=False)),
     "qwen3": (transformers.Qwen3Config, dict(tie_word_embeddings=True)),
@@ -73,8 +94,11 @@ def tokens_and_mask(seed: int = 0, batch: int = 3, length: int = 11, pad: int = 
 def torch_logits(model, toks: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """transformers logits with our positions (cumsum(mask) − 1) and attention mask."""
     with torch.no_grad():
-        out = model(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask.astype(np.int64)),
-                    position_ids=torch.tensor(positions.astype(np.int64)))
+        out = model(
+            input_ids=torch.tensor(toks),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            position_ids=torch.tensor(positions.astype(np.int64)),
+        )
     return out.logits.float().numpy()
 
 
@@ -86,9 +110,11 @@ def tiny_tokenizer():
     words += [f"w{i}" for i in range(SIZES["vocab_size"] - len(words))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>",
-                                                eos_token="</s>", unk_token="<unk>",
-                                                pad_token="</s>")
-    fast.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s> "
-                          "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
+    )
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s> "
+        "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}"
+    )
     return fast

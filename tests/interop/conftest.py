@@ -40,6 +40,13 @@ def real_model(tmp_path_factory):
     gguf = interop.resolve_alias("smollm2-135m-instruct")
     transformers.utils.logging.disable_progress_bar()
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, local_files_only=True).eval()
-    return types.SimpleNamespace(loaded=loaded, first_s=first_s, second_s=second_s,
-                                 cache_root=cache_root, gguf=gguf, torch_model=torch_model)
+        str(gguf.parent), gguf_file=gguf.name, local_files_only=True
+    ).eval()
+    return types.SimpleNamespace(
+        loaded=loaded,
+        first_s=first_s,
+        second_s=second_s,
+        cache_root=cache_root,
+        gguf=gguf,
+        torch_model=torch_model,
+    )

@@ -29,15 +29,22 @@ def test_convert_hf_dir(tmp_path, capsys, dtype):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["torch_dtype"] == dtype and cfg["architectures"] == ["Qwen2ForCausalLM"]
     reloaded, info = transformers.AutoModelForCausalLM.from_pretrained(
-        out, output_loading_info=True, dtype="float32")
+        out, output_loading_info=True, dtype="float32"
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     toks, mask = tokens_and_mask(seed=2)
     pos = np.asarray(M.default_positions(jnp.asarray(mask)))
     tol = 1e-4 if dtype == "float32" else 0.1
-    np.testing.assert_allclose(torch_logits(reloaded, toks, mask, pos)[mask],
-                               torch_logits(hf, toks, mask, pos)[mask], atol=tol, rtol=0)
-    assert transformers.AutoTokenizer.from_pretrained(out).chat_template == \
-        tiny_tokenizer().chat_template
+    np.testing.assert_allclose(
+        torch_logits(reloaded, toks, mask, pos)[mask],
+        torch_logits(hf, toks, mask, pos)[mask],
+        atol=tol,
+        rtol=0,
+    )
+    assert (
+        transformers.AutoTokenizer.from_pretrained(out).chat_template
+        == tiny_tokenizer().chat_template
+    )
 
 
 def test_convert_errors_are_one_line(tmp_path, capsys):
@@ -75,7 +82,8 @@ def test_checkpoint_dir_without_restore_support_is_a_clear_error(tmp_path, monke
     ckpt = tmp_path / "ckpt"
     (ckpt / "_CHECKPOINT_METADATA").parent.mkdir(parents=True)
     (ckpt / "_CHECKPOINT_METADATA").write_text("{}")
-    monkeypatch.setitem(sys.modules, "jaxrl_llm.train.checkpoint",
-                        types.ModuleType("jaxrl_llm.train.checkpoint"))
+    monkeypatch.setitem(
+        sys.modules, "jaxrl_llm.train.checkpoint", types.ModuleType("jaxrl_llm.train.checkpoint")
+    )
     assert main(["convert", str(ckpt), str(tmp_path / "o")]) == 2
     assert "restore_model is missing" in capsys.readouterr().err

@@ -27,8 +27,9 @@ def test_export_loads_in_transformers_with_identical_logits(tmp_path, variant):
     # our own random init (not transformers'), so export is tested on its own
     config = interop.from_hf_model(tiny_hf_model(variant)).config
     params = M.init_params(config, jax.random.PRNGKey(11))
-    params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape),
-                          params)  # norms away from 1, biases away from 0
+    params = jax.tree.map(
+        lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params
+    )  # norms away from 1, biases away from 0
     interop.export_hf(tmp_path, config=config, params=params, tokenizer=tiny_tokenizer())
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert "quantization_config" not in cfg and cfg["torch_dtype"] == "float32"
@@ -53,6 +54,7 @@ def test_export_loads_in_transformers_with_identical_logits(tmp_path, variant):
 def test_scalar_head_exports_as_sequence_classifier(tmp_path, variant):
     base = interop.from_hf_model(tiny_hf_model(variant)).config
     import dataclasses
+
     config = dataclasses.replace(base, num_labels=1, tie_embeddings=True)
     params = M.init_params(config, jax.random.PRNGKey(3))
     params["score_head"]["kernel"] = params["score_head"]["kernel"] * 20.0
@@ -60,13 +62,16 @@ def test_scalar_head_exports_as_sequence_classifier(tmp_path, variant):
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["architectures"] == [M.HF_ARCHITECTURES[config.family][1]]
     hf, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-        tmp_path, output_loading_info=True)
+        tmp_path, output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     toks, mask = tokens_and_mask(seed=8)
     with torch.no_grad():
-        ref = hf.eval()(input_ids=torch.tensor(toks),
-                        attention_mask=torch.tensor(mask.astype(np.int64)),
-                        position_ids=torch.tensor(_positions(mask))).logits.numpy()
+        ref = hf.eval()(
+            input_ids=torch.tensor(toks),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            position_ids=torch.tensor(_positions(mask)),
+        ).logits.numpy()
     assert ref.shape == (3, 1)
     out = M.apply(params, jnp.asarray(toks), config=config, attention_mask=jnp.asarray(mask))
     got = np.asarray(out.scalar)[:, -1]  # right-aligned rows: the last token is real
@@ -74,8 +79,9 @@ def test_scalar_head_exports_as_sequence_classifier(tmp_path, variant):
     np.testing.assert_allclose(got, ref[:, 0], atol=1e-4, rtol=0)
     back = interop.load_model(tmp_path)
     assert back.config.num_labels == 1
-    np.testing.assert_array_equal(back.params["score_head"]["kernel"],
-                                  params["score_head"]["kernel"])
+    np.testing.assert_array_equal(
+        back.params["score_head"]["kernel"], params["score_head"]["kernel"]
+    )
 
 
 def test_bfloat16_export(tmp_path):
@@ -89,7 +95,8 @@ def test_bfloat16_export(tmp_path):
     back = interop.load_model(tmp_path)
     np.testing.assert_array_equal(
         back.params["embed"]["embedding"],
-        np.asarray(params["embed"]["embedding"].astype(jnp.bfloat16).astype(jnp.float32)))
+        np.asarray(params["embed"]["embedding"].astype(jnp.bfloat16).astype(jnp.float32)),
+    )
 
 
 def test_tokenizer_and_chat_template_round_trip(tmp_path):
@@ -107,9 +114,14 @@ def test_tokenizer_and_chat_template_round_trip(tmp_path):
 
 def test_export_rejects_inexpressible_configs(tmp_path):
     from jaxrl_llm.errors import ModelLoadError
+
     config = M.ModelConfig.tiny("llama", qk_norm=True)
     with pytest.raises(ModelLoadError, match="Llama has no q/k norm"):
-        interop.export_hf(tmp_path, config=config, params=M.init_params(config, jax.random.PRNGKey(0)))
+        interop.export_hf(
+            tmp_path, config=config, params=M.init_params(config, jax.random.PRNGKey(0))
+        )
     config = M.ModelConfig.tiny("qwen2", attention_bias=False)
     with pytest.raises(ModelLoadError, match="Qwen2 always has q/k/v biases"):
-        interop.export_hf(tmp_path, config=config, params=M.init_params(config, jax.random.PRNGKey(0)))
+        interop.export_hf(
+            tmp_path, config=config, params=M.init_params(config, jax.random.PRNGKey(0))
+        )

@@ -51,15 +51,19 @@ def test_load_transformers_object_including_sequence_classifier():
     assert config.num_labels == 1 and tok is None
     toks, mask = tokens_and_mask(seed=4)
     import torch
+
     with torch.no_grad():
-        ref = hf(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask.astype(np.int64)),
-                 position_ids=torch.tensor(np.asarray(M.default_positions(jnp.asarray(mask))))
-                 ).logits.numpy()[:, 0]
+        ref = hf(
+            input_ids=torch.tensor(toks),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            position_ids=torch.tensor(np.asarray(M.default_positions(jnp.asarray(mask)))),
+        ).logits.numpy()[:, 0]
     out = M.apply(params, jnp.asarray(toks), config=config, attention_mask=jnp.asarray(mask))
     np.testing.assert_allclose(np.asarray(out.scalar)[:, -1], ref, atol=1e-4, rtol=0)
 
 
 # ----- bad inputs: one clear ModelLoadError each ------------------------------------------------
+
 
 def test_missing_directory(tmp_path):
     with pytest.raises(ModelLoadError, match=r"nope: no such file or directory"):
@@ -85,10 +89,14 @@ def test_directory_without_config(tmp_path):
 def test_unsupported_architecture(tmp_path):
     d = tmp_path / "gpt2"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures":
-                                               ["GPT2LMHeadModel"], "n_layer": 2}))
-    with pytest.raises(ModelLoadError, match=r"gpt2/config\.json: unsupported architecture "
-                                             r"model_type='gpt2'"):
+    (d / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2})
+    )
+    with pytest.raises(
+        ModelLoadError,
+        match=r"gpt2/config\.json: unsupported architecture "
+        r"model_type='gpt2'",
+    ):
         interop.load_model(d)
 
 
@@ -115,8 +123,11 @@ def test_truncated_safetensors(tmp_path):
     _, d = _save(tmp_path, "qwen2", tokenizer=False)
     w = d / "model.safetensors"
     w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
-    with pytest.raises(ModelLoadError, match=r"model\.safetensors: not a readable safetensors "
-                                             r"file \(truncated or corrupt\?\)"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model\.safetensors: not a readable safetensors "
+        r"file \(truncated or corrupt\?\)",
+    ):
         interop.load_model(d)
 
 
@@ -124,18 +135,27 @@ def test_sharded_index_pointing_to_missing_shard(tmp_path):
     _, d = _save(tmp_path, "qwen2", shard=True, tokenizer=False)
     shard = sorted(d.glob("model-*.safetensors"))[-1]
     shard.unlink()
-    with pytest.raises(ModelLoadError, match=rf"{shard.name}: listed in model\.safetensors\."
-                                             r"index\.json but missing"):
+    with pytest.raises(
+        ModelLoadError,
+        match=rf"{shard.name}: listed in model\.safetensors\."
+        r"index\.json but missing",
+    ):
         interop.load_model(d)
 
 
 def test_alias_errors(monkeypatch):
     with pytest.raises(ModelLoadError, match="unknown model alias 'nope'"):
         interop.resolve_alias("nope")
-    monkeypatch.setitem(interop.MODEL_ALIASES, "fake-alias",
-                        ("jaxrl_no_such_package_xyz", "m.gguf", "pip install --no-deps fake"))
-    with pytest.raises(ModelLoadError, match=r"needs the 'jaxrl_no_such_package_xyz' package: "
-                                             r"run `pip install --no-deps fake`"):
+    monkeypatch.setitem(
+        interop.MODEL_ALIASES,
+        "fake-alias",
+        ("jaxrl_no_such_package_xyz", "m.gguf", "pip install --no-deps fake"),
+    )
+    with pytest.raises(
+        ModelLoadError,
+        match=r"needs the 'jaxrl_no_such_package_xyz' package: "
+        r"run `pip install --no-deps fake`",
+    ):
         interop.load_model("fake-alias")
 
 

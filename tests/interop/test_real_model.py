@@ -14,15 +14,21 @@ from jaxrl_llm import models as M
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
-PROMPTS = ["What is 17 + 25? Reply with just the number.",
-           "Name the capital of France.",
-           "Write one short sentence about the sea.",
-           "hi"]
+PROMPTS = [
+    "What is 17 + 25? Reply with just the number.",
+    "Name the capital of France.",
+    "Write one short sentence about the sea.",
+    "hi",
+]
 
 
 def _batch(tok):
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                     add_generation_prompt=True) for p in PROMPTS]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+        )
+        for p in PROMPTS
+    ]
     tok.padding_side = "left"
     enc = tok(texts, return_tensors="np", padding=True)
     return enc["input_ids"], enc["attention_mask"].astype(bool)
@@ -31,8 +37,15 @@ def _batch(tok):
 def _torch_logits(model, ids, mask):
     pos = np.asarray(M.default_positions(jnp.asarray(mask)))
     with torch.no_grad():
-        return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
-                     position_ids=torch.tensor(pos)).logits.float().numpy()
+        return (
+            model(
+                input_ids=torch.tensor(ids),
+                attention_mask=torch.tensor(mask.astype(np.int64)),
+                position_ids=torch.tensor(pos),
+            )
+            .logits.float()
+            .numpy()
+        )
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +53,8 @@ def ours_and_ref(real_model):
     config, params, tok = real_model.loaded
     ids, mask = _batch(tok)
     ours, _ = jax.jit(lambda p, t, m: M.forward(p, t, config=config, attention_mask=m))(
-        params, jnp.asarray(ids), jnp.asarray(mask))
+        params, jnp.asarray(ids), jnp.asarray(mask)
+    )
     return ids, mask, np.asarray(ours), _torch_logits(real_model.torch_model, ids, mask)
 
 
@@ -73,8 +87,9 @@ def test_logits_match_transformers_on_chat_prompts(ours_and_ref):
 
 def test_tokenizer_has_chat_template(real_model):
     tok = real_model.loaded.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nhi<|im_end|>" in text
 
 
@@ -86,11 +101,13 @@ def test_export_reload_same_logits_and_tokenizer(real_model, ours_and_ref, tmp_p
     assert "quantization_config" not in cfg
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    np.testing.assert_allclose(_torch_logits(hf.eval(), ids, mask)[mask], ours[mask],
-                               atol=1e-3, rtol=0)
+    np.testing.assert_allclose(
+        _torch_logits(hf.eval(), ids, mask)[mask], ours[mask], atol=1e-3, rtol=0
+    )
     tok2 = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert tok2.chat_template == tok.chat_template
     msgs = [{"role": "user", "content": PROMPTS[0]}]
-    assert (tok2.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) ==
-            tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    assert tok2.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    ) == tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert tok2(PROMPTS[1])["input_ids"] == tok(PROMPTS[1])["input_ids"]

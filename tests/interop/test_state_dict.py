@@ -21,8 +21,11 @@ def test_state_dict_round_trip_is_exact(variant):
     shapes = M.param_shapes_and_axes(config)
     is_spec = lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple)
     import jax
-    want = jax.tree.leaves(jax.tree.map(lambda s: s[0], shapes, is_leaf=is_spec),
-                           is_leaf=lambda x: isinstance(x, tuple))
+
+    want = jax.tree.leaves(
+        jax.tree.map(lambda s: s[0], shapes, is_leaf=is_spec),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
     got = [tuple(x.shape) for x in jax.tree.leaves(params)]
     assert sorted(got) == sorted(want)
     back = interop.params_to_hf_state_dict(params, config)
@@ -66,10 +69,14 @@ def test_missing_key_shape_mismatch_and_unexpected_key_errors():
     config = interop.config_from_hf_dict(hf.config)
     sd = _sd(hf)
     missing = {k: v for k, v in sd.items() if k != "model.layers.1.mlp.up_proj.weight"}
-    with pytest.raises(ModelLoadError, match=r"mydir: missing weight 'model\.layers\.1\.mlp\.up_proj"):
+    with pytest.raises(
+        ModelLoadError, match=r"mydir: missing weight 'model\.layers\.1\.mlp\.up_proj"
+    ):
         interop.params_from_hf_state_dict(missing, config, source="mydir")
     bad = dict(sd, **{"model.norm.weight": np.ones(47, np.float32)})
-    with pytest.raises(ModelLoadError, match=r"'model\.norm\.weight' has shape \(47,\), expected \(48,\)"):
+    with pytest.raises(
+        ModelLoadError, match=r"'model\.norm\.weight' has shape \(47,\), expected \(48,\)"
+    ):
         interop.params_from_hf_state_dict(bad, config)
     extra = dict(sd, **{"model.layers.0.mlp.up_proj.bias": np.zeros(80, np.float32)})
     with pytest.raises(ModelLoadError, match="unexpected weights.*up_proj.bias"):
@@ -82,8 +89,9 @@ def test_missing_key_shape_mismatch_and_unexpected_key_errors():
 
 def test_unsupported_configs_are_rejected():
     with pytest.raises(ModelLoadError, match="unsupported architecture model_type='gpt2'"):
-        interop.config_from_hf_dict({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
-                                    source="x/config.json")
+        interop.config_from_hf_dict(
+            {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, source="x/config.json"
+        )
     with pytest.raises(ModelLoadError, match="mlp_bias"):
         interop.config_from_hf_dict(tiny_hf_config("llama_tied", mlp_bias=True))
     with pytest.raises(ModelLoadError, match="hidden_act='gelu'"):

@@ -25,8 +25,11 @@ def make_rows(rng, prompt_lens, lengths, t=T, vocab=97):
 def seq_batch(seed=0, prompt_lens=(2, 3, 1, 4), lengths=(10, 7, 5, 9), t=T):
     rng = np.random.default_rng(seed)
     ids, attn, lm_ = make_rows(rng, prompt_lens, lengths, t)
-    return {"input_ids": jnp.asarray(ids), "attention_mask": jnp.asarray(attn),
-            "loss_mask": jnp.asarray(lm_)}
+    return {
+        "input_ids": jnp.asarray(ids),
+        "attention_mask": jnp.asarray(attn),
+        "loss_mask": jnp.asarray(lm_),
+    }
 
 
 def rl_batch(params, apply_fn, seed=0, **kw):
@@ -42,14 +45,19 @@ def rl_batch(params, apply_fn, seed=0, **kw):
     ref = np.where(m, lp + 0.2 * rng.normal(size=shape), 0.0)
     values = np.where(m, rng.normal(size=shape), 0.0)
     returns = np.where(m, values + rng.normal(size=shape), 0.0)
-    batch.update(advantages=jnp.asarray(adv, jnp.float32), old_logp=jnp.asarray(old, jnp.float32),
-                 ref_logp=jnp.asarray(ref, jnp.float32), values=jnp.asarray(values, jnp.float32),
-                 returns=jnp.asarray(returns, jnp.float32))
+    batch.update(
+        advantages=jnp.asarray(adv, jnp.float32),
+        old_logp=jnp.asarray(old, jnp.float32),
+        ref_logp=jnp.asarray(ref, jnp.float32),
+        values=jnp.asarray(values, jnp.float32),
+        returns=jnp.asarray(returns, jnp.float32),
+    )
     return batch
 
 
-def pref_batch(seed=0, prompt_lens=(2, 3, 1, 4), chosen_lens=(10, 7, 5, 9),
-               rejected_lens=(6, 9, 8, 10), t=T):
+def pref_batch(
+    seed=0, prompt_lens=(2, 3, 1, 4), chosen_lens=(10, 7, 5, 9), rejected_lens=(6, 9, 8, 10), t=T
+):
     """A preference batch whose chosen/rejected rows share their prompt tokens."""
     rng = np.random.default_rng(seed)
     c_ids, c_attn, c_lm = make_rows(rng, prompt_lens, chosen_lens, t)
@@ -57,8 +65,14 @@ def pref_batch(seed=0, prompt_lens=(2, 3, 1, 4), chosen_lens=(10, 7, 5, 9),
     pos = np.arange(t)[None, :]
     in_prompt = pos < np.asarray(prompt_lens)[:, None]
     r_ids = np.where(in_prompt, c_ids, r_ids).astype(np.int32)
-    out = dict(chosen_input_ids=c_ids, chosen_attention_mask=c_attn, chosen_loss_mask=c_lm,
-               rejected_input_ids=r_ids, rejected_attention_mask=r_attn, rejected_loss_mask=r_lm)
+    out = dict(
+        chosen_input_ids=c_ids,
+        chosen_attention_mask=c_attn,
+        chosen_loss_mask=c_lm,
+        rejected_input_ids=r_ids,
+        rejected_attention_mask=r_attn,
+        rejected_loss_mask=r_lm,
+    )
     return {k: jnp.asarray(v) for k, v in out.items()}
 
 
@@ -67,8 +81,12 @@ def kto_batch(seed=0, labels=(1, 0, 1, 0)):
     batch = seq_batch(seed)
     rng = np.random.default_rng(seed + 7)
     ids, attn, lm_ = make_rows(rng, (2, 3, 1, 4), (8, 9, 6, 10))
-    batch.update(kl_input_ids=jnp.asarray(ids), kl_attention_mask=jnp.asarray(attn),
-                 kl_loss_mask=jnp.asarray(lm_), label=jnp.asarray(labels, jnp.int32))
+    batch.update(
+        kl_input_ids=jnp.asarray(ids),
+        kl_attention_mask=jnp.asarray(attn),
+        kl_loss_mask=jnp.asarray(lm_),
+        label=jnp.asarray(labels, jnp.int32),
+    )
     return batch
 
 

@@ -28,7 +28,8 @@ def test_grpo_on_policy_value_is_minus_seq_mean_token_mean_advantage_plus_kl(lm)
     lp = np.asarray(logps(params, batch, apply_fn))
     batch["old_logp"] = jnp.asarray(lp)
     (loss, metrics), _ = loss_and_grad("grpo", GRPO, apply_fn)(
-        params, with_den("grpo", batch, GRPO))
+        params, with_den("grpo", batch, GRPO)
+    )
     m = np.asarray(batch["loss_mask"]).astype(bool)
     adv, ref = np.asarray(batch["advantages"]), np.asarray(batch["ref_logp"])
     d = lp - ref
@@ -46,9 +47,12 @@ def test_reinforce_gradient_is_vanilla_policy_gradient(lm):
     batch = rl_batch(params, apply_fn)
     cfg = losses.reinforce_config()
     on_policy = {k: v for k, v in batch.items() if k != "old_logp"}
-    (_, _), g = jax.jit(jax.value_and_grad(
-        lambda p, b: losses.policy_gradient_loss(p, b, apply_fn=apply_fn, config=cfg),
-        has_aux=True))(params, on_policy)
+    (_, _), g = jax.jit(
+        jax.value_and_grad(
+            lambda p, b: losses.policy_gradient_loss(p, b, apply_fn=apply_fn, config=cfg),
+            has_aux=True,
+        )
+    )(params, on_policy)
     m = batch["loss_mask"]
 
     def vanilla(p):
@@ -70,9 +74,11 @@ def test_clip_higher_is_data_dapo_keeps_gradient_where_grpo_clips(lm):
     no_kl = losses.grpo_config(kl_coef=0.0, aggregation="token_mean")
     dapo = losses.dapo_config()
     (_, m_grpo), g_grpo = loss_and_grad("grpo", no_kl, apply_fn)(
-        params, with_den("grpo", batch, no_kl))
+        params, with_den("grpo", batch, no_kl)
+    )
     (_, m_dapo), g_dapo = loss_and_grad("dapo", dapo, apply_fn)(
-        params, with_den("dapo", batch, dapo))
+        params, with_den("dapo", batch, dapo)
+    )
     norm = lambda g: sum(float(jnp.sum(jnp.abs(x))) for x in jax.tree.leaves(g))  # noqa: E731
     assert norm(g_grpo) == 0.0
     assert norm(g_dapo) > 0.0
@@ -91,8 +97,9 @@ def test_micro_batches_sum_to_full_batch(lm, name, config):
     for k in (2, 4):
         tot_l, tot_g = 0.0, None
         for idx in np.array_split(np.arange(4), k):
-            (l, _), g = vg(params, {**take_rows(batch, idx),
-                                    "loss_denominator": full["loss_denominator"]})
+            (l, _), g = vg(
+                params, {**take_rows(batch, idx), "loss_denominator": full["loss_denominator"]}
+            )
             tot_l += float(l)
             tot_g = g if tot_g is None else jax.tree.map(jnp.add, tot_g, g)
         np.testing.assert_allclose(tot_l, float(l_full), rtol=1e-5, atol=1e-7)
@@ -108,9 +115,11 @@ def test_entropy_bonus_and_missing_reference(lm):
     base = losses.ppo_actor_config()
     bonus = losses.ppo_actor_config(entropy_coef=0.5)
     (l0, m0), _ = loss_and_grad("ppo_actor", base, apply_fn)(
-        params, with_den("ppo_actor", batch, base))
+        params, with_den("ppo_actor", batch, base)
+    )
     (l1, m1), _ = loss_and_grad("ppo_actor", bonus, apply_fn)(
-        params, with_den("ppo_actor", batch, bonus))
+        params, with_den("ppo_actor", batch, bonus)
+    )
     assert float(m0["entropy"]) > 0
     np.testing.assert_allclose(float(l1), float(l0) - 0.5 * float(m0["entropy"]), rtol=1e-5)
     no_ref = {k: v for k, v in batch.items() if k != "ref_logp"}
@@ -123,7 +132,8 @@ def test_ppo_critic_clipped_value_loss_by_hand(lm):
     batch = rl_batch(params, apply_fn)
     cfg = losses.ppo_critic_config(value_clip=0.2)
     (loss, metrics), _ = loss_and_grad("ppo_critic", cfg, apply_fn)(
-        params, with_den("ppo_critic", batch, cfg))
+        params, with_den("ppo_critic", batch, cfg)
+    )
     out = apply_fn(params, batch["input_ids"], attention_mask=batch["attention_mask"])
     m = np.asarray(batch["loss_mask"]).astype(bool)
     v = np.zeros(m.shape)
@@ -135,4 +145,7 @@ def test_ppo_critic_clipped_value_loss_by_hand(lm):
     assert 0.0 < float(metrics["vf/clipfrac"]) <= 1.0
     np.testing.assert_allclose(
         np.asarray(losses.critic_values(params, batch, apply_fn=apply_fn)),
-        np.where(m, v, 0.0), rtol=1e-5, atol=1e-6)
+        np.where(m, v, 0.0),
+        rtol=1e-5,
+        atol=1e-6,
+    )

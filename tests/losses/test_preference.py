@@ -35,14 +35,17 @@ def test_dpo_at_reference_is_log2(lm):
     batch = pref_batch()
     batch.update(losses.preference_reference_logps(params, batch, apply_fn=apply_fn))
     (loss, metrics), grads = loss_and_grad("dpo", DPO, apply_fn)(
-        params, with_den("dpo", batch, DPO))
+        params, with_den("dpo", batch, DPO)
+    )
     np.testing.assert_allclose(float(loss), math.log(2.0), rtol=1e-5)
     assert float(metrics["rewards/margins"]) == pytest.approx(0.0, abs=1e-5)
     assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
 
 
-@pytest.mark.parametrize("kind,smoothing", [("sigmoid", 0.0), ("ipo", 0.0), ("hinge", 0.0),
-                                            ("robust", 0.1), ("cdpo", 0.1)])
+@pytest.mark.parametrize(
+    "kind,smoothing",
+    [("sigmoid", 0.0), ("ipo", 0.0), ("hinge", 0.0), ("robust", 0.1), ("cdpo", 0.1)],
+)
 def test_dpo_equals_objective_on_known_logps(lm, kind, smoothing):
     """Loss over params == objectives.dpo_loss on the same summed log-probs (un-jitted)."""
     _, params, apply_fn = lm
@@ -55,10 +58,17 @@ def test_dpo_equals_objective_on_known_logps(lm, kind, smoothing):
     c, r = _sums(params, batch, apply_fn)
     n_c = np.asarray(batch["chosen_loss_mask"]).sum(-1)
     n_r = np.asarray(batch["rejected_loss_mask"]).sum(-1)
-    ref_losses, _ = dpo_objective(jnp.asarray(c), jnp.asarray(r), batch["ref_chosen_logps"],
-                                  batch["ref_rejected_logps"], beta=0.2, kind=kind,
-                                  label_smoothing=smoothing, chosen_lengths=jnp.asarray(n_c),
-                                  rejected_lengths=jnp.asarray(n_r))
+    ref_losses, _ = dpo_objective(
+        jnp.asarray(c),
+        jnp.asarray(r),
+        batch["ref_chosen_logps"],
+        batch["ref_rejected_logps"],
+        beta=0.2,
+        kind=kind,
+        label_smoothing=smoothing,
+        chosen_lengths=jnp.asarray(n_c),
+        rejected_lengths=jnp.asarray(n_r),
+    )
     np.testing.assert_allclose(float(loss), float(np.mean(ref_losses)), rtol=1e-5)
     rc = 0.2 * (c - np.asarray(batch["ref_chosen_logps"]))
     np.testing.assert_allclose(float(metrics["rewards/chosen"]), rc.mean(), rtol=1e-5)
@@ -89,8 +99,9 @@ def test_dpo_micro_batches_and_padding_pairs(lm):
     for k in (2, 4):
         tot_l, tot_g = 0.0, None
         for idx in np.array_split(np.arange(4), k):
-            (l, _), g = vg(params, {**take_rows(batch, idx),
-                                    "loss_denominator": full["loss_denominator"]})
+            (l, _), g = vg(
+                params, {**take_rows(batch, idx), "loss_denominator": full["loss_denominator"]}
+            )
             tot_l += float(l)
             tot_g = g if tot_g is None else jax.tree.map(jnp.add, tot_g, g)
         np.testing.assert_allclose(tot_l, float(l_full), rtol=1e-5)
@@ -99,8 +110,9 @@ def test_dpo_micro_batches_and_padding_pairs(lm):
     (l_pad, m_pad), _ = vg(params, with_den("dpo", padded, DPO))
     (_, m_full) = vg(params, full)[0]
     np.testing.assert_allclose(float(l_pad), float(l_full), rtol=1e-6)
-    np.testing.assert_allclose(float(m_pad["rewards/accuracies"]),
-                               float(m_full["rewards/accuracies"]))
+    np.testing.assert_allclose(
+        float(m_pad["rewards/accuracies"]), float(m_full["rewards/accuracies"])
+    )
 
 
 def test_simpo_and_orpo_by_hand(lm):
@@ -110,8 +122,9 @@ def test_simpo_and_orpo_by_hand(lm):
     ac = c / np.asarray(batch["chosen_loss_mask"]).sum(-1)
     ar = r / np.asarray(batch["rejected_loss_mask"]).sum(-1)
     simpo, _ = losses.simpo_loss(params, batch, apply_fn=apply_fn, config=losses.simpo_config())
-    np.testing.assert_allclose(float(simpo), np.mean(np.logaddexp(0, -(2.0 * (ac - ar) - 0.5))),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        float(simpo), np.mean(np.logaddexp(0, -(2.0 * (ac - ar) - 0.5))), rtol=1e-5
+    )
     orpo, m = losses.orpo_loss(params, batch, apply_fn=apply_fn, config=losses.orpo_config())
     log_odds = lambda a: a - np.log(-np.expm1(a))  # noqa: E731
     or_term = 0.1 * np.logaddexp(0, -(log_odds(ac) - log_odds(ar)))
@@ -122,12 +135,14 @@ def test_simpo_and_orpo_by_hand(lm):
 def test_reward_model_scores_last_token(lm):
     _, params, apply_fn = lm
     batch = pref_batch()
-    loss, metrics = losses.reward_model_loss(params, batch, apply_fn=apply_fn,
-                                             config=losses.reward_model_config())
+    loss, metrics = losses.reward_model_loss(
+        params, batch, apply_fn=apply_fn, config=losses.reward_model_config()
+    )
     scores = {}
     for side in ("chosen", "rejected"):
-        out = apply_fn(params, batch[f"{side}_input_ids"],
-                       attention_mask=batch[f"{side}_attention_mask"])
+        out = apply_fn(
+            params, batch[f"{side}_input_ids"], attention_mask=batch[f"{side}_attention_mask"]
+        )
         last = np.asarray(batch[f"{side}_attention_mask"]).sum(-1) - 1
         scores[side] = np.asarray(out.scalar)[np.arange(4), last]
     diff = scores["chosen"] - scores["rejected"]
@@ -136,7 +151,9 @@ def test_reward_model_scores_last_token(lm):
     # Same function scores rollouts: equal to the chosen scores.
     np.testing.assert_allclose(
         np.asarray(losses.reward_scores(params, batch, apply_fn=apply_fn, prefix="chosen_")),
-        scores["chosen"], rtol=1e-5)
+        scores["chosen"],
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.slow

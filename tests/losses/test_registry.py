@@ -20,9 +20,28 @@ from tests.losses.batches import (
     tree_allclose,
 )
 
-EXPECTED = {"sft", "reward_model", "ppo_actor", "ppo_critic", "grpo", "dr_grpo", "dapo", "gspo",
-            "reinforce", "reinforce_pp", "rloo", "remax", "dpo", "kto", "orpo", "simpo",
-            "pairwise_rank", "cispo", "sapo", "gmpo"}
+EXPECTED = {
+    "sft",
+    "reward_model",
+    "ppo_actor",
+    "ppo_critic",
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "reinforce",
+    "reinforce_pp",
+    "rloo",
+    "remax",
+    "dpo",
+    "kto",
+    "orpo",
+    "simpo",
+    "pairwise_rank",
+    "cispo",
+    "sapo",
+    "gmpo",
+}
 
 PRESET_ARGS = {"pairwise_rank": dict(group_size=2), "dr_grpo": dict(max_len=8)}
 
@@ -85,12 +104,16 @@ def test_default_denominator_is_denominator_fn(lm):
     """Without loss_denominator a loss divides by its denominator_fn (checked un-jitted on a
     cheap loss of each reduction kind: tokens, pairs, groups)."""
     _, params, apply_fn = lm
-    for name, batch in (("sft", seq_batch()), ("simpo", pref_batch()),
-                        ("pairwise_rank", rank_batch())):
+    for name, batch in (
+        ("sft", seq_batch()),
+        ("simpo", pref_batch()),
+        ("pairwise_rank", rank_batch()),
+    ):
         spec = losses.LOSSES[name]
         config = spec.preset(**PRESET_ARGS.get(name, {}))
         (with_d, _), _ = loss_and_grad(name, config, apply_fn)(
-            params, {**batch, "loss_denominator": spec.denominator_fn(batch, config)})
+            params, {**batch, "loss_denominator": spec.denominator_fn(batch, config)}
+        )
         without, _ = spec.loss_fn(params, batch, apply_fn=apply_fn, config=config)
         np.testing.assert_allclose(float(without), float(with_d), rtol=1e-5)
 
@@ -132,8 +155,7 @@ def test_configs_are_frozen_and_validated():
 def test_loss_configs_hold_only_hyperparameters():
     # How log-probs are computed (temperature, chunking, window, shared prompt) and which
     # advantage estimator the loop runs are not in any loss config.
-    loop_fields = {"temperature", "chunk_size", "logprob_window", "prompt_group_size",
-                   "advantage"}
+    loop_fields = {"temperature", "chunk_size", "logprob_window", "prompt_group_size", "advantage"}
     for name, spec in losses.LOSSES.items():
         fields = {f.name for f in dataclasses.fields(spec.config_cls)}
         assert not fields & loop_fields, (name, fields & loop_fields)
@@ -155,7 +177,8 @@ def test_algorithm_table_states_what_each_algorithm_needs():
     # the reference pass is asked of the loss config, not of the algorithm's name
     grpo = losses.LOSSES["grpo"]
     assert grpo.uses_reference(losses.grpo_config()) and not grpo.uses_reference(
-        losses.grpo_config(kl_coef=0.0))
+        losses.grpo_config(kl_coef=0.0)
+    )
     assert not losses.LOSSES["dpo"].uses_reference(losses.dpo_config(reference_free=True))
     with pytest.raises(ConfigError, match="allowed"):
         losses.get_algorithm("ppo2")
@@ -168,11 +191,16 @@ def test_traced_kl_coef_equals_the_config_value(lm):
     cfg = losses.grpo_config(kl_coef=0.04)
     batch = _batch_for("grpo", spec, params, apply_fn, cfg)
     fixed = jax.value_and_grad(spec.loss_fn, has_aux=True)(
-        params, batch, apply_fn=apply_fn, config=losses.grpo_config(kl_coef=0.3))
-    traced = jax.jit(jax.value_and_grad(
-        lambda p, beta: spec.loss_fn(p, batch, apply_fn=apply_fn, config=cfg,
-                                     hparams={"kl_coef": beta}), has_aux=True))(
-        params, jnp.float32(0.3))
+        params, batch, apply_fn=apply_fn, config=losses.grpo_config(kl_coef=0.3)
+    )
+    traced = jax.jit(
+        jax.value_and_grad(
+            lambda p, beta: spec.loss_fn(
+                p, batch, apply_fn=apply_fn, config=cfg, hparams={"kl_coef": beta}
+            ),
+            has_aux=True,
+        )
+    )(params, jnp.float32(0.3))
     np.testing.assert_allclose(traced[0][0], fixed[0][0], rtol=1e-5)
     tree_allclose(traced[1], fixed[1], atol=1e-5)
     with pytest.raises(ConfigError, match="cannot be traced"):

@@ -26,8 +26,9 @@ def test_sft_equals_masked_mean_nll_from_forward_logits(lm):
     cfg, params, apply_fn = lm
     batch = seq_batch()
     (loss, metrics), _ = _vg(apply_fn)(params, with_den("sft", batch, CONFIG))
-    logits, _ = models.forward(params, batch["input_ids"], config=cfg,
-                               attention_mask=batch["attention_mask"])
+    logits, _ = models.forward(
+        params, batch["input_ids"], config=cfg, attention_mask=batch["attention_mask"]
+    )
     logp_all = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     ids, lmask = np.asarray(batch["input_ids"]), np.asarray(batch["loss_mask"])
     total, count = 0.0, 0
@@ -70,8 +71,10 @@ def test_sft_micro_batches_sum_to_full_batch(lm):
         tree_allclose(tot_g, g_full, rtol=1e-4, atol=1e-6)
     # Without the global denominator, a mean of micro-batch means is NOT the token mean here
     # (ragged masks): the contract matters.
-    means = [float(_vg(apply_fn)(params, with_den("sft", take_rows(batch, i), CONFIG))[0][0])
-             for i in ([0, 1], [2, 3])]
+    means = [
+        float(_vg(apply_fn)(params, with_den("sft", take_rows(batch, i), CONFIG))[0][0])
+        for i in ([0, 1], [2, 3])
+    ]
     assert abs(np.mean(means) - float(l_full)) > 1e-4
 
 
@@ -95,14 +98,22 @@ def test_packed_sft_equals_unpacked(lm):
     seg[0, :6], seg[0, 6:11] = 1, 2
     pm = np.zeros((1, t), np.int32)
     pm[0, 2:6], pm[0, 8:11] = 1, 1
-    packed = {"input_ids": packed_ids, "attention_mask": (seg > 0).astype(np.int32),
-              "loss_mask": pm, "segment_ids": seg}
-    packed["positions"] = models.default_positions(jnp.asarray(packed["attention_mask"]),
-                                                   jnp.asarray(seg))
+    packed = {
+        "input_ids": packed_ids,
+        "attention_mask": (seg > 0).astype(np.int32),
+        "loss_mask": pm,
+        "segment_ids": seg,
+    }
+    packed["positions"] = models.default_positions(
+        jnp.asarray(packed["attention_mask"]), jnp.asarray(seg)
+    )
     packed = {k: jnp.asarray(v) for k, v in packed.items()}
     unpacked = {k: jnp.asarray(v) for k, v in unpacked.items()}
-    f = jax.jit(jax.value_and_grad(
-        lambda p, bt: losses.sft_loss(p, bt, apply_fn=apply_fn, config=CONFIG)[0]))
+    f = jax.jit(
+        jax.value_and_grad(
+            lambda p, bt: losses.sft_loss(p, bt, apply_fn=apply_fn, config=CONFIG)[0]
+        )
+    )
     lu, gu = f(params, unpacked)
     lp, gp = f(params, packed)
     np.testing.assert_allclose(float(lp), float(lu), rtol=1e-5)

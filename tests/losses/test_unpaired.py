@@ -26,16 +26,21 @@ def test_kto_by_hand(lm):
     per = np.where(label, 1.0 - sigmoid(0.5 * (r - z0)), 1.5 * (1.0 - sigmoid(0.5 * (z0 - r))))
     np.testing.assert_allclose(float(loss), per.mean(), rtol=1e-5)
     np.testing.assert_allclose(float(metrics["kl"]), z0, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(float(metrics["rewards/chosen"]), 0.5 * r[label].mean(),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        float(metrics["rewards/chosen"]), 0.5 * r[label].mean(), rtol=1e-4, atol=1e-5
+    )
     # Padding rows (no completion tokens, label 0, zero KL rows) change neither loss nor z0.
     padded = pad_rows(batch, 2)
     loss_p, metrics_p = losses.kto_loss(params, padded, apply_fn=apply_fn, config=cfg)
     np.testing.assert_allclose(float(loss_p), float(loss), rtol=1e-5)
     np.testing.assert_allclose(float(metrics_p["kl"]), float(metrics["kl"]), rtol=1e-5, atol=1e-7)
     with pytest.raises(DataError, match="kl_input_ids"):
-        losses.kto_loss(params, {k: v for k, v in batch.items() if k != "kl_input_ids"},
-                        apply_fn=apply_fn, config=cfg)
+        losses.kto_loss(
+            params,
+            {k: v for k, v in batch.items() if k != "kl_input_ids"},
+            apply_fn=apply_fn,
+            config=cfg,
+        )
 
 
 def test_pairwise_rank_by_hand_and_padding_groups(lm):
@@ -54,5 +59,6 @@ def test_pairwise_rank_by_hand_and_padding_groups(lm):
     loss_p, _ = losses.pairwise_rank_loss(params, padded, apply_fn=apply_fn, config=cfg)
     np.testing.assert_allclose(float(loss_p), float(loss), rtol=1e-5)
     with pytest.raises(DataError, match="group_size=3"):
-        losses.pairwise_rank_loss(params, batch, apply_fn=apply_fn,
-                                  config=losses.pairwise_rank_config(group_size=3))
+        losses.pairwise_rank_loss(
+            params, batch, apply_fn=apply_fn, config=losses.pairwise_rank_config(group_size=3)
+        )

@@ -18,29 +18,35 @@ ATOL = 1e-5
 def _qkv(seed, b, t, s, kh, g, e, dtype=jnp.float32):
     """Random q ``[B, T, K·G, E]``, k, v ``[B, S, K, E]`` (numpy: no compile per shape)."""
     rng = np.random.default_rng(seed)
-    return tuple(jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-                 for shape in ((b, t, kh * g, e), (b, s, kh, e), (b, s, kh, e)))
+    return tuple(
+        jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+        for shape in ((b, t, kh * g, e), (b, s, kh, e), (b, s, kh, e))
+    )
 
 
 def _value_and_grads(fn, q, k, v, w):
     """Output and d(sum(out · w))/d(q, k, v), jitted once."""
+
     def f(q, k, v):
         out = fn(q, k, v)
         return jnp.sum(out * w), out
+
     (_, out), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
     return out, grads
 
 
-def _compare(q, k, v, mask, *, window=None, softcap=None, block_q=8, block_k=16, rows=None,
-             grads=True):
+def _compare(
+    q, k, v, mask, *, window=None, softcap=None, block_q=8, block_k=16, rows=None, grads=True
+):
     """Max |blockwise − naive| over outputs (rows where ``rows`` [B, T] is true) and, with
     ``grads``, the gradients."""
     w = np.random.default_rng(7).standard_normal(q.shape).astype(np.float32)
     if rows is not None:
         w = w * np.asarray(rows)[:, :, None, None]
     naive = lambda q, k, v: M.naive_attention(q, k, v, mask, window=window, softcap=softcap)
-    block = lambda q, k, v: M.blockwise_attention(q, k, v, mask, window=window, softcap=softcap,
-                                                  block_q=block_q, block_k=block_k)
+    block = lambda q, k, v: M.blockwise_attention(
+        q, k, v, mask, window=window, softcap=softcap, block_q=block_q, block_k=block_k
+    )
     if grads:
         out_n, g_n = _value_and_grads(naive, q, k, v, w)
         out_b, g_b = _value_and_grads(block, q, k, v, w)
@@ -59,7 +65,7 @@ MASK_KINDS = ["causal", "left_padding", "segment_ids", "sliding_window", "softca
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_blockwise_equals_naive_for_each_mask_kind(kind):
-    b, t, kh, g, e = 2, 37, 2, 3, 8          # GQA: 6 query heads on 2 KV heads; T not a block multiple
+    b, t, kh, g, e = 2, 37, 2, 3, 8  # GQA: 6 query heads on 2 KV heads; T not a block multiple
     q, k, v = _qkv(0, b, t, t, kh, g, e)
     attn = jnp.ones((b, t), bool)
     seg = None
@@ -104,8 +110,8 @@ def test_blockwise_equals_naive_over_random_configs():
         kh, g = int(rng.integers(1, 3)), int(rng.integers(1, 4))
         e = int(rng.choice([4, 8]))
         t = int(rng.integers(1, 24))
-        offset = int(rng.integers(0, 10))                  # queries written at slot `offset`
-        s = offset + t + int(rng.integers(0, 8))           # cache slots (some never filled)
+        offset = int(rng.integers(0, 10))  # queries written at slot `offset`
+        s = offset + t + int(rng.integers(0, 8))  # cache slots (some never filled)
         q, k, v = _qkv(trial, b, t, s, kh, g, e)
         k_valid = rng.random((b, s)) > 0.3
         k_pos = np.cumsum(rng.integers(0, 2, (b, s)), axis=1).astype(np.int32)
@@ -119,11 +125,25 @@ def test_blockwise_equals_naive_over_random_configs():
             # avoid (the model's masks always let a query see itself), so leave them out.
             window = None
             rows = np.any(k_valid, axis=1)[:, None] & np.ones((b, t), bool)
-        mask = AttentionMask(q_index=q_index if causal else None, k_valid=k_valid,
-                             q_positions=k_pos[:, offset:offset + t], k_positions=k_pos)
+        mask = AttentionMask(
+            q_index=q_index if causal else None,
+            k_valid=k_valid,
+            q_positions=k_pos[:, offset : offset + t],
+            k_positions=k_pos,
+        )
         bq, bk = int(rng.integers(1, 9)), int(rng.integers(1, 9))
-        errs, _ = _compare(q, k, v, mask, window=window, softcap=softcap, block_q=bq,
-                           block_k=bk, rows=rows, grads=trial % 4 == 0)
+        errs, _ = _compare(
+            q,
+            k,
+            v,
+            mask,
+            window=window,
+            softcap=softcap,
+            block_q=bq,
+            block_k=bk,
+            rows=rows,
+            grads=trial % 4 == 0,
+        )
         assert max(errs) <= ATOL, (trial, errs)
 
 
@@ -139,18 +159,22 @@ def test_blockwise_backward_does_not_store_scores():
         return g.lower(x, x, x).compile().memory_analysis().temp_size_in_bytes
 
     naive = temp_bytes(M.naive_attention)
-    block = temp_bytes(lambda q, k, v, m: M.blockwise_attention(q, k, v, m, block_q=256,
-                                                                block_k=256))
+    block = temp_bytes(
+        lambda q, k, v, m: M.blockwise_attention(q, k, v, m, block_q=256, block_k=256)
+    )
     assert naive >= t * t * 4
-    assert block < 8 * 2 ** 20, block
+    assert block < 8 * 2**20, block
 
 
 # ----- the model through blockwise attention -------------------------------------------------
 
+
 def _configs(family="llama", **kw):
     c = M.ModelConfig.tiny(family, **kw)
-    return (dataclasses.replace(c, attention=AttentionImpl.NAIVE),
-            dataclasses.replace(c, attention=AttentionImpl.BLOCKWISE))
+    return (
+        dataclasses.replace(c, attention=AttentionImpl.NAIVE),
+        dataclasses.replace(c, attention=AttentionImpl.BLOCKWISE),
+    )
 
 
 @pytest.mark.parametrize("family,kw", [("llama", {}), ("mistral", {"sliding_window": 200})])
@@ -174,8 +198,11 @@ def test_model_packing_and_gradients_blockwise_equal_naive():
     seg = jnp.array([[0] * 6 + [1] * 7])
 
     def loss(c):
-        return jax.jit(jax.value_and_grad(lambda p: jnp.sum(
-            jnp.sin(M.forward(p, toks, config=c, segment_ids=seg)[0]))))
+        return jax.jit(
+            jax.value_and_grad(
+                lambda p: jnp.sum(jnp.sin(M.forward(p, toks, config=c, segment_ids=seg)[0]))
+            )
+        )
 
     (vn, gn), (vb, gb) = loss(naive)(p), loss(block)(p)
     np.testing.assert_allclose(vb, vn, rtol=1e-5)
@@ -190,14 +217,17 @@ def test_kv_cache_prefill_and_decode_blockwise_equal_full_naive():
     mask = jnp.ones((2, 9), bool).at[1, :3].set(False)
     full, _ = M.forward(p, toks, config=naive, attention_mask=mask)
     pos = M.default_positions(mask)
-    step = jax.jit(lambda p, t, m, ps, cache: M.forward(p, t, config=block, attention_mask=m,
-                                                        positions=ps, cache=cache))
+    step = jax.jit(
+        lambda p, t, m, ps, cache: M.forward(
+            p, t, config=block, attention_mask=m, positions=ps, cache=cache
+        )
+    )
     cache = M.init_cache(block, 2, 16)
     outs = []
     lg, cache = step(p, toks[:, :5], mask[:, :5], pos[:, :5], cache)
     outs.append(lg)
     for i in range(5, 9):
-        lg, cache = step(p, toks[:, i:i + 1], mask[:, i:i + 1], pos[:, i:i + 1], cache)
+        lg, cache = step(p, toks[:, i : i + 1], mask[:, i : i + 1], pos[:, i : i + 1], cache)
         outs.append(lg)
     inc = jnp.concatenate(outs, 1)
     diff = jnp.where(mask[..., None], inc - full, 0.0)
@@ -213,8 +243,9 @@ def test_shared_prefix_trunk_blockwise_equals_plain_naive():
     toks = jnp.concatenate([jnp.repeat(prompt, g, axis=0), comp], axis=1)
     mask = jnp.ones((4, t), bool).at[2:, :2].set(False).at[1, 9].set(False)
     ref, _ = M.trunk(p, toks, config=naive, attention_mask=mask)
-    got = M.trunk_shared_prefix(p, toks, config=block, prefix_len=tp, group_size=g,
-                                attention_mask=mask)
+    got = M.trunk_shared_prefix(
+        p, toks, config=block, prefix_len=tp, group_size=g, attention_mask=mask
+    )
     diff = jnp.where(mask[..., None], got - ref, 0.0)
     assert float(jnp.max(jnp.abs(diff))) <= ATOL
 
@@ -227,6 +258,7 @@ def test_config_attention_option_round_trips_and_validates():
 
 
 # ----- which implementation runs -------------------------------------------------------------
+
 
 def _select(backend, **kw):
     base = dict(num_queries=1024, num_keys=1024, head_dim=64, dtype=jnp.bfloat16)
@@ -241,18 +273,28 @@ def test_select_cpu_naive_for_small_and_decode_blockwise_for_long():
     assert _select("cpu", requested="cudnn") == AttentionImpl.BLOCKWISE
     assert _select("cpu", requested="splash") == AttentionImpl.BLOCKWISE
     assert _select("cpu", requested="naive") == AttentionImpl.NAIVE
-    assert _select("tpu", num_queries=256, num_keys=256, requested="blockwise") == \
-        AttentionImpl.BLOCKWISE
+    assert (
+        _select("tpu", num_queries=256, num_keys=256, requested="blockwise")
+        == AttentionImpl.BLOCKWISE
+    )
 
 
 @pytest.mark.parametrize("backend", ["gpu", "cuda"])
 def test_select_gpu_cudnn_and_each_unsupported_feature_falls_back(backend):
     assert _select(backend) == AttentionImpl.CUDNN
     assert _select(backend, requested="cudnn") == AttentionImpl.CUDNN
-    unsupported = [dict(key_mask=True), dict(segment_ids=True), dict(window=128),
-                   dict(softcap=50.0), dict(dtype=jnp.float32), dict(head_dim=100),
-                   dict(head_dim=256), dict(self_attention=False), dict(causal=False),
-                   dict(num_queries=1024, num_keys=2048)]
+    unsupported = [
+        dict(key_mask=True),
+        dict(segment_ids=True),
+        dict(window=128),
+        dict(softcap=50.0),
+        dict(dtype=jnp.float32),
+        dict(head_dim=100),
+        dict(head_dim=256),
+        dict(self_attention=False),
+        dict(causal=False),
+        dict(num_queries=1024, num_keys=2048),
+    ]
     for kw in unsupported:
         assert _select(backend, **kw) == AttentionImpl.BLOCKWISE, kw
         assert _select(backend, requested="cudnn", **kw) == AttentionImpl.BLOCKWISE, kw
@@ -262,11 +304,20 @@ def test_select_gpu_cudnn_and_each_unsupported_feature_falls_back(backend):
 def test_select_tpu_splash_and_each_unsupported_feature_falls_back():
     kw = dict(head_dim=128)
     assert _select("tpu", **kw) == AttentionImpl.SPLASH
-    for extra in (dict(key_mask=True), dict(segment_ids=True), dict(softcap=30.0),
-                  dict(dtype=jnp.float32)):
+    for extra in (
+        dict(key_mask=True),
+        dict(segment_ids=True),
+        dict(softcap=30.0),
+        dict(dtype=jnp.float32),
+    ):
         assert _select("tpu", **kw, **extra) == AttentionImpl.SPLASH, extra
-    for extra in (dict(window=64), dict(head_dim=64), dict(num_queries=1000, num_keys=1000),
-                  dict(self_attention=False), dict(causal=False)):
+    for extra in (
+        dict(window=64),
+        dict(head_dim=64),
+        dict(num_queries=1000, num_keys=1000),
+        dict(self_attention=False),
+        dict(causal=False),
+    ):
         assert _select("tpu", **{**kw, **extra}) == AttentionImpl.BLOCKWISE, extra
     assert _select("tpu", requested="cudnn", **kw) == AttentionImpl.BLOCKWISE
 
@@ -276,17 +327,19 @@ def test_attention_dispatch_follows_the_selection(monkeypatch):
 
     calls = []
     monkeypatch.setattr(attn_lib, "cudnn_attention", lambda q, k, v: calls.append("cudnn") or q)
-    monkeypatch.setattr(attn_lib, "splash_attention",
-                        lambda q, k, v, m, softcap=None: calls.append("splash") or q)
+    monkeypatch.setattr(
+        attn_lib, "splash_attention", lambda q, k, v, m, softcap=None: calls.append("splash") or q
+    )
     q, k, v = _qkv(0, 1, 128, 128, 1, 2, 128, jnp.bfloat16)
     mask = M.causal_self_mask(None, num_tokens=128)
     M.dot_product_attention(q, k, v, mask, backend="cuda")
     M.dot_product_attention(q, k, v, mask, backend="tpu")
-    out = M.dot_product_attention(q, k, v, mask, backend="cuda", softcap=10.0)   # cuDNN has no soft cap
+    out = M.dot_product_attention(
+        q, k, v, mask, backend="cuda", softcap=10.0
+    )  # cuDNN has no soft cap
     assert calls == ["cudnn", "splash"]
     ref = M.naive_attention(q, k, v, mask, softcap=10.0)
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32),
-                               atol=2e-2)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2)
 
 
 def test_splash_kernel_in_interpreter_matches_naive_on_real_tokens():
@@ -307,16 +360,19 @@ def test_blockwise_bfloat16_close_to_naive():
     ref = M.naive_attention(q, k, v, mask)
     got = M.blockwise_attention(q, k, v, mask, block_q=16, block_k=8)
     assert got.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
-                               atol=2e-2)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32), atol=2e-2)
 
 
 def test_cudnn_unavailable_falls_back_to_blockwise_with_a_warning():
     # On this CPU, cuDNN raises while tracing ("cuDNN is not detected"): blockwise runs instead.
     q, k, v = _qkv(6, 1, 600, 600, 1, 2, 64, jnp.bfloat16)
     mask = M.causal_self_mask(None, num_tokens=600)
-    assert M.select_attention_impl("cuda", num_queries=600, num_keys=600, head_dim=64,
-                                   dtype=jnp.bfloat16) == AttentionImpl.CUDNN
+    assert (
+        M.select_attention_impl(
+            "cuda", num_queries=600, num_keys=600, head_dim=64, dtype=jnp.bfloat16
+        )
+        == AttentionImpl.CUDNN
+    )
     with pytest.warns(RuntimeWarning, match="blockwise"):
         got = M.dot_product_attention(q, k, v, mask, backend="cuda")
     ref = M.blockwise_attention(q, k, v, mask)

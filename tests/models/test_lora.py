@@ -18,13 +18,19 @@ def test_lora_starts_at_base_and_merge_is_low_rank_update():
     np.testing.assert_allclose(got, ref, atol=1e-6)
     leaves, tdef = jax.tree.flatten(ad)
     keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
-    ad = jax.tree.unflatten(tdef, [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    ad = jax.tree.unflatten(
+        tdef, [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    )
     merged = merge_lora(base, ad, lc)
     delta = merged["layers"]["o_proj"]["kernel"] - base["layers"]["o_proj"]["kernel"]
     L, H, E, D = delta.shape
     assert np.linalg.matrix_rank(np.asarray(delta[0]).reshape(H * E, D)) == 2
-    expected = 2.0 * np.einsum("ir,ro->io", ad["layers"]["o_proj"]["a"][0], ad["layers"]["o_proj"]["b"][0])
-    np.testing.assert_allclose(np.asarray(delta[0]).reshape(H * E, D), expected, rtol=1e-4, atol=1e-6)
+    expected = 2.0 * np.einsum(
+        "ir,ro->io", ad["layers"]["o_proj"]["a"][0], ad["layers"]["o_proj"]["b"][0]
+    )
+    np.testing.assert_allclose(
+        np.asarray(delta[0]).reshape(H * E, D), expected, rtol=1e-4, atol=1e-6
+    )
 
 
 def test_gradients_reach_adapters_only():
@@ -36,7 +42,7 @@ def test_gradients_reach_adapters_only():
 
     def loss(ad):
         lg, _ = M.forward(merge_lora(base, ad, lc), toks, config=c)
-        return jnp.mean(lg ** 2)
+        return jnp.mean(lg**2)
 
     g = jax.grad(loss)(ad)
     assert set(g["layers"]) == {"q_proj", "down_proj"}
@@ -63,8 +69,9 @@ def test_attached_adapters_equal_the_merged_tree_in_value_and_gradient(arch):
     ad = init_lora(c, lc, jax.random.PRNGKey(1))
     leaves, tdef = jax.tree.flatten(ad)
     keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
-    ad = jax.tree.unflatten(tdef, [x + 0.1 * jax.random.normal(k, x.shape)
-                                   for x, k in zip(leaves, keys)])
+    ad = jax.tree.unflatten(
+        tdef, [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    )
     toks = jax.random.randint(jax.random.PRNGKey(2), (4, 7), 0, c.vocab_size)
     mask = jnp.ones_like(toks).at[1, :2].set(0)
 
@@ -83,8 +90,9 @@ def test_attached_adapters_equal_the_merged_tree_in_value_and_gradient(arch):
     same = jnp.broadcast_to(toks[:1, :4], (4, 4))
     grouped = jnp.concatenate([same, toks[:, 4:]], axis=1)
     full, _ = M.trunk(attach_lora(base, ad, lc), grouped, config=c)
-    shared = M.trunk_shared_prefix(attach_lora(base, ad, lc), grouped, config=c,
-                                   prefix_len=4, group_size=4)
+    shared = M.trunk_shared_prefix(
+        attach_lora(base, ad, lc), grouped, config=c, prefix_len=4, group_size=4
+    )
     np.testing.assert_allclose(shared, full, rtol=1e-4, atol=1e-5)
 
 
@@ -100,7 +108,8 @@ def test_attached_adapters_form_no_kernel_sized_gradient():
     def flops(put):
         def f(ad):
             out = M.apply(put(base, ad, lc), toks, config=c)
-            return jnp.sum(out.hidden ** 2)
+            return jnp.sum(out.hidden**2)
+
         ca = jax.jit(jax.grad(f)).lower(ad).compile().cost_analysis()
         ca = ca[0] if isinstance(ca, (list, tuple)) else ca
         return float(ca["flops"])

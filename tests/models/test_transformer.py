@@ -17,13 +17,16 @@ def test_cached_stepwise_equals_full_forward(family):
     full, _ = M.forward(p, toks, config=c, attention_mask=mask)
     pos = M.default_positions(mask)
     cache = M.init_cache(c, 2, 16)
-    step = jax.jit(lambda p, t, m, ps, cache: M.forward(p, t, config=c, attention_mask=m,
-                                                        positions=ps, cache=cache))
+    step = jax.jit(
+        lambda p, t, m, ps, cache: M.forward(
+            p, t, config=c, attention_mask=m, positions=ps, cache=cache
+        )
+    )
     outs = []
     lg, cache = step(p, toks[:, :5], mask[:, :5], pos[:, :5], cache)
     outs.append(lg)
     for i in range(5, 9):
-        lg, cache = step(p, toks[:, i:i + 1], mask[:, i:i + 1], pos[:, i:i + 1], cache)
+        lg, cache = step(p, toks[:, i : i + 1], mask[:, i : i + 1], pos[:, i : i + 1], cache)
         outs.append(lg)
     inc = jnp.concatenate(outs, 1)
     diff = jnp.where(mask[..., None], inc - full, 0.0)
@@ -62,7 +65,9 @@ def test_param_count_and_logical_axes_cover_every_parameter():
         p = M.init_params(c, jax.random.PRNGKey(0))
         axes = M.param_logical_axes(c)
         flat_p = jax.tree_util.tree_leaves_with_path(p)
-        flat_a = dict(jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple)))
+        flat_a = dict(
+            jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))
+        )
         assert c.num_params() == sum(x.size for _, x in flat_p)
         for path, leaf in flat_p:
             assert len(flat_a[path]) == leaf.ndim, path
@@ -112,14 +117,21 @@ def test_shared_prefix_trunk_equals_plain_trunk_values_and_grads(family, remat):
     real = mask[..., None]
 
     def objective(params, shared):
-        out = M.apply(params, toks, config=c, attention_mask=mask, remat=remat,
-                      shared_prefix=(5, 3) if shared else None)
+        out = M.apply(
+            params,
+            toks,
+            config=c,
+            attention_mask=mask,
+            remat=remat,
+            shared_prefix=(5, 3) if shared else None,
+        )
         return jnp.sum(jnp.where(real, out.hidden * w, 0.0)) + jnp.sum(out.scalar * mask), out
 
     (v0, o0), g0 = jax.value_and_grad(objective, has_aux=True)(p, False)
     (v1, o1), g1 = jax.value_and_grad(objective, has_aux=True)(p, True)
-    np.testing.assert_allclose(np.where(real, o1.hidden, 0), np.where(real, o0.hidden, 0),
-                               atol=2e-5)
+    np.testing.assert_allclose(
+        np.where(real, o1.hidden, 0), np.where(real, o0.hidden, 0), atol=2e-5
+    )
     np.testing.assert_allclose(v1, v0, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)

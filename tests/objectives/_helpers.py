@@ -40,5 +40,9 @@ def pad_with_garbage(logp, old, adv, mask):
     """The same batch with NaN/Inf at every padded position and an extra all-padding row."""
     bad = lambda x, v: jnp.where(mask > 0, x, v)  # noqa: E731
     pad = lambda x, v: jnp.concatenate([x, jnp.full((1,) + x.shape[1:], v)], 0)  # noqa: E731
-    return (pad(bad(logp, -jnp.inf), jnp.nan), pad(bad(old, jnp.nan), 0.0),
-            jnp.concatenate([adv, jnp.array([jnp.nan])]), pad(mask, 0))
+    return (
+        pad(bad(logp, -jnp.inf), jnp.nan),
+        pad(bad(old, jnp.nan), 0.0),
+        jnp.concatenate([adv, jnp.array([jnp.nan])]),
+        pad(mask, 0),
+    )

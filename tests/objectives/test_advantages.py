@@ -66,11 +66,13 @@ def test_remax():
 
 # ---------------------------------------------------------------- returns / REINFORCE++
 def test_discounted_returns_hand_and_interior_padding():
-    got = obj.discounted_returns(jnp.array([[1.0, 2.0, 3.0, 9.0]]), jnp.array([[1, 1, 1, 0]]),
-                                 gamma=0.5)
+    got = obj.discounted_returns(
+        jnp.array([[1.0, 2.0, 3.0, 9.0]]), jnp.array([[1, 1, 1, 0]]), gamma=0.5
+    )
     np.testing.assert_allclose(got, [[2.75, 3.5, 3.0, 0.0]])
-    padded = obj.discounted_returns(jnp.array([[1.0, 9.0, 2.0, 3.0]]),
-                                    jnp.array([[1, 0, 1, 1]]), gamma=0.5)
+    padded = obj.discounted_returns(
+        jnp.array([[1.0, 9.0, 2.0, 3.0]]), jnp.array([[1, 0, 1, 1]]), gamma=0.5
+    )
     np.testing.assert_allclose(padded, [[2.75, 0.0, 3.5, 3.0]])
 
 
@@ -93,16 +95,25 @@ def test_reinforce_pp_baseline_hand_values(run):
     vals = np.array([0.5, 0.5, -0.5, 0, 0, 0, 0])  # group-centred, per valid token
     mean, var = vals.mean(), vals.var(ddof=1)
     k = 1.0 / math.sqrt(var + 1e-8)
-    expected = np.array([[0.5 - mean] * 2 + [0], [-0.5 - mean, 0, 0], [-mean] * 3,
-                         [-mean, 0, 0]]) * k * np.asarray(m)
+    expected = (
+        np.array([[0.5 - mean] * 2 + [0], [-0.5 - mean, 0, 0], [-mean] * 3, [-mean, 0, 0]])
+        * k
+        * np.asarray(m)
+    )
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
     assert float(got[0, 0]) == pytest.approx(1.242118, rel=1e-5)  # (0.5 − 1/14)·rsqrt(5/42)
 
 
 # ---------------------------------------------------------------- GAE
 def test_gae_hand_values(run):
-    adv, ret = run(obj.gae, jnp.array([[0.0, 0.0, 1.0]]), jnp.array([[0.5, 0.6, 0.7]]),
-                   jnp.ones((1, 3)), gamma=1.0, lam=0.5)
+    adv, ret = run(
+        obj.gae,
+        jnp.array([[0.0, 0.0, 1.0]]),
+        jnp.array([[0.5, 0.6, 0.7]]),
+        jnp.ones((1, 3)),
+        gamma=1.0,
+        lam=0.5,
+    )
     np.testing.assert_allclose(adv, [[0.225, 0.25, 0.3]], rtol=1e-6)
     np.testing.assert_allclose(ret, [[0.725, 0.85, 1.0]], rtol=1e-6)
 
@@ -146,8 +157,9 @@ def test_whiten_matches_verl_formula():
     x = jnp.array([1.0, 2.0, 3.0, 4.0, 100.0])
     m = jnp.array([1, 1, 1, 1, 0])
     w = obj.whiten(x, m, eps=0.0)
-    np.testing.assert_allclose(w[:4], (np.arange(1, 5) - 2.5) / np.std([1, 2, 3, 4], ddof=1),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        w[:4], (np.arange(1, 5) - 2.5) / np.std([1, 2, 3, 4], ddof=1), rtol=1e-6
+    )
     assert float(w[4]) == 0.0
     w2 = obj.whiten(x, m, eps=0.0, shift_mean=False)
     np.testing.assert_allclose(w2[:4], np.asarray(w[:4]) + 2.5, rtol=1e-6)
@@ -157,16 +169,23 @@ def test_whiten_matches_verl_formula():
 def test_process_advantages_hand_values(run):
     step_r = jnp.array([[1.0, 0.0, 0.5], [0.5, 2.0, 9.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     step_m = jnp.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 0, 0]])
-    ids = jnp.array([[-1, 0, 0, 1, 2, 2], [-1, 0, 1, 1, -1, -1],
-                     [-1, 0, 0, -1, -1, -1], [0, -1, -1, -1, -1, -1]])
+    ids = jnp.array(
+        [
+            [-1, 0, 0, 1, 2, 2],
+            [-1, 0, 1, 1, -1, -1],
+            [-1, 0, 0, -1, -1, -1],
+            [0, -1, -1, -1, -1, -1],
+        ]
+    )
     got = np.asarray(run(obj.process_advantages, step_r, step_m, ids, group_size=2, eps=0.0))
     # group 0 steps {1, 0, .5, .5, 2}: mean 0.8, unbiased var 2.3/4
     s = math.sqrt(2.3 / 4)
     n = lambda x: (x - 0.8) / s  # noqa: E731
     row0 = [n(1.0) + n(0.0) + n(0.5), n(0.0) + n(0.5), n(0.5)]
     row1 = [n(0.5) + n(2.0), n(2.0)]
-    np.testing.assert_allclose(got[0], [0, row0[0], row0[0], row0[1], row0[2], row0[2]],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        got[0], [0, row0[0], row0[0], row0[1], row0[2], row0[2]], rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(got[1], [0, row1[0], row1[1], row1[1], 0, 0], rtol=1e-5)
     # group 1: all step rewards equal -> zeros, never NaN
     np.testing.assert_array_equal(got[2:], 0.0)
@@ -179,13 +198,24 @@ def test_kl_shaped_rewards_hand_values(run):
     ref = jnp.array([[-1.5, -2.0, -0.5, 0.0], [-1.0, 0.0, 0.0, 0.0], [1.0] * 4])
     m = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
     got = run(obj.kl_shaped_rewards, scores, logp, ref, m, kl_coef=0.1)
-    np.testing.assert_allclose(got, [[-0.05, 0.0, 2.05, 0.0], [5.0, 0, 0, 0], [0, 0, 0, 0]],
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        got, [[-0.05, 0.0, 2.05, 0.0], [5.0, 0, 0, 0], [0, 0, 0, 0]], rtol=1e-6, atol=1e-7
+    )
 
 
-@pytest.mark.parametrize("length, expected", [
-    (10, 0.0), (16, 0.0), (17, -0.25), (18, -0.5), (19, -0.75), (20, -1.0), (21, -1.0),
-    (100, -1.0)])
+@pytest.mark.parametrize(
+    "length, expected",
+    [
+        (10, 0.0),
+        (16, 0.0),
+        (17, -0.25),
+        (18, -0.5),
+        (19, -0.75),
+        (20, -1.0),
+        (21, -1.0),
+        (100, -1.0),
+    ],
+)
 def test_overlong_penalty_dapo(length, expected):
     got = obj.overlong_penalty(jnp.array([length]), max_len=20, buffer=4)
     assert float(got[0]) == pytest.approx(expected)
@@ -198,10 +228,13 @@ def test_overlong_penalty_errors():
 
 def test_informative_groups(run):
     r = jnp.array([1.0, 1.0, 0.0, 1.0, 2.0, 2.0])
-    np.testing.assert_array_equal(run(obj.informative_groups, r, group_size=2),
-                                  [False, True, False])
-    np.testing.assert_array_equal(obj.informative_groups(r, group_size=2, per_row=True),
-                                  [False, False, True, True, False, False])
+    np.testing.assert_array_equal(
+        run(obj.informative_groups, r, group_size=2), [False, True, False]
+    )
+    np.testing.assert_array_equal(
+        obj.informative_groups(r, group_size=2, per_row=True),
+        [False, False, True, True, False, False],
+    )
 
 
 def test_vmap_over_independent_batches():

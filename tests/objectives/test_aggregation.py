@@ -71,16 +71,20 @@ def test_errors():
 def test_enum_and_vmap():
     a = obj.aggregate(L, M, mode=obj.AggregationMode.SEQ_MEAN_TOKEN_MEAN)
     stacked = jax.vmap(lambda l, m: obj.aggregate(l, m, mode="seq_mean_token_mean"))(
-        jnp.stack([L, 2 * L]), jnp.stack([M, M]))
+        jnp.stack([L, 2 * L]), jnp.stack([M, M])
+    )
     np.testing.assert_allclose(stacked, [float(a), 2 * float(a)], rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode, ours, verl", [
-    ("seq_mean_token_mean", 11.5 / 3, 11.5 / 4),
-    ("seq_mean_token_sum", 21.0 / 3, 21.0 / 4),
-    ("seq_mean_token_sum_norm", 21.0 / 12, 21.0 / 16),
-    ("token_mean", 3.5, 3.5),
-])
+@pytest.mark.parametrize(
+    "mode, ours, verl",
+    [
+        ("seq_mean_token_mean", 11.5 / 3, 11.5 / 4),
+        ("seq_mean_token_sum", 21.0 / 3, 21.0 / 4),
+        ("seq_mean_token_sum_norm", 21.0 / 12, 21.0 / 16),
+        ("token_mean", 3.5, 3.5),
+    ],
+)
 def test_empty_row_conventions(mode, ours, verl):
     l4 = jnp.concatenate([L, jnp.ones((1, 4))], 0)
     m4 = jnp.concatenate([M, jnp.zeros((1, 4), M.dtype)], 0)

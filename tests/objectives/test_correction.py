@@ -34,8 +34,9 @@ def test_token_truncate_hand_values(run):
 
 def test_token_mask_hand_values(run):
     logp, rollout = _pair([0.5, 1.5, 3.0, 0.9])
-    w, met = run(obj.rollout_correction, logp, rollout, jnp.ones((1, 4)), mode="mask",
-                 low=0.8, high=2.0)
+    w, met = run(
+        obj.rollout_correction, logp, rollout, jnp.ones((1, 4)), mode="mask", low=0.8, high=2.0
+    )
     np.testing.assert_allclose(w, [[0.0, 1.5, 0.0, 0.9]], rtol=1e-6)
     assert float(met["outside_frac"]) == pytest.approx(0.5)
 
@@ -44,8 +45,9 @@ def test_sequence_level_broadcasts_the_row_product(run):
     logp = jnp.log(jnp.array([[1.2, 1.5, 9.0], [0.5, 0.9, 1.0]]))
     rollout = jnp.zeros((2, 3))
     m = jnp.array([[1, 1, 0], [1, 1, 1]])  # 9.0 is padding
-    w, met = run(obj.rollout_correction, logp, rollout, m, level="sequence", mode="mask",
-                 low=0.5, high=2.0)
+    w, met = run(
+        obj.rollout_correction, logp, rollout, m, level="sequence", mode="mask", low=0.5, high=2.0
+    )
     np.testing.assert_allclose(w, [[1.8, 1.8, 0.0], [0.0, 0.0, 0.0]], rtol=1e-5)
     assert float(met["seq_outside_frac"]) == pytest.approx(0.5)
     assert float(met["outside_frac"]) == pytest.approx(3 / 5)

@@ -14,8 +14,10 @@ def _grad(f):
 
 def _np_cov(logp, adv, mask):
     """Reference Cov_t over the valid tokens, written out in NumPy."""
-    lp, a, m = (np.asarray(x, np.float64) for x in (logp, np.broadcast_to(
-        np.asarray(adv)[:, None], np.shape(logp)), mask))
+    lp, a, m = (
+        np.asarray(x, np.float64)
+        for x in (logp, np.broadcast_to(np.asarray(adv)[:, None], np.shape(logp)), mask)
+    )
     valid = m > 0
     return np.where(valid, (lp - lp[valid].mean()) * (a - a[valid].mean()), 0.0)
 
@@ -57,15 +59,14 @@ def test_kl_cov_matches_reference_selection(run):
     assert float(met["cov_selected_min"]) == pytest.approx(cov[sel].min(), rel=1e-5)
     assert float(met["cov_mean"]) == pytest.approx(cov[np.asarray(m) > 0].mean(), rel=1e-5)
     # gradient: −A·r everywhere, plus coef·sign(log r) on the selected tokens
-    g = _grad(lambda x: obj.kl_cov_loss(x, old, adv, m, kl_cov_ratio=0.25,
-                                        kl_coef=0.7)[0])(logp)
+    g = _grad(lambda x: obj.kl_cov_loss(x, old, adv, m, kl_cov_ratio=0.25, kl_coef=0.7)[0])(logp)
     lr = np.asarray(logp - old)
     a = np.broadcast_to(np.asarray(adv)[:, None], lr.shape)
-    want_g = np.where(np.asarray(m) > 0, -a * np.exp(lr) + np.where(sel, 0.7 * np.sign(lr), 0),
-                      0) / n
+    want_g = (
+        np.where(np.asarray(m) > 0, -a * np.exp(lr) + np.where(sel, 0.7 * np.sign(lr), 0), 0) / n
+    )
     np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-7)
-    check_grad_fd(lambda x: obj.kl_cov_loss(x, old, adv, m, kl_cov_ratio=0.25)[0], logp, m,
-                  h=1e-4)
+    check_grad_fd(lambda x: obj.kl_cov_loss(x, old, adv, m, kl_cov_ratio=0.25)[0], logp, m, h=1e-4)
 
 
 def test_kl_cov_token_count_at_least_one_and_exact_products():
@@ -113,8 +114,7 @@ def test_clip_cov_detaches_a_random_subset_of_candidates(run):
     assert float(loss) == pytest.approx(ppo_loss, rel=1e-6)  # the value is kept (detach)
     assert float(met["cov_clipfrac"]) == pytest.approx(2 / int(np.sum(m)))
     assert float(met["cov_candidate_frac"]) == pytest.approx(cand.sum() / np.sum(m))
-    grad = jax.jit(jax.grad(lambda x, key: obj.clip_cov_loss(x, old, adv, m, key=key,
-                                                             **kw)[0]))
+    grad = jax.jit(jax.grad(lambda x, key: obj.clip_cov_loss(x, old, adv, m, key=key, **kw)[0]))
     subsets = set()
     for seed in range(4):
         g = np.asarray(grad(logp, jax.random.PRNGKey(seed)))
@@ -130,12 +130,16 @@ def test_clip_cov_all_candidates_or_none():
     key = jax.random.PRNGKey(0)
     ppo_g = _ppo_grad(logp, old, adv, m)
     # empty band: nothing detached, PPO's gradient
-    g = _grad(lambda x: obj.clip_cov_loss(x, old, adv, m, key=key, clip_cov_lb=1e6,
-                                          clip_cov_ub=2e6)[0])(logp)
+    g = _grad(
+        lambda x: obj.clip_cov_loss(x, old, adv, m, key=key, clip_cov_lb=1e6, clip_cov_ub=2e6)[0]
+    )(logp)
     np.testing.assert_allclose(g, ppo_g, rtol=1e-6)
     # ratio 1 and a band holding everything: every unclipped token detached
-    g = _grad(lambda x: obj.clip_cov_loss(x, old, adv, m, key=key, clip_cov_ratio=1.0,
-                                          clip_cov_lb=-1e6, clip_cov_ub=1e6)[0])(logp)
+    g = _grad(
+        lambda x: obj.clip_cov_loss(
+            x, old, adv, m, key=key, clip_cov_ratio=1.0, clip_cov_lb=-1e6, clip_cov_ub=1e6
+        )[0]
+    )(logp)
     assert float(jnp.max(jnp.abs(g))) == 0.0
     with pytest.raises(ConfigError, match="clip_cov_lb"):
         obj.clip_cov_loss(logp, old, adv, m, key=key, clip_cov_lb=5.0, clip_cov_ub=1.0)
@@ -147,8 +151,13 @@ def test_padding_changes_nothing(which):
     if which == "kl_cov":
         fn = lambda *a: obj.kl_cov_loss(*a, kl_cov_ratio=0.2)  # noqa: E731
     else:
-        fn = lambda *a: obj.clip_cov_loss(*a, key=jax.random.PRNGKey(1), clip_cov_ratio=1.0,  # noqa
-                                          clip_cov_lb=-1.0, clip_cov_ub=0.1)
+        fn = lambda *a: obj.clip_cov_loss(
+            *a,
+            key=jax.random.PRNGKey(1),
+            clip_cov_ratio=1.0,  # noqa
+            clip_cov_lb=-1.0,
+            clip_cov_ub=0.1,
+        )
     want, met = fn(logp, old, adv, m)
     padded = pad_with_garbage(logp, old, adv, m)
     got, met2 = fn(*padded)

@@ -12,12 +12,15 @@ LOGP = jnp.array([[-1.0, -3.0, -2.0]])
 REF = jnp.array([[-1.5, -2.0, -2.0]])  # d = [0.5, -1, 0]
 
 
-@pytest.mark.parametrize("kind, expected", [
-    ("k1", [0.5, -1.0, 0.0]),
-    ("k2", [0.125, 0.5, 0.0]),
-    ("k3", [math.exp(-0.5) - 0.5, math.e - 2.0, 0.0]),
-    ("abs", [0.5, 1.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("k1", [0.5, -1.0, 0.0]),
+        ("k2", [0.125, 0.5, 0.0]),
+        ("k3", [math.exp(-0.5) - 0.5, math.e - 2.0, 0.0]),
+        ("abs", [0.5, 1.0, 0.0]),
+    ],
+)
 def test_kl_kinds_hand_values(run, kind, expected):
     got = run(obj.kl_penalty, LOGP, REF, kind=kind)
     np.testing.assert_allclose(got[0], expected, rtol=1e-6, atol=1e-7)

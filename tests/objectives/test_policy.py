@@ -102,15 +102,21 @@ def test_gspo_value_and_gradient_match_sequence_objective():
         return -jnp.mean(jnp.minimum(s * adv, jnp.clip(s, 1 - clip, 1 + clip) * adv))
 
     def ours(lp):
-        return obj.policy_loss(lp, old, adv, m, clip_eps=clip, ratio_level="sequence",
-                               aggregation="seq_mean_token_mean")[0]
+        return obj.policy_loss(
+            lp,
+            old,
+            adv,
+            m,
+            clip_eps=clip,
+            ratio_level="sequence",
+            aggregation="seq_mean_token_mean",
+        )[0]
+
     assert float(ours(logp)) == pytest.approx(float(gspo(logp)), rel=1e-5)
-    np.testing.assert_allclose(_grad(ours)(logp), _grad(gspo)(logp), rtol=1e-4,
-                               atol=1e-7)
+    np.testing.assert_allclose(_grad(ours)(logp), _grad(gspo)(logp), rtol=1e-4, atol=1e-7)
     lr = obj.sequence_log_ratio(logp, old, m)
     row = np.asarray(jnp.sum((logp - old) * m, 1) / jnp.sum(m, 1))
-    np.testing.assert_allclose(np.asarray(lr), row[:, None] * np.asarray(m), rtol=1e-5,
-                               atol=1e-7)
+    np.testing.assert_allclose(np.asarray(lr), row[:, None] * np.asarray(m), rtol=1e-5, atol=1e-7)
 
 
 def test_advantage_shapes_broadcast():
@@ -127,8 +133,11 @@ def test_padding_changes_nothing_and_gradients_finite():
     loss, met = obj.policy_loss(logp, old, adv, m, **kw)
     bad = lambda x, v: jnp.where(m > 0, x, v)  # noqa: E731
     pad = lambda x, v: jnp.concatenate([x, jnp.full((1, x.shape[1]), v)], 0)  # noqa: E731
-    logp2, old2, ref2 = pad(bad(logp, -jnp.inf), jnp.nan), pad(bad(old, jnp.nan), 0.0), \
-        pad(bad(ref, jnp.inf), jnp.nan)
+    logp2, old2, ref2 = (
+        pad(bad(logp, -jnp.inf), jnp.nan),
+        pad(bad(old, jnp.nan), 0.0),
+        pad(bad(ref, jnp.inf), jnp.nan),
+    )
     m2 = pad(m, 0)
     adv2 = jnp.concatenate([adv, jnp.array([jnp.nan])])
     for level in ("token", "sequence"):
@@ -136,8 +145,9 @@ def test_padding_changes_nothing_and_gradients_finite():
         want, _ = obj.policy_loss(logp, old, adv, m, **kw2)
         got, met2 = obj.policy_loss(logp2, old2, adv2, m2, **dict(kw2, ref_logp=ref2))
         assert float(got) == pytest.approx(float(want), rel=1e-6)
-        g = _grad(lambda lp: obj.policy_loss(lp, old2, adv2, m2,
-                                                **dict(kw2, ref_logp=ref2))[0])(logp2)
+        g = _grad(lambda lp: obj.policy_loss(lp, old2, adv2, m2, **dict(kw2, ref_logp=ref2))[0])(
+            logp2
+        )
         assert np.isfinite(np.asarray(g)).all()
         assert (np.asarray(g)[np.asarray(m2) == 0] == 0).all()
     for k in met:
@@ -162,13 +172,16 @@ def test_approx_kl_is_k3_old_to_new():
     assert float(met["approx_kl"]) == pytest.approx(2.0 - 1.0 - math.log(2.0), rel=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
-                                  "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize(
+    "mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
+)
 def test_parts_accumulate_to_whole_batch(mode):
     logp, old, adv, m = _batch(6)
     whole, _ = obj.policy_loss(logp, old, adv, m, aggregation=mode, max_len=6)
-    parts = [obj.policy_loss_parts(logp[a:b], old[a:b], adv[a:b], m[a:b], aggregation=mode,
-                                   max_len=6) for a, b in [(0, 1), (1, 4)]]
+    parts = [
+        obj.policy_loss_parts(logp[a:b], old[a:b], adv[a:b], m[a:b], aggregation=mode, max_len=6)
+        for a, b in [(0, 1), (1, 4)]
+    ]
     total = sum(p[0] for p in parts) / sum(p[1] for p in parts)
     assert float(total) == pytest.approx(float(whole), rel=1e-5)
 
@@ -178,15 +191,17 @@ def test_vmap_over_independent_batches():
     stacked = [jnp.stack(x) for x in zip(*batches)]
     got = jax.vmap(lambda *a: obj.policy_loss(*a, clip_eps=0.1)[0])(*stacked)
     for i, bt in enumerate(batches):
-        assert float(got[i]) == pytest.approx(float(obj.policy_loss(*bt, clip_eps=0.1)[0]),
-                                              rel=1e-5)
+        assert float(got[i]) == pytest.approx(
+            float(obj.policy_loss(*bt, clip_eps=0.1)[0]), rel=1e-5
+        )
 
 
 def test_is_weights_of_ones_equal_no_weights():
     logp, old, adv, m = _batch(9)
     kw = dict(dual_clip=3.0, ref_logp=logp - 0.1, kl_coef=0.05)
-    f = jax.jit(jax.value_and_grad(lambda lp, w: obj.policy_loss(lp, old, adv, m, **kw,
-                                                                  is_weights=w)[0]))
+    f = jax.jit(
+        jax.value_and_grad(lambda lp, w: obj.policy_loss(lp, old, adv, m, **kw, is_weights=w)[0])
+    )
     g = jax.jit(jax.value_and_grad(lambda lp: obj.policy_loss(lp, old, adv, m, **kw)[0]))
     (a, ga), (b, gb) = f(logp, jnp.ones_like(logp)), g(logp)
     assert float(a) == float(b)
@@ -201,8 +216,7 @@ def test_is_weights_scale_the_surrogate_not_the_kl_and_keep_the_denominator(run)
     assert float(loss) == pytest.approx((2 * -1.2 + 0 * -0.5) / 2, rel=1e-6)
     assert float(met["is_weight_mean"]) == pytest.approx(1.0)
     ref = old  # KL term untouched by the weights
-    with_kl, _ = run(obj.policy_loss, logp, old, adv, m, is_weights=w, ref_logp=ref,
-                     kl_coef=0.5)
+    with_kl, _ = run(obj.policy_loss, logp, old, adv, m, is_weights=w, ref_logp=ref, kl_coef=0.5)
     k3 = obj.aggregate(obj.kl_penalty(logp, ref, kind="k3"), m)
     assert float(with_kl) == pytest.approx(float(loss) + 0.5 * float(k3), rel=1e-5)
     # gradient: w·(PPO gradient); finite differences agree

@@ -13,6 +13,7 @@ def _grad(f):
     """Jitted gradient (op-by-op eager differentiation is slow on CPU)."""
     return jax.jit(jax.grad(f))
 
+
 sp = lambda x: math.log1p(math.exp(x))  # noqa: E731  softplus = −log σ(−x)
 Z = jnp.zeros(1)
 
@@ -26,9 +27,16 @@ def test_dpo_seed_worked_example_reference_free(run):
     assert float(met["rewards/accuracies"]) == 0.0
 
 
-@pytest.mark.parametrize("kind, ls, expected", [
-    ("sigmoid", 0.0, math.log(2.0)), ("cdpo", 0.2, math.log(2.0)),
-    ("robust", 0.2, math.log(2.0)), ("hinge", 0.0, 1.0), ("ipo", 0.0, 25.0)])
+@pytest.mark.parametrize(
+    "kind, ls, expected",
+    [
+        ("sigmoid", 0.0, math.log(2.0)),
+        ("cdpo", 0.2, math.log(2.0)),
+        ("robust", 0.2, math.log(2.0)),
+        ("hinge", 0.0, 1.0),
+        ("ipo", 0.0, 25.0),
+    ],
+)
 def test_dpo_at_reference(kind, ls, expected):
     lp = jnp.array([-3.0, -7.0])
     losses, _ = obj.dpo_loss(lp, lp + 1, lp, lp + 1, beta=0.1, kind=kind, label_smoothing=ls)
@@ -39,15 +47,18 @@ def test_dpo_at_reference(kind, ls, expected):
 C, R, RC, RR = jnp.array([-10.0]), jnp.array([-12.0]), jnp.array([-14.0]), jnp.array([-10.0])
 
 
-@pytest.mark.parametrize("kind, beta, ls, expected", [
-    ("sigmoid", 0.5, 0.0, sp(-3.0)),
-    ("sigmoid", 0.5, 0.1, 0.9 * sp(-3.0) + 0.1 * sp(3.0)),
-    ("cdpo", 0.5, 0.1, 0.9 * sp(-3.0) + 0.1 * sp(3.0)),
-    ("robust", 0.5, 0.1, (0.9 * sp(-3.0) - 0.1 * sp(3.0)) / 0.8),
-    ("hinge", 0.1, 0.0, 0.4),
-    ("hinge", 0.5, 0.0, 0.0),
-    ("ipo", 0.5, 0.0, 25.0),  # (6 − 1)²
-])
+@pytest.mark.parametrize(
+    "kind, beta, ls, expected",
+    [
+        ("sigmoid", 0.5, 0.0, sp(-3.0)),
+        ("sigmoid", 0.5, 0.1, 0.9 * sp(-3.0) + 0.1 * sp(3.0)),
+        ("cdpo", 0.5, 0.1, 0.9 * sp(-3.0) + 0.1 * sp(3.0)),
+        ("robust", 0.5, 0.1, (0.9 * sp(-3.0) - 0.1 * sp(3.0)) / 0.8),
+        ("hinge", 0.1, 0.0, 0.4),
+        ("hinge", 0.5, 0.0, 0.0),
+        ("ipo", 0.5, 0.0, 25.0),  # (6 − 1)²
+    ],
+)
 def test_dpo_kinds_hand_values(run, kind, beta, ls, expected):
     losses, met = run(obj.dpo_loss, C, R, RC, RR, beta=beta, kind=kind, label_smoothing=ls)
     assert float(losses[0]) == pytest.approx(expected, rel=1e-5, abs=1e-7)
@@ -58,8 +69,16 @@ def test_dpo_kinds_hand_values(run, kind, beta, ls, expected):
 
 def test_ipo_length_normalised():
     # per-token log-ratios: 4/4 = 1 and −2/2 = −1 -> h = 2; β = 0.5 -> (2 − 1)² = 1
-    losses, _ = obj.dpo_loss(C, R, RC, RR, beta=0.5, kind="ipo",
-                             chosen_lengths=jnp.array([4]), rejected_lengths=jnp.array([2]))
+    losses, _ = obj.dpo_loss(
+        C,
+        R,
+        RC,
+        RR,
+        beta=0.5,
+        kind="ipo",
+        chosen_lengths=jnp.array([4]),
+        rejected_lengths=jnp.array([2]),
+    )
     assert float(losses[0]) == pytest.approx(1.0, rel=1e-6)
 
 
@@ -76,8 +95,14 @@ def test_dpo_errors_and_gradient():
 
 
 def test_kto_hand_values(run):
-    losses, met = run(obj.kto_loss, jnp.array([1.0]), jnp.array([-0.5]), jnp.array([0.2, 0.4]),
-                      beta=0.1, undesirable_weight=2.0)
+    losses, met = run(
+        obj.kto_loss,
+        jnp.array([1.0]),
+        jnp.array([-0.5]),
+        jnp.array([0.2, 0.4]),
+        beta=0.1,
+        undesirable_weight=2.0,
+    )
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     np.testing.assert_allclose(losses, [1 - sig(0.07), 2 * (1 - sig(0.08))], rtol=1e-5)
     assert float(met["kl"]) == pytest.approx(0.3)
@@ -86,22 +111,24 @@ def test_kto_hand_values(run):
     assert float(met0["kl"]) == 0.0
     assert float(losses0[0]) == pytest.approx(1 - sig(0.1), rel=1e-6)
     gk = _grad(lambda k: obj.kto_loss(jnp.array([1.0]), jnp.array([-0.5]), k)[0].sum())(
-        jnp.array([0.2, 0.4]))
+        jnp.array([0.2, 0.4])
+    )
     np.testing.assert_array_equal(gk, 0.0)
 
 
 def test_orpo_hand_value_and_stability(run):
     # P_w = 0.5 -> log odds 0; P_l = 0.2 -> odds 0.25; −log σ(log 4) = log 1.25
-    losses, met = run(obj.orpo_loss, jnp.log(jnp.array([0.5])), jnp.log(jnp.array([0.2])),
-                      beta=0.1)
+    losses, met = run(obj.orpo_loss, jnp.log(jnp.array([0.5])), jnp.log(jnp.array([0.2])), beta=0.1)
     assert float(losses[0]) == pytest.approx(0.1 * math.log(1.25), rel=1e-5)
     assert float(met["log_odds_chosen"]) == pytest.approx(math.log(4.0), rel=1e-5)
     extreme = jnp.array([-1e-9, -1e-3, -0.69, -0.7, -80.0])
     g = _grad(lambda c: obj.orpo_loss(c, extreme[::-1])[0].sum())(extreme)
     assert np.isfinite(np.asarray(g)).all()
-    np.testing.assert_allclose(obj.log1mexp(jnp.array([-1e-3, -1.0, -30.0])),
-                               [math.log(-math.expm1(-1e-3)), math.log1p(-math.exp(-1.0)),
-                                math.log1p(-math.exp(-30.0))], rtol=1e-5)
+    np.testing.assert_allclose(
+        obj.log1mexp(jnp.array([-1e-3, -1.0, -30.0])),
+        [math.log(-math.expm1(-1e-3)), math.log1p(-math.exp(-1.0)), math.log1p(-math.exp(-30.0))],
+        rtol=1e-5,
+    )
 
 
 def test_simpo_hand_value(run):
@@ -114,8 +141,9 @@ def test_bradley_terry_hand_values(run):
     losses, met = run(obj.bradley_terry_loss, jnp.array([2.0, 0.0]), jnp.array([1.0, 1.0]))
     np.testing.assert_allclose(losses, [sp(-1.0), sp(1.0)], rtol=1e-6)
     assert float(met["accuracy"]) == 0.5
-    with_margin, _ = obj.bradley_terry_loss(jnp.array([2.0, 0.0]), jnp.array([1.0, 1.0]),
-                                            margin=jnp.array([0.5, 0.0]))
+    with_margin, _ = obj.bradley_terry_loss(
+        jnp.array([2.0, 0.0]), jnp.array([1.0, 1.0]), margin=jnp.array([0.5, 0.0])
+    )
     np.testing.assert_allclose(with_margin, [sp(-0.5), sp(1.0)], rtol=1e-6)
 
 

@@ -20,6 +20,7 @@ def _sigmoid(x):
 
 # ---------------------------------------------------------------- CISPO
 
+
 def test_cispo_hand_values_and_clip_shares(run):
     # ratios 1.5 (clipped to 1.2), 0.5 (clipped to 0.8), 1.1 (kept); loss −ŵ·A·log π
     logp, old, adv, m = tokens([1.5, 0.5, 1.1], [1.0, -1.0, 2.0])
@@ -66,6 +67,7 @@ def test_cispo_without_active_clip_has_the_policy_gradient():
 
 # ---------------------------------------------------------------- SAPO
 
+
 def test_sapo_hand_values(run):
     # (r, A): (1, +1) -> −2/τ_pos·... ; (2, +1); (1, −1) uses τ_neg; (0.5, −2)
     ratios, advs = [1.0, 2.0, 1.0, 0.5], [1.0, 1.0, -1.0, -2.0]
@@ -84,8 +86,9 @@ def test_sapo_gate_derivative_is_one_at_ratio_one():
     for tau in (0.5, 1.0, 3.0):
         f = lambda x: obj.sapo_loss(x, logp, adv, m, tau_pos=tau, tau_neg=2 * tau)[0]  # noqa
         g = _grad(f)(logp)
-        g_pg = _grad(lambda x: obj.aggregate(-adv[:, None] * x, m,
-                                             mode="seq_mean_token_mean"))(logp)
+        g_pg = _grad(lambda x: obj.aggregate(-adv[:, None] * x, m, mode="seq_mean_token_mean"))(
+            logp
+        )
         np.testing.assert_allclose(g, g_pg, rtol=1e-5, atol=1e-7)
     _, met = obj.sapo_loss(logp, logp, adv, m)
     assert float(met["gate_weight_mean"]) == pytest.approx(1.0, rel=1e-6)
@@ -104,6 +107,7 @@ def test_sapo_gradient_matches_finite_differences_and_fades_off_policy():
 
 # ---------------------------------------------------------------- GMPO
 
+
 def test_gmpo_hand_values_sign_aware_clip(run):
     lr = jnp.array([[0.5, -0.5, 0.1], [0.5, -0.5, 0.1]])
     old = jnp.full((2, 3), -1.0)
@@ -121,8 +125,9 @@ def test_gmpo_hand_values_sign_aware_clip(run):
     g = _grad(lambda x: obj.gmpo_loss(x, old, adv, m, clip_eps=0.4)[0])(logp)
     # capped tokens: 0; others −A·exp(mean)/(|y|·B)
     e0, e1 = math.exp(0.0 / 3), math.exp(0.2 / 3)
-    np.testing.assert_allclose(g, [[0.0, -e0 / 6, -e0 / 6], [e1 / 6, 0.0, e1 / 6]],
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        g, [[0.0, -e0 / 6, -e0 / 6], [e1 / 6, 0.0, e1 / 6]], rtol=1e-5, atol=1e-7
+    )
 
 
 def test_gmpo_matches_finite_differences_and_token_advantages():
@@ -134,8 +139,7 @@ def test_gmpo_matches_finite_differences_and_token_advantages():
     # one-token rows without clipping: the geometric mean is the token ratio itself
     m1 = jnp.zeros_like(m).at[:, 0].set(1)
     c, _ = obj.gmpo_loss(logp, old, adv, m1, clip_eps=10.0)
-    assert float(c) == pytest.approx(float(jnp.mean(-adv * jnp.exp(logp - old)[:, 0])),
-                                     rel=1e-5)
+    assert float(c) == pytest.approx(float(jnp.mean(-adv * jnp.exp(logp - old)[:, 0])), rel=1e-5)
 
 
 # ---------------------------------------------------------------- all three

@@ -11,6 +11,7 @@ def _grad(f):
     """Jitted gradient (op-by-op eager differentiation is slow on CPU)."""
     return jax.jit(jax.grad(f))
 
+
 V = jnp.array([[1.0, 2.0, 2.0, 7.0]])
 OLD = jnp.array([[1.5, 1.5, 1.9, 0.0]])
 RET = jnp.array([[0.0, 3.0, 0.0, 0.0]])

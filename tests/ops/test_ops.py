@@ -25,8 +25,9 @@ def test_masked_var_bessel_and_whiten():
     assert float(ops.masked_var(x, m)) == pytest.approx(np.var([1, 2, 3, 4], ddof=1))
     assert float(ops.masked_var(x, m, unbiased=False)) == pytest.approx(np.var([1, 2, 3, 4]))
     w = ops.masked_whiten(x, m, eps=0.0)
-    np.testing.assert_allclose(w[:4], (np.arange(1, 5) - 2.5) / np.std([1, 2, 3, 4], ddof=1),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        w[:4], (np.arange(1, 5) - 2.5) / np.std([1, 2, 3, 4], ddof=1), rtol=1e-6
+    )
     assert float(w[4]) == 0.0
 
 

@@ -12,12 +12,15 @@ def test_mesh_over_all_devices_with_named_axes():
     assert set(mesh.devices.flat) == set(jax.devices())
 
 
-@pytest.mark.parametrize("kw,expected", [
-    (dict(), (8, 1, 1)),
-    (dict(data=2, fsdp=-1), (2, 4, 1)),
-    (dict(data=1, fsdp=2, tensor=-1), (1, 2, 4)),
-    (dict(data=-1, tensor=4), (2, 1, 4)),
-])
+@pytest.mark.parametrize(
+    "kw,expected",
+    [
+        (dict(), (8, 1, 1)),
+        (dict(data=2, fsdp=-1), (2, 4, 1)),
+        (dict(data=1, fsdp=2, tensor=-1), (1, 2, 4)),
+        (dict(data=-1, tensor=4), (2, 1, 4)),
+    ],
+)
 def test_minus_one_takes_the_rest(kw, expected):
     assert mesh_shape(8, **kw) == expected
     mesh = make_mesh(**kw)
@@ -30,12 +33,15 @@ def test_subset_of_devices():
     assert set(mesh.devices.flat) == set(jax.devices()[:4])
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(data=3, fsdp=1, tensor=1), "multiply to 3 but there are 8"),
-    (dict(data=-1, fsdp=3), "not divisible by 3"),
-    (dict(data=-1, fsdp=-1), "only one"),
-    (dict(data=0), "invalid"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(data=3, fsdp=1, tensor=1), "multiply to 3 but there are 8"),
+        (dict(data=-1, fsdp=3), "not divisible by 3"),
+        (dict(data=-1, fsdp=-1), "only one"),
+        (dict(data=0), "invalid"),
+    ],
+)
 def test_bad_sizes_raise_config_error(kw, match):
     with pytest.raises(ConfigError, match=match):
         make_mesh(**kw)

@@ -23,16 +23,21 @@ from tests.train.common import tiny_config
 def test_rule_table_covers_every_model_axis():
     for family in ("llama", "qwen2", "qwen3"):
         cfg = tiny_config(family=family, num_labels=1)
-        names = {a for axes in jax.tree.leaves(param_logical_axes(cfg),
-                                               is_leaf=lambda x: isinstance(x, tuple))
-                 for a in axes}
+        names = {
+            a
+            for axes in jax.tree.leaves(
+                param_logical_axes(cfg), is_leaf=lambda x: isinstance(x, tuple)
+            )
+            for a in axes
+        }
         assert names <= set(DEFAULT_RULES), names - set(DEFAULT_RULES)
 
 
 def test_specs_for_fsdp_and_tensor():
     mesh = make_mesh(data=1, fsdp=2, tensor=4)
-    assert logical_to_spec(("layers", "embed", "heads", "head_dim"), mesh) == \
-        P(None, "fsdp", "tensor", None)
+    assert logical_to_spec(("layers", "embed", "heads", "head_dim"), mesh) == P(
+        None, "fsdp", "tensor", None
+    )
     assert logical_to_spec(("vocab", "embed"), mesh) == P("tensor", "fsdp")
     assert logical_to_spec(("layers", "norm"), mesh) == P(None, None)
     # a mesh axis is used at most once per array
@@ -52,8 +57,9 @@ def test_non_divisible_dimension_falls_back_with_warning():
     mesh = make_mesh(data=1, fsdp=2, tensor=4)
     shapes = {"k": jax.ShapeDtypeStruct((2, 32, 3, 8), jnp.float32)}
     with pytest.warns(ShardingFallbackWarning, match=r"kv_heads=3.*size 4"):
-        s = logical_to_sharding({"k": ("layers", "embed", "kv_heads", "head_dim")}, mesh,
-                                shapes=shapes)
+        s = logical_to_sharding(
+            {"k": ("layers", "embed", "kv_heads", "head_dim")}, mesh, shapes=shapes
+        )
     assert s["k"].spec == P(None, "fsdp", None, None)  # embed keeps its sharding
 
 
@@ -70,20 +76,33 @@ def test_batch_sharding():
 def test_fsdp_really_shards_params_and_optimizer_state():
     cfg = tiny_config()
     mesh = make_mesh(data=1, fsdp=8, tensor=1)
-    state, _ = create_train_state(lambda r: init_params(cfg, r), optax.adam(1e-3), mesh,
-                                  param_axes=param_logical_axes(cfg), rng=jax.random.PRNGKey(0))
+    state, _ = create_train_state(
+        lambda r: init_params(cfg, r),
+        optax.adam(1e-3),
+        mesh,
+        param_axes=param_logical_axes(cfg),
+        rng=jax.random.PRNGKey(0),
+    )
     for tree in (state.params, state.opt_state[0].mu, state.opt_state[0].nu):
-        for leaf, axes in zip(jax.tree.leaves(tree),
-                              jax.tree.leaves(param_logical_axes(cfg),
-                                              is_leaf=lambda x: isinstance(x, tuple))):
+        for leaf, axes in zip(
+            jax.tree.leaves(tree),
+            jax.tree.leaves(param_logical_axes(cfg), is_leaf=lambda x: isinstance(x, tuple)),
+        ):
             per_device = {s.data.nbytes for s in leaf.addressable_shards}
             if "embed" in axes:
                 assert per_device == {leaf.nbytes // 8}, (axes, per_device)
             else:
                 assert per_device == {leaf.nbytes}
     total = sum(x.nbytes for x in jax.tree.leaves(state.params))
-    dev0 = sum(s.data.nbytes for x in jax.tree.leaves(state.params)
-               for s in x.addressable_shards if s.device == jax.devices()[0])
-    norms = sum(x.nbytes for x in jax.tree.leaves(state.params) if x.ndim <= 2
-                and x.shape[-1] == cfg.hidden_size and x.shape[0] != cfg.vocab_size)
+    dev0 = sum(
+        s.data.nbytes
+        for x in jax.tree.leaves(state.params)
+        for s in x.addressable_shards
+        if s.device == jax.devices()[0]
+    )
+    norms = sum(
+        x.nbytes
+        for x in jax.tree.leaves(state.params)
+        if x.ndim <= 2 and x.shape[-1] == cfg.hidden_size and x.shape[0] != cfg.vocab_size
+    )
     assert dev0 == pytest.approx((total - norms) / 8 + norms)

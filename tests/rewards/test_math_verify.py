@@ -13,22 +13,37 @@ def _score(completions, answers, **kw):
 
 
 def test_equivalent_forms_of_one_half():
-    replies = ["The answer is $\\frac{1}{2}$.", "so x = 0.5", "\\boxed{\\frac12}",
-               "Final: \\boxed{0.5}", "It is 1/2", "\\boxed{\\dfrac{1}{2}}"]
+    replies = [
+        "The answer is $\\frac{1}{2}$.",
+        "so x = 0.5",
+        "\\boxed{\\frac12}",
+        "Final: \\boxed{0.5}",
+        "It is 1/2",
+        "\\boxed{\\dfrac{1}{2}}",
+    ]
     for ref in ("0.5", "1/2", "\\frac{1}{2}", "$\\frac{1}{2}$", "\\boxed{1/2}"):
         assert _score(replies, [ref] * len(replies)) == [1.0] * len(replies), ref
 
 
 def test_wrong_answers_and_the_boxed_answer_wins():
-    replies = ["The answer is 41.", "I first thought 3, but \\boxed{4}", "no answer here",
-               "\\boxed{0.51}"]
+    replies = [
+        "The answer is 41.",
+        "I first thought 3, but \\boxed{4}",
+        "no answer here",
+        "\\boxed{0.51}",
+    ]
     assert _score(replies, ["42", "3", "7", "0.5"]) == [0.0, 0.0, 0.0, 0.0]
     assert _score(["I first thought 3, but \\boxed{4}"], ["4"]) == [1.0]
 
 
 def test_symbolic_and_latex_references():
-    replies = ["$\\frac{\\sqrt{2}}{2}$", "\\boxed{(x+1)^2}", "\\boxed{\\pi}", "#### 72",
-               "\\boxed{1234}"]
+    replies = [
+        "$\\frac{\\sqrt{2}}{2}$",
+        "\\boxed{(x+1)^2}",
+        "\\boxed{\\pi}",
+        "#### 72",
+        "\\boxed{1234}",
+    ]
     refs = ["\\sqrt{2}/2", "x^2+2x+1", "\\pi", "The sum is 72.\n#### 72", "1,234"]
     assert _score(replies, refs) == [1.0] * 5
     assert _score(["\\boxed{2\\pi}"], ["\\pi"]) == [0.0]
@@ -38,8 +53,9 @@ def test_symbolic_and_latex_references():
 def test_missing_or_unparsable_reference_gives_no_score():
     assert _score(["\\boxed{1}", "\\boxed{1}"], [None, "1"]) == [None, 1.0]
     assert _score(["\\boxed{1}"] * 2, ["", "\\boxed{}"]) == [None, None]
-    out = RewardSet([math_verify_reward])(["q", "q"], ["\\boxed{2}", "\\boxed{3}"],
-                                          answer=["2", None])
+    out = RewardSet([math_verify_reward])(
+        ["q", "q"], ["\\boxed{2}", "\\boxed{3}"], answer=["2", None]
+    )
     assert out.valid.tolist() == [True, False]
     assert out.rewards.tolist() == [1.0, 0.0]
     assert out.metrics["rewards/math_verify_reward/accuracy"] == 1.0
@@ -57,12 +73,14 @@ def test_timeout_scores_zero_in_and_off_the_main_thread(monkeypatch):
 
     monkeypatch.setattr(math_verify, "parse", slow_parse)
     start = time.monotonic()
-    assert _score(["SLOW \\boxed{1}", "\\boxed{1}"], ["1", "1"], timeout_seconds=0.3) == \
-        [0.0, 1.0]
+    assert _score(["SLOW \\boxed{1}", "\\boxed{1}"], ["1", "1"], timeout_seconds=0.3) == [0.0, 1.0]
     assert time.monotonic() - start < 10
     got = []
-    worker = threading.Thread(target=lambda: got.append(
-        _score(["SLOW \\boxed{1}", "\\boxed{1}"], ["1", "1"], timeout_seconds=0.3)))
+    worker = threading.Thread(
+        target=lambda: got.append(
+            _score(["SLOW \\boxed{1}", "\\boxed{1}"], ["1", "1"], timeout_seconds=0.3)
+        )
+    )
     worker.start()
     worker.join(20)
     assert got == [[0.0, 1.0]]

@@ -31,8 +31,9 @@ def test_process_rewards_and_failures():
             return [1.0]  # wrong count
         return [float(str(answer) in s) for s in steps]
 
-    out = process_rewards(scorer, ["p", "boom", "short"], ["x\n4\n7", "4", "1\n2"],
-                          answer=[4, 4, 4])
+    out = process_rewards(
+        scorer, ["p", "boom", "short"], ["x\n4\n7", "4", "1\n2"], answer=[4, 4, 4]
+    )
     assert out == [[0.0, 1.0, 0.0], None, None]
     with pytest.raises(RewardError):
         process_rewards(scorer, ["p"], ["a", "b"])

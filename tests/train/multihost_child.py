@@ -39,11 +39,18 @@ def main(address: str, n: int, pid: int, out: str) -> None:
     assert jax.process_count() == n and jax.device_count() == 2 * n
     cfg, opt = tiny_config(), optax.adamw(1e-2)
     mesh = make_mesh(data=2, fsdp=-1)
-    state, sharding = create_train_state(init_fn(cfg), opt, mesh, param_axes=axes(cfg),
-                                         rng=jax.random.PRNGKey(0))
-    step = make_train_step(functools.partial(nll_loss, config=cfg), opt, mesh=mesh,
-                           state_sharding=sharding, batch_sharding=batch_sharding(mesh),
-                           denominator_fn=nll_denominator, micro_batches=2)
+    state, sharding = create_train_state(
+        init_fn(cfg), opt, mesh, param_axes=axes(cfg), rng=jax.random.PRNGKey(0)
+    )
+    step = make_train_step(
+        functools.partial(nll_loss, config=cfg),
+        opt,
+        mesh=mesh,
+        state_sharding=sharding,
+        batch_sharding=batch_sharding(mesh),
+        denominator_fn=nll_denominator,
+        micro_batches=2,
+    )
     for i in range(3):
         full = ragged_batch(10 + i, 8, 10, cfg.vocab_size)
         rows = host_local_rows(mesh, 8)
@@ -51,8 +58,10 @@ def main(address: str, n: int, pid: int, out: str) -> None:
         state, metrics = step(state, batch)
     params = multihost_utils.process_allgather(state.params, tiled=True)
     if pid == 0:
-        flat = {jax.tree_util.keystr(p): np.asarray(x)
-                for p, x in jax.tree_util.tree_leaves_with_path(params)}
+        flat = {
+            jax.tree_util.keystr(p): np.asarray(x)
+            for p, x in jax.tree_util.tree_leaves_with_path(params)
+        }
         np.savez(out, loss=float(metrics["loss"]), step=int(state.step), **flat)
     jax.distributed.shutdown()
 

@@ -24,14 +24,24 @@ BATCH = ragged_batch(3, 8, 10, CFG.vocab_size)
 
 
 def _step_fn(mesh, sharding):
-    return make_train_step(functools.partial(nll_loss, config=CFG), OPT, mesh=mesh,
-                           state_sharding=sharding, batch_sharding=batch_sharding(mesh),
-                           denominator_fn=nll_denominator)
+    return make_train_step(
+        functools.partial(nll_loss, config=CFG),
+        OPT,
+        mesh=mesh,
+        state_sharding=sharding,
+        batch_sharding=batch_sharding(mesh),
+        denominator_fn=nll_denominator,
+    )
 
 
 def _close(a, b, tol=1e-6):
-    return all(jax.tree.leaves(jax.tree.map(
-        lambda x, y: bool(np.allclose(np.asarray(x), np.asarray(y), atol=tol, rtol=0)), a, b)))
+    return all(
+        jax.tree.leaves(
+            jax.tree.map(
+                lambda x, y: bool(np.allclose(np.asarray(x), np.asarray(y), atol=tol, rtol=0)), a, b
+            )
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +49,9 @@ def saved_run(tmp_path_factory):
     """Train 1 step on an 8-device mesh, save (async), train 1 more step (the reference)."""
     d = str(tmp_path_factory.mktemp("ckpt"))
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    state, sharding = create_train_state(init_fn(CFG), OPT, mesh, param_axes=axes(CFG),
-                                         rng=jax.random.PRNGKey(1))
+    state, sharding = create_train_state(
+        init_fn(CFG), OPT, mesh, param_axes=axes(CFG), rng=jax.random.PRNGKey(1)
+    )
     step = _step_fn(mesh, sharding)
     state, _ = step(state, BATCH)
     mgr = CheckpointManager(d, save_every=1, keep=2, model_config=CFG)
@@ -83,9 +94,13 @@ def test_partly_written_checkpoint_is_skipped(saved_run):
 
 def test_save_every_and_keep_last(tmp_path):
     mesh = make_mesh(data=-1, devices=jax.devices()[:2])
-    state, _ = create_train_state(lambda r: {"w": jax.random.normal(r, (4, 2))}, optax.sgd(0.1),
-                                  mesh, param_axes={"w": ("embed", "mlp")},
-                                  rng=jax.random.PRNGKey(0))
+    state, _ = create_train_state(
+        lambda r: {"w": jax.random.normal(r, (4, 2))},
+        optax.sgd(0.1),
+        mesh,
+        param_axes={"w": ("embed", "mlp")},
+        rng=jax.random.PRNGKey(0),
+    )
     with CheckpointManager(tmp_path, save_every=2, keep=2, async_save=False) as mgr:
         started = [mgr.save(s, state) for s in range(1, 8)]
         assert started == [False, True, False, True, False, True, False]
@@ -113,8 +128,7 @@ def test_restore_model_returns_config_params_and_step_dir(saved_run):
 
 
 def test_model_config_json_round_trip():
-    cfg = tiny_config(family="qwen2", eos_token_ids=(5, 6), rope_scaling="linear",
-                      rope_factor=2.0)
+    cfg = tiny_config(family="qwen2", eos_token_ids=(5, 6), rope_scaling="linear", rope_factor=2.0)
     d = model_config_to_dict(cfg)
     assert json.loads(json.dumps(d)) == d and d["eos_token_ids"] == [5, 6]
     assert model_config_from_dict(d) == cfg
@@ -144,6 +158,5 @@ def test_tokenizer_is_written_atomically(tmp_path):
     # no half-written tokenizer/ that a later run would take as saved
     assert not os.path.exists(tmp_path / "tokenizer")
     CheckpointManager(tmp_path, tokenizer=_Tokenizer()).close()
-    assert sorted(os.listdir(tmp_path / "tokenizer")) == ["tokenizer.json",
-                                                          "tokenizer_config.json"]
+    assert sorted(os.listdir(tmp_path / "tokenizer")) == ["tokenizer.json", "tokenizer_config.json"]
     assert not [e for e in os.listdir(tmp_path) if e.startswith("tokenizer.tmp")]

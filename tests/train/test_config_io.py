@@ -43,14 +43,23 @@ def test_roundtrip_and_coercion(tmp_path):
     assert from_dict(Run, to_dict(cfg)) == cfg
 
 
-@pytest.mark.parametrize("data,match", [
-    ({"seed": 1, "output_dir": "o", "optim": {"lrr": 1}}, r"unknown config key 'optim.lrr' \(did you mean 'lr'\?\)"),
-    ({"seed": "x", "output_dir": "o"}, r"seed: expected an integer, got 'x'"),
-    ({"seed": 1, "output_dir": "o", "optim": {"schedule": "linear"}}, r"optim.schedule: expected one of 'constant', 'cosine'"),
-    ({"seed": 1, "output_dir": "o", "packing": "yes"}, r"packing: expected true or false"),
-    ({"output_dir": "o"}, r"missing required config key\(s\) \['seed'\]"),
-    ({"seed": 1, "output_dir": "o", "max_steps": 0}, r"max_steps must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        (
+            {"seed": 1, "output_dir": "o", "optim": {"lrr": 1}},
+            r"unknown config key 'optim.lrr' \(did you mean 'lr'\?\)",
+        ),
+        ({"seed": "x", "output_dir": "o"}, r"seed: expected an integer, got 'x'"),
+        (
+            {"seed": 1, "output_dir": "o", "optim": {"schedule": "linear"}},
+            r"optim.schedule: expected one of 'constant', 'cosine'",
+        ),
+        ({"seed": 1, "output_dir": "o", "packing": "yes"}, r"packing: expected true or false"),
+        ({"output_dir": "o"}, r"missing required config key\(s\) \['seed'\]"),
+        ({"seed": 1, "output_dir": "o", "max_steps": 0}, r"max_steps must be >= 1"),
+    ],
+)
 def test_errors_name_the_key(data, match):
     with pytest.raises(ConfigError, match=match):
         from_dict(Run, data)

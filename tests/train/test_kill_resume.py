@@ -53,18 +53,22 @@ def _write_run_files(d) -> str:
     (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:NUM_PROMPTS]))
     (d / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[NUM_PROMPTS:]))
     cfg = dict(
-        seed=0, max_steps=MAX_STEPS, algorithm="grpo",
+        seed=0,
+        max_steps=MAX_STEPS,
+        algorithm="grpo",
         model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
         optim=dict(lr=1e-2),
         data=dict(train=str(d / "train.jsonl"), eval=str(d / "eval.jsonl"), max_length=32),
         # two minibatches, so an "update" kill lands between two optimizer updates of a step
-        rollout=dict(prompts_per_step=PROMPTS_PER_STEP, group_size=4, max_new_tokens=3,
-                     minibatches=2),
+        rollout=dict(
+            prompts_per_step=PROMPTS_PER_STEP, group_size=4, max_new_tokens=3, minibatches=2
+        ),
         loss=dict(kl_coef=0.04),
         rewards=[dict(name="tests.train.toy_rewards:larger_digit")],
         eval=dict(before=True, every=5, num_examples=8, batch_size=8),
         checkpoint=dict(save_every=SAVE_EVERY, keep=2),
-        logging=dict(tensorboard=False, plots=False))
+        logging=dict(tensorboard=False, plots=False),
+    )
     path = d / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
@@ -73,24 +77,38 @@ def _write_run_files(d) -> str:
 def _env(cache_dir: str, fault: str | None = None) -> dict:
     env = dict(os.environ)
     env.pop("JAXRL_LLM_FAULT", None)
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               JAX_COMPILATION_CACHE_DIR=cache_dir,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    env.update(
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        JAX_COMPILATION_CACHE_DIR=cache_dir,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+    )
     if fault:
         env["JAXRL_LLM_FAULT"] = fault
     return env
 
 
 def _command(config: str, out: str, resume: bool) -> list[str]:
-    return [sys.executable, "-c", "import sys; from jaxrl_llm.cli.main import main; "
-            "sys.exit(main())", "train", config, f"output_dir={out}"] + (
-        ["--resume"] if resume else [])
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from jaxrl_llm.cli.main import main; sys.exit(main())",
+        "train",
+        config,
+        f"output_dir={out}",
+    ] + (["--resume"] if resume else [])
 
 
 def _run_to_end(config, out, env, resume=False) -> str:
-    p = subprocess.run(_command(config, out, resume), cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        _command(config, out, resume),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stderr
 
@@ -98,8 +116,14 @@ def _run_to_end(config, out, env, resume=False) -> str:
 def _run_and_kill(config, out, env, *, after_step: int | None, delay: float) -> str:
     """Start (resuming), and SIGKILL it ``delay`` s after its progress line for ``after_step``
     (None: leave it to its ``JAXRL_LLM_FAULT`` hook). Returns its stderr."""
-    p = subprocess.Popen(_command(config, out, True), cwd=ROOT, env=env, text=True,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        _command(config, out, True),
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     lines = []
     try:
         for line in p.stderr:
@@ -132,8 +156,9 @@ def _deterministic(rows):
 def _expected_prompt_crcs(train_path) -> list[int]:
     """The fingerprint of the prompts each step of an uninterrupted run draws (the trainer's
     ``data/prompts_crc32``), straight from a fresh data iterator."""
-    data = prepare_dataset(str(train_path), Format.PROMPT, CharTokenizer(), max_len=32,
-                           length_policy="truncate")
+    data = prepare_dataset(
+        str(train_path), Format.PROMPT, CharTokenizer(), max_len=32, length_policy="truncate"
+    )
     it = make_iterator(data.items, batch_size=PROMPTS_PER_STEP, seed=0)
     crcs = []
     for _ in range(MAX_STEPS):
@@ -160,10 +185,14 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     rng = random.Random(20240611)
     s_ckpt = rng.choice([6, 8])
     s_random = rng.randint(s_ckpt - 1, s_ckpt + 1)
-    schedule = [("rollout", rng.randint(1, 3)), ("update", rng.randint(3, 5)),
-                ("checkpoint", s_ckpt), ("random", s_random),
-                ("random", rng.randint(s_random + 1, MAX_STEPS - 1)),
-                ("checkpoint", MAX_STEPS)]
+    schedule = [
+        ("rollout", rng.randint(1, 3)),
+        ("update", rng.randint(3, 5)),
+        ("checkpoint", s_ckpt),
+        ("random", s_random),
+        ("random", rng.randint(s_random + 1, MAX_STEPS - 1)),
+        ("checkpoint", MAX_STEPS),
+    ]
     log = []
     for phase, step in schedule:
         before = _finalised_steps(killed)
@@ -171,8 +200,9 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
             delay = rng.uniform(0.0, 0.25)
             err = _run_and_kill(config, killed, _env(cache), after_step=step, delay=delay)
         else:
-            err = _run_and_kill(config, killed, _env(cache, f"{phase}:{step}"), after_step=None,
-                                delay=0.0)
+            err = _run_and_kill(
+                config, killed, _env(cache, f"{phase}:{step}"), after_step=None, delay=0.0
+            )
         resumed = [l for l in err.splitlines() if l.startswith("resumed from step")]
         assert resumed == ([f"resumed from step {before[-1]}"] if before else []), (phase, err)
         ckpt_dir = os.path.join(killed, "checkpoints")
@@ -196,8 +226,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     # Parameters: bit for bit.
     _, pa, _ = restore_model(os.path.join(straight, "checkpoints"), step=MAX_STEPS)
     _, pb, _ = restore_model(os.path.join(killed, "checkpoints"), step=MAX_STEPS)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 pa, pb)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), pa, pb)
 
     # Metrics: the same rows in the same order (eval before, steps 1..N once each, eval after)
     # with equal values; only the wall-clock timings may differ.

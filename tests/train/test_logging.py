@@ -60,8 +60,8 @@ def _tensorboard_points(tb_dir):
         data = path.read_bytes()
         i = 0
         while i < len(data):
-            (n,) = struct.unpack("<Q", data[i:i + 8])
-            ev = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            (n,) = struct.unpack("<Q", data[i : i + 8])
+            ev = event_pb2.Event.FromString(data[i + 12 : i + 12 + n])
             i += 12 + n + 4
             if ev.HasField("session_log") and ev.session_log.status == ev.session_log.START:
                 points = [p for p in points if p[1] < ev.step]
@@ -78,12 +78,18 @@ def test_resume_purges_the_tensorboard_points_logged_after_the_checkpoint(tmp_pa
     log.close()
     time.sleep(1.1)  # event file names carry a time stamp in seconds
     # Resumed from the checkpoint of step 3: steps 4 and 5 are logged again, with new values.
-    log = MetricsLogger(str(tmp_path), stream=io.StringIO(), resume=True, keep_rows=3,
-                        resume_step=3)
+    log = MetricsLogger(
+        str(tmp_path), stream=io.StringIO(), resume=True, keep_rows=3, resume_step=3
+    )
     for step in (4, 5):
         log.log(step, {"loss": 10.0 * step}, progress=False)
     log.close()
     pts = _tensorboard_points(tmp_path / "tb")
-    assert pts == [("loss", 1, 1.0), ("loss", 2, 2.0), ("loss", 3, 3.0),
-                   ("loss", 4, 40.0), ("loss", 5, 50.0)]
+    assert pts == [
+        ("loss", 1, 1.0),
+        ("loss", 2, 2.0),
+        ("loss", 3, 3.0),
+        ("loss", 4, 40.0),
+        ("loss", 5, 50.0),
+    ]
     assert [r["loss"] for r in read_metrics(str(tmp_path))] == [1.0, 2.0, 3.0, 40.0, 50.0]

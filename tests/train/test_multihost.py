@@ -26,14 +26,26 @@ def _free_port() -> int:
 def test_two_processes_match_one_process_with_four_devices(tmp_path):
     out = str(tmp_path / "params.npz")
     address = f"127.0.0.1:{_free_port()}"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": ROOT,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    }
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
     child = os.path.join(ROOT, "tests", "train", "multihost_child.py")
-    procs = [subprocess.Popen([sys.executable, child, address, "2", str(i), out], env=env,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, child, address, "2", str(i), out],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = []
     for p in procs:
         try:
@@ -47,18 +59,27 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
     # the same three steps in this process on a 4-device mesh of the same shape
     cfg, opt = tiny_config(), optax.adamw(1e-2)
     mesh = make_mesh(data=2, fsdp=-1, devices=jax.devices()[:4])
-    state, sharding = create_train_state(init_fn(cfg), opt, mesh, param_axes=axes(cfg),
-                                         rng=jax.random.PRNGKey(0))
-    step = make_train_step(functools.partial(nll_loss, config=cfg), opt, mesh=mesh,
-                           state_sharding=sharding, batch_sharding=batch_sharding(mesh),
-                           denominator_fn=nll_denominator, micro_batches=2)
+    state, sharding = create_train_state(
+        init_fn(cfg), opt, mesh, param_axes=axes(cfg), rng=jax.random.PRNGKey(0)
+    )
+    step = make_train_step(
+        functools.partial(nll_loss, config=cfg),
+        opt,
+        mesh=mesh,
+        state_sharding=sharding,
+        batch_sharding=batch_sharding(mesh),
+        denominator_fn=nll_denominator,
+        micro_batches=2,
+    )
     for i in range(3):
         state, metrics = step(state, ragged_batch(10 + i, 8, 10, cfg.vocab_size))
     got = np.load(out)
     assert int(got["step"]) == 3
     assert float(got["loss"]) == pytest.approx(float(metrics["loss"]), abs=1e-5)
-    ref = {jax.tree_util.keystr(p): np.asarray(x)
-           for p, x in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))}
+    ref = {
+        jax.tree_util.keystr(p): np.asarray(x)
+        for p, x in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))
+    }
     assert set(ref) <= set(got.files)
     for k, v in ref.items():
         np.testing.assert_allclose(got[k], v, atol=1e-5, rtol=0, err_msg=k)

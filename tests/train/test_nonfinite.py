@@ -26,14 +26,24 @@ def test_nonfinite_loss_skips_the_update():
     opt = optax.adam(0.1)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     state_sharding = state_sharding_from_params(opt, abstract, sharding, mesh)
-    state = TrainState(params=params, opt_state=opt.init(params), step=jnp.zeros((), jnp.int32),
-                       rng=jax.random.PRNGKey(0))
+    state = TrainState(
+        params=params,
+        opt_state=opt.init(params),
+        step=jnp.zeros((), jnp.int32),
+        rng=jax.random.PRNGKey(0),
+    )
 
     def loss_fn(p, batch):
         return jnp.mean((batch["x"] @ p["w"]) ** 2) * batch["scale"][0], {}
 
-    step = make_train_step(loss_fn, opt, mesh=mesh, state_sharding=state_sharding,
-                           batch_sharding=batch_sharding(mesh), donate=False)
+    step = make_train_step(
+        loss_fn,
+        opt,
+        mesh=mesh,
+        state_sharding=state_sharding,
+        batch_sharding=batch_sharding(mesh),
+        donate=False,
+    )
     x = np.ones((8, 4), np.float32)
     good = {"x": x, "scale": np.ones((8,), np.float32)}
     bad = {"x": x, "scale": np.full((8,), np.nan, np.float32)}
@@ -42,19 +52,36 @@ def test_nonfinite_loss_skips_the_update():
     s2, m2 = step(s1, bad)
     assert float(m2["nonfinite"]) == 1.0 and int(s2.step) == 2
     np.testing.assert_array_equal(np.asarray(s2.params["w"]), np.asarray(s1.params["w"]))
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 s2.opt_state, s1.opt_state)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        s2.opt_state,
+        s1.opt_state,
+    )
 
 
 def test_run_stops_after_consecutive_nonfinite_steps(tmp_path, capsys):
     out = tmp_path / "run"
     # A learning rate of 1e30 makes the first update blow the weights up: from step 2 on every
     # loss is non-finite, so the run stops after max_nonfinite_steps = 2 bad steps.
-    rc = main(["train", os.path.join(ROOT, "configs", "sft.yaml"), f"output_dir={out}",
-               "model.source=tiny", "model.tokenizer=char", "max_steps=10", "optim.lr=1e30",
-               "optim.schedule=constant", "optim.warmup_steps=0", "optim.grad_clip=null",
-               "max_nonfinite_steps=2", "checkpoint.save_every=1", "data.eval=null",
-               "logging.tensorboard=false", "logging.plots=false"])
+    rc = main(
+        [
+            "train",
+            os.path.join(ROOT, "configs", "sft.yaml"),
+            f"output_dir={out}",
+            "model.source=tiny",
+            "model.tokenizer=char",
+            "max_steps=10",
+            "optim.lr=1e30",
+            "optim.schedule=constant",
+            "optim.warmup_steps=0",
+            "optim.grad_clip=null",
+            "max_nonfinite_steps=2",
+            "checkpoint.save_every=1",
+            "data.eval=null",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2
     assert "consecutive steps with a non-finite loss" in err and "(step 1)" in err, err

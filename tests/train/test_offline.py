@@ -10,17 +10,31 @@ from jaxrl_llm.cli.main import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OFFLINE = ["sft", "reward_model", "dpo", "ipo", "kto", "orpo", "simpo", "pairwise_rank"]
-TINY = ["model.source=tiny", "model.tokenizer=char", "train.batch_size=8",
-        "train.eval_batches=1", "logging.tensorboard=false", "logging.plots=false"]
+TINY = [
+    "model.source=tiny",
+    "model.tokenizer=char",
+    "train.batch_size=8",
+    "train.eval_batches=1",
+    "logging.tensorboard=false",
+    "logging.plots=false",
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", OFFLINE)
 def test_every_offline_config_runs_end_to_end(name, tmp_path, capsys):
     out = tmp_path / name
-    rc = main(["train", os.path.join(ROOT, "configs", f"{name}.yaml"), "max_steps=3",
-               f"output_dir={out}", f"data.train={ROOT}/data/" + _data(name) + "/train.jsonl",
-               f"data.eval={ROOT}/data/" + _data(name) + "/heldout.jsonl", *TINY])
+    rc = main(
+        [
+            "train",
+            os.path.join(ROOT, "configs", f"{name}.yaml"),
+            "max_steps=3",
+            f"output_dir={out}",
+            f"data.train={ROOT}/data/" + _data(name) + "/train.jsonl",
+            f"data.eval={ROOT}/data/" + _data(name) + "/heldout.jsonl",
+            *TINY,
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     steps = [r["step"] for r in rows if "loss" in r]
@@ -33,7 +47,8 @@ def test_every_offline_config_runs_end_to_end(name, tmp_path, capsys):
 
 def _data(name):
     return {"sft": "arith_sft", "kto": "arith_kto", "pairwise_rank": "arith_rank"}.get(
-        name, "arith_prefs")
+        name, "arith_prefs"
+    )
 
 
 def test_bad_configs_are_one_line_errors(tmp_path, capsys):
@@ -55,22 +70,34 @@ def test_bad_configs_are_one_line_errors(tmp_path, capsys):
 
 
 def test_kto_on_pairs_only_data_is_a_clear_error(tmp_path, capsys):
-    rc = main(["train", os.path.join(ROOT, "configs", "kto.yaml"), f"output_dir={tmp_path}/o",
-               f"data.train={ROOT}/data/arith_prefs/train.jsonl", *TINY])
+    rc = main(
+        [
+            "train",
+            os.path.join(ROOT, "configs", "kto.yaml"),
+            f"output_dir={tmp_path}/o",
+            f"data.train={ROOT}/data/arith_prefs/train.jsonl",
+            *TINY,
+        ]
+    )
     err = capsys.readouterr().err
-    assert rc == 2 and "missing field 'label'" in err and "arith_prefs/train.jsonl line 1" in err, err
+    assert rc == 2 and "missing field 'label'" in err and "arith_prefs/train.jsonl line 1" in err, (
+        err
+    )
 
 
 @pytest.mark.slow
 def test_offline_resume_continues_exactly(tmp_path, capsys):
     """6 straight steps == 3 steps, stop, --resume to 6 (same batches, same updates)."""
     cfg = os.path.join(ROOT, "configs", "dpo.yaml")
-    common = [f"data.train={ROOT}/data/arith_prefs/train.jsonl", "data.eval=null",
-              "checkpoint.save_every=3", *TINY]
+    common = [
+        f"data.train={ROOT}/data/arith_prefs/train.jsonl",
+        "data.eval=null",
+        "checkpoint.save_every=3",
+        *TINY,
+    ]
     assert main(["train", cfg, "max_steps=6", f"output_dir={tmp_path}/a", *common]) == 0
     assert main(["train", cfg, "max_steps=3", f"output_dir={tmp_path}/b", *common]) == 0
-    assert main(["train", cfg, "max_steps=6", f"output_dir={tmp_path}/b", "--resume",
-                 *common]) == 0
+    assert main(["train", cfg, "max_steps=6", f"output_dir={tmp_path}/b", "--resume", *common]) == 0
     capsys.readouterr()
 
     def rows(d):

@@ -42,29 +42,62 @@ def sets(tmp_path_factory):
         (d / name).write_text("\n".join(json.dumps(r) for r in rows))
 
     for split, n in (("train", 256), ("heldout", 64)):
-        pairs = [{"prompt": prompt(i), "chosen": rng.choice(GOOD), "rejected": rng.choice(BAD)}
-                 for i in range(n)]
+        pairs = [
+            {"prompt": prompt(i), "chosen": rng.choice(GOOD), "rejected": rng.choice(BAD)}
+            for i in range(n)
+        ]
         write(f"pref_{split}.jsonl", pairs)
-        write(f"kto_{split}.jsonl",
-              [{"prompt": p["prompt"], "completion": p[k], "label": k == "chosen"}
-               for p in pairs for k in ("chosen", "rejected")])
-        write(f"rank_{split}.jsonl",
-              [{"prompt": p["prompt"], "responses": [rng.choice(GOOD), rng.choice(BAD),
-                                                     rng.choice(GOOD), rng.choice(BAD)],
-                "scores": [1.0, -1.0, 0.5, -0.5]} for p in pairs])
-        write(f"sft_{split}.jsonl", [{"prompt": p["prompt"], "completion": p["chosen"]}
-                                     for p in pairs])
+        write(
+            f"kto_{split}.jsonl",
+            [
+                {"prompt": p["prompt"], "completion": p[k], "label": k == "chosen"}
+                for p in pairs
+                for k in ("chosen", "rejected")
+            ],
+        )
+        write(
+            f"rank_{split}.jsonl",
+            [
+                {
+                    "prompt": p["prompt"],
+                    "responses": [
+                        rng.choice(GOOD),
+                        rng.choice(BAD),
+                        rng.choice(GOOD),
+                        rng.choice(BAD),
+                    ],
+                    "scores": [1.0, -1.0, 0.5, -0.5],
+                }
+                for p in pairs
+            ],
+        )
+        write(
+            f"sft_{split}.jsonl",
+            [{"prompt": p["prompt"], "completion": p["chosen"]} for p in pairs],
+        )
     return d
 
 
 def run(sets, tmp_path, algorithm, data, loss=None, steps=40, lr=3e-3):
-    cfg = from_dict(RunConfig, dict(
-        output_dir=str(tmp_path / "run"), max_steps=steps, algorithm=algorithm, seed=0,
-        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
-        optim=dict(lr=lr), loss=loss or {},
-        data=dict(train=str(sets / f"{data}_train.jsonl"), eval=str(sets / f"{data}_heldout.jsonl"),
-                  max_length=48),
-        train=dict(batch_size=8, eval_batches=8), logging=dict(tensorboard=False, plots=False)))
+    cfg = from_dict(
+        RunConfig,
+        dict(
+            output_dir=str(tmp_path / "run"),
+            max_steps=steps,
+            algorithm=algorithm,
+            seed=0,
+            model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
+            optim=dict(lr=lr),
+            loss=loss or {},
+            data=dict(
+                train=str(sets / f"{data}_train.jsonl"),
+                eval=str(sets / f"{data}_heldout.jsonl"),
+                max_length=48,
+            ),
+            train=dict(batch_size=8, eval_batches=8),
+            logging=dict(tensorboard=False, plots=False),
+        ),
+    )
     summary = train_offline(cfg, log_stream=open(os.devnull, "w"))
     return cfg, summary
 
@@ -86,15 +119,19 @@ def implicit_reward_stats(sets, cfg):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm,data,loss", [
-    ("dpo", "pref", {"beta": 0.1}),
-    ("dpo", "pref", {"beta": 0.1, "kind": "ipo"}),
-    ("dpo", "pref", {"beta": 0.1, "kind": "robust", "label_smoothing": 0.1}),
-    ("kto", "kto", {"beta": 0.1}),
-    ("orpo", "pref", {"beta": 0.1}),
-    ("simpo", "pref", {"beta": 2.0, "gamma": 0.5}),
-    ("pairwise_rank", "rank", {"beta": 0.3, "group_size": 4}),
-], ids=["dpo", "ipo", "robust_dpo", "kto", "orpo", "simpo", "pairwise_rank"])
+@pytest.mark.parametrize(
+    "algorithm,data,loss",
+    [
+        ("dpo", "pref", {"beta": 0.1}),
+        ("dpo", "pref", {"beta": 0.1, "kind": "ipo"}),
+        ("dpo", "pref", {"beta": 0.1, "kind": "robust", "label_smoothing": 0.1}),
+        ("kto", "kto", {"beta": 0.1}),
+        ("orpo", "pref", {"beta": 0.1}),
+        ("simpo", "pref", {"beta": 2.0, "gamma": 0.5}),
+        ("pairwise_rank", "rank", {"beta": 0.3, "group_size": 4}),
+    ],
+    ids=["dpo", "ipo", "robust_dpo", "kto", "orpo", "simpo", "pairwise_rank"],
+)
 def test_preference_algorithms_learn_heldout_preferences(sets, tmp_path, algorithm, data, loss):
     cfg, _ = run(sets, tmp_path, algorithm, data, loss)
     acc, margin = implicit_reward_stats(sets, cfg)

@@ -16,10 +16,27 @@ from jaxrl_llm.train.online import OnlineTrainer, train_online
 from jaxrl_llm.train.run_config import RunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ONLINE = ["ppo", "online_dpo", "grpo", "dr_grpo", "dapo", "gspo", "reinforce", "reinforce_pp",
-          "rloo", "remax", "cispo", "sapo", "gmpo"]
-TINY = ["model.source=tiny", "model.tokenizer=char", "logging.tensorboard=false",
-        "logging.plots=false"]
+ONLINE = [
+    "ppo",
+    "online_dpo",
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "reinforce",
+    "reinforce_pp",
+    "rloo",
+    "remax",
+    "cispo",
+    "sapo",
+    "gmpo",
+]
+TINY = [
+    "model.source=tiny",
+    "model.tokenizer=char",
+    "logging.tensorboard=false",
+    "logging.plots=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +54,20 @@ def toy_data(tmp_path_factory):
 
 def toy_config(toy_data, out, algorithm, **over):
     base = dict(
-        output_dir=str(out), max_steps=40, algorithm=algorithm, seed=0,
+        output_dir=str(out),
+        max_steps=40,
+        algorithm=algorithm,
+        seed=0,
         model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
         optim=dict(lr=1e-2),
-        data=dict(train=str(toy_data / "train.jsonl"), eval=str(toy_data / "eval.jsonl"),
-                  max_length=32),
+        data=dict(
+            train=str(toy_data / "train.jsonl"), eval=str(toy_data / "eval.jsonl"), max_length=32
+        ),
         rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=1),
         rewards=[dict(name="tests.train.toy_rewards:larger_digit")],
-        logging=dict(tensorboard=False, plots=False), eval=dict(before=True))
+        logging=dict(tensorboard=False, plots=False),
+        eval=dict(before=True),
+    )
     base.update(over)
     return from_dict(RunConfig, base)
 
@@ -66,9 +89,14 @@ def test_algorithm_raises_reward_on_toy_task(algorithm, toy_data, tmp_path):
 
 
 def test_failing_reward_gets_zero_advantage_and_is_counted(toy_data, tmp_path):
-    cfg = toy_config(toy_data, tmp_path / "fail", "grpo", max_steps=1,
-                     rewards=[dict(name="tests.train.toy_rewards:flaky")],
-                     eval=dict(before=False))
+    cfg = toy_config(
+        toy_data,
+        tmp_path / "fail",
+        "grpo",
+        max_steps=1,
+        rewards=[dict(name="tests.train.toy_rewards:flaky")],
+        eval=dict(before=False),
+    )
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
     try:
         m = trainer.train_step(1)
@@ -80,10 +108,20 @@ def test_failing_reward_gets_zero_advantage_and_is_counted(toy_data, tmp_path):
 
 
 def test_dynamic_sampling_reports_dropped_groups(toy_data, tmp_path):
-    cfg = toy_config(toy_data, tmp_path / "dapo", "dapo", max_steps=1,
-                     rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=1,
-                                  dynamic_sampling=True, max_sampling_rounds=2),
-                     eval=dict(before=False))
+    cfg = toy_config(
+        toy_data,
+        tmp_path / "dapo",
+        "dapo",
+        max_steps=1,
+        rollout=dict(
+            prompts_per_step=8,
+            group_size=8,
+            max_new_tokens=1,
+            dynamic_sampling=True,
+            max_sampling_rounds=2,
+        ),
+        eval=dict(before=False),
+    )
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
     try:
         m = trainer.train_step(1)
@@ -100,16 +138,26 @@ def test_skipping_zero_advantage_groups_gives_the_same_update(toy_data, tmp_path
 
     params, metrics = {}, {}
     for skip in (True, False):
-        cfg = toy_config(toy_data, tmp_path / f"skip_{skip}", "grpo", max_steps=1,
-                         rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=2,
-                                      skip_zero_advantage=skip, micro_batch_groups=1),
-                         loss=dict(kl_coef=0.0),  # skipping is exact only without a KL term
-                         # SGD: the update is lr·g, so equal gradients give equal params to
-                         # float rounding. Adam divides by sqrt(v): elements with tiny
-                         # gradients turn rounding into 1e-5 parameter differences on some
-                         # CPUs (issue 21 §5), which says nothing about the skipping.
-                         optim=dict(name="sgd", lr=1e-2),
-                         eval=dict(before=False))
+        cfg = toy_config(
+            toy_data,
+            tmp_path / f"skip_{skip}",
+            "grpo",
+            max_steps=1,
+            rollout=dict(
+                prompts_per_step=8,
+                group_size=4,
+                max_new_tokens=2,
+                skip_zero_advantage=skip,
+                micro_batch_groups=1,
+            ),
+            loss=dict(kl_coef=0.0),  # skipping is exact only without a KL term
+            # SGD: the update is lr·g, so equal gradients give equal params to
+            # float rounding. Adam divides by sqrt(v): elements with tiny
+            # gradients turn rounding into 1e-5 parameter differences on some
+            # CPUs (issue 21 §5), which says nothing about the skipping.
+            optim=dict(name="sgd", lr=1e-2),
+            eval=dict(before=False),
+        )
         trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
         try:
             # one group per micro-batch, or two when the batch is sharded over 8 devices
@@ -136,8 +184,7 @@ def test_skippable_layout_puts_whole_informative_groups_first():
 
     # 4 groups of 2 rows; groups 1 and 3 informative
     adv = np.array([0, 0, 1, -1, 0, 0, 2, -2], np.float32)[:, None] * np.ones((1, 3))
-    batch = {"advantages": adv, "loss_mask": np.ones((8, 3), np.int32),
-             "row": np.arange(8)}
+    batch = {"advantages": adv, "loss_mask": np.ones((8, 3), np.int32), "row": np.arange(8)}
     out = skippable_layout(batch, 2, 2)
     stacked, _ = split_micro_batches(out, 2)
     np.testing.assert_array_equal(stacked["row"][0], [2, 3, 6, 7])  # both informative groups
@@ -158,17 +205,28 @@ def test_step_metrics_over_updates_weight_the_micro_batches_that_ran():
 def test_update_micro_batches_keep_groups_on_one_device(toy_data, tmp_path):
     from jaxrl_llm.train.run_config import update_micro_batches
 
-    cfg = toy_config(toy_data, tmp_path, "grpo", loss=dict(kl_coef=0.0),
-                     rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1))
+    cfg = toy_config(
+        toy_data,
+        tmp_path,
+        "grpo",
+        loss=dict(kl_coef=0.0),
+        rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1),
+    )
     assert update_micro_batches(cfg, shards=1) == 8  # one group per micro-batch
     assert update_micro_batches(cfg, shards=2) == 4  # 2 groups: one per device
     assert update_micro_batches(cfg, shards=8) == 4  # 8 rows over 8 devices (groups split)
     assert update_micro_batches(cfg, shards=3) == 1  # no even split
-    beta = toy_config(toy_data, tmp_path, "grpo", loss=dict(kl_coef=0.04),
-                      rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1))
+    beta = toy_config(
+        toy_data,
+        tmp_path,
+        "grpo",
+        loss=dict(kl_coef=0.04),
+        rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1),
+    )
     assert update_micro_batches(beta) == 1  # the KL term does not vanish with A = 0
-    ppo = toy_config(toy_data, tmp_path, "ppo",
-                     rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1))
+    ppo = toy_config(
+        toy_data, tmp_path, "ppo", rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=1)
+    )
     assert update_micro_batches(ppo) == 1
 
 
@@ -185,10 +243,20 @@ def test_online_config_errors(toy_data, tmp_path):
 @pytest.mark.parametrize("name", ONLINE)
 def test_every_online_config_runs_end_to_end(name, tmp_path, capsys):
     out = tmp_path / name
-    rc = main(["train", os.path.join(ROOT, "configs", f"{name}.yaml"), "max_steps=2",
-               f"output_dir={out}", f"data.train={ROOT}/data/addition/train.jsonl",
-               f"data.eval={ROOT}/data/addition/heldout.jsonl", "eval.num_examples=8",
-               "eval.batch_size=8", "rollout.max_new_tokens=4", *TINY])
+    rc = main(
+        [
+            "train",
+            os.path.join(ROOT, "configs", f"{name}.yaml"),
+            "max_steps=2",
+            f"output_dir={out}",
+            f"data.train={ROOT}/data/addition/train.jsonl",
+            f"data.eval={ROOT}/data/addition/heldout.jsonl",
+            "eval.num_examples=8",
+            "eval.batch_size=8",
+            "rollout.max_new_tokens=4",
+            *TINY,
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
@@ -197,8 +265,11 @@ def test_every_online_config_runs_end_to_end(name, tmp_path, capsys):
 
 def test_resume_continues_exactly(toy_data, tmp_path):
     """4 straight steps == 2 steps, stop, resume to 4 (same data order, samples and updates)."""
-    common = dict(rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=1),
-                  checkpoint=dict(save_every=2, keep=2), eval=dict(before=False))
+    common = dict(
+        rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=1),
+        checkpoint=dict(save_every=2, keep=2),
+        eval=dict(before=False),
+    )
     straight = toy_config(toy_data, tmp_path / "a", "grpo", max_steps=4, **common)
     train_online(straight, log_stream=open(os.devnull, "w"))
     first = toy_config(toy_data, tmp_path / "b", "grpo", max_steps=2, **common)
@@ -215,11 +286,14 @@ def test_resume_continues_exactly(toy_data, tmp_path):
         assert a[s]["reward/mean"] == b[s]["reward/mean"]
         assert a[s]["loss"] == pytest.approx(b[s]["loss"], abs=1e-6)
     from jaxrl_llm.train.checkpoint import restore_model
+
     _, pa, _ = restore_model(str(tmp_path / "a" / "checkpoints"))
     _, pb, _ = restore_model(str(tmp_path / "b" / "checkpoints"))
     import jax
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6),
-                 pa, pb)
+
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6), pa, pb
+    )
 
 
 @pytest.mark.slow
@@ -230,15 +304,24 @@ def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
 
     from jaxrl_llm.train.checkpoint import CheckpointManager
 
-    common = dict(rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=2),
-                  checkpoint=dict(save_every=2, keep=2), eval=dict(before=False))
-    train_online(toy_config(toy_data, tmp_path / "a", "ppo", max_steps=3, **common),
-                 log_stream=open(os.devnull, "w"))
-    train_online(toy_config(toy_data, tmp_path / "b", "ppo", max_steps=2, **common),
-                 log_stream=open(os.devnull, "w"))
+    common = dict(
+        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=2),
+        checkpoint=dict(save_every=2, keep=2),
+        eval=dict(before=False),
+    )
+    train_online(
+        toy_config(toy_data, tmp_path / "a", "ppo", max_steps=3, **common),
+        log_stream=open(os.devnull, "w"),
+    )
+    train_online(
+        toy_config(toy_data, tmp_path / "b", "ppo", max_steps=2, **common),
+        log_stream=open(os.devnull, "w"),
+    )
     assert CheckpointManager(str(tmp_path / "b" / "critic_checkpoints")).all_steps() == [2]
-    train_online(toy_config(toy_data, tmp_path / "b", "ppo", max_steps=3, resume=True, **common),
-                 log_stream=open(os.devnull, "w"))
+    train_online(
+        toy_config(toy_data, tmp_path / "b", "ppo", max_steps=3, resume=True, **common),
+        log_stream=open(os.devnull, "w"),
+    )
 
     def rows(d):
         return {r["step"]: r for r in map(json.loads, open(d / "metrics.jsonl")) if "loss" in r}
@@ -249,11 +332,13 @@ def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
         assert key in a[3], sorted(a[3])
         assert a[3][key] == pytest.approx(b[3][key], abs=1e-6), key
     from jaxrl_llm.train.checkpoint import restore_model
+
     for sub in ("checkpoints", "critic_checkpoints"):
         _, pa, _ = restore_model(str(tmp_path / "a" / sub))
         _, pb, _ = restore_model(str(tmp_path / "b" / sub))
-        jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
-                                                             atol=1e-6), pa, pb)
+        jax.tree.map(
+            lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6), pa, pb
+        )
 
 
 def test_token_step_ids_follow_the_step_spans():
@@ -270,9 +355,15 @@ def test_token_step_ids_follow_the_step_spans():
 
 
 def test_process_supervised_grpo_uses_step_rewards(toy_data, tmp_path):
-    cfg = toy_config(toy_data, tmp_path / "proc", "grpo", max_steps=2,
-                     rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=3),
-                     process_reward=dict(name="outcome_as_process"), eval=dict(before=False))
+    cfg = toy_config(
+        toy_data,
+        tmp_path / "proc",
+        "grpo",
+        max_steps=2,
+        rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=3),
+        process_reward=dict(name="outcome_as_process"),
+        eval=dict(before=False),
+    )
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
     try:
         rb, _ = trainer.rollouts.collect(trainer.iterator, 1)
@@ -291,11 +382,16 @@ def test_process_supervised_grpo_uses_step_rewards(toy_data, tmp_path):
 def test_kl_schedule_moves_beta_without_recompiling(toy_data, tmp_path):
     # β is a traced input of the step (schedules: [{name: kl_coef, ...}]): three steps with
     # three values of β compile the step once.
-    cfg = toy_config(toy_data, tmp_path / "sched", "grpo", max_steps=3,
-                     rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=1),
-                     loss=dict(kl_coef=0.1),
-                     schedules=[dict(name="kl_coef", end=0.0, steps=2)],
-                     eval=dict(before=False))
+    cfg = toy_config(
+        toy_data,
+        tmp_path / "sched",
+        "grpo",
+        max_steps=3,
+        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=1),
+        loss=dict(kl_coef=0.1),
+        schedules=[dict(name="kl_coef", end=0.0, steps=2)],
+        eval=dict(before=False),
+    )
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
     try:
         betas = [trainer.train_step(s)["hparams/kl_coef"] for s in (1, 2, 3)]
@@ -311,10 +407,14 @@ def test_kl_schedule_moves_beta_without_recompiling(toy_data, tmp_path):
 
 
 def test_eval_pass_at_k_from_sampled_completions(toy_data, tmp_path):
-    cfg = toy_config(toy_data, tmp_path / "passk", "grpo", max_steps=1,
-                     rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=1),
-                     eval=dict(before=False, num_examples=8, batch_size=8, num_samples=4,
-                               pass_at=[1, 4]))
+    cfg = toy_config(
+        toy_data,
+        tmp_path / "passk",
+        "grpo",
+        max_steps=1,
+        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=1),
+        eval=dict(before=False, num_examples=8, batch_size=8, num_samples=4, pass_at=[1, 4]),
+    )
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
     try:
         ev = trainer.evaluate()

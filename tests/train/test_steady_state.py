@@ -40,17 +40,23 @@ def _write_run_files(d) -> str:
     (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:120]))
     (d / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[120:]))
     cfg = dict(
-        seed=0, max_steps=STEPS, algorithm="grpo", output_dir=str(d / "run"),
+        seed=0,
+        max_steps=STEPS,
+        algorithm="grpo",
+        output_dir=str(d / "run"),
         model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
         optim=dict(lr=1e-2),
         data=dict(train=str(d / "train.jsonl"), eval=str(d / "eval.jsonl"), max_length=32),
         rollout=dict(prompts_per_step=2, group_size=4, max_new_tokens=MAX_NEW_TOKENS),
         loss=dict(kl_coef=0.04),
-        rewards=[dict(name="tests.train.toy_rewards:larger_digit"),
-                 dict(name="length_penalty", kwargs=dict(target=1, coef=0.1))],
+        rewards=[
+            dict(name="tests.train.toy_rewards:larger_digit"),
+            dict(name="length_penalty", kwargs=dict(target=1, coef=0.1)),
+        ],
         eval=dict(before=False, every=50, num_examples=8, batch_size=8),
         checkpoint=dict(save_every=50, keep=1),
-        logging=dict(tensorboard=False, plots=False))
+        logging=dict(tensorboard=False, plots=False),
+    )
     path = d / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
@@ -82,8 +88,9 @@ def measure(config_path: str, out_path: str) -> None:
             counts[event] += 1
 
     jax.monitoring.register_event_duration_secs_listener(on_event)
-    trainer = OnlineTrainer(load_config(RunConfig, config_path, []),
-                            log_stream=open(os.devnull, "w"))
+    trainer = OnlineTrainer(
+        load_config(RunConfig, config_path, []), log_stream=open(os.devnull, "w")
+    )
     marks = {"compiles": [], "traces": [], "rss_kib": []}
     train_step = trainer.train_step
 
@@ -100,8 +107,11 @@ def measure(config_path: str, out_path: str) -> None:
     finally:
         trainer.close()
     gc.collect()
-    marks.update(final_compiles=counts[COMPILE_EVENT], final_traces=counts[TRACE_EVENT],
-                 final_rss_kib=_rss_kib())
+    marks.update(
+        final_compiles=counts[COMPILE_EVENT],
+        final_traces=counts[TRACE_EVENT],
+        final_rss_kib=_rss_kib(),
+    )
     with open(out_path, "w") as f:
         json.dump(marks, f)
 
@@ -111,10 +121,18 @@ def test_no_compilation_and_flat_memory_after_warmup(tmp_path):
     config = _write_run_files(tmp_path)
     out = tmp_path / "marks.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-    code = ("import sys; from tests.train.test_steady_state import measure; "
-            "measure(sys.argv[1], sys.argv[2])")
-    p = subprocess.run([sys.executable, "-c", code, config, str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+    code = (
+        "import sys; from tests.train.test_steady_state import measure; "
+        "measure(sys.argv[1], sys.argv[2])"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, config, str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     marks = json.loads(out.read_text())
     compiles, rss = marks["compiles"], marks["rss_kib"]

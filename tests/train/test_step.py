@@ -17,13 +17,22 @@ BATCH = ragged_batch(0, 8, 10, CFG.vocab_size)
 
 def _run(mesh_shape, optimizer, batch, *, micro_batches=1, cfg=CFG, steps=1, **kw):
     n = int(np.prod(mesh_shape))
-    mesh = make_mesh(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2],
-                     devices=jax.devices()[:n])
-    state, sharding = create_train_state(init_fn(cfg), optimizer, mesh, param_axes=axes(cfg),
-                                         rng=jax.random.PRNGKey(0))
-    step = make_train_step(functools.partial(nll_loss, config=cfg), optimizer, mesh=mesh,
-                           state_sharding=sharding, batch_sharding=batch_sharding(mesh),
-                           micro_batches=micro_batches, denominator_fn=nll_denominator, **kw)
+    mesh = make_mesh(
+        data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2], devices=jax.devices()[:n]
+    )
+    state, sharding = create_train_state(
+        init_fn(cfg), optimizer, mesh, param_axes=axes(cfg), rng=jax.random.PRNGKey(0)
+    )
+    step = make_train_step(
+        functools.partial(nll_loss, config=cfg),
+        optimizer,
+        mesh=mesh,
+        state_sharding=sharding,
+        batch_sharding=batch_sharding(mesh),
+        micro_batches=micro_batches,
+        denominator_fn=nll_denominator,
+        **kw,
+    )
     params0 = jax.device_get(state.params)
     for _ in range(steps):
         state, metrics = step(state, batch)
@@ -37,8 +46,17 @@ def single_device():
 
 
 def _max_diff(a, b):
-    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(
-        np.asarray(x, np.float64) - np.asarray(y, np.float64)))), a, b)))
+    return max(
+        jax.tree.leaves(
+            jax.tree.map(
+                lambda x, y: float(
+                    np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))
+                ),
+                a,
+                b,
+            )
+        )
+    )
 
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)])
@@ -93,8 +111,7 @@ def test_skipped_micro_batches_leave_the_update_unchanged():
     lm[[1, 3, 5, 7]] = 0
     batch["loss_mask"] = lm
     _, ref_state, ref_m = _run((1, 1, 1), optax.sgd(1.0), batch, micro_batches=4)
-    _, state, m = _run((1, 1, 1), optax.sgd(1.0), batch, micro_batches=4,
-                       skip_fn=_no_loss_tokens)
+    _, state, m = _run((1, 1, 1), optax.sgd(1.0), batch, micro_batches=4, skip_fn=_no_loss_tokens)
     assert m["computed_micro_batches"] == 2.0 and "computed_micro_batches" not in ref_m
     assert m["loss"] == pytest.approx(float(ref_m["loss"]), rel=1e-6)
     assert _max_diff(state.params, ref_state.params) < 1e-7
@@ -102,8 +119,13 @@ def test_skipped_micro_batches_leave_the_update_unchanged():
     assert m["nll_sum"] == pytest.approx(2 * float(ref_m["nll_sum"]), rel=1e-5)
     # the skip branch really replaces the computation: skipping a micro-batch that has loss
     # tokens changes the update
-    _, wrong, _ = _run((1, 1, 1), optax.sgd(1.0), batch, micro_batches=4,
-                       skip_fn=lambda mb: mb["loss_mask"].sum() < 1e9)
+    _, wrong, _ = _run(
+        (1, 1, 1),
+        optax.sgd(1.0),
+        batch,
+        micro_batches=4,
+        skip_fn=lambda mb: mb["loss_mask"].sum() < 1e9,
+    )
     assert _max_diff(wrong.params, ref_state.params) > 1e-3
 
 
@@ -120,8 +142,14 @@ def test_split_micro_batches_is_a_strided_partition():
 def test_count_tokens_preference_batch():
     m = np.array([[1, 1, 0], [1, 0, 0]])
     lm = np.array([[0, 1, 0], [0, 0, 0]])
-    t, lt = count_tokens({"chosen_attention_mask": m, "rejected_attention_mask": m,
-                          "chosen_loss_mask": lm, "rejected_loss_mask": lm})
+    t, lt = count_tokens(
+        {
+            "chosen_attention_mask": m,
+            "rejected_attention_mask": m,
+            "chosen_loss_mask": lm,
+            "rejected_loss_mask": lm,
+        }
+    )
     assert (float(t), float(lt)) == (6.0, 2.0)
 
 
@@ -149,25 +177,44 @@ def test_frozen_params_are_sharded_arguments_and_grad_clip():
         return 0.5 * jnp.sum(d * d), {}
 
     opt = optax.sgd(1.0)
-    state, ssh = create_train_state(lambda r: {"w": jnp.zeros((8, 4))}, opt, mesh,
-                                    param_axes=ax, rng=jax.random.PRNGKey(0))
+    state, ssh = create_train_state(
+        lambda r: {"w": jnp.zeros((8, 4))}, opt, mesh, param_axes=ax, rng=jax.random.PRNGKey(0)
+    )
     ref = {"w": jax.device_put(jnp.full((8, 4), 0.5), sh["w"])}
     batch = {"x": np.zeros((8, 1), np.float32)}
-    step = make_train_step(loss, opt, mesh=mesh, state_sharding=ssh,
-                           batch_sharding=batch_sharding(mesh),
-                           frozen_sharding={"ref_params": sh})
+    step = make_train_step(
+        loss,
+        opt,
+        mesh=mesh,
+        state_sharding=ssh,
+        batch_sharding=batch_sharding(mesh),
+        frozen_sharding={"ref_params": sh},
+    )
     new, m = step(state, batch, {"ref_params": ref})
     np.testing.assert_allclose(np.asarray(new.params["w"]), 0.5)  # one SGD step lands on ref
     assert float(m["grad_norm"]) == pytest.approx(0.5 * np.sqrt(32))
     assert int(new.step) == 1
     # clipped to norm 1: the step moves θ by exactly 1 in the gradient direction
-    state, _ = create_train_state(lambda r: {"w": jnp.zeros((8, 4))}, opt, mesh,
-                                  param_axes=ax, rng=jax.random.PRNGKey(0))
-    clipped = make_train_step(loss, opt, mesh=mesh, state_sharding=ssh,
-                              batch_sharding=batch_sharding(mesh), grad_clip=1.0,
-                              frozen_sharding={"ref_params": sh})
+    state, _ = create_train_state(
+        lambda r: {"w": jnp.zeros((8, 4))}, opt, mesh, param_axes=ax, rng=jax.random.PRNGKey(0)
+    )
+    clipped = make_train_step(
+        loss,
+        opt,
+        mesh=mesh,
+        state_sharding=ssh,
+        batch_sharding=batch_sharding(mesh),
+        grad_clip=1.0,
+        frozen_sharding={"ref_params": sh},
+    )
     new, _ = clipped(state, batch, {"ref_params": ref})
     assert float(jnp.linalg.norm(new.params["w"])) == pytest.approx(1.0, rel=1e-6)
     with pytest.raises(ConfigError, match="micro_batches=0"):
-        make_train_step(loss, opt, mesh=mesh, state_sharding=ssh,
-                        batch_sharding=batch_sharding(mesh), micro_batches=0)
+        make_train_step(
+            loss,
+            opt,
+            mesh=mesh,
+            state_sharding=ssh,
+            batch_sharding=batch_sharding(mesh),
+            micro_batches=0,
+        )

@@ -42,8 +42,9 @@ def _step(config):
 
     def loss(params, ids, mask):
         out = models.apply(params, ids, config=config, attention_mask=mask)
-        lp = ops.token_logprobs_from_hidden(out.hidden[:, :-1], out.unembed, ids[:, 1:],
-                                            chunk_size=256)
+        lp = ops.token_logprobs_from_hidden(
+            out.hidden[:, :-1], out.unembed, ids[:, 1:], chunk_size=256
+        )
         return -jnp.sum(lp * mask[:, 1:])
 
     return jax.jit(jax.value_and_grad(loss))
@@ -56,8 +57,12 @@ def compiled_peak_bytes(config, seq: int) -> tuple[int, float]:
     t0 = time.perf_counter()
     ma = _step(config).lower(p, ids, ids).compile().memory_analysis()
     secs = time.perf_counter() - t0
-    return (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
-            + ma.temp_size_in_bytes), secs
+    return (
+        ma.argument_size_in_bytes
+        + ma.output_size_in_bytes
+        - ma.alias_size_in_bytes
+        + ma.temp_size_in_bytes
+    ), secs
 
 
 def time_steps(config, seq: int, repeats: int) -> dict[str, list[float]]:
@@ -90,9 +95,13 @@ def attention_times(config, seqs: list[int], repeats: int) -> list[tuple[int, fl
         v = jax.random.normal(ks[2], (1, t, kh, e))
         mask = models.causal_self_mask(jnp.ones((1, t), bool))
         fns = {}
-        for name, fn in (("naive", models.naive_attention), ("blockwise", models.blockwise_attention)):
-            g = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, mask) ** 2),
-                                 argnums=(0, 1, 2)))
+        for name, fn in (
+            ("naive", models.naive_attention),
+            ("blockwise", models.blockwise_attention),
+        ):
+            g = jax.jit(
+                jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, mask) ** 2), argnums=(0, 1, 2))
+            )
             jax.block_until_ready(g(q, k, v))
             fns[name] = g
         best = {name: float("inf") for name in fns}
@@ -102,20 +111,28 @@ def attention_times(config, seqs: list[int], repeats: int) -> list[tuple[int, fl
                 jax.block_until_ready(g(q, k, v))
                 best[name] = min(best[name], time.perf_counter() - t0)
         rows.append((t, best["naive"], best["blockwise"]))
-        common.log(f"attention T={t}: naive {best['naive'] * 1e3:.1f} ms, "
-                   f"blockwise {best['blockwise'] * 1e3:.1f} ms")
+        common.log(
+            f"attention T={t}: naive {best['naive'] * 1e3:.1f} ms, "
+            f"blockwise {best['blockwise'] * 1e3:.1f} ms"
+        )
     return rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=common.DEFAULT_MODEL,
-                    help="whose shapes to use: an alias/path, or 'tiny' (smoke test)")
+    ap.add_argument(
+        "--model",
+        default=common.DEFAULT_MODEL,
+        help="whose shapes to use: an alias/path, or 'tiny' (smoke test)",
+    )
     ap.add_argument("--seqs", default="2048,8192,16384", help="tokens per row for the memory table")
     ap.add_argument("--time-seq", type=int, default=2048, help="tokens per row for the step timing")
     ap.add_argument("--repeats", type=int, default=3, help="timed steps per implementation")
-    ap.add_argument("--threshold", action="store_true",
-                    help="also time attention alone to choose the naive/blockwise threshold")
+    ap.add_argument(
+        "--threshold",
+        action="store_true",
+        help="also time attention alone to choose the naive/blockwise threshold",
+    )
     ap.add_argument("--threshold-seqs", default="128,256,512,1024,2048")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -129,8 +146,8 @@ def main(argv=None) -> int:
         for impl in IMPLS:
             peak, secs = compiled_peak_bytes(dataclasses.replace(base, attention=impl), seq)
             peaks[impl.value, seq] = peak
-            common.log(f"T={seq} {impl.value}: {peak / 2 ** 30:.2f} GiB (compiled in {secs:.0f} s)")
-            row.append(f"{peak / 2 ** 30:.2f}")
+            common.log(f"T={seq} {impl.value}: {peak / 2**30:.2f} GiB (compiled in {secs:.0f} s)")
+            row.append(f"{peak / 2**30:.2f}")
         row.append(f"{peaks['blockwise', seq] / peaks['naive', seq]:.3f}")
         rows.append(row)
     body = [
@@ -140,8 +157,9 @@ def main(argv=None) -> int:
         "value_and_grad of the sum of per-token log-probs (chunked from hidden states). Peak = "
         "XLA's compiled argument + output + temporary bytes (compiled, not run).",
         "",
-        *common.markdown_table(["T", "naive (GiB)", "blockwise (GiB)", "blockwise / naive"],
-                               rows, align="rrrr"),
+        *common.markdown_table(
+            ["T", "naive (GiB)", "blockwise (GiB)", "blockwise / naive"], rows, align="rrrr"
+        ),
         "",
     ]
     metrics = {f"peak_{impl}_{seq}_bytes": v for (impl, seq), v in peaks.items()}
@@ -150,8 +168,7 @@ def main(argv=None) -> int:
         for impl in ("naive", "blockwise"):
             growth = peaks[impl, hi] / peaks[impl, lo]
             metrics[f"growth_{impl}"] = growth
-            body.append(f"{impl}: peak ×{growth:.1f} from T = {lo:,} to {hi:,} "
-                        f"(T ×{hi / lo:.0f}).")
+            body.append(f"{impl}: peak ×{growth:.1f} from T = {lo:,} to {hi:,} (T ×{hi / lo:.0f}).")
         body.append("")
 
     times = time_steps(base, args.time_seq, args.repeats)
@@ -163,9 +180,12 @@ def main(argv=None) -> int:
         "",
         *common.markdown_table(
             ["pair", "naive (s)", "blockwise (s)", "blockwise / naive"],
-            [[i + 1, f"{n:.2f}", f"{b:.2f}", f"{r:.2f}"]
-             for i, (n, b, r) in enumerate(zip(times["naive"], times["blockwise"], ratios))],
-            align="rrrr"),
+            [
+                [i + 1, f"{n:.2f}", f"{b:.2f}", f"{r:.2f}"]
+                for i, (n, b, r) in enumerate(zip(times["naive"], times["blockwise"], ratios))
+            ],
+            align="rrrr",
+        ),
         "",
     ]
     metrics["step_time_naive_s"] = min(times["naive"])
@@ -173,8 +193,7 @@ def main(argv=None) -> int:
     metrics["step_time_ratio_median"] = sorted(ratios)[len(ratios) // 2]
 
     if args.threshold:
-        att = attention_times(base, [int(s) for s in args.threshold_seqs.split(",")],
-                              args.repeats)
+        att = attention_times(base, [int(s) for s in args.threshold_seqs.split(",")], args.repeats)
         body += [
             "Attention alone (one layer's heads, batch 1, causal, float32), forward + backward, "
             f"best of {args.repeats}; this sets the naive/blockwise threshold "
@@ -182,14 +201,20 @@ def main(argv=None) -> int:
             "",
             *common.markdown_table(
                 ["T = S", "naive (ms)", "blockwise (ms)", "blockwise / naive"],
-                [[f"{t:,}", f"{n * 1e3:.1f}", f"{b * 1e3:.1f}", f"{b / n:.2f}"]
-                 for t, n, b in att], align="rrrr"),
+                [[f"{t:,}", f"{n * 1e3:.1f}", f"{b * 1e3:.1f}", f"{b / n:.2f}"] for t, n, b in att],
+                align="rrrr",
+            ),
             "",
         ]
         metrics["attention_times"] = [[t, n, b] for t, n, b in att]
 
-    common.write_report(args.out, title="Attention memory: naive vs blockwise (flash) attention",
-                        command=common.command_line(__file__, argv), body=body, metrics=metrics)
+    common.write_report(
+        args.out,
+        title="Attention memory: naive vs blockwise (flash) attention",
+        command=common.command_line(__file__, argv),
+        body=body,
+        metrics=metrics,
+    )
     return 0
 
 

@@ -29,8 +29,11 @@ import common  # noqa: E402
 
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=common.DEFAULT_MODEL,
-                   help="model alias/path for jaxrl_llm.interop.load_model, or 'tiny' (random)")
+    p.add_argument(
+        "--model",
+        default=common.DEFAULT_MODEL,
+        help="model alias/path for jaxrl_llm.interop.load_model, or 'tiny' (random)",
+    )
     p.add_argument("--prompts", type=int, default=4, help="B prompts")
     p.add_argument("--group", type=int, default=8, help="G samples per prompt")
     p.add_argument("--prompt-len", type=int, default=64)
@@ -41,10 +44,18 @@ def _parse(argv=None):
     p.add_argument("--prefix-new-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2, help="timed repetitions (best is kept)")
     p.add_argument("--matmul-n", type=int, default=1024, help="size of the square matmul")
-    p.add_argument("--bandwidth-mib", type=int, default=1024,
-                   help="MiB streamed by the bandwidth measurement (> last-level cache)")
-    p.add_argument("--threads", type=int, default=os.cpu_count(),
-                   help="torch CPU threads (XLA's CPU client uses every core)")
+    p.add_argument(
+        "--bandwidth-mib",
+        type=int,
+        default=1024,
+        help="MiB streamed by the bandwidth measurement (> last-level cache)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count(),
+        help="torch CPU threads (XLA's CPU client uses every core)",
+    )
     p.add_argument("--skip-hf", action="store_true", help="skip transformers generate")
     p.add_argument("--out", default=None, help="write the markdown report here")
     return p.parse_args(argv)
@@ -62,8 +73,9 @@ def main(argv=None) -> int:
     n_params = config.num_params()
     b, g, p_len, m = args.prompts, args.group, args.prompt_len, args.new_tokens
     n = b * g
-    common.log(f"model {args.model}: {common.fmt_params(n_params)} params; B={b} G={g} "
-               f"P={p_len} M={m}")
+    common.log(
+        f"model {args.model}: {common.fmt_params(n_params)} params; B={b} G={g} P={p_len} M={m}"
+    )
 
     rng = np.random.default_rng(0)
     low = 3 if config.vocab_size > 3 else 0
@@ -79,12 +91,26 @@ def main(argv=None) -> int:
     }
     label = {"greedy": "greedy", "sampling": "sampling (τ=1, top-p 0.95)"}
     for name, s in modes.items():
-        run = lambda: rollout(params, tokens, mask, config=config, sampling=s, num_samples=g,
-                              max_new_tokens=m, gen_len=m).tokens.block_until_ready()
+        run = lambda: rollout(
+            params,
+            tokens,
+            mask,
+            config=config,
+            sampling=s,
+            num_samples=g,
+            max_new_tokens=m,
+            gen_len=m,
+        ).tokens.block_until_ready()
         first = common.timed_first_call(run)
         t = common.best_time(run, args.repeats)
-        rows.append((f"jaxrl_llm {label[name]}", n * m / t, t,
-                     f"prefill + decode, first call {first:.1f}s incl. compile"))
+        rows.append(
+            (
+                f"jaxrl_llm {label[name]}",
+                n * m / t,
+                t,
+                f"prefill + decode, first call {first:.1f}s incl. compile",
+            )
+        )
         metrics[f"jax_{name}_tokens_per_s"] = n * m / t
         common.log(rows[-1])
 
@@ -98,27 +124,50 @@ def main(argv=None) -> int:
 
         torch.set_num_threads(args.threads)
         device = common.torch_device()
-        hf = AutoModelForCausalLM.from_pretrained(
-            common.hf_model_dir(args.model, config, params), local_files_only=True,
-            dtype=torch.float32).eval().to(device)
+        hf = (
+            AutoModelForCausalLM.from_pretrained(
+                common.hf_model_dir(args.model, config, params),
+                local_files_only=True,
+                dtype=torch.float32,
+            )
+            .eval()
+            .to(device)
+        )
         ids = torch.tensor(np.repeat(tokens, g, axis=0), dtype=torch.long, device=device)
         am = torch.ones_like(ids)
-        where = (f"{torch.cuda.get_device_name(0)}" if device == "cuda"
-                 else f"CPU, {args.threads} threads")
-        for name, kw in {"greedy": dict(do_sample=False),
-                         "sampling": dict(do_sample=True, temperature=1.0, top_p=0.95,
-                                          top_k=0)}.items():
+        where = (
+            f"{torch.cuda.get_device_name(0)}"
+            if device == "cuda"
+            else f"CPU, {args.threads} threads"
+        )
+        for name, kw in {
+            "greedy": dict(do_sample=False),
+            "sampling": dict(do_sample=True, temperature=1.0, top_p=0.95, top_k=0),
+        }.items():
+
             def run_hf():
                 with torch.no_grad():
-                    hf.generate(ids, attention_mask=am, max_new_tokens=m, min_new_tokens=m,
-                                pad_token_id=config.pad_token_id or 0, **kw)
+                    hf.generate(
+                        ids,
+                        attention_mask=am,
+                        max_new_tokens=m,
+                        min_new_tokens=m,
+                        pad_token_id=config.pad_token_id or 0,
+                        **kw,
+                    )
                 if device == "cuda":
                     torch.cuda.synchronize()
+
             run_hf()  # warm-up
             t = common.best_time(run_hf, args.repeats)
-            rows.append((f"transformers generate {label[name]}", n * m / t, t,
-                         f"torch {torch.__version__} on {where}, {n} rows (prompt repeated "
-                         f"G times)"))
+            rows.append(
+                (
+                    f"transformers generate {label[name]}",
+                    n * m / t,
+                    t,
+                    f"torch {torch.__version__} on {where}, {n} rows (prompt repeated G times)",
+                )
+            )
             metrics[f"hf_{name}_tokens_per_s"] = n * m / t
             common.log(rows[-1])
 
@@ -126,33 +175,57 @@ def main(argv=None) -> int:
     flops_step = 2.0 * n_params * n
     square = common.matmul_rate(args.matmul_n, args.matmul_n, args.matmul_n)
     skinny = common.matmul_rate(n, config.hidden_size, config.vocab_size)
-    bw = common.memory_bandwidth(nbytes=args.bandwidth_mib * 2 ** 20)
+    bw = common.memory_bandwidth(nbytes=args.bandwidth_mib * 2**20)
     p_bytes = n_params * jnp.dtype(config.param_jnp_dtype).itemsize
-    kv_bytes = (n * (p_len + m) * config.num_layers * 2 * config.num_kv_heads
-                * config.head_dim * jnp.dtype(config.compute_jnp_dtype).itemsize)
+    kv_bytes = (
+        n
+        * (p_len + m)
+        * config.num_layers
+        * 2
+        * config.num_kv_heads
+        * config.head_dim
+        * jnp.dtype(config.compute_jnp_dtype).itemsize
+    )
     t_square, t_skinny = flops_step / square, flops_step / skinny
     t_mem = (p_bytes + kv_bytes) / bw
     roof = [
-        (f"compute roofline (square {args.matmul_n}³ matmul: {square / 1e9:.1f} GFLOP/s)",
-         t_square, f"2·{common.fmt_params(n_params)}·{n} FLOPs per step"),
-        (f"compute roofline (skinny [{n}, {config.hidden_size}]×[{config.hidden_size}, "
-         f"{config.vocab_size}] matmul: {skinny / 1e9:.1f} GFLOP/s)", t_skinny,
-         "same FLOPs at the decode-shaped matmul's rate"),
-        (f"memory roofline (streaming {bw / 1e9:.1f} GB/s)", t_mem,
-         f"{p_bytes / 1e6:.3g} MB weights + {kv_bytes / 1e6:.3g} MB KV cache read per step"),
+        (
+            f"compute roofline (square {args.matmul_n}³ matmul: {square / 1e9:.1f} GFLOP/s)",
+            t_square,
+            f"2·{common.fmt_params(n_params)}·{n} FLOPs per step",
+        ),
+        (
+            f"compute roofline (skinny [{n}, {config.hidden_size}]×[{config.hidden_size}, "
+            f"{config.vocab_size}] matmul: {skinny / 1e9:.1f} GFLOP/s)",
+            t_skinny,
+            "same FLOPs at the decode-shaped matmul's rate",
+        ),
+        (
+            f"memory roofline (streaming {bw / 1e9:.1f} GB/s)",
+            t_mem,
+            f"{p_bytes / 1e6:.3g} MB weights + {kv_bytes / 1e6:.3g} MB KV cache read per step",
+        ),
     ]
     for what, step, note in roof:
         rows.append((what, n / step, step * m, note))
     t_roof = max(t_square, t_mem)
-    metrics.update(roofline_tokens_per_s=n / t_roof, roofline_compute_tokens_per_s=n / t_square,
-                   roofline_skinny_tokens_per_s=n / t_skinny,
-                   roofline_memory_tokens_per_s=n / t_mem, matmul_flops=square,
-                   bandwidth_bytes_per_s=bw)
+    metrics.update(
+        roofline_tokens_per_s=n / t_roof,
+        roofline_compute_tokens_per_s=n / t_square,
+        roofline_skinny_tokens_per_s=n / t_skinny,
+        roofline_memory_tokens_per_s=n / t_mem,
+        matmul_flops=square,
+        bandwidth_bytes_per_s=bw,
+    )
     bound = "memory" if t_mem > t_square else "compute"
 
     # Prefix sharing vs repeated prefill.
-    pb, pg, pl, pm = args.prefix_prompts, args.prefix_group, args.prefix_prompt_len, \
-        args.prefix_new_tokens
+    pb, pg, pl, pm = (
+        args.prefix_prompts,
+        args.prefix_group,
+        args.prefix_prompt_len,
+        args.prefix_new_tokens,
+    )
     long_prompts = [rng.integers(low, config.vocab_size, size=pl).tolist() for _ in range(pb)]
     lt, lm = pad_prompts(long_prompts, length=pl)
     rt, rmask = np.repeat(lt, pg, axis=0), np.repeat(lm, pg, axis=0)
@@ -160,33 +233,74 @@ def main(argv=None) -> int:
 
     def shared_prefill():
         logits, cache, pos = prefill(params, lt, lm, config=config, cache_len=pl + pm)
-        jax.block_until_ready(init_decode_state(logits, cache, pos, jnp.arange(pb), seed=0,
-                                                num_samples=pg, gen_len=pm, max_new_tokens=pm))
+        jax.block_until_ready(
+            init_decode_state(
+                logits,
+                cache,
+                pos,
+                jnp.arange(pb),
+                seed=0,
+                num_samples=pg,
+                gen_len=pm,
+                max_new_tokens=pm,
+            )
+        )
 
     def repeated_prefill():
         logits, cache, pos = prefill(params, rt, rmask, config=config, cache_len=pl + pm)
-        jax.block_until_ready(init_decode_state(logits, cache, pos, jnp.arange(pb * pg), seed=0,
-                                                num_samples=1, gen_len=pm, max_new_tokens=pm))
+        jax.block_until_ready(
+            init_decode_state(
+                logits,
+                cache,
+                pos,
+                jnp.arange(pb * pg),
+                seed=0,
+                num_samples=1,
+                gen_len=pm,
+                max_new_tokens=pm,
+            )
+        )
 
     def shared_e2e():
-        rollout(params, lt, lm, config=config, sampling=greedy, num_samples=pg,
-                max_new_tokens=pm, gen_len=pm).tokens.block_until_ready()
+        rollout(
+            params,
+            lt,
+            lm,
+            config=config,
+            sampling=greedy,
+            num_samples=pg,
+            max_new_tokens=pm,
+            gen_len=pm,
+        ).tokens.block_until_ready()
 
     def repeated_e2e():
-        rollout(params, rt, rmask, config=config, sampling=greedy, num_samples=1,
-                max_new_tokens=pm, gen_len=pm).tokens.block_until_ready()
+        rollout(
+            params,
+            rt,
+            rmask,
+            config=config,
+            sampling=greedy,
+            num_samples=1,
+            max_new_tokens=pm,
+            gen_len=pm,
+        ).tokens.block_until_ready()
 
     prefix_rows = []
-    for what, fn in [("prefill, prefix shared (B rows, cache repeated G×)", shared_prefill),
-                     ("prefill, repeated prompts (B·G rows)", repeated_prefill),
-                     (f"prefill + {pm} tokens, prefix shared", shared_e2e),
-                     (f"prefill + {pm} tokens, repeated prompts", repeated_e2e)]:
+    for what, fn in [
+        ("prefill, prefix shared (B rows, cache repeated G×)", shared_prefill),
+        ("prefill, repeated prompts (B·G rows)", repeated_prefill),
+        (f"prefill + {pm} tokens, prefix shared", shared_e2e),
+        (f"prefill + {pm} tokens, repeated prompts", repeated_e2e),
+    ]:
         fn()
         prefix_rows.append((what, common.best_time(fn, args.repeats)))
         common.log(prefix_rows[-1])
-    metrics.update(prefix_prefill_speedup=prefix_rows[1][1] / prefix_rows[0][1],
-                   prefix_e2e_speedup=prefix_rows[3][1] / prefix_rows[2][1],
-                   prefix_shared_s=prefix_rows[2][1], prefix_repeated_s=prefix_rows[3][1])
+    metrics.update(
+        prefix_prefill_speedup=prefix_rows[1][1] / prefix_rows[0][1],
+        prefix_e2e_speedup=prefix_rows[3][1] / prefix_rows[2][1],
+        prefix_shared_s=prefix_rows[2][1],
+        prefix_repeated_s=prefix_rows[3][1],
+    )
 
     ours = metrics["jax_greedy_tokens_per_s"]
     body = [
@@ -194,9 +308,11 @@ def main(argv=None) -> int:
         f"B={b} prompts × G={g} samples = {n} rows; {p_len}-token prompts; {m} new tokens per "
         f"row (stop tokens disabled). Best of {args.repeats} timed runs after a warm-up.",
         "",
-        *common.markdown_table(["what", "tokens/s", "seconds", "note"],
-                               [[w, f"{tps:,.1f}", f"{s:.3f}", note] for w, tps, s, note in rows],
-                               align="lrrl"),
+        *common.markdown_table(
+            ["what", "tokens/s", "seconds", "note"],
+            [[w, f"{tps:,.1f}", f"{s:.3f}", note] for w, tps, s, note in rows],
+            align="lrrl",
+        ),
         "",
         f"Roofline = max(compute at the square-matmul rate, memory) per step: "
         f"{n / t_roof:,.1f} tokens/s ({bound}-bound); jaxrl_llm greedy reaches "
@@ -214,14 +330,20 @@ def main(argv=None) -> int:
         "",
         f"Prefix sharing: {pb} prompts × {pl} tokens, G={pg} ({pb * pg} rows).",
         "",
-        *common.markdown_table(["what", "seconds"], [[w, f"{s:.3f}"] for w, s in prefix_rows],
-                               align="lr"),
+        *common.markdown_table(
+            ["what", "seconds"], [[w, f"{s:.3f}"] for w, s in prefix_rows], align="lr"
+        ),
         "",
         f"Prefix sharing gain: prefill {metrics['prefix_prefill_speedup']:.1f}×, prefill + "
         f"{pm} tokens {metrics['prefix_e2e_speedup']:.1f}×.",
     ]
-    common.write_report(args.out, title="Decode throughput (jaxrl_llm.sampling)",
-                        command=common.command_line(__file__, argv), body=body, metrics=metrics)
+    common.write_report(
+        args.out,
+        title="Decode throughput (jaxrl_llm.sampling)",
+        command=common.command_line(__file__, argv),
+        body=body,
+        metrics=metrics,
+    )
     return 0
 
 

@@ -32,8 +32,11 @@ import common  # noqa: E402
 
 # (key in the report's metrics, label, what the phase covers)
 PHASES = (
-    ("generation_s", "rollout: generation",
-     "prefill + decode (jitted sampler, old log-probs recorded), copy to host, detokenise"),
+    (
+        "generation_s",
+        "rollout: generation",
+        "prefill + decode (jitted sampler, old log-probs recorded), copy to host, detokenise",
+    ),
     ("reward_s", "reward", "the config's reward functions on the decoded texts"),
     ("reference_s", "reference log-probs", "frozen reference forward (β > 0 only)"),
     ("update_s", "update", "epochs × minibatches jitted train steps"),
@@ -61,15 +64,25 @@ class TimedRewards:
 
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=os.path.join(common.ROOT, "configs",
-                                                    "grpo_smollm2_addition.yaml"))
-    p.add_argument("--model", default=common.DEFAULT_MODEL,
-                   help="model.source (an alias/path), or 'tiny' (random, character tokenizer)")
+    p.add_argument(
+        "--config", default=os.path.join(common.ROOT, "configs", "grpo_smollm2_addition.yaml")
+    )
+    p.add_argument(
+        "--model",
+        default=common.DEFAULT_MODEL,
+        help="model.source (an alias/path), or 'tiny' (random, character tokenizer)",
+    )
     p.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation)")
     p.add_argument("--kl-coef", type=float, default=0.04, help="β (loss.kl_coef)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra dotted config override (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra dotted config override (repeatable)",
+    )
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -80,9 +93,11 @@ def main(argv=None) -> int:
     from jaxrl_llm.train.online import OnlineTrainer
     from jaxrl_llm.train.run_config import RunConfig
 
-    overrides = (common.online_run_overrides(args.model, kl_coef=args.kl_coef,
-                                             prefix="bench_grpo_")
-                 + [f"max_steps={args.warmup + args.steps}"] + list(args.overrides))
+    overrides = (
+        common.online_run_overrides(args.model, kl_coef=args.kl_coef, prefix="bench_grpo_")
+        + [f"max_steps={args.warmup + args.steps}"]
+        + list(args.overrides)
+    )
     cfg = load_config(RunConfig, args.config, overrides)
     r = cfg.rollout
     trainer = OnlineTrainer(cfg, log_stream=sys.stderr)
@@ -96,18 +111,24 @@ def main(argv=None) -> int:
             m = trainer.train_step(step)
             missing = [k for k in ("time/rollout_s", "time/update_s", "time/step_s") if k not in m]
             if missing:
-                raise SystemExit(f"OnlineTrainer.train_step no longer reports {missing}; the "
-                                 f"time split needs its per-phase wall-clock metrics")
+                raise SystemExit(
+                    f"OnlineTrainer.train_step no longer reports {missing}; the "
+                    f"time split needs its per-phase wall-clock metrics"
+                )
             if step == 1:
                 first_step_s = m["time/step_s"]
-            common.log(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in m.items()
-                                                   if k.startswith("time/")))
+            common.log(
+                f"step {step}: "
+                + ", ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("time/"))
+            )
             if step <= args.warmup:
                 continue
-            phases = {"generation_s": m["time/rollout_s"] - rewards.seconds,
-                      "reward_s": rewards.seconds,
-                      "reference_s": m.get("time/reference_s", 0.0),
-                      "update_s": m["time/update_s"]}
+            phases = {
+                "generation_s": m["time/rollout_s"] - rewards.seconds,
+                "reward_s": rewards.seconds,
+                "reference_s": m.get("time/reference_s", 0.0),
+                "update_s": m["time/update_s"],
+            }
             phases["other_s"] = m["time/step_s"] - sum(phases.values())
             phases["step_s"] = m["time/step_s"]
             phases["completion_length"] = m.get("completion/length_mean", float("nan"))
@@ -122,14 +143,21 @@ def main(argv=None) -> int:
         if key == "reference_s" and args.kl_coef == 0:
             note = "β = 0: no reference model, skipped"
         rows.append([label, f"{med[key]:.3f}", f"{100 * med[key] / step_s:.1f}%", note])
-    rows.append(["**step**", f"**{step_s:.3f}**", "100%",
-                 f"first step (with compilation): {first_step_s:.1f} s"])
+    rows.append(
+        [
+            "**step**",
+            f"**{step_s:.3f}**",
+            "100%",
+            f"first step (with compilation): {first_step_s:.1f} s",
+        ]
+    )
     n = r.prompts_per_step * r.group_size
     body = [
         f"Config: `{os.path.relpath(args.config, common.ROOT)}` with model.source="
         f"{'tiny (random, character tokenizer)' if args.model == common.TINY else args.model}, "
         f"β = loss.kl_coef = {args.kl_coef:g}"
-        + (f", overrides {' '.join(args.overrides)}" if args.overrides else "") + ". "
+        + (f", overrides {' '.join(args.overrides)}" if args.overrides else "")
+        + ". "
         f"{r.prompts_per_step} prompts × G={r.group_size} = {n} rows, up to {r.max_new_tokens} "
         f"new tokens (mean {med['completion_length']:.1f}), {r.epochs} epoch(s) × {r.minibatches} "
         f"minibatch(es). Median of {args.steps} step(s) after {args.warmup} warm-up step(s).",
@@ -137,8 +165,13 @@ def main(argv=None) -> int:
         *common.markdown_table(["phase", "seconds", "share", "what"], rows, align="lrrl"),
     ]
     metrics = dict(med, first_step_s=first_step_s, rows=n, kl_coef=args.kl_coef)
-    common.write_report(args.out, title="GRPO step time split (jaxrl_llm.train.online)",
-                        command=common.command_line(__file__, argv), body=body, metrics=metrics)
+    common.write_report(
+        args.out,
+        title="GRPO step time split (jaxrl_llm.train.online)",
+        command=common.command_line(__file__, argv),
+        body=body,
+        metrics=metrics,
+    )
     return 0
 
 

@@ -41,25 +41,31 @@ def _ints(text: str) -> list[int]:
 
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=common.DEFAULT_MODEL,
-                   help="model alias/path for jaxrl_llm.interop.load_model, or 'tiny' (random)")
+    p.add_argument(
+        "--model",
+        default=common.DEFAULT_MODEL,
+        help="model alias/path for jaxrl_llm.interop.load_model, or 'tiny' (random)",
+    )
     p.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--batch-prompt-len", type=int, default=64)
-    p.add_argument("--seq-lens", type=_ints, default=[128, 256, 512, 1024],
-                   help="T = prompt + new tokens")
+    p.add_argument(
+        "--seq-lens", type=_ints, default=[128, 256, 512, 1024], help="T = prompt + new tokens"
+    )
     p.add_argument("--seq-rows", type=int, default=8)
     p.add_argument("--groups", type=_ints, default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--group-prompts", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="timed calls per point (best kept)")
-    p.add_argument("--plots-dir", default=None,
-                   help="where the PNGs go (default: the folder of --out)")
+    p.add_argument(
+        "--plots-dir", default=None, help="where the PNGs go (default: the folder of --out)"
+    )
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
 
 def _plot(path: str, xs, ys, *, xlabel: str, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -94,14 +100,30 @@ def main(argv=None) -> int:
         prompts = [rng.integers(low, config.vocab_size, size=p_len).tolist() for _ in range(b)]
         tokens, mask = pad_prompts(prompts, length=p_len)
         run = lambda: jax.block_until_ready(
-            rollout(params, tokens, mask, config=config, sampling=sampling, num_samples=g,
-                    max_new_tokens=m, gen_len=m).tokens)
+            rollout(
+                params,
+                tokens,
+                mask,
+                config=config,
+                sampling=sampling,
+                num_samples=g,
+                max_new_tokens=m,
+                gen_len=m,
+            ).tokens
+        )
         first = common.timed_first_call(run)
         best = common.best_time(run, args.repeats)
-        out = {"rows": b * g, "prompt_len": p_len, "seconds": best,
-               "tokens_per_s": b * g * m / best, "compile_s": max(first - best, 0.0)}
-        common.log(f"B={b} G={g} P={p_len} M={m}: {out['tokens_per_s']:,.1f} tokens/s, "
-                   f"compile {out['compile_s']:.1f} s")
+        out = {
+            "rows": b * g,
+            "prompt_len": p_len,
+            "seconds": best,
+            "tokens_per_s": b * g * m / best,
+            "compile_s": max(first - best, 0.0),
+        }
+        common.log(
+            f"B={b} G={g} P={p_len} M={m}: {out['tokens_per_s']:,.1f} tokens/s, "
+            f"compile {out['compile_s']:.1f} s"
+        )
         return out
 
     curves: dict[str, list[tuple[int, dict]]] = {
@@ -109,8 +131,7 @@ def main(argv=None) -> int:
         "seq": [(t, point(args.seq_rows, 1, t - m)) for t in args.seq_lens if t > m],
         "group": [(g, point(args.group_prompts, g, args.batch_prompt_len)) for g in args.groups],
     }
-    plots_dir = args.plots_dir or (os.path.dirname(os.path.abspath(args.out)) if args.out
-                                   else None)
+    plots_dir = args.plots_dir or (os.path.dirname(os.path.abspath(args.out)) if args.out else None)
     if plots_dir and not common.have("matplotlib"):
         common.log("no PNG plots: matplotlib is not installed (pip install -e .[dev])")
         plots_dir = None
@@ -118,7 +139,7 @@ def main(argv=None) -> int:
         "batch": f"B prompts × G = 1, {args.batch_prompt_len}-token prompts, {m} new tokens",
         "seq": f"{args.seq_rows} prompts × G = 1, T − {m}-token prompts, {m} new tokens",
         "group": f"{args.group_prompts} prompts × G, {args.batch_prompt_len}-token prompts, "
-                 f"{m} new tokens (prefix shared)",
+        f"{m} new tokens (prefix shared)",
     }
     head = {"batch": "B", "seq": "T", "group": "G"}
     n_params = config.num_params()
@@ -139,21 +160,41 @@ def main(argv=None) -> int:
         body += ["", f"**Tokens/s vs {xlabel}** — {desc[name]}.", ""]
         body += common.markdown_table(
             [head[name], "rows", "prompt + new", "tokens/s", "seconds", "compile (s)"],
-            [[x, p["rows"], f"{p['prompt_len']} + {m}", f"{p['tokens_per_s']:,.1f}",
-              f"{p['seconds']:.3f}", f"{p['compile_s']:.1f}"] for x, p in pts],
-            align="rrrrrr")
+            [
+                [
+                    x,
+                    p["rows"],
+                    f"{p['prompt_len']} + {m}",
+                    f"{p['tokens_per_s']:,.1f}",
+                    f"{p['seconds']:.3f}",
+                    f"{p['compile_s']:.1f}",
+                ]
+                for x, p in pts
+            ],
+            align="rrrrrr",
+        )
         if plots_dir:
             os.makedirs(plots_dir, exist_ok=True)
-            _plot(os.path.join(plots_dir, png), xs, ys, xlabel=xlabel,
-                  title=f"{args.model} on {dev.platform} ({dev.device_kind})\n{desc[name]}")
+            _plot(
+                os.path.join(plots_dir, png),
+                xs,
+                ys,
+                xlabel=xlabel,
+                title=f"{args.model} on {dev.platform} ({dev.device_kind})\n{desc[name]}",
+            )
             body += ["", f"![tokens/s vs {xlabel}]({png})"]
         best = int(np.argmax(ys))
         metrics[f"{name}_x"] = xs
         metrics[f"{name}_tokens_per_s"] = ys
         metrics[f"{name}_best_x"] = xs[best]
         metrics[f"{name}_best_tokens_per_s"] = ys[best]
-    common.write_report(args.out, title="Sampler scaling: tokens/s vs batch, sequence length, G",
-                        command=common.command_line(__file__, argv), body=body, metrics=metrics)
+    common.write_report(
+        args.out,
+        title="Sampler scaling: tokens/s vs batch, sequence length, G",
+        command=common.command_line(__file__, argv),
+        body=body,
+        metrics=metrics,
+    )
     return 0
 
 

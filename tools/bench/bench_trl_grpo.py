@@ -70,16 +70,20 @@ def heldout_accuracy(model, tok, rows, *, batch_size: int, max_new_tokens: int) 
     tok.padding_side = "left"
     correct = 0.0
     for i in range(0, len(rows), batch_size):
-        chunk = rows[i:i + batch_size]
-        texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-                 for r in chunk]
+        chunk = rows[i : i + batch_size]
+        texts = [
+            tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in chunk
+        ]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)
-        replies = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        scores = math_answer_reward(prompts=texts, completions=replies,
-                                    answer=[r["answer"] for r in chunk], strict=False)
+            out = model.generate(
+                **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+        replies = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        scores = math_answer_reward(
+            prompts=texts, completions=replies, answer=[r["answer"] for r in chunk], strict=False
+        )
         correct += sum(float(s) for s in scores if s is not None)
     model.train()
     return correct / len(rows)
@@ -93,8 +97,12 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--lora-rank", type=int, default=0,
-                    help="LoRA rank on the seven projections (peft); 0 = full fine-tuning")
+    ap.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="LoRA rank on the seven projections (peft); 0 = full fine-tuning",
+    )
     ap.add_argument("--lora-alpha", type=float, default=32.0)
     ap.add_argument("--eval-examples", type=int, default=200)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
@@ -121,28 +129,51 @@ def main(argv=None) -> int:
 
     train = load_jsonl(os.path.join(ROOT, "data", "addition", "train.jsonl"))
     heldout = load_jsonl(os.path.join(ROOT, "data", "addition", "heldout.jsonl"))
-    heldout = heldout[:args.eval_examples]
+    heldout = heldout[: args.eval_examples]
     ds = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train])
 
     def reward(completions, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        scores = math_answer_reward(prompts=texts, completions=texts, answer=answer,
-                                    strict=False)
+        scores = math_answer_reward(prompts=texts, completions=texts, answer=answer, strict=False)
         return [0.0 if s is None else float(s) for s in scores]
 
     g = args.group_size
     cfg = GRPOConfig(
-        output_dir="/tmp/trl_grpo_bench", max_steps=args.steps, learning_rate=args.lr,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        per_device_train_batch_size=args.prompts_per_step * g, gradient_accumulation_steps=1,
-        num_generations=g, max_completion_length=args.max_new_tokens, temperature=1.0,
-        beta=0.0, loss_type="dapo", num_iterations=1, logging_steps=1, save_strategy="no",
-        report_to=[], use_cpu=True, bf16=False, fp16=False, seed=0, max_grad_norm=1.0,
-        disable_tqdm=True)
+        output_dir="/tmp/trl_grpo_bench",
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        per_device_train_batch_size=args.prompts_per_step * g,
+        gradient_accumulation_steps=1,
+        num_generations=g,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        num_iterations=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=0,
+        max_grad_norm=1.0,
+        disable_tqdm=True,
+    )
 
-    log: dict = {"steps": [], "evals": [], "settings": vars(args),
-                 "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                              "trl": trl.__version__}}
+    log: dict = {
+        "steps": [],
+        "evals": [],
+        "settings": vars(args),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+        },
+    }
     t_eval = [0.0]
     t_start = [0.0]
 
@@ -159,31 +190,55 @@ def main(argv=None) -> int:
             print(f"step {state.global_step}: {dt:.1f} s", flush=True)
             if args.eval_every and state.global_step % args.eval_every == 0:
                 t0 = time.perf_counter()
-                acc = heldout_accuracy(model, tok, heldout, batch_size=50,
-                                       max_new_tokens=args.max_new_tokens)
+                acc = heldout_accuracy(
+                    model, tok, heldout, batch_size=50, max_new_tokens=args.max_new_tokens
+                )
                 t_eval[0] += time.perf_counter() - t0
                 train_s = time.perf_counter() - t_start[0] - t_eval[0]
-                log["evals"].append({"step": state.global_step, "accuracy": acc,
-                                     "train_s": train_s})
-                print(f"step {state.global_step}: held-out {acc:.3f} after {train_s / 60:.1f} "
-                      f"min of training", flush=True)
+                log["evals"].append(
+                    {"step": state.global_step, "accuracy": acc, "train_s": train_s}
+                )
+                print(
+                    f"step {state.global_step}: held-out {acc:.3f} after {train_s / 60:.1f} "
+                    f"min of training",
+                    flush=True,
+                )
 
     t0 = time.perf_counter()
     acc0 = heldout_accuracy(model, tok, heldout, batch_size=50, max_new_tokens=args.max_new_tokens)
-    log["evals"].append({"step": 0, "accuracy": acc0, "train_s": 0.0,
-                         "eval_s": time.perf_counter() - t0})
+    log["evals"].append(
+        {"step": 0, "accuracy": acc0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
+    )
     print(f"step 0: held-out {acc0:.3f}", flush=True)
     peft_config = None
     if args.lora_rank:
         # The main job's LoRA: rank r, scale alpha / r, all seven projections, no dropout.
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
-                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj"],
-                                 task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds,
-                          processing_class=tok, callbacks=[Timer()], peft_config=peft_config)
+        peft_config = LoraConfig(
+            r=args.lora_rank,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+            task_type="CAUSAL_LM",
+        )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=cfg,
+        train_dataset=ds,
+        processing_class=tok,
+        callbacks=[Timer()],
+        peft_config=peft_config,
+    )
     trainer.train()
     if args.out:
         with open(args.out, "w") as f:

@@ -30,12 +30,19 @@ import common  # noqa: E402
 
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=os.path.join(common.ROOT, "configs",
-                                                    "grpo_smollm2_addition.yaml"))
-    p.add_argument("--model", default=common.DEFAULT_MODEL,
-                   help="model.source (an alias/path), or 'tiny' (random, character tokenizer)")
-    p.add_argument("--micro-batch-groups", default="1,2,4",
-                   help="comma-separated rollout.micro_batch_groups values to time")
+    p.add_argument(
+        "--config", default=os.path.join(common.ROOT, "configs", "grpo_smollm2_addition.yaml")
+    )
+    p.add_argument(
+        "--model",
+        default=common.DEFAULT_MODEL,
+        help="model.source (an alias/path), or 'tiny' (random, character tokenizer)",
+    )
+    p.add_argument(
+        "--micro-batch-groups",
+        default="1,2,4",
+        help="comma-separated rollout.micro_batch_groups values to time",
+    )
     p.add_argument("--repeats", type=int, default=2, help="timed calls per cell (best kept)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
@@ -54,8 +61,8 @@ def main(argv=None) -> int:
     base = common.online_run_overrides(args.model, kl_coef=0.0, prefix="bench_skip_")
     mbgs = [int(x) for x in args.micro_batch_groups.split(",")]
     settings = [("whole batch", ["rollout.skip_zero_advantage=false"])] + [
-        (f"skip, {k} group(s) per micro-batch", [f"rollout.micro_batch_groups={k}"])
-        for k in mbgs]
+        (f"skip, {k} group(s) per micro-batch", [f"rollout.micro_batch_groups={k}"]) for k in mbgs
+    ]
 
     cfg0 = load_config(RunConfig, args.config, base)
     first = OnlineTrainer(cfg0, log_stream=sys.stderr)
@@ -91,8 +98,9 @@ def main(argv=None) -> int:
 
                 t0 = time.perf_counter()
                 call()  # compile (first k) / warm
-                common.log(f"{label}, {k} informative groups: first call "
-                           f"{time.perf_counter() - t0:.1f} s")
+                common.log(
+                    f"{label}, {k} informative groups: first call {time.perf_counter() - t0:.1f} s"
+                )
                 results[label][k] = common.best_time(call, args.repeats)
                 common.log(f"  best of {args.repeats}: {results[label][k]:.3f} s")
     finally:
@@ -103,9 +111,11 @@ def main(argv=None) -> int:
     header = ["update", "micro-batches"] + [f"{k}/{n_groups} groups informative" for k in ks]
     rows = []
     for label, _ in settings:
-        cells = [f"{results[label][k]:.3f} s" + ("" if label == "whole batch" else
-                                                 f" ({whole[k] / results[label][k]:.2f}×)")
-                 for k in ks]
+        cells = [
+            f"{results[label][k]:.3f} s"
+            + ("" if label == "whole batch" else f" ({whole[k] / results[label][k]:.2f}×)")
+            for k in ks
+        ]
         rows.append([label, micro[label]] + cells)
     body = [
         f"Config: `{os.path.relpath(args.config, common.ROOT)}` with model.source="
@@ -117,11 +127,18 @@ def main(argv=None) -> int:
         "",
         *common.markdown_table(header, rows),
     ]
-    common.write_report(args.out, title="GRPO update: skipping zero-advantage groups",
-                        command=common.command_line(__file__, argv), body=body,
-                        metrics={"results": {k: {str(kk): v for kk, v in d.items()}
-                                             for k, d in results.items()},
-                                 "micro_batches": micro, "groups": n_groups, "group_size": g})
+    common.write_report(
+        args.out,
+        title="GRPO update: skipping zero-advantage groups",
+        command=common.command_line(__file__, argv),
+        body=body,
+        metrics={
+            "results": {k: {str(kk): v for kk, v in d.items()} for k, d in results.items()},
+            "micro_batches": micro,
+            "groups": n_groups,
+            "group_size": g,
+        },
+    )
     return 0
 
 

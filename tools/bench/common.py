@@ -53,8 +53,13 @@ def _cpu_model() -> str:
     if sys.platform == "darwin":
         try:
             import subprocess
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
+
+            return subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             pass
     return platform.processor() or platform.machine() or "unknown"
@@ -93,15 +98,17 @@ def machine_info() -> dict[str, str]:
     except Exception:  # noqa: BLE001 - not every backend reports memory
         stats = {}
     if stats.get("bytes_limit"):
-        accel += f", {stats['bytes_limit'] / 2 ** 30:.1f} GiB per device"
+        accel += f", {stats['bytes_limit'] / 2**30:.1f} GiB per device"
     mem = _memory_bytes()
     return {
         "CPU": f"{_cpu_model()}, {os.cpu_count()} logical cores"
-               + (f", {mem / 2 ** 30:.1f} GiB memory" if mem else ""),
+        + (f", {mem / 2**30:.1f} GiB memory" if mem else ""),
         "JAX devices": accel,
-        "software": (f"jax {jax.__version__} (jaxlib {_version('jaxlib')}, backend "
-                     f"{jax.default_backend()}); torch {_version('torch')}; transformers "
-                     f"{_version('transformers')}; python {platform.python_version()}"),
+        "software": (
+            f"jax {jax.__version__} (jaxlib {_version('jaxlib')}, backend "
+            f"{jax.default_backend()}); torch {_version('torch')}; transformers "
+            f"{_version('transformers')}; python {platform.python_version()}"
+        ),
         "OS": platform.platform(),
     }
 
@@ -141,7 +148,7 @@ def matmul_rate(m: int, k: int, n: int, *, repeats: int = 5) -> float:
     return 2.0 * m * k * n / best_time(lambda: f(a, b).block_until_ready(), repeats)
 
 
-def memory_bandwidth(*, nbytes: int = 2 ** 30, repeats: int = 5) -> float:
+def memory_bandwidth(*, nbytes: int = 2**30, repeats: int = 5) -> float:
     """Measured streaming bytes/s on JAX's first device over a ``nbytes`` float32 buffer: the
     better of an in-place ``x ← 1.0001·x`` (donated, each byte read and written once) and a
     read-only ``sum(x)``. Make ``nbytes`` larger than the last-level cache."""
@@ -207,11 +214,20 @@ def online_run_overrides(model: str, *, kl_coef: float, prefix: str) -> list[str
 
     tmp = tempfile.mkdtemp(prefix=prefix)  # output_dir: nothing is kept
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    source = (["model.source=tiny", "model.tokenizer=char"] if model == TINY
-              else [f"model.source={model}"])
-    return source + [f"output_dir={tmp}", f"loss.kl_coef={kl_coef}", "eval.every=0",
-                     "logging.tensorboard=false", "logging.plots=false",
-                     "checkpoint.export_hf=false", "checkpoint.save_every=0"]
+    source = (
+        ["model.source=tiny", "model.tokenizer=char"]
+        if model == TINY
+        else [f"model.source={model}"]
+    )
+    return source + [
+        f"output_dir={tmp}",
+        f"loss.kl_coef={kl_coef}",
+        "eval.every=0",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+        "checkpoint.export_hf=false",
+        "checkpoint.save_every=0",
+    ]
 
 
 def hf_model_dir(name: str, config, params) -> str:
@@ -274,12 +290,25 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return "python " + " ".join(shlex.quote(a) for a in [shown] + [repo_relative(a) for a in args])
 
 
-def write_report(out: str | None, *, title: str, command: str, body: list[str],
-                 metrics: dict[str, Any] | None = None) -> str:
+def write_report(
+    out: str | None,
+    *,
+    title: str,
+    command: str,
+    body: list[str],
+    metrics: dict[str, Any] | None = None,
+) -> str:
     """Print the markdown section and write it to ``out`` (and ``metrics`` to ``out``'s
     ``.json`` sibling); returns the markdown."""
-    lines = [f"### {title}", "", f"Command: `{command}`", "", MACHINE_PREFIX + machine_line(),
-             "", *body]
+    lines = [
+        f"### {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        MACHINE_PREFIX + machine_line(),
+        "",
+        *body,
+    ]
     text = "\n".join(lines).rstrip() + "\n"
     print(text)
     if out:
@@ -287,8 +316,17 @@ def write_report(out: str | None, *, title: str, command: str, body: list[str],
         with open(out, "w", encoding="utf-8") as f:
             f.write(text)
         with open(json_path(out), "w", encoding="utf-8") as f:
-            json.dump({"title": title, "command": command, "machine": machine_info(),
-                       "metrics": metrics or {}}, f, indent=2, sort_keys=True)
+            json.dump(
+                {
+                    "title": title,
+                    "command": command,
+                    "machine": machine_info(),
+                    "metrics": metrics or {},
+                },
+                f,
+                indent=2,
+                sort_keys=True,
+            )
     return text
 
 
@@ -303,10 +341,12 @@ def fmt_params(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
 
 
-def markdown_table(header: list[str], rows: list[list[Any]], *, align: str | None = None
-                   ) -> list[str]:
+def markdown_table(
+    header: list[str], rows: list[list[Any]], *, align: str | None = None
+) -> list[str]:
     """Markdown table lines; ``align`` is one character per column (``l`` or ``r``)."""
     align = align or "l" * len(header)
     sep = ["---:" if a == "r" else "---" for a in align]
-    return ([f"| {' | '.join(header)} |", f"|{'|'.join(sep)}|"]
-            + [f"| {' | '.join(str(c) for c in r)} |" for r in rows])
+    return [f"| {' | '.join(header)} |", f"|{'|'.join(sep)}|"] + [
+        f"| {' | '.join(str(c) for c in r)} |" for r in rows
+    ]

@@ -72,9 +72,9 @@ def matmul_only_program(cfg, tokens: int):
             out = acc
             for (a, _b), w in zip(shapes, w_layer):
                 x = xs[a]
-                y = x @ w                            # forward
-                dx = y @ w.T                         # input gradient
-                dw = x.T @ y                         # weight gradient
+                y = x @ w  # forward
+                dx = y @ w.T  # input gradient
+                dw = x.T @ y  # weight gradient
                 out = out + jnp.sum(dx[:1, :1]) + jnp.sum(dw[:1, :1])
             return out, None
 
@@ -104,11 +104,16 @@ def main(argv=None) -> int:
 
     opt = optax.adamw(1e-5)
     mesh = make_mesh(data=-1)
-    state, sharding = create_train_state(functools.partial(init_params, cfg), opt, mesh,
-                                         param_axes=param_logical_axes(cfg),
-                                         rng=jax.random.PRNGKey(0))
-    step = make_train_step(loss, opt, mesh=mesh, state_sharding=sharding,
-                           batch_sharding=batch_sharding(mesh))
+    state, sharding = create_train_state(
+        functools.partial(init_params, cfg),
+        opt,
+        mesh,
+        param_axes=param_logical_axes(cfg),
+        rng=jax.random.PRNGKey(0),
+    )
+    step = make_train_step(
+        loss, opt, mesh=mesh, state_sharding=sharding, batch_sharding=batch_sharding(mesh)
+    )
     params = state.params
     jbatch = jax.device_put({k: jnp.asarray(x) for k, x in batch.items()}, batch_sharding(mesh))
 
@@ -143,8 +148,14 @@ def main(argv=None) -> int:
 
     t_fused = _median_time(run_fused, args.steps)
     fh.clear()  # free the copies
-    unguarded = make_train_step(loss, opt, mesh=mesh, state_sharding=sharding,
-                                batch_sharding=batch_sharding(mesh), skip_nonfinite=False)
+    unguarded = make_train_step(
+        loss,
+        opt,
+        mesh=mesh,
+        state_sharding=sharding,
+        batch_sharding=batch_sharding(mesh),
+        skip_nonfinite=False,
+    )
     uh = {"state": jax.tree.map(jnp.copy, holder["state"])}
 
     def run_unguarded():
@@ -170,25 +181,39 @@ def main(argv=None) -> int:
         compiled = grad.lower(params, jbatch).compile()
         ca = compiled.cost_analysis()
         ca = ca[0] if isinstance(ca, (list, tuple)) else ca
-        cost = {"flops": float(ca.get("flops", 0.0)),
-                "bytes": float(ca.get("bytes accessed", 0.0))}
+        cost = {"flops": float(ca.get("flops", 0.0)), "bytes": float(ca.get("bytes accessed", 0.0))}
     except Exception as e:  # cost analysis is backend-dependent; the table says so
         common.log(f"cost analysis unavailable: {e}")
 
     est = 6 * n_params * tokens
     rows = [
         ["forward (loss only)", f"{t_fwd:.3f}", f"{100 * t_fwd / t_step:.0f}%"],
-        ["backward (value_and_grad − forward)", f"{t_grad - t_fwd:.3f}",
-         f"{100 * (t_grad - t_fwd) / t_step:.0f}%"],
-        ["optimizer + step overhead (step − value_and_grad)", f"{t_step - t_grad:.3f}",
-         f"{100 * (t_step - t_grad) / t_step:.0f}%"],
+        [
+            "backward (value_and_grad − forward)",
+            f"{t_grad - t_fwd:.3f}",
+            f"{100 * (t_grad - t_fwd) / t_step:.0f}%",
+        ],
+        [
+            "optimizer + step overhead (step − value_and_grad)",
+            f"{t_step - t_grad:.3f}",
+            f"{100 * (t_step - t_grad) / t_step:.0f}%",
+        ],
         ["**whole train step**", f"**{t_step:.3f}**", "100%"],
-        ["value_and_grad + AdamW in one jit (no sharding annotations, no guard)",
-         f"{t_fused:.3f}", f"{100 * t_fused / t_step:.0f}%"],
-        ["the train step without the NaN/Inf guard", f"{t_unguarded:.3f}",
-         f"{100 * t_unguarded / t_step:.0f}%"],
-        ["the step's dense matmuls alone (same shapes)", f"{t_mm:.3f}",
-         f"{100 * t_mm / t_step:.0f}%"],
+        [
+            "value_and_grad + AdamW in one jit (no sharding annotations, no guard)",
+            f"{t_fused:.3f}",
+            f"{100 * t_fused / t_step:.0f}%",
+        ],
+        [
+            "the train step without the NaN/Inf guard",
+            f"{t_unguarded:.3f}",
+            f"{100 * t_unguarded / t_step:.0f}%",
+        ],
+        [
+            "the step's dense matmuls alone (same shapes)",
+            f"{t_mm:.3f}",
+            f"{100 * t_mm / t_step:.0f}%",
+        ],
     ]
     body = [
         f"Model: {common.fmt_params(n_params)} params; batch {args.batch} × {args.seq} = "
@@ -201,41 +226,80 @@ def main(argv=None) -> int:
         f"{est / 1e12:.3f}); at the model's shapes they run at {mm_flops / t_mm / 1e9:.1f} "
         f"GFLOP/s, against {rate_sq / 1e9:.1f} GFLOP/s for a 1024² square matmul.",
     ]
-    metrics = {"forward_s": t_fwd, "value_and_grad_s": t_grad, "step_s": t_step,
-               "fused_value_and_grad_adamw_s": t_fused, "step_unguarded_s": t_unguarded,
-               "matmul_only_s": t_mm, "matmul_only_flops": mm_flops,
-               "matmul_rate_model_shapes": mm_flops / t_mm, "matmul_rate_square": rate_sq}
+    metrics = {
+        "forward_s": t_fwd,
+        "value_and_grad_s": t_grad,
+        "step_s": t_step,
+        "fused_value_and_grad_adamw_s": t_fused,
+        "step_unguarded_s": t_unguarded,
+        "matmul_only_s": t_mm,
+        "matmul_only_flops": mm_flops,
+        "matmul_rate_model_shapes": mm_flops / t_mm,
+        "matmul_rate_square": rate_sq,
+    }
     if cost:
         body.append(
             f"XLA cost analysis of forward + backward: {cost['flops'] / 1e12:.3f} TFLOP, "
-            f"{cost['bytes'] / 2 ** 30:.2f} GiB accessed.")
+            f"{cost['bytes'] / 2**30:.2f} GiB accessed."
+        )
         metrics.update(xla_flops=cost["flops"], xla_bytes=cost["bytes"])
-    body += ["", "Reading: the matmul-only row is what the step would cost if everything but "
-             "the dense matmuls were free; the gap between it and the whole step is attention, "
-             "normalisation, elementwise and log-softmax work plus memory traffic, and the gap "
-             "between the two matmul rates is the cost of the model's thin shapes on this "
-             "backend."]
+    body += [
+        "",
+        "Reading: the matmul-only row is what the step would cost if everything but "
+        "the dense matmuls were free; the gap between it and the whole step is attention, "
+        "normalisation, elementwise and log-softmax work plus memory traffic, and the gap "
+        "between the two matmul rates is the cost of the model's thin shapes on this "
+        "backend.",
+    ]
     if trace is not None:
         tot = trace["total_s"]
-        cells = [[ph] + [f"{trace['table'].get((ph, k), 0.0):.3f}" for k in KINDS]
-                 + [f"{sum(trace['table'].get((ph, k), 0.0) for k in KINDS):.3f}"]
-                 for ph in PHASES]
-        cells.append(["**all**"] + [f"{sum(trace['table'].get((ph, k), 0.0) for ph in PHASES):.3f}"
-                                    for k in KINDS] + [f"**{tot:.3f}**"])
-        body += ["", "One step under `jax.profiler` (`xla_trace.py`): self time in seconds of the "
-                 "compiled step's XLA operations by phase and kind (the profiled step runs "
-                 "slower than the timed ones; the shares are what matters):", "",
-                 *common.markdown_table(["phase", *KINDS, "total"], cells, align="lrrrrr"), "",
-                 "The operations that take longest:", "",
-                 *common.markdown_table(
-                     ["operation", "s", "share", "phase", "kind", "JAX op"],
-                     [[f"`{n}`", f"{t:.3f}", f"{100 * t / tot:.1f}%", ph, k,
-                       f"`{'/'.join(op.split('/')[-2:]) or '-'}`"]
-                      for n, t, ph, k, op in trace["top"][:12]], align="lrrlll")]
-        metrics.update(trace_total_s=tot, trace={f"{ph}/{k}": v
-                                                 for (ph, k), v in trace["table"].items()})
-    common.write_report(args.out, title=f"Train-step profile — {args.model}",
-                        command=common.command_line(__file__, argv), body=body, metrics=metrics)
+        cells = [
+            [ph]
+            + [f"{trace['table'].get((ph, k), 0.0):.3f}" for k in KINDS]
+            + [f"{sum(trace['table'].get((ph, k), 0.0) for k in KINDS):.3f}"]
+            for ph in PHASES
+        ]
+        cells.append(
+            ["**all**"]
+            + [f"{sum(trace['table'].get((ph, k), 0.0) for ph in PHASES):.3f}" for k in KINDS]
+            + [f"**{tot:.3f}**"]
+        )
+        body += [
+            "",
+            "One step under `jax.profiler` (`xla_trace.py`): self time in seconds of the "
+            "compiled step's XLA operations by phase and kind (the profiled step runs "
+            "slower than the timed ones; the shares are what matters):",
+            "",
+            *common.markdown_table(["phase", *KINDS, "total"], cells, align="lrrrrr"),
+            "",
+            "The operations that take longest:",
+            "",
+            *common.markdown_table(
+                ["operation", "s", "share", "phase", "kind", "JAX op"],
+                [
+                    [
+                        f"`{n}`",
+                        f"{t:.3f}",
+                        f"{100 * t / tot:.1f}%",
+                        ph,
+                        k,
+                        f"`{'/'.join(op.split('/')[-2:]) or '-'}`",
+                    ]
+                    for n, t, ph, k, op in trace["top"][:12]
+                ],
+                align="lrrlll",
+            ),
+        ]
+        metrics.update(
+            trace_total_s=tot, trace={f"{ph}/{k}": v for (ph, k), v in trace["table"].items()}
+        )
+    common.write_report(
+        args.out,
+        title=f"Train-step profile — {args.model}",
+        command=common.command_line(__file__, argv),
+        body=body,
+        metrics=metrics,
+    )
     return 0
 
 

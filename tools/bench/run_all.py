@@ -47,35 +47,92 @@ class Bench:
 
 BENCHES: dict[str, Bench] = {
     "decode": Bench(
-        "bench_decode.py", "Decode",
+        "bench_decode.py",
+        "Decode",
         # The prefix-sharing shapes equal the throughput ones, so most programs compile once.
-        quick=("--prompts", "2", "--group", "2", "--prompt-len", "8", "--new-tokens", "4",
-               "--prefix-prompts", "2", "--prefix-prompt-len", "8", "--prefix-group", "2",
-               "--prefix-new-tokens", "4", "--repeats", "1", "--matmul-n", "128",
-               "--bandwidth-mib", "8")),
+        quick=(
+            "--prompts",
+            "2",
+            "--group",
+            "2",
+            "--prompt-len",
+            "8",
+            "--new-tokens",
+            "4",
+            "--prefix-prompts",
+            "2",
+            "--prefix-prompt-len",
+            "8",
+            "--prefix-group",
+            "2",
+            "--prefix-new-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--matmul-n",
+            "128",
+            "--bandwidth-mib",
+            "8",
+        ),
+    ),
     "train_step": Bench(
-        "bench_train_step.py", "Train step",
-        quick=("--batch", "2", "--seq", "16", "--steps", "1", "--matmul-n", "128")),
+        "bench_train_step.py",
+        "Train step",
+        quick=("--batch", "2", "--seq", "16", "--steps", "1", "--matmul-n", "128"),
+    ),
     "train_profile": Bench(
-        "profile_train_step.py", "Train-step profile",
-        quick=("--batch", "2", "--seq", "16", "--steps", "1")),
+        "profile_train_step.py",
+        "Train-step profile",
+        quick=("--batch", "2", "--seq", "16", "--steps", "1"),
+    ),
     "memory": Bench(
-        "bench_memory.py", "Memory",
-        quick=("--rows", "2", "--seq", "16", "--chunk", "8", "--remat", "none")),
+        "bench_memory.py",
+        "Memory",
+        quick=("--rows", "2", "--seq", "16", "--chunk", "8", "--remat", "none"),
+    ),
     "grpo_split": Bench(
-        "bench_grpo_split.py", "GRPO step time split",
-        quick=("--steps", "1", "--set", "rollout.prompts_per_step=2",
-               "--set", "rollout.group_size=2", "--set", "rollout.max_new_tokens=4")),
+        "bench_grpo_split.py",
+        "GRPO step time split",
+        quick=(
+            "--steps",
+            "1",
+            "--set",
+            "rollout.prompts_per_step=2",
+            "--set",
+            "rollout.group_size=2",
+            "--set",
+            "rollout.max_new_tokens=4",
+        ),
+    ),
     "update_skip": Bench(
-        "bench_update_skip.py", "GRPO update: skipping zero-advantage groups",
-        quick=("--micro-batch-groups", "1", "--repeats", "1")),
+        "bench_update_skip.py",
+        "GRPO update: skipping zero-advantage groups",
+        quick=("--micro-batch-groups", "1", "--repeats", "1"),
+    ),
     "scaling": Bench(
-        "bench_scaling.py", "Scaling curves",
+        "bench_scaling.py",
+        "Scaling curves",
         # Points that share shapes reuse compiled programs: (B=2, P=8) is the batch curve's
         # second point and the seq curve's first; G=1 with 1 prompt is B=1.
-        quick=("--batch-sizes", "1,2", "--batch-prompt-len", "8", "--seq-lens", "12,16",
-               "--seq-rows", "2", "--groups", "1,2", "--group-prompts", "1", "--new-tokens",
-               "4", "--repeats", "1")),
+        quick=(
+            "--batch-sizes",
+            "1,2",
+            "--batch-prompt-len",
+            "8",
+            "--seq-lens",
+            "12,16",
+            "--seq-rows",
+            "2",
+            "--groups",
+            "1,2",
+            "--group-prompts",
+            "1",
+            "--new-tokens",
+            "4",
+            "--repeats",
+            "1",
+        ),
+    ),
 }
 
 # Targets stated in the project's issues (what "good" means for each headline number).
@@ -88,8 +145,12 @@ TARGETS = {
 }
 
 BLOCKS = ("machine", "summary", *BENCHES, "commands")
-HEADINGS = {"machine": "Machine", "summary": "Summary against the targets",
-            "commands": "How to reproduce", **{k: b.heading for k, b in BENCHES.items()}}
+HEADINGS = {
+    "machine": "Machine",
+    "summary": "Summary against the targets",
+    "commands": "How to reproduce",
+    **{k: b.heading for k, b in BENCHES.items()},
+}
 TEMPLATE_INTRO = """# Benchmarks
 
 Written by `jaxrl-llm bench` (`tools/bench/run_all.py`). The text between `<!-- bench:NAME -->`
@@ -142,12 +203,21 @@ def section_for(md: str, *, results_dir: str, out_dir: str, keep_machine: bool) 
         lines = kept
     text = "\n".join(lines)
     rel = os.path.relpath(results_dir, out_dir)
-    return re.sub(r"\]\(([^)/\s]+\.png)\)",
-                  lambda m: "](" + os.path.join(rel, m.group(1)).replace(os.sep, "/") + ")", text)
+    return re.sub(
+        r"\]\(([^)/\s]+\.png)\)",
+        lambda m: "](" + os.path.join(rel, m.group(1)).replace(os.sep, "/") + ")",
+        text,
+    )
 
 
-def machine_block(*, command: str, quick: bool, seconds: float, results_dir: str | None = None,
-                  names: tuple[str, ...] = ()) -> str:
+def machine_block(
+    *,
+    command: str,
+    quick: bool,
+    seconds: float,
+    results_dir: str | None = None,
+    names: tuple[str, ...] = (),
+) -> str:
     """The machine description and how the suite was run.
 
     The machine is as the benchmark processes saw it (the ``machine`` entry of their
@@ -168,8 +238,11 @@ def machine_block(*, command: str, quick: bool, seconds: float, results_dir: str
     lines = [f"- {k}: {info[k]}" for k in keys]
     lines.append(f"- suite: `{command}`, {now}, {seconds / 60:.1f} min")
     if quick:
-        lines += ["", "**Quick mode (`--quick`): tiny sizes, a smoke test of the suite; the "
-                      "numbers below mean nothing.**"]
+        lines += [
+            "",
+            "**Quick mode (`--quick`): tiny sizes, a smoke test of the suite; the "
+            "numbers below mean nothing.**",
+        ]
     return "\n".join(lines)
 
 
@@ -196,8 +269,7 @@ def summary_block(results_dir: str) -> str:
         for mode in ("greedy", "sampling"):
             ours = d.get(f"jax_{mode}_tokens_per_s")
             hf = d.get(f"hf_{mode}_tokens_per_s")
-            what = ("decode, greedy" if mode == "greedy"
-                    else "decode, sampling τ = 1, top-p 0.95")
+            what = "decode, greedy" if mode == "greedy" else "decode, sampling τ = 1, top-p 0.95"
             if ours is None:
                 continue
             if hf:
@@ -206,46 +278,83 @@ def summary_block(results_dir: str) -> str:
                 measured = f"{ours:,.0f} tok/s (transformers not run)"
             if mode == "sampling" and hf:
                 t = TARGETS["sampling_vs_hf"]
-                rows.append([what, measured, f"≥ {t:g}× transformers",
-                             _verdict(ours / hf, t)])
+                rows.append([what, measured, f"≥ {t:g}× transformers", _verdict(ours / hf, t)])
             else:
                 rows.append([what, measured, "—", ""])
         if "roofline_fraction_greedy" in d:
             f, t = d["roofline_fraction_greedy"], TARGETS["roofline"]
-            rows.append(["decode (greedy) vs roofline",
-                         f"{100 * f:.0f}% of {d['roofline_tokens_per_s']:,.0f} tok/s",
-                         f"≥ {100 * t:.0f}%", _verdict(f, t)])
+            rows.append(
+                [
+                    "decode (greedy) vs roofline",
+                    f"{100 * f:.0f}% of {d['roofline_tokens_per_s']:,.0f} tok/s",
+                    f"≥ {100 * t:.0f}%",
+                    _verdict(f, t),
+                ]
+            )
         if "prefix_e2e_speedup" in d:
             s, t = d["prefix_e2e_speedup"], TARGETS["prefix"]
-            rows.append(["prefix sharing (prefill + decode)",
-                         f"{s:.1f}× ({d['prefix_shared_s']:.2f} s vs "
-                         f"{d['prefix_repeated_s']:.2f} s repeated)", f"≥ {t:g}×",
-                         _verdict(s, t)])
+            rows.append(
+                [
+                    "prefix sharing (prefill + decode)",
+                    f"{s:.1f}× ({d['prefix_shared_s']:.2f} s vs "
+                    f"{d['prefix_repeated_s']:.2f} s repeated)",
+                    f"≥ {t:g}×",
+                    _verdict(s, t),
+                ]
+            )
     ts = reports.get("train_step", {}).get("metrics", {})
     if ts:
         t = TARGETS["mfu"]
-        rows.append(["train step MFU", f"{100 * ts['jax_mfu']:.0f}%; "
-                     f"{ts['jax_tokens_per_s']:,.0f} tok/s, {ts['jax_step_s']:.2f} s/step",
-                     f"≥ {100 * t:.0f}%", _verdict(ts["jax_mfu"], t)])
+        rows.append(
+            [
+                "train step MFU",
+                f"{100 * ts['jax_mfu']:.0f}%; "
+                f"{ts['jax_tokens_per_s']:,.0f} tok/s, {ts['jax_step_s']:.2f} s/step",
+                f"≥ {100 * t:.0f}%",
+                _verdict(ts["jax_mfu"], t),
+            ]
+        )
         if "speedup_vs_torch" in ts:
             s, t = ts["speedup_vs_torch"], TARGETS["vs_torch"]
-            rows.append(["train step vs torch eager", f"{s:.2f}× ({ts['jax_step_s']:.2f} s vs "
-                         f"{ts['torch_step_s']:.2f} s)", f"≥ {t:g}×", _verdict(s, t)])
+            rows.append(
+                [
+                    "train step vs torch eager",
+                    f"{s:.2f}× ({ts['jax_step_s']:.2f} s vs {ts['torch_step_s']:.2f} s)",
+                    f"≥ {t:g}×",
+                    _verdict(s, t),
+                ]
+            )
     mem = reports.get("memory", {}).get("metrics", {})
     if mem:
-        parts = [f"{-100 * mem[f'saving_{r}_fraction']:+.0f}% (remat {r})".replace("-", "−")
-                 for r in ("none", "full") if f"saving_{r}_fraction" in mem]
-        rows.append(["peak memory, chunked log-probs vs full logits", ", ".join(parts),
-                     "shown", "measured"])
+        parts = [
+            f"{-100 * mem[f'saving_{r}_fraction']:+.0f}% (remat {r})".replace("-", "−")
+            for r in ("none", "full")
+            if f"saving_{r}_fraction" in mem
+        ]
+        rows.append(
+            ["peak memory, chunked log-probs vs full logits", ", ".join(parts), "shown", "measured"]
+        )
     g = reports.get("grpo_split", {}).get("metrics", {})
     if g:
         step = g["step_s"]
-        split = ", ".join(f"{label} {100 * g[key] / step:.0f}%" for key, label in
-                          [("generation_s", "generation"), ("reward_s", "reward"),
-                           ("reference_s", "reference"), ("update_s", "update"),
-                           ("other_s", "other")])
-        rows.append([f"GRPO step ({g['rows']} rows, β = {g['kl_coef']:g})",
-                     f"{step:.2f} s: {split}", "—", ""])
+        split = ", ".join(
+            f"{label} {100 * g[key] / step:.0f}%"
+            for key, label in [
+                ("generation_s", "generation"),
+                ("reward_s", "reward"),
+                ("reference_s", "reference"),
+                ("update_s", "update"),
+                ("other_s", "other"),
+            ]
+        )
+        rows.append(
+            [
+                f"GRPO step ({g['rows']} rows, β = {g['kl_coef']:g})",
+                f"{step:.2f} s: {split}",
+                "—",
+                "",
+            ]
+        )
     u = reports.get("update_skip", {}).get("metrics", {})
     if u and u.get("results"):
         whole = u["results"].get("whole batch", {})
@@ -254,38 +363,63 @@ def summary_block(results_dir: str) -> str:
         if best and ks:
             label, cells = min(best, key=lambda kv: sum(kv[1].values()))
             speed = ", ".join(f"{whole[k] / cells[k]:.2f}× at {k}/{u['groups']}" for k in ks)
-            rows.append([f"GRPO update skipping zero-advantage groups ({label}) vs whole batch",
-                         f"{speed} groups informative", "—", ""])
+            rows.append(
+                [
+                    f"GRPO update skipping zero-advantage groups ({label}) vs whole batch",
+                    f"{speed} groups informative",
+                    "—",
+                    "",
+                ]
+            )
     sc = reports.get("scaling", {}).get("metrics", {})
     if sc:
-        best = [f"{sc[f'{c}_best_tokens_per_s']:,.0f} tok/s at {c} = {sc[f'{c}_best_x']}"
-                for c in ("batch", "seq", "group") if f"{c}_best_x" in sc]
+        best = [
+            f"{sc[f'{c}_best_tokens_per_s']:,.0f} tok/s at {c} = {sc[f'{c}_best_x']}"
+            for c in ("batch", "seq", "group")
+            if f"{c}_best_x" in sc
+        ]
         rows.append(["sampler scaling, best point per curve", "; ".join(best), "—", ""])
     if not rows:
         return "No results yet."
     return "\n".join(common.markdown_table(["what", "measured", "target", "verdict"], rows))
 
 
-def commands_block(*, suite_command: str, names, durations: dict[str, float],
-                   results_dir: str) -> str:
+def commands_block(
+    *, suite_command: str, names, durations: dict[str, float], results_dir: str
+) -> str:
     """The suite's command and each benchmark's exact command (from its last report)."""
     reports = _load_metrics(results_dir)
-    lines = ["The whole suite (rewrites the marked sections of this file):", "", "```",
-             suite_command, "```", "", "One benchmark at a time (the commands of the tables "
-             "above):", "", "```"]
+    lines = [
+        "The whole suite (rewrites the marked sections of this file):",
+        "",
+        "```",
+        suite_command,
+        "```",
+        "",
+        "One benchmark at a time (the commands of the tables above):",
+        "",
+        "```",
+    ]
     for name in names:
         if name in reports:
             lines.append(reports[name]["command"])
         else:  # not run yet: what the suite would run
             b = BENCHES[name]
             md = os.path.join(results_dir, f"{name}.md")
-            md = md if os.path.relpath(md, common.ROOT).startswith("..") else \
-                os.path.relpath(md, common.ROOT)
+            md = (
+                md
+                if os.path.relpath(md, common.ROOT).startswith("..")
+                else os.path.relpath(md, common.ROOT)
+            )
             lines.append(" ".join(["python", f"tools/bench/{b.script}", *b.full, "--out", md]))
     lines.append("```")
     if durations:
-        lines += ["", "Wall time of each benchmark in the last run: " + ", ".join(
-            f"{k} {v:.0f} s" for k, v in durations.items()) + "."]
+        lines += [
+            "",
+            "Wall time of each benchmark in the last run: "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in durations.items())
+            + ".",
+        ]
     return "\n".join(lines)
 
 
@@ -297,8 +431,9 @@ def _parse_only(only: str | None) -> list[str]:
     names = [x.strip() for x in only.split(",") if x.strip()]
     unknown = [x for x in names if x not in BENCHES]
     if unknown or not names:
-        raise JaxrlError(f"--only {only!r}: unknown benchmark(s) {unknown}; "
-                         f"known: {', '.join(BENCHES)}")
+        raise JaxrlError(
+            f"--only {only!r}: unknown benchmark(s) {unknown}; known: {', '.join(BENCHES)}"
+        )
     return [n for n in BENCHES if n in names]
 
 
@@ -313,11 +448,13 @@ def run_suite(args: argparse.Namespace, *, prog: str = "python tools/bench/run_a
     else:
         out = repo_out
     out_dir = os.path.dirname(out)
-    results_dir = os.path.abspath(args.results_dir) if args.results_dir else (
-        common.RESULTS_DIR if out == repo_out else os.path.join(out_dir, "results"))
+    results_dir = (
+        os.path.abspath(args.results_dir)
+        if args.results_dir
+        else (common.RESULTS_DIR if out == repo_out else os.path.join(out_dir, "results"))
+    )
     os.makedirs(results_dir, exist_ok=True)
-    argv = (["--only", ",".join(names)] if args.only else []) + (["--quick"] if args.quick
-                                                                   else [])
+    argv = (["--only", ",".join(names)] if args.only else []) + (["--quick"] if args.quick else [])
     if args.out:
         argv += ["--out", args.out]
     if args.results_dir:
@@ -327,8 +464,7 @@ def run_suite(args: argparse.Namespace, *, prog: str = "python tools/bench/run_a
     suite_command = " ".join([prog] + [shlex.quote(a) for a in argv])
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([common.ROOT] + [p for p in
-                                                         [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join([common.ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
     t_suite = time.perf_counter()
     status: dict[str, int] = {}
     durations: dict[str, float] = {}
@@ -336,16 +472,25 @@ def run_suite(args: argparse.Namespace, *, prog: str = "python tools/bench/run_a
         b = BENCHES[name]
         md = os.path.join(results_dir, f"{name}.md")
         script = os.path.join(common.BENCH_DIR, b.script)
-        cmd = [sys.executable, script, *(b.quick if args.quick else b.full),
-               "--model", args.model, "--out", md]
+        cmd = [
+            sys.executable,
+            script,
+            *(b.quick if args.quick else b.full),
+            "--model",
+            args.model,
+            "--out",
+            md,
+        ]
         common.log(f"[{i}/{len(names)}] {name}: {' '.join(shlex.quote(c) for c in cmd)}")
         t0 = time.perf_counter()
         # The report goes to the file; the child's stdout (the same text) is not repeated here.
         rc = subprocess.call(cmd, cwd=common.ROOT, env=env, stdout=subprocess.DEVNULL)
         durations[name] = time.perf_counter() - t0
         status[name] = rc
-        common.log(f"[{i}/{len(names)}] {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} "
-                   f"in {durations[name]:.0f} s")
+        common.log(
+            f"[{i}/{len(names)}] {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} "
+            f"in {durations[name]:.0f} s"
+        )
 
     text = open(out, encoding="utf-8").read() if os.path.isfile(out) else new_document()
     whole = len(names) == len(BENCHES) or get_block(text, "machine") is None
@@ -353,36 +498,59 @@ def run_suite(args: argparse.Namespace, *, prog: str = "python tools/bench/run_a
         md = os.path.join(results_dir, f"{name}.md")
         if status[name] == 0 and os.path.isfile(md):
             with open(md, encoding="utf-8") as f:
-                content = section_for(f.read(), results_dir=results_dir, out_dir=out_dir,
-                                      keep_machine=not whole)
+                content = section_for(
+                    f.read(), results_dir=results_dir, out_dir=out_dir, keep_machine=not whole
+                )
         else:
             old = (get_block(text, name) or "").strip()
-            note = (f"> Not re-measured: `{BENCHES[name].script}` failed (exit status "
-                    f"{status[name]}) in the run of {prog}"
-                    + ("; what follows is from an earlier run." if old else "."))
+            note = (
+                f"> Not re-measured: `{BENCHES[name].script}` failed (exit status "
+                f"{status[name]}) in the run of {prog}"
+                + ("; what follows is from an earlier run." if old else ".")
+            )
             content = note + ("\n\n" + old if old and not old.startswith("> Not re-") else "")
         text = set_block(text, name, content)
     if whole:
-        text = set_block(text, "machine", machine_block(
-            command=suite_command, quick=args.quick, seconds=time.perf_counter() - t_suite,
-            results_dir=results_dir, names=tuple(n for n in names if status[n] == 0)))
+        text = set_block(
+            text,
+            "machine",
+            machine_block(
+                command=suite_command,
+                quick=args.quick,
+                seconds=time.perf_counter() - t_suite,
+                results_dir=results_dir,
+                names=tuple(n for n in names if status[n] == 0),
+            ),
+        )
     # The summary is rebuilt from results/*.json; while some benchmark has none yet (it was
     # never run by the suite), a summary already in the file is kept rather than shrunk.
     have_all = all(os.path.isfile(os.path.join(results_dir, f"{n}.json")) for n in BENCHES)
     if have_all or not (get_block(text, "summary") or "").strip():
         text = set_block(text, "summary", summary_block(results_dir))
     else:
-        common.log("summary block kept: some benchmarks have no results/*.json yet "
-                   "(run the whole suite to rebuild it)")
-    text = set_block(text, "commands", commands_block(
-        suite_command=suite_command if whole else prog, names=list(BENCHES),
-        durations=durations, results_dir=results_dir))
+        common.log(
+            "summary block kept: some benchmarks have no results/*.json yet "
+            "(run the whole suite to rebuild it)"
+        )
+    text = set_block(
+        text,
+        "commands",
+        commands_block(
+            suite_command=suite_command if whole else prog,
+            names=list(BENCHES),
+            durations=durations,
+            results_dir=results_dir,
+        ),
+    )
     os.makedirs(out_dir, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text.rstrip() + "\n")
     failed = [n for n, rc in status.items() if rc]
-    common.log(f"wrote {out} ({len(names) - len(failed)}/{len(names)} benchmarks"
-               + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
+    common.log(
+        f"wrote {out} ({len(names) - len(failed)}/{len(names)} benchmarks"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + ")"
+    )
     return 1 if failed else 0
 
 

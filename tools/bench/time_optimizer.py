@@ -62,9 +62,11 @@ def main(argv=None) -> int:
 
     n_params = sum(x.size for x in jax.tree.leaves(params))
     print(f"{n_params / 1e6:.1f}M float32 parameters; best of {args.repeats} after a warm-up")
-    for name, fn in (("AdamW update", update),
-                     ("AdamW update + NaN/Inf guard, jnp.where", guarded_where),
-                     ("AdamW update + NaN/Inf guard, lax.cond (train.step)", guarded_cond)):
+    for name, fn in (
+        ("AdamW update", update),
+        ("AdamW update + NaN/Inf guard, jnp.where", guarded_where),
+        ("AdamW update + NaN/Inf guard, lax.cond (train.step)", guarded_cond),
+    ):
         jitted = jax.jit(fn, donate_argnums=(0, 1))
         state = {"p": params, "s": opt.init(params)}
 

@@ -40,9 +40,22 @@ PHASES = ("forward", "backward", "other", "unattributed")
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+(?:\s*\{[^}]*\})?\s+([\w\-]+)\(")
 _COMP = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_DATA_MOVEMENT = {"copy", "transpose", "slice", "dynamic-slice", "dynamic-update-slice",
-                  "concatenate", "pad", "broadcast", "reshape", "bitcast", "gather", "scatter",
-                  "copy-start", "copy-done"}
+_DATA_MOVEMENT = {
+    "copy",
+    "transpose",
+    "slice",
+    "dynamic-slice",
+    "dynamic-update-slice",
+    "concatenate",
+    "pad",
+    "broadcast",
+    "reshape",
+    "bitcast",
+    "gather",
+    "scatter",
+    "copy-start",
+    "copy-done",
+}
 _CONTROL = {"while", "conditional", "call", "async-start", "async-done"}
 
 
@@ -63,8 +76,12 @@ def parse_hlo(text: str) -> dict[str, dict[str, Any]]:
         name, opcode = m.group(1), m.group(2)
         op_name = re.search(r'op_name="([^"]*)"', line)
         calls = re.search(r"calls=%?([\w.\-]+)", line)
-        instrs[name] = {"opcode": opcode, "op_name": op_name.group(1) if op_name else "",
-                        "calls": calls.group(1) if calls else None, "computation": current}
+        instrs[name] = {
+            "opcode": opcode,
+            "op_name": op_name.group(1) if op_name else "",
+            "calls": calls.group(1) if calls else None,
+            "computation": current,
+        }
         if current is not None:
             comps[current].append(opcode)
     instrs["__computations__"] = dict(comps)  # type: ignore[assignment]
@@ -92,9 +109,9 @@ def classify(name: str, hlo: dict[str, dict[str, Any]]) -> tuple[str, str]:
         kind = "matmul"
     elif opcode in _CONTROL:
         kind = "control flow"
-    elif opcode in _DATA_MOVEMENT or (opcode == "fusion" and body
-                                      and set(body) <= _DATA_MOVEMENT | {"parameter",
-                                                                         "constant"}):
+    elif opcode in _DATA_MOVEMENT or (
+        opcode == "fusion" and body and set(body) <= _DATA_MOVEMENT | {"parameter", "constant"}
+    ):
         kind = "copy / layout"
     else:
         kind = "elementwise / reduce"
@@ -136,18 +153,20 @@ def op_time_breakdown(jitted, *args, trace_dir: str | None = None) -> dict[str, 
     d = trace_dir or tempfile.mkdtemp(prefix="xla_trace_")
     with jax.profiler.trace(d):
         jax.block_until_ready(jitted(*args))
-    files = sorted(glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True),
-                   key=os.path.getmtime)
+    files = sorted(
+        glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True), key=os.path.getmtime
+    )
     if not files:
         raise RuntimeError(f"the profiler wrote no trace under {d}")
     with gzip.open(files[-1], "rt", encoding="utf-8") as f:
-        events = [e for e in json.load(f)["traceEvents"]
-                  if e.get("ph") == "X" and "dur" in e]
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and "dur" in e]
     # Only the program's own operations: names of its HLO instructions.
     ops = [e for e in events if e["name"] in names]
     if not ops:
-        raise RuntimeError("the trace holds no per-operation events for this program "
-                           "(this backend's profiler does not record them)")
+        raise RuntimeError(
+            "the trace holds no per-operation events for this program "
+            "(this backend's profiler does not record them)"
+        )
     times = self_times(ops)
     table: dict[tuple[str, str], float] = collections.defaultdict(float)
     top = []
