@@ -225,11 +225,15 @@ def _critic_batch(rows, t):
 
 def _run_config(algorithm, *, batch_size, group_size, gen_len, prompt_len, minibatches,
                 micro_batches, remat, dtype, lora_rank, mesh):
-    from jaxrl_llm.train.run_config import (DataSection, LoRASection, MeshSection, ModelSection,
-                                            RewardItem, RolloutSection, RunConfig, TrainSection,
-                                            ONLINE_ALGORITHMS)
+    from jaxrl_llm.losses import ALGORITHMS as LOSS_ALGORITHMS
+    from jaxrl_llm.train.run_config import RunConfig
+    from jaxrl_llm.train.sections import (DataSection, LoRASection, MeshSection, ModelSection,
+                                          RewardItem, RolloutSection, TrainSection)
 
-    online = algorithm in ONLINE_ALGORITHMS
+    if algorithm not in LOSS_ALGORITHMS:
+        raise ConfigError(f"algorithm {algorithm!r} has no trainer; trainable: "
+                          f"{', '.join(sorted(LOSS_ALGORITHMS))}")
+    online = LOSS_ALGORITHMS[algorithm].online
     return RunConfig(
         output_dir="(compile)", max_steps=1, algorithm=algorithm,
         model=ModelSection(source="(preset)", compute_dtype=_DTYPES[dtype], remat=remat,
@@ -287,8 +291,10 @@ def compile_run(
     """
     from jaxrl_llm.losses import get_loss
     from jaxrl_llm.sampling import SamplingConfig, decode as decode_loop, init_decode_state
-    from jaxrl_llm.train.run_config import loss_config, loss_name, update_micro_batches
-    from jaxrl_llm.train.setup import RULES, Policy, make_optimizer
+    from jaxrl_llm.train.policy import RULES, Policy, make_optimizer
+    from jaxrl_llm.train.preflight import check_mesh
+    from jaxrl_llm.train.run_config import (logprob_settings, loss_config, loss_spec,
+                                            update_micro_batches)
     from jaxrl_llm.train.step import make_train_step
 
     if algorithm not in ALGORITHMS:
@@ -305,12 +311,11 @@ def compile_run(
                       prompt_len=prompt_len, minibatches=minibatches,
                       micro_batches=micro_batches, remat=remat, dtype=dtype,
                       lora_rank=lora_rank, mesh=sizes)
-    from jaxrl_llm.train.setup import check_mesh
-
     check_mesh(cfg, mesh=mesh)
     config = dataclasses.replace(config, param_dtype="float32", compute_dtype=_DTYPES[dtype])
-    spec = get_loss(loss_name(cfg))
+    spec = loss_spec(cfg)
     lc = loss_config(cfg)
+    logprobs = logprob_settings(cfg)
     online = cfg.is_online
     optimizer = make_optimizer(cfg)
     apply_fn = functools.partial(models.apply, config=config, remat=remat)
@@ -351,16 +356,18 @@ def compile_run(
     if lora is not None:
         resident["frozen base (= reference)"] = _per_device_bytes(full)
     algo = ALGORITHMS[algorithm]
-    needs_ref = spec.reference_fn is not None and (
-        not getattr(lc, "reference_free", False) if spec.batch_kind == "preference"
-        else getattr(lc, "kl_coef", 1.0) > 0)
+    # the loss reads reference log-probs; PPO's strategy needs them for its KL-shaped reward
+    ref_in_loss = spec.reference_fn is not None and spec.uses_reference(lc)
+    needs_ref = spec.reference_fn is not None and (ref_in_loss or cfg.algo.critic)
     ref_params = frozen.get("base", full)
     if needs_ref and lora is None:
-        # online.py / offline.py keep the reference as jnp.copy of the float32 master params
+        # Policy.reference_params: a jnp.copy of the float32 master params
         resident["reference weights (copy of master)"] = _per_device_bytes(full)
 
     # rows: the rollout batch (online) and one update's share of it
-    if algorithm == "online_dpo":
+    from jaxrl_llm.losses import Family
+
+    if cfg.algo.family is Family.ONLINE_PAIRS:  # one pair per prompt from its G samples
         rollout_rows, step_rows = batch_size * group_size, batch_size
     elif online:
         rollout_rows = batch_size * group_size
@@ -374,7 +381,7 @@ def compile_run(
     rows_sharding = batch_sharding(mesh)
 
     critic_state = critic_step = None
-    if algorithm == "ppo":
+    if cfg.algo.critic:
         cconfig = dataclasses.replace(config, num_labels=1)
         c_shapes = jax.eval_shape(functools.partial(models.init_params, cconfig),
                                   jax.random.PRNGKey(0))
@@ -390,10 +397,11 @@ def compile_run(
         # the reward model: a scalar-head model of the policy's size, float32 as loaded
         resident["reward model weights"] = _per_device_bytes(_abstract(c_shapes, c_sharding))
         cspec = get_loss("ppo_critic")
-        clc = cspec.preset()
+        clc = cspec.preset(value_clip=cfg.ppo.value_clip)
         c_apply = functools.partial(models.apply, config=cconfig, remat=remat)
         critic_step = make_train_step(
-            lambda p, b: cspec.loss_fn(p, b, apply_fn=c_apply, config=clc), c_opt, mesh=mesh,
+            lambda p, b, **kw: cspec.loss_fn(p, b, apply_fn=c_apply, config=clc, **kw), c_opt,
+            mesh=mesh,
             state_sharding=c_state_sharding, batch_sharding=rows_sharding, micro_batches=1,
             denominator_fn=functools.partial(cspec.denominator_fn, config=clc),
             grad_clip=cfg.optim.grad_clip)
@@ -404,27 +412,29 @@ def compile_run(
     programs = []
     # 1. the policy update (the trainers' make_train_step, as online.py / offline.py call it)
     step = make_train_step(
-        policy.loss_fn(spec.loss_fn, loss_config=lc), optimizer, mesh=mesh,
+        policy.loss_fn(spec.loss_fn, loss_config=lc, logprobs=logprobs), optimizer, mesh=mesh,
         state_sharding=state_sharding, batch_sharding=rows_sharding, micro_batches=step_micro,
         denominator_fn=functools.partial(spec.denominator_fn, config=lc),
         grad_clip=cfg.optim.grad_clip, frozen_sharding=frozen_sharding, skip_fn=zero_fn)
     t = prompt_len + gen_len
-    batch = BATCHES[spec.batch_kind](step_rows, t, with_ref=needs_ref)
-    programs.append(_program("train", step.jitted, (state, batch, frozen),
+    batch = BATCHES[spec.batch_kind](step_rows, t, with_ref=ref_in_loss)
+    programs.append(_program("train", step.jitted, (state, batch, frozen, {}),
                              others("policy train state", "frozen base (= reference)")))
     # 2. the reference log-probs over the rollout batch (or the offline batch)
     if needs_ref:
-        ref_jit = jax.jit(functools.partial(spec.reference_fn, apply_fn=apply_fn, config=lc),
+        ref_jit = jax.jit(functools.partial(spec.reference_fn, apply_fn=apply_fn, config=lc,
+                                            logprobs=logprobs),
                           in_shardings=(full_sharding, rows_sharding))
-        ref_batch = BATCHES[spec.batch_kind](rollout_rows if algorithm != "online_dpo"
-                                             else step_rows, t, with_ref=False)
+        ref_batch = BATCHES[spec.batch_kind](
+            step_rows if cfg.algo.family is Family.ONLINE_PAIRS else rollout_rows, t,
+            with_ref=False)
         programs.append(_program("reference", ref_jit, (ref_params, ref_batch),
                                  others("frozen base (= reference)",
                                         "reference weights (copy of master)")))
     # 3. PPO's critic update
     if critic_step is not None:
         programs.append(_program("critic", critic_step.jitted,
-                                 (critic_state, _critic_batch(step_rows, t), {}),
+                                 (critic_state, _critic_batch(step_rows, t), {}, {}),
                                  others("critic train state")))
     # 4. the sampler's decode loop over the rollout rows (prefilled prompts, G per prompt)
     if online and decode:
@@ -461,7 +471,7 @@ def compile_run(
                       device=f"tpu-{topology.generation}",
                       micro_batches=max(1, (rollout_rows if online else step_rows)
                                         // max(rows_per_update, 1)),
-                      prompt_group_size=int(getattr(lc, "prompt_group_size", 1)), **sizes)
+                      prompt_group_size=int(logprobs.prompt_group_size), **sizes)
     est = estimate_memory(config, algorithm, **est_kwargs)
     settings = dict(batch_size=batch_size, seq_len=t, prompt_len=prompt_len,
                     train_flops_analytic=analytic_train_flops(

@@ -48,6 +48,11 @@ CONFIGS = [
 # (XLA_FLAGS=--xla_dump_to=DIR writes *memory-usage-report.txt per program).
 NOTES = [
     "",
+    "Compiled on a shared 2-core host with other jobs running: compile times (last column) "
+    "are wall-clock and noisy (132-1150 s for similar programs). The 9 rows were measured "
+    "with the trainer code of commit 4d11129, before the online trainer was rebuilt as "
+    "rollout -> experience -> learner; `jaxrl-llm compile` follows the rebuilt trainer since.",
+    "",
     "Columns: rows/update = sequences (DPO: pairs) in one forward/backward of the policy (the "
     "whole mesh); train args / temps = the train step's arguments (train state, batch) and "
     "temporaries, GiB per device; program peaks = each program's arguments + outputs − "
@@ -80,6 +85,12 @@ NOTES = [
     "(111 MiB in a v5e compile, 47 MiB in a v5p one); the HBM numbers leave it out, so on small "
     "models the estimate runs high. Fragmentation and the runtime's own reservations are not "
     "in either number.",
+    "* **PPO rows** were compiled before `jaxrl-llm compile` counted the frozen reference "
+    "that PPO's KL-shaped reward reads (a float32 copy of the master weights, resident through "
+    "the step, and the reference log-prob program); their compiled peaks lack 4 bytes/param "
+    "per device (7.5 GiB on 8B fsdp=4, 3.7 GiB on 8B fsdp=8, 4.1 GiB on 70B fsdp=64, the "
+    "reference rows of the GRPO runs), which the estimate includes: with it, the PPO rows' "
+    "est/compiled would be lower.",
     "* **FLOPs**: XLA's cost analysis counts a loop body once (the scan over layers, "
     "micro-batches, decode steps), so its number is about 1/L of a step; the report gives "
     "6N (8N with full remat) per token beside it.",
@@ -113,13 +124,12 @@ def run_one(model, algorithm, topology, mesh, extra, *, timeout: int) -> dict:
 def estimate_bytes(model: str, algorithm: str, topology: str, r: dict) -> int:
     """The current estimator's total for a cached result's settings (so a report rewritten
     after an estimator change compares with the estimator as it is now)."""
-    from jaxrl_llm.train.memory import MODEL_PRESETS, estimate_memory
-    from jaxrl_llm.train.run_config import ONLINE_ALGORITHMS
+    from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
 
     s = r["settings"]
     kw = s.get("estimate_kwargs")
     if kw is None:  # results cached before the settings carried the estimator's arguments
-        online = algorithm in ONLINE_ALGORITHMS
+        online = ALGORITHMS[algorithm].online
         rows = s["batch_size"] * (s["group_size"] if online else 1)
         kw = dict(batch_size=s["batch_size"], seq_len=s["seq_len"], prompt_len=s["prompt_len"],
                   group_size=s["group_size"] or 1, dtype=s["dtype"], lora_rank=s["lora_rank"],
