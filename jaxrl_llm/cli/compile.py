@@ -12,32 +12,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``jaxrl-llm compile``."""
     from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS
 
-    parser.add_argument("--model", default="135m",
-                        help=f"a size preset ({', '.join(MODEL_PRESETS)}), a Hugging Face model "
-                             f"directory, or a config.json file")
-    parser.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS), metavar="ALGO",
-                        help=f"one of: {', '.join(sorted(ALGORITHMS))}")
-    parser.add_argument("--topology", required=True,
-                        help="TPU slice as GENERATION:GRID, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4")
-    parser.add_argument("--mesh", default="fsdp=-1",
-                        help="mesh axis sizes, e.g. fsdp=8 or data=2,fsdp=4 (one may be -1; "
-                             "default: fsdp over every device)")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
-                        help="compute dtype (master weights and Adam moments stay float32)")
-    parser.add_argument("--batch", type=int, default=8,
-                        help="examples per step (online algorithms: prompts per step)")
+    parser.add_argument(
+        "--model",
+        default="135m",
+        help=f"a size preset ({', '.join(MODEL_PRESETS)}), a Hugging Face model "
+        f"directory, or a config.json file",
+    )
+    parser.add_argument(
+        "--algorithm",
+        required=True,
+        choices=sorted(ALGORITHMS),
+        metavar="ALGO",
+        help=f"one of: {', '.join(sorted(ALGORITHMS))}",
+    )
+    parser.add_argument(
+        "--topology",
+        required=True,
+        help="TPU slice as GENERATION:GRID, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4",
+    )
+    parser.add_argument(
+        "--mesh",
+        default="fsdp=-1",
+        help="mesh axis sizes, e.g. fsdp=8 or data=2,fsdp=4 (one may be -1; "
+        "default: fsdp over every device)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="bf16",
+        choices=["bf16", "fp32"],
+        help="compute dtype (master weights and Adam moments stay float32)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=8,
+        help="examples per step (online algorithms: prompts per step)",
+    )
     parser.add_argument("--seq-len", type=int, default=1024, help="prompt + completion tokens")
-    parser.add_argument("--prompt-len", type=int, default=None,
-                        help="online: prompt tokens of --seq-len (default half)")
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        default=None,
+        help="online: prompt tokens of --seq-len (default half)",
+    )
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (online)")
-    parser.add_argument("--minibatches", type=int, default=1,
-                        help="online: optimizer updates per rollout batch")
-    parser.add_argument("--micro-batches", type=int, default=1,
-                        help="offline: gradient-accumulation micro-batches per step")
+    parser.add_argument(
+        "--minibatches", type=int, default=1, help="online: optimizer updates per rollout batch"
+    )
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        default=1,
+        help="offline: gradient-accumulation micro-batches per step",
+    )
     parser.add_argument("--remat", default="full", choices=["none", "dots", "full"])
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full fine-tune)")
-    parser.add_argument("--no-decode", action="store_true",
-                        help="skip compiling the sampler's decode loop")
+    parser.add_argument(
+        "--no-decode", action="store_true", help="skip compiling the sampler's decode loop"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -48,8 +80,7 @@ def _mesh(text: str) -> dict[str, int]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         k, sep, v = part.partition("=")
         if not sep or k not in out:
-            raise ConfigError(f"--mesh: {part!r} must be axis=size with axis data, fsdp or "
-                              f"tensor")
+            raise ConfigError(f"--mesh: {part!r} must be axis=size with axis data, fsdp or tensor")
         try:
             out[k] = int(v)
         except ValueError:
@@ -66,20 +97,33 @@ def run(args: argparse.Namespace) -> int:
     mesh = _mesh(args.mesh)
     topology = tpu_topology(args.topology)  # LibtpuMissingError: one line, exit status 2
     config = resolve_model_config(args.model)
-    report = compile_run(config, args.algorithm, topology, batch_size=args.batch,
-                         seq_len=args.seq_len, prompt_len=args.prompt_len,
-                         group_size=args.group_size, minibatches=args.minibatches,
-                         micro_batches=args.micro_batches, remat=args.remat, dtype=args.dtype,
-                         lora_rank=args.lora_rank, decode=not args.no_decode, **mesh)
+    report = compile_run(
+        config,
+        args.algorithm,
+        topology,
+        batch_size=args.batch,
+        seq_len=args.seq_len,
+        prompt_len=args.prompt_len,
+        group_size=args.group_size,
+        minibatches=args.minibatches,
+        micro_batches=args.micro_batches,
+        remat=args.remat,
+        dtype=args.dtype,
+        lora_rank=args.lora_rank,
+        decode=not args.no_decode,
+        **mesh,
+    )
     if args.json:
         print(json.dumps({**report.to_json(), "model": args.model}))
     else:
         s = report.settings
         n = config.num_params()
         size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-        print(f"{args.algorithm} on {args.model} ({size} params), "
-              f"{args.topology} ({topology.num_devices} devices), mesh {report.mesh}, "
-              f"{args.dtype}, remat={args.remat}, batch {args.batch} x {s['seq_len']} tokens, "
-              f"{s['rows_per_update']} rows per forward/backward")
+        print(
+            f"{args.algorithm} on {args.model} ({size} params), "
+            f"{args.topology} ({topology.num_devices} devices), mesh {report.mesh}, "
+            f"{args.dtype}, remat={args.remat}, batch {args.batch} x {s['seq_len']} tokens, "
+            f"{s['rows_per_update']} rows per forward/backward"
+        )
         print(report.table())
     return 0

@@ -19,13 +19,13 @@ import importlib.util
 import math
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 
 from jaxrl_llm.errors import ConfigError, JaxrlError
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 #: HBM per chip (bytes) by TPU generation, the prefix of a topology name.
 TPU_HBM_BYTES: dict[str, int] = {
@@ -36,8 +36,10 @@ TPU_HBM_BYTES: dict[str, int] = {
 }
 
 #: How to get the TPU compiler when it is missing (one line, shown by the CLI).
-LIBTPU_HINT = (f'install the TPU compiler: pip install "jax[tpu]=={jax.__version__}" '
-               f'(or: pip install "jaxrl_llm[tpu-compile]")')
+LIBTPU_HINT = (
+    f'install the TPU compiler: pip install "jax[tpu]=={jax.__version__}" '
+    f'(or: pip install "jaxrl_llm[tpu-compile]")'
+)
 
 _NAME = re.compile(r"^(v\d+[a-z]*):(\d+(?:x\d+)*)$")
 
@@ -77,12 +79,16 @@ def parse_topology_name(name: str) -> tuple[str, tuple[int, ...]]:
     """``"v5p:2x2x2"`` -> ``("v5p", (2, 2, 2))``; ConfigError naming the allowed forms."""
     m = _NAME.match(name.strip())
     if not m:
-        raise ConfigError(f"--topology {name!r}: expected GENERATION:GRID such as v5e:2x2, "
-                          f"v5p:2x2x2 or v6e:2x4 (generations: {', '.join(TPU_HBM_BYTES)})")
+        raise ConfigError(
+            f"--topology {name!r}: expected GENERATION:GRID such as v5e:2x2, "
+            f"v5p:2x2x2 or v6e:2x4 (generations: {', '.join(TPU_HBM_BYTES)})"
+        )
     gen, grid = m.group(1), tuple(int(x) for x in m.group(2).split("x"))
     if gen not in TPU_HBM_BYTES:
-        raise ConfigError(f"--topology {name!r}: unknown TPU generation {gen!r}; known: "
-                          f"{', '.join(TPU_HBM_BYTES)}")
+        raise ConfigError(
+            f"--topology {name!r}: unknown TPU generation {gen!r}; known: "
+            f"{', '.join(TPU_HBM_BYTES)}"
+        )
     if min(grid) < 1:
         raise ConfigError(f"--topology {name!r}: grid sizes must be >= 1")
     return gen, grid
@@ -101,8 +107,9 @@ def tpu_topology(name: str) -> Topology:
     """
     gen, grid = parse_topology_name(name)
     if not libtpu_available():
-        raise LibtpuMissingError(f"--topology {name}: the TPU compiler is not installed; "
-                                 f"{LIBTPU_HINT}")
+        raise LibtpuMissingError(
+            f"--topology {name}: the TPU compiler is not installed; {LIBTPU_HINT}"
+        )
     # Compiling takes no TPU: let several processes (parallel benchmarks, tests) load libtpu,
     # which otherwise takes a host-wide lock file on first use.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -116,15 +123,30 @@ def tpu_topology(name: str) -> Topology:
     devices = tuple(desc.devices)
     chips = math.prod(grid)
     per_chip = max(len(devices) // chips, 1)
-    return Topology(name=name.strip(), generation=gen, chips=chips, devices=devices,
-                    hbm_bytes_per_device=TPU_HBM_BYTES[gen] // per_chip)
+    return Topology(
+        name=name.strip(),
+        generation=gen,
+        chips=chips,
+        devices=devices,
+        hbm_bytes_per_device=TPU_HBM_BYTES[gen] // per_chip,
+    )
 
 
-def topology_mesh(topology: Topology, *, data: int = -1, fsdp: int = 1, tensor: int = 1,
-                  devices: Sequence | None = None):
+def topology_mesh(
+    topology: Topology,
+    *,
+    data: int = -1,
+    fsdp: int = 1,
+    tensor: int = 1,
+    devices: Sequence | None = None,
+):
     """A ("data", "fsdp", "tensor") mesh over a topology's abstract devices
     (:func:`jaxrl_llm.parallel.make_mesh` with those devices)."""
     from jaxrl_llm.parallel.mesh import make_mesh
 
-    return make_mesh(data=data, fsdp=fsdp, tensor=tensor,
-                     devices=list(topology.devices if devices is None else devices))
+    return make_mesh(
+        data=data,
+        fsdp=fsdp,
+        tensor=tensor,
+        devices=list(topology.devices if devices is None else devices),
+    )

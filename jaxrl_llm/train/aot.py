@@ -111,10 +111,15 @@ class CompileReport:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (bytes are ints; programs carry their totals)."""
         return {
-            "topology": self.topology, "algorithm": self.algorithm, "mesh": self.mesh,
-            "settings": self.settings, "hbm_bytes_per_device": int(self.hbm_bytes),
-            "programs": [{**dataclasses.asdict(p), "total_bytes": p.total_bytes,
-                          "peak_bytes": p.peak_bytes} for p in self.programs],
+            "topology": self.topology,
+            "algorithm": self.algorithm,
+            "mesh": self.mesh,
+            "settings": self.settings,
+            "hbm_bytes_per_device": int(self.hbm_bytes),
+            "programs": [
+                {**dataclasses.asdict(p), "total_bytes": p.total_bytes, "peak_bytes": p.peak_bytes}
+                for p in self.programs
+            ],
             "resident": {k: int(v) for k, v in self.resident.items()},
             "compiled_peak_bytes": int(self.peak_bytes),
             "estimate_bytes": int(self.estimate.total_bytes_per_device),
@@ -125,18 +130,24 @@ class CompileReport:
     def table(self) -> str:
         """A plain-text report for the terminal."""
         g = lambda b: f"{b / GiB:9.3f}"
-        lines = [f"{'program':<10} {'args':>9} {'outputs':>9} {'aliased':>9} {'temps':>9} "
-                 f"{'total':>9} {'+resident':>9} {'TFLOP':>9}   (GiB per device)",
-                 "-" * 88]
+        lines = [
+            f"{'program':<10} {'args':>9} {'outputs':>9} {'aliased':>9} {'temps':>9} "
+            f"{'total':>9} {'+resident':>9} {'TFLOP':>9}   (GiB per device)",
+            "-" * 88,
+        ]
         for p in self.programs:
-            lines.append(f"{p.name:<10} {g(p.argument_bytes)} {g(p.output_bytes)} "
-                         f"{g(p.alias_bytes)} {g(p.temp_bytes)} {g(p.total_bytes)} "
-                         f"{g(p.peak_bytes)} {p.flops / 1e12:9.2f}")
+            lines.append(
+                f"{p.name:<10} {g(p.argument_bytes)} {g(p.output_bytes)} "
+                f"{g(p.alias_bytes)} {g(p.temp_bytes)} {g(p.total_bytes)} "
+                f"{g(p.peak_bytes)} {p.flops / 1e12:9.2f}"
+            )
         lines.append("-" * 88)
-        lines.append("TFLOP: XLA's cost analysis, which counts a loop body (the scan over layers,"
-                     " micro-batches, decode steps) once; 6N (8N with full remat) per token: "
-                     f"{self.settings['train_flops_analytic'] / 1e12:.2f} TFLOP per device and "
-                     f"update")
+        lines.append(
+            "TFLOP: XLA's cost analysis, which counts a loop body (the scan over layers,"
+            " micro-batches, decode steps) once; 6N (8N with full remat) per token: "
+            f"{self.settings['train_flops_analytic'] / 1e12:.2f} TFLOP per device and "
+            f"update"
+        )
         for name, b in self.resident.items():
             lines.append(f"resident: {name:<32} {b / GiB:9.3f} GiB")
         verdict = "fits" if self.fits else "does NOT fit"
@@ -160,8 +171,9 @@ def _per_device_bytes(tree: Any) -> int:
 
 
 def _abstract(shapes: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        shapes, shardings)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
 
 
 def _program(name: str, jitted, args: tuple, resident: int) -> ProgramMemory:
@@ -169,15 +181,20 @@ def _program(name: str, jitted, args: tuple, resident: int) -> ProgramMemory:
     ma = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    return ProgramMemory(name=name, argument_bytes=int(ma.argument_size_in_bytes),
-                         output_bytes=int(ma.output_size_in_bytes),
-                         alias_bytes=int(ma.alias_size_in_bytes),
-                         temp_bytes=int(ma.temp_size_in_bytes),
-                         code_bytes=int(ma.generated_code_size_in_bytes),
-                         flops=float((cost or {}).get("flops", 0.0)), resident_bytes=resident)
+    return ProgramMemory(
+        name=name,
+        argument_bytes=int(ma.argument_size_in_bytes),
+        output_bytes=int(ma.output_size_in_bytes),
+        alias_bytes=int(ma.alias_size_in_bytes),
+        temp_bytes=int(ma.temp_size_in_bytes),
+        code_bytes=int(ma.generated_code_size_in_bytes),
+        flops=float((cost or {}).get("flops", 0.0)),
+        resident_bytes=resident,
+    )
 
 
 # ----- abstract batches, one builder per loss batch layout (LossSpec.batch_kind) --------------
+
 
 def _seq(rows: int, t: int, prefix: str = "") -> dict:
     i = lambda: jax.ShapeDtypeStruct((rows, t), jnp.int32)
@@ -213,8 +230,13 @@ def _sequence_batch(rows, t, *, with_ref):
     return _seq(rows, t)
 
 
-BATCHES = {"rl": _rl_batch, "preference": _preference_batch, "kto": _kto_batch,
-           "rank": _rank_batch, "sequence": _sequence_batch}
+BATCHES = {
+    "rl": _rl_batch,
+    "preference": _preference_batch,
+    "kto": _kto_batch,
+    "rank": _rank_batch,
+    "sequence": _sequence_batch,
+}
 
 
 def _critic_batch(rows, t):
@@ -223,27 +245,60 @@ def _critic_batch(rows, t):
 
 # ----- the run ---------------------------------------------------------------------------------
 
-def _run_config(algorithm, *, batch_size, group_size, gen_len, prompt_len, minibatches,
-                micro_batches, remat, dtype, lora_rank, mesh):
+
+def _run_config(
+    algorithm,
+    *,
+    batch_size,
+    group_size,
+    gen_len,
+    prompt_len,
+    minibatches,
+    micro_batches,
+    remat,
+    dtype,
+    lora_rank,
+    mesh,
+):
     from jaxrl_llm.losses import ALGORITHMS as LOSS_ALGORITHMS
     from jaxrl_llm.train.run_config import RunConfig
-    from jaxrl_llm.train.sections import (DataSection, LoRASection, MeshSection, ModelSection,
-                                          RewardItem, RolloutSection, TrainSection)
+    from jaxrl_llm.train.sections import (
+        DataSection,
+        LoRASection,
+        MeshSection,
+        ModelSection,
+        RewardItem,
+        RolloutSection,
+        TrainSection,
+    )
 
     if algorithm not in LOSS_ALGORITHMS:
-        raise ConfigError(f"algorithm {algorithm!r} has no trainer; trainable: "
-                          f"{', '.join(sorted(LOSS_ALGORITHMS))}")
+        raise ConfigError(
+            f"algorithm {algorithm!r} has no trainer; trainable: "
+            f"{', '.join(sorted(LOSS_ALGORITHMS))}"
+        )
     online = LOSS_ALGORITHMS[algorithm].online
     return RunConfig(
-        output_dir="(compile)", max_steps=1, algorithm=algorithm,
-        model=ModelSection(source="(preset)", compute_dtype=_DTYPES[dtype], remat=remat,
-                           lora=LoRASection(rank=lora_rank) if lora_rank else None),
-        mesh=MeshSection(**mesh), data=DataSection(train="(compile)",
-                                                   max_length=prompt_len + gen_len),
-        rollout=RolloutSection(prompts_per_step=batch_size, group_size=group_size,
-                               max_new_tokens=gen_len, minibatches=minibatches),
+        output_dir="(compile)",
+        max_steps=1,
+        algorithm=algorithm,
+        model=ModelSection(
+            source="(preset)",
+            compute_dtype=_DTYPES[dtype],
+            remat=remat,
+            lora=LoRASection(rank=lora_rank) if lora_rank else None,
+        ),
+        mesh=MeshSection(**mesh),
+        data=DataSection(train="(compile)", max_length=prompt_len + gen_len),
+        rollout=RolloutSection(
+            prompts_per_step=batch_size,
+            group_size=group_size,
+            max_new_tokens=gen_len,
+            minibatches=minibatches,
+        ),
         train=TrainSection(batch_size=batch_size, micro_batches=micro_batches),
-        rewards=(RewardItem("math_answer"),) if online else ())
+        rewards=(RewardItem("math_answer"),) if online else (),
+    )
 
 
 def compile_run(
@@ -290,11 +345,16 @@ def compile_run(
       ConfigError: unknown algorithm, or sizes the mesh or the trainer reject.
     """
     from jaxrl_llm.losses import get_loss
-    from jaxrl_llm.sampling import SamplingConfig, decode as decode_loop, init_decode_state
+    from jaxrl_llm.sampling import SamplingConfig, init_decode_state
+    from jaxrl_llm.sampling import decode as decode_loop
     from jaxrl_llm.train.policy import RULES, Policy, make_optimizer
     from jaxrl_llm.train.preflight import check_mesh
-    from jaxrl_llm.train.run_config import (logprob_settings, loss_config, loss_spec,
-                                            update_micro_batches)
+    from jaxrl_llm.train.run_config import (
+        logprob_settings,
+        loss_config,
+        loss_spec,
+        update_micro_batches,
+    )
     from jaxrl_llm.train.step import make_train_step
 
     if algorithm not in ALGORITHMS:
@@ -307,10 +367,19 @@ def compile_run(
     gen_len = seq_len - prompt_len
     if not 1 <= prompt_len < seq_len:
         raise ConfigError(f"prompt_len={prompt_len} must be in [1, seq_len={seq_len})")
-    cfg = _run_config(algorithm, batch_size=batch_size, group_size=group_size, gen_len=gen_len,
-                      prompt_len=prompt_len, minibatches=minibatches,
-                      micro_batches=micro_batches, remat=remat, dtype=dtype,
-                      lora_rank=lora_rank, mesh=sizes)
+    cfg = _run_config(
+        algorithm,
+        batch_size=batch_size,
+        group_size=group_size,
+        gen_len=gen_len,
+        prompt_len=prompt_len,
+        minibatches=minibatches,
+        micro_batches=micro_batches,
+        remat=remat,
+        dtype=dtype,
+        lora_rank=lora_rank,
+        mesh=sizes,
+    )
     check_mesh(cfg, mesh=mesh)
     config = dataclasses.replace(config, param_dtype="float32", compute_dtype=_DTYPES[dtype])
     spec = loss_spec(cfg)
@@ -322,18 +391,21 @@ def compile_run(
     shards = sizes["data"] * sizes["fsdp"]
 
     # Policy weights, abstract and sharded by the rule table (as build_policy shards them).
-    full_shapes = jax.eval_shape(functools.partial(models.init_params, config),
-                                 jax.random.PRNGKey(0))
-    full_sharding = logical_to_sharding(models.param_logical_axes(config), mesh, RULES,
-                                        shapes=full_shapes)
+    full_shapes = jax.eval_shape(
+        functools.partial(models.init_params, config), jax.random.PRNGKey(0)
+    )
+    full_sharding = logical_to_sharding(
+        models.param_logical_axes(config), mesh, RULES, shapes=full_shapes
+    )
     full = _abstract(full_shapes, full_sharding)
     lora = None
     frozen, frozen_sharding = {}, {}
     if lora_rank:
         from jaxrl_llm.models.lora import LoRAConfig, init_lora, lora_logical_axes
 
-        lora = LoRAConfig(rank=cfg.model.lora.rank, alpha=cfg.model.lora.alpha,
-                          targets=cfg.model.lora.targets)
+        lora = LoRAConfig(
+            rank=cfg.model.lora.rank, alpha=cfg.model.lora.alpha, targets=cfg.model.lora.targets
+        )
         t_shapes = jax.eval_shape(lambda r: init_lora(config, lora, r), jax.random.PRNGKey(0))
         t_sharding = logical_to_sharding(lora_logical_axes(lora), mesh, RULES, shapes=t_shapes)
         frozen, frozen_sharding = {"base": full}, {"base": full_sharding}
@@ -345,17 +417,26 @@ def compile_run(
         params=_abstract(t_shapes, t_sharding),
         opt_state=_abstract(jax.eval_shape(optimizer.init, t_shapes), state_sharding.opt_state),
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
-        rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
-    policy = Policy(config=config, tokenizer=None, mesh=mesh, base=frozen.get("base"),
-                    lora=lora, state=state, state_sharding=state_sharding, apply_fn=apply_fn,
-                    optimizer=optimizer, param_sharding=t_sharding,
-                    frozen_sharding=frozen_sharding)
+        rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep),
+    )
+    policy = Policy(
+        config=config,
+        tokenizer=None,
+        mesh=mesh,
+        base=frozen.get("base"),
+        lora=lora,
+        state=state,
+        state_sharding=state_sharding,
+        apply_fn=apply_fn,
+        optimizer=optimizer,
+        param_sharding=t_sharding,
+        frozen_sharding=frozen_sharding,
+    )
 
     # What lives through the whole step (bytes per device), as the trainers hold it.
     resident: dict[str, int] = {"policy train state": _per_device_bytes(state)}
     if lora is not None:
         resident["frozen base (= reference)"] = _per_device_bytes(full)
-    algo = ALGORITHMS[algorithm]
     # the loss reads reference log-probs; PPO's strategy needs them for its KL-shaped reward
     ref_in_loss = spec.reference_fn is not None and spec.uses_reference(lc)
     needs_ref = spec.reference_fn is not None and (ref_in_loss or cfg.algo.critic)
@@ -374,25 +455,27 @@ def compile_run(
         step_rows = rollout_rows // minibatches
     else:
         rollout_rows = step_rows = batch_size
-    step_micro = (update_micro_batches(cfg, lc, shards=shards) if online
-                  else cfg.train.micro_batches)
-    zero_fn = spec.zero_batch_fn(lc) if (online and step_micro > 1 and spec.zero_batch_fn) \
-        else None
+    step_micro = update_micro_batches(cfg, lc, shards=shards) if online else cfg.train.micro_batches
+    zero_fn = spec.zero_batch_fn(lc) if (online and step_micro > 1 and spec.zero_batch_fn) else None
     rows_sharding = batch_sharding(mesh)
 
     critic_state = critic_step = None
     if cfg.algo.critic:
         cconfig = dataclasses.replace(config, num_labels=1)
-        c_shapes = jax.eval_shape(functools.partial(models.init_params, cconfig),
-                                  jax.random.PRNGKey(0))
-        c_sharding = logical_to_sharding(models.param_logical_axes(cconfig), mesh, RULES,
-                                         shapes=c_shapes)
+        c_shapes = jax.eval_shape(
+            functools.partial(models.init_params, cconfig), jax.random.PRNGKey(0)
+        )
+        c_sharding = logical_to_sharding(
+            models.param_logical_axes(cconfig), mesh, RULES, shapes=c_shapes
+        )
         c_opt = make_optimizer(cfg)
         c_state_sharding = state_sharding_from_params(c_opt, c_shapes, c_sharding, mesh)
         critic_state = TrainState(
             params=_abstract(c_shapes, c_sharding),
             opt_state=_abstract(jax.eval_shape(c_opt.init, c_shapes), c_state_sharding.opt_state),
-            step=state.step, rng=state.rng)
+            step=state.step,
+            rng=state.rng,
+        )
         resident["critic train state"] = _per_device_bytes(critic_state)
         # the reward model: a scalar-head model of the policy's size, float32 as loaded
         resident["reward model weights"] = _per_device_bytes(_abstract(c_shapes, c_sharding))
@@ -400,11 +483,15 @@ def compile_run(
         clc = cspec.preset(value_clip=cfg.ppo.value_clip)
         c_apply = functools.partial(models.apply, config=cconfig, remat=remat)
         critic_step = make_train_step(
-            lambda p, b, **kw: cspec.loss_fn(p, b, apply_fn=c_apply, config=clc, **kw), c_opt,
+            lambda p, b, **kw: cspec.loss_fn(p, b, apply_fn=c_apply, config=clc, **kw),
+            c_opt,
             mesh=mesh,
-            state_sharding=c_state_sharding, batch_sharding=rows_sharding, micro_batches=1,
+            state_sharding=c_state_sharding,
+            batch_sharding=rows_sharding,
+            micro_batches=1,
             denominator_fn=functools.partial(cspec.denominator_fn, config=clc),
-            grad_clip=cfg.optim.grad_clip)
+            grad_clip=cfg.optim.grad_clip,
+        )
 
     def others(*used: str, minus: int = 0) -> int:
         return sum(v for k, v in resident.items() if k not in used) - minus
@@ -412,100 +499,172 @@ def compile_run(
     programs = []
     # 1. the policy update (the trainers' make_train_step, as online.py / offline.py call it)
     step = make_train_step(
-        policy.loss_fn(spec.loss_fn, loss_config=lc, logprobs=logprobs), optimizer, mesh=mesh,
-        state_sharding=state_sharding, batch_sharding=rows_sharding, micro_batches=step_micro,
+        policy.loss_fn(spec.loss_fn, loss_config=lc, logprobs=logprobs),
+        optimizer,
+        mesh=mesh,
+        state_sharding=state_sharding,
+        batch_sharding=rows_sharding,
+        micro_batches=step_micro,
         denominator_fn=functools.partial(spec.denominator_fn, config=lc),
-        grad_clip=cfg.optim.grad_clip, frozen_sharding=frozen_sharding, skip_fn=zero_fn)
+        grad_clip=cfg.optim.grad_clip,
+        frozen_sharding=frozen_sharding,
+        skip_fn=zero_fn,
+    )
     t = prompt_len + gen_len
     batch = BATCHES[spec.batch_kind](step_rows, t, with_ref=ref_in_loss)
-    programs.append(_program("train", step.jitted, (state, batch, frozen, {}),
-                             others("policy train state", "frozen base (= reference)")))
+    programs.append(
+        _program(
+            "train",
+            step.jitted,  # type: ignore[attr-defined]
+            (state, batch, frozen, {}),
+            others("policy train state", "frozen base (= reference)"),
+        )
+    )
     # 2. the reference log-probs over the rollout batch (or the offline batch)
     if needs_ref:
-        ref_jit = jax.jit(functools.partial(spec.reference_fn, apply_fn=apply_fn, config=lc,
-                                            logprobs=logprobs),
-                          in_shardings=(full_sharding, rows_sharding))
+        assert spec.reference_fn is not None
+        ref_jit = jax.jit(
+            functools.partial(spec.reference_fn, apply_fn=apply_fn, config=lc, logprobs=logprobs),
+            in_shardings=(full_sharding, rows_sharding),
+        )
         ref_batch = BATCHES[spec.batch_kind](
-            step_rows if cfg.algo.family is Family.ONLINE_PAIRS else rollout_rows, t,
-            with_ref=False)
-        programs.append(_program("reference", ref_jit, (ref_params, ref_batch),
-                                 others("frozen base (= reference)",
-                                        "reference weights (copy of master)")))
+            step_rows if cfg.algo.family is Family.ONLINE_PAIRS else rollout_rows, t, with_ref=False
+        )
+        programs.append(
+            _program(
+                "reference",
+                ref_jit,
+                (ref_params, ref_batch),
+                others("frozen base (= reference)", "reference weights (copy of master)"),
+            )
+        )
     # 3. PPO's critic update
     if critic_step is not None:
-        programs.append(_program("critic", critic_step.jitted,
-                                 (critic_state, _critic_batch(step_rows, t), {}, {}),
-                                 others("critic train state")))
+        programs.append(
+            _program(
+                "critic",
+                critic_step.jitted,  # type: ignore[attr-defined]
+                (critic_state, _critic_batch(step_rows, t), {}, {}),
+                others("critic train state"),
+            )
+        )
     # 4. the sampler's decode loop over the rollout rows (prefilled prompts, G per prompt)
     if online and decode:
         n_prompts = batch_size
         cache_len = prompt_len + gen_len
 
         def init(last_logits, cache, pos, ids):
-            return init_decode_state(last_logits, cache, pos, ids, seed=0,
-                                     num_samples=group_size, gen_len=gen_len,
-                                     max_new_tokens=gen_len)
+            return init_decode_state(
+                last_logits,
+                cache,
+                pos,
+                ids,
+                seed=0,
+                num_samples=group_size,
+                gen_len=gen_len,
+                max_new_tokens=gen_len,
+            )
 
         dstate = jax.eval_shape(
-            init, jax.ShapeDtypeStruct((n_prompts, config.vocab_size), jnp.float32),
+            init,
+            jax.ShapeDtypeStruct((n_prompts, config.vocab_size), jnp.float32),
             jax.eval_shape(lambda: models.init_cache(config, n_prompts, cache_len)),
             jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
-            jax.ShapeDtypeStruct((n_prompts,), jnp.int32))
+            jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
+        )
         dsharding = _decode_state_sharding(dstate, mesh)
         sampling = SamplingConfig()
-        dec = jax.jit(lambda p, s: decode_loop(p, s, config=config, sampling=sampling,
-                                               stop_ids=(0,), pad_id=0),
-                      in_shardings=(full_sharding, dsharding), out_shardings=dsharding,
-                      donate_argnums=(1,))
+        dec = jax.jit(
+            lambda p, s: decode_loop(
+                p, s, config=config, sampling=sampling, stop_ids=(0,), pad_id=0
+            ),
+            in_shardings=(full_sharding, dsharding),
+            out_shardings=dsharding,
+            donate_argnums=(1,),
+        )
         if lora is None:  # full fine-tuning samples with the master params themselves
             resident_dec = others(minus=_per_device_bytes(full))
         else:  # LoRA samples with a merged copy (an argument), the base stays resident
             resident_dec = others()
-        programs.append(_program("decode", dec, (full, _abstract(dstate, dsharding)),
-                                 resident_dec))
+        programs.append(_program("decode", dec, (full, _abstract(dstate, dsharding)), resident_dec))
 
     rows_per_update = step_rows // step_micro
     # the estimator, asked about the same run (these settings are kept in the report)
-    est_kwargs = dict(batch_size=batch_size, seq_len=t, prompt_len=prompt_len,
-                      group_size=group_size, dtype=dtype, lora_rank=lora_rank, remat=remat,
-                      device=f"tpu-{topology.generation}",
-                      micro_batches=max(1, (rollout_rows if online else step_rows)
-                                        // max(rows_per_update, 1)),
-                      prompt_group_size=int(logprobs.prompt_group_size), **sizes)
-    est = estimate_memory(config, algorithm, **est_kwargs)
-    settings = dict(batch_size=batch_size, seq_len=t, prompt_len=prompt_len,
-                    train_flops_analytic=analytic_train_flops(
-                        config, step_rows * t, remat=remat) / topology.num_devices,
-                    group_size=group_size if online else None, minibatches=minibatches,
-                    micro_batches=step_micro, remat=remat, dtype=dtype, lora_rank=lora_rank,
-                    rows_per_update=rows_per_update, params=config.num_params(),
-                    estimate_kwargs=est_kwargs)
-    return CompileReport(topology=topology.name, algorithm=algorithm, mesh=sizes,
-                         hbm_bytes=topology.hbm_bytes_per_device, programs=tuple(programs),
-                         resident=resident, estimate=est, settings=settings)
+    est_kwargs = dict(
+        batch_size=batch_size,
+        seq_len=t,
+        prompt_len=prompt_len,
+        group_size=group_size,
+        dtype=dtype,
+        lora_rank=lora_rank,
+        remat=remat,
+        device=f"tpu-{topology.generation}",
+        micro_batches=max(1, (rollout_rows if online else step_rows) // max(rows_per_update, 1)),
+        prompt_group_size=int(logprobs.prompt_group_size),
+        **sizes,
+    )
+    est = estimate_memory(config, algorithm, **est_kwargs)  # type: ignore[arg-type]
+    settings = dict(
+        batch_size=batch_size,
+        seq_len=t,
+        prompt_len=prompt_len,
+        train_flops_analytic=analytic_train_flops(config, step_rows * t, remat=remat)
+        / topology.num_devices,
+        group_size=group_size if online else None,
+        minibatches=minibatches,
+        micro_batches=step_micro,
+        remat=remat,
+        dtype=dtype,
+        lora_rank=lora_rank,
+        rows_per_update=rows_per_update,
+        params=config.num_params(),
+        estimate_kwargs=est_kwargs,
+    )
+    return CompileReport(
+        topology=topology.name,
+        algorithm=algorithm,
+        mesh=sizes,
+        hbm_bytes=topology.hbm_bytes_per_device,
+        programs=tuple(programs),
+        resident=resident,
+        estimate=est,
+        settings=settings,
+    )
 
 
 _DECODE_AXES = {  # logical names of DecodeState / KVCache dimensions
-    "logits": ("batch", None), "tokens": ("batch", None), "logprobs": ("batch", None),
-    "positions": ("batch",), "done": ("batch",), "lengths": ("batch",), "keys": ("batch", None),
-    "step": (), "max_new_tokens": (),
+    "logits": ("batch", None),
+    "tokens": ("batch", None),
+    "logprobs": ("batch", None),
+    "positions": ("batch",),
+    "done": ("batch",),
+    "lengths": ("batch",),
+    "keys": ("batch", None),
+    "step": (),
+    "max_new_tokens": (),
 }
-_CACHE_AXES = {"k": ("layers", "batch", "length", "kv_heads", "head_dim"),
-               "v": ("layers", "batch", "length", "kv_heads", "head_dim"),
-               "mask": ("batch", "length"), "positions": ("batch", "length"), "index": ()}
+_CACHE_AXES = {
+    "k": ("layers", "batch", "length", "kv_heads", "head_dim"),
+    "v": ("layers", "batch", "length", "kv_heads", "head_dim"),
+    "mask": ("batch", "length"),
+    "positions": ("batch", "length"),
+    "index": (),
+}
 
 
 def _decode_state_sharding(dstate, mesh):
     """Rows over the batch axes, KV heads over ``tensor``: how a sharded sampler lays out its
     loop state (``DecodeState`` fields by name)."""
+
     def named(axes, x, name):
         return NamedSharding(mesh, logical_to_spec(axes, mesh, shape=x.shape, name=name))
 
     fields = {}
     for f, x in dstate._asdict().items():
         if f == "cache":
-            fields[f] = type(x)(**{k: named(_CACHE_AXES[k], v, f"cache.{k}")
-                                   for k, v in x._asdict().items()})
+            fields[f] = type(x)(
+                **{k: named(_CACHE_AXES[k], v, f"cache.{k}") for k, v in x._asdict().items()}
+            )
         else:
             fields[f] = named(_DECODE_AXES[f], x, f)
     return type(dstate)(**fields)
@@ -517,4 +676,3 @@ def analytic_train_flops(config: models.ModelConfig, tokens: int, *, remat: str)
     every layer is recomputed (``remat='full'``). Attention's T² term is left out."""
     n = config.num_params()
     return (8.0 if remat == "full" else 6.0) * n * tokens
-

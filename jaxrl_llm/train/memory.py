@@ -38,9 +38,9 @@ import os
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.models.config import ModelConfig, RopeScaling
+from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 
 class Role(str, enum.Enum):
@@ -75,7 +75,9 @@ P, R, C, RM = Role.POLICY, Role.REFERENCE, Role.CRITIC, Role.REWARD
 # One explicit table (DESIGN: a registry is a dict in one file).
 ALGORITHMS: dict[str, AlgorithmMemory] = {
     "sft": AlgorithmMemory((P,), (P,), False, 1, "demonstrations", "none"),
-    "reward_model": AlgorithmMemory((RM,), (RM,), False, 2, "offline pairs", "learned (trained here)"),
+    "reward_model": AlgorithmMemory(
+        (RM,), (RM,), False, 2, "offline pairs", "learned (trained here)"
+    ),
     "ppo": AlgorithmMemory((P, R, C, RM), (P, C), True, 1, "online", "learned RM"),
     "grpo": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable"),
     "dr_grpo": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable"),
@@ -84,7 +86,9 @@ ALGORITHMS: dict[str, AlgorithmMemory] = {
     "reinforce": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable or RM"),
     "reinforce_pp": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable or RM"),
     "rloo": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable or RM"),
-    "remax": AlgorithmMemory((P, R), (P,), True, 1, "online (+ greedy baseline)", "verifiable or RM"),
+    "remax": AlgorithmMemory(
+        (P, R), (P,), True, 1, "online (+ greedy baseline)", "verifiable or RM"
+    ),
     "online_dpo": AlgorithmMemory((P, R, RM), (P,), True, 2, "online pairs", "RM or verifier"),
     "dpo": AlgorithmMemory((P, R), (P,), False, 2, "offline pairs", "implicit"),
     "ipo": AlgorithmMemory((P, R), (P,), False, 2, "offline pairs", "implicit"),
@@ -96,28 +100,76 @@ ALGORITHMS: dict[str, AlgorithmMemory] = {
 
 
 def _llama(**kw) -> ModelConfig:
-    return ModelConfig(family="llama", **kw)
+    return ModelConfig(family=Family.LLAMA, **kw)
 
 
 # Published architectures by size (Llama 2 / 3.x, SmolLM2), for planning without downloads.
 MODEL_PRESETS: dict[str, ModelConfig] = {
     "135m": ModelConfig.smollm2_135m(),
-    "1b": _llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
-                 num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0,
-                 rope_scaling=RopeScaling.LLAMA3, rope_factor=32.0, tie_embeddings=True),
-    "3b": _llama(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_layers=28,
-                 num_heads=24, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
-                 rope_scaling=RopeScaling.LLAMA3, rope_factor=32.0, tie_embeddings=True),
-    "7b": _llama(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32,
-                 num_heads=32, num_kv_heads=32),
-    "8b": _llama(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                 num_heads=32, num_kv_heads=8, rope_theta=500000.0,
-                 rope_scaling=RopeScaling.LLAMA3, rope_factor=8.0),
-    "13b": _llama(vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_layers=40,
-                  num_heads=40, num_kv_heads=40),
-    "70b": _llama(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80,
-                  num_heads=64, num_kv_heads=8, rope_theta=500000.0,
-                  rope_scaling=RopeScaling.LLAMA3, rope_factor=8.0),
+    "1b": _llama(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling.LLAMA3,
+        rope_factor=32.0,
+        tie_embeddings=True,
+    ),
+    "3b": _llama(
+        vocab_size=128256,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_layers=28,
+        num_heads=24,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling.LLAMA3,
+        rope_factor=32.0,
+        tie_embeddings=True,
+    ),
+    "7b": _llama(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=32,
+    ),
+    "8b": _llama(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling.LLAMA3,
+        rope_factor=8.0,
+    ),
+    "13b": _llama(
+        vocab_size=32000,
+        hidden_size=5120,
+        intermediate_size=13824,
+        num_layers=40,
+        num_heads=40,
+        num_kv_heads=40,
+    ),
+    "70b": _llama(
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling.LLAMA3,
+        rope_factor=8.0,
+    ),
 }
 
 # Memory per device (bytes): datasheets (TPU v4 32 GiB HBM, v5e 16 GB HBM, v5p 95 GB, v6e 32 GB;
@@ -139,7 +191,9 @@ def device_memory_bytes(device: str) -> int:
     try:
         return DEVICE_MEMORY[device]
     except KeyError:
-        raise ConfigError(f"unknown device {device!r}; allowed: {sorted(DEVICE_MEMORY) + ['cpu']}") from None
+        raise ConfigError(
+            f"unknown device {device!r}; allowed: {sorted(DEVICE_MEMORY) + ['cpu']}"
+        ) from None
 
 
 _BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
@@ -203,15 +257,20 @@ class MemoryEstimate:
         if any(r.transient for r in self.rows):
             lines.append("* transient: the total counts only the largest model's share")
         lines.append(f"{'total':<45} {self.total_bytes_per_device / GiB:>11.3f}")
-        lines.append(f"{'device memory (' + self.device + ')':<45} {self.device_bytes / GiB:>11.3f}")
+        lines.append(
+            f"{'device memory (' + self.device + ')':<45} {self.device_bytes / GiB:>11.3f}"
+        )
         verdict = "fits" if self.fits else "does NOT fit"
-        lines.append(f"models in memory: {self.models_in_memory} "
-                     f"(distinct weight copies: {self.weight_copies}); verdict: {verdict}")
+        lines.append(
+            f"models in memory: {self.models_in_memory} "
+            f"(distinct weight copies: {self.weight_copies}); verdict: {verdict}"
+        )
         return "\n".join(lines)
 
 
-def activation_bytes_per_token_per_layer(config: ModelConfig, seq_len: int, *, remat: str,
-                                         dtype_bytes: int, tensor: int = 1) -> int:
+def activation_bytes_per_token_per_layer(
+    config: ModelConfig, seq_len: int, *, remat: str, dtype_bytes: int, tensor: int = 1
+) -> int:
     """Bytes kept for the backward pass, per token and layer, in one model's training forward.
 
     ``none``: layer input, both norm outputs, q/k/v (pre and post RoPE), the float32 attention
@@ -283,16 +342,23 @@ def estimate_memory(
     """
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(ALGORITHMS)}")
-    for name, v in (("dtype", dtype), ("frozen_dtype", frozen_dtype)):
-        if v not in _BYTES:
-            raise ConfigError(f"unknown {name} {v!r}; allowed: 'bf16', 'fp32'")
+    for name, text in (("dtype", dtype), ("frozen_dtype", frozen_dtype)):
+        if text not in _BYTES:
+            raise ConfigError(f"unknown {name} {text!r}; allowed: 'bf16', 'fp32'")
     if logits not in ("chunked", "full"):
         raise ConfigError(f"logits must be 'chunked' or 'full', got {logits!r}")
     if optimizer not in ("adamw", "sgd"):
         raise ConfigError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
-    for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("group_size", group_size),
-                    ("data", data), ("fsdp", fsdp), ("tensor", tensor),
-                    ("micro_batches", micro_batches), ("prompt_group_size", prompt_group_size)):
+    for name, v in (
+        ("batch_size", batch_size),
+        ("seq_len", seq_len),
+        ("group_size", group_size),
+        ("data", data),
+        ("fsdp", fsdp),
+        ("tensor", tensor),
+        ("micro_batches", micro_batches),
+        ("prompt_group_size", prompt_group_size),
+    ):
         if v < 1:
             raise ConfigError(f"{name} must be >= 1, got {v}")
     if lora_rank < 0:
@@ -312,8 +378,9 @@ def estimate_memory(
     train_rows = -(-local_rows // micro_batches)  # rows of one forward/backward slice
     tokens = train_rows * seq_len
     if prompt_group_size > 1 and prompt_len:  # the shared prompt once per group
-        tokens = (train_rows * (seq_len - prompt_len)
-                  + -(-train_rows // prompt_group_size) * prompt_len)
+        tokens = (
+            train_rows * (seq_len - prompt_len) + -(-train_rows // prompt_group_size) * prompt_len
+        )
     opt_factor = 2 if optimizer == "adamw" else 0
 
     weight_copies = 0
@@ -337,23 +404,35 @@ def estimate_memory(
         else:
             add(name, f"weights ({frozen_dtype}, frozen)", n * fb / weight_shards)
         if trains:
-            per_tok = activation_bytes_per_token_per_layer(config, seq_len, remat=remat,
-                                                           dtype_bytes=b, tensor=tensor)
+            per_tok = activation_bytes_per_token_per_layer(
+                config, seq_len, remat=remat, dtype_bytes=b, tensor=tensor
+            )
             act = per_tok * tokens * config.num_layers
             if remat != "none":  # one layer is live again during its backward pass
-                act += activation_bytes_per_token_per_layer(
-                    config, seq_len, remat="none", dtype_bytes=b, tensor=tensor) * tokens
+                act += (
+                    activation_bytes_per_token_per_layer(
+                        config, seq_len, remat="none", dtype_bytes=b, tensor=tensor
+                    )
+                    * tokens
+                )
             add(name, f"activations (remat={remat})", act, True)
             if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
                 add(name, f"weights cast to {dtype} (in the step)", n * b / weight_shards, True)
             if role != Role.CRITIC and role != Role.REWARD:
-                v = config.vocab_size / tensor
+                vocab = config.vocab_size / tensor
                 width = seq_len if logits == "full" else min(logits_chunk, seq_len)
                 # float32 logits and their gradient (softmax fused into them by XLA)
-                add(name, f"logits ({logits})", 2 * train_rows * width * v * 4, True)
+                add(name, f"logits ({logits})", 2 * train_rows * width * vocab * 4, True)
     if algo.online:
-        kv = (2 * config.num_layers * local_rows * seq_len
-              * max(config.num_kv_heads // tensor, 1) * config.head_dim * b)
+        kv = (
+            2
+            * config.num_layers
+            * local_rows
+            * seq_len
+            * max(config.num_kv_heads // tensor, 1)
+            * config.head_dim
+            * b
+        )
         add("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv, True)
     # Activations and logits live only during one model's update, the KV cache only during the
     # rollout; these phases run one after the other, so the peak holds the largest, not the sum.
@@ -362,7 +441,12 @@ def estimate_memory(
         if r.transient:
             transient[r.model] = transient.get(r.model, 0) + r.bytes
     total = sum(r.bytes for r in rows if not r.transient) + max(transient.values(), default=0)
-    return MemoryEstimate(rows=tuple(rows), total_bytes_per_device=total,
-                          device_bytes=device_memory_bytes(device),
-                          models_in_memory=len(algo.roles), weight_copies=weight_copies,
-                          algorithm=algorithm, device=device)
+    return MemoryEstimate(
+        rows=tuple(rows),
+        total_bytes_per_device=total,
+        device_bytes=device_memory_bytes(device),
+        models_in_memory=len(algo.roles),
+        weight_copies=weight_copies,
+        algorithm=algorithm,
+        device=device,
+    )

@@ -15,22 +15,35 @@ from jaxrl_llm.parallel.topology import TPU_HBM_BYTES, parse_topology_name
 needs_libtpu = pytest.mark.skipif(
     not topology.libtpu_available(),
     reason="the TPU compiler is not installed (pip install 'jax[tpu]==<jax version>', the "
-           "tpu-compile extra); compiling for a TPU slice needs it, a TPU does not")
+    "tpu-compile extra); compiling for a TPU slice needs it, a TPU does not",
+)
 
 # A small Llama (123M parameters; odd, distinct sizes, untied head, GQA 8:2) whose weights
 # and optimizer state outweigh the TPU's on-chip memory (which the compiler fills first and the
 # HBM numbers leave out), as they do at real scale.
-SMALL = {"model_type": "llama", "vocab_size": 16000, "hidden_size": 1024,
-         "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 8,
-         "num_key_value_heads": 2, "head_dim": 128, "tie_word_embeddings": False}
+SMALL = {
+    "model_type": "llama",
+    "vocab_size": 16000,
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+}
 
 
 def test_topology_names_parse_and_hbm_table():
     assert parse_topology_name("v5p:2x2x2") == ("v5p", (2, 2, 2))
     assert parse_topology_name("v5e:2x2") == ("v5e", (2, 2))
     # datasheet HBM per chip, GiB
-    assert {k: v / 2 ** 30 for k, v in TPU_HBM_BYTES.items()} == {
-        "v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+    assert {k: v / 2**30 for k, v in TPU_HBM_BYTES.items()} == {
+        "v4": 32,
+        "v5e": 16,
+        "v5p": 95,
+        "v6e": 32,
+    }
 
 
 def test_bad_topology_is_one_line(capsys):
@@ -57,18 +70,42 @@ def test_small_grpo_compiles_for_v5e_and_estimate_is_within_25_percent(tmp_path,
     # 8 prompts x G=4 = 32 rows of 256 + 256 tokens, updated in 4 minibatches of 8 rows
     # (2 per device), data-parallel over the 4 chips. The decode loop is left out to keep the
     # test short (tools/bench/bench_tpu_compile.py compiles it).
-    assert main(["compile", "--model", str(cfg), "--algorithm", "grpo", "--topology", "v5e:2x2",
-                 "--mesh", "data=4", "--batch", "8", "--group-size", "4", "--seq-len", "512",
-                 "--minibatches", "4", "--remat", "full", "--no-decode", "--json"]) == 0
+    assert (
+        main(
+            [
+                "compile",
+                "--model",
+                str(cfg),
+                "--algorithm",
+                "grpo",
+                "--topology",
+                "v5e:2x2",
+                "--mesh",
+                "data=4",
+                "--batch",
+                "8",
+                "--group-size",
+                "4",
+                "--seq-len",
+                "512",
+                "--minibatches",
+                "4",
+                "--remat",
+                "full",
+                "--no-decode",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     programs = {p["name"]: p for p in out["programs"]}
     assert set(programs) == {"train", "reference"}  # GRPO's beta = 0.04 needs the reference
     train = programs["train"]
     # the donated train state comes back in place: aliased bytes = the state's bytes (up to
     # the TPU's padding of small arrays)
-    assert train["alias_bytes"] == pytest.approx(out["resident"]["policy train state"],
-                                                 rel=1e-3)
-    assert train["flops"] > 0 and out["hbm_bytes_per_device"] == 16 * 2 ** 30 and out["fits"]
+    assert train["alias_bytes"] == pytest.approx(out["resident"]["policy train state"], rel=1e-3)
+    assert train["flops"] > 0 and out["hbm_bytes_per_device"] == 16 * 2**30 and out["fits"]
     # the train state is 12 bytes/param (fp32 master + 2 Adam moments) and the reference a
     # float32 copy of the master (4 bytes/param), replicated on each data-parallel device
     n = out["settings"]["params"]

@@ -39,7 +39,9 @@ def test_sharding_lora_and_remat_reduce_memory():
     assert remat.total_bytes_per_device < base.total_bytes_per_device
     # Full fine-tuning: fp32 master + grads + 2 Adam moments = 16 bytes/param, + the reference:
     # a float32 copy of the master weights, as the trainers hold it (frozen_dtype="fp32").
-    weights = sum(r.bytes for r in base.rows if r.model in ("policy", "reference") and not r.transient)
+    weights = sum(
+        r.bytes for r in base.rows if r.model in ("policy", "reference") and not r.transient
+    )
     assert weights == pytest.approx(c.num_params() * (16 + 4), rel=1e-6)
 
 
@@ -57,8 +59,9 @@ def _xla_peak_bytes(c, B, T, remat):
 
     def loss(p, toks, mask):
         out = M.apply(p, toks, config=c, attention_mask=mask, remat=remat)
-        lp = ops.token_logprobs_from_hidden(out.hidden[:, :-1], out.unembed, toks[:, 1:],
-                                            chunk_size=128)
+        lp = ops.token_logprobs_from_hidden(
+            out.hidden[:, :-1], out.unembed, toks[:, 1:], chunk_size=128
+        )
         return -ops.masked_mean(lp, mask[:, 1:])
 
     def step(p, s, toks, mask):
@@ -70,25 +73,39 @@ def _xla_peak_bytes(c, B, T, remat):
     s = jax.eval_shape(opt.init, p)
     args = (p, s, jax.ShapeDtypeStruct((B, T), jnp.int32), jax.ShapeDtypeStruct((B, T), bool))
     ma = jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile().memory_analysis()
-    return (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
-            + ma.temp_size_in_bytes)
+    return (
+        ma.argument_size_in_bytes
+        + ma.output_size_in_bytes
+        - ma.alias_size_in_bytes
+        + ma.temp_size_in_bytes
+    )
 
 
 @pytest.mark.parametrize("remat", ["none", "dots", "full"])
 def test_estimate_within_20_percent_of_xla_memory_analysis(remat):
-    c = M.ModelConfig.tiny("llama", hidden_size=192, num_layers=6, vocab_size=8000,
-                           intermediate_size=512, num_heads=4, num_kv_heads=2, head_dim=64,
-                           tie_embeddings=False)
+    c = M.ModelConfig.tiny(
+        "llama",
+        hidden_size=192,
+        num_layers=6,
+        vocab_size=8000,
+        intermediate_size=512,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        tie_embeddings=False,
+    )
     B, T = 8, 96
     peak = _xla_peak_bytes(c, B, T, remat)
-    est = estimate_memory(c, "sft", batch_size=B, seq_len=T, dtype="fp32", remat=remat,
-                          device="cpu")
+    est = estimate_memory(
+        c, "sft", batch_size=B, seq_len=T, dtype="fp32", remat=remat, device="cpu"
+    )
     assert est.total_bytes_per_device == pytest.approx(peak, rel=0.2)
 
 
 def test_cli_json_and_table(capsys):
-    assert main(["memory", "--model", "7b", "--algorithm", "ppo", "--mesh", "fsdp=8",
-                 "--json"]) == 0
+    assert (
+        main(["memory", "--model", "7b", "--algorithm", "ppo", "--mesh", "fsdp=8", "--json"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["models_in_memory"] == 4 and isinstance(out["total_bytes_per_device"], int)
     assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}

@@ -24,22 +24,32 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 # (model, algorithm, topology, mesh, extra arguments)
 _ONLINE = ["--batch", "8", "--group-size", "8", "--seq-len", "1024", "--minibatches", "4"]
 _ONLINE_70 = ["--batch", "16", "--group-size", "8", "--seq-len", "1024", "--minibatches", "2"]
 CONFIGS = [
     ("8b", "grpo", "v5p:2x2x1", "fsdp=4", _ONLINE),
-    ("8b", "dpo", "v5p:2x2x1", "fsdp=4", ["--batch", "16", "--seq-len", "1024",
-                                          "--micro-batches", "4"]),
+    (
+        "8b",
+        "dpo",
+        "v5p:2x2x1",
+        "fsdp=4",
+        ["--batch", "16", "--seq-len", "1024", "--micro-batches", "4"],
+    ),
     ("8b", "ppo", "v5p:2x2x1", "fsdp=4", _ONLINE),
     ("70b", "grpo", "v5p:4x4x4", "fsdp=64", _ONLINE_70),
     ("70b", "dpo", "v5p:4x4x4", "fsdp=64", ["--batch", "64", "--seq-len", "1024"]),
     ("70b", "ppo", "v5p:4x4x4", "fsdp=64", _ONLINE_70),
     ("8b", "grpo", "v6e:2x4", "fsdp=8", _ONLINE),
-    ("8b", "dpo", "v6e:2x4", "fsdp=8", ["--batch", "16", "--seq-len", "1024",
-                                        "--micro-batches", "2"]),
+    (
+        "8b",
+        "dpo",
+        "v6e:2x4",
+        "fsdp=8",
+        ["--batch", "16", "--seq-len", "1024", "--micro-batches", "2"],
+    ),
     ("8b", "ppo", "v6e:2x4", "fsdp=8", _ONLINE),
 ]
 
@@ -104,9 +114,22 @@ def key(model: str, algorithm: str, topology: str) -> str:
 
 def run_one(model, algorithm, topology, mesh, extra, *, timeout: int) -> dict:
     """One ``jaxrl-llm compile --json`` in a child process; its JSON, or the failure."""
-    cmd = [sys.executable, "-c", "import sys; from jaxrl_llm.cli.main import main; "
-           "sys.exit(main())", "compile", "--model", model,
-           "--algorithm", algorithm, "--topology", topology, "--mesh", mesh, *extra, "--json"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from jaxrl_llm.cli.main import main; sys.exit(main())",
+        "compile",
+        "--model",
+        model,
+        "--algorithm",
+        algorithm,
+        "--topology",
+        topology,
+        "--mesh",
+        mesh,
+        *extra,
+        "--json",
+    ]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -115,8 +138,11 @@ def run_one(model, algorithm, topology, mesh, extra, *, timeout: int) -> dict:
     seconds = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
-        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()
-                and not ln.startswith(("E0000", "WARNING", "===", "learning/"))][-3:]
+        tail = [
+            ln
+            for ln in proc.stderr.splitlines()
+            if ln.strip() and not ln.startswith(("E0000", "WARNING", "===", "learning/"))
+        ][-3:]
         return {"error": f"exit {proc.returncode}: {' | '.join(tail)[:400]}", "seconds": seconds}
     return {**json.loads(lines[-1]), "seconds": round(seconds, 1)}
 
@@ -131,12 +157,19 @@ def estimate_bytes(model: str, algorithm: str, topology: str, r: dict) -> int:
     if kw is None:  # results cached before the settings carried the estimator's arguments
         online = ALGORITHMS[algorithm].online
         rows = s["batch_size"] * (s["group_size"] if online else 1)
-        kw = dict(batch_size=s["batch_size"], seq_len=s["seq_len"], prompt_len=s["prompt_len"],
-                  group_size=s["group_size"] or 1, dtype=s["dtype"], lora_rank=s["lora_rank"],
-                  remat=s["remat"], device="tpu-" + topology.split(":")[0],
-                  micro_batches=max(1, rows // s["rows_per_update"]),
-                  prompt_group_size=s["group_size"] if online and algorithm != "online_dpo"
-                  else 1, **r["mesh"])
+        kw = dict(
+            batch_size=s["batch_size"],
+            seq_len=s["seq_len"],
+            prompt_len=s["prompt_len"],
+            group_size=s["group_size"] or 1,
+            dtype=s["dtype"],
+            lora_rank=s["lora_rank"],
+            remat=s["remat"],
+            device="tpu-" + topology.split(":")[0],
+            micro_batches=max(1, rows // s["rows_per_update"]),
+            prompt_group_size=s["group_size"] if online and algorithm != "online_dpo" else 1,
+            **r["mesh"],
+        )
     return estimate_memory(MODEL_PRESETS[model], algorithm, **kw).total_bytes_per_device
 
 
@@ -147,38 +180,66 @@ def _gib(b) -> str:
 def report(results: dict[str, dict]) -> list[str]:
     """The markdown body: one row per configuration, then what the estimate leaves out."""
     rows = []
-    for model, algorithm, topology, mesh, extra in CONFIGS:
+    for model, algorithm, topology, mesh, _ in CONFIGS:
         r = results.get(key(model, algorithm, topology))
         if r is None:
             continue
         if "error" in r:
-            rows.append([model, algorithm, topology, mesh, "", "", "", "", "", "",
-                         f"failed: {r['error']}"])
+            rows.append(
+                [model, algorithm, topology, mesh, "", "", "", "", "", "", f"failed: {r['error']}"]
+            )
             continue
         progs = {p["name"]: p for p in r["programs"]}
         est = estimate_bytes(model, algorithm, topology, r)
         train = progs["train"]
         s = r["settings"]
-        rows.append([
-            model, algorithm, topology, mesh, s["rows_per_update"],
-            _gib(train["argument_bytes"]) + " / " + _gib(train["temp_bytes"]),
-            " / ".join(f"{n} {_gib(p['peak_bytes'])}" for n, p in progs.items()),
-            _gib(r["compiled_peak_bytes"]), _gib(est),
-            f"{est / r['compiled_peak_bytes']:.2f}",
-            f"{'fits' if r['fits'] else 'does NOT fit'} ({_gib(r['hbm_bytes_per_device'])}); "
-            f"{r['seconds']:.0f} s"])
-    return common.markdown_table(
-        ["model", "algo", "topology", "mesh", "rows/update", "train args / temps",
-         "program peaks (+resident)", "compiled peak", "estimate", "est/compiled", "verdict; "
-         "compile time"], rows, align="lllrrllrrrl") + NOTES
+        rows.append(
+            [
+                model,
+                algorithm,
+                topology,
+                mesh,
+                s["rows_per_update"],
+                _gib(train["argument_bytes"]) + " / " + _gib(train["temp_bytes"]),
+                " / ".join(f"{n} {_gib(p['peak_bytes'])}" for n, p in progs.items()),
+                _gib(r["compiled_peak_bytes"]),
+                _gib(est),
+                f"{est / r['compiled_peak_bytes']:.2f}",
+                f"{'fits' if r['fits'] else 'does NOT fit'} ({_gib(r['hbm_bytes_per_device'])}); "
+                f"{r['seconds']:.0f} s",
+            ]
+        )
+    return (
+        common.markdown_table(
+            [
+                "model",
+                "algo",
+                "topology",
+                "mesh",
+                "rows/update",
+                "train args / temps",
+                "program peaks (+resident)",
+                "compiled peak",
+                "estimate",
+                "est/compiled",
+                "verdict; compile time",
+            ],
+            rows,
+            align="lllrrllrrrl",
+        )
+        + NOTES
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the configurations (or ``--only`` some), cache their JSON, write the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
-    p.add_argument("--cache", default="/tmp/jaxrl_tpu_compile.jsonl",
-                   help="JSON lines of finished configurations (resumes from it)")
+    p.add_argument(
+        "--cache",
+        default="/tmp/jaxrl_tpu_compile.jsonl",
+        help="JSON lines of finished configurations (resumes from it)",
+    )
     p.add_argument("--only", nargs="*", default=None, help="keys like 8b-grpo-v5p:2x2x1")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report")
@@ -195,16 +256,25 @@ def main(argv: list[str] | None = None) -> int:
             continue
         common.log(f"compiling {k} (mesh {mesh}) ...")
         res = run_one(model, algorithm, topology, mesh, extra, timeout=args.timeout)
-        common.log(f"{k}: " + (res.get("error") or
-                               f"peak {_gib(res['compiled_peak_bytes'])} GiB, estimate "
-                               f"{_gib(res['estimate_bytes'])} GiB, {res['seconds']} s"))
+        common.log(
+            f"{k}: "
+            + (
+                res.get("error")
+                or f"peak {_gib(res['compiled_peak_bytes'])} GiB, estimate "
+                f"{_gib(res['estimate_bytes'])} GiB, {res['seconds']} s"
+            )
+        )
         results[k] = res
         with open(args.cache, "a", encoding="utf-8") as f:
             f.write(json.dumps({"key": k, "result": res}) + "\n")
     body = report(results)
-    common.write_report(args.out, title="Compiled TPU memory per device vs the estimate "
-                        "(jaxrl-llm compile)", command=common.command_line(__file__, argv),
-                        body=body, metrics={k: v for k, v in results.items()})
+    common.write_report(
+        args.out,
+        title="Compiled TPU memory per device vs the estimate (jaxrl-llm compile)",
+        command=common.command_line(__file__, argv),
+        body=body,
+        metrics={k: v for k, v in results.items()},
+    )
     return 0
 
 
