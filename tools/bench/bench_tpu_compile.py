@@ -59,9 +59,10 @@ CONFIGS = [
 NOTES = [
     "",
     "Compiled on a shared 2-core host with other jobs running: compile times (last column) "
-    "are wall-clock and noisy (132-1150 s for similar programs). The 9 rows were measured "
-    "with the trainer code of commit 4d11129, before the online trainer was rebuilt as "
-    "rollout -> experience -> learner; `jaxrl-llm compile` follows the rebuilt trainer since.",
+    "are wall-clock and noisy (133-1150 s for similar programs; the PPO rows ran on a quieter "
+    "host). The GRPO and DPO rows were measured with the trainer code of commit 4d11129, "
+    "before the online trainer was rebuilt as rollout -> experience -> learner; the PPO rows "
+    "with commit dcbd503 (the rebuilt trainer, PPO's frozen reference counted).",
     "",
     "Columns: rows/update = sequences (DPO: pairs) in one forward/backward of the policy (the "
     "whole mesh); train args / temps = the train step's arguments (train state, batch) and "
@@ -95,12 +96,6 @@ NOTES = [
     "(111 MiB in a v5e compile, 47 MiB in a v5p one); the HBM numbers leave it out, so on small "
     "models the estimate runs high. Fragmentation and the runtime's own reservations are not "
     "in either number.",
-    "* **PPO rows** were compiled before `jaxrl-llm compile` counted the frozen reference "
-    "that PPO's KL-shaped reward reads (a float32 copy of the master weights, resident through "
-    "the step, and the reference log-prob program); their compiled peaks lack 4 bytes/param "
-    "per device (7.5 GiB on 8B fsdp=4, 3.7 GiB on 8B fsdp=8, 4.1 GiB on 70B fsdp=64, the "
-    "reference rows of the GRPO runs), which the estimate includes: with it, the PPO rows' "
-    "est/compiled would be lower.",
     "* **FLOPs**: XLA's cost analysis counts a loop body once (the scan over layers, "
     "micro-batches, decode steps), so its number is about 1/L of a step; the report gives "
     "6N (8N with full remat) per token beside it.",
