@@ -1,5 +1,5 @@
 """Device meshes ("data", "fsdp", "tensor"), logical-axis sharding rules as data, batch
-sharding, and multi-host initialisation. Batches are batch-major ``[B, T]``; rows are split
+sharding, multi-host initialisation, and abstract TPU topologies to compile for from a CPU host. Batches are batch-major ``[B, T]``; rows are split
 over the ``batch`` rule's mesh axes."""
 
 from jaxrl_llm.parallel.distributed import (
@@ -17,19 +17,35 @@ from jaxrl_llm.parallel.rules import (
     logical_to_spec,
     replicated,
 )
+from jaxrl_llm.parallel.topology import (
+    TPU_HBM_BYTES,
+    LibtpuMissingError,
+    Topology,
+    libtpu_available,
+    parse_topology_name,
+    topology_mesh,
+    tpu_topology,
+)
 
 __all__ = [
     "DEFAULT_RULES",
+    "LibtpuMissingError",
     "MESH_AXES",
     "ShardingFallbackWarning",
+    "TPU_HBM_BYTES",
+    "Topology",
     "batch_sharding",
     "batch_sharding_tree",
     "host_local_batch_to_global",
     "host_local_rows",
     "initialize_distributed",
+    "libtpu_available",
     "logical_to_sharding",
     "logical_to_spec",
     "make_mesh",
     "mesh_shape",
+    "parse_topology_name",
     "replicated",
+    "topology_mesh",
+    "tpu_topology",
 ]

@@ -4,6 +4,9 @@ loop and the offline and online trainers (the online one as rollout → experien
 run logging and the memory estimator. Batches are batch-major ``[B, T]`` dicts (see
 ``jaxrl_llm.losses``); docs/ARCHITECTURE.md maps the modules."""
 
+from jaxrl_llm.train.aot import compile_run
+from jaxrl_llm.train.aot_inputs import analytic_train_flops
+from jaxrl_llm.train.aot_report import CompileReport, ProgramMemory
 from jaxrl_llm.train.checkpoint import CheckpointManager, restore_model
 from jaxrl_llm.train.config_io import load_config
 from jaxrl_llm.train.experience import Experience, ExperienceBuffer
@@ -27,18 +30,22 @@ from jaxrl_llm.train.throughput import measure_matmul_flops, mfu, timed_step
 
 __all__ = [
     "CheckpointManager",
+    "CompileReport",
     "Experience",
     "ExperienceBuffer",
     "Learner",
     "MetricsLogger",
     "OfflineTrainer",
     "OnlineTrainer",
+    "ProgramMemory",
     "Rollouts",
     "RunConfig",
     "TrainState",
     "Trainer",
     "abstract_train_state",
+    "analytic_train_flops",
     "build_policy",
+    "compile_run",
     "count_tokens",
     "create_train_state",
     "estimate_memory",

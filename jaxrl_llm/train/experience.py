@@ -87,10 +87,11 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
         pad = width - ro.prompt_tokens.shape[1]
         if not pad:
             return ro
-        return ro._replace(
-            prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),  # type: ignore[arg-type]  # host numpy Rollout
+        host: Any = ro  # the Rollout's fields are host numpy arrays here
+        return host._replace(
+            prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),
             prompt_mask=np.pad(ro.prompt_mask, ((0, 0), (pad, 0))),
-        )  # type: ignore[arg-type]
+        )
 
     def cat(xs):
         return np.concatenate(xs, 0)[:n]

@@ -38,6 +38,8 @@ import os
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
+from jaxrl_llm.losses.registry import Algorithm
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
 
 GiB = 1024**3
@@ -72,30 +74,34 @@ class AlgorithmMemory:
 
 P, R, C, RM = Role.POLICY, Role.REFERENCE, Role.CRITIC, Role.REWARD
 
-# One explicit table (DESIGN: a registry is a dict in one file).
+
+def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
+    """The models an algorithm holds, from its registry entry (``jaxrl_llm.losses.ALGORITHMS``):
+    the trained model (a reward model for ``trains_reward_head``), a frozen reference when its
+    loss at the paper's defaults needs one (or for PPO's KL-shaped reward), a critic, and a
+    reward model when its reward usually is a learned one."""
+    trained = RM if algo.trains_reward_head else P
+    try:
+        preset = algo.preset()
+    except TypeError:  # a preset with required fields (pairwise_rank's group size)
+        preset = None
+    uses_ref = preset is not None and algo.loss_spec().uses_reference(preset)
+    roles = [trained] + ([R] if uses_ref or algo.critic else []) + ([C] if algo.critic else [])
+    roles += [RM] if algo.scores_with_reward_model and trained is not RM else []
+    data = algo.data_note + (" (+ greedy baseline)" if algo.greedy_baseline else "")
+    return AlgorithmMemory(
+        tuple(roles),
+        (trained,) + ((C,) if algo.critic else ()),
+        algo.online,
+        algo.sequences_per_example,
+        data,
+        algo.reward_note,
+    )
+
+
+# Derived from the algorithm table: one source of algorithm facts.
 ALGORITHMS: dict[str, AlgorithmMemory] = {
-    "sft": AlgorithmMemory((P,), (P,), False, 1, "demonstrations", "none"),
-    "reward_model": AlgorithmMemory(
-        (RM,), (RM,), False, 2, "offline pairs", "learned (trained here)"
-    ),
-    "ppo": AlgorithmMemory((P, R, C, RM), (P, C), True, 1, "online", "learned RM"),
-    "grpo": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable"),
-    "dr_grpo": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable"),
-    "dapo": AlgorithmMemory((P,), (P,), True, 1, "online", "verifiable (no KL term)"),
-    "gspo": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable"),
-    "reinforce": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable or RM"),
-    "reinforce_pp": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable or RM"),
-    "rloo": AlgorithmMemory((P, R), (P,), True, 1, "online", "verifiable or RM"),
-    "remax": AlgorithmMemory(
-        (P, R), (P,), True, 1, "online (+ greedy baseline)", "verifiable or RM"
-    ),
-    "online_dpo": AlgorithmMemory((P, R, RM), (P,), True, 2, "online pairs", "RM or verifier"),
-    "dpo": AlgorithmMemory((P, R), (P,), False, 2, "offline pairs", "implicit"),
-    "ipo": AlgorithmMemory((P, R), (P,), False, 2, "offline pairs", "implicit"),
-    "kto": AlgorithmMemory((P, R), (P,), False, 2, "offline binary labels", "implicit"),
-    "orpo": AlgorithmMemory((P,), (P,), False, 2, "offline pairs", "implicit (odds ratio)"),
-    "simpo": AlgorithmMemory((P,), (P,), False, 2, "offline pairs", "implicit (length-normalised)"),
-    "pairwise_rank": AlgorithmMemory((P,), (P,), False, 1, "offline ranked groups", "scores"),
+    name: algorithm_memory(algo) for name, algo in LOSS_ALGORITHMS.items()
 }
 
 

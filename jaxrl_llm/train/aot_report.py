@@ -1,0 +1,129 @@
+"""The records of ``jaxrl-llm compile``: one compiled program's per-device memory, and the
+run's report beside the estimate (see :mod:`jaxrl_llm.train.aot`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxrl_llm.train.memory import GiB, MemoryEstimate
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+    """One compiled program's per-device memory and cost, from XLA.
+
+    Attributes:
+      name: ``train``, ``reference``, ``critic`` or ``decode``.
+      argument_bytes, output_bytes, alias_bytes, temp_bytes, code_bytes: XLA's
+        ``memory_analysis()`` per device (alias = outputs written into donated arguments).
+      flops: XLA's ``cost_analysis()["flops"]`` per device, one call of the program.
+      resident_bytes: arrays alive during this program that are not its arguments.
+    """
+
+    name: str
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    flops: float
+    resident_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """The program's own footprint: arguments + outputs − aliased + temporaries."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """Footprint + the run's arrays that live through it without being arguments."""
+        return self.total_bytes + self.resident_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    """Compiled memory of a run's programs next to the estimator's number.
+
+    Attributes:
+      topology: the slice name. algorithm: the algorithm. mesh: axis sizes.
+      hbm_bytes: HBM per device. programs: per-program memory. resident: the arrays alive
+      through the step (name -> bytes/device). estimate: :func:`estimate_memory`'s result.
+      settings: the run settings the programs were built with.
+    """
+
+    topology: str
+    algorithm: str
+    mesh: dict[str, int]
+    hbm_bytes: int
+    programs: tuple[ProgramMemory, ...]
+    resident: dict[str, int]
+    estimate: MemoryEstimate
+    settings: dict[str, Any]
+
+    @property
+    def peak_bytes(self) -> int:
+        """Largest program footprint + resident arrays: the compiled per-device peak."""
+        return max(p.peak_bytes for p in self.programs)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the compiled peak fits in one device's HBM."""
+        return self.peak_bytes <= self.hbm_bytes
+
+    @property
+    def estimate_ratio(self) -> float:
+        """estimate / compiled peak (1.0 = exact)."""
+        return self.estimate.total_bytes_per_device / max(self.peak_bytes, 1)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (bytes are ints; programs carry their totals)."""
+        return {
+            "topology": self.topology,
+            "algorithm": self.algorithm,
+            "mesh": self.mesh,
+            "settings": self.settings,
+            "hbm_bytes_per_device": int(self.hbm_bytes),
+            "programs": [
+                {**dataclasses.asdict(p), "total_bytes": p.total_bytes, "peak_bytes": p.peak_bytes}
+                for p in self.programs
+            ],
+            "resident": {k: int(v) for k, v in self.resident.items()},
+            "compiled_peak_bytes": int(self.peak_bytes),
+            "estimate_bytes": int(self.estimate.total_bytes_per_device),
+            "estimate_over_compiled": round(self.estimate_ratio, 4),
+            "fits": self.fits,
+        }
+
+    def table(self) -> str:
+        """A plain-text report for the terminal."""
+        g = lambda b: f"{b / GiB:9.3f}"
+        lines = [
+            f"{'program':<10} {'args':>9} {'outputs':>9} {'aliased':>9} {'temps':>9} "
+            f"{'total':>9} {'+resident':>9} {'TFLOP':>9}   (GiB per device)",
+            "-" * 88,
+        ]
+        for p in self.programs:
+            lines.append(
+                f"{p.name:<10} {g(p.argument_bytes)} {g(p.output_bytes)} "
+                f"{g(p.alias_bytes)} {g(p.temp_bytes)} {g(p.total_bytes)} "
+                f"{g(p.peak_bytes)} {p.flops / 1e12:9.2f}"
+            )
+        lines.append("-" * 88)
+        lines.append(
+            "TFLOP: XLA's cost analysis, which counts a loop body (the scan over layers,"
+            " micro-batches, decode steps) once; 6N (8N with full remat) per token: "
+            f"{self.settings['train_flops_analytic'] / 1e12:.2f} TFLOP per device and "
+            f"update"
+        )
+        for name, b in self.resident.items():
+            lines.append(f"resident: {name:<32} {b / GiB:9.3f} GiB")
+        verdict = "fits" if self.fits else "does NOT fit"
+        lines += [
+            f"compiled peak per device          {self.peak_bytes / GiB:9.3f} GiB",
+            f"estimate (jaxrl-llm memory)       {self.estimate.total_bytes_per_device / GiB:9.3f}"
+            f" GiB  ({self.estimate_ratio:.2f}x the compiled peak)",
+            f"HBM per device ({self.topology})  {self.hbm_bytes / GiB:9.3f} GiB; verdict: "
+            f"{verdict}",
+        ]
+        return "\n".join(lines)
