@@ -216,6 +216,10 @@ def load_hf_dir(
         hf_cfg = json.loads(cfg_file.read_text())
     except ValueError as e:
         raise ModelLoadError(f"{cfg_file}: invalid JSON ({e})") from None
+    if not isinstance(hf_cfg, dict):
+        raise ModelLoadError(
+            f"{cfg_file}: expected a JSON object of model settings, got {type(hf_cfg).__name__}"
+        )
     config = config_from_hf_dict(hf_cfg, source=str(cfg_file))
     sd = _read_safetensors(d)
     tokenizer = _load_tokenizer(d)
