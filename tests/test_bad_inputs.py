@@ -178,6 +178,30 @@ def d(tmp_path_factory):
             ),
         },
     )
+    # issue 21 §4: a lone surrogate escape, nesting deeper than Python's recursion limit,
+    # duplicate YAML keys, a YAML alias bomb, a config.json that is a list, a non-empty OUT
+    (d / "surrogate.jsonl").write_text(
+        json.dumps(ok) + '\n{"prompt": "\\ud800", "completion": "4"}\n', encoding="utf-8"
+    )
+    (d / "deep.jsonl").write_text(
+        json.dumps(ok) + '\n{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    )
+    (d / "dupkey.yaml").write_text(
+        "seed: 0\noutput_dir: x\nmax_steps: 3\nalgorithm: sft\nmax_steps: 4\n"
+    )
+    # 9 levels of 9 aliases each: 9**9 (387 million) values once expanded
+    (d / "bomb.yaml").write_text(
+        "seed: 0\noutput_dir: x\nmax_steps: 3\nalgorithm: sft\ndata:\n  train: a.jsonl\n"
+        "model:\n  tiny: {bomb: &a [x, x, x, x, x, x, x, x, x]}\n"
+        + "".join(
+            f"{b}: &{b} [" + ", ".join([f"*{a}"] * 9) + "]\n"
+            for a, b in zip("abcdefgh", "bcdefghi")
+        )
+    )
+    _copy_with(d / "hf", d / "cfglist", config=None, extra={"config.json": "[1, 2]"})
+    (d / "afile").write_text("a file, not a directory")
+    (d / "nonempty").mkdir()
+    (d / "nonempty" / "config.json").write_text("{}")
     (d / "notgguf.gguf").write_bytes(b"hello, world" * 8)
     (d / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00" * 60)
     return d
@@ -266,6 +290,14 @@ DATA = {
         _train(SFT, "data.train={d}/empty.jsonl"),
         ["empty.jsonl", "empty data set"],
     ),
+    "lone-surrogate": (
+        _train(SFT, "data.train={d}/surrogate.jsonl"),
+        ["surrogate.jsonl line 2", "lone surrogate", "U+D800"],
+    ),
+    "nesting-too-deep": (
+        _train(SFT, "data.train={d}/deep.jsonl"),
+        ["deep.jsonl line 2", "nested too deeply"],
+    ),
     "nonexistent-file": (
         _train(SFT, "data.train={d}/nope.jsonl"),
         ["nope.jsonl", "no such data file"],
@@ -312,6 +344,38 @@ DATA = {
 }
 
 CONFIG = {
+    "seed-negative": (_train(SFT, "seed=-1", dry=True), ["seed", "[0, 4294967295]", "-1"]),
+    "seed-not-an-integer": (_train(SFT, "seed=1e23", dry=True), ["seed", "expected an integer"]),
+    "output-dir-under-a-file": (
+        _train(SFT, "output_dir={d}/afile/run", dry=True),
+        ["output_dir", "afile", "is a file, not a directory"],
+    ),
+    "output-dir-under-proc": (
+        _train(SFT, "output_dir=/proc/jaxrl_llm_run", dry=True),
+        ["output_dir", "'/proc'", "not writable"],
+    ),
+    "output-dir-not-utf8": (
+        _train(SFT, "output_dir={out}\udcff", dry=True),
+        ["output_dir", "not valid UTF-8"],
+    ),
+    "duplicate-yaml-key": (
+        ["train", "{d}/dupkey.yaml", "--dry-run"],
+        ["dupkey.yaml", "line 5", "duplicate key 'max_steps'", "first on line 3"],
+    ),
+    "yaml-alias-bomb": (
+        ["train", "{d}/bomb.yaml", "--dry-run"],
+        ["bomb.yaml", "expands to more than 100,000 values", "aliases"],
+    ),
+    "beta-infinite": (_train(DPO, "loss.beta=.inf", dry=True), ["loss.beta", "finite number"]),
+    "weight-decay-infinite": (
+        _train(SFT, "optim.weight_decay=.inf", dry=True),
+        ["optim.weight_decay", "finite number"],
+    ),
+    "lr-nan": (_train(SFT, "optim.lr=.nan", dry=True), ["optim.lr", "finite number"]),
+    "dry-run-missing-data": (
+        _train(SFT, "data.train={d}/nope.jsonl", dry=True),
+        ["data.train", "no such data file", "nope.jsonl"],
+    ),
     "unknown-top-level-key": (
         _train(SFT, "max_step=3", dry=True),
         ["unknown config key 'max_step'", "did you mean 'max_steps'", "allowed keys"],
@@ -586,6 +650,30 @@ REWARDS = {
 }
 
 GENERATE = {
+    "seed-negative": (
+        ["generate", "--prompt", "hi", "--seed", "-1"],
+        ["--seed", "[0, 4294967295]", "-1"],
+    ),
+    "seed-not-an-integer": (
+        ["generate", "--prompt", "hi", "--seed", "1e23"],
+        ["argument --seed", "invalid int value: '1e23'"],
+    ),
+    "max-new-tokens-beyond-context": (
+        ["generate", "--prompt", "hi", "--max-new-tokens", "100000000"],
+        ["--max-new-tokens 100000000", "context of 8192 tokens", "use at most"],
+    ),
+    "num-samples-beyond-memory": (
+        ["generate", "--prompt", "hi", "--num-samples", "10000000"],
+        ["--num-samples 10000000", "GiB", "more than this machine has free", "rows fit"],
+    ),
+    "convert-config-not-an-object": (
+        ["convert", "{d}/cfglist", "{out}"],
+        ["cfglist/config.json", "expected a JSON object", "list"],
+    ),
+    "convert-into-non-empty-dir": (
+        ["convert", "{d}/hf", "{d}/nonempty"],
+        ["nonempty", "not empty", "--force"],
+    ),
     "negative-max-new-tokens": (
         ["generate", "--prompt", "hi", "--max-new-tokens", "-3"],
         ["--max-new-tokens must be >= 1", "-3"],
@@ -631,7 +719,13 @@ CASES = {
 }
 # Lines a run prints before the error: the data counts that explain it, and the data line an
 # online run prints before it resolves its reward functions (jaxrl_llm/train/online.py).
-BEFORE = {"data/too-few-for-a-batch": ("data: ",), **{f"reward/{k}": ("data: ",) for k in REWARDS}}
+BEFORE = {
+    "data/too-few-for-a-batch": ("data: ",),
+    **{f"reward/{k}": ("data: ",) for k in REWARDS},
+    # checked against the loaded model's context and size, after its "loaded ..." line
+    "cli/max-new-tokens-beyond-context": ("loaded ",),
+    "cli/num-samples-beyond-memory": ("loaded ",),
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -762,3 +856,20 @@ def test_reward_with_wrong_count_stops_after_repeated_batches(reward_run):
         for r in rows
         if "reward/failed" in r
     ] == [8, 8]
+
+
+def test_convert_force_replaces_only_the_files_it_owns(d, tmp_path, capsys):
+    """``convert --force`` into a non-empty OUT removes the stale model/tokenizer files an
+    export owns (a stale tokenizer would load beside the new weights) and keeps the rest."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tokenizer.json").write_text("stale")
+    (out / "model-00001-of-00002.safetensors").write_text("stale shard")
+    (out / "notes.txt").write_text("mine")
+    rc, stdout, err = run_cli(["convert", str(d / "hf"), str(out), "--force"], capsys)
+    assert rc == 0, err
+    assert "converted" in stdout
+    assert not (out / "tokenizer.json").exists()  # the source has no tokenizer: none written
+    assert not (out / "model-00001-of-00002.safetensors").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 97

@@ -41,6 +41,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=_DTYPES, default="float32", help="stored weight dtype (default float32)"
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty OUT, first removing the model and tokenizer files there",
+    )
+
+
+# What a Hugging Face export writes (and --force clears): everything else in OUT stays.
+_OWNED = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def _prepare_out(out: Path, force: bool) -> None:
+    """OUT must be new or empty; with ``force``, the files an export owns are removed first
+    (stale tokenizer files of another model would otherwise be loaded beside the new ones)."""
+    if out.exists() and not out.is_dir():
+        raise ModelLoadError(f"{out}: exists and is not a directory; choose another OUT")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
+        raise ModelLoadError(
+            f"{out}: not empty; choose a new OUT, or pass --force to replace the model and "
+            f"tokenizer files there"
+        )
+    for p in out.iterdir():
+        if p.is_file() and (p.name in _OWNED or p.name.startswith("model-0")):
+            p.unlink()
 
 
 def _looks_like_checkpoint(path: Path) -> bool:
@@ -75,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl_llm.interop import export_hf, load_model
 
     src = Path(str(args.src)).expanduser()
+    out = Path(args.out)
+    if out.resolve() == src.resolve():
+        raise ModelLoadError(f"{out}: OUT must differ from SRC")
+    _prepare_out(out, getattr(args, "force", False))
     if _looks_like_checkpoint(src):
         config, params, tokenizer = _restore_checkpoint(src)
         generation_config = None
@@ -82,11 +126,6 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_model(args.src, param_dtype="float32")
         config, params, tokenizer = loaded
         generation_config = None
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ModelLoadError(f"{out}: exists and is not a directory; choose another OUT")
-    if out.resolve() == src.resolve():
-        raise ModelLoadError(f"{out}: OUT must differ from SRC")
     if args.to != "hf":  # argparse already restricts this; kept for programmatic callers
         raise ModelLoadError(f"--to {args.to!r} is not supported; allowed: {list(_FORMATS)}")
     written = export_hf(

@@ -12,6 +12,7 @@ Example (the README's ``make run``)::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -68,6 +69,8 @@ def _sampling_from_args(args: argparse.Namespace):
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if not 0 <= args.seed <= 2**32 - 1:
+        raise ConfigError(f"--seed must be an integer in [0, {2**32 - 1}], got {args.seed}")
     if args.greedy and (args.top_k or args.top_p != 1.0 or args.min_p):
         raise ConfigError(
             "--greedy cannot be combined with --top-k/--top-p/--min-p; drop one of them"
@@ -110,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         f"{time.perf_counter() - t0:.1f}s",
         file=sys.stderr,
     )
+    _check_budget(model, args)
     t0 = time.perf_counter()
     texts, out = generate_text(
         model.params,
@@ -134,3 +138,48 @@ def run(args: argparse.Namespace) -> int:
         print(text)
     sys.stdout.flush()
     return 0
+
+
+def _available_memory() -> int:
+    """Bytes this machine can still give (``MemAvailable``; total physical memory elsewhere)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _check_budget(model, args: argparse.Namespace) -> None:
+    """Refuse, before compiling, a request the model's context or this machine's memory cannot
+    hold: prompt + ``--max-new-tokens`` beyond ``max_position_embeddings``, or a KV cache and
+    logits for ``prompts × --num-samples`` rows larger than the available memory."""
+    import numpy as np
+
+    from jaxrl_llm.sampling.text import encode_prompts
+
+    c = model.config
+    prompt_len = max(
+        len(ids) for ids in encode_prompts(model.tokenizer, args.prompt, chat=args.chat)
+    )
+    total = prompt_len + args.max_new_tokens
+    if total > c.max_position_embeddings:
+        raise ConfigError(
+            f"--max-new-tokens {args.max_new_tokens}: prompt ({prompt_len} tokens) + new tokens "
+            f"exceed the model's context of {c.max_position_embeddings} tokens; use at most "
+            f"{max(c.max_position_embeddings - prompt_len, 1)}"
+        )
+    rows = len(args.prompt) * args.num_samples
+    itemsize = np.dtype(c.compute_dtype).itemsize
+    kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * total * itemsize
+    need = rows * (kv + 4 * c.vocab_size)  # the KV cache and one step's float32 logits per row
+    avail = _available_memory()
+    if need > 0.8 * avail:
+        fit = max(int(0.8 * avail // max(kv + 4 * c.vocab_size, 1)), 0)
+        raise ConfigError(
+            f"--num-samples {args.num_samples} x {len(args.prompt)} prompt(s) x {total} tokens "
+            f"needs ~{need / 2**30:.1f} GiB of KV cache and logits, more than this machine has "
+            f"free ({avail / 2**30:.1f} GiB); at this length at most {fit} rows fit"
+        )

@@ -44,13 +44,25 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(RunConfig, args.config, overrides)
     lcfg = loss_config(cfg)  # validates the loss section too
     check_mesh(cfg)  # the mesh fits the devices and the batch splits over it
+    _check_seed(cfg.seed)
+    _check_data_paths(cfg)
     _check_output_dir(cfg)
     resolved = to_dict(cfg)
     resolved["loss"] = to_dict(lcfg)
     if args.dry_run:
         print(yaml.safe_dump(resolved, sort_keys=False))
         return 0
-    os.makedirs(cfg.output_dir, exist_ok=True)
+    try:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        probe = os.path.join(cfg.output_dir, ".write_test")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(
+            f"output_dir {cfg.output_dir!r} cannot be written ({e.strerror or e}); "
+            f"choose another output_dir"
+        ) from None
     with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
         yaml.safe_dump(resolved, f, sort_keys=False)
     if cfg.is_online:
@@ -71,14 +83,50 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Seeds are unsigned 32-bit (numpy's and JAX's PRNG keys take them).
+MAX_SEED = 2**32 - 1
+
+
+def _check_seed(seed: int, name: str = "seed") -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{name}: expected an integer in [0, {MAX_SEED}], got {seed}")
+
+
+def _check_data_paths(cfg) -> None:
+    """Local data files named in ``data`` exist (also under ``--dry-run``, which reads no
+    data)."""
+    for key in ("train", "eval"):
+        src = getattr(cfg.data, key, None)
+        if isinstance(src, str) and src.endswith((".jsonl", ".parquet")):
+            if not os.path.isfile(src):
+                raise ConfigError(f"data.{key}: no such data file {src!r}")
+
+
 def _check_output_dir(cfg) -> None:
-    """``output_dir`` must be a directory (or not exist yet); a fresh run (no ``--resume``)
-    must not start over another run's checkpoints, which it could not save beside."""
+    """``output_dir`` must be a directory (or not exist yet) that this process can write (a
+    path that cannot hold a checkpoint fails here, not at the first save after training); a
+    fresh run (no ``--resume``) must not start over another run's checkpoints, which it could
+    not save beside."""
     out = cfg.output_dir
+    try:
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"output_dir {out!r}: not valid UTF-8 (checkpoint paths must be); rename it"
+        ) from None
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(
             f"output_dir {out!r} exists and is not a directory; choose another output_dir"
         )
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(
+            f"output_dir {out!r}: {parent!r} is a file, not a directory; choose another output_dir"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK) or parent.startswith(("/proc", "/sys")):
+        raise ConfigError(f"output_dir {out!r}: {parent!r} is not writable; choose another")
     ckpt = os.path.join(out, "checkpoints")
     steps = sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) else []
     if steps and not cfg.resume:
@@ -99,9 +147,10 @@ def _print_summary(cfg, summary: dict) -> None:
             and key.count("/") == 1
             and not key.endswith(("num_examples", "valid", "completion_length"))
         ):
+            n = after.get("eval/num_examples")
             print(
-                f"held-out {key[5:]}: {before[key]:.3f} -> {after[key]:.3f} "
-                f"({after.get('eval/num_examples')} examples, greedy)"
+                f"held-out {key[5:]}: {before[key]:.3f} -> {after[key]:.3f}"
+                + (f" ({n} examples, greedy)" if n is not None else "")
             )
     if "train_time_s" in summary:
         print(

@@ -62,14 +62,40 @@ def read_jsonl(path: str | os.PathLike) -> list[Record]:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: malformed JSON at column {e.colno}: {e.msg}") from None
+            except RecursionError:
+                raise DataError(
+                    f"{where}: JSON nested too deeply to read; flatten the example"
+                ) from None
             if not isinstance(obj, dict):
                 raise DataError(
                     f"{where}: expected a JSON object per line, got {type(obj).__name__}"
                 )
+            _check_text(obj, where)
             records.append(Record(obj, where))
     if not records:
         raise DataError(f"{path}: empty data set (no examples)")
     return records
+
+
+def _check_text(obj: Any, where: str) -> None:
+    """Every string in a JSON value must be encodable as UTF-8: JSON's ``"\\ud800"`` escape
+    decodes to a lone surrogate, which no tokenizer can encode. Iterative (no recursion)."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise DataError(
+                    f"{where}: a string holds a lone surrogate (U+{ord(x[e.start]):04X}, from a "
+                    f"\\u escape), which is not text; fix or drop the example"
+                ) from None
 
 
 def read_parquet(path: str | os.PathLike) -> list[Record]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,64 @@ from typing import Any
 import yaml
 
 from jaxrl_llm.errors import ConfigError
+
+#: Most values a YAML file may expand to through anchors and aliases (``*name``): a config is a
+#: few hundred values; an alias bomb ("billion laughs") is billions.
+MAX_YAML_VALUES = 100_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects duplicate keys in a mapping (YAML 1.2 forbids them;
+    PyYAML keeps the last silently) and bounds what aliases expand to."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise ConfigError(
+                    f"line {key_node.start_mark.line + 1}: duplicate key {key!r} (first on line "
+                    f"{seen[key]}); keep one"
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node, limit: int) -> int:
+    """Values ``node`` expands to, counting each alias use again; stops past ``limit``."""
+    memo: dict[int, int] = {}
+
+    def size(n) -> int:
+        if id(n) in memo:
+            return memo[id(n)]
+        if isinstance(n, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total = 1 + sum(size(v) for v in n.value)
+        else:
+            total = 1
+        memo[id(n)] = min(total, limit + 1)
+        return memo[id(n)]
+
+    return size(node)
+
+
+def _safe_load(stream) -> Any:
+    """Parse YAML with :class:`_StrictLoader`, refusing documents whose aliases expand to more
+    than :data:`MAX_YAML_VALUES` values before building them."""
+    loader = _StrictLoader(stream)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, MAX_YAML_VALUES) > MAX_YAML_VALUES:
+            raise ConfigError(
+                f"expands to more than {MAX_YAML_VALUES:,} values through anchors/aliases "
+                f"(an alias bomb?); write the values out"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _type_name(tp) -> str:
@@ -107,10 +166,13 @@ def _coerce(value: Any, tp, key: str):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             if isinstance(value, str):
                 try:
-                    return float(value)  # YAML reads "1e-5" as a string
+                    value = float(value)  # YAML reads "1e-5" as a string
                 except ValueError:
                     pass
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            if not isinstance(value, float):
+                raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -185,8 +247,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not p for p in key.split(".")):
         raise ConfigError(f"override {text!r}: empty key part")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = _safe_load(raw) if raw.strip() else ""
+    except (yaml.YAMLError, ConfigError):
         value = raw
     return key.split("."), value
 
@@ -218,7 +280,7 @@ def load_yaml(path: str) -> dict:
     """Read a YAML config file into a dict, with clear errors for a missing or bad file."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = _safe_load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except IsADirectoryError:
@@ -231,6 +293,8 @@ def load_yaml(path: str) -> dict:
         ) from None
     except OSError as e:
         raise ConfigError(f"config file {path!r} cannot be read ({e.strerror or e})") from None
+    except ConfigError as e:
+        raise ConfigError(f"config file {path!r}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
