@@ -27,9 +27,31 @@ from jaxrl_llm.sampling.filters import (
     top_k_filter,
     top_p_filter,
 )
+from jaxrl_llm.sampling.paged import (
+    PageAllocator,
+    PagedKVCache,
+    PageTable,
+    copy_pages,
+    gather_pages,
+    init_paged_cache,
+    paged_attention,
+    paged_trunk,
+    pages_for,
+    write_prompt_pages,
+)
 from jaxrl_llm.sampling.text import decode_completions, encode_prompts, generate_text
 
 __all__ = [
+    "PageAllocator",
+    "PageTable",
+    "PagedKVCache",
+    "copy_pages",
+    "gather_pages",
+    "init_paged_cache",
+    "paged_attention",
+    "paged_trunk",
+    "pages_for",
+    "write_prompt_pages",
     "DEFAULT_BUCKETS",
     "DecodeState",
     "Rollout",
