@@ -42,6 +42,7 @@ from jaxrl_llm.objectives.aggregation import (
     aggregate_parts,
     aggregation_denominator,
 )
+from jaxrl_llm.objectives.entropy_control import clip_cov_loss_parts, kl_cov_loss_parts
 from jaxrl_llm.objectives.kl import KLKind, kl_penalty
 from jaxrl_llm.objectives.policy import RatioLevel, policy_loss_parts
 from jaxrl_llm.objectives.value import value_loss_parts
@@ -70,6 +71,23 @@ class AdvantageEstimator(str, enum.Enum):
     REWARD = "reward"
 
 
+class EntropyControl(str, enum.Enum):
+    """Entropy control by the covariance of log-prob and advantage (Cui et al. 2025, "The
+    Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+    https://arxiv.org/abs/2505.22617), an option of every clipped policy-gradient loss.
+
+    ``none``: the clipped surrogate. ``kl_cov``: the unclipped surrogate plus
+    ``kl_cov_coef·|log ρ|`` on the ``kl_cov_ratio`` share of tokens with the largest
+    covariance (:func:`jaxrl_llm.objectives.kl_cov_loss`). ``clip_cov``: the clipped
+    surrogate with a random ``clip_cov_ratio`` share of the tokens whose covariance lies in
+    (``clip_cov_lb``, ``clip_cov_ub``) detached (:func:`jaxrl_llm.objectives.clip_cov_loss`).
+    """
+
+    NONE = "none"
+    KL_COV = "kl_cov"
+    CLIP_COV = "clip_cov"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyGradientConfig:
     """Configuration of the clipped policy-gradient family (one loss, many algorithms).
@@ -90,6 +108,17 @@ class PolicyGradientConfig:
       kl_coef: β of the in-loss KL penalty β·KL(π‖π_ref) (needs ``ref_logp`` in the batch).
       kl_kind: KL estimator (:class:`~jaxrl_llm.objectives.kl.KLKind`), k3 for GRPO.
       entropy_coef: c₂ of the entropy bonus (loss −= c₂·H), PPO eq. 9; 0 disables it.
+      entropy_control: :class:`EntropyControl` (default ``none``: off). KL-Cov replaces the
+        clipped surrogate by the unclipped one (``clip_eps`` is then unused, as in the
+        paper); both need the token ratio and no dual clip. The token selection is that of
+        one loss call, i.e. of one micro-batch (as verl; see
+        :mod:`jaxrl_llm.objectives.entropy_control`).
+      kl_cov_ratio, kl_cov_coef: KL-Cov's share of penalised tokens and the weight of
+        |log ρ| (2e-4 and 1.0, verl's recipe for Cui et al. 2025).
+      clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's share of detached tokens and its
+        covariance bounds (2e-4, 1, 5: verl's recipe). The random subset's PRNG key is
+        derived from the micro-batch's token ids, so the step stays a pure function of its
+        inputs (deterministic under jit; the same batch gives the same subset).
     """
 
     clip_eps: float | None = 0.2
@@ -101,12 +130,19 @@ class PolicyGradientConfig:
     kl_coef: float = 0.0
     kl_kind: KLKind = KLKind.K3
     entropy_coef: float = 0.0
+    entropy_control: EntropyControl = EntropyControl.NONE
+    kl_cov_ratio: float = 0.0002
+    kl_cov_coef: float = 1.0
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
 
     def __post_init__(self):
         for name, cls in (
             ("ratio_level", RatioLevel),
             ("aggregation", AggregationMode),
             ("kl_kind", KLKind),
+            ("entropy_control", EntropyControl),
         ):
             value = getattr(self, name)
             try:
@@ -131,6 +167,27 @@ class PolicyGradientConfig:
             raise ConfigError(
                 f"kl_coef={self.kl_coef} and entropy_coef={self.entropy_coef} must be >= 0"
             )
+        self._check_entropy_control()
+
+    def _check_entropy_control(self) -> None:
+        ec = self.entropy_control
+        if ec is EntropyControl.NONE:
+            return
+        if self.ratio_level is not RatioLevel.TOKEN or self.dual_clip is not None:
+            raise ConfigError(
+                f"entropy_control={ec.value!r} is defined for the token ratio without a dual "
+                f"clip (got ratio_level={self.ratio_level.value!r}, dual_clip={self.dual_clip})"
+            )
+        ratio = self.kl_cov_ratio if ec is EntropyControl.KL_COV else self.clip_cov_ratio
+        if not 0.0 < ratio <= 1.0:
+            raise ConfigError(f"{ec.value}_ratio={ratio} must be in (0, 1] (verl: 2e-4)")
+        if ec is EntropyControl.CLIP_COV:
+            if self.clip_eps is None:
+                raise ConfigError("entropy_control='clip_cov' needs clip_eps (PPO's clip)")
+            if not self.clip_cov_lb < self.clip_cov_ub:
+                raise ConfigError(
+                    f"clip_cov_lb={self.clip_cov_lb} must be < clip_cov_ub={self.clip_cov_ub}"
+                )
 
 
 # ----- presets: one per algorithm -------------------------------------------------------------
@@ -253,6 +310,8 @@ def policy_gradient_zero_batch(config: PolicyGradientConfig) -> Callable[[Batch]
     """
     if config.kl_coef > 0 or config.entropy_coef > 0:
         return None
+    if config.entropy_control is EntropyControl.KL_COV:
+        return None  # |log ρ| on the selected tokens has a gradient whatever the advantages
 
     def is_zero(batch: Batch) -> jax.Array:
         mask = batch["loss_mask"].astype(bool)
@@ -262,6 +321,78 @@ def policy_gradient_zero_batch(config: PolicyGradientConfig) -> Callable[[Batch]
         return jnp.all(jnp.where(mask, adv, 0.0) == 0.0)
 
     return is_zero
+
+
+def batch_key(input_ids: jax.Array) -> jax.Array:
+    """A PRNG key that is a function of a batch's token ids (a multiplicative hash of ids and
+    positions): randomness inside a jitted loss (Clip-Cov's subset) without a key argument,
+    the same for the same batch."""
+    ids = input_ids.astype(jnp.uint32).reshape(-1)
+    pos = jnp.arange(1, ids.size + 1, dtype=jnp.uint32)
+    h = jnp.sum((ids + jnp.uint32(1)) * pos * jnp.uint32(2654435761), dtype=jnp.uint32)
+    return jax.random.fold_in(jax.random.PRNGKey(0x5EED), h)
+
+
+def _surrogate_parts(logp, old_logp, adv, mask, batch, config, ref_logp):
+    """(num, den, metrics) of the per-token surrogate of ``config`` (clipped, KL-Cov or
+    Clip-Cov; with the batch's ``is_weights`` / ``proximal_logp`` corrections)."""
+    ec = config.entropy_control
+    is_weights = batch.get("is_weights")
+    proximal_logp = batch.get("proximal_logp")
+    common = dict(aggregation=config.aggregation, max_len=config.max_len)
+    if ec is EntropyControl.NONE:
+        return policy_loss_parts(
+            logp,
+            old_logp,
+            adv,
+            mask,
+            # No clipping: an infinite range (clip(ρ, −∞, ∞) = ρ).
+            clip_eps=float("inf") if config.clip_eps is None else config.clip_eps,
+            clip_eps_high=config.clip_eps_high,
+            dual_clip=config.dual_clip,
+            ratio_level=config.ratio_level,
+            ref_logp=ref_logp,
+            kl_kind=config.kl_kind,
+            is_weights=is_weights,
+            proximal_logp=proximal_logp,
+            **common,
+        )
+    if is_weights is not None or proximal_logp is not None:
+        raise ConfigError(
+            f"entropy_control={ec.value!r} does not take rollout-correction weights yet; "
+            "use one or the other"
+        )
+    if ec is EntropyControl.KL_COV:
+        num, den, metrics = kl_cov_loss_parts(
+            logp,
+            old_logp,
+            adv,
+            mask,
+            kl_cov_ratio=config.kl_cov_ratio,
+            kl_coef=config.kl_cov_coef,
+            **common,
+        )
+    else:
+        assert config.clip_eps is not None  # checked by the config
+        num, den, metrics = clip_cov_loss_parts(
+            logp,
+            old_logp,
+            adv,
+            mask,
+            clip_cov_ratio=config.clip_cov_ratio,
+            clip_cov_lb=config.clip_cov_lb,
+            clip_cov_ub=config.clip_cov_ub,
+            clip_eps=config.clip_eps,
+            clip_eps_high=config.clip_eps_high,
+            key=batch_key(batch["input_ids"]),
+            **common,
+        )
+    if ref_logp is not None:  # the ``kl`` metric, as the clipped surrogate reports it
+        m = mask.astype(bool)
+        lp = jnp.where(m, logp.astype(jnp.float32), 0.0)
+        kl = jnp.where(m, kl_penalty(lp, ref_logp.astype(jnp.float32), kind=config.kl_kind), 0.0)
+        metrics["kl"] = jax.lax.stop_gradient(masked_mean(kl, m))
+    return num, den, metrics
 
 
 def policy_gradient_loss(
@@ -277,13 +408,20 @@ def policy_gradient_loss(
 
     L = agg_t[ −min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε_high) A_t) + β·KL_t ] − c₂·agg_t[H_t],
     ρ_t = π_θ(y_t)/π_old(y_t) (or GSPO's sequence ratio). We minimise loss = −objective.
+    With ``config.entropy_control`` the surrogate term is KL-Cov's or Clip-Cov's (Cui et al.
+    2025, https://arxiv.org/abs/2505.22617; :class:`EntropyControl`); β·KL and c₂·H stay.
+    Optional batch corrections (``objectives.policy_loss``): ``is_weights [B, T]`` multiply
+    each token's surrogate (TIS / MIS, Yao et al. 2025); ``proximal_logp [B, T]`` makes it
+    decoupled PPO (AReaL, https://arxiv.org/abs/2505.24298) with ``old_logp`` the behaviour
+    policy.
 
     Args:
       params: policy parameters.
       batch: sequence batch ``input_ids``, ``attention_mask``, ``loss_mask`` ``[B, T]`` plus
         ``advantages [B, T]`` (precomputed); ``old_logp [B, T]`` (when absent the update is
         on-policy: old_logp = stop_gradient(logp), ρ = 1); ``ref_logp [B, T]`` (required when
-        ``kl_coef > 0``); optional ``loss_denominator``.
+        ``kl_coef > 0``); optional ``loss_denominator``, ``is_weights [B, T]`` and
+        ``proximal_logp [B, T]`` (see above; the online loop's ``rollout.correction``).
       apply_fn: model apply function.
       config: :class:`PolicyGradientConfig` (from a preset such as :func:`grpo_config`).
       logprobs: :class:`~jaxrl_llm.losses.common.LogprobSettings` (τ, chunking, window,
@@ -330,21 +468,7 @@ def policy_gradient_loss(
     if ref_logp is not None:
         ref_logp = jnp.where(m, ref_logp, 0.0)
 
-    num, den, pg_metrics = policy_loss_parts(
-        logp,
-        old_logp,
-        adv,
-        mask,
-        # No clipping: an infinite range (clip(ρ, −∞, ∞) = ρ).
-        clip_eps=float("inf") if config.clip_eps is None else config.clip_eps,
-        clip_eps_high=config.clip_eps_high,
-        dual_clip=config.dual_clip,
-        ratio_level=config.ratio_level,
-        aggregation=config.aggregation,
-        max_len=config.max_len,
-        ref_logp=ref_logp,
-        kl_kind=config.kl_kind,
-    )
+    num, den, pg_metrics = _surrogate_parts(logp, old_logp, adv, mask, batch, config, ref_logp)
     pg_num = num
     if config.kl_coef > 0:
         # β·KL added here rather than inside the objective so that β may be traced: the

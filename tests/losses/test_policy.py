@@ -149,3 +149,94 @@ def test_ppo_critic_clipped_value_loss_by_hand(lm):
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+# ----- entropy control (KL-Cov / Clip-Cov) as an option of the policy-gradient loss --------
+
+
+def _objective_value_and_grad(params, batch, apply_fn, fn):
+    """value_and_grad of ``fn(logp)`` with logp the policy's log-probs of ``batch``."""
+
+    def f(p):
+        lp = losses.sequence_logps(p, batch, apply_fn=apply_fn)
+        return fn(lp)
+
+    return jax.jit(jax.value_and_grad(f))(params)
+
+
+def test_kl_cov_option_equals_the_objective(lm):
+    """entropy_control=kl_cov: the loss and its gradient are objectives.kl_cov_loss's."""
+    from jaxrl_llm import objectives
+
+    _, params, apply_fn = lm
+    batch = rl_batch(params, apply_fn)
+    cfg = losses.dapo_config(entropy_control="kl_cov", kl_cov_ratio=0.3, kl_cov_coef=0.5)
+    (loss, metrics), g = loss_and_grad("dapo", cfg, apply_fn)(params, with_den("dapo", batch, cfg))
+    m = batch["loss_mask"]
+
+    def ref(lp):
+        return objectives.kl_cov_loss(
+            lp, batch["old_logp"], batch["advantages"], m, kl_cov_ratio=0.3, kl_coef=0.5
+        )[0]
+
+    want, g_want = _objective_value_and_grad(params, batch, apply_fn, ref)
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+    tree_allclose(g, g_want)
+    # ⌊0.3·N⌋ of the N valid tokens are penalised
+    n = int(np.asarray(m).sum())
+    assert float(metrics["pg/kl_cov_frac"]) == pytest.approx(int(0.3 * n) / n)
+    assert losses.policy_gradient_zero_batch(cfg) is None  # |log ρ| has a gradient at A = 0
+
+
+def test_clip_cov_option_equals_the_objective_with_the_batch_key(lm):
+    """entropy_control=clip_cov: the objective's loss and gradient with key=batch_key(ids);
+    wide bounds and ratio 0.5 so that the detached subset changes the gradient."""
+    from jaxrl_llm import objectives
+
+    _, params, apply_fn = lm
+    batch = rl_batch(params, apply_fn)
+    kw = dict(clip_cov_ratio=0.5, clip_cov_lb=-10.0, clip_cov_ub=10.0)
+    cfg = losses.dapo_config(entropy_control="clip_cov", **kw)
+    (loss, metrics), g = loss_and_grad("dapo", cfg, apply_fn)(params, with_den("dapo", batch, cfg))
+    m = batch["loss_mask"]
+    key = losses.batch_key(batch["input_ids"])
+
+    def ref(lp, key=key):
+        return objectives.clip_cov_loss(
+            lp,
+            batch["old_logp"],
+            batch["advantages"],
+            m,
+            clip_eps=0.2,
+            clip_eps_high=0.28,
+            key=key,
+            **kw,
+        )[0]
+
+    want, g_want = _objective_value_and_grad(params, batch, apply_fn, ref)
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+    tree_allclose(g, g_want)
+    assert float(metrics["pg/cov_clipfrac"]) > 0.3
+    # another key detaches another subset: the gradient differs, so the key above is the one
+    _, g_other = _objective_value_and_grad(
+        params, batch, apply_fn, lambda lp: ref(lp, jax.random.PRNGKey(1))
+    )
+    diff = max(
+        float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_other))
+    )
+    assert diff > 1e-6
+    # deterministic: the same batch gives the same key, another batch another
+    assert jnp.array_equal(key, losses.batch_key(batch["input_ids"]))
+    assert not jnp.array_equal(key, losses.batch_key(batch["input_ids"][::-1]))
+
+
+def test_entropy_control_is_off_by_default_and_checked():
+    from jaxrl_llm.errors import ConfigError
+
+    assert losses.grpo_config().entropy_control is losses.EntropyControl.NONE
+    with pytest.raises(ConfigError, match="token ratio"):
+        losses.gspo_config(entropy_control="kl_cov")
+    with pytest.raises(ConfigError, match="clip_cov_lb"):
+        losses.grpo_config(entropy_control="clip_cov", clip_cov_lb=5.0, clip_cov_ub=1.0)
+    with pytest.raises(ConfigError, match="entropy_control"):
+        losses.grpo_config(entropy_control="entropy")
