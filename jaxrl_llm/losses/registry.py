@@ -141,6 +141,9 @@ class LossSpec:
         step's ``skip_fn``); None (the field or its result) when no batch can be skipped.
       traced_hparams: the config's scalar fields the loss also takes traced
         (``hparams={name: value}``), so that a schedule of them does not recompile.
+      takes_rollout_correction: the loss reads the optional ``is_weights`` and
+        ``proximal_logp`` batch entries (TIS / MIS weights, decoupled PPO), so a run may set
+        ``rollout.correction``.
     """
 
     loss_fn: LossFn
@@ -152,6 +155,7 @@ class LossSpec:
     batch_kind: str = "sequence"
     zero_batch_fn: Callable[[Any], Callable[[Batch], jax.Array] | None] | None = None
     traced_hparams: tuple[str, ...] = ()
+    takes_rollout_correction: bool = False
 
 
 def _pg(preset) -> LossSpec:
@@ -165,6 +169,7 @@ def _pg(preset) -> LossSpec:
         "rl",
         policy_gradient_zero_batch,
         TRACED_HPARAMS,
+        takes_rollout_correction=True,
     )
 
 

@@ -278,7 +278,8 @@ class PPOStrategy:
 
     def critic_update(self, sub: dict) -> dict:
         """One critic step on a minibatch (the actor's keys left out); metrics as ``critic/*``."""
-        critic = {k: v for k, v in sub.items() if k not in ("old_logp", "advantages")}
+        actor_only = ("old_logp", "advantages", "is_weights", "proximal_logp")
+        critic = {k: v for k, v in sub.items() if k not in actor_only}
         self.critic.state, cm = self.critic_step(self.critic.state, critic, {})
         return {f"critic/{k}": v for k, v in cm.items()}
 

@@ -28,6 +28,7 @@ from jaxrl_llm.losses import Family
 from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.algorithms import make_strategy
+from jaxrl_llm.train.correction import RolloutCorrector
 from jaxrl_llm.train.experience import ExperienceBuffer
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.loop import Trainer
@@ -127,6 +128,9 @@ class OnlineTrainer(Trainer):
             algo, cfg, policy=p, rollouts=self.rollouts, loss_config=self.loss_config, log=self.say
         )
         self.buffer = ExperienceBuffer(max_staleness=0)
+        self.corrector = (
+            None if r.correction is None else RolloutCorrector(r.correction, p, self.logprobs)
+        )
         self.ref_params = p.reference_params() if self.strategy.needs_reference else None
         self._ref_fn = None
         if self.ref_params is not None and self.spec.reference_fn is not None:
@@ -242,6 +246,9 @@ class OnlineTrainer(Trainer):
         t1 = time.perf_counter()
         self._t_ref = 0.0
         prepared = self.strategy.prepare(exp, self.reference if self._ref_fn else None)
+        correction: dict[str, float] = {}
+        if self.corrector is not None:
+            prepared.batch, correction = self.corrector(prepared.batch)
         t2 = time.perf_counter()
         hp = self.hparams(step)
         out = self.learner.update(
@@ -250,6 +257,7 @@ class OnlineTrainer(Trainer):
         t_update = time.perf_counter() - t2
         out.update(exp.metrics)
         out.update(prepared.metrics)
+        out.update(correction)
         out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
         lengths, truncated = np.asarray(exp.rollout.lengths), np.asarray(exp.rollout.truncated)
         out.update(
@@ -263,7 +271,7 @@ class OnlineTrainer(Trainer):
                 "completion/truncated_frac": float(truncated.mean()),
                 "time/rollout_s": t_rollout,
                 "time/reference_s": self._t_ref,
-                "time/prepare_s": t2 - t1 - self._t_ref,
+                "time/prepare_s": t2 - t1 - self._t_ref - correction.get("time/recompute_s", 0.0),
                 "time/update_s": t_update,
                 "time/step_s": time.perf_counter() - t0,
                 "rollout/tokens_per_s": int(lengths.sum()) / max(t_rollout, 1e-9),

@@ -92,6 +92,20 @@ class Policy:
 
         return fn
 
+    def logps_fn(self, logps: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+        """Jitted ``fn(params, batch, **frozen) -> [B, T]`` of ``logps(params, batch, *,
+        apply_fn)`` (e.g. ``losses.sequence_logps`` with the run's log-prob settings), the
+        model bound as in :meth:`loss_fn` (LoRA attached unmerged): the numbers the update's
+        own forward computes, before the update."""
+        apply_fn, lora = self.apply_fn, self.lora
+
+        def fn(params, batch, *, base=None):
+            if lora is not None:
+                params = attach_lora(base, params, lora)
+            return jax.lax.stop_gradient(logps(params, batch, apply_fn=apply_fn))
+
+        return jax.jit(fn)
+
 
 @functools.partial(jax.jit, static_argnames=("lora",))
 def _merge_jit(base, adapters, lora):

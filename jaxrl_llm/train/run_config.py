@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.losses.policy import EntropyControl, PolicyGradientConfig
 from jaxrl_llm.losses.registry import ALGORITHMS, Algorithm, Family, LossSpec
 from jaxrl_llm.train.sections import (
     CheckpointSection,
@@ -127,6 +128,11 @@ class RunConfig:
                 if getattr(r, name) < 1:
                     raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
             _check_sampling(r)
+            if r.correction is not None and not algo.loss_spec().takes_rollout_correction:
+                raise ConfigError(
+                    f"rollout.correction: {self.algorithm}'s loss ({algo.loss}) takes no "
+                    f"rollout-correction weights; the clipped policy-gradient losses and PPO do"
+                )
         else:
             t = self.train
             if t.batch_size < 1 or t.micro_batches < 1 or t.batch_size % t.micro_batches:
@@ -190,6 +196,16 @@ def loss_config(cfg: RunConfig):
         overrides["max_len"] = cfg.rollout.max_new_tokens
     config = from_dict(spec.config_cls, {**base, **overrides}, prefix="loss")
     _check_schedules(cfg, spec, config)
+    if (
+        cfg.is_online
+        and cfg.rollout.correction is not None
+        and isinstance(config, PolicyGradientConfig)
+        and config.entropy_control is not EntropyControl.NONE
+    ):
+        raise ConfigError(
+            f"loss.entropy_control={config.entropy_control.value!r} with rollout.correction: "
+            "KL-Cov / Clip-Cov take no importance weights yet; use one or the other"
+        )
     return config
 
 

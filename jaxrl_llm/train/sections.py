@@ -10,6 +10,7 @@ import math
 from typing import Any, Literal
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.train.correction import CorrectionSection
 
 
 def _at_least(key: str, value, lo, note: str = "") -> None:
@@ -218,6 +219,9 @@ class RolloutSection:
       micro_batch_groups: groups per update micro-batch when skipping, rounded up to a
         divisor of the minibatch's groups whose rows split over the mesh's batch shards;
         smaller skips more finely, larger runs fewer, bigger matmuls.
+      correction: correct the update for the sampler's log-probs (TIS / MIS or decoupled
+        PPO; one extra forward per step): :class:`~jaxrl_llm.train.correction.
+        CorrectionSection`; null = off.
     """
 
     prompts_per_step: int = 4
@@ -235,6 +239,7 @@ class RolloutSection:
     advantage_scale: Literal["group", "batch", "none"] = "group"
     skip_zero_advantage: bool = True
     micro_batch_groups: int = 1
+    correction: CorrectionSection | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,6 +88,28 @@ def test_algorithm_raises_reward_on_toy_task(algorithm, toy_data, tmp_path):
     assert summary["eval_after"][key] > summary["eval_before"][key] + 0.15, summary
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "algorithm,loss",
+    [
+        ("grpo", dict(entropy_control="kl_cov", kl_cov_ratio=0.05)),
+        ("ppo", dict(entropy_control="clip_cov", clip_cov_ratio=0.05)),
+    ],
+)
+def test_entropy_control_still_raises_reward_on_toy_task(algorithm, loss, toy_data, tmp_path):
+    # The same margins as above, with KL-Cov / Clip-Cov on (5% of the tokens selected).
+    cfg = toy_config(toy_data, tmp_path / algorithm, algorithm, loss=loss)
+    summary = train_online(cfg, log_stream=open(os.devnull, "w"))
+    rows = [json.loads(l) for l in open(tmp_path / algorithm / "metrics.jsonl")]
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    assert len(rewards) == 40
+    assert np.mean(rewards[-10:]) > rewards[0] + 0.15, rewards
+    key = "eval/tests.train.toy_rewards:larger_digit"
+    assert summary["eval_after"][key] > summary["eval_before"][key] + 0.15, summary
+    selected = "pg/kl_cov_frac" if loss["entropy_control"] == "kl_cov" else "pg/cov_candidate_frac"
+    assert all(selected in r for r in rows if "reward/mean" in r)
+
+
 def test_failing_reward_gets_zero_advantage_and_is_counted(toy_data, tmp_path):
     cfg = toy_config(
         toy_data,
@@ -426,3 +448,102 @@ def test_eval_pass_at_k_from_sampled_completions(toy_data, tmp_path):
     assert (p1 * 32) == pytest.approx(round(p1 * 32))
     with pytest.raises(ConfigError, match="eval.pass_at"):
         toy_config(toy_data, tmp_path, "grpo", eval=dict(num_samples=2, pass_at=[4]))
+
+
+def _one_step(toy_data, out, algorithm="grpo", **over):
+    """Metrics and params after one step of a tiny run (SGD: equal gradients, equal params)."""
+    import jax
+
+    base = dict(
+        max_steps=1,
+        rollout=dict(prompts_per_step=4, group_size=4, max_new_tokens=2),
+        loss=dict(kl_coef=0.0),
+        optim=dict(name="sgd", lr=1e-2),
+        eval=dict(before=False),
+    )
+    if algorithm == "ppo":
+        base.pop("loss")
+    for k, v in over.items():
+        base[k] = {**base[k], **v} if isinstance(base.get(k), dict) else v
+    trainer = OnlineTrainer(
+        toy_config(toy_data, out, algorithm, **base), log_stream=open(os.devnull, "w")
+    )
+    try:
+        m = trainer.train_step(1)
+        return m, jax.device_get(trainer.policy.state.params)
+    finally:
+        trainer.close()
+
+
+def _max_diff(a, b):
+    import jax
+
+    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))), a, b)))
+
+
+def test_rollout_correction_with_a_cap_above_every_ratio_equals_the_uncorrected_update(
+    toy_data, tmp_path
+):
+    # TIS with cap 2 above every learner/sampler ratio: the weight is the ratio itself, and with
+    # old_logp recomputed the first update's surrogate −w·A·π_θ/π_learner equals the uncorrected
+    # −A·π_θ/π_sampler (value and gradient). The correction's metrics are logged.
+    plain, p_plain = _one_step(toy_data, tmp_path / "plain")
+    tis, p_tis = _one_step(
+        toy_data, tmp_path / "tis", rollout=dict(correction=dict(mode="truncate", high=2.0))
+    )
+    assert tis["reward/mean"] == plain["reward/mean"]  # the same rollout
+    assert 0 < tis["correction/ratio_max"] < 2.0 and tis["correction/outside_frac"] == 0.0
+    assert tis["correction/weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert 0 <= tis["correction/mismatch_kl"] < 1e-4
+    assert tis["time/recompute_s"] > 0 and "time/recompute_s" not in plain
+    assert tis["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
+    assert tis["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
+    assert _max_diff(p_tis, p_plain) < 1e-7
+    # a cap below the ratios changes the weights, and the update
+    low, _ = _one_step(
+        toy_data, tmp_path / "mask", rollout=dict(correction=dict(mode="mask", low=1.0, high=1.0))
+    )
+    assert low["correction/outside_frac"] > 0 and low["correction/weight_mean"] < 1.0
+
+
+def test_decoupled_ppo_equals_unbounded_importance_sampling(toy_data, tmp_path):
+    # decoupled PPO: clip around the recomputed (proximal) policy, behaviour weight π_prox/μ;
+    # the IS form with old_logp = π_prox and unbounded token weights π_prox/μ is the same loss.
+    # Two minibatches: the second runs after an update, where the ratio is not 1.
+    dec, p_dec = _one_step(
+        toy_data, tmp_path / "dec", rollout=dict(minibatches=2, correction=dict(decoupled=True))
+    )
+    tis, p_tis = _one_step(
+        toy_data,
+        tmp_path / "tis",
+        rollout=dict(minibatches=2, correction=dict(low=None, high=None)),
+    )
+    assert dec["loss"] == pytest.approx(tis["loss"], rel=1e-5, abs=1e-7)
+    assert dec["pg/behav_weight_mean"] == pytest.approx(tis["pg/is_weight_mean"], rel=1e-6)
+    assert _max_diff(p_dec, p_tis) < 1e-7
+
+
+def test_rollout_correction_runs_with_ppo_and_is_checked(toy_data, tmp_path):
+    m, _ = _one_step(
+        toy_data,
+        tmp_path / "ppo",
+        "ppo",
+        rollout=dict(correction=dict(level="sequence", mode="mask", low=0.5, high=2.0)),
+    )
+    for k in ("weight_mean", "weight_max", "outside_frac", "mismatch_kl", "seq_outside_frac"):
+        assert np.isfinite(m[f"correction/{k}"]), k
+    assert np.isfinite(m["loss"]) and np.isfinite(m["critic/loss"])
+    with pytest.raises(ConfigError, match="takes no rollout-correction"):
+        toy_config(toy_data, tmp_path / "c", "cispo", rollout=dict(correction=dict()))
+    with pytest.raises(ConfigError, match="use one or the other"):
+        from jaxrl_llm.train.run_config import loss_config
+
+        loss_config(
+            toy_config(
+                toy_data,
+                tmp_path / "k",
+                "grpo",
+                loss=dict(entropy_control="kl_cov"),
+                rollout=dict(correction=dict()),
+            )
+        )

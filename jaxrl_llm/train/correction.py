@@ -1,0 +1,131 @@
+"""Rollout correction: the learner recomputes the sampled tokens' log-probs and corrects for
+the sampler that produced them (``rollout.correction``).
+
+The sampler's recorded log-probs ``log μ(y_t)`` (the behaviour policy: another code path, a
+KV cache, maybe another precision, and with ``rollout.max_staleness > 0`` older weights) are
+not the learner's ``log π(y_t)``. With a ``correction`` section, before the step's updates the
+learner runs one extra forward with its current (pre-update) weights over the whole learner
+batch and either
+
+* **importance sampling** (default): ``old_logp ← log π`` (the ratio and its clip are taken
+  around the learner's own policy) and each token's surrogate is weighted by the bounded
+  ``w = rollout_correction(log π, log μ)``: ``mode: truncate`` clips ``w`` to [low, high]
+  (TIS, Yao et al. 2025, https://fengyao.notion.site/off-policy-rl), ``mode: mask`` zeroes the
+  tokens (or, ``level: sequence``, rows) outside [low, high] (MIS / IcePop); or
+* **decoupled PPO** (``decoupled: true``; Fu et al. 2025, AReaL,
+  https://arxiv.org/abs/2505.24298): ``proximal_logp ← log π`` (the clip is around the
+  proximal policy, the learner's weights before this update) and ``old_logp`` stays the
+  behaviour ``log μ``, whose weight ``π_prox/μ`` multiplies the surrogate unbounded, as the
+  paper's objective. With the recompute, this equals the importance-sampling form with no
+  bounds (``low: null, high: null``, token level): the tests check it.
+
+The losses read ``is_weights`` / ``proximal_logp`` from the batch (``objectives.policy_loss``);
+the losses that do are marked ``takes_rollout_correction`` in the registry. Metrics, every
+step: ``correction/weight_mean``, ``correction/weight_max``, ``correction/outside_frac``
+(share of tokens outside [low, high]), ``correction/ratio_max``, ``correction/mismatch_kl``
+(k3 estimate of KL(μ‖π)) and ``time/recompute_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import objectives
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.losses import LogprobSettings, sequence_logps
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectionSection:
+    """``rollout.correction``: correct the update for the sampler's log-probs (module
+    docstring); absent or null = off (no extra forward).
+
+    Attributes:
+      level: ``token`` (a weight per token) or ``sequence`` (exp of the row's summed
+        log-ratio, for every token of the row).
+      mode: ``truncate`` (clip the weight to [low, high], TIS) or ``mask`` (weight 0 outside,
+        MIS / IcePop).
+      low, high: the bounds (null: that side unbounded); TIS's cap is 2.
+      decoupled: decoupled PPO instead (the weights' bounds then only set the
+        ``outside_frac`` metric).
+    """
+
+    level: Literal["token", "sequence"] = "token"
+    mode: Literal["truncate", "mask"] = "truncate"
+    low: float | None = None
+    high: float | None = 2.0
+    decoupled: bool = False
+
+    def __post_init__(self):
+        if self.low is not None and self.low < 0:
+            raise ConfigError(f"rollout.correction.low={self.low} must be >= 0 or null")
+        if self.high is not None and self.high <= 0:
+            raise ConfigError(f"rollout.correction.high={self.high} must be > 0 or null")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ConfigError(f"rollout.correction.low={self.low} must be <= high={self.high}")
+
+
+@functools.partial(jax.jit, static_argnames=("level", "mode", "low", "high"))
+def _weights(logp, rollout_logp, mask, *, level, mode, low, high):
+    return objectives.rollout_correction(
+        logp, rollout_logp, mask, level=level, mode=mode, low=low, high=high
+    )
+
+
+def correct_batch(
+    batch: dict, logp: np.ndarray, section: CorrectionSection
+) -> tuple[dict, dict[str, float]]:
+    """The learner batch corrected with the learner's recomputed ``logp [N, T]`` (its
+    ``old_logp`` holding the sampler's log-probs), and the correction's metrics."""
+    mask = np.asarray(batch["loss_mask"])
+    logp = np.where(mask > 0, np.asarray(logp, np.float32), 0.0).astype(np.float32)
+    w, m = _weights(
+        jnp.asarray(logp),
+        jnp.asarray(batch["old_logp"]),
+        jnp.asarray(mask),
+        level=section.level,
+        mode=section.mode,
+        low=section.low,
+        high=section.high,
+    )
+    out = dict(batch)
+    if section.decoupled:
+        out["proximal_logp"] = logp
+    else:
+        out["old_logp"] = logp
+        out["is_weights"] = np.asarray(w, np.float32)
+    return out, {f"correction/{k}": float(v) for k, v in jax.device_get(m).items()}
+
+
+class RolloutCorrector:
+    """The recompute forward and :func:`correct_batch` for one run.
+
+    Args:
+      section: the run's ``rollout.correction``.
+      policy: the :class:`~jaxrl_llm.train.policy.Policy` being trained (its current state).
+      logprobs: the loss's :class:`~jaxrl_llm.losses.LogprobSettings` (the same temperature,
+        window and shared prompt as the update's forward).
+    """
+
+    def __init__(self, section: CorrectionSection, policy: Any, logprobs: LogprobSettings):
+        self.section, self.policy = section, policy
+        self._logps = policy.logps_fn(functools.partial(sequence_logps, **logprobs.kwargs()))
+
+    def __call__(self, batch: dict) -> tuple[dict, dict[str, float]]:
+        """``(corrected batch, metrics)``, ``time/recompute_s`` the forward's wall time."""
+        t = time.perf_counter()
+        keys = ("input_ids", "attention_mask", "loss_mask")
+        sub = {k: jnp.asarray(batch[k]) for k in keys}
+        p = self.policy
+        logp = np.asarray(jax.device_get(self._logps(p.state.params, sub, **p.frozen())))
+        t_recompute = time.perf_counter() - t
+        out, metrics = correct_batch(batch, logp, self.section)
+        metrics["time/recompute_s"] = t_recompute
+        return out, metrics
