@@ -19,6 +19,7 @@ from jaxrl_llm.sampling.decode import (
     stop_token_ids,
     trace_counts,
 )
+from jaxrl_llm.sampling.engine import PagedEngine, Row
 from jaxrl_llm.sampling.filters import (
     filtered_logits,
     min_p_filter,
@@ -39,9 +40,31 @@ from jaxrl_llm.sampling.paged import (
     pages_for,
     write_prompt_pages,
 )
+from jaxrl_llm.sampling.paged_generate import generate_paged
+from jaxrl_llm.sampling.slots import (
+    SlotState,
+    admit_rows,
+    cast_for_rollout,
+    cow_copy,
+    decode_chunk,
+    engine_trace_counts,
+    extend_row,
+    store_prompts,
+)
 from jaxrl_llm.sampling.text import decode_completions, encode_prompts, generate_text
 
 __all__ = [
+    "PagedEngine",
+    "Row",
+    "SlotState",
+    "admit_rows",
+    "cast_for_rollout",
+    "cow_copy",
+    "decode_chunk",
+    "engine_trace_counts",
+    "extend_row",
+    "generate_paged",
+    "store_prompts",
     "PageAllocator",
     "PageTable",
     "PagedKVCache",

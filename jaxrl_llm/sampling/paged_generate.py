@@ -1,0 +1,88 @@
+"""Host-level generation on the continuous-batching paged engine (:mod:`.engine`), with the
+arguments and the :class:`Rollout` of the static engine's :func:`jaxrl_llm.sampling.generate`."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.models import ModelConfig
+from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
+from jaxrl_llm.sampling.decode import Rollout, pad_prompts
+from jaxrl_llm.sampling.engine import PagedEngine
+
+
+def generate_paged(
+    params,
+    config: ModelConfig,
+    prompts_tokens: list[list[int]],
+    *,
+    sampling: SamplingConfig = SamplingConfig(),
+    num_samples: int = 1,
+    seed: int = 0,
+    max_new_tokens: int = 128,
+    prompt_ids: list[int] | None = None,
+    stop_steps: list[int] | None = None,
+    num_slots: int = 16,
+    page_size: int = 16,
+    chunk_steps: int = 16,
+    dtype: str | None = None,
+    prompt_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+    gen_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+) -> Rollout:
+    """:func:`jaxrl_llm.sampling.generate` on the continuous-batching paged engine.
+
+    Same arguments and the same :class:`Rollout` (rows in request order, prompt-major, each
+    row's tokens keyed as in the static engine), plus the engine's sizes: ``num_slots`` S
+    (raised to G if smaller), ``page_size``, ``chunk_steps`` and ``dtype``. ``stop_steps``
+    (N = B·G ints ≤ max_new_tokens) caps each row's length (forced ragged lengths).
+    """
+    if max_new_tokens < 1 or num_samples < 1:
+        raise ConfigError("max_new_tokens and num_samples must be >= 1")
+    b, g = len(prompts_tokens), int(num_samples)
+    tokens, mask = pad_prompts(
+        prompts_tokens, pad_id=config.pad_token_id or 0, buckets=prompt_buckets
+    )
+    gen_len = bucket_length(max_new_tokens, gen_buckets)
+    engine = PagedEngine(
+        params,
+        config,
+        sampling=sampling,
+        seed=seed,
+        num_slots=max(num_slots, g),
+        page_size=page_size,
+        max_len=tokens.shape[1] + gen_len,
+        gen_len=gen_len,
+        chunk_steps=chunk_steps,
+        dtype=dtype,
+    )
+    pids = list(range(b)) if prompt_ids is None else [int(i) for i in prompt_ids]
+    steps = [max_new_tokens] * (b * g) if stop_steps is None else [int(s) for s in stop_steps]
+    if len(pids) != b or len(steps) != b * g or max(steps) > max_new_tokens:
+        raise ConfigError("prompt_ids needs B entries, stop_steps B·G entries <= max_new_tokens")
+    for i, toks in enumerate(prompts_tokens):
+        engine.submit(
+            list(toks), prompt_id=pids[i], num_samples=g, max_new_tokens=steps[i * g : i * g + g]
+        )
+    rows = engine.run()
+    m = max_new_tokens
+    out_tok = np.full((b * g, m), engine.pad_id, np.int32)
+    out_lp = np.zeros((b * g, m), np.float32)
+    lengths = np.array([len(r.tokens) for r in rows], np.int32)
+    for i, r in enumerate(rows):
+        out_tok[i, : lengths[i]] = r.tokens
+        out_lp[i, : lengths[i]] = r.logprobs
+    finished = np.array([r.finished for r in rows], bool)
+    return Rollout(
+        tokens=jnp.asarray(out_tok),
+        mask=jnp.asarray((np.arange(m)[None] < lengths[:, None]).astype(np.int32)),
+        lengths=jnp.asarray(lengths),
+        finished=jnp.asarray(finished),
+        truncated=jnp.asarray(~finished),
+        logprobs=jnp.asarray(out_lp),
+        prompt_tokens=jnp.asarray(np.repeat(tokens, g, axis=0)),
+        prompt_mask=jnp.asarray(np.repeat(mask, g, axis=0)),
+        prompt_ids=jnp.asarray(np.repeat(np.asarray(pids, np.int32), g)),
+        sample_ids=jnp.asarray(np.tile(np.arange(g, dtype=np.int32), b)),
+    )
