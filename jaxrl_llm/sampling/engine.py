@@ -136,7 +136,8 @@ class PagedEngine:
         self._resume: collections.deque[tuple[int, jax.Array]] = collections.deque()
         self._slot_row: list[int | None] = [None] * s
         self._gen: dict[int, int] = {}  # live row -> tokens generated in its turn so far
-        self.stats: collections.Counter = collections.Counter()  # chunks, prefills, refills
+        # chunks, prefills, refills; live_rows and pages_held summed over chunks
+        self.stats: collections.Counter = collections.Counter()
 
     # ----- requests ---------------------------------------------------------------------------
 
@@ -243,6 +244,8 @@ class PagedEngine:
                 width=width,
             )
             self.stats["chunks"] += 1
+            self.stats["live_rows"] += len(live)  # summed over chunks: mean KV held per row
+            self.stats["pages_held"] += self.book.alloc.num_pages - 1 - self.book.alloc.num_free
             self._collect()
         return self.rows
 
