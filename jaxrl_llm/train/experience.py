@@ -4,8 +4,9 @@ An :class:`Experience` is one batch of scored episodes on the host, rows in requ
 the G samples of a prompt consecutive (a group). The rollout side produces it
 (:mod:`jaxrl_llm.train.rollout`), an algorithm strategy turns it into learner batches
 (:mod:`jaxrl_llm.train.algorithms`). :class:`ExperienceBuffer` is the seam between the two: a
-synchronous run puts one batch and takes it back at once; an asynchronous one lets the rollout
-side run ahead by at most ``max_staleness`` policy versions.
+synchronous run puts one batch and takes it back at once; an asynchronous one
+(:mod:`jaxrl_llm.train.producer`) lets the rollout side run ahead by at most
+``max_staleness`` policy versions.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class ExperienceBuffer:
     The learner takes the oldest batch whose rows were sampled at most ``max_staleness``
     policy versions before the learner's current version; older batches are dropped and
     counted. ``max_staleness = 0`` with one put per get is the synchronous loop (what the
-    trainer runs today); the asynchronous trainer will put ahead of the learner.
+    trainer's default); the asynchronous producer puts ahead of the learner.
     """
 
     def __init__(self, max_staleness: int = 0):

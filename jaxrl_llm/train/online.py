@@ -4,7 +4,9 @@ Per step (:meth:`OnlineTrainer.train_step`)::
 
     exp, info = rollouts.collect(iterator, step)       # rollout.py: sample G per prompt, score
     buffer.put(exp); exp = buffer.get(version)         # experience.py: the rollout/learner seam
+                                                       # (max_staleness >= 1: producer.py)
     prepared = strategy.prepare(exp, reference)        # algorithms.py: advantages → batch
+    batch, m = corrector(prepared.batch)               # correction.py (rollout.correction)
     metrics = learner.update(policy, prepared.batch)   # learner.py: epochs × minibatches
 
 The algorithm is data: its registry entry (``jaxrl_llm.losses.ALGORITHMS``) names the loss,
@@ -29,11 +31,12 @@ from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.algorithms import make_strategy
 from jaxrl_llm.train.correction import RolloutCorrector
-from jaxrl_llm.train.experience import ExperienceBuffer
+from jaxrl_llm.train.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.loop import Trainer
 from jaxrl_llm.train.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.preflight import check_mesh, read_splits
+from jaxrl_llm.train.producer import Producer, WeightBox, snapshot
 from jaxrl_llm.train.rollout import Rollouts
 from jaxrl_llm.train.run_config import (
     RunConfig,
@@ -120,14 +123,16 @@ class OnlineTrainer(Trainer):
             rewards,
             tokenizer=p.tokenizer,
             model_config=p.config,
-            params_fn=p.full_params,
-            version_fn=lambda: int(p.state.step),
+            weights_fn=lambda: (p.full_params(), int(p.state.step)),
             seed=cfg.seed,
         )
         self.strategy = make_strategy(
             algo, cfg, policy=p, rollouts=self.rollouts, loss_config=self.loss_config, log=self.say
         )
         self.buffer = ExperienceBuffer(max_staleness=0)
+        # rollout.max_staleness >= 1: the background rollout thread, started by the first
+        # step (after a resume has restored the data position)
+        self.producer: Producer | None = None
         self.corrector = (
             None if r.correction is None else RolloutCorrector(r.correction, p, self.logprobs)
         )
@@ -234,15 +239,54 @@ class OnlineTrainer(Trainer):
             return None
         return {k: float(f(step - 1)) for k, f in self.schedules.items()}
 
+    def experience(self, step: int) -> tuple[Experience, dict]:
+        """This step's experience and rollout metrics: sampled now with the current weights
+        (``rollout.max_staleness: 0``), or taken from the background producer (at most
+        ``max_staleness`` steps old; :mod:`jaxrl_llm.train.producer`)."""
+        r, p = self.cfg.rollout, self.policy
+        if not r.max_staleness:
+            t0 = time.perf_counter()
+            exp, info = self.rollouts.collect(self.iterator, step)
+            t_rollout = time.perf_counter() - t0
+            self.buffer.put(exp)
+            fresh = self.buffer.get(int(p.state.step))
+            assert fresh is not None  # synchronous: the batch just put, sampled by these weights
+            return fresh, {**info, "time/rollout_s": t_rollout}
+        if self.producer is None:
+            box = WeightBox(*snapshot(p))
+            sampler = Rollouts(
+                r,
+                self.rollouts.rewards,
+                tokenizer=p.tokenizer,
+                model_config=p.config,
+                weights_fn=box.get,
+                seed=self.cfg.seed,
+            )
+            self.producer = Producer(
+                sampler,
+                self.iterator,
+                box,
+                max_staleness=r.max_staleness,
+                updates_per_step=self.learner.epochs * self.learner.minibatches,
+                staleness=r.staleness,
+                first_step=step,
+                last_step=self.cfg.max_steps,
+            )
+        exp, info = self.producer.next_batch(step, int(p.state.step))
+        self.iterator = self.producer.position  # what a checkpoint records
+        return exp, info
+
+    def close(self) -> None:
+        """Stop the rollout thread (if any), then release the checkpoint managers."""
+        if self.producer is not None:
+            self.producer.close()
+        super().close()
+
     def train_step(self, step: int) -> dict:
         """Rollout → experience → learner batch → updates; returns the step's metrics."""
         t0 = time.perf_counter()
-        exp, info = self.rollouts.collect(self.iterator, step)
-        t_rollout = time.perf_counter() - t0
-        self.buffer.put(exp)
-        fresh = self.buffer.get(int(self.policy.state.step))
-        assert fresh is not None  # synchronous: the batch just put, sampled by these weights
-        exp = fresh
+        exp, info = self.experience(step)
+        t_rollout = info.pop("time/rollout_s")
         t1 = time.perf_counter()
         self._t_ref = 0.0
         prepared = self.strategy.prepare(exp, self.reference if self._ref_fn else None)
@@ -255,6 +299,8 @@ class OnlineTrainer(Trainer):
             self.policy, prepared.batch, step, frozen=self.policy.frozen(), hparams=hp
         )
         t_update = time.perf_counter() - t2
+        if self.producer is not None:
+            self.producer.box.publish(*snapshot(self.policy))
         out.update(exp.metrics)
         out.update(prepared.metrics)
         out.update(correction)

@@ -42,8 +42,9 @@ class Rollouts:
       rewards: the reward set (its first function is the held-out metric).
       tokenizer: the policy's tokenizer (``decode``).
       model_config: the policy's model config.
-      params_fn: ``() -> params`` of the current policy (LoRA merged) to sample with.
-      version_fn: ``() -> int``, the policy version (optimizer step) of those params.
+      weights_fn: ``() -> (params, version)``: the policy's params (LoRA merged) to sample
+        with and their version (the optimizer step), read together once per sampling call
+        (the asynchronous producer hands a published snapshot).
       seed: the run's seed; sampling seeds are functions of (seed, step, round).
     """
 
@@ -54,16 +55,14 @@ class Rollouts:
         *,
         tokenizer: Any,
         model_config: Any,
-        params_fn: Callable[[], Any],
-        version_fn: Callable[[], int],
+        weights_fn: Callable[[], tuple[Any, int]],
         seed: int,
     ):
         self.settings = settings
         self.rewards = rewards
         self.tokenizer = tokenizer
         self.model_config = model_config
-        self.params_fn = params_fn
-        self.version_fn = version_fn
+        self.weights_fn = weights_fn
         self.seed = seed
         r = settings
         self.sampling = SamplingConfig(
@@ -81,8 +80,9 @@ class Rollouts:
         """Generate ``num_samples`` (default G) completions of each item and score them."""
         g = self.settings.group_size if num_samples is None else num_samples
         sampling = SamplingConfig(greedy=True) if greedy else self.sampling
+        params, version = self.weights_fn()
         ro = generate(
-            self.params_fn(),
+            params,
             self.model_config,
             [list(x.prompt_ids) for x in items],
             sampling=sampling,
@@ -113,7 +113,7 @@ class Rollouts:
             scores={k: np.asarray(v) for k, v in out.per_function.items()},
             metrics=metrics,
             group_size=g,
-            policy_version=np.full(len(texts), self.version_fn(), np.int64),
+            policy_version=np.full(len(texts), version, np.int64),
         )
 
     def collect(

@@ -128,6 +128,10 @@ class RunConfig:
                 if getattr(r, name) < 1:
                     raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
             _check_sampling(r)
+            if r.max_staleness < 0:
+                raise ConfigError(
+                    f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}"
+                )
             if r.correction is not None and not algo.loss_spec().takes_rollout_correction:
                 raise ConfigError(
                     f"rollout.correction: {self.algorithm}'s loss ({algo.loss}) takes no "

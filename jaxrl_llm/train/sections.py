@@ -222,6 +222,10 @@ class RolloutSection:
       correction: correct the update for the sampler's log-probs (TIS / MIS or decoupled
         PPO; one extra forward per step): :class:`~jaxrl_llm.train.correction.
         CorrectionSection`; null = off.
+      max_staleness: k: rollouts run ahead of the learner in a background thread, trained on
+        at most k steps after the weights that sampled them (0: synchronous, today's loop).
+      staleness: ``wait`` (the producer never runs far enough ahead to exceed k) or ``drop``
+        (it runs one batch further; too-old batches are dropped). See train/producer.py.
     """
 
     prompts_per_step: int = 4
@@ -240,6 +244,8 @@ class RolloutSection:
     skip_zero_advantage: bool = True
     micro_batch_groups: int = 1
     correction: CorrectionSection | None = None
+    max_staleness: int = 0
+    staleness: Literal["wait", "drop"] = "wait"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,168 @@
+"""Asynchronous rollouts within a staleness bound (``rollout.max_staleness: k``, k ≥ 1).
+
+A colocated, single-process form of the one-step-off / bounded-staleness pipelines of the
+asynchronous RL trainers (AReaL's ``max_head_offpolicyness``, Fu et al. 2025,
+https://arxiv.org/abs/2505.24298; verl's one-step-off; TRL's ``max_staleness``): one
+background thread generates and scores the rollouts of the next steps while the learner
+updates on this one. JAX releases the GIL while it computes, so generation and the update
+overlap as far as the hardware lets them (on a 2-core CPU they compete for the cores; where
+a step waits on something else, such as a remote reward, the overlap pays).
+
+Versions. The learner publishes a snapshot of its weights after every step
+(:class:`WeightBox`); a rollout samples with the newest snapshot when it starts, and each
+row records its version (the optimizer step, ``Experience.policy_version``). Staleness is
+counted in train steps (one published snapshot per step; ``epochs × minibatches`` optimizer
+steps each). The rollout of step j is submitted during step j − k, when the newest snapshot
+is at most k steps older than the one that will train on it, so with ``staleness: wait`` no
+batch is ever older than k: the learner waits for the batch when it is not ready
+(``async/wait_s``). With ``staleness: drop`` the producer may run one batch further ahead;
+a batch that arrives older than k steps is dropped by the
+:class:`~jaxrl_llm.train.experience.ExperienceBuffer` (``async/dropped``; its prompts are
+not trained on) and the learner takes the next one.
+
+Data position. The producer draws prompts ahead of the learner; the position a checkpoint
+records (:class:`ConsumedPosition`) is the one after the last batch the learner took, so a
+resumed run draws the batches that were in flight again (sampled with the resumed weights):
+no prompt is lost or trained on twice, and the staleness bound holds from the resumed step.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.train.experience import Experience, ExperienceBuffer
+from jaxrl_llm.train.rollout import Rollouts
+
+
+class WeightBox:
+    """The newest published ``(params, version)`` snapshot, read and written atomically."""
+
+    def __init__(self, params: Any, version: int):
+        self._lock = threading.Lock()
+        self._value = (params, version)
+
+    def publish(self, params: Any, version: int) -> None:
+        """Replace the snapshot (the learner, after an update)."""
+        with self._lock:
+            self._value = (params, version)
+
+    def get(self) -> tuple[Any, int]:
+        """The newest ``(params, version)`` (the sampler, when a rollout starts)."""
+        with self._lock:
+            return self._value
+
+
+class ConsumedPosition:
+    """What a checkpoint records as the data position: the iterator state after the last
+    batch the learner took (the producer's own iterator is ahead)."""
+
+    def __init__(self, state: dict, steps_per_epoch: int):
+        self._state, self.steps_per_epoch = dict(state), steps_per_epoch
+
+    def state(self) -> dict:
+        """The data position to resume from."""
+        return dict(self._state)
+
+
+class Producer:
+    """The background rollout thread and the bounded queue of its jobs.
+
+    Args:
+      rollouts: a :class:`Rollouts` whose ``weights_fn`` reads ``box``.
+      iterator: the prompt iterator (only this thread draws from it).
+      box: the learner's published weights.
+      max_staleness: k ≥ 1, in train steps. updates_per_step: optimizer steps per train step.
+      staleness: ``wait`` (never produce a batch that could be too old) or ``drop`` (produce
+        one more batch ahead; drop the ones that arrive too old).
+      first_step: the step of the first rollout (after a resume, the resumed step + 1).
+      last_step: no rollout is produced past this step (``max_steps``).
+    """
+
+    def __init__(
+        self,
+        rollouts: Rollouts,
+        iterator: Any,
+        box: WeightBox,
+        *,
+        max_staleness: int,
+        updates_per_step: int,
+        staleness: Literal["wait", "drop"],
+        first_step: int,
+        last_step: int,
+    ):
+        self.rollouts, self.iterator, self.box = rollouts, iterator, box
+        self.k, self.updates = max_staleness, updates_per_step
+        self.depth = max_staleness + (1 if staleness == "drop" else 0)
+        self.buffer = ExperienceBuffer(max_staleness=max_staleness * updates_per_step)
+        self.next_job, self.last_step = first_step, last_step
+        self.extra_jobs = 0  # jobs submitted to replace dropped batches
+        self.pending: collections.deque[Future] = collections.deque()
+        self.position = ConsumedPosition(iterator.state(), iterator.steps_per_epoch)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
+
+    def _job(self, job: int) -> tuple[Experience, dict, dict, float]:
+        t = time.perf_counter()
+        exp, info = self.rollouts.collect(self.iterator, job)
+        return exp, info, self.iterator.state(), time.perf_counter() - t
+
+    def _fill(self, step: int) -> None:
+        """Submit jobs so that those of steps up to ``step + depth`` are queued (fewer past
+        ``last_step``; after drops, replacements count against the same bound)."""
+        while self.next_job - self.extra_jobs <= min(step + self.depth, self.last_step):
+            self.pending.append(self._pool.submit(self._job, self.next_job))
+            self.next_job += 1
+
+    def next_batch(self, step: int, version: int) -> tuple[Experience, dict]:
+        """The experience the learner at ``version`` (optimizer step) trains on at ``step``,
+        and the step's rollout / asynchrony metrics."""
+        wait = 0.0
+        dropped0 = self.buffer.dropped
+        while True:
+            self._fill(step)
+            t = time.perf_counter()
+            exp, info, position, gen_s = self.pending.popleft().result()
+            wait += time.perf_counter() - t
+            self.buffer.put(exp)
+            got = self.buffer.get(version)
+            if got is not None:
+                break
+            self.extra_jobs += 1  # the dropped batch's step needs another rollout
+        self.position = ConsumedPosition(position, self.iterator.steps_per_epoch)
+        stale = (version - np.asarray(got.policy_version)) // self.updates
+        out = {
+            **info,
+            "time/rollout_s": gen_s,
+            "async/wait_s": wait,
+            "async/dropped": self.buffer.dropped - dropped0,
+            "async/dropped_total": self.buffer.dropped,
+            "async/staleness_mean": float(stale.mean()),
+            "async/staleness_max": int(stale.max()),
+        }
+        for i in range(self.k + 1):  # the histogram: share of rows i steps old
+            out[f"async/staleness_{i}"] = float(np.mean(stale == i))
+        return got, out
+
+    def close(self) -> None:
+        """Cancel the queued jobs and wait for the running one."""
+        for f in self.pending:
+            f.cancel()
+        self.pending.clear()
+        self._pool.shutdown(wait=True)
+
+
+def snapshot(policy: Any) -> tuple[Any, int]:
+    """The policy's sampling weights and version as a snapshot the next update cannot
+    overwrite: the train step donates its state's buffers, so full fine-tuning's params are
+    copied (LoRA's merge already makes new arrays)."""
+    params = policy.full_params()
+    if policy.lora is None:
+        params = jax.tree.map(jnp.copy, params)
+    return params, int(policy.state.step)
