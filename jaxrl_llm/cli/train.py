@@ -52,27 +52,33 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(yaml.safe_dump(resolved, sort_keys=False))
         return 0
-    try:
-        os.makedirs(cfg.output_dir, exist_ok=True)
-        probe = os.path.join(cfg.output_dir, ".write_test")
-        with open(probe, "w", encoding="utf-8") as f:
-            f.write("ok")
-        os.remove(probe)
+    try:  # a new directory is created and probed; an existing one (a resume) left as it is
+        if not os.path.isdir(cfg.output_dir):
+            os.makedirs(cfg.output_dir)
+            probe = os.path.join(cfg.output_dir, ".write_test")
+            with open(probe, "w", encoding="utf-8") as f:
+                f.write("ok")
+            os.remove(probe)
+        elif not os.access(cfg.output_dir, os.W_OK | os.X_OK):
+            raise PermissionError(13, "permission denied")
     except OSError as e:
         raise ConfigError(
             f"output_dir {cfg.output_dir!r} cannot be written ({e.strerror or e}); "
             f"choose another output_dir"
         ) from None
-    with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
-        yaml.safe_dump(resolved, f, sort_keys=False)
-    if cfg.is_online:
-        from jaxrl_llm.train.online import train_online
+    # The trainer writes config.yaml (or, resumed, config.resumed-<step>.yaml) once it holds
+    # the output_dir lock and the resume succeeded.
+    from jaxrl_llm.train.run_state import output_dir_lock
 
-        summary = train_online(cfg)
-    else:
-        from jaxrl_llm.train.offline import train_offline
+    with output_dir_lock(cfg.output_dir):  # before the trainer writes anything there
+        if cfg.is_online:
+            from jaxrl_llm.train.online import train_online
 
-        summary = train_offline(cfg)
+            summary = train_online(cfg)
+        else:
+            from jaxrl_llm.train.offline import train_offline
+
+            summary = train_offline(cfg)
     if cfg.logging.plots:
         from jaxrl_llm.cli.plot import plot_run
 

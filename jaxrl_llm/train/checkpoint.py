@@ -23,8 +23,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import os
 import shutil
+import sys
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -163,6 +166,11 @@ class CheckpointManager:
         }
         if self.model_config is not None:
             items["model_config"] = ocp.args.JsonSave(model_config_to_dict(self.model_config))
+        if int(step) in self.all_steps():
+            # A finalised step that a resumed run reaches again is stale: a kill landed after
+            # it was written but before the state that resumes was (a companion's checkpoint,
+            # or a step skipped as unreadable). Replace it instead of failing.
+            self._mgr.delete(int(step))
         return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=True))
 
     def wait_until_finished(self) -> None:
@@ -187,11 +195,7 @@ class CheckpointManager:
         """
         self.wait_until_finished()
         steps = self.all_steps()
-        if step is None:
-            if not steps:
-                raise CheckpointError(f"no finalised checkpoint in {self.directory}")
-            step = steps[-1]
-        elif step not in steps:
+        if step is not None and step not in steps:
             raise CheckpointError(
                 f"checkpoint step {step} not found in {self.directory}; available: {steps}"
             )
@@ -201,13 +205,9 @@ class CheckpointManager:
             meta=ocp.args.StandardRestore({"step": abstract_state.step, "rng": abstract_state.rng}),
             extra=ocp.args.JsonRestore(),
         )
-        try:
-            out = self._mgr.restore(step, args=args)
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(
-                f"{self.directory}/{step}: cannot restore into the given "
-                f"state structure: {str(e).splitlines()[0]}"
-            ) from None
+        _, out = _newest_intact(
+            self.directory, steps, step, lambda s: _restore_one(self._mgr, self.directory, s, args)
+        )
         state = TrainState(
             params=out["params"],
             opt_state=out["opt_state"],
@@ -226,6 +226,82 @@ class CheckpointManager:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Unreadable(Exception):
+    """A step's files cannot be read back (truncated or corrupt)."""
+
+
+def _restore_one(mgr, directory: str, step: int, args):
+    """``mgr.restore(step)``; CheckpointError when the arrays do not match ``args``' structure
+    (the config changed), :class:`_Unreadable` when the files cannot be read."""
+    try:
+        return mgr.restore(step, args=args)
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"{directory}/{step}: cannot restore into the given state structure: {_first_line(e)}"
+        ) from None
+    except Exception as e:  # tensorstore raises a bare Exception for unreadable data
+        _quiet_abandoned_reads()
+        raise _Unreadable(_first_line(e)) from None
+
+
+def _quiet_abandoned_reads() -> None:
+    """After a failed restore, orbax's other array reads are abandoned: their coroutines'
+    errors and their callbacks into the closed event loop would each print a traceback (a
+    truncated checkpoint printed ~600 lines). Drop those reports, keep every other."""
+    previous = sys.unraisablehook
+
+    def hook(report) -> None:
+        text = f"{report.exc_value!r} {report.object!r}"
+        if "_read_array_index" in text or "Event loop is closed" in text:
+            return
+        previous(report)
+
+    sys.unraisablehook = hook
+    previous_thread = threading.excepthook
+
+    def thread_hook(args) -> None:
+        if isinstance(args.exc_value, RuntimeError) and "Event loop is closed" in str(
+            args.exc_value
+        ):
+            return
+        previous_thread(args)
+
+    threading.excepthook = thread_hook
+
+
+def _newest_intact(directory: str, steps: list[int], step: int | None, restore):
+    """``(s, restore(s))`` for ``step``, or with ``step`` None for the newest step that reads
+    back intact: an unreadable one is skipped with one line on stderr naming it and why.
+
+    Raises:
+      CheckpointError: no finalised step, or none of those tried is readable (each named).
+    """
+    if not steps:
+        raise CheckpointError(f"no finalised checkpoint in {directory}")
+    order = [step] if step is not None else sorted(steps, reverse=True)
+    skipped: list[str] = []
+    for k, s in enumerate(order):
+        try:
+            return s, restore(s)
+        except _Unreadable as e:
+            skipped.append(f"step {s} ({e})")
+            if k + 1 < len(order):
+                print(
+                    f"checkpoint {directory}: step {s} is unreadable, its files truncated or "
+                    f"corrupt ({e}); trying step {order[k + 1]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    raise CheckpointError(
+        f"{directory}: no readable checkpoint; truncated or corrupt files in " + "; ".join(skipped)
+    )
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    line = (str(e).splitlines() or [type(e).__name__])[0].split(" See full TensorStore")[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _save_tokenizer_once(tokenizer: Any, tok_dir: str) -> None:
@@ -274,40 +350,49 @@ def restore_model(
     step = step if step is not None else path_step
     if not os.path.isdir(root):
         raise CheckpointError(f"checkpoint directory {root} does not exist")
-    mgr = ocp.CheckpointManager(
-        root, options=ocp.CheckpointManagerOptions(read_only=True), item_handlers=_handlers()
-    )
+    absl_logger = logging.getLogger("absl")  # orbax's notes on read-only managers
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
     try:
-        steps = sorted(mgr.all_steps())
-        if step is None:
-            if not steps:
-                raise CheckpointError(f"no finalised checkpoint in {root}")
-            step = steps[-1]
-        elif step not in steps:
-            raise CheckpointError(f"checkpoint step {step} not found in {root}; available: {steps}")
-        if not os.path.isdir(os.path.join(root, str(step), "model_config")):
-            raise CheckpointError(
-                f"{root}/{step} has no model_config; save with "
-                f"CheckpointManager(..., model_config=config)"
-            )
-        sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        meta = mgr.item_metadata(step)["params"]
-        target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), meta
+        mgr = ocp.CheckpointManager(
+            root, options=ocp.CheckpointManagerOptions(read_only=True), item_handlers=_handlers()
         )
-        out = mgr.restore(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(target), model_config=ocp.args.JsonRestore()
-            ),
-        )
+        try:
+            config, params, step = _restore_model_step(mgr, root, step, sharding)
+        finally:
+            mgr.close()
     finally:
-        mgr.close()
-    config = model_config_from_dict(out["model_config"], source=f"{root}/{step}")
+        absl_logger.setLevel(level)
     tokenizer = None
     tok_dir = os.path.join(root, TOKENIZER_DIR)
     if os.path.isdir(tok_dir):
         from transformers import AutoTokenizer  # heavy import, only when needed
 
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-    return config, out["params"], tokenizer
+    return config, params, tokenizer
+
+
+def _restore_model_step(mgr, root: str, step: int | None, sharding):
+    """(config, params, step) of ``step``, or of the newest readable step when None."""
+    steps = sorted(mgr.all_steps())
+    if step is not None and step not in steps:
+        raise CheckpointError(f"checkpoint step {step} not found in {root}; available: {steps}")
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def restore(s: int):
+        if not os.path.isdir(os.path.join(root, str(s), "model_config")):
+            raise CheckpointError(
+                f"{root}/{s} has no model_config; save with "
+                f"CheckpointManager(..., model_config=config)"
+            )
+        meta = mgr.item_metadata(s)["params"]
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), meta
+        )
+        args = ocp.args.Composite(
+            params=ocp.args.StandardRestore(target), model_config=ocp.args.JsonRestore()
+        )
+        return _restore_one(mgr, root, s, args)
+
+    s, out = _newest_intact(root, steps, step, restore)
+    return model_config_from_dict(out["model_config"], source=f"{root}/{s}"), out["params"], s

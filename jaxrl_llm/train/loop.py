@@ -21,11 +21,18 @@ from typing import Any
 
 import jax
 
-from jaxrl_llm.errors import TrainingError
+from jaxrl_llm.errors import ConfigError, TrainingError
 from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.policy import Policy, export_policy
 from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.run_state import NonFiniteGuard, make_logger, restore_latest, run_extra
+from jaxrl_llm.train.run_state import (
+    NonFiniteGuard,
+    make_logger,
+    output_dir_lock,
+    record_config,
+    restore_latest,
+    run_extra,
+)
 
 
 class Trainer:
@@ -103,8 +110,14 @@ class Trainer:
         extra = restore_latest(self.ckpt, self.policy, step)
         if extra is None:
             return
+        step = int(extra.get("step", int(self.policy.state.step)))
+        if step > self.cfg.max_steps:
+            raise ConfigError(
+                f"--resume: the newest checkpoint in {self.cfg.output_dir} is at step {step}, "
+                f"past max_steps={self.cfg.max_steps}; set max_steps >= {step} to continue it"
+            )
         self.iterator = self.make_iterator(extra.get("data"))
-        self.start_step = int(extra.get("step", int(self.policy.state.step)))
+        self.start_step = step
         self._last_saved = self.start_step  # on disk already: saving it again would fail
         self.guard.restore(extra)
         self.train_time = float(extra.get("train_time_s", 0.0))
@@ -136,9 +149,14 @@ class Trainer:
     def run(self) -> dict:
         """Train for ``max_steps`` (or from a resumed step); returns the summary dict
         (held-out metrics before / after, timings, the export path)."""
+        os.makedirs(self.cfg.output_dir, exist_ok=True)
+        with output_dir_lock(self.cfg.output_dir):
+            self.maybe_resume()
+            record_config(self.cfg, self.start_step if self.resumed else None, self.say)
+            return self._run()
+
+    def _run(self) -> dict:
         cfg = self.cfg
-        os.makedirs(cfg.output_dir, exist_ok=True)
-        self.maybe_resume()
         self.logger = logger = make_logger(
             cfg, progress_keys=self.progress_keys, stream=self.log_stream, resumed=self.resumed
         )

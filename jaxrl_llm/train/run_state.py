@@ -1,13 +1,16 @@
 """What a run keeps besides its train state: the checkpointer, the metrics logger, the
-non-finite guard, and the ``extra`` record a resumed run continues from.
+non-finite guard, the ``extra`` record a resumed run continues from, the run's config record
+and the lock that keeps two runs out of one ``output_dir``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import jax
 
+from jaxrl_llm.errors import TrainingError
 from jaxrl_llm.train.policy import Policy
 from jaxrl_llm.train.run_config import RunConfig
 
@@ -119,3 +122,89 @@ class NonFiniteGuard:
                 f"non-finite loss or gradient (updates skipped); stopping — "
                 f"{where}. Lower optim.lr or check the data and rewards."
             )
+
+
+_HELD: set[str] = set()  # output_dirs this process holds
+
+
+@contextlib.contextmanager
+def output_dir_lock(output_dir: str):
+    """Hold an exclusive lock on ``output_dir`` for a run (main process only): a second run
+    started on the same directory stops with a one-line error instead of mixing its
+    checkpoints and metrics into the first's. The lock is an ``flock`` on
+    ``output_dir/.lock``: released by the OS when the process ends, even when killed.
+    Re-entrant within a process (``jaxrl-llm train`` takes it before building the trainer,
+    whose ``run`` takes it again)."""
+    key = os.path.realpath(output_dir)
+    if jax.process_index() != 0 or key in _HELD:  # re-entered: the CLI holds it around the run
+        yield
+        return
+    import fcntl
+
+    path = os.path.join(output_dir, ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TrainingError(
+                f"output_dir {output_dir!r} is in use by another run (it holds "
+                f"{path}); wait for it to end or choose another output_dir"
+            ) from None
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def record_config(cfg: RunConfig, resumed_step: int | None, say) -> None:
+    """Write the resolved config (the loss section with its defaults) into ``output_dir``.
+
+    A fresh run writes ``config.yaml``. A resumed one keeps that file (the run's original
+    config) and writes ``config.resumed-<step>.yaml`` beside it, after ``say``-ing every key
+    whose value changed (``optim.lr: 0.0001 -> 0.0002``). Called once the resume succeeded, so
+    a refused resume leaves the directory as it was.
+    """
+    if jax.process_index() != 0:
+        return
+    import yaml
+
+    from jaxrl_llm.train.config_io import to_dict
+    from jaxrl_llm.train.run_config import loss_config
+
+    resolved = to_dict(cfg)
+    resolved["loss"] = to_dict(loss_config(cfg))
+    resolved.pop("resume", None)
+    original = os.path.join(cfg.output_dir, "config.yaml")
+    if resumed_step is None or not os.path.isfile(original):
+        path = original
+    else:
+        with open(original, encoding="utf-8") as f:
+            before = _flat(yaml.safe_load(f) or {})
+        after = _flat(resolved)
+        changed = [
+            f"{k}: {before.get(k)!r} -> {after.get(k)!r}"
+            for k in sorted(set(before) | set(after))
+            if k != "resume" and before.get(k) != after.get(k)
+        ]
+        say(
+            f"resume from step {resumed_step}: config changes vs config.yaml: "
+            + ("; ".join(changed) if changed else "none")
+        )
+        path = os.path.join(cfg.output_dir, f"config.resumed-{resumed_step}.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(resolved, f, sort_keys=False)
