@@ -60,6 +60,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-samples", type=int, default=1, help="samples per prompt, G (default 1)"
     )
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
+    parser.add_argument(
+        "--engine",
+        choices=("static", "paged"),
+        default="static",
+        help="static batch (default) or continuous batching over a paged KV cache; "
+        "the same tokens for the same seed",
+    )
+    parser.add_argument(
+        "--rollout-dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="weights and KV cache dtype while sampling (default: the model's); "
+        "log-probs stay float32",
+    )
 
 
 def _sampling_from_args(args: argparse.Namespace):
@@ -99,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--prompt must not be empty")
 
     from jaxrl_llm.interop import load_model
+    from jaxrl_llm.sampling import cast_for_rollout, generate, generate_paged
     from jaxrl_llm.sampling.text import generate_text
 
     t0 = time.perf_counter()
@@ -115,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
     )
     _check_budget(model, args)
     t0 = time.perf_counter()
+    params, config = cast_for_rollout(model.params, model.config, args.rollout_dtype)
     texts, out = generate_text(
-        model.params,
-        model.config,
+        params,
+        config,
         model.tokenizer,
         args.prompt,
         chat=args.chat,
@@ -125,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         num_samples=args.num_samples,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
+        generate_fn=generate_paged if args.engine == "paged" else generate,
     )
     n_tokens = int(out.lengths.sum())
     dt = time.perf_counter() - t0

@@ -3,7 +3,7 @@ decode completions. Host-side helpers around :func:`jaxrl_llm.sampling.generate`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,7 @@ def generate_text(
     num_samples: int = 1,
     seed: int = 0,
     max_new_tokens: int = 128,
+    generate_fn: Callable[..., Rollout] = generate,
 ) -> tuple[list[str], Rollout]:
     """Generate ``num_samples`` completions for each prompt text.
 
@@ -90,11 +91,13 @@ def generate_text(
       texts: B prompt strings.
       chat: render each prompt as a user turn through the chat template.
       sampling, num_samples, seed, max_new_tokens: as :func:`jaxrl_llm.sampling.generate`.
+      generate_fn: the engine, :func:`jaxrl_llm.sampling.generate` (static, default) or
+        :func:`jaxrl_llm.sampling.generate_paged` (continuous batching, paged KV cache).
     Returns:
       (N = B·G completion strings, prompt-major; the underlying :class:`Rollout`).
     """
     prompts = encode_prompts(tokenizer, texts, chat=chat)
-    out = generate(
+    out = generate_fn(
         params,
         config,
         prompts,

@@ -48,7 +48,11 @@ class CharTokenizer:
         return "".join(chr(33 + (i - 3) % 94) for i in ids if i >= 3 or not skip_special_tokens)
 
 
-def test_smoke_run_on_a_tiny_model_prints_one_text_per_sample(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("engine", ["static", "paged"])
+def test_smoke_run_on_a_tiny_model_prints_one_text_per_sample(
+    engine, tmp_path, monkeypatch, capsys
+):
+    """Both engines print the static engine's samples (the paged one keys rows alike)."""
     import jaxrl_llm.interop as interop
     from jaxrl_llm.sampling import SamplingConfig, generate
 
@@ -84,6 +88,8 @@ def test_smoke_run_on_a_tiny_model_prints_one_text_per_sample(tmp_path, monkeypa
             "ab",
             "--prompt",
             "hello",
+            "--engine",
+            engine,
         ]
     )
     captured = capsys.readouterr()
