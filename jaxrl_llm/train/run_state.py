@@ -83,13 +83,20 @@ def run_extra(step: int, *, iterator, logger, guard: NonFiniteGuard, train_time_
 
 class NonFiniteGuard:
     """Counts consecutive steps whose update the train step skipped (NaN/Inf loss or gradient)
-    and stops the run after ``limit`` of them, naming the last good checkpoint."""
+    and stops the run after ``limit`` of them, naming the last good checkpoint.
+
+    A checkpoint of step N holds the weights after update N; the loss of step N + 1 is the
+    first computed with them. When the bad steps begin at step B, the checkpoint of step B − 1
+    holds the weights that produced them (an update with a finite loss can still blow the
+    weights up: ``optim.lr=1e30``), so the last good checkpoint is the newest of step ≤ B − 2.
+    """
 
     def __init__(self, limit: int, ckpt):
         self.limit = max(int(limit), 1)
         self.ckpt = ckpt
         self.consecutive = 0
         self.total = 0
+        self.first_bad: int | None = None  # the first step of the current run of bad steps
 
     def restore(self, extra: dict) -> None:
         """Continue the count of a resumed run (from its checkpoint's :func:`run_extra`);
@@ -99,10 +106,13 @@ class NonFiniteGuard:
     def update(self, step: int, nonfinite: float) -> dict:
         """Record one step's ``nonfinite`` flag; returns the metrics to log."""
         if nonfinite:
+            if not self.consecutive:
+                self.first_bad = step
             self.consecutive += 1
             self.total += 1
         else:
             self.consecutive = 0
+            self.first_bad = None
         return {"nonfinite_steps_total": self.total}
 
     def check(self, step: int) -> None:
@@ -111,12 +121,23 @@ class NonFiniteGuard:
 
         if self.consecutive >= self.limit:
             self.ckpt.wait_until_finished()  # an async save of the last good step may be pending
-            last = self.ckpt.latest_step()
-            where = (
-                f"the last good checkpoint (step {last}) in {self.ckpt.directory} is intact"
-                if last is not None
-                else "no checkpoint was written"
-            )
+            steps = self.ckpt.all_steps()
+            first_bad = self.first_bad if self.first_bad is not None else step
+            good = [s for s in steps if s <= first_bad - 2]
+            if good:
+                where = f"the last good checkpoint is step {good[-1]} in {self.ckpt.directory}" + (
+                    f" (step {steps[-1]} holds the weights that gave the non-finite loss)"
+                    if steps[-1] > good[-1]
+                    else ""
+                )
+            elif steps:
+                where = (
+                    f"no good checkpoint is kept: step(s) {steps} hold the weights that gave "
+                    f"the non-finite loss at step {first_bad} (a larger checkpoint.keep keeps "
+                    f"older ones)"
+                )
+            else:
+                where = "no checkpoint was written"
             raise TrainingError(
                 f"step {step}: {self.consecutive} consecutive steps with a "
                 f"non-finite loss or gradient (updates skipped); stopping — "
