@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(BIN)/ruff check jaxrl_llm tests tools
 	$(BIN)/ruff format --check jaxrl_llm tests tools
 	$(BIN)/mypy jaxrl_llm
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
