@@ -59,10 +59,9 @@ def test_nonfinite_loss_skips_the_update():
     )
 
 
-def test_run_stops_after_consecutive_nonfinite_steps(tmp_path, capsys):
-    out = tmp_path / "run"
-    # A learning rate of 1e30 makes the first update blow the weights up: from step 2 on every
-    # loss is non-finite, so the run stops after max_nonfinite_steps = 2 bad steps.
+def _blow_up_run(out, capsys, *overrides) -> tuple[int, str, list[dict]]:
+    """A tiny SFT run at lr 1e30 (checkpoint every step, stop after 2 bad steps): exit status,
+    the last stderr line, the metrics rows."""
     rc = main(
         [
             "train",
@@ -73,21 +72,28 @@ def test_run_stops_after_consecutive_nonfinite_steps(tmp_path, capsys):
             "max_steps=10",
             "optim.lr=1e30",
             "optim.schedule=constant",
-            "optim.warmup_steps=0",
             "optim.grad_clip=null",
             "max_nonfinite_steps=2",
             "checkpoint.save_every=1",
             "data.eval=null",
             "logging.tensorboard=false",
             "logging.plots=false",
+            *overrides,
         ]
     )
     err = capsys.readouterr().err.strip().splitlines()[-1]
+    return rc, err, [json.loads(l) for l in open(out / "metrics.jsonl")]
+
+
+def test_run_stops_after_consecutive_nonfinite_steps(tmp_path, capsys):
+    out = tmp_path / "run"
+    # A learning rate of 1e30 makes the first update blow the weights up: from step 2 on every
+    # loss is non-finite, so the run stops after max_nonfinite_steps = 2 bad steps.
+    rc, err, rows = _blow_up_run(out, capsys, "optim.warmup_steps=0")
     assert rc == 2
     assert "consecutive steps with a non-finite loss" in err, err
     # step 1's checkpoint holds the weights the 1e30 update blew up: not named as good
     assert "no good checkpoint is kept: step(s) [1]" in err and "at step 2" in err, err
-    rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert [r["nonfinite"] for r in rows] == [0.0, 1.0, 1.0]
     assert rows[-1]["nonfinite_steps_total"] == 2
     config, params, _ = restore_model(str(out / "checkpoints"))
@@ -98,30 +104,10 @@ def test_guard_names_the_checkpoint_before_the_poisoning_update(tmp_path, capsys
     """Warm-up from 0 to 1e30 over 2 steps: update 1 (lr 0) is harmless, update 2 blows the
     weights up, steps 3 and 4 are non-finite. The checkpoint of step 2 holds the blown-up
     weights; the guard names step 1."""
-    out = tmp_path / "run"
-    rc = main(
-        [
-            "train",
-            os.path.join(ROOT, "configs", "sft.yaml"),
-            f"output_dir={out}",
-            "model.source=tiny",
-            "model.tokenizer=char",
-            "max_steps=10",
-            "optim.lr=1e30",
-            "optim.schedule=constant",
-            "optim.warmup_steps=2",
-            "optim.grad_clip=null",
-            "max_nonfinite_steps=2",
-            "checkpoint.save_every=1",
-            "checkpoint.keep=5",
-            "data.eval=null",
-            "logging.tensorboard=false",
-            "logging.plots=false",
-        ]
+    rc, err, rows = _blow_up_run(
+        tmp_path / "run", capsys, "optim.warmup_steps=2", "checkpoint.keep=5"
     )
-    err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2
     assert "the last good checkpoint is step 1" in err, err
     assert "step 2 holds the weights that gave the non-finite loss" in err, err
-    rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert [r["nonfinite"] for r in rows] == [0.0, 0.0, 1.0, 1.0]
