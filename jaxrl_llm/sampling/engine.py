@@ -257,6 +257,9 @@ class PagedEngine:
 
     def _fill_slots(self) -> None:
         free = [i for i, r in enumerate(self._slot_row) if r is None]
+        while self._resume and free:  # continued rows first: they already hold their pages
+            r, logits = self._resume.popleft()
+            self._start([(free.pop(0), r, 0)], logits)
         z = self.book.page_size
         reserved = sum(self._reserve(r) for r in self._slot_row if r is not None)
         admitted: list[tuple[int, int, int]] = []  # (slot, row, index into the logits source)
@@ -280,9 +283,6 @@ class PagedEngine:
             self.stats["prefills"] += 1
             self.stats["refills"] += bool(self.stats["chunks"])  # admitted after decoding began
             self._prefill(groups, cow, admitted)
-        while self._resume and free:
-            r, logits = self._resume.popleft()
-            self._start([(free.pop(0), r, 0)], logits)
 
     def _prefill(self, groups, cow, admitted) -> None:
         a = bucket_length(len(groups), POW2)

@@ -129,7 +129,7 @@ def main(argv=None) -> int:
                     params,
                     config,
                     sampling=s,
-                    num_slots=args.num_slots,
+                    num_slots=max(min(args.num_slots, b * g), g),  # no idle slots in (a)
                     page_size=args.page_size,
                     max_len=p_len + m,
                     gen_len=m,
