@@ -23,7 +23,8 @@ The losses read ``is_weights`` / ``proximal_logp`` from the batch (``objectives.
 the losses that do are marked ``takes_rollout_correction`` in the registry. Metrics, every
 step: ``correction/weight_mean``, ``correction/weight_max``, ``correction/outside_frac``
 (share of tokens outside [low, high]), ``correction/ratio_max``, ``correction/mismatch_kl``
-(k3 estimate of KL(μ‖π)) and ``time/recompute_s``.
+(k3 estimate of KL(μ‖π)), ``correction/rows_frac`` (share of rows recomputed: only the
+groups with a nonzero advantage need it, :class:`RolloutCorrector`) and ``time/recompute_s``.
 """
 
 from __future__ import annotations
@@ -80,16 +81,22 @@ def _weights(logp, rollout_logp, mask, *, level, mode, low, high):
 
 
 def correct_batch(
-    batch: dict, logp: np.ndarray, section: CorrectionSection
+    batch: dict, logp: np.ndarray, section: CorrectionSection, rows: np.ndarray | None = None
 ) -> tuple[dict, dict[str, float]]:
     """The learner batch corrected with the learner's recomputed ``logp [N, T]`` (its
-    ``old_logp`` holding the sampler's log-probs), and the correction's metrics."""
+    ``old_logp`` holding the sampler's log-probs), and the correction's metrics.
+
+    ``rows``: the rows whose ``logp`` was recomputed (default: all); the others keep the
+    sampler's log-probs and weight 1, and the metrics are over the recomputed rows.
+    """
     mask = np.asarray(batch["loss_mask"])
+    old = np.asarray(batch["old_logp"], np.float32)
+    rows = np.arange(len(mask)) if rows is None else rows
     logp = np.where(mask > 0, np.asarray(logp, np.float32), 0.0).astype(np.float32)
     w, m = _weights(
-        jnp.asarray(logp),
-        jnp.asarray(batch["old_logp"]),
-        jnp.asarray(mask),
+        jnp.asarray(logp[rows]),
+        jnp.asarray(old[rows]),
+        jnp.asarray(mask[rows]),
         level=section.level,
         mode=section.mode,
         low=section.low,
@@ -99,33 +106,68 @@ def correct_batch(
     if section.decoupled:
         out["proximal_logp"] = logp
     else:
+        weights = (mask > 0).astype(np.float32)
+        weights[rows] = np.asarray(w, np.float32)
         out["old_logp"] = logp
-        out["is_weights"] = np.asarray(w, np.float32)
-    return out, {f"correction/{k}": float(v) for k, v in jax.device_get(m).items()}
+        out["is_weights"] = weights
+    metrics = {f"correction/{k}": float(v) for k, v in jax.device_get(m).items()}
+    metrics["correction/rows_frac"] = len(rows) / len(mask)
+    return out, metrics
+
+
+def recompute_rows(advantages: np.ndarray, mask: np.ndarray, *, group_size: int) -> np.ndarray:
+    """Sorted indices of the rows whose log-probs the correction recomputes: the groups of
+    ``group_size`` consecutive rows with a nonzero advantage under ``mask`` (a zero-advantage
+    row's surrogate is 0 whatever its ``old_logp`` and weight), at least one, padded with the
+    next groups to a power-of-two number of groups (few compiled shapes)."""
+    n, g = len(mask), group_size
+    adv = np.asarray(advantages).reshape(n, -1)
+    valid = np.asarray(mask).reshape(n, -1) > 0
+    need = np.any((adv != 0) & valid, axis=1).reshape(-1, g).any(axis=1)
+    count = max(1, int(need.sum()))
+    bucket = min(len(need), 1 << (count - 1).bit_length())
+    groups = np.sort(np.argsort(~need, kind="stable")[:bucket])
+    return (groups[:, None] * g + np.arange(g)[None, :]).reshape(-1)
 
 
 class RolloutCorrector:
     """The recompute forward and :func:`correct_batch` for one run.
+
+    Only the groups with a nonzero advantage are recomputed (a zero-advantage row's
+    surrogate is 0 whatever its ``old_logp`` and weight; the β·KL term does not read them),
+    padded with other groups to a power-of-two number of groups so that few shapes compile,
+    and at least one group so that the metrics exist every step. PPO's GAE advantages are
+    nonzero: every row is recomputed.
 
     Args:
       section: the run's ``rollout.correction``.
       policy: the :class:`~jaxrl_llm.train.policy.Policy` being trained (its current state).
       logprobs: the loss's :class:`~jaxrl_llm.losses.LogprobSettings` (the same temperature,
         window and shared prompt as the update's forward).
+      group_size: rows per group (G): whole groups are recomputed (a shared prompt).
     """
 
-    def __init__(self, section: CorrectionSection, policy: Any, logprobs: LogprobSettings):
-        self.section, self.policy = section, policy
+    def __init__(
+        self,
+        section: CorrectionSection,
+        policy: Any,
+        logprobs: LogprobSettings,
+        *,
+        group_size: int = 1,
+    ):
+        self.section, self.policy, self.group = section, policy, group_size
         self._logps = policy.logps_fn(functools.partial(sequence_logps, **logprobs.kwargs()))
 
     def __call__(self, batch: dict) -> tuple[dict, dict[str, float]]:
         """``(corrected batch, metrics)``, ``time/recompute_s`` the forward's wall time."""
         t = time.perf_counter()
+        rows = recompute_rows(batch["advantages"], batch["loss_mask"], group_size=self.group)
         keys = ("input_ids", "attention_mask", "loss_mask")
-        sub = {k: jnp.asarray(batch[k]) for k in keys}
+        sub = {k: jnp.asarray(np.asarray(batch[k])[rows]) for k in keys}
         p = self.policy
-        logp = np.asarray(jax.device_get(self._logps(p.state.params, sub, **p.frozen())))
+        logp = np.array(batch["old_logp"], np.float32)  # the sampler's where not recomputed
+        logp[rows] = np.asarray(jax.device_get(self._logps(p.state.params, sub, **p.frozen())))
         t_recompute = time.perf_counter() - t
-        out, metrics = correct_batch(batch, logp, self.section)
+        out, metrics = correct_batch(batch, logp, self.section, rows)
         metrics["time/recompute_s"] = t_recompute
         return out, metrics

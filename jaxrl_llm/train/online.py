@@ -134,7 +134,9 @@ class OnlineTrainer(Trainer):
         # step (after a resume has restored the data position)
         self.producer: Producer | None = None
         self.corrector = (
-            None if r.correction is None else RolloutCorrector(r.correction, p, self.logprobs)
+            None
+            if r.correction is None
+            else RolloutCorrector(r.correction, p, self.logprobs, group_size=r.group_size)
         )
         self.ref_params = p.reference_params() if self.strategy.needs_reference else None
         self._ref_fn = None
