@@ -189,16 +189,19 @@ class PageTable:
 # ----- paged attention and the paged forward --------------------------------------------------
 
 
-def gather_pages(pool_pzke: jax.Array, table_rn: jax.Array) -> jax.Array:
+def gather_pages(pool: jax.Array, table_rn: jax.Array, layer: jax.Array | None = None):
     """Keys (or values) of each row's pages, in slot order: ``[R, N·Z, K, E]``.
 
     Args:
-      pool_pzke: ``[P, Z, K, E]`` one layer's pool.
+      pool: ``[P, Z, K, E]`` one layer's pool, or ``[L, P, Z, K, E]`` with ``layer``.
       table_rn: ``[R, N]`` int32 page ids (pad with the null page).
+      layer: ``[]`` int32 layer index into a whole pool: one gather of (layer, page) reads
+        only the rows' pages (slicing the layer first could copy its whole pool).
     """
     r, n = table_rn.shape
-    _, z, k, e = pool_pzke.shape
-    return pool_pzke[table_rn].reshape(r, n * z, k, e)
+    z, k, e = pool.shape[-3:]
+    pages = pool[table_rn] if layer is None else pool[layer, table_rn]
+    return pages.reshape(r, n * z, k, e)
 
 
 def paged_attention(
@@ -209,6 +212,7 @@ def paged_attention(
     start: jax.Array,
     *,
     config: ModelConfig,
+    layer: jax.Array | None = None,
 ) -> jax.Array:
     """Attention of T new queries per row over the keys in the row's pages.
 
@@ -218,17 +222,18 @@ def paged_attention(
 
     Args:
       q_rtne: ``[R, T, H, E]`` queries (RoPE applied).
-      k_pool, v_pool: ``[P, Z, K, E]`` one layer's pool.
+      k_pool, v_pool: ``[P, Z, K, E]`` one layer's pool (or ``[L, P, Z, K, E]`` with
+        ``layer``, its traced index).
       table: ``[R, N]`` int32 page table (the first N pages of each row).
       start: ``[R]`` int32 slot of each row's first new token.
       config: the model config (attention implementation, sliding window).
     Returns:
       ``[R, T, H, E]``.
     """
-    chex.assert_rank([q_rtne, k_pool, table, start], [4, 4, 2, 1])
+    chex.assert_rank([q_rtne, k_pool, table, start], [4, 4 if layer is None else 5, 2, 1])
     r, t = q_rtne.shape[:2]
-    k = gather_pages(k_pool, table).astype(q_rtne.dtype)
-    v = gather_pages(v_pool, table).astype(q_rtne.dtype)
+    k = gather_pages(k_pool, table, layer).astype(q_rtne.dtype)
+    v = gather_pages(v_pool, table, layer).astype(q_rtne.dtype)
     slots = jnp.arange(k.shape[1], dtype=jnp.int32)
     last = start + t - 1  # [R] slot of each row's last query
     window = config.sliding_window is not None
@@ -286,7 +291,7 @@ def paged_trunk(
         q, k, v = _project_qkv(c, x, lp, pos, inv_freq)
         k_all = k_all.at[layer, page, off].set(k.astype(k_all.dtype))
         v_all = v_all.at[layer, page, off].set(v.astype(v_all.dtype))
-        attn = paged_attention(q, k_all[layer], v_all[layer], table, start, config=c)
+        attn = paged_attention(q, k_all, v_all, table, start, config=c, layer=layer)
         return (_output_and_mlp(c, x, attn, lp), k_all, v_all), None
 
     layers = jnp.arange(c.num_layers, dtype=jnp.int32)
