@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--prompt must not be empty")
 
     from jaxrl_llm.interop import load_model
-    from jaxrl_llm.sampling import cast_for_rollout, generate, generate_paged
+    from jaxrl_llm.sampling import ROLLOUT_ENGINES, cast_for_rollout
     from jaxrl_llm.sampling.text import generate_text
 
     t0 = time.perf_counter()
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         num_samples=args.num_samples,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
-        generate_fn=generate_paged if args.engine == "paged" else generate,
+        generate_fn=ROLLOUT_ENGINES[args.engine],
     )
     n_tokens = int(out.lengths.sum())
     dt = time.perf_counter() - t0

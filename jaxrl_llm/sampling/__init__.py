@@ -40,7 +40,7 @@ from jaxrl_llm.sampling.paged import (
     pages_for,
     write_prompt_pages,
 )
-from jaxrl_llm.sampling.paged_generate import generate_paged
+from jaxrl_llm.sampling.paged_generate import ROLLOUT_ENGINES, generate_paged
 from jaxrl_llm.sampling.slots import (
     SlotState,
     admit_rows,
@@ -54,6 +54,7 @@ from jaxrl_llm.sampling.slots import (
 from jaxrl_llm.sampling.text import decode_completions, encode_prompts, generate_text
 
 __all__ = [
+    "ROLLOUT_ENGINES",
     "PagedEngine",
     "Row",
     "SlotState",

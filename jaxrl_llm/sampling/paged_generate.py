@@ -9,7 +9,7 @@ import numpy as np
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
-from jaxrl_llm.sampling.decode import Rollout, pad_prompts
+from jaxrl_llm.sampling.decode import Rollout, generate, pad_prompts
 from jaxrl_llm.sampling.engine import PagedEngine
 
 
@@ -86,3 +86,9 @@ def generate_paged(
         prompt_ids=jnp.asarray(np.repeat(np.asarray(pids, np.int32), g)),
         sample_ids=jnp.asarray(np.tile(np.arange(g, dtype=np.int32), b)),
     )
+
+
+ROLLOUT_ENGINES = {"static": generate, "paged": generate_paged}
+"""The rollout engines by name (``rollout.engine``, ``jaxrl-llm generate --engine``): the
+static batch (default) and continuous batching over a paged KV cache. Same arguments, same
+:class:`Rollout`, the same tokens for the same seed."""

@@ -24,7 +24,7 @@ from jaxrl_llm import objectives
 from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.objectives import pass_at_k
 from jaxrl_llm.rewards import RewardSet
-from jaxrl_llm.sampling import SamplingConfig, generate
+from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, cast_for_rollout
 from jaxrl_llm.train.experience import Experience, concat_experience
 from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.sections import EvalSection, RolloutSection
@@ -81,9 +81,10 @@ class Rollouts:
         g = self.settings.group_size if num_samples is None else num_samples
         sampling = SamplingConfig(greedy=True) if greedy else self.sampling
         params, version = self.weights_fn()
-        ro = generate(
+        params, config = cast_for_rollout(params, self.model_config, self.settings.dtype)
+        ro = ROLLOUT_ENGINES[self.settings.engine](
             params,
-            self.model_config,
+            config,
             [list(x.prompt_ids) for x in items],
             sampling=sampling,
             num_samples=g,

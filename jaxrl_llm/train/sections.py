@@ -226,6 +226,11 @@ class RolloutSection:
         at most k steps after the weights that sampled them (0: synchronous, today's loop).
       staleness: ``wait`` (the producer never runs far enough ahead to exceed k) or ``drop``
         (it runs one batch further; too-old batches are dropped). See train/producer.py.
+      engine: ``static`` (one batch; every row waits for the longest; the default) or
+        ``paged`` (continuous batching over a paged KV cache, :mod:`jaxrl_llm.sampling.engine`);
+        the same tokens for the same seed.
+      dtype: weights and KV cache dtype while sampling (null = the model's; ``bfloat16``
+        halves them); logits, the sampling softmax and the log-probs stay float32.
     """
 
     prompts_per_step: int = 4
@@ -246,6 +251,8 @@ class RolloutSection:
     correction: CorrectionSection | None = None
     max_staleness: int = 0
     staleness: Literal["wait", "drop"] = "wait"
+    engine: Literal["static", "paged"] = "static"
+    dtype: Literal["float32", "bfloat16"] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
