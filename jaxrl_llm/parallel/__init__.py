@@ -1,7 +1,10 @@
-"""Device meshes ("data", "fsdp", "tensor"), logical-axis sharding rules as data, batch
-sharding, multi-host initialisation, and abstract TPU topologies to compile for from a CPU host. Batches are batch-major ``[B, T]``; rows are split
-over the ``batch`` rule's mesh axes."""
+"""Device meshes ("data", "fsdp", "context", "tensor"), logical-axis sharding rules as data,
+batch sharding, context parallelism (ring attention over a sequence split on the ``context``
+axis), multi-host initialisation, and abstract TPU topologies to compile for from a CPU host.
+Batches are batch-major ``[B, T]``; rows are split over the ``batch`` rule's mesh axes, and
+with context parallelism the tokens of a row over the ``length`` rule's."""
 
+from jaxrl_llm.parallel.context import CONTEXT_AXIS, ring_attention
 from jaxrl_llm.parallel.distributed import (
     host_local_batch_to_global,
     host_local_rows,
@@ -16,6 +19,7 @@ from jaxrl_llm.parallel.rules import (
     logical_to_sharding,
     logical_to_spec,
     replicated,
+    token_sharding,
 )
 from jaxrl_llm.parallel.topology import (
     TPU_HBM_BYTES,
@@ -28,6 +32,7 @@ from jaxrl_llm.parallel.topology import (
 )
 
 __all__ = [
+    "CONTEXT_AXIS",
     "DEFAULT_RULES",
     "LibtpuMissingError",
     "MESH_AXES",
@@ -46,6 +51,8 @@ __all__ = [
     "mesh_shape",
     "parse_topology_name",
     "replicated",
+    "ring_attention",
+    "token_sharding",
     "topology_mesh",
     "tpu_topology",
 ]

@@ -33,7 +33,9 @@ DEFAULT_RULES: Mapping[str, MeshAxes] = types.MappingProxyType(
     {
         # activations / data
         "batch": ("data", "fsdp"),
-        "length": None,
+        # the token (sequence) dimension: split over the context axis (ring attention,
+        # jaxrl_llm.parallel.context); size 1 = whole rows on each device.
+        "length": "context",
         # parameters
         "vocab": "tensor",
         "embed": "fsdp",
@@ -190,10 +192,39 @@ def batch_sharding(mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) ->
     return NamedSharding(mesh, PartitionSpec(axes if axes else None))
 
 
+def token_sharding(mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> NamedSharding:
+    """Sharding of token arrays ``[B, T, ...]``: rows over the ``batch`` rule's axes and the
+    tokens of each row over the ``length`` rule's axes (default "context": context
+    parallelism), trailing dimensions replicated. B and T must be divisible by those sizes.
+    """
+    for name in ("batch", "length"):
+        if name not in rules:
+            raise ConfigError(f"the sharding rules have no {name!r} entry (known: {sorted(rules)})")
+    rows, length = _names(rules["batch"]), _names(rules["length"])
+    length = tuple(n for n in length if n not in rows)
+    return NamedSharding(mesh, PartitionSpec(rows if rows else None, length if length else None))
+
+
 def batch_sharding_tree(
     batch: Any, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
 ) -> Any:
     """The batch sharding for every leaf of a batch dict; scalar leaves (``[]``, e.g.
-    ``loss_denominator``) are replicated."""
+    ``loss_denominator``) are replicated.
+
+    When the ``length`` rule's mesh axes have more than one device (context parallelism),
+    leaves of rank ≥ 2 whose second dimension they divide take :func:`token_sharding`
+    (tokens of a row split over devices); other leaves keep :func:`batch_sharding`.
+    """
     rows, rep = batch_sharding(mesh, rules), replicated(mesh)
-    return jax.tree.map(lambda x: rep if jax.numpy.ndim(x) == 0 else rows, batch)
+    split = _axis_size(mesh, _names(rules.get("length"))) if "length" in rules else 1
+    tokens = token_sharding(mesh, rules) if split > 1 else rows
+
+    def leaf(x):
+        nd = jax.numpy.ndim(x)
+        if nd == 0:
+            return rep
+        if nd >= 2 and split > 1 and jax.numpy.shape(x)[1] % split == 0:
+            return tokens
+        return rows
+
+    return jax.tree.map(leaf, batch)

@@ -138,9 +138,10 @@ def topology_mesh(
     data: int = -1,
     fsdp: int = 1,
     tensor: int = 1,
+    context: int = 1,
     devices: Sequence | None = None,
 ):
-    """A ("data", "fsdp", "tensor") mesh over a topology's abstract devices
+    """A ("data", "fsdp", "context", "tensor") mesh over a topology's abstract devices
     (:func:`jaxrl_llm.parallel.make_mesh` with those devices)."""
     from jaxrl_llm.parallel.mesh import make_mesh
 
@@ -148,5 +149,6 @@ def topology_mesh(
         data=data,
         fsdp=fsdp,
         tensor=tensor,
+        context=context,
         devices=list(topology.devices if devices is None else devices),
     )
