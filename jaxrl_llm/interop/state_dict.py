@@ -6,7 +6,12 @@ stacked along a leading layer axis (``params["layers"]["q_proj"]["kernel"]`` is
 ``[L, D, H, E]``, see :func:`jaxrl_llm.models.param_shapes_and_axes`). Both directions are
 pure numpy reshapes/transposes, so a round trip is exact.
 
-RoPE layout: transformers' Llama/Mistral/Qwen checkpoints use the "rotate half" layout, which is
+Gemma 2 / 3 add a norm after attention and after the MLP; transformers calls the pre-MLP norm
+``pre_feedforward_layernorm`` there and uses ``post_attention_layernorm`` for the norm *after*
+attention (in Llama it is the pre-MLP norm), so the names depend on ``config.post_norms``.
+Gemma norm weights are stored as transformers stores them (w of the (1 + w) form).
+
+RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
 what :func:`jaxrl_llm.models.transformer.apply_rope` implements, so q/k weights need no
 permutation (transformers' GGUF reader already undoes llama.cpp's interleaved permutation).
 """
@@ -19,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.models import gemma
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
 from jaxrl_llm.models.transformer import param_shapes_and_axes
 
@@ -43,6 +49,22 @@ _LAYER_NAMES: dict[tuple[str, str], str] = {
     ("down_proj", "kernel"): "mlp.down_proj.weight",
 }
 
+# Gemma 2 / 3 (config.post_norms): the four norms around attention and the MLP.
+_POST_NORM_NAMES: dict[tuple[str, str], str] = {
+    ("mlp_norm", "scale"): "pre_feedforward_layernorm.weight",
+    ("post_attn_norm", "scale"): "post_attention_layernorm.weight",
+    ("post_mlp_norm", "scale"): "post_feedforward_layernorm.weight",
+}
+
+# Gemma3ForConditionalGeneration nests the text decoder; its other parts are not ours.
+_MULTIMODAL_TEXT_PREFIX = "model.language_model."
+_MULTIMODAL_OTHER = ("model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
+    """(our layer sub-tree, leaf) -> transformers name inside ``model.layers.{i}.``."""
+    return {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.post_norms else _LAYER_NAMES
+
 
 def _hf_layer_shape(config: ModelConfig, module: str, leaf: str) -> tuple[int, ...]:
     """Shape of one layer's tensor in transformers' layout."""
@@ -51,6 +73,8 @@ def _hf_layer_shape(config: ModelConfig, module: str, leaf: str) -> tuple[int, .
     return {
         ("attn_norm", "scale"): (d,),
         ("mlp_norm", "scale"): (d,),
+        ("post_attn_norm", "scale"): (d,),
+        ("post_mlp_norm", "scale"): (d,),
         ("q_proj", "kernel"): (h * e, d),
         ("k_proj", "kernel"): (k * e, d),
         ("v_proj", "kernel"): (k * e, d),
@@ -129,6 +153,12 @@ def params_from_hf_state_dict(
         (e.g. an MLP bias), each naming the key and the source.
     """
     sd = dict(state_dict)
+    if any(k.startswith(_MULTIMODAL_TEXT_PREFIX) for k in sd):
+        sd = {
+            "model." + k[len(_MULTIMODAL_TEXT_PREFIX) :] if k.startswith("model.") else k: v
+            for k, v in sd.items()
+            if not k.startswith(_MULTIMODAL_OTHER)
+        }
     if sd and not any(k.startswith("model.") for k in sd):
         sd = {
             ("model." + k if not k.startswith(("lm_head.", "score.")) else k): v
@@ -153,11 +183,12 @@ def params_from_hf_state_dict(
         return w
 
     specs = param_shapes_and_axes(config)
+    names = _layer_names(config)
     layers: dict[str, dict[str, np.ndarray]] = {}
     for module, leaves in specs["layers"].items():
         layers[module] = {}
         for leaf in leaves:
-            hf_name = _LAYER_NAMES[(module, leaf)]
+            hf_name = names[(module, leaf)]
             shape = _hf_layer_shape(config, module, leaf)
             per_layer = [
                 _layer_to_ours(take(f"model.layers.{i}.{hf_name}", shape), module, leaf, config)
@@ -229,10 +260,11 @@ def params_to_hf_state_dict(
     out["model.embed_tokens.weight"] = get(
         params, ("embed", "embedding"), specs["embed"]["embedding"][0]
     )
+    names = _layer_names(config)
     for module, leaves in specs["layers"].items():
         for leaf, (shape, _) in leaves.items():
             stacked = get(params, ("layers", module, leaf), shape)
-            hf_name = _LAYER_NAMES[(module, leaf)]
+            hf_name = names[(module, leaf)]
             for i in range(config.num_layers):
                 out[f"model.layers.{i}.{hf_name}"] = _layer_to_hf(stacked[i], module, leaf, config)
     out["model.norm.weight"] = get(params, ("final_norm", "scale"), specs["final_norm"]["scale"][0])
@@ -248,6 +280,8 @@ def params_to_hf_state_dict(
 # ----- configs --------------------------------------------------------------------------------
 
 _SUPPORTED_ACT = ("silu", "swish")
+# model_type values of Gemma 2, Gemma 3 text and the multimodal Gemma 3 (its text part).
+_GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3")
 
 
 def config_from_hf_dict(
@@ -269,6 +303,13 @@ def config_from_hf_dict(
       ModelLoadError: unsupported architecture or feature, naming the source and the key.
     """
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
+    if d.get("model_type") in _GEMMA_TYPES:
+        # Gemma's activation, per-layer types and RoPE bases are read by models.gemma.
+        try:
+            return ModelConfig.from_hf_config(d, **overrides)
+        except (ValueError, KeyError, TypeError) as e:
+            msg = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            raise ModelLoadError(f"{source}: {msg}") from None
     act = d.get("hidden_act", "silu")
     if act not in _SUPPORTED_ACT:
         raise ModelLoadError(
@@ -321,6 +362,8 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     import transformers
 
     c = config
+    if c.family in (Family.GEMMA2, Family.GEMMA3):
+        return _gemma_hf_config_dict(c, dtype=dtype)
     cls = {
         Family.LLAMA: transformers.LlamaConfig,
         Family.MISTRAL: transformers.MistralConfig,
@@ -387,6 +430,47 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     d.pop("quantization_config", None)
     d.pop("_name_or_path", None)
     d["architectures"] = [seqcls if c.num_labels else causal]
+    d["model_type"] = c.family.value
+    d["torch_dtype"] = dtype or c.param_dtype
+    if "dtype" in d:
+        d["dtype"] = dtype or c.param_dtype
+    return d
+
+
+def _gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
+    """:func:`hf_config_dict` for Gemma 2 / Gemma 3 text (``Gemma3ForCausalLM``)."""
+    import transformers
+
+    c = config
+    if c.num_labels:
+        raise ModelLoadError("export: Gemma sequence classifiers are not supported")
+    cls = transformers.Gemma2Config if c.family == Family.GEMMA2 else transformers.Gemma3TextConfig
+    try:
+        gemma_kw = gemma.hf_config_kwargs(c)
+    except ValueError as e:
+        raise ModelLoadError(f"export: {e}") from None
+    eos = list(c.eos_token_ids)
+    hf = cls(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=c.tie_embeddings,
+        attention_bias=c.attention_bias,
+        bos_token_id=c.bos_token_id,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
+        **gemma_kw,
+    )
+    d = hf.to_dict()
+    d.pop("quantization_config", None)
+    d.pop("_name_or_path", None)
+    d["architectures"] = [_architectures(c.family)[0]]
     d["model_type"] = c.family.value
     d["torch_dtype"] = dtype or c.param_dtype
     if "dtype" in d:

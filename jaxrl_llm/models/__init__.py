@@ -1,4 +1,4 @@
-"""Llama-family decoder transformers as pure functions over a parameter dict, with an
+"""Llama- and Gemma-family decoder transformers as pure functions over a parameter dict, with an
 explicit KV cache and an optional scalar head. Knows nothing about RL."""
 
 from jaxrl_llm.models.attention import (
@@ -14,13 +14,22 @@ from jaxrl_llm.models.attention import (
 )
 from jaxrl_llm.models.config import (
     HF_ARCHITECTURES,
+    Activation,
     AttentionImpl,
     Family,
+    LayerType,
     ModelConfig,
     RopeScaling,
     dtype_from_name,
 )
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
+from jaxrl_llm.models.positions import (
+    NO_WINDOW,
+    apply_rope,
+    layer_rope_inv_freq,
+    layer_windows,
+    rope_inv_freq,
+)
 from jaxrl_llm.models.transformer import (
     KVCache,
     ModelOutputs,
@@ -32,24 +41,30 @@ from jaxrl_llm.models.transformer import (
     logits_from_hidden,
     param_logical_axes,
     param_shapes_and_axes,
+    rms_norm,
     scalar_head,
+    softcap_logits,
     trunk,
     trunk_shared_prefix,
     unembedding,
 )
 
 __all__ = [
+    "Activation",
     "AttentionImpl",
     "AttentionMask",
     "Family",
     "HF_ARCHITECTURES",
     "KVCache",
+    "LayerType",
     "NAIVE_MAX_SCORES",
+    "NO_WINDOW",
     "LoRAConfig",
     "ModelConfig",
     "ModelOutputs",
     "RopeScaling",
     "apply",
+    "apply_rope",
     "attach_lora",
     "blockwise_attention",
     "causal_self_mask",
@@ -61,13 +76,18 @@ __all__ = [
     "init_cache",
     "init_lora",
     "init_params",
+    "layer_rope_inv_freq",
+    "layer_windows",
     "logits_from_hidden",
     "merge_lora",
     "naive_attention",
     "param_logical_axes",
     "param_shapes_and_axes",
+    "rms_norm",
+    "rope_inv_freq",
     "scalar_head",
     "select_attention_impl",
+    "softcap_logits",
     "splash_attention",
     "trunk",
     "trunk_shared_prefix",

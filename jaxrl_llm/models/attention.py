@@ -176,7 +176,7 @@ def naive_attention(
     v_bske: jax.Array,
     mask: AttentionMask,
     *,
-    window: int | None = None,
+    window: int | jax.Array | None = None,
     softcap: float | None = None,
 ) -> jax.Array:
     """Grouped-query attention that materialises the scores ``[B, K, G, T, S]``.
@@ -186,7 +186,8 @@ def naive_attention(
 
     Args:
       q_btne: ``[B, T, H, E]`` queries (RoPE applied). k_bske, v_bske: ``[B, S, K, E]``.
-      mask: :class:`AttentionMask`. window: sliding window in positions or None.
+      mask: :class:`AttentionMask`. window: sliding window in positions (an int, or a traced
+        int32 scalar when layers differ) or None.
       softcap: Gemma 2 logit soft cap or None.
     Returns:
       ``[B, T, H, E]`` in v's dtype.
@@ -377,20 +378,22 @@ def _backward(q, k, v, mask, window, softcap, bq, bk, out, lse, do):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+# The window is a primal argument (an int32 array or None), not a static one, so that it may
+# be traced: a model whose layers have different windows passes each layer's from the scan.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
 def _flash(q, k, v, mask, window, softcap, bq, bk):
     return _forward(q, k, v, mask, window, softcap, bq, bk)[0]
 
 
 def _flash_fwd(q, k, v, mask, window, softcap, bq, bk):
     out, lse = _forward(q, k, v, mask, window, softcap, bq, bk)
-    return out, (q, k, v, mask, out, lse)
+    return out, (q, k, v, mask, window, out, lse)
 
 
-def _flash_bwd(window, softcap, bq, bk, res, do):
-    q, k, v, mask, out, lse = res
+def _flash_bwd(softcap, bq, bk, res, do):
+    q, k, v, mask, window, out, lse = res
     dq, dk, dv = _backward(q, k, v, mask, window, softcap, bq, bk, out, lse, do)
-    return dq, dk, dv, jax.tree.map(lambda _: None, mask)
+    return dq, dk, dv, jax.tree.map(lambda _: None, mask), None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -402,7 +405,7 @@ def blockwise_attention(
     v_bske: jax.Array,
     mask: AttentionMask,
     *,
-    window: int | None = None,
+    window: int | jax.Array | None = None,
     softcap: float | None = None,
     block_q: int = 512,
     block_k: int = 512,
@@ -434,6 +437,7 @@ def blockwise_attention(
     if sp != s and mask.k_valid is None:
         mask = dataclasses.replace(mask, k_valid=jnp.ones((b, s), bool))
     mask = _pad_mask(mask, tp, sp)
+    window = None if window is None else jnp.asarray(window, jnp.int32)
     out = _flash(q, k, v, mask, window, None if softcap is None else float(softcap), bq, bk)
     return out[:, :t].reshape(b, t, h, e)
 
@@ -456,7 +460,7 @@ def select_attention_impl(
     causal: bool = True,
     key_mask: bool = False,
     segment_ids: bool = False,
-    window: int | None = None,
+    window: int | jax.Array | None = None,
     softcap: float | None = None,
 ) -> AttentionImpl:
     """The implementation that runs for this backend and these static features.
@@ -600,7 +604,7 @@ def dot_product_attention(
     v_bske: jax.Array,
     mask: AttentionMask,
     *,
-    window: int | None = None,
+    window: int | jax.Array | None = None,
     softcap: float | None = None,
     impl: AttentionImpl | str = AttentionImpl.AUTO,
     backend: str | None = None,

@@ -1,8 +1,11 @@
-"""Model configuration for the Llama family of decoder-only transformers.
+"""Model configuration for the Llama and Gemma families of decoder-only transformers.
 
 One frozen dataclass covers Llama (1/2/3, incl. SmolLM2 and Llama 3 rope scaling), Mistral,
-Qwen2/2.5 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm), as Hugging Face transformers
-implements them.
+Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2 and Gemma 3 (text), as Hugging
+Face transformers implements them. Every field that only Gemma uses defaults to the Llama
+behaviour, so a Llama-family config computes exactly what it did before those fields existed;
+the Gemma-specific values (presets, the transformers config mapping) live in
+:mod:`jaxrl_llm.models.gemma`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,26 @@ class Family(str, enum.Enum):
     MISTRAL = "mistral"
     QWEN2 = "qwen2"
     QWEN3 = "qwen3"
+    GEMMA2 = "gemma2"
+    GEMMA3 = "gemma3_text"
+
+
+class LayerType(str, enum.Enum):
+    """Attention span of one layer (transformers' ``layer_types`` entries).
+
+    GLOBAL layers attend to every earlier token; LOCAL layers only to the last
+    ``sliding_window`` positions and use the local RoPE base (Gemma 2 / Gemma 3 interleave them).
+    """
+
+    GLOBAL = "full_attention"
+    LOCAL = "sliding_attention"
+
+
+class Activation(str, enum.Enum):
+    """The gated MLP's activation: SwiGLU (Llama family) or GeGLU with tanh-GELU (Gemma)."""
+
+    SILU = "silu"
+    GELU_TANH = "gelu_pytorch_tanh"
 
 
 class RopeScaling(str, enum.Enum):
@@ -56,6 +79,8 @@ HF_ARCHITECTURES = {
     Family.MISTRAL: ("MistralForCausalLM", "MistralForSequenceClassification"),
     Family.QWEN2: ("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
     Family.QWEN3: ("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"),
+    Family.GEMMA2: ("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
+    Family.GEMMA3: ("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
 }
 
 
@@ -82,6 +107,20 @@ class ModelConfig:
       rms_norm_eps: RMSNorm ε. tie_embeddings: the unembedding is the embedding's transpose.
       attention_bias: q/k/v projections have a bias (Qwen2). qk_norm: per-head RMSNorm on q, k
         before RoPE (Qwen3). sliding_window: Mistral's local attention window (None = global).
+      layer_types: per-layer :class:`LayerType` (Gemma 2 / 3); empty (default) = every layer
+        alike, windowed by ``sliding_window`` if set. With entries, LOCAL layers use
+        ``sliding_window`` and ``rope_local_theta``, GLOBAL layers no window and ``rope_theta``
+        (with ``rope_scaling``).
+      rope_local_theta: RoPE base of LOCAL layers (Gemma 3's ``rope_local_base_freq``; no
+        scaling); None = ``rope_theta``.
+      rms_norm_unit_offset: RMSNorm scales by (1 + w) in float32 before casting back (Gemma);
+        False = w times the normalised input cast to the activation dtype (Llama).
+      post_norms: RMSNorm on the attention and MLP outputs before each residual add (Gemma 2/3).
+      mlp_activation: :class:`Activation` of the gated MLP.
+      scale_embeddings: multiply the embedding by √D in the activation dtype (Gemma).
+      query_pre_attn_scalar: attention scores are q·k / √query_pre_attn_scalar; None = head_dim.
+      attn_logit_softcap, final_logit_softcap: Gemma 2's cap·tanh(x / cap) on the attention
+        scores and on the output logits; None = no cap.
       num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
       param_dtype, compute_dtype: 'float32' or 'bfloat16'.
       attention: :class:`AttentionImpl` (default 'auto'); how attention is computed, not what:
@@ -110,6 +149,15 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    layer_types: tuple[LayerType, ...] = ()
+    rope_local_theta: float | None = None
+    rms_norm_unit_offset: bool = False
+    post_norms: bool = False
+    mlp_activation: Activation = Activation.SILU
+    scale_embeddings: bool = False
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
     num_labels: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
@@ -122,6 +170,8 @@ class ModelConfig:
         object.__setattr__(self, "family", Family(self.family))
         object.__setattr__(self, "rope_scaling", RopeScaling(self.rope_scaling))
         object.__setattr__(self, "attention", AttentionImpl(self.attention))
+        object.__setattr__(self, "mlp_activation", Activation(self.mlp_activation))
+        object.__setattr__(self, "layer_types", tuple(LayerType(t) for t in self.layer_types))
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(
@@ -149,6 +199,16 @@ class ModelConfig:
             raise ValueError(
                 f"num_labels must be 0 (language model) or 1 (scalar head), got {self.num_labels}"
             )
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"layer_types has {len(self.layer_types)} entries for num_layers={self.num_layers}"
+            )
+        if LayerType.LOCAL in self.layer_types and self.sliding_window is None:
+            raise ValueError("layer_types has LOCAL layers but sliding_window is None")
+        for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"ModelConfig.{name} must be positive or None, got {value}")
         dtype_from_name(self.param_dtype)
         dtype_from_name(self.compute_dtype)
 
@@ -156,6 +216,13 @@ class ModelConfig:
     def param_jnp_dtype(self):
         """The parameter dtype as a jnp dtype."""
         return dtype_from_name(self.param_dtype)
+
+    @property
+    def uses_window(self) -> bool:
+        """Some layer attends through a sliding window (the masks then carry positions)."""
+        if self.layer_types:
+            return LayerType.LOCAL in self.layer_types
+        return self.sliding_window is not None
 
     @property
     def compute_jnp_dtype(self):
@@ -176,6 +243,8 @@ class ModelConfig:
             per_layer += h * hd + 2 * k * hd
         if self.qk_norm:
             per_layer += 2 * hd
+        if self.post_norms:
+            per_layer += 2 * d
         n = self.vocab_size * d + self.num_layers * per_layer + d
         if not self.tie_embeddings:
             n += d * self.vocab_size
@@ -187,6 +256,10 @@ class ModelConfig:
     def tiny(cls, family: Family | str = Family.LLAMA, **overrides) -> ModelConfig:
         """A tiny random-init config with odd, distinct sizes for unit tests."""
         family = Family(family)
+        if family in (Family.GEMMA2, Family.GEMMA3):
+            from jaxrl_llm.models import gemma
+
+            return cls(**{**gemma.tiny_fields(family), **overrides})
         base: dict[str, Any] = dict(
             family=family,
             vocab_size=97,
@@ -229,6 +302,14 @@ class ModelConfig:
         base.update(overrides)
         return cls(**base)
 
+    @classmethod
+    def gemma3_270m(cls, **overrides) -> ModelConfig:
+        """Gemma 3 270M: 18 layers (5 local : 1 global), D=640, 4 heads / 1 KV head, E=256,
+        window 512, tied, V=262144 (:func:`jaxrl_llm.models.gemma.gemma3_270m_fields`)."""
+        from jaxrl_llm.models import gemma
+
+        return cls(**{**gemma.gemma3_270m_fields(), **overrides})
+
     # ----- transformers interop ------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, hf: Any, **overrides) -> ModelConfig:
@@ -237,6 +318,10 @@ class ModelConfig:
         Raises ValueError naming the architecture when it is not a supported family.
         """
         d: Mapping[str, Any] = hf if isinstance(hf, Mapping) else hf.to_dict()
+        if d.get("model_type") == "gemma3" and d.get("text_config"):
+            # Gemma3ForConditionalGeneration: the language model is the text config.
+            d = {"architectures": d.get("architectures"), **d["text_config"]}
+            d["model_type"] = Family.GEMMA3.value
         model_type = d.get("model_type")
         try:
             family = Family(model_type)
@@ -293,5 +378,9 @@ class ModelConfig:
             eos_token_ids=eos,
             pad_token_id=d.get("pad_token_id"),
         )
+        if family in (Family.GEMMA2, Family.GEMMA3):
+            from jaxrl_llm.models import gemma
+
+            kwargs.update(gemma.fields_from_hf(d, family))
         kwargs.update(overrides)
         return cls(**kwargs)

@@ -1,4 +1,4 @@
-"""A pure-function Llama-family decoder with an explicit KV cache.
+"""A pure-function Llama- and Gemma-family decoder with an explicit KV cache.
 
 Parameters are a plain nested dict (see :func:`init_params`); per-layer weights are stacked
 along a leading ``layers`` axis and the layers run under ``lax.scan`` (one compiled layer body,
@@ -14,6 +14,17 @@ The KV cache (:class:`KVCache`) is an explicit pytree passed in and returned; sl
 cache holds the token written at step ``s`` for every row, ``mask[b, s]`` says whether that
 slot holds a real token of row ``b``. RoPE positions are per row and passed explicitly, so left
 padding and per-row prompt lengths are handled by (positions, mask), never by shifting data.
+
+Per-layer attention types (Gemma 2 / 3: local sliding-window layers with their own RoPE base
+interleaved with global layers, ``config.layer_types``) ride in the one layer scan: the scan
+also carries the layer index, and the two places that differ by type look their layer's
+values up in small constant tables built from the static config (:func:`layer_windows`,
+:func:`layer_rope_inv_freq`, in :mod:`jaxrl_llm.models.positions`). A global layer's "window" is
+:data:`~jaxrl_llm.models.positions.NO_WINDOW`, larger than any
+position, so every layer runs the same traced program (one compiled layer body, as before)
+and the KV cache stays dense: a local layer keeps all slots and masks out the old ones. The
+per-layer helpers :func:`_project_qkv` and :func:`_attend` take that layer index, so a decode
+step that scans the layers itself gets Gemma by passing it.
 """
 
 from __future__ import annotations
@@ -26,7 +37,14 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models import attention as attn_lib
-from jaxrl_llm.models.config import ModelConfig, RopeScaling
+from jaxrl_llm.models.config import Activation, ModelConfig
+from jaxrl_llm.models.positions import (
+    _check_layer,
+    apply_rope,
+    layer_rope_inv_freq,
+    layer_windows,
+    rope_inv_freq,
+)
 
 Params = dict[str, Any]
 
@@ -114,6 +132,9 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     if c.qk_norm:
         layers["q_norm"] = {"scale": ((L, E), ("layers", "head_dim"))}
         layers["k_norm"] = {"scale": ((L, E), ("layers", "head_dim"))}
+    if c.post_norms:
+        layers["post_attn_norm"] = {"scale": ((L, D), ("layers", "norm"))}
+        layers["post_mlp_norm"] = {"scale": ((L, D), ("layers", "norm"))}
     tree: dict[str, Any] = {
         "embed": {"embedding": ((V, D), ("vocab", "embed"))},
         "layers": layers,
@@ -139,7 +160,8 @@ def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
 
 
 def init_params(config: ModelConfig, rng: jax.Array) -> Params:
-    """Random initialisation (normal, std 0.02; norms at 1) in ``config.param_dtype``.
+    """Random initialisation (normal, std 0.02; norms at 1, i.e. w = 0 for the (1 + w) form)
+    in ``config.param_dtype``.
 
     Jittable and usable under ``jax.eval_shape`` for abstract (sharded) creation.
     """
@@ -154,7 +176,7 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     out = []
     for key, path, (shape, _) in zip(keys, paths, leaves):
         if "norm" in path and "scale" in path:
-            out.append(jnp.ones(shape, dtype))
+            out.append((jnp.zeros if config.rms_norm_unit_offset else jnp.ones)(shape, dtype))
         elif "bias" in path:
             out.append(jnp.zeros(shape, dtype))
         else:
@@ -165,48 +187,25 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
 # ----- building blocks ------------------------------------------------------------------------
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm as transformers' LlamaRMSNorm: normalise in float32, then scale."""
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, *, unit_offset: bool = False) -> jax.Array:
+    """RMSNorm ``x / √(mean(x²) + ε)`` times a learned scale (Zhang & Sennrich 2019,
+    https://arxiv.org/abs/1910.07467), normalised in float32.
+
+    ``unit_offset=False`` (Llama): ``w · cast(x̂)``, the product in x's dtype.
+    ``unit_offset=True`` (Gemma 2 / 3, https://arxiv.org/abs/2408.00118): ``cast((1 + w) · x̂)``,
+    the product in float32, with w stored as trained (zero = identity).
+    """
     dtype = x.dtype
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    if unit_offset:
+        return (x32 * (1.0 + scale.astype(jnp.float32))).astype(dtype)
     return scale.astype(dtype) * x32.astype(dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> jax.Array:
-    """Inverse RoPE frequencies ``[E/2]`` including Llama 3 / linear scaling."""
-    e = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
-    if config.rope_scaling == RopeScaling.LINEAR:
-        inv = inv / config.rope_factor
-    elif config.rope_scaling == RopeScaling.LLAMA3:
-        # Llama 3.1 (arXiv:2407.21783): keep high frequencies, divide low ones by `factor`,
-        # interpolate smoothly in between.
-        factor, lo, hi = (
-            config.rope_factor,
-            config.rope_low_freq_factor,
-            config.rope_high_freq_factor,
-        )
-        old = config.rope_original_max_position
-        low_wavelen, high_wavelen = old / lo, old / hi
-        wavelen = 2 * math.pi / inv
-        scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv = jnp.where(medium, smoothed, scaled)
-    return inv
-
-
-def apply_rope(x_btne: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotary embedding in transformers' "rotate half" layout."""
-    angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, E/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
-    x = x_btne.astype(jnp.float32)
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_btne.dtype)
+def _norm(config: ModelConfig, x: jax.Array, p) -> jax.Array:
+    """The config's RMSNorm of ``x`` with the parameter dict ``p`` (``{"scale": ...}``)."""
+    return rms_norm(x, p["scale"], config.rms_norm_eps, unit_offset=config.rms_norm_unit_offset)
 
 
 def _with_adapter(y, x, p, n_in: int):
@@ -228,55 +227,90 @@ def _linear_heads(x_btd, p, dtype):
     return y
 
 
-def _project_qkv(config: ModelConfig, x_btd, lp, positions_bt, inv_freq):
-    """Pre-attention half of a layer: RMSNorm, q/k/v projections, optional q/k norm, RoPE."""
+def _project_qkv(config: ModelConfig, x_btd, lp, positions_bt, inv_freq, layer=None):
+    """Pre-attention half of a layer: RMSNorm, q/k/v projections, optional q/k norm, RoPE.
+
+    ``inv_freq`` is :func:`rope_inv_freq`; with per-layer types (``config.layer_types``) the
+    frequencies come from :func:`layer_rope_inv_freq` at ``layer`` (the traced layer index,
+    required then) instead. With ``config.query_pre_attn_scalar`` (Gemma) q comes back
+    multiplied by √(E / query_pre_attn_scalar), so attention's 1/√E scaling gives scores
+    q·k / √query_pre_attn_scalar.
+    """
     dtype = x_btd.dtype
     c = config
-    h = rms_norm(x_btd, lp["attn_norm"]["scale"], c.rms_norm_eps)
+    _check_layer(c, layer)
+    per_layer = layer_rope_inv_freq(c)
+    if per_layer is not None:
+        inv_freq = per_layer[layer]
+    h = _norm(c, x_btd, lp["attn_norm"])
     q = _linear_heads(h, lp["q_proj"], dtype)
     k = _linear_heads(h, lp["k_proj"], dtype)
     v = _linear_heads(h, lp["v_proj"], dtype)
     if c.qk_norm:
-        q = rms_norm(q, lp["q_norm"]["scale"], c.rms_norm_eps)
-        k = rms_norm(k, lp["k_norm"]["scale"], c.rms_norm_eps)
-    return apply_rope(q, positions_bt, inv_freq), apply_rope(k, positions_bt, inv_freq), v
+        q = _norm(c, q, lp["q_norm"])
+        k = _norm(c, k, lp["k_norm"])
+    q = apply_rope(q, positions_bt, inv_freq)
+    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != c.head_dim:
+        q = q * jnp.asarray(math.sqrt(c.head_dim / c.query_pre_attn_scalar), dtype)
+    return q, apply_rope(k, positions_bt, inv_freq), v
 
 
 def _output_and_mlp(config: ModelConfig, x_btd, attn_btne, lp):
-    """Post-attention half of a layer: output projection + residual, then the SwiGLU MLP."""
+    """Post-attention half of a layer: output projection + residual, then the gated MLP
+    (SwiGLU, or GeGLU with tanh-GELU for Gemma); with ``config.post_norms`` (Gemma 2 / 3) the
+    attention and MLP outputs are RMS-normed before each residual add."""
     dtype = x_btd.dtype
     c = config
     o = jnp.einsum("btne,ned->btd", attn_btne, lp["o_proj"]["kernel"].astype(dtype))
-    x = x_btd + _with_adapter(o, attn_btne, lp["o_proj"], 2)
-    h = rms_norm(x, lp["mlp_norm"]["scale"], c.rms_norm_eps)
+    o = _with_adapter(o, attn_btne, lp["o_proj"], 2)
+    if c.post_norms:
+        o = _norm(c, o, lp["post_attn_norm"])
+    x = x_btd + o
+    h = _norm(c, x, lp["mlp_norm"])
     gate = _with_adapter(
         jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype)), h, lp["gate_proj"], 1
     )
     up = _with_adapter(
         jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)), h, lp["up_proj"], 1
     )
-    act = jax.nn.silu(gate) * up
+    if c.mlp_activation == Activation.GELU_TANH:
+        act = jax.nn.gelu(gate, approximate=True) * up
+    else:
+        act = jax.nn.silu(gate) * up
     down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
-    return x + _with_adapter(down, act, lp["down_proj"], 1)
+    down = _with_adapter(down, act, lp["down_proj"], 1)
+    if c.post_norms:
+        down = _norm(c, down, lp["post_mlp_norm"])
+    return x + down
 
 
-def _attend(config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask):
-    """Attention of one layer through the configured implementation (``config.attention``)."""
+def _attend(config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask, layer=None):
+    """Attention of one layer through the configured implementation (``config.attention``),
+    with the config's attention-logit soft cap. The window is ``config.sliding_window``, or,
+    with per-layer types, :func:`layer_windows` at ``layer`` (the traced layer index, required
+    then; the mask must carry positions, as :func:`_self_attention_mask` builds it)."""
+    _check_layer(config, layer)
+    window: int | jax.Array | None = config.sliding_window
+    if config.layer_types:
+        windows = layer_windows(config)
+        window = None if windows is None else jnp.asarray(windows)[layer]
     return attn_lib.dot_product_attention(
-        q, k, v, mask, window=config.sliding_window, impl=config.attention
+        q, k, v, mask, window=window, softcap=config.attn_logit_softcap, impl=config.attention
     )
 
 
-def _layer(config: ModelConfig, x_btd, lp, positions_bt, mask, inv_freq, kv=None, write_index=None):
-    """One decoder layer. With ``kv`` = (k_bske, v_bske) cache slices, writes new keys/values
-    at ``write_index`` and attends over the whole cache; returns (x, (k, v))."""
+def _layer(
+    config: ModelConfig, x_btd, lp, positions_bt, mask, inv_freq, layer, kv=None, write_index=None
+):
+    """One decoder layer (``layer`` its traced index). With ``kv`` = (k_cache, v_cache) writes
+    new keys/values at ``write_index`` and attends over the whole cache; returns (x, (k, v))."""
     dtype = x_btd.dtype
     c = config
-    q, k, v = _project_qkv(c, x_btd, lp, positions_bt, inv_freq)
+    q, k, v = _project_qkv(c, x_btd, lp, positions_bt, inv_freq, layer)
     if kv is not None:
-        # kv = (k_cache [L, B, S, K, E], v_cache, layer): write this layer's new keys/values
+        # kv = (k_cache [L, B, S, K, E], v_cache): write this layer's new keys/values
         # in place at (layer, :, write_index) and attend over the layer's slots.
-        k_cache, v_cache, layer = kv
+        k_cache, v_cache = kv
         zero = jnp.zeros((), jnp.int32)
         at = (layer, zero, write_index, zero, zero)
         k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], at)
@@ -287,8 +321,18 @@ def _layer(config: ModelConfig, x_btd, lp, positions_bt, mask, inv_freq, kv=None
     else:
         new_kv = None
         k_att, v_att = k, v
-    attn = _attend(c, q, k_att, v_att, mask)
+    attn = _attend(c, q, k_att, v_att, mask, layer)
     return _output_and_mlp(c, x_btd, attn, lp), new_kv
+
+
+def _embed(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
+    """Token embeddings in the compute dtype, times √D in that dtype when
+    ``config.scale_embeddings`` (Gemma)."""
+    dtype = config.compute_jnp_dtype
+    x = params["embed"]["embedding"].astype(dtype)[tokens]
+    if config.scale_embeddings:
+        x = x * jnp.asarray(math.sqrt(config.hidden_size), dtype)
+    return x
 
 
 def default_positions(attention_mask: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
@@ -322,7 +366,7 @@ def _self_attention_mask(config: ModelConfig, attention_mask, positions, segment
     """Compact mask of causal self-attention: causal, real keys, same segment, inside the
     sliding window; a query always sees itself (so a padded query's ignorable output stays
     finite). ``attention_mask`` None = every key real."""
-    window = config.sliding_window is not None
+    window = config.uses_window
     return attn_lib.causal_self_mask(
         attention_mask, positions if window else None, segment_ids, num_tokens=positions.shape[1]
     )
@@ -367,10 +411,9 @@ def trunk(
     if positions is None:
         positions = default_positions(attention_mask, segment_ids)
     chex.assert_shape(positions, (b, t))
-    dtype = c.compute_jnp_dtype
     inv_freq = rope_inv_freq(c)
 
-    x = params["embed"]["embedding"].astype(dtype)[tokens]
+    x = _embed(c, params, tokens)
 
     if cache is None:
         mask = _self_attention_mask(c, key_mask, positions, segment_ids)
@@ -384,7 +427,7 @@ def trunk(
         )
         # Slot s is visible to the query in slot write + i when s ≤ write + i, it holds a real
         # token and (sliding window) is close enough; a query always sees itself.
-        window = c.sliding_window is not None
+        window = c.uses_window
         mask = attn_lib.AttentionMask(
             q_index=(write + jnp.arange(t)).astype(jnp.int32),
             k_valid=new_mask,
@@ -392,20 +435,22 @@ def trunk(
             k_positions=new_pos if window else None,
         )
 
-    layer_fn = lambda x, lp, kv: _layer(
-        c, x, lp, positions, mask, inv_freq, kv, None if cache is None else cache.index
+    layer_fn = lambda x, lp, layer, kv: _layer(
+        c, x, lp, positions, mask, inv_freq, layer, kv, None if cache is None else cache.index
     )
     policy = _remat_policy(remat)
     if policy is not None:
         layer_fn = jax.checkpoint(layer_fn, policy=policy)
+    layers_idx = jnp.arange(c.num_layers, dtype=jnp.int32)
 
     if cache is None:
 
-        def body(x, lp):
-            x, _ = layer_fn(x, lp, None)
+        def body(x, xs):
+            lp, layer = xs
+            x, _ = layer_fn(x, lp, layer, None)
             return x, None
 
-        x, _ = jax.lax.scan(body, x, params["layers"])
+        x, _ = jax.lax.scan(body, x, (params["layers"], layers_idx))
         new_cache = None
     else:
         # The whole cache rides in the scan carry so each layer updates its slots in place
@@ -413,10 +458,9 @@ def trunk(
         def body(carry, xs):
             x, k_all, v_all = carry
             lp, layer = xs
-            x, (k_all, v_all) = layer_fn(x, lp, (k_all, v_all, layer))
+            x, (k_all, v_all) = layer_fn(x, lp, layer, (k_all, v_all))
             return (x, k_all, v_all), None
 
-        layers_idx = jnp.arange(c.num_layers, dtype=jnp.int32)
         (x, k_new, v_new), _ = jax.lax.scan(
             body, (x, cache.k, cache.v), (params["layers"], layers_idx)
         )
@@ -424,7 +468,7 @@ def trunk(
             k=k_new, v=v_new, mask=new_mask, positions=new_pos, index=cache.index + t
         )
 
-    x = rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps)
+    x = _norm(c, x, params["final_norm"])
     return x, new_cache
 
 
@@ -474,11 +518,10 @@ def trunk_shared_prefix(
     if positions is None:
         positions = default_positions(attention_mask)
     chex.assert_shape([attention_mask, positions], (b, t))
-    dtype = c.compute_jnp_dtype
     inv_freq = rope_inv_freq(c)
 
     pos_p, pos_c = positions[::g, :tp], positions[:, tp:]
-    window = c.sliding_window is not None
+    window = c.uses_window
     # Prompt queries over prompt keys (one row per group): causal self-attention.
     mask_p = _self_attention_mask(c, None if key_mask is None else key_mask[::g, :tp], pos_p)
     # Completion queries (slots tp..T−1) over every key of their row.
@@ -488,28 +531,28 @@ def trunk_shared_prefix(
         q_positions=pos_c if window else None,
         k_positions=positions if window else None,
     )
-    embed = params["embed"]["embedding"].astype(dtype)
-    x_p, x_c = embed[tokens[::g, :tp]], embed[tokens[:, tp:]]
+    x_p, x_c = _embed(c, params, tokens[::g, :tp]), _embed(c, params, tokens[:, tp:])
 
-    def layer_fn(x_p, x_c, lp):
-        q_p, k_p, v_p = _project_qkv(c, x_p, lp, pos_p, inv_freq)
-        q_c, k_c, v_c = _project_qkv(c, x_c, lp, pos_c, inv_freq)
-        attn_p = _attend(c, q_p, k_p, v_p, mask_p)
+    def layer_fn(x_p, x_c, lp, layer):
+        q_p, k_p, v_p = _project_qkv(c, x_p, lp, pos_p, inv_freq, layer)
+        q_c, k_c, v_c = _project_qkv(c, x_c, lp, pos_c, inv_freq, layer)
+        attn_p = _attend(c, q_p, k_p, v_p, mask_p, layer)
         k_all = jnp.concatenate([jnp.repeat(k_p, g, axis=0), k_c], axis=1)
         v_all = jnp.concatenate([jnp.repeat(v_p, g, axis=0), v_c], axis=1)
-        attn_c = _attend(c, q_c, k_all, v_all, mask_c)
+        attn_c = _attend(c, q_c, k_all, v_all, mask_c, layer)
         return _output_and_mlp(c, x_p, attn_p, lp), _output_and_mlp(c, x_c, attn_c, lp)
 
     policy = _remat_policy(remat)
     if policy is not None:
         layer_fn = jax.checkpoint(layer_fn, policy=policy)
 
-    def body(carry, lp):
-        return layer_fn(*carry, lp), None
+    def body(carry, xs):
+        return layer_fn(*carry, *xs), None
 
-    (x_p, x_c), _ = jax.lax.scan(body, (x_p, x_c), params["layers"])
+    layers_idx = jnp.arange(c.num_layers, dtype=jnp.int32)
+    (x_p, x_c), _ = jax.lax.scan(body, (x_p, x_c), (params["layers"], layers_idx))
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
-    return rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps)
+    return _norm(c, x, params["final_norm"])
 
 
 def unembedding(params: Params, config: ModelConfig) -> jax.Array:
@@ -521,9 +564,20 @@ def unembedding(params: Params, config: ModelConfig) -> jax.Array:
 
 def logits_from_hidden(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:
     """``[B, T, V]`` logits in float32 (materialises the full vocabulary; prefer the chunked
-    log-prob ops in training)."""
+    log-prob ops in training), soft-capped ``cap · tanh(z / cap)`` when
+    ``config.final_logit_softcap`` is set (Gemma 2, https://arxiv.org/abs/2408.00118)."""
     w = unembedding(params, config).astype(hidden.dtype)
-    return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
+    return softcap_logits(logits, config)
+
+
+def softcap_logits(logits: jax.Array, config: ModelConfig) -> jax.Array:
+    """``cap · tanh(logits / cap)`` with ``config.final_logit_softcap`` (identity when None).
+
+    Code that computes logits from :attr:`ModelOutputs.hidden` and ``unembed`` itself must
+    apply this to match :func:`forward` on a Gemma 2 config."""
+    cap = config.final_logit_softcap
+    return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
 def scalar_head(params: Params, hidden: jax.Array) -> jax.Array:

@@ -1,0 +1,95 @@
+"""Where a token is and what it may see, per layer: RoPE and the per-layer attention tables.
+
+RoPE (Su et al. 2021, "RoFormer", https://arxiv.org/abs/2104.09864) in transformers' "rotate
+half" layout, with Llama 3's and linear frequency scaling. For models whose layers differ in
+type (Gemma 2 / 3: local sliding-window layers with their own RoPE base interleaved with
+global layers; Gemma Team 2024, https://arxiv.org/abs/2408.00118, and 2025,
+https://arxiv.org/abs/2503.19786 §2) the per-layer window and RoPE frequencies are small
+constant tables built from the static config and indexed by the traced layer index inside
+the layer scan, so every layer still runs one compiled body.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.models.config import LayerType, ModelConfig, RopeScaling
+
+
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
+    """Inverse RoPE frequencies ``[E/2]`` including Llama 3 / linear scaling (of the global
+    layers when the config has per-layer types; :func:`layer_rope_inv_freq` gives each
+    layer's)."""
+    e = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    if config.rope_scaling == RopeScaling.LINEAR:
+        inv = inv / config.rope_factor
+    elif config.rope_scaling == RopeScaling.LLAMA3:
+        # Llama 3.1 (arXiv:2407.21783): keep high frequencies, divide low ones by `factor`,
+        # interpolate smoothly in between.
+        factor, lo, hi = (
+            config.rope_factor,
+            config.rope_low_freq_factor,
+            config.rope_high_freq_factor,
+        )
+        old = config.rope_original_max_position
+        low_wavelen, high_wavelen = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = jnp.where(medium, smoothed, scaled)
+    return inv
+
+
+# A global layer's window when layers differ in type: farther than any position.
+NO_WINDOW = 2**30
+
+
+def layer_windows(config: ModelConfig) -> np.ndarray | None:
+    """``[L]`` int32 sliding window of each layer (:data:`NO_WINDOW` on GLOBAL layers); None
+    when the config has no per-layer types (then ``config.sliding_window`` applies to every
+    layer) or no LOCAL layer (then no layer has a window)."""
+    if LayerType.LOCAL not in config.layer_types:
+        return None
+    local = config.sliding_window if config.sliding_window is not None else NO_WINDOW
+    return np.asarray(
+        [local if t == LayerType.LOCAL else NO_WINDOW for t in config.layer_types], np.int32
+    )
+
+
+def layer_rope_inv_freq(config: ModelConfig) -> jax.Array | None:
+    """``[L, E/2]`` RoPE inverse frequencies of each layer: LOCAL layers use base
+    ``rope_local_theta`` unscaled (Gemma 3, https://arxiv.org/abs/2503.19786 §2), GLOBAL
+    layers :func:`rope_inv_freq`. None when the config has no per-layer types."""
+    if not config.layer_types:
+        return None
+    e = config.head_dim
+    glob = rope_inv_freq(config)
+    theta = config.rope_theta if config.rope_local_theta is None else config.rope_local_theta
+    local = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    is_local = np.asarray([t == LayerType.LOCAL for t in config.layer_types])
+    return jnp.where(jnp.asarray(is_local)[:, None], local[None], glob[None])
+
+
+def _check_layer(config: ModelConfig, layer) -> None:
+    if config.layer_types and layer is None:
+        raise ValueError(
+            "this config has per-layer attention types (layer_types); pass the layer index"
+        )
+
+
+def apply_rope(x_btne: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding in transformers' "rotate half" layout."""
+    angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, E/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x = x_btne.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_btne.dtype)
