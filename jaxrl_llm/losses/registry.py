@@ -141,9 +141,9 @@ class LossSpec:
         step's ``skip_fn``); None (the field or its result) when no batch can be skipped.
       traced_hparams: the config's scalar fields the loss also takes traced
         (``hparams={name: value}``), so that a schedule of them does not recompile.
-      takes_rollout_correction: the loss reads the optional ``is_weights`` and
-        ``proximal_logp`` batch entries (TIS / MIS weights, decoupled PPO), so a run may set
-        ``rollout.correction``.
+      rollout_corrections: the optional correction entries of the batch the loss reads:
+        ``is_weights`` (TIS / MIS weights) and ``proximal_logp`` (decoupled PPO); what a
+        run's ``rollout.correction`` may ask of it.
     """
 
     loss_fn: LossFn
@@ -155,7 +155,7 @@ class LossSpec:
     batch_kind: str = "sequence"
     zero_batch_fn: Callable[[Any], Callable[[Batch], jax.Array] | None] | None = None
     traced_hparams: tuple[str, ...] = ()
-    takes_rollout_correction: bool = False
+    rollout_corrections: tuple[str, ...] = ()
 
 
 def _pg(preset) -> LossSpec:
@@ -169,7 +169,7 @@ def _pg(preset) -> LossSpec:
         "rl",
         policy_gradient_zero_batch,
         TRACED_HPARAMS,
-        takes_rollout_correction=True,
+        rollout_corrections=("is_weights", "proximal_logp"),
     )
 
 
@@ -217,6 +217,7 @@ LOSSES: dict[str, LossSpec] = {
         cispo_config,
         batch_kind="rl",
         zero_batch_fn=zero_advantage_batch,
+        rollout_corrections=("is_weights",),
     ),
     "sapo": LossSpec(
         sapo_loss,
@@ -225,6 +226,7 @@ LOSSES: dict[str, LossSpec] = {
         sapo_config,
         batch_kind="rl",
         zero_batch_fn=zero_advantage_batch,
+        rollout_corrections=("is_weights",),
     ),
     "gmpo": LossSpec(
         gmpo_loss,

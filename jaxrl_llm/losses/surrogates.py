@@ -145,7 +145,8 @@ def cispo_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """CISPO over parameters: agg_t[−sg(clip(ρ_t, 1 − ε_low, 1 + ε_high))·A_t·log π_θ(y_t)]
     (:func:`jaxrl_llm.objectives.cispo_loss`). Batch and returns as
-    :func:`~jaxrl_llm.losses.policy_gradient_loss`."""
+    :func:`~jaxrl_llm.losses.policy_gradient_loss` (optional ``is_weights``: rollout
+    correction; no ``proximal_logp``)."""
     logp, ent, old, adv, mask = _rl_inputs(params, batch, apply_fn, logprobs, "cispo")
     num, den, m = cispo_loss_parts(
         logp,
@@ -156,6 +157,7 @@ def cispo_loss(
         clip_eps_high=config.clip_eps_high,
         aggregation=config.aggregation,
         max_len=config.max_len,
+        is_weights=batch.get("is_weights"),
     )
     return _finish(num, den, batch, m, ent, mask)
 
@@ -169,7 +171,8 @@ def sapo_loss(
     logprobs: LogprobSettings = DEFAULT_LOGPROBS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """SAPO over parameters: agg_t[−(4/τ)·σ(τ(ρ_t − 1))·A_t] (:func:`jaxrl_llm.objectives.
-    sapo_loss`). Batch and returns as :func:`~jaxrl_llm.losses.policy_gradient_loss`."""
+    sapo_loss`). Batch and returns as :func:`~jaxrl_llm.losses.policy_gradient_loss`
+    (optional ``is_weights``: rollout correction; no ``proximal_logp``)."""
     logp, ent, old, adv, mask = _rl_inputs(params, batch, apply_fn, logprobs, "sapo")
     num, den, m = sapo_loss_parts(
         logp,
@@ -180,6 +183,7 @@ def sapo_loss(
         tau_neg=config.tau_neg,
         aggregation=config.aggregation,
         max_len=config.max_len,
+        is_weights=batch.get("is_weights"),
     )
     return _finish(num, den, batch, m, ent, mask)
 

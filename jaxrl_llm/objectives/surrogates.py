@@ -55,6 +55,16 @@ def _ratio_metrics(log_ratio, m) -> dict[str, jax.Array]:
     return out
 
 
+def _weighted(per_token, is_weights, m):
+    """``w·ℓ`` with constant rollout-correction weights ``w`` (None: unchanged) and the
+    ``rollout_weight_mean`` metric; a zero weight keeps its token in the denominator."""
+    if is_weights is None:
+        return per_token, {}
+    chex.assert_equal_shape([is_weights, per_token])
+    w = jax.lax.stop_gradient(jnp.where(m, is_weights.astype(jnp.float32), 0.0))
+    return w * per_token, {"rollout_weight_mean": masked_mean(w, m)}
+
+
 def cispo_loss_parts(
     logp: jax.Array,
     old_logp: jax.Array,
@@ -65,6 +75,7 @@ def cispo_loss_parts(
     clip_eps_high: float | None = 0.2,
     aggregation: AggregationMode | str = AggregationMode.TOKEN_MEAN,
     max_len: int | None = None,
+    is_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """:func:`cispo_loss` as ``(num, den, metrics)`` with ``loss = num / den``.
 
@@ -81,6 +92,7 @@ def cispo_loss_parts(
     high = None if clip_eps_high is None else 1.0 + float(clip_eps_high)
     weight = jnp.clip(ratio, low, high) if (low, high) != (None, None) else ratio
     per_token = jnp.where(m, -weight * adv * logp, 0.0)
+    per_token, w_metrics = _weighted(per_token, is_weights, m)
     num, den = aggregate_parts(per_token, mask, mode=aggregation, max_len=max_len)
 
     below = ratio < low if low is not None else jnp.zeros_like(m)
@@ -90,6 +102,7 @@ def cispo_loss_parts(
         "clipfrac_high": masked_mean(above.astype(jnp.float32), m),
         "is_weight_mean": masked_mean(weight, m),
         **_ratio_metrics(log_ratio, m),
+        **w_metrics,
     }
     metrics["clipfrac"] = metrics["clipfrac_low"] + metrics["clipfrac_high"]
     return num, den, {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
@@ -105,6 +118,7 @@ def cispo_loss(
     clip_eps_high: float | None = 0.2,
     aggregation: AggregationMode | str = AggregationMode.TOKEN_MEAN,
     max_len: int | None = None,
+    is_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """CISPO: policy gradient with a clipped, stop-gradient importance weight per token.
 
@@ -126,6 +140,9 @@ def cispo_loss(
       clip_eps_high: ε_high ≥ 0, or None for no upper bound.
       aggregation: an :class:`~jaxrl_llm.objectives.AggregationMode` or its string.
       max_len: constant length for ``seq_mean_token_sum_norm``.
+      is_weights: ``[B, T]`` constant weights multiplying each token's loss (rollout
+        correction, TIS / MIS: :func:`~jaxrl_llm.objectives.rollout_correction`; metric
+        ``rollout_weight_mean``), or None.
     Returns:
       ``(loss, metrics)``: scalar float32 loss (minimised) and scalar metrics (token means over
       valid tokens, no gradient): ``clipfrac`` (share of clipped weights), ``clipfrac_low``,
@@ -141,6 +158,7 @@ def cispo_loss(
         clip_eps_high=clip_eps_high,
         aggregation=aggregation,
         max_len=max_len,
+        is_weights=is_weights,
     )
     return safe_divide(num, den), metrics
 
@@ -155,6 +173,7 @@ def sapo_loss_parts(
     tau_neg: float = 1.05,
     aggregation: AggregationMode | str = AggregationMode.SEQ_MEAN_TOKEN_MEAN,
     max_len: int | None = None,
+    is_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """:func:`sapo_loss` as ``(num, den, metrics)`` with ``loss = num / den``.
 
@@ -169,6 +188,7 @@ def sapo_loss_parts(
     tau = jnp.where(adv > 0, float(tau_pos), float(tau_neg))
     gate = jax.nn.sigmoid(tau * (ratio - 1.0))
     per_token = jnp.where(m, -(4.0 / tau) * gate * adv, 0.0)
+    per_token, w_metrics = _weighted(per_token, is_weights, m)
     num, den = aggregate_parts(per_token, mask, mode=aggregation, max_len=max_len)
     # d gate-term / d log π = 4σ(1−σ)·r: the factor that multiplies −A·∇log π.
     grad_weight = 4.0 * gate * (1.0 - gate) * ratio
@@ -177,6 +197,7 @@ def sapo_loss_parts(
         "gate_weight_mean": masked_mean(grad_weight, m),
         "gate_weight_min": masked_min_max(grad_weight, m)[0],
         **_ratio_metrics(log_ratio, m),
+        **w_metrics,
     }
     return num, den, {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
 
@@ -191,6 +212,7 @@ def sapo_loss(
     tau_neg: float = 1.05,
     aggregation: AggregationMode | str = AggregationMode.SEQ_MEAN_TOKEN_MEAN,
     max_len: int | None = None,
+    is_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """SAPO: a temperature-controlled sigmoid gate on the token ratio instead of a hard clip.
 
@@ -211,6 +233,9 @@ def sapo_loss(
       tau_neg: τ for the others (> 0).
       aggregation: an :class:`~jaxrl_llm.objectives.AggregationMode` or its string.
       max_len: constant length for ``seq_mean_token_sum_norm``.
+      is_weights: ``[B, T]`` constant weights multiplying each token's loss (rollout
+        correction, TIS / MIS: :func:`~jaxrl_llm.objectives.rollout_correction`; metric
+        ``rollout_weight_mean``), or None.
     Returns:
       ``(loss, metrics)``: scalar float32 loss and scalar metrics (token means, no gradient):
       ``pg_loss``, ``gate_weight_mean`` and ``gate_weight_min`` (the factor ``w_t·r_t`` of
@@ -225,6 +250,7 @@ def sapo_loss(
         tau_neg=tau_neg,
         aggregation=aggregation,
         max_len=max_len,
+        is_weights=is_weights,
     )
     return safe_divide(num, den), metrics
 

@@ -20,7 +20,7 @@ batch and either
   bounds (``low: null, high: null``, token level): the tests check it.
 
 The losses read ``is_weights`` / ``proximal_logp`` from the batch (``objectives.policy_loss``);
-the losses that do are marked ``takes_rollout_correction`` in the registry. Metrics, every
+the registry's ``LossSpec.rollout_corrections`` says which a loss reads. Metrics, every
 step: ``correction/weight_mean``, ``correction/weight_max``, ``correction/outside_frac``
 (share of tokens outside [low, high]), ``correction/ratio_max``, ``correction/mismatch_kl``
 (k3 estimate of KL(μ‖π)), ``correction/rows_frac`` (share of rows recomputed: only the

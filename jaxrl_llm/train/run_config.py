@@ -132,11 +132,14 @@ class RunConfig:
                 raise ConfigError(
                     f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}"
                 )
-            if r.correction is not None and not algo.loss_spec().takes_rollout_correction:
-                raise ConfigError(
-                    f"rollout.correction: {self.algorithm}'s loss ({algo.loss}) takes no "
-                    f"rollout-correction weights; the clipped policy-gradient losses and PPO do"
-                )
+            if r.correction is not None:
+                need = "proximal_logp" if r.correction.decoupled else "is_weights"
+                if need not in algo.loss_spec().rollout_corrections:
+                    raise ConfigError(
+                        f"rollout.correction: {self.algorithm}'s loss ({algo.loss}) takes no "
+                        f"{need}; the clipped policy-gradient losses and PPO take both, CISPO "
+                        f"and SAPO the importance weights only (not decoupled: true)"
+                    )
         else:
             t = self.train
             if t.batch_size < 1 or t.micro_batches < 1 or t.batch_size % t.micro_batches:

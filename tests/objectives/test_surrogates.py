@@ -174,3 +174,26 @@ def test_parts_accumulate_to_whole_batch(name):
     parts = [parts_fn(logp[a:b], old[a:b], adv[a:b], m[a:b], **kw) for a, b in [(0, 1), (1, 4)]]
     total = sum(p[0] for p in parts) / sum(p[1] for p in parts)
     assert float(total) == pytest.approx(float(whole), rel=1e-5)
+
+
+# ---------------------------------------------------------------- rollout-correction weights
+
+
+@pytest.mark.parametrize("name", ["cispo_loss", "sapo_loss"])
+def test_rollout_weights_multiply_each_tokens_loss(name, run):
+    # w·ℓ per token with the denominator unchanged: the loss is linear in the weights, so
+    # weights 1 change nothing, 2 doubles it, and a split of the tokens adds up to the whole
+    fn = getattr(obj, name)
+    logp, old, adv, m = tokens([1.5, 0.5, 1.1, 0.9], [1.0, -1.0, 2.0, -0.5])
+    plain, _ = run(fn, logp, old, adv, m)
+    ones = jnp.ones_like(logp)
+    first = jnp.asarray([[1.0, 1.0, 0.0, 0.0]])
+    loss1, met = run(fn, logp, old, adv, m, is_weights=ones)
+    loss2, _ = run(fn, logp, old, adv, m, is_weights=2 * ones)
+    a, _ = run(fn, logp, old, adv, m, is_weights=first)
+    b, _ = run(fn, logp, old, adv, m, is_weights=1 - first)
+    assert float(loss1) == pytest.approx(float(plain), rel=1e-6)
+    assert float(loss2) == pytest.approx(2 * float(plain), rel=1e-6)
+    assert float(a) + float(b) == pytest.approx(float(plain), rel=1e-5)
+    assert float(a) != pytest.approx(float(b))
+    assert float(met["rollout_weight_mean"]) == pytest.approx(1.0)

@@ -461,7 +461,7 @@ def _one_step(toy_data, out, algorithm="grpo", **over):
         optim=dict(name="sgd", lr=1e-2),
         eval=dict(before=False),
     )
-    if algorithm == "ppo":
+    if algorithm in ("ppo", "cispo", "sapo"):  # no kl_coef to set
         base.pop("loss")
     for k, v in over.items():
         base[k] = {**base[k], **v} if isinstance(base.get(k), dict) else v
@@ -506,6 +506,21 @@ def test_rollout_correction_with_a_cap_above_every_ratio_equals_the_uncorrected_
     assert low["correction/outside_frac"] > 0 and low["correction/weight_mean"] < 1.0
 
 
+@pytest.mark.parametrize("algorithm", ["cispo", "sapo"])
+def test_rollout_correction_of_cispo_and_sapo_with_a_cap_above_every_ratio(
+    algorithm, toy_data, tmp_path
+):
+    # as for the clipped loss: the first update with the weights is the uncorrected one
+    plain, p_plain = _one_step(toy_data, tmp_path / "plain", algorithm)
+    tis, p_tis = _one_step(
+        toy_data, tmp_path / "tis", algorithm, rollout=dict(correction=dict(high=2.0))
+    )
+    assert tis["reward/mean"] == plain["reward/mean"]
+    assert 0 < tis["correction/ratio_max"] < 2.0 and "pg/rollout_weight_mean" in tis
+    assert tis["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
+    assert _max_diff(p_tis, p_plain) < 1e-7
+
+
 def test_decoupled_ppo_equals_unbounded_importance_sampling(toy_data, tmp_path):
     # decoupled PPO: clip around the recomputed (proximal) policy, behaviour weight π_prox/μ;
     # the IS form with old_logp = π_prox and unbounded token weights π_prox/μ is the same loss.
@@ -533,8 +548,10 @@ def test_rollout_correction_runs_with_ppo_and_is_checked(toy_data, tmp_path):
     for k in ("weight_mean", "weight_max", "outside_frac", "mismatch_kl", "seq_outside_frac"):
         assert np.isfinite(m[f"correction/{k}"]), k
     assert np.isfinite(m["loss"]) and np.isfinite(m["critic/loss"])
-    with pytest.raises(ConfigError, match="takes no rollout-correction"):
-        toy_config(toy_data, tmp_path / "c", "cispo", rollout=dict(correction=dict()))
+    with pytest.raises(ConfigError, match="takes no is_weights"):
+        toy_config(toy_data, tmp_path / "c", "gmpo", rollout=dict(correction=dict()))
+    with pytest.raises(ConfigError, match="takes no proximal_logp"):
+        toy_config(toy_data, tmp_path / "c", "cispo", rollout=dict(correction=dict(decoupled=True)))
     with pytest.raises(ConfigError, match="use one or the other"):
         from jaxrl_llm.train.run_config import loss_config
 
