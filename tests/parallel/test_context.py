@@ -65,9 +65,12 @@ def _masks():
 MASKS = _masks()
 
 
-@pytest.mark.parametrize("mesh_kw", [dict(data=2, context=4), dict(fsdp=2, context=4)])
+@pytest.mark.parametrize(
+    "mesh_kw,block_size",
+    [(dict(data=2, context=4), 512), (dict(fsdp=2, context=4), 2)],  # 2: 2 blocks per device
+)
 @pytest.mark.parametrize("kind", sorted(MASKS))
-def test_ring_equals_naive_values_and_grads(kind, mesh_kw):
+def test_ring_equals_naive_values_and_grads(kind, mesh_kw, block_size):
     mask, kw = MASKS[kind]
     q, k, v = _qkv(0)
     w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape, np.float32))
@@ -76,7 +79,9 @@ def test_ring_equals_naive_values_and_grads(kind, mesh_kw):
     )
     mesh = make_mesh(**mesh_kw)
     with jax.set_mesh(mesh):
-        out, g = _value_and_grads(lambda q, k, v: ring_attention(q, k, v, mask, **kw), q, k, v, w)
+        out, g = _value_and_grads(
+            lambda q, k, v: ring_attention(q, k, v, mask, block_size=block_size, **kw), q, k, v, w
+        )
     np.testing.assert_allclose(out, ref, atol=ATOL, rtol=0)
     for a, b_ in zip(g, ref_g):
         np.testing.assert_allclose(a, b_, atol=ATOL, rtol=0)
