@@ -4,6 +4,8 @@ sampled one step earlier, never older; decoupled PPO corrects for it."""
 
 import json
 import os
+import time
+import types
 
 import jax
 import numpy as np
@@ -141,3 +143,66 @@ def test_resume_of_an_asynchronous_run_neither_loses_nor_repeats_prompts(tmp_pat
     assert [a[s]["data/prompts_crc32"] for s in a] == [b[s]["data/prompts_crc32"] for s in b]
     assert b[3]["async/staleness_max"] == 0 and b[4]["async/staleness_max"] == 1
     assert a[3]["async/staleness_max"] == 1
+
+
+class _FastSampler:
+    """A rollout side much faster than the learner: each batch records the weights' version
+    it started with (as Rollouts does through weights_fn)."""
+
+    def __init__(self, box):
+        self.box = box
+
+    def collect(self, iterator, step):
+        _, version = self.box.get()
+        next(iterator)
+        exp = types.SimpleNamespace(policy_version=np.full(2, version))
+        return exp, {"data/prompts_crc32": step}
+
+
+class _Prompts:
+    def __init__(self):
+        self.position, self.steps_per_epoch = 0, 100
+
+    def __next__(self):
+        self.position += 1
+
+    def state(self):
+        return {"epoch": 0, "position": self.position}
+
+
+@pytest.mark.parametrize("mode", ["wait", "drop"])
+def test_producer_bounds_staleness_by_waiting_or_dropping(mode):
+    # The learner takes 200 ms per update, so the fast producer starts every job it may start
+    # before the next weights are published. wait: queued k ahead, nothing is ever too old.
+    # drop: one more ahead, that batch arrives k + 1 old and is dropped (and replaced).
+    from jaxrl_llm.train.producer import Producer, WeightBox
+
+    k, updates, steps = 1, 2, 6
+    box = WeightBox(None, 0)
+    prod = Producer(
+        _FastSampler(box),
+        _Prompts(),
+        box,
+        max_staleness=k,
+        updates_per_step=updates,
+        staleness=mode,
+        first_step=1,
+        last_step=steps,
+    )
+    version, rows = 0, []
+    try:
+        for step in range(1, steps + 1):
+            exp, info = prod.next_batch(step, version)
+            assert (version - exp.policy_version.min()) // updates <= k
+            rows.append(info)
+            time.sleep(0.2)  # the update
+            version += updates
+            box.publish(None, version)
+    finally:
+        prod.close()
+    assert max(r["async/staleness_max"] for r in rows) == k
+    dropped = rows[-1]["async/dropped_total"]
+    assert dropped == sum(r["async/dropped"] for r in rows)
+    assert (dropped == 0) if mode == "wait" else (dropped > 0)
+    # the checkpointed data position is after the batches taken, dropped ones included
+    assert prod.position.state()["position"] == steps + dropped
