@@ -32,7 +32,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.errors import ConfigError, DataError
-from jaxrl_llm.models import KVCache, ModelConfig, default_positions, init_cache, trunk, unembedding
+from jaxrl_llm.models import (
+    KVCache,
+    ModelConfig,
+    default_positions,
+    init_cache,
+    softcap_logits,
+    trunk,
+    unembedding,
+)
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
 from jaxrl_llm.sampling.filters import row_keys, select_tokens
 
@@ -124,6 +132,7 @@ def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_l
     assert cache is not None  # a cache in, a cache out
     w = unembedding(params, config).astype(hidden.dtype)
     last_logits = jnp.einsum("bd,dv->bv", hidden[:, -1], w, preferred_element_type=jnp.float32)
+    last_logits = softcap_logits(last_logits, config)  # Gemma 2's final cap; else identity
     next_positions = jnp.sum(mask, axis=-1).astype(jnp.int32)
     return last_logits, cache, next_positions
 
@@ -274,6 +283,7 @@ def _decode(
         assert cache is not None  # a cache in, a cache out
         w = unembedding(params, config).astype(hidden.dtype)
         logits = jnp.einsum("bd,dv->bv", hidden[:, 0], w, preferred_element_type=jnp.float32)
+        logits = softcap_logits(logits, config)
         return DecodeState(
             logits=logits,
             tokens=tokens,

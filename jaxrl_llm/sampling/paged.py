@@ -13,8 +13,9 @@ Page 0 is the null page: never allocated, it absorbs the writes of idle rows.
 
 Slot s of a row holds the token at RoPE position s (rows are stored unpadded), so a query at
 position p sees the keys of slots ≤ p. The layers are the model's own
-(``models/transformer.py``: ``_project_qkv`` before attention, ``_output_and_mlp`` after);
-only the attention over pages is new here.
+(``models/transformer.py``: ``_embed``, ``_project_qkv`` before attention, ``_attend`` with
+the layer's window and soft cap, ``_output_and_mlp`` after, ``_norm``; the layer index is
+passed for Gemma's per-layer types); only the gather of keys/values from pages is new here.
 
 Shapes: R rows, T new tokens, L layers, P pages, Z page size, N table width (pages per row),
 K key/value heads, E head dim, D model width.
@@ -33,9 +34,10 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import AttentionMask, ModelConfig
 from jaxrl_llm.models.transformer import (
     _attend,
+    _embed,
+    _norm,
     _output_and_mlp,
     _project_qkv,
-    rms_norm,
     rope_inv_freq,
 )
 
@@ -236,7 +238,7 @@ def paged_attention(
     v = gather_pages(v_pool, table, layer).astype(q_rtne.dtype)
     slots = jnp.arange(k.shape[1], dtype=jnp.int32)
     last = start + t - 1  # [R] slot of each row's last query
-    window = config.sliding_window is not None
+    window = config.uses_window  # a window (or Gemma's per-layer windows) needs positions
     q_pos = (start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]).astype(jnp.int32)
     mask = AttentionMask(
         q_index=None if t == 1 else (start[0] + jnp.arange(t, dtype=jnp.int32)),
@@ -244,7 +246,7 @@ def paged_attention(
         q_positions=q_pos if window else None,
         k_positions=jnp.broadcast_to(slots, (r, slots.shape[0])) if window else None,
     )
-    return _attend(config, q_rtne, k, v, mask)
+    return _attend(config, q_rtne, k, v, mask, layer)
 
 
 def paged_trunk(
@@ -276,19 +278,18 @@ def paged_trunk(
     c = config
     r, t = tokens.shape
     z = cache.page_size
-    dtype = c.compute_jnp_dtype
     inv_freq = rope_inv_freq(c)
     pos = start[:, None].astype(jnp.int32) + jnp.arange(t, dtype=jnp.int32)[None, :]
     col = pos // z
     inside = col < table.shape[1]  # slots past the table (padding tokens) go to the null page
     page = jnp.where(inside, jnp.take_along_axis(table, jnp.where(inside, col, 0), axis=1), 0)
     off = pos % z
-    x = params["embed"]["embedding"].astype(dtype)[tokens]
+    x = _embed(c, params, tokens)
 
     def body(carry, xs):
         x, k_all, v_all = carry
         lp, layer = xs
-        q, k, v = _project_qkv(c, x, lp, pos, inv_freq)
+        q, k, v = _project_qkv(c, x, lp, pos, inv_freq, layer)
         k_all = k_all.at[layer, page, off].set(k.astype(k_all.dtype))
         v_all = v_all.at[layer, page, off].set(v.astype(v_all.dtype))
         attn = paged_attention(q, k_all, v_all, table, start, config=c, layer=layer)
@@ -296,7 +297,7 @@ def paged_trunk(
 
     layers = jnp.arange(c.num_layers, dtype=jnp.int32)
     (x, k_new, v_new), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layers))
-    x = rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps)
+    x = _norm(c, x, params["final_norm"])
     return x, PagedKVCache(k=k_new, v=v_new)
 
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models import ModelConfig, unembedding
+from jaxrl_llm.models import ModelConfig, logits_from_hidden
 from jaxrl_llm.sampling.filters import row_keys, select_tokens
 from jaxrl_llm.sampling.paged import (
     NULL_PAGE,
@@ -81,8 +81,7 @@ def _step_rows(s: SlotState, stop, params, *, config, sampling, pad_id, width) -
     gen = s.gen + alive.astype(jnp.int32)
     table = jnp.where(alive[:, None], s.table[:, :width], NULL_PAGE)  # idle rows write nowhere
     hidden, cache = paged_trunk(params, tok[:, None], s.cache, table, s.cache_len, config=config)
-    w = unembedding(params, config).astype(hidden.dtype)
-    logits = jnp.einsum("bd,dv->bv", hidden[:, 0], w, preferred_element_type=jnp.float32)
+    logits = logits_from_hidden(params, hidden, config)[:, 0]  # the trainer's (soft-capped)
     return s._replace(
         cache=cache,
         cache_len=s.cache_len + alive.astype(jnp.int32),
@@ -158,9 +157,8 @@ def extend_row(params, cache, tokens, table, start, last, *, config):
     returns (float32 logits ``[R, V]`` after token ``last[r]``, the pool)."""
     _TRACES["extend"] += 1
     hidden, cache = paged_trunk(params, tokens, cache, table, start, config=config)
-    w = unembedding(params, config).astype(hidden.dtype)
-    h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-    return jnp.einsum("bd,dv->bv", h, w, preferred_element_type=jnp.float32), cache
+    h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
+    return logits_from_hidden(params, h, config)[:, 0], cache
 
 
 def cast_for_rollout(params, config: ModelConfig, dtype: str | None):

@@ -206,24 +206,3 @@ def test_multi_turn_continuation_equals_prefilling_the_conversation(params):
         np.testing.assert_allclose(row.logprobs[n_first + n_reply :], ref.logprobs[0], atol=1e-5)
         eng.release(r)
     assert eng.book.alloc.num_free == eng.book.alloc.num_pages - 1
-
-
-def test_sliding_window_model_equals_static_engine():
-    """Mistral's local attention (window 5 < the rows' lengths) over pages, with refills."""
-    config = ModelConfig.tiny("mistral", sliding_window=5, eos_token_ids=(96,), pad_token_id=0)
-    p = init_params(config, jax.random.PRNGKey(0))
-    p = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, p)
-    a = generate(p, config, PROMPTS[:4], sampling=SAMPLED, num_samples=2, max_new_tokens=14)
-    b = generate_paged(
-        p,
-        config,
-        PROMPTS[:4],
-        sampling=SAMPLED,
-        num_samples=2,
-        max_new_tokens=14,
-        num_slots=4,
-        page_size=4,
-        chunk_steps=3,
-    )
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
