@@ -206,3 +206,19 @@ def test_multi_turn_continuation_equals_prefilling_the_conversation(params):
         np.testing.assert_allclose(row.logprobs[n_first + n_reply :], ref.logprobs[0], atol=1e-5)
         eng.release(r)
     assert eng.book.alloc.num_free == eng.book.alloc.num_pages - 1
+
+
+def test_generate_paged_stop_steps_force_row_lengths(params):
+    """Per-row stop steps (the benchmark's forced lengths) cut each row of the free run."""
+    steps = RNG.integers(1, 17, size=len(PROMPTS) * G).tolist()
+    no_eos = SamplingConfig(temperature=0.7, top_k=40, use_model_eos=False)
+    kw = dict(sampling=no_eos, num_samples=G, seed=1, max_new_tokens=16)
+    free = generate(params, CONFIG, PROMPTS, **kw)
+    out = generate_paged(
+        params, CONFIG, PROMPTS, **kw, stop_steps=steps, num_slots=4, page_size=4, chunk_steps=5
+    )
+    np.testing.assert_array_equal(np.asarray(out.lengths), steps)
+    assert not np.any(np.asarray(out.finished))
+    for r, n in enumerate(steps):
+        np.testing.assert_array_equal(out.tokens[r, :n], free.tokens[r, :n])
+        assert np.all(np.asarray(out.tokens[r, n:]) == CONFIG.pad_token_id)
