@@ -37,19 +37,19 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
     of ``cfg.mesh``'s.
 
     Returns:
-      the axis sizes ``{"data", "fsdp", "tensor"}``.
+      the axis sizes by name (:data:`~jaxrl_llm.parallel.MESH_AXES`).
     Raises:
       ConfigError: the sizes do not fit the device count, or the batch rows do not split.
     """
-    from jaxrl_llm.parallel.mesh import mesh_shape
+    from jaxrl_llm.parallel.mesh import MESH_AXES, mesh_shape
 
     if mesh is not None:
-        sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor")}
+        sizes = {k: int(mesh.shape[k]) for k in MESH_AXES}
     else:
         n = jax.device_count() if num_devices is None else num_devices
         sizes = dict(
             zip(
-                ("data", "fsdp", "tensor"),
+                MESH_AXES,
                 mesh_shape(n, data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor),
             )
         )
