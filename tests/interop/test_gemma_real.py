@@ -20,12 +20,10 @@ import pytest
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
-# The GGUF carries no chat template; this is Gemma's turn format (Gemma 3 model card).
 FACTS = " ".join(f"Fact {i}: {i} times {i} is {i * i}." for i in range(1, 37))
-CHAT = (
-    f"<start_of_turn>user\n{FACTS}\nWhat is 7 times 7? Answer with the number only."
-    "<end_of_turn>\n<start_of_turn>model\n"
-)
+QUESTION = f"{FACTS}\nWhat is 7 times 7? Answer with the number only."
+# Gemma's turn format, written out (the GGUF has no chat template; the loader supplies one).
+CHAT = f"<bos><start_of_turn>user\n{QUESTION}<end_of_turn>\n<start_of_turn>model\n"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +41,11 @@ def real():
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, local_files_only=True, dtype=torch.float32
     ).eval()
-    ids = loaded.tokenizer(CHAT)["input_ids"]
+    text = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=False
+    )
+    assert text == CHAT
+    ids = loaded.tokenizer.encode(text, add_special_tokens=False)
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits.float().numpy()[0]
     return loaded, hf, ids, ref, interop.cached_gguf_dir(gguf)
@@ -61,7 +63,8 @@ def test_config_is_gemma3_270m(real):
     from jaxrl_llm import models as M
 
     loaded, _, ids, _, _ = real
-    want = M.ModelConfig.gemma3_270m(rms_norm_eps=loaded.config.rms_norm_eps, eos_token_ids=(1,))
+    # the file's ε is float32's 1e-6; <end_of_turn> (106) is a stop token with the template
+    want = M.ModelConfig.gemma3_270m(rms_norm_eps=loaded.config.rms_norm_eps)
     assert loaded.config == want
     assert loaded.tokenizer.convert_ids_to_tokens(ids[:2]) == ["<bos>", "<start_of_turn>"]
     assert len(ids) == 638 > loaded.config.sliding_window
@@ -88,11 +91,17 @@ def test_greedy_generation_equals_transformers(real):
     out = generate(params, config, [ids], sampling=SamplingConfig(greedy=True), max_new_tokens=8)
     x = torch.tensor([ids])
     with torch.no_grad():
-        want = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8)[
-            0, len(ids) :
-        ].tolist()
+        want = hf.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            do_sample=False,
+            max_new_tokens=8,
+            eos_token_id=list(config.eos_token_ids),
+        )[0, len(ids) :].tolist()
+    stop = [i for i, t in enumerate(want) if t in config.eos_token_ids]
+    want = want[: stop[0] + 1] if stop else want
     got = np.asarray(out.tokens[0, : int(out.lengths[0])]).tolist()
-    assert got == want[: len(got)] and len(got) == len(want) == 8
+    assert got == want and len(got) >= 1
 
 
 def test_exported_directory_loads_in_transformers_with_the_same_logits(real):
@@ -110,3 +119,52 @@ def test_exported_directory_loads_in_transformers_with_the_same_logits(real):
     with torch.no_grad():
         again = hf2.eval()(torch.tensor([ids])).logits.float().numpy()[0]
     np.testing.assert_array_equal(again, ref)
+
+
+RUNS = {
+    "dpo": ["train.batch_size=2", "train.eval_batches=1", "data.max_length=64"],
+    "grpo": [
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "eval.num_examples=2",
+        "eval.batch_size=2",
+    ],
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(RUNS))
+def test_one_training_step_runs_on_gemma3_270m(real, algorithm, tmp_path):
+    """One DPO step (offline, frozen reference) and one GRPO step (sampling with the dense KV
+    cache, rewards, the update) run through ``jaxrl-llm train``, in a fresh process on one CPU
+    device (as a user runs it; the suite's 8 forced devices would need batches of 8)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxrl_llm.cli.main",
+        "train",
+        os.path.join(root, "configs", f"{algorithm}.yaml"),
+        "model.source=gemma3-270m",
+        "max_steps=1",
+        f"output_dir={tmp_path}",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+        *RUNS[algorithm],
+    ]
+    done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    step = [r for r in rows if r.get("step") == 1 and "loss" in r]
+    assert len(step) == 1 and np.isfinite(step[0]["loss"]) and step[0]["nonfinite"] == 0
+    if algorithm == "dpo":  # policy = reference before the first update: loss log 2
+        assert abs(step[0]["loss"] - np.log(2)) < 1e-4
+    else:  # the sampler's log-probs are the learner's: importance ratios 1
+        assert abs(step[0]["pg/ratio_max"] - 1) < 1e-4 and abs(step[0]["pg/ratio_min"] - 1) < 1e-4
