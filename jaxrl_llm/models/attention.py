@@ -590,6 +590,22 @@ def splash_attention(
     return jnp.swapaxes(out, 1, 2).astype(v_bske.dtype)
 
 
+# ----- context parallelism (AttentionImpl.RING) ---------------------------------------------
+
+#: The mesh axis a sequence is split over (context parallelism; ``jaxrl_llm.parallel``'s mesh
+#: names its axes after it).
+CONTEXT_AXIS = "context"
+
+
+def _context_size() -> int:
+    """Size of the ambient mesh's (``jax.set_mesh``) context axis; 1 when there is none or
+    it is already manual (inside a ``shard_map`` over it)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or CONTEXT_AXIS not in mesh.axis_names or CONTEXT_AXIS in mesh.manual_axes:
+        return 1
+    return int(mesh.shape[CONTEXT_AXIS])
+
+
 def _backend() -> str:
     backend = jax.default_backend()
     if backend == "gpu":
@@ -615,7 +631,10 @@ def dot_product_attention(
     Every implementation computes ``softmax(cap(q·kᵀ/√E) masked) · v`` for the keys the
     :class:`AttentionMask` allows to real queries; they differ in memory, speed and rounding.
     When cuDNN is chosen but cannot run (no cuDNN, or no kernel for the shape on this GPU),
-    a RuntimeWarning says so and the blockwise path runs.
+    a RuntimeWarning says so and the blockwise path runs. Under a mesh (``jax.set_mesh``)
+    with a ``context`` axis of size C > 1, AUTO and RING run self-attention whose T is a
+    multiple of C as ring attention over that axis (:mod:`jaxrl_llm.models.ring_attention`);
+    RING anywhere else is AUTO.
 
     Args:
       q_btne: ``[B, T, H, E]`` queries; k_bske, v_bske: ``[B, S, K, E]``; H a multiple of K.
@@ -626,6 +645,14 @@ def dot_product_attention(
       ``[B, T, H, E]`` in v's dtype.
     """
     b, t, h, e = q_btne.shape
+    impl = AttentionImpl(impl)
+    if impl in (AttentionImpl.AUTO, AttentionImpl.RING):
+        c = _context_size()
+        if c > 1 and mask.self_attention and t % c == 0:
+            from jaxrl_llm.models.ring_attention import ring_attention  # it imports this module
+
+            return ring_attention(q_btne, k_bske, v_bske, mask, window=window, softcap=softcap)
+        impl = AttentionImpl.AUTO  # RING where it does not apply: what AUTO picks
     chosen = select_attention_impl(
         backend or _backend(),
         requested=impl,

@@ -62,6 +62,9 @@ class AttentionImpl(str, enum.Enum):
     and the Pallas splash kernel on TPU where they can express the mask, else the naive path
     for tiny shapes and the decode step, else the blockwise (O(T) memory) path. The others
     force one; CUDNN and SPLASH still fall back to BLOCKWISE where they cannot apply.
+    RING is ring attention over the mesh's ``context`` axis (``jaxrl_llm.models.ring_attention``);
+    AUTO picks it for self-attention when the ambient mesh (``jax.set_mesh``) has a
+    ``context`` axis of size > 1.
     """
 
     AUTO = "auto"
@@ -69,6 +72,7 @@ class AttentionImpl(str, enum.Enum):
     BLOCKWISE = "blockwise"
     CUDNN = "cudnn"
     SPLASH = "splash"
+    RING = "ring"
 
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -213,16 +217,16 @@ class ModelConfig:
         dtype_from_name(self.compute_dtype)
 
     @property
-    def param_jnp_dtype(self):
-        """The parameter dtype as a jnp dtype."""
-        return dtype_from_name(self.param_dtype)
-
-    @property
     def uses_window(self) -> bool:
         """Some layer attends through a sliding window (the masks then carry positions)."""
         if self.layer_types:
             return LayerType.LOCAL in self.layer_types
         return self.sliding_window is not None
+
+    @property
+    def param_jnp_dtype(self):
+        """The parameter dtype as a jnp dtype."""
+        return dtype_from_name(self.param_dtype)
 
     @property
     def compute_jnp_dtype(self):

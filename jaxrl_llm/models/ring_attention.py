@@ -67,8 +67,9 @@ from jaxrl_llm.models.attention import AttentionMask
 
 __all__ = ["CONTEXT_AXIS", "ring_attention"]
 
-#: The mesh axis whose devices each hold a block of every row's tokens (:data:`MESH_AXES`).
-CONTEXT_AXIS = "context"
+#: The mesh axis whose devices each hold a block of every row's tokens (one of
+#: ``jaxrl_llm.parallel.MESH_AXES``; defined here because models/ imports nothing below it).
+CONTEXT_AXIS = attn_lib.CONTEXT_AXIS
 
 
 def ring_attention(

@@ -4,7 +4,7 @@ axis), multi-host initialisation, and abstract TPU topologies to compile for fro
 Batches are batch-major ``[B, T]``; rows are split over the ``batch`` rule's mesh axes, and
 with context parallelism the tokens of a row over the ``length`` rule's."""
 
-from jaxrl_llm.parallel.context import CONTEXT_AXIS, ring_attention
+from jaxrl_llm.models.ring_attention import CONTEXT_AXIS, ring_attention
 from jaxrl_llm.parallel.distributed import (
     host_local_batch_to_global,
     host_local_rows,

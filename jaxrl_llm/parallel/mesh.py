@@ -7,7 +7,7 @@ A mesh is always passed explicitly; nothing here reads or sets a global mesh.
   https://arxiv.org/abs/1910.02054): batch rows split *and* parameters / optimizer state
   sharded, gathered on use by XLA's SPMD partitioner.
 * ``context`` — context (sequence) parallelism: the tokens of each row split over devices,
-  attention by ring attention over this axis (:mod:`jaxrl_llm.parallel.context`; Liu et al.
+  attention by ring attention over this axis (:mod:`jaxrl_llm.models.ring_attention`; Liu et al.
   2023, https://arxiv.org/abs/2310.01889). Size 1 (the default) changes nothing.
 * ``tensor`` — tensor (model) parallelism over heads / MLP width / vocabulary
   (Megatron-LM, Shoeybi et al. 2019, https://arxiv.org/abs/1909.08053).

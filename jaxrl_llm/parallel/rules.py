@@ -34,7 +34,7 @@ DEFAULT_RULES: Mapping[str, MeshAxes] = types.MappingProxyType(
         # activations / data
         "batch": ("data", "fsdp"),
         # the token (sequence) dimension: split over the context axis (ring attention,
-        # jaxrl_llm.parallel.context); size 1 = whole rows on each device.
+        # jaxrl_llm.models.ring_attention); size 1 = whole rows on each device.
         "length": "context",
         # parameters
         "vocab": "tensor",

@@ -1,4 +1,4 @@
-"""jaxrl_llm.parallel.context: ring attention over the ``context`` mesh axis equals
+"""jaxrl_llm.models.ring_attention: ring attention over the ``context`` mesh axis equals
 single-device naive attention (values and gradients) for every mask kind, on ``data=2 ×
 context=4`` and ``fsdp=2 × context=4``; token sharding splits rows and tokens. The model's
 attention through the ring: tests/parallel/test_context_model.py. 8 forced CPU devices
