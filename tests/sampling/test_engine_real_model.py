@@ -2,6 +2,7 @@
 transformers' generate for prompts of different lengths, with refills (4 prompts, 2 slots),
 and the recorded log-probs equal the trainer's teacher-forced log-probs."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -84,7 +85,11 @@ def test_logprobs_equal_teacher_forced_logprobs(real, paged):
     _, out = paged
     tokens = jnp.concatenate([out.prompt_tokens, out.tokens], axis=1)
     mask = jnp.concatenate([out.prompt_mask, out.mask], axis=1)
-    logits, _ = forward(params, tokens, config=config, attention_mask=mask)
+    # jitted: one compile (op-by-op, the 30-layer forward compiles hundreds of small programs;
+    # late in a full suite run that once crashed XLA's CPU compiler with a segfault)
+    logits, _ = jax.jit(lambda p, t, m: forward(p, t, config=config, attention_mask=m))(
+        params, tokens, mask
+    )
     p = out.prompt_tokens.shape[1]
     lp = token_logprobs(logits[:, p - 1 : -1], out.tokens, temperature=1.0)
     m = np.asarray(out.mask) > 0
