@@ -178,12 +178,22 @@ def forward_logps(
 
     if with_entropy:
         lp, ent = logprobs_and_entropy_from_hidden(
-            hidden, out.unembed, targets, temperature=temperature, chunk_size=chunk_size
+            hidden,
+            out.unembed,
+            targets,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            softcap=out.logit_softcap,
         )
         ent = jnp.where(m, place(ent), 0.0)
     else:
         lp = token_logprobs_from_hidden(
-            hidden, out.unembed, targets, temperature=temperature, chunk_size=chunk_size
+            hidden,
+            out.unembed,
+            targets,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            softcap=out.logit_softcap,
         )
         ent = None
     logp = jnp.where(m, place(lp), 0.0)

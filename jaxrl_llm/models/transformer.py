@@ -79,11 +79,14 @@ class ModelOutputs(NamedTuple):
       unembed: ``[D, V]`` output projection (the embedding's transpose when tied), or None
         for a scalar-head model that has no language-model head.
       scalar: ``[B, T]`` scalar-head output (value / reward) or None.
+      logit_softcap: the final-logit soft cap (Gemma 2) that logits computed from ``hidden``
+        and ``unembed`` must go through (``cap · tanh(z / cap)``), or None.
     """
 
     hidden: jax.Array
     unembed: jax.Array | None
     scalar: jax.Array | None
+    logit_softcap: float | None = None
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
@@ -657,4 +660,6 @@ def apply(
         if config.num_labels and "lm_head" not in params and not config.tie_embeddings
         else unembedding(params, config)
     )
-    return ModelOutputs(hidden=hidden, unembed=unembed, scalar=scalar)
+    return ModelOutputs(
+        hidden=hidden, unembed=unembed, scalar=scalar, logit_softcap=config.final_logit_softcap
+    )

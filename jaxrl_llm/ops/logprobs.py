@@ -61,6 +61,16 @@ def _chunked_over_time(fn, hidden: jax.Array, tokens: jax.Array | None, chunk_si
     return out.reshape((b, n * c) + out.shape[3:])[:, :t]
 
 
+def _logits(h_bcd: jax.Array, unembed: jax.Array, softcap: float | None) -> jax.Array:
+    """One chunk's logits, soft-capped ``cap · tanh(z / cap)`` when ``softcap`` is set (Gemma
+    2's final-logit cap, https://arxiv.org/abs/2408.00118)."""
+    logits = jnp.einsum("bcd,dv->bcv", h_bcd, unembed.astype(h_bcd.dtype))
+    if softcap is None:
+        return logits
+    z = logits.astype(jnp.float32)
+    return softcap * jnp.tanh(z / softcap)
+
+
 def token_logprobs_from_hidden(
     hidden: jax.Array,
     unembed: jax.Array,
@@ -68,14 +78,16 @@ def token_logprobs_from_hidden(
     *,
     temperature: float = 1.0,
     chunk_size: int = 128,
+    softcap: float | None = None,
 ) -> jax.Array:
     """log π(tokens) from hidden states ``[B, T, D]`` and unembedding ``[D, V]``, chunked.
 
-    Equal to ``token_logprobs(hidden @ unembed, tokens)`` without building ``[B, T, V]``.
+    Equal to ``token_logprobs(cap(hidden @ unembed), tokens)`` without building
+    ``[B, T, V]``; ``softcap`` is a final-logit soft cap (Gemma 2) or None.
     """
 
     def fn(h_bcd, tok_bc):
-        logits = jnp.einsum("bcd,dv->bcv", h_bcd, unembed.astype(h_bcd.dtype))
+        logits = _logits(h_bcd, unembed, softcap)
         return token_logprobs(logits, tok_bc, temperature=temperature)
 
     return _chunked_over_time(fn, hidden, tokens, chunk_size)
@@ -87,11 +99,12 @@ def entropy_from_hidden(
     *,
     temperature: float = 1.0,
     chunk_size: int = 128,
+    softcap: float | None = None,
 ) -> jax.Array:
     """Per-position entropy ``[B, T]`` from hidden states and unembedding, chunked."""
 
     def fn(h_bcd, _):
-        logits = jnp.einsum("bcd,dv->bcv", h_bcd, unembed.astype(h_bcd.dtype))
+        logits = _logits(h_bcd, unembed, softcap)
         return entropy_from_logits(logits, temperature=temperature)
 
     return _chunked_over_time(fn, hidden, None, chunk_size)
@@ -104,11 +117,12 @@ def logprobs_and_entropy_from_hidden(
     *,
     temperature: float = 1.0,
     chunk_size: int = 128,
+    softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Both log π(tokens) and the entropy, ``[B, T]`` each, in one chunked pass."""
 
     def fn(h_bcd, tok_bc):
-        logits = jnp.einsum("bcd,dv->bcv", h_bcd, unembed.astype(h_bcd.dtype))
+        logits = _logits(h_bcd, unembed, softcap)
         z = logits.astype(jnp.float32) / temperature
         logp_all = jax.nn.log_softmax(z, axis=-1)
         lp = jnp.take_along_axis(logp_all, tok_bc[..., None], axis=-1)[..., 0]
