@@ -34,15 +34,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import os
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
 from jaxrl_llm.losses.registry import Algorithm
-from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
-
-GiB = 1024**3
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.train.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
+    DEVICE_MEMORY,
+    MODEL_PRESETS,
+    GiB,
+    device_memory_bytes,
+)
 
 
 class Role(str, enum.Enum):
@@ -103,103 +106,6 @@ def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
 ALGORITHMS: dict[str, AlgorithmMemory] = {
     name: algorithm_memory(algo) for name, algo in LOSS_ALGORITHMS.items()
 }
-
-
-def _llama(**kw) -> ModelConfig:
-    return ModelConfig(family=Family.LLAMA, **kw)
-
-
-# Published architectures by size (Llama 2 / 3.x, SmolLM2), for planning without downloads.
-MODEL_PRESETS: dict[str, ModelConfig] = {
-    "135m": ModelConfig.smollm2_135m(),
-    "1b": _llama(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_layers=16,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=64,
-        rope_theta=500000.0,
-        rope_scaling=RopeScaling.LLAMA3,
-        rope_factor=32.0,
-        tie_embeddings=True,
-    ),
-    "3b": _llama(
-        vocab_size=128256,
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_layers=28,
-        num_heads=24,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=500000.0,
-        rope_scaling=RopeScaling.LLAMA3,
-        rope_factor=32.0,
-        tie_embeddings=True,
-    ),
-    "7b": _llama(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=32,
-    ),
-    "8b": _llama(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        rope_theta=500000.0,
-        rope_scaling=RopeScaling.LLAMA3,
-        rope_factor=8.0,
-    ),
-    "13b": _llama(
-        vocab_size=32000,
-        hidden_size=5120,
-        intermediate_size=13824,
-        num_layers=40,
-        num_heads=40,
-        num_kv_heads=40,
-    ),
-    "70b": _llama(
-        vocab_size=128256,
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_layers=80,
-        num_heads=64,
-        num_kv_heads=8,
-        rope_theta=500000.0,
-        rope_scaling=RopeScaling.LLAMA3,
-        rope_factor=8.0,
-    ),
-}
-
-# Memory per device (bytes): datasheets (TPU v4 32 GiB HBM, v5e 16 GB HBM, v5p 95 GB, v6e 32 GB;
-# H100 SXM 80 GB, H200 141 GB). "cpu" reads this machine's RAM.
-DEVICE_MEMORY: dict[str, int] = {
-    "tpu-v4": 32 * GiB,
-    "tpu-v5e": 16 * GiB,
-    "tpu-v5p": 95 * GiB,
-    "tpu-v6e": 32 * GiB,
-    "h100": 80 * GiB,
-    "h200": 141 * GiB,
-}
-
-
-def device_memory_bytes(device: str) -> int:
-    """Memory of one device of the named kind (``cpu``: physical RAM of this machine)."""
-    if device == "cpu":
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        return DEVICE_MEMORY[device]
-    except KeyError:
-        raise ConfigError(
-            f"unknown device {device!r}; allowed: {sorted(DEVICE_MEMORY) + ['cpu']}"
-        ) from None
 
 
 _BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
