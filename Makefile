@@ -28,12 +28,13 @@ run: $(STAMP)
 	$(BIN)/jaxrl-llm train configs/grpo_smollm2_addition.yaml output_dir=$(RUN_DIR)
 	$(BIN)/python tools/check_hf_export.py $(RUN_DIR)/hf
 
-# Lint, format and types first (seconds), then the whole suite.
+# Lint, format and types first (seconds), then the whole suite on two workers, one test file
+# per worker at a time (module fixtures are built once).
 test: $(STAMP)
 	$(BIN)/ruff check jaxrl_llm tests tools
 	$(BIN)/ruff format --check jaxrl_llm tests tools
 	$(BIN)/mypy jaxrl_llm
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
