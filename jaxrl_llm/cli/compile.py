@@ -10,21 +10,9 @@ import json
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``jaxrl-llm compile``."""
-    from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS
+    from jaxrl_llm.cli.memory import add_model_and_algorithm
 
-    parser.add_argument(
-        "--model",
-        default="135m",
-        help=f"a size preset ({', '.join(MODEL_PRESETS)}), a Hugging Face model "
-        f"directory, or a config.json file",
-    )
-    parser.add_argument(
-        "--algorithm",
-        required=True,
-        choices=sorted(ALGORITHMS),
-        metavar="ALGO",
-        help=f"one of: {', '.join(sorted(ALGORITHMS))}",
-    )
+    add_model_and_algorithm(parser)
     parser.add_argument(
         "--topology",
         required=True,

@@ -9,9 +9,10 @@ import os
 from jaxrl_llm.errors import ConfigError
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``jaxrl-llm memory``."""
-    from jaxrl_llm.train.memory import ALGORITHMS, DEVICE_MEMORY, MODEL_PRESETS
+def add_model_and_algorithm(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (a size preset, an HF directory or a config.json) and ``--algorithm``, as
+    ``jaxrl-llm memory`` and ``jaxrl-llm compile`` take them."""
+    from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS
 
     parser.add_argument(
         "--model",
@@ -26,6 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ALGO",
         help=f"one of: {', '.join(sorted(ALGORITHMS))}",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``jaxrl-llm memory``."""
+    from jaxrl_llm.train.memory import DEVICE_MEMORY
+
+    add_model_and_algorithm(parser)
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full fine-tune)")
     parser.add_argument(
         "--mesh",

@@ -246,10 +246,18 @@ def _restore_one(mgr, directory: str, step: int, args):
         raise _Unreadable(_first_line(e)) from None
 
 
+_QUIETED = False  # whether _quiet_abandoned_reads installed its hooks
+
+
 def _quiet_abandoned_reads() -> None:
     """After a failed restore, orbax's other array reads are abandoned: their coroutines'
     errors and their callbacks into the closed event loop would each print a traceback (a
-    truncated checkpoint printed ~600 lines). Drop those reports, keep every other."""
+    truncated checkpoint printed ~600 lines). Drop those reports, keep every other. Installed
+    once per process."""
+    global _QUIETED
+    if _QUIETED:
+        return
+    _QUIETED = True
     previous = sys.unraisablehook
 
     def hook(report) -> None:
