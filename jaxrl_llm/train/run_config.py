@@ -24,6 +24,7 @@ from jaxrl_llm.losses.registry import ALGORITHMS, Algorithm, Family, LossSpec
 from jaxrl_llm.train.sections import (
     CheckpointSection,
     DataSection,
+    EnvSection,
     EvalSection,
     LoggingSection,
     LogprobSection,
@@ -64,6 +65,7 @@ class RunConfig:
     eval: EvalSection = EvalSection()
     ppo: PPOSection = PPOSection()
     process_reward: ProcessRewardSection | None = None
+    env: EnvSection | None = None
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -105,7 +107,9 @@ class RunConfig:
                     f"process_reward: process supervision is defined for the "
                     f"GRPO family, not {self.algorithm}"
                 )
-            if not self.rewards:
+            if self.env is not None:
+                _check_env(self)
+            if not self.rewards and self.env is None:
                 raise ConfigError(
                     "rewards: an online algorithm needs at least one reward "
                     "function, e.g. rewards: [{name: math_answer}]"
@@ -147,6 +151,11 @@ class RunConfig:
                     f"train.micro_batches={t.micro_batches} must divide "
                     f"train.batch_size={t.batch_size} (both >= 1)"
                 )
+            if self.env is not None:
+                raise ConfigError(
+                    f"env: {self.algorithm} is an offline algorithm; environments are for "
+                    f"online RL (grpo, ppo, ...)"
+                )
             if self.rewards:
                 raise ConfigError(
                     f"rewards: {self.algorithm} is an offline algorithm and uses "
@@ -162,6 +171,25 @@ class RunConfig:
     def is_online(self) -> bool:
         """True for the online RL algorithms (rollout → reward → update)."""
         return self.algo.online
+
+
+def _check_env(cfg: RunConfig) -> None:
+    """What a multi-turn run cannot combine (its episodes are sampled by the paged engine)."""
+    algo, env = cfg.algo, cfg.env
+    assert env is not None
+    if algo.family not in (Family.GROUP_POLICY_GRADIENT, Family.PPO):
+        raise ConfigError(
+            f"env: {cfg.algorithm} ({algo.family.value}) does not train on episodes; "
+            f"environments work with the group policy-gradient algorithms and PPO"
+        )
+    if cfg.process_reward is not None:
+        raise ConfigError("env: process supervision (process_reward) is single-turn only")
+    t = env.max_turn_tokens
+    if t is not None and t > cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"env.max_turn_tokens={t} exceeds rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens} (the whole episode's budget)"
+        )
 
 
 def _check_sampling(r: RolloutSection) -> None:

@@ -136,15 +136,22 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingSection:
-    """Where metrics go: metrics.jsonl always; TensorBoard and W&B optional."""
+    """Where metrics go: metrics.jsonl always; TensorBoard and W&B optional.
+
+    ``samples_every: N`` (online runs) writes every N-th step's episodes to
+    ``output_dir/samples.jsonl``, one line per episode: ``{"step", "prompt_id", "sample",
+    "messages", "reward"}`` (0 = never).
+    """
 
     log_every: int = 1
     tensorboard: bool = True
     wandb_project: str | None = None
     plots: bool = True
+    samples_every: int = 0
 
     def __post_init__(self):
         _at_least("logging.log_every", self.log_every, 1)
+        _at_least("logging.samples_every", self.samples_every, 0, "0 = never")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,3 +397,39 @@ class EvalSection:
                 raise ConfigError(
                     f"eval.pass_at: k={k} must be between 1 and eval.num_samples={self.num_samples}"
                 )
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSection:
+    """A multi-turn environment (:mod:`jaxrl_llm.envs`): the policy acts over several turns and
+    the environment answers each one.
+
+    Attributes:
+      name: a built-in (``jaxrl_llm.envs.ENVIRONMENTS``: ``single_turn``, ``tools``,
+        ``guess_number``) or ``package.module:Class``; one instance per episode.
+      kwargs: keyword arguments of the class.
+      max_turns: policy turns per episode at most (then the episode ends).
+      max_turn_tokens: tokens one policy turn may generate (null = ``rollout.max_new_tokens``,
+        the budget of the whole episode's completion side, policy and environment tokens).
+      workers: threads that run environment calls while the engine keeps decoding.
+      check: build one environment at start-up and call ``reset`` on the first training row
+        and ``step("")`` once, so a broken environment fails before anything compiles.
+      max_failures: an environment that raises marks its episode invalid; this many
+        consecutive steps in which every episode failed stop the run.
+    """
+
+    name: str = "single_turn"
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    max_turns: int = 4
+    max_turn_tokens: int | None = None
+    workers: int = 8
+    check: bool = True
+    max_failures: int = 3
+
+    def __post_init__(self):
+        _at_least("env.max_turns", self.max_turns, 1)
+        _at_least("env.max_turn_tokens", self.max_turn_tokens, 1, "or null: rollout.max_new_tokens")
+        _at_least("env.workers", self.workers, 1)
+        _at_least("env.max_failures", self.max_failures, 1)
+        if not self.name.strip():
+            raise ConfigError("env.name: a built-in environment name or package.module:Class")
