@@ -115,10 +115,12 @@ class TokenizedRank:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizedPrompt:
-    """An RL prompt's ids and its extra fields for reward functions."""
+    """An RL prompt's ids, its extra fields for reward functions, and the prompt as the data
+    row gave it (text or messages; a multi-turn environment's ``reset`` reads it)."""
 
     prompt_ids: tuple[int, ...]
     extras: Any
+    prompt: Any = None
 
 
 Tokenized = Any  # one of the Tokenized* dataclasses above
@@ -162,7 +164,7 @@ def tokenize_example(tokenizer: Any, example: Example, *, add_eos: bool = True) 
     if isinstance(example, RankExample):
         return TokenizedRank(p, tuple(enc(r) for r in example.responses), example.scores)
     if isinstance(example, PromptExample):
-        return TokenizedPrompt(p, dict(example.extras))
+        return TokenizedPrompt(p, dict(example.extras), example.prompt)
     raise TypeError(f"not an example: {type(example).__name__}")
 
 

@@ -149,11 +149,14 @@ class PagedEngine:
         num_samples: int = 1,
         max_new_tokens: int | list[int] = 128,
         keep: bool = False,
+        first_sample: int = 0,
     ) -> list[int]:
         """Queue G samples of a prompt (a group: prefilled once); returns their row ids.
 
         ``max_new_tokens`` may be one budget per sample (≤ gen_len). ``keep`` holds the rows'
-        pages after they finish, for :meth:`extend`; :meth:`release` frees them.
+        pages after they finish, for :meth:`extend`; :meth:`release` frees them. The samples
+        are keyed ``(prompt_id, first_sample + g)``: submitting a group's samples one at a
+        time with their own ``first_sample`` draws what the whole group would.
         """
         if isinstance(max_new_tokens, int):
             budgets = [max_new_tokens] * num_samples
@@ -167,7 +170,9 @@ class PagedEngine:
             raise ConfigError(f"a group of {num_samples} needs more than {self.num_slots} slots")
         ids = list(range(len(self.rows), len(self.rows) + num_samples))
         for g, b in enumerate(budgets):
-            row = Row(list(prompt), int(prompt_id), g, int(b), keep, cache_len=len(prompt))
+            row = Row(
+                list(prompt), int(prompt_id), first_sample + g, int(b), keep, cache_len=len(prompt)
+            )
             self.rows.append(row)
         self._waiting.append(ids)
         return ids
@@ -220,34 +225,46 @@ class PagedEngine:
 
     def run(self) -> list[Row]:
         """Decode until every queued row and turn is done; returns all rows (by row id)."""
-        while self._waiting or self._resume or any(r is not None for r in self._slot_row):
-            self._fill_slots()
-            live = [(i, r) for i, r in enumerate(self._slot_row) if r is not None]
-            if not live:
-                raise ConfigError("the page pool cannot hold the next group; raise num_pages")
-            for _, r in live:  # pages one chunk ahead
-                row = self.rows[r]
-                left = row.budget - self._gen[r]
-                self.book.grow(r, row.cache_len + min(self.chunk_steps, left))
-            width = min(
-                bucket_length(max(len(self.book.pages[r]) for _, r in live), POW2), self.width
-            )
-            table = jnp.asarray(self.book.table(self._slot_row, self.width))
-            self.state = decode_chunk(
-                self.params,
-                self.state._replace(table=table),
-                self._stop,
-                jnp.asarray(self.chunk_steps, jnp.int32),
-                config=self.config,
-                sampling=self._sampling,
-                pad_id=self.pad_id,
-                width=width,
-            )
-            self.stats["chunks"] += 1
-            self.stats["live_rows"] += len(live)  # summed over chunks: mean KV held per row
-            self.stats["pages_held"] += self.book.alloc.num_pages - 1 - self.book.alloc.num_free
-            self._collect()
+        while self.busy:
+            self.step()
         return self.rows
+
+    @property
+    def busy(self) -> bool:
+        """Rows are queued, waiting to resume, or decoding."""
+        return bool(self._waiting or self._resume or any(r is not None for r in self._slot_row))
+
+    def step(self) -> list[int]:
+        """One scheduling round: refill free slots, decode one chunk of ≤ ``chunk_steps``
+        steps, collect. Returns the ids of the rows whose turn ended in this chunk (a caller
+        that drives turns itself, e.g. an environment loop, extends them between steps);
+        ``[]`` when nothing is queued."""
+        self._fill_slots()
+        live = [(i, r) for i, r in enumerate(self._slot_row) if r is not None]
+        if not live:
+            if self._waiting or self._resume:
+                raise ConfigError("the page pool cannot hold the next group; raise num_pages")
+            return []
+        for _, r in live:  # pages one chunk ahead
+            row = self.rows[r]
+            left = row.budget - self._gen[r]
+            self.book.grow(r, row.cache_len + min(self.chunk_steps, left))
+        width = min(bucket_length(max(len(self.book.pages[r]) for _, r in live), POW2), self.width)
+        table = jnp.asarray(self.book.table(self._slot_row, self.width))
+        self.state = decode_chunk(
+            self.params,
+            self.state._replace(table=table),
+            self._stop,
+            jnp.asarray(self.chunk_steps, jnp.int32),
+            config=self.config,
+            sampling=self._sampling,
+            pad_id=self.pad_id,
+            width=width,
+        )
+        self.stats["chunks"] += 1
+        self.stats["live_rows"] += len(live)  # summed over chunks: mean KV held per row
+        self.stats["pages_held"] += self.book.alloc.num_pages - 1 - self.book.alloc.num_free
+        return self._collect()
 
     def _reserve(self, r: int) -> int:
         """Pages row ``r`` may still need to finish its turn."""
@@ -322,8 +339,9 @@ class PagedEngine:
             self.state, slots, src_logits, src, np.uint32(self.seed), ids, off, clen, budget
         )
 
-    def _collect(self) -> None:
+    def _collect(self) -> list[int]:
         st = self.state
+        ended: list[int] = []
         active, gen, fin = jax.device_get((st.active, st.gen, st.finished))
         out_tok, out_lp = jax.device_get((st.tokens, st.logprobs))
         for slot, r in enumerate(self._slot_row):
@@ -342,5 +360,7 @@ class PagedEngine:
             row.finished, row.done = bool(fin[slot]), True
             self._slot_row[slot] = None
             del self._gen[r]
+            ended.append(r)
             if not row.keep:
                 self.book.free(r)
+        return ended

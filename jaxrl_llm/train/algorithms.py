@@ -142,6 +142,7 @@ class GroupPolicyGradient:
         self.step_scorer: Any = None
         if cfg.process_reward is not None:
             sec = cfg.process_reward
+            assert rollouts.rewards is not None  # process supervision is single-turn (no env)
             self.step_scorer = R.build_step_scorer(
                 sec.name, sec.kwargs, outcome=rollouts.rewards.specs[0].fn, delimiter=sec.delimiter
             )

@@ -38,6 +38,11 @@ class Experience:
       metrics: the reward set's metrics (per-function means, failures, timing).
       group_size: G.
       policy_version: ``[N]`` int, the optimizer step of the weights that sampled each row.
+      context_mask: ``[N, M]`` 1 on every real completion-side token — the policy's and, in a
+        multi-turn episode, the environment's (mask 0 in ``rollout.mask``); None = the
+        policy's tokens only (single-turn).
+      messages: N conversations (multi-turn: opening, turns, environment replies), or None.
+      sources: N prompts as the data rows gave them (text or messages), or None.
     """
 
     rollout: Rollout
@@ -50,6 +55,9 @@ class Experience:
     metrics: dict[str, float]
     group_size: int
     policy_version: np.ndarray
+    context_mask: np.ndarray | None = None
+    messages: list[list[dict]] | None = None
+    sources: list[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -73,6 +81,9 @@ class Experience:
             valid=self.valid[rows],
             scores={k: v[rows] for k, v in self.scores.items()},
             policy_version=self.policy_version[rows],
+            context_mask=None if self.context_mask is None else self.context_mask[rows],
+            messages=None if self.messages is None else pick(self.messages),
+            sources=None if self.sources is None else pick(self.sources),
         )
 
 
@@ -102,6 +113,13 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
     def flat(name: str) -> list:
         return sum((getattr(p, name) for p in parts), [])[:n]
 
+    def optional(name: str):
+        if getattr(parts[0], name) is None:
+            return None
+        if name == "context_mask":
+            return cat([p.context_mask for p in parts])
+        return flat(name)
+
     return Experience(
         rollout=ro,
         texts=flat("texts"),
@@ -113,21 +131,26 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
         metrics=parts[0].metrics,
         group_size=g,
         policy_version=cat([p.policy_version for p in parts]),
+        context_mask=optional("context_mask"),
+        messages=optional("messages"),
+        sources=optional("sources"),
     )
 
 
 def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -> dict:
     """The learner batch in the losses' ``rl`` layout: prompt (left-padded) + completion per
-    row; ``loss_mask`` = the policy's tokens × ``loss_weight [N]``; ``old_logp`` the behaviour
-    log-probs; ``advantages`` per sequence ``[N]`` (broadcast over the completion) or per
-    token ``[N, M]``."""
+    row; ``attention_mask`` every real token (a multi-turn episode's environment tokens too:
+    ``exp.context_mask``); ``loss_mask`` = the policy's tokens × ``loss_weight [N]``;
+    ``old_logp`` the behaviour log-probs; ``advantages`` per sequence ``[N]`` (broadcast over
+    the completion) or per token ``[N, M]``."""
     ro = exp.rollout
     p_tok, p_mask = np.asarray(ro.prompt_tokens), np.asarray(ro.prompt_mask)
     c_tok, c_mask = np.asarray(ro.tokens), np.asarray(ro.mask)
     n, p = p_tok.shape
     m = c_tok.shape[1]
     input_ids = np.concatenate([p_tok, c_tok], 1).astype(np.int32)
-    attn = np.concatenate([p_mask, c_mask], 1).astype(np.int32)
+    c_attn = c_mask if exp.context_mask is None else np.asarray(exp.context_mask)
+    attn = np.concatenate([p_mask, c_attn], 1).astype(np.int32)
     lmask = np.concatenate([np.zeros_like(p_mask), c_mask * loss_weight[:, None]], 1)
     old = np.concatenate([np.zeros((n, p), np.float32), np.asarray(ro.logprobs, np.float32)], 1)
     adv_c = np.repeat(advantages[:, None], m, 1) if advantages.ndim == 1 else advantages

@@ -227,3 +227,36 @@ def read_metrics(run_dir: str) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+class SamplesLog:
+    """``samples.jsonl``: the episodes of every ``every``-th step, one JSON line each
+    (``{"step", "prompt_id", "sample", "messages", "reward"}``), for reading what the policy
+    does. Resumed at ``resume_step``, lines of later steps (the killed run's, sampled again now)
+    are dropped first (atomic rewrite). Only the main process writes."""
+
+    def __init__(
+        self, run_dir: str, every: int, *, resume_step: int | None, is_main_process: bool = True
+    ):
+        self.every = int(every)
+        self.path = os.path.join(run_dir, "samples.jsonl")
+        self.enabled = bool(self.every) and is_main_process
+        if self.enabled and resume_step is not None and os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                keep = [
+                    line
+                    for line in f
+                    if _is_row(line) and json.loads(line).get("step", 0) <= resume_step
+                ]
+            tmp = self.path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(keep)
+            os.replace(tmp, self.path)
+
+    def write(self, step: int, episodes: list[dict]) -> None:
+        """Append this step's episodes if it is an ``every``-th step."""
+        if not self.enabled or step % self.every:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            for ep in episodes:
+                f.write(json.dumps({"step": step, **scalarize(ep)}, ensure_ascii=False) + "\n")

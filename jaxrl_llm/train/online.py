@@ -31,8 +31,10 @@ from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.algorithms import make_strategy
 from jaxrl_llm.train.correction import RolloutCorrector
+from jaxrl_llm.train.episodes import episode_records
 from jaxrl_llm.train.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.logging import SamplesLog
 from jaxrl_llm.train.loop import Trainer
 from jaxrl_llm.train.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.preflight import check_mesh, read_splits
@@ -90,7 +92,9 @@ class OnlineTrainer(Trainer):
         self.loss_config = loss_config(cfg)
         self.logprobs = logprob_settings(cfg)
         self.eval_every, self.eval_before = cfg.eval.every, cfg.eval.before
-        self.progress_keys = ("reward/mean", "loss", "eval/" + cfg.rewards[0].name, "time/step_s")
+        # the held-out metric: the first reward function (an env-only run: the env's reward)
+        self.eval_metric = cfg.rewards[0].name if cfg.rewards else "env"
+        self.progress_keys = ("reward/mean", "loss", "eval/" + self.eval_metric, "time/step_s")
         # The batch splits over the mesh: checked before any model loads.
         check_mesh(cfg, mesh=policy.mesh if policy is not None else None)
         if policy is None:
@@ -104,7 +108,7 @@ class OnlineTrainer(Trainer):
             max_new_tokens=r.max_new_tokens,
             load_reward_model=_reward_model_loader,
         )
-        rewards = build_reward_set(cfg.rewards, ctx=ctx)
+        rewards = build_reward_set(cfg.rewards, ctx=ctx) if cfg.rewards else None
         self.train_data, self.eval_data = read_splits(
             cfg,
             Format.PROMPT,
@@ -125,7 +129,17 @@ class OnlineTrainer(Trainer):
             model_config=p.config,
             weights_fn=lambda: (p.full_params(), int(p.state.step)),
             seed=cfg.seed,
+            env=cfg.env,
         )
+        if cfg.env is not None:
+            self.say(
+                f"env: {cfg.env.name}, at most {cfg.env.max_turns} turns and "
+                f"{r.max_new_tokens} completion-side tokens per episode"
+            )
+            if cfg.env.check:
+                assert self.rollouts.episodes is not None
+                self.rollouts.episodes.check(self.train_data.items[0])
+        self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
         self.strategy = make_strategy(
             algo, cfg, policy=p, rollouts=self.rollouts, loss_config=self.loss_config, log=self.say
         )
@@ -233,7 +247,7 @@ class OnlineTrainer(Trainer):
         """Greedy decoding on the held-out prompts: mean of the first reward function."""
         if self.eval_data is None:
             return {}
-        return self.rollouts.evaluate(self.eval_data.items, self.cfg.eval, self.cfg.rewards[0].name)
+        return self.rollouts.evaluate(self.eval_data.items, self.cfg.eval, self.eval_metric)
 
     def hparams(self, step: int) -> dict[str, float] | None:
         """This step's scheduled loss hyperparameters (``schedules``), or None."""
@@ -263,6 +277,7 @@ class OnlineTrainer(Trainer):
                 model_config=p.config,
                 weights_fn=box.get,
                 seed=self.cfg.seed,
+                env=self.cfg.env,
             )
             self.producer = Producer(
                 sampler,
@@ -284,6 +299,21 @@ class OnlineTrainer(Trainer):
             self.producer.close()
         super().close()
 
+    def _write_samples(self, step: int, exp: Experience) -> None:
+        """``logging.samples_every``: this step's episodes to ``samples.jsonl``."""
+        every = self.cfg.logging.samples_every
+        if not every:
+            return
+        if self.samples is None:
+            self.samples = SamplesLog(
+                self.cfg.output_dir,
+                every,
+                resume_step=self.start_step if self.resumed else None,
+                is_main_process=jax.process_index() == 0,
+            )
+        if step % every == 0:
+            self.samples.write(step, episode_records(exp))
+
     def train_step(self, step: int) -> dict:
         """Rollout → experience → learner batch → updates; returns the step's metrics."""
         t0 = time.perf_counter()
@@ -303,6 +333,7 @@ class OnlineTrainer(Trainer):
         t_update = time.perf_counter() - t2
         if self.producer is not None:
             self.producer.box.publish(*snapshot(self.policy))
+        self._write_samples(step, exp)
         out.update(exp.metrics)
         out.update(prepared.metrics)
         out.update(correction)

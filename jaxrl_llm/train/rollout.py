@@ -25,9 +25,10 @@ from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.objectives import pass_at_k
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, cast_for_rollout
+from jaxrl_llm.train.episodes import EpisodeSampler
 from jaxrl_llm.train.experience import Experience, concat_experience
 from jaxrl_llm.train.faults import fault_point
-from jaxrl_llm.train.sections import EvalSection, RolloutSection
+from jaxrl_llm.train.sections import EnvSection, EvalSection, RolloutSection
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
 # compiles only a few programs.
@@ -39,24 +40,28 @@ class Rollouts:
 
     Args:
       settings: the run's ``rollout`` section (G, budget, sampling, dynamic sampling).
-      rewards: the reward set (its first function is the held-out metric).
+      rewards: the reward set (its first function is the held-out metric); None only with an
+        ``env`` whose step rewards are the whole reward (then ``env`` is the metric).
       tokenizer: the policy's tokenizer (``decode``).
       model_config: the policy's model config.
       weights_fn: ``() -> (params, version)``: the policy's params (LoRA merged) to sample
         with and their version (the optimizer step), read together once per sampling call
         (the asynchronous producer hands a published snapshot).
       seed: the run's seed; sampling seeds are functions of (seed, step, round).
+      env: the run's ``env`` section: multi-turn episodes (:mod:`jaxrl_llm.train.episodes`)
+        instead of one completion per sample; None = single-turn.
     """
 
     def __init__(
         self,
         settings: RolloutSection,
-        rewards: RewardSet,
+        rewards: RewardSet | None,
         *,
         tokenizer: Any,
         model_config: Any,
         weights_fn: Callable[[], tuple[Any, int]],
         seed: int,
+        env: EnvSection | None = None,
     ):
         self.settings = settings
         self.rewards = rewards
@@ -67,6 +72,18 @@ class Rollouts:
         r = settings
         self.sampling = SamplingConfig(
             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p
+        )
+        self.episodes = (
+            None
+            if env is None
+            else EpisodeSampler(
+                env,
+                settings,
+                rewards,
+                tokenizer=tokenizer,
+                model_config=model_config,
+                prompt_buckets=PROMPT_BUCKETS,
+            )
         )
 
     def sample(
@@ -81,6 +98,11 @@ class Rollouts:
         g = self.settings.group_size if num_samples is None else num_samples
         sampling = SamplingConfig(greedy=True) if greedy else self.sampling
         params, version = self.weights_fn()
+        if self.episodes is not None:
+            return self.episodes(
+                params, version, items, sampling=sampling, seed=seed, num_samples=g
+            )
+        assert self.rewards is not None
         params, config = cast_for_rollout(params, self.model_config, self.settings.dtype)
         ro = ROLLOUT_ENGINES[self.settings.engine](
             params,
@@ -176,6 +198,7 @@ class Rollouts:
             TokenizedPrompt(
                 prompt_ids=tuple(int(t) for t in ro.prompt_tokens[i][ro.prompt_mask[i] > 0]),
                 extras=exp.extras[i],
+                prompt=None if exp.sources is None else exp.sources[i],
             )
             for i in range(0, len(exp), g)
         ]
