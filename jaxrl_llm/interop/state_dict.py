@@ -11,6 +11,15 @@ Gemma 2 / 3 add a norm after attention and after the MLP; transformers calls the
 attention (in Llama it is the pre-MLP norm), so the names depend on ``config.post_norms``.
 Gemma norm weights are stored as transformers stores them (w of the (1 + w) form).
 
+Mixture of experts (Qwen3-MoE, Mixtral): checkpoints store one ``nn.Linear`` per expert, under
+``mlp.experts.{j}.{gate,up,down}_proj`` (Qwen3-MoE) or ``block_sparse_moe.experts.{j}.w1 / w3
+/ w2`` (Mixtral: gate / up / down), with the router at ``mlp.gate`` / ``block_sparse_moe.gate``;
+that is what ``save_pretrained`` writes and what export writes. transformers ≥ 5 holds them
+fused in memory (``mlp.experts.gate_up_proj`` ``[X, 2·F_e, D]``, gate rows first, and
+``mlp.experts.down_proj`` ``[X, D, F_e]``, router ``mlp.gate.weight``); import reads either.
+Ours: ``router`` ``[L, D, X]``, ``experts_gate`` / ``experts_up`` ``[L, X, D, F_e]``,
+``experts_down`` ``[L, X, F_e, D]``.
+
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
 what :func:`jaxrl_llm.models.transformer.apply_rope` implements, so q/k weights need no
 permutation (transformers' GGUF reader already undoes llama.cpp's interleaved permutation).
@@ -24,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.models import gemma
+from jaxrl_llm.models import gemma, moe
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
 from jaxrl_llm.models.transformer import param_shapes_and_axes
 
@@ -59,6 +68,57 @@ _POST_NORM_NAMES: dict[tuple[str, str], str] = {
 # Gemma3ForConditionalGeneration nests the text decoder; its other parts are not ours.
 _MULTIMODAL_TEXT_PREFIX = "model.language_model."
 _MULTIMODAL_OTHER = ("model.vision_tower.", "model.multi_modal_projector.")
+
+
+# Our expert sub-trees; read and written by _moe_layer_from_hf / _moe_layer_to_hf.
+_MOE_MODULES = ("router", "experts_gate", "experts_up", "experts_down")
+# Per-expert checkpoint names: family -> (block prefix, gate, up, down).
+_EXPERT_NAMES = {
+    Family.QWEN3_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
+    Family.MIXTRAL: ("block_sparse_moe", "w1", "w3", "w2"),
+}
+
+
+def _moe_layer_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.ndarray]:
+    """Layer ``i``'s router and experts in our layout, from the per-expert checkpoint layout
+    or transformers' fused in-memory one (``take(name, shape)`` reads and checks a tensor)."""
+    c = config
+    x, d, f = c.num_experts, c.hidden_size, c.moe_intermediate_size
+    block, gate, up, down = _EXPERT_NAMES[c.family]
+    layer = f"model.layers.{i}."
+    fused = f"{layer}mlp.experts.gate_up_proj"
+    if fused in sd:
+        gate_up = take(fused, (x, 2 * f, d))
+        return {
+            "router": take(f"{layer}mlp.gate.weight", (x, d)).T,
+            "experts_gate": gate_up[:, :f, :].transpose(0, 2, 1),
+            "experts_up": gate_up[:, f:, :].transpose(0, 2, 1),
+            "experts_down": take(f"{layer}mlp.experts.down_proj", (x, d, f)).transpose(0, 2, 1),
+        }
+    prefix = f"{layer}{block}."
+
+    def experts(name: str, shape: tuple[int, int]) -> np.ndarray:
+        return np.stack([take(f"{prefix}experts.{j}.{name}.weight", shape).T for j in range(x)])
+
+    return {
+        "router": take(f"{prefix}gate.weight", (x, d)).T,
+        "experts_gate": experts(gate, (f, d)),
+        "experts_up": experts(up, (f, d)),
+        "experts_down": experts(down, (d, f)),
+    }
+
+
+def _moe_layer_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfig):
+    """Layer ``i``'s router and experts (ours, no layer axis) in the per-expert checkpoint
+    layout: name -> ``[out, in]`` array."""
+    block, gate, up, down = _EXPERT_NAMES[config.family]
+    prefix = f"model.layers.{i}.{block}."
+    out = {f"{prefix}gate.weight": layer["router"].T}
+    for j in range(config.num_experts):
+        out[f"{prefix}experts.{j}.{gate}.weight"] = layer["experts_gate"][j].T
+        out[f"{prefix}experts.{j}.{up}.weight"] = layer["experts_up"][j].T
+        out[f"{prefix}experts.{j}.{down}.weight"] = layer["experts_down"][j].T
+    return out
 
 
 def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
@@ -185,7 +245,13 @@ def params_from_hf_state_dict(
     specs = param_shapes_and_axes(config)
     names = _layer_names(config)
     layers: dict[str, dict[str, np.ndarray]] = {}
+    if config.is_moe:
+        per_layer_moe = [_moe_layer_from_hf(take, sd, i, config) for i in range(config.num_layers)]
+        for module in _MOE_MODULES:
+            layers[module] = {"kernel": np.stack([m[module] for m in per_layer_moe])}
     for module, leaves in specs["layers"].items():
+        if module in _MOE_MODULES:
+            continue
         layers[module] = {}
         for leaf in leaves:
             hf_name = names[(module, leaf)]
@@ -261,7 +327,16 @@ def params_to_hf_state_dict(
         params, ("embed", "embedding"), specs["embed"]["embedding"][0]
     )
     names = _layer_names(config)
+    if config.is_moe:
+        moe = {
+            m: get(params, ("layers", m, "kernel"), specs["layers"][m]["kernel"][0])
+            for m in _MOE_MODULES
+        }
+        for i in range(config.num_layers):
+            out.update(_moe_layer_to_hf({m: w[i] for m, w in moe.items()}, i, config))
     for module, leaves in specs["layers"].items():
+        if module in _MOE_MODULES:
+            continue
         for leaf, (shape, _) in leaves.items():
             stacked = get(params, ("layers", module, leaf), shape)
             hf_name = names[(module, leaf)]
@@ -364,11 +439,18 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     c = config
     if c.family in (Family.GEMMA2, Family.GEMMA3):
         return _gemma_hf_config_dict(c, dtype=dtype)
+    if c.is_moe and c.family not in moe.MOE_FAMILIES:
+        raise ModelLoadError(
+            f"export: a {c.family.value} config with experts has no transformers class "
+            f"(use family 'qwen3_moe' or 'mixtral')"
+        )
     cls = {
         Family.LLAMA: transformers.LlamaConfig,
         Family.MISTRAL: transformers.MistralConfig,
         Family.QWEN2: transformers.Qwen2Config,
         Family.QWEN3: transformers.Qwen3Config,
+        Family.QWEN3_MOE: transformers.Qwen3MoeConfig,
+        Family.MIXTRAL: transformers.MixtralConfig,
     }[c.family]
     rope: dict[str, Any] = {"rope_type": c.rope_scaling.value}
     if c.rope_scaling == RopeScaling.LINEAR:
@@ -404,16 +486,21 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
             else list(c.eos_token_ids)
         ),
     )
-    if c.family in (Family.LLAMA, Family.QWEN3):
+    if c.family in moe.MOE_FAMILIES:
+        try:
+            kw.update(moe.hf_config_kwargs(c))
+        except ValueError as e:
+            raise ModelLoadError(f"export: {e}") from None
+    if c.family in (Family.LLAMA, Family.QWEN3, Family.QWEN3_MOE):
         kw["attention_bias"] = c.attention_bias
     elif c.family == Family.QWEN2 and not c.attention_bias:
         raise ModelLoadError(
             "export: transformers' Qwen2 always has q/k/v biases; this config "
             "has attention_bias=False (use family 'llama' or 'qwen3')"
         )
-    if c.family == Family.MISTRAL:
+    if c.family in (Family.MISTRAL, Family.MIXTRAL):
         kw["sliding_window"] = c.sliding_window
-    elif c.family in (Family.QWEN2, Family.QWEN3):
+    elif c.family in (Family.QWEN2, Family.QWEN3, Family.QWEN3_MOE):
         kw["use_sliding_window"] = c.sliding_window is not None
         kw["sliding_window"] = c.sliding_window
         kw["max_window_layers"] = 0 if c.sliding_window is not None else c.num_layers

@@ -1,5 +1,6 @@
-"""Llama- and Gemma-family decoder transformers as pure functions over a parameter dict, with an
-explicit KV cache and an optional scalar head. Knows nothing about RL."""
+"""Llama-, Gemma- and mixture-of-experts-family (Qwen3-MoE, Mixtral) decoder transformers as pure
+functions over a parameter dict, with an explicit KV cache and an optional scalar head. Knows
+nothing about RL."""
 
 from jaxrl_llm.models.attention import (
     NAIVE_MAX_SCORES,
@@ -19,10 +20,18 @@ from jaxrl_llm.models.config import (
     Family,
     LayerType,
     ModelConfig,
+    MoeDispatch,
     RopeScaling,
     dtype_from_name,
 )
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
+from jaxrl_llm.models.moe import (
+    EXPERT_AXIS,
+    MoeStats,
+    load_balancing_loss,
+    route,
+    sparse_moe,
+)
 from jaxrl_llm.models.positions import (
     NO_WINDOW,
     apply_rope,
@@ -53,6 +62,7 @@ __all__ = [
     "Activation",
     "AttentionImpl",
     "AttentionMask",
+    "EXPERT_AXIS",
     "Family",
     "HF_ARCHITECTURES",
     "KVCache",
@@ -62,6 +72,8 @@ __all__ = [
     "LoRAConfig",
     "ModelConfig",
     "ModelOutputs",
+    "MoeDispatch",
+    "MoeStats",
     "RopeScaling",
     "apply",
     "apply_rope",
@@ -78,6 +90,7 @@ __all__ = [
     "init_params",
     "layer_rope_inv_freq",
     "layer_windows",
+    "load_balancing_loss",
     "logits_from_hidden",
     "merge_lora",
     "naive_attention",
@@ -85,9 +98,11 @@ __all__ = [
     "param_shapes_and_axes",
     "rms_norm",
     "rope_inv_freq",
+    "route",
     "scalar_head",
     "select_attention_impl",
     "softcap_logits",
+    "sparse_moe",
     "splash_attention",
     "trunk",
     "trunk_shared_prefix",

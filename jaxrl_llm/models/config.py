@@ -1,11 +1,13 @@
-"""Model configuration for the Llama and Gemma families of decoder-only transformers.
+"""Model configuration for the Llama, Gemma and mixture-of-experts families of decoder-only
+transformers.
 
 One frozen dataclass covers Llama (1/2/3, incl. SmolLM2 and Llama 3 rope scaling), Mistral,
-Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2 and Gemma 3 (text), as Hugging
-Face transformers implements them. Every field that only Gemma uses defaults to the Llama
-behaviour, so a Llama-family config computes exactly what it did before those fields existed;
-the Gemma-specific values (presets, the transformers config mapping) live in
-:mod:`jaxrl_llm.models.gemma`.
+Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2 and Gemma 3 (text), Qwen3-MoE
+and Mixtral (sparse MoE MLPs), as Hugging Face transformers implements them. Every field that
+only Gemma or the MoE families use defaults to the Llama behaviour, so a Llama-family config
+computes exactly what it did before those fields existed; the Gemma-specific values (presets,
+the transformers config mapping) live in :mod:`jaxrl_llm.models.gemma`, the MoE ones in
+:mod:`jaxrl_llm.models.moe`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class Family(str, enum.Enum):
     QWEN3 = "qwen3"
     GEMMA2 = "gemma2"
     GEMMA3 = "gemma3_text"
+    QWEN3_MOE = "qwen3_moe"
+    MIXTRAL = "mixtral"
 
 
 class LayerType(str, enum.Enum):
@@ -75,6 +79,18 @@ class AttentionImpl(str, enum.Enum):
     RING = "ring"
 
 
+class MoeDispatch(str, enum.Enum):
+    """How a sparse MoE block sends tokens to experts (:mod:`jaxrl_llm.models.moe`).
+
+    SORTED sorts the (token, expert) assignments by expert and runs one grouped matmul
+    (``jax.lax.ragged_dot``): the active FLOPs only. DENSE runs every expert on every token and
+    combines with one-hot routing weights (X/k × the FLOPs; for tiny models and checks).
+    """
+
+    SORTED = "sorted"
+    DENSE = "dense"
+
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 # transformers architecture names per family, used for export.
@@ -85,6 +101,8 @@ HF_ARCHITECTURES = {
     Family.QWEN3: ("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"),
     Family.GEMMA2: ("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
     Family.GEMMA3: ("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
+    Family.QWEN3_MOE: ("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
+    Family.MIXTRAL: ("MixtralForCausalLM", "MixtralForSequenceClassification"),
 }
 
 
@@ -125,6 +143,15 @@ class ModelConfig:
       query_pre_attn_scalar: attention scores are q·k / √query_pre_attn_scalar; None = head_dim.
       attn_logit_softcap, final_logit_softcap: Gemma 2's cap·tanh(x / cap) on the attention
         scores and on the output logits; None = no cap.
+      num_experts: X > 0 makes every layer's MLP a sparse mixture of X SwiGLU experts
+        (Qwen3-MoE, Mixtral; :mod:`jaxrl_llm.models.moe`); 0 (default) = a dense MLP.
+      num_experts_per_tok: k, the experts each token is routed to (1 ≤ k ≤ X).
+      moe_intermediate_size: F_e, each expert's hidden width; None = ``intermediate_size``.
+      norm_topk_prob: renormalise the k routing weights to sum to 1 (Mixtral; Qwen3-MoE's
+        ``norm_topk_prob``).
+      router_aux_loss_coef: the load-balancing loss's coefficient the checkpoint was trained
+        with (transformers' ``router_aux_loss_coef``), the default of ``model.router_aux_loss_coef``.
+      moe_dispatch: :class:`MoeDispatch`, how tokens reach experts (not what is computed).
       num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
       param_dtype, compute_dtype: 'float32' or 'bfloat16'.
       attention: :class:`AttentionImpl` (default 'auto'); how attention is computed, not what:
@@ -162,6 +189,13 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    # None (the default) becomes intermediate_size in __post_init__.
+    moe_intermediate_size: int = None  # type: ignore[assignment]
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.001
+    moe_dispatch: MoeDispatch = MoeDispatch.SORTED
     num_labels: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
@@ -176,6 +210,9 @@ class ModelConfig:
         object.__setattr__(self, "attention", AttentionImpl(self.attention))
         object.__setattr__(self, "mlp_activation", Activation(self.mlp_activation))
         object.__setattr__(self, "layer_types", tuple(LayerType(t) for t in self.layer_types))
+        object.__setattr__(self, "moe_dispatch", MoeDispatch(self.moe_dispatch))
+        if self.moe_intermediate_size is None:
+            object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(
@@ -213,8 +250,32 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"ModelConfig.{name} must be positive or None, got {value}")
+        self._check_experts()
         dtype_from_name(self.param_dtype)
         dtype_from_name(self.compute_dtype)
+
+    def _check_experts(self) -> None:
+        moe_family = self.family in (Family.QWEN3_MOE, Family.MIXTRAL)
+        if moe_family and self.num_experts <= 0:
+            raise ValueError(f"family {self.family.value!r} needs num_experts > 0")
+        if self.num_experts < 0:
+            raise ValueError(f"num_experts must be >= 0, got {self.num_experts}")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be in "
+                f"[1, num_experts={self.num_experts}]"
+            )
+        if self.moe_intermediate_size <= 0:
+            raise ValueError(
+                f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}"
+            )
+        if not self.router_aux_loss_coef >= 0:
+            raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
+
+    @property
+    def is_moe(self) -> bool:
+        """Every layer's MLP is a sparse mixture of experts (``num_experts > 0``)."""
+        return self.num_experts > 0
 
     @property
     def uses_window(self) -> bool:
@@ -233,8 +294,10 @@ class ModelConfig:
         """The activation / matmul dtype as a jnp dtype."""
         return dtype_from_name(self.compute_dtype)
 
-    def num_params(self) -> int:
-        """Parameter count (embedding counted once when tied)."""
+    def num_params(self, *, active: bool = False) -> int:
+        """Parameter count (embedding counted once when tied). ``active=True`` counts, for a
+        mixture of experts, only the k experts a token runs (and the router): the weights
+        one token's forward touches."""
         d, f, h, k, hd = (
             self.hidden_size,
             self.intermediate_size,
@@ -242,7 +305,12 @@ class ModelConfig:
             self.num_kv_heads,
             self.head_dim,
         )
-        per_layer = d * h * hd + 2 * d * k * hd + h * hd * d + 3 * d * f + 2 * d
+        if self.is_moe:
+            experts = self.num_experts_per_tok if active else self.num_experts
+            mlp = experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
+        else:
+            mlp = 3 * d * f
+        per_layer = d * h * hd + 2 * d * k * hd + h * hd * d + mlp + 2 * d
         if self.attention_bias:
             per_layer += h * hd + 2 * k * hd
         if self.qk_norm:
@@ -264,6 +332,15 @@ class ModelConfig:
             from jaxrl_llm.models import gemma
 
             return cls(**{**gemma.tiny_fields(family), **overrides})
+        moe: dict[str, Any] = {}
+        if family in (Family.QWEN3_MOE, Family.MIXTRAL):
+            # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).
+            moe = dict(
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=40 if family == Family.QWEN3_MOE else None,
+                norm_topk_prob=family == Family.MIXTRAL,
+            )
         base: dict[str, Any] = dict(
             family=family,
             vocab_size=97,
@@ -278,7 +355,8 @@ class ModelConfig:
             rms_norm_eps=1e-6,
             tie_embeddings=family == Family.LLAMA,
             attention_bias=family == Family.QWEN2,
-            qk_norm=family == Family.QWEN3,
+            qk_norm=family in (Family.QWEN3, Family.QWEN3_MOE),
+            **moe,
         )
         base.update(overrides)
         return cls(**base)
@@ -347,8 +425,8 @@ class ModelConfig:
             rope_theta = rope.get("rope_theta", 10000.0) if rope else 10000.0
         eos = d.get("eos_token_id")
         eos = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
-        sliding = d.get("sliding_window") if family == Family.MISTRAL else None
-        if family in (Family.QWEN2, Family.QWEN3) and d.get("use_sliding_window"):
+        sliding = d.get("sliding_window") if family in (Family.MISTRAL, Family.MIXTRAL) else None
+        if family in (Family.QWEN2, Family.QWEN3, Family.QWEN3_MOE) and d.get("use_sliding_window"):
             sliding = d.get("sliding_window")
         num_labels = 0
         archs = d.get("architectures") or []
@@ -375,7 +453,7 @@ class ModelConfig:
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", family == Family.QWEN2)),
-            qk_norm=family == Family.QWEN3,
+            qk_norm=family in (Family.QWEN3, Family.QWEN3_MOE),
             sliding_window=sliding,
             num_labels=num_labels,
             bos_token_id=d.get("bos_token_id"),
@@ -386,5 +464,9 @@ class ModelConfig:
             from jaxrl_llm.models import gemma
 
             kwargs.update(gemma.fields_from_hf(d, family))
+        if family in (Family.QWEN3_MOE, Family.MIXTRAL):
+            from jaxrl_llm.models import moe
+
+            kwargs.update(moe.fields_from_hf(d, family))
         kwargs.update(overrides)
         return cls(**kwargs)

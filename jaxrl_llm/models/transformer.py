@@ -25,6 +25,13 @@ position, so every layer runs the same traced program (one compiled layer body, 
 and the KV cache stays dense: a local layer keeps all slots and masks out the old ones. The
 per-layer helpers :func:`_project_qkv` and :func:`_attend` take that layer index, so a decode
 step that scans the layers itself gets Gemma by passing it.
+
+Mixture of experts (Qwen3-MoE, Mixtral; ``config.num_experts > 0``): every layer's MLP is the
+sparse block of :mod:`jaxrl_llm.models.moe` (router ``[L, D, X]``, experts ``[L, X, D, F_e]``
+with the logical axis ``experts``). The layer scan also returns each block's routing
+statistics, and :func:`apply` pools them into the load-balancing loss
+(:attr:`ModelOutputs.router_aux_loss`). A MoE layer's parameters differ from a dense one's,
+so a config is all-sparse or all-dense.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models import attention as attn_lib
+from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import Activation, ModelConfig
 from jaxrl_llm.models.positions import (
     _check_layer,
@@ -81,12 +89,16 @@ class ModelOutputs(NamedTuple):
       scalar: ``[B, T]`` scalar-head output (value / reward) or None.
       logit_softcap: the final-logit soft cap (Gemma 2) that logits computed from ``hidden``
         and ``unembed`` must go through (``cap · tanh(z / cap)``), or None.
+      router_aux_loss: ``[]`` float32, a mixture of experts' load-balancing loss over this
+        forward's real tokens (:func:`jaxrl_llm.models.moe.load_balancing_loss`, before any
+        coefficient), or None for a dense model.
     """
 
     hidden: jax.Array
     unembed: jax.Array | None
     scalar: jax.Array | None
     logit_softcap: float | None = None
+    router_aux_loss: jax.Array | None = None
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
@@ -124,10 +136,18 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
         "v_proj": {"kernel": ((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim"))},
         "o_proj": {"kernel": ((L, H, E, D), ("layers", "heads", "head_dim", "embed"))},
         "mlp_norm": {"scale": ((L, D), ("layers", "norm"))},
-        "gate_proj": {"kernel": ((L, D, F), ("layers", "embed", "mlp"))},
-        "up_proj": {"kernel": ((L, D, F), ("layers", "embed", "mlp"))},
-        "down_proj": {"kernel": ((L, F, D), ("layers", "mlp", "embed"))},
     }
+    if c.is_moe:
+        X, Fe = c.num_experts, c.moe_intermediate_size
+        layers["router"] = {"kernel": ((L, D, X), ("layers", "embed", "router"))}
+        expert_in = ("layers", "experts", "embed", "mlp")
+        layers["experts_gate"] = {"kernel": ((L, X, D, Fe), expert_in)}
+        layers["experts_up"] = {"kernel": ((L, X, D, Fe), expert_in)}
+        layers["experts_down"] = {"kernel": ((L, X, Fe, D), ("layers", "experts", "mlp", "embed"))}
+    else:
+        layers["gate_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
+        layers["up_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
+        layers["down_proj"] = {"kernel": ((L, F, D), ("layers", "mlp", "embed"))}
     if c.attention_bias:
         layers["q_proj"]["bias"] = ((L, H, E), ("layers", "heads", "head_dim"))
         layers["k_proj"]["bias"] = ((L, K, E), ("layers", "kv_heads", "head_dim"))
@@ -157,7 +177,8 @@ def _is_spec(x) -> bool:
 def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
     """Same tree as the params with a tuple of logical axis names per leaf.
 
-    Names: vocab, embed, heads, kv_heads, head_dim, mlp, layers, norm, labels.
+    Names: vocab, embed, heads, kv_heads, head_dim, mlp, layers, norm, labels; with experts
+    also experts (the expert index) and router (the router's expert logits).
     """
     return jax.tree.map(lambda s: s[1], param_shapes_and_axes(config), is_leaf=_is_spec)
 
@@ -260,8 +281,17 @@ def _project_qkv(config: ModelConfig, x_btd, lp, positions_bt, inv_freq, layer=N
 
 def _output_and_mlp(config: ModelConfig, x_btd, attn_btne, lp):
     """Post-attention half of a layer: output projection + residual, then the gated MLP
-    (SwiGLU, or GeGLU with tanh-GELU for Gemma); with ``config.post_norms`` (Gemma 2 / 3) the
-    attention and MLP outputs are RMS-normed before each residual add."""
+    (SwiGLU, or GeGLU with tanh-GELU for Gemma, or the sparse MoE block); with
+    ``config.post_norms`` (Gemma 2 / 3) the attention and MLP outputs are RMS-normed before
+    each residual add. (:func:`_output_and_mlp_stats` also returns a MoE block's routing
+    statistics.)"""
+    return _output_and_mlp_stats(config, x_btd, attn_btne, lp)[0]
+
+
+def _output_and_mlp_stats(config: ModelConfig, x_btd, attn_btne, lp, token_w=None, mesh=None):
+    """:func:`_output_and_mlp` -> (x, :class:`~jaxrl_llm.models.moe.MoeStats` or None).
+    ``token_w`` ``[B, T]`` weighs each token in the statistics (None = all 1); ``mesh`` is the
+    expert-parallel mesh (:func:`jaxrl_llm.models.moe.sparse_moe`)."""
     dtype = x_btd.dtype
     c = config
     o = jnp.einsum("btne,ned->btd", attn_btne, lp["o_proj"]["kernel"].astype(dtype))
@@ -270,21 +300,31 @@ def _output_and_mlp(config: ModelConfig, x_btd, attn_btne, lp):
         o = _norm(c, o, lp["post_attn_norm"])
     x = x_btd + o
     h = _norm(c, x, lp["mlp_norm"])
+    if c.is_moe:
+        down, stats = moe_lib.sparse_moe(c, h, token_w, lp, mesh=mesh)
+    else:
+        down, stats = _dense_mlp(c, h, lp), None
+    if c.post_norms:
+        down = _norm(c, down, lp["post_mlp_norm"])
+    return x + down, stats
+
+
+def _dense_mlp(config: ModelConfig, h_btd, lp):
+    """The gated MLP ``down(act(h W_g) ⊙ h W_u)``: SwiGLU, or GeGLU with tanh-GELU (Gemma)."""
+    dtype = h_btd.dtype
+    h = h_btd
     gate = _with_adapter(
         jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype)), h, lp["gate_proj"], 1
     )
     up = _with_adapter(
         jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)), h, lp["up_proj"], 1
     )
-    if c.mlp_activation == Activation.GELU_TANH:
+    if config.mlp_activation == Activation.GELU_TANH:
         act = jax.nn.gelu(gate, approximate=True) * up
     else:
         act = jax.nn.silu(gate) * up
     down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
-    down = _with_adapter(down, act, lp["down_proj"], 1)
-    if c.post_norms:
-        down = _norm(c, down, lp["post_mlp_norm"])
-    return x + down
+    return _with_adapter(down, act, lp["down_proj"], 1)
 
 
 def _attend(config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask, layer=None):
@@ -303,10 +343,21 @@ def _attend(config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask, layer=No
 
 
 def _layer(
-    config: ModelConfig, x_btd, lp, positions_bt, mask, inv_freq, layer, kv=None, write_index=None
+    config: ModelConfig,
+    x_btd,
+    lp,
+    positions_bt,
+    mask,
+    inv_freq,
+    layer,
+    kv=None,
+    write_index=None,
+    token_w=None,
+    mesh=None,
 ):
     """One decoder layer (``layer`` its traced index). With ``kv`` = (k_cache, v_cache) writes
-    new keys/values at ``write_index`` and attends over the whole cache; returns (x, (k, v))."""
+    new keys/values at ``write_index`` and attends over the whole cache; returns
+    (x, (k, v), MoE statistics or None)."""
     dtype = x_btd.dtype
     c = config
     q, k, v = _project_qkv(c, x_btd, lp, positions_bt, inv_freq, layer)
@@ -325,7 +376,8 @@ def _layer(
         new_kv = None
         k_att, v_att = k, v
     attn = _attend(c, q, k_att, v_att, mask, layer)
-    return _output_and_mlp(c, x_btd, attn, lp), new_kv
+    x, stats = _output_and_mlp_stats(c, x_btd, attn, lp, token_w, mesh)
+    return x, new_kv, stats
 
 
 def _embed(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
@@ -385,6 +437,7 @@ def trunk(
     segment_ids: jax.Array | None = None,
     cache: KVCache | None = None,
     remat: str = "none",
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
     """Embeddings → L decoder layers → final RMSNorm.
 
@@ -399,12 +452,41 @@ def trunk(
       cache: a :class:`KVCache`; new keys/values are written at ``cache.index`` and the
         queries attend over every filled slot.
       remat: rematerialisation of each layer under autodiff: 'none', 'full' or 'dots'.
+      mesh: the mesh a mixture of experts runs expert-parallel over (default the ambient
+        ``jax.set_mesh`` one; :func:`jaxrl_llm.models.moe.sparse_moe`); unused by dense models.
     Attention runs through ``config.attention`` (:mod:`jaxrl_llm.models.attention`): naive for
     short sequences and the decode step, blockwise (O(T) memory) or a fused kernel otherwise;
     the mask goes in as per-row vectors (only the naive path builds a ``[B, T, S]`` mask).
     Returns:
       (hidden ``[B, T, D]`` in the compute dtype, the new cache or None).
     """
+    hidden, new_cache, _ = _trunk(
+        params,
+        tokens,
+        config=config,
+        positions=positions,
+        attention_mask=attention_mask,
+        segment_ids=segment_ids,
+        cache=cache,
+        remat=remat,
+        mesh=mesh,
+    )
+    return hidden, new_cache
+
+
+def _trunk(
+    params: Params,
+    tokens: jax.Array,
+    *,
+    config: ModelConfig,
+    positions: jax.Array | None,
+    attention_mask: jax.Array | None,
+    segment_ids: jax.Array | None,
+    cache: KVCache | None,
+    remat: str,
+    mesh: jax.sharding.Mesh | None,
+):
+    """:func:`trunk` -> (hidden, new cache, per-layer MoE statistics ``[L, ...]`` or None)."""
     c = config
     chex.assert_rank(tokens, 2)
     b, t = tokens.shape
@@ -438,8 +520,19 @@ def trunk(
             k_positions=new_pos if window else None,
         )
 
+    token_w = attention_mask.astype(jnp.float32)
     layer_fn = lambda x, lp, layer, kv: _layer(
-        c, x, lp, positions, mask, inv_freq, layer, kv, None if cache is None else cache.index
+        c,
+        x,
+        lp,
+        positions,
+        mask,
+        inv_freq,
+        layer,
+        kv,
+        None if cache is None else cache.index,
+        token_w,
+        mesh,
     )
     policy = _remat_policy(remat)
     if policy is not None:
@@ -450,10 +543,10 @@ def trunk(
 
         def body(x, xs):
             lp, layer = xs
-            x, _ = layer_fn(x, lp, layer, None)
-            return x, None
+            x, _, stats = layer_fn(x, lp, layer, None)
+            return x, stats
 
-        x, _ = jax.lax.scan(body, x, (params["layers"], layers_idx))
+        x, stats = jax.lax.scan(body, x, (params["layers"], layers_idx))
         new_cache = None
     else:
         # The whole cache rides in the scan carry so each layer updates its slots in place
@@ -461,10 +554,10 @@ def trunk(
         def body(carry, xs):
             x, k_all, v_all = carry
             lp, layer = xs
-            x, (k_all, v_all) = layer_fn(x, lp, layer, (k_all, v_all))
-            return (x, k_all, v_all), None
+            x, (k_all, v_all), stats = layer_fn(x, lp, layer, (k_all, v_all))
+            return (x, k_all, v_all), stats
 
-        (x, k_new, v_new), _ = jax.lax.scan(
+        (x, k_new, v_new), stats = jax.lax.scan(
             body, (x, cache.k, cache.v), (params["layers"], layers_idx)
         )
         new_cache = KVCache(
@@ -472,7 +565,7 @@ def trunk(
         )
 
     x = _norm(c, x, params["final_norm"])
-    return x, new_cache
+    return x, new_cache, stats
 
 
 def trunk_shared_prefix(
@@ -485,6 +578,7 @@ def trunk_shared_prefix(
     positions: jax.Array | None = None,
     attention_mask: jax.Array | None = None,
     remat: str = "none",
+    mesh: jax.sharding.Mesh | None = None,
 ) -> jax.Array:
     """:func:`trunk` for groups of rows that share a prompt: the prompt is computed once per group.
 
@@ -498,7 +592,7 @@ def trunk_shared_prefix(
     positions per row. The caller guarantees the layout; nothing here can check it at run time.
 
     Args:
-      params, config, remat: as in :func:`trunk`.
+      params, config, remat, mesh: as in :func:`trunk`.
       tokens: ``[B, T]`` ints, B a multiple of ``group_size``; columns ``< prefix_len`` (the
         left-padded prompt) identical within each group.
       prefix_len: static prompt width (columns shared by a group), 0 < prefix_len < T.
@@ -508,6 +602,33 @@ def trunk_shared_prefix(
     Returns:
       hidden ``[B, T, D]`` (prompt columns repeated from the shared computation).
     """
+    return _trunk_shared_prefix(
+        params,
+        tokens,
+        config=config,
+        prefix_len=prefix_len,
+        group_size=group_size,
+        positions=positions,
+        attention_mask=attention_mask,
+        remat=remat,
+        mesh=mesh,
+    )[0]
+
+
+def _trunk_shared_prefix(
+    params: Params,
+    tokens: jax.Array,
+    *,
+    config: ModelConfig,
+    prefix_len: int,
+    group_size: int,
+    positions: jax.Array | None,
+    attention_mask: jax.Array | None,
+    remat: str,
+    mesh: jax.sharding.Mesh | None,
+):
+    """:func:`trunk_shared_prefix` -> (hidden, per-layer MoE statistics or None); a shared
+    prompt token counts G times in the statistics, as in the plain forward."""
     c = config
     chex.assert_rank(tokens, 2)
     b, t = tokens.shape
@@ -535,6 +656,8 @@ def trunk_shared_prefix(
         k_positions=positions if window else None,
     )
     x_p, x_c = _embed(c, params, tokens[::g, :tp]), _embed(c, params, tokens[:, tp:])
+    w_p = attention_mask[::g, :tp].astype(jnp.float32) * g
+    w_c = attention_mask[:, tp:].astype(jnp.float32)
 
     def layer_fn(x_p, x_c, lp, layer):
         q_p, k_p, v_p = _project_qkv(c, x_p, lp, pos_p, inv_freq, layer)
@@ -543,19 +666,22 @@ def trunk_shared_prefix(
         k_all = jnp.concatenate([jnp.repeat(k_p, g, axis=0), k_c], axis=1)
         v_all = jnp.concatenate([jnp.repeat(v_p, g, axis=0), v_c], axis=1)
         attn_c = _attend(c, q_c, k_all, v_all, mask_c, layer)
-        return _output_and_mlp(c, x_p, attn_p, lp), _output_and_mlp(c, x_c, attn_c, lp)
+        x_p, stats_p = _output_and_mlp_stats(c, x_p, attn_p, lp, w_p, mesh)
+        x_c, stats_c = _output_and_mlp_stats(c, x_c, attn_c, lp, w_c, mesh)
+        stats = None if stats_p is None else jax.tree.map(jnp.add, stats_p, stats_c)
+        return (x_p, x_c), stats
 
     policy = _remat_policy(remat)
     if policy is not None:
         layer_fn = jax.checkpoint(layer_fn, policy=policy)
 
     def body(carry, xs):
-        return layer_fn(*carry, *xs), None
+        return layer_fn(*carry, *xs)
 
     layers_idx = jnp.arange(c.num_layers, dtype=jnp.int32)
-    (x_p, x_c), _ = jax.lax.scan(body, (x_p, x_c), (params["layers"], layers_idx))
+    (x_p, x_c), stats = jax.lax.scan(body, (x_p, x_c), (params["layers"], layers_idx))
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
-    return _norm(c, x, params["final_norm"])
+    return _norm(c, x, params["final_norm"]), stats
 
 
 def unembedding(params: Params, config: ModelConfig) -> jax.Array:
@@ -599,6 +725,7 @@ def forward(
     segment_ids: jax.Array | None = None,
     cache: KVCache | None = None,
     remat: str = "none",
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
     """Full forward to float32 logits ``[B, T, V]``; returns (logits, new cache)."""
     hidden, cache = trunk(
@@ -610,6 +737,7 @@ def forward(
         segment_ids=segment_ids,
         cache=cache,
         remat=remat,
+        mesh=mesh,
     )
     return logits_from_hidden(params, hidden, config), cache
 
@@ -624,17 +752,21 @@ def apply(
     segment_ids: jax.Array | None = None,
     remat: str = "none",
     shared_prefix: tuple[int, int] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> ModelOutputs:
     """Training-time forward: hidden states, the unembedding and the scalar head if any.
 
     This is the ``apply_fn`` the loss layer calls (bind ``config`` with functools.partial).
     ``shared_prefix=(prefix_len, group_size)`` computes each group's common prompt once
-    (:func:`trunk_shared_prefix`); the outputs keep the plain forward's layout.
+    (:func:`trunk_shared_prefix`); the outputs keep the plain forward's layout. For a
+    mixture of experts, ``router_aux_loss`` is the load-balancing loss over the real tokens
+    (``attention_mask``) of every layer, and ``mesh`` the mesh the experts are split over
+    (:func:`jaxrl_llm.models.moe.sparse_moe`).
     """
     if shared_prefix is not None and shared_prefix[1] > 1:
         if segment_ids is not None:
             raise ValueError("shared_prefix cannot be combined with segment_ids (packing)")
-        hidden = trunk_shared_prefix(
+        hidden, stats = _trunk_shared_prefix(
             params,
             tokens,
             config=config,
@@ -643,17 +775,21 @@ def apply(
             positions=positions,
             attention_mask=attention_mask,
             remat=remat,
+            mesh=mesh,
         )
     else:
-        hidden, _ = trunk(
+        hidden, _, stats = _trunk(
             params,
             tokens,
             config=config,
             positions=positions,
             attention_mask=attention_mask,
             segment_ids=segment_ids,
+            cache=None,
             remat=remat,
+            mesh=mesh,
         )
+    aux = None if stats is None else moe_lib.load_balancing_loss(stats, config.num_experts)
     scalar = scalar_head(params, hidden) if config.num_labels else None
     unembed = (
         None
@@ -661,5 +797,9 @@ def apply(
         else unembedding(params, config)
     )
     return ModelOutputs(
-        hidden=hidden, unembed=unembed, scalar=scalar, logit_softcap=config.final_logit_softcap
+        hidden=hidden,
+        unembed=unembed,
+        scalar=scalar,
+        logit_softcap=config.final_logit_softcap,
+        router_aux_loss=aux,
     )

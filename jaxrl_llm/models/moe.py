@@ -1,0 +1,357 @@
+"""Sparse mixture-of-experts MLP blocks (Qwen3-MoE, Mixtral) and their load-balancing loss.
+
+Routing, as transformers implements both families: router logits ``z = x W_r`` (``[N, X]``,
+N tokens, X experts) in the activation dtype, ``p = softmax(z)`` in float32, the top-k
+experts by p, and, when ``config.norm_topk_prob`` (Mixtral always; Qwen3-MoE per its config),
+their weights renormalised to sum to 1 (which for Mixtral is the softmax over the k selected
+logits). Each selected expert is a SwiGLU MLP ``down(silu(x W_g) ⊙ x W_u)``; the block's output
+is ``Σ_j w_j · expert_{e_j}(x)``. No capacity and no token dropping: every token reaches its
+k experts (as in both transformers implementations). Shazeer et al. 2017,
+https://arxiv.org/abs/1701.06538; Mixtral, Jiang et al. 2024, https://arxiv.org/abs/2401.04088;
+Qwen3, Yang et al. 2025, https://arxiv.org/abs/2505.09388.
+
+Dispatch (``config.moe_dispatch``, :class:`~jaxrl_llm.models.config.MoeDispatch`):
+
+* ``SORTED`` (default): the N·k (token, expert) assignments are sorted by expert, the token
+  rows gathered into that order (``[N·k, D]``) and each expert's contiguous rows multiplied by
+  its weights with one grouped matmul, ``jax.lax.ragged_dot`` (a native grouped GEMM on TPU /
+  GPU). FLOPs are exactly the active ones, 6·N·k·D·F_e per block; extra memory is the
+  ``[N·k, D]`` gathered copy and the ``[N·k, F_e]`` hidden activations (what a dense MLP of
+  width k·F_e would hold). On CPU XLA has no grouped GEMM and JAX lowers ``ragged_dot`` to a
+  masked dense product over the groups (X× the FLOPs), which is fine for tests only.
+* ``DENSE``: every expert runs on every token (``einsum`` over ``[N, X, F_e]``) and a
+  capacity-free one-hot combine weights the outputs: X/k × the FLOPs and an ``[N, X, F_e]``
+  activation. Simple and shape-static; for tiny models and as a cross-check of ``SORTED``.
+
+Expert parallelism. The logical axis ``experts`` of the expert weights maps to the mesh axis
+:data:`EXPERT_AXIS` (``jaxrl_llm.parallel.rules``). Under a mesh (``jax.set_mesh``) that has
+that axis, the block runs in a ``shard_map`` over the whole mesh: each device routes the tokens
+it holds (rows split over :data:`TOKEN_AXES` as the batch rule splits them, a row's tokens over
+the ``context`` axis), runs only its X / E local experts on the assignments that reach them,
+and a ``psum`` over the expert axis (and the tensor axis, which splits each expert's F_e) adds
+the partial outputs. Tokens are therefore *replicated* over the expert axis, not exchanged
+all-to-all: every device of an expert group holds the same rows, so the dense parts of the
+model (attention, norms, the unembedding) run redundantly across that axis. This keeps the
+batch layout and everything outside this block unchanged (the expert axis carries no batch
+rows), costs one all-reduce of ``[N_local, D]`` per layer instead of two all-to-alls of
+``[N_local·k, D]``, and splits the experts' weights, gradients and optimizer state E ways. To
+scale the tokens, grow ``data`` / ``fsdp``. The weights enter the ``shard_map`` split only over
+the expert (and tensor) axes, so an ``fsdp``-sharded expert kernel is gathered over ``fsdp``
+on use, as FSDP does for every other weight.
+
+Load balancing (Switch Transformer, Fedus et al. 2021, https://arxiv.org/abs/2101.03961
+eqs. 4–6, as transformers' ``load_balancing_loss_func`` computes it for both families):
+with f_x the share of (token, slot) assignments that went to expert x (summing to k over x)
+and P_x the mean router probability of x, both pooled over the real tokens of every sparse
+layer, ``aux = X · Σ_x f_x P_x``. Its gradient flows through P only. Each block returns the
+sums it needs (:class:`MoeStats`), so the pooled value is exact under any token sharding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_llm.models.config import Family, ModelConfig, MoeDispatch
+
+#: Mesh axis the experts are split over (``jaxrl_llm.parallel.MESH_AXES``; named here because
+#: models/ imports nothing from parallel/).
+EXPERT_AXIS = "expert"
+#: Mesh axes that split a batch's rows (the ``batch`` rule of ``jaxrl_llm.parallel.rules``).
+TOKEN_AXES = ("data", "fsdp")
+#: Mesh axis that splits a row's tokens (the ``length`` rule).
+LENGTH_AXIS = "context"
+#: Mesh axis that splits each expert's hidden width F_e (the ``mlp`` rule).
+TENSOR_AXIS = "tensor"
+
+# transformers model_type -> family with experts.
+MOE_FAMILIES = (Family.QWEN3_MOE, Family.MIXTRAL)
+
+
+class MoeStats(NamedTuple):
+    """Sums over one block's real tokens that the load-balancing loss pools.
+
+    Attributes:
+      counts: ``[X]`` float32, token-weighted number of (token, slot) assignments per expert.
+      probs: ``[X]`` float32, token-weighted sum of the router probabilities.
+      tokens: ``[]`` float32, the token weight (real tokens; a shared prompt counted once per
+        row of its group).
+    """
+
+    counts: jax.Array
+    probs: jax.Array
+    tokens: jax.Array
+
+
+def route(config: ModelConfig, x_nd: jax.Array, router_dx: jax.Array):
+    """Router of one block: (float32 probabilities ``[N, X]``, top-k weights ``[N, k]``
+    float32, top-k expert ids ``[N, k]`` int32).
+
+    ``p = softmax(x W_r)`` (logits in x's dtype, softmax in float32); the k largest; with
+    ``config.norm_topk_prob`` the k weights are divided by their sum.
+    """
+    logits = jnp.einsum("nd,dx->nx", x_nd, router_dx.astype(x_nd.dtype))
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
+    if config.norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return probs, weights, experts.astype(jnp.int32)
+
+
+def _stats(config: ModelConfig, probs, experts, token_w) -> MoeStats:
+    hits = jax.nn.one_hot(experts, config.num_experts, dtype=jnp.float32).sum(axis=1)
+    return MoeStats(
+        counts=jnp.einsum("nx,n->x", hits, token_w),
+        probs=jnp.einsum("nx,n->x", probs, token_w),
+        tokens=jnp.sum(token_w),
+    )
+
+
+def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset):
+    """Σ_j w_j expert_{e_j}(x) over the experts ``offset .. offset + X_local`` that ``w_gate``
+    (``[X_local, D, F]``) holds, by sorting the assignments by expert and grouped matmuls.
+    Assignments to other experts contribute 0."""
+    n, k = experts.shape
+    num_local = w_gate.shape[0]
+    local = experts.reshape(n * k) - offset
+    mine = (local >= 0) & (local < num_local)
+    key = jnp.where(mine, local, num_local)  # other experts' assignments sort last
+    order = jnp.argsort(key, stable=True)
+    group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local].astype(jnp.int32)
+    x_ad = x_nd[order // k]
+    gate = jax.lax.ragged_dot(x_ad, w_gate, group_sizes)
+    up = jax.lax.ragged_dot(x_ad, w_up, group_sizes)
+    y_ad = jax.lax.ragged_dot(jax.nn.silu(gate) * up, w_down, group_sizes)
+    # Rows past the last local group are not defined by every backend's grouped matmul.
+    y_ad = jnp.where(mine[order][:, None], y_ad, 0)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
+    y_nkd = y_ad[inverse].reshape(n, k, -1)
+    return jnp.einsum("nkd,nk->nd", y_nkd.astype(jnp.float32), weights * mine.reshape(n, k))
+
+
+def _experts_dense(x_nd, weights, experts, w_gate, w_up, w_down, offset):
+    """:func:`_experts_sorted` by running every local expert on every token and combining
+    with the one-hot routing weights (``[N, X_local]``)."""
+    num_local = w_gate.shape[0]
+    onehot = jax.nn.one_hot(experts - offset, num_local, dtype=jnp.float32)  # 0 off-range
+    combine = jnp.einsum("nkx,nk->nx", onehot, weights)
+    gate = jnp.einsum("nd,xdf->nxf", x_nd, w_gate)
+    up = jnp.einsum("nd,xdf->nxf", x_nd, w_up)
+    y = jnp.einsum("nxf,xfd->nxd", jax.nn.silu(gate) * up, w_down)
+    return jnp.einsum("nxd,nx->nd", y.astype(jnp.float32), combine)
+
+
+def _block(config, x_nd, token_w, router, w_gate, w_up, w_down, offset):
+    dtype = x_nd.dtype
+    probs, weights, experts = route(config, x_nd, router)
+    run = _experts_dense if config.moe_dispatch == MoeDispatch.DENSE else _experts_sorted
+    w_gate, w_up, w_down = (w.astype(dtype) for w in (w_gate, w_up, w_down))
+    y = run(x_nd, weights, experts, w_gate, w_up, w_down, offset)
+    return y, _stats(config, probs, experts, token_w)
+
+
+def _expert_mesh(mesh):
+    """``mesh`` (default the ambient ``jax.set_mesh`` one) when it has the expert axis and no
+    manual axes (not already inside a ``shard_map``), else None."""
+    mesh = jax.sharding.get_abstract_mesh() if mesh is None else mesh
+    if mesh.empty or EXPERT_AXIS not in mesh.axis_names:
+        return None
+    if jax.sharding.get_abstract_mesh().manual_axes:
+        return None
+    return mesh
+
+
+def _split(mesh, size: int, axes: tuple[str, ...]) -> tuple[str, ...]:
+    """The axes (in order) of ``axes`` present in ``mesh`` whose product divides ``size``."""
+    out: list[str] = []
+    prod = 1
+    for a in axes:
+        if a in mesh.axis_names and size % (prod * mesh.shape[a]) == 0:
+            out.append(a)
+            prod *= mesh.shape[a]
+    return tuple(out)
+
+
+def sparse_moe(
+    config: ModelConfig,
+    x_btd: jax.Array,
+    token_w_bt: jax.Array | None,
+    lp: Mapping[str, Any],
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[jax.Array, MoeStats]:
+    """One sparse MoE MLP block on ``x_btd`` (the normed MLP input ``[B, T, D]``).
+
+    Args:
+      config: a config with ``num_experts > 0``.
+      x_btd: ``[B, T, D]`` in the compute dtype.
+      token_w_bt: ``[B, T]`` weight of each token in the load-balancing statistics (the
+        attention mask; None = every token 1).
+      lp: the layer's parameters: ``router`` ``{"kernel": [D, X]}``, ``experts_gate`` /
+        ``experts_up`` ``{"kernel": [X, D, F_e]}``, ``experts_down`` ``{"kernel": [X, F_e, D]}``.
+      mesh: the device mesh; default the ambient one (``jax.set_mesh``). With an
+        :data:`EXPERT_AXIS` axis the block runs expert-parallel (module docstring); without
+        one, or with no mesh, it runs as one program that GSPMD partitions.
+    Returns:
+      (``[B, T, D]`` block output in x's dtype, :class:`MoeStats` of this block).
+    Raises:
+      ValueError: under an expert mesh whose expert axis does not divide X.
+    """
+    b, t, d = x_btd.shape
+    if token_w_bt is None:
+        token_w_bt = jnp.ones((b, t), jnp.float32)
+    token_w_bt = token_w_bt.astype(jnp.float32)
+    params = (
+        lp["router"]["kernel"],
+        lp["experts_gate"]["kernel"],
+        lp["experts_up"]["kernel"],
+        lp["experts_down"]["kernel"],
+    )
+    mesh = _expert_mesh(mesh)
+    if mesh is None:
+        y, stats = _block(config, x_btd.reshape(b * t, d), token_w_bt.reshape(-1), *params, 0)
+        return y.astype(x_btd.dtype).reshape(b, t, d), stats
+
+    num_shards = int(mesh.shape[EXPERT_AXIS])
+    x_count = config.num_experts
+    if x_count % num_shards:
+        raise ValueError(
+            f"num_experts={x_count} is not divisible by the mesh's {EXPERT_AXIS!r} axis "
+            f"({num_shards}); choose an expert axis size that divides it"
+        )
+    rows = _split(mesh, b, TOKEN_AXES)
+    length = _split(mesh, t, (LENGTH_AXIS,))
+    f_split = _split(mesh, config.moe_intermediate_size, (TENSOR_AXIS,))
+    tok_spec = P(rows or None, length or None)
+    x_spec = P(rows or None, length or None, None)
+    in_specs = (
+        x_spec,
+        tok_spec,
+        P(),
+        P(EXPERT_AXIS, None, f_split or None),
+        P(EXPERT_AXIS, None, f_split or None),
+        P(EXPERT_AXIS, f_split or None, None),
+    )
+    reduce_out = (EXPERT_AXIS, *f_split)
+    reduce_stats = rows + length
+    num_local = x_count // num_shards
+
+    def local(x, token_w, router, w_gate, w_up, w_down):
+        lb, lt, _ = x.shape
+        offset = jax.lax.axis_index(EXPERT_AXIS) * num_local
+        y, stats = _block(
+            config, x.reshape(lb * lt, d), token_w.reshape(-1), router, w_gate, w_up, w_down, offset
+        )
+        y = jax.lax.psum(y, reduce_out).astype(x.dtype).reshape(lb, lt, d)
+        if reduce_stats:
+            stats = jax.tree.map(lambda s: jax.lax.psum(s, reduce_stats), stats)
+        return y, stats
+
+    run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(x_spec, P()))
+    return run(x_btd, token_w_bt, *params)
+
+
+def load_balancing_loss(stats: MoeStats, num_experts: int) -> jax.Array:
+    """Switch Transformer's auxiliary load-balancing loss (Fedus et al. 2021,
+    https://arxiv.org/abs/2101.03961 eq. 4), pooled as transformers pools it over layers:
+
+    ``aux = X · Σ_x (Σ_l counts_lx / Σ_l tokens_l) · (Σ_l probs_lx / Σ_l tokens_l)``.
+
+    Args:
+      stats: :class:`MoeStats` with a leading layer axis (``counts`` / ``probs`` ``[L, X]``,
+        ``tokens`` ``[L]``) or of a single block.
+      num_experts: X.
+    Returns:
+      ``[]`` float32; k when the routing is uniform (each expert's f_x = k / X, P_x = 1 / X);
+      0 when there is no real token. Differentiable through ``probs`` only.
+    """
+    counts = jnp.sum(stats.counts.reshape(-1, num_experts), axis=0)
+    probs = jnp.sum(stats.probs.reshape(-1, num_experts), axis=0)
+    total = jnp.sum(stats.tokens)
+    safe = jnp.where(total > 0, total, 1.0)
+    aux = num_experts * jnp.sum((counts / safe) * (probs / safe))
+    return jnp.where(total > 0, aux, 0.0)
+
+
+# ----- transformers configs -------------------------------------------------------------------
+
+
+def fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """ModelConfig fields of a Qwen3-MoE / Mixtral transformers config dict.
+
+    Raises:
+      ValueError: a Qwen3-MoE config that mixes dense and sparse layers (``decoder_sparse_step``
+        ≠ 1 or ``mlp_only_layers``), or Mixtral's ``router_jitter_noise`` > 0 (training-time
+        multiplicative noise on the router input, not implemented).
+    """
+    if family == Family.QWEN3_MOE:
+        step = int(d.get("decoder_sparse_step") or 1)
+        dense = list(d.get("mlp_only_layers") or [])
+        if step != 1 or dense:
+            raise ValueError(
+                f"Qwen3-MoE with dense layers (decoder_sparse_step={step}, "
+                f"mlp_only_layers={dense}) is not supported: every layer must be sparse "
+                f"(decoder_sparse_step=1, mlp_only_layers=[])"
+            )
+        return dict(
+            # config.json says num_experts; transformers >= 5's to_dict num_local_experts.
+            num_experts=int(d["num_experts"] if "num_experts" in d else d["num_local_experts"]),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["moe_intermediate_size"]),
+            norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+    if family == Family.MIXTRAL:
+        jitter = float(d.get("router_jitter_noise") or 0.0)
+        if jitter > 0:
+            raise ValueError(
+                f"Mixtral router_jitter_noise={jitter} is not supported (only 0.0, the "
+                f"released models' value)"
+            )
+        return dict(
+            num_experts=int(d["num_local_experts"]),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["intermediate_size"]),
+            norm_topk_prob=True,
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+    raise ValueError(f"{family.value} is not a mixture-of-experts family")
+
+
+def hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """The MoE keywords of transformers' ``Qwen3MoeConfig`` / ``MixtralConfig`` for ``config``.
+
+    Raises:
+      ValueError: a Mixtral config without ``norm_topk_prob`` (transformers' Mixtral always
+        renormalises) or whose expert width differs from ``intermediate_size``.
+    """
+    c = config
+    if c.family == Family.QWEN3_MOE:
+        return dict(
+            num_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            moe_intermediate_size=c.moe_intermediate_size,
+            norm_topk_prob=c.norm_topk_prob,
+            router_aux_loss_coef=c.router_aux_loss_coef,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    if c.family == Family.MIXTRAL:
+        if not c.norm_topk_prob:
+            raise ValueError("transformers' Mixtral always renormalises the top-k weights")
+        if c.moe_intermediate_size != c.intermediate_size:
+            raise ValueError(
+                f"Mixtral's experts have width intermediate_size={c.intermediate_size}, "
+                f"this config has moe_intermediate_size={c.moe_intermediate_size}"
+            )
+        return dict(
+            num_local_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            router_aux_loss_coef=c.router_aux_loss_coef,
+            router_jitter_noise=0.0,
+        )
+    raise ValueError(f"{c.family.value} is not a mixture-of-experts family")
