@@ -4,10 +4,11 @@ RLOO, ReMax) and the PPO critic loss.
 All the policy-gradient algorithms share one loss, :func:`policy_gradient_loss`; they differ
 only in data, a :class:`PolicyGradientConfig` (clip range, clip-higher, token- or
 sequence-level ratio, aggregation, in-loss KL term, entropy bonus). One preset function per
-algorithm returns its config with the paper's defaults. Advantages are precomputed in the
-batch (the estimator runs in the RL loop before the update); the ``advantage`` field of the
-algorithm's registry entry (``jaxrl_llm.losses.ALGORITHMS``) names the estimator it is defined
-with. How log-probs are computed (sampling temperature, chunking, the completion window, the
+algorithm returns its config with the paper's defaults; the surrogate term itself (clipped,
+with rollout-correction weights, or KL-Cov / Clip-Cov) is :mod:`jaxrl_llm.losses.policy_terms`.
+Advantages are precomputed in the batch (the estimator runs in the RL loop before the update);
+the ``advantage`` field of the algorithm's registry entry (``jaxrl_llm.losses.ALGORITHMS``)
+names the estimator it is defined with. How log-probs are computed (sampling temperature, chunking, the completion window, the
 shared prompt of a group) is not a hyperparameter: it is the ``logprobs`` argument
 (:class:`~jaxrl_llm.losses.common.LogprobSettings`).
 
@@ -37,14 +38,19 @@ from jaxrl_llm.losses.common import (
     require,
     shift_right,
 )
+from jaxrl_llm.losses.policy_terms import (  # noqa: F401  (batch_key: public here too)
+    EntropyControl,
+    batch_key,
+    check_entropy_control,
+    surrogate_parts,
+)
 from jaxrl_llm.objectives.aggregation import (
     AggregationMode,
     aggregate_parts,
     aggregation_denominator,
 )
-from jaxrl_llm.objectives.entropy_control import clip_cov_loss_parts, kl_cov_loss_parts
 from jaxrl_llm.objectives.kl import KLKind, kl_penalty
-from jaxrl_llm.objectives.policy import RatioLevel, policy_loss_parts
+from jaxrl_llm.objectives.policy import RatioLevel
 from jaxrl_llm.objectives.value import value_loss_parts
 from jaxrl_llm.ops.masked import masked_mean
 
@@ -69,23 +75,6 @@ class AdvantageEstimator(str, enum.Enum):
     REINFORCE_PP = "reinforce_pp"
     GAE = "gae"
     REWARD = "reward"
-
-
-class EntropyControl(str, enum.Enum):
-    """Entropy control by the covariance of log-prob and advantage (Cui et al. 2025, "The
-    Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-    https://arxiv.org/abs/2505.22617), an option of every clipped policy-gradient loss.
-
-    ``none``: the clipped surrogate. ``kl_cov``: the unclipped surrogate plus
-    ``kl_cov_coef·|log ρ|`` on the ``kl_cov_ratio`` share of tokens with the largest
-    covariance (:func:`jaxrl_llm.objectives.kl_cov_loss`). ``clip_cov``: the clipped
-    surrogate with a random ``clip_cov_ratio`` share of the tokens whose covariance lies in
-    (``clip_cov_lb``, ``clip_cov_ub``) detached (:func:`jaxrl_llm.objectives.clip_cov_loss`).
-    """
-
-    NONE = "none"
-    KL_COV = "kl_cov"
-    CLIP_COV = "clip_cov"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,27 +156,7 @@ class PolicyGradientConfig:
             raise ConfigError(
                 f"kl_coef={self.kl_coef} and entropy_coef={self.entropy_coef} must be >= 0"
             )
-        self._check_entropy_control()
-
-    def _check_entropy_control(self) -> None:
-        ec = self.entropy_control
-        if ec is EntropyControl.NONE:
-            return
-        if self.ratio_level is not RatioLevel.TOKEN or self.dual_clip is not None:
-            raise ConfigError(
-                f"entropy_control={ec.value!r} is defined for the token ratio without a dual "
-                f"clip (got ratio_level={self.ratio_level.value!r}, dual_clip={self.dual_clip})"
-            )
-        ratio = self.kl_cov_ratio if ec is EntropyControl.KL_COV else self.clip_cov_ratio
-        if not 0.0 < ratio <= 1.0:
-            raise ConfigError(f"{ec.value}_ratio={ratio} must be in (0, 1] (verl: 2e-4)")
-        if ec is EntropyControl.CLIP_COV:
-            if self.clip_eps is None:
-                raise ConfigError("entropy_control='clip_cov' needs clip_eps (PPO's clip)")
-            if not self.clip_cov_lb < self.clip_cov_ub:
-                raise ConfigError(
-                    f"clip_cov_lb={self.clip_cov_lb} must be < clip_cov_ub={self.clip_cov_ub}"
-                )
+        check_entropy_control(self)
 
 
 # ----- presets: one per algorithm -------------------------------------------------------------
@@ -323,78 +292,6 @@ def policy_gradient_zero_batch(config: PolicyGradientConfig) -> Callable[[Batch]
     return is_zero
 
 
-def batch_key(input_ids: jax.Array) -> jax.Array:
-    """A PRNG key that is a function of a batch's token ids (a multiplicative hash of ids and
-    positions): randomness inside a jitted loss (Clip-Cov's subset) without a key argument,
-    the same for the same batch."""
-    ids = input_ids.astype(jnp.uint32).reshape(-1)
-    pos = jnp.arange(1, ids.size + 1, dtype=jnp.uint32)
-    h = jnp.sum((ids + jnp.uint32(1)) * pos * jnp.uint32(2654435761), dtype=jnp.uint32)
-    return jax.random.fold_in(jax.random.PRNGKey(0x5EED), h)
-
-
-def _surrogate_parts(logp, old_logp, adv, mask, batch, config, ref_logp):
-    """(num, den, metrics) of the per-token surrogate of ``config`` (clipped, KL-Cov or
-    Clip-Cov; with the batch's ``is_weights`` / ``proximal_logp`` corrections)."""
-    ec = config.entropy_control
-    is_weights = batch.get("is_weights")
-    proximal_logp = batch.get("proximal_logp")
-    common = dict(aggregation=config.aggregation, max_len=config.max_len)
-    if ec is EntropyControl.NONE:
-        return policy_loss_parts(
-            logp,
-            old_logp,
-            adv,
-            mask,
-            # No clipping: an infinite range (clip(ρ, −∞, ∞) = ρ).
-            clip_eps=float("inf") if config.clip_eps is None else config.clip_eps,
-            clip_eps_high=config.clip_eps_high,
-            dual_clip=config.dual_clip,
-            ratio_level=config.ratio_level,
-            ref_logp=ref_logp,
-            kl_kind=config.kl_kind,
-            is_weights=is_weights,
-            proximal_logp=proximal_logp,
-            **common,
-        )
-    if is_weights is not None or proximal_logp is not None:
-        raise ConfigError(
-            f"entropy_control={ec.value!r} does not take rollout-correction weights yet; "
-            "use one or the other"
-        )
-    if ec is EntropyControl.KL_COV:
-        num, den, metrics = kl_cov_loss_parts(
-            logp,
-            old_logp,
-            adv,
-            mask,
-            kl_cov_ratio=config.kl_cov_ratio,
-            kl_coef=config.kl_cov_coef,
-            **common,
-        )
-    else:
-        assert config.clip_eps is not None  # checked by the config
-        num, den, metrics = clip_cov_loss_parts(
-            logp,
-            old_logp,
-            adv,
-            mask,
-            clip_cov_ratio=config.clip_cov_ratio,
-            clip_cov_lb=config.clip_cov_lb,
-            clip_cov_ub=config.clip_cov_ub,
-            clip_eps=config.clip_eps,
-            clip_eps_high=config.clip_eps_high,
-            key=batch_key(batch["input_ids"]),
-            **common,
-        )
-    if ref_logp is not None:  # the ``kl`` metric, as the clipped surrogate reports it
-        m = mask.astype(bool)
-        lp = jnp.where(m, logp.astype(jnp.float32), 0.0)
-        kl = jnp.where(m, kl_penalty(lp, ref_logp.astype(jnp.float32), kind=config.kl_kind), 0.0)
-        metrics["kl"] = jax.lax.stop_gradient(masked_mean(kl, m))
-    return num, den, metrics
-
-
 def policy_gradient_loss(
     params: Any,
     batch: Batch,
@@ -468,7 +365,7 @@ def policy_gradient_loss(
     if ref_logp is not None:
         ref_logp = jnp.where(m, ref_logp, 0.0)
 
-    num, den, pg_metrics = _surrogate_parts(logp, old_logp, adv, mask, batch, config, ref_logp)
+    num, den, pg_metrics = surrogate_parts(logp, old_logp, adv, mask, batch, config, ref_logp)
     pg_num = num
     if config.kl_coef > 0:
         # β·KL added here rather than inside the objective so that β may be traced: the
