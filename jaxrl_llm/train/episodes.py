@@ -35,6 +35,14 @@ def raw_item(x: TokenizedPrompt) -> dict:
     return {"prompt": prompt, **dict(x.extras)}
 
 
+def check_environment(env: EnvSection, item: TokenizedPrompt) -> None:
+    """The start-up checks of a run's environment: the class and its methods, its keyword
+    arguments, and (``env.check``) one ``reset`` on ``item`` and one ``step("")``."""
+    factory = environment_factory(env.name, env.kwargs)
+    if env.check:
+        probe_environment(factory, raw_item(item), env.name)
+
+
 class EpisodeSampler:
     """Plays and scores a batch of episodes (see the module docstring).
 
@@ -60,10 +68,6 @@ class EpisodeSampler:
         self.prompt_buckets = prompt_buckets
         self.factory = environment_factory(env.name, env.kwargs)
         self.failures = 0  # consecutive batches in which every episode failed
-
-    def check(self, item: TokenizedPrompt) -> None:
-        """The start-up probe (``env.check``): reset on ``item`` and one ``step("")``."""
-        probe_environment(self.factory, raw_item(item), self.env.name)
 
     def __call__(
         self,

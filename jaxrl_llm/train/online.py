@@ -31,7 +31,7 @@ from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.algorithms import make_strategy
 from jaxrl_llm.train.correction import RolloutCorrector
-from jaxrl_llm.train.episodes import episode_records
+from jaxrl_llm.train.episodes import check_environment, episode_records
 from jaxrl_llm.train.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.logging import SamplesLog
@@ -121,6 +121,12 @@ class OnlineTrainer(Trainer):
             f"data: {self.train_data.stats['kept']} training prompts"
             + (f", {self.eval_data.stats['kept']} held-out" if self.eval_data else "")
         )
+        if cfg.env is not None:  # a broken environment fails here, before anything compiles
+            check_environment(cfg.env, self.train_data.items[0])
+            self.say(
+                f"env: {cfg.env.name}, at most {cfg.env.max_turns} turns and "
+                f"{r.max_new_tokens} completion-side tokens per episode"
+            )
         self.policy = p = policy or build_policy(cfg, config=config, params=params, tokenizer=tok)
         self.rollouts = Rollouts(
             r,
@@ -131,14 +137,6 @@ class OnlineTrainer(Trainer):
             seed=cfg.seed,
             env=cfg.env,
         )
-        if cfg.env is not None:
-            self.say(
-                f"env: {cfg.env.name}, at most {cfg.env.max_turns} turns and "
-                f"{r.max_new_tokens} completion-side tokens per episode"
-            )
-            if cfg.env.check:
-                assert self.rollouts.episodes is not None
-                self.rollouts.episodes.check(self.train_data.items[0])
         self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
         self.strategy = make_strategy(
             algo, cfg, policy=p, rollouts=self.rollouts, loss_config=self.loss_config, log=self.say
