@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-decode", action="store_true", help="skip compiling the sampler's decode loop"
     )
+    parser.add_argument(
+        "--correction",
+        choices=["is", "decoupled"],
+        default=None,
+        help="online: the run's rollout.correction (is: TIS / MIS importance weights; "
+        "decoupled: decoupled PPO); adds its batch entry and the recompute forward",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -81,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl_llm.cli.memory import resolve_model_config
     from jaxrl_llm.parallel.topology import tpu_topology
     from jaxrl_llm.train.aot import compile_run
+    from jaxrl_llm.train.correction import CorrectionSection
 
     mesh = _mesh(args.mesh)
     topology = tpu_topology(args.topology)  # LibtpuMissingError: one line, exit status 2
@@ -99,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         lora_rank=args.lora_rank,
         decode=not args.no_decode,
+        correction=(
+            None
+            if args.correction is None
+            else CorrectionSection(decoupled=args.correction == "decoupled")
+        ),
         **mesh,
     )
     if args.json:

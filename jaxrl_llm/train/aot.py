@@ -41,9 +41,12 @@ from jaxrl_llm.train.aot_inputs import (  # noqa: F401
     _per_device_bytes,
     _program,
     _run_config,
+    _seq,
     analytic_train_flops,
+    correction_entries,
 )
 from jaxrl_llm.train.aot_report import CompileReport, ProgramMemory  # noqa: F401
+from jaxrl_llm.train.correction import CorrectionSection
 from jaxrl_llm.train.memory import ALGORITHMS, estimate_memory
 from jaxrl_llm.train.state import TrainState, state_sharding_from_params
 
@@ -66,6 +69,7 @@ def compile_run(
     dtype: str = "bf16",
     lora_rank: int = 0,
     decode: bool = True,
+    correction: CorrectionSection | None = None,
 ) -> CompileReport:
     """Compile a run's programs for ``topology`` and compare their memory with the estimate.
 
@@ -86,12 +90,16 @@ def compile_run(
       dtype: 'bf16' | 'fp32' compute dtype (master weights and optimizer state are float32).
       lora_rank: 0 = full fine-tuning; r > 0 trains rank-r adapters on a frozen base.
       decode: also compile the sampler's decode loop (online algorithms).
+      correction: the run's ``rollout.correction`` (online algorithms whose loss takes it):
+        the update's batch then carries ``is_weights`` (or ``proximal_logp`` when
+        ``decoupled``), as :func:`jaxrl_llm.train.correction.correct_batch` builds it, and the
+        learner's recompute forward over the rollout rows is compiled as ``recompute``.
     Returns:
       A :class:`CompileReport`.
     Raises:
       ConfigError: unknown algorithm, or sizes the mesh or the trainer reject.
     """
-    from jaxrl_llm.losses import get_loss
+    from jaxrl_llm.losses import get_loss, sequence_logps
     from jaxrl_llm.sampling import SamplingConfig, init_decode_state
     from jaxrl_llm.sampling import decode as decode_loop
     from jaxrl_llm.train.policy import RULES, Policy, make_optimizer
@@ -126,6 +134,7 @@ def compile_run(
         dtype=dtype,
         lora_rank=lora_rank,
         mesh=sizes,
+        correction=correction,
     )
     check_mesh(cfg, mesh=mesh)
     config = dataclasses.replace(config, param_dtype="float32", compute_dtype=_DTYPES[dtype])
@@ -259,6 +268,8 @@ def compile_run(
     )
     t = prompt_len + gen_len
     batch = BATCHES[spec.batch_kind](step_rows, t, with_ref=ref_in_loss)
+    if correction is not None:  # the corrected batch the learner hands the step
+        batch.update(correction_entries(step_rows, t, decoupled=correction.decoupled))
     programs.append(
         _program(
             "train",
@@ -295,7 +306,14 @@ def compile_run(
                 others("critic train state"),
             )
         )
-    # 4. the sampler's decode loop over the rollout rows (prefilled prompts, G per prompt)
+    if correction is not None:  # 4. rollout.correction's recompute forward (every row at most)
+        logps = policy.logps_fn(functools.partial(sequence_logps, **logprobs.kwargs()))
+        shardings = (t_sharding, rows_sharding, frozen_sharding)
+        fn = jax.jit(lambda p, b, f: logps(p, b, **f), in_shardings=shardings)
+        args = (state.params, _seq(rollout_rows, t), frozen)
+        rest = others("frozen base (= reference)", minus=_per_device_bytes(state.params))
+        programs.append(_program("recompute", fn, args, rest))
+    # 5. the sampler's decode loop over the rollout rows (prefilled prompts, G per prompt)
     if online and decode:
         n_prompts = batch_size
         cache_len = prompt_len + gen_len

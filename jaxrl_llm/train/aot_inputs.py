@@ -97,6 +97,13 @@ BATCHES = {
 }
 
 
+def correction_entries(rows: int, t: int, *, decoupled: bool) -> dict:
+    """The entries ``rollout.correction`` adds to an ``rl`` batch before the update
+    (:func:`jaxrl_llm.train.correction.correct_batch`): the proximal log-probs (decoupled PPO)
+    or the importance weights, ``[rows, t]`` float32."""
+    return {"proximal_logp" if decoupled else "is_weights": _f32(rows, t)}
+
+
 def _critic_batch(rows, t):
     return {**_seq(rows, t), "values": _f32(rows, t), "returns": _f32(rows, t)}
 
@@ -117,6 +124,7 @@ def _run_config(
     dtype,
     lora_rank,
     mesh,
+    correction=None,
 ):
     from jaxrl_llm.losses import ALGORITHMS as LOSS_ALGORITHMS
     from jaxrl_llm.train.run_config import RunConfig
@@ -136,6 +144,10 @@ def _run_config(
             f"{', '.join(sorted(LOSS_ALGORITHMS))}"
         )
     online = LOSS_ALGORITHMS[algorithm].online
+    if correction is not None and not online:
+        raise ConfigError(
+            f"rollout.correction corrects an online rollout; {algorithm!r} is trained offline"
+        )
     return RunConfig(
         output_dir="(compile)",
         max_steps=1,
@@ -153,6 +165,7 @@ def _run_config(
             group_size=group_size,
             max_new_tokens=gen_len,
             minibatches=minibatches,
+            correction=correction,
         ),
         train=TrainSection(batch_size=batch_size, micro_batches=micro_batches),
         rewards=(RewardItem("math_answer"),) if online else (),

@@ -14,7 +14,8 @@ class ProgramMemory:
     """One compiled program's per-device memory and cost, from XLA.
 
     Attributes:
-      name: ``train``, ``reference``, ``critic`` or ``decode``.
+      name: ``train``, ``reference``, ``critic``, ``recompute`` (``rollout.correction``) or
+        ``decode``.
       argument_bytes, output_bytes, alias_bytes, temp_bytes, code_bytes: XLA's
         ``memory_analysis()`` per device (alias = outputs written into donated arguments).
       flops: XLA's ``cost_analysis()["flops"]`` per device, one call of the program.
