@@ -120,16 +120,22 @@ def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset):
     local = experts.reshape(n * k) - offset
     mine = (local >= 0) & (local < num_local)
     key = jnp.where(mine, local, num_local)  # other experts' assignments sort last
-    order = jnp.argsort(key, stable=True)
-    group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local].astype(jnp.int32)
+    # A stable counting sort: assignment a goes to slot start[key_a] + (its rank among the
+    # assignments with that key). (A counting sort, not jnp.argsort: it is O(N·k·X_local)
+    # and, inside shard_map, argsort's indices gave wrong input gradients in jax 0.10.)
+    hits = jax.nn.one_hot(key, num_local + 1, dtype=jnp.int32)
+    counts = jnp.sum(hits, axis=0)
+    rank = jnp.sum((jnp.cumsum(hits, axis=0) - 1) * hits, axis=1)
+    slot = (jnp.cumsum(counts) - counts)[key] + rank  # [N·k] position in sorted order
+    order = jnp.zeros_like(slot).at[slot].set(jnp.arange(n * k, dtype=slot.dtype))
+    group_sizes = counts[:num_local]
     x_ad = x_nd[order // k]
     gate = jax.lax.ragged_dot(x_ad, w_gate, group_sizes)
     up = jax.lax.ragged_dot(x_ad, w_up, group_sizes)
     y_ad = jax.lax.ragged_dot(jax.nn.silu(gate) * up, w_down, group_sizes)
     # Rows past the last local group are not defined by every backend's grouped matmul.
-    y_ad = jnp.where(mine[order][:, None], y_ad, 0)
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
-    y_nkd = y_ad[inverse].reshape(n, k, -1)
+    y_ad = jnp.where(jnp.arange(n * k)[:, None] < jnp.sum(group_sizes), y_ad, 0)
+    y_nkd = y_ad[slot].reshape(n, k, -1)
     return jnp.einsum("nkd,nk->nd", y_nkd.astype(jnp.float32), weights * mine.reshape(n, k))
 
 

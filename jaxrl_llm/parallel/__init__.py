@@ -1,9 +1,11 @@
-"""Device meshes ("data", "fsdp", "context", "tensor"), logical-axis sharding rules as data,
-batch sharding, context parallelism (ring attention over a sequence split on the ``context``
+"""Device meshes ("data", "fsdp", "expert", "context", "tensor"), logical-axis sharding rules as
+data, batch sharding, expert parallelism (a mixture of experts' experts split over the
+``expert`` axis), context parallelism (ring attention over a sequence split on the ``context``
 axis), multi-host initialisation, and abstract TPU topologies to compile for from a CPU host.
 Batches are batch-major ``[B, T]``; rows are split over the ``batch`` rule's mesh axes, and
 with context parallelism the tokens of a row over the ``length`` rule's."""
 
+from jaxrl_llm.models.moe import EXPERT_AXIS
 from jaxrl_llm.models.ring_attention import CONTEXT_AXIS, ring_attention
 from jaxrl_llm.parallel.distributed import (
     host_local_batch_to_global,
@@ -34,6 +36,7 @@ from jaxrl_llm.parallel.topology import (
 __all__ = [
     "CONTEXT_AXIS",
     "DEFAULT_RULES",
+    "EXPERT_AXIS",
     "LibtpuMissingError",
     "MESH_AXES",
     "ShardingFallbackWarning",

@@ -1,4 +1,4 @@
-"""Device meshes with the named axes ("data", "fsdp", "context", "tensor").
+"""Device meshes with the named axes ("data", "fsdp", "expert", "context", "tensor").
 
 A mesh is always passed explicitly; nothing here reads or sets a global mesh.
 
@@ -6,6 +6,11 @@ A mesh is always passed explicitly; nothing here reads or sets a global mesh.
 * ``fsdp``   — fully sharded data parallelism (ZeRO-3, Rajbhandari et al. 2020,
   https://arxiv.org/abs/1910.02054): batch rows split *and* parameters / optimizer state
   sharded, gathered on use by XLA's SPMD partitioner.
+* ``expert`` — expert parallelism for mixture-of-experts models: each device holds 1/E of
+  every layer's experts (and their gradients and optimizer state); tokens are replicated over
+  this axis and each device runs its own experts on them, the partial outputs summed
+  (:mod:`jaxrl_llm.models.moe`; GShard, Lepikhin et al. 2020, https://arxiv.org/abs/2006.16668).
+  Dense parameters are replicated over it, like ``data``. Size 1 (the default) changes nothing.
 * ``context`` — context (sequence) parallelism: the tokens of each row split over devices,
   attention by ring attention over this axis (:mod:`jaxrl_llm.models.ring_attention`; Liu et al.
   2023, https://arxiv.org/abs/2310.01889). Size 1 (the default) changes nothing.
@@ -24,26 +29,40 @@ from jax.sharding import AxisType, Mesh
 
 from jaxrl_llm.errors import ConfigError
 
-MESH_AXES: tuple[str, str, str, str] = ("data", "fsdp", "context", "tensor")
+MESH_AXES: tuple[str, ...] = ("data", "fsdp", "expert", "context", "tensor")
 
 
 def mesh_shape(
-    num_devices: int, *, data: int = -1, fsdp: int = 1, tensor: int = 1, context: int = 1
-) -> tuple[int, int, int, int]:
+    num_devices: int,
+    *,
+    data: int = -1,
+    fsdp: int = 1,
+    tensor: int = 1,
+    context: int = 1,
+    expert: int = 1,
+) -> tuple[int, ...]:
     """Resolve the axis sizes for ``num_devices``, in :data:`MESH_AXES` order
-    (data, fsdp, context, tensor); at most one size may be -1.
+    (data, fsdp, expert, context, tensor); at most one size may be -1.
 
     Raises:
       ConfigError: a size is 0 or < -1, more than one is -1, or the product is not
         ``num_devices``.
     """
-    sizes = {"data": int(data), "fsdp": int(fsdp), "context": int(context), "tensor": int(tensor)}
+    sizes = {
+        "data": int(data),
+        "fsdp": int(fsdp),
+        "expert": int(expert),
+        "context": int(context),
+        "tensor": int(tensor),
+    }
     for name, s in sizes.items():
         if s == 0 or s < -1:
             raise ConfigError(f"mesh.{name}={s} is invalid; use a positive size or -1 (the rest)")
     free = [n for n, s in sizes.items() if s == -1]
     if len(free) > 1:
-        raise ConfigError(f"mesh sizes {sizes}: only one of data/fsdp/context/tensor may be -1")
+        raise ConfigError(
+            f"mesh sizes {sizes}: only one of data/fsdp/expert/context/tensor may be -1"
+        )
     fixed = math.prod(s for s in sizes.values() if s != -1)
     if free:
         if num_devices % fixed:
@@ -55,10 +74,10 @@ def mesh_shape(
     if math.prod(sizes.values()) != num_devices:
         raise ConfigError(
             f"mesh sizes {sizes} multiply to {math.prod(sizes.values())} but there "
-            f"are {num_devices} devices; make data*fsdp*context*tensor equal the device count "
+            f"are {num_devices} devices; make data*fsdp*expert*context*tensor equal the device count "
             f"(or set one to -1)"
         )
-    return sizes["data"], sizes["fsdp"], sizes["context"], sizes["tensor"]
+    return tuple(sizes[a] for a in MESH_AXES)
 
 
 def make_mesh(
@@ -67,18 +86,20 @@ def make_mesh(
     fsdp: int = 1,
     tensor: int = 1,
     context: int = 1,
+    expert: int = 1,
     devices: Sequence[jax.Device] | None = None,
 ) -> Mesh:
     """A ``Mesh`` over ``devices`` (default: every device of every host) with axes
-    ("data", "fsdp", "context", "tensor").
+    ("data", "fsdp", "expert", "context", "tensor").
 
     The tensor axis is innermost (neighbouring devices, fastest links), context next to it
-    (ring attention passes K/V blocks between neighbours every step), data outermost
-    (across hosts on multi-host runs), the usual layout for TPU pods and GPU nodes.
+    (ring attention passes K/V blocks between neighbours every step), then expert (one
+    all-reduce per MoE layer), data outermost (across hosts on multi-host runs), the usual
+    layout for TPU pods and GPU nodes.
 
     Args:
-      data, fsdp, tensor, context: axis sizes; one of them may be -1 for "the remaining
-        devices".
+      data, fsdp, tensor, context, expert: axis sizes; one of them may be -1 for "the
+        remaining devices".
       devices: the devices to use (e.g. ``jax.devices()[:4]``); default ``jax.devices()``.
     Returns:
       A ``jax.sharding.Mesh`` with Auto axis types (GSPMD propagation).
@@ -86,10 +107,11 @@ def make_mesh(
       ConfigError: when the sizes do not multiply to the number of devices.
     """
     devices = list(jax.devices() if devices is None else devices)
-    shape = mesh_shape(len(devices), data=data, fsdp=fsdp, tensor=tensor, context=context)
+    shape = mesh_shape(
+        len(devices), data=data, fsdp=fsdp, tensor=tensor, context=context, expert=expert
+    )
+    auto = (AxisType.Auto,) * len(MESH_AXES)
     if len(devices) == jax.device_count() and devices == list(jax.devices()):
         # Let JAX pick a topology-aware device order (ICI rings on TPU, hosts outermost).
-        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 4)
-    return Mesh(
-        np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 4
-    )
+        return jax.make_mesh(shape, MESH_AXES, axis_types=auto)
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=auto)

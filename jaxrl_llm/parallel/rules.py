@@ -43,6 +43,10 @@ DEFAULT_RULES: Mapping[str, MeshAxes] = types.MappingProxyType(
         "kv_heads": "tensor",
         "mlp": "tensor",
         "head_dim": None,
+        # mixture of experts: the expert index of expert weights (jaxrl_llm.models.moe);
+        # the router's expert logits stay whole (top-k needs every expert's).
+        "experts": "expert",
+        "router": None,
         "layers": None,
         "norm": None,
         "labels": None,

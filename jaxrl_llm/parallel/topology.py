@@ -139,10 +139,11 @@ def topology_mesh(
     fsdp: int = 1,
     tensor: int = 1,
     context: int = 1,
+    expert: int = 1,
     devices: Sequence | None = None,
 ):
-    """A ("data", "fsdp", "context", "tensor") mesh over a topology's abstract devices
-    (:func:`jaxrl_llm.parallel.make_mesh` with those devices)."""
+    """A ("data", "fsdp", "expert", "context", "tensor") mesh over a topology's abstract
+    devices (:func:`jaxrl_llm.parallel.make_mesh` with those devices)."""
     from jaxrl_llm.parallel.mesh import make_mesh
 
     return make_mesh(
@@ -150,5 +151,6 @@ def topology_mesh(
         fsdp=fsdp,
         tensor=tensor,
         context=context,
+        expert=expert,
         devices=list(topology.devices if devices is None else devices),
     )

@@ -4,6 +4,10 @@
 Full fine-tuning trains the whole parameter tree. With LoRA the train state holds only the
 adapters; the base weights are a frozen argument of every step (``frozen={"base": ...}``) and
 double as the reference model (adapters off), so the weights exist once.
+
+A mixture of experts runs expert-parallel over the mesh's ``expert`` axis (the mesh is bound
+into ``apply_fn``), and :meth:`Policy.loss_fn` adds its load-balancing loss to the training
+loss (``model.router_aux_loss_coef``; metric ``moe/aux_loss``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError, ModelLoadError
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, lora_logical_axes, merge_lora
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, replicated
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.run_config import RunConfig, update_micro_batches
 from jaxrl_llm.train.state import TrainState, state_sharding_from_params
 
 # LoRA adapters are small: replicate them (their base kernels carry the sharding).
@@ -39,6 +43,10 @@ class Policy:
       lora: the LoRA config or None. state / state_sharding: the sharded TrainState.
       apply_fn: ``apply_fn(params, input_ids, attention_mask=..., ...)`` -> ModelOutputs.
       optimizer: the optax transformation.
+      router_aux_weight: what :meth:`loss_fn` multiplies a mixture of experts' load-balancing
+        loss by per loss call: α / M, α the run's coefficient and M the micro-batches a step
+        sums (each micro-batch's loss is a share of the step's, so the step adds α × the mean
+        of the micro-batches' aux losses; a skipped micro-batch adds none). 0 for dense models.
     """
 
     config: models.ModelConfig
@@ -52,6 +60,7 @@ class Policy:
     optimizer: optax.GradientTransformation
     param_sharding: Any
     frozen_sharding: dict
+    router_aux_weight: float = 0.0
 
     def full_params(self, params=None):
         """The model's parameter tree for sampling / evaluation / export (adapters merged)."""
@@ -78,17 +87,37 @@ class Policy:
 
         With LoRA the trainable params are the adapters, attached unmerged to
         ``frozen["base"]`` (:func:`models.lora.attach_lora`: no full-size weight gradients).
+
+        A mixture of experts: the loss's forwards of the trained params report their
+        load-balancing loss (``ModelOutputs.router_aux_loss``); their mean ``aux`` is logged
+        as ``moe/aux_loss`` and ``router_aux_weight · aux`` is added to the loss. Forwards of
+        frozen models inside the loss (a reference) are not counted.
         """
         kw: dict[str, Any] = {"apply_fn": self.apply_fn, "config": loss_config}
         if logprobs is not None:
             kw["logprobs"] = logprobs
         lora = self.lora
+        moe, aux_weight, apply_fn = self.config.is_moe, self.router_aux_weight, self.apply_fn
 
         def fn(params, batch, *, hparams=None, base=None, **frozen):
             if lora is not None:
                 params = attach_lora(base, params, lora)
             extra = {} if hparams is None else {"hparams": hparams}
-            return loss(params, batch, **kw, **extra)
+            if not moe:
+                return loss(params, batch, **kw, **extra)
+            aux_terms: list[jax.Array] = []
+
+            def recording_apply(p, *args, **kwargs):
+                out = apply_fn(p, *args, **kwargs)
+                if p is params and out.router_aux_loss is not None:
+                    aux_terms.append(out.router_aux_loss)
+                return out
+
+            value, metrics = loss(params, batch, **{**kw, "apply_fn": recording_apply}, **extra)
+            if not aux_terms:
+                return value, metrics
+            aux = sum(aux_terms) / len(aux_terms)
+            return value + aux_weight * aux, {**metrics, "moe/aux_loss": aux}
 
         return fn
 
@@ -233,7 +262,9 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
     """Load the model, build the mesh, optimizer and the sharded train state."""
     if config is None:
         config, params, tokenizer = load_policy_model(cfg)
-    mesh = make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
+    mesh = make_mesh(
+        data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor, expert=cfg.mesh.expert
+    )
     optimizer = make_optimizer(cfg)
     axes = models.param_logical_axes(config)
     param_sharding_full = logical_to_sharding(axes, mesh, RULES, shapes=params)
@@ -241,6 +272,8 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
         jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), param_sharding_full
     )
     apply_fn = functools.partial(models.apply, config=config, remat=cfg.model.remat)
+    if config.is_moe:  # the experts run split over the mesh's expert axis
+        apply_fn = functools.partial(apply_fn, mesh=mesh)
     rng = jax.random.PRNGKey(cfg.seed)
     lora = None
     base = None
@@ -282,7 +315,25 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
         optimizer=optimizer,
         param_sharding=param_sharding,
         frozen_sharding=frozen_sharding,
+        router_aux_weight=router_aux_weight(cfg, config, mesh),
     )
+
+
+def router_aux_weight(cfg: RunConfig, config: models.ModelConfig, mesh) -> float:
+    """:attr:`Policy.router_aux_weight`: α / M with α = ``model.router_aux_loss_coef`` (null:
+    the model's) and M the micro-batches the run's train step sums (offline
+    ``train.micro_batches``, online :func:`~jaxrl_llm.train.run_config.update_micro_batches`);
+    0 for a dense model."""
+    if not config.is_moe:
+        return 0.0
+    coef = cfg.model.router_aux_loss_coef
+    coef = config.router_aux_loss_coef if coef is None else coef
+    if cfg.is_online:
+        shards = int(mesh.shape["data"] * mesh.shape["fsdp"])
+        micro = update_micro_batches(cfg, shards=shards)
+    else:
+        micro = cfg.train.micro_batches
+    return float(coef) / max(int(micro), 1)
 
 
 def export_policy(policy: Policy, cfg: RunConfig) -> str | None:

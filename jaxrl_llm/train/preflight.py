@@ -50,7 +50,13 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
         sizes = dict(
             zip(
                 MESH_AXES,
-                mesh_shape(n, data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor),
+                mesh_shape(
+                    n,
+                    data=cfg.mesh.data,
+                    fsdp=cfg.mesh.fsdp,
+                    tensor=cfg.mesh.tensor,
+                    expert=cfg.mesh.expert,
+                ),
             )
         )
     r, t = cfg.rollout, cfg.train

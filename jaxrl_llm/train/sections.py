@@ -69,6 +69,11 @@ class ModelSection:
       attention: ``auto`` (the backend's fused kernel where it applies, blockwise O(T)-memory
         attention for long sequences, naive for short ones), or force ``naive`` /
         ``blockwise`` / ``cudnn`` / ``splash`` (``jaxrl_llm.models.AttentionImpl``).
+      router_aux_loss_coef: a mixture of experts' load-balancing loss coefficient α: the
+        training loss gains α · aux (Switch Transformer, Fedus et al. 2021,
+        https://arxiv.org/abs/2101.03961; logged as ``moe/aux_loss``, before α). null (default)
+        = the checkpoint's own ``router_aux_loss_coef`` (0.001 for Qwen3-MoE and Mixtral);
+        0 = off. Ignored by dense models.
     """
 
     source: str = "smollm2-135m-instruct"
@@ -80,6 +85,15 @@ class ModelSection:
     lora: LoRASection | None = None
     freeze_embeddings: bool = False
     attention: Literal["auto", "naive", "blockwise", "cudnn", "splash"] = "auto"
+    router_aux_loss_coef: float | None = None
+
+    def __post_init__(self):
+        coef = self.router_aux_loss_coef
+        if coef is not None and not (coef >= 0 and math.isfinite(coef)):
+            raise ConfigError(
+                f"model.router_aux_loss_coef must be a finite number >= 0 (or null: the "
+                f"checkpoint's), got {coef}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,14 +130,17 @@ class OptimSection:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
-    """Mesh axis sizes; -1 = all remaining devices."""
+    """Mesh axis sizes; -1 = all remaining devices. ``expert`` splits a mixture of experts'
+    experts over that many devices (tokens replicated over them; ``jaxrl_llm.models.moe``);
+    it must divide the model's number of experts."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    expert: int = 1
 
     def __post_init__(self):
-        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor, "expert": self.expert}
         for name, size in sizes.items():
             if size == 0 or size < -1:
                 raise ConfigError(
@@ -131,7 +148,7 @@ class MeshSection:
                     f"(all remaining devices)"
                 )
         if sum(size == -1 for size in sizes.values()) > 1:
-            raise ConfigError(f"mesh: only one of data/fsdp/tensor may be -1, got {sizes}")
+            raise ConfigError(f"mesh: only one of data/fsdp/tensor/expert may be -1, got {sizes}")
 
 
 @dataclasses.dataclass(frozen=True)
