@@ -56,9 +56,7 @@ from jaxrl_llm.losses.policy import (
     TRACED_HPARAMS,
     AdvantageEstimator,
     CriticConfig,
-    EntropyControl,
     PolicyGradientConfig,
-    batch_key,
     critic_denominator,
     critic_values,
     dapo_config,
@@ -76,6 +74,7 @@ from jaxrl_llm.losses.policy import (
     remax_config,
     rloo_config,
 )
+from jaxrl_llm.losses.policy_terms import EntropyControl, batch_key
 from jaxrl_llm.losses.preference import (
     DPOConfig,
     ORPOConfig,
