@@ -6,7 +6,7 @@ the learner's (a plain full-vocabulary forward of the pre-update weights).
 In ``rollout.dtype: bfloat16`` the engine's weights and KV cache are bfloat16 while the learner
 is float32: the weights must show that mismatch (k3 KL > 0, weights away from 1, truncated /
 masked where the bounds say). In ``float32`` the two are the same policy up to the engine's
-float32 rounding, and the weights are 1 to within 1e-4.
+float32 rounding, and the weights are 1 to within 1e-5.
 """
 
 import functools
