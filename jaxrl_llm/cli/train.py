@@ -30,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="validate the config, print it resolved, and exit"
     )
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="online configs: evaluate model.source on the held-out prompts (greedy, as the "
+        "run's eval does), write output_dir/eval.json and exit without training",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(yaml.safe_dump(resolved, sort_keys=False))
         return 0
+    if getattr(args, "eval_only", False):
+        return _eval_only(cfg)
     try:  # a new directory is created and probed; an existing one (a resume) left as it is
         if not os.path.isdir(cfg.output_dir):
             os.makedirs(cfg.output_dir)
@@ -86,6 +94,27 @@ def run(args: argparse.Namespace) -> int:
     with open(os.path.join(cfg.output_dir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     _print_summary(cfg, summary)
+    return 0
+
+
+def _eval_only(cfg) -> int:
+    """``--eval-only``: the held-out metrics of ``model.source`` under the run's settings."""
+    if not cfg.is_online or cfg.data.eval is None:
+        raise ConfigError(
+            "--eval-only needs an online config with data.eval (held-out prompts to sample)"
+        )
+    from jaxrl_llm.train.online import OnlineTrainer
+
+    trainer = OnlineTrainer(cfg)
+    try:
+        metrics = trainer.evaluate()
+    finally:
+        trainer.close()
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    with open(os.path.join(cfg.output_dir, "eval.json"), "w", encoding="utf-8") as f:
+        json.dump({"model": cfg.model.source, **metrics}, f, indent=2)
+    for k, v in metrics.items():
+        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
     return 0
 
 

@@ -117,15 +117,18 @@ def resolve_tools(tools: list[str] | tuple[str, ...]) -> dict[str, Callable]:
 
 
 def tools_system_prompt(schemas: list[dict], preamble: str = "") -> str:
-    """A system prompt that lists the tools and the call format."""
+    """A short system prompt: one line per tool (``name(arg: type, ...): description``) and
+    the call format (short prompts are cheap to prefill on every episode)."""
     lines = [preamble.strip()] if preamble.strip() else []
-    lines += [
-        "You can call these tools:",
-        *[json.dumps(s["function"], ensure_ascii=False) for s in schemas],
-        "To call a tool, answer with exactly one line "
-        '<tool_call>{"name": <tool name>, "arguments": {<arguments>}}</tool_call> '
-        "and wait for its result. When you know the answer, reply without a tool call.",
-    ]
+    lines.append("Tools:")
+    for s in schemas:
+        fn = s["function"]
+        args = ", ".join(f"{k}: {v['type']}" for k, v in fn["parameters"]["properties"].items())
+        lines.append(f"- {fn['name']}({args}): {fn['description']}")
+    lines.append(
+        'Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call> and wait '
+        "for its result. Reply without a tool call when you know the answer."
+    )
     return "\n".join(lines)
 
 
@@ -169,7 +172,9 @@ def call_tool(tools: dict[str, Callable], name: str, args: dict) -> tuple[str, b
 
 class ToolEnv:
     """The ``tools`` environment: the policy may call tools; a turn without a call ends the
-    episode (its text is the final answer the reward functions score).
+    episode (its text is the final answer the reward functions score). ``Step.info`` counts
+    ``tool_calls``, ``tool_errors``, ``final_answers`` and ``clean_tool_use`` (a final answer
+    after at least one tool call and no failed one).
 
     Args:
       tools: tool names (``calculator``, ``python``) or ``package.module:function``.
@@ -190,6 +195,7 @@ class ToolEnv:
         self.schemas = [tool_schema(fn) for fn in self.tools.values()]
         self.system = tools_system_prompt(self.schemas, system_prompt)
         self.call_reward, self.error_reward = float(call_reward), float(error_reward)
+        self.calls = self.errors = 0
 
     def reset(self, item: dict) -> list[dict]:
         """The system message with the tools, then the row's prompt (text or messages)."""
@@ -207,11 +213,13 @@ class ToolEnv:
         """Answer a tool call with a ``tool`` message; end the episode on a final answer."""
         call = parse_tool_call(text)
         if call is None:
-            return Step(done=True, info={"final_answers": 1})
+            clean = int(self.calls > 0 and self.errors == 0)
+            return Step(done=True, info={"final_answers": 1, "clean_tool_use": clean})
         if isinstance(call, str):
             content, ok = call, False
         else:
             content, ok = call_tool(self.tools, *call)
+        self.calls, self.errors = self.calls + 1, self.errors + (not ok)
         return Step(
             messages=[{"role": "tool", "content": content}],
             reward=self.call_reward if ok else self.error_reward,

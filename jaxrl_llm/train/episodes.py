@@ -199,6 +199,13 @@ def _env_metrics(episodes: list[Episode], stats: dict) -> dict[str, float]:
         "time/env_wait_s": float(stats.get("idle_s", 0.0)),
     }
     out.update({f"env/{k}": float(v) for k, v in sorted(info.items())})
+    # the share of episodes that did each counted thing at least once
+    out.update(
+        {
+            f"env/{k}_frac": float(np.mean([ep.info.get(k, 0) > 0 for ep in episodes]))
+            for k in sorted(info)
+        }
+    )
     return out
 
 

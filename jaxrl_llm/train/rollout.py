@@ -212,10 +212,14 @@ class Rollouts:
         it scored, how many it scored, the mean completion length."""
         items = items[: settings.num_examples or None]
         scores, lengths, n_valid = [], [], 0
+        fracs: dict[str, float] = {}  # multi-turn: the share of episodes doing each env thing
         for i in range(0, len(items), settings.batch_size):
             exp = self.sample(
                 items[i : i + settings.batch_size], seed=0, greedy=True, num_samples=1
             )
+            for k, v in exp.metrics.items():
+                if k.startswith("env/") and k.endswith("_frac"):
+                    fracs[k] = fracs.get(k, 0.0) + v * len(exp) / len(items)
             vals = exp.scores[metric]
             ok = np.isfinite(vals)
             scores.extend(vals[ok].tolist())
@@ -227,6 +231,7 @@ class Rollouts:
             "eval/num_examples": len(items),
             "eval/valid": n_valid,
             "eval/completion_length": float(np.mean(lengths)),
+            **{f"eval/{k}": v for k, v in fracs.items()},
         }
         if settings.num_samples:
             out.update(self._pass_at(items, settings, metric))
