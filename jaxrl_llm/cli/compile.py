@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mesh",
         default="fsdp=-1",
-        help="mesh axis sizes, e.g. fsdp=8 or data=2,fsdp=4 (one may be -1; "
-        "default: fsdp over every device)",
+        help="mesh axis sizes, e.g. fsdp=8, data=2,fsdp=4 or fsdp=2,expert=4 (one may be -1; "
+        "default: fsdp over every device; expert splits a mixture of experts' experts)",
     )
     parser.add_argument(
         "--dtype",
@@ -71,11 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _mesh(text: str) -> dict[str, int]:
     from jaxrl_llm.errors import ConfigError
 
-    out = {"data": 1, "fsdp": 1, "tensor": 1}
+    out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}
     for part in filter(None, (p.strip() for p in text.split(","))):
         k, sep, v = part.partition("=")
         if not sep or k not in out:
-            raise ConfigError(f"--mesh: {part!r} must be axis=size with axis data, fsdp or tensor")
+            raise ConfigError(
+                f"--mesh: {part!r} must be axis=size with axis data, fsdp, tensor or expert"
+            )
         try:
             out[k] = int(v)
         except ValueError:
@@ -118,10 +120,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**report.to_json(), "model": args.model}))
     else:
         s = report.settings
-        n = config.num_params()
-        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+        from jaxrl_llm.cli.memory import params_text
+
         print(
-            f"{args.algorithm} on {args.model} ({size} params), "
+            f"{args.algorithm} on {args.model} ({params_text(config)}), "
             f"{args.topology} ({topology.num_devices} devices), mesh {report.mesh}, "
             f"{args.dtype}, remat={args.remat}, batch {args.batch} x {s['seq_len']} tokens, "
             f"{s['rows_per_update']} rows per forward/backward"

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mesh",
         default="data=1,fsdp=1,tensor=1",
-        help="mesh axis sizes, e.g. data=2,fsdp=4,tensor=1",
+        help="mesh axis sizes, e.g. data=2,fsdp=4,tensor=1 (expert=E splits a mixture of "
+        "experts' experts)",
     )
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument(
@@ -56,14 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=2,fsdp=4"`` -> {"data": 2, "fsdp": 4, "tensor": 1}; clear errors otherwise."""
-    out = {"data": 1, "fsdp": 1, "tensor": 1}
+    """``"data=2,fsdp=4"`` -> {"data": 2, "fsdp": 4, "tensor": 1, "expert": 1}; clear errors
+    otherwise."""
+    out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
             raise ConfigError(f"--mesh: {part!r} must look like axis=size")
         k, v = part.split("=", 1)
         if k not in out:
-            raise ConfigError(f"--mesh: unknown axis {k!r}; allowed: data, fsdp, tensor")
+            raise ConfigError(f"--mesh: unknown axis {k!r}; allowed: data, fsdp, tensor, expert")
         try:
             out[k] = int(v)
         except ValueError:
@@ -117,14 +119,20 @@ def run(args: argparse.Namespace) -> int:
         data=mesh["data"],
         fsdp=mesh["fsdp"],
         tensor=mesh["tensor"],
+        expert=mesh["expert"],
     )
     if args.json:
         out = est.to_json()
-        out.update(model=args.model, mesh=mesh, params=config.num_params())
+        out.update(
+            model=args.model,
+            mesh=mesh,
+            params=config.num_params(),
+            active_params=config.num_params(active=True),
+        )
         print(json.dumps(out))
     else:
         print(
-            f"{args.algorithm} on {args.model} ({config.num_params() / 1e6:.1f}M params), "
+            f"{args.algorithm} on {args.model} ({params_text(config)}), "
             f"mesh {mesh}, {args.dtype}, batch {args.batch} x {args.seq_len} tokens"
             + (
                 f", G={args.group_size}"
@@ -135,6 +143,18 @@ def run(args: argparse.Namespace) -> int:
         )
         print(est.table())
     return 0
+
+
+def params_text(config) -> str:
+    """ "1.24B params", or for a mixture of experts "30.53B params, 3.34B active"."""
+
+    def size(n: int) -> str:
+        return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+    text = f"{size(config.num_params())} params"
+    if config.is_moe:
+        text += f", {size(config.num_params(active=True))} active"
+    return text
 
 
 def _online() -> set[str]:

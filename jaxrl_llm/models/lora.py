@@ -101,10 +101,21 @@ def init_lora(config: ModelConfig, lora: LoRAConfig, rng: jax.Array, *, base_sha
 
     A ~ N(0, 1/in) (Kaiming-style, so A x has unit scale), B = 0: the adapted model equals the
     base at initialisation.
+
+    Raises:
+      ValueError: a target the model does not have (a mixture of experts has no dense
+        gate / up / down projection; its experts take no adapters).
     """
     from jaxrl_llm.models.transformer import param_shapes_and_axes
 
     specs = param_shapes_and_axes(config)["layers"]
+    missing = [t for t in lora.targets if t not in specs]
+    if missing:
+        raise ValueError(
+            f"LoRA targets {missing} are not projections of this {config.family.value} model "
+            f"(a mixture of experts' experts take no adapters); use targets from "
+            f"{[t for t in ALL_TARGETS if t in specs]}"
+        )
     out: dict[str, Any] = {}
     keys = jax.random.split(rng, len(lora.targets))
     for key, name in zip(keys, lora.targets):

@@ -59,6 +59,7 @@ def compile_run(
     data: int = 1,
     fsdp: int = 1,
     tensor: int = 1,
+    expert: int = 1,
     batch_size: int = 8,
     seq_len: int = 1024,
     prompt_len: int | None = None,
@@ -78,7 +79,10 @@ def compile_run(
       algorithm: a name of :data:`jaxrl_llm.train.run_config.ONLINE_ALGORITHMS` or
         ``OFFLINE_ALGORITHMS`` (PPO: actor and critic steps).
       topology: from :func:`jaxrl_llm.parallel.topology.tpu_topology`.
-      data, fsdp, tensor: mesh axis sizes (product = the slice's devices; one may be -1).
+      data, fsdp, tensor, expert: mesh axis sizes (product = the slice's devices; one may be
+        -1). ``expert`` splits a mixture of experts' experts (its train step, reference and
+        recompute forwards run expert-parallel, as the trainers run them; the decode loop
+        runs the plain sorted dispatch, partitioned by GSPMD, as the sampler does).
       batch_size: online: prompts per step (rows = prompts × group_size); offline: examples
         (pairs for preference losses) per step.
       seq_len: tokens per row, prompt + completion. prompt_len: online prompt part (default
@@ -102,7 +106,7 @@ def compile_run(
     from jaxrl_llm.losses import get_loss, sequence_logps
     from jaxrl_llm.sampling import SamplingConfig, init_decode_state
     from jaxrl_llm.sampling import decode as decode_loop
-    from jaxrl_llm.train.policy import RULES, Policy, make_optimizer
+    from jaxrl_llm.train.policy import RULES, Policy, make_optimizer, router_aux_weight
     from jaxrl_llm.train.preflight import check_mesh
     from jaxrl_llm.train.run_config import (
         logprob_settings,
@@ -116,8 +120,8 @@ def compile_run(
         raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(ALGORITHMS)}")
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
-    mesh = topology_mesh(topology, data=data, fsdp=fsdp, tensor=tensor)
-    sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor")}
+    mesh = topology_mesh(topology, data=data, fsdp=fsdp, tensor=tensor, expert=expert)
+    sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor", "expert")}
     prompt_len = seq_len // 2 if prompt_len is None else int(prompt_len)
     gen_len = seq_len - prompt_len
     if not 1 <= prompt_len < seq_len:
@@ -144,6 +148,8 @@ def compile_run(
     online = cfg.is_online
     optimizer = make_optimizer(cfg)
     apply_fn = functools.partial(models.apply, config=config, remat=remat)
+    if config.is_moe:  # as build_policy binds it: the experts split over the expert axis
+        apply_fn = functools.partial(apply_fn, mesh=mesh)
     shards = sizes["data"] * sizes["fsdp"]
 
     # Policy weights, abstract and sharded by the rule table (as build_policy shards them).
@@ -187,6 +193,7 @@ def compile_run(
         optimizer=optimizer,
         param_sharding=t_sharding,
         frozen_sharding=frozen_sharding,
+        router_aux_weight=router_aux_weight(cfg, config, mesh),
     )
 
     # What lives through the whole step (bytes per device), as the trainers hold it.
@@ -383,6 +390,7 @@ def compile_run(
         lora_rank=lora_rank,
         rows_per_update=rows_per_update,
         params=config.num_params(),
+        active_params=config.num_params(active=True),
         estimate_kwargs=est_kwargs,
     )
     return CompileReport(

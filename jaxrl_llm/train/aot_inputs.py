@@ -213,6 +213,7 @@ def _decode_state_sharding(dstate, mesh):
 def analytic_train_flops(config: models.ModelConfig, tokens: int, *, remat: str) -> float:
     """Matmul FLOPs of one training pass over ``tokens`` tokens: 6·N·tokens (forward 2·N,
     backward 4·N; Kaplan et al. 2020, https://arxiv.org/abs/2001.08361) + 2·N·tokens more when
-    every layer is recomputed (``remat='full'``). Attention's T² term is left out."""
-    n = config.num_params()
+    every layer is recomputed (``remat='full'``). Attention's T² term is left out. For a
+    mixture of experts N is the active parameters (the k experts a token runs)."""
+    n = config.num_params(active=True)
     return (8.0 if remat == "full" else 6.0) * n * tokens

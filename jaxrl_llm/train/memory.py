@@ -5,7 +5,8 @@ reference, critic, reward model; DPO / GRPO / KTO 2: policy and reference; SimPO
 This module turns that into bytes per device for a given model, algorithm, mesh, precision,
 batch and sequence length, so a user can see before launching whether a run fits.
 
-What is counted, per device (``shards`` = fsdp × tensor for weights, data × fsdp for the batch):
+What is counted, per device (``shards`` = fsdp × tensor for weights, data × fsdp for the batch;
+a mixture of experts' expert weights are further split over the ``expert`` axis):
 
 * every model's weights (trainable ones in float32 master precision; frozen ones in
   ``frozen_dtype``, float32 by default as the trainers hold them); with LoRA the reference is
@@ -18,6 +19,12 @@ What is counted, per device (``shards`` = fsdp × tensor for weights, data × fs
 * logits: the ``[B, T, V]`` float32 tensor and its softmax/gradient when materialised, or one
   ``[B, chunk, V]`` slice with the chunked log-prob ops (the default here);
 * the rollout KV cache for online algorithms (prompts × G rows × (prompt + completion) slots).
+
+Mixture of experts (``config.num_experts > 0``): weights, gradients and optimizer state count
+every expert (the total parameters, :func:`expert_params` of them split over ``expert`` as
+well); activations count the k experts a token is routed to (the sorted dispatch's
+``[N·k, F_e]`` buffers and ``[N·k, D]`` gathered copies, which do not shrink with the expert
+axis) and the router's float32 probabilities. Tokens are replicated over the expert axis.
 
 Activations, logits and the KV cache are transient: the rollout and the trainable models'
 updates (policy, critic) run one after the other, so the total counts the largest of their
@@ -112,11 +119,30 @@ _BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
 
 
 def lora_params(config: ModelConfig, rank: int) -> int:
-    """Adapter parameters for rank-r LoRA on q, k, v, o, gate, up and down of every layer."""
+    """Adapter parameters for rank-r LoRA on q, k, v, o, gate, up and down of every layer (a
+    mixture of experts: q, k, v, o only; its experts take no adapters)."""
     c = config
     d, f, h, k, e = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
-    per_layer = rank * ((d + h * e) + 2 * (d + k * e) + (h * e + d) + 2 * (d + f) + (f + d))
+    per_layer = rank * ((d + h * e) + 2 * (d + k * e) + (h * e + d))
+    if not c.is_moe:
+        per_layer += rank * (2 * (d + f) + (f + d))
     return c.num_layers * per_layer
+
+
+def expert_params(config: ModelConfig) -> int:
+    """Parameters of a mixture of experts' expert weights (L · X · 3 · D · F_e; 0 when dense):
+    the part of :meth:`ModelConfig.num_params` the ``expert`` mesh axis splits."""
+    c = config
+    if not c.is_moe:
+        return 0
+    return c.num_layers * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size
+
+
+def params_per_device(config: ModelConfig, *, weight_shards: int, expert: int = 1) -> float:
+    """Parameters one device holds: the dense ones over fsdp × tensor (``weight_shards``), the
+    experts' over ``expert`` too."""
+    ne = expert_params(config)
+    return (config.num_params() - ne) / weight_shards + ne / (weight_shards * expert)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,16 +216,28 @@ def activation_bytes_per_token_per_layer(
     gate/up/activation/product.
     ``dots``: only matmul outputs (q, k, v, attention output projection, gate, up, down).
     ``full``: only the layer input (the layer is recomputed in the backward pass).
+    A mixture of experts holds its MLP tensors for each of the k experts of a token (F →
+    k · F_e), the routed copies of the token (k · D in, k · D out; ``dots``: the k · D down
+    outputs in place of D) and the float32 router probabilities (X).
     """
     c = config
     d, f, e = c.hidden_size, c.intermediate_size // tensor, c.head_dim
     h, k = max(c.num_heads // tensor, 1), max(c.num_kv_heads // tensor, 1)
+    moe_extra = 0
+    if c.is_moe:
+        kk = c.num_experts_per_tok
+        f = kk * c.moe_intermediate_size // tensor
+        moe_extra = {"dots": dtype_bytes * (kk - 1) * d, "none": dtype_bytes * 2 * kk * d}.get(
+            remat, 0
+        ) + 4 * c.num_experts * (remat != "full")
     if remat == "full":
         return dtype_bytes * d
     if remat == "dots":
-        return dtype_bytes * (h * e + 2 * k * e + d + 2 * f + d)
+        return dtype_bytes * (h * e + 2 * k * e + d + 2 * f + d) + moe_extra
     if remat == "none":
-        return dtype_bytes * (5 * d + 3 * h * e + 4 * k * e + 4 * f) + 2 * 4 * h * seq_len
+        return (
+            dtype_bytes * (5 * d + 3 * h * e + 4 * k * e + 4 * f) + 2 * 4 * h * seq_len + moe_extra
+        )
     raise ConfigError(f"unknown remat {remat!r}; allowed: 'none', 'dots', 'full'")
 
 
@@ -214,6 +252,7 @@ def estimate_memory(
     data: int = 1,
     fsdp: int = 1,
     tensor: int = 1,
+    expert: int = 1,
     dtype: str = "bf16",
     lora_rank: int = 0,
     remat: str = "none",
@@ -234,7 +273,8 @@ def estimate_memory(
       seq_len: tokens per sequence (prompt + completion). prompt_len: the prompt's share of
         it (needed for ``prompt_group_size``).
       group_size: G samples per prompt for online algorithms.
-      data, fsdp, tensor: mesh axis sizes. dtype: 'bf16' or 'fp32' (activations and the KV
+      data, fsdp, tensor, expert: mesh axis sizes (``expert`` splits a mixture of experts'
+        experts; tokens are replicated over it). dtype: 'bf16' or 'fp32' (activations and the KV
         cache; trainable weights keep float32 master copies).
       lora_rank: 0 for full fine-tuning; r > 0 trains rank-r adapters only.
       remat: 'none' | 'dots' | 'full'. logits: 'chunked' | 'full'. optimizer: 'adamw' | 'sgd'.
@@ -268,6 +308,7 @@ def estimate_memory(
         ("data", data),
         ("fsdp", fsdp),
         ("tensor", tensor),
+        ("expert", expert),
         ("micro_batches", micro_batches),
         ("prompt_group_size", prompt_group_size),
     ):
@@ -279,7 +320,7 @@ def estimate_memory(
     b, fb = _BYTES[dtype], _BYTES[frozen_dtype]
     weight_shards = fsdp * tensor
     batch_shards = data * fsdp
-    n = config.num_params()
+    n = params_per_device(config, weight_shards=weight_shards, expert=expert)
     rows: list[MemoryRow] = []
 
     def add(model, component, nbytes, transient=False):
@@ -304,17 +345,17 @@ def estimate_memory(
             continue
         weight_copies += 1
         if trains and lora_rank:
-            add(name, f"base weights ({frozen_dtype}, frozen)", n * fb / weight_shards)
+            add(name, f"base weights ({frozen_dtype}, frozen)", n * fb)
             na = lora_params(config, lora_rank)
             add(name, "LoRA adapters (fp32)", na * 4 / weight_shards)
             add(name, "gradients (adapters, fp32)", na * 4 / weight_shards)
             add(name, f"optimizer state ({optimizer})", opt_factor * na * 4 / weight_shards)
         elif trains:
-            add(name, "weights (fp32 master)", n * 4 / weight_shards)
-            add(name, "gradients (fp32)", n * 4 / weight_shards)
-            add(name, f"optimizer state ({optimizer})", opt_factor * n * 4 / weight_shards)
+            add(name, "weights (fp32 master)", n * 4)
+            add(name, "gradients (fp32)", n * 4)
+            add(name, f"optimizer state ({optimizer})", opt_factor * n * 4)
         else:
-            add(name, f"weights ({frozen_dtype}, frozen)", n * fb / weight_shards)
+            add(name, f"weights ({frozen_dtype}, frozen)", n * fb)
         if trains:
             per_tok = activation_bytes_per_token_per_layer(
                 config, seq_len, remat=remat, dtype_bytes=b, tensor=tensor
@@ -329,7 +370,7 @@ def estimate_memory(
                 )
             add(name, f"activations (remat={remat})", act, True)
             if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
-                add(name, f"weights cast to {dtype} (in the step)", n * b / weight_shards, True)
+                add(name, f"weights cast to {dtype} (in the step)", n * b, True)
             if role != Role.CRITIC and role != Role.REWARD:
                 vocab = config.vocab_size / tensor
                 width = seq_len if logits == "full" else min(logits_chunk, seq_len)

@@ -1,5 +1,6 @@
 """The planning tables of the memory estimator (:mod:`jaxrl_llm.train.memory`): published
-model architectures by size and the memory of one device of each accelerator kind."""
+model architectures by size (dense and mixture-of-experts) and the memory of one device of each
+accelerator kind."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ def _llama(**kw) -> ModelConfig:
     return ModelConfig(family=Family.LLAMA, **kw)
 
 
-# Published architectures by size (Llama 2 / 3.x, SmolLM2, Gemma 3), for planning without
-# downloads.
+# Published architectures by size (Llama 2 / 3.x, SmolLM2, Gemma 3, Qwen3-MoE, Mixtral), for
+# planning without downloads (the MoE shapes are those of the models' config.json files).
 MODEL_PRESETS: dict[str, ModelConfig] = {
     "135m": ModelConfig.smollm2_135m(),
     "gemma3-270m": ModelConfig.gemma3_270m(),
@@ -83,6 +84,41 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         rope_theta=500000.0,
         rope_scaling=RopeScaling.LLAMA3,
         rope_factor=8.0,
+    ),
+    # Qwen3-30B-A3B: 48 layers, 128 experts of width 768, top-8 renormalised; 30.5B total,
+    # 3.3B active parameters.
+    "qwen3-30b-a3b": ModelConfig(
+        family=Family.QWEN3_MOE,
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        qk_norm=True,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+    ),
+    # Mixtral-8x7B: 32 layers, 8 experts of width 14336, top-2; 46.7B total, 12.9B active.
+    "mixtral-8x7b": ModelConfig(
+        family=Family.MIXTRAL,
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        num_experts=8,
+        num_experts_per_tok=2,
     ),
 }
 

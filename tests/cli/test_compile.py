@@ -116,3 +116,44 @@ def test_small_grpo_compiles_for_v5e_and_estimate_is_within_25_percent(tmp_path,
     # on-chip memory XLA fills first (about 110 MiB on v5e).
     peak, est = out["compiled_peak_bytes"], out["estimate_bytes"]
     assert est == pytest.approx(peak, rel=0.25), (est / peak, out)
+
+
+# A small Qwen3-MoE (16 experts of width 128, top-4) for the expert axis on TPU.
+SMALL_MOE = {
+    "model_type": "qwen3_moe",
+    "vocab_size": 4000,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "moe_intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_experts": 16,
+    "num_experts_per_tok": 4,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+}
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_moe_sft_compiles_for_v5e_with_experts_split_over_the_expert_axis(tmp_path, capsys):
+    from jaxrl_llm.cli.memory import resolve_model_config
+    from jaxrl_llm.train.memory import expert_params, params_per_device
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(SMALL_MOE))
+    args = ["compile", "--model", str(cfg), "--algorithm", "sft", "--topology", "v5e:2x2"]
+    args += ["--mesh", "expert=4", "--batch", "4", "--seq-len", "256", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1, "expert": 4}
+    assert [p["name"] for p in out["programs"]] == ["train"] and out["programs"][0]["flops"] > 0
+    config = resolve_model_config(str(cfg))
+    n, active = out["settings"]["params"], out["settings"]["active_params"]
+    assert (n, active) == (config.num_params(), config.num_params(active=True)) and active < n
+    # fp32 master + 2 Adam moments: the dense weights whole on each device, the experts 1/4
+    local = params_per_device(config, weight_shards=1, expert=4)
+    assert local < n - 0.7 * expert_params(config)
+    assert out["resident"]["policy train state"] == pytest.approx(12 * local, rel=1e-3)

@@ -169,3 +169,16 @@ def test_unsupported_moe_configs_are_refused(variant, overrides, match):
 def test_bad_moe_fields_raise(overrides, match):
     with pytest.raises(ValueError, match=match):
         M.ModelConfig.tiny("mixtral", **overrides)
+
+
+def test_lora_on_a_moe_model_adapts_attention_only():
+    config = M.ModelConfig.tiny("qwen3_moe")
+    key = jax.random.PRNGKey(0)
+    with pytest.raises(ValueError, match="experts take no adapters"):
+        M.init_lora(config, M.LoRAConfig(), key)  # the default targets include gate_proj
+    lora = M.LoRAConfig(rank=2, targets=("q_proj", "o_proj"))
+    adapters = M.init_lora(config, lora, key)
+    assert set(adapters["layers"]) == {"q_proj", "o_proj"}
+    params = M.init_params(config, key)
+    merged = M.merge_lora(params, adapters, lora)  # B = 0: the base model
+    jax.tree.map(np.testing.assert_array_equal, merged, params)

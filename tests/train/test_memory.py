@@ -108,7 +108,7 @@ def test_cli_json_and_table(capsys):
     )
     out = json.loads(capsys.readouterr().out)
     assert out["models_in_memory"] == 4 and isinstance(out["total_bytes_per_device"], int)
-    assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
     assert main(["memory", "--algorithm", "simpo"]) == 0
     text = capsys.readouterr().out
     assert "models in memory: 1" in text and "verdict" in text
@@ -120,3 +120,26 @@ def test_every_algorithm_estimates():
     for algo in ALGORITHMS:
         est = estimate_memory(MODEL_PRESETS["1b"], algo, device="tpu-v5e")
         assert est.total_bytes_per_device > 0 and est.table()
+
+
+def test_moe_presets_count_total_and_active_parameters_and_split_experts():
+    from jaxrl_llm.train.memory import MODEL_PRESETS, expert_params
+
+    c = MODEL_PRESETS["qwen3-30b-a3b"]
+    # Qwen3-30B-A3B's model card: 30.5B parameters, 3.3B activated (ours: 3.35B, counting
+    # the embedding and the untied head).
+    assert round(c.num_params() / 1e9, 1) == 30.5
+    assert abs(c.num_params(active=True) / 1e9 - 3.3) < 0.1
+    kw = dict(batch_size=4, seq_len=512, dtype="bf16", remat="full", fsdp=2)
+    one = estimate_memory(c, "sft", **kw)
+    four = estimate_memory(c, "sft", expert=4, **kw)
+    rows = {r.component: r.bytes for r in one.rows if r.model == "policy"}
+    rows4 = {r.component: r.bytes for r in four.rows if r.model == "policy"}
+    dense = c.num_params() - expert_params(c)
+    # the expert axis splits only the experts' weights (and their gradients, moments)
+    assert rows["weights (fp32 master)"] == pytest.approx(4 * c.num_params() / 2, rel=1e-6)
+    assert rows4["weights (fp32 master)"] == pytest.approx(
+        4 * (dense + expert_params(c) / 4) / 2, rel=1e-6
+    )
+    # tokens are replicated over it: the same activations per device
+    assert rows4["activations (remat=full)"] == rows["activations (remat=full)"]
