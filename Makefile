@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test clean
+.PHONY: setup run test clean demo-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ run: $(STAMP)
 	@if [ -d $(RUN_DIR) ]; then echo "make run: replacing the previous run in $(RUN_DIR)"; rm -rf $(RUN_DIR); fi
 	$(BIN)/jaxrl-llm train configs/grpo_smollm2_addition.yaml output_dir=$(RUN_DIR)
 	$(BIN)/python tools/check_hf_export.py $(RUN_DIR)/hf
+
+# The calculator demo: SmolLM2-135M-Instruct learns to call a calculator tool for 3-digit
+# multiplication (base eval, SFT warm start, GRPO in the tools environment; tools/demo_tools.py).
+demo-tools: $(STAMP)
+	$(BIN)/python tools/demo_tools.py
 
 # Lint, format and types first (seconds), then the whole suite on two workers that steal
 # queued tests from each other (29:16 on a 2-core host; per-file scheduling took 31:50).

@@ -437,15 +437,22 @@ def test_eval_pass_at_k_from_sampled_completions(toy_data, tmp_path):
         rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=1),
         eval=dict(before=False, num_examples=8, batch_size=8, num_samples=4, pass_at=[1, 4]),
     )
+    from jaxrl_llm.objectives import pass_at_k
+
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
     try:
         ev = trainer.evaluate()
+        # the same draw again (evaluation seeds are fixed): count each prompt's correct samples
+        items = trainer.eval_data.items[:8]
+        exp = trainer.rollouts.sample(items, seed=7_777_777, num_samples=4)
     finally:
         trainer.close()
-    p1, p4 = ev["eval/pass@1"], ev["eval/pass@4"]
-    assert 0.0 <= p1 <= p4 <= 1.0
-    # pass@1 is the mean share of correct samples: a multiple of 1/(8 prompts x 4 samples)
-    assert (p1 * 32) == pytest.approx(round(p1 * 32))
+    name = cfg.rewards[0].name
+    correct = (np.nan_to_num(exp.scores[name]) == 1.0).reshape(8, 4).sum(1)
+    for k in (1, 4):
+        assert ev[f"eval/pass@{k}"] == pytest.approx(float(np.mean(pass_at_k(4, correct, k=k))))
+    assert ev["eval/pass@1"] == pytest.approx(correct.sum() / 32)
+    assert f"eval/{name}" in ev  # the greedy metric is still logged beside it
     with pytest.raises(ConfigError, match="eval.pass_at"):
         toy_config(toy_data, tmp_path, "grpo", eval=dict(num_samples=2, pass_at=[4]))
 
