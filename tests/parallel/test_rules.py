@@ -46,8 +46,8 @@ def test_specs_for_fsdp_and_tensor():
 
 def test_unmatched_logical_axis_raises():
     mesh = make_mesh()
-    with pytest.raises(ConfigError, match="'experts' has no sharding rule"):
-        logical_to_sharding({"w": ("embed", "experts")}, mesh)
+    with pytest.raises(ConfigError, match="'stages' has no sharding rule"):
+        logical_to_sharding({"w": ("embed", "stages")}, mesh)
     rules = {**DEFAULT_RULES, "embed": "pipeline"}
     with pytest.raises(ConfigError, match="mesh axis 'pipeline'"):
         logical_to_spec(("embed",), mesh, rules)
@@ -106,3 +106,10 @@ def test_fsdp_really_shards_params_and_optimizer_state():
         if x.ndim <= 2 and x.shape[-1] == cfg.hidden_size and x.shape[0] != cfg.vocab_size
     )
     assert dev0 == pytest.approx((total - norms) / 8 + norms)
+
+
+def test_expert_weights_split_over_the_expert_axis():
+    mesh = make_mesh(data=1, fsdp=2, expert=4)
+    spec = logical_to_spec(("layers", "experts", "embed", "mlp"), mesh, shape=(2, 8, 48, 40))
+    assert spec == P(None, "expert", "fsdp", "tensor")
+    assert logical_to_spec(("layers", "embed", "router"), mesh) == P(None, "fsdp", None)
