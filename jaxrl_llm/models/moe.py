@@ -130,9 +130,13 @@ def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset):
     order = jnp.zeros_like(slot).at[slot].set(jnp.arange(n * k, dtype=slot.dtype))
     group_sizes = counts[:num_local]
     x_ad = x_nd[order // k]
-    gate = jax.lax.ragged_dot(x_ad, w_gate, group_sizes)
-    up = jax.lax.ragged_dot(x_ad, w_up, group_sizes)
-    y_ad = jax.lax.ragged_dot(jax.nn.silu(gate) * up, w_down, group_sizes)
+    # bfloat16 operands multiply exactly at any precision; asking for more (a global
+    # jax_default_matmul_precision="highest") makes TPU's grouped-matmul kernel fail to compile.
+    precision = jax.lax.Precision.DEFAULT if x_nd.dtype == jnp.bfloat16 else None
+    grouped = lambda lhs, rhs: jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision)
+    gate = grouped(x_ad, w_gate)
+    up = grouped(x_ad, w_up)
+    y_ad = grouped(jax.nn.silu(gate) * up, w_down)
     # Rows past the last local group are not defined by every backend's grouped matmul.
     y_ad = jnp.where(jnp.arange(n * k)[:, None] < jnp.sum(group_sizes), y_ad, 0)
     y_nkd = y_ad[slot].reshape(n, k, -1)
