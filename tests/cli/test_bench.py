@@ -11,6 +11,7 @@ import pytest
 
 from jaxrl_llm.cli import bench
 from jaxrl_llm.cli.main import main
+from tests.conftest import FAST_COMPILE_XLA_FLAGS
 
 BLOCKS = (
     "machine",
@@ -49,8 +50,11 @@ def suite():
 
 @pytest.mark.slow
 def test_quick_suite_rewrites_every_section(tmp_path, monkeypatch):
-    # One CPU device in the benchmark processes (the test conftest forces 8 for sharding tests).
-    monkeypatch.setenv("XLA_FLAGS", "")
+    # One CPU device in the benchmark processes (the test conftest forces 8 for sharding tests),
+    # compiled fast (quick-mode numbers mean nothing); one compilation cache for the suite's
+    # processes, so programs two benchmarks share (the tiny train step) compile once.
+    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE_XLA_FLAGS)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
     out = tmp_path / "BENCHMARKS.md"
     out.write_text(
         "# Benchmarks\n\nHand-written intro.\n\n## Decode\n\n<!-- bench:decode -->\n"
