@@ -22,6 +22,7 @@ from jaxrl_llm.data.collate import (
     collate_ranks,
     collate_sequences,
     pack_sequences,
+    pad_length,
 )
 from jaxrl_llm.data.formats import (
     Format,
@@ -85,6 +86,7 @@ __all__ = [
     "load_examples",
     "make_iterator",
     "pack_sequences",
+    "pad_length",
     "parse_example",
     "parse_examples",
     "prepare_dataset",

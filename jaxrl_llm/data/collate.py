@@ -292,3 +292,65 @@ def pack_sequences(
         "segment_ids": seg,
         "positions": pos,
     }
+
+
+def pad_length(
+    batch: dict[str, Any], multiple: int, *, side: str = "right", pad_id: int = 0
+) -> dict[str, Any]:
+    """A batch whose token axis T is padded to a multiple of ``multiple`` (context
+    parallelism splits T over that many devices).
+
+    Every ``{prefix}input_ids`` ``[B, T]`` sets the T of its prefix (``""``, ``"chosen_"``,
+    ``"kl_"`` ...); each leaf of rank ≥ 2 whose second dimension is the T of its longest
+    matching prefix is padded along it: ``input_ids`` with ``pad_id``, everything else
+    (masks, per-token log-probs, advantages, positions) with 0. Padded tokens are masked
+    (attention and loss mask 0), so they enter no sum and no denominator: the loss, its
+    gradient and every metric are unchanged.
+
+    Args:
+      batch: a batch in the losses' layout (numpy or jax arrays; padded leaves come back as
+        numpy).
+      multiple: C ≥ 1; 1 returns the batch unchanged.
+      side: ``"right"`` for right-padded batches (offline), ``"left"`` for the online
+        learner batch (prompt left-padded; every target stays in the last columns, where a
+        log-prob ``window`` reads them). Left padding of packed rows (``segment_ids``) is
+        refused: a pad column would join the first segment.
+      pad_id: the token id written into padded ``input_ids``.
+    Returns:
+      A new dict (the caller's is not modified); leaves that need no padding are the same
+      objects.
+    Raises:
+      ValueError: a bad ``multiple`` / ``side``, or left padding of ``segment_ids``.
+    """
+    if multiple < 1:
+        raise ValueError(f"pad_length: multiple={multiple} must be >= 1")
+    if side not in ("left", "right"):
+        raise ValueError(f"pad_length: side={side!r}; use 'left' or 'right'")
+    lengths = {
+        k[: -len("input_ids")]: int(np.shape(v)[1])
+        for k, v in batch.items()
+        if k.endswith("input_ids") and np.ndim(v) >= 2
+    }
+    out = dict(batch)
+    if multiple == 1 or not lengths:
+        return out
+    for key, x in batch.items():
+        if np.ndim(x) < 2:
+            continue
+        prefixes = [p for p in lengths if key.startswith(p)]
+        if not prefixes:
+            continue
+        t = lengths[max(prefixes, key=len)]
+        extra = -t % multiple
+        if x.shape[1] != t or not extra:
+            continue
+        if side == "left" and key.endswith("segment_ids"):
+            raise ValueError(
+                f"pad_length: left padding of packed rows ({key!r}) is not supported; "
+                f"pad them on the right"
+            )
+        widths = [(0, 0)] * np.ndim(x)
+        widths[1] = (extra, 0) if side == "left" else (0, extra)
+        value = pad_id if key.endswith("input_ids") else 0
+        out[key] = np.pad(np.asarray(x), widths, constant_values=value)
+    return out

@@ -3,10 +3,17 @@ data, batch sharding, expert parallelism (a mixture of experts' experts split ov
 ``expert`` axis), context parallelism (ring attention over a sequence split on the ``context``
 axis), multi-host initialisation, and abstract TPU topologies to compile for from a CPU host.
 Batches are batch-major ``[B, T]``; rows are split over the ``batch`` rule's mesh axes, and
-with context parallelism the tokens of a row over the ``length`` rule's."""
+with context parallelism the tokens of a row over the ``length`` rule's (``context.py``: the
+mesh a traced forward runs under, the batch's token layout inside the train step)."""
 
 from jaxrl_llm.models.moe import EXPERT_AXIS
 from jaxrl_llm.models.ring_attention import CONTEXT_AXIS, ring_attention
+from jaxrl_llm.parallel.context import (
+    check_token_lengths,
+    constrain_batch,
+    context_size,
+    under_mesh,
+)
 from jaxrl_llm.parallel.distributed import (
     host_local_batch_to_global,
     host_local_rows,
@@ -44,6 +51,9 @@ __all__ = [
     "Topology",
     "batch_sharding",
     "batch_sharding_tree",
+    "check_token_lengths",
+    "constrain_batch",
+    "context_size",
     "host_local_batch_to_global",
     "host_local_rows",
     "initialize_distributed",
@@ -58,4 +68,5 @@ __all__ = [
     "token_sharding",
     "topology_mesh",
     "tpu_topology",
+    "under_mesh",
 ]

@@ -4,6 +4,13 @@ sharded train step over one learner batch, and the step's metrics over those upd
 A minibatch of group-RL rows is laid out as micro-batches of whole groups, informative groups
 first (:func:`skippable_layout`), so that the step can skip the forward and backward of the
 micro-batches whose advantages are all zero (``make_train_step(skip_fn=...)``; exact).
+
+On a mesh with a ``context`` axis of C > 1 devices (context parallelism), the learner batch's
+token axis is left-padded to a multiple of C (:func:`jaxrl_llm.data.pad_length`): the prompt is
+left-padded already, so every target stays in the last ``rollout.max_new_tokens`` columns that
+the log-prob window reads, and the padded columns are masked (no result changes). The update's
+forward and backward then split each row's tokens over the axis (ring attention); the rollout
+that produced the batch ran unsharded along T.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_llm.data.collate import pad_length
+from jaxrl_llm.parallel.context import context_size
 from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.step import STEP_METRICS, is_loss_share
 
@@ -100,7 +109,9 @@ class Learner:
     ) -> dict[str, float]:
         """``epochs × minibatches`` updates of ``policy.state`` on ``batch``; the step's
         metrics (means over updates; ``nonfinite`` the max; ``update/computed_frac`` the
-        share of micro-batches that ran when skipping)."""
+        share of micro-batches that ran when skipping). On a context mesh the batch's T is
+        left-padded to a multiple of the context axis first (module docstring)."""
+        batch = pad_length(batch, context_size(policy.mesh), side="left", pad_id=_pad_id(policy))
         n = len(next(iter(batch.values())))
         mb = n // self.minibatches
         rng = np.random.default_rng(self.seed * 7919 + step)
@@ -129,3 +140,9 @@ class Learner:
         if "computed_micro_batches" in out:  # the fraction of update micro-batches that ran
             out["update/computed_frac"] = out.pop("computed_micro_batches") / self.micro_batches
         return out
+
+
+def _pad_id(policy: Any) -> int:
+    """The model's padding token id (0 when it has none): what padded ``input_ids`` hold."""
+    pad = getattr(getattr(policy, "config", None), "pad_token_id", None)
+    return 0 if pad is None else int(pad)

@@ -10,6 +10,12 @@ Reference log-probs (DPO, KTO) come from the frozen reference — the base weigh
 frozen copy of the initial weights otherwise — either computed for every batch
 (``train.reference: on_the_fly``) or computed once per example and cached
 (``precompute``), as users of DPO ask for.
+
+Context parallelism (``mesh.context: C > 1``): batches are right-padded to a multiple of
+lcm(16, C) tokens (``data.max_length`` must be a multiple of C, checked before the model
+loads), and the step splits every row's tokens over the ``context`` axis, its attention going
+round the ring (:mod:`jaxrl_llm.train.step`). The reference forward runs the same ring
+attention (the policy's ``apply_fn`` carries the mesh) on batches not split beforehand.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 import time
 
 import jax
@@ -25,7 +32,7 @@ import numpy as np
 
 from jaxrl_llm import models
 from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator
-from jaxrl_llm.parallel import batch_sharding
+from jaxrl_llm.parallel import batch_sharding, context_size
 from jaxrl_llm.train.loop import Trainer
 from jaxrl_llm.train.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.preflight import check_mesh, read_splits
@@ -101,7 +108,7 @@ class OfflineTrainer(Trainer):
         algo = cfg.algo
         self.spec = algo.loss_spec()
         self.loss_config = loss_config(cfg)
-        logprobs = logprob_settings(cfg)
+        self.logprobs = logprobs = logprob_settings(cfg)
         d, t = cfg.data, cfg.train
         self.eval_every = t.eval_every
         check_mesh(cfg)  # before the model loads
@@ -125,7 +132,9 @@ class OfflineTrainer(Trainer):
         self.policy: Policy = build_policy(cfg, config=config, params=params, tokenizer=tok)
         p = self.policy
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-        self.padding = Padding(pad_id=pad_id, multiple=16, max_len=d.max_length)
+        # rows split over the context axis: T a multiple of C (data.max_length is one too)
+        multiple = math.lcm(16, context_size(p.mesh))
+        self.padding = Padding(pad_id=pad_id, multiple=multiple, max_len=d.max_length)
         pack_rows = None
         if d.packing:
             pack_rows = max(1, t.batch_size // 2)

@@ -8,6 +8,13 @@ double as the reference model (adapters off), so the weights exist once.
 A mixture of experts runs expert-parallel over the mesh's ``expert`` axis (the mesh is bound
 into ``apply_fn``), and :meth:`Policy.loss_fn` adds its load-balancing loss to the training
 loss (``model.router_aux_loss_coef``; metric ``moe/aux_loss``).
+
+With ``mesh.context: C > 1`` the mesh is bound into ``apply_fn`` too
+(:func:`jaxrl_llm.parallel.under_mesh`): every forward of the policy traced under jit (the
+loss's, a reference's, a recompute's) runs its self-attention as ring attention over the
+``context`` axis when its T is a multiple of C (Liu et al. 2023,
+https://arxiv.org/abs/2310.01889), and as one attention over the whole row otherwise. The
+samplers do not use ``apply_fn``: the rollout runs unsharded along T.
 """
 
 from __future__ import annotations
@@ -25,7 +32,14 @@ import optax
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError, ModelLoadError
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, lora_logical_axes, merge_lora
-from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, replicated
+from jaxrl_llm.parallel import (
+    DEFAULT_RULES,
+    context_size,
+    logical_to_sharding,
+    make_mesh,
+    replicated,
+    under_mesh,
+)
 from jaxrl_llm.train.run_config import RunConfig, update_micro_batches
 from jaxrl_llm.train.state import TrainState, state_sharding_from_params
 
@@ -263,7 +277,11 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
     if config is None:
         config, params, tokenizer = load_policy_model(cfg)
     mesh = make_mesh(
-        data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor, expert=cfg.mesh.expert
+        data=cfg.mesh.data,
+        fsdp=cfg.mesh.fsdp,
+        tensor=cfg.mesh.tensor,
+        expert=cfg.mesh.expert,
+        context=cfg.mesh.context,
     )
     optimizer = make_optimizer(cfg)
     axes = models.param_logical_axes(config)
@@ -274,6 +292,8 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
     apply_fn = functools.partial(models.apply, config=config, remat=cfg.model.remat)
     if config.is_moe:  # the experts run split over the mesh's expert axis
         apply_fn = functools.partial(apply_fn, mesh=mesh)
+    if context_size(mesh) > 1:  # attention round the ring over the context axis
+        apply_fn = under_mesh(apply_fn, mesh)
     rng = jax.random.PRNGKey(cfg.seed)
     lora = None
     base = None

@@ -1,4 +1,5 @@
-"""Checks run before anything compiles: the mesh against the batch, and the data splits.
+"""Checks run before anything compiles: the mesh against the batch and the sequence lengths,
+and the data splits.
 
 A bad mesh size or a data set too small for one step is a one-line
 :class:`~jaxrl_llm.errors.ConfigError` / :class:`~jaxrl_llm.errors.DataError` before a model
@@ -39,7 +40,8 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
     Returns:
       the axis sizes by name (:data:`~jaxrl_llm.parallel.MESH_AXES`).
     Raises:
-      ConfigError: the sizes do not fit the device count, or the batch rows do not split.
+      ConfigError: the sizes do not fit the device count, the batch rows do not split, or
+        the run cannot split its tokens over the ``context`` axis (:func:`check_context`).
     """
     from jaxrl_llm.parallel.mesh import MESH_AXES, mesh_shape
 
@@ -56,6 +58,7 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
                     fsdp=cfg.mesh.fsdp,
                     tensor=cfg.mesh.tensor,
                     expert=cfg.mesh.expert,
+                    context=cfg.mesh.context,
                 ),
             )
         )
@@ -72,7 +75,50 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
         check_batch_divisible(
             sizes, t.batch_size // t.micro_batches, "train.batch_size / train.micro_batches"
         )
+    check_context(cfg, sizes["context"])
     return sizes
+
+
+def check_context(cfg: RunConfig, context: int) -> None:
+    """What context parallelism (``mesh.context: C > 1``, ring attention over the token axis)
+    needs of a run; nothing for C = 1.
+
+    * ``model.attention: auto``: a forced implementation never goes round the ring, so its
+      attention would gather every row's whole T on each device.
+    * Offline: ``data.max_length`` (when set) a multiple of C: it caps the padded T (and is
+      the packed row length), which must split into C blocks. Online batches are left-padded
+      by the learner to a multiple of C, whatever their length.
+    * Online group RL: ``logprobs.shared_prompt: false``. The shared-prompt forward attends
+      the completions to a prompt computed once per group, an attention that is not
+      self-attention over one row and so not ring attention: it would run over whole rows.
+
+    LoRA, PPO, the DPO family, rollout corrections and both rollout engines work unchanged
+    (the rollout runs unsharded along T).
+
+    Raises:
+      ConfigError: one line naming the key to change.
+    """
+    if context <= 1:
+        return
+    from jaxrl_llm.train.run_config import logprob_settings
+
+    if cfg.model.attention != "auto":
+        raise ConfigError(
+            f"model.attention={cfg.model.attention} with mesh.context={context}: context "
+            f"parallelism runs attention as ring attention, which only 'auto' selects; set "
+            f"model.attention: auto"
+        )
+    d = cfg.data
+    if not cfg.is_online and d.max_length is not None and d.max_length % context:
+        raise ConfigError(
+            f"data.max_length={d.max_length} cannot be split over mesh.context={context} "
+            f"devices; use a multiple of {context}"
+        )
+    if cfg.is_online and logprob_settings(cfg).prompt_group_size > 1:
+        raise ConfigError(
+            f"logprobs.shared_prompt=true with mesh.context={context}: the shared-prompt "
+            f"forward is not ring attention over one row; set logprobs.shared_prompt: false"
+        )
 
 
 def read_splits(cfg: RunConfig, fmt, tokenizer, *, per_step: int, per_step_key: str, unit: str):

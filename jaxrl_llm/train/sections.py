@@ -132,15 +132,26 @@ class OptimSection:
 class MeshSection:
     """Mesh axis sizes; -1 = all remaining devices. ``expert`` splits a mixture of experts'
     experts over that many devices (tokens replicated over them; ``jaxrl_llm.models.moe``);
-    it must divide the model's number of experts."""
+    it must divide the model's number of experts. ``context`` splits every row's tokens over
+    that many devices (context parallelism: ring attention, Liu et al. 2023,
+    https://arxiv.org/abs/2310.01889; ``jaxrl_llm.models.ring_attention``): the train step's
+    token axis T is padded to a multiple of it (padding changes no result) and the rollout
+    runs unsharded along T; ``train.preflight.check_mesh`` says what it cannot run with."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
     expert: int = 1
+    context: int = 1
 
     def __post_init__(self):
-        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor, "expert": self.expert}
+        sizes = {
+            "data": self.data,
+            "fsdp": self.fsdp,
+            "tensor": self.tensor,
+            "expert": self.expert,
+            "context": self.context,
+        }
         for name, size in sizes.items():
             if size == 0 or size < -1:
                 raise ConfigError(
@@ -148,7 +159,9 @@ class MeshSection:
                     f"(all remaining devices)"
                 )
         if sum(size == -1 for size in sizes.values()) > 1:
-            raise ConfigError(f"mesh: only one of data/fsdp/tensor/expert may be -1, got {sizes}")
+            raise ConfigError(
+                f"mesh: only one of data/fsdp/tensor/expert/context may be -1, got {sizes}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

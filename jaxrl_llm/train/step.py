@@ -14,6 +14,14 @@ cast) arrives in float32.
 
 The batch is batch-major: every array with a leading dimension is ``[B, ...]``; scalars
 (``loss_denominator``) are shared by all micro-batches.
+
+Context parallelism (a mesh whose ``context`` axis has C > 1 devices): the step is traced
+under its mesh (:func:`jaxrl_llm.parallel.under_mesh`), so the model's self-attention runs as
+ring attention over that axis (Liu et al. 2023, https://arxiv.org/abs/2310.01889), and the
+batch's ``[B, T, ...]`` leaves are constrained to rows over data × fsdp and tokens over
+``context`` (every micro-batch too). T must be a multiple of C (the trainers pad it,
+``jaxrl_llm.data.pad_length``). The loss's (sum, count) reductions over a row's tokens are
+global reductions under jit, so the loss and gradient are the single-device ones.
 """
 
 from __future__ import annotations
@@ -29,6 +37,13 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.parallel.context import (
+    check_token_lengths,
+    constrain_batch,
+    context_size,
+    under_mesh,
+)
+from jaxrl_llm.parallel.rules import DEFAULT_RULES, batch_sharding_tree
 from jaxrl_llm.train.state import TrainState, _cast_floats
 
 LossFn = Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]]
@@ -76,6 +91,7 @@ def split_micro_batches(
     *,
     mesh: Mesh | None = None,
     batch_axes: tuple[str, ...] | None = None,
+    tokens: bool = False,
 ) -> tuple[dict, dict]:
     """Split ``[B, ...]`` arrays into ``[M, B/M, ...]`` micro-batches (strided rows).
 
@@ -88,6 +104,9 @@ def split_micro_batches(
       micro_batches: M, dividing B (and B / M divisible by the batch shards).
       mesh, batch_axes: when given, the stacked arrays are constrained to
         ``P(None, batch_axes)``.
+      tokens: with ``mesh``, constrain each micro-batch as
+        :func:`~jaxrl_llm.parallel.batch_sharding_tree` lays it out (tokens of ``[B, T, ...]``
+        leaves over the ``context`` axis) behind the leading ``M`` axis, instead.
     Returns:
       ``(stacked, scalars)``: dict of ``[M, B/M, ...]`` arrays and dict of scalars.
     Raises:
@@ -105,9 +124,10 @@ def split_micro_batches(
             )
         y = jnp.swapaxes(x.reshape((b // micro_batches, micro_batches) + x.shape[1:]), 0, 1)
         if mesh is not None:
-            y = jax.lax.with_sharding_constraint(
-                y, NamedSharding(mesh, PartitionSpec(None, batch_axes))
-            )
+            spec = PartitionSpec(batch_axes)
+            if tokens:
+                spec = batch_sharding_tree(y[0], mesh, DEFAULT_RULES).spec
+            y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, PartitionSpec(None, *spec)))
         stacked[key] = y
     return stacked, scalars
 
@@ -148,7 +168,9 @@ def make_train_step(
       mesh: the device mesh.
       state_sharding: TrainState of NamedShardings (from ``create_train_state``).
       batch_sharding: a NamedSharding applied to every batch leaf, or a tree matching the
-        batch (``parallel.batch_sharding_tree``; scalars replicated).
+        batch (``parallel.batch_sharding_tree``; scalars replicated). On a context mesh the
+        step itself moves each ``[B, T, ...]`` leaf's tokens onto the ``context`` axis, so the
+        rows-only ``parallel.batch_sharding(mesh)`` is enough here.
       micro_batches: M ≥ 1 gradient-accumulation slices; B must be divisible by M.
       denominator_fn: ``batch -> scalar`` (the loss's ``denominator_fn`` with its config bound).
       grad_clip: max global gradient norm (None = no clipping; 1.0 is the usual LLM value).
@@ -182,6 +204,7 @@ def make_train_step(
     param_sharding = state_sharding.params
     axes = _batch_axes(batch_sharding)
     rep = NamedSharding(mesh, PartitionSpec())
+    context = context_size(mesh)
 
     def grad_fn(params, mb, frozen, hparams):
         kw = {"hparams": hparams} if hparams else {}
@@ -215,13 +238,18 @@ def make_train_step(
 
     def step(state: TrainState, batch: dict, frozen: dict, hparams: dict):
         batch = dict(batch)
+        if context > 1:  # tokens over the context axis (module docstring)
+            check_token_lengths(batch, context)
+            batch = constrain_batch(batch, mesh)
         if denominator_fn is not None:
             batch["loss_denominator"] = jnp.asarray(denominator_fn(batch), jnp.float32)
         tokens, loss_tokens = count_tokens(batch)
         if micro_batches == 1:
             loss, metrics, grads, computed = maybe_grad_fn(state.params, batch, frozen, hparams)
         else:
-            stacked, scalars = split_micro_batches(batch, micro_batches, mesh=mesh, batch_axes=axes)
+            stacked, scalars = split_micro_batches(
+                batch, micro_batches, mesh=mesh, batch_axes=axes, tokens=context > 1
+            )
             zeros = jax.tree.map(jnp.zeros_like, state.params)
             zeros = jax.lax.with_sharding_constraint(zeros, param_sharding)
 
@@ -285,7 +313,7 @@ def make_train_step(
         return new_state, out
 
     jitted = jax.jit(
-        step,
+        under_mesh(step, mesh) if context > 1 else step,
         in_shardings=(state_sharding, batch_sharding, frozen_sharding or {}, rep),
         out_shardings=(state_sharding, rep),
         donate_argnums=(0,) if donate else (),
