@@ -208,14 +208,14 @@ def main(argv=None) -> int:
         ]
         metrics["attention_times"] = [[t, n, b] for t, n, b in att]
 
-    common.write_report(
+    return common.report(
         args.out,
+        __file__,
+        argv,
         title="Attention memory: naive vs blockwise (flash) attention",
-        command=common.command_line(__file__, argv),
         body=body,
         metrics=metrics,
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -337,14 +337,14 @@ def main(argv=None) -> int:
         f"Prefix sharing gain: prefill {metrics['prefix_prefill_speedup']:.1f}×, prefill + "
         f"{pm} tokens {metrics['prefix_e2e_speedup']:.1f}×.",
     ]
-    common.write_report(
+    return common.report(
         args.out,
+        __file__,
+        argv,
         title="Decode throughput (jaxrl_llm.sampling)",
-        command=common.command_line(__file__, argv),
         body=body,
         metrics=metrics,
     )
-    return 0
 
 
 if __name__ == "__main__":

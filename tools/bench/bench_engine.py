@@ -257,14 +257,14 @@ def main(argv=None) -> int:
             align="llrrrr",
         ),
     ]
-    common.write_report(
+    return common.report(
         args.out,
+        __file__,
+        argv,
         title="Rollout engines: static vs paged continuous batching vs transformers",
-        command=common.command_line(__file__, argv),
         body=body,
         metrics=metrics,
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -165,14 +165,14 @@ def main(argv=None) -> int:
         *common.markdown_table(["phase", "seconds", "share", "what"], rows, align="lrrl"),
     ]
     metrics = dict(med, first_step_s=first_step_s, rows=n, kl_coef=args.kl_coef)
-    common.write_report(
+    return common.report(
         args.out,
+        __file__,
+        argv,
         title="GRPO step time split (jaxrl_llm.train.online)",
-        command=common.command_line(__file__, argv),
         body=body,
         metrics=metrics,
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -141,14 +141,14 @@ def main(argv=None) -> int:
             f"remat={remat}: chunking saves {(full - chunked) / scale:.2f} {unit} "
             f"({100 * (1 - chunked / full):.0f}% of the step's peak)."
         )
-    common.write_report(
+    return common.report(
         args.out,
+        __file__,
+        argv,
         title="Peak memory of a policy-gradient train step: full logits vs chunked log-probs",
-        command=common.command_line(__file__, argv),
         body=body,
         metrics=metrics,
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -188,14 +188,14 @@ def main(argv=None) -> int:
         metrics[f"{name}_tokens_per_s"] = ys
         metrics[f"{name}_best_x"] = xs[best]
         metrics[f"{name}_best_tokens_per_s"] = ys[best]
-    common.write_report(
+    return common.report(
         args.out,
+        __file__,
+        argv,
         title="Sampler scaling: tokens/s vs batch, sequence length, G",
-        command=common.command_line(__file__, argv),
         body=body,
         metrics=metrics,
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -193,14 +193,14 @@ def main(argv=None) -> int:
             "",
             "torch eager not run: torch/transformers are not installed (`pip install -e .[dev]`).",
         ]
-    common.write_report(
+    return common.report(
         args.out,
+        __file__,
+        argv,
         title=f"Train step: token-level PG loss, AdamW, float32 — {name}",
-        command=common.command_line(__file__, argv),
         body=body,
         metrics=metrics,
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -330,6 +330,14 @@ def write_report(
     return text
 
 
+def report(out: str | None, script: str, argv: list[str] | None, **section: Any) -> int:
+    """:func:`write_report` with the command line of ``script`` run with ``argv``; returns 0,
+    a benchmark's exit status (``return common.report(args.out, __file__, argv, title=...,
+    body=..., metrics=...)``)."""
+    write_report(out, command=command_line(script, argv), **section)
+    return 0
+
+
 def json_path(md_path: str) -> str:
     """The ``.json`` sibling of a report's ``.md`` path."""
     base, _ = os.path.splitext(md_path)

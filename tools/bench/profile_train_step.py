@@ -293,14 +293,14 @@ def main(argv=None) -> int:
         metrics.update(
             trace_total_s=tot, trace={f"{ph}/{k}": v for (ph, k), v in trace["table"].items()}
         )
-    common.write_report(
+    return common.report(
         args.out,
+        __file__,
+        argv,
         title=f"Train-step profile — {args.model}",
-        command=common.command_line(__file__, argv),
         body=body,
         metrics=metrics,
     )
-    return 0
 
 
 if __name__ == "__main__":
