@@ -52,7 +52,8 @@ def _single_device_update(policy, spec, loss_config, logprobs, batch, params0):
     loss_fn = _plain(policy).loss_fn(spec.loss_fn, loss_config=loss_config, logprobs=logprobs)
     full = {**batch, "loss_denominator": spec.denominator_fn(batch, config=loss_config)}
     local = jax.tree.map(np.asarray, params0)
-    (loss, _), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(local, full)
+    frozen = jax.tree.map(np.asarray, jax.device_get(policy.frozen()))  # LoRA: the base
+    (loss, _), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(local, full, **frozen)
     return float(loss), jax.tree.map(lambda p, g: p - LR * np.asarray(g), local, grads)
 
 
@@ -76,19 +77,22 @@ def _goes_round_the_ring(step_fn, state, batch, frozen):
     return "collective_permute" in text
 
 
+TINY = dict(source="tiny", tokenizer="char")
 OFFLINE = [
-    ("sft", "arith_sft", dict(data=2, context=4)),
-    ("sft", "arith_sft", dict(fsdp=2, context=4)),
-    ("dpo", "arith_prefs", dict(data=2, context=4)),
+    ("sft", "arith_sft", dict(data=2, context=4), TINY),
+    ("sft", "arith_sft", dict(fsdp=2, context=4), TINY),
+    ("dpo", "arith_prefs", dict(data=2, context=4), {**TINY, "lora": dict(rank=4)}),
 ]
 
 
-@pytest.mark.parametrize("algorithm,data,mesh", OFFLINE)
-def test_offline_step_matches_single_device(tmp_path, algorithm, data, mesh):
+@pytest.mark.parametrize("algorithm,data,mesh,model", OFFLINE)
+def test_offline_step_matches_single_device(tmp_path, algorithm, data, mesh, model):
+    """SFT (also rows over fsdp), and DPO with LoRA adapters (the reference: the base)."""
     cfg = _cfg(
         tmp_path,
         algorithm,
         mesh,
+        model=model,
         data=dict(train=f"{ROOT}/data/{data}/train.jsonl", max_length=96, shuffle=False),
         train=dict(batch_size=4, reference="on_the_fly"),
     )
@@ -111,7 +115,8 @@ def test_offline_step_matches_single_device(tmp_path, algorithm, data, mesh):
                 config=trainer.loss_config,
                 logprobs=trainer.logprobs,
             )
-            tight.update(jax.device_get(jax.jit(ref_fn)(params0, tight)))
+            ref_params = jax.tree.map(np.asarray, jax.device_get(p.reference_params()))
+            tight.update(jax.device_get(jax.jit(ref_fn)(ref_params, tight)))
         loss0, expected = _single_device_update(
             p, trainer.spec, trainer.loss_config, trainer.logprobs, tight, params0
         )
