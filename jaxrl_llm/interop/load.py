@@ -307,8 +307,8 @@ def from_hf_model(
     param_dtype: str = "float32",
     compute_dtype: str | None = None,
 ) -> LoadedModel:
-    """Convert an in-memory transformers ``PreTrainedModel`` (Llama/Mistral/Qwen2/Qwen3,
-    causal LM or sequence classifier with one label).
+    """Convert an in-memory transformers ``PreTrainedModel`` (Llama / Mistral / Qwen2 / Qwen3 /
+    Gemma / Qwen3-MoE / Mixtral, causal LM or sequence classifier with one label).
 
     Args:
       model: the transformers model (its ``config`` and ``state_dict()`` are read).
@@ -425,7 +425,7 @@ def cached_gguf_dir(path: str | os.PathLike) -> Path:
 def load_model(
     src: Any, *, param_dtype: str = "float32", compute_dtype: str | None = None
 ) -> LoadedModel:
-    """Load a Llama/Mistral/Qwen2/Qwen3 model into our params tree.
+    """Load a Llama/Mistral/Qwen2/Qwen3/Gemma/Qwen3-MoE/Mixtral model into our params tree.
 
     Args:
       src: one of

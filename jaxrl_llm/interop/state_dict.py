@@ -193,7 +193,8 @@ def _to_numpy(x: Any) -> np.ndarray:
 def params_from_hf_state_dict(
     state_dict: Mapping[str, Any], config: ModelConfig, *, source: str = "state dict"
 ) -> dict[str, Any]:
-    """Convert a transformers Llama/Mistral/Qwen2/Qwen3 state dict into our params tree.
+    """Convert a transformers Llama/Mistral/Qwen2/Qwen3/Gemma/Qwen3-MoE/Mixtral state dict into
+    our params tree.
 
     Handles ``*ForCausalLM`` (``lm_head.weight``, ignored when ``config.tie_embeddings``)
     and ``*ForSequenceClassification`` (``score.weight`` -> ``params["score_head"]``)

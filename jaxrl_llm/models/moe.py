@@ -12,20 +12,24 @@ Qwen3, Yang et al. 2025, https://arxiv.org/abs/2505.09388.
 
 Dispatch (``config.moe_dispatch``, :class:`~jaxrl_llm.models.config.MoeDispatch`):
 
-* ``SORTED`` (default): the N·k (token, expert) assignments are sorted by expert, the token
-  rows gathered into that order (``[N·k, D]``) and each expert's contiguous rows multiplied by
-  its weights with one grouped matmul, ``jax.lax.ragged_dot`` (a native grouped GEMM on TPU /
-  GPU). FLOPs are exactly the active ones, 6·N·k·D·F_e per block; extra memory is the
-  ``[N·k, D]`` gathered copy and the ``[N·k, F_e]`` hidden activations (what a dense MLP of
-  width k·F_e would hold). On CPU XLA has no grouped GEMM and JAX lowers ``ragged_dot`` to a
-  masked dense product over the groups (X× the FLOPs), which is fine for tests only.
+* ``SORTED`` (default): the N·k (token, expert) assignments are put in expert order by a
+  stable counting sort (a ``[N·k, X + 1]`` int32 one-hot and its cumulative sum, no
+  comparison sort), the token rows gathered into that order (``[N·k, D]``) and each expert's
+  contiguous rows multiplied by its weights with one grouped matmul, ``jax.lax.ragged_dot``
+  (a native grouped GEMM on TPU / GPU). FLOPs are exactly the active ones, 6·N·k·D·F_e per
+  block; extra memory is the ``[N·k, D]`` gathered copy and the ``[N·k, F_e]`` hidden
+  activations (what a dense MLP of width k·F_e would hold). On CPU XLA has no grouped GEMM
+  and JAX lowers ``ragged_dot`` to a masked dense product over the groups (X× the FLOPs),
+  which is fine for tests only.
 * ``DENSE``: every expert runs on every token (``einsum`` over ``[N, X, F_e]``) and a
   capacity-free one-hot combine weights the outputs: X/k × the FLOPs and an ``[N, X, F_e]``
   activation. Simple and shape-static; for tiny models and as a cross-check of ``SORTED``.
 
 Expert parallelism. The logical axis ``experts`` of the expert weights maps to the mesh axis
-:data:`EXPERT_AXIS` (``jaxrl_llm.parallel.rules``). Under a mesh (``jax.set_mesh``) that has
-that axis, the block runs in a ``shard_map`` over the whole mesh: each device routes the tokens
+:data:`EXPERT_AXIS` (``jaxrl_llm.parallel.rules``). Given a mesh with that axis (the ``mesh``
+argument, which the trainer's ``Policy`` binds into the model, or the ambient
+``jax.set_mesh`` one), the block runs in a ``shard_map`` over the whole mesh: each device
+routes the tokens
 it holds (rows split over :data:`TOKEN_AXES` as the batch rule splits them, a row's tokens over
 the ``context`` axis), runs only its X / E local experts on the assignments that reach them,
 and a ``psum`` over the expert axis (and the tensor axis, which splits each expert's F_e) adds
@@ -37,7 +41,10 @@ rows), costs one all-reduce of ``[N_local, D]`` per layer instead of two all-to-
 ``[N_local·k, D]``, and splits the experts' weights, gradients and optimizer state E ways. To
 scale the tokens, grow ``data`` / ``fsdp``. The weights enter the ``shard_map`` split only over
 the expert (and tensor) axes, so an ``fsdp``-sharded expert kernel is gathered over ``fsdp``
-on use, as FSDP does for every other weight.
+on use, as FSDP does for every other weight. Each device's sorted buffers keep all
+N_local·k rows (the other experts' assignments sort past its groups and stay zero), so the
+grouped matmul's work is the local share but its buffers are not. Without such a mesh (the
+samplers) the block is one program that GSPMD partitions.
 
 Load balancing (Switch Transformer, Fedus et al. 2021, https://arxiv.org/abs/2101.03961
 eqs. 4–6, as transformers' ``load_balancing_loss_func`` computes it for both families):
@@ -52,6 +59,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -94,6 +102,7 @@ def route(config: ModelConfig, x_nd: jax.Array, router_dx: jax.Array):
     ``p = softmax(x W_r)`` (logits in x's dtype, softmax in float32); the k largest; with
     ``config.norm_topk_prob`` the k weights are divided by their sum.
     """
+    chex.assert_rank([x_nd, router_dx], 2)
     logits = jnp.einsum("nd,dx->nx", x_nd, router_dx.astype(x_nd.dtype))
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
@@ -211,6 +220,7 @@ def sparse_moe(
     Raises:
       ValueError: under an expert mesh whose expert axis does not divide X.
     """
+    chex.assert_rank(x_btd, 3)
     b, t, d = x_btd.shape
     if token_w_bt is None:
         token_w_bt = jnp.ones((b, t), jnp.float32)
