@@ -149,3 +149,19 @@ def test_tools_env_episode_shape():
 def test_unknown_tool_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown tool"):
         ToolEnv(tools=["browser"])
+
+
+def test_python_tool_runs_in_the_sandbox_and_reports_failures_as_messages():
+    from jaxrl_llm.rewards import namespaces_available, user_namespaces_available
+
+    env = ToolEnv(tools=["python"])
+    ok_call = json.dumps({"name": "python", "arguments": {"code": "print(6 * 7)"}})
+    bad_call = json.dumps({"name": "python", "arguments": {"code": "raise SystemExit(3)"}})
+    step = env.step(f"<tool_call>{ok_call}</tool_call>")
+    if not (namespaces_available() or user_namespaces_available()):
+        # no isolation boundary on this host: the sandbox refuses, as a tool error message
+        assert step.messages[0]["content"].startswith("error:") and step.info["tool_errors"] == 1
+        return
+    assert step.messages == [{"role": "tool", "content": "42"}] and step.info["tool_errors"] == 0
+    failed = env.step(f"<tool_call>{bad_call}</tool_call>")
+    assert failed.messages[0]["content"].startswith("error:") and failed.info["tool_errors"] == 1
