@@ -163,3 +163,35 @@ def test_train_step_with_aux_loss_matches_single_device(mesh_kw):
     )
     moved = new["layers"]["experts_gate"]["kernel"] - params0["layers"]["experts_gate"]["kernel"]
     assert np.abs(moved).max() > 0  # the experts were trained
+
+
+def test_aux_weight_is_the_coefficient_over_the_micro_batches_a_step_sums():
+    from jaxrl_llm.models import ModelConfig
+    from jaxrl_llm.parallel import make_mesh as mesh_of
+    from jaxrl_llm.train.policy import router_aux_weight
+    from jaxrl_llm.train.run_config import update_micro_batches
+
+    mesh = mesh_of(data=2, expert=4)
+    offline = dataclasses.replace(
+        _run_config(dict(data=2, expert=4), None),
+        train=dataclasses.replace(_run_config({}, None).train, batch_size=4, micro_batches=2),
+    )
+    assert router_aux_weight(offline, CFG, mesh) == pytest.approx(CFG.router_aux_loss_coef / 2)
+    assert router_aux_weight(offline, ModelConfig.tiny("qwen3"), mesh) == 0.0  # dense
+    online = from_dict(
+        RunConfig,
+        dict(
+            output_dir="unused",
+            max_steps=1,
+            algorithm="grpo",
+            data=dict(train="unused.jsonl"),
+            model=dict(source="tiny", tokenizer="char", router_aux_loss_coef=0.3),
+            loss=dict(kl_coef=0.0),
+            mesh=dict(data=2, expert=4),
+            rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=8),
+            rewards=[dict(name="math_answer")],
+        ),
+    )
+    micro = update_micro_batches(online, shards=2)
+    assert micro > 1  # zero-advantage groups are skippable: the update is split
+    assert router_aux_weight(online, CFG, mesh) == pytest.approx(0.3 / micro)
