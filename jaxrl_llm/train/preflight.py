@@ -92,8 +92,11 @@ def check_context(cfg: RunConfig, context: int) -> None:
       the completions to a prompt computed once per group, an attention that is not
       self-attention over one row and so not ring attention: it would run over whole rows.
 
-    LoRA, PPO, the DPO family, rollout corrections and both rollout engines work unchanged
-    (the rollout runs unsharded along T).
+    Tested under C > 1 (tests/parallel/test_context_train.py): SFT, DPO with LoRA, the GRPO
+    learner update with skipped micro-batches; a GRPO run end to end on either rollout
+    engine (the rollout runs unsharded along T). Not tested there, and not refused: PPO's
+    critic, ``rollout.correction``, a mixture of experts (its block splits tokens over
+    ``context`` too), ``mesh.tensor`` > 1.
 
     Raises:
       ConfigError: one line naming the key to change.
