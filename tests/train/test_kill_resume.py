@@ -9,7 +9,8 @@ Bit-exact equality holds on CPU because every random choice of the loop is a fun
 (seed, step) or lives in the checkpoint (train-state rng, data position), the restored arrays
 are the saved float32 bytes, and XLA:CPU runs the same compiled program in every process (the
 processes share a persistent compilation cache, so they start in seconds; a cached executable
-is the one a fresh compile would produce).
+is the one a fresh compile would produce). They compile with LLVM's optimisations off
+(``FAST_COMPILE_XLA_FLAGS``): every process of a comparison runs with the same flags.
 
 The phase kills use the ``JAXRL_LLM_FAULT=PHASE:STEP`` hook of ``jaxrl_llm.train.faults``.
 """
@@ -33,6 +34,7 @@ import yaml
 from jaxrl_llm.data import CharTokenizer, Format, make_iterator, prepare_dataset
 from jaxrl_llm.train.checkpoint import restore_model
 from jaxrl_llm.train.logging import read_metrics
+from tests.conftest import FAST_COMPILE_XLA_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_STEPS = 12
@@ -79,7 +81,7 @@ def _env(cache_dir: str, fault: str | None = None) -> dict:
     env.pop("JAXRL_LLM_FAULT", None)
     env.update(
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE_XLA_FLAGS}",
         JAX_COMPILATION_CACHE_DIR=cache_dir,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
@@ -170,9 +172,9 @@ def _expected_prompt_crcs(train_path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
+def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, jax_cache_dir):
     config = _write_run_files(tmp_path)
-    cache = str(tmp_path / "jax_cache")
+    cache = jax_cache_dir
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
     _run_to_end(config, straight, _env(cache))
 

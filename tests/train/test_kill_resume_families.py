@@ -98,9 +98,9 @@ SCHEDULES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(SCHEDULES))
-def test_killed_and_resumed_run_equals_uninterrupted_run(algorithm, tmp_path):
+def test_killed_and_resumed_run_equals_uninterrupted_run(algorithm, tmp_path, jax_cache_dir):
     config = _config(tmp_path, algorithm)
-    cache = str(tmp_path / "jax_cache")
+    cache = jax_cache_dir
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
     _run_to_end(config, straight, _env(cache))
     for phase, step in SCHEDULES[algorithm]:
@@ -128,7 +128,9 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(algorithm, tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_asynchronous_run_keeps_its_data_and_staleness_bound(tmp_path):
+def test_killed_and_resumed_asynchronous_run_keeps_its_data_and_staleness_bound(
+    tmp_path, jax_cache_dir
+):
     """GRPO with ``rollout.max_staleness: 1`` (rollouts sampled one step ahead in a thread),
     killed during an update and at a random moment, resumed to the end. What "exact" means
     here (train/producer.py): the checkpoint holds the data position after the last batch the
@@ -141,7 +143,7 @@ def test_killed_and_resumed_asynchronous_run_keeps_its_data_and_staleness_bound(
     cfg["rollout"]["max_staleness"] = 1
     with open(config, "w") as f:
         yaml.safe_dump(cfg, f)
-    cache = str(tmp_path / "jax_cache")
+    cache = jax_cache_dir
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
     _run_to_end(config, straight, _env(cache))
     for phase, step in [("update", 3), ("random", 4)]:
