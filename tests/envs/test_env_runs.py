@@ -186,3 +186,24 @@ def test_env_config_errors(chat_data, tmp_path):
         _config(chat_data, tmp_path, env=dict(name="single_turn", max_turn_tokens=99))
     with pytest.raises(ConfigError, match="env.max_turns must be >= 1"):
         _config(chat_data, tmp_path, env=dict(name="single_turn", max_turns=0))
+
+
+def test_multi_turn_run_with_asynchronous_rollouts(chat_data, tmp_path):
+    """Environments with the background producer (rollout.max_staleness: 1): episodes of the
+    next step are played while the learner updates; the bound holds."""
+    cfg = _config(
+        chat_data,
+        tmp_path / "async",
+        stop=True,
+        max_steps=3,
+        env=dict(
+            name="tests.envs.scripted:Scripted",
+            kwargs=dict(replies=["ok"], sleep=0.05),
+            max_turns=3,
+        ),
+        rollout=dict(max_new_tokens=48, max_staleness=1),
+    )
+    train_online(cfg)
+    rows = [r for r in read_metrics(tmp_path / "async") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 and r["env/turns_mean"] > 1 for r in rows)
