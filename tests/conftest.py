@@ -23,7 +23,7 @@ FAST_COMPILE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 @pytest.fixture(scope="session")
 def jax_cache_dir(tmp_path_factory) -> str:
     """A persistent compilation cache shared by the child processes of one test session (one
-    per xdist worker): runs of the same tiny model (the kill/resume harness's trainer families
-    sample with the same shapes) compile each program once. Pass it as
+    per xdist worker): a program compiled by one child (the kill/resume harness's runs of the
+    same tiny model) is read back by the next one that needs it. Pass it as
     ``JAX_COMPILATION_CACHE_DIR``."""
     return str(tmp_path_factory.mktemp("jax_cache"))
