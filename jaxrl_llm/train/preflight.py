@@ -90,7 +90,10 @@ def check_context(cfg: RunConfig, context: int) -> None:
       by the learner to a multiple of C, whatever their length.
     * Online group RL: ``logprobs.shared_prompt: false``. The shared-prompt forward attends
       the completions to a prompt computed once per group, an attention that is not
-      self-attention over one row and so not ring attention: it would run over whole rows.
+      self-attention over one row and so not ring attention: XLA's partitioner runs it over
+      whole rows. Its numbers are right (one GRPO update on data=2 × context=4 gave the
+      single-device loss exactly and parameters within 4e-9), but the memory that context
+      parallelism is for is not saved, so it is refused rather than run silently so.
 
     Tested under C > 1 (tests/parallel/test_context_train.py): SFT, DPO with LoRA, the GRPO
     learner update with skipped micro-batches; a GRPO run end to end on either rollout
