@@ -96,10 +96,11 @@ def check_context(cfg: RunConfig, context: int) -> None:
       parallelism is for is not saved, so it is refused rather than run silently so.
 
     Tested under C > 1 (tests/parallel/test_context_train.py): SFT, DPO with LoRA, the GRPO
-    learner update with skipped micro-batches; a GRPO run end to end on either rollout
-    engine (the rollout runs unsharded along T). Not tested there, and not refused: PPO's
-    critic, ``rollout.correction``, a mixture of experts (its block splits tokens over
-    ``context`` too), ``mesh.tensor`` > 1.
+    learner update with skipped micro-batches. Run by hand (2 steps, tiny model): GRPO end to
+    end on either rollout engine (the rollout runs unsharded along T), and PPO with its critic
+    (metrics within 3e-5 of a ``context=1`` run). Not tried, and not refused:
+    ``rollout.correction``, a mixture of experts (its block splits tokens over ``context``
+    too), ``mesh.tensor`` > 1.
 
     Raises:
       ConfigError: one line naming the key to change.
