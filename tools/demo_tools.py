@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     if os.path.isdir(out):
         print(f"demo-tools: replacing the previous run in {a.out}")
         shutil.rmtree(out)
-    cli = [sys.executable, "-m", "jaxrl_llm.cli.main", "train"]
+    cli = [os.path.join(os.path.dirname(sys.executable), "jaxrl-llm"), "train"]
     t0 = time.perf_counter()
     times = {}
     times["base"] = _run(
