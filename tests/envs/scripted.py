@@ -7,6 +7,10 @@ import time
 
 from jaxrl_llm.envs import Step
 
+# Char-tokenizer ids of letters and digits: as stop tokens they end the random tiny model's
+# turns after a few tokens, so its episodes take several turns.
+STOP = tuple(3 + b for b in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+
 
 class Scripted:
     """Replies ``replies[t]`` (a user message) to turn t with reward ``0.25 * (t + 1)``; done

@@ -17,6 +17,7 @@ import yaml
 
 from jaxrl_llm.train.checkpoint import restore_model
 from jaxrl_llm.train.logging import read_metrics
+from tests.envs.scripted import STOP
 from tests.train.test_kill_resume import (
     TIMING_KEYS,
     _env,
@@ -26,7 +27,6 @@ from tests.train.test_kill_resume import (
 )
 
 MAX_STEPS = 4
-STOP = [3 + b for b in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"]
 
 
 def _config(d) -> str:

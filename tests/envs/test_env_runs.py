@@ -24,8 +24,7 @@ from jaxrl_llm.train.logging import read_metrics
 from jaxrl_llm.train.online import OnlineTrainer, train_online
 from jaxrl_llm.train.run_config import RunConfig
 from jaxrl_llm.train.sections import EnvSection, RolloutSection
-
-STOP = [3 + b for b in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"]
+from tests.envs.scripted import STOP
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,10 @@ from jaxrl_llm.data.tokenize import CharTokenizer
 from jaxrl_llm.envs import ChatCodec, EnvError, Episode, run_episodes
 from jaxrl_llm.models import ModelConfig, apply, init_params
 from jaxrl_llm.sampling import SamplingConfig, stop_token_ids
-from tests.envs.scripted import AlwaysFails, ReturnsDict, Scripted
+from tests.envs.scripted import STOP, AlwaysFails, ReturnsDict, Scripted
 
 TOK = CharTokenizer()
 # letters and digits end a policy turn, so the random tiny model ends turns after a few tokens
-STOP = tuple(3 + b for b in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 SAMPLING = SamplingConfig(temperature=1.0, stop_token_ids=STOP)
 
 
