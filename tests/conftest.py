@@ -3,21 +3,41 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# XLA flags for checks that are about behaviour, not speed: LLVM's optimisation passes off, so
+# XLA:CPU compiles a tiny model's train step ~40% faster (compiling is most of the suite's time:
+# tests/train/test_online.py takes 4:17 with them, 5:43 without, on 2 cores). Float results may
+# differ from the default flags' in the last bits (a tiny model's logits by ~2e-7); every process
+# of the suite (this one and the ``jaxrl-llm`` children the tests start) runs with them, so runs
+# compared bit for bit are compiled alike. Set XLA_FLAGS yourself to test other flags.
+FAST_COMPILE_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
 _flags = os.environ.get("XLA_FLAGS", "")
+if "xla_backend_optimization_level" not in _flags:
+    _flags = (_flags + " " + FAST_COMPILE_XLA_FLAGS).strip()
 if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+    _flags = (_flags + " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = _flags
+
+import gc  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-# XLA flags for the tests' child processes (``jaxrl-llm train`` runs, the benchmark suite) whose
-# checks are about behaviour, not speed: LLVM's optimisation passes off, so XLA:CPU compiles a
-# tiny model's train step ~40% faster (compiling is most of those tests' time). Float results
-# may differ from the default flags' in the last bits (a tiny model's logits by ~2e-7), so use
-# them only where a test compares runs made with the same flags or checks with a tolerance.
-FAST_COMPILE_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """Drop every compiled program after each test module. XLA:CPU maps each executable's
+    code into its own memory regions (~3.6 per program) until the program is freed; a suite
+    worker that kept every program it compiled reached ~30,000 regions after 24 minutes, and
+    at Linux's default ``vm.max_map_count`` (65,530) LLVM's next mapping fails ("LLVM
+    compilation error: Cannot allocate memory") and the worker dies (a SIGSEGV or SIGABRT in
+    ``backend_compile``), which is how the suite's rare worker crashes came about."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

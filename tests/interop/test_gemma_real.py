@@ -94,7 +94,9 @@ def test_config_is_gemma3_270m(real):
     assert len(ids) == 638 > loaded.config.sliding_window
 
 
-@pytest.mark.parametrize("attention,atol", [("naive", 1e-3), ("auto", 2e-3)])
+# Logits reach |z| > 50 here: 2e-3 is 4e-5 of that. The naive path's error is 1.6e-3 under the
+# suite's compile flags (tests/conftest.py: LLVM's optimisations off), ~1e-3 without them.
+@pytest.mark.parametrize("attention,atol", [("naive", 2e-3), ("auto", 2e-3)])
 def test_logits_match_transformers_past_the_sliding_window(real, attention, atol):
     loaded, _, ids, ref, _ = real
     got = _ours(loaded, ids, attention)

@@ -11,6 +11,7 @@ import pytest
 
 from jaxrl_llm.parallel import batch_sharding, make_mesh
 from jaxrl_llm.train import create_train_state, make_train_step
+from tests.conftest import FAST_COMPILE_XLA_FLAGS
 from tests.train.common import axes, init_fn, nll_denominator, nll_loss, ragged_batch, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +31,8 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
         **os.environ,
         "JAX_PLATFORMS": "cpu",
         "PYTHONPATH": ROOT,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        # the suite's compile flags (tests/conftest.py): the comparison below is bit-close
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {FAST_COMPILE_XLA_FLAGS}",
     }
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
