@@ -19,6 +19,14 @@ the first N pages of each table, N the bucketed largest page count among live ro
 A row submitted with ``keep=True`` keeps its pages after a turn; :meth:`PagedEngine.extend`
 appends tokens (an environment's reply) through the paged cache, without prefilling the
 conversation again, and decoding resumes; appended tokens have mask 0 and log-prob 0.
+
+Weights can change between chunks (:meth:`PagedEngine.swap`): the partial rollouts of the
+asynchronous trainers (AReaL's interruptible generation, Fu et al. 2025,
+https://arxiv.org/abs/2505.24298; PipelineRL's in-flight weight updates, Piché et al. 2025,
+https://arxiv.org/abs/2509.19128). Rows in flight keep their KV cache (computed by the old
+weights, as in PipelineRL) and continue with the new weights; every sampled token records the
+version of the weights whose logits it was drawn from (``Row.versions``; -1 for appended
+tokens), and its behaviour log-prob is that of those logits.
 """
 
 from __future__ import annotations
@@ -73,6 +81,7 @@ class Row:
     cache_len: int = 0
     finished: bool = False
     done: bool = False
+    versions: list[int] = dataclasses.field(default_factory=list)  # per token; -1 = appended
 
 
 class PagedEngine:
@@ -87,6 +96,7 @@ class PagedEngine:
       num_pages: pool size (default: enough for S rows of ``max_len`` + the null page).
       chunk_steps: decode steps per jitted chunk between host refills.
       dtype: None, 'float32' or 'bfloat16'.
+      version: the weights' version (recorded per sampled token; :meth:`swap` changes it).
     """
 
     def __init__(
@@ -103,8 +113,11 @@ class PagedEngine:
         num_pages: int | None = None,
         chunk_steps: int = 16,
         dtype: str | None = None,
+        version: int = 0,
     ):
+        self._model_config, self._dtype = config, dtype
         self.params, self.config = cast_for_rollout(params, config, dtype)
+        self.version = int(version)
         self.sampling, self.seed = sampling, int(seed)
         self.num_slots, self.gen_len, self.chunk_steps = int(num_slots), int(gen_len), chunk_steps
         self.width = pages_for(max_len, page_size)
@@ -133,9 +146,12 @@ class PagedEngine:
         )
         self.rows: list[Row] = []
         self._waiting: collections.deque[list[int]] = collections.deque()  # groups of rows
-        self._resume: collections.deque[tuple[int, jax.Array]] = collections.deque()
+        # rows to continue: (row, the logits their next token is drawn from, their version)
+        self._resume: collections.deque[tuple[int, jax.Array, int]] = collections.deque()
         self._slot_row: list[int | None] = [None] * s
         self._gen: dict[int, int] = {}  # live row -> tokens generated in its turn so far
+        self._logit_version = [0] * s  # per slot: the version of the logits it samples next
+        self._turn_versions: dict[int, list[int]] = {}  # live row -> its turn's token versions
         # chunks, prefills, refills; live_rows and pages_held summed over chunks
         self.stats: collections.Counter = collections.Counter()
 
@@ -213,8 +229,17 @@ class PagedEngine:
             len(row.tokens),
         )
         row.done = row.finished = False
-        self._resume.append((row_id, logits))
+        row.versions += [-1] * len(tokens)
+        self._resume.append((row_id, logits, self.version))
         return logits[0]
+
+    def swap(self, params, version: int) -> None:
+        """Decode with new weights from the next chunk on (same shapes: nothing recompiles).
+        Rows in flight keep their KV cache and continue (a partial rollout); tokens drawn from
+        here on record ``version``."""
+        self.params, _ = cast_for_rollout(params, self._model_config, self._dtype)
+        self.version = int(version)
+        self.stats["swaps"] += 1
 
     def release(self, row_id: int) -> None:
         """Free a kept row's pages."""
@@ -275,8 +300,8 @@ class PagedEngine:
     def _fill_slots(self) -> None:
         free = [i for i, r in enumerate(self._slot_row) if r is None]
         while self._resume and free:  # continued rows first: they already hold their pages
-            r, logits = self._resume.popleft()
-            self._start([(free.pop(0), r, 0)], logits)
+            r, logits, version = self._resume.popleft()
+            self._start([(free.pop(0), r, 0)], logits, version)
         z = self.book.page_size
         reserved = sum(self._reserve(r) for r in self._slot_row if r is not None)
         admitted: list[tuple[int, int, int]] = []  # (slot, row, index into the logits source)
@@ -321,9 +346,9 @@ class PagedEngine:
             pairs[: len(cow)] = cow
         cache = cow_copy(cache, jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1]))
         self.state = self.state._replace(cache=cache)
-        self._start(admitted, logits)
+        self._start(admitted, logits, self.version)
 
-    def _start(self, admitted, src_logits) -> None:
+    def _start(self, admitted, src_logits, version: int) -> None:
         s = self.num_slots
         slots = np.full((s,), s, np.int32)
         src, off, clen, budget = (np.zeros((s,), np.int32) for _ in range(4))
@@ -335,6 +360,8 @@ class PagedEngine:
             ids[i] = row.prompt_id, row.sample_id
             self._slot_row[slot] = r
             self._gen[r] = 0
+            self._logit_version[slot] = version
+            self._turn_versions[r] = []
         self.state = admit_rows(
             self.state, slots, src_logits, src, np.uint32(self.seed), ids, off, clen, budget
         )
@@ -349,6 +376,11 @@ class PagedEngine:
                 continue
             row = self.rows[r]
             g = int(gen[slot])
+            new = g - self._gen[r]  # drawn in this chunk: the first from the logits it began
+            if new > 0:  # with, the others from this chunk's weights
+                vs = self._turn_versions[r]
+                vs += [self._logit_version[slot]] + [self.version] * (new - 1)
+                self._logit_version[slot] = self.version
             self._gen[r] = g
             row.cache_len = len(row.prompt) + row.turn_start + g
             if active[slot]:
@@ -357,6 +389,7 @@ class PagedEngine:
             row.mask += [1] * g
             row.logprobs += out_lp[slot, :g].tolist()
             row.steps += g
+            row.versions += self._turn_versions.pop(r)
             row.finished, row.done = bool(fin[slot]), True
             self._slot_row[slot] = None
             del self._gen[r]

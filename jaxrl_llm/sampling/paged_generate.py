@@ -3,6 +3,9 @@ arguments and the :class:`Rollout` of the static engine's :func:`jaxrl_llm.sampl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -30,13 +33,22 @@ def generate_paged(
     dtype: str | None = None,
     prompt_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     gen_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-) -> Rollout:
+    version: int = 0,
+    refresh: Callable[[], tuple[Any, int]] | None = None,
+    return_versions: bool = False,
+) -> Rollout | tuple[Rollout, np.ndarray]:
     """:func:`jaxrl_llm.sampling.generate` on the continuous-batching paged engine.
 
     Same arguments and the same :class:`Rollout` (rows in request order, prompt-major, each
     row's tokens keyed as in the static engine), plus the engine's sizes: ``num_slots`` S
     (raised to G if smaller), ``page_size``, ``chunk_steps`` and ``dtype``. ``stop_steps``
     (N = B·G ints ≤ max_new_tokens) caps each row's length (forced ragged lengths).
+
+    Partial rollouts: ``refresh() -> (params, version)`` is called before every chunk; when
+    its version differs from the engine's, the engine decodes on with those params (already
+    in the rollout dtype; :meth:`PagedEngine.swap`). ``version`` is the starting params'.
+    With ``return_versions`` the result is ``(rollout, versions)``, ``versions [N, M]`` int64:
+    the version each token was sampled with (-1 past a row's end).
     """
     if max_new_tokens < 1 or num_samples < 1:
         raise ConfigError("max_new_tokens and num_samples must be >= 1")
@@ -56,6 +68,7 @@ def generate_paged(
         gen_len=gen_len,
         chunk_steps=chunk_steps,
         dtype=dtype,
+        version=version,
     )
     pids = list(range(b)) if prompt_ids is None else [int(i) for i in prompt_ids]
     steps = [max_new_tokens] * (b * g) if stop_steps is None else [int(s) for s in stop_steps]
@@ -65,7 +78,13 @@ def generate_paged(
         engine.submit(
             list(toks), prompt_id=pids[i], num_samples=g, max_new_tokens=steps[i * g : i * g + g]
         )
-    rows = engine.run()
+    while engine.busy:
+        if refresh is not None:
+            params, v = refresh()
+            if int(v) != engine.version:
+                engine.swap(params, v)
+        engine.step()
+    rows = engine.rows
     m = max_new_tokens
     out_tok = np.full((b * g, m), engine.pad_id, np.int32)
     out_lp = np.zeros((b * g, m), np.float32)
@@ -74,7 +93,7 @@ def generate_paged(
         out_tok[i, : lengths[i]] = r.tokens
         out_lp[i, : lengths[i]] = r.logprobs
     finished = np.array([r.finished for r in rows], bool)
-    return Rollout(
+    out = Rollout(
         tokens=jnp.asarray(out_tok),
         mask=jnp.asarray((np.arange(m)[None] < lengths[:, None]).astype(np.int32)),
         lengths=jnp.asarray(lengths),
@@ -86,9 +105,15 @@ def generate_paged(
         prompt_ids=jnp.asarray(np.repeat(np.asarray(pids, np.int32), g)),
         sample_ids=jnp.asarray(np.tile(np.arange(g, dtype=np.int32), b)),
     )
+    if not return_versions:
+        return out
+    versions = np.full((b * g, m), -1, np.int64)
+    for i, r in enumerate(rows):
+        versions[i, : lengths[i]] = r.versions
+    return out, versions
 
 
-ROLLOUT_ENGINES = {"static": generate, "paged": generate_paged}
+ROLLOUT_ENGINES: dict[str, Callable[..., Any]] = {"static": generate, "paged": generate_paged}
 """The rollout engines by name (``rollout.engine``, ``jaxrl-llm generate --engine``): the
 static batch (default) and continuous batching over a paged KV cache. Same arguments, same
 :class:`Rollout`, the same tokens for the same seed."""

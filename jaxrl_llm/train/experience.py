@@ -43,6 +43,9 @@ class Experience:
         policy's tokens only (single-turn).
       messages: N conversations (multi-turn: opening, turns, environment replies), or None.
       sources: N prompts as the data rows gave them (text or messages), or None.
+      token_version: ``[N, M]`` int, the version each sampled token was drawn with (-1
+        elsewhere) when generations may change weights midway (``rollout.partial``); None
+        otherwise. ``policy_version`` is then each row's oldest.
     """
 
     rollout: Rollout
@@ -58,6 +61,7 @@ class Experience:
     context_mask: np.ndarray | None = None
     messages: list[list[dict]] | None = None
     sources: list[Any] | None = None
+    token_version: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -84,6 +88,7 @@ class Experience:
             context_mask=None if self.context_mask is None else self.context_mask[rows],
             messages=None if self.messages is None else pick(self.messages),
             sources=None if self.sources is None else pick(self.sources),
+            token_version=None if self.token_version is None else self.token_version[rows],
         )
 
 
@@ -116,8 +121,8 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
     def optional(name: str):
         if getattr(parts[0], name) is None:
             return None
-        if name == "context_mask":
-            return cat([p.context_mask for p in parts])
+        if name in ("context_mask", "token_version"):
+            return cat([getattr(p, name) for p in parts])
         return flat(name)
 
     return Experience(
@@ -134,6 +139,7 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
         context_mask=optional("context_mask"),
         messages=optional("messages"),
         sources=optional("sources"),
+        token_version=optional("token_version"),
     )
 
 

@@ -36,6 +36,7 @@ from jaxrl_llm.train.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.logging import SamplesLog
 from jaxrl_llm.train.loop import Trainer
+from jaxrl_llm.train.placement import RolloutPlacement, split_devices
 from jaxrl_llm.train.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.preflight import check_mesh, read_splits
 from jaxrl_llm.train.producer import Producer, WeightBox, snapshot
@@ -128,12 +129,19 @@ class OnlineTrainer(Trainer):
                 f"{r.max_new_tokens} completion-side tokens per episode"
             )
         self.policy = p = policy or build_policy(cfg, config=config, params=params, tokenizer=tok)
+        # rollout.devices: sample on the learner's mesh, or on devices of their own
+        self.placement = RolloutPlacement(p.config, split_devices(r.devices)[1], tensor=r.tensor)
+        if self.placement.split:
+            self.say(
+                f"placement: rollouts on {r.devices} devices (tensor={r.tensor}), the learner "
+                f"on the other {p.mesh.size}; weights copied after every update"
+            )
         self.rollouts = Rollouts(
             r,
             rewards,
             tokenizer=p.tokenizer,
             model_config=p.config,
-            weights_fn=lambda: (p.full_params(), int(p.state.step)),
+            weights_fn=lambda: (self.placement.put(p.full_params()), int(p.state.step)),
             seed=cfg.seed,
             env=cfg.env,
         )
@@ -267,7 +275,7 @@ class OnlineTrainer(Trainer):
             assert fresh is not None  # synchronous: the batch just put, sampled by these weights
             return fresh, {**info, "time/rollout_s": t_rollout}
         if self.producer is None:
-            box = WeightBox(*snapshot(p))
+            box = WeightBox(*snapshot(p, self.placement))
             sampler = Rollouts(
                 r,
                 self.rollouts.rewards,
@@ -330,11 +338,12 @@ class OnlineTrainer(Trainer):
         )
         t_update = time.perf_counter() - t2
         if self.producer is not None:
-            self.producer.box.publish(*snapshot(self.policy))
+            self.producer.box.publish(*snapshot(self.policy, self.placement))
         self._write_samples(step, exp)
         out.update(exp.metrics)
         out.update(prepared.metrics)
         out.update(correction)
+        out.update(self.placement.metrics())
         out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
         lengths, truncated = np.asarray(exp.rollout.lengths), np.asarray(exp.rollout.truncated)
         out.update(

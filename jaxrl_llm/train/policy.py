@@ -40,6 +40,7 @@ from jaxrl_llm.parallel import (
     replicated,
     under_mesh,
 )
+from jaxrl_llm.train.placement import split_devices
 from jaxrl_llm.train.run_config import RunConfig, update_micro_batches
 from jaxrl_llm.train.state import TrainState, state_sharding_from_params
 
@@ -276,7 +277,11 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
     """Load the model, build the mesh, optimizer and the sharded train state."""
     if config is None:
         config, params, tokenizer = load_policy_model(cfg)
+    learner_devices = None
+    if cfg.is_online and cfg.rollout.devices:  # the last devices sample (train/placement.py)
+        learner_devices, _ = split_devices(cfg.rollout.devices)
     mesh = make_mesh(
+        devices=learner_devices,
         data=cfg.mesh.data,
         fsdp=cfg.mesh.fsdp,
         tensor=cfg.mesh.tensor,

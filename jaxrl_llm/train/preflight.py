@@ -12,6 +12,7 @@ import jax
 
 from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.losses.registry import Family
+from jaxrl_llm.train.placement import split_devices
 from jaxrl_llm.train.run_config import RunConfig
 
 
@@ -49,6 +50,9 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
         sizes = {k: int(mesh.shape[k]) for k in MESH_AXES}
     else:
         n = jax.device_count() if num_devices is None else num_devices
+        if cfg.is_online and cfg.rollout.devices:  # the learner's mesh spans the rest
+            learner, _ = split_devices(cfg.rollout.devices, list(range(n)))
+            n = len(learner)
         sizes = dict(
             zip(
                 MESH_AXES,

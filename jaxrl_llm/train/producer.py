@@ -20,6 +20,12 @@ a batch that arrives older than k steps is dropped by the
 :class:`~jaxrl_llm.train.experience.ExperienceBuffer` (``async/dropped``; its prompts are
 not trained on) and the learner takes the next one.
 
+Partial rollouts (``rollout.partial``, paged engine). A generation running when the learner
+publishes continues with the new weights from its next chunk (:meth:`PagedEngine.swap`): each
+token keeps the version that drew it (``Experience.token_version``), a row counts as old as
+its oldest token, and the loss weights every token by its own behaviour log-prob
+(``async/partial_frac``: rows whose tokens span versions; ``async/token_staleness_mean``).
+
 Data position. The producer draws prompts ahead of the learner; the position a checkpoint
 records (:class:`ConsumedPosition`) is the one after the last batch the learner took, so a
 resumed run draws the batches that were in flight again (sampled with the resumed weights):
@@ -148,6 +154,14 @@ class Producer:
         }
         for i in range(self.k + 1):  # the histogram: share of rows i steps old
             out[f"async/staleness_{i}"] = float(np.mean(stale == i))
+        if got.token_version is not None:  # rollout.partial: weights changed mid-generation
+            tv = np.asarray(got.token_version)
+            sampled = tv >= 0
+            newest = np.where(sampled, tv, -1).max(axis=1)
+            out["async/partial_frac"] = float(np.mean(newest > np.asarray(got.policy_version)))
+            out["async/token_staleness_mean"] = float(
+                ((version - tv[sampled]) // self.updates).mean() if sampled.any() else 0.0
+            )
         return got, out
 
     def close(self) -> None:
@@ -158,11 +172,15 @@ class Producer:
         self._pool.shutdown(wait=True)
 
 
-def snapshot(policy: Any) -> tuple[Any, int]:
+def snapshot(policy: Any, placement: Any = None) -> tuple[Any, int]:
     """The policy's sampling weights and version as a snapshot the next update cannot
     overwrite: the train step donates its state's buffers, so full fine-tuning's params are
-    copied (LoRA's merge already makes new arrays)."""
+    copied (LoRA's merge already makes new arrays). With a split placement
+    (:class:`~jaxrl_llm.train.placement.RolloutPlacement`) the copy is the move to the
+    rollout devices."""
     params = policy.full_params()
-    if policy.lora is None:
+    if placement is not None and placement.split:
+        params = placement.put(params)
+    elif policy.lora is None:
         params = jax.tree.map(jnp.copy, params)
     return params, int(policy.state.step)

@@ -11,6 +11,7 @@ stopping the run. DAPO's dynamic sampling (keep drawing prompts until the batch 
 
 from __future__ import annotations
 
+import functools
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -104,7 +105,16 @@ class Rollouts:
             )
         assert self.rewards is not None
         params, config = cast_for_rollout(params, self.model_config, self.settings.dtype)
-        ro = ROLLOUT_ENGINES[self.settings.engine](
+        engine: Callable[..., Any] = ROLLOUT_ENGINES[self.settings.engine]
+        versions = None
+        if self.settings.partial and not greedy:  # weights may change between chunks
+            engine = functools.partial(
+                engine,
+                version=version,
+                refresh=self._refresh(version, params),
+                return_versions=True,
+            )
+        ro = engine(
             params,
             config,
             [list(x.prompt_ids) for x in items],
@@ -114,6 +124,8 @@ class Rollouts:
             max_new_tokens=self.settings.max_new_tokens,
             prompt_buckets=PROMPT_BUCKETS,
         )
+        if isinstance(ro, tuple):
+            ro, versions = ro
         ro = jax.tree.map(np.asarray, ro)
         tok = self.tokenizer
         texts = [
@@ -136,8 +148,26 @@ class Rollouts:
             scores={k: np.asarray(v) for k, v in out.per_function.items()},
             metrics=metrics,
             group_size=g,
-            policy_version=np.full(len(texts), version, np.int64),
+            policy_version=(
+                np.full(len(texts), version, np.int64)
+                if versions is None
+                else _oldest(versions, version)
+            ),
+            token_version=versions,
         )
+
+    def _refresh(self, version: int, params: Any) -> Callable[[], tuple[Any, int]]:
+        """``refresh()`` for a partial rollout: the newest published weights in the rollout
+        dtype (cast once per new version)."""
+        last = [version, params]
+
+        def refresh() -> tuple[Any, int]:
+            new, v = self.weights_fn()
+            if v != last[0]:
+                last[:] = [v, cast_for_rollout(new, self.model_config, self.settings.dtype)[0]]
+            return last[1], last[0]
+
+        return refresh
 
     def collect(
         self, iterator: Iterator[list[TokenizedPrompt]], step: int
@@ -250,3 +280,10 @@ class Rollouts:
             correct.extend(ok.reshape(-1, n).sum(1).tolist())
         c = np.asarray(correct, np.int64)
         return {f"eval/pass@{k}": float(np.mean(pass_at_k(n, c, k=k))) for k in settings.pass_at}
+
+
+def _oldest(versions: np.ndarray, default: int) -> np.ndarray:
+    """Each row's oldest sampled-token version (``default`` for a row with no token)."""
+    sampled = np.where(versions >= 0, versions, np.iinfo(np.int64).max)
+    oldest = sampled.min(axis=1)
+    return np.where(oldest == np.iinfo(np.int64).max, default, oldest).astype(np.int64)

@@ -136,6 +136,16 @@ class RunConfig:
                 raise ConfigError(
                     f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}"
                 )
+            if r.devices < 0 or r.tensor < 1:
+                raise ConfigError(
+                    f"rollout.devices must be >= 0 (0 = on the learner's devices) and "
+                    f"rollout.tensor >= 1, got {r.devices} and {r.tensor}"
+                )
+            if r.partial and (r.max_staleness < 1 or r.engine != "paged" or self.env):
+                raise ConfigError(
+                    "rollout.partial: true continues generations with newer weights; it needs "
+                    "rollout.max_staleness >= 1 and rollout.engine: paged (single-turn: no env)"
+                )
             if r.correction is not None:
                 need = "proximal_logp" if r.correction.decoupled else "is_weights"
                 if need not in algo.loss_spec().rollout_corrections:

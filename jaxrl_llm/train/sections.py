@@ -268,6 +268,15 @@ class RolloutSection:
         the same tokens for the same seed.
       dtype: weights and KV cache dtype while sampling (null = the model's; ``bfloat16``
         halves them); logits, the sampling softmax and the log-probs stay float32.
+      devices: 0 = rollouts sample on the learner's mesh (colocated); n = the last n devices
+        form a rollout mesh of their own and the learner's mesh (``mesh``) spans the rest;
+        the weights are copied there after each update (:mod:`jaxrl_llm.train.placement`).
+      tensor: the rollout mesh's tensor-parallel size (divides ``devices``; the rest is a
+        data axis over which the weights are replicated).
+      partial: with ``max_staleness`` ≥ 1 and the paged engine: a generation in flight when
+        the learner publishes new weights continues with them from the next chunk (its
+        tokens keep the versions that drew them; a row's staleness is its oldest token's)
+        instead of finishing on the old ones (:meth:`jaxrl_llm.sampling.PagedEngine.swap`).
     """
 
     prompts_per_step: int = 4
@@ -290,6 +299,9 @@ class RolloutSection:
     staleness: Literal["wait", "drop"] = "wait"
     engine: Literal["static", "paged"] = "static"
     dtype: Literal["float32", "bfloat16"] | None = None
+    devices: int = 0
+    tensor: int = 1
+    partial: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

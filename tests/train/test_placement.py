@@ -1,0 +1,119 @@
+"""The disaggregated placement (``rollout.devices: n``): rollouts sample on the last n of the 8
+forced CPU devices, the learner trains on the others, and the weights move after each update.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.train.online import OnlineTrainer
+from jaxrl_llm.train.placement import RolloutPlacement, split_devices
+from tests.train.test_producer import main_job, run
+
+
+def _devices(tree) -> set:
+    return {d for x in jax.tree.leaves(tree) for d in x.sharding.device_set}
+
+
+def test_split_devices_and_refusals():
+    devs = jax.devices()
+    assert split_devices(0) == (devs, [])
+    learner, rollout = split_devices(3)
+    assert learner == devs[:5] and rollout == devs[5:]
+    for bad in (8, 9, -1):
+        with pytest.raises(ConfigError, match="rollout.devices"):
+            split_devices(bad)
+    with pytest.raises(ConfigError, match="rollout.tensor=3 must divide rollout.devices=4"):
+        RolloutPlacement(None, devs[4:], tensor=3)
+
+
+def test_synchronous_split_run_samples_what_the_colocated_run_samples(tmp_path):
+    """k = 0 with rollouts on devices 4–7: step 1 samples the same tokens from the same
+    initial weights (so the same rewards); the learner's update runs over 4 devices instead
+    of 8 (another reduction order), so its numbers agree to float rounding."""
+    colocated, p_col = run(main_job(tmp_path / "col", "mesh.data=4", steps=2))
+    split, p_split = run(main_job(tmp_path / "split", "rollout.devices=4", steps=2))
+    assert split[0]["reward/mean"] == colocated[0]["reward/mean"]
+    assert split[0]["data/prompts_crc32"] == colocated[0]["data/prompts_crc32"]
+    np.testing.assert_allclose(split[0]["loss"], colocated[0]["loss"], rtol=1e-5, atol=1e-7)
+    assert split[0]["rollout/weight_sync_bytes"] == sum(x.nbytes for x in jax.tree.leaves(p_split))
+    assert all(r["time/weight_sync_s"] > 0 for r in split)
+    assert not any("time/weight_sync_s" in r for r in colocated)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p_split, p_col
+    )
+
+
+def test_asynchronous_split_run_samples_on_its_own_devices(tmp_path):
+    """k = 1 with rollouts on devices 6–7 (tensor-parallel over both): the learner's state
+    lives on devices 0–5 only, the snapshot the producer samples with on 6–7 only; the
+    staleness bound holds."""
+    cfg = main_job(
+        tmp_path / "a", "rollout.max_staleness=1", "rollout.devices=2", "rollout.tensor=2"
+    )
+    trainer = OnlineTrainer(cfg, log_stream=open("/dev/null", "w"))
+    try:
+        rows = [trainer.train_step(s) for s in range(1, cfg.max_steps + 1)]
+        devs = jax.devices()
+        assert _devices(trainer.policy.state.params) == set(devs[:6])
+        assert trainer.policy.mesh.shape["data"] == 6
+        params, version = trainer.producer.box.get()
+        assert _devices(params) == set(devs[6:])
+        assert version == int(trainer.policy.state.step)
+    finally:
+        trainer.close()
+    assert rows[0]["async/staleness_max"] == 0
+    for r in rows[1:]:
+        assert r["async/staleness_1"] == 1.0
+    for r in rows:
+        assert np.isfinite(r["loss"]) and r["time/weight_sync_s"] > 0
+
+
+def test_rollout_devices_leave_the_learner_a_mesh_the_batch_splits_over(tmp_path):
+    """16 rows over the 5 learner devices left by rollout.devices=3: refused before a model
+    loads, naming the split."""
+    from jaxrl_llm.train.preflight import check_mesh
+
+    with pytest.raises(ConfigError, match="data x fsdp = 5"):
+        check_mesh(main_job(tmp_path / "b", "rollout.devices=3"))
+
+
+def test_partial_rollouts_continue_with_new_weights_and_keep_token_versions(tmp_path):
+    """rollout.partial: a generation continues with weights published midway; each token
+    keeps its version, the row counts as old as its oldest token; a 3-step run trains with
+    the staleness bound intact."""
+    cfg = main_job(
+        tmp_path / "p",
+        "rollout.engine=paged",
+        "rollout.max_staleness=1",
+        "rollout.partial=true",
+        "rollout.max_new_tokens=24",  # the paged engine's chunks are 16 steps: one swap
+    )
+    trainer = OnlineTrainer(cfg, log_stream=open("/dev/null", "w"))
+    try:
+        params = trainer.policy.full_params()
+        other = jax.tree.map(lambda x: x * 1.5, params)
+        calls = [0]
+
+        def weights_fn():  # the sampling call and the first chunk: version 0; then 5
+            calls[0] += 1
+            return (params, 0) if calls[0] <= 2 else (other, 5)
+
+        trainer.rollouts.weights_fn = weights_fn
+        exp = trainer.rollouts.sample(trainer.train_data.items[:2], seed=0)
+        lengths = np.asarray(exp.rollout.lengths)
+        tv = exp.token_version
+        assert tv.shape == np.asarray(exp.rollout.tokens).shape
+        assert (exp.policy_version == 0).all()
+        for row, n in zip(tv, lengths):
+            assert (row[: min(n, 17)] == 0).all() and (row[17:n] == 5).all()
+            assert (row[n:] == -1).all()
+    finally:
+        trainer.close()
+    rows, _ = run(cfg)
+    for r in rows:
+        assert 0.0 <= r["async/partial_frac"] <= 1.0 and r["async/staleness_max"] <= 1
+        assert np.isfinite(r["loss"])
+    with pytest.raises(ConfigError, match="rollout.partial"):
+        main_job(tmp_path / "q", "rollout.max_staleness=1", "rollout.partial=true")
