@@ -107,7 +107,8 @@ class Rollouts:
         params, config = cast_for_rollout(params, self.model_config, self.settings.dtype)
         engine: Callable[..., Any] = ROLLOUT_ENGINES[self.settings.engine]
         versions = None
-        if self.settings.partial and not greedy:  # weights may change between chunks
+        partial = self.settings.partial and not greedy
+        if partial:  # weights may change between chunks
             engine = functools.partial(
                 engine,
                 version=version,
@@ -124,7 +125,7 @@ class Rollouts:
             max_new_tokens=self.settings.max_new_tokens,
             prompt_buckets=PROMPT_BUCKETS,
         )
-        if isinstance(ro, tuple):
+        if partial:
             ro, versions = ro
         ro = jax.tree.map(np.asarray, ro)
         tok = self.tokenizer

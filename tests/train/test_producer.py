@@ -155,7 +155,7 @@ class _FastSampler:
     def collect(self, iterator, step):
         _, version = self.box.get()
         next(iterator)
-        exp = types.SimpleNamespace(policy_version=np.full(2, version))
+        exp = types.SimpleNamespace(policy_version=np.full(2, version), token_version=None)
         return exp, {"data/prompts_crc32": step}
 
 
