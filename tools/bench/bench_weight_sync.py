@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     config, params, _ = common.load_model(args.model)
     learner_devs, rollout_devs = split_devices(args.rollout_devices)
     nl, nr = len(learner_devs), len(rollout_devs)
-    rows, metrics = [], {}
+    rows, metrics, notes = [], {}, []
     nbytes = 0
     for fsdp, tensor in ((1, 1), (nl, 1), (nl, nr)):
         mesh = make_mesh(data=-1, fsdp=fsdp, devices=learner_devs)
@@ -54,7 +55,14 @@ def main(argv=None) -> int:
         )
         nbytes = sum(x.nbytes for x in jax.tree.leaves(learner))
         place = RolloutPlacement(config, rollout_devs, tensor=tensor)
-        place.put(learner)  # first call: shardings built
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            placed = place.put(learner)  # first call: shardings built
+        fallback = sorted({str(w.message).split(":")[0] for w in caught})
+        written = sum(
+            sh.data.nbytes for x in jax.tree.leaves(placed) for sh in x.addressable_shards
+        )
+        del placed
         sync = common.best_time(lambda: place.put(learner), args.repeats)
         copy_fn = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
         jax.block_until_ready(copy_fn(learner))
@@ -66,12 +74,20 @@ def main(argv=None) -> int:
                 name,
                 f"{sync * 1e3:.1f} ms",
                 f"{sync / nbytes * 1e9:.3f} ns",
-                f"{nbytes / sync / 1e9:.2f} GB/s",
+                f"{written / 2**20:,.0f} MiB",
+                f"{written / sync / 1e9:.2f} GB/s",
                 f"{copy * 1e3:.1f} ms",
                 f"{sync / copy:.2f}×",
             ]
         )
         metrics[f"sync_ns_per_byte_fsdp{fsdp}_tensor{tensor}"] = sync / nbytes * 1e9
+        if fallback:
+            notes.append(
+                f"tensor={tensor}: {len(fallback)} weights do not split over {tensor} devices "
+                f"(heads / KV heads / vocabulary not divisible) and are replicated: "
+                + ", ".join(fallback)
+                + "."
+            )
     bw = common.memory_bandwidth(nbytes=2**28, repeats=args.repeats)
     body = [
         f"{args.model}: {nbytes / 2**20:.0f} MiB of float32 weights; 8 forced CPU devices, the "
@@ -82,13 +98,16 @@ def main(argv=None) -> int:
             [
                 "placement",
                 "weight sync",
-                "per byte",
-                "rate",
+                "per parameter byte",
+                "bytes written (all rollout devices)",
+                "write rate",
                 "in-place copy (colocated)",
                 "sync / copy",
             ],
             rows,
         ),
+        "",
+        *notes,
     ]
     return common.report(
         args.out,
