@@ -26,6 +26,11 @@ token keeps the version that drew it (``Experience.token_version``), a row count
 its oldest token, and the loss weights every token by its own behaviour log-prob
 (``async/partial_frac``: rows whose tokens span versions; ``async/token_staleness_mean``).
 
+Rewards. Without dynamic sampling and environments, a batch is scored on a reward thread
+(:meth:`Rollouts.collect_deferred`): the rollout thread samples the next batch meanwhile, so
+a slow reward (a remote scorer, a sandbox) overlaps with generation as well as with the
+update. Reward functions must then be safe to call from several threads at once.
+
 Data position. The producer draws prompts ahead of the learner; the position a checkpoint
 records (:class:`ConsumedPosition`) is the one after the last batch the learner took, so a
 resumed run draws the batches that were in flight again (sampled with the resumed weights):
@@ -113,9 +118,18 @@ class Producer:
         self.pending: collections.deque[Future] = collections.deque()
         self.position = ConsumedPosition(iterator.state(), iterator.steps_per_epoch)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
+        # rewards off the sampling thread: the next batch samples while this one scores
+        self._scorers = (
+            ThreadPoolExecutor(max_workers=self.depth + 1, thread_name_prefix="reward")
+            if rollouts.can_defer_scoring
+            else None
+        )
 
-    def _job(self, job: int) -> tuple[Experience, dict, dict, float]:
+    def _job(self, job: int) -> tuple[Any, dict, dict, float]:
         t = time.perf_counter()
+        if self._scorers is not None:
+            score, info = self.rollouts.collect_deferred(self.iterator, job)
+            return self._scorers.submit(_scored, score, t), info, self.iterator.state(), 0.0
         exp, info = self.rollouts.collect(self.iterator, job)
         return exp, info, self.iterator.state(), time.perf_counter() - t
 
@@ -135,6 +149,8 @@ class Producer:
             self._fill(step)
             t = time.perf_counter()
             exp, info, position, gen_s = self.pending.popleft().result()
+            if isinstance(exp, Future):  # scored on a reward thread
+                exp, gen_s = exp.result()
             wait += time.perf_counter() - t
             self.buffer.put(exp)
             got = self.buffer.get(version)
@@ -165,11 +181,20 @@ class Producer:
         return got, out
 
     def close(self) -> None:
-        """Cancel the queued jobs and wait for the running one."""
+        """Cancel the queued jobs and wait for the running ones."""
         for f in self.pending:
             f.cancel()
         self.pending.clear()
         self._pool.shutdown(wait=True)
+        if self._scorers is not None:
+            self._scorers.shutdown(wait=True)
+
+
+def _scored(score: Any, t0: float) -> tuple[Experience, float]:
+    """Run ``score()`` (the reward functions); the experience and the seconds since its
+    rollout began at ``t0`` (sampling + waiting for a reward thread + scoring)."""
+    exp = score()
+    return exp, time.perf_counter() - t0
 
 
 def snapshot(policy: Any, placement: Any = None) -> tuple[Any, int]:

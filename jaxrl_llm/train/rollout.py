@@ -96,6 +96,21 @@ class Rollouts:
         num_samples: int | None = None,
     ) -> Experience:
         """Generate ``num_samples`` (default G) completions of each item and score them."""
+        out = self._sample(items, seed=seed, greedy=greedy, num_samples=num_samples)
+        return out if isinstance(out, Experience) else out()
+
+    def _sample(
+        self,
+        items: list[TokenizedPrompt],
+        *,
+        seed: int,
+        greedy: bool = False,
+        num_samples: int | None = None,
+    ) -> Experience | Callable[[], Experience]:
+        """Generate; returns the scored :class:`Experience` (multi-turn episodes, scored as
+        they are played) or ``score()``, which runs the reward functions on the completions
+        and returns it (on any thread: the asynchronous producer scores off the sampling
+        thread)."""
         g = self.settings.group_size if num_samples is None else num_samples
         sampling = SamplingConfig(greedy=True) if greedy else self.sampling
         params, version = self.weights_fn()
@@ -135,27 +150,8 @@ class Rollouts:
         ]
         prompts = [tok.decode(list(x.prompt_ids)) for x in items for _ in range(g)]
         extras = [dict(x.extras) for x in items for _ in range(g)]
-        fields = {k: [e.get(k) for e in extras] for k in sorted({k for e in extras for k in e})}
-        t0 = time.perf_counter()
-        out = self.rewards(prompts, texts, **fields)
-        metrics = {**out.metrics, "time/reward_s": time.perf_counter() - t0}  # inside rollout_s
-        return Experience(
-            rollout=ro,
-            texts=texts,
-            prompts=prompts,
-            extras=extras,
-            rewards=np.asarray(out.rewards, np.float32),
-            valid=np.asarray(out.valid, bool),
-            scores={k: np.asarray(v) for k, v in out.per_function.items()},
-            metrics=metrics,
-            group_size=g,
-            policy_version=(
-                np.full(len(texts), version, np.int64)
-                if versions is None
-                else _oldest(versions, version)
-            ),
-            token_version=versions,
-        )
+        rewards = self.rewards
+        return functools.partial(_score, rewards, ro, texts, prompts, extras, g, version, versions)
 
     def _refresh(self, version: int, params: Any) -> Callable[[], tuple[Any, int]]:
         """``refresh()`` for a partial rollout: the newest published weights in the rollout
@@ -208,17 +204,31 @@ class Rollouts:
             kept.extend(reserve)
         exp = concat_experience(kept, max_groups=want) if r.dynamic_sampling else kept[0]
         fault_point("rollout", step)
-        it = iterator.state()  # type: ignore[attr-defined]
-        return exp, {
-            "dynamic/groups_dropped": dropped,
-            "dynamic/rounds": rounds,
-            "dynamic/groups_kept": want - filled,
-            "dynamic/groups_filled": filled,
-            # where the run is in its data, and a fingerprint of the prompts drawn
-            # (equal across runs that drew the same prompts in the same order)
-            "data/epoch": it["epoch"] + it["position"] / iterator.steps_per_epoch,  # type: ignore[attr-defined]
-            "data/prompts_crc32": crc,
-        }
+        return exp, _collect_info(iterator, crc, dropped, rounds, want - filled, filled)
+
+    @property
+    def can_defer_scoring(self) -> bool:
+        """Whether :meth:`collect_deferred` applies: no dynamic sampling (which must score a
+        batch before drawing the next) and single-turn (episodes score as they play)."""
+        return not self.settings.dynamic_sampling and self.episodes is None
+
+    def collect_deferred(
+        self, iterator: Iterator[list[TokenizedPrompt]], step: int
+    ) -> tuple[Callable[[], Experience], dict]:
+        """:meth:`collect` with the scoring left to the caller (:attr:`can_defer_scoring`
+        runs only): draws one batch of prompts, samples it (the same seeds, so the same
+        tokens) and returns ``(score, info)``; ``score()`` runs the reward functions and
+        returns the :class:`Experience`. The asynchronous producer samples the next batch
+        while a slow reward scores this one."""
+        assert self.can_defer_scoring
+        items = next(iterator)
+        crc = 0
+        for x in items:
+            crc = zlib.crc32(np.asarray(x.prompt_ids, np.int32).tobytes(), crc)
+        score = self._sample(items, seed=self.seed * 1_000_003 + step * 101)
+        assert not isinstance(score, Experience)
+        fault_point("rollout", step)
+        return score, _collect_info(iterator, crc, 0, 1, self.settings.prompts_per_step, 0)
 
     def greedy_rewards(self, exp: Experience) -> np.ndarray:
         """``[N]`` the reward of the greedy completion of each row's prompt (ReMax's
@@ -288,3 +298,52 @@ def _oldest(versions: np.ndarray, default: int) -> np.ndarray:
     sampled = np.where(versions >= 0, versions, np.iinfo(np.int64).max)
     oldest = sampled.min(axis=1)
     return np.where(oldest == np.iinfo(np.int64).max, default, oldest).astype(np.int64)
+
+
+def _score(
+    rewards: RewardSet,
+    ro: Any,
+    texts: list[str],
+    prompts: list[str],
+    extras: list[dict],
+    g: int,
+    version: int,
+    versions: np.ndarray | None,
+) -> Experience:
+    """Run the reward functions on sampled completions: the scored :class:`Experience`."""
+    fields = {k: [e.get(k) for e in extras] for k in sorted({k for e in extras for k in e})}
+    t0 = time.perf_counter()
+    out = rewards(prompts, texts, **fields)
+    metrics = {**out.metrics, "time/reward_s": time.perf_counter() - t0}  # inside rollout_s
+    return Experience(
+        rollout=ro,
+        texts=texts,
+        prompts=prompts,
+        extras=extras,
+        rewards=np.asarray(out.rewards, np.float32),
+        valid=np.asarray(out.valid, bool),
+        scores={k: np.asarray(v) for k, v in out.per_function.items()},
+        metrics=metrics,
+        group_size=g,
+        policy_version=(
+            np.full(len(texts), version, np.int64)
+            if versions is None
+            else _oldest(versions, version)
+        ),
+        token_version=versions,
+    )
+
+
+def _collect_info(iterator: Any, crc: int, dropped: int, rounds: int, kept: int, filled: int):
+    """A rollout's dynamic-sampling counts and data position (``collect``'s info)."""
+    it = iterator.state()
+    return {
+        "dynamic/groups_dropped": dropped,
+        "dynamic/rounds": rounds,
+        "dynamic/groups_kept": kept,
+        "dynamic/groups_filled": filled,
+        # where the run is in its data, and a fingerprint of the prompts drawn
+        # (equal across runs that drew the same prompts in the same order)
+        "data/epoch": it["epoch"] + it["position"] / iterator.steps_per_epoch,
+        "data/prompts_crc32": crc,
+    }

@@ -2,6 +2,8 @@
 forced CPU devices, the learner trains on the others, and the weights move after each update.
 """
 
+import threading
+
 import jax
 import numpy as np
 import pytest
@@ -132,3 +134,43 @@ def test_partial_rollouts_continue_with_new_weights_and_keep_token_versions(tmp_
         assert np.isfinite(r["loss"])
     with pytest.raises(ConfigError, match="rollout.partial"):
         main_job(tmp_path / "q", "rollout.max_staleness=1", "rollout.partial=true")
+
+
+# ----- rewards scored off the sampling thread ----------------------------------------------------
+_SAMPLING_STARTED: dict[int, threading.Event] = {}
+_GATE: list = []
+
+
+def gated_reward(prompts, completions, **fields):
+    """The first call (step 1's batch) returns only once step 2's batch has begun sampling,
+    or after 20 s; records which."""
+    if not _GATE:
+        _GATE.append(_SAMPLING_STARTED.setdefault(2, threading.Event()).wait(timeout=20))
+        _GATE.append(threading.current_thread().name)
+    return [0.0] * len(completions)
+
+
+def test_the_producer_samples_the_next_batch_while_a_reward_scores_this_one(tmp_path, monkeypatch):
+    """With max_staleness 1, step 1's batch is scored on a reward thread: step 2's batch starts
+    sampling before that scoring returns (a reward that waits for it does not time out)."""
+    from jaxrl_llm.train.rollout import Rollouts
+
+    original = Rollouts.collect_deferred
+
+    def spy(self, iterator, step):
+        _SAMPLING_STARTED.setdefault(step, threading.Event()).set()
+        return original(self, iterator, step)
+
+    monkeypatch.setattr(Rollouts, "collect_deferred", spy)
+    _SAMPLING_STARTED.clear()
+    _GATE.clear()
+    cfg = main_job(
+        tmp_path / "g",
+        "rollout.max_staleness=1",
+        "rewards=[{name: 'tests.train.test_placement:gated_reward'}]",
+        steps=2,
+    )
+    rows, _ = run(cfg)
+    assert _GATE[0] is True, "step 2 did not start sampling while step 1 was being scored"
+    assert _GATE[1].startswith("reward")
+    assert [r["async/staleness_max"] for r in rows] == [0, 1]
