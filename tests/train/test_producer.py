@@ -149,6 +149,8 @@ class _FastSampler:
     """A rollout side much faster than the learner: each batch records the weights' version
     it started with (as Rollouts does through weights_fn)."""
 
+    can_defer_scoring = False  # scored where sampled (Rollouts.collect)
+
     def __init__(self, box):
         self.box = box
 
