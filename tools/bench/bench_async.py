@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,6 +99,7 @@ def run(args, name: str, overrides: list[str], latency: float) -> dict:
         "wall_s": wall,
     }
     common.log(f"{name}: {res}")
+    shutil.rmtree(out, ignore_errors=True)
     return res
 
 
@@ -106,8 +108,15 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=common.DEFAULT_MODEL, help="alias/path or 'tiny'")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--latency", type=float, default=0.5, help="seconds per completion scored")
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated run names to make (e.g. 'k=1'); speed-ups need their sync run",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if args.steps <= SKIP:
+        raise SystemExit(f"--steps must be > {SKIP} (the first {SKIP} steps are not timed)")
 
     runs = [
         ("sync", [], args.latency),
@@ -116,26 +125,35 @@ def main(argv=None) -> int:
         ("sync, no latency", [], 0.0),
         ("k=1, no latency", ["rollout.max_staleness=1"], 0.0),
     ]
+    if args.only:
+        names = [n.strip() for n in args.only.split(",")]
+        unknown = set(names) - {r[0] for r in runs}
+        if unknown:
+            raise SystemExit(
+                f"--only: unknown runs {sorted(unknown)}; known: {[r[0] for r in runs]}"
+            )
+        runs = [r for r in runs if r[0] in names]
     res = [run(args, *r) for r in runs]
-    base = {0: res[0], 1: res[3]}
+    by_name = {r["name"]: r for r in res}
     table = []
     metrics = {}
-    for i, r in enumerate(res):
-        ref = base[0 if i < 3 else 1]
-        speed = ref["mean_step_s"] / r["mean_step_s"]
+    for r in res:
+        ref = by_name.get("sync" if "no latency" not in r["name"] else "sync, no latency")
+        speed = None if ref is None else ref["mean_step_s"] / r["mean_step_s"]
         table.append(
             [
                 r["name"],
                 f"{r['step_s']:.1f} s",
                 f"{60 / r['mean_step_s']:.2f}",
-                f"{speed:.2f}×",
+                "—" if speed is None else f"{speed:.2f}×",
                 f"{r['wait_s']:.1f} s",
                 f"{r['reward_mean']:.3f}",
                 "—" if r["accuracy"] is None else f"{r['accuracy']:.3f}",
                 f"{r['wall_s'] / 60:.1f} min",
             ]
         )
-        metrics[f"speedup_{r['name'].replace(', ', '_').replace(' ', '_')}"] = speed
+        if speed is not None:
+            metrics[f"speedup_{r['name'].replace(', ', '_').replace(' ', '_')}"] = speed
     body = [
         f"{args.model}, the main job's config, {args.steps} steps per run; reward latency "
         f"{args.latency} s per completion of a training batch (32 per step, in series: "
