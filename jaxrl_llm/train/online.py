@@ -284,6 +284,7 @@ class OnlineTrainer(Trainer):
                 weights_fn=box.get,
                 seed=self.cfg.seed,
                 env=self.cfg.env,
+                partial=r.partial,
             )
             self.producer = Producer(
                 sampler,

@@ -51,6 +51,9 @@ class Rollouts:
       seed: the run's seed; sampling seeds are functions of (seed, step, round).
       env: the run's ``env`` section: multi-turn episodes (:mod:`jaxrl_llm.train.episodes`)
         instead of one completion per sample; None = single-turn.
+      partial: sampled (not greedy) generations poll ``weights_fn`` between chunks and
+        continue with newer weights (``rollout.partial``): the asynchronous producer's
+        sampler only, whose ``weights_fn`` reads a published snapshot (a cheap read).
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class Rollouts:
         weights_fn: Callable[[], tuple[Any, int]],
         seed: int,
         env: EnvSection | None = None,
+        partial: bool = False,
     ):
         self.settings = settings
         self.rewards = rewards
@@ -70,6 +74,7 @@ class Rollouts:
         self.model_config = model_config
         self.weights_fn = weights_fn
         self.seed = seed
+        self.partial = partial
         r = settings
         self.sampling = SamplingConfig(
             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p
@@ -122,7 +127,7 @@ class Rollouts:
         params, config = cast_for_rollout(params, self.model_config, self.settings.dtype)
         engine: Callable[..., Any] = ROLLOUT_ENGINES[self.settings.engine]
         versions = None
-        partial = self.settings.partial and not greedy
+        partial = self.partial and not greedy
         if partial:  # weights may change between chunks
             engine = functools.partial(
                 engine,

@@ -117,7 +117,8 @@ def test_partial_rollouts_continue_with_new_weights_and_keep_token_versions(tmp_
             calls[0] += 1
             return (params, 0) if calls[0] <= 2 else (other, 5)
 
-        trainer.rollouts.weights_fn = weights_fn
+        trainer.rollouts.weights_fn = weights_fn  # as the producer's sampler samples
+        trainer.rollouts.partial = True
         exp = trainer.rollouts.sample(trainer.train_data.items[:2], seed=0)
         lengths = np.asarray(exp.rollout.lengths)
         tv = exp.token_version
