@@ -21,8 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mesh",
         default="fsdp=-1",
-        help="mesh axis sizes, e.g. fsdp=8, data=2,fsdp=4 or fsdp=2,expert=4 (one may be -1; "
-        "default: fsdp over every device; expert splits a mixture of experts' experts)",
+        help="mesh axis sizes, e.g. fsdp=8, data=2,fsdp=4, fsdp=2,expert=4 or fsdp=2,context=4 "
+        "(one may be -1; default: fsdp over every device; expert splits a mixture of experts' "
+        "experts; context splits every row's tokens, attention as ring attention, and "
+        "--seq-len must be a multiple of it)",
     )
     parser.add_argument(
         "--dtype",
@@ -71,12 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _mesh(text: str) -> dict[str, int]:
     from jaxrl_llm.errors import ConfigError
 
-    out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}
+    out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1, "context": 1}
     for part in filter(None, (p.strip() for p in text.split(","))):
         k, sep, v = part.partition("=")
         if not sep or k not in out:
             raise ConfigError(
-                f"--mesh: {part!r} must be axis=size with axis data, fsdp, tensor or expert"
+                f"--mesh: {part!r} must be axis=size with axis data, fsdp, tensor, expert or "
+                f"context"
             )
         try:
             out[k] = int(v)

@@ -57,15 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=2,fsdp=4"`` -> {"data": 2, "fsdp": 4, "tensor": 1, "expert": 1}; clear errors
-    otherwise."""
-    out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}
+    """``"data=2,fsdp=4"`` -> {"data": 2, "fsdp": 4, "tensor": 1, "expert": 1, "context": 1};
+    clear errors otherwise."""
+    out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1, "context": 1}
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
             raise ConfigError(f"--mesh: {part!r} must look like axis=size")
         k, v = part.split("=", 1)
         if k not in out:
-            raise ConfigError(f"--mesh: unknown axis {k!r}; allowed: data, fsdp, tensor, expert")
+            raise ConfigError(
+                f"--mesh: unknown axis {k!r}; allowed: data, fsdp, tensor, expert, context"
+            )
         try:
             out[k] = int(v)
         except ValueError:
@@ -104,6 +106,15 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl_llm.train.memory import estimate_memory
 
     mesh = parse_mesh(args.mesh)
+    if mesh["context"] > 1:
+        # Ring attention changes more than the tokens per device: its blockwise scores are
+        # not the plain attention's H x T per token this estimate counts (remat none/dots).
+        raise ConfigError(
+            f"--mesh context={mesh['context']}: the estimate has no model of context "
+            f"parallelism (ring attention); compile the run for a TPU slice with "
+            f"jaxrl-llm compile --mesh context={mesh['context']} instead"
+        )
+    del mesh["context"]  # the axes the estimate is made for
     config = resolve_model_config(args.model)
     est = estimate_memory(
         config,

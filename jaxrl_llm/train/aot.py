@@ -16,6 +16,19 @@ state while sampling, the frozen reference while updating, PPO's critic) are add
 :func:`jaxrl_llm.train.memory.estimate_memory` estimates, and the report puts both side by
 side.
 
+Context parallelism (``context`` > 1): the programs are built as the trainers build them
+under ``mesh.context`` (:func:`jaxrl_llm.train.policy.build_policy`): the policy's and the
+critic's forwards are bound to the mesh (:func:`jaxrl_llm.parallel.under_mesh`), so their
+self-attention goes round the ring over the ``context`` axis (Liu et al. 2023,
+https://arxiv.org/abs/2310.01889); the train steps split every row's tokens over it
+(:func:`jaxrl_llm.train.step.make_train_step`); the reference and the recompute forwards are
+traced under the mesh too, their batch's tokens split over ``context`` as the step splits them
+(the trainers run these two with the bound ``apply_fn`` only). T must be a multiple of the
+context size, and the run config has ``logprobs.shared_prompt: false``
+(:func:`jaxrl_llm.train.preflight.check_context`). The decode loop keeps each row's KV cache
+whole (the samplers run unsharded along T). :func:`~jaxrl_llm.train.memory.estimate_memory`
+has no notion of ring attention, so such a report has no estimate.
+
 Not counted: host memory, the rollout batch while it sits on the host, buffers of one
 program that the runtime frees before the next starts, and fragmentation of the allocator.
 """
@@ -30,7 +43,14 @@ import jax.numpy as jnp
 
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.parallel import batch_sharding, logical_to_sharding, replicated
+from jaxrl_llm.parallel import (
+    DEFAULT_RULES,
+    batch_sharding,
+    constrain_batch,
+    logical_to_sharding,
+    replicated,
+    under_mesh,
+)
 from jaxrl_llm.parallel.topology import Topology, topology_mesh
 from jaxrl_llm.train.aot_inputs import (  # noqa: F401
     _DTYPES,
@@ -60,6 +80,7 @@ def compile_run(
     fsdp: int = 1,
     tensor: int = 1,
     expert: int = 1,
+    context: int = 1,
     batch_size: int = 8,
     seq_len: int = 1024,
     prompt_len: int | None = None,
@@ -83,6 +104,9 @@ def compile_run(
         -1). ``expert`` splits a mixture of experts' experts (its train step, reference and
         recompute forwards run expert-parallel, as the trainers run them; the decode loop
         runs the plain sorted dispatch, partitioned by GSPMD, as the sampler does).
+      context: the ``context`` axis size C (context parallelism: every row's tokens split
+        over C devices, attention as ring attention; module docstring). ``seq_len`` must be
+        a multiple of C.
       batch_size: online: prompts per step (rows = prompts × group_size); offline: examples
         (pairs for preference losses) per step.
       seq_len: tokens per row, prompt + completion. prompt_len: online prompt part (default
@@ -120,12 +144,20 @@ def compile_run(
         raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(ALGORITHMS)}")
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
-    mesh = topology_mesh(topology, data=data, fsdp=fsdp, tensor=tensor, expert=expert)
-    sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor", "expert")}
+    mesh = topology_mesh(
+        topology, data=data, fsdp=fsdp, tensor=tensor, expert=expert, context=context
+    )
+    sizes = {k: int(mesh.shape[k]) for k in ("data", "fsdp", "tensor", "expert", "context")}
+    ctx = sizes["context"]
     prompt_len = seq_len // 2 if prompt_len is None else int(prompt_len)
     gen_len = seq_len - prompt_len
     if not 1 <= prompt_len < seq_len:
         raise ConfigError(f"prompt_len={prompt_len} must be in [1, seq_len={seq_len})")
+    if seq_len % ctx:  # the trainers pad T up to a multiple of C; here T is what is asked for
+        raise ConfigError(
+            f"--seq-len {seq_len} cannot be split over the mesh's context axis ({ctx} "
+            f"devices); use a multiple of {ctx}"
+        )
     cfg = _run_config(
         algorithm,
         batch_size=batch_size,
@@ -150,6 +182,8 @@ def compile_run(
     apply_fn = functools.partial(models.apply, config=config, remat=remat)
     if config.is_moe:  # as build_policy binds it: the experts split over the expert axis
         apply_fn = functools.partial(apply_fn, mesh=mesh)
+    if ctx > 1:  # as build_policy binds it: attention round the ring over the context axis
+        apply_fn = under_mesh(apply_fn, mesh)
     shards = sizes["data"] * sizes["fsdp"]
 
     # Policy weights, abstract and sharded by the rule table (as build_policy shards them).
@@ -245,6 +279,8 @@ def compile_run(
         cspec = get_loss("ppo_critic")
         clc = cspec.preset(value_clip=cfg.ppo.value_clip)
         c_apply = functools.partial(models.apply, config=cconfig, remat=remat)
+        if ctx > 1:
+            c_apply = under_mesh(c_apply, mesh)
         critic_step = make_train_step(
             lambda p, b, **kw: cspec.loss_fn(p, b, apply_fn=c_apply, config=clc, **kw),
             c_opt,
@@ -258,6 +294,17 @@ def compile_run(
 
     def others(*used: str, minus: int = 0) -> int:
         return sum(v for k, v in resident.items() if k not in used) - minus
+
+    def forward_under_mesh(fn):
+        """A forward program (``fn(params, batch, ...)``) as the train step runs its loss on
+        a context mesh: traced under the mesh, the batch's tokens split over ``context``."""
+        if ctx == 1:
+            return fn
+
+        def split(params, batch, *rest):
+            return fn(params, constrain_batch(batch, mesh), *rest)
+
+        return under_mesh(split, mesh)
 
     programs = []
     # 1. the policy update (the trainers' make_train_step, as online.py / offline.py call it)
@@ -288,10 +335,10 @@ def compile_run(
     # 2. the reference log-probs over the rollout batch (or the offline batch)
     if needs_ref:
         assert spec.reference_fn is not None
-        ref_jit = jax.jit(
-            functools.partial(spec.reference_fn, apply_fn=apply_fn, config=lc, logprobs=logprobs),
-            in_shardings=(full_sharding, rows_sharding),
+        ref_fn = functools.partial(
+            spec.reference_fn, apply_fn=apply_fn, config=lc, logprobs=logprobs
         )
+        ref_jit = jax.jit(forward_under_mesh(ref_fn), in_shardings=(full_sharding, rows_sharding))
         ref_batch = BATCHES[spec.batch_kind](
             step_rows if cfg.algo.family is Family.ONLINE_PAIRS else rollout_rows, t, with_ref=False
         )
@@ -316,7 +363,7 @@ def compile_run(
     if correction is not None:  # 4. rollout.correction's recompute forward (every row at most)
         logps = policy.logps_fn(functools.partial(sequence_logps, **logprobs.kwargs()))
         shardings = (t_sharding, rows_sharding, frozen_sharding)
-        fn = jax.jit(lambda p, b, f: logps(p, b, **f), in_shardings=shardings)
+        fn = jax.jit(forward_under_mesh(lambda p, b, f: logps(p, b, **f)), in_shardings=shardings)
         args = (state.params, _seq(rollout_rows, t), frozen)
         rest = others("frozen base (= reference)", minus=_per_device_bytes(state.params))
         programs.append(_program("recompute", fn, args, rest))
@@ -344,7 +391,8 @@ def compile_run(
             jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
             jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
         )
-        dsharding = _decode_state_sharding(dstate, mesh)
+        # the cache's slots whole on every device of the context axis (module docstring)
+        dsharding = _decode_state_sharding(dstate, mesh, {**DEFAULT_RULES, "length": None})
         sampling = SamplingConfig()
         dec = jax.jit(
             lambda p, s: decode_loop(
@@ -373,9 +421,14 @@ def compile_run(
         device=f"tpu-{topology.generation}",
         micro_batches=max(1, (rollout_rows if online else step_rows) // max(rows_per_update, 1)),
         prompt_group_size=int(logprobs.prompt_group_size),
-        **sizes,
+        **{k: v for k, v in sizes.items() if k != "context"},
     )
-    est = estimate_memory(config, algorithm, **est_kwargs)  # type: ignore[arg-type]
+    # the estimator knows no ring attention: with context > 1 the report has no estimate
+    est = (
+        estimate_memory(config, algorithm, **est_kwargs)  # type: ignore[arg-type]
+        if ctx == 1
+        else None
+    )
     settings = dict(
         batch_size=batch_size,
         seq_len=t,
@@ -396,7 +449,8 @@ def compile_run(
     return CompileReport(
         topology=topology.name,
         algorithm=algorithm,
-        mesh=sizes,
+        # context listed when the run splits tokens (reports without it keep their four axes)
+        mesh={k: v for k, v in sizes.items() if k != "context" or v > 1},
         hbm_bytes=topology.hbm_bytes_per_device,
         programs=tuple(programs),
         resident=resident,

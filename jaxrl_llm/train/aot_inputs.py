@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import jax
@@ -13,7 +14,7 @@ from jax.sharding import NamedSharding
 
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.parallel import logical_to_spec
+from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_spec
 from jaxrl_llm.train.aot_report import ProgramMemory
 
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -35,7 +36,22 @@ def _abstract(shapes: Any, shardings: Any) -> Any:
 
 
 def _program(name: str, jitted, args: tuple, resident: int) -> ProgramMemory:
-    compiled = jitted.lower(*args).compile()
+    """Compile ``jitted`` for ``args`` and read its memory, cost and ring transfers.
+
+    Raises:
+      ConfigError: the TPU compiler refuses a program whose temporaries alone exceed a
+        device's HBM (XLA's RESOURCE_EXHAUSTED, one line with its numbers).
+    """
+    try:
+        compiled = jitted.lower(*args).compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        xla = str(e).strip().splitlines()[0].rstrip(".")
+        raise ConfigError(
+            f"the {name} program does not fit one device ({xla}); split it over more "
+            f"devices (--mesh, --topology) or lower --batch / --seq-len"
+        ) from None
     ma = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -48,7 +64,13 @@ def _program(name: str, jitted, args: tuple, resident: int) -> ProgramMemory:
         code_bytes=int(ma.generated_code_size_in_bytes),
         flops=float((cost or {}).get("flops", 0.0)),
         resident_bytes=resident,
+        collective_permutes=len(_COLLECTIVE_PERMUTE.findall(compiled.as_text() or "")),
     )
+
+
+# a collective-permute op in compiled HLO text (synchronous, or the start of an async one):
+# ring attention's neighbour transfers (jaxrl_llm.models.ring_attention)
+_COLLECTIVE_PERMUTE = re.compile(r"\bcollective-permute(?:-start)?\(")
 
 
 # ----- abstract batches, one builder per loss batch layout (LossSpec.batch_kind) --------------
@@ -130,6 +152,7 @@ def _run_config(
     from jaxrl_llm.train.run_config import RunConfig
     from jaxrl_llm.train.sections import (
         DataSection,
+        LogprobSection,
         LoRASection,
         MeshSection,
         ModelSection,
@@ -159,6 +182,8 @@ def _run_config(
             lora=LoRASection(rank=lora_rank) if lora_rank else None,
         ),
         mesh=MeshSection(**mesh),
+        # context parallelism needs every row's own forward (train.preflight.check_context)
+        logprobs=LogprobSection(shared_prompt=mesh.get("context", 1) <= 1),
         data=DataSection(train="(compile)", max_length=prompt_len + gen_len),
         rollout=RolloutSection(
             prompts_per_step=batch_size,
@@ -192,12 +217,12 @@ _CACHE_AXES = {
 }
 
 
-def _decode_state_sharding(dstate, mesh):
+def _decode_state_sharding(dstate, mesh, rules=DEFAULT_RULES):
     """Rows over the batch axes, KV heads over ``tensor``: how a sharded sampler lays out its
-    loop state (``DecodeState`` fields by name)."""
+    loop state (``DecodeState`` fields by name), by the rule table ``rules``."""
 
     def named(axes, x, name):
-        return NamedSharding(mesh, logical_to_spec(axes, mesh, shape=x.shape, name=name))
+        return NamedSharding(mesh, logical_to_spec(axes, mesh, rules, shape=x.shape, name=name))
 
     fields = {}
     for f, x in dstate._asdict().items():

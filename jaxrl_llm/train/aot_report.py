@@ -20,6 +20,8 @@ class ProgramMemory:
         ``memory_analysis()`` per device (alias = outputs written into donated arguments).
       flops: XLA's ``cost_analysis()["flops"]`` per device, one call of the program.
       resident_bytes: arrays alive during this program that are not its arguments.
+      collective_permutes: collective-permute ops in the compiled program (> 0 on a context
+        mesh: ring attention's transfers between neighbours).
     """
 
     name: str
@@ -30,6 +32,7 @@ class ProgramMemory:
     code_bytes: int
     flops: float
     resident_bytes: int
+    collective_permutes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -49,7 +52,8 @@ class CompileReport:
     Attributes:
       topology: the slice name. algorithm: the algorithm. mesh: axis sizes.
       hbm_bytes: HBM per device. programs: per-program memory. resident: the arrays alive
-      through the step (name -> bytes/device). estimate: :func:`estimate_memory`'s result.
+      through the step (name -> bytes/device). estimate: :func:`estimate_memory`'s result,
+      or None where it has no model of the run (a ``context`` axis > 1: ring attention).
       settings: the run settings the programs were built with.
     """
 
@@ -59,7 +63,7 @@ class CompileReport:
     hbm_bytes: int
     programs: tuple[ProgramMemory, ...]
     resident: dict[str, int]
-    estimate: MemoryEstimate
+    estimate: MemoryEstimate | None
     settings: dict[str, Any]
 
     @property
@@ -73,8 +77,10 @@ class CompileReport:
         return self.peak_bytes <= self.hbm_bytes
 
     @property
-    def estimate_ratio(self) -> float:
-        """estimate / compiled peak (1.0 = exact)."""
+    def estimate_ratio(self) -> float | None:
+        """estimate / compiled peak (1.0 = exact); None without an estimate."""
+        if self.estimate is None:
+            return None
         return self.estimate.total_bytes_per_device / max(self.peak_bytes, 1)
 
     def to_json(self) -> dict[str, Any]:
@@ -91,8 +97,12 @@ class CompileReport:
             ],
             "resident": {k: int(v) for k, v in self.resident.items()},
             "compiled_peak_bytes": int(self.peak_bytes),
-            "estimate_bytes": int(self.estimate.total_bytes_per_device),
-            "estimate_over_compiled": round(self.estimate_ratio, 4),
+            "estimate_bytes": (
+                None if self.estimate is None else int(self.estimate.total_bytes_per_device)
+            ),
+            "estimate_over_compiled": (
+                None if self.estimate_ratio is None else round(self.estimate_ratio, 4)
+            ),
             "fits": self.fits,
         }
 
@@ -120,10 +130,16 @@ class CompileReport:
         for name, b in self.resident.items():
             lines.append(f"resident: {name:<32} {b / GiB:9.3f} GiB")
         verdict = "fits" if self.fits else "does NOT fit"
+        if self.estimate is None or self.estimate_ratio is None:
+            estimate = "     none (no model of ring attention: context > 1)"
+        else:
+            estimate = (
+                f"{self.estimate.total_bytes_per_device / GiB:9.3f} GiB  "
+                f"({self.estimate_ratio:.2f}x the compiled peak)"
+            )
         lines += [
             f"compiled peak per device          {self.peak_bytes / GiB:9.3f} GiB",
-            f"estimate (jaxrl-llm memory)       {self.estimate.total_bytes_per_device / GiB:9.3f}"
-            f" GiB  ({self.estimate_ratio:.2f}x the compiled peak)",
+            f"estimate (jaxrl-llm memory)       {estimate}",
             f"HBM per device ({self.topology})  {self.hbm_bytes / GiB:9.3f} GiB; verdict: "
             f"{verdict}",
         ]
