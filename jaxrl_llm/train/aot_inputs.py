@@ -69,7 +69,7 @@ def _program(name: str, jitted, args: tuple, resident: int) -> ProgramMemory:
 
 
 # a collective-permute op in compiled HLO text (synchronous, or the start of an async one):
-# ring attention's neighbour transfers (jaxrl_llm.models.ring_attention)
+# ring attention's neighbour transfers (jaxrl_llm.models.ring_attention), among others
 _COLLECTIVE_PERMUTE = re.compile(r"\bcollective-permute(?:-start)?\(")
 
 

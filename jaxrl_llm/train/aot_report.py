@@ -20,8 +20,10 @@ class ProgramMemory:
         ``memory_analysis()`` per device (alias = outputs written into donated arguments).
       flops: XLA's ``cost_analysis()["flops"]`` per device, one call of the program.
       resident_bytes: arrays alive during this program that are not its arguments.
-      collective_permutes: collective-permute ops in the compiled program (> 0 on a context
-        mesh: ring attention's transfers between neighbours).
+      collective_permutes: collective-permute ops in the compiled program: on a context mesh
+        ring attention's transfers between neighbours, but the TPU compiler also emits some
+        for its own collectives (an 8B step on ``fsdp=8`` has a few), so > 0 alone does not
+        prove a ring.
     """
 
     name: str

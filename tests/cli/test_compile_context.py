@@ -67,6 +67,8 @@ def test_context_mesh_compiles_and_goes_round_the_ring(tmp_path, capsys, algorit
 
 @needs_libtpu
 def test_without_a_context_axis_there_is_no_ring(tmp_path, capsys):
+    # data-parallel only (weights replicated): nothing to permute. (With fsdp the TPU compiler
+    # may emit collective-permutes of its own: an 8B step on fsdp=8 has a few.)
     code, out, err = _compile(tmp_path, capsys, "sft", "data=4", "--batch", "4")
     assert code == 0, err
     report = json.loads(out)
