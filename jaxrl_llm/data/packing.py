@@ -175,6 +175,7 @@ def pack_preferences(
     row_len: int,
     num_rows: int | None = None,
     micro_batches: int = 1,
+    row_multiple: int = 1,
     pad_id: int = 0,
 ) -> dict[str, np.ndarray]:
     """Preference pairs packed: every chosen and rejected sequence (prompt + response) a
@@ -188,10 +189,12 @@ def pack_preferences(
     Args:
       items: B tokenised pairs.
       row_len: L, at least the longest prompt + response.
-      num_rows: R, packed rows in all (a multiple of ``micro_batches``); None: the fewest
-        that hold every micro-batch's sequences.
+      num_rows: R, packed rows in all (a multiple of ``micro_batches``); None: the rows
+        every micro-batch needs, rounded up to one of a few sizes (few compiled shapes).
       micro_batches: M; pairs i, i + M, … (strided, as the train step splits) are packed in
         block i with indices local to it.
+      row_multiple: with ``num_rows`` None, rows per micro-batch are a multiple of this (the
+        mesh's batch shards).
       pad_id: token id for padding.
     Returns:
       ``input_ids, attention_mask, loss_mask, segment_ids, positions, pair_index [R, L]`` and
@@ -219,7 +222,10 @@ def pack_preferences(
         blocks_in.append((tokens, targets))
         bins_all.append(bins)
     need = max(len(bins) for bins in bins_all)
-    per_block = need if num_rows is None else num_rows // micro_batches
+    if num_rows is None:
+        per_block = _rows_per_block(need, 2 * b // micro_batches, row_multiple)
+    else:
+        per_block = num_rows // micro_batches
     if need > per_block:
         raise DataError(
             f"{b} preference pairs need {need * micro_batches} packed rows of {row_len} "

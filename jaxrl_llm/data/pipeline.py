@@ -88,7 +88,9 @@ def collate_fn_for(
     *,
     padding: Padding = Padding(),
     pack_rows: int | None = None,
+    pack: bool = False,
     micro_batches: int = 1,
+    row_multiple: int = 1,
 ) -> Callable[[list[Tokenized]], Any]:
     """The collate function for a format (a partial of the matching ``collate_*``).
 
@@ -98,11 +100,15 @@ def collate_fn_for(
       pack_rows: pack each batch into this many rows of ``padding.max_len`` tokens — SFT
         examples (:func:`~jaxrl_llm.data.pack_sequences`) or preference pairs
         (:func:`~jaxrl_llm.data.pack_preferences`); None: one example per row.
+      pack: pack with as many rows as each batch needs, rounded up to one of a few sizes
+        (preference pairs; SFT packs into ``pack_rows``).
       micro_batches: the train step's micro-batches (packed pairs are packed per
         micro-batch so that pairs and rows split together).
+      row_multiple: packed pairs' rows per micro-batch are a multiple of this (the mesh's
+        batch shards).
     """
     fmt = Format(fmt)
-    if pack_rows is not None:
+    if pack_rows is not None or pack:
         if fmt not in (Format.SFT, Format.PREFERENCE):
             raise ConfigError(
                 f"data.packing is supported for the sft and preference formats, not {fmt.value}"
@@ -115,8 +121,11 @@ def collate_fn_for(
                 row_len=padding.max_len,
                 num_rows=pack_rows,
                 micro_batches=micro_batches,
+                row_multiple=row_multiple,
                 pad_id=padding.pad_id,
             )
+        if pack_rows is None:
+            raise ConfigError("SFT packing needs pack_rows (the packed rows per batch)")
         return functools.partial(
             pack_sequences, row_len=padding.max_len, num_rows=pack_rows, pad_id=padding.pad_id
         )

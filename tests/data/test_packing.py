@@ -119,7 +119,9 @@ def test_preference_pairs_pack_into_segments_of_their_sequences():
         for j, i in enumerate(range(k, b, 2)):  # pair i is pair j of micro-batch k
             for side, seq in (("chosen_", j), ("rejected_", half + j)):
                 attn = padded[side + "attention_mask"][i].astype(bool)
-                np.testing.assert_array_equal(ids_k[idx_k == seq], padded[side + "input_ids"][i][attn])
+                np.testing.assert_array_equal(
+                    ids_k[idx_k == seq], padded[side + "input_ids"][i][attn]
+                )
                 assert lm_k[idx_k == seq].sum() == padded[side + "loss_mask"][i].sum()
     with pytest.raises(DataError, match="more than num_rows"):
         pack_preferences(items, row_len=24, num_rows=2)

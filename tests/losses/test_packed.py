@@ -41,9 +41,9 @@ def model():
 
 def _value_and_grad(fn, params, batch, **kw):
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
-    (loss, metrics), grads = jax.jit(
-        jax.value_and_grad(functools.partial(fn, **kw), has_aux=True)
-    )(params, batch)
+    (loss, metrics), grads = jax.jit(jax.value_and_grad(functools.partial(fn, **kw), has_aux=True))(
+        params, batch
+    )
     return float(loss), metrics, grads
 
 
@@ -105,8 +105,9 @@ def test_packed_pairs_loss_and_gradient_equal_padded(model, name, config):
     if name == "dpo":  # the reference log-probs: same per pair from either layout
         ref_params = jax.tree.map(lambda x: x * 0.9, params)
         refs = [
-            preference_reference_logps(ref_params, {k: jnp.asarray(v) for k, v in b.items()},
-                                       apply_fn=apply_fn)
+            preference_reference_logps(
+                ref_params, {k: jnp.asarray(v) for k, v in b.items()}, apply_fn=apply_fn
+            )
             for b in (padded, packed)
         ]
         _close(refs[0], refs[1])
