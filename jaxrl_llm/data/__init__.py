@@ -21,7 +21,6 @@ from jaxrl_llm.data.collate import (
     collate_prompts,
     collate_ranks,
     collate_sequences,
-    pack_sequences,
     pad_length,
 )
 from jaxrl_llm.data.formats import (
@@ -36,6 +35,13 @@ from jaxrl_llm.data.formats import (
     parse_examples,
 )
 from jaxrl_llm.data.iterator import BatchIterator, epoch_order, make_iterator
+from jaxrl_llm.data.packing import (
+    first_fit,
+    pack_preferences,
+    pack_rl_batch,
+    pack_sequences,
+    packing_stats,
+)
 from jaxrl_llm.data.pipeline import PreparedData, collate_fn_for, load_examples, prepare_dataset
 from jaxrl_llm.data.readers import Record, read_hf, read_jsonl, read_parquet, read_records
 from jaxrl_llm.data.tokenize import (
@@ -85,7 +91,11 @@ __all__ = [
     "is_conversational",
     "load_examples",
     "make_iterator",
+    "first_fit",
+    "pack_preferences",
+    "pack_rl_batch",
     "pack_sequences",
+    "packing_stats",
     "pad_length",
     "parse_example",
     "parse_examples",

@@ -15,9 +15,9 @@ from jaxrl_llm.data.collate import (
     collate_prompts,
     collate_ranks,
     collate_sequences,
-    pack_sequences,
 )
 from jaxrl_llm.data.formats import Example, Format, parse_example
+from jaxrl_llm.data.packing import pack_preferences, pack_sequences
 from jaxrl_llm.data.readers import read_records
 from jaxrl_llm.data.tokenize import LengthPolicy, Tokenized, apply_length_policy, tokenize_example
 from jaxrl_llm.errors import ConfigError
@@ -84,22 +84,48 @@ def prepare_dataset(
 
 
 def collate_fn_for(
-    fmt: Format | str, *, padding: Padding = Padding(), pack_rows: int | None = None
+    fmt: Format | str,
+    *,
+    padding: Padding = Padding(),
+    pack_rows: int | None = None,
+    pack: bool = False,
+    micro_batches: int = 1,
+    row_multiple: int = 1,
 ) -> Callable[[list[Tokenized]], Any]:
     """The collate function for a format (a partial of the matching ``collate_*``).
 
     Args:
       fmt: the :class:`Format`.
       padding: :class:`~jaxrl_llm.data.collate.Padding`.
-      pack_rows: SFT only: pack each batch into this many rows of ``padding.max_len`` tokens
-        (:func:`~jaxrl_llm.data.collate.pack_sequences`); None: one example per row.
+      pack_rows: pack each batch into this many rows of ``padding.max_len`` tokens — SFT
+        examples (:func:`~jaxrl_llm.data.pack_sequences`) or preference pairs
+        (:func:`~jaxrl_llm.data.pack_preferences`); None: one example per row.
+      pack: pack with as many rows as each batch needs, rounded up to one of a few sizes
+        (preference pairs; SFT packs into ``pack_rows``).
+      micro_batches: the train step's micro-batches (packed pairs are packed per
+        micro-batch so that pairs and rows split together).
+      row_multiple: packed pairs' rows per micro-batch are a multiple of this (the mesh's
+        batch shards).
     """
     fmt = Format(fmt)
-    if pack_rows is not None:
-        if fmt != Format.SFT:
-            raise ConfigError(f"packing is supported for the sft format only, not {fmt.value}")
+    if pack_rows is not None or pack:
+        if fmt not in (Format.SFT, Format.PREFERENCE):
+            raise ConfigError(
+                f"data.packing is supported for the sft and preference formats, not {fmt.value}"
+            )
         if padding.max_len is None:
-            raise ConfigError("packing needs padding.max_len (the packed row length)")
+            raise ConfigError("data.packing needs data.max_length (the packed row length)")
+        if fmt == Format.PREFERENCE:
+            return functools.partial(
+                pack_preferences,
+                row_len=padding.max_len,
+                num_rows=pack_rows,
+                micro_batches=micro_batches,
+                row_multiple=row_multiple,
+                pad_id=padding.pad_id,
+            )
+        if pack_rows is None:
+            raise ConfigError("SFT packing needs pack_rows (the packed rows per batch)")
         return functools.partial(
             pack_sequences, row_len=padding.max_len, num_rows=pack_rows, pad_id=padding.pad_id
         )

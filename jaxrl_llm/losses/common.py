@@ -140,9 +140,28 @@ def forward_logps(
         model then computes each prompt once per group (``apply_fn(..., shared_prefix=(T −
         window, G))``, see :func:`jaxrl_llm.models.trunk_shared_prefix`); same log-probs up
         to float rounding, fewer FLOPs. Needs ``window``.
+    A batch with ``{prefix}unpack_index`` is a packed one (:func:`jaxrl_llm.data.pack_rl_batch`):
+    its model inputs are packed rows ``[R, L]`` and the results come back in the layout of
+    its ``loss_mask [N, W]`` (``window`` is then the packer's; ``prompt_group_size`` must be 1).
     Returns:
       ``(logp [B, T] float32, entropy [B, T] or None, ModelOutputs)``.
     """
+    if f"{prefix}unpack_index" in batch:
+        if prompt_group_size > 1:
+            raise ValueError(
+                "a packed batch (unpack_index) has no shared prompt per group; "
+                "use prompt_group_size=1 (logprobs.shared_prompt: false)"
+            )
+        return _packed_logps(
+            params,
+            batch,
+            apply_fn=apply_fn,
+            prefix=prefix,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            with_entropy=with_entropy,
+            loss=loss,
+        )
     ids, attn, lmask, seg, pos = _model_inputs(batch, prefix, loss)
     t = ids.shape[1]
     w = t - 1 if window is None else min(int(window), t - 1)
@@ -198,6 +217,52 @@ def forward_logps(
         ent = None
     logp = jnp.where(m, place(lp), 0.0)
     return logp, ent, out
+
+
+def _packed_logps(
+    params: Any,
+    batch: Batch,
+    *,
+    apply_fn: ApplyFn,
+    prefix: str,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    loss: str,
+) -> tuple[jax.Array, jax.Array | None, Any]:
+    """:func:`forward_logps` of a batch whose model inputs are packed
+    (:func:`jaxrl_llm.data.pack_rl_batch`): one forward over the packed rows ``[R, L]``, the
+    log-probs (and entropies) of every packed token, then gathered back to the per-sequence
+    layout of ``loss_mask [N, W]`` through ``unpack_index [N, W]`` (flat indices into the
+    packed rows; a packed token at flat index j is predicted from the hidden state at j − 1,
+    inside its own segment). The unembedding runs on the packed tokens, not on N × W."""
+    ids = require(batch, f"{prefix}input_ids", loss=loss)
+    seg = require(batch, f"{prefix}segment_ids", loss=loss)
+    pos = require(batch, f"{prefix}positions", loss=loss)
+    attn = require(batch, f"{prefix}attention_mask", loss=loss)
+    index = batch[f"{prefix}unpack_index"]
+    lmask = require(batch, f"{prefix}loss_mask", loss=loss)
+    chex.assert_rank([ids, index], 2)
+    chex.assert_equal_shape([ids, seg, pos, attn])
+    chex.assert_equal_shape([index, lmask])
+    out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg)
+    if out.unembed is None:
+        raise DataError(
+            f"the {loss!r} loss needs token log-probs but apply_fn returned no unembedding"
+        )
+    hidden, targets = out.hidden[:, :-1], ids[:, 1:]
+    kwargs = dict(temperature=temperature, chunk_size=chunk_size, softcap=out.logit_softcap)
+    if with_entropy:
+        lp, ent = logprobs_and_entropy_from_hidden(hidden, out.unembed, targets, **kwargs)
+    else:
+        lp, ent = token_logprobs_from_hidden(hidden, out.unembed, targets, **kwargs), None
+    m = lmask.astype(bool)
+
+    def unpack(x_rl):  # [R, L-1] of targets 1.. -> [N, W]
+        flat = jnp.pad(x_rl, ((0, 0), (1, 0))).reshape(-1)
+        return jnp.where(m, flat[index], 0.0)
+
+    return unpack(lp), None if ent is None else unpack(ent), out
 
 
 def sequence_logps(

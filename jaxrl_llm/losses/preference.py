@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.losses.common import (
     DEFAULT_LOGPROBS,
     ApplyFn,
@@ -25,6 +25,7 @@ from jaxrl_llm.losses.common import (
     masked_rows_mean,
     require,
     row_valid,
+    sequence_logps,
     stack_pair,
     summed_logps,
 )
@@ -38,6 +39,8 @@ from jaxrl_llm.ops.masked import masked_count, masked_sum, safe_divide
 def pair_denominator(batch: Batch, config: Any = None) -> jax.Array:
     """Number of real preference pairs in ``batch`` (the denominator of every pair loss)."""
     del config
+    if "pair_index" in batch:  # packed pairs (jaxrl_llm.data.pack_preferences)
+        return masked_count(require(batch, "pair_valid", loss="preference"))
     c = require(batch, "chosen_loss_mask", loss="preference")
     r = require(batch, "rejected_loss_mask", loss="preference")
     return masked_count(row_valid(c) & row_valid(r))
@@ -47,7 +50,14 @@ def _pair_forward(params, batch, apply_fn, logprobs, loss):
     """Per-token log-probs of chosen and rejected rows from one stacked forward pass.
 
     Returns (sum_c, sum_r, n_c, n_r, valid, logp [2B, T], stacked batch); sums, counts [B].
+    Packed pairs (``pair_index``): one forward over the packed rows, sums and counts per
+    sequence segment (logp is then the packed ``[R, L]``).
     """
+    if "pair_index" in batch:
+        logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn, loss=loss, **logprobs.kwargs())
+        sums, n, valid = _packed_pair_sums(logp, batch, loss)
+        b = valid.shape[0]
+        return sums[:b], sums[b:], n[:b], n[b:], valid, logp, batch
     pair = stack_pair(batch, loss)
     logp, _, out = forward_logps(params, pair, apply_fn=apply_fn, loss=loss, **logprobs.kwargs())
     b = batch["chosen_input_ids"].shape[0]
@@ -55,6 +65,19 @@ def _pair_forward(params, batch, apply_fn, logprobs, loss):
     n = masked_count(pair["loss_mask"], axis=-1)
     valid = row_valid(batch["chosen_loss_mask"]) & row_valid(batch["rejected_loss_mask"])
     return sums[:b], sums[b:], n[:b], n[b:], valid, logp, pair
+
+
+def _packed_pair_sums(logp: jax.Array, batch: Batch, loss: str):
+    """Per-sequence Σ log p and token counts ``[2B]`` of packed pairs (chosen b at b, rejected
+    b at B + b) and ``valid [B]``: segment sums over ``pair_index [R, L]``."""
+    index = require(batch, "pair_index", loss=loss)
+    valid = require(batch, "pair_valid", loss=loss).astype(bool)
+    two_b = 2 * valid.shape[0]
+    seg = jnp.where(index >= 0, index, two_b).reshape(-1)  # padding -> a dropped segment
+    mask = batch["loss_mask"].astype(jnp.float32).reshape(-1)
+    sums = jax.ops.segment_sum(logp.reshape(-1), seg, num_segments=two_b + 1)[:two_b]
+    n = jax.ops.segment_sum(mask, seg, num_segments=two_b + 1)[:two_b]
+    return sums, n, valid
 
 
 def _pair_metrics(chosen_rewards, rejected_rewards, logp_c, logp_r, valid):
@@ -353,6 +376,11 @@ def reward_model_loss(
       ``(loss, metrics)``: ``loss``, ``rewards/chosen``, ``rewards/rejected``,
       ``rewards/accuracies``, ``rewards/margins``.
     """
+    if "pair_index" in batch:
+        raise DataError(
+            "the reward_model loss scores each sequence's last token and does not take packed "
+            "pairs; set data.packing: false"
+        )
     del logprobs  # scores come from the scalar head, not from token log-probs
     pair = stack_pair(batch, "reward_model")
     b = batch["chosen_input_ids"].shape[0]
@@ -384,6 +412,17 @@ def preference_reference_logps(
     One stacked forward pass; the trainer adds the result to the batch before DPO.
     """
     del config
+    if "pair_index" in batch:
+        logp = sequence_logps(
+            ref_params,
+            batch,
+            apply_fn=apply_fn,
+            temperature=logprobs.temperature,
+            chunk_size=logprobs.chunk_size,
+        )
+        sums, _, valid = _packed_pair_sums(logp, batch, "dpo")
+        sums, b = jax.lax.stop_gradient(sums), valid.shape[0]
+        return {"ref_chosen_logps": sums[:b], "ref_rejected_logps": sums[b:]}
     pair = stack_pair(batch, "dpo")
     s = summed_logps(
         ref_params,

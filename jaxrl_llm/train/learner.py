@@ -11,10 +11,16 @@ left-padded already, so every target stays in the last ``rollout.max_new_tokens`
 the log-prob window reads, and the padded columns are masked (no result changes). The update's
 forward and backward then split each row's tokens over the axis (ring attention); the rollout
 that produced the batch ran unsharded along T.
+
+With ``logprobs.pack`` (:class:`PackSpec`) each update's rows are packed right before the
+step (:func:`jaxrl_llm.data.pack_rl_batch`): after the minibatch and micro-batch layout, so
+that a micro-batch's packed rows hold exactly its own episodes and zero-advantage skipping
+still sees whole micro-batches of groups. The packed row length is then the multiple of C.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm.data.collate import pad_length
+from jaxrl_llm.data.packing import pack_rl_batch, packing_stats
 from jaxrl_llm.parallel.context import context_size
 from jaxrl_llm.train.faults import fault_point
 from jaxrl_llm.train.step import STEP_METRICS, is_loss_share
@@ -70,6 +77,19 @@ def mean_metrics(per_update: list[dict]) -> dict[str, float]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class PackSpec:
+    """How the learner packs its rows (``logprobs.pack``).
+
+    Attributes:
+      window: the completion columns W every target sits in (``rollout.max_new_tokens``).
+      row_len: the packed rows' length (None: the batch's padded T).
+    """
+
+    window: int
+    row_len: int | None = None
+
+
 class Learner:
     """Runs the policy's train step over a learner batch.
 
@@ -83,6 +103,7 @@ class Learner:
       companion: ``companion(minibatch) -> metrics``, a second update per minibatch on the same
         rows (PPO's critic), or None.
       actor_drop: batch keys the policy's step does not take (the critic's ``values``...).
+      pack: pack the policy's rows before each step (:class:`PackSpec`), or None.
     """
 
     def __init__(
@@ -97,12 +118,14 @@ class Learner:
         seed: int,
         companion: Callable[[dict], dict] | None = None,
         actor_drop: tuple[str, ...] = (),
+        pack: PackSpec | None = None,
     ):
         self.step_fn = step_fn
         self.epochs, self.minibatches = epochs, minibatches
         self.group, self.group_minibatches = group, group_minibatches
         self.micro_batches, self.seed = micro_batches, seed
         self.companion, self.actor_drop = companion, actor_drop
+        self.pack = pack
 
     def update(
         self, policy: Any, batch: dict, step: int, *, frozen: dict, hparams: dict | None = None
@@ -111,7 +134,14 @@ class Learner:
         metrics (means over updates; ``nonfinite`` the max; ``update/computed_frac`` the
         share of micro-batches that ran when skipping). On a context mesh the batch's T is
         left-padded to a multiple of the context axis first (module docstring)."""
-        batch = pad_length(batch, context_size(policy.mesh), side="left", pad_id=_pad_id(policy))
+        c = context_size(policy.mesh)
+        if self.pack is None:
+            batch = pad_length(batch, c, side="left", pad_id=_pad_id(policy))
+        else:
+            t = np.shape(batch["input_ids"])[1]
+            row_len = -(-(self.pack.row_len or t) // c) * c
+            shards = int(policy.mesh.shape["data"] * policy.mesh.shape["fsdp"])
+        fills: list[float] = []
         n = len(next(iter(batch.values())))
         mb = n // self.minibatches
         rng = np.random.default_rng(self.seed * 7919 + step)
@@ -126,6 +156,16 @@ class Learner:
                 if self.micro_batches > 1:
                     sub = skippable_layout(sub, self.group, self.micro_batches)
                 actor = {k: v for k, v in sub.items() if k not in self.actor_drop}
+                if self.pack is not None:
+                    actor = pack_rl_batch(
+                        actor,
+                        window=self.pack.window,
+                        row_len=row_len,
+                        micro_batches=self.micro_batches,
+                        row_multiple=shards,
+                        pad_id=_pad_id(policy),
+                    )
+                    fills.append(packing_stats(actor)["pack/fill"])
                 if hparams is None:
                     policy.state, m = self.step_fn(policy.state, actor, frozen)
                 else:
@@ -137,6 +177,8 @@ class Learner:
         per_update = jax.device_get(per_update)
         out = mean_metrics(per_update)
         out["nonfinite"] = float(max(float(m["nonfinite"]) for m in per_update))
+        if fills:  # real tokens / packed token slots of the update's forwards
+            out["pack/fill"] = float(np.mean(fills))
         if "computed_micro_batches" in out:  # the fraction of update micro-batches that ran
             out["update/computed_frac"] = out.pop("computed_micro_batches") / self.micro_batches
         return out

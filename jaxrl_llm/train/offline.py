@@ -135,10 +135,17 @@ class OfflineTrainer(Trainer):
         # rows split over the context axis: T a multiple of C (data.max_length is one too)
         multiple = math.lcm(16, context_size(p.mesh))
         self.padding = Padding(pad_id=pad_id, multiple=multiple, max_len=d.max_length)
-        pack_rows = None
-        if d.packing:
+        pack_rows = None  # SFT: B examples in B/2 rows; pairs: the rows each batch needs
+        if d.packing and self.format != Format.PREFERENCE:
             pack_rows = max(1, t.batch_size // 2)
-        self.collate = collate_fn_for(self.format, padding=self.padding, pack_rows=pack_rows)
+        self.collate = collate_fn_for(
+            self.format,
+            padding=self.padding,
+            pack_rows=pack_rows,
+            pack=d.packing,
+            micro_batches=t.micro_batches,
+            row_multiple=int(p.mesh.shape["data"] * p.mesh.shape["fsdp"]),
+        )
         self.eval_collate = collate_fn_for(self.format, padding=self.padding)
         self.iterator = self.make_iterator()
         self.reference = None

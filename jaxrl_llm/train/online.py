@@ -33,7 +33,7 @@ from jaxrl_llm.train.algorithms import make_strategy
 from jaxrl_llm.train.correction import RolloutCorrector
 from jaxrl_llm.train.episodes import check_environment, episode_records
 from jaxrl_llm.train.experience import Experience, ExperienceBuffer
-from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.learner import Learner, PackSpec
 from jaxrl_llm.train.logging import SamplesLog
 from jaxrl_llm.train.loop import Trainer
 from jaxrl_llm.train.placement import RolloutPlacement, split_devices
@@ -184,6 +184,9 @@ class OnlineTrainer(Trainer):
             seed=cfg.seed,
             companion=None if critic is None else self.strategy.critic_update,
             actor_drop=("values", "returns"),
+            pack=PackSpec(r.max_new_tokens, cfg.logprobs.pack_length)
+            if cfg.logprobs.pack
+            else None,
         )
         self.schedules = {
             s.name: _schedule(s, getattr(self.loss_config, s.name), cfg.max_steps)

@@ -80,7 +80,25 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
             sizes, t.batch_size // t.micro_batches, "train.batch_size / train.micro_batches"
         )
     check_context(cfg, sizes["context"])
+    check_packing(cfg)
     return sizes
+
+
+def check_packing(cfg: RunConfig) -> None:
+    """``logprobs.pack`` packs the online policy-gradient learner batch (GRPO family, PPO);
+    offline runs pack with ``data.packing``, online pairs are not packed.
+
+    Raises:
+      ConfigError: one line naming the key to change.
+    """
+    if not cfg.logprobs.pack:
+        return
+    if cfg.algo.family not in (Family.GROUP_POLICY_GRADIENT, Family.PPO):
+        hint = "data.packing" if not cfg.is_online else "logprobs.pack: false"
+        raise ConfigError(
+            f"logprobs.pack packs the online policy-gradient update; {cfg.algorithm} "
+            f"is not one: use {hint}"
+        )
 
 
 def check_context(cfg: RunConfig, context: int) -> None:

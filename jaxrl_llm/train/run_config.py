@@ -286,7 +286,7 @@ def logprob_settings(cfg: RunConfig):
     temperature = r.temperature if "temperature" in algo.sampling_settings else 1.0
     # each minibatch holds whole groups: the update's forward can share each group's prompt
     whole_groups = r.prompts_per_step % r.minibatches == 0
-    group = r.group_size if lp.shared_prompt and whole_groups else 1
+    group = r.group_size if lp.shared_prompt and whole_groups and not lp.pack else 1
     # rollout batches keep every target in their last max_new_tokens columns
     return LogprobSettings(
         temperature=temperature,

@@ -356,13 +356,27 @@ class LogprobSection:
       shared_prompt: online group RL: compute each prompt once per group in the update's
         forward (same log-probs up to float rounding, fewer FLOPs); needs minibatches of
         whole groups (``rollout.minibatches`` dividing ``rollout.prompts_per_step``).
+      pack: online policy-gradient RL (GRPO family, PPO's actor): the update's forward and
+        backward run on packed rows — every episode's real tokens (prompt + completion) one
+        segment, several per row (``jaxrl_llm.data.pack_rl_batch``) — instead of one padded
+        row each; the per-token quantities are unpacked exactly. Overrides
+        ``shared_prompt`` (a packed row has no per-group prompt). The better choice when
+        completion lengths vary widely (long-tail reasoning lengths); the shared prompt when
+        prompts are long and completions short. The reference and correction forwards stay
+        padded.
+      pack_length: the packed rows' length (null: the padded batch's length; rounded up to a
+        multiple of ``mesh.context``); at least the longest episode.
     """
 
     chunk_size: int = 128
     shared_prompt: bool = True
+    pack: bool = False
+    pack_length: int | None = None
 
     def __post_init__(self):
         _at_least("logprobs.chunk_size", self.chunk_size, 1)
+        if self.pack_length is not None:
+            _at_least("logprobs.pack_length", self.pack_length, 2)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,5 +57,5 @@ def test_prepare_with_length_policy_and_packing(char_tokenizer, tmp_path):
     assert int(batch["attention_mask"].sum()) == sum(
         len(x.prompt_ids) + len(x.completion_ids) for x in data.items
     )
-    with pytest.raises(ConfigError, match="sft format only"):
+    with pytest.raises(ConfigError, match="sft and preference formats"):
         collate_fn_for("kto", padding=Padding(max_len=16), pack_rows=2)

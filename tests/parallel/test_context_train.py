@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import models as M
-from jaxrl_llm.data import BucketMode, Padding, collate_fn_for, pad_length
+from jaxrl_llm.data import BucketMode, Padding, collate_fn_for, pack_rl_batch, pad_length
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.config_io import from_dict
 from jaxrl_llm.train.offline import OfflineTrainer
@@ -79,21 +79,28 @@ def _goes_round_the_ring(step_fn, state, batch, frozen):
 
 TINY = dict(source="tiny", tokenizer="char")
 OFFLINE = [
-    ("sft", "arith_sft", dict(data=2, context=4), TINY),
-    ("sft", "arith_sft", dict(fsdp=2, context=4), TINY),
-    ("dpo", "arith_prefs", dict(data=2, context=4), {**TINY, "lora": dict(rank=4)}),
+    ("sft", "arith_sft", dict(data=2, context=4), TINY, False),
+    ("sft", "arith_sft", dict(fsdp=2, context=4), TINY, False),
+    ("dpo", "arith_prefs", dict(data=2, context=4), {**TINY, "lora": dict(rank=4)}, False),
+    ("dpo", "arith_prefs", dict(data=2, context=4), TINY, True),
 ]
 
 
-@pytest.mark.parametrize("algorithm,data,mesh,model", OFFLINE)
-def test_offline_step_matches_single_device(tmp_path, algorithm, data, mesh, model):
-    """SFT (also rows over fsdp), and DPO with LoRA adapters (the reference: the base)."""
+@pytest.mark.parametrize("algorithm,data,mesh,model,packing", OFFLINE)
+def test_offline_step_matches_single_device(tmp_path, algorithm, data, mesh, model, packing):
+    """SFT (also rows over fsdp), DPO with LoRA adapters (the reference: the base), and DPO
+    on packed pairs (``data.packing``) against the padded single-device step."""
     cfg = _cfg(
         tmp_path,
         algorithm,
         mesh,
         model=model,
-        data=dict(train=f"{ROOT}/data/{data}/train.jsonl", max_length=96, shuffle=False),
+        data=dict(
+            train=f"{ROOT}/data/{data}/train.jsonl",
+            max_length=192 if packing else 96,  # two pairs' sequences fit one row
+            shuffle=False,
+            packing=packing,
+        ),
         train=dict(batch_size=4, reference="on_the_fly"),
     )
     trainer = OfflineTrainer(cfg, log_stream=open(os.devnull, "w"))
@@ -126,6 +133,9 @@ def test_offline_step_matches_single_device(tmp_path, algorithm, data, mesh, mod
         _assert_same_update(jax.device_get(p.state.params), expected, params0)
         padded = trainer._prepare(trainer.collate(items))
         assert all(v.shape[1] % 4 == 0 for k, v in padded.items() if k.endswith("input_ids"))
+        assert ("pair_index" in padded) == packing
+        if packing:  # 8 sequences in fewer rows than the padded [2B, T] forward's 8
+            assert padded["input_ids"].shape[0] < 8
         assert _goes_round_the_ring(trainer.step_fn, p.state, padded, p.frozen())
     finally:
         trainer.close()
@@ -154,8 +164,17 @@ def _rl_batch(vocab, *, groups=2, group=4, prompt=5, completion=6, seed=0):
     }
 
 
-@pytest.mark.parametrize("mesh", [dict(data=2, context=4), dict(fsdp=2, context=4)])
-def test_grpo_learner_update_matches_single_device(tmp_path, mesh):
+@pytest.mark.parametrize(
+    "mesh, pack",
+    [
+        (dict(data=2, context=4), False),
+        (dict(fsdp=2, context=4), False),
+        (dict(data=2, context=4), True),
+    ],
+)
+def test_grpo_learner_update_matches_single_device(tmp_path, mesh, pack):
+    """Also with the learner's rows packed (``logprobs.pack``): packed rows of 12 tokens
+    split over the ring, against the padded single-device update."""
     cfg = _cfg(
         tmp_path,
         "grpo",
@@ -163,7 +182,7 @@ def test_grpo_learner_update_matches_single_device(tmp_path, mesh):
         data=dict(train=f"{ROOT}/data/addition/train.jsonl", max_length=96),
         rollout=dict(prompts_per_step=2, group_size=4, max_new_tokens=6),
         loss=dict(kl_coef=0.0),
-        logprobs=dict(shared_prompt=False),
+        logprobs=dict(shared_prompt=False, pack=pack),
         rewards=[dict(name="math_answer")],
     )
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
@@ -181,6 +200,10 @@ def test_grpo_learner_update_matches_single_device(tmp_path, mesh):
         _assert_same_update(jax.device_get(p.state.params), expected, params0)
         padded = pad_length(batch, 4, side="left")
         assert padded["input_ids"].shape == (8, 12)
+        assert ("pack/fill" in metrics) == pack
+        if pack:
+            padded = pack_rl_batch(batch, window=6, row_len=12, micro_batches=2, row_multiple=2)
+            assert padded["input_ids"].shape[1] == 12
         assert _goes_round_the_ring(trainer.step_fn, p.state, padded, p.frozen())
     finally:
         trainer.close()

@@ -571,3 +571,33 @@ def test_rollout_correction_runs_with_ppo_and_is_checked(toy_data, tmp_path):
                 rollout=dict(correction=dict()),
             )
         )
+
+
+@pytest.mark.parametrize(
+    "algorithm, rollout",
+    [
+        ("grpo", dict(micro_batch_groups=1)),  # packed per micro-batch, zero groups skipped
+        ("ppo", dict()),  # the actor packed, the critic padded
+    ],
+)
+def test_packed_update_equals_the_padded_one(toy_data, tmp_path, algorithm, rollout):
+    """``logprobs.pack`` (issue 22 §4): the same rollout, the update on packed rows gives the
+    padded update's loss and parameters."""
+    over = dict(rollout=dict(max_new_tokens=6, **rollout))
+    m0, p0 = _one_step(toy_data, tmp_path / "padded", algorithm, **over)
+    m1, p1 = _one_step(toy_data, tmp_path / "packed", algorithm, logprobs=dict(pack=True), **over)
+    assert m1["reward/mean"] == m0["reward/mean"]
+    assert 0 < m1["pack/fill"] <= 1 and "pack/fill" not in m0
+    assert m1["loss"] == pytest.approx(m0["loss"], abs=1e-5)
+    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-4)
+    assert _max_diff(p0, p1) < 1e-6
+    if algorithm == "grpo":
+        assert m1["update/computed_frac"] == m0["update/computed_frac"]
+
+
+def test_packing_is_refused_where_it_does_not_apply(toy_data, tmp_path):
+    with pytest.raises(ConfigError, match="logprobs.pack"):
+        OnlineTrainer(
+            toy_config(toy_data, tmp_path, "online_dpo", logprobs=dict(pack=True)),
+            log_stream=open(os.devnull, "w"),
+        )

@@ -56,6 +56,9 @@ def _parse(argv=None):
     p.add_argument("--repeats", type=int, default=2, help="timed repetitions (best is kept)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
     p.add_argument("--skip-hf", action="store_true", help="skip transformers generate")
+    p.add_argument(
+        "--workloads", default="a,b", help="comma-separated workloads to run: a, b or a,b"
+    )
     p.add_argument("--out", default=None, help="write the markdown report here")
     args = p.parse_args(argv)
     if args.smoke:
@@ -207,28 +210,31 @@ def main(argv=None) -> int:
             )
             metrics[f"{key}_kv_slots_per_row_paged"] = per_row
 
+    todo = {w.strip() for w in args.workloads.split(",")}
     a_n = args.a_prompts * args.a_group
-    workload(
-        "a",
-        args.a_prompts,
-        args.a_group,
-        args.a_prompt_len,
-        args.a_new_tokens,
-        [args.a_new_tokens] * a_n,
-        ["greedy", "sampling"],
-        args.bf16,
-    )
     budgets = _lengths(args, rng)
-    workload(
-        "b",
-        args.b_prompts,
-        args.b_group,
-        args.b_prompt_len,
-        args.b_new_tokens,
-        budgets,
-        ["sampling"],
-        args.bf16_b,
-    )
+    if "a" in todo:
+        workload(
+            "a",
+            args.a_prompts,
+            args.a_group,
+            args.a_prompt_len,
+            args.a_new_tokens,
+            [args.a_new_tokens] * a_n,
+            ["greedy", "sampling"],
+            args.bf16,
+        )
+    if "b" in todo:
+        workload(
+            "b",
+            args.b_prompts,
+            args.b_group,
+            args.b_prompt_len,
+            args.b_new_tokens,
+            budgets,
+            ["sampling"],
+            args.bf16_b,
+        )
 
     body = [
         f"Model: {args.model} ({common.fmt_params(config.num_params())} parameters). "
