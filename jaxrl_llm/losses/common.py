@@ -235,7 +235,9 @@ def _packed_logps(
     log-probs (and entropies) of every packed token, then gathered back to the per-sequence
     layout of ``loss_mask [N, W]`` through ``unpack_index [N, W]`` (flat indices into the
     packed rows; a packed token at flat index j is predicted from the hidden state at j − 1,
-    inside its own segment). The unembedding runs on the packed tokens, not on N × W."""
+    inside its own segment). The unembedding runs on whichever is fewer: the packed tokens
+    (long completions), or the N × W targets after gathering their hidden states (short
+    completions after long prompts, where the padded layout's window is cheaper)."""
     ids = require(batch, f"{prefix}input_ids", loss=loss)
     seg = require(batch, f"{prefix}segment_ids", loss=loss)
     pos = require(batch, f"{prefix}positions", loss=loss)
@@ -250,18 +252,28 @@ def _packed_logps(
         raise DataError(
             f"the {loss!r} loss needs token log-probs but apply_fn returned no unembedding"
         )
-    hidden, targets = out.hidden[:, :-1], ids[:, 1:]
     kwargs = dict(temperature=temperature, chunk_size=chunk_size, softcap=out.logit_softcap)
+    m = lmask.astype(bool)
+    r, length = ids.shape
+    if index.size < r * (length - 1):
+        # fewer targets than packed tokens (short completions after long prompts): gather the
+        # predicting hidden states [N, W, D] first, unembed only those
+        hidden = out.hidden.reshape(r * length, -1)[jnp.maximum(index - 1, 0)]
+        targets = ids.reshape(-1)[index]
+
+        def unpack(x_nw):
+            return jnp.where(m, x_nw, 0.0)
+    else:  # long completions: unembed every packed token, gather the log-probs
+        hidden, targets = out.hidden[:, :-1], ids[:, 1:]
+
+        def unpack(x_rl):  # [R, L-1] of targets 1.. -> [N, W]
+            flat = jnp.pad(x_rl, ((0, 0), (1, 0))).reshape(-1)
+            return jnp.where(m, flat[index], 0.0)
+
     if with_entropy:
         lp, ent = logprobs_and_entropy_from_hidden(hidden, out.unembed, targets, **kwargs)
     else:
         lp, ent = token_logprobs_from_hidden(hidden, out.unembed, targets, **kwargs), None
-    m = lmask.astype(bool)
-
-    def unpack(x_rl):  # [R, L-1] of targets 1.. -> [N, W]
-        flat = jnp.pad(x_rl, ((0, 0), (1, 0))).reshape(-1)
-        return jnp.where(m, flat[index], 0.0)
-
     return unpack(lp), None if ent is None else unpack(ent), out
 
 

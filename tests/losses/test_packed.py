@@ -57,22 +57,27 @@ def _close(a, b):
     [
         ("grpo", grpo_config(kl_coef=0.04)),
         ("grpo", grpo_config(aggregation=AggregationMode.SEQ_MEAN_TOKEN_MEAN, entropy_coef=0.01)),
-        ("dr_grpo", dr_grpo_config(max_len=9)),
+        ("dr_grpo", dr_grpo_config(max_len=30)),
         ("gspo", gspo_config()),
     ],
     ids=["grpo-kl", "grpo-seq-mean-entropy", "dr-grpo", "gspo"],
 )
-def test_packed_policy_gradient_loss_and_gradient_equal_padded(model, name, config):
+@pytest.mark.parametrize("p, w", [(7, 9), (2, 30)], ids=["short-completions", "long-completions"])
+def test_packed_policy_gradient_loss_and_gradient_equal_padded(model, name, config, p, w):
     params, apply_fn = model
     rng = np.random.default_rng(0)
-    batch = rl_rows(rng, 8, 7, 9)
+    batch = rl_rows(rng, 8, p, w)
     del batch["row_weight"]
     m = batch["loss_mask"].astype(bool)
     batch["ref_logp"] = (rng.normal(size=m.shape) * m).astype(np.float32)
     batch["old_logp"] = (batch["old_logp"] * 0.1 - 2.0 * m).astype(np.float32)
     spec = LOSSES[name]
-    packed = pack_rl_batch(batch, window=9)
-    assert packed["input_ids"].shape[0] < 8  # the padded batch has 8 rows
+    packed = pack_rl_batch(batch, window=w)
+    r, length = packed["input_ids"].shape
+    assert r < 8  # the padded batch has 8 rows
+    # which side _packed_logps unembeds: only the 8 × W targets (short completions), or
+    # every packed token (long, ragged completions)
+    assert (8 * w < r * (length - 1)) == (w == 9)
     l1, m1, g1 = _value_and_grad(spec.loss_fn, params, batch, apply_fn=apply_fn, config=config)
     l2, m2, g2 = _value_and_grad(spec.loss_fn, params, packed, apply_fn=apply_fn, config=config)
     assert abs(l1 - l2) <= ATOL
