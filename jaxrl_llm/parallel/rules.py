@@ -12,6 +12,8 @@ sizes. The other dimensions keep their sharding. Results stay exact (GSPMD inser
 collectives); only memory and speed change, which is why it is a warning and not an error.
 A mesh axis already used by an earlier dimension of the same array is not reused (also
 replicated, silently: the rule table may map two dimensions of one array to the same axis).
+Of a rule's several mesh axes, those of size 1 are left out of the spec (``embed`` →
+``("fsdp", "context")`` is plain ``"fsdp"`` on a mesh without context parallelism).
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ DEFAULT_RULES: Mapping[str, MeshAxes] = types.MappingProxyType(
         "length": "context",
         # parameters
         "vocab": "tensor",
-        "embed": "fsdp",
+        # the parameters' model dimension: FSDP (ZeRO-3) over fsdp and context together, so
+        # a context mesh does not hold the whole weights and optimizer state on every device
+        # (MaxText shards weights over its context axis too); gathered per layer on use.
+        "embed": ("fsdp", "context"),
         "heads": "tensor",
         "kv_heads": "tensor",
         "mlp": "tensor",
@@ -119,6 +124,8 @@ def logical_to_spec(
                     f"sharding rule {logical!r} -> {axes!r} names mesh axis {n!r}, "
                     f"which the mesh {dict(mesh.shape)} does not have"
                 )
+        if len(names) > 1:  # axes of size 1 split nothing: leave them out of the spec
+            names = tuple(n for n in names if mesh.shape[n] > 1) or names[:1]
         names = tuple(n for n in names if n not in used)
         if not names:
             spec.append(None)

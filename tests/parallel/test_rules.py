@@ -113,3 +113,13 @@ def test_expert_weights_split_over_the_expert_axis():
     spec = logical_to_spec(("layers", "experts", "embed", "mlp"), mesh, shape=(2, 8, 48, 40))
     assert spec == P(None, "expert", "fsdp", "tensor")
     assert logical_to_spec(("layers", "embed", "router"), mesh) == P(None, "fsdp", None)
+
+
+def test_weights_are_sharded_over_fsdp_and_context():
+    """``embed`` maps to fsdp × context (ZeRO-3 over the context axis as well), and a size-1
+    axis of a multi-axis rule is left out of the spec."""
+    assert logical_to_spec(("vocab", "embed"), make_mesh(fsdp=2, context=4)) == P(
+        "tensor", ("fsdp", "context")
+    )
+    assert logical_to_spec(("embed", "mlp"), make_mesh(context=8)) == P("context", "tensor")
+    assert logical_to_spec(("embed", "mlp"), make_mesh(fsdp=8)) == P("fsdp", "tensor")
