@@ -41,6 +41,7 @@ import numpy as np
 from jaxrl_llm import objectives
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import LogprobSettings, sequence_logps
+from jaxrl_llm.train.learner import context_padded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +167,8 @@ class RolloutCorrector:
         sub = {k: jnp.asarray(np.asarray(batch[k])[rows]) for k in keys}
         p = self.policy
         logp = np.array(batch["old_logp"], np.float32)  # the sampler's where not recomputed
-        logp[rows] = np.asarray(jax.device_get(self._logps(p.state.params, sub, **p.frozen())))
+        recomputed = context_padded(lambda b: self._logps(p.state.params, b, **p.frozen()), sub, p)
+        logp[rows] = np.asarray(jax.device_get(recomputed))
         t_recompute = time.perf_counter() - t
         out, metrics = correct_batch(batch, logp, self.section, rows)
         metrics["time/recompute_s"] = t_recompute

@@ -184,6 +184,23 @@ class Learner:
         return out
 
 
+def context_padded(fn: Callable[[dict], Any], batch: dict, policy: Any) -> Any:
+    """``fn(batch)`` with the batch's token axis T left-padded to a multiple of the policy
+    mesh's context axis (as :meth:`Learner.update` pads it), so that a forward outside the
+    update (the reference's, the correction's recompute) goes round the ring too, and every
+    ``[N, T']`` array of the result cropped back to the last T columns (per-row results pass
+    unchanged). A no-op without context parallelism."""
+    c = context_size(policy.mesh)
+    t = np.shape(batch["input_ids"])[1]
+    if c <= 1 or t % c == 0:
+        return fn(batch)
+    out = fn(pad_length(batch, c, side="left", pad_id=_pad_id(policy)))
+    t_pad = t + (-t % c)
+    return jax.tree.map(
+        lambda x: x[:, t_pad - t :] if np.ndim(x) >= 2 and np.shape(x)[1] == t_pad else x, out
+    )
+
+
 def _pad_id(policy: Any) -> int:
     """The model's padding token id (0 when it has none): what padded ``input_ids`` hold."""
     pad = getattr(getattr(policy, "config", None), "pad_token_id", None)

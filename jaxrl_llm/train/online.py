@@ -33,7 +33,7 @@ from jaxrl_llm.train.algorithms import make_strategy
 from jaxrl_llm.train.correction import RolloutCorrector
 from jaxrl_llm.train.episodes import check_environment, episode_records
 from jaxrl_llm.train.experience import Experience, ExperienceBuffer
-from jaxrl_llm.train.learner import Learner, PackSpec
+from jaxrl_llm.train.learner import Learner, PackSpec, context_padded
 from jaxrl_llm.train.logging import SamplesLog
 from jaxrl_llm.train.loop import Trainer
 from jaxrl_llm.train.placement import RolloutPlacement, split_devices
@@ -247,7 +247,11 @@ class OnlineTrainer(Trainer):
         assert self._ref_fn is not None
         t = time.perf_counter()
         out = jax.device_get(
-            self._ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in batch.items()})
+            context_padded(
+                lambda b: self._ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in b.items()}),
+                batch,
+                self.policy,
+            )
         )
         self._t_ref += time.perf_counter() - t
         return out

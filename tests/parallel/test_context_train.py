@@ -250,3 +250,39 @@ def test_configs_that_cannot_split_their_tokens_are_config_errors(tmp_path):
         check_mesh(_cfg(tmp_path, "grpo", dict(context=4), **grpo), 8)
     with pytest.raises(ConfigError, match="mesh.context=0"):
         _cfg(tmp_path, "sft", dict(context=0), **sft)
+
+
+def test_online_reference_forward_is_padded_to_the_ring(tmp_path):
+    """β > 0 on ``context=4``: the reference forward pads T = 11 to 12 (so it goes round the
+    ring like the update) and crops ``ref_logp`` back: the single-device values."""
+    cfg = _cfg(
+        tmp_path,
+        "grpo",
+        dict(data=2, context=4),
+        data=dict(train=f"{ROOT}/data/addition/train.jsonl", max_length=96),
+        rollout=dict(prompts_per_step=2, group_size=4, max_new_tokens=6),
+        loss=dict(kl_coef=0.04),
+        logprobs=dict(shared_prompt=False),
+        rewards=[dict(name="math_answer")],
+    )
+    trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
+    try:
+        p = trainer.policy
+        batch = _rl_batch(p.config.vocab_size)
+        seen = []
+        trainer._t_ref = 0.0  # set by train_step in a run
+        ref_fn = trainer._ref_fn
+        trainer._ref_fn = lambda params, b: seen.append(b["input_ids"].shape) or ref_fn(params, b)
+        got = trainer.reference(batch)["ref_logp"]
+        assert seen == [(8, 12)] and got.shape == (8, 11)
+        plain = functools.partial(
+            trainer.spec.reference_fn,
+            apply_fn=_plain(p).apply_fn,
+            config=trainer.loss_config,
+            logprobs=trainer.logprobs,
+        )
+        ref_params = jax.tree.map(np.asarray, jax.device_get(trainer.ref_params))
+        want = jax.jit(plain)(ref_params, batch)["ref_logp"]
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    finally:
+        trainer.close()
