@@ -244,11 +244,12 @@ class OnlineTrainer(Trainer):
     def reference(self, batch: dict) -> dict:
         """The frozen reference's batch entries (``ref_logp`` or the pair log-probs), as
         numpy; its time adds to this step's ``time/reference_s``."""
-        assert self._ref_fn is not None
+        ref_fn = self._ref_fn
+        assert ref_fn is not None
         t = time.perf_counter()
         out = jax.device_get(
             context_padded(
-                lambda b: self._ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in b.items()}),
+                lambda b: ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in b.items()}),
                 batch,
                 self.policy,
             )
