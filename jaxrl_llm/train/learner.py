@@ -188,13 +188,16 @@ def context_padded(fn: Callable[[dict], Any], batch: dict, policy: Any) -> Any:
     """``fn(batch)`` with the batch's token axis T left-padded to a multiple of the policy
     mesh's context axis (as :meth:`Learner.update` pads it), so that a forward outside the
     update (the reference's, the correction's recompute) goes round the ring too, and every
-    ``[N, T']`` array of the result cropped back to the last T columns (per-row results pass
-    unchanged). A no-op without context parallelism."""
+    ``[N, T']`` array of the result cropped back to the last T columns (per-row results, and
+    a preference batch's per-pair ones, pass unchanged). A no-op without context
+    parallelism."""
     c = context_size(policy.mesh)
-    t = np.shape(batch["input_ids"])[1]
-    if c <= 1 or t % c == 0:
+    if c <= 1:
         return fn(batch)
     out = fn(pad_length(batch, c, side="left", pad_id=_pad_id(policy)))
+    if "input_ids" not in batch:  # pairs: per-pair results, nothing to crop
+        return out
+    t = np.shape(batch["input_ids"])[1]
     t_pad = t + (-t % c)
     return jax.tree.map(
         lambda x: x[:, t_pad - t :] if np.ndim(x) >= 2 and np.shape(x)[1] == t_pad else x, out
