@@ -233,16 +233,13 @@ def pack_preferences(
         )
     blocks = []
     for (tokens, targets), bins in zip(blocks_in, bins_all):
-        arrays, _ = _write_rows(
+        arrays, starts = _write_rows(
             tokens, targets, bins, num_rows=per_block, row_len=row_len, pad_id=pad_id
         )
-        index = np.full((per_block, row_len), -1, np.int32)
-        for r, members in enumerate(bins):
-            col = 0
-            for i in members:
-                index[r, col : col + len(tokens[i])] = i  # chosen b -> b, rejected b -> B_m + b
-                col += len(tokens[i])
-        arrays["pair_index"] = index
+        index = np.full(per_block * row_len, -1, np.int32)
+        for i, start in enumerate(starts):  # chosen b -> b, rejected b -> B_m + b
+            index[start : start + len(tokens[i])] = i
+        arrays["pair_index"] = index.reshape(per_block, row_len)
         blocks.append(arrays)
     out = _interleave(blocks)
     valid = [int(len(x.chosen_ids) > 0 and len(x.rejected_ids) > 0) for x in items]
