@@ -233,7 +233,9 @@ class SamplesLog:
     """``samples.jsonl``: the episodes of every ``every``-th step, one JSON line each
     (``{"step", "prompt_id", "sample", "messages", "reward"}``), for reading what the policy
     does. Resumed at ``resume_step``, lines of later steps (the killed run's, sampled again now)
-    are dropped first (atomic rewrite). Only the main process writes."""
+    are dropped first (atomic rewrite); a fresh run (``resume_step`` None) starts the file
+    afresh, as ``metrics.jsonl`` does, so a run killed before its first checkpoint and started
+    again does not log its first steps twice. Only the main process writes."""
 
     def __init__(
         self, run_dir: str, every: int, *, resume_step: int | None, is_main_process: bool = True
@@ -241,13 +243,15 @@ class SamplesLog:
         self.every = int(every)
         self.path = os.path.join(run_dir, "samples.jsonl")
         self.enabled = bool(self.every) and is_main_process
-        if self.enabled and resume_step is not None and os.path.exists(self.path):
-            with open(self.path, encoding="utf-8") as f:
-                keep = [
-                    line
-                    for line in f
-                    if _is_row(line) and json.loads(line).get("step", 0) <= resume_step
-                ]
+        if self.enabled and os.path.exists(self.path):
+            keep = []
+            if resume_step is not None:
+                with open(self.path, encoding="utf-8") as f:
+                    keep = [
+                        line
+                        for line in f
+                        if _is_row(line) and json.loads(line).get("step", 0) <= resume_step
+                    ]
             tmp = self.path + ".tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 f.writelines(keep)

@@ -1,11 +1,12 @@
 """metrics.jsonl on resume: rows logged after the checkpoint being resumed are dropped (the
 resumed run logs those steps again), a torn last line is dropped, a fresh run starts over;
-TensorBoard points logged after the checkpoint are purged."""
+TensorBoard points logged after the checkpoint are purged. samples.jsonl likewise: later
+steps' lines dropped on resume, the file started over by a fresh run."""
 
 import io
 import json
 
-from jaxrl_llm.train.logging import MetricsLogger, read_metrics
+from jaxrl_llm.train.logging import MetricsLogger, SamplesLog, read_metrics
 
 
 def _lines(d):
@@ -93,3 +94,21 @@ def test_resume_purges_the_tensorboard_points_logged_after_the_checkpoint(tmp_pa
         ("loss", 5, 50.0),
     ]
     assert [r["loss"] for r in read_metrics(str(tmp_path))] == [1.0, 2.0, 3.0, 40.0, 50.0]
+
+
+def _sample_steps(d):
+    return [json.loads(x)["step"] for x in (d / "samples.jsonl").read_text().splitlines()]
+
+
+def test_samples_log_resumes_at_the_checkpoint_and_a_fresh_run_starts_over(tmp_path):
+    ep = {"prompt_id": 0, "sample": 0, "messages": [], "reward": 1.0}
+    log = SamplesLog(str(tmp_path), 1, resume_step=None)
+    for step in (1, 2, 3):
+        log.write(step, [ep, ep])
+    assert _sample_steps(tmp_path) == [1, 1, 2, 2, 3, 3]
+    SamplesLog(str(tmp_path), 1, resume_step=2).write(3, [ep])  # resumed at step 2
+    assert _sample_steps(tmp_path) == [1, 1, 2, 2, 3]
+    # killed before its first checkpoint and started again: no resume, the old lines go
+    SamplesLog(str(tmp_path), 1, resume_step=None).write(1, [ep])
+    assert _sample_steps(tmp_path) == [1]
+    assert not [p for p in tmp_path.iterdir() if p.name != "samples.jsonl"]  # no temporaries
