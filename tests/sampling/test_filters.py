@@ -118,3 +118,49 @@ def test_row_keys_depend_only_on_prompt_and_sample_ids():
     assert not np.array_equal(a[1], a[2])
     c = row_keys(8, jnp.array([3]), jnp.array([0]))
     assert not np.array_equal(a[0], c[0])
+
+
+@pytest.mark.parametrize(
+    "s",
+    [
+        SamplingConfig(top_p=0.9),
+        SamplingConfig(temperature=0.7, top_k=40, top_p=0.95),
+        SamplingConfig(min_p=0.05),
+        SamplingConfig(top_k=300),  # top-k wider than the candidates: the whole-vocabulary path
+    ],
+)
+def test_candidate_draws_stay_in_the_filtered_support_and_ignore_the_batch(s):
+    """Peaked rows draw from the most likely CANDIDATES tokens, a flat row over the whole
+    vocabulary; every token is one the full-vocabulary filter keeps, and a row draws the same
+    token alone as in a batch with rows that take the other path."""
+    from jaxrl_llm.sampling.filters import CANDIDATES
+
+    v, n = 4 * CANDIDATES, 64
+    peaked = jax.random.normal(jax.random.PRNGKey(0), (n, v)) * 4.0
+    flat = jax.random.normal(jax.random.PRNGKey(1), (2, v)) * 0.01  # kept set > CANDIDATES
+    logits = jnp.concatenate([peaked, flat])
+    keys = row_keys(5, jnp.arange(n + 2), jnp.zeros(n + 2, jnp.int32))
+    pick = jax.jit(select_tokens, static_argnums=2)
+    tok, lp = pick(logits, keys, s)
+    allowed = np.isfinite(np.asarray(filtered_logits(logits, s)))
+    assert allowed[np.arange(n + 2), np.asarray(tok)].all()
+    np.testing.assert_allclose(lp, token_logprobs(logits, tok, temperature=s.temperature), atol=1e-5)
+    alone, _ = pick(peaked[:8], keys[:8], s)  # no flat row: the whole-vocabulary pass is skipped
+    np.testing.assert_array_equal(alone, tok[:8])
+    flat_alone, _ = pick(flat, keys[n:], s)
+    np.testing.assert_array_equal(flat_alone, tok[n:])
+    if s.top_k == 0:  # the flat rows keep more than CANDIDATES tokens: drawn over all of them
+        assert allowed[n:].sum(-1).min() > CANDIDATES
+
+
+def test_untruncated_sampling_frequencies_over_a_large_vocabulary():
+    """τ only: the inverse-CDF draw over the whole vocabulary follows softmax(z / τ)."""
+    v, n = 1000, 20000
+    z = jnp.asarray(np.where(np.arange(v) < 3, [2.0, 1.0, 0.5] + [0.0] * (v - 3), -30.0))[None]
+    logits = jnp.repeat(z.astype(jnp.float32), n, axis=0)
+    keys = row_keys(9, jnp.arange(n), jnp.zeros(n, jnp.int32))
+    tok, _ = jax.jit(select_tokens, static_argnums=2)(logits, keys, SamplingConfig(temperature=1.0))
+    expected = np.asarray(jax.nn.softmax(z[0]))[:3]
+    freq = np.bincount(np.asarray(tok), minlength=v)[:3] / n
+    se = np.sqrt(expected * (1 - expected) / n)
+    assert np.all(np.abs(freq - expected) <= 5 * se), (freq, expected)
