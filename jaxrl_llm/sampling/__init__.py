@@ -7,18 +7,7 @@ log softmax(logits / τ)[token] (``jaxrl_llm.ops.token_logprobs(..., temperature
 """
 
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
-from jaxrl_llm.sampling.decode import (
-    DecodeState,
-    Rollout,
-    decode,
-    generate,
-    init_decode_state,
-    pad_prompts,
-    prefill,
-    rollout,
-    stop_token_ids,
-    trace_counts,
-)
+from jaxrl_llm.sampling.decode import DecodeState, decode, init_decode_state, prefill, trace_counts
 from jaxrl_llm.sampling.engine import PagedEngine, Row
 from jaxrl_llm.sampling.filters import (
     filtered_logits,
@@ -50,6 +39,13 @@ from jaxrl_llm.sampling.slots import (
     engine_trace_counts,
     extend_row,
     store_prompts,
+)
+from jaxrl_llm.sampling.static_generate import (
+    Rollout,
+    generate,
+    pad_prompts,
+    rollout,
+    stop_token_ids,
 )
 from jaxrl_llm.sampling.text import decode_completions, encode_prompts, generate_text
 

@@ -41,7 +41,7 @@ import numpy as np
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig, bucket_length
-from jaxrl_llm.sampling.decode import pad_prompts, prefill, stop_token_ids
+from jaxrl_llm.sampling.decode import prefill
 from jaxrl_llm.sampling.paged import (
     NULL_PAGE,
     PageTable,
@@ -58,6 +58,7 @@ from jaxrl_llm.sampling.slots import (
     extend_row,
     store_prompts,
 )
+from jaxrl_llm.sampling.static_generate import pad_prompts, stop_token_ids
 
 
 @dataclasses.dataclass

@@ -12,8 +12,8 @@ import numpy as np
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
-from jaxrl_llm.sampling.decode import Rollout, generate, pad_prompts
 from jaxrl_llm.sampling.engine import PagedEngine
+from jaxrl_llm.sampling.static_generate import Rollout, generate, pad_prompts
 
 
 def generate_paged(

@@ -11,7 +11,7 @@ import numpy as np
 from jaxrl_llm.errors import DataError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import SamplingConfig
-from jaxrl_llm.sampling.decode import Rollout, generate
+from jaxrl_llm.sampling.static_generate import Rollout, generate
 
 
 def encode_prompts(tokenizer: Any, texts: Sequence[str], *, chat: bool = False) -> list[list[int]]:
