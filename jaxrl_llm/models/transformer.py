@@ -327,16 +327,23 @@ def _dense_mlp(config: ModelConfig, h_btd, lp):
     return _with_adapter(down, act, lp["down_proj"], 1)
 
 
-def _attend(config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask, layer=None):
+def _attend(
+    config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask, layer=None, *, one_query=False
+):
     """Attention of one layer through the configured implementation (``config.attention``),
     with the config's attention-logit soft cap. The window is ``config.sliding_window``, or,
     with per-layer types, :func:`layer_windows` at ``layer`` (the traced layer index, required
-    then; the mask must carry positions, as :func:`_self_attention_mask` builds it)."""
+    then; the mask must carry positions, as :func:`_self_attention_mask` builds it).
+    ``one_query`` (the paged decode step, T = 1): :func:`attention.one_query_attention`."""
     _check_layer(config, layer)
     window: int | jax.Array | None = config.sliding_window
     if config.layer_types:
         windows = layer_windows(config)
         window = None if windows is None else jnp.asarray(windows)[layer]
+    if one_query and q.shape[1] == 1:
+        return attn_lib.one_query_attention(
+            q, k, v, mask, window=window, softcap=config.attn_logit_softcap
+        )
     return attn_lib.dot_product_attention(
         q, k, v, mask, window=window, softcap=config.attn_logit_softcap, impl=config.attention
     )

@@ -246,7 +246,7 @@ def paged_attention(
         q_positions=q_pos if window else None,
         k_positions=jnp.broadcast_to(slots, (r, slots.shape[0])) if window else None,
     )
-    return _attend(config, q_rtne, k, v, mask, layer)
+    return _attend(config, q_rtne, k, v, mask, layer, one_query=True)
 
 
 def paged_trunk(

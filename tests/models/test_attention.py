@@ -377,3 +377,28 @@ def test_cudnn_unavailable_falls_back_to_blockwise_with_a_warning():
         got = M.dot_product_attention(q, k, v, mask, backend="cuda")
     ref = M.blockwise_attention(q, k, v, mask)
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(ref, np.float32))
+
+
+def test_one_query_attention_equals_naive_for_decode_masks():
+    """The paged decode step's attention (products and sums, T = 1) computes what the naive
+    einsum path does: ragged valid slots, a sliding window over positions, a soft cap, GQA."""
+    from jaxrl_llm.models.attention import one_query_attention
+
+    b, s, kh, g, e = 3, 40, 2, 3, 16
+    q, k, v = _qkv(0, b, 1, s, kh, g, e)
+    last = jnp.array([5, 39, 17])
+    slots = jnp.arange(s)
+    mask = AttentionMask(
+        q_index=None,
+        k_valid=slots[None, :] <= last[:, None],
+        q_positions=last[:, None],
+        k_positions=jnp.broadcast_to(slots, (b, s)),
+    )
+    for window, softcap in [(None, None), (8, None), (None, 5.0), (8, 5.0)]:
+        want = M.naive_attention(q, k, v, mask, window=window, softcap=softcap)
+        got = jax.jit(
+            lambda q, k, v: one_query_attention(q, k, v, mask, window=window, softcap=softcap)
+        )(q, k, v)
+        np.testing.assert_allclose(got, want, atol=ATOL)
+    with pytest.raises(ValueError, match="one query"):
+        one_query_attention(*_qkv(1, b, 2, s, kh, g, e), mask)
