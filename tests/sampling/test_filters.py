@@ -144,7 +144,9 @@ def test_candidate_draws_stay_in_the_filtered_support_and_ignore_the_batch(s):
     tok, lp = pick(logits, keys, s)
     allowed = np.isfinite(np.asarray(filtered_logits(logits, s)))
     assert allowed[np.arange(n + 2), np.asarray(tok)].all()
-    np.testing.assert_allclose(lp, token_logprobs(logits, tok, temperature=s.temperature), atol=1e-5)
+    np.testing.assert_allclose(
+        lp, token_logprobs(logits, tok, temperature=s.temperature), atol=1e-5
+    )
     alone, _ = pick(peaked[:8], keys[:8], s)  # no flat row: the whole-vocabulary pass is skipped
     np.testing.assert_array_equal(alone, tok[:8])
     flat_alone, _ = pick(flat, keys[n:], s)

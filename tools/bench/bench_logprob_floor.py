@@ -109,8 +109,14 @@ def main(argv=None) -> int:
         big = np.asarray(mm(x.reshape(b * t, k_dim), w)).reshape(b, t, n_dim)
         small = np.stack([np.asarray(mm(x[:, j], w)) for j in (0, t // 2, t - 1)], axis=1)
         mx, mean, same = _gap(small, big[:, [0, t // 2, t - 1]])
-        mm_rows.append([f"[{b}, {k_dim}] × [{k_dim}, {n_dim}] vs M = {b * t}", f"{mx:.3g}",
-                        f"{mean:.3g}", "yes" if same else "no"])
+        mm_rows.append(
+            [
+                f"[{b}, {k_dim}] × [{k_dim}, {n_dim}] vs M = {b * t}",
+                f"{mx:.3g}",
+                f"{mean:.3g}",
+                "yes" if same else "no",
+            ]
+        )
 
     comp = [
         ("trainer: one row per call", one),
@@ -124,8 +130,14 @@ def main(argv=None) -> int:
         rows.append([name, f"{mx:.3g}", f"{mean:.3g}", "yes" if same else "no"])
         metrics[name] = mx
     mx, mean, same = _gap(*sampler)
-    rows.append(["paged engine (greedy, 2 slots, refills) vs trainer", f"{mx:.3g}",
-                 f"{mean:.3g}", "yes" if same else "no"])
+    rows.append(
+        [
+            "paged engine (greedy, 2 slots, refills) vs trainer",
+            f"{mx:.3g}",
+            f"{mean:.3g}",
+            "yes" if same else "no",
+        ]
+    )
     metrics["sampler_vs_trainer_max"] = mx
     body = [
         f"Model: {args.model}, float32, jax {jax.__version__}. Trainer reference: {b} rows × "
@@ -133,19 +145,32 @@ def main(argv=None) -> int:
         f"{args.new_tokens} greedy tokens each.",
         "",
         *common.markdown_table(
-            ["log-probs compared with the trainer's (B rows at once)", "max \\|Δ log p\\|",
-             "mean \\|Δ log p\\|", "bitwise"],
+            [
+                "log-probs compared with the trainer's (B rows at once)",
+                "max \\|Δ log p\\|",
+                "mean \\|Δ log p\\|",
+                "bitwise",
+            ],
             rows,
         ),
         "",
         *common.markdown_table(
-            ["matmul rows (N(0,1) data), same rows at two M", "max \\|Δ\\|", "mean \\|Δ\\|", "bitwise"],
+            [
+                "matmul rows (N(0,1) data), same rows at two M",
+                "max \\|Δ\\|",
+                "mean \\|Δ\\|",
+                "bitwise",
+            ],
             mm_rows,
         ),
     ]
     return common.report(
-        args.out, __file__, argv, title="Log-prob floor: trainer vs itself, sampler vs trainer",
-        body=body, metrics=metrics,
+        args.out,
+        __file__,
+        argv,
+        title="Log-prob floor: trainer vs itself, sampler vs trainer",
+        body=body,
+        metrics=metrics,
     )
 
 

@@ -23,7 +23,6 @@ import argparse
 import functools
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -91,10 +90,10 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from xla_trace import KINDS, op_time_breakdown
 
     from jaxrl_llm.sampling import PagedEngine, SamplingConfig
     from jaxrl_llm.sampling.slots import _step_rows
-    from xla_trace import KINDS, op_time_breakdown
 
     config, params, _ = common.load_model(args.model)
     rng = np.random.default_rng(0)
@@ -153,9 +152,7 @@ def main(argv=None) -> int:
             f"{slots / t_mm:.0f}",
         ],
     ]
-    kinds = [
-        [kd, f"{by_kind[kd] * 1e3:.1f}", f"{100 * by_kind[kd] / total:.0f}%"] for kd in KINDS
-    ]
+    kinds = [[kd, f"{by_kind[kd] * 1e3:.1f}", f"{100 * by_kind[kd] / total:.0f}%"] for kd in KINDS]
     top = [
         [name, f"{s * 1e3:.2f}", kind, (op or "(none)")[-70:].replace("|", "\\|")]
         for name, s, _, kind, op in prof["top"][: args.top]
@@ -184,7 +181,11 @@ def main(argv=None) -> int:
         **{f"traced_{k}_ms": v * 1e3 for k, v in by_kind.items()},
     }
     return common.report(
-        args.out, __file__, argv, title="Profile of one paged decode step", body=body,
+        args.out,
+        __file__,
+        argv,
+        title="Profile of one paged decode step",
+        body=body,
         metrics=metrics,
     )
 
