@@ -458,10 +458,13 @@ def test_eval_pass_at_k_from_sampled_completions(toy_data, tmp_path):
 
 
 def _one_step(toy_data, out, algorithm="grpo", **over):
-    """Metrics and params after one step of a tiny run (SGD: equal gradients, equal params)."""
+    """Metrics and params after one step of a tiny run (SGD: equal gradients, equal params).
+    Seed 3: the tiny random model's first rollout has groups with different rewards (with
+    seeds 0–2 every sample scores 0 and the update is empty)."""
     import jax
 
     base = dict(
+        seed=3,
         max_steps=1,
         rollout=dict(prompts_per_step=4, group_size=4, max_new_tokens=2),
         loss=dict(kl_coef=0.0),
@@ -498,6 +501,7 @@ def test_rollout_correction_with_a_cap_above_every_ratio_equals_the_uncorrected_
     tis, p_tis = _one_step(
         toy_data, tmp_path / "tis", rollout=dict(correction=dict(mode="truncate", high=2.0))
     )
+    assert plain["reward/std"] > 0 and plain["grad_norm"] > 0  # an update to compare
     assert tis["reward/mean"] == plain["reward/mean"]  # the same rollout
     assert 0 < tis["correction/ratio_max"] < 2.0 and tis["correction/outside_frac"] == 0.0
     assert tis["correction/weight_mean"] == pytest.approx(1.0, abs=1e-3)
@@ -506,11 +510,12 @@ def test_rollout_correction_with_a_cap_above_every_ratio_equals_the_uncorrected_
     assert tis["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
     assert tis["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
     assert _max_diff(p_tis, p_plain) < 1e-7
-    # a cap below the ratios changes the weights, and the update
-    low, _ = _one_step(
-        toy_data, tmp_path / "mask", rollout=dict(correction=dict(mode="mask", low=1.0, high=1.0))
+    # a window that leaves out every ratio (all within 1e-3 of 1) masks every token: no update
+    low, p_low = _one_step(
+        toy_data, tmp_path / "mask", rollout=dict(correction=dict(mode="mask", low=1.5, high=2.0))
     )
-    assert low["correction/outside_frac"] > 0 and low["correction/weight_mean"] < 1.0
+    assert low["correction/outside_frac"] == 1.0 and low["correction/weight_mean"] == 0.0
+    assert low["grad_norm"] == 0.0 and _max_diff(p_low, p_plain) > 0
 
 
 @pytest.mark.parametrize("algorithm", ["cispo", "sapo"])
@@ -522,6 +527,7 @@ def test_rollout_correction_of_cispo_and_sapo_with_a_cap_above_every_ratio(
     tis, p_tis = _one_step(
         toy_data, tmp_path / "tis", algorithm, rollout=dict(correction=dict(high=2.0))
     )
+    assert plain["reward/std"] > 0 and plain["grad_norm"] > 0  # an update to compare
     assert tis["reward/mean"] == plain["reward/mean"]
     assert 0 < tis["correction/ratio_max"] < 2.0 and "pg/rollout_weight_mean" in tis
     assert tis["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
