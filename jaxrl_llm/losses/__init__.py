@@ -74,7 +74,8 @@ from jaxrl_llm.losses.policy import (
     remax_config,
     rloo_config,
 )
-from jaxrl_llm.losses.policy_terms import EntropyControl, batch_key
+from jaxrl_llm.losses.policy_config import EntropyControl
+from jaxrl_llm.losses.policy_terms import batch_key
 from jaxrl_llm.losses.preference import (
     DPOConfig,
     ORPOConfig,

@@ -1,4 +1,5 @@
-"""The surrogate term of the clipped policy-gradient loss (:mod:`jaxrl_llm.losses.policy`):
+"""The surrogate term of the clipped policy-gradient loss (:mod:`jaxrl_llm.losses.policy`; its configuration is
+:mod:`jaxrl_llm.losses.policy_config`):
 PPO's clipped surrogate with the batch's rollout-correction entries, or one of the two
 entropy-control surrogates of Cui et al. 2025.
 
@@ -19,62 +20,18 @@ under an entropy-controlled config (and the run config refuses the pair before a
 
 from __future__ import annotations
 
-import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses.common import Batch
+from jaxrl_llm.losses.policy_config import EntropyControl, PolicyGradientConfig
 from jaxrl_llm.objectives.entropy_control import clip_cov_loss_parts, kl_cov_loss_parts
 from jaxrl_llm.objectives.kl import kl_penalty
-from jaxrl_llm.objectives.policy import RatioLevel, policy_loss_parts
+from jaxrl_llm.objectives.policy import policy_loss_parts
 from jaxrl_llm.ops.masked import masked_mean
-
-if TYPE_CHECKING:  # the config's module imports this one
-    from jaxrl_llm.losses.policy import PolicyGradientConfig
-
-
-class EntropyControl(str, enum.Enum):
-    """Entropy control by the covariance of log-prob and advantage (Cui et al. 2025, "The
-    Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-    https://arxiv.org/abs/2505.22617), an option of every clipped policy-gradient loss.
-
-    ``none``: the clipped surrogate. ``kl_cov``: the unclipped surrogate plus
-    ``kl_cov_coef·|log ρ|`` on the ``kl_cov_ratio`` share of tokens with the largest
-    covariance (:func:`jaxrl_llm.objectives.kl_cov_loss`). ``clip_cov``: the clipped
-    surrogate with a random ``clip_cov_ratio`` share of the tokens whose covariance lies in
-    (``clip_cov_lb``, ``clip_cov_ub``) detached (:func:`jaxrl_llm.objectives.clip_cov_loss`).
-    """
-
-    NONE = "none"
-    KL_COV = "kl_cov"
-    CLIP_COV = "clip_cov"
-
-
-def check_entropy_control(config: PolicyGradientConfig) -> None:
-    """Raise :class:`~jaxrl_llm.errors.ConfigError` when ``config``'s entropy control is not
-    defined for its other settings (token ratio, no dual clip, a ratio in (0, 1], Clip-Cov's
-    clip range and bounds)."""
-    ec = config.entropy_control
-    if ec is EntropyControl.NONE:
-        return
-    if config.ratio_level is not RatioLevel.TOKEN or config.dual_clip is not None:
-        raise ConfigError(
-            f"entropy_control={ec.value!r} is defined for the token ratio without a dual "
-            f"clip (got ratio_level={config.ratio_level.value!r}, dual_clip={config.dual_clip})"
-        )
-    ratio = config.kl_cov_ratio if ec is EntropyControl.KL_COV else config.clip_cov_ratio
-    if not 0.0 < ratio <= 1.0:
-        raise ConfigError(f"{ec.value}_ratio={ratio} must be in (0, 1] (verl: 2e-4)")
-    if ec is EntropyControl.CLIP_COV:
-        if config.clip_eps is None:
-            raise ConfigError("entropy_control='clip_cov' needs clip_eps (PPO's clip)")
-        if not config.clip_cov_lb < config.clip_cov_ub:
-            raise ConfigError(
-                f"clip_cov_lb={config.clip_cov_lb} must be < clip_cov_ub={config.clip_cov_ub}"
-            )
 
 
 def batch_key(input_ids: jax.Array) -> jax.Array:

@@ -62,14 +62,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.models import attention as attn_lib
-from jaxrl_llm.models.attention import AttentionMask
+from jaxrl_llm.models.attention_mask import NEG_INF, AttentionMask, check_attention_args
+from jaxrl_llm.models.blockwise import flash_backward, flash_forward
 
 __all__ = ["CONTEXT_AXIS", "ring_attention"]
 
 #: The mesh axis whose devices each hold a block of every row's tokens (one of
 #: ``jaxrl_llm.parallel.MESH_AXES``; defined here because models/ imports nothing below it).
-CONTEXT_AXIS = attn_lib.CONTEXT_AXIS
+CONTEXT_AXIS = "context"
 
 
 def ring_attention(
@@ -112,7 +112,7 @@ def ring_attention(
     Raises:
       ValueError: not self-attention, no such axis, or T not divisible by its size.
     """
-    attn_lib._check(q_btne, k_bske, v_bske, mask, window)
+    check_attention_args(q_btne, k_bske, v_bske, mask, window)
     b, t, h, e = q_btne.shape
     if not mask.self_attention or k_bske.shape[1] != t:
         raise ValueError("ring attention needs self-attention (keys are the queries' tokens)")
@@ -197,7 +197,7 @@ def _ring_fwd(softcap, axis_name, size, block, q, k, v, mask, window, *, save):
     def merge(acc, held, src):
         """Blockwise attention over the held block (out_j, lse_j), merged by log-sum-exp."""
         o, lse = acc
-        o_j, lse_j = attn_lib._forward(
+        o_j, lse_j = flash_forward(
             q5, held[0], held[1], _held_mask(mask, held, src, tc), window, softcap, block, block
         )
         lse_new = jnp.logaddexp(lse, lse_j)
@@ -207,7 +207,7 @@ def _ring_fwd(softcap, axis_name, size, block, q, k, v, mask, window, *, save):
 
     acc = (
         jnp.zeros(q5.shape, jnp.float32),
-        jnp.full((b, kh, h // kh, tc), attn_lib._NEG_INF, jnp.float32),
+        jnp.full((b, kh, h // kh, tc), NEG_INF, jnp.float32),
     )
     held = (k, v, mask.k_valid, mask.k_positions, mask.k_segments)
 
@@ -242,7 +242,7 @@ def _ring_bwd(softcap, axis_name, size, block, res, do):
 
     def accumulate(carry, held, src):
         dq, (dk, dv) = carry
-        dq_j, dk_j, dv_j = attn_lib._backward(
+        dq_j, dk_j, dv_j = flash_backward(
             q5,
             held[0],
             held[1],
