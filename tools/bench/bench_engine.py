@@ -11,7 +11,7 @@ transformers' generate, on issue 16's workloads, in one run.
 (c) the paged engine in bfloat16 on (a) and (b) (``--bf16``).
 Reported: useful tokens/s, the ratios paged / static and paged / transformers, and the KV
 cache slots held per live row (paged, averaged over chunks) against the dense cache's P + M.
-Tunix is not run here (issue 16 (d) is open).
+Tunix (issue 16 (d)) runs in its own venv: tools/bench/bench_tunix.py (--with-ours times these engines beside it).
 
 Full run:    python tools/bench/bench_engine.py --bf16 --out tools/bench/results/engine.md
 Smoke test:  python tools/bench/bench_engine.py --smoke --bf16 --out /tmp/engine.md
