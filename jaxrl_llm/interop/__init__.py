@@ -8,6 +8,7 @@ Import: :func:`load_model` takes a local Hugging Face directory (safetensors onl
 """
 
 from jaxrl_llm.interop.export import export_hf
+from jaxrl_llm.interop.hf_config import config_from_hf_dict, hf_config_dict
 from jaxrl_llm.interop.load import (
     MODEL_ALIASES,
     LoadedModel,
@@ -18,12 +19,7 @@ from jaxrl_llm.interop.load import (
     load_model,
     resolve_alias,
 )
-from jaxrl_llm.interop.state_dict import (
-    config_from_hf_dict,
-    hf_config_dict,
-    params_from_hf_state_dict,
-    params_to_hf_state_dict,
-)
+from jaxrl_llm.interop.state_dict import params_from_hf_state_dict, params_to_hf_state_dict
 
 __all__ = [
     "MODEL_ALIASES",

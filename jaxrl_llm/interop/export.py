@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.interop.state_dict import hf_config_dict, params_to_hf_state_dict
+from jaxrl_llm.interop.hf_config import hf_config_dict
+from jaxrl_llm.interop.state_dict import params_to_hf_state_dict
 from jaxrl_llm.models.config import ModelConfig
 
 

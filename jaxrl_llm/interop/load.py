@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.interop.state_dict import config_from_hf_dict, params_from_hf_state_dict
+from jaxrl_llm.interop.hf_config import config_from_hf_dict
+from jaxrl_llm.interop.state_dict import params_from_hf_state_dict
 from jaxrl_llm.models.config import Family, ModelConfig, dtype_from_name
 
 # alias -> (python package holding the file, file name, pip install hint). A package that
