@@ -28,6 +28,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,8 +119,19 @@ class CheckpointManager:
 
     # ----- queries -------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
-        """Finalised steps, ascending (unfinalised temporary directories are excluded)."""
-        self._mgr.reload()
+        """Finalised steps, ascending (unfinalised temporary directories are excluded).
+
+        Orbax deletes steps past ``keep`` in the background; a step it lists and then removes
+        before reading its timestamp raises FileNotFoundError inside ``reload``. The listing is
+        then taken again (a few times): the step is gone, which is the answer."""
+        for attempt in range(5):
+            try:
+                self._mgr.reload()
+                break
+            except FileNotFoundError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.05)
         return sorted(self._mgr.all_steps())
 
     def latest_step(self) -> int | None:
