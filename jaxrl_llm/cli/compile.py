@@ -1,6 +1,8 @@
-"""``jaxrl-llm compile``: compile a run's train step and decode loop for a TPU slice on this
-machine (no TPU needed, ``libtpu`` is) and print per-device compiled memory, FLOPs and
-whether it fits, next to ``jaxrl-llm memory``'s estimate."""
+"""``jaxrl-llm compile``: compile a run's programs (train step, reference, recompute, critic,
+decode loop) for a TPU slice on this machine (no TPU needed, ``libtpu`` is) and print
+per-device compiled memory, FLOPs and whether it fits, next to ``jaxrl-llm memory``'s
+estimate. ``--config RUN.yaml`` compiles exactly what ``jaxrl-llm train RUN.yaml`` runs;
+otherwise the run is described by ``--algorithm`` and the size flags."""
 
 from __future__ import annotations
 
@@ -12,7 +14,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``jaxrl-llm compile``."""
     from jaxrl_llm.cli.memory import add_model_and_algorithm
 
-    add_model_and_algorithm(parser)
+    add_model_and_algorithm(parser, default_model=None, required=False)
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="a jaxrl-llm train config (YAML): compile that run (its algorithm, mesh, batch, "
+        "packing, correction, schedules); --model defaults to its model.source, the size "
+        "flags other than --seq-len / --prompt-len are ignored",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="with --config: dotted.key=value overrides, as jaxrl-llm train takes them",
+    )
     parser.add_argument(
         "--topology",
         required=True,
@@ -38,7 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8,
         help="examples per step (online algorithms: prompts per step)",
     )
-    parser.add_argument("--seq-len", type=int, default=1024, help="prompt + completion tokens")
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="prompt + completion tokens (default 1024; with --config data.max_length + "
+        "rollout.max_new_tokens)",
+    )
     parser.add_argument(
         "--prompt-len",
         type=int,
@@ -90,46 +110,66 @@ def _mesh(text: str) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm compile``."""
-    from jaxrl_llm.cli.memory import resolve_model_config
+    from jaxrl_llm.cli.memory import params_text, resolve_model_config
+    from jaxrl_llm.errors import ConfigError
     from jaxrl_llm.parallel.topology import tpu_topology
-    from jaxrl_llm.train.aot import compile_run
-    from jaxrl_llm.train.correction import CorrectionSection
+    from jaxrl_llm.train.aot import compile_preset, compile_run
+    from jaxrl_llm.train.sections import CorrectionSection
 
-    mesh = _mesh(args.mesh)
     topology = tpu_topology(args.topology)  # LibtpuMissingError: one line, exit status 2
-    config = resolve_model_config(args.model)
-    report = compile_run(
-        config,
-        args.algorithm,
-        topology,
-        batch_size=args.batch,
-        seq_len=args.seq_len,
-        prompt_len=args.prompt_len,
-        group_size=args.group_size,
-        minibatches=args.minibatches,
-        micro_batches=args.micro_batches,
-        remat=args.remat,
-        dtype=args.dtype,
-        lora_rank=args.lora_rank,
-        decode=not args.no_decode,
-        correction=(
-            None
-            if args.correction is None
-            else CorrectionSection(decoupled=args.correction == "decoupled")
-        ),
-        **mesh,
-    )
+    if args.config is not None:
+        from jaxrl_llm.train.config_io import load_config
+        from jaxrl_llm.train.run_config import RunConfig
+
+        cfg = load_config(RunConfig, args.config, list(args.overrides))
+        config = resolve_model_config(args.model or cfg.model.source)
+        report = compile_run(
+            cfg,
+            config,
+            topology,
+            seq_len=args.seq_len,
+            prompt_len=args.prompt_len,
+            decode=not args.no_decode,
+        )
+        algorithm, model = cfg.algorithm, args.model or cfg.model.source
+    else:
+        if args.algorithm is None:
+            raise ConfigError("jaxrl-llm compile: give --algorithm (or a run's --config)")
+        if args.overrides:
+            raise ConfigError(f"overrides {args.overrides} need a run config (--config)")
+        model = args.model or "135m"
+        config = resolve_model_config(model)
+        report = compile_preset(
+            config,
+            args.algorithm,
+            topology,
+            batch_size=args.batch,
+            seq_len=1024 if args.seq_len is None else args.seq_len,
+            prompt_len=args.prompt_len,
+            group_size=args.group_size,
+            minibatches=args.minibatches,
+            micro_batches=args.micro_batches,
+            remat=args.remat,
+            dtype=args.dtype,
+            lora_rank=args.lora_rank,
+            decode=not args.no_decode,
+            correction=(
+                None
+                if args.correction is None
+                else CorrectionSection(decoupled=args.correction == "decoupled")
+            ),
+            **_mesh(args.mesh),
+        )
+        algorithm = args.algorithm
     if args.json:
-        print(json.dumps({**report.to_json(), "model": args.model}))
+        print(json.dumps({**report.to_json(), "model": model}))
     else:
         s = report.settings
-        from jaxrl_llm.cli.memory import params_text
-
         print(
-            f"{args.algorithm} on {args.model} ({params_text(config)}), "
+            f"{algorithm} on {model} ({params_text(config)}), "
             f"{args.topology} ({topology.num_devices} devices), mesh {report.mesh}, "
-            f"{args.dtype}, remat={args.remat}, batch {args.batch} x {s['seq_len']} tokens, "
-            f"{s['rows_per_update']} rows per forward/backward"
+            f"{s['dtype']}, remat={s['remat']}, batch {s['batch_size']} x {s['seq_len']} "
+            f"tokens, {s['rows_per_update']} rows per forward/backward"
         )
         print(report.table())
     return 0

@@ -9,20 +9,23 @@ import os
 from jaxrl_llm.errors import ConfigError
 
 
-def add_model_and_algorithm(parser: argparse.ArgumentParser) -> None:
+def add_model_and_algorithm(
+    parser: argparse.ArgumentParser, *, default_model: str | None = "135m", required: bool = True
+) -> None:
     """``--model`` (a size preset, an HF directory or a config.json) and ``--algorithm``, as
-    ``jaxrl-llm memory`` and ``jaxrl-llm compile`` take them."""
+    ``jaxrl-llm memory`` and ``jaxrl-llm compile`` take them (``required``: ``--algorithm``
+    must be given; ``compile --config`` reads it from the run config)."""
     from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS
 
     parser.add_argument(
         "--model",
-        default="135m",
+        default=default_model,
         help=f"a size preset ({', '.join(MODEL_PRESETS)}), a Hugging Face model "
         f"directory, or a config.json file",
     )
     parser.add_argument(
         "--algorithm",
-        required=True,
+        required=required,
         choices=sorted(ALGORITHMS),
         metavar="ALGO",
         help=f"one of: {', '.join(sorted(ALGORITHMS))}",

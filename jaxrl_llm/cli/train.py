@@ -43,18 +43,19 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from jaxrl_llm.train.config_io import load_config, to_dict
+    from jaxrl_llm.train.plan import plan_run
     from jaxrl_llm.train.preflight import check_mesh
-    from jaxrl_llm.train.run_config import RunConfig, loss_config
+    from jaxrl_llm.train.run_config import RunConfig
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
-    lcfg = loss_config(cfg)  # validates the loss section too
-    check_mesh(cfg)  # the mesh fits the devices and the batch splits over it
+    # the mesh fits the devices, the batch splits over it, the loss section validates
+    plan = plan_run(cfg, check_mesh(cfg))
     _check_seed(cfg.seed)
     _check_data_paths(cfg)
     _check_output_dir(cfg)
     resolved = to_dict(cfg)
-    resolved["loss"] = to_dict(lcfg)
+    resolved["loss"] = to_dict(plan.loss_config)
     if args.dry_run:
         print(yaml.safe_dump(resolved, sort_keys=False))
         return 0

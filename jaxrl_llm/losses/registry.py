@@ -320,6 +320,25 @@ class Algorithm:
         return self.family is not Family.OFFLINE
 
     @property
+    def rl_batches(self) -> bool:
+        """True when its learner batch is the per-token ``rl`` layout built from episodes
+        (the group policy-gradient family and PPO): it trains on multi-turn episodes, reads
+        log-probs in the completion window at the sampling temperature, and packs its rows."""
+        return self.family in (Family.GROUP_POLICY_GRADIENT, Family.PPO)
+
+    @property
+    def pairs_per_group(self) -> bool:
+        """True when each prompt's group gives one preference pair (online DPO): one update
+        per step over one pair per prompt."""
+        return self.family is Family.ONLINE_PAIRS
+
+    @property
+    def group_skipping(self) -> bool:
+        """True when update micro-batches of groups whose advantages are all zero may be
+        skipped (the group policy-gradient family; PPO's GAE advantages are never all 0)."""
+        return self.family is Family.GROUP_POLICY_GRADIENT
+
+    @property
     def greedy_baseline(self) -> bool:
         """True when its baseline is the reward of a greedy completion (ReMax)."""
         return self.advantage is AdvantageEstimator.REMAX

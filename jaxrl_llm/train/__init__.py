@@ -4,7 +4,7 @@ loop and the offline and online trainers (the online one as rollout → experien
 run logging and the memory estimator. Batches are batch-major ``[B, T]`` dicts (see
 ``jaxrl_llm.losses``); docs/ARCHITECTURE.md maps the modules."""
 
-from jaxrl_llm.train.aot import compile_run
+from jaxrl_llm.train.aot import compile_preset, compile_run
 from jaxrl_llm.train.aot_inputs import analytic_train_flops
 from jaxrl_llm.train.aot_report import CompileReport, ProgramMemory
 from jaxrl_llm.train.checkpoint import CheckpointManager, restore_model
@@ -16,7 +16,9 @@ from jaxrl_llm.train.loop import Trainer
 from jaxrl_llm.train.memory import estimate_memory
 from jaxrl_llm.train.offline import OfflineTrainer, train_offline
 from jaxrl_llm.train.online import OnlineTrainer, train_online
+from jaxrl_llm.train.plan import RunPlan, plan_run
 from jaxrl_llm.train.policy import build_policy
+from jaxrl_llm.train.programs import Programs, build_programs
 from jaxrl_llm.train.rollout import Rollouts
 from jaxrl_llm.train.run_config import RunConfig
 from jaxrl_llm.train.state import (
@@ -38,13 +40,17 @@ __all__ = [
     "OfflineTrainer",
     "OnlineTrainer",
     "ProgramMemory",
+    "Programs",
     "Rollouts",
     "RunConfig",
+    "RunPlan",
     "TrainState",
     "Trainer",
     "abstract_train_state",
     "analytic_train_flops",
     "build_policy",
+    "build_programs",
+    "compile_preset",
     "compile_run",
     "count_tokens",
     "create_train_state",
@@ -53,6 +59,7 @@ __all__ = [
     "make_train_step",
     "measure_matmul_flops",
     "mfu",
+    "plan_run",
     "restore_model",
     "split_micro_batches",
     "state_sharding_from_params",

@@ -1,40 +1,40 @@
 """Algorithm strategies: one small object per family that turns a step's
 :class:`~jaxrl_llm.train.experience.Experience` into the learner's batch.
 
-The family comes from the algorithm's registry entry
-(:class:`jaxrl_llm.losses.Algorithm`, ``family``); :func:`make_strategy` picks the class. Each
-strategy says what it needs as data (``needs_reference``, ``critic``) so the loop asks instead
-of comparing algorithm names:
+Every strategy implements :class:`Strategy`, built from ``(plan, policy, rollouts)``: what it
+needs is the plan's (:attr:`~jaxrl_llm.train.plan.RunPlan.needs`), :meth:`Strategy.prepare`
+hands the learner a batch in the plan's :attr:`~jaxrl_llm.train.plan.RunPlan.handover_layout`,
+and :meth:`Strategy.companions` lists the models it trains beside the policy. The family comes
+from the algorithm's registry entry (:class:`jaxrl_llm.losses.Algorithm`, ``family``);
+:data:`STRATEGIES` is the one table from family to class:
 
 * :class:`GroupPolicyGradient` — GRPO, Dr. GRPO, DAPO, GSPO, REINFORCE, REINFORCE++, RLOO,
-  ReMax: rewards → advantages with the entry's estimator (ReMax: the greedy completion's
-  reward as baseline; process supervision: per-token advantages from step scores).
+  ReMax, CISPO, SAPO, GMPO: rewards → advantages with the entry's estimator (ReMax: the greedy
+  completion's reward as baseline; process supervision: per-token advantages from step scores).
 * :class:`PPOStrategy` — the critic's values, GAE on the KL-shaped reward (the critic's own
-  update is a second learner update, :meth:`PPOStrategy.critic_update`).
+  update is a companion, :class:`Companion`).
 * :class:`OnlinePairs` — online DPO: the best and worst sample of each group as a pair.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import objectives, ops
 from jaxrl_llm import rewards as R
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.losses import AdvantageEstimator, Algorithm, Family, critic_values, get_loss
-from jaxrl_llm.parallel import batch_sharding
+from jaxrl_llm.losses import AdvantageEstimator, Family
 from jaxrl_llm.train.experience import Experience, rl_batch
-from jaxrl_llm.train.policy import Policy, build_policy
+from jaxrl_llm.train.plan import CRITIC_LAYOUT, RunPlan
+from jaxrl_llm.train.policy import Policy
+from jaxrl_llm.train.programs import build_critic, critic_policy
 from jaxrl_llm.train.rollout import Rollouts
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.step import make_train_step
+from jaxrl_llm.train.sections import RolloutSection
 
 
 def estimate_advantages(
@@ -107,10 +107,10 @@ def invalid_to_zero(adv: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.where(valid if adv.ndim == 1 else valid[:, None], adv, 0.0)
 
 
-def loss_weight(cfg: RunConfig, exp: Experience) -> np.ndarray:
+def loss_weight(rollout: RolloutSection, exp: Experience) -> np.ndarray:
     """``[N]`` int32 loss weight of each row: 0 for truncated rows with
     ``rollout.mask_truncated`` (DAPO), else 1."""
-    if cfg.rollout.mask_truncated:
+    if rollout.mask_truncated:
         return (~np.asarray(exp.rollout.truncated, bool)).astype(np.int32)
     return np.ones(len(exp), np.int32)
 
@@ -124,40 +124,77 @@ class Prepared:
     metrics: dict[str, float]
 
 
+@dataclasses.dataclass(frozen=True)
+class Companion:
+    """A model a strategy trains beside the policy (PPO's critic).
+
+    Attributes:
+      name: its checkpoint directory under the run (``critic_checkpoints``).
+      policy: its :class:`~jaxrl_llm.train.policy.Policy` (state checkpointed with the
+        policy's, at the same steps).
+      update: ``update(minibatch) -> metrics``, one update on each of the policy's
+        minibatches (the plan's ``companion_fields`` included).
+    """
+
+    name: str
+    policy: Policy
+    update: Callable[[dict], dict]
+
+
+Reference = Callable[[dict], dict]
+
+
+class Strategy(Protocol):
+    """What the online loop asks of an algorithm family (module docstring).
+
+    Built as ``cls(plan, policy, rollouts, log=...)``; ``log`` prints one line.
+    """
+
+    def prepare(self, exp: Experience, reference: Reference | None) -> Prepared:
+        """The learner batch of ``exp`` (``reference``: the frozen reference's entries of a
+        batch, given when the plan needs a reference)."""
+        ...
+
+    def companions(self) -> tuple[Companion, ...]:
+        """The models trained beside the policy."""
+        ...
+
+
 class GroupPolicyGradient:
     """Group policy gradient: advantages from the rewards of each prompt's G samples."""
 
     def __init__(
         self,
-        algo: Algorithm,
-        cfg: RunConfig,
-        *,
+        plan: RunPlan,
         policy: Policy,
         rollouts: Rollouts,
-        loss_config: Any,
-        log: Callable[[str], None],
+        *,
+        log: Callable[[str], None] = print,
     ):
-        self.algo, self.cfg, self.policy, self.rollouts, self.log = algo, cfg, policy, rollouts, log
-        self.needs_reference = algo.loss_spec().uses_reference(loss_config)
+        self.plan, self.policy, self.rollouts, self.log = plan, policy, rollouts, log
         self.step_scorer: Any = None
-        if cfg.process_reward is not None:
-            sec = cfg.process_reward
+        sec = plan.cfg.process_reward
+        if sec is not None:
             assert rollouts.rewards is not None  # process supervision is single-turn (no env)
             self.step_scorer = R.build_step_scorer(
                 sec.name, sec.kwargs, outcome=rollouts.rewards.specs[0].fn, delimiter=sec.delimiter
             )
 
-    def prepare(self, exp: Experience, reference: Callable[[dict], dict] | None) -> Prepared:
+    def companions(self) -> tuple[Companion, ...]:
+        """None: the policy alone."""
+        return ()
+
+    def prepare(self, exp: Experience, reference: Reference | None) -> Prepared:
         """Advantages → the ``rl`` batch (+ ``ref_logp`` when the loss has a KL term)."""
-        r = self.cfg.rollout
+        r, algo = self.plan.cfg.rollout, self.plan.algo
         metrics: dict[str, float] = {}
         if self.step_scorer is not None:
             adv, metrics = self.process_advantages(exp)
         else:
-            baseline = self.rollouts.greedy_rewards(exp) if self.algo.greedy_baseline else None
-            assert self.algo.advantage is not None
+            baseline = self.rollouts.greedy_rewards(exp) if algo.greedy_baseline else None
+            assert algo.advantage is not None
             adv = estimate_advantages(
-                self.algo.advantage,
+                algo.advantage,
                 exp.rewards,
                 group_size=exp.group_size,
                 scale=r.advantage_scale,
@@ -165,14 +202,15 @@ class GroupPolicyGradient:
                 baseline=baseline,
             )
         adv = invalid_to_zero(adv, exp.valid)
-        batch = rl_batch(exp, adv, loss_weight(self.cfg, exp))
-        if self.needs_reference and reference is not None:
+        batch = rl_batch(exp, adv, loss_weight(r, exp))
+        if self.plan.needs.reference_in_loss:
+            assert reference is not None
             batch["ref_logp"] = np.asarray(reference(batch)["ref_logp"])
         return Prepared(batch, adv, metrics)
 
     def process_advantages(self, exp: Experience) -> tuple[np.ndarray, dict]:
         """Token-level ``[N, M]`` GRPO process-supervision advantages from step scores."""
-        sec = self.cfg.process_reward
+        sec = self.plan.cfg.process_reward
         assert sec is not None
         fields = {
             k: [e.get(k) for e in exp.extras] for k in sorted({k for e in exp.extras for k in e})
@@ -208,50 +246,34 @@ class PPOStrategy:
     """PPO: a value head on a copy of the policy (its own optimizer and train step), GAE on the
     KL-shaped reward against a frozen reference (RLHF-PPO, Ouyang et al. 2022)."""
 
-    needs_reference = True
-
     def __init__(
         self,
-        algo: Algorithm,
-        cfg: RunConfig,
-        *,
+        plan: RunPlan,
         policy: Policy,
         rollouts: Rollouts,
-        loss_config: Any,
-        log: Callable[[str], None],
+        *,
+        log: Callable[[str], None] = print,
     ):
-        del algo, rollouts, loss_config, log
-        self.cfg = cfg
-        ccfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=cfg.ppo.critic_lr))
-        config = dataclasses.replace(policy.config, num_labels=1)
-        params = dict(jax.device_get(policy.state.params))
-        params["score_head"] = {"kernel": np.zeros((config.hidden_size, 1), np.float32)}
-        self.critic = build_policy(ccfg, config=config, params=params, tokenizer=policy.tokenizer)
-        spec = get_loss("ppo_critic")
-        closs = spec.preset(value_clip=cfg.ppo.value_clip)
-        self.critic_step = make_train_step(
-            self.critic.loss_fn(spec.loss_fn, loss_config=closs),
-            self.critic.optimizer,
-            mesh=self.critic.mesh,
-            state_sharding=self.critic.state_sharding,
-            batch_sharding=batch_sharding(self.critic.mesh),
-            micro_batches=1,
-            denominator_fn=functools.partial(spec.denominator_fn, config=closs),
-            grad_clip=cfg.optim.grad_clip,
-        )
-        self._values_fn = jax.jit(functools.partial(critic_values, apply_fn=self.critic.apply_fn))
+        self.plan = plan
+        self.critic = critic_policy(plan, policy)
+        self.critic_programs = build_critic(plan, self.critic)
 
-    def prepare(self, exp: Experience, reference: Callable[[dict], dict] | None) -> Prepared:
+    def companions(self) -> tuple[Companion, ...]:
+        """The critic, updated on each of the policy's minibatches."""
+        return (Companion("critic_checkpoints", self.critic, self.critic_update),)
+
+    def prepare(self, exp: Experience, reference: Reference | None) -> Prepared:
         """KL-shaped token rewards → GAE with the critic's values (whitened advantages); the
         actor's batch keeps ``values``/``returns`` for the critic's update."""
         assert reference is not None
+        cfg = self.plan.cfg
         scores = np.where(exp.valid, exp.rewards, 0.0)
-        batch = rl_batch(exp, np.zeros(len(exp), np.float32), loss_weight(self.cfg, exp))
-        ppo = self.cfg.ppo
+        batch = rl_batch(exp, np.zeros(len(exp), np.float32), loss_weight(cfg.rollout, exp))
+        ppo = cfg.ppo
         jb = {k: jnp.asarray(v) for k, v in batch.items()}
         ref_logp = jnp.asarray(reference(batch)["ref_logp"])
         mask = jb["loss_mask"]
-        values = self._values_fn(self.critic.state.params, jb)
+        values = self.critic_programs.values(self.critic.state.params, jb)
         token_r = objectives.kl_shaped_rewards(
             jnp.asarray(scores, jnp.float32),
             jb["old_logp"],
@@ -279,9 +301,8 @@ class PPOStrategy:
 
     def critic_update(self, sub: dict) -> dict:
         """One critic step on a minibatch (the actor's keys left out); metrics as ``critic/*``."""
-        actor_only = ("old_logp", "advantages", "is_weights", "proximal_logp")
-        critic = {k: v for k, v in sub.items() if k not in actor_only}
-        self.critic.state, cm = self.critic_step(self.critic.state, critic, {})
+        critic = {k: sub[k] for k in CRITIC_LAYOUT.names}
+        self.critic.state, cm = self.critic_programs.train(self.critic.state, critic, {})
         return {f"critic/{k}": v for k, v in cm.items()}
 
 
@@ -292,18 +313,19 @@ class OnlinePairs:
 
     def __init__(
         self,
-        algo: Algorithm,
-        cfg: RunConfig,
-        *,
+        plan: RunPlan,
         policy: Policy,
         rollouts: Rollouts,
-        loss_config: Any,
-        log: Callable[[str], None],
+        *,
+        log: Callable[[str], None] = print,
     ):
-        del cfg, policy, rollouts, log
-        self.needs_reference = algo.loss_spec().uses_reference(loss_config)
+        self.plan = plan
 
-    def prepare(self, exp: Experience, reference: Callable[[dict], dict] | None) -> Prepared:
+    def companions(self) -> tuple[Companion, ...]:
+        """None: the policy alone."""
+        return ()
+
+    def prepare(self, exp: Experience, reference: Reference | None) -> Prepared:
         """The preference batch of each group's best and worst sample."""
         g = exp.group_size
         ro = exp.rollout
@@ -329,18 +351,21 @@ class OnlinePairs:
                     f"{side}_loss_mask": lm.astype(np.int32),
                 }
             )
-        if self.needs_reference and reference is not None:
+        if self.plan.needs.reference_in_loss:
+            assert reference is not None
             batch.update({k: np.asarray(v) for k, v in reference(batch).items()})
         return Prepared(batch, None, {"dpo/pairs": int(has.sum())})
 
 
-STRATEGIES: dict[Family, type] = {
+STRATEGIES: dict[Family, Callable[..., Strategy]] = {
     Family.GROUP_POLICY_GRADIENT: GroupPolicyGradient,
     Family.PPO: PPOStrategy,
     Family.ONLINE_PAIRS: OnlinePairs,
 }
 
 
-def make_strategy(algo: Algorithm, cfg: RunConfig, **kw):
-    """The strategy object of ``algo``'s family (see the module docstring)."""
-    return STRATEGIES[algo.family](algo, cfg, **kw)
+def make_strategy(
+    plan: RunPlan, policy: Policy, rollouts: Rollouts, *, log: Callable[[str], None] = print
+) -> Strategy:
+    """The strategy of the plan's algorithm family (see the module docstring)."""
+    return STRATEGIES[plan.algo.family](plan, policy, rollouts, log=log)

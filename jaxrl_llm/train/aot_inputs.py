@@ -1,6 +1,8 @@
-"""The abstract inputs of ``jaxrl-llm compile``: batches, shardings and run configs as
-``ShapeDtypeStruct``s (nothing allocated), the decode state's shardings, and the analytic FLOPs
-(see :mod:`jaxrl_llm.train.aot`)."""
+"""What ``jaxrl-llm compile`` needs beside the run's own programs: the run config its command
+line sizes describe (:func:`run_config_for`), compiling one program and reading its memory
+(:func:`compile_program`), the decode state's shardings, per-device bytes of abstract arrays,
+and the analytic FLOPs (see :mod:`jaxrl_llm.train.aot`). The batches are the run plan's
+layouts (:class:`jaxrl_llm.train.plan.BatchLayout`)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_spec
 from jaxrl_llm.train.aot_report import ProgramMemory
+from jaxrl_llm.train.sections import CorrectionSection
 
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def _per_device_bytes(tree: Any) -> int:
+def per_device_bytes(tree: Any) -> int:
     """Bytes one device holds of a tree of ShapeDtypeStructs with NamedShardings (its shard)."""
     total = 0
     for x in jax.tree.leaves(tree):
@@ -29,21 +32,18 @@ def _per_device_bytes(tree: Any) -> int:
     return total
 
 
-def _abstract(shapes: Any, shardings: Any) -> Any:
-    return jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
-    )
-
-
-def _program(name: str, jitted, args: tuple, resident: int) -> ProgramMemory:
-    """Compile ``jitted`` for ``args`` and read its memory, cost and ring transfers.
+def compile_program(
+    name: str, jitted, args: tuple, resident: int, *, kwargs: dict | None = None
+) -> ProgramMemory:
+    """Compile ``jitted`` for ``args`` (and keyword ``kwargs``) and read its memory, cost and
+    ring transfers; ``resident``: the bytes per device that live beside it.
 
     Raises:
       ConfigError: the TPU compiler refuses a program whose temporaries alone exceed a
         device's HBM (XLA's RESOURCE_EXHAUSTED, one line with its numbers).
     """
     try:
-        compiled = jitted.lower(*args).compile()
+        compiled = jitted.lower(*args, **(kwargs or {})).compile()
     except jax.errors.JaxRuntimeError as e:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
@@ -73,81 +73,50 @@ def _program(name: str, jitted, args: tuple, resident: int) -> ProgramMemory:
 _COLLECTIVE_PERMUTE = re.compile(r"\bcollective-permute(?:-start)?\(")
 
 
-# ----- abstract batches, one builder per loss batch layout (LossSpec.batch_kind) --------------
-
-
-def _seq(rows: int, t: int, prefix: str = "") -> dict:
-    i = lambda: jax.ShapeDtypeStruct((rows, t), jnp.int32)
-    return {f"{prefix}input_ids": i(), f"{prefix}attention_mask": i(), f"{prefix}loss_mask": i()}
-
-
-def _f32(*shape) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, jnp.float32)
-
-
-def _rl_batch(rows, t, *, with_ref):
-    out = {**_seq(rows, t), "old_logp": _f32(rows, t), "advantages": _f32(rows, t)}
-    return {**out, "ref_logp": _f32(rows, t)} if with_ref else out
-
-
-def _preference_batch(rows, t, *, with_ref):
-    out = {**_seq(rows, t, "chosen_"), **_seq(rows, t, "rejected_")}
-    if with_ref:
-        out.update(ref_chosen_logps=_f32(rows), ref_rejected_logps=_f32(rows))
-    return out
-
-
-def _kto_batch(rows, t, *, with_ref):
-    out = {**_seq(rows, t), **_seq(rows, t, "kl_"), "label": _f32(rows)}
-    return {**out, "ref_logps": _f32(rows), "ref_kl_logps": _f32(rows)} if with_ref else out
-
-
-def _rank_batch(rows, t, *, with_ref):
-    return {**_seq(rows, t), "scores": _f32(rows)}
-
-
-def _sequence_batch(rows, t, *, with_ref):
-    return _seq(rows, t)
-
-
-BATCHES = {
-    "rl": _rl_batch,
-    "preference": _preference_batch,
-    "kto": _kto_batch,
-    "rank": _rank_batch,
-    "sequence": _sequence_batch,
-}
-
-
-def correction_entries(rows: int, t: int, *, decoupled: bool) -> dict:
-    """The entries ``rollout.correction`` adds to an ``rl`` batch before the update
-    (:func:`jaxrl_llm.train.correction.correct_batch`): the proximal log-probs (decoupled PPO)
-    or the importance weights, ``[rows, t]`` float32."""
-    return {"proximal_logp" if decoupled else "is_weights": _f32(rows, t)}
-
-
-def _critic_batch(rows, t):
-    return {**_seq(rows, t), "values": _f32(rows, t), "returns": _f32(rows, t)}
-
-
 # ----- the run ---------------------------------------------------------------------------------
 
 
-def _run_config(
-    algorithm,
+def run_config_for(
+    algorithm: str,
     *,
-    batch_size,
-    group_size,
-    gen_len,
-    prompt_len,
-    minibatches,
-    micro_batches,
-    remat,
-    dtype,
-    lora_rank,
-    mesh,
-    correction=None,
-):
+    data: int = 1,
+    fsdp: int = 1,
+    tensor: int = 1,
+    expert: int = 1,
+    context: int = 1,
+    batch_size: int = 8,
+    seq_len: int = 1024,
+    prompt_len: int | None = None,
+    group_size: int = 8,
+    minibatches: int = 1,
+    micro_batches: int = 1,
+    remat: str = "full",
+    dtype: str = "bf16",
+    lora_rank: int = 0,
+    correction: CorrectionSection | None = None,
+) -> tuple[Any, int, int]:
+    """The run config ``jaxrl-llm compile --algorithm ...`` describes, with its row lengths.
+
+    Args:
+      algorithm: a key of :data:`jaxrl_llm.losses.ALGORITHMS`.
+      data, fsdp, tensor, expert, context: mesh axis sizes (one may be -1).
+      batch_size: online: prompts per step (rows = prompts × group_size); offline: examples
+        (pairs for preference losses) per step.
+      seq_len: tokens per row, prompt + completion. prompt_len: online prompt part (default
+        ``seq_len // 2``); the completion (generation) part is ``seq_len − prompt_len``.
+      group_size: G samples per prompt (online).
+      minibatches: online: optimizer updates per rollout batch.
+      micro_batches: offline: gradient-accumulation slices per step.
+      remat: per-layer rematerialisation 'none' | 'dots' | 'full'.
+      dtype: 'bf16' | 'fp32' compute dtype (master weights and optimizer state are float32).
+      lora_rank: 0 = full fine-tuning; r > 0 trains rank-r adapters on a frozen base.
+      correction: the run's ``rollout.correction`` (online).
+    Returns:
+      ``(RunConfig, seq_len, prompt_len)``.
+    Raises:
+      ConfigError: an unknown algorithm or dtype, a correction offline, lengths that do not
+        fit, or a config the trainer would refuse.
+    """
     from jaxrl_llm.losses import ALGORITHMS as LOSS_ALGORITHMS
     from jaxrl_llm.train.run_config import RunConfig
     from jaxrl_llm.train.sections import (
@@ -162,29 +131,35 @@ def _run_config(
     )
 
     if algorithm not in LOSS_ALGORITHMS:
-        raise ConfigError(
-            f"algorithm {algorithm!r} has no trainer; trainable: "
-            f"{', '.join(sorted(LOSS_ALGORITHMS))}"
-        )
+        raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(LOSS_ALGORITHMS)}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
     online = LOSS_ALGORITHMS[algorithm].online
     if correction is not None and not online:
         raise ConfigError(
             f"rollout.correction corrects an online rollout; {algorithm!r} is trained offline"
         )
-    return RunConfig(
+    prompt_len = seq_len // 2 if prompt_len is None else int(prompt_len)
+    if not 1 <= prompt_len < seq_len:
+        raise ConfigError(f"prompt_len={prompt_len} must be in [1, seq_len={seq_len})")
+    gen_len = seq_len - prompt_len
+    mesh = dict(data=data, fsdp=fsdp, tensor=tensor, expert=expert, context=context)
+    model: dict[str, Any] = dict(  # the section checks the values
+        source="(preset)",
+        compute_dtype=DTYPES[dtype],
+        remat=remat,
+        lora=LoRASection(rank=lora_rank) if lora_rank else None,
+    )
+    cfg = RunConfig(
         output_dir="(compile)",
         max_steps=1,
         algorithm=algorithm,
-        model=ModelSection(
-            source="(preset)",
-            compute_dtype=_DTYPES[dtype],
-            remat=remat,
-            lora=LoRASection(rank=lora_rank) if lora_rank else None,
-        ),
+        model=ModelSection(**model),
         mesh=MeshSection(**mesh),
         # context parallelism needs every row's own forward (train.preflight.check_context)
-        logprobs=LogprobSection(shared_prompt=mesh.get("context", 1) <= 1),
-        data=DataSection(train="(compile)", max_length=prompt_len + gen_len),
+        logprobs=LogprobSection(shared_prompt=context <= 1),
+        # online: data.max_length bounds the prompt; offline: the whole row
+        data=DataSection(train="(compile)", max_length=prompt_len if online else seq_len),
         rollout=RolloutSection(
             prompts_per_step=batch_size,
             group_size=group_size,
@@ -195,6 +170,7 @@ def _run_config(
         train=TrainSection(batch_size=batch_size, micro_batches=micro_batches),
         rewards=(RewardItem("math_answer"),) if online else (),
     )
+    return cfg, seq_len, prompt_len
 
 
 _DECODE_AXES = {  # logical names of DecodeState / KVCache dimensions
@@ -217,7 +193,7 @@ _CACHE_AXES = {
 }
 
 
-def _decode_state_sharding(dstate, mesh, rules=DEFAULT_RULES):
+def decode_state_sharding(dstate, mesh, rules=DEFAULT_RULES):
     """Rows over the batch axes, KV heads over ``tensor``: how a sharded sampler lays out its
     loop state (``DecodeState`` fields by name), by the rule table ``rules``."""
 

@@ -29,49 +29,18 @@ groups with a nonzero advantage need it, :class:`RolloutCorrector`) and ``time/r
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import objectives
-from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.losses import LogprobSettings, sequence_logps
 from jaxrl_llm.train.learner import context_padded
-
-
-@dataclasses.dataclass(frozen=True)
-class CorrectionSection:
-    """``rollout.correction``: correct the update for the sampler's log-probs (module
-    docstring); absent or null = off (no extra forward).
-
-    Attributes:
-      level: ``token`` (a weight per token) or ``sequence`` (exp of the row's summed
-        log-ratio, for every token of the row).
-      mode: ``truncate`` (clip the weight to [low, high], TIS) or ``mask`` (weight 0 outside,
-        MIS / IcePop).
-      low, high: the bounds (null: that side unbounded); TIS's cap is 2.
-      decoupled: decoupled PPO instead (the weights' bounds then only set the
-        ``outside_frac`` metric).
-    """
-
-    level: Literal["token", "sequence"] = "token"
-    mode: Literal["truncate", "mask"] = "truncate"
-    low: float | None = None
-    high: float | None = 2.0
-    decoupled: bool = False
-
-    def __post_init__(self):
-        if self.low is not None and self.low < 0:
-            raise ConfigError(f"rollout.correction.low={self.low} must be >= 0 or null")
-        if self.high is not None and self.high <= 0:
-            raise ConfigError(f"rollout.correction.high={self.high} must be > 0 or null")
-        if self.low is not None and self.high is not None and self.low > self.high:
-            raise ConfigError(f"rollout.correction.low={self.low} must be <= high={self.high}")
+from jaxrl_llm.train.sections import CorrectionSection
 
 
 @functools.partial(jax.jit, static_argnames=("level", "mode", "low", "high"))
@@ -143,8 +112,9 @@ class RolloutCorrector:
     Args:
       section: the run's ``rollout.correction``.
       policy: the :class:`~jaxrl_llm.train.policy.Policy` being trained (its current state).
-      logprobs: the loss's :class:`~jaxrl_llm.losses.LogprobSettings` (the same temperature,
-        window and shared prompt as the update's forward).
+      recompute: the run's recompute forward (:attr:`jaxrl_llm.train.programs.Programs.
+        recompute`: the loss's temperature, window and shared prompt, the model bound as in
+        the update).
       group_size: rows per group (G): whole groups are recomputed (a shared prompt).
     """
 
@@ -152,12 +122,12 @@ class RolloutCorrector:
         self,
         section: CorrectionSection,
         policy: Any,
-        logprobs: LogprobSettings,
+        recompute: Callable[..., Any],
         *,
         group_size: int = 1,
     ):
         self.section, self.policy, self.group = section, policy, group_size
-        self._logps = policy.logps_fn(functools.partial(sequence_logps, **logprobs.kwargs()))
+        self._logps = recompute
 
     def __call__(self, batch: dict) -> tuple[dict, dict[str, float]]:
         """``(corrected batch, metrics)``, ``time/recompute_s`` the forward's wall time."""

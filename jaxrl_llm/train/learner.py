@@ -12,7 +12,7 @@ the log-prob window reads, and the padded columns are masked (no result changes)
 forward and backward then split each row's tokens over the axis (ring attention); the rollout
 that produced the batch ran unsharded along T.
 
-With ``logprobs.pack`` (:class:`PackSpec`) each update's rows are packed right before the
+With ``logprobs.pack`` (:class:`~jaxrl_llm.train.plan.PackSpec`) each update's rows are packed right before the
 step (:func:`jaxrl_llm.data.pack_rl_batch`): after the minibatch and micro-batch layout, so
 that a micro-batch's packed rows hold exactly its own episodes and zero-advantage skipping
 still sees whole micro-batches of groups. The packed row length is then the multiple of C.
@@ -20,7 +20,6 @@ still sees whole micro-batches of groups. The packed row length is then the mult
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ from jaxrl_llm.data.collate import pad_length
 from jaxrl_llm.data.packing import pack_rl_batch, packing_stats
 from jaxrl_llm.parallel.context import context_size
 from jaxrl_llm.train.faults import fault_point
+from jaxrl_llm.train.plan import PackSpec, Rows
 from jaxrl_llm.train.step import STEP_METRICS, is_loss_share
 
 
@@ -77,54 +77,37 @@ def mean_metrics(per_update: list[dict]) -> dict[str, float]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class PackSpec:
-    """How the learner packs its rows (``logprobs.pack``).
-
-    Attributes:
-      window: the completion columns W every target sits in (``rollout.max_new_tokens``).
-      row_len: the packed rows' length (None: the batch's padded T).
-    """
-
-    window: int
-    row_len: int | None = None
-
-
 class Learner:
     """Runs the policy's train step over a learner batch.
 
     Args:
       step_fn: the jitted step ``(state, batch, frozen, hparams=None) -> (state, metrics)``.
-      epochs, minibatches: K passes, each split into this many optimizer steps.
-      group: rows per group (G); minibatches keep whole groups when ``group_minibatches``.
-      group_minibatches: permute whole groups (a shared-prompt forward or skipping needs them).
-      micro_batches: M > 1 lays each minibatch out for skipping (:func:`skippable_layout`).
+      rows: the plan's :class:`~jaxrl_llm.train.plan.Rows`: epochs × minibatches updates per
+        step, micro-batches per update (M > 1 lays each minibatch out for skipping,
+        :func:`skippable_layout`), G rows per group, whole groups per minibatch or not.
       seed: minibatch permutations are functions of (seed, step).
-      companion: ``companion(minibatch) -> metrics``, a second update per minibatch on the same
-        rows (PPO's critic), or None.
-      actor_drop: batch keys the policy's step does not take (the critic's ``values``...).
-      pack: pack the policy's rows before each step (:class:`PackSpec`), or None.
+      companions: ``companion(minibatch) -> metrics``, updates per minibatch on the same
+        rows beside the policy's (PPO's critic).
+      actor_drop: batch keys the policy's step does not take (the companions' entries).
+      pack: pack the policy's rows before each step (:class:`~jaxrl_llm.train.plan.PackSpec`),
+        or None.
     """
 
     def __init__(
         self,
         step_fn: Callable,
+        rows: Rows,
         *,
-        epochs: int,
-        minibatches: int,
-        group: int,
-        group_minibatches: bool,
-        micro_batches: int,
         seed: int,
-        companion: Callable[[dict], dict] | None = None,
+        companions: tuple[Callable[[dict], dict], ...] = (),
         actor_drop: tuple[str, ...] = (),
         pack: PackSpec | None = None,
     ):
         self.step_fn = step_fn
-        self.epochs, self.minibatches = epochs, minibatches
-        self.group, self.group_minibatches = group, group_minibatches
-        self.micro_batches, self.seed = micro_batches, seed
-        self.companion, self.actor_drop = companion, actor_drop
+        self.epochs, self.minibatches = rows.epochs, rows.minibatches
+        self.group, self.group_minibatches = rows.group, rows.group_minibatches
+        self.micro_batches, self.seed = rows.micro_batches, seed
+        self.companions, self.actor_drop = companions, actor_drop
         self.pack = pack
 
     def update(
@@ -171,8 +154,8 @@ class Learner:
                 else:
                     policy.state, m = self.step_fn(policy.state, actor, frozen, hparams)
                 fault_point("update", step)
-                if self.companion is not None:
-                    m = {**m, **self.companion(sub)}
+                for companion in self.companions:
+                    m = {**m, **companion(sub)}
                 per_update.append(m)
         per_update = jax.device_get(per_update)
         out = mean_metrics(per_update)

@@ -23,6 +23,7 @@ import jax
 
 from jaxrl_llm.errors import ConfigError, TrainingError
 from jaxrl_llm.train.faults import fault_point
+from jaxrl_llm.train.plan import RunPlan
 from jaxrl_llm.train.policy import Policy, export_policy
 from jaxrl_llm.train.run_config import RunConfig
 from jaxrl_llm.train.run_state import (
@@ -38,12 +39,14 @@ from jaxrl_llm.train.run_state import (
 class Trainer:
     """The run loop shared by the trainers (see the module docstring).
 
-    Subclasses set ``cfg``, ``policy``, ``ckpt`` (CheckpointManager), ``guard``
+    Subclasses set ``cfg``, ``plan`` (the :class:`~jaxrl_llm.train.plan.RunPlan`),
+    ``policy``, ``ckpt`` (CheckpointManager), ``guard``
     (NonFiniteGuard), ``iterator``, ``eval_data`` and ``companions`` (``[(checkpointer,
     policy)]`` saved before and restored with the policy) in ``__init__``.
     """
 
     cfg: RunConfig
+    plan: RunPlan
     policy: Policy
     ckpt: Any  # CheckpointManager
     guard: NonFiniteGuard
@@ -152,7 +155,9 @@ class Trainer:
         os.makedirs(self.cfg.output_dir, exist_ok=True)
         with output_dir_lock(self.cfg.output_dir):
             self.maybe_resume()
-            record_config(self.cfg, self.start_step if self.resumed else None, self.say)
+            record_config(
+                self.cfg, self.plan.loss_config, self.start_step if self.resumed else None, self.say
+            )
             return self._run()
 
     def _run(self) -> dict:

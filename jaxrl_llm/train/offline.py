@@ -21,7 +21,6 @@ attention (the policy's ``apply_fn`` carries the mesh) on batches not split befo
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import math
 import time
@@ -32,13 +31,14 @@ import numpy as np
 
 from jaxrl_llm import models
 from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator
-from jaxrl_llm.parallel import batch_sharding, context_size
+from jaxrl_llm.parallel import context_size
 from jaxrl_llm.train.loop import Trainer
+from jaxrl_llm.train.plan import plan_run
 from jaxrl_llm.train.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.preflight import check_mesh, read_splits
-from jaxrl_llm.train.run_config import RunConfig, logprob_settings, loss_config
+from jaxrl_llm.train.programs import build_programs
+from jaxrl_llm.train.run_config import RunConfig
 from jaxrl_llm.train.run_state import NonFiniteGuard, make_checkpointer
-from jaxrl_llm.train.step import make_train_step
 
 # Metrics that summarise held-out quality per algorithm family (higher is better).
 EVAL_KEYS = ("rewards/accuracies", "rewards/margins", "nll", "loss")
@@ -106,12 +106,9 @@ class OfflineTrainer(Trainer):
     def __init__(self, cfg: RunConfig, *, log_stream=None):
         super().__init__(cfg, log_stream=log_stream)
         algo = cfg.algo
-        self.spec = algo.loss_spec()
-        self.loss_config = loss_config(cfg)
-        self.logprobs = logprobs = logprob_settings(cfg)
+        self.plan = plan = plan_run(cfg, check_mesh(cfg))  # before the model loads
         d, t = cfg.data, cfg.train
         self.eval_every = t.eval_every
-        check_mesh(cfg)  # before the model loads
         config, params, tok = load_policy_model(cfg)
         # The data is read and checked before anything compiles: a bad line costs no compile.
         self.format = Format(algo.data_format)
@@ -129,7 +126,9 @@ class OfflineTrainer(Trainer):
         )
         if algo.trains_reward_head:
             config, params = _with_score_head(config, params, cfg.seed)
-        self.policy: Policy = build_policy(cfg, config=config, params=params, tokenizer=tok)
+        self.policy: Policy = build_policy(
+            cfg, config=config, params=params, tokenizer=tok, plan=plan
+        )
         p = self.policy
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         # rows split over the context axis: T a multiple of C (data.max_length is one too)
@@ -148,32 +147,13 @@ class OfflineTrainer(Trainer):
         )
         self.eval_collate = collate_fn_for(self.format, padding=self.padding)
         self.iterator = self.make_iterator()
+        programs = build_programs(plan, p)
+        self.step_fn, self.eval_fn = programs.train, programs.evaluate
         self.reference = None
-        if self.spec.reference_fn is not None and self.spec.uses_reference(self.loss_config):
-            ref_fn = jax.jit(
-                functools.partial(
-                    self.spec.reference_fn,
-                    apply_fn=p.apply_fn,
-                    config=self.loss_config,
-                    logprobs=logprobs,
-                )
-            )
+        if programs.reference is not None:
             self.reference = ReferenceCache(
-                ref_fn, p.reference_params(), cache=t.reference == "precompute"
+                programs.reference, p.reference_params(), cache=t.reference == "precompute"
             )
-        loss = p.loss_fn(self.spec.loss_fn, loss_config=self.loss_config, logprobs=logprobs)
-        self.step_fn = make_train_step(
-            loss,
-            p.optimizer,
-            mesh=p.mesh,
-            state_sharding=p.state_sharding,
-            batch_sharding=batch_sharding(p.mesh),
-            micro_batches=t.micro_batches,
-            denominator_fn=functools.partial(self.spec.denominator_fn, config=self.loss_config),
-            grad_clip=cfg.optim.grad_clip,
-            frozen_sharding=p.frozen_sharding,
-        )
-        self.eval_fn = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
         self.ckpt = make_checkpointer(cfg, p)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
 

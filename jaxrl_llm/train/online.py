@@ -17,7 +17,6 @@ run loop (:class:`~jaxrl_llm.train.loop.Trainer`).
 
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -26,29 +25,23 @@ import numpy as np
 import optax
 
 from jaxrl_llm.data import Format, make_iterator
-from jaxrl_llm.losses import Family
-from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.algorithms import make_strategy
 from jaxrl_llm.train.correction import RolloutCorrector
 from jaxrl_llm.train.episodes import check_environment, episode_records
 from jaxrl_llm.train.experience import Experience, ExperienceBuffer
-from jaxrl_llm.train.learner import Learner, PackSpec, context_padded
+from jaxrl_llm.train.learner import Learner, context_padded
 from jaxrl_llm.train.logging import SamplesLog
 from jaxrl_llm.train.loop import Trainer
 from jaxrl_llm.train.placement import RolloutPlacement, split_devices
+from jaxrl_llm.train.plan import plan_run
 from jaxrl_llm.train.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.preflight import check_mesh, read_splits
 from jaxrl_llm.train.producer import Producer, WeightBox, snapshot
+from jaxrl_llm.train.programs import build_programs
 from jaxrl_llm.train.rollout import Rollouts
-from jaxrl_llm.train.run_config import (
-    RunConfig,
-    logprob_settings,
-    loss_config,
-    update_micro_batches,
-)
+from jaxrl_llm.train.run_config import RunConfig
 from jaxrl_llm.train.run_state import NonFiniteGuard, make_checkpointer
-from jaxrl_llm.train.step import make_train_step
 
 
 def _encoder(tok):
@@ -87,23 +80,84 @@ class OnlineTrainer(Trainer):
 
     def __init__(self, cfg: RunConfig, *, policy: Policy | None = None, log_stream=None):
         super().__init__(cfg, log_stream=log_stream)
-        algo, r = cfg.algo, cfg.rollout
-        self.algo = algo
-        self.spec = algo.loss_spec()
-        self.loss_config = loss_config(cfg)
-        self.logprobs = logprob_settings(cfg)
+        r = cfg.rollout
+        # The batch splits over the mesh and the config resolves: before any model loads.
+        self.plan = plan = plan_run(cfg, check_mesh(cfg, mesh=policy.mesh if policy else None))
         self.eval_every, self.eval_before = cfg.eval.every, cfg.eval.before
         # the held-out metric: the first reward function (an env-only run: the env's reward)
         self.eval_metric = cfg.rewards[0].name if cfg.rewards else "env"
         self.progress_keys = ("reward/mean", "loss", "eval/" + self.eval_metric, "time/step_s")
-        # The batch splits over the mesh: checked before any model loads.
-        check_mesh(cfg, mesh=policy.mesh if policy is not None else None)
+        loaded = None if policy is not None else load_policy_model(cfg)
+        tok = policy.tokenizer if policy is not None else loaded[2]  # type: ignore[index]
+        rewards = self._read_inputs(tok)  # rewards, data, env: checked before anything compiles
         if policy is None:
-            config, params, tok = load_policy_model(cfg)
-        else:
-            tok = policy.tokenizer
-        # Rewards and data are built and checked before anything compiles: a bad reward
-        # keyword or data line costs no model build.
+            config, params, tok = loaded  # type: ignore[misc]
+            policy = build_policy(cfg, config=config, params=params, tokenizer=tok, plan=plan)
+        self.policy = p = policy
+        # rollout.devices: sample on the learner's mesh, or on devices of their own
+        self.placement = RolloutPlacement(p.config, split_devices(r.devices)[1], tensor=r.tensor)
+        if self.placement.split:
+            self.say(
+                f"placement: rollouts on {r.devices} devices (tensor={r.tensor}), the learner "
+                f"on the other {p.mesh.size}; weights copied after every update"
+            )
+        self.rollouts = Rollouts(
+            r,
+            rewards,
+            tokenizer=p.tokenizer,
+            model_config=p.config,
+            weights_fn=lambda: (self.placement.put(p.full_params()), int(p.state.step)),
+            seed=cfg.seed,
+            env=cfg.env,
+        )
+        self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
+        self.strategy = make_strategy(plan, p, self.rollouts, log=self.say)
+        self.buffer = ExperienceBuffer(max_staleness=0)
+        # rollout.max_staleness >= 1: the background rollout thread, started by the first
+        # step (after a resume has restored the data position)
+        self.producer: Producer | None = None
+        self.programs = programs = build_programs(plan, p)
+        self.step_fn = programs.train
+        if plan.needs.skip_zero:
+            self.say(
+                f"update: {plan.rows.micro_batches} micro-batches of whole groups per "
+                f"minibatch; those whose advantages are all zero are skipped "
+                f"(rollout.skip_zero_advantage)"
+            )
+        self.corrector = None
+        if r.correction is not None:
+            assert programs.recompute is not None
+            self.corrector = RolloutCorrector(
+                r.correction, p, programs.recompute, group_size=r.group_size
+            )
+        self.ref_params = p.reference_params() if plan.needs.reference else None
+        companions = self.strategy.companions()
+        self.learner = Learner(
+            self.step_fn,
+            plan.rows,
+            seed=cfg.seed,
+            companions=tuple(c.update for c in companions),
+            actor_drop=tuple(f.name for f in plan.companion_fields),
+            pack=plan.pack,
+        )
+        self.schedules = {
+            s.name: _schedule(s, getattr(plan.loss_config, s.name), cfg.max_steps)
+            for s in cfg.schedules
+        }
+        self.iterator = self.make_iterator()
+        self.ckpt = make_checkpointer(cfg, p)
+        # a companion (PPO's critic: weights + optimizer state) is checkpointed beside the
+        # policy, at the same steps, so a resumed run continues with the one it had
+        self.companions = [
+            (make_checkpointer(cfg, c.policy, subdir=c.name), c.policy) for c in companions
+        ]
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
+
+    def _read_inputs(self, tok):
+        """Build the reward set and read the prompts (and probe the environment) before
+        anything compiles: a bad reward keyword, data line or environment costs no model
+        build. Returns the reward set (None for an env-only run)."""
+        cfg, r = self.cfg, self.cfg.rollout
         ctx = RewardContext(
             tokenizer=_encoder(tok),
             max_new_tokens=r.max_new_tokens,
@@ -128,108 +182,7 @@ class OnlineTrainer(Trainer):
                 f"env: {cfg.env.name}, at most {cfg.env.max_turns} turns and "
                 f"{r.max_new_tokens} completion-side tokens per episode"
             )
-        self.policy = p = policy or build_policy(cfg, config=config, params=params, tokenizer=tok)
-        # rollout.devices: sample on the learner's mesh, or on devices of their own
-        self.placement = RolloutPlacement(p.config, split_devices(r.devices)[1], tensor=r.tensor)
-        if self.placement.split:
-            self.say(
-                f"placement: rollouts on {r.devices} devices (tensor={r.tensor}), the learner "
-                f"on the other {p.mesh.size}; weights copied after every update"
-            )
-        self.rollouts = Rollouts(
-            r,
-            rewards,
-            tokenizer=p.tokenizer,
-            model_config=p.config,
-            weights_fn=lambda: (self.placement.put(p.full_params()), int(p.state.step)),
-            seed=cfg.seed,
-            env=cfg.env,
-        )
-        self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
-        self.strategy = make_strategy(
-            algo, cfg, policy=p, rollouts=self.rollouts, loss_config=self.loss_config, log=self.say
-        )
-        self.buffer = ExperienceBuffer(max_staleness=0)
-        # rollout.max_staleness >= 1: the background rollout thread, started by the first
-        # step (after a resume has restored the data position)
-        self.producer: Producer | None = None
-        self.corrector = (
-            None
-            if r.correction is None
-            else RolloutCorrector(r.correction, p, self.logprobs, group_size=r.group_size)
-        )
-        self.ref_params = p.reference_params() if self.strategy.needs_reference else None
-        self._ref_fn = None
-        if self.ref_params is not None and self.spec.reference_fn is not None:
-            self._ref_fn = jax.jit(
-                functools.partial(
-                    self.spec.reference_fn,
-                    apply_fn=p.apply_fn,
-                    config=self.loss_config,
-                    logprobs=self.logprobs,
-                )
-            )
-        self.update_micro_batches = update_micro_batches(
-            cfg, self.loss_config, shards=int(p.mesh.shape["data"] * p.mesh.shape["fsdp"])
-        )
-        self.step_fn = self._build_step()
-        critic = getattr(self.strategy, "critic", None)
-        self.learner = Learner(
-            self.step_fn,
-            epochs=r.epochs,
-            minibatches=1 if algo.family is Family.ONLINE_PAIRS else r.minibatches,
-            group=r.group_size,
-            group_minibatches=self.update_micro_batches > 1 or self.logprobs.prompt_group_size > 1,
-            micro_batches=self.update_micro_batches,
-            seed=cfg.seed,
-            companion=None if critic is None else self.strategy.critic_update,
-            actor_drop=("values", "returns"),
-            pack=PackSpec(r.max_new_tokens, cfg.logprobs.pack_length)
-            if cfg.logprobs.pack
-            else None,
-        )
-        self.schedules = {
-            s.name: _schedule(s, getattr(self.loss_config, s.name), cfg.max_steps)
-            for s in cfg.schedules
-        }
-        self.iterator = self.make_iterator()
-        self.ckpt = make_checkpointer(cfg, p)
-        # PPO's critic (weights + optimizer state) is checkpointed beside the policy, at the
-        # same steps, so a resumed PPO run continues with the critic it had.
-        if critic is not None:
-            self.companions = [
-                (make_checkpointer(cfg, critic, subdir="critic_checkpoints"), critic)
-            ]
-        self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
-
-    def _build_step(self):
-        """The policy's jitted train step; with ``rollout.skip_zero_advantage`` it runs
-        micro-batches of whole groups and skips those whose advantages are all zero (exact;
-        see ``losses.policy_gradient_zero_batch``)."""
-        cfg, p = self.cfg, self.policy
-        zero_fn = (
-            self.spec.zero_batch_fn(self.loss_config)
-            if self.update_micro_batches > 1 and self.spec.zero_batch_fn
-            else None
-        )
-        if zero_fn is not None:
-            self.say(
-                f"update: {self.update_micro_batches} micro-batches of whole groups per "
-                f"minibatch; those whose advantages are all zero are skipped "
-                f"(rollout.skip_zero_advantage)"
-            )
-        return make_train_step(
-            p.loss_fn(self.spec.loss_fn, loss_config=self.loss_config, logprobs=self.logprobs),
-            p.optimizer,
-            mesh=p.mesh,
-            state_sharding=p.state_sharding,
-            batch_sharding=batch_sharding(p.mesh),
-            micro_batches=self.update_micro_batches,
-            denominator_fn=functools.partial(self.spec.denominator_fn, config=self.loss_config),
-            grad_clip=cfg.optim.grad_clip,
-            frozen_sharding=p.frozen_sharding,
-            skip_fn=zero_fn,
-        )
+        return rewards
 
     def make_iterator(self, state: dict | None = None):
         """The prompt iterator (``prompts_per_step`` per step), at a checkpoint's position."""
@@ -244,7 +197,7 @@ class OnlineTrainer(Trainer):
     def reference(self, batch: dict) -> dict:
         """The frozen reference's batch entries (``ref_logp`` or the pair log-probs), as
         numpy; its time adds to this step's ``time/reference_s``."""
-        ref_fn = self._ref_fn
+        ref_fn = self.programs.reference
         assert ref_fn is not None
         t = time.perf_counter()
         out = jax.device_get(
@@ -299,7 +252,7 @@ class OnlineTrainer(Trainer):
                 self.iterator,
                 box,
                 max_staleness=r.max_staleness,
-                updates_per_step=self.learner.epochs * self.learner.minibatches,
+                updates_per_step=self.plan.rows.epochs * self.plan.rows.minibatches,
                 staleness=r.staleness,
                 first_step=step,
                 last_step=self.cfg.max_steps,
@@ -336,7 +289,10 @@ class OnlineTrainer(Trainer):
         t_rollout = info.pop("time/rollout_s")
         t1 = time.perf_counter()
         self._t_ref = 0.0
-        prepared = self.strategy.prepare(exp, self.reference if self._ref_fn else None)
+        prepared = self.strategy.prepare(
+            exp, self.reference if self.programs.reference is not None else None
+        )
+        self.plan.handover_layout.check(prepared.batch, where=type(self.strategy).__name__)
         correction: dict[str, float] = {}
         if self.corrector is not None:
             prepared.batch, correction = self.corrector(prepared.batch)

@@ -41,7 +41,8 @@ from jaxrl_llm.parallel import (
     under_mesh,
 )
 from jaxrl_llm.train.placement import split_devices
-from jaxrl_llm.train.run_config import RunConfig, update_micro_batches
+from jaxrl_llm.train.plan import RunPlan, plan_run
+from jaxrl_llm.train.run_config import RunConfig
 from jaxrl_llm.train.state import TrainState, state_sharding_from_params
 
 # LoRA adapters are small: replicate them (their base kernels carry the sharding).
@@ -136,11 +137,14 @@ class Policy:
 
         return fn
 
-    def logps_fn(self, logps: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    def logps_fn(
+        self, logps: Callable[..., jax.Array], *, wrap: Callable | None = None
+    ) -> Callable[..., jax.Array]:
         """Jitted ``fn(params, batch, **frozen) -> [B, T]`` of ``logps(params, batch, *,
         apply_fn)`` (e.g. ``losses.sequence_logps`` with the run's log-prob settings), the
         model bound as in :meth:`loss_fn` (LoRA attached unmerged): the numbers the update's
-        own forward computes, before the update."""
+        own forward computes, before the update. ``wrap``: applied to ``fn`` before jit
+        (e.g. :func:`jaxrl_llm.train.programs.forward_under_mesh`)."""
         apply_fn, lora = self.apply_fn, self.lora
 
         def fn(params, batch, *, base=None):
@@ -148,7 +152,7 @@ class Policy:
                 params = attach_lora(base, params, lora)
             return jax.lax.stop_gradient(logps(params, batch, apply_fn=apply_fn))
 
-        return jax.jit(fn)
+        return jax.jit(fn if wrap is None else wrap(fn))
 
 
 @functools.partial(jax.jit, static_argnames=("lora",))
@@ -273,14 +277,13 @@ def _freeze_embeddings(optimizer, params):
     return optax.multi_transform({"train": optimizer, "frozen": optax.set_to_zero()}, labels)
 
 
-def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) -> Policy:
-    """Load the model, build the mesh, optimizer and the sharded train state."""
-    if config is None:
-        config, params, tokenizer = load_policy_model(cfg)
+def learner_mesh(cfg: RunConfig) -> jax.sharding.Mesh:
+    """The learner's device mesh: ``cfg.mesh`` over every device, or over those that
+    ``rollout.devices`` leaves it (the last n devices sample, :mod:`jaxrl_llm.train.placement`)."""
     learner_devices = None
-    if cfg.is_online and cfg.rollout.devices:  # the last devices sample (train/placement.py)
+    if cfg.is_online and cfg.rollout.devices:
         learner_devices, _ = split_devices(cfg.rollout.devices)
-    mesh = make_mesh(
+    return make_mesh(
         devices=learner_devices,
         data=cfg.mesh.data,
         fsdp=cfg.mesh.fsdp,
@@ -288,12 +291,58 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
         expert=cfg.mesh.expert,
         context=cfg.mesh.context,
     )
+
+
+def build_policy(
+    cfg: RunConfig, *, config=None, params=None, tokenizer=None, plan: RunPlan | None = None
+) -> Policy:
+    """Load the model (unless ``config`` / ``params`` are given), build the learner mesh, the
+    optimizer and the sharded train state (:func:`policy_on_mesh`). ``plan``: the run's plan
+    (resolved here for the mesh when not given)."""
+    if config is None:
+        config, params, tokenizer = load_policy_model(cfg)
+    mesh = learner_mesh(cfg)
+    plan = plan or plan_run(cfg, mesh)
+    return policy_on_mesh(
+        cfg, config, mesh, params=params, tokenizer=tokenizer, micro_batches=plan.rows.micro_batches
+    )
+
+
+def policy_on_mesh(
+    cfg: RunConfig,
+    config: models.ModelConfig,
+    mesh: jax.sharding.Mesh,
+    *,
+    params: Any = None,
+    tokenizer: Any = None,
+    micro_batches: int = 1,
+) -> Policy:
+    """The :class:`Policy` of ``config`` on ``mesh``: parameters sharded by the rule table,
+    the optimizer and its sharded state, ``apply_fn`` bound to the mesh (experts over
+    ``expert``, ring attention over ``context``), LoRA adapters when ``cfg.model.lora``.
+
+    With ``params`` None the policy is abstract: every parameter, adapter and optimizer
+    moment a ``ShapeDtypeStruct`` carrying its sharding, nothing allocated — what ``jaxrl-llm
+    compile`` lowers the trainers' programs with (:mod:`jaxrl_llm.train.aot`).
+
+    Args:
+      micro_batches: the micro-batches one train step sums (:attr:`RunPlan.rows`), for the
+        mixture-of-experts auxiliary loss's weight (:func:`router_aux_weight`).
+    """
+    abstract = params is None
     optimizer = make_optimizer(cfg)
     axes = models.param_logical_axes(config)
+    if abstract:
+        params = jax.eval_shape(
+            functools.partial(models.init_params, config), jax.random.PRNGKey(0)
+        )
     param_sharding_full = logical_to_sharding(axes, mesh, RULES, shapes=params)
-    params = jax.device_put(
-        jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), param_sharding_full
-    )
+    if abstract:
+        params = _with_shardings(params, param_sharding_full, jnp.float32)
+    else:
+        params = jax.device_put(
+            jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), param_sharding_full
+        )
     apply_fn = functools.partial(models.apply, config=config, remat=cfg.model.remat)
     if config.is_moe:  # the experts run split over the mesh's expert axis
         apply_fn = functools.partial(apply_fn, mesh=mesh)
@@ -310,24 +359,40 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
         except ValueError as e:
             raise ConfigError(f"model.lora: {e}") from None
         base = params
-        trainable = init_lora(config, lora, jax.random.fold_in(rng, 1))
+        init = functools.partial(init_lora, config, lora)
+        trainable = jax.eval_shape(init, rng) if abstract else init(jax.random.fold_in(rng, 1))
         param_sharding = logical_to_sharding(lora_logical_axes(lora), mesh, RULES, shapes=trainable)
-        trainable = jax.device_put(trainable, param_sharding)
+        trainable = (
+            _with_shardings(trainable, param_sharding)
+            if abstract
+            else jax.device_put(trainable, param_sharding)
+        )
         frozen_sharding = {"base": param_sharding_full}
     else:
         trainable = params
         param_sharding = param_sharding_full
         if cfg.model.freeze_embeddings:
             optimizer = _freeze_embeddings(optimizer, params)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainable)
-    state_sharding = state_sharding_from_params(optimizer, abstract, param_sharding, mesh)
-    opt_state = jax.jit(optimizer.init, out_shardings=state_sharding.opt_state)(trainable)
-    state = TrainState(
-        params=trainable,
-        opt_state=opt_state,
-        step=jax.device_put(jnp.zeros((), jnp.int32), replicated(mesh)),
-        rng=jax.device_put(jax.random.fold_in(rng, 2), replicated(mesh)),
-    )
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainable)
+    state_sharding = state_sharding_from_params(optimizer, shapes, param_sharding, mesh)
+    rep = replicated(mesh)
+    if abstract:
+        state = TrainState(
+            params=trainable,
+            opt_state=_with_shardings(
+                jax.eval_shape(optimizer.init, shapes), state_sharding.opt_state
+            ),
+            step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
+            rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep),
+        )
+    else:
+        opt_state = jax.jit(optimizer.init, out_shardings=state_sharding.opt_state)(trainable)
+        state = TrainState(
+            params=trainable,
+            opt_state=opt_state,
+            step=jax.device_put(jnp.zeros((), jnp.int32), rep),
+            rng=jax.device_put(jax.random.fold_in(rng, 2), rep),
+        )
     return Policy(
         config=config,
         tokenizer=tokenizer,
@@ -340,25 +405,28 @@ def build_policy(cfg: RunConfig, *, config=None, params=None, tokenizer=None) ->
         optimizer=optimizer,
         param_sharding=param_sharding,
         frozen_sharding=frozen_sharding,
-        router_aux_weight=router_aux_weight(cfg, config, mesh),
+        router_aux_weight=router_aux_weight(cfg, config, micro_batches),
     )
 
 
-def router_aux_weight(cfg: RunConfig, config: models.ModelConfig, mesh) -> float:
+def _with_shardings(shapes: Any, shardings: Any, dtype: Any = None) -> Any:
+    """``ShapeDtypeStruct``s of ``shapes`` carrying ``shardings`` (``dtype``: cast to it)."""
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype or s.dtype, sharding=sh),
+        shapes,
+        shardings,
+    )
+
+
+def router_aux_weight(cfg: RunConfig, config: models.ModelConfig, micro_batches: int) -> float:
     """:attr:`Policy.router_aux_weight`: α / M with α = ``model.router_aux_loss_coef`` (null:
-    the model's) and M the micro-batches the run's train step sums (offline
-    ``train.micro_batches``, online :func:`~jaxrl_llm.train.run_config.update_micro_batches`);
-    0 for a dense model."""
+    the model's) and M the micro-batches the run's train step sums (:attr:`RunPlan.rows`); 0
+    for a dense model."""
     if not config.is_moe:
         return 0.0
     coef = cfg.model.router_aux_loss_coef
     coef = config.router_aux_loss_coef if coef is None else coef
-    if cfg.is_online:
-        shards = int(mesh.shape["data"] * mesh.shape["fsdp"])
-        micro = update_micro_batches(cfg, shards=shards)
-    else:
-        micro = cfg.train.micro_batches
-    return float(coef) / max(int(micro), 1)
+    return float(coef) / max(int(micro_batches), 1)
 
 
 def export_policy(policy: Policy, cfg: RunConfig) -> str | None:

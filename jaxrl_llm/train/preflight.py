@@ -11,7 +11,6 @@ from __future__ import annotations
 import jax
 
 from jaxrl_llm.errors import ConfigError, DataError
-from jaxrl_llm.losses.registry import Family
 from jaxrl_llm.train.placement import split_devices
 from jaxrl_llm.train.run_config import RunConfig
 
@@ -67,7 +66,7 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
             )
         )
     r, t = cfg.rollout, cfg.train
-    if cfg.algo.family is Family.ONLINE_PAIRS:
+    if cfg.algo.pairs_per_group:
         check_batch_divisible(sizes, r.prompts_per_step, "rollout.prompts_per_step (pairs)")
     elif cfg.is_online:
         check_batch_divisible(
@@ -93,7 +92,7 @@ def check_packing(cfg: RunConfig) -> None:
     """
     if not cfg.logprobs.pack:
         return
-    if cfg.algo.family not in (Family.GROUP_POLICY_GRADIENT, Family.PPO):
+    if not cfg.algo.rl_batches:
         hint = "data.packing" if not cfg.is_online else "logprobs.pack: false"
         raise ConfigError(
             f"logprobs.pack packs the online policy-gradient update; {cfg.algorithm} "
@@ -129,7 +128,7 @@ def check_context(cfg: RunConfig, context: int) -> None:
     """
     if context <= 1:
         return
-    from jaxrl_llm.train.run_config import logprob_settings
+    from jaxrl_llm.train.plan import logprob_settings
 
     if cfg.model.attention != "auto":
         raise ConfigError(

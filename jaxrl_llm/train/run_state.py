@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 import jax
 
@@ -192,8 +193,9 @@ def _flat(d, prefix: str = "") -> dict:
     return out
 
 
-def record_config(cfg: RunConfig, resumed_step: int | None, say) -> None:
-    """Write the resolved config (the loss section with its defaults) into ``output_dir``.
+def record_config(cfg: RunConfig, loss_config: Any, resumed_step: int | None, say) -> None:
+    """Write the resolved config (the loss section as the run plan resolved it,
+    ``loss_config``, with its defaults) into ``output_dir``.
 
     A fresh run writes ``config.yaml``. A resumed one keeps that file (the run's original
     config) and writes ``config.resumed-<step>.yaml`` beside it, after ``say``-ing every key
@@ -205,10 +207,9 @@ def record_config(cfg: RunConfig, resumed_step: int | None, say) -> None:
     import yaml
 
     from jaxrl_llm.train.config_io import to_dict
-    from jaxrl_llm.train.run_config import loss_config
 
     resolved = to_dict(cfg)
-    resolved["loss"] = to_dict(loss_config(cfg))
+    resolved["loss"] = to_dict(loss_config)
     resolved.pop("resume", None)
     original = os.path.join(cfg.output_dir, "config.yaml")
     if resumed_step is None or not os.path.isfile(original):

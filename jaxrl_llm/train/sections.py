@@ -10,7 +10,6 @@ import math
 from typing import Any, Literal
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.correction import CorrectionSection
 
 
 def _at_least(key: str, value, lo, note: str = "") -> None:
@@ -229,6 +228,36 @@ class TrainSection:
     def __post_init__(self):
         _at_least("train.eval_every", self.eval_every, 0, "0 = only before and after training")
         _at_least("train.eval_batches", self.eval_batches, 1, "or null: all")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectionSection:
+    """``rollout.correction``: correct the update for the sampler's log-probs (module
+    docstring); absent or null = off (no extra forward).
+
+    Attributes:
+      level: ``token`` (a weight per token) or ``sequence`` (exp of the row's summed
+        log-ratio, for every token of the row).
+      mode: ``truncate`` (clip the weight to [low, high], TIS) or ``mask`` (weight 0 outside,
+        MIS / IcePop).
+      low, high: the bounds (null: that side unbounded); TIS's cap is 2.
+      decoupled: decoupled PPO instead (the weights' bounds then only set the
+        ``outside_frac`` metric).
+    """
+
+    level: Literal["token", "sequence"] = "token"
+    mode: Literal["truncate", "mask"] = "truncate"
+    low: float | None = None
+    high: float | None = 2.0
+    decoupled: bool = False
+
+    def __post_init__(self):
+        if self.low is not None and self.low < 0:
+            raise ConfigError(f"rollout.correction.low={self.low} must be >= 0 or null")
+        if self.high is not None and self.high <= 0:
+            raise ConfigError(f"rollout.correction.high={self.high} must be > 0 or null")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ConfigError(f"rollout.correction.low={self.low} must be <= high={self.high}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -117,15 +117,15 @@ def test_offline_step_matches_single_device(tmp_path, algorithm, data, mesh, mod
         assert width % 4, "the single-device batch should need padding to split"
         if trainer.reference is not None:  # DPO: the frozen copy's log-probs, one device
             ref_fn = functools.partial(
-                trainer.spec.reference_fn,
+                trainer.plan.spec.reference_fn,
                 apply_fn=_plain(p).apply_fn,
-                config=trainer.loss_config,
-                logprobs=trainer.logprobs,
+                config=trainer.plan.loss_config,
+                logprobs=trainer.plan.logprobs,
             )
             ref_params = jax.tree.map(np.asarray, jax.device_get(p.reference_params()))
             tight.update(jax.device_get(jax.jit(ref_fn)(ref_params, tight)))
         loss0, expected = _single_device_update(
-            p, trainer.spec, trainer.loss_config, trainer.logprobs, tight, params0
+            p, trainer.plan.spec, trainer.plan.loss_config, trainer.plan.logprobs, tight, params0
         )
 
         metrics = trainer.train_step(1)
@@ -188,11 +188,11 @@ def test_grpo_learner_update_matches_single_device(tmp_path, mesh, pack):
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
     try:
         p = trainer.policy
-        assert trainer.update_micro_batches == 2  # one micro-batch per group, one skipped
+        assert trainer.plan.rows.micro_batches == 2  # one micro-batch per group, one skipped
         params0 = jax.device_get(p.state.params)
         batch = _rl_batch(p.config.vocab_size)
         loss0, expected = _single_device_update(
-            p, trainer.spec, trainer.loss_config, trainer.logprobs, batch, params0
+            p, trainer.plan.spec, trainer.plan.loss_config, trainer.plan.logprobs, batch, params0
         )
         metrics = trainer.learner.update(p, batch, 1, frozen=p.frozen())
         assert metrics["update/computed_frac"] == 0.5
@@ -271,15 +271,18 @@ def test_online_reference_forward_is_padded_to_the_ring(tmp_path):
         batch = _rl_batch(p.config.vocab_size)
         seen = []
         trainer._t_ref = 0.0  # set by train_step in a run
-        ref_fn = trainer._ref_fn
-        trainer._ref_fn = lambda params, b: seen.append(b["input_ids"].shape) or ref_fn(params, b)
+        ref_fn = trainer.programs.reference
+        trainer.programs = dataclasses.replace(
+            trainer.programs,
+            reference=lambda params, b: seen.append(b["input_ids"].shape) or ref_fn(params, b),
+        )
         got = trainer.reference(batch)["ref_logp"]
         assert seen == [(8, 12)] and got.shape == (8, 11)
         plain = functools.partial(
-            trainer.spec.reference_fn,
+            trainer.plan.spec.reference_fn,
             apply_fn=_plain(p).apply_fn,
-            config=trainer.loss_config,
-            logprobs=trainer.logprobs,
+            config=trainer.plan.loss_config,
+            logprobs=trainer.plan.logprobs,
         )
         ref_params = jax.tree.map(np.asarray, jax.device_get(trainer.ref_params))
         want = jax.jit(plain)(ref_params, batch)["ref_logp"]

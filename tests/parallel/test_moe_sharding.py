@@ -168,8 +168,8 @@ def test_train_step_with_aux_loss_matches_single_device(mesh_kw):
 def test_aux_weight_is_the_coefficient_over_the_micro_batches_a_step_sums():
     from jaxrl_llm.models import ModelConfig
     from jaxrl_llm.parallel import make_mesh as mesh_of
+    from jaxrl_llm.train.plan import update_micro_batches
     from jaxrl_llm.train.policy import router_aux_weight
-    from jaxrl_llm.train.run_config import update_micro_batches
 
     mesh = mesh_of(data=2, expert=4)
     offline = dataclasses.replace(

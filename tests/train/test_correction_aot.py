@@ -1,4 +1,4 @@
-"""``compile_run(..., correction=...)`` (``jaxrl-llm compile``'s API, train/aot.py) compiles the
+"""``compile_preset(..., correction=...)`` (``jaxrl-llm compile``'s API, train/aot.py) compiles the
 train step on the batch that ``rollout.correction`` builds: ``is_weights`` (TIS / MIS) or
 ``proximal_logp`` (decoupled PPO) are arguments the compiled step reads, and the learner's
 recompute forward is one more program. Compiled for an abstract TPU v5e 2x2 slice (needs
@@ -9,8 +9,8 @@ import pytest
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.parallel import topology
-from jaxrl_llm.train.aot import compile_run
-from jaxrl_llm.train.correction import CorrectionSection
+from jaxrl_llm.train.aot import compile_preset as compile_run
+from jaxrl_llm.train.sections import CorrectionSection
 
 needs_libtpu = pytest.mark.skipif(
     not topology.libtpu_available(), reason="the TPU compiler (libtpu) is not installed"
@@ -68,16 +68,22 @@ def test_cispo_takes_the_weights_and_gmpo_and_offline_algorithms_refuse(v5e):
 @needs_libtpu
 def test_an_entry_the_loss_does_not_read_costs_no_argument_bytes(v5e, monkeypatch):
     # what the byte count above rests on: a batch entry no loss reads is pruned from the
-    # compiled step
+    # compiled step (here an extra field in the plan's layout of the step's batch)
+    import dataclasses
+
     import jaxrl_llm.train.aot as aot
+    from jaxrl_llm.train.plan import BatchField
 
     plain = _programs(compile_run(CONFIG, "dapo", v5e, **RUN))
-    monkeypatch.setattr(
-        aot,
-        "correction_entries",
-        lambda rows, t, decoupled: {"unread": aot.jax.ShapeDtypeStruct((rows, t), "float32")},
-    )
-    unread = _programs(compile_run(CONFIG, "dapo", v5e, correction=CorrectionSection(), **RUN))
+    planned = aot.plan_run
+
+    def with_unread(cfg, mesh):
+        plan = planned(cfg, mesh)
+        extra = BatchField("unread", ("rows", "tokens"), "float32")
+        return dataclasses.replace(plan, layout=plan.layout.with_fields(extra))
+
+    monkeypatch.setattr(aot, "plan_run", with_unread)
+    unread = _programs(compile_run(CONFIG, "dapo", v5e, **RUN))
     assert unread["train"].argument_bytes == plain["train"].argument_bytes
 
 

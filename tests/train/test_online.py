@@ -183,7 +183,7 @@ def test_skipping_zero_advantage_groups_gives_the_same_update(toy_data, tmp_path
         trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
         try:
             # one group per micro-batch, or two when the batch is sharded over 8 devices
-            assert (trainer.update_micro_batches > 1) == skip
+            assert (trainer.plan.rows.micro_batches > 1) == skip
             metrics[skip] = trainer.train_step(1)
             params[skip] = jax.device_get(trainer.policy.state.params)
         finally:
@@ -225,7 +225,7 @@ def test_step_metrics_over_updates_weight_the_micro_batches_that_ran():
 
 
 def test_update_micro_batches_keep_groups_on_one_device(toy_data, tmp_path):
-    from jaxrl_llm.train.run_config import update_micro_batches
+    from jaxrl_llm.train.plan import update_micro_batches
 
     cfg = toy_config(
         toy_data,
@@ -423,7 +423,7 @@ def test_kl_schedule_moves_beta_without_recompiling(toy_data, tmp_path):
     assert betas == pytest.approx([0.1, 0.05, 0.0])
     assert compiled == 1
     with pytest.raises(ConfigError, match="cannot schedule 'beta'"):
-        from jaxrl_llm.train.run_config import loss_config
+        from jaxrl_llm.train.plan import loss_config
 
         loss_config(toy_config(toy_data, tmp_path, "grpo", schedules=[dict(name="beta", end=0.0)]))
 
@@ -566,7 +566,7 @@ def test_rollout_correction_runs_with_ppo_and_is_checked(toy_data, tmp_path):
     with pytest.raises(ConfigError, match="takes no proximal_logp"):
         toy_config(toy_data, tmp_path / "c", "cispo", rollout=dict(correction=dict(decoupled=True)))
     with pytest.raises(ConfigError, match="use one or the other"):
-        from jaxrl_llm.train.run_config import loss_config
+        from jaxrl_llm.train.plan import loss_config
 
         loss_config(
             toy_config(

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
             cfg = load_config(RunConfig, args.config, base + over)
             trainer = OnlineTrainer(cfg, policy=policy, log_stream=sys.stderr)
             trainers.append(trainer)
-            m = trainer.update_micro_batches
+            m = trainer.plan.rows.micro_batches
             micro[label] = m
             frozen = policy.frozen()
             results[label] = {}

@@ -1,0 +1,534 @@
+"""The run plan: a ``jaxrl-llm train`` config resolved once, before a model loads.
+
+:func:`plan_run` turns a validated :class:`~jaxrl_llm.train.run_config.RunConfig` and the
+mesh's axis sizes into a frozen :class:`RunPlan`. Everything the trainers and ``jaxrl-llm
+compile`` ask of a config after validation is a field of it, read, never recomputed:
+
+* the loss: its registry spec, its validated config (paper preset + ``loss:`` + a budget
+  ``max_len``), the log-prob settings of its forwards;
+* the rows: per step, per optimizer update, minibatches, micro-batches (the skippable layout
+  of ``rollout.skip_zero_advantage``), groups;
+* packing, rollout placement (``rollout.devices`` / ``tensor``) and staleness;
+* what the update needs: a reference forward, a critic, a correction entry, traced
+  hyperparameters;
+* the learner batch as data (:class:`BatchLayout`): the keys, dimensions and dtypes the
+  policy's train step takes, and the entries a companion update (PPO's critic) reads beside
+  them. Strategies hand the learner batches that :meth:`BatchLayout.check` accepts, and the
+  compiler lowers the step on :meth:`BatchLayout.abstract` of the same layout.
+
+Per-family answers come from the algorithm's registry entry
+(:class:`jaxrl_llm.losses.Algorithm`: ``rl_batches``, ``pairs_per_group``,
+``group_skipping``); nothing here compares families or names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.losses import LogprobSettings
+from jaxrl_llm.losses.policy_config import EntropyControl, PolicyGradientConfig
+from jaxrl_llm.losses.registry import Algorithm, LossSpec
+from jaxrl_llm.train.run_config import RunConfig
+
+MESH_SIZES = ("data", "fsdp", "tensor", "expert", "context")
+
+
+# ----- the learner batch as data --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchField:
+    """One learner batch entry.
+
+    Attributes:
+      name: the batch key.
+      dims: symbolic dimensions: ``rows`` (sequences), ``tokens`` (T, the padded length) or
+        ``window`` (W, a packed batch's completion window); ``packed_rows`` / ``packed_len``
+        for a packed batch's model inputs.
+      dtype: ``int32`` or ``float32``.
+    """
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: str
+
+
+def _ints(*names: str, dims=("rows", "tokens")) -> tuple[BatchField, ...]:
+    return tuple(BatchField(n, dims, "int32") for n in names)
+
+
+def _floats(*names: str, dims=("rows", "tokens")) -> tuple[BatchField, ...]:
+    return tuple(BatchField(n, dims, "float32") for n in names)
+
+
+def _sequence(prefix: str = "") -> tuple[BatchField, ...]:
+    return _ints(f"{prefix}input_ids", f"{prefix}attention_mask", f"{prefix}loss_mask")
+
+
+# The losses' batch layouts (``LossSpec.batch_kind``; the losses package docstring), without
+# their optional entries: the reference's and a rollout correction's.
+_KIND_FIELDS: dict[str, tuple[BatchField, ...]] = {
+    "sequence": _sequence(),
+    "rl": _sequence() + _floats("old_logp", "advantages"),
+    "preference": _sequence("chosen_") + _sequence("rejected_"),
+    "kto": _sequence() + _sequence("kl_") + _floats("label", dims=("rows",)),
+    "rank": _sequence() + _floats("scores", dims=("rows",)),
+}
+# what each layout's reference pass adds (``LossSpec.reference_fn``'s keys)
+_REFERENCE_FIELDS: dict[str, tuple[BatchField, ...]] = {
+    "rl": _floats("ref_logp"),
+    "preference": _floats("ref_chosen_logps", "ref_rejected_logps", dims=("rows",)),
+    "kto": _floats("ref_logps", "ref_kl_logps", dims=("rows",)),
+}
+# PPO's critic update reads these beside the actor's batch (the actor's step does not take them)
+CRITIC_FIELDS: tuple[BatchField, ...] = _floats("values", "returns")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """A learner batch's keys, symbolic dimensions and dtypes (see :class:`BatchField`).
+
+    Attributes:
+      kind: the loss's ``batch_kind``.
+      fields: the entries, in order.
+    """
+
+    kind: str
+    fields: tuple[BatchField, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The batch keys."""
+        return tuple(f.name for f in self.fields)
+
+    def with_fields(self, *fields: BatchField) -> BatchLayout:
+        """This layout with ``fields`` added."""
+        return dataclasses.replace(self, fields=self.fields + tuple(fields))
+
+    def without(self, *names: str) -> BatchLayout:
+        """This layout without the entries ``names``."""
+        return dataclasses.replace(
+            self, fields=tuple(f for f in self.fields if f.name not in names)
+        )
+
+    def shapes(self, **sizes: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{key: (shape, dtype)}`` for concrete sizes of the symbolic dimensions."""
+        return {f.name: (tuple(sizes[d] for d in f.dims), f.dtype) for f in self.fields}
+
+    def abstract(self, sharding: Any = None, **sizes: int) -> dict[str, jax.ShapeDtypeStruct]:
+        """The batch as ``ShapeDtypeStruct``s (nothing allocated), each with ``sharding``."""
+        return {
+            k: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
+            for k, (shape, dtype) in self.shapes(**sizes).items()
+        }
+
+    def check(self, batch: Mapping[str, Any], *, where: str) -> None:
+        """Raise unless ``batch`` holds exactly these keys, each with its rank, its dtype
+        kind (integer / floating) and one size per symbolic dimension across entries.
+
+        Raises:
+          ValueError: naming ``where`` (the code that built the batch) and the mismatch.
+        """
+        got, want = set(batch), set(self.names)
+        if got != want:
+            raise ValueError(
+                f"{where}: the {self.kind} learner batch has keys {sorted(got)}; the run plan's "
+                f"layout is {sorted(want)} (missing {sorted(want - got)}, extra "
+                f"{sorted(got - want)})"
+            )
+        seen: dict[str, int] = {}
+        for f in self.fields:
+            x = batch[f.name]
+            shape = np.shape(x)
+            dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+            kind_ok = (
+                jnp.issubdtype(dtype, jnp.integer)
+                if f.dtype == "int32"
+                else jnp.issubdtype(dtype, jnp.floating)
+            )
+            if len(shape) != len(f.dims) or not kind_ok:
+                raise ValueError(
+                    f"{where}: {f.name} is {dtype}{list(shape)}; the run plan's layout has "
+                    f"{f.dtype}[{', '.join(f.dims)}]"
+                )
+            for d, n in zip(f.dims, shape, strict=True):
+                if seen.setdefault(d, int(n)) != n:
+                    raise ValueError(
+                        f"{where}: {f.name}'s {d} is {n}, another entry's is {seen[d]}"
+                    )
+
+
+SEQUENCE_LAYOUT = BatchLayout("sequence", _KIND_FIELDS["sequence"])
+"""Token ids and masks: what a log-prob forward (the correction's recompute) reads."""
+CRITIC_LAYOUT = BatchLayout("critic", _KIND_FIELDS["sequence"] + CRITIC_FIELDS)
+"""The batch PPO's critic update takes (its loss reads the values and returns)."""
+
+
+def packed_layout(layout: BatchLayout) -> BatchLayout:
+    """The ``rl`` layout after :func:`jaxrl_llm.data.pack_rl_batch`: the model inputs as
+    packed rows (with ``segment_ids`` and ``positions``), every per-token entry cut to the
+    completion window, and ``unpack_index`` pointing each at its packed token."""
+    packed = ("packed_rows", "packed_len")
+    out = []
+    for f in layout.fields:
+        if f.name in ("input_ids", "attention_mask"):
+            out.append(dataclasses.replace(f, dims=packed))
+        elif f.dims == ("rows", "tokens"):
+            out.append(dataclasses.replace(f, dims=("rows", "window")))
+        else:
+            out.append(f)
+    out += [*_ints("segment_ids", "positions", dims=packed)]
+    out += [*_ints("unpack_index", dims=("rows", "window"))]
+    return BatchLayout(layout.kind, tuple(out))
+
+
+# ----- the plan --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PackSpec:
+    """How the learner packs its rows (``logprobs.pack``).
+
+    Attributes:
+      window: the completion columns W every target sits in (``rollout.max_new_tokens``).
+      row_len: the packed rows' length (None: the batch's padded T).
+    """
+
+    window: int
+    row_len: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """How a step's rows split into updates.
+
+    Attributes:
+      per_step: rows a step trains on: online the rollout's prompts × G, offline the batch.
+      per_update: rows one optimizer update sees (online pairs: one pair per prompt).
+      minibatches: optimizer updates per epoch over the step's rows.
+      epochs: passes over the step's rows (offline 1).
+      micro_batches: slices one update accumulates over (online: the skippable layout of
+        ``rollout.skip_zero_advantage``, :func:`update_micro_batches`).
+      forward: rows one reference (or recompute) forward sees: the step's rows, online pairs
+        one pair per prompt.
+      group: rows per group (G; 1 offline).
+      group_minibatches: minibatches permute whole groups (a shared prompt or skipping).
+      shards: the mesh's batch shards (data × fsdp).
+    """
+
+    per_step: int
+    per_update: int
+    minibatches: int
+    epochs: int
+    micro_batches: int
+    forward: int
+    group: int
+    group_minibatches: bool
+    shards: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+    """What the update needs beside the policy.
+
+    Attributes:
+      reference: a frozen reference forward over the learner batch (the loss's KL or
+        implicit reward; PPO's KL-shaped reward).
+      reference_in_loss: the loss reads the reference's entries (else only the strategy does).
+      critic: a value model with its own update (PPO).
+      correction: the batch entry ``rollout.correction`` adds (``is_weights`` or
+        ``proximal_logp``) after a recompute forward; None when off.
+      traced_hparams: the loss hyperparameters a schedule moves (traced, no recompile).
+      skip_zero: the step skips micro-batches whose loss and gradient are exactly zero.
+    """
+
+    reference: bool
+    reference_in_loss: bool
+    critic: bool
+    correction: str | None
+    traced_hparams: tuple[str, ...]
+    skip_zero: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """A run config resolved once (module docstring).
+
+    Attributes:
+      cfg: the validated config it was resolved from.
+      algo: the algorithm's registry entry. spec: its loss's :class:`LossSpec`.
+      loss_config: the loss's validated config dataclass.
+      logprobs: how the policy's forwards compute log-probs.
+      mesh: the learner mesh's axis sizes by name.
+      rows: :class:`Rows`. needs: :class:`Needs`.
+      pack: the learner's packing (``logprobs.pack``) or None.
+      rollout_devices, rollout_tensor: ``rollout.devices`` / ``rollout.tensor`` (0: the
+        rollout samples on the learner's mesh).
+      max_staleness: ``rollout.max_staleness`` (0: synchronous).
+      layout: the batch the policy's train step takes (before packing).
+      companion_fields: entries a companion update reads beside ``layout`` (PPO's critic);
+        the strategy hands them over, the learner drops them for the policy's step.
+    """
+
+    cfg: RunConfig
+    algo: Algorithm
+    spec: LossSpec
+    loss_config: Any
+    logprobs: LogprobSettings
+    mesh: Mapping[str, int]
+    rows: Rows
+    needs: Needs
+    pack: PackSpec | None
+    rollout_devices: int
+    rollout_tensor: int
+    max_staleness: int
+    layout: BatchLayout
+    companion_fields: tuple[BatchField, ...] = ()
+
+    @property
+    def online(self) -> bool:
+        """True for online RL (rollout → reward → update)."""
+        return self.algo.online
+
+    @property
+    def input_layout(self) -> BatchLayout:
+        """The batch before the reference's and the correction's entries: what the reference
+        forward reads."""
+        return BatchLayout(self.layout.kind, _KIND_FIELDS[self.layout.kind])
+
+    @property
+    def handover_layout(self) -> BatchLayout:
+        """What a strategy hands the learner: the step's layout with the companion's entries
+        and without the correction's (added after the hand-over)."""
+        base = self.layout.without(
+            *(() if self.needs.correction is None else (self.needs.correction,))
+        )
+        return base.with_fields(*self.companion_fields)
+
+    @property
+    def learner_layout(self) -> BatchLayout:
+        """What the learner receives: the step's layout with the companion's entries."""
+        return self.layout.with_fields(*self.companion_fields)
+
+    @property
+    def step_layout(self) -> BatchLayout:
+        """The batch the compiled step takes: :attr:`layout`, packed with ``logprobs.pack``."""
+        return packed_layout(self.layout) if self.pack is not None else self.layout
+
+    def zero_batch_fn(self):
+        """The step's ``skip_fn`` (``is_zero(batch)``) when micro-batches may be skipped."""
+        if not self.needs.skip_zero:
+            return None
+        assert self.spec.zero_batch_fn is not None
+        return self.spec.zero_batch_fn(self.loss_config)
+
+
+def mesh_sizes(mesh: Any) -> dict[str, int]:
+    """Axis sizes by name of a ``Mesh`` or a dict (missing axes are 1)."""
+    shape = mesh if isinstance(mesh, Mapping) else mesh.shape
+    return {k: int(shape.get(k, 1)) for k in MESH_SIZES}
+
+
+def plan_run(cfg: RunConfig, mesh: Any) -> RunPlan:
+    """Resolve ``cfg`` for a learner mesh (a ``Mesh`` or its axis sizes) into a :class:`RunPlan`.
+
+    Raises:
+      ConfigError: the ``loss`` or ``schedules`` section does not fit the algorithm's loss.
+    """
+    algo, spec = cfg.algo, cfg.algo.loss_spec()
+    sizes = mesh_sizes(mesh)
+    lc = loss_config(cfg)
+    logprobs = logprob_settings(cfg)
+    shards = sizes["data"] * sizes["fsdp"]
+    r = cfg.rollout
+    ref_in_loss = spec.reference_fn is not None and spec.uses_reference(lc)
+    correction = None
+    if cfg.is_online and r.correction is not None:
+        correction = "proximal_logp" if r.correction.decoupled else "is_weights"
+    if cfg.is_online:
+        micro = update_micro_batches(cfg, lc, shards=shards)
+        per_step = r.prompts_per_step * r.group_size
+        minibatches = 1 if algo.pairs_per_group else r.minibatches
+        per_update = r.prompts_per_step if algo.pairs_per_group else per_step // minibatches
+        rows = Rows(
+            per_step=per_step,
+            per_update=per_update,
+            minibatches=minibatches,
+            epochs=r.epochs,
+            micro_batches=micro,
+            forward=per_update if algo.pairs_per_group else per_step,
+            group=r.group_size,
+            group_minibatches=micro > 1 or logprobs.prompt_group_size > 1,
+            shards=shards,
+        )
+    else:
+        micro = cfg.train.micro_batches
+        rows = Rows(
+            per_step=cfg.train.batch_size,
+            per_update=cfg.train.batch_size,
+            minibatches=1,
+            epochs=1,
+            micro_batches=micro,
+            forward=cfg.train.batch_size,
+            group=1,
+            group_minibatches=False,
+            shards=shards,
+        )
+    skip_zero = (
+        cfg.is_online
+        and micro > 1
+        and spec.zero_batch_fn is not None
+        and spec.zero_batch_fn(lc) is not None
+    )
+    needs = Needs(
+        reference=ref_in_loss or (algo.critic and spec.reference_fn is not None),
+        reference_in_loss=ref_in_loss,
+        critic=algo.critic,
+        correction=correction,
+        traced_hparams=tuple(s.name for s in cfg.schedules),
+        skip_zero=skip_zero,
+    )
+    layout = BatchLayout(spec.batch_kind, _KIND_FIELDS[spec.batch_kind])
+    if ref_in_loss:
+        layout = layout.with_fields(*_REFERENCE_FIELDS[spec.batch_kind])
+    if correction is not None:
+        layout = layout.with_fields(*_floats(correction))
+    return RunPlan(
+        cfg=cfg,
+        algo=algo,
+        spec=spec,
+        loss_config=lc,
+        logprobs=logprobs,
+        mesh=sizes,
+        rows=rows,
+        needs=needs,
+        pack=PackSpec(r.max_new_tokens, cfg.logprobs.pack_length)
+        if cfg.is_online and cfg.logprobs.pack
+        else None,
+        rollout_devices=r.devices if cfg.is_online else 0,
+        rollout_tensor=r.tensor if cfg.is_online else 1,
+        max_staleness=r.max_staleness if cfg.is_online else 0,
+        layout=layout,
+        companion_fields=CRITIC_FIELDS if algo.critic else (),
+    )
+
+
+# ----- what a config resolves to (each called once, by plan_run) ------------------------------
+
+
+def loss_config(cfg: RunConfig):
+    """The algorithm's loss config: its paper preset with ``cfg.loss`` validated on top (and,
+    for a loss with a generation-budget ``max_len``, the rollout's ``max_new_tokens`` unless
+    ``loss.max_len`` is given). Read it from :attr:`RunPlan.loss_config`."""
+    from jaxrl_llm.train.config_io import from_dict, to_dict
+
+    algo = cfg.algo
+    spec = algo.loss_spec()
+    try:
+        base = to_dict(algo.preset())
+    except TypeError:  # the preset has required fields (e.g. pairwise_rank's group_size)
+        base = {}
+    overrides = dict(cfg.loss)
+    if (
+        cfg.is_online
+        and "max_new_tokens" in algo.sampling_settings
+        and base.get("max_len") is not None
+        and "max_len" not in overrides
+    ):
+        overrides["max_len"] = cfg.rollout.max_new_tokens
+    config = from_dict(spec.config_cls, {**base, **overrides}, prefix="loss")
+    _check_schedules(cfg, spec, config)
+    if (
+        cfg.is_online
+        and cfg.rollout.correction is not None
+        and isinstance(config, PolicyGradientConfig)
+        and config.entropy_control is not EntropyControl.NONE
+    ):
+        raise ConfigError(
+            f"loss.entropy_control={config.entropy_control.value!r} with rollout.correction: "
+            "KL-Cov / Clip-Cov take no importance weights yet; use one or the other"
+        )
+    return config
+
+
+def _check_schedules(cfg: RunConfig, spec: LossSpec, config) -> None:
+    seen = set()
+    for item in cfg.schedules:
+        key = f"schedules[{item.name}]"
+        if item.name not in spec.traced_hparams:
+            raise ConfigError(
+                f"{key}: {cfg.algorithm}'s loss cannot schedule {item.name!r}; "
+                f"it can schedule: {list(spec.traced_hparams) or 'nothing'}"
+            )
+        if item.name in seen:
+            raise ConfigError(f"{key}: scheduled twice")
+        seen.add(item.name)
+        if not getattr(config, item.name) > 0:
+            raise ConfigError(
+                f"{key}: loss.{item.name} must be > 0 for a schedule (0 switches "
+                f"the term off when the step compiles)"
+            )
+
+
+def logprob_settings(cfg: RunConfig) -> LogprobSettings:
+    """How the policy's losses compute log-probs in this run: online RL batches read the
+    completion window at the sampling temperature and, with ``logprobs.shared_prompt``,
+    compute each prompt once per group; otherwise every column at τ = 1. Read it from
+    :attr:`RunPlan.logprobs`."""
+    lp, r, algo = cfg.logprobs, cfg.rollout, cfg.algo
+    if not algo.rl_batches:
+        return LogprobSettings(chunk_size=lp.chunk_size)
+    temperature = r.temperature if "temperature" in algo.sampling_settings else 1.0
+    # each minibatch holds whole groups: the update's forward can share each group's prompt
+    whole_groups = r.prompts_per_step % r.minibatches == 0
+    group = r.group_size if lp.shared_prompt and whole_groups and not lp.pack else 1
+    # rollout batches keep every target in their last max_new_tokens columns
+    return LogprobSettings(
+        temperature=temperature,
+        chunk_size=lp.chunk_size,
+        window=r.max_new_tokens,
+        prompt_group_size=group,
+    )
+
+
+def update_micro_batches(cfg: RunConfig, loss_cfg=None, *, shards: int = 1) -> int:
+    """How many micro-batches an online minibatch update is split into so that groups whose
+    advantages are all zero can be skipped (``rollout.skip_zero_advantage``). Read it from
+    :attr:`RunPlan.rows`.
+
+    Each micro-batch holds k whole groups: the smallest k ≥ ``rollout.micro_batch_groups``
+    that divides the minibatch's groups into at least two micro-batches and is a multiple of
+    ``shards`` (the mesh's data × fsdp devices: every device then holds whole groups), else
+    the smallest whose k·G rows split over the shards. 1 when skipping does not apply: an
+    algorithm without group skipping, a loss with a β·KL or entropy term, minibatches that
+    split groups.
+    """
+    r = cfg.rollout
+    if (
+        not cfg.algo.group_skipping
+        or not r.skip_zero_advantage
+        or r.group_size < 2
+        or r.prompts_per_step % r.minibatches
+    ):
+        return 1
+    spec = cfg.algo.loss_spec()
+    if spec.zero_batch_fn is None or spec.zero_batch_fn(loss_cfg or loss_config(cfg)) is None:
+        return 1
+    if any(item.name in ("kl_coef", "entropy_coef") for item in cfg.schedules):
+        return 1
+    groups = r.prompts_per_step // r.minibatches
+    sizes = range(max(1, r.micro_batch_groups), groups + 1)
+    # First choice: k a multiple of the shards, so each device holds whole groups (the shared
+    # prompt is then computed without crossing devices); else any k whose rows split evenly.
+    for fits in (lambda k: k % shards == 0, lambda k: (k * r.group_size) % shards == 0):
+        for k in sizes:
+            if groups % k == 0 and groups // k > 1 and fits(k):
+                return groups // k
+    return 1

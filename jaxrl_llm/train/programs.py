@@ -1,0 +1,141 @@
+"""One builder of a run's programs from its plan: what the trainers run and the compiler lowers.
+
+:func:`build_programs` turns a :class:`~jaxrl_llm.train.plan.RunPlan` and a
+:class:`~jaxrl_llm.train.policy.Policy` into the run's jitted programs: the policy's train
+step, the reference forward, the correction's recompute forward, the evaluation metrics, and
+(PPO) the critic's train step and value forward (:func:`build_critic`). The trainers call it
+with a real policy; ``jaxrl-llm compile`` (:mod:`jaxrl_llm.train.aot`) with an abstract one
+(:func:`~jaxrl_llm.train.policy.policy_on_mesh` without weights) and lowers the same
+functions on abstract arguments. So what compiles for a TPU slice is what trains.
+
+The sampler's decode loop is not built here: the engines own their programs
+(:mod:`jaxrl_llm.sampling`), and the compiler lowers :func:`jaxrl_llm.sampling.decode`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_llm.losses import critic_values, get_loss, sequence_logps
+from jaxrl_llm.parallel import batch_sharding, constrain_batch, under_mesh
+from jaxrl_llm.parallel.context import context_size
+from jaxrl_llm.train.plan import RunPlan
+from jaxrl_llm.train.policy import Policy, policy_on_mesh
+from jaxrl_llm.train.step import make_train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    """A run's jitted programs (module docstring).
+
+    Attributes:
+      train: ``train(state, batch, frozen, hparams=None) -> (state, metrics)``
+        (:func:`~jaxrl_llm.train.step.make_train_step`; ``train.jitted`` lowers).
+      evaluate: ``evaluate(params, batch, frozen) -> metrics`` of the loss, no update.
+      reference: ``reference(ref_params, batch) -> {entry: array}``, the frozen reference's
+        batch entries; None when the plan needs no reference.
+      recompute: ``recompute(params, batch, **frozen) -> logp [B, T]``, the learner's
+        log-probs of the sampled tokens before the update (``rollout.correction``); None off.
+    """
+
+    train: Callable[..., Any]
+    evaluate: Callable[..., Any]
+    reference: Callable[..., Any] | None
+    recompute: Callable[..., Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticPrograms:
+    """PPO's critic programs.
+
+    Attributes:
+      train: the critic's train step (the ``ppo_critic`` loss, its own optimizer).
+      values: ``values(params, batch) -> [B, T]`` per-token values.
+    """
+
+    train: Callable[..., Any]
+    values: Callable[..., Any]
+
+
+def forward_under_mesh(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Callable[..., Any]:
+    """A forward program ``fn(params, batch, ...)`` as the train step runs its loss on a
+    context mesh: traced under the mesh, the batch's tokens split over ``context`` (ring
+    attention); ``fn`` itself without context parallelism."""
+    if context_size(mesh) <= 1:
+        return fn
+
+    def split(params, batch, *rest, **kw):
+        return fn(params, constrain_batch(batch, mesh), *rest, **kw)
+
+    return under_mesh(split, mesh)
+
+
+def build_programs(plan: RunPlan, policy: Policy) -> Programs:
+    """The policy's programs for ``plan`` (module docstring)."""
+    spec, lc, lp = plan.spec, plan.loss_config, plan.logprobs
+    loss = policy.loss_fn(spec.loss_fn, loss_config=lc, logprobs=lp)
+    train = make_train_step(
+        loss,
+        policy.optimizer,
+        mesh=policy.mesh,
+        state_sharding=policy.state_sharding,
+        batch_sharding=batch_sharding(policy.mesh),
+        micro_batches=plan.rows.micro_batches,
+        denominator_fn=functools.partial(spec.denominator_fn, config=lc),
+        grad_clip=plan.cfg.optim.grad_clip,
+        frozen_sharding=policy.frozen_sharding,
+        skip_fn=plan.zero_batch_fn(),
+    )
+    reference = None
+    if plan.needs.reference:
+        assert spec.reference_fn is not None
+        ref_fn = functools.partial(
+            spec.reference_fn, apply_fn=policy.apply_fn, config=lc, logprobs=lp
+        )
+        reference = jax.jit(forward_under_mesh(ref_fn, policy.mesh))
+    recompute = None
+    if plan.needs.correction is not None:
+        recompute = policy.logps_fn(
+            functools.partial(sequence_logps, **lp.kwargs()),
+            wrap=lambda fn: forward_under_mesh(fn, policy.mesh),
+        )
+    evaluate = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
+    return Programs(train=train, evaluate=evaluate, reference=reference, recompute=recompute)
+
+
+def critic_policy(plan: RunPlan, policy: Policy, *, abstract: bool = False) -> Policy:
+    """PPO's critic: the policy's trunk with a zero-initialised scalar head, its own optimizer
+    at ``ppo.critic_lr``, on the policy's mesh; ``abstract``: shapes only (the compiler)."""
+    cfg = plan.cfg
+    ccfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=cfg.ppo.critic_lr))
+    config = dataclasses.replace(policy.config, num_labels=1)
+    params = None
+    if not abstract:
+        params = dict(jax.device_get(policy.state.params))
+        params["score_head"] = {"kernel": np.zeros((config.hidden_size, 1), np.float32)}
+    return policy_on_mesh(ccfg, config, policy.mesh, params=params, tokenizer=policy.tokenizer)
+
+
+def build_critic(plan: RunPlan, critic: Policy) -> CriticPrograms:
+    """PPO's critic programs on ``critic`` (a scalar-head copy of the policy, its optimizer at
+    ``ppo.critic_lr``; real or abstract)."""
+    spec = get_loss("ppo_critic")
+    closs = spec.preset(value_clip=plan.cfg.ppo.value_clip)
+    train = make_train_step(
+        critic.loss_fn(spec.loss_fn, loss_config=closs),
+        critic.optimizer,
+        mesh=critic.mesh,
+        state_sharding=critic.state_sharding,
+        batch_sharding=batch_sharding(critic.mesh),
+        micro_batches=1,
+        denominator_fn=functools.partial(spec.denominator_fn, config=closs),
+        grad_clip=plan.cfg.optim.grad_clip,
+    )
+    values = jax.jit(functools.partial(critic_values, apply_fn=critic.apply_fn))
+    return CriticPrograms(train=train, values=values)
