@@ -14,7 +14,11 @@ time chunks from the hidden states, never as a ``[B, T, V]`` tensor. Frozen mode
 the batch, computed with :func:`sequence_logps` / :func:`summed_logps` / a spec's
 ``reference_fn`` from the same compiled code.
 
-Batch layout (all token arrays batch-major ``[B, T]``, right-padded):
+Batch layout (all token arrays batch-major ``[B, T]``). Offline batches are right-padded; an
+online RL row is its prompt left-padded to the batch's prompt width followed by the
+completion right-padded to the generation budget, so every target sits in the last
+``rollout.max_new_tokens`` columns (``LogprobSettings.window``). Losses read the masks, never
+the padding side. The trainers' layouts as data: :class:`jaxrl_llm.train.plan.BatchLayout`.
 
 * Sequence batch (SFT; also KTO and pairwise-rank rows): ``input_ids`` int32 (prompt +
   completion), ``attention_mask`` (1 = real token), ``loss_mask`` (1 where token t is a
@@ -98,7 +102,7 @@ from jaxrl_llm.losses.registry import (
     ALGORITHMS,
     LOSSES,
     Algorithm,
-    Family,
+    AlgorithmFamily,
     LossSpec,
     get_algorithm,
     get_loss,
@@ -142,7 +146,7 @@ __all__ = [
     "AdvantageEstimator",
     "Algorithm",
     "DEFAULT_LOGPROBS",
-    "Family",
+    "AlgorithmFamily",
     "LogprobSettings",
     "TRACED_HPARAMS",
     "CriticConfig",

@@ -18,7 +18,7 @@ The train step looks a loss up here::
 
 Adding a group-policy-gradient algorithm that differs only in its per-token loss: one loss
 function (in ``policy.py`` or its own module), one :data:`LOSSES` entry, one
-:data:`ALGORITHMS` entry with ``family=Family.GROUP_POLICY_GRADIENT``, and a config file.
+:data:`ALGORITHMS` entry with ``family=AlgorithmFamily.GROUP_POLICY_GRADIENT``, and a config file.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def get_loss(name: str) -> LossSpec:
         ) from None
 
 
-class Family(str, enum.Enum):
+class AlgorithmFamily(str, enum.Enum):
     """How an algorithm turns data into learner batches (the train layer has one strategy per
     family).
 
@@ -278,7 +278,7 @@ class Algorithm:
 
     Attributes:
       loss: the :data:`LOSSES` key its policy trains with.
-      family: the :class:`Family` (which learner strategy builds its batches).
+      family: the :class:`AlgorithmFamily` (which learner strategy builds its batches).
       data_format: the ``jaxrl_llm.data.Format`` value of its training data (``prompt`` for
         the online algorithms).
       preset_overrides: fixed overrides of the loss preset (``ipo``: DPO with ``kind=ipo``).
@@ -299,7 +299,7 @@ class Algorithm:
     """
 
     loss: str
-    family: Family
+    family: AlgorithmFamily
     data_format: str
     preset_overrides: tuple[tuple[str, Any], ...] = ()
     advantage: AdvantageEstimator | None = None
@@ -317,26 +317,26 @@ class Algorithm:
     @property
     def online(self) -> bool:
         """True when it samples rollouts (rollout → reward → update)."""
-        return self.family is not Family.OFFLINE
+        return self.family is not AlgorithmFamily.OFFLINE
 
     @property
     def rl_batches(self) -> bool:
         """True when its learner batch is the per-token ``rl`` layout built from episodes
         (the group policy-gradient family and PPO): it trains on multi-turn episodes, reads
         log-probs in the completion window at the sampling temperature, and packs its rows."""
-        return self.family in (Family.GROUP_POLICY_GRADIENT, Family.PPO)
+        return self.family in (AlgorithmFamily.GROUP_POLICY_GRADIENT, AlgorithmFamily.PPO)
 
     @property
     def pairs_per_group(self) -> bool:
         """True when each prompt's group gives one preference pair (online DPO): one update
         per step over one pair per prompt."""
-        return self.family is Family.ONLINE_PAIRS
+        return self.family is AlgorithmFamily.ONLINE_PAIRS
 
     @property
     def group_skipping(self) -> bool:
         """True when update micro-batches of groups whose advantages are all zero may be
         skipped (the group policy-gradient family; PPO's GAE advantages are never all 0)."""
-        return self.family is Family.GROUP_POLICY_GRADIENT
+        return self.family is AlgorithmFamily.GROUP_POLICY_GRADIENT
 
     @property
     def greedy_baseline(self) -> bool:
@@ -363,7 +363,7 @@ def _group_pg(
 ) -> Algorithm:
     return Algorithm(
         loss=loss,
-        family=Family.GROUP_POLICY_GRADIENT,
+        family=AlgorithmFamily.GROUP_POLICY_GRADIENT,
         data_format="prompt",
         advantage=advantage,
         min_group_size=2 if groups else 1,
@@ -379,7 +379,7 @@ def _offline(
 ) -> Algorithm:
     return Algorithm(
         loss=loss,
-        family=Family.OFFLINE,
+        family=AlgorithmFamily.OFFLINE,
         data_format=fmt,
         sequences_per_example=2 if pairs else 1,
         data_note=data,
@@ -416,7 +416,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "pairwise_rank": _offline("pairwise_rank", "pairwise_rank", "offline ranked groups", "scores"),
     "ppo": Algorithm(
         loss="ppo_actor",
-        family=Family.PPO,
+        family=AlgorithmFamily.PPO,
         data_format="prompt",
         advantage=_A.GAE,
         critic=True,
@@ -440,7 +440,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "gmpo": _group_pg("gmpo", _A.GRPO, reward="verifiable"),
     "online_dpo": Algorithm(
         loss="dpo",
-        family=Family.ONLINE_PAIRS,
+        family=AlgorithmFamily.ONLINE_PAIRS,
         data_format="prompt",
         min_group_size=2,
         scores_with_reward_model=True,

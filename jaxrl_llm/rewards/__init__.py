@@ -36,7 +36,6 @@ from jaxrl_llm.rewards.registry import (
     import_function,
 )
 from jaxrl_llm.rewards.reward_model import (
-    last_token_index,
     make_reward_model_reward,
     reward_model_scores,
 )
@@ -89,7 +88,6 @@ __all__ = [
     "extract_last_number",
     "extract_python_code",
     "import_function",
-    "last_token_index",
     "make_format_reward",
     "make_length_penalty",
     "make_overlong_reward",

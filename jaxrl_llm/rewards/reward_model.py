@@ -18,21 +18,7 @@ import numpy as np
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig, apply
-
-
-def last_token_index(attention_mask: jax.Array) -> jax.Array:
-    """Index of the last real token of each row (works for left and right padding).
-
-    Args:
-      attention_mask: ``[B, T]`` (1 = real token).
-
-    Returns:
-      ``[B]`` int32; 0 for a row with no real token.
-    """
-    chex.assert_rank(attention_mask, 2)
-    t = attention_mask.shape[1]
-    idx = jnp.where(attention_mask.astype(bool), jnp.arange(t, dtype=jnp.int32)[None, :], -1)
-    return jnp.maximum(idx.max(axis=1), 0)
+from jaxrl_llm.objectives import last_token_index
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -57,7 +43,7 @@ def reward_model_scores(
         raise ConfigError(
             "reward_model_scores: the model has no scalar head (config.num_labels must be 1)"
         )
-    last = last_token_index(attention_mask)
+    last = jnp.maximum(last_token_index(attention_mask), 0)  # a row with none: index 0
     return jnp.take_along_axis(scalar, last[:, None], axis=1)[:, 0].astype(jnp.float32)
 
 

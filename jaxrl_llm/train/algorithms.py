@@ -28,7 +28,7 @@ import numpy as np
 from jaxrl_llm import objectives, ops
 from jaxrl_llm import rewards as R
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.losses import AdvantageEstimator, Family
+from jaxrl_llm.losses import AdvantageEstimator, AlgorithmFamily
 from jaxrl_llm.train.experience import Experience, rl_batch
 from jaxrl_llm.train.plan import CRITIC_LAYOUT, RunPlan
 from jaxrl_llm.train.policy import Policy
@@ -357,10 +357,10 @@ class OnlinePairs:
         return Prepared(batch, None, {"dpo/pairs": int(has.sum())})
 
 
-STRATEGIES: dict[Family, Callable[..., Strategy]] = {
-    Family.GROUP_POLICY_GRADIENT: GroupPolicyGradient,
-    Family.PPO: PPOStrategy,
-    Family.ONLINE_PAIRS: OnlinePairs,
+STRATEGIES: dict[AlgorithmFamily, Callable[..., Strategy]] = {
+    AlgorithmFamily.GROUP_POLICY_GRADIENT: GroupPolicyGradient,
+    AlgorithmFamily.PPO: PPOStrategy,
+    AlgorithmFamily.ONLINE_PAIRS: OnlinePairs,
 }
 
 

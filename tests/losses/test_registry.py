@@ -162,7 +162,7 @@ def test_loss_configs_hold_only_hyperparameters():
 
 
 def test_algorithm_table_states_what_each_algorithm_needs():
-    A, F = losses.ALGORITHMS, losses.Family
+    A, F = losses.ALGORITHMS, losses.AlgorithmFamily
     assert set(A) >= {"ppo", "grpo", "online_dpo", "sft", "dpo", "ipo"}
     for name, algo in A.items():
         assert algo.loss in losses.LOSSES, name

@@ -7,7 +7,8 @@ import pytest
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig, apply, init_params
-from jaxrl_llm.rewards import last_token_index, make_reward_model_reward, reward_model_scores
+from jaxrl_llm.objectives import last_token_index
+from jaxrl_llm.rewards import make_reward_model_reward, reward_model_scores
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def rm():
 
 def test_last_token_index_left_and_right_padding():
     mask = jnp.array([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 0, 1, 0, 0], [0, 0, 0, 0, 0]])
-    np.testing.assert_array_equal(last_token_index(mask), [2, 4, 2, 0])
+    np.testing.assert_array_equal(last_token_index(mask), [2, 4, 2, -1])  # -1: no token
 
 
 def test_scores_match_scalar_head_at_last_real_token(rm):
