@@ -37,7 +37,9 @@ class TrainState:
     rng: Any
 
 
-def _cast_floats(tree, dtype):
+def cast_floats(tree, dtype):
+    """``tree`` with every floating-point leaf cast to ``dtype`` (None: unchanged); integer
+    leaves keep theirs."""
     if dtype is None:
         return tree
     return jax.tree.map(
@@ -92,13 +94,13 @@ def abstract_train_state(
       ConfigError: a parameter's logical axis has no rule.
     """
     abstract_params = jax.eval_shape(
-        lambda r: _cast_floats(init_fn(r), param_dtype), jax.random.PRNGKey(0)
+        lambda r: cast_floats(init_fn(r), param_dtype), jax.random.PRNGKey(0)
     )
     param_sharding = logical_to_sharding(param_axes, mesh, rules, shapes=abstract_params)
     sharding = state_sharding_from_params(optimizer, abstract_params, param_sharding, mesh)
 
     def build(rng):
-        params = _cast_floats(init_fn(rng), param_dtype)
+        params = cast_floats(init_fn(rng), param_dtype)
         return TrainState(
             params=params, opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32), rng=rng
         )
@@ -142,7 +144,7 @@ def create_train_state(
 
     def build(key):
         init_key, state_key = jax.random.split(key)
-        params = _cast_floats(init_fn(init_key), param_dtype)
+        params = cast_floats(init_fn(init_key), param_dtype)
         return TrainState(
             params=params,
             opt_state=optimizer.init(params),

@@ -44,7 +44,7 @@ from jaxrl_llm.parallel.context import (
     under_mesh,
 )
 from jaxrl_llm.parallel.rules import DEFAULT_RULES, batch_sharding_tree
-from jaxrl_llm.train.state import TrainState, _cast_floats
+from jaxrl_llm.train.state import TrainState, cast_floats
 
 LossFn = Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]]
 
@@ -132,6 +132,144 @@ def split_micro_batches(
     return stacked, scalars
 
 
+def _grad_fn(loss_fn: LossFn, compute_dtype: Any) -> Callable:
+    """``grad_fn(params, batch, frozen, hparams) -> (loss, metrics, grads)``: the loss in
+    ``compute_dtype`` and its gradient in the parameters' dtype."""
+
+    def grad_fn(params, mb, frozen, hparams):
+        kw = {"hparams": hparams} if hparams else {}
+
+        def f(p):
+            loss, metrics = loss_fn(
+                cast_floats(p, compute_dtype), mb, **cast_floats(frozen, compute_dtype), **kw
+            )
+            chex.assert_rank(loss, 0)
+            return loss.astype(jnp.float32), metrics
+
+        (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        return loss, metrics, grads
+
+    return grad_fn
+
+
+def _skippable(grad_fn: Callable, skip_fn: Callable | None) -> Callable:
+    """``grad_fn`` returning a fourth output, 1.0 when the micro-batch was computed; with
+    ``skip_fn``, zeros without running the model when ``skip_fn(mb)`` says so."""
+
+    def maybe_grad_fn(params, mb, frozen, hparams):
+        if skip_fn is None:
+            return (*grad_fn(params, mb, frozen, hparams), jnp.ones((), jnp.float32))
+        shapes = jax.eval_shape(grad_fn, params, mb, frozen, hparams)
+
+        def run(params, mb, frozen):
+            return (*grad_fn(params, mb, frozen, hparams), jnp.ones((), jnp.float32))
+
+        def skip(params, mb, frozen):
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            return (*zeros, jnp.zeros((), jnp.float32))
+
+        return jax.lax.cond(jnp.asarray(skip_fn(mb), bool), skip, run, params, mb, frozen)
+
+    return maybe_grad_fn
+
+
+def _accumulate(
+    grad_fn: Callable,
+    params: Any,
+    stacked: dict,
+    scalars: dict,
+    frozen: dict,
+    hparams: dict,
+    *,
+    param_sharding: Any,
+    summed: bool,
+):
+    """Σ loss and Σ ∇loss over the micro-batches ``stacked`` (``[M, B/M, ...]``) in a
+    ``lax.scan`` (float32 accumulators sharded as the parameters); ``summed``: the loss has the
+    whole batch's denominator, so shares add up, else the results are averaged. Returns
+    ``(loss, metrics, grads, computed micro-batches)``."""
+    micro_batches = len(next(iter(stacked.values())))
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    zeros = jax.lax.with_sharding_constraint(zeros, param_sharding)
+
+    def body(carry, mb):
+        g_sum, l_sum = carry
+        loss, metrics, grads, ran = grad_fn(params, {**mb, **scalars}, frozen, hparams)
+        g_sum = jax.tree.map(jnp.add, g_sum, grads)
+        return (g_sum, l_sum + loss), (metrics, ran)
+
+    (grads, loss), (metrics, ran) = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), stacked)
+    computed = jnp.sum(ran)
+
+    def reduce(key, m):
+        if summed and is_loss_share(key):
+            return jnp.sum(m, axis=0)  # shares of the batch's loss add up
+        # others: the mean over the micro-batches that ran (all, without skip_fn)
+        w = ran.reshape((-1,) + (1,) * (m.ndim - 1))
+        return jnp.sum(m * w, axis=0) / jnp.maximum(computed, 1.0)
+
+    metrics = {k: reduce(k, v) for k, v in dict(metrics).items()}
+    if not summed:
+        grads = jax.tree.map(lambda g: g / micro_batches, grads)
+        loss = loss / micro_batches
+    return loss, metrics, grads, computed
+
+
+def _apply_update(
+    optimizer: optax.GradientTransformation,
+    state: TrainState,
+    loss: jax.Array,
+    grads: Any,
+    *,
+    grad_clip: float | None,
+    skip_nonfinite: bool,
+):
+    """Clip ``grads`` by their global norm and apply the optimizer; returns ``(params,
+    opt_state, grad_norm, finite)``. With ``skip_nonfinite`` a non-finite loss or gradient
+    leaves params and optimizer state untouched (reported as ``nonfinite``)."""
+    grad_norm = optax.tree.norm(grads)
+    if grad_clip is not None:
+        scale = jnp.minimum(1.0, grad_clip / jnp.maximum(grad_norm, 1e-12))
+        grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
+
+    def apply(params, opt_state, grads):
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    if skip_nonfinite:
+        # A branch, not a per-element select: `jnp.where` over params and moments made the
+        # update ~3x slower (tools/bench/time_optimizer.py).
+        params, opt_state = jax.lax.cond(
+            finite, apply, lambda p, s, g: (p, s), state.params, state.opt_state, grads
+        )
+    else:
+        params, opt_state = apply(state.params, state.opt_state, grads)
+    return params, opt_state, grad_norm, finite
+
+
+def _with_hparams(step: Callable, jitted: Callable) -> Callable:
+    """``run(state, batch, frozen=None, hparams=None)`` calling ``jitted`` with the traced
+    hyperparameters as float32 scalars; ``run.jitted`` is ``jitted`` (for ``.lower``)."""
+
+    @functools.wraps(step)
+    def run(
+        state: TrainState,
+        batch: Mapping[str, jax.Array],
+        frozen: Mapping[str, Any] | None = None,
+        hparams: Mapping[str, Any] | None = None,
+    ):
+        hp = {k: jnp.asarray(v, jnp.float32) for k, v in (hparams or {}).items()}
+        return jitted(state, dict(batch), dict(frozen or {}), hp)
+
+    run.jitted = jitted  # type: ignore[attr-defined]  # for .lower(...) / cost analysis
+    run.__doc__ = (
+        "Jitted train step: (state, batch, frozen=None, hparams=None) -> (new_state, metrics)."
+    )
+    return run
+
+
 def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -167,35 +305,28 @@ def make_train_step(
       optimizer: the optax transformation the state was created with.
       mesh: the device mesh.
       state_sharding: TrainState of NamedShardings (from ``create_train_state``).
-      batch_sharding: a NamedSharding applied to every batch leaf, or a tree matching the
-        batch (``parallel.batch_sharding_tree``; scalars replicated). On a context mesh the
-        step itself moves each ``[B, T, ...]`` leaf's tokens onto the ``context`` axis, so the
-        rows-only ``parallel.batch_sharding(mesh)`` is enough here.
+      batch_sharding: a NamedSharding for every batch leaf, or a tree matching the batch
+        (``parallel.batch_sharding_tree``); on a context mesh the step itself moves tokens
+        onto the ``context`` axis, so the rows-only ``parallel.batch_sharding`` is enough.
       micro_batches: M ≥ 1 gradient-accumulation slices; B must be divisible by M.
       denominator_fn: ``batch -> scalar`` (the loss's ``denominator_fn`` with its config bound).
       grad_clip: max global gradient norm (None = no clipping; 1.0 is the usual LLM value).
       compute_dtype: e.g. ``jnp.bfloat16``: params (and frozen params) are cast before the
         loss; master weights and optimizer state keep their dtype. None = no cast.
-      frozen_sharding: ``{name: sharding tree}`` of frozen models (reference / old policy /
-        reward / critic params) passed as ``frozen={name: params}`` and forwarded to the
-        loss as keyword arguments; shard them with the same rules as the policy.
+      frozen_sharding: ``{name: sharding tree}`` of frozen models passed as
+        ``frozen={name: params}`` and forwarded to the loss as keyword arguments.
       donate: donate the input state's buffers to the output state.
       skip_nonfinite: when the loss or the gradient norm is NaN/Inf, keep the params and
         optimizer state of the input (the update is skipped) and report ``nonfinite = 1``.
       skip_fn: ``micro_batch -> bool scalar``, True only when that micro-batch's loss and
-        gradient are exactly zero (e.g. a policy-gradient batch whose advantages are all 0,
-        :func:`jaxrl_llm.losses.policy_gradient_zero_batch`). Its forward and backward are then
-        skipped (a ``lax.cond`` branch; the result is unchanged), and the loss's own metrics
-        are averaged over the micro-batches that ran (0 when none ran: weight them by
-        ``computed_micro_batches``, which reports how many did). The denominator stays the
-        whole batch's, so the update is exact.
+        gradient are exactly zero (:func:`jaxrl_llm.losses.policy_gradient_zero_batch`): its
+        forward and backward are skipped (a ``lax.cond``), the loss's metrics averaged over
+        the micro-batches that ran (``computed_micro_batches``); the update stays exact.
     Returns:
-      The jitted step. ``metrics`` holds ``loss``, ``grad_norm`` (before clipping),
-      ``tokens`` (real input tokens), ``loss_tokens``, ``nonfinite`` (1 when the update was
-      skipped by the NaN/Inf guard), ``computed_micro_batches`` (with ``skip_fn``) and the
-      loss's own metrics averaged over micro-batches, except its loss shares
-      (:func:`is_loss_share`: ``pg/loss``...), summed when there is a ``denominator_fn``; all
-      replicated scalars.
+      The jitted step (``step.jitted`` lowers). ``metrics`` (replicated scalars): ``loss``,
+      ``grad_norm`` (before clipping), ``tokens``, ``loss_tokens``, ``nonfinite`` (1: the
+      NaN/Inf guard skipped the update), ``computed_micro_batches`` (with ``skip_fn``) and
+      the loss's metrics (means over micro-batches; loss shares summed, :func:`is_loss_share`).
     """
     if micro_batches < 1:
         raise ConfigError(f"micro_batches={micro_batches} must be >= 1")
@@ -205,36 +336,7 @@ def make_train_step(
     axes = _batch_axes(batch_sharding)
     rep = NamedSharding(mesh, PartitionSpec())
     context = context_size(mesh)
-
-    def grad_fn(params, mb, frozen, hparams):
-        kw = {"hparams": hparams} if hparams else {}
-
-        def f(p):
-            loss, metrics = loss_fn(
-                _cast_floats(p, compute_dtype), mb, **_cast_floats(frozen, compute_dtype), **kw
-            )
-            chex.assert_rank(loss, 0)
-            return loss.astype(jnp.float32), metrics
-
-        (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-        return loss, metrics, grads
-
-    def maybe_grad_fn(params, mb, frozen, hparams):
-        """grad_fn, or zeros without running the model when ``skip_fn(mb)`` says so; the
-        last output is 1.0 when the micro-batch was computed."""
-        if skip_fn is None:
-            return (*grad_fn(params, mb, frozen, hparams), jnp.ones((), jnp.float32))
-        shapes = jax.eval_shape(grad_fn, params, mb, frozen, hparams)
-
-        def run(params, mb, frozen):
-            return (*grad_fn(params, mb, frozen, hparams), jnp.ones((), jnp.float32))
-
-        def skip(params, mb, frozen):
-            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-            return (*zeros, jnp.zeros((), jnp.float32))
-
-        return jax.lax.cond(jnp.asarray(skip_fn(mb), bool), skip, run, params, mb, frozen)
+    grad_fn = _skippable(_grad_fn(loss_fn, compute_dtype), skip_fn)
 
     def step(state: TrainState, batch: dict, frozen: dict, hparams: dict):
         batch = dict(batch)
@@ -245,59 +347,25 @@ def make_train_step(
             batch["loss_denominator"] = jnp.asarray(denominator_fn(batch), jnp.float32)
         tokens, loss_tokens = count_tokens(batch)
         if micro_batches == 1:
-            loss, metrics, grads, computed = maybe_grad_fn(state.params, batch, frozen, hparams)
+            loss, metrics, grads, computed = grad_fn(state.params, batch, frozen, hparams)
         else:
             stacked, scalars = split_micro_batches(
                 batch, micro_batches, mesh=mesh, batch_axes=axes, tokens=context > 1
             )
-            zeros = jax.tree.map(jnp.zeros_like, state.params)
-            zeros = jax.lax.with_sharding_constraint(zeros, param_sharding)
-
-            def body(carry, mb):
-                g_sum, l_sum = carry
-                loss, metrics, grads, ran = maybe_grad_fn(
-                    state.params, {**mb, **scalars}, frozen, hparams
-                )
-                g_sum = jax.tree.map(jnp.add, g_sum, grads)
-                return (g_sum, l_sum + loss), (metrics, ran)
-
-            (grads, loss), (metrics, ran) = jax.lax.scan(
-                body, (zeros, jnp.zeros((), jnp.float32)), stacked
+            loss, metrics, grads, computed = _accumulate(
+                grad_fn,
+                state.params,
+                stacked,
+                scalars,
+                frozen,
+                hparams,
+                param_sharding=param_sharding,
+                summed=denominator_fn is not None,
             )
-            computed = jnp.sum(ran)
-
-            def reduce(key, m):
-                if denominator_fn is not None and is_loss_share(key):
-                    return jnp.sum(m, axis=0)  # shares of the batch's loss add up
-                # others: the mean over the micro-batches that ran (all, without skip_fn)
-                w = ran.reshape((-1,) + (1,) * (m.ndim - 1))
-                return jnp.sum(m * w, axis=0) / jnp.maximum(computed, 1.0)
-
-            metrics = {k: reduce(k, v) for k, v in dict(metrics).items()}
-            if denominator_fn is None:
-                grads = jax.tree.map(lambda g: g / micro_batches, grads)
-                loss = loss / micro_batches
         grads = jax.lax.with_sharding_constraint(grads, param_sharding)
-        grad_norm = optax.tree.norm(grads)
-        if grad_clip is not None:
-            scale = jnp.minimum(1.0, grad_clip / jnp.maximum(grad_norm, 1e-12))
-            grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
-
-        def apply(params, opt_state, grads):
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        if skip_nonfinite:
-            # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer state
-            # untouched (the step counter still advances) and is reported as `nonfinite`.
-            # A branch, not a per-element select: `jnp.where` over params and moments made the
-            # update ~3x slower (tools/bench/time_optimizer.py).
-            params, opt_state = jax.lax.cond(
-                finite, apply, lambda p, s, g: (p, s), state.params, state.opt_state, grads
-            )
-        else:
-            params, opt_state = apply(state.params, state.opt_state, grads)
+        params, opt_state, grad_norm, finite = _apply_update(
+            optimizer, state, loss, grads, grad_clip=grad_clip, skip_nonfinite=skip_nonfinite
+        )
         rng, _ = jax.random.split(state.rng)
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
         out = {
@@ -319,18 +387,4 @@ def make_train_step(
         donate_argnums=(0,) if donate else (),
     )
 
-    @functools.wraps(step)
-    def run(
-        state: TrainState,
-        batch: Mapping[str, jax.Array],
-        frozen: Mapping[str, Any] | None = None,
-        hparams: Mapping[str, Any] | None = None,
-    ):
-        hp = {k: jnp.asarray(v, jnp.float32) for k, v in (hparams or {}).items()}
-        return jitted(state, dict(batch), dict(frozen or {}), hp)
-
-    run.jitted = jitted  # type: ignore[attr-defined]  # for .lower(...) / cost analysis
-    run.__doc__ = (
-        "Jitted train step: (state, batch, frozen=None, hparams=None) -> (new_state, metrics)."
-    )
-    return run
+    return _with_hparams(step, jitted)

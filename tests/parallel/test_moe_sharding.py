@@ -168,7 +168,7 @@ def test_train_step_with_aux_loss_matches_single_device(mesh_kw):
 def test_aux_weight_is_the_coefficient_over_the_micro_batches_a_step_sums():
     from jaxrl_llm.models import ModelConfig
     from jaxrl_llm.parallel import make_mesh as mesh_of
-    from jaxrl_llm.train.plan import update_micro_batches
+    from jaxrl_llm.train.plan import plan_run
     from jaxrl_llm.train.policy import router_aux_weight
 
     mesh = mesh_of(data=2, expert=4)
@@ -176,8 +176,10 @@ def test_aux_weight_is_the_coefficient_over_the_micro_batches_a_step_sums():
         _run_config(dict(data=2, expert=4), None),
         train=dataclasses.replace(_run_config({}, None).train, batch_size=4, micro_batches=2),
     )
-    assert router_aux_weight(offline, CFG, mesh) == pytest.approx(CFG.router_aux_loss_coef / 2)
-    assert router_aux_weight(offline, ModelConfig.tiny("qwen3"), mesh) == 0.0  # dense
+    off_micro = plan_run(offline, mesh).rows.micro_batches
+    assert off_micro == 2
+    assert router_aux_weight(offline, CFG, off_micro) == pytest.approx(CFG.router_aux_loss_coef / 2)
+    assert router_aux_weight(offline, ModelConfig.tiny("qwen3"), off_micro) == 0.0  # dense
     online = from_dict(
         RunConfig,
         dict(
@@ -192,6 +194,6 @@ def test_aux_weight_is_the_coefficient_over_the_micro_batches_a_step_sums():
             rewards=[dict(name="math_answer")],
         ),
     )
-    micro = update_micro_batches(online, shards=2)
+    micro = plan_run(online, mesh).rows.micro_batches
     assert micro > 1  # zero-advantage groups are skippable: the update is split
-    assert router_aux_weight(online, CFG, mesh) == pytest.approx(0.3 / micro)
+    assert router_aux_weight(online, CFG, micro) == pytest.approx(0.3 / micro)
