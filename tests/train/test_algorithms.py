@@ -120,6 +120,24 @@ def test_reinforce_pp_without_groups_whitens_the_return_to_go():
     np.testing.assert_allclose(adv, [[s3 / 3, s3 / 3], [-2 * s3 / 3, 0.0]], rtol=1e-5)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="REINFORCE++ without groups puts the reward at column mask.sum() - 1, not at the "
+    "last token where mask is 1: with a gap in the mask (a multi-turn episode's environment "
+    "tokens) it lands on a masked column and the row's reward is lost (every advantage 0). "
+    "Not reachable from a validated config today: reinforce_pp needs rollout.group_size >= 2",
+)
+def test_reinforce_pp_without_groups_rewards_the_last_policy_token_of_a_gappy_mask():
+    # row 0: a policy token, two environment tokens, a policy token; same values as the
+    # contiguous mask [[1, 1, 0, 0], [1, 1, 0, 0]] on the policy's tokens
+    gappy = np.array([[1, 0, 0, 1], [1, 1, 0, 0]])
+    adv = estimate_advantages(
+        A.REINFORCE_PP, np.array([1.0, 0.0]), group_size=1, scale="group", mask=gappy
+    )
+    h = np.sqrt(3.0) / 2  # {1, 1, 0, 0}: mean 1/2, unbiased std 1/√3
+    np.testing.assert_allclose(adv, [[h, 0, 0, h], [-h, -h, 0, 0]], rtol=1e-5)
+
+
 def test_reinforce_pp_with_groups_whitens_the_group_centred_reward():
     # groups (1, 0), (2, 2): centred 0.5, −0.5, 0, 0 on every real token of the row
     mask = np.array([[1, 1], [1, 0], [1, 0], [1, 0]])
