@@ -274,6 +274,36 @@ def test_update_lays_micro_batches_out_for_skipping_and_reports_computed_frac():
     assert "computed_micro_batches" not in out and out["entropy"] == 2.0
 
 
+def test_update_metrics_weight_the_micro_batches_that_ran_over_minibatches_and_epochs():
+    # 4 groups of 2, groups 0 and 1 informative; 2 minibatches × 2 epochs, M = 2 each
+    adv = [1, -1, 2, -2, 0, 0, 0, 0]
+
+    def ran_in(batch):
+        stacked, _ = split_micro_batches(batch, 2)
+        return sum(bool(np.any(mb != 0)) for mb in stacked["advantages"])
+
+    def metrics(i, batch):
+        ran = ran_in(batch)
+        entropy = 1.0 + i if ran else 0.0  # a skipped update reports a placeholder 0
+        return {
+            "loss": float(ran),
+            "entropy": entropy,
+            "nonfinite": 0.0,
+            "computed_micro_batches": ran,
+        }
+
+    step = FakeStep(metrics)
+    learner = Learner(step, rows(n=8, minibatches=2, epochs=2, micro_batches=2), seed=3)
+    out = learner.update(policy(), rl_rows(8, adv=adv), 5, frozen={"frozen": True})
+    assert len(step.batches) == 4
+    ran = np.array([ran_in(b) for b in step.batches], float)
+    assert ran.sum() >= 2  # every epoch runs the informative groups
+    entropy = np.array([1.0 + i if r else 0.0 for i, r in enumerate(ran)])
+    assert out["entropy"] == pytest.approx((entropy * ran).sum() / ran.sum())
+    assert out["loss"] == pytest.approx(ran.mean())  # a step metric: the plain mean
+    assert out["update/computed_frac"] == pytest.approx(ran.mean() / 2)
+
+
 def test_update_left_pads_tokens_to_the_context_axis():
     batch = rl_rows(4, t=5)
     step = FakeStep()
