@@ -64,7 +64,8 @@ def estimate_advantages(
             return np.asarray(
                 objectives.reinforce_pp_baseline_advantages(r, m, group_size=group_size)
             )
-        last = jnp.maximum(m.sum(-1).astype(jnp.int32) - 1, 0)
+        # the row's last policy token (a multi-turn mask has the environment's tokens between)
+        last = jnp.maximum(objectives.last_token_index(m), 0)
         token_r = jnp.zeros_like(m).at[jnp.arange(m.shape[0]), last].set(r)
         return np.asarray(objectives.reinforce_pp_advantages(token_r, m))
     if estimator == AdvantageEstimator.REWARD:

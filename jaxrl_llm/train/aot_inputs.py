@@ -143,6 +143,11 @@ def run_config_for(
     if not 1 <= prompt_len < seq_len:
         raise ConfigError(f"prompt_len={prompt_len} must be in [1, seq_len={seq_len})")
     gen_len = seq_len - prompt_len
+    if context > 1 and seq_len % context:  # named as the command line gives it
+        raise ConfigError(
+            f"--seq-len {seq_len} cannot be split over the mesh's context axis ({context} "
+            f"devices); use a multiple of {context}"
+        )
     mesh = dict(data=data, fsdp=fsdp, tensor=tensor, expert=expert, context=context)
     model: dict[str, Any] = dict(  # the section checks the values
         source="(preset)",

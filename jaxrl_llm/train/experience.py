@@ -166,8 +166,8 @@ def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -
         "input_ids": input_ids,
         "attention_mask": attn,
         "loss_mask": lmask,
-        "old_logp": old * lmask,
-        "advantages": adv * lmask,
+        "old_logp": (old * lmask).astype(np.float32),  # float32 × int32 would be float64
+        "advantages": (adv * lmask).astype(np.float32),
     }
 
 

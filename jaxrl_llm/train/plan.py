@@ -130,8 +130,8 @@ class BatchLayout:
         }
 
     def check(self, batch: Mapping[str, Any], *, where: str) -> None:
-        """Raise unless ``batch`` holds exactly these keys, each with its rank, its dtype
-        kind (integer / floating) and one size per symbolic dimension across entries.
+        """Raise unless ``batch`` holds exactly these keys, each with its rank and dtype and
+        one size per symbolic dimension across entries.
 
         Raises:
           ValueError: naming ``where`` (the code that built the batch) and the mismatch.
@@ -148,12 +148,7 @@ class BatchLayout:
             x = batch[f.name]
             shape = np.shape(x)
             dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-            kind_ok = (
-                jnp.issubdtype(dtype, jnp.integer)
-                if f.dtype == "int32"
-                else jnp.issubdtype(dtype, jnp.floating)
-            )
-            if len(shape) != len(f.dims) or not kind_ok:
+            if len(shape) != len(f.dims) or np.dtype(dtype) != np.dtype(f.dtype):
                 raise ValueError(
                     f"{where}: {f.name} is {dtype}{list(shape)}; the run plan's layout has "
                     f"{f.dtype}[{', '.join(f.dims)}]"

@@ -113,12 +113,6 @@ class RunConfig:
                     "rewards: an online algorithm needs at least one reward "
                     "function, e.g. rewards: [{name: math_answer}]"
                 )
-            n = r.prompts_per_step * r.group_size
-            if n % r.minibatches:
-                raise ConfigError(
-                    f"rollout.minibatches={r.minibatches} must divide the "
-                    f"{n} rows of a rollout batch"
-                )
             for name in (
                 "prompts_per_step",
                 "group_size",
@@ -130,6 +124,12 @@ class RunConfig:
             ):
                 if getattr(r, name) < 1:
                     raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
+            n = r.prompts_per_step * r.group_size
+            if n % r.minibatches:
+                raise ConfigError(
+                    f"rollout.minibatches={r.minibatches} must divide the "
+                    f"{n} rows of a rollout batch"
+                )
             _check_sampling(r)
             if r.max_staleness < 0:
                 raise ConfigError(

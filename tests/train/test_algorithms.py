@@ -120,13 +120,6 @@ def test_reinforce_pp_without_groups_whitens_the_return_to_go():
     np.testing.assert_allclose(adv, [[s3 / 3, s3 / 3], [-2 * s3 / 3, 0.0]], rtol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="REINFORCE++ without groups puts the reward at column mask.sum() - 1, not at the "
-    "last token where mask is 1: with a gap in the mask (a multi-turn episode's environment "
-    "tokens) it lands on a masked column and the row's reward is lost (every advantage 0). "
-    "Not reachable from a validated config today: reinforce_pp needs rollout.group_size >= 2",
-)
 def test_reinforce_pp_without_groups_rewards_the_last_policy_token_of_a_gappy_mask():
     # row 0: a policy token, two environment tokens, a policy token; same values as the
     # contiguous mask [[1, 1, 0, 0], [1, 1, 0, 0]] on the policy's tokens
@@ -327,7 +320,10 @@ def test_online_pairs_picks_best_and_worst_and_masks_groups_without_a_pair():
 
     def reference(batch):
         k = len(batch["chosen_input_ids"])
-        return {"ref_chosen_logps": -np.ones(k), "ref_rejected_logps": -2 * np.ones(k)}
+        return {
+            "ref_chosen_logps": -np.ones(k, np.float32),
+            "ref_rejected_logps": np.full(k, -2.0, np.float32),
+        }
 
     out = OnlinePairs(p, None, None).prepare(exp, reference)
     b = out.batch

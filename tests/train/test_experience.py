@@ -117,11 +117,6 @@ def test_rl_batch_hand_computed():
     np.testing.assert_allclose(b["advantages"], [[0, 0, 0, 2, 2], [0, 0, 0, -1, 0]])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rl_batch returns old_logp and advantages as float64 (float32 × the int32 "
-    "loss_mask promotes), where the plan's rl layout (BatchField dtype) says float32",
-)
 def test_rl_batch_dtypes_are_the_layouts():
     exp = random_experience(0, groups=1, group_size=2, p=3, m=2)
     b = rl_batch(exp, np.array([1.0, -1.0], np.float32), np.ones(2, np.int32))

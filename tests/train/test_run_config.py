@@ -102,11 +102,6 @@ def test_each_config_error_names_the_key(d, key):
         build(d)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rollout.minibatches=0 raises ZeroDivisionError (the divisibility check "
-    "n % minibatches runs before the >= 1 check), not a ConfigError naming the key",
-)
 def test_zero_minibatches_is_a_config_error():
     with pytest.raises(ConfigError, match="rollout.minibatches must be >= 1"):
         build(online(rollout=dict(minibatches=0)))
