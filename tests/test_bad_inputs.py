@@ -718,7 +718,7 @@ CASES = {
     **{f"cli/{k}": v for k, v in GENERATE.items()},
 }
 # Lines a run prints before the error: the data counts that explain it, and the data line an
-# online run prints before it resolves its reward functions (jaxrl_llm/train/online.py).
+# online run prints before it resolves its reward functions (jaxrl_llm/train/online/trainer.py).
 BEFORE = {
     "data/too-few-for-a-batch": ("data: ",),
     **{f"reward/{k}": ("data: ",) for k in REWARDS},

@@ -23,14 +23,14 @@ EXPLORER = [
 # Algorithm explorer: models in memory, and memory by model size
 
 The source texts compare PPO, DPO and GRPO by how many models they keep in memory. This notebook
-drives `jaxrl_llm.train.memory.estimate_memory` (the same estimator as `jaxrl-llm memory`) to
+drives `jaxrl_llm.train.compile.memory.estimate_memory` (the same estimator as `jaxrl-llm memory`) to
 show the comparison table and per-device memory by model size for every algorithm.
 """),
     code("""
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
+from jaxrl_llm.train.compile.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
 
 rows = []
 for name, a in ALGORITHMS.items():

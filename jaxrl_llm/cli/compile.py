@@ -113,13 +113,13 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl_llm.cli.memory import params_text, resolve_model_config
     from jaxrl_llm.errors import ConfigError
     from jaxrl_llm.parallel.topology import tpu_topology
-    from jaxrl_llm.train.aot import compile_preset, compile_run
-    from jaxrl_llm.train.sections import CorrectionSection
+    from jaxrl_llm.train.compile.aot import compile_preset, compile_run
+    from jaxrl_llm.train.config.sections import CorrectionSection
 
     topology = tpu_topology(args.topology)  # LibtpuMissingError: one line, exit status 2
     if args.config is not None:
-        from jaxrl_llm.train.config_io import load_config
-        from jaxrl_llm.train.run_config import RunConfig
+        from jaxrl_llm.train.config.config_io import load_config
+        from jaxrl_llm.train.config.run_config import RunConfig
 
         cfg = load_config(RunConfig, args.config, list(args.overrides))
         config = resolve_model_config(args.model or cfg.model.source)

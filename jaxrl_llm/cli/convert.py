@@ -2,7 +2,7 @@
 
 SRC is a Hugging Face directory, a ``.gguf`` file, a model alias (``smollm2-135m-instruct``)
 or a training checkpoint directory (restored through
-``jaxrl_llm.train.checkpoint.restore_model``). OUT becomes a Hugging Face directory that
+``jaxrl_llm.train.run.checkpoint.restore_model``). OUT becomes a Hugging Face directory that
 ``transformers`` loads with the same logits.
 """
 
@@ -92,11 +92,11 @@ def _looks_like_checkpoint(path: Path) -> bool:
 
 
 def _restore_checkpoint(path: Path):
-    """(config, params, tokenizer_or_None) from ``jaxrl_llm.train.checkpoint.restore_model``."""
+    """(config, params, tokenizer_or_None) from ``jaxrl_llm.train.run.checkpoint.restore_model``."""
     try:
-        module = importlib.import_module("jaxrl_llm.train.checkpoint")
+        module = importlib.import_module("jaxrl_llm.train.run.checkpoint")
     except ModuleNotFoundError as e:
-        if e.name not in ("jaxrl_llm.train.checkpoint", "jaxrl_llm.train"):
+        if e.name not in ("jaxrl_llm.train.run.checkpoint", "jaxrl_llm.train"):
             raise
         module = None
     restore = getattr(module, "restore_model", None)
@@ -104,7 +104,7 @@ def _restore_checkpoint(path: Path):
         raise CheckpointError(
             f"{path}: looks like a training checkpoint, but checkpoint "
             f"restore is not available in this install "
-            f"(jaxrl_llm.train.checkpoint.restore_model is missing)"
+            f"(jaxrl_llm.train.run.checkpoint.restore_model is missing)"
         )
     config, params, tokenizer = restore(str(path))
     return config, params, tokenizer

@@ -15,7 +15,7 @@ def add_model_and_algorithm(
     """``--model`` (a size preset, an HF directory or a config.json) and ``--algorithm``, as
     ``jaxrl-llm memory`` and ``jaxrl-llm compile`` take them (``required``: ``--algorithm``
     must be given; ``compile --config`` reads it from the run config)."""
-    from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS
+    from jaxrl_llm.train.compile.memory import ALGORITHMS, MODEL_PRESETS
 
     parser.add_argument(
         "--model",
@@ -34,7 +34,7 @@ def add_model_and_algorithm(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``jaxrl-llm memory``."""
-    from jaxrl_llm.train.memory import DEVICE_MEMORY
+    from jaxrl_llm.train.compile.memory import DEVICE_MEMORY
 
     add_model_and_algorithm(parser)
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full fine-tune)")
@@ -83,7 +83,7 @@ def parse_mesh(text: str) -> dict[str, int]:
 def resolve_model_config(spec: str):
     """A size preset, an HF directory or a config.json path -> ModelConfig."""
     from jaxrl_llm.models import ModelConfig
-    from jaxrl_llm.train.memory import MODEL_PRESETS
+    from jaxrl_llm.train.compile.memory import MODEL_PRESETS
 
     if spec in MODEL_PRESETS:
         return MODEL_PRESETS[spec]
@@ -106,7 +106,7 @@ def resolve_model_config(spec: str):
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm memory``."""
-    from jaxrl_llm.train.memory import estimate_memory
+    from jaxrl_llm.train.compile.memory import estimate_memory
 
     mesh = parse_mesh(args.mesh)
     if mesh["context"] > 1:
@@ -172,6 +172,6 @@ def params_text(config) -> str:
 
 
 def _online() -> set[str]:
-    from jaxrl_llm.train.memory import ALGORITHMS
+    from jaxrl_llm.train.compile.memory import ALGORITHMS
 
     return {k for k, v in ALGORITHMS.items() if v.online}

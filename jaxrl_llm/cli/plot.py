@@ -73,7 +73,7 @@ def overview_panels(series: dict) -> list[tuple[str, list[str]]]:
 def plot_run(run_dir: str, *, keys=None, out_dir=None, smooth: float = 0.0) -> list[str]:
     """Write one PNG per metric (x = step) and ``overview.png`` (the panels a user reads:
     :func:`overview_panels`); returns the written paths."""
-    from jaxrl_llm.train.logging import read_metrics
+    from jaxrl_llm.train.run.logging import read_metrics
 
     if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
         raise JaxrlError(

@@ -42,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm train``."""
     import yaml
 
-    from jaxrl_llm.train.config_io import load_config, to_dict
-    from jaxrl_llm.train.plan import plan_run
-    from jaxrl_llm.train.preflight import check_mesh
-    from jaxrl_llm.train.run_config import RunConfig
+    from jaxrl_llm.train.config.config_io import load_config, to_dict
+    from jaxrl_llm.train.config.plan import plan_run
+    from jaxrl_llm.train.config.preflight import check_mesh
+    from jaxrl_llm.train.config.run_config import RunConfig
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
@@ -77,15 +77,15 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     # The trainer writes config.yaml (or, resumed, config.resumed-<step>.yaml) once it holds
     # the output_dir lock and the resume succeeded.
-    from jaxrl_llm.train.run_state import output_dir_lock
+    from jaxrl_llm.train.run.run_state import output_dir_lock
 
     with output_dir_lock(cfg.output_dir):  # before the trainer writes anything there
         if cfg.is_online:
-            from jaxrl_llm.train.online import train_online
+            from jaxrl_llm.train.online.trainer import train_online
 
             summary = train_online(cfg)
         else:
-            from jaxrl_llm.train.offline import train_offline
+            from jaxrl_llm.train.offline.trainer import train_offline
 
             summary = train_offline(cfg)
     if cfg.logging.plots:
@@ -104,7 +104,7 @@ def _eval_only(cfg) -> int:
         raise ConfigError(
             "--eval-only needs an online config with data.eval (held-out prompts to sample)"
         )
-    from jaxrl_llm.train.online import OnlineTrainer
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
 
     trainer = OnlineTrainer(cfg)
     try:

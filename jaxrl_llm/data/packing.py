@@ -25,7 +25,7 @@ Three layouts are packed here (numpy, on the host):
   mean, GSPO's sequence ratio — sees exactly the padded batch's values.
 
 Micro-batches: a train step splits every leading axis into M strided micro-batches (rows m,
-m + M, …; ``jaxrl_llm.train.step.split_micro_batches``). Packed rows and the per-sequence
+m + M, …; ``jaxrl_llm.train.programs.step.split_micro_batches``). Packed rows and the per-sequence
 leaves must split the same way, so the preference and RL packers pack each micro-batch's
 sequences on their own, with indices local to it, and interleave the blocks.
 """
@@ -266,7 +266,7 @@ def pack_rl_batch(
     batch sits; per-row ``[N]`` leaves and scalars pass unchanged.
 
     Args:
-      batch: the losses' ``rl`` layout (``jaxrl_llm.train.experience.rl_batch``), numpy,
+      batch: the losses' ``rl`` layout (``jaxrl_llm.train.online.experience.rl_batch``), numpy,
         ``input_ids`` / ``attention_mask`` / ``loss_mask`` ``[N, T]``, rows left-padded.
       window: W, the completion columns (``rollout.max_new_tokens``); ``loss_mask`` must be
         0 before them.

@@ -4,31 +4,31 @@ loop and the offline and online trainers (the online one as rollout → experien
 run logging and the memory estimator. Batches are batch-major ``[B, T]`` dicts (see
 ``jaxrl_llm.losses``); docs/ARCHITECTURE.md maps the modules."""
 
-from jaxrl_llm.train.aot import compile_preset, compile_run
-from jaxrl_llm.train.aot_inputs import analytic_train_flops
-from jaxrl_llm.train.aot_report import CompileReport, ProgramMemory
-from jaxrl_llm.train.checkpoint import CheckpointManager, restore_model
-from jaxrl_llm.train.config_io import load_config
-from jaxrl_llm.train.experience import Experience, ExperienceBuffer
-from jaxrl_llm.train.learner import Learner
-from jaxrl_llm.train.logging import MetricsLogger
-from jaxrl_llm.train.loop import Trainer
-from jaxrl_llm.train.memory import estimate_memory
-from jaxrl_llm.train.offline import OfflineTrainer, train_offline
-from jaxrl_llm.train.online import OnlineTrainer, train_online
-from jaxrl_llm.train.plan import RunPlan, plan_run
-from jaxrl_llm.train.policy import build_policy
-from jaxrl_llm.train.programs import Programs, build_programs
-from jaxrl_llm.train.rollout import Rollouts
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.state import (
+from jaxrl_llm.train.compile.aot import compile_preset, compile_run
+from jaxrl_llm.train.compile.aot_inputs import analytic_train_flops
+from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
+from jaxrl_llm.train.compile.memory import estimate_memory
+from jaxrl_llm.train.config.config_io import load_config
+from jaxrl_llm.train.config.plan import RunPlan, plan_run
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.offline.trainer import OfflineTrainer, train_offline
+from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
+from jaxrl_llm.train.online.learner import Learner
+from jaxrl_llm.train.online.rollout import Rollouts
+from jaxrl_llm.train.online.trainer import OnlineTrainer, train_online
+from jaxrl_llm.train.programs.builder import Programs, build_programs
+from jaxrl_llm.train.programs.policy import build_policy
+from jaxrl_llm.train.programs.state import (
     TrainState,
     abstract_train_state,
     create_train_state,
     state_sharding_from_params,
 )
-from jaxrl_llm.train.step import count_tokens, make_train_step, split_micro_batches
-from jaxrl_llm.train.throughput import measure_matmul_flops, mfu, timed_step
+from jaxrl_llm.train.programs.step import count_tokens, make_train_step, split_micro_batches
+from jaxrl_llm.train.run.checkpoint import CheckpointManager, restore_model
+from jaxrl_llm.train.run.logging import MetricsLogger
+from jaxrl_llm.train.run.loop import Trainer
+from jaxrl_llm.train.run.throughput import measure_matmul_flops, mfu, timed_step
 
 __all__ = [
     "CheckpointManager",

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from jaxrl_llm.cli.main import main
-from jaxrl_llm.train.logging import MetricsLogger, read_metrics
+from jaxrl_llm.train.run.logging import MetricsLogger, read_metrics
 
 
 def test_logger_writes_jsonl_and_plot_writes_pngs(tmp_path, capsys):

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from jaxrl_llm.train.checkpoint import restore_model
-from jaxrl_llm.train.logging import read_metrics
+from jaxrl_llm.train.run.checkpoint import restore_model
+from jaxrl_llm.train.run.logging import read_metrics
 from tests.envs.scripted import STOP
 from tests.train.test_kill_resume import (
     TIMING_KEYS,

@@ -17,13 +17,13 @@ from jaxrl_llm.envs import EnvError
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig, init_params
 from jaxrl_llm.sampling import SamplingConfig
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.episodes import EpisodeSampler
-from jaxrl_llm.train.experience import rl_batch
-from jaxrl_llm.train.logging import read_metrics
-from jaxrl_llm.train.online import OnlineTrainer, train_online
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.sections import EnvSection, RolloutSection
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.config.sections import EnvSection, RolloutSection
+from jaxrl_llm.train.online.episode_sampler import EpisodeSampler
+from jaxrl_llm.train.online.experience import rl_batch
+from jaxrl_llm.train.online.trainer import OnlineTrainer, train_online
+from jaxrl_llm.train.run.logging import read_metrics
 from tests.envs.scripted import STOP
 
 

@@ -67,9 +67,9 @@ def test_checkpoint_dir_uses_restore_model(tmp_path, monkeypatch, capsys):
         calls.append(path)
         return config, params, None
 
-    fake = types.ModuleType("jaxrl_llm.train.checkpoint")
+    fake = types.ModuleType("jaxrl_llm.train.run.checkpoint")
     fake.restore_model = restore_model
-    monkeypatch.setitem(sys.modules, "jaxrl_llm.train.checkpoint", fake)
+    monkeypatch.setitem(sys.modules, "jaxrl_llm.train.run.checkpoint", fake)
     out = tmp_path / "hf"
     assert main(["convert", str(ckpt), str(out)]) == 0
     assert calls == [str(ckpt)]
@@ -83,7 +83,9 @@ def test_checkpoint_dir_without_restore_support_is_a_clear_error(tmp_path, monke
     (ckpt / "_CHECKPOINT_METADATA").parent.mkdir(parents=True)
     (ckpt / "_CHECKPOINT_METADATA").write_text("{}")
     monkeypatch.setitem(
-        sys.modules, "jaxrl_llm.train.checkpoint", types.ModuleType("jaxrl_llm.train.checkpoint")
+        sys.modules,
+        "jaxrl_llm.train.run.checkpoint",
+        types.ModuleType("jaxrl_llm.train.run.checkpoint"),
     )
     assert main(["convert", str(ckpt), str(tmp_path / "o")]) == 2
     assert "restore_model is missing" in capsys.readouterr().err

@@ -16,11 +16,11 @@ import pytest
 from jaxrl_llm import models as M
 from jaxrl_llm.data import BucketMode, Padding, collate_fn_for, pack_rl_batch, pad_length
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.offline import OfflineTrainer
-from jaxrl_llm.train.online import OnlineTrainer
-from jaxrl_llm.train.preflight import check_mesh
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.preflight import check_mesh
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.offline.trainer import OfflineTrainer
+from jaxrl_llm.train.online.trainer import OnlineTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LR = 0.5

@@ -22,10 +22,10 @@ from jaxrl_llm.parallel import (
     logical_to_sharding,
     make_mesh,
 )
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.policy import build_policy
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.step import make_train_step
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.programs.policy import build_policy
+from jaxrl_llm.train.programs.step import make_train_step
 
 CFG = M.ModelConfig.tiny("qwen3_moe")  # 2 layers, d=48, 8 experts of width 40, top-2
 MESHES = [dict(data=2, expert=4), dict(fsdp=2, expert=4)]
@@ -168,8 +168,8 @@ def test_train_step_with_aux_loss_matches_single_device(mesh_kw):
 def test_aux_weight_is_the_coefficient_over_the_micro_batches_a_step_sums():
     from jaxrl_llm.models import ModelConfig
     from jaxrl_llm.parallel import make_mesh as mesh_of
-    from jaxrl_llm.train.plan import plan_run
-    from jaxrl_llm.train.policy import router_aux_weight
+    from jaxrl_llm.train.config.plan import plan_run
+    from jaxrl_llm.train.programs.policy import router_aux_weight
 
     mesh = mesh_of(data=2, expert=4)
     offline = dataclasses.replace(

@@ -1,4 +1,4 @@
-"""The algorithm strategies (train/algorithms.py): advantage estimators by hand, token step ids,
+"""The algorithm strategies (train/online/algorithms.py): advantage estimators by hand, token step ids,
 the loss weight, and each family's ``prepare`` on a hand-built :class:`Experience`, checked
 against the plan's hand-over layout. Only PPO builds a (tiny) model: its critic."""
 
@@ -10,7 +10,11 @@ import pytest
 from jaxrl_llm.data.tokenize import CharTokenizer
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import ALGORITHMS, AdvantageEstimator, AlgorithmFamily
-from jaxrl_llm.train.algorithms import (
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.plan import plan_run
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.config.sections import RolloutSection
+from jaxrl_llm.train.online.algorithms import (
     STRATEGIES,
     GroupPolicyGradient,
     OnlinePairs,
@@ -21,10 +25,6 @@ from jaxrl_llm.train.algorithms import (
     make_strategy,
     token_step_ids,
 )
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.plan import plan_run
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.sections import RolloutSection
 from tests.train.test_experience import make_experience, make_rollout
 
 A = AdvantageEstimator
@@ -366,7 +366,7 @@ def test_online_pairs_a_group_with_one_valid_sample_has_no_pair():
 
 @pytest.fixture(scope="module")
 def ppo():
-    from jaxrl_llm.train.policy import build_policy
+    from jaxrl_llm.train.programs.policy import build_policy
 
     cfg = config(
         "ppo",

@@ -10,7 +10,7 @@ import pytest
 from jaxrl_llm.errors import CheckpointError
 from jaxrl_llm.parallel import batch_sharding, make_mesh
 from jaxrl_llm.train import abstract_train_state, create_train_state, make_train_step
-from jaxrl_llm.train.checkpoint import (
+from jaxrl_llm.train.run.checkpoint import (
     CheckpointManager,
     model_config_from_dict,
     model_config_to_dict,

@@ -4,7 +4,7 @@ import enum
 import pytest
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.config_io import apply_overrides, from_dict, load_config, to_dict
+from jaxrl_llm.train.config.config_io import apply_overrides, from_dict, load_config, to_dict
 
 
 class Sched(str, enum.Enum):

@@ -1,9 +1,9 @@
-"""train/correction.py: which rows the rollout correction recomputes, and the batch it builds."""
+"""train/online/correction.py: which rows the rollout correction recomputes, and the batch it builds."""
 
 import numpy as np
 import pytest
 
-from jaxrl_llm.train.correction import CorrectionSection, correct_batch, recompute_rows
+from jaxrl_llm.train.online.correction import CorrectionSection, correct_batch, recompute_rows
 
 
 def _batch(informative_groups, groups=4, g=2, t=3):

@@ -1,4 +1,4 @@
-"""``compile_preset(..., correction=...)`` (``jaxrl-llm compile``'s API, train/aot.py) compiles the
+"""``compile_preset(..., correction=...)`` (``jaxrl-llm compile``'s API, train/compile/aot.py) compiles the
 train step on the batch that ``rollout.correction`` builds: ``is_weights`` (TIS / MIS) or
 ``proximal_logp`` (decoupled PPO) are arguments the compiled step reads, and the learner's
 recompute forward is one more program. Compiled for an abstract TPU v5e 2x2 slice (needs
@@ -9,8 +9,8 @@ import pytest
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.parallel import topology
-from jaxrl_llm.train.aot import compile_preset as compile_run
-from jaxrl_llm.train.sections import CorrectionSection
+from jaxrl_llm.train.compile.aot import compile_preset as compile_run
+from jaxrl_llm.train.config.sections import CorrectionSection
 
 needs_libtpu = pytest.mark.skipif(
     not topology.libtpu_available(), reason="the TPU compiler (libtpu) is not installed"
@@ -71,8 +71,8 @@ def test_an_entry_the_loss_does_not_read_costs_no_argument_bytes(v5e, monkeypatc
     # compiled step (here an extra field in the plan's layout of the step's batch)
     import dataclasses
 
-    import jaxrl_llm.train.aot as aot
-    from jaxrl_llm.train.plan import BatchField
+    import jaxrl_llm.train.compile.aot as aot
+    from jaxrl_llm.train.config.plan import BatchField
 
     plain = _programs(compile_run(CONFIG, "dapo", v5e, **RUN))
     planned = aot.plan_run

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import models
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.correction import recompute_rows
-from jaxrl_llm.train.online import OnlineTrainer
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.correction import recompute_rows
+from jaxrl_llm.train.online.trainer import OnlineTrainer
 
 
 def parity_reward(prompts, completions, **_):

@@ -1,4 +1,4 @@
-"""The record between rollout and learner (train/experience.py): :class:`Experience` and its
+"""The record between rollout and learner (train/online/experience.py): :class:`Experience` and its
 group selection, :func:`concat_experience`, the ``rl`` learner batch of :func:`rl_batch`, and
 the staleness rule of :class:`ExperienceBuffer`. Records are built by hand from tiny arrays."""
 
@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.sampling import Rollout
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.experience import (
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.plan import plan_run
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.experience import (
     Experience,
     ExperienceBuffer,
     concat_experience,
     rl_batch,
 )
-from jaxrl_llm.train.plan import plan_run
-from jaxrl_llm.train.run_config import RunConfig
 
 
 def make_rollout(prompt_tokens, prompt_mask, tokens, mask, logprobs, truncated=None) -> Rollout:

@@ -12,7 +12,7 @@ processes share a persistent compilation cache, so they start in seconds; a cach
 is the one a fresh compile would produce). They compile with LLVM's optimisations off
 (``FAST_COMPILE_XLA_FLAGS``): every process of a comparison runs with the same flags.
 
-The phase kills use the ``JAXRL_LLM_FAULT=PHASE:STEP`` hook of ``jaxrl_llm.train.faults``.
+The phase kills use the ``JAXRL_LLM_FAULT=PHASE:STEP`` hook of ``jaxrl_llm.train.run.faults``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import pytest
 import yaml
 
 from jaxrl_llm.data import CharTokenizer, Format, make_iterator, prepare_dataset
-from jaxrl_llm.train.checkpoint import restore_model
-from jaxrl_llm.train.logging import read_metrics
+from jaxrl_llm.train.run.checkpoint import restore_model
+from jaxrl_llm.train.run.logging import read_metrics
 from tests.conftest import FAST_COMPILE_XLA_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

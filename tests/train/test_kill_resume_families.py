@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from jaxrl_llm.train.checkpoint import restore_model
-from jaxrl_llm.train.logging import read_metrics
+from jaxrl_llm.train.run.checkpoint import restore_model
+from jaxrl_llm.train.run.logging import read_metrics
 from tests.train.test_kill_resume import (
     ROOT,
     TIMING_KEYS,
@@ -133,7 +133,7 @@ def test_killed_and_resumed_asynchronous_run_keeps_its_data_and_staleness_bound(
 ):
     """GRPO with ``rollout.max_staleness: 1`` (rollouts sampled one step ahead in a thread),
     killed during an update and at a random moment, resumed to the end. What "exact" means
-    here (train/producer.py): the checkpoint holds the data position after the last batch the
+    here (train/online/producer.py): the checkpoint holds the data position after the last batch the
     learner took, so a resumed run samples the in-flight batch again — every step trains on the
     prompts an uninterrupted run draws for it, each step once, and no batch is more than one
     step stale. The weights a resumed batch was sampled with may be fresher than in the

@@ -1,4 +1,4 @@
-"""The learner side of the online loop (train/learner.py): the minibatch order, the skippable
+"""The learner side of the online loop (train/online/learner.py): the minibatch order, the skippable
 micro-batch layout, the step's metrics over updates, and :class:`Learner.update` driving a
 fake step function (no model compiles), plus :func:`context_padded`."""
 
@@ -7,15 +7,15 @@ import types
 import numpy as np
 import pytest
 
-from jaxrl_llm.train.learner import (
+from jaxrl_llm.train.config.plan import PackSpec, Rows
+from jaxrl_llm.train.online.learner import (
     Learner,
     context_padded,
     mean_metrics,
     minibatch_order,
     skippable_layout,
 )
-from jaxrl_llm.train.plan import PackSpec, Rows
-from jaxrl_llm.train.step import split_micro_batches
+from jaxrl_llm.train.programs.step import split_micro_batches
 
 
 def rows(*, n=8, minibatches=1, epochs=1, micro_batches=1, group=2, group_minibatches=True):

@@ -6,7 +6,7 @@ steps' lines dropped on resume, the file started over by a fresh run."""
 import io
 import json
 
-from jaxrl_llm.train.logging import MetricsLogger, SamplesLog, read_metrics
+from jaxrl_llm.train.run.logging import MetricsLogger, SamplesLog, read_metrics
 
 
 def _lines(d):

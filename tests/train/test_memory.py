@@ -9,7 +9,7 @@ from jaxrl_llm import models as M
 from jaxrl_llm import ops
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
+from jaxrl_llm.train.compile.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
 
 
 def test_models_in_memory_match_the_source_texts():
@@ -123,7 +123,7 @@ def test_every_algorithm_estimates():
 
 
 def test_moe_presets_count_total_and_active_parameters_and_split_experts():
-    from jaxrl_llm.train.memory import MODEL_PRESETS, expert_params
+    from jaxrl_llm.train.compile.memory import MODEL_PRESETS, expert_params
 
     c = MODEL_PRESETS["qwen3-30b-a3b"]
     # Qwen3-30B-A3B's model card: 30.5B parameters, 3.3B activated (ours: 3.35B, counting

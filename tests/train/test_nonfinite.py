@@ -12,8 +12,8 @@ import optax
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.parallel import batch_sharding, logical_to_sharding, make_mesh
 from jaxrl_llm.train import make_train_step
-from jaxrl_llm.train.checkpoint import restore_model
-from jaxrl_llm.train.state import TrainState, state_sharding_from_params
+from jaxrl_llm.train.programs.state import TrainState, state_sharding_from_params
+from jaxrl_llm.train.run.checkpoint import restore_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -21,10 +21,10 @@ import pytest
 from jaxrl_llm import models
 from jaxrl_llm.data import CharTokenizer, Format, Padding, collate_preferences, prepare_dataset
 from jaxrl_llm.losses import summed_logps
-from jaxrl_llm.train.checkpoint import restore_model
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.offline import train_offline
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.offline.trainer import train_offline
+from jaxrl_llm.train.run.checkpoint import restore_model
 
 GOOD = ["yes", "sure", "gladly", "ok"]
 BAD = ["no", "never", "nope", "nah"]

@@ -11,9 +11,9 @@ import pytest
 
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.online import OnlineTrainer, train_online
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.trainer import OnlineTrainer, train_online
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ONLINE = [
@@ -201,8 +201,8 @@ def test_skipping_zero_advantage_groups_gives_the_same_update(toy_data, tmp_path
 
 
 def test_skippable_layout_puts_whole_informative_groups_first():
-    from jaxrl_llm.train.learner import skippable_layout
-    from jaxrl_llm.train.step import split_micro_batches
+    from jaxrl_llm.train.online.learner import skippable_layout
+    from jaxrl_llm.train.programs.step import split_micro_batches
 
     # 4 groups of 2 rows; groups 1 and 3 informative
     adv = np.array([0, 0, 1, -1, 0, 0, 2, -2], np.float32)[:, None] * np.ones((1, 3))
@@ -214,7 +214,7 @@ def test_skippable_layout_puts_whole_informative_groups_first():
 
 
 def test_step_metrics_over_updates_weight_the_micro_batches_that_ran():
-    from jaxrl_llm.train.learner import mean_metrics
+    from jaxrl_llm.train.online.learner import mean_metrics
 
     ran = {"loss": 0.2, "pg/loss": 0.2, "entropy": 1.5, "computed_micro_batches": 2.0}
     skipped = {"loss": 0.0, "pg/loss": 0.0, "entropy": 0.0, "computed_micro_batches": 0.0}
@@ -225,7 +225,7 @@ def test_step_metrics_over_updates_weight_the_micro_batches_that_ran():
 
 
 def test_update_micro_batches_keep_groups_on_one_device(toy_data, tmp_path):
-    from jaxrl_llm.train.plan import update_micro_batches
+    from jaxrl_llm.train.config.plan import update_micro_batches
 
     cfg = toy_config(
         toy_data,
@@ -307,7 +307,7 @@ def test_resume_continues_exactly(toy_data, tmp_path):
     for s in (3, 4):
         assert a[s]["reward/mean"] == b[s]["reward/mean"]
         assert a[s]["loss"] == pytest.approx(b[s]["loss"], abs=1e-6)
-    from jaxrl_llm.train.checkpoint import restore_model
+    from jaxrl_llm.train.run.checkpoint import restore_model
 
     _, pa, _ = restore_model(str(tmp_path / "a" / "checkpoints"))
     _, pb, _ = restore_model(str(tmp_path / "b" / "checkpoints"))
@@ -324,7 +324,7 @@ def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
     state come back from their own checkpoint (else the value loss of step 3 would differ)."""
     import jax
 
-    from jaxrl_llm.train.checkpoint import CheckpointManager
+    from jaxrl_llm.train.run.checkpoint import CheckpointManager
 
     common = dict(
         rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=2),
@@ -353,7 +353,7 @@ def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
     for key in ("loss", "critic/loss", "vf/value_mean"):
         assert key in a[3], sorted(a[3])
         assert a[3][key] == pytest.approx(b[3][key], abs=1e-6), key
-    from jaxrl_llm.train.checkpoint import restore_model
+    from jaxrl_llm.train.run.checkpoint import restore_model
 
     for sub in ("checkpoints", "critic_checkpoints"):
         _, pa, _ = restore_model(str(tmp_path / "a" / sub))
@@ -365,7 +365,7 @@ def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
 
 def test_token_step_ids_follow_the_step_spans():
     from jaxrl_llm.data import CharTokenizer
-    from jaxrl_llm.train.algorithms import token_step_ids
+    from jaxrl_llm.train.online.algorithms import token_step_ids
 
     tok = CharTokenizer()
     text = "ab\ncd\n\nef"
@@ -423,7 +423,7 @@ def test_kl_schedule_moves_beta_without_recompiling(toy_data, tmp_path):
     assert betas == pytest.approx([0.1, 0.05, 0.0])
     assert compiled == 1
     with pytest.raises(ConfigError, match="cannot schedule 'beta'"):
-        from jaxrl_llm.train.plan import loss_config
+        from jaxrl_llm.train.config.plan import loss_config
 
         loss_config(toy_config(toy_data, tmp_path, "grpo", schedules=[dict(name="beta", end=0.0)]))
 
@@ -566,7 +566,7 @@ def test_rollout_correction_runs_with_ppo_and_is_checked(toy_data, tmp_path):
     with pytest.raises(ConfigError, match="takes no proximal_logp"):
         toy_config(toy_data, tmp_path / "c", "cispo", rollout=dict(correction=dict(decoupled=True)))
     with pytest.raises(ConfigError, match="use one or the other"):
-        from jaxrl_llm.train.plan import loss_config
+        from jaxrl_llm.train.config.plan import loss_config
 
         loss_config(
             toy_config(

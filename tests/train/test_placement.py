@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.online import OnlineTrainer
-from jaxrl_llm.train.placement import RolloutPlacement, split_devices
+from jaxrl_llm.train.online.placement import RolloutPlacement, split_devices
+from jaxrl_llm.train.online.trainer import OnlineTrainer
 from tests.train.test_producer import main_job, run
 
 
@@ -90,7 +90,7 @@ def test_asynchronous_split_run_samples_on_its_own_devices(tmp_path):
 def test_rollout_devices_leave_the_learner_a_mesh_the_batch_splits_over(tmp_path):
     """16 rows over the 5 learner devices left by rollout.devices=3: refused before a model
     loads, naming the split."""
-    from jaxrl_llm.train.preflight import check_mesh
+    from jaxrl_llm.train.config.preflight import check_mesh
 
     with pytest.raises(ConfigError, match="data x fsdp = 5"):
         check_mesh(main_job(tmp_path / "b", "rollout.devices=3"))
@@ -154,7 +154,7 @@ def gated_reward(prompts, completions, **fields):
 def test_the_producer_samples_the_next_batch_while_a_reward_scores_this_one(tmp_path, monkeypatch):
     """With max_staleness 1, step 1's batch is scored on a reward thread: step 2's batch starts
     sampling before that scoring returns (a reward that waits for it does not time out)."""
-    from jaxrl_llm.train.rollout import Rollouts
+    from jaxrl_llm.train.online.rollout import Rollouts
 
     original = Rollouts.collect_deferred
 

@@ -1,4 +1,4 @@
-"""The run plan (train/plan.py): a config resolved once; its batch layout checks what the
+"""The run plan (train/config/plan.py): a config resolved once; its batch layout checks what the
 strategies hand over; ``jaxrl-llm compile`` lowers the train step the trainer runs."""
 
 import dataclasses
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.parallel import topology
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.plan import BatchLayout, plan_run
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.plan import BatchLayout, plan_run
+from jaxrl_llm.train.config.run_config import RunConfig
 from tests.train.test_online import toy_config, toy_data  # noqa: F401  (fixture)
 
 needs_libtpu = pytest.mark.skipif(
@@ -131,8 +131,8 @@ def test_compile_lowers_the_train_step_the_trainer_runs(toy_data, tmp_path, monk
     compile`` lowers for a TPU slice takes the same batch keys, shapes and dtypes, the same
     train state (shapes, dtypes, shardings) and the same traced hyperparameters as the step
     the trainer calls, on an 8-device mesh of the same axis sizes."""
-    from jaxrl_llm.train import aot
-    from jaxrl_llm.train.online import OnlineTrainer
+    from jaxrl_llm.train.compile import aot as aot
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
 
     kw = dict(
         loss=dict(kl_coef=0.0),

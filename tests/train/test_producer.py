@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.config_io import load_config
-from jaxrl_llm.train.online import OnlineTrainer
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.config_io import load_config
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.trainer import OnlineTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAIN_JOB = os.path.join(ROOT, "configs", "grpo_smollm2_addition.yaml")
@@ -124,7 +124,7 @@ def test_resume_of_an_asynchronous_run_neither_loses_nor_repeats_prompts(tmp_pat
     # further): the resumed run draws that batch again, so every step trains on the same
     # prompts. Its first batch is sampled with the restored weights (staleness 0), where the
     # straight run's was one step old: the updates differ from there, by design.
-    from jaxrl_llm.train.online import train_online
+    from jaxrl_llm.train.online.trainer import train_online
 
     def cfg(out, steps, *extra):
         return main_job(
@@ -177,7 +177,7 @@ def test_producer_bounds_staleness_by_waiting_or_dropping(mode):
     # The learner takes 200 ms per update, so the fast producer starts every job it may start
     # before the next weights are published. wait: queued k ahead, nothing is ever too old.
     # drop: one more ahead, that batch arrives k + 1 old and is dropped (and replaced).
-    from jaxrl_llm.train.producer import Producer, WeightBox
+    from jaxrl_llm.train.online.producer import Producer, WeightBox
 
     k, updates, steps = 1, 2, 6
     box = WeightBox(None, 0)

@@ -1,5 +1,5 @@
 """``rollout.engine: paged`` and ``rollout.dtype`` in the online trainer's rollouts
-(jaxrl_llm/train/rollout.py): the paged engine samples the static engine's experience."""
+(jaxrl_llm/train/online/rollout.py): the paged engine samples the static engine's experience."""
 
 import dataclasses
 
@@ -10,8 +10,8 @@ import pytest
 from jaxrl_llm.data.tokenize import CharTokenizer, TokenizedPrompt
 from jaxrl_llm.models import ModelConfig, init_params
 from jaxrl_llm.rewards import RewardSet
-from jaxrl_llm.train.rollout import Rollouts
-from jaxrl_llm.train.sections import RolloutSection
+from jaxrl_llm.train.config.sections import RolloutSection
+from jaxrl_llm.train.online.rollout import Rollouts
 
 CONFIG = ModelConfig.tiny(vocab_size=259, eos_token_ids=(2,), pad_token_id=0)
 
@@ -54,7 +54,7 @@ def test_paged_engine_samples_the_static_engines_experience():
 
 def test_rollout_engine_and_dtype_are_config_keys():
     from jaxrl_llm.errors import ConfigError
-    from jaxrl_llm.train.config_io import from_dict
+    from jaxrl_llm.train.config.config_io import from_dict
 
     cfg = from_dict(RolloutSection, {"engine": "paged", "dtype": "bfloat16"})
     assert cfg.engine == "paged" and cfg.dtype == "bfloat16"

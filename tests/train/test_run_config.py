@@ -1,5 +1,5 @@
-"""The ``jaxrl-llm train`` config schema (train/run_config.py): every :class:`ConfigError`
-``RunConfig`` raises names the key at fault; a valid config resolves (train/plan.py) to what
+"""The ``jaxrl-llm train`` config schema (train/config/run_config.py): every :class:`ConfigError`
+``RunConfig`` raises names the key at fault; a valid config resolves (train/config/plan.py) to what
 its sections say."""
 
 import dataclasses
@@ -8,9 +8,9 @@ import pytest
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import ALGORITHMS
-from jaxrl_llm.train.config_io import from_dict
-from jaxrl_llm.train.plan import plan_run
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.plan import plan_run
+from jaxrl_llm.train.config.run_config import RunConfig
 
 
 def online(algorithm="grpo", **over):

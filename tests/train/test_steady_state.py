@@ -80,9 +80,9 @@ def measure(config_path: str, out_path: str) -> None:
 
     import jax
 
-    from jaxrl_llm.train.config_io import load_config
-    from jaxrl_llm.train.online import OnlineTrainer
-    from jaxrl_llm.train.run_config import RunConfig
+    from jaxrl_llm.train.config.config_io import load_config
+    from jaxrl_llm.train.config.run_config import RunConfig
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
 
     counts = {COMPILE_EVENT: 0, TRACE_EVENT: 0}
 

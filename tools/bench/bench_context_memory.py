@@ -35,8 +35,8 @@ from jaxrl_llm.parallel import (  # noqa: E402
     make_mesh,
     under_mesh,
 )
-from jaxrl_llm.train.state import TrainState, state_sharding_from_params  # noqa: E402
-from jaxrl_llm.train.step import make_train_step  # noqa: E402
+from jaxrl_llm.train.programs.state import TrainState, state_sharding_from_params  # noqa: E402
+from jaxrl_llm.train.programs.step import make_train_step  # noqa: E402
 
 GiB = 1024**3
 

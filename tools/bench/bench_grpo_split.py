@@ -1,6 +1,6 @@
 """Where one GRPO step's time goes: rollout (generation), reward, reference log-probs, update.
 
-Runs the real online loop (``jaxrl_llm.train.online.OnlineTrainer``) on the main job's config
+Runs the real online loop (``jaxrl_llm.train.online.trainer.OnlineTrainer``) on the main job's config
 (``configs/grpo_smollm2_addition.yaml``, the real model by default) and times its steps after
 ``--warmup`` steps that compile everything. The trainer measures its phases with wall-clock
 timers around host-synchronising calls (the rollout is copied to the host, the reference
@@ -89,9 +89,9 @@ def _parse(argv=None):
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    from jaxrl_llm.train.config_io import load_config
-    from jaxrl_llm.train.online import OnlineTrainer
-    from jaxrl_llm.train.run_config import RunConfig
+    from jaxrl_llm.train.config.config_io import load_config
+    from jaxrl_llm.train.config.run_config import RunConfig
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
 
     overrides = (
         common.online_run_overrides(args.model, kl_coef=args.kl_coef, prefix="bench_grpo_")
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         args.out,
         __file__,
         argv,
-        title="GRPO step time split (jaxrl_llm.train.online)",
+        title="GRPO step time split (jaxrl_llm.train.online.trainer)",
         body=body,
         metrics=metrics,
     )

@@ -3,7 +3,7 @@ log-probs from hidden states, from XLA's compiled memory analysis (no weights ne
 
 The named model's shapes (default SmolLM2-135M, V = 49,152), float32, AdamW, rows = prompts × G,
 T = prompt + completion. Reported: XLA's argument + output − aliased + temporary bytes of the
-compiled step, and the estimate of ``jaxrl_llm.train.memory.estimate_memory`` for the same run.
+compiled step, and the estimate of ``jaxrl_llm.train.compile.memory.estimate_memory`` for the same run.
 Writes a markdown section to --out and its headline numbers to the .json next to it.
 
 Full run:    python tools/bench/bench_memory.py --out tools/bench/results/memory.md
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import models, ops
-from jaxrl_llm.train.memory import estimate_memory
+from jaxrl_llm.train.compile.memory import estimate_memory
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402

@@ -96,10 +96,10 @@ def _long_tail(batch: dict, rng, *, groups: int, g: int, max_new: int, median: f
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    from jaxrl_llm.train.config_io import load_config
-    from jaxrl_llm.train.learner import PackSpec
-    from jaxrl_llm.train.online import OnlineTrainer
-    from jaxrl_llm.train.run_config import RunConfig
+    from jaxrl_llm.train.config.config_io import load_config
+    from jaxrl_llm.train.config.run_config import RunConfig
+    from jaxrl_llm.train.online.learner import PackSpec
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
 
     base = common.online_run_overrides(args.model, kl_coef=0.0, prefix="bench_pack_")
     cfg = load_config(RunConfig, args.config, base + ["logprobs.shared_prompt=false"])

@@ -91,7 +91,7 @@ NOTES = [
     "it.",
     "* **Gradient accumulation** (offline micro-batches, the skipped-group micro-batches of "
     "the online update) carries a float32 gradient sum beside the micro-batch's gradient "
-    "(train/step.py's scan): one more 4 bytes/param/shards that the estimate does not count.",
+    "(train/programs/step.py's scan): one more 4 bytes/param/shards that the estimate does not count.",
     "* **On-chip memory.** XLA places small temporaries in the chip's on-chip memory first "
     "(111 MiB in a v5e compile, 47 MiB in a v5p one); the HBM numbers leave it out, so on small "
     "models the estimate runs high. Fragmentation and the runtime's own reservations are not "
@@ -145,7 +145,7 @@ def run_one(model, algorithm, topology, mesh, extra, *, timeout: int) -> dict:
 def estimate_bytes(model: str, algorithm: str, topology: str, r: dict) -> int:
     """The current estimator's total for a cached result's settings (so a report rewritten
     after an estimator change compares with the estimator as it is now)."""
-    from jaxrl_llm.train.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
+    from jaxrl_llm.train.compile.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
 
     s = r["settings"]
     kw = s.get("estimate_kwargs")

@@ -52,11 +52,11 @@ def main(argv=None) -> int:
     args = _parse(argv)
     import jax
 
-    from jaxrl_llm.train.config_io import load_config
-    from jaxrl_llm.train.experience import rl_batch
-    from jaxrl_llm.train.learner import skippable_layout
-    from jaxrl_llm.train.online import OnlineTrainer
-    from jaxrl_llm.train.run_config import RunConfig
+    from jaxrl_llm.train.config.config_io import load_config
+    from jaxrl_llm.train.config.run_config import RunConfig
+    from jaxrl_llm.train.online.experience import rl_batch
+    from jaxrl_llm.train.online.learner import skippable_layout
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
 
     base = common.online_run_overrides(args.model, kl_coef=0.0, prefix="bench_skip_")
     mbgs = [int(x) for x in args.micro_batch_groups.split(",")]

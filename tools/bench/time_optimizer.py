@@ -3,7 +3,7 @@
 Times three jitted programs over the full parameter tree (float32, one device): the AdamW update
 (``optax.adamw``, params and moments donated), the same behind the NaN/Inf guard in its two
 forms (a per-element ``jnp.where`` over params and moments, and the ``lax.cond`` branch that
-``jaxrl_llm.train.step`` uses), and the global gradient norm with clipping. Compare with the "optimizer + step overhead" row of the train-step profile
+``jaxrl_llm.train.programs.step`` uses), and the global gradient norm with clipping. Compare with the "optimizer + step overhead" row of the train-step profile
 (``profile_train_step.py``): whatever that row holds beyond these is not the optimizer's
 arithmetic.
 

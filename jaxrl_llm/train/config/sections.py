@@ -1,5 +1,5 @@
 """The sections of a ``jaxrl-llm train`` config, one frozen dataclass each (the whole config is
-:class:`jaxrl_llm.train.run_config.RunConfig`). Each validates its own fields: a bad value is a
+:class:`jaxrl_llm.train.config.run_config.RunConfig`). Each validates its own fields: a bad value is a
 one-line :class:`~jaxrl_llm.errors.ConfigError` naming the key.
 """
 
@@ -286,12 +286,12 @@ class RolloutSection:
         divisor of the minibatch's groups whose rows split over the mesh's batch shards;
         smaller skips more finely, larger runs fewer, bigger matmuls.
       correction: correct the update for the sampler's log-probs (TIS / MIS or decoupled
-        PPO; one extra forward per step): :class:`~jaxrl_llm.train.correction.
+        PPO; one extra forward per step): :class:`~jaxrl_llm.train.online.correction.
         CorrectionSection`; null = off.
       max_staleness: k: rollouts run ahead of the learner in a background thread, trained on
         at most k steps after the weights that sampled them (0: synchronous, today's loop).
       staleness: ``wait`` (the producer never runs far enough ahead to exceed k) or ``drop``
-        (it runs one batch further; too-old batches are dropped). See train/producer.py.
+        (it runs one batch further; too-old batches are dropped). See train/online/producer.py.
       engine: ``static`` (one batch; every row waits for the longest; the default) or
         ``paged`` (continuous batching over a paged KV cache, :mod:`jaxrl_llm.sampling.engine`);
         the same tokens for the same seed.
@@ -299,7 +299,7 @@ class RolloutSection:
         halves them); logits, the sampling softmax and the log-probs stay float32.
       devices: 0 = rollouts sample on the learner's mesh (colocated); n = the last n devices
         form a rollout mesh of their own and the learner's mesh (``mesh``) spans the rest;
-        the weights are copied there after each update (:mod:`jaxrl_llm.train.placement`).
+        the weights are copied there after each update (:mod:`jaxrl_llm.train.online.placement`).
       tensor: the rollout mesh's tensor-parallel size (divides ``devices``; the rest is a
         data axis over which the weights are replicated).
       partial: with ``max_staleness`` ≥ 1 and the paged engine: a generation in flight when

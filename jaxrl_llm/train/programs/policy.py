@@ -40,10 +40,10 @@ from jaxrl_llm.parallel import (
     replicated,
     under_mesh,
 )
-from jaxrl_llm.train.placement import split_devices
-from jaxrl_llm.train.plan import RunPlan, plan_run
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.state import TrainState, state_sharding_from_params
+from jaxrl_llm.train.config.plan import RunPlan, plan_run
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.placement import split_devices
+from jaxrl_llm.train.programs.state import TrainState, state_sharding_from_params
 
 # LoRA adapters are small: replicate them (their base kernels carry the sharding).
 RULES = {**DEFAULT_RULES, "lora_in": None, "lora_out": None, "lora_rank": None}
@@ -144,7 +144,7 @@ class Policy:
         apply_fn)`` (e.g. ``losses.sequence_logps`` with the run's log-prob settings), the
         model bound as in :meth:`loss_fn` (LoRA attached unmerged): the numbers the update's
         own forward computes, before the update. ``wrap``: applied to ``fn`` before jit
-        (e.g. :func:`jaxrl_llm.train.programs.forward_under_mesh`)."""
+        (e.g. :func:`jaxrl_llm.train.programs.builder.forward_under_mesh`)."""
         apply_fn, lora = self.apply_fn, self.lora
 
         def fn(params, batch, *, base=None):
@@ -279,7 +279,7 @@ def _freeze_embeddings(optimizer, params):
 
 def learner_mesh(cfg: RunConfig) -> jax.sharding.Mesh:
     """The learner's device mesh: ``cfg.mesh`` over every device, or over those that
-    ``rollout.devices`` leaves it (the last n devices sample, :mod:`jaxrl_llm.train.placement`)."""
+    ``rollout.devices`` leaves it (the last n devices sample, :mod:`jaxrl_llm.train.online.placement`)."""
     learner_devices = None
     if cfg.is_online and cfg.rollout.devices:
         learner_devices, _ = split_devices(cfg.rollout.devices)
@@ -323,7 +323,7 @@ def policy_on_mesh(
 
     With ``params`` None the policy is abstract: every parameter, adapter and optimizer
     moment a ``ShapeDtypeStruct`` carrying its sharding, nothing allocated — what ``jaxrl-llm
-    compile`` lowers the trainers' programs with (:mod:`jaxrl_llm.train.aot`).
+    compile`` lowers the trainers' programs with (:mod:`jaxrl_llm.train.compile.aot`).
 
     Args:
       micro_batches: the micro-batches one train step sums (:attr:`RunPlan.rows`), for the

@@ -12,7 +12,7 @@ the log-prob window reads, and the padded columns are masked (no result changes)
 forward and backward then split each row's tokens over the axis (ring attention); the rollout
 that produced the batch ran unsharded along T.
 
-With ``logprobs.pack`` (:class:`~jaxrl_llm.train.plan.PackSpec`) each update's rows are packed right before the
+With ``logprobs.pack`` (:class:`~jaxrl_llm.train.config.plan.PackSpec`) each update's rows are packed right before the
 step (:func:`jaxrl_llm.data.pack_rl_batch`): after the minibatch and micro-batch layout, so
 that a micro-batch's packed rows hold exactly its own episodes and zero-advantage skipping
 still sees whole micro-batches of groups. The packed row length is then the multiple of C.
@@ -29,9 +29,9 @@ import numpy as np
 from jaxrl_llm.data.collate import pad_length
 from jaxrl_llm.data.packing import pack_rl_batch, packing_stats
 from jaxrl_llm.parallel.context import context_size
-from jaxrl_llm.train.faults import fault_point
-from jaxrl_llm.train.plan import PackSpec, Rows
-from jaxrl_llm.train.step import STEP_METRICS, is_loss_share
+from jaxrl_llm.train.config.plan import PackSpec, Rows
+from jaxrl_llm.train.programs.step import STEP_METRICS, is_loss_share
+from jaxrl_llm.train.run.faults import fault_point
 
 
 def minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: int) -> np.ndarray:
@@ -82,14 +82,14 @@ class Learner:
 
     Args:
       step_fn: the jitted step ``(state, batch, frozen, hparams=None) -> (state, metrics)``.
-      rows: the plan's :class:`~jaxrl_llm.train.plan.Rows`: epochs × minibatches updates per
+      rows: the plan's :class:`~jaxrl_llm.train.config.plan.Rows`: epochs × minibatches updates per
         step, micro-batches per update (M > 1 lays each minibatch out for skipping,
         :func:`skippable_layout`), G rows per group, whole groups per minibatch or not.
       seed: minibatch permutations are functions of (seed, step).
       companions: ``companion(minibatch) -> metrics``, updates per minibatch on the same
         rows beside the policy's (PPO's critic).
       actor_drop: batch keys the policy's step does not take (the companions' entries).
-      pack: pack the policy's rows before each step (:class:`~jaxrl_llm.train.plan.PackSpec`),
+      pack: pack the policy's rows before each step (:class:`~jaxrl_llm.train.config.plan.PackSpec`),
         or None.
     """
 

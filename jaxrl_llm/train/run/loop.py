@@ -4,7 +4,7 @@ and export.
 
 A trainer subclasses :class:`Trainer` and provides ``train_step(step) -> metrics``,
 ``evaluate() -> metrics`` and ``make_iterator(state)``; the offline trainer
-(:mod:`jaxrl_llm.train.offline`) and the online one (:mod:`jaxrl_llm.train.online`) do.
+(:mod:`jaxrl_llm.train.offline.trainer`) and the online one (:mod:`jaxrl_llm.train.online.trainer`) do.
 
 Resuming (``resume=true``) restores the train state (and its companions, PPO's critic), the
 data position and the run's counters from the newest finalised checkpoint; seeds are functions
@@ -22,11 +22,11 @@ from typing import Any
 import jax
 
 from jaxrl_llm.errors import ConfigError, TrainingError
-from jaxrl_llm.train.faults import fault_point
-from jaxrl_llm.train.plan import RunPlan
-from jaxrl_llm.train.policy import Policy, export_policy
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.run_state import (
+from jaxrl_llm.train.config.plan import RunPlan
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.programs.policy import Policy, export_policy
+from jaxrl_llm.train.run.faults import fault_point
+from jaxrl_llm.train.run.run_state import (
     NonFiniteGuard,
     make_logger,
     output_dir_lock,
@@ -39,7 +39,7 @@ from jaxrl_llm.train.run_state import (
 class Trainer:
     """The run loop shared by the trainers (see the module docstring).
 
-    Subclasses set ``cfg``, ``plan`` (the :class:`~jaxrl_llm.train.plan.RunPlan`),
+    Subclasses set ``cfg``, ``plan`` (the :class:`~jaxrl_llm.train.config.plan.RunPlan`),
     ``policy``, ``ckpt`` (CheckpointManager), ``guard``
     (NonFiniteGuard), ``iterator``, ``eval_data`` and ``companions`` (``[(checkpointer,
     policy)]`` saved before and restored with the policy) in ``__init__``.

@@ -1,4 +1,4 @@
-"""The planning tables of the memory estimator (:mod:`jaxrl_llm.train.memory`): published
+"""The planning tables of the memory estimator (:mod:`jaxrl_llm.train.compile.memory`): published
 model architectures by size (dense and mixture-of-experts) and the memory of one device of each
 accelerator kind."""
 

@@ -12,7 +12,7 @@ Per step (:meth:`OnlineTrainer.train_step`)::
 The algorithm is data: its registry entry (``jaxrl_llm.losses.ALGORITHMS``) names the loss,
 the family (which strategy), the advantage estimator and what it needs (groups, reference,
 critic, pairs, a greedy baseline). Resume, checkpoints, evaluation and logging are the shared
-run loop (:class:`~jaxrl_llm.train.loop.Trainer`).
+run loop (:class:`~jaxrl_llm.train.run.loop.Trainer`).
 """
 
 from __future__ import annotations
@@ -26,22 +26,22 @@ import optax
 
 from jaxrl_llm.data import Format, make_iterator
 from jaxrl_llm.rewards import RewardContext, build_reward_set
-from jaxrl_llm.train.algorithms import make_strategy
-from jaxrl_llm.train.correction import RolloutCorrector
-from jaxrl_llm.train.episodes import check_environment, episode_records
-from jaxrl_llm.train.experience import Experience, ExperienceBuffer
-from jaxrl_llm.train.learner import Learner, context_padded
-from jaxrl_llm.train.logging import SamplesLog
-from jaxrl_llm.train.loop import Trainer
-from jaxrl_llm.train.placement import RolloutPlacement, split_devices
-from jaxrl_llm.train.plan import plan_run
-from jaxrl_llm.train.policy import Policy, build_policy, load_policy_model
-from jaxrl_llm.train.preflight import check_mesh, read_splits
-from jaxrl_llm.train.producer import Producer, WeightBox, snapshot
-from jaxrl_llm.train.programs import build_programs
-from jaxrl_llm.train.rollout import Rollouts
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.run_state import NonFiniteGuard, make_checkpointer
+from jaxrl_llm.train.config.plan import plan_run
+from jaxrl_llm.train.config.preflight import check_mesh, read_splits
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.algorithms import make_strategy
+from jaxrl_llm.train.online.correction import RolloutCorrector
+from jaxrl_llm.train.online.episode_sampler import check_environment, episode_records
+from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
+from jaxrl_llm.train.online.learner import Learner, context_padded
+from jaxrl_llm.train.online.placement import RolloutPlacement, split_devices
+from jaxrl_llm.train.online.producer import Producer, WeightBox, snapshot
+from jaxrl_llm.train.online.rollout import Rollouts
+from jaxrl_llm.train.programs.builder import build_programs
+from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
+from jaxrl_llm.train.run.logging import SamplesLog
+from jaxrl_llm.train.run.loop import Trainer
+from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
 
 
 def _encoder(tok):
@@ -225,7 +225,7 @@ class OnlineTrainer(Trainer):
     def experience(self, step: int) -> tuple[Experience, dict]:
         """This step's experience and rollout metrics: sampled now with the current weights
         (``rollout.max_staleness: 0``), or taken from the background producer (at most
-        ``max_staleness`` steps old; :mod:`jaxrl_llm.train.producer`)."""
+        ``max_staleness`` steps old; :mod:`jaxrl_llm.train.online.producer`)."""
         r, p = self.cfg.rollout, self.policy
         if not r.max_staleness:
             t0 = time.perf_counter()

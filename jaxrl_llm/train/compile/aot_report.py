@@ -1,12 +1,12 @@
 """The records of ``jaxrl-llm compile``: one compiled program's per-device memory, and the
-run's report beside the estimate (see :mod:`jaxrl_llm.train.aot`)."""
+run's report beside the estimate (see :mod:`jaxrl_llm.train.compile.aot`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from jaxrl_llm.train.memory import GiB, MemoryEstimate
+from jaxrl_llm.train.compile.memory import GiB, MemoryEstimate
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What ``jaxrl-llm compile`` needs beside the run's own programs: the run config its command
 line sizes describe (:func:`run_config_for`), compiling one program and reading its memory
 (:func:`compile_program`), the decode state's shardings, per-device bytes of abstract arrays,
-and the analytic FLOPs (see :mod:`jaxrl_llm.train.aot`). The batches are the run plan's
-layouts (:class:`jaxrl_llm.train.plan.BatchLayout`)."""
+and the analytic FLOPs (see :mod:`jaxrl_llm.train.compile.aot`). The batches are the run plan's
+layouts (:class:`jaxrl_llm.train.config.plan.BatchLayout`)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from jax.sharding import NamedSharding
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_spec
-from jaxrl_llm.train.aot_report import ProgramMemory
-from jaxrl_llm.train.sections import CorrectionSection
+from jaxrl_llm.train.compile.aot_report import ProgramMemory
+from jaxrl_llm.train.config.sections import CorrectionSection
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
@@ -118,8 +118,8 @@ def run_config_for(
         fit, or a config the trainer would refuse.
     """
     from jaxrl_llm.losses import ALGORITHMS as LOSS_ALGORITHMS
-    from jaxrl_llm.train.run_config import RunConfig
-    from jaxrl_llm.train.sections import (
+    from jaxrl_llm.train.config.run_config import RunConfig
+    from jaxrl_llm.train.config.sections import (
         DataSection,
         LogprobSection,
         LoRASection,

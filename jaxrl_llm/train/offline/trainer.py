@@ -4,7 +4,7 @@ One small loop serves SFT, the reward model, the DPO family (sigmoid / IPO / hin
 cDPO), KTO, ORPO, SimPO and the group pairwise-rank loss: the algorithm is a registry entry
 (``jaxrl_llm.losses.ALGORITHMS``: its loss, data format, whether it trains a reward head), not a
 class. Resume, checkpoints, evaluation and logging are the shared run loop
-(:class:`~jaxrl_llm.train.loop.Trainer`).
+(:class:`~jaxrl_llm.train.run.loop.Trainer`).
 
 Reference log-probs (DPO, KTO) come from the frozen reference — the base weights with LoRA, a
 frozen copy of the initial weights otherwise — either computed for every batch
@@ -14,7 +14,7 @@ frozen copy of the initial weights otherwise — either computed for every batch
 Context parallelism (``mesh.context: C > 1``): batches are right-padded to a multiple of
 lcm(16, C) tokens (``data.max_length`` must be a multiple of C, checked before the model
 loads), and the step splits every row's tokens over the ``context`` axis, its attention going
-round the ring (:mod:`jaxrl_llm.train.step`). The reference forward runs the same ring
+round the ring (:mod:`jaxrl_llm.train.programs.step`). The reference forward runs the same ring
 attention (the policy's ``apply_fn`` carries the mesh) on batches not split beforehand.
 """
 
@@ -32,13 +32,13 @@ import numpy as np
 from jaxrl_llm import models
 from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator
 from jaxrl_llm.parallel import context_size
-from jaxrl_llm.train.loop import Trainer
-from jaxrl_llm.train.plan import plan_run
-from jaxrl_llm.train.policy import Policy, build_policy, load_policy_model
-from jaxrl_llm.train.preflight import check_mesh, read_splits
-from jaxrl_llm.train.programs import build_programs
-from jaxrl_llm.train.run_config import RunConfig
-from jaxrl_llm.train.run_state import NonFiniteGuard, make_checkpointer
+from jaxrl_llm.train.config.plan import plan_run
+from jaxrl_llm.train.config.preflight import check_mesh, read_splits
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.programs.builder import build_programs
+from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
+from jaxrl_llm.train.run.loop import Trainer
+from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
 
 # Metrics that summarise held-out quality per algorithm family (higher is better).
 EVAL_KEYS = ("rewards/accuracies", "rewards/margins", "nll", "loss")

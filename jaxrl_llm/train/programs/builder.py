@@ -1,11 +1,11 @@
 """One builder of a run's programs from its plan: what the trainers run and the compiler lowers.
 
-:func:`build_programs` turns a :class:`~jaxrl_llm.train.plan.RunPlan` and a
-:class:`~jaxrl_llm.train.policy.Policy` into the run's jitted programs: the policy's train
+:func:`build_programs` turns a :class:`~jaxrl_llm.train.config.plan.RunPlan` and a
+:class:`~jaxrl_llm.train.programs.policy.Policy` into the run's jitted programs: the policy's train
 step, the reference forward, the correction's recompute forward, the evaluation metrics, and
 (PPO) the critic's train step and value forward (:func:`build_critic`). The trainers call it
-with a real policy; ``jaxrl-llm compile`` (:mod:`jaxrl_llm.train.aot`) with an abstract one
-(:func:`~jaxrl_llm.train.policy.policy_on_mesh` without weights) and lowers the same
+with a real policy; ``jaxrl-llm compile`` (:mod:`jaxrl_llm.train.compile.aot`) with an abstract one
+(:func:`~jaxrl_llm.train.programs.policy.policy_on_mesh` without weights) and lowers the same
 functions on abstract arguments. So what compiles for a TPU slice is what trains.
 
 The sampler's decode loop is not built here: the engines own their programs
@@ -25,9 +25,9 @@ import numpy as np
 from jaxrl_llm.losses import critic_values, get_loss, sequence_logps
 from jaxrl_llm.parallel import batch_sharding, constrain_batch, under_mesh
 from jaxrl_llm.parallel.context import context_size
-from jaxrl_llm.train.plan import RunPlan
-from jaxrl_llm.train.policy import Policy, policy_on_mesh
-from jaxrl_llm.train.step import make_train_step
+from jaxrl_llm.train.config.plan import RunPlan
+from jaxrl_llm.train.programs.policy import Policy, policy_on_mesh
+from jaxrl_llm.train.programs.step import make_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Programs:
 
     Attributes:
       train: ``train(state, batch, frozen, hparams=None) -> (state, metrics)``
-        (:func:`~jaxrl_llm.train.step.make_train_step`; ``train.jitted`` lowers).
+        (:func:`~jaxrl_llm.train.programs.step.make_train_step`; ``train.jitted`` lowers).
       evaluate: ``evaluate(params, batch, frozen) -> metrics`` of the loss, no update.
       reference: ``reference(ref_params, batch) -> {entry: array}``, the frozen reference's
         batch entries; None when the plan needs no reference.

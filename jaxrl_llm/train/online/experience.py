@@ -2,10 +2,10 @@
 
 An :class:`Experience` is one batch of scored episodes on the host, rows in request order with
 the G samples of a prompt consecutive (a group). The rollout side produces it
-(:mod:`jaxrl_llm.train.rollout`), an algorithm strategy turns it into learner batches
-(:mod:`jaxrl_llm.train.algorithms`). :class:`ExperienceBuffer` is the seam between the two: a
+(:mod:`jaxrl_llm.train.online.rollout`), an algorithm strategy turns it into learner batches
+(:mod:`jaxrl_llm.train.online.algorithms`). :class:`ExperienceBuffer` is the seam between the two: a
 synchronous run puts one batch and takes it back at once; an asynchronous one
-(:mod:`jaxrl_llm.train.producer`) lets the rollout side run ahead by at most
+(:mod:`jaxrl_llm.train.online.producer`) lets the rollout side run ahead by at most
 ``max_staleness`` policy versions.
 """
 

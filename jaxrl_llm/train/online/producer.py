@@ -17,7 +17,7 @@ is at most k steps older than the one that will train on it, so with ``staleness
 batch is ever older than k: the learner waits for the batch when it is not ready
 (``async/wait_s``). With ``staleness: drop`` the producer may run one batch further ahead;
 a batch that arrives older than k steps is dropped by the
-:class:`~jaxrl_llm.train.experience.ExperienceBuffer` (``async/dropped``; its prompts are
+:class:`~jaxrl_llm.train.online.experience.ExperienceBuffer` (``async/dropped``; its prompts are
 not trained on) and the learner takes the next one.
 
 Partial rollouts (``rollout.partial``, paged engine). A generation running when the learner
@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.train.experience import Experience, ExperienceBuffer
-from jaxrl_llm.train.rollout import Rollouts
+from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
+from jaxrl_llm.train.online.rollout import Rollouts
 
 
 class WeightBox:
@@ -201,7 +201,7 @@ def snapshot(policy: Any, placement: Any = None) -> tuple[Any, int]:
     """The policy's sampling weights and version as a snapshot the next update cannot
     overwrite: the train step donates its state's buffers, so full fine-tuning's params are
     copied (LoRA's merge already makes new arrays). With a split placement
-    (:class:`~jaxrl_llm.train.placement.RolloutPlacement`) the copy is the move to the
+    (:class:`~jaxrl_llm.train.online.placement.RolloutPlacement`) the copy is the move to the
     rollout devices."""
     params = policy.full_params()
     if placement is not None and placement.split:

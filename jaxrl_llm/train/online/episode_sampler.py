@@ -1,6 +1,6 @@
 """Multi-turn rollouts (``env`` in the run config): episodes played by
 :func:`jaxrl_llm.envs.run_episodes`, scored, and laid out as an
-:class:`~jaxrl_llm.train.experience.Experience` the learner trains on unchanged.
+:class:`~jaxrl_llm.train.online.experience.Experience` the learner trains on unchanged.
 
 Layout: the completion side of row i holds the whole conversation after the opening — the
 policy's turns (``mask`` 1, their sampled log-probs) and the environment's replies (``mask``
@@ -23,8 +23,8 @@ from jaxrl_llm.envs import ChatCodec, EnvError, Episode, environment_factory, ru
 from jaxrl_llm.envs.registry import probe_environment
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import Rollout, SamplingConfig, pad_prompts, stop_token_ids
-from jaxrl_llm.train.experience import Experience
-from jaxrl_llm.train.sections import EnvSection, RolloutSection
+from jaxrl_llm.train.config.sections import EnvSection, RolloutSection
+from jaxrl_llm.train.online.experience import Experience
 
 
 def raw_item(x: TokenizedPrompt) -> dict:

@@ -37,7 +37,7 @@ import orbax.checkpoint as ocp
 
 from jaxrl_llm.errors import CheckpointError
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.train.state import TrainState
+from jaxrl_llm.train.programs.state import TrainState
 
 _ARRAY_ITEMS = ("params", "opt_state", "meta")
 _JSON_ITEMS = ("extra", "model_config")

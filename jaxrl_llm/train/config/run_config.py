@@ -20,7 +20,7 @@ from typing import Any
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses.registry import ALGORITHMS, Algorithm
-from jaxrl_llm.train.sections import (
+from jaxrl_llm.train.config.sections import (
     CheckpointSection,
     DataSection,
     EnvSection,

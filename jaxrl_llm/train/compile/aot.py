@@ -1,12 +1,12 @@
 """Compile a run's programs ahead of time for a TPU slice, without a TPU, and read their memory.
 
 What ``jaxrl-llm compile`` runs. :func:`compile_run` takes a run config (a ``jaxrl-llm train``
-YAML, or one :func:`~jaxrl_llm.train.aot_inputs.run_config_for` builds from the command's
-sizes), resolves it with :func:`~jaxrl_llm.train.plan.plan_run` for a mesh of abstract TPU
+YAML, or one :func:`~jaxrl_llm.train.compile.aot_inputs.run_config_for` builds from the command's
+sizes), resolves it with :func:`~jaxrl_llm.train.config.plan.plan_run` for a mesh of abstract TPU
 devices (:mod:`jaxrl_llm.parallel.topology`), builds an abstract policy
-(:func:`~jaxrl_llm.train.policy.policy_on_mesh` without weights: every parameter and optimizer
+(:func:`~jaxrl_llm.train.programs.policy.policy_on_mesh` without weights: every parameter and optimizer
 moment a ``ShapeDtypeStruct`` carrying its rule-table sharding) and gets the run's programs
-from the trainers' own builder (:func:`~jaxrl_llm.train.programs.build_programs`: the train
+from the trainers' own builder (:func:`~jaxrl_llm.train.programs.builder.build_programs`: the train
 step, the reference and recompute forwards, PPO's critic step), then lowers them on the plan's
 batch layout (packed with ``logprobs.pack``, with the correction's entry, traced
 hyperparameters when scheduled) and compiles them with the TPU compiler, with the sampler's
@@ -18,20 +18,20 @@ bytes. A program's own footprint is ``arguments + outputs − aliased + temporar
 that stay alive across the whole step but are not that program's arguments (the optimizer
 state while sampling, the frozen reference while updating, PPO's critic) are added to it as
 ``resident``; the run's peak is the largest program footprint + resident. This is what
-:func:`jaxrl_llm.train.memory.estimate_memory` estimates, and the report puts both side by
+:func:`jaxrl_llm.train.compile.memory.estimate_memory` estimates, and the report puts both side by
 side.
 
 Context parallelism (``context`` > 1): the programs are built as the trainers build them
-under ``mesh.context`` (:func:`jaxrl_llm.train.policy.build_policy`): the policy's and the
+under ``mesh.context`` (:func:`jaxrl_llm.train.programs.policy.build_policy`): the policy's and the
 critic's forwards are bound to the mesh (:func:`jaxrl_llm.parallel.under_mesh`), so their
 self-attention goes round the ring over the ``context`` axis (Liu et al. 2023,
 https://arxiv.org/abs/2310.01889); the train steps split every row's tokens over it
-(:func:`jaxrl_llm.train.step.make_train_step`); the reference and the recompute forwards are
+(:func:`jaxrl_llm.train.programs.step.make_train_step`); the reference and the recompute forwards are
 traced under the mesh too, their batch's tokens split over ``context`` as the step splits them
-(:func:`jaxrl_llm.train.programs.forward_under_mesh`). T must be a multiple of the
+(:func:`jaxrl_llm.train.programs.builder.forward_under_mesh`). T must be a multiple of the
 context size, and the run config has ``logprobs.shared_prompt: false``
-(:func:`jaxrl_llm.train.preflight.check_context`). The decode loop keeps each row's KV cache
-whole (the samplers run unsharded along T). :func:`~jaxrl_llm.train.memory.estimate_memory`
+(:func:`jaxrl_llm.train.config.preflight.check_context`). The decode loop keeps each row's KV cache
+whole (the samplers run unsharded along T). :func:`~jaxrl_llm.train.compile.memory.estimate_memory`
 has no notion of ring attention, so such a report has no estimate.
 
 Not counted: host memory, the rollout batch while it sits on the host, buffers of one
@@ -50,7 +50,7 @@ from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import DEFAULT_RULES, batch_sharding
 from jaxrl_llm.parallel.topology import Topology, topology_mesh
-from jaxrl_llm.train.aot_inputs import (
+from jaxrl_llm.train.compile.aot_inputs import (
     DTYPES,
     analytic_train_flops,
     compile_program,
@@ -58,13 +58,13 @@ from jaxrl_llm.train.aot_inputs import (
     per_device_bytes,
     run_config_for,
 )
-from jaxrl_llm.train.aot_report import CompileReport, ProgramMemory
-from jaxrl_llm.train.memory import estimate_memory
-from jaxrl_llm.train.plan import CRITIC_LAYOUT, SEQUENCE_LAYOUT, RunPlan, plan_run
-from jaxrl_llm.train.policy import Policy, policy_on_mesh
-from jaxrl_llm.train.preflight import check_mesh
-from jaxrl_llm.train.programs import build_critic, build_programs, critic_policy
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
+from jaxrl_llm.train.compile.memory import estimate_memory
+from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, SEQUENCE_LAYOUT, RunPlan, plan_run
+from jaxrl_llm.train.config.preflight import check_mesh
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.programs.builder import build_critic, build_programs, critic_policy
+from jaxrl_llm.train.programs.policy import Policy, policy_on_mesh
 
 __all__ = ["CompileReport", "ProgramMemory", "compile_preset", "compile_run"]
 
@@ -72,7 +72,7 @@ __all__ = ["CompileReport", "ProgramMemory", "compile_preset", "compile_run"]
 def compile_preset(
     config: models.ModelConfig, algorithm: str, topology: Topology, **sizes: Any
 ) -> CompileReport:
-    """:func:`compile_run` of the run :func:`~jaxrl_llm.train.aot_inputs.run_config_for`
+    """:func:`compile_run` of the run :func:`~jaxrl_llm.train.compile.aot_inputs.run_config_for`
     builds from ``algorithm`` and ``sizes`` (``jaxrl-llm compile --model ... --algorithm ...``).
 
     ``sizes``: ``run_config_for``'s keywords, and ``decode`` (compile the sampler's loop)."""
@@ -207,7 +207,7 @@ def _compile_programs(
     prompt_len: int,
     decode: bool,
 ) -> list[ProgramMemory]:
-    """The run's programs (:func:`~jaxrl_llm.train.programs.build_programs`) compiled on the
+    """The run's programs (:func:`~jaxrl_llm.train.programs.builder.build_programs`) compiled on the
     plan's abstract batches, each with the resident bytes of what is not its argument."""
 
     def others(*used: str, minus: int = 0) -> int:
@@ -326,7 +326,7 @@ def _dtype_name(compute_dtype: str) -> str:
 
 
 def _estimate_kwargs(plan: RunPlan, topology: Topology, seq_len: int, prompt_len: int) -> dict:
-    """What :func:`~jaxrl_llm.train.memory.estimate_memory` is asked about the same run."""
+    """What :func:`~jaxrl_llm.train.compile.memory.estimate_memory` is asked about the same run."""
     cfg, rows = plan.cfg, plan.rows
     per_forward = rows.per_update // rows.micro_batches
     return dict(

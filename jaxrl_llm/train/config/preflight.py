@@ -11,8 +11,8 @@ from __future__ import annotations
 import jax
 
 from jaxrl_llm.errors import ConfigError, DataError
-from jaxrl_llm.train.placement import split_devices
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.placement import split_devices
 
 
 def check_batch_divisible(mesh, rows: int, what: str) -> None:
@@ -128,7 +128,7 @@ def check_context(cfg: RunConfig, context: int) -> None:
     """
     if context <= 1:
         return
-    from jaxrl_llm.train.plan import logprob_settings
+    from jaxrl_llm.train.config.plan import logprob_settings
 
     if cfg.model.attention != "auto":
         raise ConfigError(

@@ -1,9 +1,9 @@
 """Algorithm strategies: one small object per family that turns a step's
-:class:`~jaxrl_llm.train.experience.Experience` into the learner's batch.
+:class:`~jaxrl_llm.train.online.experience.Experience` into the learner's batch.
 
 Every strategy implements :class:`Strategy`, built from ``(plan, policy, rollouts)``: what it
-needs is the plan's (:attr:`~jaxrl_llm.train.plan.RunPlan.needs`), :meth:`Strategy.prepare`
-hands the learner a batch in the plan's :attr:`~jaxrl_llm.train.plan.RunPlan.handover_layout`,
+needs is the plan's (:attr:`~jaxrl_llm.train.config.plan.RunPlan.needs`), :meth:`Strategy.prepare`
+hands the learner a batch in the plan's :attr:`~jaxrl_llm.train.config.plan.RunPlan.handover_layout`,
 and :meth:`Strategy.companions` lists the models it trains beside the policy. The family comes
 from the algorithm's registry entry (:class:`jaxrl_llm.losses.Algorithm`, ``family``);
 :data:`STRATEGIES` is the one table from family to class:
@@ -29,12 +29,12 @@ from jaxrl_llm import objectives, ops
 from jaxrl_llm import rewards as R
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import AdvantageEstimator, AlgorithmFamily
-from jaxrl_llm.train.experience import Experience, rl_batch
-from jaxrl_llm.train.plan import CRITIC_LAYOUT, RunPlan
-from jaxrl_llm.train.policy import Policy
-from jaxrl_llm.train.programs import build_critic, critic_policy
-from jaxrl_llm.train.rollout import Rollouts
-from jaxrl_llm.train.sections import RolloutSection
+from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, RunPlan
+from jaxrl_llm.train.config.sections import RolloutSection
+from jaxrl_llm.train.online.experience import Experience, rl_batch
+from jaxrl_llm.train.online.rollout import Rollouts
+from jaxrl_llm.train.programs.builder import build_critic, critic_policy
+from jaxrl_llm.train.programs.policy import Policy
 
 
 def estimate_advantages(
@@ -131,7 +131,7 @@ class Companion:
 
     Attributes:
       name: its checkpoint directory under the run (``critic_checkpoints``).
-      policy: its :class:`~jaxrl_llm.train.policy.Policy` (state checkpointed with the
+      policy: its :class:`~jaxrl_llm.train.programs.policy.Policy` (state checkpointed with the
         policy's, at the same steps).
       update: ``update(minibatch) -> metrics``, one update on each of the policy's
         minibatches (the plan's ``companion_fields`` included).

@@ -12,14 +12,14 @@ from typing import Any
 import jax
 
 from jaxrl_llm.errors import TrainingError
-from jaxrl_llm.train.policy import Policy
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.programs.policy import Policy
 
 
 def make_checkpointer(cfg: RunConfig, policy: Policy, *, subdir: str = "checkpoints"):
     """The run's orbax CheckpointManager under ``output_dir/<subdir>`` (model config and
     tokenizer saved alongside, so ``jaxrl-llm convert`` works from it)."""
-    from jaxrl_llm.train.checkpoint import CheckpointManager
+    from jaxrl_llm.train.run.checkpoint import CheckpointManager
 
     tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
     return CheckpointManager(
@@ -51,8 +51,8 @@ def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: dict | None):
     to keep, and its ``step`` which TensorBoard events to purge, so rows logged after that
     checkpoint by a killed run are not duplicated.
     """
-    from jaxrl_llm.train.config_io import to_dict
-    from jaxrl_llm.train.logging import MetricsLogger
+    from jaxrl_llm.train.config.config_io import to_dict
+    from jaxrl_llm.train.run.logging import MetricsLogger
 
     return MetricsLogger(
         cfg.output_dir,
@@ -206,7 +206,7 @@ def record_config(cfg: RunConfig, loss_config: Any, resumed_step: int | None, sa
         return
     import yaml
 
-    from jaxrl_llm.train.config_io import to_dict
+    from jaxrl_llm.train.config.config_io import to_dict
 
     resolved = to_dict(cfg)
     resolved["loss"] = to_dict(loss_config)

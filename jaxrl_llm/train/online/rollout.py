@@ -1,5 +1,5 @@
 """The rollout side of the online loop: prompts → sampled completions → scored
-:class:`~jaxrl_llm.train.experience.Experience`. Nothing here knows about losses.
+:class:`~jaxrl_llm.train.online.experience.Experience`. Nothing here knows about losses.
 
 Each prompt is prefilled once and its KV cache shared by its G samples (the jitted sampler,
 :func:`jaxrl_llm.sampling.generate`), which records the sampling policy's per-token
@@ -26,10 +26,10 @@ from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.objectives import pass_at_k
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, cast_for_rollout
-from jaxrl_llm.train.episodes import EpisodeSampler
-from jaxrl_llm.train.experience import Experience, concat_experience
-from jaxrl_llm.train.faults import fault_point
-from jaxrl_llm.train.sections import EnvSection, EvalSection, RolloutSection
+from jaxrl_llm.train.config.sections import EnvSection, EvalSection, RolloutSection
+from jaxrl_llm.train.online.episode_sampler import EpisodeSampler
+from jaxrl_llm.train.online.experience import Experience, concat_experience
+from jaxrl_llm.train.run.faults import fault_point
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
 # compiles only a few programs.
@@ -49,7 +49,7 @@ class Rollouts:
         with and their version (the optimizer step), read together once per sampling call
         (the asynchronous producer hands a published snapshot).
       seed: the run's seed; sampling seeds are functions of (seed, step, round).
-      env: the run's ``env`` section: multi-turn episodes (:mod:`jaxrl_llm.train.episodes`)
+      env: the run's ``env`` section: multi-turn episodes (:mod:`jaxrl_llm.train.online.episode_sampler`)
         instead of one completion per sample; None = single-turn.
       partial: sampled (not greedy) generations poll ``weights_fn`` between chunks and
         continue with newer weights (``rollout.partial``): the asynchronous producer's

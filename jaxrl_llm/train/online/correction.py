@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import objectives
-from jaxrl_llm.train.learner import context_padded
-from jaxrl_llm.train.sections import CorrectionSection
+from jaxrl_llm.train.config.sections import CorrectionSection
+from jaxrl_llm.train.online.learner import context_padded
 
 
 @functools.partial(jax.jit, static_argnames=("level", "mode", "low", "high"))
@@ -111,8 +111,8 @@ class RolloutCorrector:
 
     Args:
       section: the run's ``rollout.correction``.
-      policy: the :class:`~jaxrl_llm.train.policy.Policy` being trained (its current state).
-      recompute: the run's recompute forward (:attr:`jaxrl_llm.train.programs.Programs.
+      policy: the :class:`~jaxrl_llm.train.programs.policy.Policy` being trained (its current state).
+      recompute: the run's recompute forward (:attr:`jaxrl_llm.train.programs.builder.Programs.
         recompute`: the loss's temperature, window and shared prompt, the model bound as in
         the update).
       group_size: rows per group (G): whole groups are recomputed (a shared prompt).

@@ -1,6 +1,6 @@
 """The run plan: a ``jaxrl-llm train`` config resolved once, before a model loads.
 
-:func:`plan_run` turns a validated :class:`~jaxrl_llm.train.run_config.RunConfig` and the
+:func:`plan_run` turns a validated :class:`~jaxrl_llm.train.config.run_config.RunConfig` and the
 mesh's axis sizes into a frozen :class:`RunPlan`. Everything the trainers and ``jaxrl-llm
 compile`` ask of a config after validation is a field of it, read, never recomputed:
 
@@ -35,7 +35,7 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import LogprobSettings
 from jaxrl_llm.losses.policy_config import EntropyControl, PolicyGradientConfig
 from jaxrl_llm.losses.registry import Algorithm, LossSpec
-from jaxrl_llm.train.run_config import RunConfig
+from jaxrl_llm.train.config.run_config import RunConfig
 
 MESH_SIZES = ("data", "fsdp", "tensor", "expert", "context")
 
@@ -422,7 +422,7 @@ def loss_config(cfg: RunConfig):
     """The algorithm's loss config: its paper preset with ``cfg.loss`` validated on top (and,
     for a loss with a generation-budget ``max_len``, the rollout's ``max_new_tokens`` unless
     ``loss.max_len`` is given). Read it from :attr:`RunPlan.loss_config`."""
-    from jaxrl_llm.train.config_io import from_dict, to_dict
+    from jaxrl_llm.train.config.config_io import from_dict, to_dict
 
     algo = cfg.algo
     spec = algo.loss_spec()

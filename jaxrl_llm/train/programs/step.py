@@ -44,7 +44,7 @@ from jaxrl_llm.parallel.context import (
     under_mesh,
 )
 from jaxrl_llm.parallel.rules import DEFAULT_RULES, batch_sharding_tree
-from jaxrl_llm.train.state import TrainState, cast_floats
+from jaxrl_llm.train.programs.state import TrainState, cast_floats
 
 LossFn = Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]]
 

@@ -47,7 +47,7 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
 from jaxrl_llm.losses.registry import Algorithm
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.train.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
+from jaxrl_llm.train.compile.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
     DEVICE_MEMORY,
     MODEL_PRESETS,
     GiB,
