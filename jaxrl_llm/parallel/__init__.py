@@ -19,7 +19,7 @@ from jaxrl_llm.parallel.distributed import (
     host_local_rows,
     initialize_distributed,
 )
-from jaxrl_llm.parallel.mesh import MESH_AXES, make_mesh, mesh_shape
+from jaxrl_llm.parallel.mesh import MESH_AXES, make_mesh, mesh_shape, split_devices
 from jaxrl_llm.parallel.rules import (
     DEFAULT_RULES,
     ShardingFallbackWarning,
@@ -64,6 +64,7 @@ __all__ = [
     "mesh_shape",
     "parse_topology_name",
     "replicated",
+    "split_devices",
     "ring_attention",
     "token_sharding",
     "topology_mesh",

@@ -115,3 +115,28 @@ def make_mesh(
         # Let JAX pick a topology-aware device order (ICI rings on TPU, hosts outermost).
         return jax.make_mesh(shape, MESH_AXES, axis_types=auto)
     return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=auto)
+
+
+def split_devices(rollout_devices: int, devices: list | None = None) -> tuple[list, list]:
+    """``(learner devices, rollout devices)``: the last ``rollout_devices`` of ``devices``
+    (default: every device) sample, the rest learn; ``(all, [])`` when 0.
+
+    Raises:
+      ConfigError: ``rollout_devices`` leaves the learner no device, or the run spans
+        several processes.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = int(rollout_devices)
+    if n == 0:
+        return devices, []
+    if n < 0 or n >= len(devices):
+        raise ConfigError(
+            f"rollout.devices={n}: the rollout mesh takes the last n of the {len(devices)} "
+            f"devices and the learner the rest; use 1..{len(devices) - 1} (0 = colocated)"
+        )
+    if jax.process_count() > 1:
+        raise ConfigError(
+            "rollout.devices > 0 (a separate rollout mesh) runs in one process only; "
+            "use rollout.devices: 0 on multi-host runs"
+        )
+    return devices[:-n], devices[-n:]

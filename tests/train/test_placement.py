@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.online.placement import RolloutPlacement, split_devices
+from jaxrl_llm.parallel import split_devices
+from jaxrl_llm.train.online.placement import RolloutPlacement
 from jaxrl_llm.train.online.trainer import OnlineTrainer
 from tests.train.test_producer import main_job, run
 

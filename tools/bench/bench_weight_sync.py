@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     from jaxrl_llm import models
-    from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh
-    from jaxrl_llm.train.online.placement import RolloutPlacement, split_devices
+    from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, split_devices
+    from jaxrl_llm.train.online.placement import RolloutPlacement
 
     config, params, _ = common.load_model(args.model)
     learner_devs, rollout_devs = split_devices(args.rollout_devices)

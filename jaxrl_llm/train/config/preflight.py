@@ -11,8 +11,8 @@ from __future__ import annotations
 import jax
 
 from jaxrl_llm.errors import ConfigError, DataError
+from jaxrl_llm.parallel import split_devices
 from jaxrl_llm.train.config.run_config import RunConfig
-from jaxrl_llm.train.online.placement import split_devices
 
 
 def check_batch_divisible(mesh, rows: int, what: str) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 import optax
 
 from jaxrl_llm.data import Format, make_iterator
+from jaxrl_llm.parallel import split_devices
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.config.plan import plan_run
 from jaxrl_llm.train.config.preflight import check_mesh, read_splits
@@ -34,7 +35,7 @@ from jaxrl_llm.train.online.correction import RolloutCorrector
 from jaxrl_llm.train.online.episode_sampler import check_environment, episode_records
 from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.online.learner import Learner, context_padded
-from jaxrl_llm.train.online.placement import RolloutPlacement, split_devices
+from jaxrl_llm.train.online.placement import RolloutPlacement
 from jaxrl_llm.train.online.producer import Producer, WeightBox, snapshot
 from jaxrl_llm.train.online.rollout import Rollouts
 from jaxrl_llm.train.programs.builder import build_programs

@@ -38,11 +38,11 @@ from jaxrl_llm.parallel import (
     logical_to_sharding,
     make_mesh,
     replicated,
+    split_devices,
     under_mesh,
 )
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
 from jaxrl_llm.train.config.run_config import RunConfig
-from jaxrl_llm.train.online.placement import split_devices
 from jaxrl_llm.train.programs.state import TrainState, state_sharding_from_params
 
 # LoRA adapters are small: replicate them (their base kernels carry the sharding).
