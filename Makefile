@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test clean demo-tools
+.PHONY: setup run test lint clean demo-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,10 +40,14 @@ demo-tools: $(STAMP)
 # memory mappings, see tests/conftest.py's _free_compiled_programs) is fixed; the rerun guards
 # against its kind. `--capture=sys` leaves native stderr uncaptured, so a native error's
 # message reaches the log.
-test: $(STAMP)
+# Lint, format and types: what `make test` runs first, and what .pre-commit-config.yaml runs
+# before each commit (`pip install pre-commit && pre-commit install`).
+lint: $(STAMP)
 	$(BIN)/ruff check jaxrl_llm tests tools
 	$(BIN)/ruff format --check jaxrl_llm tests tools
 	$(BIN)/mypy jaxrl_llm
+
+test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25 --capture=sys \
 		--reruns 1 --only-rerun '(?!)' tests
 
