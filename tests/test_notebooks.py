@@ -9,8 +9,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(f for f in os.listdir(os.path.join(ROOT, "notebooks")) if f.endswith(".ipynb"))
 
 
+def test_notebooks_are_what_make_notebooks_writes(tmp_path):
+    # tools/make_notebooks.py holds the notebooks' sources: the committed files are its output
+    import importlib.util
+
+    pytest.importorskip("nbformat")
+    spec = importlib.util.spec_from_file_location(
+        "make_notebooks", os.path.join(ROOT, "tools", "make_notebooks.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = module.write_notebooks(str(tmp_path))
+    assert sorted(os.path.basename(p) for p in written) == NOTEBOOKS
+    for path in written:
+        name = os.path.basename(path)
+        with open(path) as f, open(os.path.join(ROOT, "notebooks", name)) as g:
+            assert json.load(f) == json.load(g), f"{name}: run python tools/make_notebooks.py"
+
+
 def test_notebooks_are_committed_without_outputs():
-    assert len(NOTEBOOKS) == 3
+    assert len(NOTEBOOKS) == 4
     for name in NOTEBOOKS:
         nb = json.load(open(os.path.join(ROOT, "notebooks", name)))
         for cell in nb["cells"]:

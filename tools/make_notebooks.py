@@ -158,21 +158,130 @@ assert len(steps) == 3
 ]
 
 
-def main():
-    os.makedirs(os.path.join(ROOT, "notebooks"), exist_ok=True)
-    for name, cells in [
-        ("01_algorithm_explorer", EXPLORER),
-        ("02_loss_playground", PLAYGROUND),
-        ("03_quickstart", QUICKSTART),
-    ]:
+AGENTIC = [
+    md("""
+# Agentic and asynchronous RL: an environment run, rollouts ahead of the learner, the paged engine
+
+Three things the online trainer does beyond single-turn GRPO, on a tiny random model with the
+character tokenizer so that the notebook runs on a CPU in a minute or two (its rewards are
+noise; `make demo-tools` is the real calculator demo with SmolLM2):
+
+1. **A multi-turn environment**: the policy calls a `calculator` tool with
+   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; the tool's answer is appended to
+   its KV cache on the paged engine and it continues. Transcripts go to `samples.jsonl`.
+2. **Asynchronous RL** (`rollout.max_staleness: 1`): the next batch is sampled in a background
+   thread with the newest published weights while the learner updates on this one.
+3. **The paged engine** (continuous batching over a paged KV cache) draws the same tokens as
+   the static engine for the same seed: each row's key depends on its prompt and sample index,
+   not on its slot.
+"""),
+    code("""
+import json, os, tempfile
+from jaxrl_llm.train import RunConfig, train_online
+from jaxrl_llm.train.config.config_io import from_dict
+
+here = os.getcwd()
+root = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
+work = tempfile.mkdtemp()
+
+
+def run_config(name, **over):
+    base = dict(
+        output_dir=os.path.join(work, name),
+        max_steps=2,
+        algorithm="grpo",
+        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
+        data=dict(train=os.path.join(root, "data/tools_mult/train.jsonl"), max_length=64),
+        rollout=dict(prompts_per_step=2, group_size=2, max_new_tokens=24, engine="paged"),
+        rewards=[dict(name="math_answer")],
+        logging=dict(tensorboard=False, plots=False),
+        eval=dict(before=False),
+    )
+    base.update(over)
+    return from_dict(RunConfig, base)
+"""),
+    md("""
+## 1. A multi-turn environment with a tool
+"""),
+    code("""
+cfg = run_config(
+    "tools",
+    env=dict(name="tools", kwargs=dict(tools=["calculator"]), max_turns=2),
+    logging=dict(tensorboard=False, plots=False, samples_every=1),
+)
+summary = train_online(cfg)
+samples = [json.loads(l) for l in open(os.path.join(cfg.output_dir, "samples.jsonl"))]
+print(len(samples), "logged episodes; the first one:")
+print(json.dumps(samples[0], indent=1)[:1500])
+assert samples and {r["step"] for r in samples} == {1, 2}
+"""),
+    md("""
+## 2. Rollouts one step ahead of the learner
+"""),
+    code("""
+cfg = run_config("async", max_steps=3, rollout=dict(prompts_per_step=2, group_size=2,
+                 max_new_tokens=8, engine="paged", max_staleness=1))
+train_online(cfg)
+rows = [json.loads(l) for l in open(os.path.join(cfg.output_dir, "metrics.jsonl"))]
+for r in rows:
+    if "async/staleness_max" in r:
+        print(r["step"], "staleness (steps):", r["async/staleness_mean"], r["async/staleness_max"],
+              "learner waited", round(r["async/wait_s"], 3), "s")
+assert max(r.get("async/staleness_max", 0) for r in rows) <= 1
+"""),
+    md("""
+## 3. The paged engine draws the static engine's tokens
+"""),
+    code("""
+import jax
+import numpy as np
+from jaxrl_llm.data import CharTokenizer
+from jaxrl_llm.models import ModelConfig, init_params
+from jaxrl_llm.sampling import SamplingConfig, generate, generate_paged
+
+tok = CharTokenizer()
+config = ModelConfig.tiny(vocab_size=tok.vocab_size, num_layers=2)
+params = init_params(config, jax.random.PRNGKey(0))
+prompts = [tok.encode(p) for p in ["12+3=", "7*8=", "100-1="]]
+kw = dict(sampling=SamplingConfig(temperature=1.0), max_new_tokens=12, num_samples=2, seed=5)
+static = generate(params, config, prompts, **kw)
+paged = generate_paged(params, config, prompts, num_slots=4, **kw)
+for a, b in zip(np.asarray(static.tokens), np.asarray(paged.tokens)):
+    print(repr(tok.decode(a.tolist())), "|", repr(tok.decode(b.tolist())))
+np.testing.assert_array_equal(np.asarray(static.tokens), np.asarray(paged.tokens))
+"""),
+]
+
+NOTEBOOKS = [
+    ("01_algorithm_explorer", EXPLORER),
+    ("02_loss_playground", PLAYGROUND),
+    ("03_quickstart", QUICKSTART),
+    ("04_agentic_async", AGENTIC),
+]
+
+
+def write_notebooks(out_dir):
+    """Write every notebook into ``out_dir``; cell ids are their positions, so the files are
+    the same on every run (tests/test_notebooks.py compares them with the committed ones)."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for name, cells in NOTEBOOKS:
+        for i, cell in enumerate(cells):
+            cell["id"] = f"cell-{i:02d}"
         nb = nbformat.v4.new_notebook(
             cells=cells,
             metadata={
                 "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
             },
         )
-        path = os.path.join(ROOT, "notebooks", f"{name}.ipynb")
+        path = os.path.join(out_dir, f"{name}.ipynb")
         nbformat.write(nb, path)
+        paths.append(path)
+    return paths
+
+
+def main():
+    for path in write_notebooks(os.path.join(ROOT, "notebooks")):
         print(path)
 
 
