@@ -13,22 +13,19 @@ whatever their store (:func:`attention_block`: q/k/v projections, q/k norm, RoPE
 scale, attention, the output projection); their stores (:class:`KVStore`) differ only in
 :meth:`KVStore.attend`, where the new keys/values go and which keys a query reads:
 
-================  ================================================  ===========================
-store             keys a query reads                                 run by
-================  ================================================  ===========================
-``NoCache``       the new tokens' own (causal; packing)              the training forward
-``DenseCache``    a :class:`KVCache` ``[L, B, S, K, E]``, written at  prefill, the static
-                  one slot index for every row                       engine's decode step
-``GroupPrompt``,  a group's prompt once (one row per group); its G   ``trunk_shared_prefix``
-``SharedPrompt``  completions read its keys repeated G times
-``Pages``         the page pool, a row's pages gathered              the paged engine
-================  ================================================  ===========================
+- ``NoCache``: the new tokens' own keys (causal, packing); the training forward.
+- ``DenseCache``: a :class:`~jaxrl_llm.models.KVCache` ``[L, B, S, K, E]`` written at one slot
+  index for every row; prefill and the static engine's decode step.
+- ``GroupPrompt`` then ``SharedPrompt``: a group's prompt run once (one row per group), its G
+  completions reading its keys repeated G times; :func:`jaxrl_llm.models.trunk_shared_prefix`.
+- ``Pages``: the page pool, each row's pages gathered; the paged engine.
 
-(:mod:`.kv_stores` and :mod:`.paged_store`). :func:`scan_layers` is the one layer scan: the
-trunk (:func:`jaxrl_llm.models.trunk`), the shared-prompt trunk and the paged trunk
-(:func:`jaxrl_llm.models.paged_trunk`) each give it a step that calls :func:`decoder_layer`
-with their store. A layer feature (a norm, a gate, an activation, an MLP variant) therefore
-goes here, once: in :func:`decoder_layer`, :func:`attention_block` or :func:`mlp_block`.
+The stores live in :mod:`.kv_stores` and :mod:`.paged_store`. :func:`scan_layers` is the one
+layer scan: the trunk (:func:`jaxrl_llm.models.trunk`), the shared-prompt trunk and the paged
+trunk (:func:`jaxrl_llm.models.paged_trunk`) each give it a step that calls
+:func:`decoder_layer` with their store. A layer feature (a norm, a gate, an activation, an MLP
+variant) therefore goes here, once: in :func:`decoder_layer`, :func:`attention_block` or
+:func:`mlp_block`.
 
 **A per-row recurrent state is one more store.** The Gated DeltaNet layers of Qwen3.5-class
 hybrids keep, per row, a causal-conv window (the last W − 1 projected inputs, ``[B, C, W−1]``)
