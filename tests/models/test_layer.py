@@ -2,14 +2,17 @@
 layer over different stores computes the same thing on the same tokens, and a store that is
 not attention at all (a per-row recurrent state) runs through the unchanged layer and scan."""
 
+import ast
 import dataclasses
 import functools
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxrl_llm
 from jaxrl_llm import models as M
 
 FAMILIES = ["llama", "gemma3_text", "qwen3_moe"]
@@ -178,3 +181,17 @@ def test_a_recurrent_state_store_runs_through_the_unchanged_layer_and_scan():
     assert all(float(jnp.abs(final.state[i]).max()) > 0 for i in range(c.num_layers))
     fresh, _ = one(x[:, -1:], zero, pos[:, -1:])
     assert float(jnp.abs(fresh - y_all[:, -1:]).max()) > 1e-3
+
+
+def test_no_module_imports_a_private_name_of_models():
+    """models/ helpers another module needs are public (the paged store once used five private
+    helpers of the transformer)."""
+    root = pathlib.Path(jaxrl_llm.__file__).parent
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "jaxrl_llm.models"
+            ):
+                found += [(f.name, a.name) for a in node.names if a.name.startswith("_")]
+    assert found == []
