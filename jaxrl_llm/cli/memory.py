@@ -82,7 +82,7 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def resolve_model_config(spec: str):
     """A size preset, an HF directory or a config.json path -> ModelConfig."""
-    from jaxrl_llm.models import ModelConfig
+    from jaxrl_llm.interop.hf_config import model_config_from_hf
     from jaxrl_llm.train.compile.memory import MODEL_PRESETS
 
     if spec in MODEL_PRESETS:
@@ -99,7 +99,7 @@ def resolve_model_config(spec: str):
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"--model {path!r}: not a JSON config ({e})") from None
     try:
-        return ModelConfig.from_hf_config(data)
+        return model_config_from_hf(data)
     except (KeyError, ValueError) as e:
         raise ConfigError(f"--model {path!r}: {e}") from None
 

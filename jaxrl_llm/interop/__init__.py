@@ -8,7 +8,7 @@ Import: :func:`load_model` takes a local Hugging Face directory (safetensors onl
 """
 
 from jaxrl_llm.interop.export import export_hf
-from jaxrl_llm.interop.hf_config import config_from_hf_dict, hf_config_dict
+from jaxrl_llm.interop.hf_config import config_from_hf_dict, hf_config_dict, model_config_from_hf
 from jaxrl_llm.interop.load import (
     MODEL_ALIASES,
     LoadedModel,
@@ -32,6 +32,7 @@ __all__ = [
     "hf_config_dict",
     "load_hf_dir",
     "load_model",
+    "model_config_from_hf",
     "params_from_hf_state_dict",
     "params_to_hf_state_dict",
     "resolve_alias",

@@ -1,8 +1,11 @@
 """Mapping between transformers' model configs (``config.json`` / a ``PretrainedConfig``) and
-our :class:`~jaxrl_llm.models.ModelConfig`, both ways: :func:`config_from_hf_dict` (Llama,
-Mistral, Qwen2 / 3, Gemma 2 / 3 text, Qwen3-MoE, Mixtral; anything else is refused in one
-line) and :func:`hf_config_dict` (what export writes). The weights' names and layouts are
-:mod:`jaxrl_llm.interop.state_dict`."""
+our :class:`~jaxrl_llm.models.ModelConfig`, both ways, for every family: :func:`model_config_from_hf`
+(the field mapping: the keys every family shares, then Gemma 2 / 3's and the MoE families'
+own), :func:`config_from_hf_dict` (that, plus the checks of features we do not implement, as
+one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3, Gemma 2 / 3 text,
+Qwen3-MoE, Mixtral) and :func:`hf_config_dict` (what export writes). ``models/`` holds what a
+family computes and its presets; the transformers field names are all here. The weights' names
+and layouts are :mod:`jaxrl_llm.interop.state_dict`."""
 
 from __future__ import annotations
 
@@ -11,11 +14,93 @@ from typing import Any
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.models import gemma, moe
-from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
+from jaxrl_llm.models.config import HF_ARCHITECTURES, Family, LayerType, ModelConfig, RopeScaling
 
 _SUPPORTED_ACT = ("silu", "swish")
 # model_type values of Gemma 2, Gemma 3 text and the multimodal Gemma 3 (its text part).
 _GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3")
+
+
+def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfig:
+    """A :class:`ModelConfig` from a transformers ``PretrainedConfig`` (or its ``to_dict()``),
+    reading the fields every family shares and then the family's own (Gemma 2 / 3, Qwen3-MoE,
+    Mixtral). :func:`config_from_hf_dict` adds the checks of features we do not implement.
+
+    Args:
+      hf: a ``PretrainedConfig`` or its ``to_dict()`` / ``config.json`` dict.
+      **overrides: ModelConfig fields to replace (e.g. ``param_dtype``).
+    Returns:
+      The ModelConfig.
+    Raises:
+      ValueError: naming the architecture when it is not a supported family, or a family
+        feature we do not implement; KeyError: a required key is missing.
+    """
+    d: Mapping[str, Any] = hf if isinstance(hf, Mapping) else hf.to_dict()
+    if d.get("model_type") == "gemma3" and d.get("text_config"):
+        # Gemma3ForConditionalGeneration: the language model is the text config.
+        d = {"architectures": d.get("architectures"), **d["text_config"]}
+        d["model_type"] = Family.GEMMA3.value
+    model_type = d.get("model_type")
+    try:
+        family = Family(model_type)
+    except ValueError:
+        raise ValueError(
+            f"unsupported architecture model_type={model_type!r} "
+            f"(architectures={d.get('architectures')}); supported: "
+            f"{[f.value for f in Family]}"
+        ) from None
+    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
+    if rope_type not in {r.value for r in RopeScaling}:
+        raise ValueError(
+            f"unsupported rope scaling {rope_type!r}; supported: {[r.value for r in RopeScaling]}"
+        )
+    rope_theta = d.get("rope_theta")
+    if rope_theta is None:
+        rope_theta = rope.get("rope_theta", 10000.0) if rope else 10000.0
+    eos = d.get("eos_token_id")
+    eos = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
+    sliding = d.get("sliding_window") if family in (Family.MISTRAL, Family.MIXTRAL) else None
+    if family in (Family.QWEN2, Family.QWEN3, Family.QWEN3_MOE) and d.get("use_sliding_window"):
+        sliding = d.get("sliding_window")
+    num_labels = 0
+    archs = d.get("architectures") or []
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        num_labels = int(d.get("num_labels", len(d.get("id2label", {}) or {0: 0})))
+    kwargs = dict(
+        family=family,
+        vocab_size=d["vocab_size"],
+        hidden_size=d["hidden_size"],
+        intermediate_size=d["intermediate_size"],
+        num_layers=d["num_hidden_layers"],
+        num_heads=d["num_attention_heads"],
+        num_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+        head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
+        max_position_embeddings=d.get("max_position_embeddings", 8192),
+        rope_theta=float(rope_theta),
+        rope_scaling=RopeScaling(rope_type),
+        rope_factor=float(rope.get("factor", 1.0)) if rope else 1.0,
+        rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)) if rope else 1.0,
+        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)) if rope else 4.0,
+        rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192))
+        if rope
+        else 8192,
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+        attention_bias=bool(d.get("attention_bias", family == Family.QWEN2)),
+        qk_norm=family in (Family.QWEN3, Family.QWEN3_MOE),
+        sliding_window=sliding,
+        num_labels=num_labels,
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=eos,
+        pad_token_id=d.get("pad_token_id"),
+    )
+    if family in (Family.GEMMA2, Family.GEMMA3):
+        kwargs.update(_gemma_fields_from_hf(d, family))
+    if family in moe.MOE_FAMILIES:
+        kwargs.update(_moe_fields_from_hf(d, family))
+    kwargs.update(overrides)
+    return ModelConfig(**kwargs)
 
 
 def config_from_hf_dict(
@@ -23,7 +108,7 @@ def config_from_hf_dict(
 ) -> ModelConfig:
     """A :class:`ModelConfig` from a transformers config (object or ``config.json`` dict).
 
-    Wraps :meth:`ModelConfig.from_hf_config` and additionally rejects features our model
+    Wraps :func:`model_config_from_hf` and additionally rejects features our model
     does not implement (non-SiLU MLP, MLP bias, per-layer sliding windows), so a model that
     would load but compute something different fails loudly instead.
 
@@ -38,9 +123,9 @@ def config_from_hf_dict(
     """
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
     if d.get("model_type") in _GEMMA_TYPES:
-        # Gemma's activation, per-layer types and RoPE bases are read by models.gemma.
+        # Gemma's activation, per-layer types and RoPE bases: _gemma_fields_from_hf.
         try:
-            return ModelConfig.from_hf_config(d, **overrides)
+            return model_config_from_hf(d, **overrides)
         except (ValueError, KeyError, TypeError) as e:
             msg = f"missing key {e}" if isinstance(e, KeyError) else str(e)
             raise ModelLoadError(f"{source}: {msg}") from None
@@ -74,7 +159,7 @@ def config_from_hf_dict(
         d["num_labels"] = 1
         d["tie_word_embeddings"] = True
     try:
-        return ModelConfig.from_hf_config(d, **overrides)
+        return model_config_from_hf(d, **overrides)
     except (ValueError, KeyError, TypeError) as e:
         msg = f"missing key {e}" if isinstance(e, KeyError) else str(e)
         raise ModelLoadError(f"{source}: {msg}") from None
@@ -147,7 +232,7 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     )
     if c.family in moe.MOE_FAMILIES:
         try:
-            kw.update(moe.hf_config_kwargs(c))
+            kw.update(_moe_hf_config_kwargs(c))
         except ValueError as e:
             raise ModelLoadError(f"export: {e}") from None
     if c.family in (Family.LLAMA, Family.QWEN3, Family.QWEN3_MOE):
@@ -192,7 +277,7 @@ def _gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
         raise ModelLoadError("export: Gemma sequence classifiers are not supported")
     cls = transformers.Gemma2Config if c.family == Family.GEMMA2 else transformers.Gemma3TextConfig
     try:
-        gemma_kw = gemma.hf_config_kwargs(c)
+        gemma_kw = _gemma_hf_config_kwargs(c)
     except ValueError as e:
         raise ModelLoadError(f"export: {e}") from None
     eos = list(c.eos_token_ids)
@@ -225,6 +310,178 @@ def _gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
 
 
 def _architectures(family: Family) -> tuple[str, str]:
-    from jaxrl_llm.models.config import HF_ARCHITECTURES
-
     return HF_ARCHITECTURES[family]
+
+
+# ----- the families' own fields ----------------------------------------------------------
+
+
+def _gemma_rope_fields(rope: Mapping[str, Any] | None, prefix: str) -> dict[str, Any]:
+    """RoPE fields from one transformers rope-parameters dict (``rope_type``, ``factor``)."""
+    rope = rope or {}
+    kind = RopeScaling(rope.get("rope_type", rope.get("type", "default")))
+    if kind not in (RopeScaling.NONE, RopeScaling.LINEAR):
+        raise ValueError(f"unsupported {prefix} rope scaling {kind.value!r} for a Gemma model")
+    return dict(rope_scaling=kind, rope_factor=float(rope.get("factor", 1.0)))
+
+
+def _gemma_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """The Gemma-specific ModelConfig fields of a transformers ``Gemma2Config`` /
+    ``Gemma3TextConfig`` dict (``to_dict()`` or ``config.json``), read on top of the fields
+    every family shares.
+
+    Raises ValueError for what we do not implement (bidirectional attention, a non-default
+    RoPE on local layers, an activation other than tanh-GELU).
+    """
+    family = Family(family)
+    act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"unsupported Gemma hidden_activation {act!r}")
+    if d.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=true (EmbeddingGemma) is not supported")
+    n = int(d["num_hidden_layers"])
+    period = 2 if family == Family.GEMMA2 else int(d.get("sliding_window_pattern", 6))
+    types = tuple(LayerType(t) for t in (d.get("layer_types") or ())) or gemma.pattern_layer_types(
+        n, period
+    )
+    out: dict[str, Any] = gemma.common_fields(family)
+    out.update(
+        layer_types=types,
+        sliding_window=d.get("sliding_window"),
+        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar") or d["head_dim"]),
+        attn_logit_softcap=d.get("attn_logit_softcapping"),
+        final_logit_softcap=d.get("final_logit_softcapping"),
+        tie_embeddings=bool(d.get("tie_word_embeddings", True)),
+    )
+    rope = d.get("rope_parameters") or {}
+    if family == Family.GEMMA3 and LayerType.GLOBAL.value in rope:  # one dict per layer type
+        glob, loc = rope[LayerType.GLOBAL.value] or {}, rope.get(LayerType.LOCAL.value) or {}
+        if _gemma_rope_fields(loc, "local")["rope_scaling"] != RopeScaling.NONE:
+            raise ValueError("a scaled RoPE on Gemma 3 local layers is not supported")
+        out.update(_gemma_rope_fields(glob, "global"))
+        out["rope_theta"] = float(glob.get("rope_theta", 1_000_000.0))
+        out["rope_local_theta"] = float(loc.get("rope_theta", 10_000.0))
+    else:  # Gemma 2, or an older Gemma 3 config.json (rope_theta, rope_local_base_freq)
+        out.update(_gemma_rope_fields(d.get("rope_scaling") or rope, "global"))
+        out["rope_theta"] = float(d.get("rope_theta") or rope.get("rope_theta") or 10_000.0)
+        if family == Family.GEMMA3:
+            out["rope_local_theta"] = float(d.get("rope_local_base_freq", 10_000.0))
+    return out
+
+
+def _gemma_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """Keyword arguments of transformers' ``Gemma2Config`` / ``Gemma3TextConfig`` for the
+    Gemma-specific fields of ``config`` (the inverse of :func:`_gemma_fields_from_hf`).
+
+    Raises ValueError when the config is not expressible in transformers' Gemma (e.g. untied
+    or without post-norms).
+    """
+    c = config
+    want = gemma.common_fields(c.family)
+    bad = [k for k, v in want.items() if k != "tie_embeddings" and getattr(c, k) != v]
+    if bad:
+        raise ValueError(f"transformers' {c.family.value} has fixed {bad}; this config differs")
+    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar % 1:
+        raise ValueError(f"query_pre_attn_scalar={c.query_pre_attn_scalar} is not an integer")
+    kw: dict[str, Any] = dict(
+        hidden_activation=c.mlp_activation.value,
+        layer_types=[t.value for t in c.layer_types] or None,
+        sliding_window=c.sliding_window,
+        # transformers' config type is int; Gemma's scalars are whole numbers.
+        query_pre_attn_scalar=int(c.query_pre_attn_scalar or c.head_dim),
+        attn_logit_softcapping=c.attn_logit_softcap,
+        final_logit_softcapping=c.final_logit_softcap,
+    )
+    glob: dict[str, Any] = {"rope_type": c.rope_scaling.value, "rope_theta": c.rope_theta}
+    if c.rope_scaling == RopeScaling.LINEAR:
+        glob["factor"] = c.rope_factor
+    elif c.rope_scaling != RopeScaling.NONE:
+        raise ValueError(f"Gemma export supports default or linear RoPE, not {c.rope_scaling}")
+    if c.family == Family.GEMMA3:
+        local = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
+        kw["rope_parameters"] = {
+            LayerType.GLOBAL.value: glob,
+            LayerType.LOCAL.value: {"rope_type": "default", "rope_theta": local},
+        }
+    else:
+        if c.rope_local_theta not in (None, c.rope_theta):
+            raise ValueError("transformers' Gemma 2 has one RoPE base for all layers")
+        kw["rope_parameters"] = glob
+    return kw
+
+
+def _moe_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """ModelConfig fields of a Qwen3-MoE / Mixtral transformers config dict.
+
+    Raises:
+      ValueError: a Qwen3-MoE config that mixes dense and sparse layers (``decoder_sparse_step``
+        ≠ 1 or ``mlp_only_layers``), or Mixtral's ``router_jitter_noise`` > 0 (training-time
+        multiplicative noise on the router input, not implemented).
+    """
+    if family == Family.QWEN3_MOE:
+        step = int(d.get("decoder_sparse_step") or 1)
+        dense = list(d.get("mlp_only_layers") or [])
+        if step != 1 or dense:
+            raise ValueError(
+                f"Qwen3-MoE with dense layers (decoder_sparse_step={step}, "
+                f"mlp_only_layers={dense}) is not supported: every layer must be sparse "
+                f"(decoder_sparse_step=1, mlp_only_layers=[])"
+            )
+        return dict(
+            # config.json says num_experts; transformers >= 5's to_dict num_local_experts.
+            num_experts=int(d["num_experts"] if "num_experts" in d else d["num_local_experts"]),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["moe_intermediate_size"]),
+            norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+    if family == Family.MIXTRAL:
+        jitter = float(d.get("router_jitter_noise") or 0.0)
+        if jitter > 0:
+            raise ValueError(
+                f"Mixtral router_jitter_noise={jitter} is not supported (only 0.0, the "
+                f"released models' value)"
+            )
+        return dict(
+            num_experts=int(d["num_local_experts"]),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["intermediate_size"]),
+            norm_topk_prob=True,
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+    raise ValueError(f"{family.value} is not a mixture-of-experts family")
+
+
+def _moe_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """The MoE keywords of transformers' ``Qwen3MoeConfig`` / ``MixtralConfig`` for ``config``.
+
+    Raises:
+      ValueError: a Mixtral config without ``norm_topk_prob`` (transformers' Mixtral always
+        renormalises) or whose expert width differs from ``intermediate_size``.
+    """
+    c = config
+    if c.family == Family.QWEN3_MOE:
+        return dict(
+            num_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            moe_intermediate_size=c.moe_intermediate_size,
+            norm_topk_prob=c.norm_topk_prob,
+            router_aux_loss_coef=c.router_aux_loss_coef,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    if c.family == Family.MIXTRAL:
+        if not c.norm_topk_prob:
+            raise ValueError("transformers' Mixtral always renormalises the top-k weights")
+        if c.moe_intermediate_size != c.intermediate_size:
+            raise ValueError(
+                f"Mixtral's experts have width intermediate_size={c.intermediate_size}, "
+                f"this config has moe_intermediate_size={c.moe_intermediate_size}"
+            )
+        return dict(
+            num_local_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            router_aux_loss_coef=c.router_aux_loss_coef,
+            router_jitter_noise=0.0,
+        )
+    raise ValueError(f"{c.family.value} is not a mixture-of-experts family")

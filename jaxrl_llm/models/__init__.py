@@ -1,6 +1,11 @@
 """Llama-, Gemma- and mixture-of-experts-family (Qwen3-MoE, Mixtral) decoder transformers as pure
 functions over a parameter dict, with an explicit KV cache and an optional scalar head. Knows
-nothing about RL."""
+nothing about RL, and nothing about transformers' config files (``jaxrl_llm.interop``).
+
+One decoder layer (:func:`decoder_layer`, ``layer.py``) over a store of earlier tokens
+(:class:`Store`): no cache, a dense cache, a group's shared prompt (``kv_stores.py``) or pages
+(``paged_store.py``); the trunks and the paged engine scan that one layer (:func:`scan_layers`).
+"""
 
 from jaxrl_llm.models.attention import (
     NAIVE_MAX_SCORES,
@@ -24,6 +29,22 @@ from jaxrl_llm.models.config import (
     RopeScaling,
     dtype_from_name,
 )
+from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
+from jaxrl_llm.models.layer import (
+    KVStore,
+    Store,
+    TokenInfo,
+    apply_norm,
+    attend,
+    attention_block,
+    decoder_layer,
+    embed_tokens,
+    mlp_block,
+    project_qkv,
+    remat_policy,
+    rms_norm,
+    scan_layers,
+)
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
 from jaxrl_llm.models.moe import (
     EXPERT_AXIS,
@@ -31,6 +52,18 @@ from jaxrl_llm.models.moe import (
     load_balancing_loss,
     route,
     sparse_moe,
+)
+from jaxrl_llm.models.paged_store import (
+    NULL_PAGE,
+    PagedKVCache,
+    Pages,
+    copy_pages,
+    gather_pages,
+    init_paged_cache,
+    paged_attention,
+    paged_trunk,
+    pages_store,
+    write_prompt_pages,
 )
 from jaxrl_llm.models.positions import (
     NO_WINDOW,
@@ -50,7 +83,6 @@ from jaxrl_llm.models.transformer import (
     logits_from_hidden,
     param_logical_axes,
     param_shapes_and_axes,
-    rms_norm,
     scalar_head,
     softcap_logits,
     trunk,
@@ -62,44 +94,69 @@ __all__ = [
     "Activation",
     "AttentionImpl",
     "AttentionMask",
+    "DenseCache",
     "EXPERT_AXIS",
     "Family",
+    "GroupPrompt",
     "HF_ARCHITECTURES",
     "KVCache",
+    "KVStore",
     "LayerType",
-    "NAIVE_MAX_SCORES",
-    "NO_WINDOW",
     "LoRAConfig",
     "ModelConfig",
     "ModelOutputs",
     "MoeDispatch",
     "MoeStats",
+    "NAIVE_MAX_SCORES",
+    "NO_WINDOW",
+    "NULL_PAGE",
+    "NoCache",
+    "PagedKVCache",
+    "Pages",
     "RopeScaling",
+    "SharedPrompt",
+    "Store",
+    "TokenInfo",
     "apply",
+    "apply_norm",
     "apply_rope",
     "attach_lora",
+    "attend",
+    "attention_block",
     "blockwise_attention",
     "causal_self_mask",
+    "copy_pages",
     "cudnn_attention",
+    "decoder_layer",
     "default_positions",
     "dot_product_attention",
     "dtype_from_name",
+    "embed_tokens",
     "forward",
+    "gather_pages",
     "init_cache",
     "init_lora",
+    "init_paged_cache",
     "init_params",
     "layer_rope_inv_freq",
     "layer_windows",
     "load_balancing_loss",
     "logits_from_hidden",
     "merge_lora",
+    "mlp_block",
     "naive_attention",
+    "paged_attention",
+    "paged_trunk",
+    "pages_store",
     "param_logical_axes",
     "param_shapes_and_axes",
+    "project_qkv",
+    "remat_policy",
     "rms_norm",
     "rope_inv_freq",
     "route",
     "scalar_head",
+    "scan_layers",
     "select_attention_impl",
     "softcap_logits",
     "sparse_moe",
@@ -107,4 +164,5 @@ __all__ = [
     "trunk",
     "trunk_shared_prefix",
     "unembedding",
+    "write_prompt_pages",
 ]

@@ -5,91 +5,41 @@ One frozen dataclass covers Llama (1/2/3, incl. SmolLM2 and Llama 3 rope scaling
 Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2 and Gemma 3 (text), Qwen3-MoE
 and Mixtral (sparse MoE MLPs), as Hugging Face transformers implements them. Every field that
 only Gemma or the MoE families use defaults to the Llama behaviour, so a Llama-family config
-computes exactly what it did before those fields existed; the Gemma-specific values (presets,
-the transformers config mapping) live in :mod:`jaxrl_llm.models.gemma`, the MoE ones in
-:mod:`jaxrl_llm.models.moe`.
+computes exactly what it did before those fields existed; the Gemma presets' values live in
+:mod:`jaxrl_llm.models.gemma`. The enumerated options (:class:`Family`, :class:`LayerType`,
+...) are :mod:`jaxrl_llm.models.options`', imported here. Building a config from a transformers
+config is :func:`jaxrl_llm.interop.model_config_from_hf` (``models/`` knows nothing of
+transformers' field names).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 
+from jaxrl_llm.models.gemma import gemma3_270m_fields, tiny_fields
+from jaxrl_llm.models.options import (
+    Activation,
+    AttentionImpl,
+    Family,
+    LayerType,
+    MoeDispatch,
+    RopeScaling,
+)
 
-class Family(str, enum.Enum):
-    """Model families this implementation covers (transformers' ``model_type``)."""
-
-    LLAMA = "llama"
-    MISTRAL = "mistral"
-    QWEN2 = "qwen2"
-    QWEN3 = "qwen3"
-    GEMMA2 = "gemma2"
-    GEMMA3 = "gemma3_text"
-    QWEN3_MOE = "qwen3_moe"
-    MIXTRAL = "mixtral"
-
-
-class LayerType(str, enum.Enum):
-    """Attention span of one layer (transformers' ``layer_types`` entries).
-
-    GLOBAL layers attend to every earlier token; LOCAL layers only to the last
-    ``sliding_window`` positions and use the local RoPE base (Gemma 2 / Gemma 3 interleave them).
-    """
-
-    GLOBAL = "full_attention"
-    LOCAL = "sliding_attention"
-
-
-class Activation(str, enum.Enum):
-    """The gated MLP's activation: SwiGLU (Llama family) or GeGLU with tanh-GELU (Gemma)."""
-
-    SILU = "silu"
-    GELU_TANH = "gelu_pytorch_tanh"
-
-
-class RopeScaling(str, enum.Enum):
-    """RoPE frequency scaling schemes (transformers' ``rope_type``)."""
-
-    NONE = "default"
-    LINEAR = "linear"
-    LLAMA3 = "llama3"
-
-
-class AttentionImpl(str, enum.Enum):
-    """Which attention implementation the model runs (:mod:`jaxrl_llm.models.attention`).
-
-    AUTO picks by backend and shape (``select_attention_impl``): cuDNN flash attention on GPU
-    and the Pallas splash kernel on TPU where they can express the mask, else the naive path
-    for tiny shapes and the decode step, else the blockwise (O(T) memory) path. The others
-    force one; CUDNN and SPLASH still fall back to BLOCKWISE where they cannot apply.
-    RING is ring attention over the mesh's ``context`` axis (``jaxrl_llm.models.ring_attention``);
-    AUTO picks it for self-attention when the ambient mesh (``jax.set_mesh``) has a
-    ``context`` axis of size > 1.
-    """
-
-    AUTO = "auto"
-    NAIVE = "naive"
-    BLOCKWISE = "blockwise"
-    CUDNN = "cudnn"
-    SPLASH = "splash"
-    RING = "ring"
-
-
-class MoeDispatch(str, enum.Enum):
-    """How a sparse MoE block sends tokens to experts (:mod:`jaxrl_llm.models.moe`).
-
-    SORTED sorts the (token, expert) assignments by expert and runs one grouped matmul
-    (``jax.lax.ragged_dot``): the active FLOPs only. DENSE runs every expert on every token and
-    combines with one-hot routing weights (X/k × the FLOPs; for tiny models and checks).
-    """
-
-    SORTED = "sorted"
-    DENSE = "dense"
-
+__all__ = [
+    "HF_ARCHITECTURES",
+    "Activation",
+    "AttentionImpl",
+    "Family",
+    "LayerType",
+    "ModelConfig",
+    "MoeDispatch",
+    "RopeScaling",
+    "dtype_from_name",
+]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -329,9 +279,7 @@ class ModelConfig:
         """A tiny random-init config with odd, distinct sizes for unit tests."""
         family = Family(family)
         if family in (Family.GEMMA2, Family.GEMMA3):
-            from jaxrl_llm.models import gemma
-
-            return cls(**{**gemma.tiny_fields(family), **overrides})
+            return cls(**{**tiny_fields(family), **overrides})
         moe: dict[str, Any] = {}
         if family in (Family.QWEN3_MOE, Family.MIXTRAL):
             # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).
@@ -388,85 +336,4 @@ class ModelConfig:
     def gemma3_270m(cls, **overrides) -> ModelConfig:
         """Gemma 3 270M: 18 layers (5 local : 1 global), D=640, 4 heads / 1 KV head, E=256,
         window 512, tied, V=262144 (:func:`jaxrl_llm.models.gemma.gemma3_270m_fields`)."""
-        from jaxrl_llm.models import gemma
-
-        return cls(**{**gemma.gemma3_270m_fields(), **overrides})
-
-    # ----- transformers interop ------------------------------------------------------------
-    @classmethod
-    def from_hf_config(cls, hf: Any, **overrides) -> ModelConfig:
-        """Build from a transformers ``PretrainedConfig`` (or its ``to_dict()``).
-
-        Raises ValueError naming the architecture when it is not a supported family.
-        """
-        d: Mapping[str, Any] = hf if isinstance(hf, Mapping) else hf.to_dict()
-        if d.get("model_type") == "gemma3" and d.get("text_config"):
-            # Gemma3ForConditionalGeneration: the language model is the text config.
-            d = {"architectures": d.get("architectures"), **d["text_config"]}
-            d["model_type"] = Family.GEMMA3.value
-        model_type = d.get("model_type")
-        try:
-            family = Family(model_type)
-        except ValueError:
-            raise ValueError(
-                f"unsupported architecture model_type={model_type!r} "
-                f"(architectures={d.get('architectures')}); supported: "
-                f"{[f.value for f in Family]}"
-            ) from None
-        rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
-        if rope_type not in {r.value for r in RopeScaling}:
-            raise ValueError(
-                f"unsupported rope scaling {rope_type!r}; supported: "
-                f"{[r.value for r in RopeScaling]}"
-            )
-        rope_theta = d.get("rope_theta")
-        if rope_theta is None:
-            rope_theta = rope.get("rope_theta", 10000.0) if rope else 10000.0
-        eos = d.get("eos_token_id")
-        eos = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
-        sliding = d.get("sliding_window") if family in (Family.MISTRAL, Family.MIXTRAL) else None
-        if family in (Family.QWEN2, Family.QWEN3, Family.QWEN3_MOE) and d.get("use_sliding_window"):
-            sliding = d.get("sliding_window")
-        num_labels = 0
-        archs = d.get("architectures") or []
-        if any(a.endswith("ForSequenceClassification") for a in archs):
-            num_labels = int(d.get("num_labels", len(d.get("id2label", {}) or {0: 0})))
-        kwargs = dict(
-            family=family,
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_layers=d["num_hidden_layers"],
-            num_heads=d["num_attention_heads"],
-            num_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-            head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
-            max_position_embeddings=d.get("max_position_embeddings", 8192),
-            rope_theta=float(rope_theta),
-            rope_scaling=RopeScaling(rope_type),
-            rope_factor=float(rope.get("factor", 1.0)) if rope else 1.0,
-            rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)) if rope else 1.0,
-            rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)) if rope else 4.0,
-            rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192))
-            if rope
-            else 8192,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", family == Family.QWEN2)),
-            qk_norm=family in (Family.QWEN3, Family.QWEN3_MOE),
-            sliding_window=sliding,
-            num_labels=num_labels,
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=eos,
-            pad_token_id=d.get("pad_token_id"),
-        )
-        if family in (Family.GEMMA2, Family.GEMMA3):
-            from jaxrl_llm.models import gemma
-
-            kwargs.update(gemma.fields_from_hf(d, family))
-        if family in (Family.QWEN3_MOE, Family.MIXTRAL):
-            from jaxrl_llm.models import moe
-
-            kwargs.update(moe.fields_from_hf(d, family))
-        kwargs.update(overrides)
-        return cls(**kwargs)
+        return cls(**{**gemma3_270m_fields(), **overrides})

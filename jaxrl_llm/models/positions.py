@@ -77,7 +77,9 @@ def layer_rope_inv_freq(config: ModelConfig) -> jax.Array | None:
     return jnp.where(jnp.asarray(is_local)[:, None], local[None], glob[None])
 
 
-def _check_layer(config: ModelConfig, layer) -> None:
+def check_layer_index(config: ModelConfig, layer) -> None:
+    """ValueError when the config has per-layer types (``config.layer_types``) and no layer
+    index was given: the window and RoPE tables are looked up by that index."""
     if config.layer_types and layer is None:
         raise ValueError(
             "this config has per-layer attention types (layer_types); pass the layer index"

@@ -1,8 +1,13 @@
-"""A pure-function Llama- and Gemma-family decoder with an explicit KV cache.
+"""A pure-function Llama- and Gemma-family decoder with an explicit KV cache: its parameters,
+the trunks and the training-time forward.
 
 Parameters are a plain nested dict (see :func:`init_params`); per-layer weights are stacked
 along a leading ``layers`` axis and the layers run under ``lax.scan`` (one compiled layer body,
-fast compiles, a natural place for rematerialisation). Every parameter dimension has a logical
+fast compiles, a natural place for rematerialisation). The layer itself is
+:func:`jaxrl_llm.models.layer.decoder_layer`, over a store of earlier keys/values: the trunk
+(:func:`trunk`) scans it with no cache (training) or a dense :class:`KVCache`,
+:func:`trunk_shared_prefix` with a group's shared prompt; the paged engine's trunk
+(:func:`jaxrl_llm.models.paged_trunk`) scans the same layer over pages. Every parameter dimension has a logical
 axis name (:func:`param_logical_axes`) so the parallel layer can shard it without touching this
 file.
 
@@ -22,9 +27,7 @@ values up in small constant tables built from the static config (:func:`layer_wi
 :func:`layer_rope_inv_freq`, in :mod:`jaxrl_llm.models.positions`). A global layer's "window" is
 :data:`~jaxrl_llm.models.positions.NO_WINDOW`, larger than any
 position, so every layer runs the same traced program (one compiled layer body, as before)
-and the KV cache stays dense: a local layer keeps all slots and masks out the old ones. The
-per-layer helpers :func:`_project_qkv` and :func:`_attend` take that layer index, so a decode
-step that scans the layers itself gets Gemma by passing it.
+and the KV cache stays dense: a local layer keeps all slots and masks out the old ones.
 
 Mixture of experts (Qwen3-MoE, Mixtral; ``config.num_experts > 0``): every layer's MLP is the
 sparse block of :mod:`jaxrl_llm.models.moe` (router ``[L, D, X]``, experts ``[L, X, D, F_e]``
@@ -36,7 +39,6 @@ so a config is all-sparse or all-dense.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import chex
@@ -45,14 +47,16 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
-from jaxrl_llm.models.config import Activation, ModelConfig
-from jaxrl_llm.models.positions import (
-    _check_layer,
-    apply_rope,
-    layer_rope_inv_freq,
-    layer_windows,
-    rope_inv_freq,
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
+from jaxrl_llm.models.layer import (
+    TokenInfo,
+    apply_norm,
+    decoder_layer,
+    embed_tokens,
+    scan_layers,
 )
+from jaxrl_llm.models.positions import rope_inv_freq
 
 Params = dict[str, Any]
 
@@ -208,193 +212,7 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     return jax.tree.unflatten(treedef, out)
 
 
-# ----- building blocks ------------------------------------------------------------------------
-
-
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float, *, unit_offset: bool = False) -> jax.Array:
-    """RMSNorm ``x / √(mean(x²) + ε)`` times a learned scale (Zhang & Sennrich 2019,
-    https://arxiv.org/abs/1910.07467), normalised in float32.
-
-    ``unit_offset=False`` (Llama): ``w · cast(x̂)``, the product in x's dtype.
-    ``unit_offset=True`` (Gemma 2 / 3, https://arxiv.org/abs/2408.00118): ``cast((1 + w) · x̂)``,
-    the product in float32, with w stored as trained (zero = identity).
-    """
-    dtype = x.dtype
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-    if unit_offset:
-        return (x32 * (1.0 + scale.astype(jnp.float32))).astype(dtype)
-    return scale.astype(dtype) * x32.astype(dtype)
-
-
-def _norm(config: ModelConfig, x: jax.Array, p) -> jax.Array:
-    """The config's RMSNorm of ``x`` with the parameter dict ``p`` (``{"scale": ...}``)."""
-    return rms_norm(x, p["scale"], config.rms_norm_eps, unit_offset=config.rms_norm_unit_offset)
-
-
-def _with_adapter(y, x, p, n_in: int):
-    """``y + (x A) B`` when the projection carries an unmerged LoRA adapter (``lora_a``
-    ``[in, r]``, ``lora_b`` ``[r, out]``, scale folded into B: :func:`models.lora.attach_lora`);
-    ``x``'s last ``n_in`` dims are the kernel's input dims. Otherwise ``y`` unchanged."""
-    if "lora_a" not in p:
-        return y
-    dtype = y.dtype
-    lead = x.shape[: x.ndim - n_in]
-    low = x.reshape(*lead, -1) @ p["lora_a"].astype(dtype)
-    return y + (low @ p["lora_b"].astype(dtype)).reshape(y.shape)
-
-
-def _linear_heads(x_btd, p, dtype):
-    y = _with_adapter(jnp.einsum("btd,dne->btne", x_btd, p["kernel"].astype(dtype)), x_btd, p, 1)
-    if "bias" in p:
-        y = y + p["bias"].astype(dtype)
-    return y
-
-
-def _project_qkv(config: ModelConfig, x_btd, lp, positions_bt, inv_freq, layer=None):
-    """Pre-attention half of a layer: RMSNorm, q/k/v projections, optional q/k norm, RoPE.
-
-    ``inv_freq`` is :func:`rope_inv_freq`; with per-layer types (``config.layer_types``) the
-    frequencies come from :func:`layer_rope_inv_freq` at ``layer`` (the traced layer index,
-    required then) instead. With ``config.query_pre_attn_scalar`` (Gemma) q comes back
-    multiplied by √(E / query_pre_attn_scalar), so attention's 1/√E scaling gives scores
-    q·k / √query_pre_attn_scalar.
-    """
-    dtype = x_btd.dtype
-    c = config
-    _check_layer(c, layer)
-    per_layer = layer_rope_inv_freq(c)
-    if per_layer is not None:
-        inv_freq = per_layer[layer]
-    h = _norm(c, x_btd, lp["attn_norm"])
-    q = _linear_heads(h, lp["q_proj"], dtype)
-    k = _linear_heads(h, lp["k_proj"], dtype)
-    v = _linear_heads(h, lp["v_proj"], dtype)
-    if c.qk_norm:
-        q = _norm(c, q, lp["q_norm"])
-        k = _norm(c, k, lp["k_norm"])
-    q = apply_rope(q, positions_bt, inv_freq)
-    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != c.head_dim:
-        q = q * jnp.asarray(math.sqrt(c.head_dim / c.query_pre_attn_scalar), dtype)
-    return q, apply_rope(k, positions_bt, inv_freq), v
-
-
-def _output_and_mlp(config: ModelConfig, x_btd, attn_btne, lp):
-    """Post-attention half of a layer: output projection + residual, then the gated MLP
-    (SwiGLU, or GeGLU with tanh-GELU for Gemma, or the sparse MoE block); with
-    ``config.post_norms`` (Gemma 2 / 3) the attention and MLP outputs are RMS-normed before
-    each residual add. (:func:`_output_and_mlp_stats` also returns a MoE block's routing
-    statistics.)"""
-    return _output_and_mlp_stats(config, x_btd, attn_btne, lp)[0]
-
-
-def _output_and_mlp_stats(config: ModelConfig, x_btd, attn_btne, lp, token_w=None, mesh=None):
-    """:func:`_output_and_mlp` -> (x, :class:`~jaxrl_llm.models.moe.MoeStats` or None).
-    ``token_w`` ``[B, T]`` weighs each token in the statistics (None = all 1); ``mesh`` is the
-    expert-parallel mesh (:func:`jaxrl_llm.models.moe.sparse_moe`)."""
-    dtype = x_btd.dtype
-    c = config
-    o = jnp.einsum("btne,ned->btd", attn_btne, lp["o_proj"]["kernel"].astype(dtype))
-    o = _with_adapter(o, attn_btne, lp["o_proj"], 2)
-    if c.post_norms:
-        o = _norm(c, o, lp["post_attn_norm"])
-    x = x_btd + o
-    h = _norm(c, x, lp["mlp_norm"])
-    if c.is_moe:
-        down, stats = moe_lib.sparse_moe(c, h, token_w, lp, mesh=mesh)
-    else:
-        down, stats = _dense_mlp(c, h, lp), None
-    if c.post_norms:
-        down = _norm(c, down, lp["post_mlp_norm"])
-    return x + down, stats
-
-
-def _dense_mlp(config: ModelConfig, h_btd, lp):
-    """The gated MLP ``down(act(h W_g) ⊙ h W_u)``: SwiGLU, or GeGLU with tanh-GELU (Gemma)."""
-    dtype = h_btd.dtype
-    h = h_btd
-    gate = _with_adapter(
-        jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype)), h, lp["gate_proj"], 1
-    )
-    up = _with_adapter(
-        jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)), h, lp["up_proj"], 1
-    )
-    if config.mlp_activation == Activation.GELU_TANH:
-        act = jax.nn.gelu(gate, approximate=True) * up
-    else:
-        act = jax.nn.silu(gate) * up
-    down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
-    return _with_adapter(down, act, lp["down_proj"], 1)
-
-
-def _attend(
-    config: ModelConfig, q, k, v, mask: attn_lib.AttentionMask, layer=None, *, one_query=False
-):
-    """Attention of one layer through the configured implementation (``config.attention``),
-    with the config's attention-logit soft cap. The window is ``config.sliding_window``, or,
-    with per-layer types, :func:`layer_windows` at ``layer`` (the traced layer index, required
-    then; the mask must carry positions, as :func:`_self_attention_mask` builds it).
-    ``one_query`` (the paged decode step, T = 1): :func:`attention.one_query_attention`."""
-    _check_layer(config, layer)
-    window: int | jax.Array | None = config.sliding_window
-    if config.layer_types:
-        windows = layer_windows(config)
-        window = None if windows is None else jnp.asarray(windows)[layer]
-    if one_query and q.shape[1] == 1:
-        return attn_lib.one_query_attention(
-            q, k, v, mask, window=window, softcap=config.attn_logit_softcap
-        )
-    return attn_lib.dot_product_attention(
-        q, k, v, mask, window=window, softcap=config.attn_logit_softcap, impl=config.attention
-    )
-
-
-def _layer(
-    config: ModelConfig,
-    x_btd,
-    lp,
-    positions_bt,
-    mask,
-    inv_freq,
-    layer,
-    kv=None,
-    write_index=None,
-    token_w=None,
-    mesh=None,
-):
-    """One decoder layer (``layer`` its traced index). With ``kv`` = (k_cache, v_cache) writes
-    new keys/values at ``write_index`` and attends over the whole cache; returns
-    (x, (k, v), MoE statistics or None)."""
-    dtype = x_btd.dtype
-    c = config
-    q, k, v = _project_qkv(c, x_btd, lp, positions_bt, inv_freq, layer)
-    if kv is not None:
-        # kv = (k_cache [L, B, S, K, E], v_cache): write this layer's new keys/values
-        # in place at (layer, :, write_index) and attend over the layer's slots.
-        k_cache, v_cache = kv
-        zero = jnp.zeros((), jnp.int32)
-        at = (layer, zero, write_index, zero, zero)
-        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], at)
-        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], at)
-        new_kv = (k_cache, v_cache)
-        k_att = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False).astype(dtype)
-        v_att = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False).astype(dtype)
-    else:
-        new_kv = None
-        k_att, v_att = k, v
-    attn = _attend(c, q, k_att, v_att, mask, layer)
-    x, stats = _output_and_mlp_stats(c, x_btd, attn, lp, token_w, mesh)
-    return x, new_kv, stats
-
-
-def _embed(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
-    """Token embeddings in the compute dtype, times √D in that dtype when
-    ``config.scale_embeddings`` (Gemma)."""
-    dtype = config.compute_jnp_dtype
-    x = params["embed"]["embedding"].astype(dtype)[tokens]
-    if config.scale_embeddings:
-        x = x * jnp.asarray(math.sqrt(config.hidden_size), dtype)
-    return x
+# ----- the trunks: one layer scan over a store ----------------------------------------------
 
 
 def default_positions(attention_mask: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
@@ -409,19 +227,6 @@ def default_positions(attention_mask: jax.Array, segment_ids: jax.Array | None =
     )
     start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
     return (idx - start_idx).astype(jnp.int32)
-
-
-Remat = str  # "none" | "full" | "dots"
-
-
-def _remat_policy(remat: str):
-    if remat == "none":
-        return None
-    if remat == "full":
-        return jax.checkpoint_policies.nothing_saveable
-    if remat == "dots":
-        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    raise ValueError(f"unknown remat policy {remat!r}; allowed: 'none', 'full', 'dots'")
 
 
 def _self_attention_mask(config: ModelConfig, attention_mask, positions, segment_ids=None):
@@ -493,7 +298,10 @@ def _trunk(
     remat: str,
     mesh: jax.sharding.Mesh | None,
 ):
-    """:func:`trunk` -> (hidden, new cache, per-layer MoE statistics ``[L, ...]`` or None)."""
+    """:func:`trunk` -> (hidden, new cache, per-layer MoE statistics ``[L, ...]`` or None):
+    :func:`~jaxrl_llm.models.layer.decoder_layer` scanned with a
+    :class:`~jaxrl_llm.models.kv_stores.NoCache` or a
+    :class:`~jaxrl_llm.models.kv_stores.DenseCache` store."""
     c = config
     chex.assert_rank(tokens, 2)
     b, t = tokens.shape
@@ -503,76 +311,48 @@ def _trunk(
     if positions is None:
         positions = default_positions(attention_mask, segment_ids)
     chex.assert_shape(positions, (b, t))
-    inv_freq = rope_inv_freq(c)
-
-    x = _embed(c, params, tokens)
-
-    if cache is None:
-        mask = _self_attention_mask(c, key_mask, positions, segment_ids)
-    else:
-        if segment_ids is not None:
-            raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
-        write = cache.index
-        new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
-        new_pos = jax.lax.dynamic_update_slice_in_dim(
-            cache.positions, positions.astype(jnp.int32), write, 1
-        )
-        # Slot s is visible to the query in slot write + i when s ≤ write + i, it holds a real
-        # token and (sliding window) is close enough; a query always sees itself.
-        window = c.uses_window
-        mask = attn_lib.AttentionMask(
-            q_index=(write + jnp.arange(t)).astype(jnp.int32),
-            k_valid=new_mask,
-            q_positions=positions.astype(jnp.int32) if window else None,
-            k_positions=new_pos if window else None,
-        )
-
-    token_w = attention_mask.astype(jnp.float32)
-    layer_fn = lambda x, lp, layer, kv: _layer(
-        c,
-        x,
-        lp,
-        positions,
-        mask,
-        inv_freq,
-        layer,
-        kv,
-        None if cache is None else cache.index,
-        token_w,
-        mesh,
-    )
-    policy = _remat_policy(remat)
-    if policy is not None:
-        layer_fn = jax.checkpoint(layer_fn, policy=policy)
-    layers_idx = jnp.arange(c.num_layers, dtype=jnp.int32)
+    info = TokenInfo(positions, rope_inv_freq(c), attention_mask.astype(jnp.float32))
+    x = embed_tokens(c, params, tokens)
 
     if cache is None:
+        # The store never changes: closed over, not carried (under autodiff a carried mask
+        # would be saved once per layer).
+        no_cache = NoCache(_self_attention_mask(c, key_mask, positions, segment_ids))
 
-        def body(x, xs):
-            lp, layer = xs
-            x, _, stats = layer_fn(x, lp, layer, None)
+        def step(x, lp, layer):
+            x, _, stats = decoder_layer(c, lp, x, no_cache, info, layer, mesh=mesh)
             return x, stats
 
-        x, stats = jax.lax.scan(body, x, (params["layers"], layers_idx))
-        new_cache = None
-    else:
-        # The whole cache rides in the scan carry so each layer updates its slots in place
-        # (as xs/ys the scan would read and rewrite the entire cache every decode step).
-        def body(carry, xs):
-            x, k_all, v_all = carry
-            lp, layer = xs
-            x, (k_all, v_all), stats = layer_fn(x, lp, layer, (k_all, v_all))
-            return (x, k_all, v_all), stats
+        x, stats = scan_layers(c, params["layers"], x, step, remat=remat)
+        x = apply_norm(c, x, params["final_norm"])
+        return x, None, stats
 
-        (x, k_new, v_new), stats = jax.lax.scan(
-            body, (x, cache.k, cache.v), (params["layers"], layers_idx)
-        )
-        new_cache = KVCache(
-            k=k_new, v=v_new, mask=new_mask, positions=new_pos, index=cache.index + t
-        )
+    if segment_ids is not None:
+        raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
+    write = cache.index
+    new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
+    new_pos = jax.lax.dynamic_update_slice_in_dim(
+        cache.positions, positions.astype(jnp.int32), write, 1
+    )
+    # Slot s is visible to the query in slot write + i when s ≤ write + i, it holds a real
+    # token and (sliding window) is close enough; a query always sees itself.
+    window = c.uses_window
+    mask = attn_lib.AttentionMask(
+        q_index=(write + jnp.arange(t)).astype(jnp.int32),
+        k_valid=new_mask,
+        q_positions=positions.astype(jnp.int32) if window else None,
+        k_positions=new_pos if window else None,
+    )
 
-    x = _norm(c, x, params["final_norm"])
-    return x, new_cache, stats
+    def cached_step(carry, lp, layer):
+        x, store = carry
+        x, store, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
+        return (x, store), stats
+
+    store = DenseCache(k=cache.k, v=cache.v, index=write, mask=mask)
+    (x, store), stats = scan_layers(c, params["layers"], (x, store), cached_step, remat=remat)
+    new_cache = KVCache(k=store.k, v=store.v, mask=new_mask, positions=new_pos, index=write + t)
+    return apply_norm(c, x, params["final_norm"]), new_cache, stats
 
 
 def trunk_shared_prefix(
@@ -635,7 +415,10 @@ def _trunk_shared_prefix(
     mesh: jax.sharding.Mesh | None,
 ):
     """:func:`trunk_shared_prefix` -> (hidden, per-layer MoE statistics or None); a shared
-    prompt token counts G times in the statistics, as in the plain forward."""
+    prompt token counts G times in the statistics, as in the plain forward. Each scanned step
+    runs :func:`~jaxrl_llm.models.layer.decoder_layer` on the prompt rows with a
+    :class:`~jaxrl_llm.models.kv_stores.GroupPrompt` store, then on the completions with a
+    :class:`~jaxrl_llm.models.kv_stores.SharedPrompt` of the keys/values it kept."""
     c = config
     chex.assert_rank(tokens, 2)
     b, t = tokens.shape
@@ -654,7 +437,9 @@ def _trunk_shared_prefix(
     pos_p, pos_c = positions[::g, :tp], positions[:, tp:]
     window = c.uses_window
     # Prompt queries over prompt keys (one row per group): causal self-attention.
-    mask_p = _self_attention_mask(c, None if key_mask is None else key_mask[::g, :tp], pos_p)
+    prompt = GroupPrompt(
+        _self_attention_mask(c, None if key_mask is None else key_mask[::g, :tp], pos_p)
+    )
     # Completion queries (slots tp..T−1) over every key of their row.
     mask_c = attn_lib.AttentionMask(
         q_index=jnp.arange(tp, t, dtype=jnp.int32),
@@ -662,33 +447,21 @@ def _trunk_shared_prefix(
         q_positions=pos_c if window else None,
         k_positions=positions if window else None,
     )
-    x_p, x_c = _embed(c, params, tokens[::g, :tp]), _embed(c, params, tokens[:, tp:])
-    w_p = attention_mask[::g, :tp].astype(jnp.float32) * g
-    w_c = attention_mask[:, tp:].astype(jnp.float32)
+    info_p = TokenInfo(pos_p, inv_freq, attention_mask[::g, :tp].astype(jnp.float32) * g)
+    info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32))
+    x_p, x_c = embed_tokens(c, params, tokens[::g, :tp]), embed_tokens(c, params, tokens[:, tp:])
 
-    def layer_fn(x_p, x_c, lp, layer):
-        q_p, k_p, v_p = _project_qkv(c, x_p, lp, pos_p, inv_freq, layer)
-        q_c, k_c, v_c = _project_qkv(c, x_c, lp, pos_c, inv_freq, layer)
-        attn_p = _attend(c, q_p, k_p, v_p, mask_p, layer)
-        k_all = jnp.concatenate([jnp.repeat(k_p, g, axis=0), k_c], axis=1)
-        v_all = jnp.concatenate([jnp.repeat(v_p, g, axis=0), v_c], axis=1)
-        attn_c = _attend(c, q_c, k_all, v_all, mask_c, layer)
-        x_p, stats_p = _output_and_mlp_stats(c, x_p, attn_p, lp, w_p, mesh)
-        x_c, stats_c = _output_and_mlp_stats(c, x_c, attn_c, lp, w_c, mesh)
+    def step(carry, lp, layer):
+        x_p, x_c = carry
+        x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
+        shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
+        x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
         stats = None if stats_p is None else jax.tree.map(jnp.add, stats_p, stats_c)
         return (x_p, x_c), stats
 
-    policy = _remat_policy(remat)
-    if policy is not None:
-        layer_fn = jax.checkpoint(layer_fn, policy=policy)
-
-    def body(carry, xs):
-        return layer_fn(*carry, *xs)
-
-    layers_idx = jnp.arange(c.num_layers, dtype=jnp.int32)
-    (x_p, x_c), stats = jax.lax.scan(body, (x_p, x_c), (params["layers"], layers_idx))
+    (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
-    return _norm(c, x, params["final_norm"]), stats
+    return apply_norm(c, x, params["final_norm"]), stats
 
 
 def unembedding(params: Params, config: ModelConfig) -> jax.Array:

@@ -17,18 +17,7 @@ from jaxrl_llm.sampling.filters import (
     top_k_filter,
     top_p_filter,
 )
-from jaxrl_llm.sampling.paged import (
-    PageAllocator,
-    PagedKVCache,
-    PageTable,
-    copy_pages,
-    gather_pages,
-    init_paged_cache,
-    paged_attention,
-    paged_trunk,
-    pages_for,
-    write_prompt_pages,
-)
+from jaxrl_llm.sampling.paged import PageAllocator, PageTable, pages_for
 from jaxrl_llm.sampling.paged_generate import ROLLOUT_ENGINES, generate_paged
 from jaxrl_llm.sampling.slots import (
     SlotState,
@@ -64,14 +53,7 @@ __all__ = [
     "store_prompts",
     "PageAllocator",
     "PageTable",
-    "PagedKVCache",
-    "copy_pages",
-    "gather_pages",
-    "init_paged_cache",
-    "paged_attention",
-    "paged_trunk",
     "pages_for",
-    "write_prompt_pages",
     "DEFAULT_BUCKETS",
     "DecodeState",
     "Rollout",

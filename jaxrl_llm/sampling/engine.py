@@ -1,4 +1,5 @@
-"""Continuous batching over the paged KV cache (:mod:`jaxrl_llm.sampling.paged`).
+"""Continuous batching over the paged KV cache (:mod:`jaxrl_llm.models.paged_store`; page
+tables :mod:`jaxrl_llm.sampling.paged`).
 
 A fixed number of decode slots S. The host admits whole groups (a prompt and its G samples)
 into free slots: the group's prompt is prefilled once (the static engine's :func:`prefill`),
@@ -39,15 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.models import ModelConfig
+from jaxrl_llm.models import NULL_PAGE, ModelConfig, init_paged_cache
 from jaxrl_llm.sampling.config import SamplingConfig, bucket_length
 from jaxrl_llm.sampling.decode import prefill
-from jaxrl_llm.sampling.paged import (
-    NULL_PAGE,
-    PageTable,
-    init_paged_cache,
-    pages_for,
-)
+from jaxrl_llm.sampling.paged import PageTable, pages_for
 from jaxrl_llm.sampling.slots import (
     POW2,
     SlotState,

@@ -1,6 +1,7 @@
 """Device side of the continuous-batching engine: the slots' state and its jitted programs.
 
-:class:`SlotState` holds S decode slots over a paged KV cache (:mod:`.paged`);
+:class:`SlotState` holds S decode slots over a paged KV cache
+(:mod:`jaxrl_llm.models.paged_store`; the host's page tables are :mod:`.paged`);
 :func:`decode_chunk` runs up to n decode steps of every slot in one ``lax.while_loop``
 (state donated, no host round trip per token); :func:`admit_rows` starts rows in free slots;
 :func:`store_prompts` / :func:`cow_copy` write a prefilled prompt into pages and copy a
@@ -18,15 +19,16 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models import ModelConfig, logits_from_hidden
-from jaxrl_llm.sampling.filters import row_keys, select_tokens
-from jaxrl_llm.sampling.paged import (
+from jaxrl_llm.models import (
     NULL_PAGE,
+    ModelConfig,
     PagedKVCache,
     copy_pages,
+    logits_from_hidden,
     paged_trunk,
     write_prompt_pages,
 )
+from jaxrl_llm.sampling.filters import row_keys, select_tokens
 
 _TRACES: collections.Counter = collections.Counter()
 POW2 = tuple(2**i for i in range(16))

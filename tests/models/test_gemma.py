@@ -216,14 +216,13 @@ def test_shared_prefix_trunk_equals_plain_trunk():
 
 
 def test_layer_helpers_need_the_layer_index_for_per_layer_types():
-    from jaxrl_llm.models import transformer as T
-
     c = M.ModelConfig.tiny(Family.GEMMA3)
     params = M.init_params(c, jax.random.PRNGKey(1))
     lp = jax.tree.map(lambda x: x[0], params["layers"])
     x = jnp.zeros((1, 2, c.hidden_size))
+    info = M.TokenInfo(jnp.zeros((1, 2), jnp.int32), M.rope_inv_freq(c))
     with pytest.raises(ValueError, match="layer index"):
-        T._project_qkv(c, x, lp, jnp.zeros((1, 2), jnp.int32), M.rope_inv_freq(c))
+        M.project_qkv(c, lp, x, info)
     np.testing.assert_array_equal(M.layer_windows(c), [WINDOW, M.NO_WINDOW, WINDOW])
     inv = np.asarray(M.layer_rope_inv_freq(c))
     assert inv.shape == (3, c.head_dim // 2) and inv[0, 1] > inv[1, 1]  # 1e4 vs 1e6 base

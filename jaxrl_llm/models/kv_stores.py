@@ -1,0 +1,136 @@
+"""The attention stores of the dense trunks (:class:`~jaxrl_llm.models.layer.KVStore`s).
+
+Each is a frozen dataclass registered as a pytree: its arrays are leaves, a size it needs at
+trace time (the group size) is static. Every method is a pure function of the store and the
+new keys/values; an updated store comes back as a new value.
+
+- :class:`NoCache`: the training forward; the new tokens are all there is (causal
+  self-attention, padding, packing, sliding windows by RoPE position).
+- :class:`DenseCache`: the preallocated cache of prefill and the static engine
+  (:class:`~jaxrl_llm.models.KVCache`): this layer's new keys/values are written at one slot
+  index for every row, the queries read every slot the mask allows.
+- :class:`GroupPrompt` then :class:`SharedPrompt`: a group's prompt computed once per group.
+  The prompt rows (one per group) run as self-attention and keep their keys/values; the G
+  completions of each group attend to those keys repeated G times and to their own.
+
+The paged engine's store is :class:`jaxrl_llm.models.paged_store.Pages`.
+
+Shapes: B rows, T new tokens, S cache slots, L layers, H query heads, K key/value heads,
+E head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.attention_mask import AttentionMask
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.layer import KVStore, attend
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["mask"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class NoCache(KVStore):
+    """No cache: the new tokens attend to each other only (the training forward).
+
+    Attributes:
+      mask: the :class:`AttentionMask` of the new tokens' causal self-attention
+        (:func:`jaxrl_llm.models.causal_self_mask`).
+    """
+
+    mask: AttentionMask
+
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+        """Causal self-attention of the new tokens; the store is unchanged."""
+        return attend(config, q_btne, k_btke, v_btke, self.mask, layer), self
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["k", "v", "index", "mask"], meta_fields=[]
+)
+@dataclasses.dataclass(frozen=True)
+class DenseCache(KVStore):
+    """A dense KV cache: every row's slots ``[S]`` of every layer, written at one slot index.
+
+    Attributes:
+      k, v: ``[L, B, S, K, E]`` keys (after RoPE) and values of every layer.
+      index: ``[]`` int32 slot of the first new token (the same for every row).
+      mask: the :class:`AttentionMask` of the new queries (slots ``index + t``) over the S
+        slots, with this call's tokens already marked valid.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    index: jax.Array
+    mask: AttentionMask
+
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+        """Write the new keys/values in place at ``(layer, :, index)`` and attend over the
+        layer's S slots; returns (``[B, T, H, E]``, the store with the written cache)."""
+        zero = jnp.zeros((), jnp.int32)
+        at = (layer, zero, self.index, zero, zero)
+        k_all = jax.lax.dynamic_update_slice(self.k, k_btke.astype(self.k.dtype)[None], at)
+        v_all = jax.lax.dynamic_update_slice(self.v, v_btke.astype(self.v.dtype)[None], at)
+        dtype = q_btne.dtype
+        k_att = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False).astype(dtype)
+        v_att = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False).astype(dtype)
+        out = attend(config, q_btne, k_att, v_att, self.mask, layer)
+        return out, dataclasses.replace(self, k=k_all, v=v_all)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["mask", "k", "v"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class GroupPrompt(KVStore):
+    """A group's prompt, one row per group: causal self-attention that keeps this layer's
+    keys/values for the group's completions (:class:`SharedPrompt`).
+
+    Attributes:
+      mask: the :class:`AttentionMask` of the prompt rows' causal self-attention.
+      k, v: ``[B/G, T_p, K, E]`` the last attended layer's prompt keys/values (None before).
+    """
+
+    mask: AttentionMask
+    k: jax.Array | None = None
+    v: jax.Array | None = None
+
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+        """Self-attention of the prompt rows; the store comes back holding their keys/values."""
+        out = attend(config, q_btne, k_btke, v_btke, self.mask, layer)
+        return out, dataclasses.replace(self, k=k_btke, v=v_btke)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["k", "v", "mask"],
+    meta_fields=["group_size"],
+)
+@dataclasses.dataclass(frozen=True)
+class SharedPrompt(KVStore):
+    """The completions of groups of G rows that share a prompt computed once per group.
+
+    Row ``g·G + i`` reads its group's prompt keys/values (``k[g]``, repeated G times; under
+    autodiff the repeat's transpose sums the G completions' gradients into the prompt) and
+    then its own new tokens'.
+
+    Attributes:
+      k, v: ``[B/G, T_p, K, E]`` this layer's prompt keys/values (:attr:`GroupPrompt.k`).
+      mask: the :class:`AttentionMask` of the completion queries (slots ``T_p + t``) over the
+        ``T_p + T`` keys of their row.
+      group_size: static G.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: AttentionMask
+    group_size: int
+
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+        """Attention of the completions over [prompt; completion] keys; store unchanged."""
+        g = self.group_size
+        k_all = jnp.concatenate([jnp.repeat(self.k, g, axis=0), k_btke], axis=1)
+        v_all = jnp.concatenate([jnp.repeat(self.v, g, axis=0), v_btke], axis=1)
+        return attend(config, q_btne, k_all, v_all, self.mask, layer), self

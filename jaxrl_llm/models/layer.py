@@ -1,0 +1,409 @@
+"""One decoder layer, written once, over a store of what earlier tokens left behind.
+
+Every trunk and both engines run this layer (:func:`decoder_layer`)::
+
+    h = norm(x);   y, store = store.mix(h);   x = x + post_norm(y)
+    h = norm(x);   z = MLP(h) or MoE(h);      x = x + post_norm(z)
+
+(the post-norms only with ``config.post_norms``, Gemma 2 / 3). The *store* is what the layer's
+token mixer remembers of earlier tokens, and how the new tokens mix with it. It is data: a
+pytree passed in and returned (``(x, store) -> (y, new store)``), never hidden state, holding
+every layer's memory and indexed by the traced layer index. Attention layers mix the same way
+whatever their store (:func:`attention_block`: q/k/v projections, q/k norm, RoPE, the query
+scale, attention, the output projection); their stores (:class:`KVStore`) differ only in
+:meth:`KVStore.attend`, where the new keys/values go and which keys a query reads:
+
+- ``NoCache``: the new tokens' own keys (causal, packing); the training forward.
+- ``DenseCache``: a :class:`~jaxrl_llm.models.KVCache` ``[L, B, S, K, E]`` written at one slot
+  index for every row; prefill and the static engine's decode step.
+- ``GroupPrompt`` then ``SharedPrompt``: a group's prompt run once (one row per group), its G
+  completions reading its keys repeated G times; :func:`jaxrl_llm.models.trunk_shared_prefix`.
+- ``Pages``: the page pool, each row's pages gathered; the paged engine.
+
+The stores live in :mod:`.kv_stores` and :mod:`.paged_store`. :func:`scan_layers` is the one
+layer scan: the trunk (:func:`jaxrl_llm.models.trunk`), the shared-prompt trunk and the paged
+trunk (:func:`jaxrl_llm.models.paged_trunk`) each give it a step that calls
+:func:`decoder_layer` with their store. A layer feature (a norm, a gate, an activation, an MLP
+variant) therefore goes here, once: in :func:`decoder_layer`, :func:`attention_block` or
+:func:`mlp_block`.
+
+**A per-row recurrent state is one more store.** The Gated DeltaNet layers of Qwen3.5-class
+hybrids keep, per row, a causal-conv window (the last W − 1 projected inputs, ``[B, C, W−1]``)
+and the delta rule's matrix ``[B, H, K, V]``, each read and written once per call. Their store
+is a frozen pytree dataclass ``RecurrentState(conv [L', B, C, W−1], state [L', B, H, K, V])``
+whose :meth:`Store.mix` reads its layer's window and matrix (``dynamic_index`` at the layer,
+as :class:`DenseCache` reads its keys), runs the layer's input projections, the conv over
+[window; new tokens], the delta rule over the T new tokens (one update per token when T = 1,
+the chunked parallel form when T > 1), the gated RMSNorm and the output projection, and
+writes the last W − 1 inputs and the new matrix back: ``(y [B, T, D], new store)``, what
+:func:`attention_block` returns. :func:`decoder_layer` does not change; it calls
+``store.mix`` between its norms and residuals. A hybrid stack scans the periods of its layer
+pattern (e.g. three linear layers then one full-attention layer) with both stores in the
+carry; the paged engine pairs its pages with states indexed by slot (a group's prompt state
+copied to its G rows where its prompt pages are shared); the shared-prompt trunk repeats the
+prompt's final state G times where :class:`SharedPrompt` repeats the prompt's keys.
+
+Shapes: B rows, T new tokens, D model width, H query heads, K key/value heads, E head dim,
+F MLP width, L layers.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models import attention as attn_lib
+from jaxrl_llm.models import moe as moe_lib
+from jaxrl_llm.models.config import Activation, ModelConfig
+from jaxrl_llm.models.positions import (
+    apply_rope,
+    check_layer_index,
+    layer_rope_inv_freq,
+    layer_windows,
+)
+
+Params = dict[str, Any]
+
+
+class TokenInfo(NamedTuple):
+    """What every layer needs to know of the new tokens, built once per forward (a pytree).
+
+    Attributes:
+      positions: ``[B, T]`` int32 RoPE position of each new token.
+      inv_freq: ``[E/2]`` RoPE inverse frequencies (:func:`jaxrl_llm.models.rope_inv_freq`);
+        with per-layer types each layer's come from
+        :func:`jaxrl_llm.models.layer_rope_inv_freq` at its index instead.
+      weights: ``[B, T]`` float32 weight of each token in a mixture of experts' routing
+        statistics (the attention mask); None = 1 each.
+    """
+
+    positions: jax.Array
+    inv_freq: jax.Array
+    weights: jax.Array | None = None
+
+
+class Store(Protocol):
+    """What a layer's token mixer remembers of earlier tokens, for every layer (a pytree).
+
+    The one method, :meth:`mix`, mixes the new tokens with that memory and writes them in.
+    """
+
+    def mix(
+        self, config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: TokenInfo, layer
+    ) -> tuple[jax.Array, Store]:
+        """The token mixer of layer ``layer`` over this store.
+
+        Args:
+          config: the model config.
+          lp: the layer's parameters (one slice of the stacked ``params["layers"]``).
+          h_btd: ``[B, T, D]`` the normed new tokens.
+          tokens: :class:`TokenInfo` of the new tokens.
+          layer: ``[]`` int32 traced layer index.
+        Returns:
+          (``[B, T, D]`` the mixer's output, before the residual add; the updated store).
+        """
+        ...
+
+
+class KVStore(abc.ABC):
+    """Base of the attention layers' stores: they mix through :func:`attention_block` and
+    differ only in :meth:`attend`."""
+
+    @abc.abstractmethod
+    def attend(
+        self, config: ModelConfig, q_btne: jax.Array, k_btke: jax.Array, v_btke: jax.Array, layer
+    ) -> tuple[jax.Array, KVStore]:
+        """Write layer ``layer``'s new keys/values and attend the new queries over the keys
+        this store lets them see.
+
+        Args:
+          config: the model config (attention implementation, window, soft cap).
+          q_btne: ``[B, T, H, E]`` queries (RoPE applied, scaled).
+          k_btke, v_btke: ``[B, T, K, E]`` the new tokens' keys (RoPE applied) and values.
+          layer: ``[]`` int32 traced layer index.
+        Returns:
+          (``[B, T, H, E]``, the updated store).
+        """
+
+    def mix(
+        self, config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: TokenInfo, layer
+    ) -> tuple[jax.Array, KVStore]:
+        """:meth:`Store.mix` of an attention layer: :func:`attention_block` over this store."""
+        return attention_block(config, lp, h_btd, tokens, layer, self)
+
+
+# ----- building blocks ------------------------------------------------------------------------
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, *, unit_offset: bool = False) -> jax.Array:
+    """RMSNorm ``x / √(mean(x²) + ε)`` times a learned scale (Zhang & Sennrich 2019,
+    https://arxiv.org/abs/1910.07467), normalised in float32.
+
+    ``unit_offset=False`` (Llama): ``w · cast(x̂)``, the product in x's dtype.
+    ``unit_offset=True`` (Gemma 2 / 3, https://arxiv.org/abs/2408.00118): ``cast((1 + w) · x̂)``,
+    the product in float32, with w stored as trained (zero = identity).
+    """
+    dtype = x.dtype
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    if unit_offset:
+        return (x32 * (1.0 + scale.astype(jnp.float32))).astype(dtype)
+    return scale.astype(dtype) * x32.astype(dtype)
+
+
+def apply_norm(config: ModelConfig, x: jax.Array, p: Params) -> jax.Array:
+    """The config's RMSNorm (ε, unit offset) of ``x`` with one norm's parameters ``p``
+    (``{"scale": [D]}``)."""
+    return rms_norm(x, p["scale"], config.rms_norm_eps, unit_offset=config.rms_norm_unit_offset)
+
+
+def embed_tokens(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
+    """Token embeddings ``[B, T, D]`` in the compute dtype, times √D in that dtype when
+    ``config.scale_embeddings`` (Gemma)."""
+    chex.assert_rank(tokens, 2)
+    dtype = config.compute_jnp_dtype
+    x = params["embed"]["embedding"].astype(dtype)[tokens]
+    if config.scale_embeddings:
+        x = x * jnp.asarray(math.sqrt(config.hidden_size), dtype)
+    return x
+
+
+def _with_adapter(y, x, p, n_in: int):
+    """``y + (x A) B`` when the projection carries an unmerged LoRA adapter (``lora_a``
+    ``[in, r]``, ``lora_b`` ``[r, out]``, scale folded into B: :func:`models.lora.attach_lora`);
+    ``x``'s last ``n_in`` dims are the kernel's input dims. Otherwise ``y`` unchanged."""
+    if "lora_a" not in p:
+        return y
+    dtype = y.dtype
+    lead = x.shape[: x.ndim - n_in]
+    low = x.reshape(*lead, -1) @ p["lora_a"].astype(dtype)
+    return y + (low @ p["lora_b"].astype(dtype)).reshape(y.shape)
+
+
+def _linear_heads(x_btd, p, dtype):
+    y = _with_adapter(jnp.einsum("btd,dne->btne", x_btd, p["kernel"].astype(dtype)), x_btd, p, 1)
+    if "bias" in p:
+        y = y + p["bias"].astype(dtype)
+    return y
+
+
+def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: TokenInfo, layer=None):
+    """Queries, keys and values of the normed new tokens: q/k/v projections (with bias and
+    LoRA adapters when present), optional per-head q/k RMSNorm (Qwen3, Gemma 3), RoPE.
+
+    With per-layer types (``config.layer_types``) the RoPE frequencies come from
+    :func:`layer_rope_inv_freq` at ``layer`` (the traced layer index, required then) instead
+    of ``tokens.inv_freq``. With ``config.query_pre_attn_scalar`` (Gemma) q comes back
+    multiplied by √(E / query_pre_attn_scalar), so attention's 1/√E scaling gives scores
+    q·k / √query_pre_attn_scalar.
+
+    Returns:
+      (q ``[B, T, H, E]``, k ``[B, T, K, E]``, v ``[B, T, K, E]``) in ``h_btd``'s dtype.
+    """
+    chex.assert_rank(h_btd, 3)
+    c = config
+    check_layer_index(c, layer)
+    dtype = h_btd.dtype
+    inv_freq = tokens.inv_freq
+    per_layer = layer_rope_inv_freq(c)
+    if per_layer is not None:
+        inv_freq = per_layer[layer]
+    q = _linear_heads(h_btd, lp["q_proj"], dtype)
+    k = _linear_heads(h_btd, lp["k_proj"], dtype)
+    v = _linear_heads(h_btd, lp["v_proj"], dtype)
+    if c.qk_norm:
+        q = apply_norm(c, q, lp["q_norm"])
+        k = apply_norm(c, k, lp["k_norm"])
+    q = apply_rope(q, tokens.positions, inv_freq)
+    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != c.head_dim:
+        q = q * jnp.asarray(math.sqrt(c.head_dim / c.query_pre_attn_scalar), dtype)
+    return q, apply_rope(k, tokens.positions, inv_freq), v
+
+
+def attend(
+    config: ModelConfig,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: attn_lib.AttentionMask,
+    layer=None,
+    *,
+    one_query: bool = False,
+) -> jax.Array:
+    """Attention of one layer through the configured implementation (``config.attention``),
+    with the config's attention-logit soft cap.
+
+    The window is ``config.sliding_window``, or, with per-layer types, :func:`layer_windows`
+    at ``layer`` (the traced layer index, required then; the mask must carry positions).
+    ``one_query`` (the paged decode step, T = 1): :func:`attention.one_query_attention`.
+
+    Args:
+      q: ``[B, T, H, E]``; k, v: ``[B, S, K, E]``; mask: the :class:`AttentionMask`.
+    Returns:
+      ``[B, T, H, E]``.
+    """
+    check_layer_index(config, layer)
+    window: int | jax.Array | None = config.sliding_window
+    if config.layer_types:
+        windows = layer_windows(config)
+        window = None if windows is None else jnp.asarray(windows)[layer]
+    if one_query and q.shape[1] == 1:
+        return attn_lib.one_query_attention(
+            q, k, v, mask, window=window, softcap=config.attn_logit_softcap
+        )
+    return attn_lib.dot_product_attention(
+        q, k, v, mask, window=window, softcap=config.attn_logit_softcap, impl=config.attention
+    )
+
+
+def attention_block(
+    config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: TokenInfo, layer, store: KVStore
+) -> tuple[jax.Array, KVStore]:
+    """The attention layers' token mixer over a :class:`KVStore`: :func:`project_qkv`, the
+    store's :meth:`~KVStore.attend`, the output projection (with its LoRA adapter).
+
+    Returns:
+      (``[B, T, D]`` before the residual add, the updated store).
+    """
+    dtype = h_btd.dtype
+    q, k, v = project_qkv(config, lp, h_btd, tokens, layer)
+    attn, store = store.attend(config, q, k, v, layer)
+    o = jnp.einsum("btne,ned->btd", attn, lp["o_proj"]["kernel"].astype(dtype))
+    return _with_adapter(o, attn, lp["o_proj"], 2), store
+
+
+def _dense_mlp(config: ModelConfig, h_btd, lp):
+    """The gated MLP ``down(act(h W_g) ⊙ h W_u)``: SwiGLU, or GeGLU with tanh-GELU (Gemma)."""
+    dtype = h_btd.dtype
+    h = h_btd
+    gate = _with_adapter(
+        jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype)), h, lp["gate_proj"], 1
+    )
+    up = _with_adapter(
+        jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)), h, lp["up_proj"], 1
+    )
+    if config.mlp_activation == Activation.GELU_TANH:
+        act = jax.nn.gelu(gate, approximate=True) * up
+    else:
+        act = jax.nn.silu(gate) * up
+    down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
+    return _with_adapter(down, act, lp["down_proj"], 1)
+
+
+def mlp_block(
+    config: ModelConfig,
+    lp: Params,
+    h_btd: jax.Array,
+    tokens: TokenInfo,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[jax.Array, moe_lib.MoeStats | None]:
+    """The layer's MLP on the normed ``h_btd``: the gated MLP (SwiGLU, or GeGLU with tanh-GELU
+    for Gemma), or with ``config.num_experts`` the sparse MoE block
+    (:func:`jaxrl_llm.models.moe.sparse_moe`, over ``mesh``'s expert axis, its routing
+    statistics weighted by ``tokens.weights``).
+
+    Returns:
+      (``[B, T, D]`` before the residual add, :class:`~jaxrl_llm.models.moe.MoeStats` or None).
+    """
+    if config.is_moe:
+        return moe_lib.sparse_moe(config, h_btd, tokens.weights, lp, mesh=mesh)
+    return _dense_mlp(config, h_btd, lp), None
+
+
+def decoder_layer(
+    config: ModelConfig,
+    lp: Params,
+    x_btd: jax.Array,
+    store: Store,
+    tokens: TokenInfo,
+    layer,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[jax.Array, Any, moe_lib.MoeStats | None]:
+    """One pre-norm decoder layer over ``store``: the token mixer (``store.mix``) and the MLP,
+    each with its RMSNorm before and residual add after; with ``config.post_norms`` (Gemma 2 /
+    3) their outputs are RMS-normed before each add.
+
+    Args:
+      config: the model config.
+      lp: this layer's parameters (one slice of ``params["layers"]``).
+      x_btd: ``[B, T, D]`` the residual stream of the new tokens.
+      store: the :class:`Store` (an attention layer's :class:`KVStore`).
+      tokens: :class:`TokenInfo` of the new tokens.
+      layer: ``[]`` int32 traced layer index.
+      mesh: the expert-parallel mesh of a mixture of experts (unused by dense models).
+    Returns:
+      (``[B, T, D]`` the new residual stream, the updated store, the MoE block's
+      :class:`~jaxrl_llm.models.moe.MoeStats` or None).
+    """
+    chex.assert_rank(x_btd, 3)
+    chex.assert_shape(tokens.positions, x_btd.shape[:2])
+    c = config
+    h = apply_norm(c, x_btd, lp["attn_norm"])
+    y, store = store.mix(c, lp, h, tokens, layer)
+    if c.post_norms:
+        y = apply_norm(c, y, lp["post_attn_norm"])
+    x = x_btd + y
+    h = apply_norm(c, x, lp["mlp_norm"])
+    z, stats = mlp_block(c, lp, h, tokens, mesh)
+    if c.post_norms:
+        z = apply_norm(c, z, lp["post_mlp_norm"])
+    return x + z, store, stats
+
+
+# ----- the layer scan -------------------------------------------------------------------------
+
+
+def remat_policy(remat: str):
+    """The ``jax.checkpoint`` policy of a rematerialisation name: 'none' (None: no
+    checkpoint), 'full' (save nothing) or 'dots' (save the matmuls without batch dims)."""
+    if remat == "none":
+        return None
+    if remat == "full":
+        return jax.checkpoint_policies.nothing_saveable
+    if remat == "dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    raise ValueError(f"unknown remat policy {remat!r}; allowed: 'none', 'full', 'dots'")
+
+
+def scan_layers(
+    config: ModelConfig,
+    layers: Params,
+    carry: Any,
+    step: Callable[[Any, Params, jax.Array], tuple[Any, Any]],
+    *,
+    remat: str = "none",
+):
+    """The one layer scan: ``step(carry, lp, layer) -> (carry, per-layer output)`` over the L
+    stacked layers under ``lax.scan`` (one compiled layer body), ``layer`` the traced int32
+    index; under autodiff each step is rematerialised per :func:`remat_policy`.
+
+    A store that every layer writes (a KV cache, the page pool) rides in the carry, so each
+    layer updates its part in place (as scanned inputs/outputs the scan would read and rewrite
+    the whole buffer every call).
+
+    Args:
+      config: the model config (``num_layers``).
+      layers: ``params["layers"]``, every leaf stacked along a leading ``[L]`` axis.
+      carry: the scan carry (the residual stream, and the store when it changes).
+      step: the layer step, calling :func:`decoder_layer`.
+      remat: 'none', 'full' or 'dots'.
+    Returns:
+      (final carry, per-layer outputs stacked ``[L, ...]``).
+    """
+    policy = remat_policy(remat)
+    if policy is not None:
+        step = jax.checkpoint(step, policy=policy)
+
+    def body(carry, xs):
+        lp, layer = xs
+        return step(carry, lp, layer)
+
+    index = jnp.arange(config.num_layers, dtype=jnp.int32)
+    return jax.lax.scan(body, carry, (layers, index))
