@@ -76,7 +76,7 @@ class Episode:
     done: bool = False
     error: str | None = None
     env_s: float = 0.0
-    info: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    info: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
     timed_out: bool = False
     opening_too_long: bool = False
@@ -209,7 +209,7 @@ def add_info(ep: Episode, info: Any) -> None:
     for k, v in info.items():
         key = str(k)
         if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v)):
-            ep.info[key] += v if isinstance(v, int) else float(v)
+            ep.info[key] += v if isinstance(v, int) else float(v)  # type: ignore[assignment]
         elif isinstance(v, bool):
             ep.info[key] += int(v)
         else:
