@@ -76,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"jaxrl-llm {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # SIGTERM during a run: train.signals.Terminated
+        signum = int(getattr(e, "signum", 2))
         print(f"jaxrl-llm {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signum
 
 
 if __name__ == "__main__":

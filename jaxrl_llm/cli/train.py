@@ -4,6 +4,8 @@ The config is validated before anything compiles (unknown key, wrong type, impos
 combination, a mesh that does not fit the devices or the batch → one line naming the key).
 ``--resume`` (or ``resume=true``) continues from the latest checkpoint in ``output_dir`` with
 the same data order; a fresh run refuses an ``output_dir`` that already holds checkpoints.
+Ctrl-C / SIGTERM save the last finished step (:mod:`jaxrl_llm.train.signals`), print the
+command that resumes the run and exit 130 / 143.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
 
 from jaxrl_llm.errors import ConfigError
 
@@ -77,16 +81,23 @@ def run(args: argparse.Namespace) -> int:
     # The trainer writes config.yaml (or, resumed, config.resumed-<step>.yaml) once it holds
     # the output_dir lock and the resume succeeded.
     from jaxrl_llm.train.run_state import output_dir_lock
+    from jaxrl_llm.train.signals import RunStopped, stop_signals
 
-    with output_dir_lock(cfg.output_dir):  # before the trainer writes anything there
-        if cfg.is_online:
-            from jaxrl_llm.train.online import train_online
+    try:
+        with output_dir_lock(cfg.output_dir), stop_signals():  # before the trainer writes
+            if cfg.is_online:
+                from jaxrl_llm.train.online import train_online
 
-            summary = train_online(cfg)
-        else:
-            from jaxrl_llm.train.offline import train_offline
+                summary = train_online(cfg)
+            else:
+                from jaxrl_llm.train.offline import train_offline
 
-            summary = train_offline(cfg)
+                summary = train_offline(cfg)
+    except RunStopped as e:
+        name = "SIGTERM" if e.exit_status == 143 else "Ctrl-C (SIGINT)"
+        print(f"jaxrl-llm train: stopped by {name}: {e.message}", file=sys.stderr)
+        print(f"resume with: {resume_command(args)}", file=sys.stderr, flush=True)
+        return e.exit_status
     if cfg.logging.plots:
         from jaxrl_llm.cli.plot import plot_run
 
@@ -95,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, f, indent=2)
     _print_summary(cfg, summary)
     return 0
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The shell command that resumes the run ``args`` started (its config and overrides,
+    ``--resume``), quoted for a POSIX shell."""
+    overrides = [o for o in args.overrides if not o.replace(" ", "").startswith("resume=")]
+    return shlex.join(["jaxrl-llm", "train", args.config, *overrides, "--resume"])
 
 
 def _eval_only(cfg) -> int:

@@ -164,7 +164,6 @@ def run_episodes(
         ep.tokens, ep.mask, ep.logprobs = row.tokens, row.mask, row.logprobs
     stats["wall_s"] = time.perf_counter() - t_start
     stats["chunks"] = engine.stats["chunks"]
-    stats["stuck_threads"] = pool.stuck
     return dict(stats)
 
 

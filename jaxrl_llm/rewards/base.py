@@ -36,6 +36,7 @@ import numpy as np
 
 from jaxrl_llm.errors import RewardError
 from jaxrl_llm.rewards.user_code import (
+    STOPPING,
     CallResult,
     UserCodeStop,
     check_timeout,
@@ -226,8 +227,8 @@ class RewardSet:
                 failed += 1
                 first = first or (i, one.error)
                 self._failed(spec, one, i, counts)
-                if one.error == "interrupted" or counts["timeouts"] >= 2:
-                    failed += n - i - 1  # a function that hangs twice is not waited on again
+                if one.error == "interrupted" or counts["timeouts"] >= max(2, n // 4):
+                    failed += n - i - 1  # a function that keeps hanging is not waited on
                     break
                 continue
             out = one.value
@@ -239,7 +240,7 @@ class RewardSet:
                 f = _to_float(out[0])
                 if f is not None:
                     scores[i] = f
-        if first is not None:
+        if first is not None and not STOPPING.is_set():
             log.warning(
                 "reward %r failed on %d of %d rows (first: row %d: %s)",
                 spec.label,

@@ -141,8 +141,13 @@ class UserCodeRunner:
             return self._workers
 
     def submit(self, fn: Callable, *args: Any, timeout_s: float | None = None) -> Future:
-        """Run ``fn(*args)``; the future's result is a :class:`CallResult` (it never raises)."""
+        """Run ``fn(*args)``; the future's result is a :class:`CallResult` (it never raises).
+        While the run is stopping (:func:`cancel_all`), calls are answered ``interrupted``
+        without running."""
         item = _Item(fn, args, Future(), timeout_s if timeout_s and timeout_s > 0 else None)
+        if STOPPING.is_set():
+            _resolve(item.future, CallResult(error="interrupted"))
+            return item.future
         self._queue.put(item)
         with self._lock:
             if self._idle == 0:
@@ -270,11 +275,22 @@ def _interrupt(thread_id: int) -> None:
 _RUNNERS: weakref.WeakSet[UserCodeRunner] = weakref.WeakSet()
 
 
+#: Set while a run stops (:func:`cancel_all`): new calls are answered at once, unrun.
+STOPPING = threading.Event()
+
+
 def cancel_all(reason: str = "interrupted") -> None:
-    """Answer every user call in flight in this process with ``error=reason`` (a real Ctrl-C
-    or SIGTERM): callers waiting on user code go on at once."""
+    """Answer every user call in flight in this process with ``error=reason``, and every call
+    made after it until :func:`resume_calls` (a real Ctrl-C or SIGTERM): callers waiting on
+    user code, a background rollout thread included, go on at once."""
+    STOPPING.set()
     for runner in list(_RUNNERS):
         runner.cancel(reason)
+
+
+def resume_calls() -> None:
+    """Run user calls again after :func:`cancel_all` (a new run in the same process)."""
+    STOPPING.clear()
 
 
 _SHARED: dict[str, UserCodeRunner] = {}

@@ -23,7 +23,7 @@ from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.envs import ChatCodec, EnvError, Episode, environment_factory, run_episodes
 from jaxrl_llm.envs.registry import probe_environment
 from jaxrl_llm.rewards import RewardSet
-from jaxrl_llm.rewards.user_code import shared_runner
+from jaxrl_llm.rewards.user_code import STOPPING, shared_runner
 from jaxrl_llm.sampling import Rollout, SamplingConfig, pad_prompts, stop_token_ids
 from jaxrl_llm.train.experience import Experience
 from jaxrl_llm.train.sections import EnvSection, RolloutSection
@@ -224,7 +224,6 @@ def _env_metrics(episodes: list[Episode], stats: dict) -> dict[str, float]:
         "env/failed": int(sum(ep.error is not None for ep in episodes)),
         "env/timeouts": int(sum(ep.timed_out for ep in episodes)),
         "env/openings_too_long": int(sum(ep.opening_too_long for ep in episodes)),
-        "env/stuck_threads": int(stats.get("stuck_threads", 0)),
         "env/truncated_frac": float(np.mean([ep.truncated for ep in episodes])),
         "env/reward_mean": float(
             np.mean([ep.reward if ep.error is None else 0.0 for ep in episodes])
@@ -263,7 +262,7 @@ class FailedEnv:
 def _warn_failures(name: str, episodes: list[Episode]) -> None:
     """One warning line per batch with failed episodes: how many, and the first one's row."""
     bad = [ep for ep in episodes if ep.error is not None]
-    if bad:
+    if bad and not STOPPING.is_set():  # a stopping run's refused calls are not news
         ep = bad[0]
         log.warning(
             "env %r: %d of %d episodes failed (first: prompt %d sample %d: %s)",
