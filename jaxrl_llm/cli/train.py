@@ -47,19 +47,21 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from jaxrl_llm.train.config_io import load_config, to_dict
-    from jaxrl_llm.train.preflight import check_mesh
+    from jaxrl_llm.train.preflight import check_mesh, check_tokenizer_sizes
     from jaxrl_llm.train.run_config import RunConfig, loss_config
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
     lcfg = loss_config(cfg)  # validates the loss section too
     check_mesh(cfg)  # the mesh fits the devices and the batch splits over it
+    check_tokenizer_sizes(cfg)  # a tiny model's vocabulary and context against the config
     _check_seed(cfg.seed)
     _check_data_paths(cfg)
     _check_output_dir(cfg)
     resolved = to_dict(cfg)
     resolved["loss"] = to_dict(lcfg)
     if args.dry_run:
+        _probe_environment(cfg)  # the start-up check a real run makes
         print(yaml.safe_dump(resolved, sort_keys=False))
         return 0
     if getattr(args, "eval_only", False):
@@ -106,6 +108,21 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, f, indent=2)
     _print_summary(cfg, summary)
     return 0
+
+
+def _probe_environment(cfg) -> None:
+    """``--dry-run``: the environment checks of a real run (its class, keyword arguments and,
+    with ``env.check``, one ``reset`` on the first training row and one ``step("")``;
+    :func:`jaxrl_llm.train.episodes.check_environment`), on the untokenised first row."""
+    if not cfg.is_online or cfg.env is None:
+        return
+    from jaxrl_llm.data import Format
+    from jaxrl_llm.data.pipeline import load_examples
+    from jaxrl_llm.train.episodes import check_environment
+
+    examples, _ = load_examples(cfg.data.train, Format.PROMPT)
+    if examples:
+        check_environment(cfg.env, examples[0])
 
 
 def resume_command(args: argparse.Namespace) -> str:

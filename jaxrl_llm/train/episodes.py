@@ -34,20 +34,21 @@ log = logging.getLogger("jaxrl_llm")
 ENV_INFO = "env_info"
 
 
-def raw_item(x: TokenizedPrompt) -> dict:
-    """The data row an environment's ``reset`` sees: ``{"prompt": ..., **extras}``."""
+def raw_item(x: Any) -> dict:
+    """The data row an environment's ``reset`` sees: ``{"prompt": ..., **extras}`` (of a
+    :class:`TokenizedPrompt`, or of an untokenised example with the same two fields)."""
     prompt = x.prompt
     if isinstance(prompt, tuple | list):
         prompt = [dict(m) for m in prompt]
     return {"prompt": prompt, **dict(x.extras)}
 
 
-def check_environment(env: EnvSection, item: TokenizedPrompt) -> None:
+def check_environment(env: EnvSection, item: Any) -> None:
     """The start-up checks of a run's environment: the class and its methods, its keyword
     arguments, and (``env.check``) one ``reset`` on ``item`` and one ``step("")``."""
-    factory = environment_factory(env.name, env.kwargs)
+    factory = environment_factory(env.name, env.kwargs, timeout_s=env.step_timeout_s)
     if env.check:
-        probe_environment(factory, raw_item(item), env.name)
+        probe_environment(factory, raw_item(item), env.name, timeout_s=env.step_timeout_s)
 
 
 class EpisodeSampler:
@@ -77,7 +78,7 @@ class EpisodeSampler:
         self.env, self.settings, self.rewards = env, settings, rewards
         self.tokenizer, self.model_config = tokenizer, model_config
         self.prompt_buckets = prompt_buckets
-        self.factory = environment_factory(env.name, env.kwargs)
+        self.factory = environment_factory(env.name, env.kwargs, timeout_s=env.step_timeout_s)
         self.max_opening = max_opening
         self.failures = 0  # consecutive batches in which every episode failed
 

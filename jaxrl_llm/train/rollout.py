@@ -29,6 +29,7 @@ from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, cast_for_rollout
 from jaxrl_llm.train.episodes import EpisodeSampler
 from jaxrl_llm.train.experience import Experience, concat_experience
 from jaxrl_llm.train.faults import fault_point
+from jaxrl_llm.train.preflight import check_context_budget
 from jaxrl_llm.train.sections import EnvSection, EvalSection, RolloutSection
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
@@ -54,6 +55,9 @@ class Rollouts:
       partial: sampled (not greedy) generations poll ``weights_fn`` between chunks and
         continue with newer weights (``rollout.partial``): the asynchronous producer's
         sampler only, whose ``weights_fn`` reads a published snapshot (a cheap read).
+      max_prompt_len: the longest prompt (``data.max_length``; None: 1 token): with
+        ``rollout.max_new_tokens`` it must fit the model's context (a ConfigError here, before
+        anything compiles); an environment's opening longer than it fails its episode.
     """
 
     def __init__(
@@ -67,7 +71,15 @@ class Rollouts:
         seed: int,
         env: EnvSection | None = None,
         partial: bool = False,
+        max_prompt_len: int | None = None,
     ):
+        n = settings.max_new_tokens
+        check_context_budget(
+            int(model_config.max_position_embeddings),
+            max_prompt_len or 1,
+            n,
+            key=f"rollout.max_new_tokens={n}",
+        )
         self.settings = settings
         self.rewards = rewards
         self.tokenizer = tokenizer
@@ -89,6 +101,7 @@ class Rollouts:
                 tokenizer=tokenizer,
                 model_config=model_config,
                 prompt_buckets=PROMPT_BUCKETS,
+                max_opening=max_prompt_len,
             )
         )
 
