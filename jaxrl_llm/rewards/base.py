@@ -312,14 +312,15 @@ class RewardSet:
                         f"fn(prompts, completions, **fields) -> "
                         f"list[float | None]"
                     )
-            ok = np.isfinite(scores)
-            valid &= ok
-            total += np.where(ok, spec.weight * np.nan_to_num(scores), 0.0)
-            per_function[name] = scores.astype(np.float32)
-            good = scores[ok]
-            metrics[f"rewards/{name}/mean"] = float(good.mean()) if good.size else 0.0
-            metrics[f"rewards/{name}/std"] = float(good.std()) if good.size else 0.0
-            metrics[f"rewards/{name}/failures"] = float(n - good.size)
+            with np.errstate(over="ignore", invalid="ignore"):  # huge finite scores
+                ok = np.isfinite(scores)
+                valid &= ok
+                total += np.where(ok, spec.weight * np.nan_to_num(scores), 0.0)
+                per_function[name] = scores.astype(np.float32)
+                good = scores[ok]
+                metrics[f"rewards/{name}/mean"] = float(good.mean()) if good.size else 0.0
+                metrics[f"rewards/{name}/std"] = float(good.std()) if good.size else 0.0
+                metrics[f"rewards/{name}/failures"] = float(n - good.size)
             metrics[f"rewards/{name}/errors"] = float(counts["errors"])
             metrics[f"rewards/{name}/timeouts"] = float(counts["timeouts"])
             if good.size and np.all((good == 0.0) | (good == 1.0)):
