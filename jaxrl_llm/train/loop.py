@@ -40,7 +40,7 @@ from jaxrl_llm.train.run_state import (
     restore_latest,
     run_extra,
 )
-from jaxrl_llm.train.signals import Interrupted, RunStopped, stop_signals
+from jaxrl_llm.train.signals import Interrupted, RunStopped, deferred, stop_signals
 
 
 class Trainer:
@@ -70,6 +70,7 @@ class Trainer:
         self.train_time = 0.0
         self.logger = None
         self._last_saved: int | None = None
+        self._stop_point: tuple[int, dict, list[int]] | None = None  # see _boundary
 
     # ----- provided by the trainer --------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -181,7 +182,11 @@ class Trainer:
         step, data, counts = boundary
         holders = [self.policy] + [h for _, h in self.companions]
         every = self.cfg.checkpoint.save_every
-        last = self._last_saved
+        self.ckpt.wait_until_finished()  # a periodic save the stop cut into, if any
+        on_disk = self.ckpt.all_steps()
+        last = max(on_disk) if on_disk else None
+        if self._last_saved is not None and self._last_saved not in on_disk:
+            self._last_saved = None  # its write did not finish: saving it again is allowed
         where = f"{self.cfg.output_dir}/checkpoints"
         if [id(h.state) for h in holders] != counts:  # an update replaced a state
             return (
@@ -209,13 +214,14 @@ class Trainer:
             summary["eval_before"] = self.evaluate()
             logger.log(0, summary["eval_before"])
         for step in range(self.start_step + 1, cfg.max_steps + 1):
-            boundary = self._boundary(step)
+            self._stop_point = self._boundary(step)
             try:
                 self._step(step)
             except Interrupted as e:
-                raise RunStopped(e.signum, f"step {step}: " + self.save_on_stop(boundary)) from None
+                done = self.save_on_stop(self._stop_point)
+                raise RunStopped(e.signum, f"step {step}: {done}") from None
             except UserCodeStop as e:
-                raise UserCodeStop(f"{e}; {self.save_on_stop(boundary)}") from None
+                raise UserCodeStop(f"{e}; {self.save_on_stop(self._stop_point)}") from None
         # Saved before the final evaluation, so that a run resumed from this checkpoint
         # evaluates (and logs) it exactly once.
         self.save(cfg.max_steps, force=True)
@@ -246,10 +252,13 @@ class Trainer:
         metrics["time/train_elapsed_s"] = self.train_time
         if self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps:
             metrics.update(self.evaluate())
-        bad = metrics.get("nonfinite", 0.0)
-        metrics.update(self.guard.update(step, bad))
-        if step % cfg.logging.log_every == 0 or step == cfg.max_steps or bad:
-            logger.log(step, metrics)
+        with deferred():  # a signal here waits until the step counts as finished
+            bad = metrics.get("nonfinite", 0.0)
+            metrics.update(self.guard.update(step, bad))
+            if step % cfg.logging.log_every == 0 or step == cfg.max_steps or bad:
+                logger.log(step, metrics)
+            if not self.guard.consecutive:  # finished and logged: a stop from here saves it
+                self._stop_point = self._boundary(step + 1)
         if self.guard.consecutive:
             self.guard.check(step)
         elif cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:

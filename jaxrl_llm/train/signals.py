@@ -54,9 +54,34 @@ class RunStopped(Exception):
         return 128 + self.signum
 
 
+_DEFER = {"depth": 0, "pending": 0}
+
+
+def _raise(signum: int):
+    raise Terminated() if signum == signal.SIGTERM else Interrupted()
+
+
 def _handler(signum, frame):
     cancel_all("interrupted")
-    raise Terminated() if signum == signal.SIGTERM else Interrupted()
+    if _DEFER["depth"]:
+        _DEFER["pending"] = signum
+        return
+    _raise(signum)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Hold a signal that arrives inside the block until its end (a few statements that must
+    run together, such as logging a step and recording that it is finished; a signal landing
+    between them would leave a stop unable to say which step it may save)."""
+    _DEFER["depth"] += 1
+    try:
+        yield
+    finally:
+        _DEFER["depth"] -= 1
+        signum, _DEFER["pending"] = _DEFER["pending"], 0
+        if signum and not _DEFER["depth"]:
+            _raise(signum)
 
 
 @contextlib.contextmanager
@@ -67,6 +92,7 @@ def stop_signals():
     (:func:`~jaxrl_llm.rewards.user_code.resume_calls`); after a signal they stay refused past
     its end, so that the clean-up after it (a rollout thread finishing its job) is quick."""
     resume_calls()
+    _DEFER.update(depth=0, pending=0)
     if threading.current_thread() is not threading.main_thread():
         yield
         return
