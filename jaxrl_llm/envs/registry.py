@@ -55,7 +55,9 @@ def environment_factory(
     res = shared_runner("env").call(lambda: cls(**kw), timeout_s=timeout_s)
     if not res.ok:
         exc = res.exception
-        if isinstance(exc, ConfigError | TypeError):
+        if isinstance(exc, ConfigError):  # the class checked its own arguments
+            raise ConfigError(str(exc)) from None
+        if isinstance(exc, TypeError):
             raise ConfigError(f"env.kwargs: {name}: {exc}") from None
         raise ConfigError(
             f"env.kwargs: {name}({', '.join(f'{k}={v!r}' for k, v in kw.items())}) failed: "

@@ -10,6 +10,7 @@ import math
 from typing import Any, Literal
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.rewards.base import DEFAULT_TIMEOUT_S
 from jaxrl_llm.train.correction import CorrectionSection
 
 
@@ -349,7 +350,7 @@ class RewardItem:
     name: str
     weight: float = 1.0
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    timeout_s: float | None = 300.0
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
     on_error: Literal["invalid", "raise"] = "invalid"
 
     def __post_init__(self):
