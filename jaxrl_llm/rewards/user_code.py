@@ -22,12 +22,17 @@ reaches the caller as an exception:
 * :func:`cancel_all` answers every call in flight at once (a real Ctrl-C or SIGTERM), so a
   background rollout thread waiting on a hung reward ends within seconds.
 
-Why threads and not a process pool: environments are stateful objects that live across the
-turns of an episode and reward functions may hold device arrays (a reward model), so moving
-them into worker processes would change what user code may be; a call costs tens of
-microseconds on a thread (``tools/bench/soak_envs.py --overhead`` measures it) against
-milliseconds for a round trip to a process (pickling arguments and results). verl and AReaL
-bound their reward calls the same way, with a thread or asyncio timeout around the call.
+Why threads and not a persistent process pool: environments are stateful objects that live
+across the turns of an episode (and tests and users read their class attributes), and reward
+functions may hold device arrays (a reward model); moving them into worker processes would
+change what user code may be, and every argument and result would be pickled. The cost per call
+is not the reason: ``tools/bench/soak_envs.py --overhead 2000`` measured about 27 us per
+trivial call on a thread against about 81 us for a round trip to a forkserver worker process
+(a shared, loaded 2-core machine; indicative only). What a process would add is containing
+``os._exit`` and a stuck C call that ignores everything (the worker killed and replaced); a
+thread cannot. verl bounds reward scoring the same way, with ``asyncio.wait_for`` around the
+call (its reward loop: 600 s; its PRIME reward manager, which scores in a
+``ProcessPoolExecutor``: 300 s, the default here).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Run in-process (``train_online``) so that the monitor sees the trainer's own thr
 
 Full run (a quiet machine):  python tools/bench/soak_envs.py --steps 200
 Smoke test:                  python tools/bench/soak_envs.py --steps 20 --every 5
+Per-call cost of user code:  python tools/bench/soak_envs.py --overhead 2000
 """
 
 from __future__ import annotations
@@ -172,9 +173,48 @@ def _rows(path: str) -> int:
         return 0
 
 
+def _echo(x):
+    return x
+
+
+def overhead(n: int) -> None:
+    """Print the cost of one user call: direct, on :class:`UserCodeRunner` (with a deadline),
+    and a round trip to a persistent worker process (``ProcessPoolExecutor``, forkserver), the
+    alternative design; the median of 5 rounds of ``n`` calls each."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    from jaxrl_llm.rewards.user_code import UserCodeRunner
+
+    runner = UserCodeRunner(1, "overhead")
+    procs = cf.ProcessPoolExecutor(1, mp_context=mp.get_context("forkserver"))
+    procs.submit(_echo, 0).result()  # the worker started
+    ways = {
+        "direct": lambda: _echo(1),
+        "thread (UserCodeRunner, timeout_s=5)": lambda: runner.call(_echo, 1, timeout_s=5.0),
+        "process (ProcessPoolExecutor, forkserver)": lambda: procs.submit(_echo, 1).result(),
+    }
+    for name, fn in ways.items():
+        rounds = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            rounds.append((time.perf_counter() - t) / n)
+        print(f"{name}: {statistics.median(rounds) * 1e6:.1f} us per call")
+    procs.shutdown()
+
+
 def main() -> int:
     """Run the soak and print its report; exit 1 when a check fails."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--overhead",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only measure the per-call cost of user code (N calls a round) and exit",
+    )
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--every", type=int, default=20, help="sample the process every N steps")
     p.add_argument("--hostile", type=float, default=0.1, help="share of misbehaving calls")
@@ -182,6 +222,9 @@ def main() -> int:
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed growth (0.05 = 5%%)")
     p.add_argument("--dir", default=None, help="run directory (default: a temporary one)")
     args = p.parse_args()
+    if args.overhead:
+        overhead(args.overhead)
+        return 0
     d = args.dir or tempfile.mkdtemp(prefix="soak_envs_")
     os.makedirs(d, exist_ok=True)
     cfg = _config(args, d)
