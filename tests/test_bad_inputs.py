@@ -710,7 +710,72 @@ GENERATE = {
     ),
 }
 
+# Issue 31: environments and sizes, refused before anything compiles (``--dry-run`` runs the
+# environment probe a real run makes). The environment classes are at the end of this file.
+ENV_SETUP = ["data.train={d}/prompts.jsonl", "rollout.prompts_per_step=4", "rollout.group_size=2"]
+ISSUE31 = {
+    "env-init-raises": (
+        _train(GRPO, *ENV_SETUP, "env={name: 'tests.test_bad_inputs:InitRaises'}", dry=True),
+        ["env.kwargs", "InitRaises", "failed: OSError: no such service"],
+    ),
+    "env-init-exits": (
+        _train(GRPO, *ENV_SETUP, "env={name: 'tests.test_bad_inputs:InitExits'}", dry=True),
+        ["env.kwargs", "InitExits", "failed: SystemExit: 3"],
+    ),
+    "env-reset-empty": (
+        _train(GRPO, *ENV_SETUP, "env={name: 'tests.test_bad_inputs:EmptyOpening'}", dry=True),
+        ["env.name", "reset returned no messages (an empty opening)"],
+    ),
+    "env-step-raises-dry-run": (
+        _train(GRPO, *ENV_SETUP, "env={name: 'tests.test_bad_inputs:StepRaises'}", dry=True),
+        ["env.name", "failed its start-up check", "KeyError: 'x'", "env.check=false"],
+    ),
+    "env-step-hangs-dry-run": (
+        _train(
+            GRPO,
+            *ENV_SETUP,
+            "env={name: 'tests.test_bad_inputs:StepHangs', step_timeout_s: 0.5}",
+            dry=True,
+        ),
+        ["env.name", "failed its start-up check", "timeout: no answer after 0.5 s"],
+    ),
+    "env-unknown-tool-in-a-string": (
+        _train(GRPO, *ENV_SETUP, "env={name: tools, kwargs: {tools: calculater}}", dry=True),
+        ["env.kwargs", "unknown tool 'calculater'", "calculator"],
+    ),
+    "char-tokenizer-tiny-vocab-above-259": (
+        _train(GRPO, "model.tiny.vocab_size=300", dry=True),
+        [
+            "model.tiny.vocab_size=300",
+            "char tokenizer has 259 tokens",
+            "leave model.tiny.vocab_size",
+        ],
+    ),
+    "rollout-max-new-tokens-past-context": (
+        _train(
+            GRPO,
+            "model.tiny.max_position_embeddings=8192",
+            "rollout.max_new_tokens=9000",
+            dry=True,
+        ),
+        ["rollout.max_new_tokens=9000", "context of 8192 tokens", "use at most 8191"],
+    ),
+    "rollout-max-new-tokens-1e8": (
+        _train(GRPO, "rollout.max_new_tokens=100000000"),
+        ["rollout.max_new_tokens=100000000", "context of 256 tokens"],
+    ),
+    "env-step-timeout-zero": (
+        _train(GRPO, "env={name: single_turn, step_timeout_s: 0}", dry=True),
+        ["env.step_timeout_s", "seconds > 0"],
+    ),
+    "reward-timeout-negative": (
+        _train(GRPO, "rewards=[{name: math_answer, timeout_s: -1}]", dry=True),
+        ["rewards[].timeout_s", "seconds > 0"],
+    ),
+}
+
 CASES = {
+    **{f"issue31/{k}": v for k, v in ISSUE31.items()},
     **{f"data/{k}": v for k, v in DATA.items()},
     **{f"config/{k}": v for k, v in CONFIG.items()},
     **{f"model/{k}": v for k, v in MODELS.items()},
@@ -873,3 +938,88 @@ def test_convert_force_replaces_only_the_files_it_owns(d, tmp_path, capsys):
     assert not (out / "model-00001-of-00002.safetensors").exists()
     assert (out / "notes.txt").read_text() == "mine"
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 97
+
+
+# ----- issue 31: environments for the start-up cases above ---------------------------------
+
+
+class InitRaises:
+    """An environment whose constructor raises something other than TypeError."""
+
+    def __init__(self):
+        raise OSError("no such service")
+
+    def reset(self, item):
+        return [{"role": "user", "content": "x"}]
+
+    def step(self, text):
+        return None
+
+
+class InitExits(InitRaises):
+    """An environment whose constructor calls ``sys.exit(3)``."""
+
+    def __init__(self):
+        import sys
+
+        sys.exit(3)
+
+
+class EmptyOpening(InitRaises):
+    """``reset`` returns no messages."""
+
+    def __init__(self):
+        pass
+
+    def reset(self, item):
+        return []
+
+
+class StepRaises(EmptyOpening):
+    """``step`` raises a KeyError (a real run's probe refuses it; ``--dry-run`` now too)."""
+
+    def reset(self, item):
+        return [{"role": "user", "content": "x"}]
+
+    def step(self, text):
+        return {}["x"]
+
+
+class StepHangs(StepRaises):
+    """``step`` sleeps for a minute."""
+
+    def step(self, text):
+        import time
+
+        time.sleep(60)
+
+
+def test_dry_run_accepts_tools_given_as_a_string(d, tmp_path, capsys):
+    """``tools: calculator`` is a one-element list (it was read as the tools 'c', 'a', ...)."""
+    argv = _train(GRPO, *ENV_SETUP, "env={name: tools, kwargs: {tools: calculator}}", dry=True)
+    argv = [a.replace("{d}", str(d)).replace("{out}", str(tmp_path / "out")) for a in argv]
+    rc, out, err = run_cli(argv, capsys)
+    assert rc == 0 and "Traceback" not in err, err
+    assert "tools: calculator" in out
+
+
+def test_rollouts_refuse_a_budget_past_a_loaded_models_context():
+    """A loaded model's context is known only once it is loaded: the rollout refuses the budget
+    when it is built, before anything compiles (the static and the paged engine alike)."""
+    from jaxrl_llm.errors import ConfigError
+    from jaxrl_llm.models import ModelConfig
+    from jaxrl_llm.train.config.sections import RolloutSection
+    from jaxrl_llm.train.online.rollout import Rollouts
+
+    config = ModelConfig.tiny(max_position_embeddings=8192)
+    for engine in ("static", "paged"):
+        with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=8000: prompt \(300 tokens"):
+            Rollouts(
+                RolloutSection(max_new_tokens=8000, engine=engine),
+                None,
+                tokenizer=None,
+                model_config=config,
+                weights_fn=lambda: (None, 0),
+                seed=0,
+                max_prompt_len=300,
+            )

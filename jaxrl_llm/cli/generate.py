@@ -176,18 +176,19 @@ def _check_budget(model, args: argparse.Namespace) -> None:
     import numpy as np
 
     from jaxrl_llm.sampling.text import encode_prompts
+    from jaxrl_llm.train.config.preflight import check_context_budget
 
     c = model.config
     prompt_len = max(
         len(ids) for ids in encode_prompts(model.tokenizer, args.prompt, chat=args.chat)
     )
     total = prompt_len + args.max_new_tokens
-    if total > c.max_position_embeddings:
-        raise ConfigError(
-            f"--max-new-tokens {args.max_new_tokens}: prompt ({prompt_len} tokens) + new tokens "
-            f"exceed the model's context of {c.max_position_embeddings} tokens; use at most "
-            f"{max(c.max_position_embeddings - prompt_len, 1)}"
-        )
+    check_context_budget(
+        c.max_position_embeddings,
+        prompt_len,
+        args.max_new_tokens,
+        key=f"--max-new-tokens {args.max_new_tokens}",
+    )
     rows = len(args.prompt) * args.num_samples
     itemsize = np.dtype(c.compute_dtype).itemsize
     kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * total * itemsize

@@ -50,8 +50,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_tpu_discovery(environ=os.environ) -> None:
+    """On a machine with no TPU and no GPU plugin, set ``JAX_PLATFORMS=cpu`` (unless set),
+    before JAX is imported.
+
+    The development install carries ``libtpu`` (the ``jax[tpu]`` wheel: ``jaxrl-llm compile``
+    compiles for a TPU slice on a CPU host with it). When JAX starts with every platform
+    allowed, libtpu looks for TPU workers on the network and prints error-like lines
+    (``E0000 ... INVALID_ARGUMENT: Error: unexpected worker hostname``) on every command. Where
+    no TPU device exists (``/dev/accel*``, ``/dev/vfio`` on TPU VMs) and no CUDA / ROCm plugin
+    is installed, the CPU is the only platform JAX could use anyway, so asking for it alone
+    changes nothing but the noise. ``jaxrl-llm compile`` loads libtpu itself
+    (``jax.experimental.topologies``), which works under ``JAX_PLATFORMS=cpu`` (the test suite
+    runs it so)."""
+    import glob
+    import importlib.util
+
+    if "JAX_PLATFORMS" in environ or glob.glob("/dev/accel*") or os.path.exists("/dev/vfio"):
+        return
+    plugins = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
+    if any(importlib.util.find_spec(p) is not None for p in plugins):
+        return
+    if "jax" in sys.modules:  # too late to choose (an embedding program imported JAX first)
+        return
+    environ["JAX_PLATFORMS"] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jaxrl-llm`` console script."""
+    quiet_tpu_discovery()
     from jaxrl_llm.errors import JaxrlError
 
     parser = build_parser()
@@ -76,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"jaxrl-llm {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # SIGTERM during a run: train.signals.Terminated
+        signum = int(getattr(e, "signum", 2))
         print(f"jaxrl-llm {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ The config is validated before anything compiles (unknown key, wrong type, impos
 combination, a mesh that does not fit the devices or the batch → one line naming the key).
 ``--resume`` (or ``resume=true``) continues from the latest checkpoint in ``output_dir`` with
 the same data order; a fresh run refuses an ``output_dir`` that already holds checkpoints.
+Ctrl-C / SIGTERM save the last finished step (:mod:`jaxrl_llm.train.run.signals`), print the
+command that resumes the run and exit 130 / 143.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
 
 from jaxrl_llm.errors import ConfigError
 
@@ -44,19 +48,21 @@ def run(args: argparse.Namespace) -> int:
 
     from jaxrl_llm.train.config.config_io import load_config, to_dict
     from jaxrl_llm.train.config.plan import plan_run
-    from jaxrl_llm.train.config.preflight import check_mesh
+    from jaxrl_llm.train.config.preflight import check_mesh, check_tokenizer_sizes
     from jaxrl_llm.train.config.run_config import RunConfig
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
     # the mesh fits the devices, the batch splits over it, the loss section validates
     plan = plan_run(cfg, check_mesh(cfg))
+    check_tokenizer_sizes(cfg)  # a tiny model's vocabulary and context against the config
     _check_seed(cfg.seed)
     _check_data_paths(cfg)
     _check_output_dir(cfg)
     resolved = to_dict(cfg)
     resolved["loss"] = to_dict(plan.loss_config)
     if args.dry_run:
+        _probe_environment(cfg)  # the start-up check a real run makes
         print(yaml.safe_dump(resolved, sort_keys=False))
         return 0
     if getattr(args, "eval_only", False):
@@ -78,16 +84,23 @@ def run(args: argparse.Namespace) -> int:
     # The trainer writes config.yaml (or, resumed, config.resumed-<step>.yaml) once it holds
     # the output_dir lock and the resume succeeded.
     from jaxrl_llm.train.run.run_state import output_dir_lock
+    from jaxrl_llm.train.run.signals import RunStopped, stop_signals
 
-    with output_dir_lock(cfg.output_dir):  # before the trainer writes anything there
-        if cfg.is_online:
-            from jaxrl_llm.train.online.trainer import train_online
+    try:
+        with output_dir_lock(cfg.output_dir), stop_signals():  # before the trainer writes
+            if cfg.is_online:
+                from jaxrl_llm.train.online.trainer import train_online
 
-            summary = train_online(cfg)
-        else:
-            from jaxrl_llm.train.offline.trainer import train_offline
+                summary = train_online(cfg)
+            else:
+                from jaxrl_llm.train.offline.trainer import train_offline
 
-            summary = train_offline(cfg)
+                summary = train_offline(cfg)
+    except RunStopped as e:
+        name = "SIGTERM" if e.exit_status == 143 else "Ctrl-C (SIGINT)"
+        print(f"jaxrl-llm train: stopped by {name}: {e.message}", file=sys.stderr)
+        print(f"resume with: {resume_command(args)}", file=sys.stderr, flush=True)
+        return e.exit_status
     if cfg.logging.plots:
         from jaxrl_llm.cli.plot import plot_run
 
@@ -96,6 +109,28 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, f, indent=2)
     _print_summary(cfg, summary)
     return 0
+
+
+def _probe_environment(cfg) -> None:
+    """``--dry-run``: the environment checks of a real run (its class, keyword arguments and,
+    with ``env.check``, one ``reset`` on the first training row and one ``step("")``;
+    :func:`jaxrl_llm.train.online.episode_sampler.check_environment`), on the untokenised first row."""
+    if not cfg.is_online or cfg.env is None:
+        return
+    from jaxrl_llm.data import Format
+    from jaxrl_llm.data.pipeline import load_examples
+    from jaxrl_llm.train.online.episode_sampler import check_environment
+
+    examples, _ = load_examples(cfg.data.train, Format.PROMPT)
+    if examples:
+        check_environment(cfg.env, examples[0])
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The shell command that resumes the run ``args`` started (its config and overrides,
+    ``--resume``), quoted for a POSIX shell."""
+    overrides = [o for o in args.overrides if not o.replace(" ", "").startswith("resume=")]
+    return shlex.join(["jaxrl-llm", "train", args.config, *overrides, "--resume"])
 
 
 def _eval_only(cfg) -> int:

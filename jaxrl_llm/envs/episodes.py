@@ -13,7 +13,14 @@ openings are equal share one prefill and the prompt's pages.
 An episode ends when its environment says ``done``, after ``max_turns`` policy turns, when a
 turn ends without a stop token (its per-turn budget), or when the completion side (policy and
 environment tokens together) would exceed ``budget`` tokens; the last two count as truncated.
-An environment that raises marks its episode invalid (``error``); the episode ends there.
+An environment that raises (anything, ``sys.exit`` included), or whose ``reset`` / ``step``
+does not answer within ``step_timeout_s``, marks its episode invalid (``error``; a timeout also
+sets ``timed_out``); the episode ends there. The calls run on the daemon threads of
+:class:`~jaxrl_llm.rewards.user_code.UserCodeRunner`, so nothing an environment does ends or
+hangs the run. An opening longer than ``max_opening`` tokens (what the model's context leaves
+beside the budget) fails its episode before it is prefilled (``opening_too_long``). A step
+whose summed reward is not finite (1e308 + 1e308) fails its episode; numeric ``Step.info``
+values are summed into ``info``, the others kept in ``notes`` (for ``samples.jsonl``).
 """
 
 from __future__ import annotations
@@ -21,13 +28,18 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import dataclasses
+import math
+import numbers
 import time
-from collections.abc import Callable
 from typing import Any
 
 from jaxrl_llm.envs.base import EnvError, check_messages, check_step
 from jaxrl_llm.envs.chat import ChatCodec
+from jaxrl_llm.rewards.user_code import CallResult, shared_runner
 from jaxrl_llm.sampling import PagedEngine, SamplingConfig
+
+#: The largest float32: episode totals are trained on as float32.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclasses.dataclass
@@ -42,7 +54,9 @@ class Episode:
         (mask 1 = the policy's tokens, 0 = appended environment tokens, log-prob 0).
       opening_ids: the opening's token ids; reward: the summed step rewards; turns: policy
         turns taken; truncated: ended by a budget; error: why the environment failed (None =
-        valid); env_s: seconds spent in ``reset``/``step``; info: summed ``Step.info``.
+        valid); env_s: seconds spent in ``reset``/``step``; info: summed numeric
+        ``Step.info`` values; notes: the last non-numeric ``Step.info`` value of each key;
+        timed_out: a call passed ``step_timeout_s``; opening_too_long: the opening did not fit.
     """
 
     item: dict
@@ -62,7 +76,10 @@ class Episode:
     done: bool = False
     error: str | None = None
     env_s: float = 0.0
-    info: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    info: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timed_out: bool = False
+    opening_too_long: bool = False
 
     @property
     def final_text(self) -> str:
@@ -71,14 +88,6 @@ class Episode:
             if m["role"] == "assistant":
                 return m["content"]
         return ""
-
-
-def _timed(fn: Callable, *args):
-    t = time.perf_counter()
-    try:
-        return fn(*args), None, time.perf_counter() - t
-    except Exception as e:  # noqa: BLE001 - an environment failure marks its episode invalid
-        return None, e, time.perf_counter() - t
 
 
 def run_episodes(
@@ -98,71 +107,112 @@ def run_episodes(
     page_size: int = 16,
     chunk_steps: int = 8,
     dtype: str | None = None,
+    step_timeout_s: float | None = None,
+    max_opening: int | None = None,
 ) -> dict[str, float]:
     """Play ``episodes`` (groups of ``group_size`` consecutive episodes of one prompt) to their
-    end, in place; returns timing and engine metrics. See the module docstring."""
+    end, in place; returns timing and engine metrics. See the module docstring.
+
+    ``step_timeout_s`` bounds each ``reset`` / ``step`` call (None: no limit);
+    ``max_opening`` bounds an opening's tokens (None: ``max_position_embeddings - budget``)."""
     stats: dict[str, float] = collections.defaultdict(float)
     t_start = time.perf_counter()
-    with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env") as pool:
-        for ep, (msgs, err, dt) in zip(
-            episodes, pool.map(lambda e: _timed(e.env.reset, e.item), episodes), strict=True
-        ):
-            ep.env_s += dt
-            try:
-                if err is not None:
-                    raise err
-                ep.messages = check_messages(msgs, "reset")
-                ep.opening_ids = codec.opening(ep.messages)
-            except Exception as e:  # noqa: BLE001
-                _fail(ep, e)
-        width = max(len(ep.opening_ids or ep.fallback_ids) for ep in episodes)
-        n = len(episodes)
-        engine = PagedEngine(
-            params,
-            model_config,
-            sampling=sampling,
-            seed=seed,
-            num_slots=max(min(num_slots or n, n), group_size),
-            page_size=page_size,
-            max_len=width + budget,
-            gen_len=turn_tokens,
-            num_pages=n * -(-(width + budget) // page_size) + 1,  # kept rows wait on their env
-            chunk_steps=chunk_steps,
-            dtype=dtype,
-        )
-        by_row = _submit(engine, episodes, group_size, min(turn_tokens, budget))
-        pending: dict[cf.Future, Episode] = {}
-        while engine.busy or pending:
-            if engine.busy:
-                for r in engine.step():
-                    ep = by_row[r]
-                    if _turn_ended(ep, engine, codec):
-                        pending[pool.submit(_timed, ep.env.step, ep.messages[-1]["content"])] = ep
-                    elif ep.done:
-                        engine.release(ep.row)
-            ready = [f for f in pending if f.done()]
-            if not ready and pending and not engine.busy:
-                t = time.perf_counter()
-                ready = list(cf.wait(pending, return_when=cf.FIRST_COMPLETED).done)
-                stats["idle_s"] += time.perf_counter() - t
-            for f in ready:
-                ep = pending.pop(f)
-                _answer(ep, f.result(), engine, codec, max_turns, turn_tokens, budget)
-                if ep.done:
+    pool = shared_runner("env", workers)
+    ctx = int(model_config.max_position_embeddings) - budget
+    limit = ctx if max_opening is None else min(max_opening, ctx)
+    futures = [pool.submit(e.env.reset, e.item, timeout_s=step_timeout_s) for e in episodes]
+    for ep, fut in zip(episodes, futures, strict=True):
+        _opening(ep, fut.result(), codec, limit)
+    width = max(len(ep.opening_ids or ep.fallback_ids) for ep in episodes)
+    n = len(episodes)
+    engine = PagedEngine(
+        params,
+        model_config,
+        sampling=sampling,
+        seed=seed,
+        num_slots=max(min(num_slots or n, n), group_size),
+        page_size=page_size,
+        max_len=width + budget,
+        gen_len=turn_tokens,
+        num_pages=n * -(-(width + budget) // page_size) + 1,  # kept rows wait on their env
+        chunk_steps=chunk_steps,
+        dtype=dtype,
+    )
+    by_row = _submit(engine, episodes, group_size, min(turn_tokens, budget))
+    pending: dict[cf.Future, Episode] = {}
+    while engine.busy or pending:
+        if engine.busy:
+            for r in engine.step():
+                ep = by_row[r]
+                if _turn_ended(ep, engine, codec):
+                    text = ep.messages[-1]["content"]
+                    pending[pool.submit(ep.env.step, text, timeout_s=step_timeout_s)] = ep
+                elif ep.done:
                     engine.release(ep.row)
-        for ep in episodes:
-            row = engine.rows[ep.row]
-            ep.tokens, ep.mask, ep.logprobs = row.tokens, row.mask, row.logprobs
+        ready = [f for f in pending if f.done()]
+        if not ready and pending and not engine.busy:
+            t = time.perf_counter()
+            ready = list(cf.wait(pending, return_when=cf.FIRST_COMPLETED).done)
+            stats["idle_s"] += time.perf_counter() - t
+        for f in ready:
+            ep = pending.pop(f)
+            _answer(ep, f.result(), engine, codec, max_turns, turn_tokens, budget)
+            if ep.done:
+                engine.release(ep.row)
+    for ep in episodes:
+        row = engine.rows[ep.row]
+        ep.tokens, ep.mask, ep.logprobs = row.tokens, row.mask, row.logprobs
     stats["wall_s"] = time.perf_counter() - t_start
     stats["chunks"] = engine.stats["chunks"]
     return dict(stats)
 
 
-def _fail(ep: Episode, e: BaseException) -> None:
+def _fail(ep: Episode, e: BaseException | str) -> None:
     if isinstance(e, EnvError) and "not jaxrl_llm.envs.Step" in str(e):
         raise e  # a broken contract is a programming error, not a flaky episode
-    ep.error = f"{type(e).__name__}: {e}"
+    ep.error = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
     ep.done = True
+
+
+def _opening(ep: Episode, res: CallResult, codec: ChatCodec, limit: int) -> None:
+    """Check and encode the opening ``reset`` returned (or fail the episode)."""
+    ep.env_s += res.seconds
+    if not res.ok:
+        ep.timed_out = res.timed_out
+        _fail(ep, f"reset: {res.error}")
+        return
+    try:
+        ep.messages = check_messages(res.value, "reset")
+        if not ep.messages:
+            raise EnvError("reset returned no messages (an empty opening)")
+        ep.opening_ids = codec.opening(ep.messages)
+    except Exception as e:  # noqa: BLE001 - a bad opening fails its episode
+        _fail(ep, e)
+        return
+    if len(ep.opening_ids) > limit:
+        ep.opening_too_long = True
+        _fail(
+            ep,
+            f"reset: the opening has {len(ep.opening_ids)} tokens, more than the {limit} "
+            f"that data.max_length / the model's context leave beside the budget",
+        )
+        ep.opening_ids = []
+
+
+def add_info(ep: Episode, info: Any) -> None:
+    """Sum the finite numeric values of a ``Step.info`` into ``ep.info``; keep the others
+    (strings, lists, non-finite numbers) in ``ep.notes`` (``samples.jsonl``, not metrics)."""
+    if not isinstance(info, dict):
+        ep.notes["info"] = repr(info)[:300]
+        return
+    for k, v in info.items():
+        key = str(k)
+        if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v)):
+            ep.info[key] += v if isinstance(v, int) else float(v)  # type: ignore[assignment]
+        elif isinstance(v, bool):
+            ep.info[key] += int(v)
+        else:
+            ep.notes[key] = v if isinstance(v, str | int | float) else repr(v)[:300]
 
 
 def _submit(engine: PagedEngine, episodes: list[Episode], g: int, first: int) -> dict:
@@ -212,17 +262,21 @@ def _turn_ended(ep: Episode, engine, codec: ChatCodec) -> bool:
 
 def _answer(ep, result, engine, codec, max_turns, turn_tokens, budget) -> None:
     """Apply the environment's answer to a turn: end the episode or append its reply."""
-    out, err, dt = result
-    ep.env_s += dt
+    ep.env_s += result.seconds
+    if not result.ok:
+        ep.timed_out = result.timed_out
+        _fail(ep, f"step: {result.error}")
+        return
     try:
-        if err is not None:
-            raise err
-        step = check_step(out, "env")
+        step = check_step(result.value, "env")
     except Exception as e:  # noqa: BLE001
         _fail(ep, e)
         return
     ep.reward += float(step.reward)
-    ep.info.update(step.info)
+    add_info(ep, step.info)
+    if not abs(ep.reward) <= FLOAT32_MAX:  # each turn's is finite; the sum may not be
+        _fail(ep, f"step: the episode's summed reward {ep.reward} is not a finite float32")
+        return
     row = engine.rows[ep.row]
     if step.done or ep.truncated or ep.turns >= max_turns:
         ep.done = True

@@ -15,6 +15,7 @@ from jaxrl_llm.envs.base import (
 from jaxrl_llm.envs.games import GuessNumberEnv, SingleTurnEnv
 from jaxrl_llm.envs.tools import ToolEnv
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.rewards.user_code import shared_runner
 
 ENVIRONMENTS: dict[str, type] = {
     "single_turn": SingleTurnEnv,
@@ -42,29 +43,49 @@ def environment_class(name: str) -> type:
     return cls
 
 
-def environment_factory(name: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
+def environment_factory(
+    name: str, kwargs: dict[str, Any], *, timeout_s: float | None = None
+) -> Callable[[], Any]:
     """``() -> a new environment instance`` (one per episode); building one now turns a bad
-    keyword into a :class:`ConfigError` naming ``env.kwargs``."""
+    keyword, or a constructor that raises anything (``sys.exit`` included) or does not return
+    within ``timeout_s``, into a :class:`ConfigError` naming ``env.kwargs``. The constructor
+    runs on a user-code thread (:mod:`jaxrl_llm.rewards.user_code`)."""
     cls = environment_class(name)
     kw = dict(kwargs)
-    try:
-        cls(**kw)
-    except TypeError as e:
-        raise ConfigError(f"env.kwargs: {name}: {e}") from None
+    res = shared_runner("env").call(lambda: cls(**kw), timeout_s=timeout_s)
+    if not res.ok:
+        exc = res.exception
+        if isinstance(exc, ConfigError):  # the class checked its own arguments
+            raise ConfigError(str(exc)) from None
+        if isinstance(exc, TypeError):
+            raise ConfigError(f"env.kwargs: {name}: {exc}") from None
+        raise ConfigError(
+            f"env.kwargs: {name}({', '.join(f'{k}={v!r}' for k, v in kw.items())}) failed: "
+            f"{res.error}"[:600]
+        ) from None
     return lambda: cls(**kw)
 
 
-def probe_environment(factory: Callable[[], Any], item: dict, name: str) -> None:
+def probe_environment(
+    factory: Callable[[], Any], item: dict, name: str, *, timeout_s: float | None = None
+) -> None:
     """One ``reset(item)`` and one ``step("")`` on a fresh instance: a :class:`ConfigError` when
-    either returns the wrong type (or raises), before anything compiles."""
-    env = factory()
-    try:
-        check_messages(env.reset(item), f"env {name!r}: reset")
+    either returns the wrong type, an empty opening, raises anything or does not answer within
+    ``timeout_s``, before anything compiles. The calls run on a user-code thread."""
+
+    def probe() -> None:
+        env = factory()
+        opening = check_messages(env.reset(item), f"env {name!r}: reset")
+        if not opening:
+            raise EnvError(f"env {name!r}: reset returned no messages (an empty opening)")
         check_step(env.step(""), f"env {name!r}")
-    except EnvError as e:
-        raise ConfigError(f"env.name: {e}") from None
-    except Exception as e:  # noqa: BLE001 - report the user's environment failing at start-up
-        raise ConfigError(
-            f"env.name: {name!r} failed its start-up check (reset on the first training row, "
-            f"then step('')): {type(e).__name__}: {e}  (set env.check=false to skip)"
-        ) from None
+
+    res = shared_runner("env").call(probe, timeout_s=timeout_s)
+    if res.ok:
+        return
+    if isinstance(res.exception, EnvError):
+        raise ConfigError(f"env.name: {res.exception}") from None
+    raise ConfigError(
+        f"env.name: {name!r} failed its start-up check (reset on the first training row, "
+        f"then step('')): {res.error}  (set env.check=false to skip)"
+    ) from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 import typing
 from collections.abc import Callable
@@ -27,8 +28,16 @@ from typing import Any
 from jaxrl_llm.envs.base import Step
 from jaxrl_llm.envs.calculator import calculate
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.rewards.user_code import shared_runner
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+#: The parser reads at most this many characters of a turn (a policy can write megabytes of
+#: unclosed tags; two ``str.find`` calls over a bounded prefix keep a turn's parse linear).
+MAX_SCAN_CHARS = 65_536
+#: A tool call's JSON longer than this is answered with an error, not parsed.
+MAX_CALL_CHARS = 16_384
+#: Seconds one tool call may take by default (``ToolEnv(tool_timeout_s=...)``).
+DEFAULT_TOOL_TIMEOUT_S = 10.0
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
@@ -95,13 +104,45 @@ def tool_schema(fn: Callable) -> dict:
     }
 
 
-def resolve_tools(tools: list[str] | tuple[str, ...]) -> dict[str, Callable]:
+def tool_entries(tools: Any) -> list[tuple[str, float | None]]:
+    """``env.kwargs.tools`` as ``(name, timeout_s or None)`` pairs: a list of names or of
+    ``{name, timeout_s}`` dicts; one name as a string is a one-element list."""
+    if isinstance(tools, str):
+        tools = [tools]
+    if not isinstance(tools, list | tuple):
+        raise ConfigError(
+            f"env.kwargs.tools: a list of tool names, e.g. [calculator], got {tools!r}"
+        )
+    out: list[tuple[str, float | None]] = []
+    for entry in tools:
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            unknown = sorted(set(entry) - {"name", "timeout_s"})
+            timeout = entry.get("timeout_s")
+            if unknown or not (
+                timeout is None
+                or (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0)
+            ):
+                raise ConfigError(
+                    f"env.kwargs.tools: {entry!r}: a tool is a name or {{name, timeout_s > 0}}"
+                )
+            out.append((entry["name"], None if timeout is None else float(timeout)))
+        elif isinstance(entry, str):
+            out.append((entry, None))
+        else:
+            raise ConfigError(
+                f"env.kwargs.tools: {entry!r} is not a tool name (a built-in, "
+                f"package.module:function, or {{name, timeout_s}})"
+            )
+    return out
+
+
+def resolve_tools(tools: Any) -> dict[str, Callable]:
     """Tool functions by the name the policy calls them with, from config entries (a built-in
-    name or ``package.module:function``)."""
+    name or ``package.module:function``; see :func:`tool_entries`)."""
     from jaxrl_llm.rewards import import_function
 
     out: dict[str, Callable] = {}
-    for entry in tools:
+    for entry, _ in tool_entries(tools):
         fn = BUILTIN_TOOLS.get(entry)
         if fn is None and ":" in entry:
             fn = import_function(entry, "env.kwargs.tools", what="tool")
@@ -134,40 +175,66 @@ def tools_system_prompt(schemas: list[dict], preamble: str = "") -> str:
 
 def parse_tool_call(text: str) -> tuple[str, dict] | str | None:
     """The first ``<tool_call>`` in ``text``: ``(name, arguments)``, an error message when it is
-    not valid JSON of that form, or None when there is no tool call."""
-    m = TOOL_CALL.search(text)
-    if m is None:
+    not valid JSON of that form (nested too deeply, an integer of thousands of digits, longer
+    than :data:`MAX_CALL_CHARS`), or None when there is no tool call. Linear in the text, of
+    which it reads at most :data:`MAX_SCAN_CHARS` characters."""
+    cut = len(text) > MAX_SCAN_CHARS
+    text = text[:MAX_SCAN_CHARS]
+    start = text.find(OPEN_TAG)
+    if start < 0:
         return None
+    end = text.find(CLOSE_TAG, start + len(OPEN_TAG))
+    if end < 0 and cut:
+        return f"error: no </tool_call> within the first {MAX_SCAN_CHARS} characters of the turn"
+    if end < 0:
+        return None  # an unclosed tag is no call (the turn is a final answer)
+    body = text[start + len(OPEN_TAG) : end].strip()
+    if len(body) > MAX_CALL_CHARS:
+        return f"error: the tool call is longer than {MAX_CALL_CHARS} characters"
     try:
-        call = json.loads(m.group(1))
+        call = json.loads(body)
     except json.JSONDecodeError as e:
         return f"error: the tool call is not valid JSON ({e.msg})"
+    except RecursionError:
+        return "error: the tool call is nested too deeply"
+    except ValueError as e:  # e.g. an integer past Python's digit limit
+        return f"error: the tool call cannot be read ({str(e)[:120]})"
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return 'error: a tool call is {"name": <tool name>, "arguments": {...}}'
     args = call.get("arguments", {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return "error: the tool call's arguments are not a JSON object"
     if not isinstance(args, dict):
         return "error: the tool call's arguments are not a JSON object"
     return call["name"], args
 
 
-def call_tool(tools: dict[str, Callable], name: str, args: dict) -> tuple[str, bool]:
-    """``(result text, ok)`` of one tool call; every failure is an ``error: ...`` text."""
+def call_tool(
+    tools: dict[str, Callable],
+    name: str,
+    args: dict,
+    *,
+    timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
+) -> tuple[str, bool]:
+    """``(result text, ok)`` of one tool call; every failure (an exception, ``sys.exit``, no
+    answer within ``timeout_s``, a result that cannot be printed) is an ``error: ...`` text.
+    The tool runs on a thread of :func:`~jaxrl_llm.rewards.user_code.shared_runner`."""
     fn = tools.get(name)
     if fn is None:
-        return f"error: unknown tool {name!r}; tools: {', '.join(tools)}", False
+        return f"error: unknown tool {name!r}; tools: {', '.join(tools)}"[:500], False
     try:
         inspect.signature(fn).bind(**args)
     except TypeError as e:
-        return f"error: bad arguments for {name}: {e}", False
-    try:
-        return str(fn(**args)), True
-    except Exception as e:  # noqa: BLE001 - a tool error is an answer to the policy
-        return f"error: {e}", False
+        return f"error: bad arguments for {name}: {e}"[:500], False
+    res = shared_runner("tool").call(lambda: str(fn(**args)), timeout_s=timeout_s)
+    if res.ok:
+        return res.value, True
+    exc = res.exception
+    msg = str(exc) if isinstance(exc, Exception) and str(exc) else res.error
+    return f"error: {msg}"[:2000], False
 
 
 class ToolEnv:
@@ -182,16 +249,24 @@ class ToolEnv:
       call_reward: reward added per successful tool call (default 0: the reward functions on
         the final answer decide).
       error_reward: reward added per failed tool call (default 0).
+      tool_timeout_s: seconds a tool call may take (default 10; a ``{name, timeout_s}`` entry
+        of ``tools`` sets its own); past it the call is answered ``error: timeout ...``.
     """
 
     def __init__(
         self,
-        tools: list[str] | tuple[str, ...] = ("calculator",),
+        tools: Any = ("calculator",),
         system_prompt: str = "",
         call_reward: float = 0.0,
         error_reward: float = 0.0,
+        tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     ):
         self.tools = resolve_tools(tools)
+        names = {e: n for (e, _), n in zip(tool_entries(tools), self.tools)}
+        self.timeouts = {
+            names[e]: (t if t is not None else float(tool_timeout_s))
+            for e, t in tool_entries(tools)
+        }
         self.schemas = [tool_schema(fn) for fn in self.tools.values()]
         self.system = tools_system_prompt(self.schemas, system_prompt)
         self.call_reward, self.error_reward = float(call_reward), float(error_reward)
@@ -218,7 +293,7 @@ class ToolEnv:
         if isinstance(call, str):
             content, ok = call, False
         else:
-            content, ok = call_tool(self.tools, *call)
+            content, ok = call_tool(self.tools, *call, timeout_s=self.timeouts.get(call[0]))
         self.calls, self.errors = self.calls + 1, self.errors + (not ok)
         return Step(
             messages=[{"role": "tool", "content": content}],

@@ -5,7 +5,9 @@ Every reward function has the signature
 ``fn(prompts: list[str], completions: list[str], **fields) -> list[float | None]``
 (``fields`` are the data set's other columns, aligned with the completions; None = no score).
 :class:`RewardSet` / :func:`combine_rewards` call several with weights and contain their
-failures, returning ``(rewards [N] float32, valid [N] bool, metrics)``.
+failures, returning ``(rewards [N] float32, valid [N] bool, metrics)``. User code (reward
+functions, environments, tools) runs on :class:`UserCodeRunner`'s threads, bounded in time;
+nothing it raises, ``sys.exit`` included, reaches the run (:mod:`.user_code`).
 """
 
 from jaxrl_llm.rewards.base import RewardFn, RewardOutput, RewardSet, RewardSpec, combine_rewards
@@ -59,9 +61,17 @@ from jaxrl_llm.rewards.shaping import (
     make_length_penalty,
     make_overlong_reward,
 )
+from jaxrl_llm.rewards.user_code import (
+    CallResult,
+    UserCodeRunner,
+    UserCodeStop,
+    cancel_all,
+    shared_runner,
+)
 
 __all__ = [
     "AnswerSource",
+    "CallResult",
     "REWARD_FUNCTIONS",
     "RewardContext",
     "Isolation",
@@ -74,11 +84,14 @@ __all__ = [
     "SandboxResult",
     "StepScorer",
     "THINK_ANSWER_PATTERN",
+    "UserCodeRunner",
+    "UserCodeStop",
     "answers_match",
     "bind_reward",
     "build_reward",
     "build_reward_set",
     "build_step_scorer",
+    "cancel_all",
     "code_execution_details",
     "code_execution_reward",
     "combine_rewards",
@@ -102,6 +115,7 @@ __all__ = [
     "resolve_isolation",
     "reward_model_scores",
     "run_python",
+    "shared_runner",
     "split_steps",
     "user_namespaces_available",
 ]

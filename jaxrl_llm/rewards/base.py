@@ -26,14 +26,27 @@ length / type, or every sample raising) in ``max_consecutive_failures`` consecut
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from jaxrl_llm.errors import RewardError
+from jaxrl_llm.rewards.user_code import (
+    STOPPING,
+    CallResult,
+    UserCodeStop,
+    check_timeout,
+    shared_runner,
+)
+
+OnError = Literal["invalid", "raise"]
+#: Seconds a reward call may take by default (:attr:`RewardSpec.timeout_s`).
+DEFAULT_TIMEOUT_S = 300.0
+log = logging.getLogger("jaxrl_llm")
 
 
 class RewardFn(Protocol):
@@ -52,17 +65,33 @@ class RewardSpec:
       fn: the reward function.
       weight: its weight in the total (total = Σ_k weight_k · r_k).
       name: metric prefix; default the function's ``__name__``.
+      timeout_s: seconds one call may take (None: no limit); a call past it scores its samples
+        invalid (``rewards/<name>/timeouts``). Default 300 s: a batch of sandboxed programs or
+        a reward model's first (compiling) call fits.
+      on_error: ``invalid`` (a sample the function raises on, times out on or cannot score is
+        invalid, reward 0) or ``raise`` (the first such failure stops the run:
+        :class:`~jaxrl_llm.rewards.user_code.UserCodeStop`).
     """
 
     fn: Callable[..., Sequence[float | None]]
     weight: float = 1.0
     name: str | None = None
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+    on_error: OnError = "invalid"
 
     def __post_init__(self):
         if not callable(self.fn):
             raise RewardError(f"reward {self.name or self.fn!r} is not callable")
         if not math.isfinite(float(self.weight)):
             raise RewardError(f"reward {self.label}: weight must be finite, got {self.weight}")
+        try:
+            check_timeout(self.timeout_s, f"reward {self.label}: timeout_s")
+        except ValueError as e:
+            raise RewardError(str(e)) from None
+        if self.on_error not in ("invalid", "raise"):
+            raise RewardError(
+                f"reward {self.label}: on_error is invalid | raise, got {self.on_error!r}"
+            )
 
     @property
     def label(self) -> str:
@@ -152,38 +181,57 @@ class RewardSet:
         self.max_consecutive_failures = max_consecutive_failures
         self._strikes = {s.label: 0 for s in parsed}
 
+    def _call(self, spec: RewardSpec, *args: Any, **kw: Any) -> CallResult:
+        """One call of ``spec.fn`` on the reward threads, bounded by ``spec.timeout_s``."""
+        runner = shared_runner("reward")
+        return runner.call(lambda: spec.fn(*args, **kw), timeout_s=spec.timeout_s)
+
     def _score_one_fn(
         self,
         spec: RewardSpec,
         prompts: list[str],
         completions: list[str],
         fields: Mapping[str, Sequence[Any]],
-    ) -> tuple[np.ndarray, str | None]:
-        """Raw scores ``[N]`` (NaN = failed) and a batch-failure message or None."""
+    ) -> tuple[np.ndarray, str | None, dict[str, int]]:
+        """Raw scores ``[N]`` (NaN = failed), a batch-failure message or None, and the counts
+        of calls that raised / timed out. User code never raises here (see
+        :mod:`jaxrl_llm.rewards.user_code`); with ``on_error: raise`` its first failure is a
+        :class:`UserCodeStop`."""
         n = len(completions)
         scores = np.full((n,), np.nan, np.float64)
-        try:
-            out = spec.fn(prompts, completions, **fields)
-        except Exception as e:  # noqa: BLE001 - retried per sample below
-            batch_error = e
-        else:
+        counts = {"errors": 0, "timeouts": 0}
+        res = self._call(spec, prompts, completions, **fields)
+        if res.ok:
+            out = res.value
             if isinstance(out, (str, bytes)) or not isinstance(out, (Sequence, np.ndarray)):
-                return scores, f"returned {type(out).__name__}, expected a list of {n} floats"
+                return (
+                    scores,
+                    f"returned {type(out).__name__}, expected a list of {n} floats",
+                    counts,
+                )
             if len(out) != n:
-                return scores, f"returned {len(out)} values for {n} completions"
+                return scores, f"returned {len(out)} values for {n} completions", counts
             for i, v in enumerate(out):
                 f = _to_float(v)
                 if f is not None:
                     scores[i] = f
-            return scores, None
-        failed = 0
+            return scores, None, counts
+        if res.error == "interrupted":  # the run is stopping: no retries
+            return scores, None, counts
+        # retried one sample at a time, so that only the samples that fail are invalid
+        failed, first = 0, None
         for i in range(n):
             sub = {k: [v[i]] for k, v in fields.items()}
-            try:
-                out = spec.fn([prompts[i]], [completions[i]], **sub)
-            except Exception:  # noqa: BLE001 - one bad sample is scored invalid
+            one = self._call(spec, [prompts[i]], [completions[i]], **sub)
+            if not one.ok:
                 failed += 1
+                first = first or (i, one.error)
+                self._failed(spec, one, i, counts)
+                if one.error == "interrupted" or counts["timeouts"] >= max(2, n // 4):
+                    failed += n - i - 1  # a function that keeps hanging is not waited on
+                    break
                 continue
+            out = one.value
             if (
                 isinstance(out, (Sequence, np.ndarray))
                 and not isinstance(out, (str, bytes))
@@ -192,9 +240,27 @@ class RewardSet:
                 f = _to_float(out[0])
                 if f is not None:
                     scores[i] = f
+        if first is not None and not STOPPING.is_set():
+            log.warning(
+                "reward %r failed on %d of %d rows (first: row %d: %s)",
+                spec.label,
+                failed,
+                n,
+                first[0],
+                first[1],
+            )
         if failed == n:
-            return scores, (f"raised {type(batch_error).__name__}: {batch_error} for every sample")
-        return scores, None
+            return scores, f"raised {res.error} for every sample", counts
+        return scores, None, counts
+
+    def _failed(self, spec: RewardSpec, res: CallResult, row: int, counts: dict) -> None:
+        """Count a row whose call failed; with ``on_error: raise``, stop the run."""
+        counts["timeouts" if res.timed_out else "errors"] += 1
+        if spec.on_error == "raise" and res.error != "interrupted":
+            raise UserCodeStop(
+                f"reward function {spec.label!r} failed on row {row}: {res.error} "
+                f"(rewards on_error: raise; set it to invalid to score such rows 0 and go on)"
+            )
 
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence[Any]
@@ -229,7 +295,7 @@ class RewardSet:
         metrics: dict[str, float] = {}
         for spec in self.specs:
             name = spec.label
-            scores, problem = self._score_one_fn(spec, prompts, completions, fields)
+            scores, problem, counts = self._score_one_fn(spec, prompts, completions, fields)
             if problem is None:
                 self._strikes[name] = 0
             else:
@@ -246,16 +312,25 @@ class RewardSet:
                         f"fn(prompts, completions, **fields) -> "
                         f"list[float | None]"
                     )
-            ok = np.isfinite(scores)
-            valid &= ok
-            total += np.where(ok, spec.weight * np.nan_to_num(scores), 0.0)
-            per_function[name] = scores.astype(np.float32)
-            good = scores[ok]
-            metrics[f"rewards/{name}/mean"] = float(good.mean()) if good.size else 0.0
-            metrics[f"rewards/{name}/std"] = float(good.std()) if good.size else 0.0
-            metrics[f"rewards/{name}/failures"] = float(n - good.size)
+            with np.errstate(over="ignore", invalid="ignore"):  # huge finite scores
+                ok = np.isfinite(scores)
+                valid &= ok
+                total += np.where(ok, spec.weight * np.nan_to_num(scores), 0.0)
+                per_function[name] = scores.astype(np.float32)
+                good = scores[ok]
+                metrics[f"rewards/{name}/mean"] = float(good.mean()) if good.size else 0.0
+                metrics[f"rewards/{name}/std"] = float(good.std()) if good.size else 0.0
+                metrics[f"rewards/{name}/failures"] = float(n - good.size)
+            metrics[f"rewards/{name}/errors"] = float(counts["errors"])
+            metrics[f"rewards/{name}/timeouts"] = float(counts["timeouts"])
             if good.size and np.all((good == 0.0) | (good == 1.0)):
                 metrics[f"rewards/{name}/accuracy"] = float(good.mean())
+        # each score is finite; their weighted sum may still overflow (1e308 + 1e308), or
+        # not fit the float32 the update trains on
+        with np.errstate(over="ignore"):
+            overflow = valid & ~np.isfinite(total.astype(np.float32))
+        valid &= ~overflow
+        metrics["rewards/total/nonfinite"] = float(overflow.sum())
         rewards = np.where(valid, total, 0.0).astype(np.float32)
         metrics["rewards/total/mean"] = float(rewards[valid].mean()) if valid.any() else 0.0
         metrics["rewards/valid_frac"] = float(valid.mean()) if n else 1.0

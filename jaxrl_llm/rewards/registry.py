@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.rewards.base import RewardSet, RewardSpec
+from jaxrl_llm.rewards.base import DEFAULT_TIMEOUT_S, RewardSet, RewardSpec
 from jaxrl_llm.rewards.math_answer import math_answer_reward
 from jaxrl_llm.rewards.math_verify import math_verify_reward
 from jaxrl_llm.rewards.process import outcome_as_process
@@ -161,12 +161,15 @@ def build_reward(
 
 def build_reward_set(items: Sequence[Any], *, ctx: RewardContext = RewardContext()) -> RewardSet:
     """The weighted :class:`RewardSet` of a config's ``rewards`` list (items with ``name``,
-    ``weight``, ``kwargs``)."""
+    ``weight``, ``kwargs`` and optionally ``timeout_s``, ``on_error``: plain records built by
+    tools may leave those two out)."""
     specs = [
         RewardSpec(
             build_reward(item.name, dict(item.kwargs), key=f"rewards[{i}]", ctx=ctx),
             weight=item.weight,
             name=item.name,
+            timeout_s=getattr(item, "timeout_s", DEFAULT_TIMEOUT_S),
+            on_error=getattr(item, "on_error", "invalid"),
         )
         for i, item in enumerate(items)
     ]

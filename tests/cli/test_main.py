@@ -23,3 +23,31 @@ def test_dry_run_accepts_overrides_after_options(capsys):
     assert main(["train", "configs/sft.yaml", "--dry-run", "max_steps=2", "seed=7"]) == 0
     out = capsys.readouterr().out
     assert "max_steps: 2" in out and "seed: 7" in out
+
+
+def test_no_tpu_discovery_noise_on_a_cpu_machine():
+    """The development install carries libtpu (``jaxrl-llm compile``); on a machine without a
+    TPU or GPU plugin the CLI asks JAX for the CPU only, so no ``E0000 ... unexpected worker
+    hostname`` lines are printed (issue 31 §8)."""
+    import os
+    import subprocess
+    import sys
+
+    from jaxrl_llm.cli.main import quiet_tpu_discovery
+
+    env = {"JAX_PLATFORMS": "tpu"}
+    quiet_tpu_discovery(env)
+    assert env == {"JAX_PLATFORMS": "tpu"}  # a choice made by the user is kept
+    code = (
+        "import os; from jaxrl_llm.cli.main import quiet_tpu_discovery; quiet_tpu_discovery(); "
+        "import jax; print(os.environ.get('JAX_PLATFORMS'), jax.devices()[0].platform)"
+    )
+    child = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=child, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    if os.path.exists("/dev/vfio") or any(n.startswith("accel") for n in os.listdir("/dev")):
+        pytest.skip("a TPU machine: JAX may use it")
+    assert p.stdout.split()[-1] == "cpu"
+    assert "E0000" not in p.stderr and "worker hostname" not in p.stderr, p.stderr

@@ -88,3 +88,55 @@ class StepWithoutText:
 
 def not_a_class(item):
     return []
+
+
+class Misbehaves(Scripted):
+    """:class:`Scripted`, except that a data row's ``mode`` column makes its episodes misbehave
+    on their first step: ``exit`` calls ``sys.exit(0)``, ``exit3`` raises ``SystemExit(3)``,
+    ``interrupt`` raises ``KeyboardInterrupt``, ``raise`` a ``RuntimeError``, ``hang`` sleeps
+    ``hang_s`` seconds (past the run's ``env.step_timeout_s``), ``huge`` returns a reward of
+    1e308 twice (the total overflows), ``text_info`` a string in ``Step.info``."""
+
+    def __init__(self, hang_s: float = 30.0, **kw):
+        super().__init__(**kw)
+        self.hang_s, self.mode = hang_s, "ok"
+
+    def reset(self, item):
+        self.mode = item.get("mode") or "ok"
+        return super().reset(item)
+
+    def step(self, text):
+        import sys
+
+        mode = self.mode
+        if mode == "exit":
+            sys.exit(0)
+        if mode == "exit3":
+            raise SystemExit(3)
+        if mode == "interrupt":
+            raise KeyboardInterrupt
+        if mode == "raise":
+            raise RuntimeError("misbehaving environment")
+        if mode == "hang":
+            time.sleep(self.hang_s)
+        if mode == "huge":
+            return Step(messages=[{"role": "user", "content": "ok"}], reward=1e308)
+        if mode == "text_info":
+            return Step(reward=0.5, done=True, info={"note": "a string", "n": 2})
+        return super().step(text)
+
+
+def misbehaving_reward(prompts, completions, *, reward_mode=None, hang_s=30.0, **_):
+    """A reward whose rows misbehave by their data's ``reward_mode`` column: ``exit`` calls
+    ``sys.exit(0)``, ``hang`` sleeps ``hang_s`` seconds, ``raise`` raises; the others score
+    0.5 (1.0 for a completion that starts with a digit)."""
+    import sys
+
+    modes = reward_mode or [None] * len(completions)
+    if "exit" in modes:
+        sys.exit(0)
+    if "raise" in modes:
+        raise ValueError("misbehaving reward")
+    if "hang" in modes:
+        time.sleep(hang_s)
+    return [1.0 if c.strip()[:1].isdigit() else 0.5 for c in completions]

@@ -155,3 +155,55 @@ def test_always_failing_env_episodes_all_invalid(model):
     eps = _episodes(["p>", "q>"], 1, lambda i, s: AlwaysFails())
     _play(model, eps, g=1)
     assert all(ep.error and "always fails" in ep.error for ep in eps)
+
+
+# ----- issue 31: environments that exit, hang, overflow or write strings ---------------------
+
+
+def test_misbehaving_environments_fail_only_their_episodes(model, caplog):
+    """Each prompt's episodes misbehave on their first step as its mode says; the others play
+    on. A hang is cut at ``step_timeout_s``; the run never sees an exception."""
+    from tests.envs.scripted import Misbehaves
+
+    modes = ["exit", "exit3", "interrupt", "raise", "hang", "huge", "text_info", "ok"]
+    eps = [
+        Episode(
+            item={"prompt": f"{i}>", "mode": m},
+            prompt_id=i,
+            sample_id=0,
+            env=Misbehaves(replies=("ok",), hang_s=3.0),
+            fallback_ids=TOK.encode(f"{i}>"),
+        )
+        for i, m in enumerate(modes)
+    ]
+    import time
+
+    t = time.perf_counter()
+    _play(model, eps, g=1, step_timeout_s=0.5)
+    assert time.perf_counter() - t < 30
+    errors = {m: ep.error for m, ep in zip(modes, eps)}
+    assert errors["exit"] == "step: SystemExit: 0"
+    assert errors["exit3"] == "step: SystemExit: 3"
+    assert errors["interrupt"] == "step: KeyboardInterrupt"
+    assert errors["raise"] == "step: RuntimeError: misbehaving environment"
+    assert errors["hang"] == "step: timeout: no answer after 0.5 s" and eps[4].timed_out
+    # 1e308 is a finite float, but the float32 the update trains on cannot hold it
+    assert errors["huge"] == "step: the episode's summed reward 1e+308 is not a finite float32"
+    assert errors["text_info"] is None and errors["ok"] is None
+    assert dict(eps[6].info) == {"n": 2} and eps[6].notes == {"note": "a string"}
+
+
+def test_an_opening_past_the_context_or_empty_fails_its_episode(model):
+    class Long(Scripted):
+        def reset(self, item):
+            return [{"role": "user", "content": "x" * 1000}]
+
+    class Empty(Scripted):
+        def reset(self, item):
+            return []
+
+    eps = _episodes(["p>", "q>", "r>"], 1, lambda i, s: [Scripted(), Long(), Empty()][i])
+    _play(model, eps, g=1)  # context 512, budget 160: openings up to 352 tokens
+    assert eps[0].error is None
+    assert eps[1].opening_too_long and "more than the 352" in eps[1].error
+    assert "reset returned no messages" in eps[2].error

@@ -165,3 +165,90 @@ def test_python_tool_runs_in_the_sandbox_and_reports_failures_as_messages():
     assert step.messages == [{"role": "tool", "content": "42"}] and step.info["tool_errors"] == 0
     failed = env.step(f"<tool_call>{bad_call}</tool_call>")
     assert failed.messages[0]["content"].startswith("error:") and failed.info["tool_errors"] == 1
+
+
+# ----- issue 31: hostile tool calls, tools that exit or hang -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("<tool_call>" + "[" * 5_000 + "]" * 5_000 + "</tool_call>", "nested too deeply"),
+        (
+            '<tool_call>{"name": "calculate", "arguments": {"expression": ' + "7" * 5_000 + "}}"
+            "</tool_call>",
+            "cannot be read",
+        ),
+        ("<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>", "first 65536 characters"),
+        ("<tool_call>" + " " * 20_000 + "{}</tool_call>", None),  # stripped: not too long
+        ("<tool_call>" + "1" * 20_000 + "</tool_call>", "longer than 16384 characters"),
+    ],
+)
+def test_hostile_tool_calls_are_error_replies(text, error):
+    got = parse_tool_call(text)
+    if error is None:
+        assert got == 'error: a tool call is {"name": <tool name>, "arguments": {...}}'
+    else:
+        assert isinstance(got, str) and got.startswith("error: ") and error in got, got
+    env = ToolEnv()
+    step = env.step(text)
+    assert step.info == {"tool_calls": 1, "tool_errors": 1}
+    assert step.messages[0]["content"].startswith("error: ")
+
+
+@pytest.mark.parametrize("n", [5_000, 8_192, 20_000])
+def test_parsing_many_unclosed_tags_is_linear(n):
+    """8,192 unclosed tags took 8.4 s per turn with the regular expression (issue 31); now a
+    turn within the scanned prefix (5,000 tags, 55,000 characters) is no call, a longer one an
+    error reply, each in well under a millisecond (10 parses < 0.5 s on a loaded machine)."""
+    import time
+
+    t = time.perf_counter()
+    for _ in range(10):
+        got = parse_tool_call("<tool_call>" * n)
+    assert time.perf_counter() - t < 0.5
+    assert got is None if n * 11 <= 65_536 else got.startswith("error: no </tool_call>")
+
+
+def exits(x: int) -> str:
+    """Calls sys.exit.
+
+    Args:
+      x: anything.
+    """
+    import sys
+
+    sys.exit(x)
+
+
+def sleeps(seconds: float) -> str:
+    """Sleeps.
+
+    Args:
+      seconds: how long.
+    """
+    import time
+
+    time.sleep(seconds)
+    return "woke"
+
+
+def test_a_tool_that_exits_or_hangs_is_an_error_reply():
+    env = ToolEnv(
+        tools=[
+            "tests.envs.test_tools:exits",
+            {"name": "tests.envs.test_tools:sleeps", "timeout_s": 0.2},
+        ]
+    )
+    step = env.step('<tool_call>{"name": "exits", "arguments": {"x": 3}}</tool_call>')
+    assert step.messages[0]["content"] == "error: SystemExit: 3" and not step.done
+    step = env.step('<tool_call>{"name": "sleeps", "arguments": {"seconds": 3}}</tool_call>')
+    assert step.messages[0]["content"] == "error: timeout: no answer after 0.2 s"
+    step = env.step('<tool_call>{"name": "sleeps", "arguments": {"seconds": 0.01}}</tool_call>')
+    assert step.messages[0]["content"] == "woke"
+
+
+def test_tools_given_as_one_string_is_a_one_element_list():
+    assert list(ToolEnv(tools="calculator").tools) == ["calculate"]
+    with pytest.raises(ConfigError, match="a tool is a name or"):
+        ToolEnv(tools=[{"name": "calculator", "timeout_s": -1}])

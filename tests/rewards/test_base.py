@@ -124,3 +124,66 @@ def test_construction_errors():
         RewardSet([])
     with pytest.raises(RewardError, match="prompts"):
         RewardSet([const])(P[:2], C)
+
+
+# ----- issue 31: reward functions that exit, hang or overflow --------------------------------
+
+
+def exits_on_2(prompts, completions, **_):
+    """``sys.exit(0)`` on a batch holding completion "2" (and on that sample alone)."""
+    import sys
+
+    if "2" in completions:
+        sys.exit(0)
+    return [1.0] * len(completions)
+
+
+def interrupts(prompts, completions, **_):
+    raise KeyboardInterrupt
+
+
+def hangs_on_1(prompts, completions, **_):
+    import time
+
+    if "1" in completions:
+        time.sleep(5)
+    return [1.0] * len(completions)
+
+
+def test_a_reward_calling_sys_exit_fails_only_its_row(caplog):
+    out = RewardSet([RewardSpec(exits_on_2, name="ex")])(P, C)
+    assert out.valid.tolist() == [True, True, False, True]
+    assert out.rewards.tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert out.metrics["rewards/ex/errors"] == 1 and out.metrics["rewards/ex/failures"] == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["reward 'ex' failed on 1 of 4 rows (first: row 2: SystemExit: 0)"]
+
+
+def test_a_reward_raising_keyboard_interrupt_does_not_stop_the_caller():
+    out = RewardSet([RewardSpec(interrupts, name="ki")], max_consecutive_failures=2)(P, C)
+    assert not out.valid.any() and out.metrics["rewards/ki/errors"] == 4
+
+
+def test_a_hanging_reward_times_out_on_its_row():
+    import time
+
+    t = time.perf_counter()
+    out = RewardSet([RewardSpec(hangs_on_1, name="hang", timeout_s=0.3)])(P, C)
+    assert time.perf_counter() - t < 3.0  # the batch call and the row's retry: 2 x 0.3 s
+    assert out.valid.tolist() == [True, False, True, True]
+    assert out.metrics["rewards/hang/timeouts"] == 1
+
+
+def test_on_error_raise_stops_with_one_line_naming_the_function_and_row():
+    from jaxrl_llm.rewards.user_code import UserCodeStop
+
+    rs = RewardSet([RewardSpec(exits_on_2, name="ex", on_error="raise")])
+    with pytest.raises(UserCodeStop, match=r"reward function 'ex' failed on row 2: SystemExit: 0"):
+        rs(P, C)
+
+
+def test_a_total_that_overflows_float32_is_invalid_and_counted():
+    huge = lambda p, c, **_: [1e308, 1.0, 3e38, 1.0]  # noqa: E731
+    out = RewardSet([RewardSpec(huge, name="a"), RewardSpec(huge, name="b")])(P, C)
+    assert out.valid.tolist() == [False, True, False, True]  # 2e308 = inf; 6e38 > float32 max
+    assert np.isfinite(out.rewards).all() and out.metrics["rewards/total/nonfinite"] == 2

@@ -112,3 +112,29 @@ def test_samples_log_resumes_at_the_checkpoint_and_a_fresh_run_starts_over(tmp_p
     SamplesLog(str(tmp_path), 1, resume_step=None).write(1, [ep])
     assert _sample_steps(tmp_path) == [1]
     assert not [p for p in tmp_path.iterdir() if p.name != "samples.jsonl"]  # no temporaries
+
+
+def test_every_metrics_line_is_strict_json(tmp_path):
+    """NaN and ±Inf (an overflowed reward, a diverged loss) are logged as null and counted:
+    strict JSON readers (RFC 8259 has no NaN / Infinity) read every line."""
+    import math
+
+    import numpy as np
+
+    log = MetricsLogger(str(tmp_path), tensorboard=False, stream=io.StringIO())
+    log.log(1, {"loss": math.inf, "a": np.float32("nan"), "b": [1.0, -math.inf], "c": 2.0})
+    log.close()
+    line = _lines(tmp_path)[0]
+
+    def refuse(token):
+        raise ValueError(token)
+
+    row = json.loads(line, parse_constant=refuse)  # NaN / Infinity would raise here
+    assert row == {
+        "step": 1,
+        "loss": None,
+        "a": None,
+        "b": [1.0, None],
+        "c": 2.0,
+        "log/nonfinite_values": 3,
+    }

@@ -1,5 +1,5 @@
 """Checks run before anything compiles: the mesh against the batch and the sequence lengths,
-and the data splits.
+the data splits, and generation lengths against the model's context.
 
 A bad mesh size or a data set too small for one step is a one-line
 :class:`~jaxrl_llm.errors.ConfigError` / :class:`~jaxrl_llm.errors.DataError` before a model
@@ -178,3 +178,52 @@ def read_splits(cfg: RunConfig, fmt, tokenizer, *, per_step: int, per_step_key: 
             + f"; add {unit} or lower {per_step_key}"
         )
     return train, held_out
+
+
+def check_context_budget(context: int, prompt_len: int, max_new_tokens: int, *, key: str) -> None:
+    """Refuse, before anything compiles, a generation that would run past the model's context:
+    ``prompt_len + max_new_tokens > context`` (RoPE positions past ``max_position_embeddings``
+    are silently wrong, and a budget of 1e8 tokens is an out-of-memory traceback). One check
+    for ``jaxrl-llm generate`` (``--max-new-tokens``) and training (``rollout.max_new_tokens``).
+
+    Raises:
+      ConfigError: ``"<key>: prompt (P tokens) + new tokens exceed the model's context of C
+        tokens; use at most C - P"``.
+    """
+    if prompt_len + max_new_tokens > context:
+        raise ConfigError(
+            f"{key}: prompt ({prompt_len} tokens) + new tokens exceed the model's context of "
+            f"{context} tokens; use at most {max(context - prompt_len, 1)}"
+        )
+
+
+def check_tokenizer_sizes(cfg: RunConfig) -> None:
+    """Config-time size checks of a tiny random model (its sizes are in the config, so a
+    ``--dry-run`` makes them too): the ``char`` tokenizer decodes only its own 259 ids, so a
+    ``model.tiny.vocab_size`` above that would sample ids it cannot decode; an online run's
+    ``rollout.max_new_tokens`` must leave room in the context (:func:`check_context_budget`;
+    a loaded model is checked when the rollout is built, :class:`~jaxrl_llm.train.online.rollout.
+    Rollouts`).
+
+    Raises:
+      ConfigError: one line naming the key.
+    """
+    from jaxrl_llm.data import CharTokenizer
+    from jaxrl_llm.models import ModelConfig
+
+    m = cfg.model
+    if m.source != "tiny":
+        return
+    tiny = dict(m.tiny or {})
+    vocab = tiny.get("vocab_size")
+    if m.tokenizer == "char" and isinstance(vocab, int) and vocab > CharTokenizer.vocab_size:
+        raise ConfigError(
+            f"model.tiny.vocab_size={vocab} with model.tokenizer=char: the char tokenizer has "
+            f"{CharTokenizer.vocab_size} tokens and cannot decode the ids above them that the "
+            f"model would sample; leave model.tiny.vocab_size out (or at most "
+            f"{CharTokenizer.vocab_size})"
+        )
+    context = tiny.get("max_position_embeddings") or ModelConfig.tiny().max_position_embeddings
+    if cfg.is_online and isinstance(context, int):
+        n = cfg.rollout.max_new_tokens
+        check_context_budget(context, 1, n, key=f"rollout.max_new_tokens={n}")

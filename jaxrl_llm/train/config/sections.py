@@ -10,6 +10,7 @@ import math
 from typing import Any, Literal
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.rewards.base import DEFAULT_TIMEOUT_S
 
 
 def _at_least(key: str, value, lo, note: str = "") -> None:
@@ -369,11 +370,26 @@ class PPOSection:
 @dataclasses.dataclass(frozen=True)
 class RewardItem:
     """One reward function by name (``jaxrl_llm.rewards.REWARD_FUNCTIONS`` or
-    ``package.module:function``), its weight and keyword arguments."""
+    ``package.module:function``), its weight and keyword arguments; ``timeout_s`` bounds one
+    call (a call past it scores its rows invalid; null = no limit) and ``on_error`` says what a
+    raising / hanging / exiting function does: ``invalid`` (those rows score 0, counted under
+    ``rewards/<name>/errors`` and ``/timeouts``) or ``raise`` (the run saves and stops with one
+    line). See :mod:`jaxrl_llm.rewards.user_code`."""
 
     name: str
     weight: float = 1.0
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+    on_error: Literal["invalid", "raise"] = "invalid"
+
+    def __post_init__(self):
+        if self.timeout_s is not None and not (
+            math.isfinite(self.timeout_s) and self.timeout_s > 0
+        ):
+            raise ConfigError(
+                f"rewards[].timeout_s: a number of seconds > 0 (or null: no limit), got "
+                f"{self.timeout_s}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -501,6 +517,9 @@ class EnvSection:
         and ``step("")`` once, so a broken environment fails before anything compiles.
       max_failures: an environment that raises marks its episode invalid; this many
         consecutive steps in which every episode failed stop the run.
+      step_timeout_s: seconds one ``reset`` / ``step`` call may take (null = no limit); a
+        call past it fails its episode (``env/timeouts``). Tools have their own bound inside
+        ``step`` (the ``tools`` environment's ``tool_timeout_s``).
     """
 
     name: str = "single_turn"
@@ -510,8 +529,16 @@ class EnvSection:
     workers: int = 8
     check: bool = True
     max_failures: int = 3
+    step_timeout_s: float | None = 60.0
 
     def __post_init__(self):
+        if self.step_timeout_s is not None and not (
+            math.isfinite(self.step_timeout_s) and self.step_timeout_s > 0
+        ):
+            raise ConfigError(
+                f"env.step_timeout_s: a number of seconds > 0 (or null: no limit), got "
+                f"{self.step_timeout_s}"
+            )
         _at_least("env.max_turns", self.max_turns, 1)
         _at_least("env.max_turn_tokens", self.max_turn_tokens, 1, "or null: rollout.max_new_tokens")
         _at_least("env.workers", self.workers, 1)

@@ -13,6 +13,7 @@ policy turn (``completions``), ``prompts`` = the decoded opening.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from typing import Any
 
@@ -22,25 +23,32 @@ from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.envs import ChatCodec, EnvError, Episode, environment_factory, run_episodes
 from jaxrl_llm.envs.registry import probe_environment
 from jaxrl_llm.rewards import RewardSet
+from jaxrl_llm.rewards.user_code import STOPPING, shared_runner
 from jaxrl_llm.sampling import Rollout, SamplingConfig, pad_prompts, stop_token_ids
 from jaxrl_llm.train.config.sections import EnvSection, RolloutSection
 from jaxrl_llm.train.online.experience import Experience
 
+log = logging.getLogger("jaxrl_llm")
+#: The ``Experience.extras`` key holding an episode's non-numeric ``Step.info`` values (written
+#: to ``samples.jsonl`` as ``info``; reward functions see it among their ``**fields``).
+ENV_INFO = "env_info"
 
-def raw_item(x: TokenizedPrompt) -> dict:
-    """The data row an environment's ``reset`` sees: ``{"prompt": ..., **extras}``."""
+
+def raw_item(x: Any) -> dict:
+    """The data row an environment's ``reset`` sees: ``{"prompt": ..., **extras}`` (of a
+    :class:`TokenizedPrompt`, or of an untokenised example with the same two fields)."""
     prompt = x.prompt
     if isinstance(prompt, tuple | list):
         prompt = [dict(m) for m in prompt]
     return {"prompt": prompt, **dict(x.extras)}
 
 
-def check_environment(env: EnvSection, item: TokenizedPrompt) -> None:
+def check_environment(env: EnvSection, item: Any) -> None:
     """The start-up checks of a run's environment: the class and its methods, its keyword
     arguments, and (``env.check``) one ``reset`` on ``item`` and one ``step("")``."""
-    factory = environment_factory(env.name, env.kwargs)
+    factory = environment_factory(env.name, env.kwargs, timeout_s=env.step_timeout_s)
     if env.check:
-        probe_environment(factory, raw_item(item), env.name)
+        probe_environment(factory, raw_item(item), env.name, timeout_s=env.step_timeout_s)
 
 
 class EpisodeSampler:
@@ -51,6 +59,9 @@ class EpisodeSampler:
       rewards: the reward set on the final turn (None: the environment's rewards only).
       tokenizer: the policy's tokenizer (with a chat template); model_config: its config.
       prompt_buckets: left-padded opening widths.
+      max_opening: an opening longer than this many tokens fails its episode (None: what the
+        model's context leaves beside ``rollout.max_new_tokens``; the run passes
+        ``data.max_length``).
     """
 
     def __init__(
@@ -62,12 +73,20 @@ class EpisodeSampler:
         tokenizer: Any,
         model_config: Any,
         prompt_buckets: tuple[int, ...],
+        max_opening: int | None = None,
     ):
         self.env, self.settings, self.rewards = env, settings, rewards
         self.tokenizer, self.model_config = tokenizer, model_config
         self.prompt_buckets = prompt_buckets
-        self.factory = environment_factory(env.name, env.kwargs)
+        self.factory = environment_factory(env.name, env.kwargs, timeout_s=env.step_timeout_s)
+        self.max_opening = max_opening
         self.failures = 0  # consecutive batches in which every episode failed
+
+    def _new_env(self) -> Any:
+        """A fresh environment; one whose constructor fails (anything, ``sys.exit``
+        included) becomes an environment whose ``reset`` reports that, failing its episode."""
+        res = shared_runner("env").call(self.factory, timeout_s=self.env.step_timeout_s)
+        return res.value if res.ok else FailedEnv(f"__init__: {res.error}")
 
     def __call__(
         self,
@@ -86,7 +105,7 @@ class EpisodeSampler:
                 item=raw_item(x),
                 prompt_id=i,
                 sample_id=s,
-                env=self.factory(),
+                env=self._new_env(),
                 fallback_ids=list(x.prompt_ids),
             )
             for i, x in enumerate(items)
@@ -106,7 +125,10 @@ class EpisodeSampler:
             budget=r.max_new_tokens,
             workers=env.workers,
             dtype=r.dtype,
+            step_timeout_s=env.step_timeout_s,
+            max_opening=self.max_opening,
         )
+        _warn_failures(env.name, episodes)
         failed = np.array([ep.error is not None for ep in episodes])
         if failed.all():
             self.failures += 1
@@ -151,11 +173,12 @@ class EpisodeSampler:
         texts = [ep.final_text for ep in episodes]
         prompts = [self.tokenizer.decode(list(o)) for o in openings]
         extras = [dict(x.extras) for x in items for _ in range(g)]
+        notes = [ep.notes for ep in episodes]
         valid = np.array([ep.error is None for ep in episodes])
-        env_r = np.array([ep.reward for ep in episodes], np.float32)
+        env_r = np.array([ep.reward for ep in episodes], np.float64)
         scores = {"env": np.where(valid, env_r, np.nan)}
         metrics: dict[str, float] = {}
-        total = np.where(valid, env_r, 0.0).astype(np.float32)
+        total = np.where(valid, env_r, 0.0)
         if self.rewards is not None:
             fields = {k: [e.get(k) for e in extras] for k in sorted({k for e in extras for k in e})}
             t0 = time.perf_counter()
@@ -163,9 +186,17 @@ class EpisodeSampler:
             metrics.update(out.metrics)
             metrics["time/reward_s"] = time.perf_counter() - t0
             valid &= np.asarray(out.valid, bool)
-            total = np.where(valid, total + np.asarray(out.rewards, np.float32), 0.0)
+            total = np.where(valid, total + np.asarray(out.rewards, np.float64), 0.0)
             scores.update({k: np.asarray(v) for k, v in out.per_function.items()})
+        # the environment's total plus the reward functions' may still overflow float32
+        with np.errstate(over="ignore"):
+            overflow = valid & ~np.isfinite(np.asarray(total, np.float64).astype(np.float32))
+        valid &= ~overflow
+        total = np.where(valid, total, 0.0)
+        metrics["env/reward_nonfinite"] = int(overflow.sum())
         metrics.update(_env_metrics(episodes, stats))
+        if any(notes):  # non-numeric Step.info values: samples.jsonl, not metrics
+            extras = [{**e, ENV_INFO: n} if n else e for e, n in zip(extras, notes)]
         return Experience(
             rollout=ro,
             texts=texts,
@@ -192,8 +223,12 @@ def _env_metrics(episodes: list[Episode], stats: dict) -> dict[str, float]:
         "env/turns_mean": float(turns.mean()),
         "env/turns_max": int(turns.max()),
         "env/failed": int(sum(ep.error is not None for ep in episodes)),
+        "env/timeouts": int(sum(ep.timed_out for ep in episodes)),
+        "env/openings_too_long": int(sum(ep.opening_too_long for ep in episodes)),
         "env/truncated_frac": float(np.mean([ep.truncated for ep in episodes])),
-        "env/reward_mean": float(np.mean([ep.reward for ep in episodes])),
+        "env/reward_mean": float(
+            np.mean([ep.reward if ep.error is None else 0.0 for ep in episodes])
+        ),
         "env/env_tokens_mean": float(np.mean([len(ep.mask) - sum(ep.mask) for ep in episodes])),
         "time/env_s": float(sum(ep.env_s for ep in episodes)),
         "time/env_wait_s": float(stats.get("idle_s", 0.0)),
@@ -207,6 +242,38 @@ def _env_metrics(episodes: list[Episode], stats: dict) -> dict[str, float]:
         }
     )
     return out
+
+
+class FailedEnv:
+    """Stands in for an environment whose constructor failed: its ``reset`` raises
+    :class:`EnvError` with that failure, so the episode is invalid and the run goes on."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+    def reset(self, item: dict) -> list[dict]:
+        """Raise the constructor's failure."""
+        raise EnvError(self.error)
+
+    def step(self, text: str) -> Any:
+        """Never called (``reset`` failed)."""
+        raise EnvError(self.error)
+
+
+def _warn_failures(name: str, episodes: list[Episode]) -> None:
+    """One warning line per batch with failed episodes: how many, and the first one's row."""
+    bad = [ep for ep in episodes if ep.error is not None]
+    if bad and not STOPPING.is_set():  # a stopping run's refused calls are not news
+        ep = bad[0]
+        log.warning(
+            "env %r: %d of %d episodes failed (first: prompt %d sample %d: %s)",
+            name,
+            len(bad),
+            len(episodes),
+            ep.prompt_id,
+            ep.sample_id,
+            ep.error,
+        )
 
 
 def episode_records(exp: Experience) -> list[dict]:
@@ -230,4 +297,6 @@ def episode_records(exp: Experience) -> list[dict]:
                 "reward": float(exp.rewards[i]) if exp.valid[i] else None,
             }
         )
+        if exp.extras[i].get(ENV_INFO):
+            out[-1]["info"] = exp.extras[i][ENV_INFO]
     return out

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.rewards.user_code import STOPPING
 from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.online.rollout import Rollouts
 
@@ -181,13 +182,16 @@ class Producer:
         return got, out
 
     def close(self) -> None:
-        """Cancel the queued jobs and wait for the running ones."""
+        """Cancel the queued jobs and wait for the running ones; a run stopping on a signal
+        (user calls refused, :data:`~jaxrl_llm.rewards.user_code.STOPPING`) does not wait:
+        its running job ends on its own within seconds, its user calls answered at once."""
         for f in self.pending:
             f.cancel()
         self.pending.clear()
-        self._pool.shutdown(wait=True)
+        wait = not STOPPING.is_set()
+        self._pool.shutdown(wait=wait, cancel_futures=True)
         if self._scorers is not None:
-            self._scorers.shutdown(wait=True)
+            self._scorers.shutdown(wait=wait, cancel_futures=True)
 
 
 def _scored(score: Any, t0: float) -> tuple[Experience, float]:

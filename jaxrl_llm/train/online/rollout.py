@@ -26,6 +26,7 @@ from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.objectives import pass_at_k
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, cast_for_rollout
+from jaxrl_llm.train.config.preflight import check_context_budget
 from jaxrl_llm.train.config.sections import EnvSection, EvalSection, RolloutSection
 from jaxrl_llm.train.online.episode_sampler import EpisodeSampler
 from jaxrl_llm.train.online.experience import Experience, concat_experience
@@ -54,6 +55,9 @@ class Rollouts:
       partial: sampled (not greedy) generations poll ``weights_fn`` between chunks and
         continue with newer weights (``rollout.partial``): the asynchronous producer's
         sampler only, whose ``weights_fn`` reads a published snapshot (a cheap read).
+      max_prompt_len: the longest prompt (``data.max_length``; None: 1 token): with
+        ``rollout.max_new_tokens`` it must fit the model's context (a ConfigError here, before
+        anything compiles); an environment's opening longer than it fails its episode.
     """
 
     def __init__(
@@ -67,7 +71,15 @@ class Rollouts:
         seed: int,
         env: EnvSection | None = None,
         partial: bool = False,
+        max_prompt_len: int | None = None,
     ):
+        n = settings.max_new_tokens
+        check_context_budget(
+            int(model_config.max_position_embeddings),
+            max_prompt_len or 1,
+            n,
+            key=f"rollout.max_new_tokens={n}",
+        )
         self.settings = settings
         self.rewards = rewards
         self.tokenizer = tokenizer
@@ -89,6 +101,7 @@ class Rollouts:
                 tokenizer=tokenizer,
                 model_config=model_config,
                 prompt_buckets=PROMPT_BUCKETS,
+                max_opening=max_prompt_len,
             )
         )
 

@@ -24,6 +24,15 @@ from typing import Any
 import numpy as np
 
 
+def _finite(x: Any) -> Any:
+    """``x`` with every non-finite float (at any depth of lists) replaced by None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, list):
+        return [_finite(y) for y in x]
+    return x
+
+
 def _to_python(v: Any):
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
@@ -32,18 +41,32 @@ def _to_python(v: Any):
     except Exception:  # noqa: BLE001 - non-array values (strings) are logged as they are
         return v
     if arr.dtype.kind in "fiu" and arr.size == 1:
-        x = arr.item()
-        if isinstance(x, float) and not math.isfinite(x):
-            return None if math.isnan(x) else (math.inf if x > 0 else -math.inf)
-        return x
+        return _finite(arr.item())
     if arr.dtype.kind in "fiu":
-        return arr.tolist()
-    return v
+        return _finite(arr.tolist())
+    return _finite(v) if isinstance(v, float | list) else v
+
+
+def _count_nonfinite(v: Any) -> int:
+    try:
+        arr = np.asarray(v)
+    except Exception:  # noqa: BLE001 - not numeric
+        return 0
+    if arr.dtype.kind != "f":
+        return 0
+    return int(np.size(arr) - np.isfinite(arr).sum())
 
 
 def scalarize(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """Device arrays / numpy scalars -> plain Python numbers (NaN -> None) for JSON."""
+    """Device arrays / numpy scalars -> plain Python numbers for strict JSON: NaN and ±Inf
+    become None (null), so every line of ``metrics.jsonl`` is strict JSON (RFC 8259 has no
+    NaN / Infinity; Python's ``json`` writes them unless ``allow_nan=False``)."""
     return {k: _to_python(v) for k, v in metrics.items()}
+
+
+def nonfinite_count(metrics: Mapping[str, Any]) -> int:
+    """How many float values of ``metrics`` are NaN or ±Inf (logged as null)."""
+    return sum(_count_nonfinite(v) for v in metrics.values() if not isinstance(v, str | bytes))
 
 
 class MetricsLogger:
@@ -131,11 +154,14 @@ class MetricsLogger:
     def log(self, step: int, metrics: Mapping[str, Any], *, progress: bool = True) -> dict:
         """Append one JSON line ``{"step": step, **metrics}`` and mirror it to TB / W&B."""
         row = {"step": int(step), **scalarize(metrics)}
+        bad = nonfinite_count(metrics)
+        if bad:
+            row["log/nonfinite_values"] = bad  # logged as null
         self.rows += 1
         if not self.enabled:
             return row
         assert self._file is not None  # enabled implies an open file
-        self._file.write(json.dumps(row) + "\n")
+        self._file.write(json.dumps(row, allow_nan=False, default=repr) + "\n")
         self._file.flush()
         if self._tb is not None:
             for k, v in row.items():
@@ -263,4 +289,5 @@ class SamplesLog:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             for ep in episodes:
-                f.write(json.dumps({"step": step, **scalarize(ep)}, ensure_ascii=False) + "\n")
+                row = {"step": step, **scalarize(ep)}
+                f.write(json.dumps(row, ensure_ascii=False, allow_nan=False, default=repr) + "\n")

@@ -10,6 +10,12 @@ Resuming (``resume=true``) restores the train state (and its companions, PPO's c
 data position and the run's counters from the newest finalised checkpoint; seeds are functions
 of (seed, step), so a run killed at any moment and resumed logs the same metrics and ends with
 the same parameters as one that was never interrupted (``tests/train/test_kill_resume.py``).
+
+Stopping: Ctrl-C or SIGTERM inside a step (:mod:`jaxrl_llm.train.run.signals`), or user code
+failing with ``on_error: raise``, saves the last finished step (:meth:`Trainer.save_on_stop`:
+unless a checkpoint within ``save_every / 2`` steps holds it, or the stop landed inside an
+update) and ends the run with :class:`~jaxrl_llm.train.run.signals.RunStopped` (or the user code's
+one-line error); a run resumed from that checkpoint continues as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 import jax
 
 from jaxrl_llm.errors import ConfigError, TrainingError
+from jaxrl_llm.rewards.user_code import UserCodeStop
 from jaxrl_llm.train.config.plan import RunPlan
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.policy import Policy, export_policy
@@ -34,6 +41,7 @@ from jaxrl_llm.train.run.run_state import (
     restore_latest,
     run_extra,
 )
+from jaxrl_llm.train.run.signals import Interrupted, RunStopped, deferred, stop_signals
 
 
 class Trainer:
@@ -65,6 +73,7 @@ class Trainer:
         self.train_time = 0.0
         self.logger = None
         self._last_saved: int | None = None
+        self._stop_point: tuple[int, dict, list[int]] | None = None  # see _boundary
 
     # ----- provided by the trainer --------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -127,9 +136,10 @@ class Trainer:
         self.resumed = extra
         self.say(f"resumed from step {self.start_step}")
 
-    def save(self, step: int, *, force: bool = False) -> None:
+    def save(self, step: int, *, force: bool = False, data: dict | None = None) -> None:
         """Checkpoint the state (companions first, so a policy step implies theirs), the data
-        position and the run's counters (:func:`run_extra`); a step already saved is skipped."""
+        position (``data``, default the iterator's now) and the run's counters
+        (:func:`run_extra`); a step already saved is skipped."""
         if step == self._last_saved:
             return
         self._last_saved = step
@@ -145,6 +155,7 @@ class Trainer:
                 logger=self.logger,
                 guard=self.guard,
                 train_time_s=self.train_time,
+                data=data,
             ),
         )
         fault_point("checkpoint", step)
@@ -153,12 +164,49 @@ class Trainer:
         """Train for ``max_steps`` (or from a resumed step); returns the summary dict
         (held-out metrics before / after, timings, the export path)."""
         os.makedirs(self.cfg.output_dir, exist_ok=True)
-        with output_dir_lock(self.cfg.output_dir):
+        with output_dir_lock(self.cfg.output_dir), stop_signals():
             self.maybe_resume()
             record_config(
                 self.cfg, self.plan.loss_config, self.start_step if self.resumed else None, self.say
             )
             return self._run()
+
+    def _boundary(self, step: int) -> tuple[int, dict, list[int]]:
+        """What a stop inside ``step`` may save: the last finished step, the data position
+        after it and the identities of the policy's and its companions' train states then
+        (an update replaces the state object, so equal identities mean no update since; no
+        device value is read, so the step's asynchronous dispatch is not waited on)."""
+        holders = [self.policy] + [h for _, h in self.companions]
+        return step - 1, self.iterator.state(), [id(h.state) for h in holders]
+
+    def save_on_stop(self, boundary: tuple[int, dict, list[int]]) -> str:
+        """Save the last finished step when a run stops inside the next one (a signal, or user
+        code with ``on_error: raise``), unless a checkpoint within ``save_every / 2`` steps
+        holds it already; returns what happened, in words. Nothing is saved when the stop
+        landed inside an update (the state is then between two steps)."""
+        step, data, counts = boundary
+        holders = [self.policy] + [h for _, h in self.companions]
+        every = self.cfg.checkpoint.save_every
+        self.ckpt.wait_until_finished()  # a periodic save the stop cut into, if any
+        on_disk = self.ckpt.all_steps()
+        last = max(on_disk) if on_disk else None
+        if self._last_saved is not None and self._last_saved not in on_disk:
+            self._last_saved = None  # its write did not finish: saving it again is allowed
+        where = f"{self.cfg.output_dir}/checkpoints"
+        if [id(h.state) for h in holders] != counts:  # an update replaced a state
+            return (
+                f"stopped after the update of step {step + 1} began, so its state is not saved; "
+                + (f"the newest checkpoint is step {last}" if last else "no checkpoint was saved")
+            )
+        if step <= 0:
+            return "stopped in the first step; nothing to save"
+        if last is not None and step >= last and (step - last) * 2 < every:
+            return f"checkpoint of step {last} kept (within save_every / 2 = {every / 2:g} steps)"
+        self.save(step, force=True, data=data)
+        self.ckpt.wait_until_finished()
+        for c, _ in self.companions:
+            c.wait_until_finished()
+        return f"saved step {step} in {where}"
 
     def _run(self) -> dict:
         cfg = self.cfg
@@ -171,20 +219,14 @@ class Trainer:
             summary["eval_before"] = self.evaluate()
             logger.log(0, summary["eval_before"])
         for step in range(self.start_step + 1, cfg.max_steps + 1):
-            t = time.perf_counter()
-            metrics = self.train_step(step)
-            self.train_time += time.perf_counter() - t
-            metrics["time/train_elapsed_s"] = self.train_time
-            if self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps:
-                metrics.update(self.evaluate())
-            bad = metrics.get("nonfinite", 0.0)
-            metrics.update(self.guard.update(step, bad))
-            if step % cfg.logging.log_every == 0 or step == cfg.max_steps or bad:
-                logger.log(step, metrics)
-            if self.guard.consecutive:
-                self.guard.check(step)
-            elif cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
-                self.save(step)
+            self._stop_point = self._boundary(step)
+            try:
+                self._step(step)
+            except Interrupted as e:
+                done = self.save_on_stop(self._stop_point)
+                raise RunStopped(e.signum, f"step {step}: {done}") from None
+            except UserCodeStop as e:
+                raise UserCodeStop(f"{e}; {self.save_on_stop(self._stop_point)}") from None
         # Saved before the final evaluation, so that a run resumed from this checkpoint
         # evaluates (and logs) it exactly once.
         self.save(cfg.max_steps, force=True)
@@ -204,6 +246,28 @@ class Trainer:
         )
         logger.close()
         return summary
+
+    def _step(self, step: int) -> None:
+        """One step with its cadences: train, evaluate, the non-finite guard, log, save."""
+        cfg, logger = self.cfg, self.logger
+        assert logger is not None
+        t = time.perf_counter()
+        metrics = self.train_step(step)
+        self.train_time += time.perf_counter() - t
+        metrics["time/train_elapsed_s"] = self.train_time
+        if self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps:
+            metrics.update(self.evaluate())
+        with deferred():  # a signal here waits until the step counts as finished
+            bad = metrics.get("nonfinite", 0.0)
+            metrics.update(self.guard.update(step, bad))
+            if step % cfg.logging.log_every == 0 or step == cfg.max_steps or bad:
+                logger.log(step, metrics)
+            if not self.guard.consecutive:  # finished and logged: a stop from here saves it
+                self._stop_point = self._boundary(step + 1)
+        if self.guard.consecutive:
+            self.guard.check(step)
+        elif cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
+            self.save(step)
 
     def close(self) -> None:
         """Release the checkpoint managers."""

@@ -69,13 +69,22 @@ def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: dict | None):
     )
 
 
-def run_extra(step: int, *, iterator, logger, guard: NonFiniteGuard, train_time_s: float) -> dict:
+def run_extra(
+    step: int,
+    *,
+    iterator,
+    logger,
+    guard: NonFiniteGuard,
+    train_time_s: float,
+    data: dict | None = None,
+) -> dict:
     """The JSON ``extra`` a trainer saves with each checkpoint: everything besides the train
-    state that a resumed run needs to continue exactly as an uninterrupted one (data position,
-    rows of ``metrics.jsonl`` logged so far, the non-finite guard's count, training time)."""
+    state that a resumed run needs to continue exactly as an uninterrupted one (data position:
+    ``data``, default ``iterator.state()``; rows of ``metrics.jsonl`` logged so far, the
+    non-finite guard's count, training time)."""
     return {
         "step": int(step),
-        "data": iterator.state(),
+        "data": iterator.state() if data is None else data,
         "metrics_rows": None if logger is None else logger.rows,
         "nonfinite_steps_total": guard.total,
         "train_time_s": float(train_time_s),
