@@ -21,6 +21,7 @@ import os
 import pytest
 
 from jaxrl_llm.cli.main import main
+from jaxrl_llm.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SFT, DPO, KTO, RANK, GRPO = (
@@ -1023,3 +1024,49 @@ def test_rollouts_refuse_a_budget_past_a_loaded_models_context():
                 seed=0,
                 max_prompt_len=300,
             )
+
+
+@pytest.mark.parametrize("key", ["page_size", "num_slots", "chunk_steps"])
+def test_paged_engine_sizes_below_one_are_one_line(key):
+    # (generate_paged raises num_slots to G; the engine itself refuses 0)
+    import jax
+
+    from jaxrl_llm.models import ModelConfig, init_params
+    from jaxrl_llm.sampling import PagedEngine, generate_paged
+
+    config = ModelConfig.tiny(num_layers=1)
+    params = init_params(config, jax.random.PRNGKey(0))
+    with pytest.raises(ConfigError, match=f"paged engine: {key} must be >= 1, got 0"):
+        PagedEngine(params, config, **{key: 0})
+    if key != "num_slots":
+        with pytest.raises(ConfigError, match=f"{key} must be >= 1"):
+            generate_paged(params, config, [[1, 2, 3]], max_new_tokens=4, **{key: 0})
+
+
+def test_char_tokenizer_on_a_model_with_a_larger_vocabulary_is_refused(tmp_path):
+    import jax
+
+    from jaxrl_llm.interop import export_hf
+    from jaxrl_llm.models import ModelConfig, init_params
+    from jaxrl_llm.train.config.config_io import from_dict
+    from jaxrl_llm.train.config.run_config import RunConfig
+    from jaxrl_llm.train.programs.policy import load_policy_model
+
+    config = ModelConfig.tiny(vocab_size=300, num_layers=1)
+    export_hf(
+        str(tmp_path / "hf"), config=config, params=init_params(config, jax.random.PRNGKey(0))
+    )
+    cfg = from_dict(
+        RunConfig,
+        dict(
+            output_dir=str(tmp_path / "run"),
+            max_steps=1,
+            algorithm="sft",
+            model=dict(source=str(tmp_path / "hf"), tokenizer="char"),
+            data=dict(train="unused.jsonl"),
+        ),
+    )
+    with pytest.raises(
+        ConfigError, match="char tokenizer decodes 259 ids, the model samples from 300"
+    ):
+        load_policy_model(cfg)

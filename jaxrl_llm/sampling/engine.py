@@ -112,6 +112,14 @@ class PagedEngine:
         dtype: str | None = None,
         version: int = 0,
     ):
+        for name, value in (
+            ("num_slots", num_slots),
+            ("page_size", page_size),
+            ("chunk_steps", chunk_steps),
+            ("max_len", max_len),
+        ):
+            if int(value) < 1:
+                raise ConfigError(f"paged engine: {name} must be >= 1, got {value}")
         self._model_config, self._dtype = config, dtype
         self.params, self.config = cast_for_rollout(params, config, dtype)
         self.version = int(version)

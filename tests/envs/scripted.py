@@ -140,3 +140,10 @@ def misbehaving_reward(prompts, completions, *, reward_mode=None, hang_s=30.0, *
     if "hang" in modes:
         time.sleep(hang_s)
     return [1.0 if c.strip()[:1].isdigit() else 0.5 for c in completions]
+
+
+class LongOpening(Scripted):
+    """Opens with a 200-character user message: past a run's ``data.max_length`` of 32."""
+
+    def reset(self, item):
+        return [{"role": "user", "content": "x" * 200}]

@@ -206,3 +206,18 @@ def test_multi_turn_run_with_asynchronous_rollouts(chat_data, tmp_path):
     rows = [r for r in read_metrics(tmp_path / "async") if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["async/staleness_max"] <= 1 and r["env/turns_mean"] > 1 for r in rows)
+
+
+def test_an_opening_past_data_max_length_fails_its_episode(chat_data, tmp_path):
+    # data.max_length bounds an environment's opening as it bounds a dataset prompt: the
+    # episode fails (reward 0, counted), the run goes on
+    cfg = _config(
+        chat_data,
+        tmp_path / "long",
+        env=dict(name="tests.envs.scripted:LongOpening", max_turns=2),
+        max_steps=1,
+    )
+    train_online(cfg)
+    (row,) = [r for r in read_metrics(tmp_path / "long") if "reward/mean" in r]
+    assert row["env/openings_too_long"] == 8  # every episode: 4 prompts x G = 2
+    assert row["reward/failed"] == 8

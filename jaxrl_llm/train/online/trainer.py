@@ -110,6 +110,7 @@ class OnlineTrainer(Trainer):
             weights_fn=lambda: (self.placement.put(p.full_params()), int(p.state.step)),
             seed=cfg.seed,
             env=cfg.env,
+            max_prompt_len=cfg.data.max_length,
         )
         self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
         self.strategy = make_strategy(plan, p, self.rollouts, log=self.say)
@@ -247,6 +248,7 @@ class OnlineTrainer(Trainer):
                 seed=self.cfg.seed,
                 env=self.cfg.env,
                 partial=r.partial,
+                max_prompt_len=self.cfg.data.max_length,
             )
             self.producer = Producer(
                 sampler,

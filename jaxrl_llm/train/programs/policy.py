@@ -201,6 +201,13 @@ def load_policy_model(cfg: RunConfig):
         from jaxrl_llm.data import CharTokenizer
 
         tok = CharTokenizer()
+        if loaded.config.vocab_size > tok.vocab_size:  # it would sample ids char cannot decode
+            raise ConfigError(
+                f"model.tokenizer=char with model.source={m.source!r}: the char tokenizer "
+                f"decodes {tok.vocab_size} ids, the model samples from "
+                f"{loaded.config.vocab_size}; use the model's own tokenizer (model.tokenizer: "
+                f"auto)"
+            )
     if tok is None:
         raise ConfigError(f"model.source={m.source!r} has no tokenizer; set model.tokenizer")
     check_vocab(
