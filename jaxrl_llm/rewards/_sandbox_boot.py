@@ -376,7 +376,7 @@ def _build_root(cfg):
     binds += ["/etc/" + n for n in etc]
     for p in (sys.base_prefix, sys.base_exec_prefix):  # the interpreter's installation
         binds.append(os.path.realpath(p))
-    done = []
+    done: list = []
     for p in binds:
         if any(p == q or p.startswith(q.rstrip("/") + "/") for q in done):
             continue
@@ -587,7 +587,8 @@ def _solution_main(cfg, code, work, rpc):
         _flush()
         os._exit(10)
     _flush()
-    objects, handles = {}, {}
+    objects: dict = {}
+    handles: dict = {}
 
     def handle_of(x):
         h = handles.get(id(x))
@@ -630,7 +631,8 @@ def _solution_main(cfg, code, work, rpc):
             elif op == "getattr":
                 result = getattr(obj, msg["name"])
             elif op == "setattr":
-                result = setattr(obj, msg["name"], arg("value"))
+                setattr(obj, msg["name"], arg("value"))
+                result = None
             elif op == "getitem":
                 result = obj[arg("key")]
             elif op == "setitem":
@@ -676,8 +678,8 @@ class SolutionGone(Exception):
 
 
 def _judge_main(cfg, tests, rpc, verdict_fd):
-    proxies = {}
-    exc_classes = {}
+    proxies: dict = {}
+    exc_classes: dict = {}
 
     def proxy_of(h, name):
         p = proxies.get(h)
@@ -1045,6 +1047,7 @@ def main():
         result = json.loads(raw.decode()) if raw else {"verdict": None, "detail": ""}
     except ValueError:
         result = {"verdict": None, "detail": "malformed verdict"}
+    solution: dict[str, bool | int]
     if sol_status is None:
         solution = {"killed": True}
     elif os.WIFSIGNALED(sol_status):

@@ -122,15 +122,17 @@ def make_overlong_reward(
 
     def overlong_reward(prompts, completions, **_fields):
         """DAPO soft overlong punishment of each completion's length."""
+        import jax.numpy as jnp
         import numpy as np
 
         from jaxrl_llm.objectives import overlong_penalty  # lazy: objectives is a sibling layer
 
         if unit == LengthUnit.TOKENS:
+            assert tokenizer is not None  # checked when the reward was built
             lengths = [len(tokenizer(c)) for c in completions]
         else:
             lengths = [len(c) for c in completions]
-        values = overlong_penalty(np.asarray(lengths, np.int32), max_len=max_len, buffer=buffer)
+        values = overlong_penalty(jnp.asarray(lengths, jnp.int32), max_len=max_len, buffer=buffer)
         return [float(v) for v in np.asarray(values)]
 
     return overlong_reward
