@@ -121,7 +121,14 @@ def compile_run(
         compute_dtype=cfg.model.compute_dtype,
         attention=models.AttentionImpl(cfg.model.attention),
     )
-    policy = policy_on_mesh(cfg, config, mesh, micro_batches=plan.rows.micro_batches)
+    rows = plan.rows
+    policy = policy_on_mesh(
+        cfg,
+        config,
+        mesh,
+        micro_batches=rows.micro_batches,
+        updates_per_step=rows.epochs * rows.minibatches,
+    )
     resident = _resident(plan, policy)
     programs = _compile_programs(plan, policy, resident, seq_len, prompt_len, decode)
     est = None
@@ -129,7 +136,6 @@ def compile_run(
         est = estimate_memory(
             config, cfg.algorithm, **_estimate_kwargs(plan, topology, seq_len, prompt_len)
         )  # type: ignore[arg-type]
-    rows = plan.rows
     settings = dict(
         batch_size=cfg.rollout.prompts_per_step if plan.online else cfg.train.batch_size,
         seq_len=seq_len,

@@ -119,7 +119,15 @@ def critic_policy(plan: RunPlan, policy: Policy, *, abstract: bool = False) -> P
     if not abstract:
         params = dict(jax.device_get(policy.state.params))
         params["score_head"] = {"kernel": np.zeros((config.hidden_size, 1), np.float32)}
-    return policy_on_mesh(ccfg, config, policy.mesh, params=params, tokenizer=policy.tokenizer)
+    rows = plan.rows
+    return policy_on_mesh(
+        ccfg,
+        config,
+        policy.mesh,
+        params=params,
+        tokenizer=policy.tokenizer,
+        updates_per_step=rows.epochs * rows.minibatches,  # one critic update per minibatch
+    )
 
 
 def build_critic(plan: RunPlan, critic: Policy) -> CriticPrograms:

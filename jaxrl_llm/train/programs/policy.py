@@ -63,6 +63,7 @@ class Policy:
         loss by per loss call: α / M, α the run's coefficient and M the micro-batches a step
         sums (each micro-batch's loss is a share of the step's, so the step adds α × the mean
         of the micro-batches' aux losses; a skipped micro-batch adds none). 0 for dense models.
+      lr_schedule: the optimizer's learning-rate schedule (update count -> lr).
     """
 
     config: models.ModelConfig
@@ -77,6 +78,13 @@ class Policy:
     param_sharding: Any
     frozen_sharding: dict
     router_aux_weight: float = 0.0
+    lr_schedule: Callable[[Any], Any] | None = None
+
+    def learning_rate(self) -> float:
+        """The learning rate of the last optimizer update (:func:`lr_schedule` at the state's
+        update count − 1; the first update's before any)."""
+        assert self.lr_schedule is not None
+        return float(self.lr_schedule(max(int(self.state.step) - 1, 0)))
 
     def full_params(self, params=None):
         """The model's parameter tree for sampling / evaluation / export (adapters merged)."""
@@ -251,10 +259,12 @@ def check_vocab(
         )
 
 
-def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
-    """optax optimizer with the configured schedule (gradient clipping lives in the step)."""
+def lr_schedule(cfg: RunConfig, updates_per_step: int = 1) -> optax.Schedule:
+    """The learning rate at each optimizer update: ``optim.schedule`` (constant, cosine or
+    linear decay to 0) over ``max_steps × updates_per_step`` updates, after
+    ``optim.warmup_steps`` updates of linear warm-up from 0."""
     o = cfg.optim
-    total = max(cfg.max_steps * _updates_per_step(cfg), 1)
+    total = max(cfg.max_steps * updates_per_step, 1)
     warm = min(o.warmup_steps, total)
     if o.schedule == "constant":
         sched = optax.constant_schedule(o.lr)
@@ -264,17 +274,21 @@ def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
         sched = optax.linear_schedule(o.lr, 0.0, max(total - warm, 1))
     if warm:
         sched = optax.join_schedules([optax.linear_schedule(0.0, o.lr, warm), sched], [warm])
+    return sched
+
+
+def make_optimizer(
+    cfg: RunConfig, schedule: optax.Schedule | None = None
+) -> optax.GradientTransformation:
+    """optax optimizer with the learning-rate ``schedule`` (default :func:`lr_schedule` with
+    one update per step; gradient clipping lives in the step)."""
+    o = cfg.optim
+    sched = lr_schedule(cfg) if schedule is None else schedule
     if o.name == "adamw":
         return optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
     if o.name == "adam":
         return optax.adam(sched, b1=o.b1, b2=o.b2, eps=o.eps)
     return optax.sgd(sched)
-
-
-def _updates_per_step(cfg: RunConfig) -> int:
-    if cfg.is_online:
-        return cfg.rollout.epochs * cfg.rollout.minibatches
-    return 1
 
 
 def _freeze_embeddings(optimizer, params):
@@ -311,7 +325,13 @@ def build_policy(
     mesh = learner_mesh(cfg)
     plan = plan or plan_run(cfg, mesh)
     return policy_on_mesh(
-        cfg, config, mesh, params=params, tokenizer=tokenizer, micro_batches=plan.rows.micro_batches
+        cfg,
+        config,
+        mesh,
+        params=params,
+        tokenizer=tokenizer,
+        micro_batches=plan.rows.micro_batches,
+        updates_per_step=plan.rows.epochs * plan.rows.minibatches,
     )
 
 
@@ -323,6 +343,7 @@ def policy_on_mesh(
     params: Any = None,
     tokenizer: Any = None,
     micro_batches: int = 1,
+    updates_per_step: int = 1,
 ) -> Policy:
     """The :class:`Policy` of ``config`` on ``mesh``: parameters sharded by the rule table,
     the optimizer and its sharded state, ``apply_fn`` bound to the mesh (experts over
@@ -335,9 +356,12 @@ def policy_on_mesh(
     Args:
       micro_batches: the micro-batches one train step sums (:attr:`RunPlan.rows`), for the
         mixture-of-experts auxiliary loss's weight (:func:`router_aux_weight`).
+      updates_per_step: optimizer updates per train step (epochs × minibatches), for the
+        learning-rate schedule's length (:func:`lr_schedule`).
     """
     abstract = params is None
-    optimizer = make_optimizer(cfg)
+    schedule = lr_schedule(cfg, updates_per_step)
+    optimizer = make_optimizer(cfg, schedule)
     axes = models.param_logical_axes(config)
     if abstract:
         params = jax.eval_shape(
@@ -413,6 +437,7 @@ def policy_on_mesh(
         param_sharding=param_sharding,
         frozen_sharding=frozen_sharding,
         router_aux_weight=router_aux_weight(cfg, config, micro_batches),
+        lr_schedule=schedule,
     )
 
 

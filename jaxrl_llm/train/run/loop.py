@@ -255,6 +255,8 @@ class Trainer:
         metrics = self.train_step(step)
         self.train_time += time.perf_counter() - t
         metrics["time/train_elapsed_s"] = self.train_time
+        if self.policy.lr_schedule is not None:  # the lr of the step's last update
+            metrics["optim/lr"] = self.policy.learning_rate()
         if self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps:
             metrics.update(self.evaluate())
         with deferred():  # a signal here waits until the step counts as finished
