@@ -53,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
+    # `module:function` rewards, environments and tools beside the config or in the working
+    # directory import without PYTHONPATH (appended: they never shadow an installed package)
+    for folder in (os.path.dirname(os.path.abspath(args.config)), os.getcwd()):
+        if folder not in sys.path:
+            sys.path.append(folder)
     # the mesh fits the devices, the batch splits over it, the loss section validates
     plan = plan_run(cfg, check_mesh(cfg))
     check_tokenizer_sizes(cfg)  # a tiny model's vocabulary and context against the config

@@ -10,7 +10,14 @@ functions, environments, tools) runs on :class:`UserCodeRunner`'s threads, bound
 nothing it raises, ``sys.exit`` included, reaches the run (:mod:`.user_code`).
 """
 
-from jaxrl_llm.rewards.base import RewardFn, RewardOutput, RewardSet, RewardSpec, combine_rewards
+from jaxrl_llm.rewards.base import (
+    RewardFn,
+    RewardOutput,
+    RewardSet,
+    RewardSpec,
+    combine_rewards,
+    trl_format,
+)
 from jaxrl_llm.rewards.math_answer import (
     AnswerSource,
     answers_match,
@@ -118,4 +125,5 @@ __all__ = [
     "shared_runner",
     "split_steps",
     "user_namespaces_available",
+    "trl_format",
 ]

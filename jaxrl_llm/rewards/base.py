@@ -71,6 +71,10 @@ class RewardSpec:
       on_error: ``invalid`` (a sample the function raises on, times out on or cannot score is
         invalid, reward 0) or ``raise`` (the first such failure stops the run:
         :class:`~jaxrl_llm.rewards.user_code.UserCodeStop`).
+      conversational: called as TRL calls a reward function: for a row whose prompt is a
+        list of chat messages, its prompt is that list and its completion
+        ``[{"role": "assistant", "content": text}]`` (:func:`trl_format`); text otherwise.
+        False: always the rendered prompt and completion texts (the built-ins).
     """
 
     fn: Callable[..., Sequence[float | None]]
@@ -78,6 +82,7 @@ class RewardSpec:
     name: str | None = None
     timeout_s: float | None = DEFAULT_TIMEOUT_S
     on_error: OnError = "invalid"
+    conversational: bool = False
 
     def __post_init__(self):
         if not callable(self.fn):
@@ -263,12 +268,19 @@ class RewardSet:
             )
 
     def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence[Any]
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        *,
+        sources: Sequence[Any] | None = None,
+        **fields: Sequence[Any],
     ) -> RewardOutput:
         """Scores a batch; see :class:`RewardOutput`.
 
         Args:
-          prompts: N prompts. completions: N completions.
+          prompts: N prompts (rendered text). completions: N completions (text).
+          sources: N prompts as the data rows gave them (text or chat messages): what a
+            ``conversational`` function receives for a conversational row (:func:`trl_format`).
           **fields: other columns, each of length N.
 
         Raises:
@@ -293,9 +305,14 @@ class RewardSet:
         valid = np.ones((n,), bool)
         per_function: dict[str, np.ndarray] = {}
         metrics: dict[str, float] = {}
+        trl = None
         for spec in self.specs:
             name = spec.label
-            scores, problem, counts = self._score_one_fn(spec, prompts, completions, fields)
+            args = (prompts, completions)
+            if spec.conversational and sources is not None:
+                trl = trl or trl_format(prompts, completions, sources)
+                args = trl
+            scores, problem, counts = self._score_one_fn(spec, *args, fields)
             if problem is None:
                 self._strikes[name] = 0
             else:
@@ -349,3 +366,26 @@ def combine_rewards(
       max_consecutive_failures: see :class:`RewardSet`.
     """
     return RewardSet(specs, max_consecutive_failures=max_consecutive_failures)
+
+
+def trl_format(
+    prompts: Sequence[str], completions: Sequence[str], sources: Sequence[Any]
+) -> tuple[list[Any], list[Any]]:
+    """Prompts and completions as TRL passes them to a reward function: a conversational row
+    (its source prompt a list of ``{"role", "content"}`` messages) gives that message list and
+    ``[{"role": "assistant", "content": completion}]``; a standard row its texts (TRL's
+    ``GRPOTrainer`` reward-function contract, https://huggingface.co/docs/trl/grpo_trainer)."""
+    if len(sources) != len(completions):
+        raise RewardError(
+            f"rewards: {len(sources)} source prompts for {len(completions)} completions"
+        )
+    out_p: list[Any] = []
+    out_c: list[Any] = []
+    for prompt, completion, source in zip(prompts, completions, sources, strict=True):
+        if isinstance(source, (list, tuple)) and all(isinstance(m, Mapping) for m in source):
+            out_p.append([dict(m) for m in source])
+            out_c.append([{"role": "assistant", "content": completion}])
+        else:
+            out_p.append(prompt)
+            out_c.append(completion)
+    return out_p, out_c

@@ -133,6 +133,12 @@ def import_function(path: str, key: str, *, what: str = "reward") -> Callable:
     module_name, _, attr = path.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
+    except ModuleNotFoundError as e:
+        raise ConfigError(
+            f"{key}: cannot import {what} {path!r} ({e}); the module must be importable: "
+            f"beside the config file or in the working directory (jaxrl-llm train adds both), "
+            f"or on PYTHONPATH"
+        ) from None
     except (ImportError, AttributeError, ValueError) as e:
         raise ConfigError(f"{key}: cannot import {what} {path!r} ({e})") from None
     if not callable(fn):
@@ -170,6 +176,9 @@ def build_reward_set(items: Sequence[Any], *, ctx: RewardContext = RewardContext
             name=item.name,
             timeout_s=getattr(item, "timeout_s", DEFAULT_TIMEOUT_S),
             on_error=getattr(item, "on_error", "invalid"),
+            # a function of the user's is called as TRL calls it (message lists for
+            # conversational rows); the built-ins read text
+            conversational=item.name not in REWARD_FUNCTIONS,
         )
         for i, item in enumerate(items)
     ]

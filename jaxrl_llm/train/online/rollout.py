@@ -168,8 +168,11 @@ class Rollouts:
         ]
         prompts = [tok.decode(list(x.prompt_ids)) for x in items for _ in range(g)]
         extras = [dict(x.extras) for x in items for _ in range(g)]
+        sources = [x.prompt for x in items for _ in range(g)]
         rewards = self.rewards
-        return functools.partial(_score, rewards, ro, texts, prompts, extras, g, version, versions)
+        return functools.partial(
+            _score, rewards, ro, texts, prompts, sources, extras, g, version, versions
+        )
 
     def _refresh(self, version: int, params: Any) -> Callable[[], tuple[Any, int]]:
         """``refresh()`` for a partial rollout: the newest published weights in the rollout
@@ -323,6 +326,7 @@ def _score(
     ro: Any,
     texts: list[str],
     prompts: list[str],
+    sources: list[Any],
     extras: list[dict],
     g: int,
     version: int,
@@ -331,13 +335,14 @@ def _score(
     """Run the reward functions on sampled completions: the scored :class:`Experience`."""
     fields = {k: [e.get(k) for e in extras] for k in sorted({k for e in extras for k in e})}
     t0 = time.perf_counter()
-    out = rewards(prompts, texts, **fields)
+    out = rewards(prompts, texts, sources=sources, **fields)
     metrics = {**out.metrics, "time/reward_s": time.perf_counter() - t0}  # inside rollout_s
     return Experience(
         rollout=ro,
         texts=texts,
         prompts=prompts,
         extras=extras,
+        sources=sources,
         rewards=np.asarray(out.rewards, np.float32),
         valid=np.asarray(out.valid, bool),
         scores={k: np.asarray(v) for k, v in out.per_function.items()},
