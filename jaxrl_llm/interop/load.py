@@ -27,6 +27,13 @@ import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.interop.hf_config import config_from_hf_dict
+from jaxrl_llm.interop.peft import (
+    ADAPTER_CONFIG,
+    PeftAdapter,
+    is_peft_adapter,
+    merge_peft_adapter,
+    read_peft_adapter,
+)
 from jaxrl_llm.interop.state_dict import params_from_hf_state_dict
 from jaxrl_llm.models.config import Family, ModelConfig, dtype_from_name
 
@@ -255,22 +262,8 @@ def _read_safetensors(directory: Path) -> dict[str, np.ndarray]:
 # ----- sources ------------------------------------------------------------------------------
 
 
-def load_hf_dir(
-    path: str | os.PathLike, *, param_dtype: str = "float32", compute_dtype: str | None = None
-) -> LoadedModel:
-    """Load a local Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer).
-
-    Args:
-      path: the directory.
-      param_dtype, compute_dtype: as in :func:`load_model`.
-    Returns:
-      A :class:`LoadedModel`.
-    Raises:
-      ModelLoadError: missing directory / config.json / weights, bad JSON, unsupported
-        architecture, missing or mis-shaped weights, a tokenizer with more tokens than the
-        model's vocabulary.
-    """
-    d = Path(path)
+def _hf_dir_parts(d: Path) -> tuple[ModelConfig, dict[str, Any], Any]:
+    """(config, state dict, tokenizer or None) of a Hugging Face directory, checked."""
     if not d.is_dir():
         raise ModelLoadError(f"{d}: no such directory")
     cfg_file = d / "config.json"
@@ -287,7 +280,10 @@ def load_hf_dir(
     config = config_from_hf_dict(hf_cfg, source=str(cfg_file))
     sd = _read_safetensors(d)
     tokenizer = _load_tokenizer(d)
-    config = _gemma_chat_defaults(config, tokenizer)
+    return config, sd, tokenizer
+
+
+def _check_tokenizer_fits(d: Path, config: ModelConfig, tokenizer: Any) -> None:
     n_tokens = None if tokenizer is None else len(tokenizer)
     if n_tokens is not None and n_tokens > config.vocab_size:
         # Ids past the embedding table would be clamped silently on accelerators.
@@ -296,8 +292,88 @@ def load_hf_dir(
             f"vocab_size is {config.vocab_size}; the tokenizer files do not "
             f"belong to these weights (use the model's own tokenizer)"
         )
+
+
+def load_hf_dir(
+    path: str | os.PathLike, *, param_dtype: str = "float32", compute_dtype: str | None = None
+) -> LoadedModel:
+    """Load a local Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer).
+
+    Args:
+      path: the directory.
+      param_dtype, compute_dtype: as in :func:`load_model`.
+    Returns:
+      A :class:`LoadedModel`.
+    Raises:
+      ModelLoadError: missing directory / config.json / weights, bad JSON, unsupported
+        architecture, missing or mis-shaped weights, a tokenizer with more tokens than the
+        model's vocabulary.
+    """
+    d = Path(path)
+    config, sd, tokenizer = _hf_dir_parts(d)
+    config = _gemma_chat_defaults(config, tokenizer)
+    _check_tokenizer_fits(d, config, tokenizer)
     return _finish(
         config, sd, tokenizer, source=str(d), param_dtype=param_dtype, compute_dtype=compute_dtype
+    )
+
+
+def peft_base_dir(adapter: PeftAdapter) -> Path:
+    """The Hugging Face directory of a PEFT adapter's ``base_model_name_or_path``: a model
+    alias, an HF directory or a GGUF file (converted once and cached), a path taken as given
+    or relative to the adapter directory.
+
+    Raises:
+      ModelLoadError: no base named, or the base cannot be found (the line names it).
+    """
+    base = adapter.base_model
+    where = f"{adapter.path / ADAPTER_CONFIG}"
+    if not base:
+        raise ModelLoadError(
+            f"{where}: base_model_name_or_path is empty; set it to the base model's "
+            f"directory, .gguf file or alias"
+        )
+    if base in MODEL_ALIASES:
+        return cached_gguf_dir(resolve_alias(base))
+    for cand in (Path(base).expanduser(), adapter.path / base):
+        if cand.is_dir() and is_peft_adapter(cand):
+            raise ModelLoadError(f"{where}: the base {base} is itself an adapter; merge it first")
+        if cand.is_dir():
+            return cand
+        if cand.is_file() and (cand.suffix == ".gguf" or _is_gguf_magic(cand)):
+            return cached_gguf_dir(cand)
+    raise ModelLoadError(
+        f"{where}: base model {base!r} not found (not a model alias, nor a directory or "
+        f".gguf file here or next to the adapter); edit base_model_name_or_path"
+    )
+
+
+def load_peft_dir(
+    path: str | os.PathLike, *, param_dtype: str = "float32", compute_dtype: str | None = None
+) -> LoadedModel:
+    """Load a PEFT LoRA adapter directory on top of its base, merged (W + (α/r)·B A).
+
+    The base is ``base_model_name_or_path`` (see :func:`peft_base_dir`); the tokenizer is the
+    adapter directory's own when it has tokenizer files, else the base's.
+
+    Raises:
+      ModelLoadError: see :func:`~jaxrl_llm.interop.peft.read_peft_adapter`,
+        :func:`peft_base_dir` and :func:`~jaxrl_llm.interop.peft.merge_peft_adapter`.
+    """
+    adapter = read_peft_adapter(path)
+    base = peft_base_dir(adapter)
+    config, sd, tokenizer = _hf_dir_parts(base)
+    sd = merge_peft_adapter(sd, adapter, source=str(base))
+    tokenizer = _load_tokenizer(adapter.path) or tokenizer
+    config = _gemma_chat_defaults(config, tokenizer)
+    _check_tokenizer_fits(adapter.path, config, tokenizer)
+    return _finish(
+        config,
+        sd,
+        tokenizer,
+        source=f"{adapter.path} on {base}",
+        param_dtype=param_dtype,
+        compute_dtype=compute_dtype,
     )
 
 
@@ -435,6 +511,8 @@ def load_model(
         - a ``.gguf`` file (converted once through transformers, then cached, see
           :func:`cached_gguf_dir`);
         - a model alias, e.g. ``"smollm2-135m-instruct"`` (:data:`MODEL_ALIASES`);
+        - a PEFT LoRA adapter directory (``adapter_config.json``), merged onto its
+          ``base_model_name_or_path`` (see :func:`load_peft_dir`);
         - a transformers ``PreTrainedModel`` object (see :func:`from_hf_model`).
       param_dtype: dtype of the returned params, 'float32' or 'bfloat16'.
       compute_dtype: activation dtype recorded in the config (default: ``param_dtype``).
@@ -458,6 +536,8 @@ def load_model(
     if isinstance(src, str) and src in MODEL_ALIASES:
         src = resolve_alias(src)
     path = Path(src).expanduser()
+    if is_peft_adapter(path):
+        return load_peft_dir(path, param_dtype=param_dtype, compute_dtype=compute_dtype)
     if path.is_dir():
         return load_hf_dir(path, param_dtype=param_dtype, compute_dtype=compute_dtype)
     if path.is_file():
