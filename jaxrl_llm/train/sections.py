@@ -199,7 +199,11 @@ class CheckpointSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-    """The data set(s): local JSONL / Parquet / saved HF datasets (no downloads)."""
+    """The data set(s): local JSONL / Parquet / saved HF datasets (no downloads); the row
+    formats are TRL's (docs/data.md). ``loss_on``: an SFT row's targets, ``assistant`` (every
+    assistant turn of a ``messages`` row; the completion of a prompt-completion row),
+    ``completion`` (the last assistant message / the completion) or ``all`` (every token);
+    ``jaxrl_llm.data.LossOn``."""
 
     train: str = ""
     eval: str | None = None
@@ -207,6 +211,7 @@ class DataSection:
     length_policy: Literal["error", "truncate", "drop"] = "truncate"
     packing: bool = False
     shuffle: bool = True
+    loss_on: Literal["assistant", "completion", "all"] = "assistant"
 
     def __post_init__(self):
         if self.max_length < 2:
