@@ -127,10 +127,9 @@ def run(args: argparse.Namespace) -> int:
             f"{args.model}: the model has no tokenizer files; generate needs "
             "a tokenizer to encode --prompt text"
         )
-    print(f"found {describe(source, restored)}", file=sys.stderr)
     print(
-        f"loaded {args.model} ({model.config.num_params() / 1e6:.1f}M parameters) in "
-        f"{time.perf_counter() - t0:.1f}s",
+        f"loaded {describe(source, restored)} ({model.config.num_params() / 1e6:.1f}M "
+        f"parameters) in {time.perf_counter() - t0:.1f}s",
         file=sys.stderr,
     )
     _check_budget(model, args)

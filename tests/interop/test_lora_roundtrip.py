@@ -202,7 +202,7 @@ def test_generate_reads_a_run_directory(lora_run, capsys):
     )
     assert rc == 0
     err = capsys.readouterr().err
-    assert "found run directory" in err and "checkpoint step 2" in err
+    assert "loaded run directory" in err and "checkpoint step 2" in err
 
 
 def test_run_directory_errors_point_the_right_way(tmp_path, capsys):
