@@ -34,6 +34,7 @@ class SourceKind(str, enum.Enum):
     ADAPTER = "PEFT adapter directory"
     GGUF = "GGUF file"
     ALIAS = "model alias"
+    HUB = "Hugging Face hub id"
     OTHER = "model source"
 
 
@@ -82,12 +83,14 @@ def classify_source(src: str | os.PathLike) -> Source:
     ``config.json`` is a Hugging Face directory; one with ``adapter_config.json`` a PEFT
     adapter. Anything else is passed on to :func:`jaxrl_llm.interop.load_model` as is.
     """
-    from jaxrl_llm.interop import MODEL_ALIASES
+    from jaxrl_llm.interop import MODEL_ALIASES, is_hub_id
     from jaxrl_llm.interop.peft import is_peft_adapter
 
     text = os.fspath(src)
     if text in MODEL_ALIASES:
         return Source(SourceKind.ALIAS, text)
+    if is_hub_id(text):
+        return Source(SourceKind.HUB, text)
     p = Path(text).expanduser()
     if p.is_file():
         return Source(SourceKind.GGUF if p.suffix == ".gguf" else SourceKind.OTHER, text)

@@ -46,7 +46,14 @@ from jaxrl_llm.data.packing import (
     packing_stats,
 )
 from jaxrl_llm.data.pipeline import PreparedData, collate_fn_for, load_examples, prepare_dataset
-from jaxrl_llm.data.readers import Record, read_hf, read_jsonl, read_parquet, read_records
+from jaxrl_llm.data.readers import (
+    Record,
+    read_hf,
+    read_hub_dataset,
+    read_jsonl,
+    read_parquet,
+    read_records,
+)
 from jaxrl_llm.data.tokenize import (
     CharTokenizer,
     LengthPolicy,
@@ -110,6 +117,7 @@ __all__ = [
     "parse_examples",
     "prepare_dataset",
     "read_hf",
+    "read_hub_dataset",
     "read_jsonl",
     "read_parquet",
     "read_records",

@@ -17,6 +17,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -141,6 +142,73 @@ def _assembled(assemble: Any, filename: str, alias: str) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+# ----- Hugging Face hub ids ----------------------------------------------------------------
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+# What a model needs from a hub repository, as transformers' from_pretrained fetches it.
+_MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+def is_hub_id(text: Any) -> bool:
+    """True for an ``org/name`` Hugging Face hub id that is not an existing local path."""
+    return (
+        isinstance(text, str) and bool(_HUB_ID.match(text)) and not Path(text).expanduser().exists()
+    )
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment at call time: ``$HF_HUB_CACHE``,
+    else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join("~", ".cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) forbids downloads."""
+    flags = (os.environ.get(k, "") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(f.strip().lower() in ("1", "true", "yes", "on") for f in flags)
+
+
+def hub_snapshot(repo_id: str, *, repo_type: str = "model") -> Path:
+    """The local snapshot of a hub repository (``refs/main`` in :func:`hub_cache_dir`),
+    downloaded as transformers would (a model's config, safetensors and tokenizer files; a
+    dataset's files) when it is not cached and the hub may be used.
+
+    Raises:
+      ModelLoadError: one line: not cached and offline, or not cached and the download failed.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hub_cache_dir()
+    kw: dict[str, Any] = {"repo_type": repo_type, "cache_dir": str(cache)}
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, **kw))
+    except LocalEntryNotFoundError:
+        pass
+    what = "dataset" if repo_type == "dataset" else "model"
+    if hub_offline():
+        raise ModelLoadError(
+            f"{repo_id}: no such local path, and this {what} is not in the Hugging Face cache "
+            f"({cache}) and "
+            f"HF_HUB_OFFLINE is set; download it where the hub is reachable (`hf download "
+            f"{repo_id}{' --repo-type dataset' if what == 'dataset' else ''}`) or give a "
+            f"local path"
+        )
+    patterns = _MODEL_FILES if repo_type == "model" else None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, **kw))
+    except Exception as e:  # network, authentication, missing repository
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise ModelLoadError(
+            f"{repo_id}: no such local path, and this {what} is not in the Hugging Face cache "
+            f"({cache}) and could not "
+            f"be downloaded ({type(e).__name__}: {reason})"
+        ) from None
 
 
 # ----- building blocks --------------------------------------------------------------------------
@@ -321,7 +389,7 @@ def load_hf_dir(
 def peft_base_dir(adapter: PeftAdapter) -> Path:
     """The Hugging Face directory of a PEFT adapter's ``base_model_name_or_path``: a model
     alias, an HF directory or a GGUF file (converted once and cached), a path taken as given
-    or relative to the adapter directory.
+    or relative to the adapter directory, or a hub id (:func:`hub_snapshot`).
 
     Raises:
       ModelLoadError: no base named, or the base cannot be found (the line names it).
@@ -335,6 +403,9 @@ def peft_base_dir(adapter: PeftAdapter) -> Path:
         )
     if base in MODEL_ALIASES:
         return cached_gguf_dir(resolve_alias(base))
+    if is_hub_id(base) and not (adapter.path / base).exists():
+        found = _hub_model_path(hub_snapshot(base))
+        return cached_gguf_dir(found) if found.suffix == ".gguf" else found
     for cand in (Path(base).expanduser(), adapter.path / base):
         if cand.is_dir() and is_peft_adapter(cand):
             raise ModelLoadError(f"{where}: the base {base} is itself an adapter; merge it first")
@@ -513,6 +584,8 @@ def load_model(
         - a model alias, e.g. ``"smollm2-135m-instruct"`` (:data:`MODEL_ALIASES`);
         - a PEFT LoRA adapter directory (``adapter_config.json``), merged onto its
           ``base_model_name_or_path`` (see :func:`load_peft_dir`);
+        - a hub id ``org/name``, read from the Hugging Face cache (``$HF_HOME``) or
+          downloaded as transformers would (:func:`hub_snapshot`);
         - a transformers ``PreTrainedModel`` object (see :func:`from_hf_model`).
       param_dtype: dtype of the returned params, 'float32' or 'bfloat16'.
       compute_dtype: activation dtype recorded in the config (default: ``param_dtype``).
@@ -535,6 +608,8 @@ def load_model(
         )
     if isinstance(src, str) and src in MODEL_ALIASES:
         src = resolve_alias(src)
+    elif is_hub_id(src):
+        src = _hub_model_path(hub_snapshot(str(src)))
     path = Path(src).expanduser()
     if is_peft_adapter(path):
         return load_peft_dir(path, param_dtype=param_dtype, compute_dtype=compute_dtype)
@@ -554,6 +629,15 @@ def load_model(
         f"{path}: no such file or directory (and not a model alias; known "
         f"aliases: {sorted(MODEL_ALIASES)})"
     )
+
+
+def _hub_model_path(snapshot: Path) -> Path:
+    """A hub snapshot as a model source: the directory, or its one GGUF file when it holds no
+    ``config.json`` (a GGUF-only repository)."""
+    if (snapshot / "config.json").is_file() or is_peft_adapter(snapshot):
+        return snapshot
+    ggufs = sorted(snapshot.glob("*.gguf"))
+    return ggufs[0] if len(ggufs) == 1 else snapshot
 
 
 def _is_gguf_magic(path: Path) -> bool:
