@@ -180,8 +180,25 @@ def restore_checkpoint(source: Source) -> RestoredModel:
     step = int(path.name) if _is_checkpoint_step(path) else steps[-1]
     config, params, tokenizer = restore_model(str(path))
     if not is_lora_tree(params):
+        if tokenizer is None and source.run_dir is not None:
+            tokenizer = _char_tokenizer_of(source.run_dir)
         return RestoredModel(config, params, tokenizer, step)
     return _merge_run_adapters(source, config, params, tokenizer, step)
+
+
+def _char_tokenizer_of(run_dir: Path) -> Any:
+    """The byte-level test tokenizer when the run trained with ``model.tokenizer: char`` (a
+    checkpoint saves no tokenizer files for it), else None."""
+    from jaxrl_llm.data import CharTokenizer
+    from jaxrl_llm.errors import ConfigError
+
+    if not (run_dir / RUN_CONFIG).is_file():
+        return None
+    try:
+        cfg = _run_config(run_dir, str(run_dir))
+    except ConfigError:  # a config of another version: no tokenizer rather than no model
+        return None
+    return CharTokenizer() if cfg.model.tokenizer == "char" else None
 
 
 def _merge_run_adapters(source: Source, config, adapters, tokenizer, step) -> RestoredModel:

@@ -62,6 +62,15 @@ class CharTokenizer:
     bos_token_id = 1
     eos_token_id = 2
     vocab_size = 259
+    # What apply_chat_template renders, as a Jinja template (for code that checks for one).
+    chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        """``{"input_ids": encode(text)}``, as a transformers tokenizer is called."""
+        return {"input_ids": self.encode(text, add_special_tokens=add_special_tokens)}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Bytes of ``text`` shifted by 3, with BOS first when ``add_special_tokens``."""

@@ -494,7 +494,8 @@ def fit_advice(
     flags = "--remat full" + (f" --lora-rank {ADVICE_LORA_RANK}" if lora_ok else "")
     if not out and lora_ok and current < 2 and (e := est(**combo)).fits:
         add(flags, "both", e)
-    fsdp, used = kwargs.get("fsdp", 1), kwargs.get("data", 1) * kwargs.get("tensor", 1)
+    fsdp = kwargs.get("fsdp", 1)
+    used = kwargs.get("data", 1) * kwargs.get("tensor", 1) * kwargs.get("expert", 1)
     f = fsdp * 2
     while f * used <= max_devices:
         if (e := est(fsdp=f)).fits:

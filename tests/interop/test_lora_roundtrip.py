@@ -242,3 +242,34 @@ def test_adapter_on_an_alias_or_gguf_base(tmp_path, base):
         expected,
     )
     assert loaded.tokenizer is not None and loaded.tokenizer.chat_template
+
+
+def test_full_weights_char_run_generates_and_converts(tmp_path, capsys):
+    """A full fine-tuning run of the tiny model with the byte-level tokenizer: its run
+    directory works for generate (the tokenizer comes from the run's config) and convert."""
+    run = tmp_path / "run"
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    rc = main(
+        [
+            "train",
+            os.path.join(root, "configs", "sft.yaml"),
+            f"output_dir={run}",
+            "model.source=tiny",
+            "model.tokenizer=char",
+            f"data.train={root}/data/arith_sft/train.jsonl",
+            "data.eval=null",
+            "max_steps=1",
+            "train.eval_every=0",
+            "checkpoint.save_every=1",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+        ]
+    )
+    assert rc == 0
+    capsys.readouterr()
+    argv = ["generate", "--model", str(run), "--prompt", "1+1=", "--max-new-tokens", "2"]
+    assert main([*argv, "--greedy"]) == 0
+    assert "loaded run directory" in capsys.readouterr().err
+    assert main(["convert", str(run), str(tmp_path / "hf")]) == 0
+    assert "checkpoint step 1" in capsys.readouterr().out
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
