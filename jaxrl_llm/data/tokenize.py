@@ -256,6 +256,16 @@ def encode_conversation(
     return prompt, tuple(completion), tuple(mask)
 
 
+def _nonempty_prompt(ids: tuple[int, ...]) -> tuple[int, ...]:
+    """A prompt must give at least one token: its last one predicts the first target."""
+    if not ids:
+        raise DataError(
+            "the prompt tokenises to no tokens (does the tokenizer belong to this model and "
+            "this data?)"
+        )
+    return ids
+
+
 def _all_targets(prompt: Sequence[int], completion: Sequence[int]) -> TokenizedSequence:
     """Every token a target: only the first has no predecessor to be predicted from."""
     ids = (*prompt, *completion)
@@ -280,7 +290,7 @@ def _tokenize_sft(
         if loss_on == LossOn.ALL:
             return _all_targets(p, c)
         return TokenizedSequence(p, c, completion_mask=mask)
-    p = encode_prompt(tokenizer, example.prompt)
+    p = _nonempty_prompt(encode_prompt(tokenizer, example.prompt))
     c = encode_completion(tokenizer, example.completion, add_eos=add_eos)
     return _all_targets(p, c) if loss_on == LossOn.ALL else TokenizedSequence(p, c)
 
@@ -309,7 +319,7 @@ def tokenize_example(
             "stepwise-supervision data is read and validated, but no algorithm here trains on "
             "it yet; online algorithms read its 'prompt' as prompt-only data"
         )
-    p = encode_prompt(tokenizer, example.prompt)
+    p = _nonempty_prompt(encode_prompt(tokenizer, example.prompt))
     enc = lambda c: encode_completion(tokenizer, c, add_eos=add_eos)  # noqa: E731
     if isinstance(example, KTOExample):
         return TokenizedSequence(p, enc(example.completion), label=example.label)

@@ -308,3 +308,19 @@ def test_prepare_dataset_names_the_row_of_an_unrenderable_conversation(tmp_path)
     p.write_text(json.dumps({"messages": CHAT}) + "\n")
     with pytest.raises(DataError, match=r"c\.jsonl line 1: the chat template does not render"):
         prepare_dataset(p, Format.SFT, Rewriting(), max_len=512)
+
+
+def test_a_prompt_that_tokenises_to_nothing_is_refused_with_its_line(tmp_path):
+    """A tokenizer that does not know the data's text (it maps it to no ids) would give rows
+    with no prompt token and a loss of 0; the row is refused instead."""
+
+    class Empty:
+        eos_token_id, eos_token, pad_token_id = 2, None, 0
+
+        def encode(self, text, add_special_tokens=True):
+            return []
+
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps({"prompt": "w3 w4", "completion": "w5"}) + "\n")
+    with pytest.raises(DataError, match=r"x\.jsonl line 1: the prompt tokenises to no tokens"):
+        prepare_dataset(p, Format.SFT, Empty(), max_len=16)
