@@ -164,6 +164,7 @@ _UNSUPPORTED = {
     "modules_to_save": (None, []),
     "trainable_token_indices": (None, {}),
     "layer_replication": (None,),
+    "target_parameters": (None, []),
 }
 
 
