@@ -1,32 +1,27 @@
-"""``jaxrl-llm convert SRC OUT --to hf [--dtype float32|bfloat16]``.
+"""``jaxrl-llm convert SRC OUT --to hf [--dtype float32|bfloat16] [--adapter-only]``.
 
-SRC is a Hugging Face directory, a ``.gguf`` file, a model alias (``smollm2-135m-instruct``)
-or a training checkpoint directory (restored through
-``jaxrl_llm.train.run.checkpoint.restore_model``). OUT becomes a Hugging Face directory that
-``transformers`` loads with the same logits.
+SRC is a run directory (``jaxrl-llm train``'s ``output_dir``: its newest checkpoint), a
+checkpoint directory (``RUN/checkpoints`` or one step of it), a Hugging Face directory, a PEFT
+adapter directory (merged onto its base), a ``.gguf`` file or a model alias
+(``smollm2-135m-instruct``); the first line printed says which it found
+(:mod:`jaxrl_llm.cli.sources`). OUT becomes a Hugging Face directory that ``transformers``
+loads with the same logits; a LoRA run's adapters are merged into its base. With
+``--adapter-only`` (a LoRA run or checkpoint), OUT becomes a PEFT adapter directory instead
+(``adapter_config.json`` + ``adapter_model.safetensors``) that ``peft`` loads on top of the
+transformers export of the base, and that ``model.source`` / ``--model`` accept.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import sys
+import warnings
 from pathlib import Path
 
-from jaxrl_llm.errors import CheckpointError, ModelLoadError
+from jaxrl_llm.errors import ModelLoadError
 
 _FORMATS = ("hf",)
 _DTYPES = ("float32", "bfloat16")
-# Names found at the top of an orbax checkpoint or a run's checkpoint folder.
-_CHECKPOINT_MARKERS = (
-    "_CHECKPOINT_METADATA",
-    "_METADATA",
-    "manifest.ocdbt",
-    "checkpoints",
-    "params",
-    "model_config",
-    "state",
-    "metadata.json",
-)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "src",
         metavar="SRC",
-        help="Hugging Face directory, .gguf file, model alias, or checkpoint dir",
+        help="run directory, checkpoint directory, Hugging Face directory, PEFT adapter "
+        "directory, .gguf file or model alias",
     )
     parser.add_argument("out", metavar="OUT", help="output directory")
     parser.add_argument("--to", choices=_FORMATS, default="hf", help="output format (hf)")
     parser.add_argument(
         "--dtype", choices=_DTYPES, default="float32", help="stored weight dtype (default float32)"
+    )
+    parser.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="a LoRA run or checkpoint: write its adapters as a PEFT adapter directory "
+        "(adapter_config.json + adapter_model.safetensors) instead of the merged model",
     )
     parser.add_argument(
         "--force",
@@ -63,6 +65,8 @@ _OWNED = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "adapter_config.json",
+    "adapter_model.safetensors",
 )
 
 
@@ -83,64 +87,81 @@ def _prepare_out(out: Path, force: bool) -> None:
             p.unlink()
 
 
-def _looks_like_checkpoint(path: Path) -> bool:
-    """A directory without config.json that holds orbax-style entries or step folders."""
-    if not path.is_dir() or (path / "config.json").is_file():
-        return False
-    names = {p.name for p in path.iterdir()}
-    return bool(names & set(_CHECKPOINT_MARKERS)) or any(n.isdigit() for n in names)
+def _weights_warnings(fn, *args, **kwargs):
+    """Call ``fn`` and print each warning it raises as one ``warning: ...`` line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(*args, **kwargs)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return out
 
 
-def _restore_checkpoint(path: Path):
-    """(config, params, tokenizer_or_None) from ``jaxrl_llm.train.run.checkpoint.restore_model``."""
-    try:
-        module = importlib.import_module("jaxrl_llm.train.run.checkpoint")
-    except ModuleNotFoundError as e:
-        if e.name not in ("jaxrl_llm.train.run.checkpoint", "jaxrl_llm.train"):
-            raise
-        module = None
-    restore = getattr(module, "restore_model", None)
-    if restore is None:
-        raise CheckpointError(
-            f"{path}: looks like a training checkpoint, but checkpoint "
-            f"restore is not available in this install "
-            f"(jaxrl_llm.train.run.checkpoint.restore_model is missing)"
+def _base_for_peft(base: str | None, src: str) -> str:
+    """``base_model_name_or_path`` for an adapter: an alias as is, a path made absolute."""
+    from jaxrl_llm.interop import MODEL_ALIASES
+
+    if base is None or base == "tiny":
+        raise ModelLoadError(
+            f"{src}: the run's model.source={base!r} is a random initialisation, not a model "
+            f"peft can load as a base; convert without --adapter-only (the merged model)"
         )
-    config, params, tokenizer = restore(str(path))
-    return config, params, tokenizer
+    if base in MODEL_ALIASES or not Path(base).expanduser().exists():
+        return base
+    return str(Path(base).expanduser().resolve())
 
 
 def run(args: argparse.Namespace) -> int:
-    """Convert ``args.src`` into ``args.out``; prints each file written. Returns 0."""
-    from jaxrl_llm.interop import export_hf, load_model
+    """Convert ``args.src`` into ``args.out``; prints what SRC is and each file written.
+    Returns 0."""
+    from jaxrl_llm.cli.sources import SourceKind, classify_source, describe, load_any
+    from jaxrl_llm.interop import export_hf
+    from jaxrl_llm.interop.peft import export_peft_adapter
 
     src = Path(str(args.src)).expanduser()
     out = Path(args.out)
     if out.resolve() == src.resolve():
         raise ModelLoadError(f"{out}: OUT must differ from SRC")
-    _prepare_out(out, getattr(args, "force", False))
-    if _looks_like_checkpoint(src):
-        config, params, tokenizer = _restore_checkpoint(src)
-        generation_config = None
-    else:
-        loaded = load_model(args.src, param_dtype="float32")
-        config, params, tokenizer = loaded
-        generation_config = None
     if args.to != "hf":  # argparse already restricts this; kept for programmatic callers
         raise ModelLoadError(f"--to {args.to!r} is not supported; allowed: {list(_FORMATS)}")
-    written = export_hf(
-        out,
-        config=config,
-        params=params,
-        tokenizer=tokenizer,
-        generation_config=generation_config,
-        dtype=args.dtype,
-    )
-    arch = "sequence classifier" if config.num_labels else "causal LM"
-    print(
-        f"converted {args.src} -> {out} ({config.family.value} {arch}, "
-        f"{config.num_params() / 1e6:.1f}M params, {args.dtype})"
-    )
+    source = classify_source(args.src)
+    adapter_only = getattr(args, "adapter_only", False)
+    if adapter_only and source.kind not in (SourceKind.RUN, SourceKind.CHECKPOINT):
+        raise ModelLoadError(
+            f"{args.src}: --adapter-only needs a LoRA run or checkpoint directory; this is a "
+            f"{source.kind.value}"
+        )
+    _prepare_out(out, getattr(args, "force", False))
+    config, params, tokenizer, restored = load_any(source, prefer_export=False)
+    if adapter_only and (restored is None or restored.lora is None):
+        raise ModelLoadError(
+            f"{args.src}: holds full weights, not LoRA adapters; --adapter-only needs a "
+            f"run trained with model.lora (drop --adapter-only to export the model)"
+        )
+    print(f"found {describe(source, restored)}")
+    if adapter_only:
+        assert restored is not None and restored.lora is not None
+        written = export_peft_adapter(
+            out,
+            config=config,
+            adapters=restored.adapters,
+            lora=restored.lora,
+            base_model=_base_for_peft(restored.base_source, str(args.src)),
+            dtype=args.dtype,
+        )
+        what = f"PEFT LoRA adapter r={restored.lora.rank}, base {restored.base_source}"
+    else:
+        written = _weights_warnings(
+            export_hf,
+            out,
+            config=config,
+            params=params,
+            tokenizer=tokenizer if hasattr(tokenizer, "save_pretrained") else None,
+            dtype=args.dtype,
+        )
+        arch = "sequence classifier" if config.num_labels else "causal LM"
+        what = f"{config.family.value} {arch}, {config.num_params() / 1e6:.1f}M params"
+    print(f"converted {args.src} -> {out} ({what}, {args.dtype})")
     for p in written:
         print(f"  wrote {p} ({p.stat().st_size / 1e6:.1f} MB)")
     return 0

@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"model alias, Hugging Face directory or .gguf file (default {DEFAULT_MODEL})",
+        help="model alias, Hugging Face directory, .gguf file, PEFT adapter directory, run "
+        f"directory or checkpoint directory (default {DEFAULT_MODEL})",
     )
     parser.add_argument(
         "--prompt",
@@ -112,20 +113,23 @@ def run(args: argparse.Namespace) -> int:
     if any(not p for p in args.prompt):
         raise ConfigError("--prompt must not be empty")
 
-    from jaxrl_llm.interop import load_model
+    from jaxrl_llm.cli.sources import classify_source, describe, load_any
+    from jaxrl_llm.interop import LoadedModel
     from jaxrl_llm.sampling import ROLLOUT_ENGINES, cast_for_rollout
     from jaxrl_llm.sampling.text import generate_text
 
     t0 = time.perf_counter()
-    model = load_model(args.model)
+    source = classify_source(args.model)
+    config, params, tokenizer, restored = load_any(source, prefer_export=True)
+    model = LoadedModel(config, params, tokenizer)
     if model.tokenizer is None:
         raise ModelLoadError(
             f"{args.model}: the model has no tokenizer files; generate needs "
             "a tokenizer to encode --prompt text"
         )
     print(
-        f"loaded {args.model} ({model.config.num_params() / 1e6:.1f}M parameters) in "
-        f"{time.perf_counter() - t0:.1f}s",
+        f"loaded {describe(source, restored)} ({model.config.num_params() / 1e6:.1f}M "
+        f"parameters) in {time.perf_counter() - t0:.1f}s",
         file=sys.stderr,
     )
     _check_budget(model, args)

@@ -1,9 +1,16 @@
-"""``jaxrl-llm memory``: per-device memory table for a model, algorithm, mesh and batch."""
+"""``jaxrl-llm memory``: per-device memory table for a model, algorithm, mesh and batch.
+
+The device is ``--device``, else the generation of ``--topology`` (``v5e:2x2`` -> ``tpu-v5e``),
+else the backend this machine runs (a TPU's or GPU's kind, or ``cpu``). When the setup does
+not fit, the changes that would make it fit are listed, each with the estimator's total
+(:func:`jaxrl_llm.train.compile.memory.fit_advice`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 from jaxrl_llm.errors import ConfigError
@@ -55,7 +62,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (online)")
     parser.add_argument("--remat", default="none", choices=["none", "dots", "full"])
     parser.add_argument("--logits", default="chunked", choices=["chunked", "full"])
-    parser.add_argument("--device", default="h100", choices=sorted(DEVICE_MEMORY) + ["cpu"])
+    parser.add_argument(
+        "--device",
+        default=None,
+        choices=sorted(DEVICE_MEMORY) + ["cpu"],
+        help="device kind (default: --topology's generation, else this machine's backend)",
+    )
+    parser.add_argument(
+        "--topology",
+        default=None,
+        help="TPU slice as GENERATION:GRID (e.g. v5e:2x2): sets the device and the most "
+        "devices the advice may use",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -104,9 +122,65 @@ def resolve_model_config(spec: str):
         raise ConfigError(f"--model {path!r}: {e}") from None
 
 
+# jax device_kind substrings -> DEVICE_MEMORY key, most specific first.
+_KINDS = (
+    ("v5 lite", "tpu-v5e"),
+    ("v5e", "tpu-v5e"),
+    ("v5p", "tpu-v5p"),
+    ("v6", "tpu-v6e"),
+    ("v4", "tpu-v4"),
+    ("h200", "h200"),
+    ("h100", "h100"),
+)
+
+
+def device_kind(kind: str) -> str | None:
+    """The :data:`~jaxrl_llm.train.compile.memory.DEVICE_MEMORY` key of a jax ``device_kind``
+    (``"TPU v5 lite"`` -> ``"tpu-v5e"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``), or None."""
+    low = kind.lower()
+    return next((key for sub, key in _KINDS if sub in low), None)
+
+
+def resolve_device(device: str | None, topology: str | None) -> tuple[str, str, int]:
+    """``(device kind, why, most devices)`` for ``jaxrl-llm memory``: ``--device`` if given,
+    else ``--topology``'s generation, else the detected backend's device kind (``cpu`` on a
+    CPU backend). The most devices is the slice's chips with ``--topology``, else 1024.
+
+    Raises:
+      ConfigError: a bad topology name, or a backend whose device kind has no known memory
+        (pass ``--device``).
+    """
+    from jaxrl_llm.train.compile.memory import DEVICE_MEMORY
+
+    max_devices = 1024
+    gen = None
+    if topology is not None:
+        from jaxrl_llm.parallel.topology import parse_topology_name
+
+        gen, grid = parse_topology_name(topology)
+        max_devices = math.prod(grid)
+    if device is not None:
+        return device, "--device", max_devices
+    if gen is not None:
+        return f"tpu-{gen}", f"--topology {topology}", max_devices
+    import jax
+
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return "cpu", "this machine's backend", max_devices
+    kind = jax.devices()[0].device_kind
+    key = device_kind(kind)
+    if key is None:
+        raise ConfigError(
+            f"this machine's {backend} devices are {kind!r}, whose memory is not in the "
+            f"table; pass --device (one of {', '.join(sorted(DEVICE_MEMORY))}, cpu)"
+        )
+    return key, f"this machine's {backend} ({kind})", max_devices
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm memory``."""
-    from jaxrl_llm.train.compile.memory import estimate_memory
+    from jaxrl_llm.train.compile.memory import estimate_memory, fit_advice
 
     mesh = parse_mesh(args.mesh)
     if mesh["context"] > 1:
@@ -118,10 +192,15 @@ def run(args: argparse.Namespace) -> int:
             f"jaxrl-llm compile --mesh context={mesh['context']} instead"
         )
     del mesh["context"]  # the axes the estimate is made for
+    device, why, max_devices = resolve_device(args.device, getattr(args, "topology", None))
+    n_devices = mesh["data"] * mesh["fsdp"] * mesh["tensor"] * mesh["expert"]
+    if n_devices > max_devices:
+        raise ConfigError(
+            f"--mesh {args.mesh}: {n_devices} devices, more than the {max_devices} chips of "
+            f"--topology {args.topology}"
+        )
     config = resolve_model_config(args.model)
-    est = estimate_memory(
-        config,
-        args.algorithm,
+    setup = dict(
         batch_size=args.batch,
         seq_len=args.seq_len,
         group_size=args.group_size,
@@ -129,12 +208,14 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         remat=args.remat,
         logits=args.logits,
-        device=args.device,
+        device=device,
         data=mesh["data"],
         fsdp=mesh["fsdp"],
         tensor=mesh["tensor"],
         expert=mesh["expert"],
     )
+    est = estimate_memory(config, args.algorithm, **setup)  # type: ignore[arg-type]
+    advice = fit_advice(config, args.algorithm, max_devices=max_devices, **setup)
     if args.json:
         out = est.to_json()
         out.update(
@@ -142,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
             mesh=mesh,
             params=config.num_params(),
             active_params=config.num_params(active=True),
+            device_from=why,
+            advice=[a.to_json() for a in advice],
         )
         print(json.dumps(out))
     else:
@@ -155,8 +238,29 @@ def run(args: argparse.Namespace) -> int:
             )
             + (f", LoRA r={args.lora_rank}" if args.lora_rank else "")
         )
+        print(f"device: {device} (from {why})")
         print(est.table())
+        if not est.fits:
+            print(_advice_text(advice, device, est.device_bytes))
     return 0
+
+
+def _advice_text(advice, device: str, device_bytes: int) -> str:
+    """The lines after a "does NOT fit" verdict: each change and its per-device total."""
+    from jaxrl_llm.train.compile.memory import GiB
+
+    if not advice:
+        return (
+            f"no single change tried (remat, LoRA, more fsdp, the reference off the device, a "
+            f"bigger device) nor their combination fits {device}; shorten --seq-len or --batch"
+        )
+    lines = [f"changes that fit ({device}: {device_bytes / GiB:.1f} GiB/device):"]
+    for a in advice:
+        where = f" on {a.device} ({a.device_bytes / GiB:.0f} GiB)" if a.device != device else ""
+        lines.append(
+            f"  {a.change:<34} {a.total_bytes_per_device / GiB:>9.3f} GiB/device{where}  [{a.note}]"
+        )
+    return "\n".join(lines)
 
 
 def params_text(config) -> str:

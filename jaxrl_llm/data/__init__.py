@@ -30,9 +30,12 @@ from jaxrl_llm.data.formats import (
     PromptExample,
     RankExample,
     SFTExample,
+    StepwiseExample,
+    TextExample,
     is_conversational,
     parse_example,
     parse_examples,
+    split_implicit_prompt,
 )
 from jaxrl_llm.data.iterator import BatchIterator, epoch_order, make_iterator
 from jaxrl_llm.data.packing import (
@@ -43,16 +46,25 @@ from jaxrl_llm.data.packing import (
     packing_stats,
 )
 from jaxrl_llm.data.pipeline import PreparedData, collate_fn_for, load_examples, prepare_dataset
-from jaxrl_llm.data.readers import Record, read_hf, read_jsonl, read_parquet, read_records
+from jaxrl_llm.data.readers import (
+    Record,
+    read_hf,
+    read_hub_dataset,
+    read_jsonl,
+    read_parquet,
+    read_records,
+)
 from jaxrl_llm.data.tokenize import (
     CharTokenizer,
     LengthPolicy,
+    LossOn,
     TokenizedPreference,
     TokenizedPrompt,
     TokenizedRank,
     TokenizedSequence,
     apply_length_policy,
     encode_completion,
+    encode_conversation,
     encode_prompt,
     sequence_length,
     tokenize_example,
@@ -66,6 +78,7 @@ __all__ = [
     "Format",
     "KTOExample",
     "LengthPolicy",
+    "LossOn",
     "Padding",
     "PreferenceExample",
     "PreparedData",
@@ -73,6 +86,8 @@ __all__ = [
     "RankExample",
     "Record",
     "SFTExample",
+    "StepwiseExample",
+    "TextExample",
     "TokenizedPreference",
     "TokenizedPrompt",
     "TokenizedRank",
@@ -86,6 +101,7 @@ __all__ = [
     "collate_ranks",
     "collate_sequences",
     "encode_completion",
+    "encode_conversation",
     "encode_prompt",
     "epoch_order",
     "is_conversational",
@@ -101,10 +117,12 @@ __all__ = [
     "parse_examples",
     "prepare_dataset",
     "read_hf",
+    "read_hub_dataset",
     "read_jsonl",
     "read_parquet",
     "read_records",
     "sequence_length",
+    "split_implicit_prompt",
     "tokenize_example",
     "truncate",
 ]

@@ -101,9 +101,14 @@ def _bucket(n: int, padding: Padding) -> int:
 
 
 def _rows(
-    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], t: int, pad_id: int, prefix: str = ""
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    t: int,
+    pad_id: int,
+    prefix: str = "",
+    targets: Sequence[Sequence[int] | None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Right-padded (prompt + completion) rows with attention and loss masks."""
+    """Right-padded (prompt + completion) rows with attention and loss masks; ``targets[i]``
+    (one 0/1 per completion token, None = all 1) marks row i's trained completion tokens."""
     b = len(pairs)
     ids = np.full((b, t), pad_id, np.int32)
     attn = np.zeros((b, t), np.int32)
@@ -115,7 +120,8 @@ def _rows(
         ids[i, :n_p] = p
         ids[i, n_p:n] = c
         attn[i, :n] = 1
-        loss[i, n_p:n] = 1
+        m = None if targets is None else targets[i]
+        loss[i, n_p:n] = 1 if m is None else np.asarray(m, np.int32)
     loss[:, 0] = 0
     return {prefix + "input_ids": ids, prefix + "attention_mask": attn, prefix + "loss_mask": loss}
 
@@ -132,7 +138,7 @@ def collate_sequences(
     _nonempty(items, "sequences")
     pairs = [(x.prompt_ids, x.completion_ids) for x in items]
     t = _bucket(max(len(p) + len(c) for p, c in pairs), padding)
-    return _rows(pairs, t, padding.pad_id)
+    return _rows(pairs, t, padding.pad_id, targets=[x.completion_mask for x in items])
 
 
 def collate_preferences(

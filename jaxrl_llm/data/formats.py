@@ -1,7 +1,8 @@
-"""Example formats, validated per example.
+"""Example formats, validated per example: the dataset types TRL defines, standard (text) and
+conversational (message lists).
 
-A format is a :class:`Format` member; :func:`parse_example` turns one raw
-:class:`~jaxrl_llm.data.readers.Record` into a small frozen dataclass, or raises
+A format is a :class:`Format` member (what a trainer consumes); :func:`parse_example` turns one
+raw :class:`~jaxrl_llm.data.readers.Record` into a small frozen dataclass, or raises
 :class:`~jaxrl_llm.errors.DataError` naming the record's location (file + line) and the field.
 
 Prompts are either plain strings or *conversational*: a tuple of ``{"role", "content"}``
@@ -9,16 +10,23 @@ messages (roles ``system`` / ``user`` / ``assistant`` / ``tool``). Completions a
 the assistant's text (a string); a completion given as a list of messages must be exactly one
 assistant message.
 
-Accepted fields per format (the same names TRL uses, https://huggingface.co/docs/trl/dataset_formats):
+The row shapes are TRL's (https://huggingface.co/docs/trl/dataset_formats; one example of
+each in ``docs/data.md``), read by these formats:
 
-- ``SFT``: ``prompt`` + ``completion``; or ``messages`` (the last message is the assistant's
-  completion, the earlier ones the prompt).
-- ``PREFERENCE`` (DPO family, ORPO, SimPO, reward models): ``prompt``, ``chosen``, ``rejected``.
-- ``KTO``: ``prompt``, ``completion``, ``label`` (bool: desirable or not).
+- ``SFT``: language modelling, standard ``{"text"}`` (every token trained, EOS appended) or
+  conversational ``{"messages"}`` (at least one prompt message and a final assistant message;
+  which turns are trained is ``data.loss_on``, see :class:`~jaxrl_llm.data.LossOn`); or
+  prompt-completion ``{"prompt", "completion"}``.
+- ``PREFERENCE`` (DPO family, ORPO, SimPO, reward models): ``{"prompt", "chosen",
+  "rejected"}``, or with an implicit prompt ``{"chosen", "rejected"}``: the prompt is their
+  common beginning (:func:`split_implicit_prompt`).
+- ``KTO``: unpaired preference ``{"prompt", "completion", "label"}`` (bool: desirable or not).
 - ``PAIRWISE_RANK``: ``prompt``, ``responses`` (list, ≥ 2), ``scores`` (list of numbers,
-  same length).
-- ``PROMPT`` (online RL): ``prompt`` and any other fields, kept in ``extras`` for reward
-  functions (e.g. ``answer``).
+  same length); not a TRL type.
+- ``PROMPT`` (online RL): prompt-only ``{"prompt"}`` and any other fields, kept in ``extras``
+  for reward functions (e.g. ``answer``).
+- ``STEPWISE``: stepwise supervision ``{"prompt", "completions", "labels"}`` (one bool per
+  step), validated and read; no trainer here consumes it yet (TRL's PRMTrainer does).
 """
 
 from __future__ import annotations
@@ -46,19 +54,40 @@ class Format(str, enum.Enum):
     KTO = "kto"
     PAIRWISE_RANK = "pairwise_rank"
     PROMPT = "prompt"
+    STEPWISE = "stepwise"
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTExample:
-    """Supervised fine-tuning pair: the loss covers ``completion`` (+ EOS) only.
+    """Supervised fine-tuning pair: the loss covers ``completion`` (+ EOS) only, or, for a
+    ``messages`` row with ``data.loss_on: assistant``, every assistant turn.
 
     Attributes:
       prompt: a string or a tuple of message dicts.
-      completion: the assistant's text.
+      completion: the assistant's text (the last assistant message of a ``messages`` row).
+      messages: the whole conversation of a ``messages`` row (None for prompt-completion).
     """
 
     prompt: Prompt
     completion: str
+    messages: tuple | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TextExample:
+    """Standard language modelling (``{"text": ...}``): every token is a target."""
+
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StepwiseExample:
+    """Stepwise (process) supervision: a prompt, the completion's steps and one label per
+    step (True = the step is correct)."""
+
+    prompt: Prompt
+    completions: tuple[str, ...]
+    labels: tuple[bool, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +125,15 @@ class PromptExample:
     extras: Mapping[str, Any]
 
 
-Example = SFTExample | PreferenceExample | KTOExample | RankExample | PromptExample
+Example = (
+    SFTExample
+    | TextExample
+    | PreferenceExample
+    | KTOExample
+    | RankExample
+    | PromptExample
+    | StepwiseExample
+)
 
 
 def is_conversational(prompt: Prompt) -> TypeGuard[tuple[Message, ...]]:
@@ -119,10 +156,13 @@ class _MissingField(DataError):
 # The fields that identify each format (most specific first), for the hint on a missing field.
 _SIGNATURES = (
     (Format.PREFERENCE, ("prompt", "chosen", "rejected")),
+    (Format.STEPWISE, ("prompt", "completions", "labels")),
     (Format.PAIRWISE_RANK, ("prompt", "responses", "scores")),
     (Format.KTO, ("prompt", "completion", "label")),
     (Format.SFT, ("prompt", "completion")),
     (Format.SFT, ("messages",)),
+    (Format.SFT, ("text",)),
+    (Format.PREFERENCE, ("chosen", "rejected")),
 )
 
 
@@ -212,9 +252,12 @@ def _completion(record: Record, field: str, value: Any = None) -> str:
     )
 
 
-def _sft(record: Record) -> SFTExample:
-    if "messages" in record.fields and "prompt" not in record.fields:
-        value = record.fields["messages"]
+def _sft(record: Record) -> SFTExample | TextExample:
+    fields = record.fields
+    if "text" in fields and not {"prompt", "messages"} & set(fields):
+        return TextExample(_text(record, "text", fields["text"]))
+    if "messages" in fields and "prompt" not in fields:
+        value = fields["messages"]
         if not isinstance(value, (list, tuple)):
             _fail(record, "messages", f"expected a list of messages, got {type(value).__name__}")
         msgs = _messages(record, "messages", value)
@@ -225,11 +268,54 @@ def _sft(record: Record) -> SFTExample:
                 "needs at least one prompt message followed by a final "
                 "assistant message (the completion)",
             )
-        return SFTExample(prompt=msgs[:-1], completion=msgs[-1]["content"])
+        return SFTExample(prompt=msgs[:-1], completion=msgs[-1]["content"], messages=msgs)
     return SFTExample(prompt=_prompt(record), completion=_completion(record, "completion"))
 
 
+def split_implicit_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any] | None:
+    """``(prompt, chosen, rejected)`` of an implicit-prompt preference pair, or None when the
+    two share no beginning.
+
+    Conversational pairs (message lists) split at the first message that differs. Text pairs
+    split at the last whitespace before their first differing character (so completions
+    start with that whitespace and no word is cut), or at that character when the shared
+    part has no whitespace: ``"The sky is blue."`` / ``"The sky is green."`` ->
+    ``("The sky is", " blue.", " green.")``, as TRL's ``extract_prompt``.
+    """
+    if isinstance(chosen, (list, tuple)) and isinstance(rejected, (list, tuple)):
+        k = 0
+        while k < min(len(chosen), len(rejected)) and chosen[k] == rejected[k]:
+            k += 1
+        return (list(chosen[:k]), list(chosen[k:]), list(rejected[k:])) if k else None
+    if not (isinstance(chosen, str) and isinstance(rejected, str)):
+        return None
+    k = 0
+    while k < min(len(chosen), len(rejected)) and chosen[k] == rejected[k]:
+        k += 1
+    if k == len(chosen) or k == len(rejected):  # one is a prefix of the other
+        return None
+    spaces = [j for j in range(k) if chosen[j].isspace()]
+    cut = spaces[-1] if spaces else k
+    if cut <= 0 or not chosen[:cut].strip():
+        return None
+    return chosen[:cut], chosen[cut:], rejected[cut:]
+
+
 def _preference(record: Record) -> PreferenceExample:
+    f = record.fields
+    if f.get("prompt") is None and f.get("chosen") is not None and f.get("rejected") is not None:
+        split = split_implicit_prompt(f["chosen"], f["rejected"])
+        if split is None:
+            _fail(
+                record,
+                "chosen",
+                "no 'prompt' field, and 'chosen' and 'rejected' share no beginning to take as "
+                "the prompt (an implicit prompt); add a 'prompt' field",
+            )
+        prompt, chosen, rejected = split
+        record = Record(
+            {**f, "prompt": prompt, "chosen": chosen, "rejected": rejected}, record.location
+        )
     return PreferenceExample(
         prompt=_prompt(record),
         chosen=_completion(record, "chosen"),
@@ -271,6 +357,22 @@ def _rank(record: Record) -> RankExample:
     return RankExample(prompt=prompt, responses=texts, scores=tuple(vals))
 
 
+def _stepwise(record: Record) -> StepwiseExample:
+    prompt = _prompt(record)
+    steps = _get(record, "completions")
+    labels = _get(record, "labels")
+    if not isinstance(steps, (list, tuple)) or not steps:
+        _fail(record, "completions", "expected a non-empty list of steps (strings)")
+    if not isinstance(labels, (list, tuple)) or len(labels) != len(steps):
+        n = len(labels) if isinstance(labels, (list, tuple)) else type(labels).__name__
+        _fail(record, "labels", f"expected one true/false per step ({len(steps)}), got {n}")
+    texts = tuple(_text(record, f"completions[{i}]", t) for i, t in enumerate(steps))
+    for i, label in enumerate(labels):
+        if not isinstance(label, bool):
+            _fail(record, f"labels[{i}]", f"expected true or false, got {label!r}")
+    return StepwiseExample(prompt=prompt, completions=texts, labels=tuple(labels))
+
+
 def _prompt_only(record: Record) -> PromptExample:
     prompt = _prompt(record)
     extras = {k: v for k, v in record.fields.items() if k != "prompt"}
@@ -283,6 +385,7 @@ _PARSERS: dict[Format, Callable[[Record], Example]] = {
     Format.KTO: _kto,
     Format.PAIRWISE_RANK: _rank,
     Format.PROMPT: _prompt_only,
+    Format.STEPWISE: _stepwise,
 }
 
 

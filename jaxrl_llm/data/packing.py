@@ -155,7 +155,12 @@ def pack_sequences(
         raise DataError("no sequences to collate")
     tokens = [np.asarray((*x.prompt_ids, *x.completion_ids), np.int32) for x in items]
     targets = [
-        np.r_[np.zeros(len(x.prompt_ids), np.int32), np.ones(len(x.completion_ids), np.int32)]
+        np.r_[
+            np.zeros(len(x.prompt_ids), np.int32),
+            np.ones(len(x.completion_ids), np.int32)
+            if x.completion_mask is None
+            else np.asarray(x.completion_mask, np.int32),
+        ]
         for x in items
     ]
     bins = first_fit([len(t) for t in tokens], row_len)

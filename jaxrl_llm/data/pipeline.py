@@ -19,8 +19,14 @@ from jaxrl_llm.data.collate import (
 from jaxrl_llm.data.formats import Example, Format, parse_example
 from jaxrl_llm.data.packing import pack_preferences, pack_sequences
 from jaxrl_llm.data.readers import read_records
-from jaxrl_llm.data.tokenize import LengthPolicy, Tokenized, apply_length_policy, tokenize_example
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.data.tokenize import (
+    LengthPolicy,
+    LossOn,
+    Tokenized,
+    apply_length_policy,
+    tokenize_example,
+)
+from jaxrl_llm.errors import ConfigError, DataError
 
 
 def load_examples(
@@ -35,6 +41,14 @@ def load_examples(
     fmt = Format(fmt)
     records = read_records(source, split=split)
     return [parse_example(r, fmt) for r in records], [r.location for r in records]
+
+
+def _tokenize_at(tokenizer: Any, example: Example, where: str, **kwargs) -> Tokenized:
+    """:func:`tokenize_example`, its DataError prefixed with the example's location."""
+    try:
+        return tokenize_example(tokenizer, example, **kwargs)
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +75,7 @@ def prepare_dataset(
     length_policy: LengthPolicy | str = LengthPolicy.ERROR,
     split: str | None = None,
     add_eos: bool = True,
+    loss_on: LossOn | str = LossOn.ASSISTANT,
 ) -> PreparedData:
     """Read, validate, tokenise and length-check a data set in one call.
 
@@ -72,10 +87,15 @@ def prepare_dataset(
       max_len: longest row in tokens. length_policy: see
         :class:`~jaxrl_llm.data.tokenize.LengthPolicy`.
       split: split of a ``DatasetDict``. add_eos: append EOS to completions.
+      loss_on: which tokens of an SFT row are targets (:class:`~jaxrl_llm.data.LossOn`,
+        ``data.loss_on``; default every assistant turn).
     """
     fmt = Format(fmt)
     examples, locations = load_examples(source, fmt, split=split)
-    tokenized = [tokenize_example(tokenizer, e, add_eos=add_eos) for e in examples]
+    tokenized = [
+        _tokenize_at(tokenizer, e, where, add_eos=add_eos, loss_on=loss_on)
+        for e, where in zip(examples, locations)
+    ]
     name = str(source) if isinstance(source, (str, os.PathLike)) else None
     items, stats = apply_length_policy(
         tokenized, max_len=max_len, policy=length_policy, locations=locations, source=name

@@ -2,10 +2,13 @@
 
 Every reader returns a list of :class:`Record` (the raw field dict plus a human-readable
 location such as ``data/x.jsonl line 12``), so later validation can name the file, the line
-and the field of a bad example. Nothing is ever downloaded: Hugging Face data must be a
-``datasets.Dataset`` / ``DatasetDict`` already in memory or a directory written by
-``save_to_disk``. ``pyarrow`` and ``datasets`` are imported lazily, so the package works
-without them until such a source is read.
+and the field of a bad example. Hugging Face data is a ``datasets.Dataset`` / ``DatasetDict``
+already in memory, a directory written by ``save_to_disk``, or a hub dataset named
+``hf:org/name`` (``hf:org/name:split``), read from its JSONL / Parquet files in the Hugging
+Face cache (``$HF_HOME``; ``datasets.load_dataset`` fills the same cache), or downloaded when
+it is not cached and the hub may be used (:func:`read_hub_dataset`). ``pyarrow`` and
+``datasets`` are imported lazily, so the package works without them until such a source is
+read.
 """
 
 from __future__ import annotations
@@ -175,13 +178,70 @@ def read_hf(source: Any, *, split: str | None = None) -> list[Record]:
     return out
 
 
+_HUB_PREFIX = "hf:"
+
+
+def _split_files(files: list[Path], root: Path, split: str | None) -> list[Path]:
+    """The data files of one split: a path part or file name that is the split's name
+    (``train.jsonl``, ``data/train-00000-of-00001.parquet``, ``train/0.parquet``)."""
+
+    def names(p: Path) -> set[str]:
+        rel = p.relative_to(root)
+        stem = rel.name.split(".")[0]
+        return {*rel.parts[:-1], stem, stem.split("-")[0], stem.split("_")[0]}
+
+    if split is not None:
+        return [p for p in files if split in names(p)]
+    train = [p for p in files if "train" in names(p)]
+    return train or files
+
+
+def read_hub_dataset(name: str, *, split: str | None = None) -> list[Record]:
+    """Read a hub dataset ``org/name`` (``org/name:split``) from the Hugging Face cache, or
+    download it when it is not cached and the hub may be used
+    (:func:`jaxrl_llm.interop.hub_snapshot`).
+
+    Its ``*.jsonl`` and ``*.parquet`` files are read with :func:`read_jsonl` /
+    :func:`read_parquet`; the split (``split=``, the name's ``:split``, else ``train`` when
+    some files are named for it, else every file) picks the files named for it.
+
+    Raises:
+      DataError: one line: not cached and offline (or the download failed), no data files,
+        or no file of the split.
+    """
+    from jaxrl_llm.errors import ModelLoadError
+    from jaxrl_llm.interop.load import hub_snapshot
+
+    repo, _, named = name.partition(":")
+    split = named or split
+    try:
+        root = hub_snapshot(repo, repo_type="dataset")
+    except ModelLoadError as e:
+        raise DataError(f"{_HUB_PREFIX}{e}") from None
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".jsonl", ".parquet") and p.is_file())
+    if not files:
+        raise DataError(f"{_HUB_PREFIX}{name}: {root} holds no .jsonl or .parquet data files")
+    chosen = _split_files(files, root, split)
+    if not chosen:
+        raise DataError(
+            f"{_HUB_PREFIX}{name}: no data file of split {split!r} in {root} (files: "
+            f"{[str(p.relative_to(root)) for p in files][:5]})"
+        )
+    out: list[Record] = []
+    for p in chosen:
+        out.extend(read_jsonl(p) if p.suffix == ".jsonl" else read_parquet(p))
+    return out
+
+
 def read_records(source: Any, *, split: str | None = None) -> list[Record]:
     """Read any supported source, chosen by type / file suffix.
 
     ``*.jsonl`` → :func:`read_jsonl`; ``*.parquet`` → :func:`read_parquet`; a directory or a
-    ``datasets`` object → :func:`read_hf`; a list of dicts (in-memory) → records located as
-    ``"examples[i]"``.
+    ``datasets`` object → :func:`read_hf`; ``hf:org/name`` → :func:`read_hub_dataset`; a list
+    of dicts (in-memory) → records located as ``"examples[i]"``.
     """
+    if isinstance(source, str) and source.startswith(_HUB_PREFIX):
+        return read_hub_dataset(source[len(_HUB_PREFIX) :], split=split)
     if isinstance(source, list):
         if not source:
             raise DataError("examples: empty data set (no examples)")
@@ -201,6 +261,6 @@ def read_records(source: Any, *, split: str | None = None) -> list[Record]:
             return read_parquet(p)
         raise DataError(
             f"{p}: unsupported data source; allowed: a .jsonl file, a .parquet "
-            f"file or a directory saved with datasets' save_to_disk"
+            f"file, a directory saved with datasets' save_to_disk or hf:org/name"
         )
     return read_hf(source, split=split)

@@ -3,7 +3,8 @@
 Import: :func:`load_model` takes a local Hugging Face directory (safetensors only), a GGUF file
 (de-quantised through transformers and cached on disk), a model alias such as
 ``"smollm2-135m-instruct"``, or a transformers model object, and returns
-``LoadedModel(config, params, tokenizer)``. Export: :func:`export_hf` writes a directory that
+``LoadedModel(config, params, tokenizer)``; a PEFT LoRA adapter directory loads merged onto its
+base (:mod:`jaxrl_llm.interop.peft`), and :func:`export_peft_adapter` writes one. Export: :func:`export_hf` writes a directory that
 ``transformers`` loads with no missing or unexpected keys and identical logits.
 """
 
@@ -15,24 +16,53 @@ from jaxrl_llm.interop.load import (
     cache_dir,
     cached_gguf_dir,
     from_hf_model,
+    hub_cache_dir,
+    hub_offline,
+    hub_snapshot,
+    is_hub_id,
     load_hf_dir,
     load_model,
+    load_peft_dir,
+    peft_base_dir,
     resolve_alias,
 )
-from jaxrl_llm.interop.state_dict import params_from_hf_state_dict, params_to_hf_state_dict
+from jaxrl_llm.interop.peft import (
+    PeftAdapter,
+    export_peft_adapter,
+    is_peft_adapter,
+    merge_peft_adapter,
+    read_peft_adapter,
+)
+from jaxrl_llm.interop.state_dict import (
+    check_weights,
+    params_from_hf_state_dict,
+    params_to_hf_state_dict,
+)
 
 __all__ = [
     "MODEL_ALIASES",
     "LoadedModel",
+    "PeftAdapter",
     "cache_dir",
     "cached_gguf_dir",
+    "check_weights",
     "config_from_hf_dict",
     "export_hf",
+    "export_peft_adapter",
     "from_hf_model",
     "hf_config_dict",
+    "hub_cache_dir",
+    "hub_offline",
+    "hub_snapshot",
+    "is_hub_id",
+    "is_peft_adapter",
     "load_hf_dir",
     "load_model",
     "model_config_from_hf",
+    "load_peft_dir",
+    "merge_peft_adapter",
+    "peft_base_dir",
+    "read_peft_adapter",
     "params_from_hf_state_dict",
     "params_to_hf_state_dict",
     "resolve_alias",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,16 @@ import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.interop.hf_config import hf_config_dict
-from jaxrl_llm.interop.state_dict import params_to_hf_state_dict
+from jaxrl_llm.interop.state_dict import check_weights, nan_warning, params_to_hf_state_dict
 from jaxrl_llm.models.config import ModelConfig
 
 
-def _numpy_dtype(name: str):
+def numpy_dtype(name: str):
+    """The numpy dtype of a stored-weight dtype name (``float32``, ``bfloat16``, ``float16``).
+
+    Raises:
+      ModelLoadError: another name.
+    """
     if name == "float32":
         return np.float32
     if name == "bfloat16":
@@ -86,20 +92,26 @@ def export_hf(
     Returns:
       The paths written, in order.
     Raises:
-      ModelLoadError: params do not match the config, or the config cannot be expressed in
-        transformers (e.g. Llama with q/k norm).
+      ModelLoadError: params do not match the config, a weight is not floating point (named),
+        or the config cannot be expressed in transformers (e.g. Llama with q/k norm).
+    Warns:
+      RuntimeWarning: NaN weights, with their count and the tensors that hold them.
     """
     from safetensors.numpy import save_file
 
     out = Path(out_dir)
     dtype = dtype or config.param_dtype
-    np_dtype = _numpy_dtype(dtype)
+    np_dtype = numpy_dtype(dtype)
     hf_cfg = hf_config_dict(config, dtype=dtype)
     host = {}
     import jax
 
     host_params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), dict(params))
-    for k, v in params_to_hf_state_dict(host_params, config).items():
+    state_dict = params_to_hf_state_dict(host_params, config)
+    nans = check_weights(state_dict, source="export")
+    if nans:
+        warnings.warn(nan_warning(nans, source=str(out)), RuntimeWarning, stacklevel=2)
+    for k, v in state_dict.items():
         host[k] = np.ascontiguousarray(v.astype(np_dtype))
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []

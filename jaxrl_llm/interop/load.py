@@ -17,6 +17,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,6 +28,13 @@ import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.interop.hf_config import config_from_hf_dict
+from jaxrl_llm.interop.peft import (
+    ADAPTER_CONFIG,
+    PeftAdapter,
+    is_peft_adapter,
+    merge_peft_adapter,
+    read_peft_adapter,
+)
 from jaxrl_llm.interop.state_dict import params_from_hf_state_dict
 from jaxrl_llm.models.config import Family, ModelConfig, dtype_from_name
 
@@ -134,6 +142,73 @@ def _assembled(assemble: Any, filename: str, alias: str) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+# ----- Hugging Face hub ids ----------------------------------------------------------------
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+# What a model needs from a hub repository, as transformers' from_pretrained fetches it.
+_MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+def is_hub_id(text: Any) -> bool:
+    """True for an ``org/name`` Hugging Face hub id that is not an existing local path."""
+    return (
+        isinstance(text, str) and bool(_HUB_ID.match(text)) and not Path(text).expanduser().exists()
+    )
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment at call time: ``$HF_HUB_CACHE``,
+    else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join("~", ".cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) forbids downloads."""
+    flags = (os.environ.get(k, "") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(f.strip().lower() in ("1", "true", "yes", "on") for f in flags)
+
+
+def hub_snapshot(repo_id: str, *, repo_type: str = "model") -> Path:
+    """The local snapshot of a hub repository (``refs/main`` in :func:`hub_cache_dir`),
+    downloaded as transformers would (a model's config, safetensors and tokenizer files; a
+    dataset's files) when it is not cached and the hub may be used.
+
+    Raises:
+      ModelLoadError: one line: not cached and offline, or not cached and the download failed.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hub_cache_dir()
+    kw: dict[str, Any] = {"repo_type": repo_type, "cache_dir": str(cache)}
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, **kw))
+    except LocalEntryNotFoundError:
+        pass
+    what = "dataset" if repo_type == "dataset" else "model"
+    if hub_offline():
+        raise ModelLoadError(
+            f"{repo_id}: no such local path, and this {what} is not in the Hugging Face cache "
+            f"({cache}) and "
+            f"HF_HUB_OFFLINE is set; download it where the hub is reachable (`hf download "
+            f"{repo_id}{' --repo-type dataset' if what == 'dataset' else ''}`) or give a "
+            f"local path"
+        )
+    patterns = _MODEL_FILES if repo_type == "model" else None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, **kw))
+    except Exception as e:  # network, authentication, missing repository
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise ModelLoadError(
+            f"{repo_id}: no such local path, and this {what} is not in the Hugging Face cache "
+            f"({cache}) and could not "
+            f"be downloaded ({type(e).__name__}: {reason})"
+        ) from None
 
 
 # ----- building blocks --------------------------------------------------------------------------
@@ -255,22 +330,8 @@ def _read_safetensors(directory: Path) -> dict[str, np.ndarray]:
 # ----- sources ------------------------------------------------------------------------------
 
 
-def load_hf_dir(
-    path: str | os.PathLike, *, param_dtype: str = "float32", compute_dtype: str | None = None
-) -> LoadedModel:
-    """Load a local Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer).
-
-    Args:
-      path: the directory.
-      param_dtype, compute_dtype: as in :func:`load_model`.
-    Returns:
-      A :class:`LoadedModel`.
-    Raises:
-      ModelLoadError: missing directory / config.json / weights, bad JSON, unsupported
-        architecture, missing or mis-shaped weights, a tokenizer with more tokens than the
-        model's vocabulary.
-    """
-    d = Path(path)
+def _hf_dir_parts(d: Path) -> tuple[ModelConfig, dict[str, Any], Any]:
+    """(config, state dict, tokenizer or None) of a Hugging Face directory, checked."""
     if not d.is_dir():
         raise ModelLoadError(f"{d}: no such directory")
     cfg_file = d / "config.json"
@@ -287,7 +348,10 @@ def load_hf_dir(
     config = config_from_hf_dict(hf_cfg, source=str(cfg_file))
     sd = _read_safetensors(d)
     tokenizer = _load_tokenizer(d)
-    config = _gemma_chat_defaults(config, tokenizer)
+    return config, sd, tokenizer
+
+
+def _check_tokenizer_fits(d: Path, config: ModelConfig, tokenizer: Any) -> None:
     n_tokens = None if tokenizer is None else len(tokenizer)
     if n_tokens is not None and n_tokens > config.vocab_size:
         # Ids past the embedding table would be clamped silently on accelerators.
@@ -296,8 +360,91 @@ def load_hf_dir(
             f"vocab_size is {config.vocab_size}; the tokenizer files do not "
             f"belong to these weights (use the model's own tokenizer)"
         )
+
+
+def load_hf_dir(
+    path: str | os.PathLike, *, param_dtype: str = "float32", compute_dtype: str | None = None
+) -> LoadedModel:
+    """Load a local Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer).
+
+    Args:
+      path: the directory.
+      param_dtype, compute_dtype: as in :func:`load_model`.
+    Returns:
+      A :class:`LoadedModel`.
+    Raises:
+      ModelLoadError: missing directory / config.json / weights, bad JSON, unsupported
+        architecture, missing or mis-shaped weights, a tokenizer with more tokens than the
+        model's vocabulary.
+    """
+    d = Path(path)
+    config, sd, tokenizer = _hf_dir_parts(d)
+    config = _gemma_chat_defaults(config, tokenizer)
+    _check_tokenizer_fits(d, config, tokenizer)
     return _finish(
         config, sd, tokenizer, source=str(d), param_dtype=param_dtype, compute_dtype=compute_dtype
+    )
+
+
+def peft_base_dir(adapter: PeftAdapter) -> Path:
+    """The Hugging Face directory of a PEFT adapter's ``base_model_name_or_path``: a model
+    alias, an HF directory or a GGUF file (converted once and cached), a path taken as given
+    or relative to the adapter directory, or a hub id (:func:`hub_snapshot`).
+
+    Raises:
+      ModelLoadError: no base named, or the base cannot be found (the line names it).
+    """
+    base = adapter.base_model
+    where = f"{adapter.path / ADAPTER_CONFIG}"
+    if not base:
+        raise ModelLoadError(
+            f"{where}: base_model_name_or_path is empty; set it to the base model's "
+            f"directory, .gguf file or alias"
+        )
+    if base in MODEL_ALIASES:
+        return cached_gguf_dir(resolve_alias(base))
+    if is_hub_id(base) and not (adapter.path / base).exists():
+        found = _hub_model_path(hub_snapshot(base))
+        return cached_gguf_dir(found) if found.suffix == ".gguf" else found
+    for cand in (Path(base).expanduser(), adapter.path / base):
+        if cand.is_dir() and is_peft_adapter(cand):
+            raise ModelLoadError(f"{where}: the base {base} is itself an adapter; merge it first")
+        if cand.is_dir():
+            return cand
+        if cand.is_file() and (cand.suffix == ".gguf" or _is_gguf_magic(cand)):
+            return cached_gguf_dir(cand)
+    raise ModelLoadError(
+        f"{where}: base model {base!r} not found (not a model alias, nor a directory or "
+        f".gguf file here or next to the adapter); edit base_model_name_or_path"
+    )
+
+
+def load_peft_dir(
+    path: str | os.PathLike, *, param_dtype: str = "float32", compute_dtype: str | None = None
+) -> LoadedModel:
+    """Load a PEFT LoRA adapter directory on top of its base, merged (W + (α/r)·B A).
+
+    The base is ``base_model_name_or_path`` (see :func:`peft_base_dir`); the tokenizer is the
+    adapter directory's own when it has tokenizer files, else the base's.
+
+    Raises:
+      ModelLoadError: see :func:`~jaxrl_llm.interop.peft.read_peft_adapter`,
+        :func:`peft_base_dir` and :func:`~jaxrl_llm.interop.peft.merge_peft_adapter`.
+    """
+    adapter = read_peft_adapter(path)
+    base = peft_base_dir(adapter)
+    config, sd, tokenizer = _hf_dir_parts(base)
+    sd = merge_peft_adapter(sd, adapter, source=str(base))
+    tokenizer = _load_tokenizer(adapter.path) or tokenizer
+    config = _gemma_chat_defaults(config, tokenizer)
+    _check_tokenizer_fits(adapter.path, config, tokenizer)
+    return _finish(
+        config,
+        sd,
+        tokenizer,
+        source=f"{adapter.path} on {base}",
+        param_dtype=param_dtype,
+        compute_dtype=compute_dtype,
     )
 
 
@@ -435,6 +582,10 @@ def load_model(
         - a ``.gguf`` file (converted once through transformers, then cached, see
           :func:`cached_gguf_dir`);
         - a model alias, e.g. ``"smollm2-135m-instruct"`` (:data:`MODEL_ALIASES`);
+        - a PEFT LoRA adapter directory (``adapter_config.json``), merged onto its
+          ``base_model_name_or_path`` (see :func:`load_peft_dir`);
+        - a hub id ``org/name``, read from the Hugging Face cache (``$HF_HOME``) or
+          downloaded as transformers would (:func:`hub_snapshot`);
         - a transformers ``PreTrainedModel`` object (see :func:`from_hf_model`).
       param_dtype: dtype of the returned params, 'float32' or 'bfloat16'.
       compute_dtype: activation dtype recorded in the config (default: ``param_dtype``).
@@ -457,7 +608,11 @@ def load_model(
         )
     if isinstance(src, str) and src in MODEL_ALIASES:
         src = resolve_alias(src)
+    elif is_hub_id(src):
+        src = _hub_model_path(hub_snapshot(str(src)))
     path = Path(src).expanduser()
+    if is_peft_adapter(path):
+        return load_peft_dir(path, param_dtype=param_dtype, compute_dtype=compute_dtype)
     if path.is_dir():
         return load_hf_dir(path, param_dtype=param_dtype, compute_dtype=compute_dtype)
     if path.is_file():
@@ -474,6 +629,15 @@ def load_model(
         f"{path}: no such file or directory (and not a model alias; known "
         f"aliases: {sorted(MODEL_ALIASES)})"
     )
+
+
+def _hub_model_path(snapshot: Path) -> Path:
+    """A hub snapshot as a model source: the directory, or its one GGUF file when it holds no
+    ``config.json`` (a GGUF-only repository)."""
+    if (snapshot / "config.json").is_file() or is_peft_adapter(snapshot):
+        return snapshot
+    ggufs = sorted(snapshot.glob("*.gguf"))
+    return ggufs[0] if len(ggufs) == 1 else snapshot
 
 
 def _is_gguf_magic(path: Path) -> bool:

@@ -36,6 +36,9 @@ from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.models.config import Family, ModelConfig
 from jaxrl_llm.models.transformer import param_shapes_and_axes
 
+# numpy dtype kinds that are not weights: integers, booleans, complex, objects, strings, times.
+_NOT_FLOAT = "iubcOSUMm"
+
 # Keys transformers may put in a state dict that carry no parameter of ours.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq")
 
@@ -120,6 +123,21 @@ def _moe_layer_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfi
     return out
 
 
+def hf_projection_name(module: str, layer: int) -> str:
+    """transformers' module name of one layer's projection, e.g.
+    ``hf_projection_name("q_proj", 3) == "model.layers.3.self_attn.q_proj"`` (the prefix of
+    its ``.weight``; PEFT names its adapters after it).
+
+    Raises:
+      ModelLoadError: ``module`` is not one of the seven dense projections.
+    """
+    name = _LAYER_NAMES.get((module, "kernel"))
+    if name is None or not module.endswith("_proj"):
+        allowed = sorted(m for m, leaf in _LAYER_NAMES if leaf == "kernel")
+        raise ModelLoadError(f"{module!r} is not a dense projection; allowed: {allowed}")
+    return f"model.layers.{layer}.{name.removesuffix('.weight')}"
+
+
 def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
     """(our layer sub-tree, leaf) -> transformers name inside ``model.layers.{i}.``."""
     return {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.post_norms else _LAYER_NAMES
@@ -189,6 +207,42 @@ def _to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def check_weights(tensors: Mapping[str, Any], *, source: str = "weights") -> dict[str, int]:
+    """Refuse non-floating weights and count NaN values, tensor by tensor.
+
+    A model's weights are floating point; an integer, boolean or complex tensor means a
+    corrupt or foreign file (casting it to float would load garbage silently).
+
+    Args:
+      tensors: name -> array (numpy, jax or torch).
+      source: how to name the input in the error.
+    Returns:
+      name -> number of NaN values, for the tensors that hold any.
+    Raises:
+      ModelLoadError: a tensor is not floating point, naming it and its dtype.
+    """
+    nans: dict[str, int] = {}
+    for name, value in tensors.items():
+        w = _to_numpy(value)
+        if w.dtype.kind in _NOT_FLOAT:
+            raise ModelLoadError(
+                f"{source}: weight {name!r} has dtype {w.dtype}; model weights must be "
+                f"floating point (float32, bfloat16 or float16)"
+            )
+        n = int(np.count_nonzero(np.isnan(w.astype(np.float32, copy=False))))
+        if n:
+            nans[name] = n
+    return nans
+
+
+def nan_warning(nans: Mapping[str, int], *, source: str) -> str:
+    """One line for :func:`check_weights`'s NaN counts: the total and the first tensors."""
+    total = sum(nans.values())
+    first = ", ".join(f"{k} ({v})" for k, v in sorted(nans.items())[:3])
+    more = f" and {len(nans) - 3} more" if len(nans) > 3 else ""
+    return f"{source}: {total} NaN weight value(s) in {len(nans)} tensor(s): {first}{more}"
+
+
 def params_from_hf_state_dict(
     state_dict: Mapping[str, Any], config: ModelConfig, *, source: str = "state dict"
 ) -> dict[str, Any]:
@@ -209,8 +263,9 @@ def params_from_hf_state_dict(
       :func:`jaxrl_llm.models.param_shapes_and_axes` (numpy arrays; dtype as stored, bf16
       stays ml_dtypes bfloat16, torch bf16 becomes float32).
     Raises:
-      ModelLoadError: a missing key, a shape mismatch, or a key we do not know how to map
-        (e.g. an MLP bias), each naming the key and the source.
+      ModelLoadError: a missing key, a shape mismatch, a weight that is not floating point,
+        or a key we do not know how to map (e.g. an MLP bias), each naming the key and the
+        source.
     """
     sd = dict(state_dict)
     if any(k.startswith(_MULTIMODAL_TEXT_PREFIX) for k in sd):
@@ -234,6 +289,11 @@ def params_from_hf_state_dict(
                 f"{config.num_layers} layers"
             )
         w = _to_numpy(sd[name])
+        if w.dtype.kind in _NOT_FLOAT:
+            raise ModelLoadError(
+                f"{source}: weight {name!r} has dtype {w.dtype}; model weights must be "
+                f"floating point (float32, bfloat16 or float16)"
+            )
         if tuple(w.shape) != tuple(shape):
             raise ModelLoadError(
                 f"{source}: weight {name!r} has shape {tuple(w.shape)}, "

@@ -263,6 +263,7 @@ def estimate_memory(
     micro_batches: int = 1,
     frozen_dtype: str = "fp32",
     prompt_group_size: int = 1,
+    reference_offloaded: bool = False,
 ) -> MemoryEstimate:
     """Estimate per-device memory of one training step of ``algorithm``.
 
@@ -289,6 +290,9 @@ def estimate_memory(
       prompt_group_size: rows sharing one prompt in the update's forward pass (the online
         trainer's ``loss.prompt_group_size``, G by default there): the prompt's activations
         are computed once per group, the completions' per row. 1 = every row in full.
+      reference_offloaded: a frozen reference held off the device (host memory), counted as
+        0 bytes per device. A what-if for :func:`fit_advice`: this package's trainers keep
+        the reference on the device (with LoRA it is the base and costs nothing).
     Returns:
       A :class:`MemoryEstimate`.
     """
@@ -342,6 +346,9 @@ def estimate_memory(
         name = role.value
         if role == Role.REFERENCE and lora_rank:
             add(name, "weights (base, adapters off: shared)", 0)
+            continue
+        if role == Role.REFERENCE and reference_offloaded:
+            add(name, "weights (offloaded to host)", 0)
             continue
         weight_copies += 1
         if trains and lora_rank:
@@ -403,3 +410,117 @@ def estimate_memory(
         algorithm=algorithm,
         device=device,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class FitAdvice:
+    """One change that makes a run fit, with the estimator's total for it.
+
+    Attributes:
+      change: what to change, as the ``jaxrl-llm memory`` flag or the config key.
+      note: what it costs or needs.
+      total_bytes_per_device: :func:`estimate_memory`'s total with the change.
+      device: the device kind it fits on. device_bytes: its memory.
+    """
+
+    change: str
+    note: str
+    total_bytes_per_device: int
+    device: str
+    device_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+_REMAT_ORDER = ("none", "dots", "full")
+
+
+def _same_family(kind: str, device: str) -> bool:
+    """A TPU is compared with TPUs, a GPU with GPUs; a CPU with anything."""
+    return device == "cpu" or kind.startswith("tpu-") == device.startswith("tpu-")
+
+
+ADVICE_LORA_RANK = 16
+
+
+def fit_advice(
+    config: ModelConfig,
+    algorithm: str,
+    *,
+    max_devices: int = 1024,
+    **kwargs: Any,
+) -> list[FitAdvice]:
+    """The changes that make a setup that does not fit fit, each with its per-device total.
+
+    Tried one at a time from the setup ``kwargs`` (the arguments of :func:`estimate_memory`):
+    the lightest rematerialisation that fits (``dots``, then ``full``); LoRA (rank
+    :data:`ADVICE_LORA_RANK`) where the algorithm supports it, and both together when neither
+    fits alone; the smallest power-of-two multiple of ``fsdp`` that fits within
+    ``max_devices`` devices in all; the reference's weights held off the device; the smallest
+    bigger device kind of :data:`DEVICE_MEMORY` of the same family (TPU or GPU). When none of
+    these fits, full remat, LoRA and more fsdp together.
+
+    Returns:
+      The changes that fit, in that order (empty when the setup fits already or nothing
+      tried fits).
+    """
+    kwargs = dict(kwargs)
+    device = kwargs.get("device", "h100")
+    base = estimate_memory(config, algorithm, **kwargs)
+    if base.fits:
+        return []
+    cap = base.device_bytes
+    out: list[FitAdvice] = []
+
+    def est(**change: Any) -> MemoryEstimate:
+        return estimate_memory(config, algorithm, **{**kwargs, **change})
+
+    def add(change: str, note: str, e: MemoryEstimate) -> None:
+        out.append(FitAdvice(change, note, e.total_bytes_per_device, device, cap))
+
+    current = _REMAT_ORDER.index(kwargs.get("remat", "none"))
+    for remat in _REMAT_ORDER[current + 1 :]:
+        if (e := est(remat=remat)).fits:
+            add(f"--remat {remat}", "recomputes activations in the backward pass", e)
+            break
+    lora_ok = LOSS_ALGORITHMS[algorithm].lora and not kwargs.get("lora_rank")
+    if lora_ok and (e := est(lora_rank=ADVICE_LORA_RANK)).fits:
+        add(f"--lora-rank {ADVICE_LORA_RANK}", "model.lora: trains adapters, base frozen", e)
+    combo: dict[str, Any] = {"remat": "full"}
+    if lora_ok:
+        combo["lora_rank"] = ADVICE_LORA_RANK
+    flags = "--remat full" + (f" --lora-rank {ADVICE_LORA_RANK}" if lora_ok else "")
+    if not out and lora_ok and current < 2 and (e := est(**combo)).fits:
+        add(flags, "both", e)
+    fsdp = kwargs.get("fsdp", 1)
+    used = kwargs.get("data", 1) * kwargs.get("tensor", 1) * kwargs.get("expert", 1)
+    f = fsdp * 2
+    while f * used <= max_devices:
+        if (e := est(fsdp=f)).fits:
+            add(f"fsdp={f}", f"{f * used} devices; weights and optimizer state split {f} ways", e)
+            break
+        f *= 2
+    uses_ref = Role.REFERENCE in ALGORITHMS[algorithm].roles and not kwargs.get("lora_rank")
+    if uses_ref and (e := est(reference_offloaded=True)).fits:
+        add(
+            "reference in host memory",
+            "not built into jaxrl_llm's trainers; with LoRA the reference is the base, free",
+            e,
+        )
+    for nbytes, kind in sorted((b, d) for d, b in DEVICE_MEMORY.items() if b > cap):
+        if _same_family(kind, device) and base.total_bytes_per_device <= nbytes:
+            note = "a device with more memory"
+            out.append(
+                FitAdvice(f"--device {kind}", note, base.total_bytes_per_device, kind, nbytes)
+            )
+            break
+    if not out:  # nothing alone: remat, LoRA and more fsdp together
+        f = fsdp * 2
+        while f * used <= max_devices:
+            if (e := est(**combo, fsdp=f)).fits:
+                add(f"{flags} fsdp={f}", f"together; {f * used} devices", e)
+                break
+            f *= 2
+    return out

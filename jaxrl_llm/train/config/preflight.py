@@ -162,10 +162,22 @@ def read_splits(cfg: RunConfig, fmt, tokenizer, *, per_step: int, per_step_key: 
 
     d = cfg.data
     train = prepare_dataset(
-        d.train, fmt, tokenizer, max_len=d.max_length, length_policy=d.length_policy
+        d.train,
+        fmt,
+        tokenizer,
+        max_len=d.max_length,
+        length_policy=d.length_policy,
+        loss_on=d.loss_on,
     )
     held_out = (
-        prepare_dataset(d.eval, fmt, tokenizer, max_len=d.max_length, length_policy=d.length_policy)
+        prepare_dataset(
+            d.eval,
+            fmt,
+            tokenizer,
+            max_len=d.max_length,
+            length_policy=d.length_policy,
+            loss_on=d.loss_on,
+        )
         if d.eval
         else None
     )

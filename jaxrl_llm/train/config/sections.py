@@ -59,7 +59,8 @@ class ModelSection:
     """Which model to train and how to run it.
 
     Attributes:
-      source: HF directory, .gguf file, ``smollm2-135m-instruct``, or ``tiny`` (random init,
+      source: HF directory, .gguf file, PEFT adapter directory (on its base), hub id
+        ``org/name`` (from the HF cache), ``smollm2-135m-instruct``, or ``tiny`` (random init,
         for tests; ``tiny`` holds ModelConfig.tiny overrides and ``tokenizer`` must be ``char``).
       tokenizer: ``auto`` (from the source) or ``char`` (byte-level test tokenizer).
       param_dtype / compute_dtype: ``float32`` or ``bfloat16`` (master weights stay float32).
@@ -199,7 +200,11 @@ class CheckpointSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-    """The data set(s): local JSONL / Parquet / saved HF datasets (no downloads)."""
+    """The data set(s): JSONL / Parquet / saved HF datasets, or ``hf:org/name`` from the
+    Hugging Face cache; the row formats are TRL's (docs/data.md). ``loss_on``: an SFT row's targets, ``assistant`` (every
+    assistant turn of a ``messages`` row; the completion of a prompt-completion row),
+    ``completion`` (the last assistant message / the completion) or ``all`` (every token);
+    ``jaxrl_llm.data.LossOn``."""
 
     train: str = ""
     eval: str | None = None
@@ -207,6 +212,7 @@ class DataSection:
     length_policy: Literal["error", "truncate", "drop"] = "truncate"
     packing: bool = False
     shuffle: bool = True
+    loss_on: Literal["assistant", "completion", "all"] = "assistant"
 
     def __post_init__(self):
         if self.max_length < 2:

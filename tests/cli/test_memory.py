@@ -1,0 +1,92 @@
+"""``jaxrl-llm memory``: the device follows --topology or the backend, and a setup that does
+not fit gets the changes that would make it fit, each with the estimator's total."""
+
+import json
+
+import pytest
+
+from jaxrl_llm.cli.main import main
+from jaxrl_llm.cli.memory import device_kind, resolve_device
+from jaxrl_llm.train.compile.memory import DEVICE_MEMORY, MODEL_PRESETS, estimate_memory, fit_advice
+
+DPO_8B = dict(batch_size=8, seq_len=1024, group_size=8, fsdp=4, device="tpu-v5p")
+
+
+def test_each_advice_is_the_estimators_total_and_fits():
+    c = MODEL_PRESETS["8b"]
+    assert not estimate_memory(c, "dpo", **DPO_8B).fits
+    advice = {a.change: a for a in fit_advice(c, "dpo", max_devices=64, **DPO_8B)}
+    assert list(advice) == [
+        "--remat dots",
+        "--lora-rank 16",
+        "fsdp=8",
+        "reference in host memory",
+    ]
+    changes = {
+        "--remat dots": dict(remat="dots"),
+        "--lora-rank 16": dict(lora_rank=16),
+        "fsdp=8": dict(fsdp=8),
+        "reference in host memory": dict(reference_offloaded=True),
+    }
+    for name, change in changes.items():
+        e = estimate_memory(c, "dpo", **{**DPO_8B, **change})
+        assert advice[name].total_bytes_per_device == e.total_bytes_per_device
+        assert e.fits and advice[name].device_bytes == DEVICE_MEMORY["tpu-v5p"]
+    # the smallest: fsdp=8 fits, the mesh as given (fsdp=4) does not
+    assert not estimate_memory(c, "dpo", **DPO_8B).fits
+
+
+def test_bigger_device_combination_and_nothing():
+    c = MODEL_PRESETS["8b"]
+    setup = dict(batch_size=1, seq_len=256, device="h100", remat="full", lora_rank=16)
+    assert fit_advice(c, "sft", **setup) == []  # it fits: no advice
+    full = dict(batch_size=1, seq_len=128, device="h100", remat="full")
+    total = estimate_memory(c, "sft", **full).total_bytes_per_device
+    assert DEVICE_MEMORY["h100"] < total <= DEVICE_MEMORY["h200"]  # 16 bytes/param: ~121 GiB
+    advice = fit_advice(c, "sft", max_devices=2, **full)
+    assert [a.change for a in advice] == ["--lora-rank 16", "fsdp=2", "--device h200"]
+    assert advice[-1].total_bytes_per_device == total and advice[-1].device == "h200"
+    grpo = dict(batch_size=4, seq_len=1024, group_size=8, device="h100")
+    combo = [a for a in fit_advice(c, "grpo", max_devices=1, **grpo)]
+    assert [a.change for a in combo] == ["--remat full --lora-rank 16"]
+    e = estimate_memory(c, "grpo", **grpo, remat="full", lora_rank=16)
+    assert combo[0].total_bytes_per_device == e.total_bytes_per_device
+    # a 70B PPO on one 16 GiB chip: nothing tried fits, and the advice says so
+    ppo = dict(batch_size=8, seq_len=1024, group_size=8, device="tpu-v5e")
+    assert fit_advice(MODEL_PRESETS["70b"], "ppo", max_devices=4, **ppo) == []
+
+
+def test_device_follows_topology_then_backend():
+    assert resolve_device(None, "v5e:2x2") == ("tpu-v5e", "--topology v5e:2x2", 4)
+    assert resolve_device("h200", "v5p:2x2x2") == ("h200", "--device", 8)
+    assert resolve_device(None, None)[0] == "cpu"  # the tests run on the CPU backend
+    assert device_kind("TPU v5 lite") == "tpu-v5e" and device_kind("TPU v4") == "tpu-v4"
+    assert device_kind("NVIDIA H100 80GB HBM3") == "h100" and device_kind("Tesla T4") is None
+
+
+def test_cli_topology_sets_the_device_and_lists_advice(capsys):
+    argv = ["memory", "--model", "8b", "--algorithm", "dpo", "--topology", "v5p:4x4x4"]
+    assert main([*argv, "--mesh", "fsdp=4"]) == 0
+    out = capsys.readouterr().out
+    assert "device: tpu-v5p (from --topology v5p:4x4x4)" in out and "does NOT fit" in out
+    assert "changes that fit (tpu-v5p: 95.0 GiB/device):" in out and "fsdp=8" in out
+    assert main([*argv, "--mesh", "fsdp=4", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["device"] == "tpu-v5p" and not js["fits"]
+    e = estimate_memory(MODEL_PRESETS["8b"], "dpo", **{**DPO_8B, "fsdp": 8})
+    fsdp = next(a for a in js["advice"] if a["change"] == "fsdp=8")
+    assert fsdp["total_bytes_per_device"] == e.total_bytes_per_device
+    assert f"{e.total_bytes_per_device / 1024**3:.3f} GiB/device" in out
+
+
+def test_cli_refuses_a_mesh_larger_than_the_slice(capsys):
+    rc = main(["memory", "--algorithm", "sft", "--topology", "v5e:2x2", "--mesh", "fsdp=8"])
+    assert rc == 2
+    assert "8 devices, more than the 4 chips of --topology v5e:2x2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["v9:2x2", "v5e"])
+def test_cli_bad_topology_is_one_line(capsys, bad):
+    assert main(["memory", "--algorithm", "sft", "--topology", bad]) == 2
+    err = capsys.readouterr().err
+    assert "--topology" in err and len(err.strip().splitlines()) == 1
