@@ -9,8 +9,38 @@ Conventions used across the package:
 
 Layers (imports point up this list, never down): ops, objectives, models, interop, sampling,
 rewards, losses, parallel, train, data, cli. ``docs/ARCHITECTURE.md`` in the repository maps the layers.
+
+Training from Python (:mod:`jaxrl_llm.train.api`, the same code path as ``jaxrl-llm train``)::
+
+    jaxrl_llm.train("configs/grpo.yaml", max_steps=50)
+    jaxrl_llm.GRPOTrainer(model=..., reward_funcs=[fn], train_dataset=rows, args={...}).train()
+
+The trainer classes load on first use, so ``import jaxrl_llm`` stays light.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+#: The trainer classes, imported from :mod:`jaxrl_llm.train.api` on first use.
+TRAINERS = (
+    "Trainer",
+    "GRPOTrainer",
+    "PPOTrainer",
+    "RLOOTrainer",
+    "OnlineDPOTrainer",
+    "SFTTrainer",
+    "DPOTrainer",
+    "KTOTrainer",
+    "ORPOTrainer",
+    "RewardTrainer",
+)
+
+__all__ = ["TRAINERS", "__version__", *TRAINERS]
+
+
+def __getattr__(name: str):
+    """The trainer classes (:data:`TRAINERS`), loaded from :mod:`jaxrl_llm.train.api`."""
+    if name in TRAINERS:
+        from jaxrl_llm.train import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'jaxrl_llm' has no attribute {name!r}")

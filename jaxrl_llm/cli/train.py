@@ -43,13 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``jaxrl-llm train``."""
+    """Entry point of ``jaxrl-llm train`` (the checks and the run are
+    :mod:`jaxrl_llm.train.api`'s, as from Python)."""
     import yaml
 
-    from jaxrl_llm.train.config.config_io import load_config, to_dict
-    from jaxrl_llm.train.config.plan import plan_run
-    from jaxrl_llm.train.config.preflight import check_mesh, check_tokenizer_sizes
+    from jaxrl_llm.train.api import check_run, resolved_config, run_training
+    from jaxrl_llm.train.config.config_io import load_config
     from jaxrl_llm.train.config.run_config import RunConfig
+    from jaxrl_llm.train.run.signals import RunStopped
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
@@ -58,60 +59,20 @@ def run(args: argparse.Namespace) -> int:
     for folder in (os.path.dirname(os.path.abspath(args.config)), os.getcwd()):
         if folder not in sys.path:
             sys.path.append(folder)
-    # the mesh fits the devices, the batch splits over it, the loss section validates
-    plan = plan_run(cfg, check_mesh(cfg))
-    check_tokenizer_sizes(cfg)  # a tiny model's vocabulary and context against the config
-    _check_seed(cfg.seed)
-    _check_data_paths(cfg)
-    _check_output_dir(cfg)
-    resolved = to_dict(cfg)
-    resolved["loss"] = to_dict(plan.loss_config)
+    plan = check_run(cfg)  # before any model loads
     if args.dry_run:
         _probe_environment(cfg)  # the start-up check a real run makes
-        print(yaml.safe_dump(resolved, sort_keys=False))
+        print(yaml.safe_dump(resolved_config(cfg, plan), sort_keys=False))
         return 0
     if getattr(args, "eval_only", False):
         return _eval_only(cfg)
-    try:  # a new directory is created and probed; an existing one (a resume) left as it is
-        if not os.path.isdir(cfg.output_dir):
-            os.makedirs(cfg.output_dir)
-            probe = os.path.join(cfg.output_dir, ".write_test")
-            with open(probe, "w", encoding="utf-8") as f:
-                f.write("ok")
-            os.remove(probe)
-        elif not os.access(cfg.output_dir, os.W_OK | os.X_OK):
-            raise PermissionError(13, "permission denied")
-    except OSError as e:
-        raise ConfigError(
-            f"output_dir {cfg.output_dir!r} cannot be written ({e.strerror or e}); "
-            f"choose another output_dir"
-        ) from None
-    # The trainer writes config.yaml (or, resumed, config.resumed-<step>.yaml) once it holds
-    # the output_dir lock and the resume succeeded.
-    from jaxrl_llm.train.run.run_state import output_dir_lock
-    from jaxrl_llm.train.run.signals import RunStopped, stop_signals
-
     try:
-        with output_dir_lock(cfg.output_dir), stop_signals():  # before the trainer writes
-            if cfg.is_online:
-                from jaxrl_llm.train.online.trainer import train_online
-
-                summary = train_online(cfg)
-            else:
-                from jaxrl_llm.train.offline.trainer import train_offline
-
-                summary = train_offline(cfg)
+        summary = run_training(cfg)
     except RunStopped as e:
         name = "SIGTERM" if e.exit_status == 143 else "Ctrl-C (SIGINT)"
         print(f"jaxrl-llm train: stopped by {name}: {e.message}", file=sys.stderr)
         print(f"resume with: {resume_command(args)}", file=sys.stderr, flush=True)
         return e.exit_status
-    if cfg.logging.plots:
-        from jaxrl_llm.cli.plot import plot_run
-
-        plot_run(cfg.output_dir)
-    with open(os.path.join(cfg.output_dir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
     _print_summary(cfg, summary)
     return 0
 
@@ -157,60 +118,6 @@ def _eval_only(cfg) -> int:
     for k, v in metrics.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
     return 0
-
-
-#: Seeds are unsigned 32-bit (numpy's and JAX's PRNG keys take them).
-MAX_SEED = 2**32 - 1
-
-
-def _check_seed(seed: int, name: str = "seed") -> None:
-    if not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"{name}: expected an integer in [0, {MAX_SEED}], got {seed}")
-
-
-def _check_data_paths(cfg) -> None:
-    """Local data files named in ``data`` exist (also under ``--dry-run``, which reads no
-    data)."""
-    for key in ("train", "eval"):
-        src = getattr(cfg.data, key, None)
-        if isinstance(src, str) and src.endswith((".jsonl", ".parquet")):
-            if not os.path.isfile(src):
-                raise ConfigError(f"data.{key}: no such data file {src!r}")
-
-
-def _check_output_dir(cfg) -> None:
-    """``output_dir`` must be a directory (or not exist yet) that this process can write (a
-    path that cannot hold a checkpoint fails here, not at the first save after training); a
-    fresh run (no ``--resume``) must not start over another run's checkpoints, which it could
-    not save beside."""
-    out = cfg.output_dir
-    try:
-        out.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(
-            f"output_dir {out!r}: not valid UTF-8 (checkpoint paths must be); rename it"
-        ) from None
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(
-            f"output_dir {out!r} exists and is not a directory; choose another output_dir"
-        )
-    parent = os.path.abspath(out)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ConfigError(
-            f"output_dir {out!r}: {parent!r} is a file, not a directory; choose another output_dir"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK) or parent.startswith(("/proc", "/sys")):
-        raise ConfigError(f"output_dir {out!r}: {parent!r} is not writable; choose another")
-    ckpt = os.path.join(out, "checkpoints")
-    steps = sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) else []
-    if steps and not cfg.resume:
-        raise ConfigError(
-            f"output_dir {out!r} already holds checkpoints of a run (latest step "
-            f"{steps[-1]}); pass --resume to continue it, or choose a new "
-            f"output_dir"
-        )
 
 
 def _print_summary(cfg, summary: dict) -> None:

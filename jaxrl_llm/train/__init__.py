@@ -4,6 +4,10 @@ loop and the offline and online trainers (the online one as rollout → experien
 run logging and the memory estimator. Batches are batch-major ``[B, T]`` dicts (see
 ``jaxrl_llm.losses``); docs/ARCHITECTURE.md maps the modules."""
 
+import sys
+import types
+
+from jaxrl_llm.train.api import build_config, check_run, run_training, train
 from jaxrl_llm.train.compile.aot import compile_preset, compile_run
 from jaxrl_llm.train.compile.aot_inputs import analytic_train_flops
 from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
@@ -47,9 +51,11 @@ __all__ = [
     "TrainState",
     "Trainer",
     "abstract_train_state",
+    "build_config",
     "analytic_train_flops",
     "build_policy",
     "build_programs",
+    "check_run",
     "compile_preset",
     "compile_run",
     "count_tokens",
@@ -61,9 +67,22 @@ __all__ = [
     "mfu",
     "plan_run",
     "restore_model",
+    "run_training",
     "split_micro_batches",
     "state_sharding_from_params",
     "timed_step",
+    "train",
     "train_offline",
     "train_online",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """``jaxrl_llm.train`` is callable: ``jaxrl_llm.train(config, **overrides)`` is
+    :func:`jaxrl_llm.train.api.train` (a YAML path, a dict or a ``RunConfig``)."""
+
+    def __call__(self, config, /, **kwargs):
+        return train(config, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
