@@ -38,9 +38,15 @@ __all__ = ["TRAINERS", "__version__", *TRAINERS]
 
 
 def __getattr__(name: str):
-    """The trainer classes (:data:`TRAINERS`), loaded from :mod:`jaxrl_llm.train.api`."""
-    if name in TRAINERS:
-        from jaxrl_llm.train import api
+    """The trainer classes (:data:`TRAINERS`, from :mod:`jaxrl_llm.train.api`) and the
+    sub-packages (``jaxrl_llm.train(...)`` after a plain ``import jaxrl_llm``), on first use."""
+    import importlib
 
-        return getattr(api, name)
+    if name in TRAINERS:
+        return getattr(importlib.import_module("jaxrl_llm.train.api"), name)
+    try:
+        return importlib.import_module(f"jaxrl_llm.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"jaxrl_llm.{name}":
+            raise
     raise AttributeError(f"module 'jaxrl_llm' has no attribute {name!r}")

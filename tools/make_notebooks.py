@@ -132,17 +132,19 @@ texts, _ = generate_text(m.params, m.config, m.tokenizer,
 print(texts)
 """),
     code("""
-from jaxrl_llm.train import RunConfig, load_config, train_online
+import jaxrl_llm
 
 here = os.getcwd()
 root = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
 out = tempfile.mkdtemp()
-cfg = load_config(RunConfig, os.path.join(root, "configs", "grpo_smollm2_addition.yaml"),
-                  [f"output_dir={out}", "max_steps=3", "rollout.max_new_tokens=8",
-                   f"data.train={root}/data/addition/train.jsonl",
-                   f"data.eval={root}/data/addition/heldout.jsonl", "eval.num_examples=16",
-                   "eval.batch_size=16", "checkpoint.export_hf=false", "logging.tensorboard=false"])
-summary = train_online(cfg)
+# the main job's config with a few overrides: the same code path as `jaxrl-llm train`
+summary = jaxrl_llm.train(
+    os.path.join(root, "configs", "grpo_smollm2_addition.yaml"),
+    output_dir=out, max_steps=3, rollout={"max_new_tokens": 8},
+    data={"train": f"{root}/data/addition/train.jsonl", "eval": f"{root}/data/addition/heldout.jsonl"},
+    eval={"num_examples": 16, "batch_size": 16}, checkpoint={"export_hf": False},
+    logging={"tensorboard": False},
+)
 summary
 """),
     code("""
@@ -177,15 +179,15 @@ noise; `make demo-tools` is the real calculator demo with SmolLM2):
 """),
     code("""
 import json, os, tempfile
-from jaxrl_llm.train import RunConfig, train_online
-from jaxrl_llm.train.config.config_io import from_dict
+import jaxrl_llm
 
 here = os.getcwd()
 root = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
 work = tempfile.mkdtemp()
 
 
-def run_config(name, **over):
+def run(name, **over):
+    # a tiny GRPO run through jaxrl_llm.train (the code path of `jaxrl-llm train`)
     base = dict(
         output_dir=os.path.join(work, name),
         max_steps=2,
@@ -198,19 +200,19 @@ def run_config(name, **over):
         eval=dict(before=False),
     )
     base.update(over)
-    return from_dict(RunConfig, base)
+    jaxrl_llm.train(base)
+    return base["output_dir"]
 """),
     md("""
 ## 1. A multi-turn environment with a tool
 """),
     code("""
-cfg = run_config(
+out = run(
     "tools",
     env=dict(name="tools", kwargs=dict(tools=["calculator"]), max_turns=2),
     logging=dict(tensorboard=False, plots=False, samples_every=1),
 )
-summary = train_online(cfg)
-samples = [json.loads(l) for l in open(os.path.join(cfg.output_dir, "samples.jsonl"))]
+samples = [json.loads(l) for l in open(os.path.join(out, "samples.jsonl"))]
 print(len(samples), "logged episodes; the first one:")
 print(json.dumps(samples[0], indent=1)[:1500])
 assert samples and {r["step"] for r in samples} == {1, 2}
@@ -219,10 +221,9 @@ assert samples and {r["step"] for r in samples} == {1, 2}
 ## 2. Rollouts one step ahead of the learner
 """),
     code("""
-cfg = run_config("async", max_steps=3, rollout=dict(prompts_per_step=2, group_size=2,
-                 max_new_tokens=8, engine="paged", max_staleness=1))
-train_online(cfg)
-rows = [json.loads(l) for l in open(os.path.join(cfg.output_dir, "metrics.jsonl"))]
+out = run("async", max_steps=3, rollout=dict(prompts_per_step=2, group_size=2,
+          max_new_tokens=8, engine="paged", max_staleness=1))
+rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
 for r in rows:
     if "async/staleness_max" in r:
         print(r["step"], "staleness (steps):", r["async/staleness_mean"], r["async/staleness_max"],
