@@ -178,10 +178,15 @@ class CheckpointManager:
         }
         if self.model_config is not None:
             items["model_config"] = ocp.args.JsonSave(model_config_to_dict(self.model_config))
-        if int(step) in self.all_steps():
+        if (
+            os.path.isdir(os.path.join(self.directory, str(int(step))))
+            and int(step) in self.all_steps()
+        ):
             # A finalised step that a resumed run reaches again is stale: a kill landed after
             # it was written but before the state that resumes was (a companion's checkpoint,
-            # or a step skipped as unreadable). Replace it instead of failing.
+            # or a step skipped as unreadable). Replace it instead of failing. (The listing
+            # reloads the manager only then: a reload on every save re-listed the steps orbax
+            # was deleting in the background, and it deleted each twice, warning each time.)
             self._mgr.delete(int(step))
         return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=True))
 
