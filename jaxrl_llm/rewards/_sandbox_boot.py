@@ -677,77 +677,51 @@ class SolutionGone(Exception):
     """The solution process ended or broke the protocol while the tests ran."""
 
 
-def _judge_main(cfg, tests, rpc, verdict_fd):
-    proxies: dict = {}
-    exc_classes: dict = {}
+def _solution_exception(names, text, exc_classes):
+    """The judge's exception for one the solution raised (its class's MRO names and message)."""
+    err = None
+    for n in names:
+        if type(n) is not str:
+            continue
+        if n in exc_classes:
+            err = exc_classes[n]
+            break
+        cls = getattr(builtins, n, None)
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, Exception)
+            and not issubclass(cls, SolutionGone)
+        ):
+            err = cls
+            break
+    try:
+        exc = (err or SolutionError)(text)
+    except Exception:  # noqa: BLE001 - some built-ins want other arguments
+        exc = SolutionError(text)
+    return exc
 
-    def proxy_of(h, name):
-        p = proxies.get(h)
-        if p is None:
-            p = proxies[h] = Remote(h, name)
-        return p
 
-    def encode_arg(x):
-        def handle_of(v):
-            if type(v) is Remote:
-                return {"r": object.__getattribute__(v, "_h")}
-            raise TypeError(
-                "cannot pass a %s to the solution: only plain built-in values and "
-                "the solution's own objects cross" % type(v).__name__
-            )
+def _remote_iterator_class(one):
+    """The proxy class for an iterator of the solution, stepped with ``one("next", ...)``."""
 
-        return _encode(x, handle_of)
+    class RemoteIterator:
+        __slots__ = ("_it",)
 
-    def rpc_call(op, target, **fields):
-        msg = {"op": op, "h": object.__getattribute__(target, "_h")}
-        msg.update(fields)
-        try:
-            _send(rpc, msg)
-            reply = _recv(rpc)
-            if type(reply) is not dict:
-                raise ValueError("malformed reply")
-            if "exc" in reply:
-                names, text = reply["exc"], reply.get("msg", "")
-                if type(names) is not list or type(text) is not str:
-                    raise ValueError("malformed exception")
-                err = None
-            else:
-                back = [_decode(b, proxy_of) for b in reply.get("back", [])]
-                return _decode(reply["ok"], proxy_of), back
-        except (
-            OSError,
-            EOFError,
-            ValueError,
-            KeyError,
-            TypeError,
-            RecursionError,
-            struct.error,
-        ) as e:
-            raise SolutionGone(
-                "the solution process ended or broke the protocol (%s: %s)" % (type(e).__name__, e)
-            ) from None
-        for n in names:
-            if type(n) is not str:
-                continue
-            if n in exc_classes:
-                err = exc_classes[n]
-                break
-            cls = getattr(builtins, n, None)
-            if (
-                isinstance(cls, type)
-                and issubclass(cls, Exception)
-                and not issubclass(cls, SolutionGone)
-            ):
-                err = cls
-                break
-        try:
-            exc = (err or SolutionError)(text)
-        except Exception:  # noqa: BLE001 - some built-ins want other arguments
-            exc = SolutionError(text)
-        raise exc
+        def __init__(self, it):
+            self._it = it
 
-    def one(op, target, **fields):
-        return rpc_call(op, target, **fields)[0]
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return one("next", self._it)
+
+    return RemoteIterator
+
+
+def _remote_class(rpc_call, one, encode_arg):
+    """The proxy class for the solution's objects, over the judge's ``rpc_call`` and ``one``."""
+    RemoteIterator = _remote_iterator_class(one)
 
     class Remote:
         """A name or object of the solution. Calls, attributes, items, len, iteration and str
@@ -843,25 +817,75 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
 
         __hash__ = object.__hash__
 
-    class RemoteIterator:
-        __slots__ = ("_it",)
+    return Remote
 
-        def __init__(self, it):
-            self._it = it
 
-        def __iter__(self):
-            return self
+def _judge_link(rpc, exc_classes):
+    """The judge's end of the solution channel: returns ``proxy_of(handle, type name)``."""
+    proxies: dict = {}
 
-        def __next__(self):
-            return one("next", self._it)
+    def proxy_of(h, name):
+        p = proxies.get(h)
+        if p is None:
+            p = proxies[h] = Remote(h, name)
+        return p
 
-    def verdict(result, detail=""):
-        _flush()
-        os.write(verdict_fd, json.dumps({"verdict": result, "detail": detail[:4000]}).encode())
-        os._exit(0)
+    def encode_arg(x):
+        def handle_of(v):
+            if type(v) is Remote:
+                return {"r": object.__getattribute__(v, "_h")}
+            raise TypeError(
+                "cannot pass a %s to the solution: only plain built-in values and "
+                "the solution's own objects cross" % type(v).__name__
+            )
 
-    # Names the tests use as `name.attr`: if such a name is a standard-library module's, the
-    # tests mean the real module, never whatever the solution bound to it (a fake `math`).
+        return _encode(x, handle_of)
+
+    def rpc_call(op, target, **fields):
+        msg = {"op": op, "h": object.__getattribute__(target, "_h")}
+        msg.update(fields)
+        try:
+            _send(rpc, msg)
+            reply = _recv(rpc)
+            if type(reply) is not dict:
+                raise ValueError("malformed reply")
+            if "exc" in reply:
+                names, text = reply["exc"], reply.get("msg", "")
+                if type(names) is not list or type(text) is not str:
+                    raise ValueError("malformed exception")
+            else:
+                back = [_decode(b, proxy_of) for b in reply.get("back", [])]
+                return _decode(reply["ok"], proxy_of), back
+        except (
+            OSError,
+            EOFError,
+            ValueError,
+            KeyError,
+            TypeError,
+            RecursionError,
+            struct.error,
+        ) as e:
+            raise SolutionGone(
+                "the solution process ended or broke the protocol (%s: %s)" % (type(e).__name__, e)
+            ) from None
+        raise _solution_exception(names, text, exc_classes)
+
+    def one(op, target, **fields):
+        return rpc_call(op, target, **fields)[0]
+
+    Remote = _remote_class(rpc_call, one, encode_arg)
+    return proxy_of
+
+
+def _verdict(verdict_fd, result, detail=""):
+    """Writes the judge's verdict to the pipe only boot reads, and ends the judge."""
+    _flush()
+    os.write(verdict_fd, json.dumps({"verdict": result, "detail": detail[:4000]}).encode())
+    os._exit(0)
+
+
+def _dotted_names(tests):
+    """Names the tests use as ``name.attr`` (empty when the tests do not parse)."""
     dotted = set()
     try:
         for node in ast.walk(ast.parse(tests)):
@@ -869,48 +893,61 @@ def _judge_main(cfg, tests, rpc, verdict_fd):
                 dotted.add(node.value.id)
     except (SyntaxError, ValueError, RecursionError):
         pass  # compile() below reports it
+    return dotted
+
+
+def _tests_namespace(names, dotted, proxy_of, exc_classes):
+    """The tests' ``__main__`` namespace from the names the solution sent (strictly checked)."""
+    if type(names) is not list:
+        raise ValueError("malformed names")
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    for item in names:
+        if type(item) is not list or len(item) != 2 or type(item[0]) is not str:
+            raise ValueError("malformed name")
+        name, value = item
+        if hasattr(builtins, name):
+            continue  # the tests' built-ins are the real ones (no fake `sorted`, `len`)
+        if name in getattr(sys, "stdlib_module_names", ()) and name in dotted:
+            value = {"module": name}
+        if type(value) is dict and set(value) == {"module"}:
+            try:
+                ns[name] = importlib.import_module(str(value["module"]))
+            except Exception:  # noqa: BLE001 - the tests must import it themselves
+                pass
+        elif type(value) is dict and set(value) == {"exception"}:
+            bases = [getattr(builtins, n, None) for n in value["exception"][1:] if type(n) is str]
+            base = next(
+                (b for b in bases if isinstance(b, type) and issubclass(b, Exception)),
+                Exception,
+            )
+            ns[name] = exc_classes[name] = type(name, (base,), {})
+        else:
+            ns[name] = _decode(value, proxy_of)
+    return ns
+
+
+def _judge_main(cfg, tests, rpc, verdict_fd):
+    """Runs the tests against proxies of the solution's names and writes the verdict."""
+    exc_classes: dict = {}
+    proxy_of = _judge_link(rpc, exc_classes)
+    # Names the tests use as `name.attr`: if such a name is a standard-library module's, the
+    # tests mean the real module, never whatever the solution bound to it (a fake `math`).
+    dotted = _dotted_names(tests)
     try:
         first = _recv(rpc)
-        names = first["names"]
-        if type(names) is not list:
-            raise ValueError("malformed names")
-        ns = {"__name__": "__main__", "__builtins__": builtins}
-        for item in names:
-            if type(item) is not list or len(item) != 2 or type(item[0]) is not str:
-                raise ValueError("malformed name")
-            name, value = item
-            if hasattr(builtins, name):
-                continue  # the tests' built-ins are the real ones (no fake `sorted`, `len`)
-            if name in getattr(sys, "stdlib_module_names", ()) and name in dotted:
-                value = {"module": name}
-            if type(value) is dict and set(value) == {"module"}:
-                try:
-                    ns[name] = importlib.import_module(str(value["module"]))
-                except Exception:  # noqa: BLE001 - the tests must import it themselves
-                    pass
-            elif type(value) is dict and set(value) == {"exception"}:
-                bases = [
-                    getattr(builtins, n, None) for n in value["exception"][1:] if type(n) is str
-                ]
-                base = next(
-                    (b for b in bases if isinstance(b, type) and issubclass(b, Exception)),
-                    Exception,
-                )
-                ns[name] = exc_classes[name] = type(name, (base,), {})
-            else:
-                ns[name] = _decode(value, proxy_of)
+        ns = _tests_namespace(first["names"], dotted, proxy_of, exc_classes)
     except BaseException as e:  # noqa: B036
-        verdict("error", "the solution did not run to the end (%s)" % type(e).__name__)
+        _verdict(verdict_fd, "error", "the solution did not run to the end (%s)" % type(e).__name__)
     try:
         exec(compile(tests, "tests.py", "exec"), ns)
     except AssertionError:
         traceback.print_exc()
-        verdict("failed_tests", traceback.format_exc(limit=-1))
+        _verdict(verdict_fd, "failed_tests", traceback.format_exc(limit=-1))
     except BaseException as e:  # noqa: B036 - every other way out of the tests is an error
         traceback.print_exc()
         kind = "memory" if isinstance(e, MemoryError) else "error"
-        verdict("error", kind + ": " + traceback.format_exc(limit=-1))
-    verdict("passed")
+        _verdict(verdict_fd, "error", kind + ": " + traceback.format_exc(limit=-1))
+    _verdict(verdict_fd, "passed")
 
 
 # ---------------------------------------------------------------------------------------------

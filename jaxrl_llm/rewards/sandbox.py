@@ -430,6 +430,92 @@ def _outcome(
     return reason, rc
 
 
+def _setpriv_uid(uids: list[int] | None, mode: Isolation) -> int | None:
+    """The sandbox uid a root host enters a user namespace as (when setpriv works), else None."""
+    if uids is not None and mode == Isolation.USER_NAMESPACE:
+        return uids[0] if _setpriv_usable() else None
+    return None
+
+
+def _process_workdir(uids: list[int] | None) -> str:
+    """``process`` mode: makes this process non-dumpable; a fresh working directory for the run."""
+    _make_self_non_dumpable()
+    workdir = tempfile.mkdtemp(prefix="jaxrl_sandbox_")
+    if uids is not None:
+        os.chown(workdir, uids[0], uids[0])
+    return workdir
+
+
+def _start_boot(cmd: list[str], workdir: str | None, chan: socket.socket) -> subprocess.Popen:
+    """Starts the bootstrap in a new session, with pipes, an empty environment and ``chan``."""
+    # An empty environment: nothing secret to read from the bootstrap's environ.
+    return subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={},
+        cwd=workdir or "/",
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=(chan.fileno(),),
+    )
+
+
+def _start_readers(
+    streams: Sequence[tuple], cap: int, over: threading.Event
+) -> list[threading.Thread]:
+    """Started daemon threads copying each (stream, sink) pair, up to ``cap`` bytes each."""
+    readers = [
+        threading.Thread(target=_reader, args=(s, cap, b, over), daemon=True) for s, b in streams
+    ]
+    for t in readers:
+        t.start()
+    return readers
+
+
+def _send_inputs(to_boot, host_sock: socket.socket, cfg: dict, tests: str | None) -> None:
+    """The config to the bootstrap's stdin, then the tests to the host channel (if it listens)."""
+    try:
+        to_boot.write(json.dumps(cfg).encode())
+        to_boot.close()
+        if tests is not None:  # after the solution was forked; only the judge reads it
+            data = json.dumps(tests).encode()
+            host_sock.sendall(struct.pack(">I", len(data)) + data)
+        host_sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _wait_boot(proc: subprocess.Popen, over: threading.Event, deadline: float) -> bool:
+    """Waits for the bootstrap; kills it on an output overflow or past ``deadline`` (True)."""
+    while True:
+        try:
+            proc.wait(timeout=0.02)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if over.is_set():
+            _kill_group(proc)
+            return False
+        if time.monotonic() > deadline:
+            _kill_group(proc)
+            return True
+
+
+def _release(
+    host_sock: socket.socket, uids: list[int] | None, mode: Isolation, workdir: str | None
+) -> None:
+    """Closes the host channel, kills and returns the run's uids, removes its working directory."""
+    host_sock.close()
+    if uids is not None:
+        if mode == Isolation.PROCESS:
+            _kill_uids(uids)
+        _give_uids(uids)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def _run(
     code: str,
     tests: str | None,
@@ -443,17 +529,12 @@ def _run(
     audit_hooks: bool,
     python: str | None,
 ) -> SandboxResult:
+    """Runs ``code`` (and ``tests``) under ``mode``: starts the bootstrap, feeds it, waits for it
+    and judges what it reported; the arguments are :func:`run_python`'s, checked."""
     uids = _take_uids() if os.geteuid() == 0 else None
     # Inside a user namespace only one uid is mapped: there the boot gets no sandbox uids.
-    setpriv_uid = None
-    if uids is not None and mode == Isolation.USER_NAMESPACE:
-        setpriv_uid = uids[0] if _setpriv_usable() else None
-    workdir = None
-    if mode == Isolation.PROCESS:
-        _make_self_non_dumpable()
-        workdir = tempfile.mkdtemp(prefix="jaxrl_sandbox_")
-        if uids is not None:
-            os.chown(workdir, uids[0], uids[0])
+    setpriv_uid = _setpriv_uid(uids, mode)
+    workdir = _process_workdir(uids) if mode == Isolation.PROCESS else None
     host_sock, child_sock = socket.socketpair()
     cfg = dict(
         code=code,
@@ -482,18 +563,7 @@ def _run(
     proc = None
     try:
         try:
-            # An empty environment: nothing secret to read from the bootstrap's environ.
-            proc = subprocess.Popen(
-                _command(mode, interp, setpriv_uid),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={},
-                cwd=workdir or "/",
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=(child_sock.fileno(),),
-            )
+            proc = _start_boot(_command(mode, interp, setpriv_uid), workdir, child_sock)
         except OSError as e:
             return SandboxResult(
                 False,
@@ -507,35 +577,10 @@ def _run(
             child_sock.close()
         to_boot, boot_out, boot_err = proc.stdin, proc.stdout, proc.stderr
         assert to_boot is not None and boot_out is not None and boot_err is not None  # PIPEs
-        readers = [
-            threading.Thread(target=_reader, args=(s, max_output_bytes, b, over), daemon=True)
-            for s, b in ((boot_out, out), (boot_err, err))
-        ]
-        for t in readers:
-            t.start()
-        try:
-            to_boot.write(json.dumps(cfg).encode())
-            to_boot.close()
-            if tests is not None:  # after the solution was forked; only the judge reads it
-                data = json.dumps(tests).encode()
-                host_sock.sendall(struct.pack(">I", len(data)) + data)
-            host_sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+        readers = _start_readers(((boot_out, out), (boot_err, err)), max_output_bytes, over)
+        _send_inputs(to_boot, host_sock, cfg, tests)
         deadline = start + timeout_s + 1.0  # the bootstrap enforces timeout_s itself
-        while True:
-            try:
-                proc.wait(timeout=0.02)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if over.is_set():
-                _kill_group(proc)
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                _kill_group(proc)
-                break
+        timed_out = _wait_boot(proc, over, deadline)
         summary = None if (timed_out or over.is_set()) else _read_summary(host_sock, 1.0)
         _kill_group(proc)  # leftovers of the group; no-op if all is gone
         proc.wait()
@@ -544,13 +589,7 @@ def _run(
         for s in (boot_out, boot_err):
             s.close()
     finally:
-        host_sock.close()
-        if uids is not None:
-            if mode == Isolation.PROCESS:
-                _kill_uids(uids)
-            _give_uids(uids)
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        _release(host_sock, uids, mode, workdir)
     duration = time.monotonic() - start
     stdout = bytes(out).decode("utf-8", "replace")
     stderr = bytes(err).decode("utf-8", "replace")

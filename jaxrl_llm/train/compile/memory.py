@@ -241,6 +241,200 @@ def activation_bytes_per_token_per_layer(
     raise ConfigError(f"unknown remat {remat!r}; allowed: 'none', 'dots', 'full'")
 
 
+def _check_estimate_args(
+    algorithm: str,
+    dtype: str,
+    frozen_dtype: str,
+    logits: str,
+    optimizer: str,
+    sizes: dict[str, int],
+    lora_rank: int,
+) -> None:
+    """Raises ConfigError for an unknown choice or a size below its minimum (estimate_memory)."""
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(ALGORITHMS)}")
+    for name, text in (("dtype", dtype), ("frozen_dtype", frozen_dtype)):
+        if text not in _BYTES:
+            raise ConfigError(f"unknown {name} {text!r}; allowed: 'bf16', 'fp32'")
+    if logits not in ("chunked", "full"):
+        raise ConfigError(f"logits must be 'chunked' or 'full', got {logits!r}")
+    if optimizer not in ("adamw", "sgd"):
+        raise ConfigError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+    for name, v in sizes.items():
+        if v < 1:
+            raise ConfigError(f"{name} must be >= 1, got {v}")
+    if lora_rank < 0:
+        raise ConfigError(f"lora_rank must be >= 0, got {lora_rank}")
+
+
+def _row(model: str, component: str, nbytes: float, transient: bool = False) -> MemoryRow:
+    """One row of the estimate, its bytes rounded to an int."""
+    return MemoryRow(model, component, int(round(nbytes)), transient)
+
+
+def _update_tokens(train_rows: int, seq_len: int, prompt_len: int | None, group: int) -> int:
+    """Tokens of one forward/backward slice: the shared prompt once per group of ``group``."""
+    tokens = train_rows * seq_len
+    if group > 1 and prompt_len:  # the shared prompt once per group
+        tokens = train_rows * (seq_len - prompt_len) + -(-train_rows // group) * prompt_len
+    return tokens
+
+
+def _weight_rows(
+    config: ModelConfig,
+    name: str,
+    trains: bool,
+    *,
+    n: float,
+    lora_rank: int,
+    frozen_dtype: str,
+    optimizer: str,
+    weight_shards: int,
+) -> list[MemoryRow]:
+    """A model's weights per device and, when it trains, its gradients and optimizer state."""
+    fb = _BYTES[frozen_dtype]
+    opt_factor = 2 if optimizer == "adamw" else 0
+    if trains and lora_rank:
+        na = lora_params(config, lora_rank)
+        return [
+            _row(name, f"base weights ({frozen_dtype}, frozen)", n * fb),
+            _row(name, "LoRA adapters (fp32)", na * 4 / weight_shards),
+            _row(name, "gradients (adapters, fp32)", na * 4 / weight_shards),
+            _row(name, f"optimizer state ({optimizer})", opt_factor * na * 4 / weight_shards),
+        ]
+    if trains:
+        return [
+            _row(name, "weights (fp32 master)", n * 4),
+            _row(name, "gradients (fp32)", n * 4),
+            _row(name, f"optimizer state ({optimizer})", opt_factor * n * 4),
+        ]
+    return [_row(name, f"weights ({frozen_dtype}, frozen)", n * fb)]
+
+
+def _update_rows(
+    config: ModelConfig,
+    role: Role,
+    *,
+    n: float,
+    seq_len: int,
+    tokens: int,
+    train_rows: int,
+    dtype: str,
+    tensor: int,
+    remat: str,
+    logits: str,
+    logits_chunk: int,
+) -> list[MemoryRow]:
+    """The transient rows of a trained model's step: activations, cast weights, logits."""
+    name, b = role.value, _BYTES[dtype]
+    per_tok = activation_bytes_per_token_per_layer(
+        config, seq_len, remat=remat, dtype_bytes=b, tensor=tensor
+    )
+    act = per_tok * tokens * config.num_layers
+    if remat != "none":  # one layer is live again during its backward pass
+        act += (
+            activation_bytes_per_token_per_layer(
+                config, seq_len, remat="none", dtype_bytes=b, tensor=tensor
+            )
+            * tokens
+        )
+    rows = [_row(name, f"activations (remat={remat})", act, True)]
+    if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
+        rows.append(_row(name, f"weights cast to {dtype} (in the step)", n * b, True))
+    if role != Role.CRITIC and role != Role.REWARD:
+        vocab = config.vocab_size / tensor
+        width = seq_len if logits == "full" else min(logits_chunk, seq_len)
+        # float32 logits and their gradient (softmax fused into them by XLA)
+        rows.append(_row(name, f"logits ({logits})", 2 * train_rows * width * vocab * 4, True))
+    return rows
+
+
+def _model_rows(
+    config: ModelConfig,
+    algo: AlgorithmMemory,
+    *,
+    n: float,
+    lora_rank: int,
+    reference_offloaded: bool,
+    frozen_dtype: str,
+    optimizer: str,
+    weight_shards: int,
+    seq_len: int,
+    tokens: int,
+    train_rows: int,
+    dtype: str,
+    tensor: int,
+    remat: str,
+    logits: str,
+    logits_chunk: int,
+) -> tuple[list[MemoryRow], int]:
+    """The rows of every model the algorithm holds, and how many weight copies they are."""
+    rows: list[MemoryRow] = []
+    weight_copies = 0
+    for role in algo.roles:
+        trains = role in algo.trainable
+        name = role.value
+        if role == Role.REFERENCE and lora_rank:
+            rows.append(_row(name, "weights (base, adapters off: shared)", 0))
+            continue
+        if role == Role.REFERENCE and reference_offloaded:
+            rows.append(_row(name, "weights (offloaded to host)", 0))
+            continue
+        weight_copies += 1
+        rows += _weight_rows(
+            config,
+            name,
+            trains,
+            n=n,
+            lora_rank=lora_rank,
+            frozen_dtype=frozen_dtype,
+            optimizer=optimizer,
+            weight_shards=weight_shards,
+        )
+        if trains:
+            rows += _update_rows(
+                config,
+                role,
+                n=n,
+                seq_len=seq_len,
+                tokens=tokens,
+                train_rows=train_rows,
+                dtype=dtype,
+                tensor=tensor,
+                remat=remat,
+                logits=logits,
+                logits_chunk=logits_chunk,
+            )
+    return rows, weight_copies
+
+
+def _kv_cache_row(
+    config: ModelConfig, local_rows: int, seq_len: int, tensor: int, b: int
+) -> MemoryRow:
+    """The rollout's KV cache on one device (transient)."""
+    kv = (
+        2
+        * config.num_layers
+        * local_rows
+        * seq_len
+        * max(config.num_kv_heads // tensor, 1)
+        * config.head_dim
+        * b
+    )
+    return _row("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv, True)
+
+
+def _peak_bytes(rows: list[MemoryRow]) -> int:
+    """The persistent rows' sum plus the largest model's transient rows."""
+    # Activations and logits live only during one model's update, the KV cache only during the
+    # rollout; these phases run one after the other, so the peak holds the largest, not the sum.
+    transient: dict[str, int] = {}
+    for r in rows:
+        if r.transient:
+            transient[r.model] = transient.get(r.model, 0) + r.bytes
+    return sum(r.bytes for r in rows if not r.transient) + max(transient.values(), default=0)
+
+
 def estimate_memory(
     config: ModelConfig,
     algorithm: str,
@@ -296,114 +490,49 @@ def estimate_memory(
     Returns:
       A :class:`MemoryEstimate`.
     """
-    if algorithm not in ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(ALGORITHMS)}")
-    for name, text in (("dtype", dtype), ("frozen_dtype", frozen_dtype)):
-        if text not in _BYTES:
-            raise ConfigError(f"unknown {name} {text!r}; allowed: 'bf16', 'fp32'")
-    if logits not in ("chunked", "full"):
-        raise ConfigError(f"logits must be 'chunked' or 'full', got {logits!r}")
-    if optimizer not in ("adamw", "sgd"):
-        raise ConfigError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
-    for name, v in (
-        ("batch_size", batch_size),
-        ("seq_len", seq_len),
-        ("group_size", group_size),
-        ("data", data),
-        ("fsdp", fsdp),
-        ("tensor", tensor),
-        ("expert", expert),
-        ("micro_batches", micro_batches),
-        ("prompt_group_size", prompt_group_size),
-    ):
-        if v < 1:
-            raise ConfigError(f"{name} must be >= 1, got {v}")
-    if lora_rank < 0:
-        raise ConfigError(f"lora_rank must be >= 0, got {lora_rank}")
+    sizes = dict(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        group_size=group_size,
+        data=data,
+        fsdp=fsdp,
+        tensor=tensor,
+        expert=expert,
+        micro_batches=micro_batches,
+        prompt_group_size=prompt_group_size,
+    )
+    _check_estimate_args(algorithm, dtype, frozen_dtype, logits, optimizer, sizes, lora_rank)
     algo = ALGORITHMS[algorithm]
-    b, fb = _BYTES[dtype], _BYTES[frozen_dtype]
     weight_shards = fsdp * tensor
     batch_shards = data * fsdp
     n = params_per_device(config, weight_shards=weight_shards, expert=expert)
-    rows: list[MemoryRow] = []
-
-    def add(model, component, nbytes, transient=False):
-        rows.append(MemoryRow(model, component, int(round(nbytes)), transient))
-
     rows_per_step = batch_size * (group_size if algo.online else 1) * algo.sequences_per_example
     local_rows = -(-rows_per_step // batch_shards)
     train_rows = -(-local_rows // micro_batches)  # rows of one forward/backward slice
-    tokens = train_rows * seq_len
-    if prompt_group_size > 1 and prompt_len:  # the shared prompt once per group
-        tokens = (
-            train_rows * (seq_len - prompt_len) + -(-train_rows // prompt_group_size) * prompt_len
-        )
-    opt_factor = 2 if optimizer == "adamw" else 0
-
-    weight_copies = 0
-    for role in algo.roles:
-        trains = role in algo.trainable
-        name = role.value
-        if role == Role.REFERENCE and lora_rank:
-            add(name, "weights (base, adapters off: shared)", 0)
-            continue
-        if role == Role.REFERENCE and reference_offloaded:
-            add(name, "weights (offloaded to host)", 0)
-            continue
-        weight_copies += 1
-        if trains and lora_rank:
-            add(name, f"base weights ({frozen_dtype}, frozen)", n * fb)
-            na = lora_params(config, lora_rank)
-            add(name, "LoRA adapters (fp32)", na * 4 / weight_shards)
-            add(name, "gradients (adapters, fp32)", na * 4 / weight_shards)
-            add(name, f"optimizer state ({optimizer})", opt_factor * na * 4 / weight_shards)
-        elif trains:
-            add(name, "weights (fp32 master)", n * 4)
-            add(name, "gradients (fp32)", n * 4)
-            add(name, f"optimizer state ({optimizer})", opt_factor * n * 4)
-        else:
-            add(name, f"weights ({frozen_dtype}, frozen)", n * fb)
-        if trains:
-            per_tok = activation_bytes_per_token_per_layer(
-                config, seq_len, remat=remat, dtype_bytes=b, tensor=tensor
-            )
-            act = per_tok * tokens * config.num_layers
-            if remat != "none":  # one layer is live again during its backward pass
-                act += (
-                    activation_bytes_per_token_per_layer(
-                        config, seq_len, remat="none", dtype_bytes=b, tensor=tensor
-                    )
-                    * tokens
-                )
-            add(name, f"activations (remat={remat})", act, True)
-            if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
-                add(name, f"weights cast to {dtype} (in the step)", n * b, True)
-            if role != Role.CRITIC and role != Role.REWARD:
-                vocab = config.vocab_size / tensor
-                width = seq_len if logits == "full" else min(logits_chunk, seq_len)
-                # float32 logits and their gradient (softmax fused into them by XLA)
-                add(name, f"logits ({logits})", 2 * train_rows * width * vocab * 4, True)
+    tokens = _update_tokens(train_rows, seq_len, prompt_len, prompt_group_size)
+    rows, weight_copies = _model_rows(
+        config,
+        algo,
+        n=n,
+        lora_rank=lora_rank,
+        reference_offloaded=reference_offloaded,
+        frozen_dtype=frozen_dtype,
+        optimizer=optimizer,
+        weight_shards=weight_shards,
+        seq_len=seq_len,
+        tokens=tokens,
+        train_rows=train_rows,
+        dtype=dtype,
+        tensor=tensor,
+        remat=remat,
+        logits=logits,
+        logits_chunk=logits_chunk,
+    )
     if algo.online:
-        kv = (
-            2
-            * config.num_layers
-            * local_rows
-            * seq_len
-            * max(config.num_kv_heads // tensor, 1)
-            * config.head_dim
-            * b
-        )
-        add("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv, True)
-    # Activations and logits live only during one model's update, the KV cache only during the
-    # rollout; these phases run one after the other, so the peak holds the largest, not the sum.
-    transient: dict[str, int] = {}
-    for r in rows:
-        if r.transient:
-            transient[r.model] = transient.get(r.model, 0) + r.bytes
-    total = sum(r.bytes for r in rows if not r.transient) + max(transient.values(), default=0)
+        rows.append(_kv_cache_row(config, local_rows, seq_len, tensor, _BYTES[dtype]))
     return MemoryEstimate(
         rows=tuple(rows),
-        total_bytes_per_device=total,
+        total_bytes_per_device=_peak_bytes(rows),
         device_bytes=device_memory_bytes(device),
         models_in_memory=len(algo.roles),
         weight_copies=weight_copies,
