@@ -11,7 +11,8 @@ Contents: KL estimators (:func:`kl_penalty`), aggregation modes, advantage estim
 (GRPO, RLOO, ReMax, REINFORCE++, GAE, process supervision) and reward shaping, the clipped
 policy loss (PPO/GRPO/DAPO/GSPO, with importance weights and decoupled PPO), the 2025
 surrogates (CISPO, SAPO, GMPO) and covariance-based entropy control (KL-Cov, Clip-Cov),
-rollout/learner mismatch correction (TIS, MIS), the value loss, preference losses (DPO family,
+rollout/learner mismatch correction (TIS, MIS), on-policy distillation (GKD's generalised
+JSD, sampled-token reverse-KL advantages), the value loss, preference losses (DPO family,
 KTO, ORPO, SimPO, Bradley–Terry, pairwise rank), the pass@k estimator, and re-exports of the
 log-prob / entropy ops.
 """
@@ -40,6 +41,12 @@ from jaxrl_llm.objectives.aggregation import (
     aggregation_denominator,
 )
 from jaxrl_llm.objectives.correction import CorrectionLevel, CorrectionMode, rollout_correction
+from jaxrl_llm.objectives.distillation import (
+    generalized_jsd,
+    generalized_jsd_loss,
+    generalized_jsd_loss_parts,
+    reverse_kl_advantages,
+)
 from jaxrl_llm.objectives.entropy_control import (
     clip_cov_loss,
     clip_cov_loss_parts,
@@ -104,6 +111,9 @@ __all__ = [
     "entropy_from_hidden",
     "entropy_from_logits",
     "gae",
+    "generalized_jsd",
+    "generalized_jsd_loss",
+    "generalized_jsd_loss_parts",
     "gmpo_loss",
     "gmpo_loss_parts",
     "grpo_advantages",
@@ -128,6 +138,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "remax_advantages",
+    "reverse_kl_advantages",
     "rloo_advantages",
     "rollout_correction",
     "sapo_loss",
