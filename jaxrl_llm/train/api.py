@@ -100,7 +100,7 @@ def run_training(cfg: RunConfig) -> dict:
 
             summary = train_offline(cfg)
     if cfg.logging.plots:
-        from jaxrl_llm.cli.plot import plot_run
+        from jaxrl_llm.train.run.plots import plot_run
 
         plot_run(cfg.output_dir)
     with open(os.path.join(cfg.output_dir, "summary.json"), "w", encoding="utf-8") as f:

@@ -44,7 +44,7 @@ def test_plot_errors_are_one_line(tmp_path, capsys):
 
 
 def test_overview_shows_the_panels_a_user_reads_and_no_constant_series():
-    from jaxrl_llm.cli.plot import overview_panels
+    from jaxrl_llm.train.run.plots import overview_panels
 
     steps = [1, 2, 3]
     series = {
