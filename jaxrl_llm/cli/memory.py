@@ -264,7 +264,7 @@ def _advice_text(advice, device: str, device_bytes: int) -> str:
 
 
 def params_text(config) -> str:
-    """ "1.24B params", or for a mixture of experts "30.53B params, 3.34B active"."""
+    """The size as text: "1.24B params", or "30.53B params, 3.34B active" for experts."""
 
     def size(n: int) -> str:
         return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

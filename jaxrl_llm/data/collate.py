@@ -247,9 +247,11 @@ def pad_length(
         log-prob ``window`` reads them). Left padding of packed rows (``segment_ids``) is
         refused: a pad column would join the first segment.
       pad_id: the token id written into padded ``input_ids``.
+
     Returns:
       A new dict (the caller's is not modified); leaves that need no padding are the same
       objects.
+
     Raises:
       ValueError: a bad ``multiple`` / ``side``, or left padding of ``segment_ids``.
     """

@@ -164,6 +164,7 @@ def make_iterator(
       process_index, process_count: this host and the number of hosts
         (``jax.process_index()``, ``jax.process_count()``).
       state: a dict from :meth:`BatchIterator.state` to resume from.
+
     Returns:
       a :class:`BatchIterator`.
     """

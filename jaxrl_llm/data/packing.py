@@ -148,6 +148,7 @@ def pack_sequences(
       num_rows: pad to exactly this many rows (extra rows are all padding); None: as many as
         needed.
       pad_id: token id for padding.
+
     Returns:
       ``input_ids, attention_mask, loss_mask, segment_ids, positions`` [R, row_len] int32.
     """
@@ -201,6 +202,7 @@ def pack_preferences(
       row_multiple: with ``num_rows`` None, rows per micro-batch are a multiple of this (the
         mesh's batch shards).
       pad_id: token id for padding.
+
     Returns:
       ``input_ids, attention_mask, loss_mask, segment_ids, positions, pair_index [R, L]`` and
       ``pair_valid [B]`` (1 where both responses have tokens).
@@ -280,10 +282,12 @@ def pack_rl_batch(
       row_multiple: packed rows per micro-batch are a multiple of this (the mesh's batch
         shards).
       pad_id: token id for padding.
+
     Returns:
       ``input_ids, attention_mask, segment_ids, positions [M·R_m, L]``, ``unpack_index
       [N, W]`` int32 (flat index into the packed rows of the micro-batch that holds the row;
       0 where ``loss_mask`` is 0), the other per-token leaves ``[N, W]``.
+
     Raises:
       ValueError: a packed batch, a bad window or split, a target outside the window.
     """

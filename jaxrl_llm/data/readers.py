@@ -38,8 +38,10 @@ def read_jsonl(path: str | os.PathLike) -> list[Record]:
 
     Args:
       path: a local ``.jsonl`` file.
+
     Returns:
       one :class:`Record` per non-blank line; ``location`` is ``"<path> line <n>"`` (1-based).
+
     Raises:
       DataError: missing file, non-UTF-8 bytes, malformed JSON, a line that is not a JSON
         object, or no examples at all — each naming the file and line.
@@ -134,6 +136,7 @@ def read_hf(source: Any, *, split: str | None = None) -> list[Record]:
         unless it has a single split), or the path of a ``save_to_disk`` directory
         (loaded with ``datasets.load_from_disk``; never downloads).
       split: which split of a ``DatasetDict``.
+
     Returns:
       one :class:`Record` per row; ``location`` is ``"<name> row <n>"`` (1-based).
     """

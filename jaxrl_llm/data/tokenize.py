@@ -394,9 +394,11 @@ def apply_length_policy(
       policy: :class:`LengthPolicy` (``"error"``, ``"truncate"``, ``"drop"``).
       locations: per-item source locations for error messages.
       source: the data set's name (e.g. its file) for the error when every example is dropped.
+
     Returns:
       (kept items, stats) with stats ``{"total", "kept", "truncated", "dropped"}``; the stats
       are also logged as one line.
+
     Raises:
       DataError: under ``"error"``, naming the first over-long example and its length.
     """

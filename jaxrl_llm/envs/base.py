@@ -54,9 +54,13 @@ class Step:
 class Environment(Protocol):
     """The environment protocol (see the module docstring)."""
 
-    def reset(self, item: dict) -> list[dict]: ...
+    def reset(self, item: dict) -> list[dict]:
+        """The episode's opening chat messages for the data row ``item``."""
+        ...
 
-    def step(self, text: str) -> Step: ...
+    def step(self, text: str) -> Step:
+        """The environment's answer to the policy's last turn ``text``."""
+        ...
 
 
 def _takes_one_argument(fn: Any) -> bool:

@@ -89,11 +89,14 @@ def export_hf(
       generation_config: a ``transformers.GenerationConfig`` or dict; by default one with the
         config's bos/eos/pad token ids.
       dtype: stored weight dtype, 'float32' or 'bfloat16' (default ``config.param_dtype``).
+
     Returns:
       The paths written, in order.
+
     Raises:
       ModelLoadError: params do not match the config, a weight is not floating point (named),
         or the config cannot be expressed in transformers (e.g. Llama with q/k norm).
+
     Warns:
       RuntimeWarning: NaN weights, with their count and the tensors that hold them.
     """

@@ -29,8 +29,10 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
     Args:
       hf: a ``PretrainedConfig`` or its ``to_dict()`` / ``config.json`` dict.
       **overrides: ModelConfig fields to replace (e.g. ``param_dtype``).
+
     Returns:
       The ModelConfig.
+
     Raises:
       ValueError: naming the architecture when it is not a supported family, or a family
         feature we do not implement; KeyError: a required key is missing.
@@ -116,8 +118,10 @@ def config_from_hf_dict(
       hf: a ``PretrainedConfig`` or its ``to_dict()``.
       source: how to name the input in error messages (a path).
       **overrides: ModelConfig fields to replace (e.g. ``param_dtype``).
+
     Returns:
       The ModelConfig.
+
     Raises:
       ModelLoadError: unsupported architecture or feature, naming the source and the key.
     """
@@ -175,6 +179,7 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
       config: our model config. ``num_labels == 1`` gives a ``*ForSequenceClassification``
         config; otherwise ``*ForCausalLM``.
       dtype: stored weight dtype ('float32' | 'bfloat16'); defaults to ``config.param_dtype``.
+
     Returns:
       A JSON-serialisable dict (with ``architectures``, ``model_type``, ``torch_dtype``).
     """

@@ -316,7 +316,7 @@ def _read_safetensors(directory: Path) -> dict[str, np.ndarray]:
             raise ModelLoadError(f"{f}: listed in {index.name} but missing")
         try:
             with safe_open(str(f), framework="np") as st:
-                for k in st.keys():
+                for k in st.keys():  # noqa: SIM118 (safe_open is not iterable)
                     out[k] = st.get_tensor(k)
         except ModelLoadError:
             raise
@@ -370,8 +370,10 @@ def load_hf_dir(
     Args:
       path: the directory.
       param_dtype, compute_dtype: as in :func:`load_model`.
+
     Returns:
       A :class:`LoadedModel`.
+
     Raises:
       ModelLoadError: missing directory / config.json / weights, bad JSON, unsupported
         architecture, missing or mis-shaped weights, a tokenizer with more tokens than the
@@ -462,8 +464,10 @@ def from_hf_model(
       model: the transformers model (its ``config`` and ``state_dict()`` are read).
       tokenizer: returned as is.
       param_dtype, compute_dtype: as in :func:`load_model`.
+
     Returns:
       A :class:`LoadedModel`.
+
     Raises:
       ModelLoadError: unsupported architecture or a weight mismatch.
     """
@@ -544,9 +548,11 @@ def cached_gguf_dir(path: str | os.PathLike) -> Path:
 
     Args:
       path: the ``.gguf`` file.
+
     Returns:
       ``cache_dir()/gguf/<key>``, an HF directory (config.json, model.safetensors,
       tokenizer files, generation_config.json).
+
     Raises:
       ModelLoadError: not a GGUF file, or transformers cannot read it.
     """
@@ -589,9 +595,11 @@ def load_model(
         - a transformers ``PreTrainedModel`` object (see :func:`from_hf_model`).
       param_dtype: dtype of the returned params, 'float32' or 'bfloat16'.
       compute_dtype: activation dtype recorded in the config (default: ``param_dtype``).
+
     Returns:
       :class:`LoadedModel` ``(config, params, tokenizer)``; the tokenizer keeps its chat
       template.
+
     Raises:
       ModelLoadError: one clear line naming the path and the problem.
 

@@ -94,8 +94,10 @@ def export_peft_adapter(
       lora: the run's rank, α and targets.
       base_model: ``base_model_name_or_path`` (a directory, GGUF file or alias).
       dtype: stored dtype, ``float32`` or ``bfloat16``.
+
     Returns:
       The two paths written.
+
     Raises:
       ModelLoadError: an adapter's shape does not match ``config`` and ``lora``.
     """

@@ -124,7 +124,7 @@ def _moe_layer_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfi
 
 
 def hf_projection_name(module: str, layer: int) -> str:
-    """transformers' module name of one layer's projection, e.g.
+    """Transformers' module name of one layer's projection, e.g.
     ``hf_projection_name("q_proj", 3) == "model.layers.3.self_attn.q_proj"`` (the prefix of
     its ``.weight``; PEFT names its adapters after it).
 
@@ -216,8 +216,10 @@ def check_weights(tensors: Mapping[str, Any], *, source: str = "weights") -> dic
     Args:
       tensors: name -> array (numpy, jax or torch).
       source: how to name the input in the error.
+
     Returns:
       name -> number of NaN values, for the tensors that hold any.
+
     Raises:
       ModelLoadError: a tensor is not floating point, naming it and its dtype.
     """
@@ -258,10 +260,12 @@ def params_from_hf_state_dict(
         e.g. ``model.layers.{i}.self_attn.q_proj.weight`` ``[H·E, D]``.
       config: the :class:`~jaxrl_llm.models.ModelConfig` the tree must match.
       source: how to name the input in error messages (a path).
+
     Returns:
       A params tree with exactly the structure and shapes of
       :func:`jaxrl_llm.models.param_shapes_and_axes` (numpy arrays; dtype as stored, bf16
       stays ml_dtypes bfloat16, torch bf16 becomes float32).
+
     Raises:
       ModelLoadError: a missing key, a shape mismatch, a weight that is not floating point,
         or a key we do not know how to map (e.g. an MLP bias), each naming the key and the
@@ -359,8 +363,10 @@ def params_to_hf_state_dict(
     Args:
       params: tree with the structure of :func:`jaxrl_llm.models.param_shapes_and_axes`.
       config: the model config.
+
     Returns:
       name -> contiguous numpy array in the params' dtype (bf16 as ml_dtypes bfloat16).
+
     Raises:
       ModelLoadError: a parameter is missing or has the wrong shape for ``config``.
     """

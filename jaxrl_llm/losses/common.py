@@ -143,6 +143,7 @@ def forward_logps(
     A batch with ``{prefix}unpack_index`` is a packed one (:func:`jaxrl_llm.data.pack_rl_batch`):
     its model inputs are packed rows ``[R, L]`` and the results come back in the layout of
     its ``loss_mask [N, W]`` (``window`` is then the packer's; ``prompt_group_size`` must be 1).
+
     Returns:
       ``(logp [B, T] float32, entropy [B, T] or None, ModelOutputs)``.
     """
@@ -305,6 +306,7 @@ def sequence_logps(
       window: only the last ``window`` columns (see :func:`forward_logps`).
       prompt_group_size: rows share their prompt in groups of this many (see
         :func:`forward_logps`).
+
     Returns:
       ``[B, T]`` float32.
     """
@@ -330,7 +332,7 @@ def summed_logps(
     temperature: float = 1.0,
     chunk_size: int = 128,
 ) -> jax.Array:
-    """log π(y | x) = Σ_t log π(y_t | x, y_<t) over completion tokens, per row ``[B]``.
+    """Log π(y | x) = Σ_t log π(y_t | x, y_<t) over completion tokens, per row ``[B]``.
 
     The quantity DPO/KTO reference log-probs (``ref_chosen_logps`` ...) hold.
     Packed rows (``segment_ids``) are summed over the whole row.

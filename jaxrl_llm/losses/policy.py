@@ -219,6 +219,7 @@ def policy_gradient_loss(
         shared prompt).
       hparams: traced values of some of :data:`TRACED_HPARAMS` (override the config's; a
         term the config switches off, such as ``kl_coef = 0``, stays off).
+
     Returns:
       ``(loss, metrics)``; metrics include ``loss``, ``pg/loss``, ``pg/clipfrac``,
       ``pg/clipfrac_low``, ``pg/clipfrac_high``, ``pg/approx_kl``, ``entropy`` and ``kl``
@@ -361,6 +362,7 @@ def ppo_critic_loss(
         ``returns [B, T]``; optional ``loss_denominator``.
       apply_fn: model apply function of the critic.
       config: :class:`CriticConfig`.
+
     Returns:
       ``(loss, metrics)``: ``loss``, ``vf/loss``, ``vf/clipfrac``, ``vf/values``, ...
     """

@@ -64,6 +64,7 @@ def surrogate_parts(
       ref_logp: ``[B, T]`` or None; the clipped surrogate adds its ``kl`` metric (not the
         β·KL term, which the loss adds so that β may be traced); the entropy-controlled ones
         report the same metric here.
+
     Raises:
       ConfigError: correction entries in the batch with entropy control on.
     """

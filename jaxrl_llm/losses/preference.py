@@ -176,6 +176,7 @@ def dpo_loss(
         ``loss_denominator``.
       apply_fn: model apply function.
       config: :class:`DPOConfig`.
+
     Returns:
       ``(loss, metrics)``: ``loss``, ``rewards/chosen``, ``rewards/rejected``,
       ``rewards/accuracies``, ``rewards/margins``, ``logps/chosen``, ``logps/rejected``
@@ -238,6 +239,7 @@ def simpo_loss(
       batch: preference batch (no reference log-probs needed); optional ``loss_denominator``.
       apply_fn: model apply function.
       config: :class:`SimPOConfig`.
+
     Returns:
       ``(loss, metrics)``: ``loss``, ``rewards/*`` (β × average log-prob), ``logps/*``
       (average log-probs).
@@ -290,6 +292,7 @@ def orpo_loss(
       batch: preference batch; optional ``loss_denominator``.
       apply_fn: model apply function.
       config: :class:`ORPOConfig`.
+
     Returns:
       ``(loss, metrics)``: ``loss``, ``nll``, ``or_loss``, ``rewards/*`` (λ × average
       log-prob, as TRL), ``logps/*`` (average log-probs).
@@ -372,6 +375,7 @@ def reward_model_loss(
         (Llama 2's margin m) and ``loss_denominator``.
       apply_fn: model apply function.
       config: :class:`RewardModelConfig`.
+
     Returns:
       ``(loss, metrics)``: ``loss``, ``rewards/chosen``, ``rewards/rejected``,
       ``rewards/accuracies``, ``rewards/margins``.

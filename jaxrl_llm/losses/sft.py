@@ -69,6 +69,7 @@ def sft_loss(
       apply_fn: model apply function (see the package docstring).
       config: :class:`SFTConfig`.
       logprobs: :class:`~jaxrl_llm.losses.common.LogprobSettings` (chunking).
+
     Returns:
       ``(loss, metrics)``; metrics: ``loss``, ``nll`` (token-mean NLL of this micro-batch),
       ``num_tokens``.

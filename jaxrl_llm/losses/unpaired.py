@@ -108,6 +108,7 @@ def kto_loss(
         ``ref_kl_logps [B]``; optional ``loss_denominator``.
       apply_fn: model apply function.
       config: :class:`KTOConfig`.
+
     Returns:
       ``(loss, metrics)``: ``loss``, ``rewards/chosen``, ``rewards/rejected`` (β·r means over
       desirable / undesirable rows), ``logps/chosen``, ``logps/rejected``, ``kl`` (z₀).
@@ -241,6 +242,7 @@ def pairwise_rank_loss(
         ``scores [B]`` (higher is better); optional ``loss_denominator``.
       apply_fn: model apply function.
       config: :class:`PairwiseRankConfig`.
+
     Returns:
       ``(loss, metrics)``: ``loss``, ``num_pairs``, ``pair_accuracy``, ``logps/mean``.
     """

@@ -88,6 +88,7 @@ def naive_attention(
       mask: :class:`AttentionMask`. window: sliding window in positions (an int, or a traced
         int32 scalar when layers differ) or None.
       softcap: Gemma 2 logit soft cap or None.
+
     Returns:
       ``[B, T, H, E]`` in v's dtype.
     """
@@ -185,6 +186,7 @@ def select_attention_impl(
       num_queries, num_keys, head_dim, dtype: T, S, E and the q/k/v dtype.
       self_attention: keys are the queries' own tokens with q_index = arange(T) (no cache).
       causal, key_mask, segment_ids, window, softcap: the features in use.
+
     Returns:
       the :class:`~jaxrl_llm.models.AttentionImpl` to run (never AUTO).
     """
@@ -226,6 +228,7 @@ def cudnn_attention(q_btne: jax.Array, k_bske: jax.Array, v_bske: jax.Array) -> 
 
     Args:
       q_btne: ``[B, T, H, E]``; k_bske, v_bske: ``[B, T, K, E]``, float16 / bfloat16.
+
     Returns:
       ``[B, T, H, E]``.
     """
@@ -259,6 +262,7 @@ def splash_attention(
     Args:
       q_btne: ``[B, T, H, E]``; k_bske, v_bske: ``[B, T, K, E]``; T a multiple of 128.
       mask: a :func:`causal_self_mask` (no sliding window). softcap: Gemma 2 cap or None.
+
     Returns:
       ``[B, T, H, E]``.
     """
@@ -339,6 +343,7 @@ def dot_product_attention(
       mask: :class:`AttentionMask`. window: sliding window (RoPE positions) or None.
       softcap: Gemma 2 logit soft cap or None. impl: the requested implementation.
       backend: override of ``jax.default_backend()`` (tests). block_size: blockwise blocks.
+
     Returns:
       ``[B, T, H, E]`` in v's dtype.
     """

@@ -113,6 +113,13 @@ def mask_allows(mask: AttentionMask, q_index, k_index, q_sl, k_sl, window):
 
 
 def check_attention_args(q, k, v, mask: AttentionMask, window):
+    """Trace-time checks of an attention call: ranks and shapes of ``q [B, T, H, E]``,
+    ``k`` / ``v [B, S, K, E]`` (H a multiple of K) and of ``mask``'s vectors; a window needs
+    positions.
+
+    Raises:
+      ValueError: a mismatch, named.
+    """
     chex.assert_rank([q, k, v], 4)
     chex.assert_equal_shape([k, v])
     b, t, h, e = q.shape
@@ -137,4 +144,5 @@ def check_attention_args(q, k, v, mask: AttentionMask, window):
 
 
 def cap_scores(s, softcap):
+    """Attention scores soft-capped: ``softcap · tanh(s / softcap)`` (Gemma 2); ``s`` when None."""
     return s if softcap is None else softcap * jnp.tanh(s / softcap)

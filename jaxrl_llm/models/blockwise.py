@@ -240,6 +240,7 @@ def blockwise_attention(
     Args:
       q_btne, k_bske, v_bske, mask, window, softcap: as :func:`naive_attention`.
       block_q, block_k: block sizes (clipped to T and S; T and S are padded to whole blocks).
+
     Returns:
       ``[B, T, H, E]`` in v's dtype.
     """

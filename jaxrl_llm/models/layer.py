@@ -105,6 +105,7 @@ class Store(Protocol):
           h_btd: ``[B, T, D]`` the normed new tokens.
           tokens: :class:`TokenInfo` of the new tokens.
           layer: ``[]`` int32 traced layer index.
+
         Returns:
           (``[B, T, D]`` the mixer's output, before the residual add; the updated store).
         """
@@ -127,6 +128,7 @@ class KVStore(abc.ABC):
           q_btne: ``[B, T, H, E]`` queries (RoPE applied, scaled).
           k_btke, v_btke: ``[B, T, K, E]`` the new tokens' keys (RoPE applied) and values.
           layer: ``[]`` int32 traced layer index.
+
         Returns:
           (``[B, T, H, E]``, the updated store).
         """
@@ -245,6 +247,7 @@ def attend(
 
     Args:
       q: ``[B, T, H, E]``; k, v: ``[B, S, K, E]``; mask: the :class:`AttentionMask`.
+
     Returns:
       ``[B, T, H, E]``.
     """
@@ -338,6 +341,7 @@ def decoder_layer(
       tokens: :class:`TokenInfo` of the new tokens.
       layer: ``[]`` int32 traced layer index.
       mesh: the expert-parallel mesh of a mixture of experts (unused by dense models).
+
     Returns:
       (``[B, T, D]`` the new residual stream, the updated store, the MoE block's
       :class:`~jaxrl_llm.models.moe.MoeStats` or None).
@@ -394,6 +398,7 @@ def scan_layers(
       carry: the scan carry (the residual stream, and the store when it changes).
       step: the layer step, calling :func:`decoder_layer`.
       remat: 'none', 'full' or 'dots'.
+
     Returns:
       (final carry, per-layer outputs stacked ``[L, ...]``).
     """

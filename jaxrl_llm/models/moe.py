@@ -215,8 +215,10 @@ def sparse_moe(
       mesh: the device mesh; default the ambient one (``jax.set_mesh``). With an
         :data:`EXPERT_AXIS` axis the block runs expert-parallel (module docstring); without
         one, or with no mesh, it runs as one program that GSPMD partitions.
+
     Returns:
       (``[B, T, D]`` block output in x's dtype, :class:`MoeStats` of this block).
+
     Raises:
       ValueError: under an expert mesh whose expert axis does not divide X.
     """
@@ -285,6 +287,7 @@ def load_balancing_loss(stats: MoeStats, num_experts: int) -> jax.Array:
       stats: :class:`MoeStats` with a leading layer axis (``counts`` / ``probs`` ``[L, X]``,
         ``tokens`` ``[L]``) or of a single block.
       num_experts: X.
+
     Returns:
       ``[]`` float32; k when the routing is uniform (each expert's f_x = k / X, P_x = 1 / X);
       0 when there is no real token. Differentiable through ``probs`` only.

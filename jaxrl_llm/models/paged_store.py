@@ -119,6 +119,7 @@ def paged_attention(
       table: ``[R, N]`` int32 page table (the first N pages of each row).
       start: ``[R]`` int32 slot of each row's first new token.
       config: the model config (attention implementation, sliding window).
+
     Returns:
       ``[R, T, H, E]``.
     """
@@ -215,6 +216,7 @@ def paged_trunk(
       table: ``[R, N]`` int32 page ids, enough pages for slots < start + T.
       start: ``[R]`` int32 first slot of the new tokens.
       config: the model config.
+
     Returns:
       (hidden ``[R, T, D]`` final-normed, the updated cache).
     """
@@ -252,6 +254,7 @@ def write_prompt_pages(
       dense_k, dense_v: ``[L, A, P, K, E]`` the prefilled dense cache.
       prompt_lengths: ``[A]`` int32 real prompt tokens per row.
       pages: ``[A, M]`` int32 page ids for slots < M·Z (null page where unused).
+
     Returns:
       the updated pool.
     """

@@ -107,8 +107,10 @@ def ring_attention(
       axis_name: the mesh axis the tokens are split over.
       block_size: query / key block of the blockwise attention on each held block (the
         largest divisor of T/C up to it).
+
     Returns:
       ``[B, T, H, E]`` in v's dtype, split over ``axis_name`` along T.
+
     Raises:
       ValueError: not self-attention, no such axis, or T not divisible by its size.
     """

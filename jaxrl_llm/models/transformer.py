@@ -269,6 +269,7 @@ def trunk(
     Attention runs through ``config.attention`` (:mod:`jaxrl_llm.models.attention`): naive for
     short sequences and the decode step, blockwise (O(T) memory) or a fused kernel otherwise;
     the mask goes in as per-row vectors (only the naive path builds a ``[B, T, S]`` mask).
+
     Returns:
       (hidden ``[B, T, D]`` in the compute dtype, the new cache or None).
     """
@@ -386,6 +387,7 @@ def trunk_shared_prefix(
       group_size: static G ≥ 1.
       positions: ``[B, T]`` (default :func:`default_positions` of the whole row).
       attention_mask: ``[B, T]`` 1 for real tokens (default all ones).
+
     Returns:
       hidden ``[B, T, D]`` (prompt columns repeated from the shared computation).
     """

@@ -38,7 +38,7 @@ def check_group_size(n: int, group_size: int, name: str = "rewards") -> int:
 
 
 def safe_log(x: jax.Array) -> jax.Array:
-    """log x where x > 0, else 0 (double-where so the gradient stays finite)."""
+    """Log x where x > 0, else 0 (double-where so the gradient stays finite)."""
     ok = x > 0
     return jnp.where(ok, jnp.log(jnp.where(ok, x, 1.0)), 0.0)
 

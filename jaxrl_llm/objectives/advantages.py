@@ -65,6 +65,7 @@ def whiten(
       shift_mean: subtract the mean (default True).
       unbiased: Bessel-corrected variance (default True).
       eps: added to the variance inside the rsqrt (default 1e-8).
+
     Returns:
       Same shape as ``x``, float32.
     """
@@ -102,6 +103,7 @@ def grpo_advantages(
       scale: a :class:`GRPOScale` or ``"group"``, ``"batch"``, ``"none"``.
       eps: added to the std.
       unbiased: Bessel-corrected std (n − 1); False for the population std.
+
     Returns:
       ``[B]`` float32 advantages (broadcast over tokens by the policy loss).
     """
@@ -131,6 +133,7 @@ def rloo_advantages(rewards: jax.Array, *, group_size: int) -> jax.Array:
     Args:
       rewards: ``[B]`` float rewards, groups of ``group_size`` consecutive rows.
       group_size: G ≥ 2.
+
     Returns:
       ``[B]`` float32 advantages.
     """
@@ -151,6 +154,7 @@ def remax_advantages(rewards: jax.Array, baseline_rewards: jax.Array) -> jax.Arr
     Args:
       rewards: ``[B]`` rewards of sampled completions.
       baseline_rewards: ``[B]`` reward of the greedy completion of each row's prompt.
+
     Returns:
       ``[B]`` float32 advantages.
     """
@@ -179,6 +183,7 @@ def discounted_returns(
       token_rewards: ``[B, T]`` float per-token rewards.
       mask: ``[B, T]`` 1 = valid.
       gamma: discount γ (default 1.0).
+
     Returns:
       ``[B, T]`` float32 returns.
     """
@@ -218,6 +223,7 @@ def reinforce_pp_advantages(
       gamma: discount γ (default 1.0, as in the paper).
       unbiased: Bessel-corrected variance for the whitening.
       eps: added to the variance.
+
     Returns:
       ``[B, T]`` float32 advantages, 0 at padding.
     """
@@ -246,6 +252,7 @@ def reinforce_pp_baseline_advantages(
       group_size: samples per prompt G.
       unbiased: Bessel-corrected variance for the whitening (verl); False for OpenRLHF.
       eps: added to the variance.
+
     Returns:
       ``[B, T]`` float32 advantages, 0 at padding.
     """
@@ -281,6 +288,7 @@ def gae(
       mask: ``[B, T]`` 1 = valid.
       gamma: discount γ.
       lam: GAE λ.
+
     Returns:
       ``(advantages, returns)``, both ``[B, T]`` float32 and 0 at padding.
     """
@@ -329,6 +337,7 @@ def process_advantages(
       group_size: samples per prompt G.
       eps: added to the std (default 1e-6).
       unbiased: Bessel-corrected std over the group's steps.
+
     Returns:
       ``[B, T]`` float32 advantages.
     """
@@ -381,6 +390,7 @@ def kl_shaped_rewards(
       mask: ``[B, T]`` 1 = valid.
       kl_coef: β ≥ 0.
       kind: KL estimator.
+
     Returns:
       ``[B, T]`` float32 rewards, 0 at padding.
     """
@@ -412,6 +422,7 @@ def overlong_penalty(lengths: jax.Array, *, max_len: int, buffer: int) -> jax.Ar
       lengths: ``[B]`` int or float response lengths |y| in tokens.
       max_len: L_max.
       buffer: L_cache, 0 < buffer ≤ max_len.
+
     Returns:
       ``[B]`` float32 penalties in [−1, 0].
     """
@@ -444,6 +455,7 @@ def informative_groups(
       group_size: G.
       per_row: if True return ``[B]`` (each row gets its group's flag), for use as a row mask.
       atol: tolerance below which rewards count as equal (default 0: exact equality).
+
     Returns:
       ``[B // group_size]`` bool (or ``[B]`` with ``per_row=True``).
     """

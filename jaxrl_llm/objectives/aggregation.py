@@ -46,12 +46,11 @@ class AggregationMode(str, enum.Enum):
 
 def _check(mode, max_len) -> AggregationMode:
     mode = coerce_enum(AggregationMode, mode, "aggregation mode")
-    if mode is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM:
-        if max_len is None or max_len <= 0:
-            raise ConfigError(
-                f"aggregation mode 'seq_mean_token_sum_norm' needs max_len > 0 (got {max_len!r});"
-                " pass the maximum response length used at generation"
-            )
+    if mode is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM and (max_len is None or max_len <= 0):
+        raise ConfigError(
+            f"aggregation mode 'seq_mean_token_sum_norm' needs max_len > 0 (got {max_len!r});"
+            " pass the maximum response length used at generation"
+        )
     return mode
 
 
@@ -73,6 +72,7 @@ def aggregation_denominator(
       max_len: the constant length of ``seq_mean_token_sum_norm`` (required there).
       count_empty_rows: count every row in B' (verl's convention) instead of only rows with
         a valid token (default False).
+
     Returns:
       Scalar float32.
     """
@@ -114,6 +114,7 @@ def aggregate_parts(
       mode: an :class:`AggregationMode` or its string value.
       max_len: constant length for ``seq_mean_token_sum_norm``.
       count_empty_rows: see :func:`aggregation_denominator` (verl convention when True).
+
     Returns:
       ``(num, den)`` float32 scalars.
     """
@@ -154,6 +155,7 @@ def aggregate(
       mode: an :class:`AggregationMode` or its string value (default ``"token_mean"``).
       max_len: constant length, required for ``seq_mean_token_sum_norm``.
       count_empty_rows: count rows without valid tokens in the per-sequence modes (verl).
+
     Returns:
       Scalar float32.
     """

@@ -80,6 +80,7 @@ def rollout_correction(
       mode: a :class:`CorrectionMode` or ``"truncate"`` / ``"mask"``.
       low: lower bound ≥ 0, or None (default: none, as TIS).
       high: upper bound > 0, or None (default 2.0).
+
     Returns:
       ``(weights, metrics)``: ``weights`` ``[B, T]`` float32, 0 at padding, no gradient;
       scalar metrics (token means over valid tokens): ``weight_mean``, ``weight_max`` (after

@@ -109,6 +109,7 @@ def generalized_jsd(
         TRL's is 0.5).
       temperature: τ > 0 applied to both logits (default 1.0, as TRL's
         ``generalized_jsd_loss``).
+
     Returns:
       ``[B, T]`` float32 per-token JSD(β), 0 at masked positions.
     """
@@ -229,6 +230,7 @@ def reverse_kl_advantages(
       teacher_logp: ``[B, T]`` float log π_T(y_t) of the same tokens under the teacher.
       mask: ``[B, T]`` 1 = real token.
       gamma: discount γ ∈ [0, 1] over following tokens (default 0.0, Thinking Machines 2025).
+
     Returns:
       ``[B, T]`` float32 advantages, 0 at masked positions; masked positions do not count as
       steps for the discount.

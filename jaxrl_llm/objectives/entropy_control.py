@@ -63,6 +63,7 @@ def token_covariance(logp: jax.Array, advantages: jax.Array, mask: jax.Array) ->
     Args:
       logp: ``[B, T]`` log π(y_t). advantages: ``[B]`` or ``[B, T]``.
       mask: ``[B, T]`` 1 = valid token.
+
     Returns:
       ``[B, T]`` float32, 0 at padding, no gradient.
     """
@@ -190,6 +191,7 @@ def kl_cov_loss(
       kl_coef: weight of the |log r| penalty (verl's ``ppo_kl_coef``).
       aggregation: an :class:`~jaxrl_llm.objectives.AggregationMode` or its string.
       max_len: constant length for ``seq_mean_token_sum_norm``.
+
     Returns:
       ``(loss, metrics)``: scalar float32 loss and scalar metrics (no gradient): ``pg_loss``
       (token mean of −A·r), ``abs_kl`` (token mean of |log r|, verl's ``ppo_kl`` here),
@@ -300,6 +302,7 @@ def clip_cov_loss(
       key: a ``jax.random`` key for the random subset.
       aggregation: an :class:`~jaxrl_llm.objectives.AggregationMode` or its string.
       max_len: constant length for ``seq_mean_token_sum_norm``.
+
     Returns:
       ``(loss, metrics)``: scalar float32 loss and scalar metrics (token means, no gradient):
       ``pg_loss``, ``clipfrac`` (PPO-clipped share), ``cov_clipfrac`` (detached share),

@@ -25,8 +25,10 @@ def pass_at_k(num_samples, num_correct, *, k: int) -> np.ndarray:
       num_samples: n per problem, an int or an integer array.
       num_correct: c per problem, broadcastable against ``num_samples``, ``0 ≤ c ≤ n``.
       k: the number of attempts, ``1 ≤ k ≤ min(n)``.
+
     Returns:
       float64 array of the broadcast shape (0-d for scalar inputs), values in [0, 1].
+
     Raises:
       ConfigError: non-integer counts, ``c > n``, negative counts, or ``k`` outside
         ``[1, n]`` for some problem.
@@ -34,9 +36,9 @@ def pass_at_k(num_samples, num_correct, *, k: int) -> np.ndarray:
     n = np.asarray(num_samples)
     c = np.asarray(num_correct)
     for name, x in (("num_samples", n), ("num_correct", c)):
-        if x.size and not np.issubdtype(x.dtype, np.integer):
-            if not np.all(np.equal(np.mod(x, 1), 0)):
-                raise ConfigError(f"pass_at_k: {name} must hold whole numbers")
+        whole = np.issubdtype(x.dtype, np.integer) or np.all(np.equal(np.mod(x, 1), 0))
+        if x.size and not whole:
+            raise ConfigError(f"pass_at_k: {name} must hold whole numbers")
     n, c = np.broadcast_arrays(n.astype(np.int64), c.astype(np.int64))
     if isinstance(k, bool) or int(k) != k or k < 1:
         raise ConfigError(f"pass_at_k: k={k!r} must be a positive integer")

@@ -59,6 +59,7 @@ def kl_penalty(
         The public contract lists ``kind`` without a default; we default to ``"k3"``.
       clamp: if set, the estimate is clipped to ``[−clamp, clamp]`` (verl's
         ``low_var_kl`` uses 10). ``None`` (default) leaves it exact.
+
     Returns:
       ``[...]`` float per-token KL estimates, same shape as ``logp``.
     """

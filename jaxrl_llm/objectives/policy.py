@@ -53,6 +53,7 @@ def sequence_log_ratio(logp: jax.Array, old_logp: jax.Array, mask: jax.Array) ->
     Args:
       logp: ``[B, T]`` current log-probs. old_logp: ``[B, T]`` sampling log-probs.
       mask: ``[B, T]`` 1 = valid.
+
     Returns:
       ``[B, T]`` float32 log-ratios (0 at padding).
     """
@@ -127,10 +128,7 @@ def policy_loss_parts(
         metrics["behav_weight_mean"] = masked_mean(behav_weight, m)
         metrics["behav_weight_max"] = masked_min_max(behav_weight, m)[1]
     token_lr = jnp.where(m, logp - anchor, 0.0)
-    if level is RatioLevel.TOKEN:
-        log_ratio = token_lr
-    else:
-        log_ratio = sequence_log_ratio(logp, anchor, mask)
+    log_ratio = token_lr if level is RatioLevel.TOKEN else sequence_log_ratio(logp, anchor, mask)
     ratio = jnp.exp(log_ratio)
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg1 = -adv * ratio
@@ -229,6 +227,7 @@ def policy_loss(
         policy that sampled, the ratio and its clip are ``π_θ/π_prox``, and the surrogate is
         multiplied by the constant ``π_prox/π_behav``. With ``proximal_logp == old_logp``
         this is plain PPO. None (default): the ratio is taken against ``old_logp``.
+
     Returns:
       ``(loss, metrics)``: scalar float32 loss and a dict of scalar metrics (token means
       over valid tokens, no gradient): ``pg_loss``, ``clipfrac``, ``clipfrac_low``,

@@ -83,6 +83,7 @@ def dpo_loss(
       kind: a :class:`DPOKind` or its string.
       label_smoothing: ε (default 0.0); only for ``sigmoid``, ``cdpo``, ``robust``.
       chosen_lengths, rejected_lengths: ``[B]`` token counts, for length-normalised IPO.
+
     Returns:
       ``(losses [B], metrics)`` with metrics ``rewards/chosen`` (mean β·(log π − log π_ref)
       of y_w), ``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies`` (fraction
@@ -161,6 +162,7 @@ def kto_loss(
       beta: β.
       desirable_weight: λ_D.
       undesirable_weight: λ_U.
+
     Returns:
       ``(losses [Nd + Nu], metrics)``: desirable losses first, then undesirable; metrics
       ``rewards/chosen`` (mean β·r of desirable), ``rewards/rejected``, ``kl`` (z₀).
@@ -206,6 +208,7 @@ def orpo_loss(
       chosen_avg_logps: ``[B]`` average per-token log-prob of y_w (< 0).
       rejected_avg_logps: ``[B]`` average per-token log-prob of y_l.
       beta: λ of the paper (default 0.1).
+
     Returns:
       ``(losses [B], metrics)`` with ``rewards/chosen`` (β·ℓ_w), ``rewards/rejected``,
       ``rewards/margins``, ``rewards/accuracies``, ``log_odds_ratio`` (mean log σ(·)),
@@ -250,6 +253,7 @@ def simpo_loss(
       rejected_avg_logps: ``[B]`` average log-prob of y_l.
       beta: β.
       gamma: γ, the margin.
+
     Returns:
       ``(losses [B], metrics)`` with ``rewards/chosen`` (β·ℓ̄_w), ``rewards/rejected``,
       ``rewards/margins``, ``rewards/accuracies``.
@@ -285,6 +289,7 @@ def bradley_terry_loss(
       chosen_scores: ``[B]`` scalar rewards of preferred responses.
       rejected_scores: ``[B]`` scalar rewards of rejected responses.
       margin: None, a float, or ``[B]``.
+
     Returns:
       ``(losses [B], metrics)`` with ``accuracy`` (fraction r_w > r_l), ``margin``
       (mean r_w − r_l), ``rewards/chosen``, ``rewards/rejected``.
@@ -328,6 +333,7 @@ def pairwise_rank_loss(
       scores: ``[B]`` scores or ranks (higher is better).
       group_size: samples per group.
       beta: β.
+
     Returns:
       ``(losses [B // group_size], metrics)`` with ``num_pairs`` (mean ordered pairs per
       group) and ``pair_accuracy`` (fraction of ordered pairs with log π(y_i) > log π(y_j)).

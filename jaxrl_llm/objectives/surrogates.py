@@ -143,6 +143,7 @@ def cispo_loss(
       is_weights: ``[B, T]`` constant weights multiplying each token's loss (rollout
         correction, TIS / MIS: :func:`~jaxrl_llm.objectives.rollout_correction`; metric
         ``rollout_weight_mean``), or None.
+
     Returns:
       ``(loss, metrics)``: scalar float32 loss (minimised) and scalar metrics (token means over
       valid tokens, no gradient): ``clipfrac`` (share of clipped weights), ``clipfrac_low``,
@@ -236,6 +237,7 @@ def sapo_loss(
       is_weights: ``[B, T]`` constant weights multiplying each token's loss (rollout
         correction, TIS / MIS: :func:`~jaxrl_llm.objectives.rollout_correction`; metric
         ``rollout_weight_mean``), or None.
+
     Returns:
       ``(loss, metrics)``: scalar float32 loss and scalar metrics (token means, no gradient):
       ``pg_loss``, ``gate_weight_mean`` and ``gate_weight_min`` (the factor ``w_t·r_t`` of
@@ -323,6 +325,7 @@ def gmpo_loss(
         the row's valid tokens is used (GMPO defines one advantage per sequence).
       mask: ``[B, T]`` 1 = valid response token.
       clip_eps: ε ≥ 0, the log-ratio clip (default 0.4, the paper's).
+
     Returns:
       ``(loss, metrics)``: scalar float32 loss and scalar metrics (no gradient): ``clipfrac``,
       ``clipfrac_high`` (capped tokens of A > 0 rows), ``clipfrac_low`` (A < 0), token means;

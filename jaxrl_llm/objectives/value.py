@@ -80,6 +80,7 @@ def value_loss(
       clip: value clip range c, or None (default) for no clipping.
       aggregation: an :class:`~jaxrl_llm.objectives.AggregationMode` or its string.
       max_len: constant length for ``seq_mean_token_sum_norm``.
+
     Returns:
       ``(loss, metrics)``: scalar float32 loss; metrics ``vf_clipfrac`` (fraction of tokens
       where the clipped error is the larger), ``value_mean``, ``value_mse``.

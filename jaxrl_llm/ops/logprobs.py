@@ -18,12 +18,13 @@ import jax.numpy as jnp
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, *, temperature: float = 1.0) -> jax.Array:
-    """log softmax(logits / τ)[tokens], computed in float32.
+    """Log softmax(logits / τ)[tokens], computed in float32.
 
     Args:
       logits: ``[..., V]`` any float dtype.
       tokens: ``[...]`` int token ids (same leading shape).
       temperature: τ > 0.
+
     Returns:
       ``[...]`` float32 log-probabilities.
     """
@@ -80,7 +81,7 @@ def token_logprobs_from_hidden(
     chunk_size: int = 128,
     softcap: float | None = None,
 ) -> jax.Array:
-    """log π(tokens) from hidden states ``[B, T, D]`` and unembedding ``[D, V]``, chunked.
+    """Log π(tokens) from hidden states ``[B, T, D]`` and unembedding ``[D, V]``, chunked.
 
     Equal to ``token_logprobs(cap(hidden @ unembed), tokens)`` without building
     ``[B, T, V]``; ``softcap`` is a final-logit soft cap (Gemma 2) or None.

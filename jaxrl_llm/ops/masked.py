@@ -24,7 +24,7 @@ def masked_count(mask: jax.Array, axis=None, dtype=jnp.float32) -> jax.Array:
 
 
 def safe_divide(num: jax.Array, den: jax.Array) -> jax.Array:
-    """num / den, returning 0 where den == 0 (double-``where`` so gradients stay finite)."""
+    """Num / den, returning 0 where den == 0 (double-``where`` so gradients stay finite)."""
     ok = den != 0
     return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
 

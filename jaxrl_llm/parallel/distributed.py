@@ -55,9 +55,11 @@ def initialize_distributed(
       process_id: this process's index in ``[0, num_processes)``.
       auto_detect: with nothing given, still call ``jax.distributed.initialize()`` so JAX
         detects a TPU pod / SLURM / Open MPI cluster by itself.
+
     Returns:
       True when ``jax.distributed`` was initialised (or already was), False for a
       single-process run (nothing given, ``num_processes == 1``, no auto-detection).
+
     Raises:
       ConfigError: only some of the three values are given, or they are inconsistent.
     """
@@ -101,9 +103,11 @@ def host_local_rows(
     Args:
       mesh: the global mesh.
       global_batch_size: B, divisible by the batch axes' size.
+
     Returns:
       ``slice(start, stop)`` of rows held by this process's devices under
       :func:`~jaxrl_llm.parallel.batch_sharding`.
+
     Raises:
       ConfigError: B is not divisible, or this process's rows are not contiguous (a mesh
         whose batch axes interleave hosts).

@@ -101,8 +101,10 @@ def make_mesh(
       data, fsdp, tensor, context, expert: axis sizes; one of them may be -1 for "the
         remaining devices".
       devices: the devices to use (e.g. ``jax.devices()[:4]``); default ``jax.devices()``.
+
     Returns:
       A ``jax.sharding.Mesh`` with Auto axis types (GSPMD propagation).
+
     Raises:
       ConfigError: when the sizes do not multiply to the number of devices.
     """

@@ -96,8 +96,10 @@ def logical_to_spec(
       shape: the array shape; when given, non-divisible dimensions fall back to replication
         with a :class:`ShardingFallbackWarning`.
       name: the array's path, used in messages.
+
     Returns:
       A PartitionSpec with one entry per dimension.
+
     Raises:
       ConfigError: a logical axis has no rule, or a rule names an axis not in the mesh.
     """
@@ -164,8 +166,10 @@ def logical_to_sharding(
       rules: the rule table (default :data:`DEFAULT_RULES`).
       shapes: optional tree of the same structure with arrays / ShapeDtypeStructs; enables
         the per-dimension divisibility fallback (recommended).
+
     Returns:
       A tree of ``NamedSharding`` with the structure of ``axes_tree``.
+
     Raises:
       ConfigError: a logical axis has no rule (never silently replicated).
     """

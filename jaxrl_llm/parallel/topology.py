@@ -99,8 +99,10 @@ def tpu_topology(name: str) -> Topology:
 
     Args:
       name: ``GENERATION:GRID``, e.g. ``"v5e:2x2"`` (4 chips), ``"v5p:4x4x4"`` (64 chips).
+
     Returns:
       A :class:`Topology`.
+
     Raises:
       LibtpuMissingError: ``libtpu`` is not installed (the message says how to install it).
       ConfigError: the name is malformed or the compiler rejects the grid.

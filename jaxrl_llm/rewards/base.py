@@ -54,7 +54,9 @@ class RewardFn(Protocol):
 
     def __call__(
         self, prompts: list[str], completions: list[str], **fields: Any
-    ) -> Sequence[float | None]: ...
+    ) -> Sequence[float | None]:
+        """One score (or None) per completion."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -107,7 +107,7 @@ _SIMPLE_RE = re.compile(r"([-+]?)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d*\.?\d+)")
 
 
 def _parse_simple(s: str) -> fractions.Fraction | None:
-    """ "-1,234.5", "(3)", "+.5" → Fraction; None otherwise."""
+    """A plain number ("-1,234.5", "(3)", "+.5") as a Fraction; None otherwise."""
     if s.startswith("(") and s.endswith(")"):
         s = s[1:-1]
     m = _SIMPLE_RE.fullmatch(s)

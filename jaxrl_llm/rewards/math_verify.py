@@ -120,6 +120,7 @@ def math_verify_reward(
       answer: N reference answers; None gives None (no score) for that sample.
       timeout_seconds: wall-clock budget per sample (parsing both sides and comparing),
         > 0. A sample over budget scores 0.0.
+
     Returns:
       N floats in {0.0, 1.0}; None where the reference is None or cannot be parsed (the
       sample is then marked invalid rather than scored wrong).

@@ -25,7 +25,9 @@ from jaxrl_llm.errors import RewardError
 class StepScorer(Protocol):
     """``scorer(prompt, steps, **fields_of_this_example) -> list[float]`` (one per step)."""
 
-    def __call__(self, prompt: str, steps: list[str], **fields) -> Sequence[float]: ...
+    def __call__(self, prompt: str, steps: list[str], **fields) -> Sequence[float]:
+        """One score per reasoning step of one completion."""
+        ...
 
 
 def split_steps(text: str, *, delimiter: str = r"\n+") -> list[tuple[str, int, int]]:

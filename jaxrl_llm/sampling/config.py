@@ -86,6 +86,7 @@ def bucket_length(n: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> int:
     Args:
       n: a length ≥ 1.
       buckets: increasing bucket sizes.
+
     Returns:
       the bucketed length (≥ n).
     """

@@ -119,6 +119,7 @@ def prefill(
       prompt_mask: ``[B, P]`` 1 on real tokens.
       config: the model config (static).
       cache_len: S ≥ P, cache slots to allocate (P + generation length).
+
     Returns:
       (last-position logits ``[B, V]`` float32, the cache with P slots filled and
       ``index = P``, next RoPE positions ``[B]`` = prompt lengths).
@@ -196,6 +197,7 @@ def init_decode_state(
       num_samples: G ≥ 1 (static).
       gen_len: M, the (bucketed) width of the output buffers (static).
       max_new_tokens: the step limit, 1 ≤ max_new_tokens ≤ M (dynamic).
+
     Returns:
       the initial :class:`DecodeState` with N = B·G rows.
     """
@@ -293,6 +295,7 @@ def decode(
         them does not recompile). ``sampling.stop_token_ids`` is ignored here; use
         :func:`stop_token_ids` to combine it with the model's EOS ids.
       pad_id: token written after a row is done (static).
+
     Returns:
       the final :class:`DecodeState`.
     """

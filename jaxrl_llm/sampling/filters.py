@@ -23,6 +23,7 @@ def top_k_filter(z: jax.Array, k: int) -> jax.Array:
     Args:
       z: ``[N, V]`` float logits (already divided by the temperature).
       k: number kept; k ≤ 0 or k ≥ V keeps everything.
+
     Returns:
       ``[N, V]`` filtered logits.
     """
@@ -49,6 +50,7 @@ def top_p_filter(z: jax.Array, p: float) -> jax.Array:
     Args:
       z: ``[N, V]`` float logits (tempered); −∞ entries have zero mass.
       p: ∈ (0, 1]; 1 keeps everything.
+
     Returns:
       ``[N, V]`` filtered logits.
     """
@@ -82,6 +84,7 @@ def min_p_filter(z: jax.Array, min_p: float) -> jax.Array:
     Args:
       z: ``[N, V]`` float logits (tempered).
       min_p: ∈ [0, 1); 0 keeps everything.
+
     Returns:
       ``[N, V]`` filtered logits.
     """
@@ -98,6 +101,7 @@ def filtered_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
     Args:
       logits: ``[N, V]`` raw model logits.
       sampling: the (static) sampling config.
+
     Returns:
       ``[N, V]`` float32 logits with −∞ on excluded tokens.
     """
@@ -194,6 +198,7 @@ def select_tokens(
       logits: ``[N, V]`` raw model logits.
       keys: ``[N, ...]`` one PRNG key per row (unused when greedy).
       sampling: the (static) sampling config.
+
     Returns:
       (tokens ``[N]`` int32, logp ``[N]`` float32).
     """
@@ -221,6 +226,7 @@ def row_keys(seed: jax.Array | int, prompt_ids: jax.Array, sample_ids: jax.Array
       seed: int scalar.
       prompt_ids: ``[N]`` int, the prompt each row answers (e.g. its index in the dataset).
       sample_ids: ``[N]`` int, the sample index within the prompt's group (0..G−1).
+
     Returns:
       ``[N, 2]`` uint32 raw keys.
     """

@@ -87,6 +87,7 @@ def rollout(
         part (default: ``bucket_length(max_new_tokens)``).
       prompt_ids: ``[B]`` ids for the per-row PRNG keys (default 0..B−1); pass dataset
         indices so a prompt's samples do not depend on the batch it lands in.
+
     Returns:
       a :class:`Rollout` with N = B·G rows and M = gen_len columns.
     """
@@ -171,6 +172,7 @@ def pad_prompts(
       length: P (default ``bucket_length(max len, buckets)``).
       pad_id: id written in padding slots (masked out; any valid id).
       buckets: bucket sizes for P.
+
     Returns:
       (tokens ``[B, P]`` int32, mask ``[B, P]`` int32).
     """
@@ -220,6 +222,7 @@ def generate(
       max_new_tokens: ≥ 1.
       prompt_ids: B ints keying each prompt's PRNG stream (default 0..B−1).
       prompt_buckets, gen_buckets: bucket sizes for P and M.
+
     Returns:
       a :class:`Rollout` with N = B·G rows and ``max_new_tokens`` completion columns.
     """

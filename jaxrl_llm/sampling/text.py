@@ -25,6 +25,7 @@ def encode_prompts(tokenizer: Any, texts: Sequence[str], *, chat: bool = False) 
       tokenizer: a transformers tokenizer.
       texts: prompt strings.
       chat: apply the chat template.
+
     Returns:
       one list of token ids per prompt.
     """
@@ -59,6 +60,7 @@ def decode_completions(
       tokenizer: a transformers tokenizer.
       rollout: from :func:`jaxrl_llm.sampling.generate`.
       skip_special_tokens: drop EOS and other special tokens from the text.
+
     Returns:
       N strings, prompt-major (sample g of prompt b at index b·G + g).
     """
@@ -93,6 +95,7 @@ def generate_text(
       sampling, num_samples, seed, max_new_tokens: as :func:`jaxrl_llm.sampling.generate`.
       generate_fn: the engine, :func:`jaxrl_llm.sampling.generate` (static, default) or
         :func:`jaxrl_llm.sampling.generate_paged` (continuous batching, paged KV cache).
+
     Returns:
       (N = B·G completion strings, prompt-major; the underlying :class:`Rollout`).
     """

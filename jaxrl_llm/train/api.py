@@ -127,6 +127,7 @@ def train(
       train_dataset, eval_dataset: rows in memory (a list of dicts or a ``datasets.Dataset``):
         ``data.train`` / ``data.eval``.
       **overrides: config keys (module docstring).
+
     Raises:
       ConfigError: the config, an override or a Python object cannot be used (one line).
     """

@@ -103,8 +103,10 @@ def compile_run(
         ``mesh.context``.
       prompt_len: online, the prompt part of ``seq_len`` (default ``data.max_length``).
       decode: also compile the sampler's decode loop (online).
+
     Returns:
       A :class:`CompileReport`.
+
     Raises:
       ConfigError: sizes the mesh or the trainer reject.
     """
@@ -317,10 +319,9 @@ def _compile_decode(plan: RunPlan, policy: Policy, others, seq_len: int, prompt_
         out_shardings=dsharding,
         donate_argnums=(1,),
     )
-    if policy.lora is None:  # full fine-tuning samples with the master params themselves
-        resident = others(minus=per_device_bytes(full))
-    else:  # LoRA samples with a merged copy (an argument), the base stays resident
-        resident = others()
+    # full fine-tuning samples with the master params themselves; LoRA with a merged copy (an
+    # argument) while the base stays resident
+    resident = others(minus=per_device_bytes(full)) if policy.lora is None else others()
     abstract_state = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), dstate, dsharding
     )

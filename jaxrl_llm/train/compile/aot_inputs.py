@@ -111,8 +111,10 @@ def run_config_for(
       dtype: 'bf16' | 'fp32' compute dtype (master weights and optimizer state are float32).
       lora_rank: 0 = full fine-tuning; r > 0 trains rank-r adapters on a frozen base.
       correction: the run's ``rollout.correction`` (online).
+
     Returns:
       ``(RunConfig, seq_len, prompt_len)``.
+
     Raises:
       ConfigError: an unknown algorithm or dtype, a correction offline, lengths that do not
         fit, or a config the trainer would refuse.

@@ -80,7 +80,7 @@ class CompileReport:
 
     @property
     def estimate_ratio(self) -> float | None:
-        """estimate / compiled peak (1.0 = exact); None without an estimate."""
+        """Estimate / compiled peak (1.0 = exact); None without an estimate."""
         if self.estimate is None:
             return None
         return self.estimate.total_bytes_per_device / max(self.peak_bytes, 1)

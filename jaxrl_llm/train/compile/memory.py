@@ -487,6 +487,7 @@ def estimate_memory(
       reference_offloaded: a frozen reference held off the device (host memory), counted as
         0 bytes per device. A what-if for :func:`fit_advice`: this package's trainers keep
         the reference on the device (with LoRA it is the base and costs nothing).
+
     Returns:
       A :class:`MemoryEstimate`.
     """

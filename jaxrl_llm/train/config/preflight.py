@@ -39,6 +39,7 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
 
     Returns:
       the axis sizes by name (:data:`~jaxrl_llm.parallel.MESH_AXES`).
+
     Raises:
       ConfigError: the sizes do not fit the device count, the batch rows do not split, or
         the run cannot split its tokens over the ``context`` axis (:func:`check_context`).

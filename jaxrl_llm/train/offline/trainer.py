@@ -77,6 +77,7 @@ class ReferenceCache:
         return out
 
     def __call__(self, batch: dict) -> dict:
+        """The reference's entries for ``batch`` (cached by row content when precomputed)."""
         if not self.cache:
             ref = self.ref_fn(self.ref_params, batch)
             return {k: np.asarray(v) for k, v in ref.items()}

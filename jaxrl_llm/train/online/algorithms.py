@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import objectives, ops
-from jaxrl_llm import rewards as R
+from jaxrl_llm import rewards as reward_lib
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import AdvantageEstimator, AlgorithmFamily
 from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, RunPlan
@@ -87,7 +87,7 @@ def token_step_ids(
     out = np.full((n, m), -1, np.int32)
     spans = []
     for i in range(n):
-        steps = R.split_steps(texts[i], delimiter=delimiter)
+        steps = reward_lib.split_steps(texts[i], delimiter=delimiter)
         spans.append(steps)
         ends = [
             len(tokenizer.decode(tokens[i, : j + 1].tolist(), skip_special_tokens=True))
@@ -177,7 +177,7 @@ class GroupPolicyGradient:
         sec = plan.cfg.process_reward
         if sec is not None:
             assert rollouts.rewards is not None  # process supervision is single-turn (no env)
-            self.step_scorer = R.build_step_scorer(
+            self.step_scorer = reward_lib.build_step_scorer(
                 sec.name, sec.kwargs, outcome=rollouts.rewards.specs[0].fn, delimiter=sec.delimiter
             )
 
@@ -217,14 +217,14 @@ class GroupPolicyGradient:
             k: [e.get(k) for e in exp.extras] for k in sorted({k for e in exp.extras for k in e})
         }
         try:
-            scores = R.process_rewards(
+            scores = reward_lib.process_rewards(
                 self.step_scorer, exp.prompts, exp.texts, delimiter=sec.delimiter, **fields
             )
         except Exception as e:  # noqa: BLE001 - a failing scorer must not kill the run
             self.log(f"process reward failed for the whole batch ({type(e).__name__}: {e})")
             scores = [None] * len(exp.texts)
         scores = [None if s is None or not np.all(np.isfinite(s)) else s for s in scores]
-        step_r, step_m = R.pad_step_rewards(scores)
+        step_r, step_m = reward_lib.pad_step_rewards(scores)
         ro = exp.rollout
         ids, _ = token_step_ids(
             self.policy.tokenizer,

@@ -280,7 +280,7 @@ def lr_schedule(cfg: RunConfig, updates_per_step: int = 1) -> optax.Schedule:
 def make_optimizer(
     cfg: RunConfig, schedule: optax.Schedule | None = None
 ) -> optax.GradientTransformation:
-    """optax optimizer with the learning-rate ``schedule`` (default :func:`lr_schedule` with
+    """Optax optimizer with the learning-rate ``schedule`` (default :func:`lr_schedule` with
     one update per step; gradient clipping lives in the step)."""
     o = cfg.optim
     sched = lr_schedule(cfg) if schedule is None else schedule

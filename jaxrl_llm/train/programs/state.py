@@ -58,6 +58,7 @@ def state_sharding_from_params(
       abstract_params: ShapeDtypeStruct tree of the params.
       param_sharding: NamedSharding tree of the params.
       mesh: the mesh.
+
     Returns:
       A TrainState of NamedShardings.
     """
@@ -87,9 +88,11 @@ def abstract_train_state(
       param_axes: tree of logical-axis tuples matching the params
         (``models.param_logical_axes(config)``).
       param_dtype: master-weight dtype (float32 by default; None keeps ``init_fn``'s dtype).
+
     Returns:
       ``(abstract_state, state_sharding)``: a TrainState of ``jax.ShapeDtypeStruct`` (each
       carrying its sharding, a ready restore target for checkpoints) and one of NamedShardings.
+
     Raises:
       ConfigError: a parameter's logical axis has no rule.
     """
@@ -135,6 +138,7 @@ def create_train_state(
       rng: a raw ``[2]`` uint32 PRNG key; split into the init key and the state's rng.
       param_dtype: master-weight dtype (default float32, mixed-precision training keeps
         f32 master weights and optimizer state); None keeps ``init_fn``'s dtype.
+
     Returns:
       ``(state, state_sharding)``.
     """

@@ -107,8 +107,10 @@ def split_micro_batches(
       tokens: with ``mesh``, constrain each micro-batch as
         :func:`~jaxrl_llm.parallel.batch_sharding_tree` lays it out (tokens of ``[B, T, ...]``
         leaves over the ``context`` axis) behind the leading ``M`` axis, instead.
+
     Returns:
       ``(stacked, scalars)``: dict of ``[M, B/M, ...]`` arrays and dict of scalars.
+
     Raises:
       ConfigError: B is not divisible by M.
     """
@@ -322,6 +324,7 @@ def make_train_step(
         gradient are exactly zero (:func:`jaxrl_llm.losses.policy_gradient_zero_batch`): its
         forward and backward are skipped (a ``lax.cond``), the loss's metrics averaged over
         the micro-batches that ran (``computed_micro_batches``); the update stays exact.
+
     Returns:
       The jitted step (``step.jitted`` lowers). ``metrics`` (replicated scalars): ``loss``,
       ``grad_norm`` (before clipping), ``tokens``, ``loss_tokens``, ``nonfinite`` (1: the

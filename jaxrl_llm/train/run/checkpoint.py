@@ -155,8 +155,10 @@ class CheckpointManager:
           state: the (sharded) train state.
           extra: JSON-serialisable dict (data iterator position, run metadata, …).
           force: save even when ``step`` is not a multiple of ``save_every``.
+
         Returns:
           True when a save was started.
+
         Raises:
           CheckpointError: ``extra`` is not JSON-serialisable.
         """
@@ -204,8 +206,10 @@ class CheckpointManager:
           abstract_state: TrainState of ``jax.ShapeDtypeStruct`` with target shardings
             (``abstract_train_state(...)[0]`` on the new mesh).
           step: which step (default: the latest finalised one).
+
         Returns:
           ``(state, extra)``.
+
         Raises:
           CheckpointError: no finalised checkpoint, the step is missing, or the stored
             arrays do not match the target structure.
@@ -365,9 +369,11 @@ def restore_model(
         directories, ``<root>/<step>``).
       step: which step (default: the latest finalised, or the one named by ``path``).
       sharding: where to put every parameter (default: the first local device).
+
     Returns:
       The saved ModelConfig, the parameter tree (the stored dtype, usually float32 master
       weights) and the tokenizer saved under ``<root>/tokenizer`` (None when absent).
+
     Raises:
       CheckpointError: no checkpoint, or the step has no saved model config.
     """

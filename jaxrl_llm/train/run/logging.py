@@ -124,7 +124,8 @@ class MetricsLogger:
         path = os.path.join(run_dir, "metrics.jsonl")
         if resume:
             self.rows = _truncate_rows(path, keep_rows)
-        self._file = open(path, "a" if resume else "w", encoding="utf-8")
+        # held open for the run's lifetime; close() closes it
+        self._file = open(path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
