@@ -61,6 +61,7 @@ import jax.numpy as jnp
 from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import Activation, ModelConfig
+from jaxrl_llm.models.layout import layout_mesh, place
 from jaxrl_llm.models.positions import (
     apply_rope,
     check_layer_index,
@@ -281,8 +282,16 @@ def attention_block(
     return _with_adapter(o, attn, lp["o_proj"], 2), store
 
 
-def _dense_mlp(config: ModelConfig, h_btd, lp):
-    """The gated MLP ``down(act(h W_g) ⊙ h W_u)``: SwiGLU, or GeGLU with tanh-GELU (Gemma)."""
+#: Logical axes of the residual stream ``[B, T, D]`` and the MLP's hidden units ``[B, T, F]``
+#: (:mod:`jaxrl_llm.models.layout`).
+BTD = ("batch", "length", "embed")
+BTF = ("batch", "length", "mlp")
+
+
+def _dense_mlp(config: ModelConfig, h_btd, lp, mesh=None):
+    """The gated MLP ``down(act(h W_g) ⊙ h W_u)``: SwiGLU, or GeGLU with tanh-GELU (Gemma).
+    ``mesh`` (resolved, :func:`~jaxrl_llm.models.layout.layout_mesh`): the ``[B, T, F]``
+    activations are placed by rows over it (None: not placed)."""
     dtype = h_btd.dtype
     h = h_btd
     gate = _with_adapter(
@@ -291,10 +300,12 @@ def _dense_mlp(config: ModelConfig, h_btd, lp):
     up = _with_adapter(
         jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)), h, lp["up_proj"], 1
     )
+    gate, up = place(gate, BTF, mesh), place(up, BTF, mesh)
     if config.mlp_activation == Activation.GELU_TANH:
         act = jax.nn.gelu(gate, approximate=True) * up
     else:
         act = jax.nn.silu(gate) * up
+    act = place(act, BTF, mesh)
     down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
     return _with_adapter(down, act, lp["down_proj"], 1)
 
@@ -316,7 +327,7 @@ def mlp_block(
     """
     if config.is_moe:
         return moe_lib.sparse_moe(config, h_btd, tokens.weights, lp, mesh=mesh)
-    return _dense_mlp(config, h_btd, lp), None
+    return _dense_mlp(config, h_btd, lp, layout_mesh(mesh)), None
 
 
 def decoder_layer(
@@ -340,7 +351,10 @@ def decoder_layer(
       store: the :class:`Store` (an attention layer's :class:`KVStore`).
       tokens: :class:`TokenInfo` of the new tokens.
       layer: ``[]`` int32 traced layer index.
-      mesh: the expert-parallel mesh of a mixture of experts (unused by dense models).
+      mesh: the expert-parallel mesh of a mixture of experts, and the mesh the activations
+        are placed over (the residual stream ``[B, T, D]`` and the MLP's ``[B, T, F]`` by
+        rows, :mod:`jaxrl_llm.models.layout`); None: the ambient mesh, and with none bound
+        nothing is placed.
 
     Returns:
       (``[B, T, D]`` the new residual stream, the updated store, the MoE block's
@@ -349,6 +363,8 @@ def decoder_layer(
     chex.assert_rank(x_btd, 3)
     chex.assert_shape(tokens.positions, x_btd.shape[:2])
     c = config
+    lay = layout_mesh(mesh)
+    x_btd = place(x_btd, BTD, lay)
     h = apply_norm(c, x_btd, lp["attn_norm"])
     y, store = store.mix(c, lp, h, tokens, layer)
     if c.post_norms:
@@ -358,7 +374,7 @@ def decoder_layer(
     z, stats = mlp_block(c, lp, h, tokens, mesh)
     if c.post_norms:
         z = apply_norm(c, z, lp["post_mlp_norm"])
-    return x + z, store, stats
+    return place(x + z, BTD, lay), store, stats
 
 
 # ----- the layer scan -------------------------------------------------------------------------

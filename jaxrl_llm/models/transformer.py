@@ -50,12 +50,14 @@ from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
 from jaxrl_llm.models.layer import (
+    BTD,
     TokenInfo,
     apply_norm,
     decoder_layer,
     embed_tokens,
     scan_layers,
 )
+from jaxrl_llm.models.layout import layout_mesh, place
 from jaxrl_llm.models.positions import rope_inv_freq
 
 Params = dict[str, Any]
@@ -325,7 +327,7 @@ def _trunk(
             return x, stats
 
         x, stats = scan_layers(c, params["layers"], x, step, remat=remat)
-        x = apply_norm(c, x, params["final_norm"])
+        x = place(apply_norm(c, x, params["final_norm"]), BTD, layout_mesh(mesh))
         return x, None, stats
 
     if segment_ids is not None:

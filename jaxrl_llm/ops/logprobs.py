@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models.layout import layout_mesh, place
+
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, *, temperature: float = 1.0) -> jax.Array:
     """Log softmax(logits / τ)[tokens], computed in float32.
@@ -64,8 +66,17 @@ def _chunked_over_time(fn, hidden: jax.Array, tokens: jax.Array | None, chunk_si
 
 def _logits(h_bcd: jax.Array, unembed: jax.Array, softcap: float | None) -> jax.Array:
     """One chunk's logits, soft-capped ``cap · tanh(z / cap)`` when ``softcap`` is set (Gemma
-    2's final-logit cap, https://arxiv.org/abs/2408.00118)."""
+    2's final-logit cap, https://arxiv.org/abs/2408.00118).
+
+    Under an ambient mesh (``jaxrl_llm.parallel.under_mesh``: the train step and the policy's
+    ``apply_fn`` bind it on a mesh of more than one device) the chunk's hidden states and its
+    ``[B, c, V]`` logits are placed by rows over the batch axes
+    (:mod:`jaxrl_llm.models.layout`), so each device computes its own rows' logits against
+    the gathered unembedding; with no mesh bound nothing is placed."""
+    mesh = layout_mesh()
+    h_bcd = place(h_bcd, ("batch", None, "embed"), mesh)
     logits = jnp.einsum("bcd,dv->bcv", h_bcd, unembed.astype(h_bcd.dtype))
+    logits = place(logits, ("batch", None, "vocab"), mesh)
     if softcap is None:
         return logits
     z = logits.astype(jnp.float32)

@@ -6,9 +6,11 @@ Batches are batch-major ``[B, T]``; rows are split over the ``batch`` rule's mes
 with context parallelism the tokens of a row over the ``length`` rule's (``context.py``: the
 mesh a traced forward runs under, the batch's token layout inside the train step)."""
 
+from jaxrl_llm.models.layout import ACTIVATION_RULES, activation_spec, constrain, layout_mesh
 from jaxrl_llm.models.moe import EXPERT_AXIS
 from jaxrl_llm.models.ring_attention import CONTEXT_AXIS, ring_attention
 from jaxrl_llm.parallel.context import (
+    batch_split,
     check_token_lengths,
     constrain_batch,
     context_size,
@@ -41,6 +43,11 @@ from jaxrl_llm.parallel.topology import (
 )
 
 __all__ = [
+    "ACTIVATION_RULES",
+    "activation_spec",
+    "batch_split",
+    "constrain",
+    "layout_mesh",
     "CONTEXT_AXIS",
     "DEFAULT_RULES",
     "EXPERT_AXIS",

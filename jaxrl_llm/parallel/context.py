@@ -34,13 +34,26 @@ def context_size(mesh: Mesh | Mapping[str, int]) -> int:
     return int(shape.get(CONTEXT_AXIS, 1))
 
 
+def batch_split(mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> int:
+    """How many ways the mesh splits a batch's rows: the product of the ``batch`` rule's
+    mesh axes (data × fsdp by default). Above 1, the train step traces the model under the
+    mesh so that its activations are placed by rows (:mod:`jaxrl_llm.models.layout`)."""
+    axes = rules.get("batch")
+    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    size = 1
+    for n in names:
+        size *= int(mesh.shape.get(n, 1))
+    return size
+
+
 def _tracing(tree: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
 def under_mesh(fn: F, mesh: Mesh) -> F:
     """``fn`` run with ``mesh`` as the ambient mesh, so that the model's attention sees its
-    ``context`` axis (and goes round the ring when it is > 1).
+    ``context`` axis (and goes round the ring when it is > 1) and its activations are placed
+    by rows over the batch axes (:mod:`jaxrl_llm.models.layout`).
 
     Traced (inside ``jax.jit``), the mesh is entered with
     ``jax.sharding.use_abstract_mesh`` (``jax.set_mesh`` may not be used under jit); called

@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxrl_llm.losses import critic_values, get_loss, sequence_logps
 from jaxrl_llm.parallel import batch_sharding, constrain_batch, under_mesh
-from jaxrl_llm.parallel.context import context_size
+from jaxrl_llm.parallel.context import batch_split, context_size
 from jaxrl_llm.train.config.plan import RunPlan
 from jaxrl_llm.train.programs.policy import Policy, policy_on_mesh
 from jaxrl_llm.train.programs.step import make_train_step
@@ -66,9 +66,10 @@ class CriticPrograms:
 def forward_under_mesh(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Callable[..., Any]:
     """A forward program ``fn(params, batch, ...)`` as the train step runs its loss on a
     context mesh: traced under the mesh, the batch's tokens split over ``context`` (ring
-    attention); ``fn`` itself without context parallelism."""
+    attention). On a mesh that splits rows (:func:`~jaxrl_llm.parallel.batch_split` > 1)
+    traced under it too, so its activations are placed by rows; ``fn`` itself otherwise."""
     if context_size(mesh) <= 1:
-        return fn
+        return under_mesh(fn, mesh) if batch_split(mesh) > 1 else fn
 
     def split(params, batch, *rest, **kw):
         return fn(params, constrain_batch(batch, mesh), *rest, **kw)

@@ -22,6 +22,12 @@ batch's ``[B, T, ...]`` leaves are constrained to rows over data × fsdp and tok
 ``context`` (every micro-batch too). T must be a multiple of C (the trainers pad it,
 ``jaxrl_llm.data.pad_length``). The loss's (sum, count) reductions over a row's tokens are
 global reductions under jit, so the loss and gradient are the single-device ones.
+
+Activations by rows: on a mesh whose batch axes (data × fsdp) have more than one device the
+step is traced under its mesh too, so the model's residual stream, MLP activations and
+log-prob chunks are placed by rows over those axes (:mod:`jaxrl_llm.models.layout`): FSDP
+keeps B / N rows per device and all-gathers each layer's weights, instead of GSPMD splitting
+the model dimension of activations that hold every row. A one-device mesh places nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel.context import (
+    batch_split,
     check_token_lengths,
     constrain_batch,
     context_size,
@@ -383,8 +390,11 @@ def make_train_step(
             out["computed_micro_batches"] = computed
         return new_state, out
 
+    # Traced under the mesh when it splits rows or tokens: the model places its activations
+    # by rows (module docstring), and attention goes round the context ring.
+    bind = context > 1 or batch_split(mesh) > 1
     jitted = jax.jit(
-        under_mesh(step, mesh) if context > 1 else step,
+        under_mesh(step, mesh) if bind else step,
         in_shardings=(state_sharding, batch_sharding, frozen_sharding or {}, rep),
         out_shardings=(state_sharding, rep),
         donate_argnums=(0,) if donate else (),
