@@ -98,3 +98,16 @@ def test_single_device_trunk_unchanged_by_a_one_device_mesh():
     one = make_mesh(data=1, devices=jax.devices()[:1])
     bound, _ = jax.jit(under_mesh(fwd, one))(params, ids)
     np.testing.assert_array_equal(np.asarray(plain), np.asarray(bound))
+
+
+def test_largest_buffers_name_per_device_rows():
+    from jaxrl_llm.train.compile.aot_inputs import largest_buffers
+
+    text = _compiled_text(make_mesh(fsdp=8))
+    every = largest_buffers(text, top=None)
+    print("\n".join(every[:8]))
+    # [B, T, F] MLP activations, or [L, B, T, F] as the layer scan saves them for the backward
+    mlp = [b for b in every if re.match(rf"f32\[(\d+,)?\d+,{T},{CFG.intermediate_size}\] ", b)]
+    rows = {int(b[4 : b.index("]")].split(",")[-3]) for b in mlp}  # the B of [.., B, T, F]
+    print("MLP buffers:", mlp)
+    assert mlp and rows == {B // 8}, mlp

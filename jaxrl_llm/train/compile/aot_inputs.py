@@ -53,6 +53,7 @@ def compile_program(
             f"devices (--mesh, --topology) or lower --batch / --seq-len"
         ) from None
     ma = compiled.memory_analysis()
+    text = compiled.as_text() or ""
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return ProgramMemory(
@@ -64,13 +65,131 @@ def compile_program(
         code_bytes=int(ma.generated_code_size_in_bytes),
         flops=float((cost or {}).get("flops", 0.0)),
         resident_bytes=resident,
-        collective_permutes=len(_COLLECTIVE_PERMUTE.findall(compiled.as_text() or "")),
+        collective_permutes=len(_COLLECTIVE_PERMUTE.findall(text)),
+        largest_buffers=largest_buffers(text),
     )
 
 
 # a collective-permute op in compiled HLO text (synchronous, or the start of an async one):
 # ring attention's neighbour transfers (jaxrl_llm.models.ring_attention), among others
 _COLLECTIVE_PERMUTE = re.compile(r"\bcollective-permute(?:-start)?\(")
+
+
+# a computation's header line: its name, then its parameters and result
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLS = re.compile(r"calls=%?([\w.\-]+)")
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
+# ops whose results are other instructions' buffers (or none): not counted
+_PASS_THROUGH = frozenset(
+    (
+        "parameter",
+        "constant",
+        "bitcast",
+        "get-tuple-element",
+        "tuple",
+        "while",
+        "call",
+        "conditional",
+        "copy-start",
+        "copy-done",
+    )
+)
+# HLO element type names that are not numpy's
+_DTYPE_NAMES = {
+    "pred": "bool",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "f32": "float32",
+    "f64": "float64",
+    "s8": "int8",
+    "s16": "int16",
+    "s32": "int32",
+    "s64": "int64",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "u64": "uint64",
+    "c64": "complex64",
+    "c128": "complex128",
+    "f8e4m3fn": "float8_e4m3fn",
+    "f8e5m2": "float8_e5m2",
+}
+
+
+def _result_and_op(line: str) -> tuple[str, str] | None:
+    """(result type text, op name) of an HLO instruction line, or None."""
+    if " = " not in line:
+        return None
+    rhs = line.split(" = ", 1)[1].lstrip()
+    if rhs.startswith("("):  # a tuple result: up to its matching parenthesis
+        depth, end = 0, len(rhs)
+        for i, ch in enumerate(rhs):
+            depth += (ch == "(") - (ch == ")")
+            if depth == 0:
+                end = i + 1
+                break
+        kind, rest = rhs[:end], rhs[end:]
+    else:
+        kind, _, rest = rhs.partition(" ")
+    op = rest.strip().split("(", 1)[0]
+    return kind, op
+
+
+def largest_buffers(hlo_text: str, top: int | None = 5) -> tuple[str, ...]:
+    """The ``top`` largest per-device arrays a compiled program computes (None: all), as
+    ``"bf16[8,512,14336] 112.0 MiB"``, largest first, one entry per distinct shape.
+
+    Read from the compiled (partitioned) HLO text, so the shapes are each device's: an
+    activation split by rows over N devices shows B / N rows. Counted: the results (tuple
+    results element by element) of the instructions of the program's computations (entry,
+    loop bodies, branches), leaving out parameters and ops that pass other buffers on
+    (tuples, loops, bitcasts); the insides of fusions are left out (not buffers of their
+    own). A list of shapes, not a liveness analysis: the temporaries' total is
+    ``temp_bytes``.
+    """
+    lines = hlo_text.splitlines()
+    fused = {m.group(1) for line in lines if " fusion(" in line for m in _CALLS.finditer(line)}
+    sizes: dict[str, int] = {}
+    inside = False
+    for line in lines:
+        header = _COMPUTATION.match(line)
+        if header and " = " not in line.split("{")[0]:
+            inside = header.group(1) not in fused
+            continue
+        parsed = _result_and_op(line) if inside else None
+        if parsed is None or parsed[1] in _PASS_THROUGH:
+            continue
+        for dtype, dims in _ARRAY.findall(parsed[0]):
+            if dtype not in _DTYPE_NAMES:
+                continue
+            shape = [int(d) for d in dims.split(",") if d]
+            sizes[f"{dtype}[{dims}]"] = math.prod(shape) * jnp.dtype(_DTYPE_NAMES[dtype]).itemsize
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])[:top]
+    return tuple(f"{name} {_size(size)}" for name, size in ranked)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+# HLO element type names that are not numpy's
+DTYPE_NAMES = {
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "f32": "float32",
+    "f64": "float64",
+    "s8": "int8",
+    "s16": "int16",
+    "s32": "int32",
+    "s64": "int64",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "u64": "uint64",
+    "c64": "complex64",
+    "f8e4m3fn": "float8_e4m3fn",
+    "f8e5m2": "float8_e5m2",
+}
 
 
 # ----- the run ---------------------------------------------------------------------------------

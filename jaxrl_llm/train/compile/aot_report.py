@@ -24,6 +24,9 @@ class ProgramMemory:
         ring attention's transfers between neighbours, but the TPU compiler also emits some
         for its own collectives (an 8B step on ``fsdp=8`` has a few), so > 0 alone does not
         prove a ring.
+      largest_buffers: the largest per-device arrays the compiled program computes, as
+        ``"bf16[8,512,14336] 112.0 MiB"`` (:func:`~jaxrl_llm.train.compile.aot_inputs.
+        largest_buffers`): an activation split by rows over N devices shows B / N rows.
     """
 
     name: str
@@ -35,6 +38,7 @@ class ProgramMemory:
     flops: float
     resident_bytes: int
     collective_permutes: int = 0
+    largest_buffers: tuple[str, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -129,6 +133,9 @@ class CompileReport:
             f"{self.settings['train_flops_analytic'] / 1e12:.2f} TFLOP per device and "
             f"update"
         )
+        for p in self.programs:
+            if p.largest_buffers:
+                lines.append(f"largest arrays, {p.name}: " + ", ".join(p.largest_buffers))
         for name, b in self.resident.items():
             lines.append(f"resident: {name:<32} {b / GiB:9.3f} GiB")
         verdict = "fits" if self.fits else "does NOT fit"
