@@ -44,6 +44,7 @@ from jaxrl_llm.models import (
 )
 from jaxrl_llm.sampling.config import SamplingConfig
 from jaxrl_llm.sampling.filters import row_keys, select_tokens
+from jaxrl_llm.sampling.rows import constrain_rows, per_row
 
 _TRACES: collections.Counter = collections.Counter()
 
@@ -89,7 +90,7 @@ class DecodeState(NamedTuple):
 def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_len: int):
     _TRACES["prefill"] += 1
     b, p = prompt_tokens.shape
-    mask = prompt_mask.astype(bool)
+    prompt_tokens, mask = constrain_rows(prompt_tokens), constrain_rows(prompt_mask.astype(bool))
     positions = default_positions(mask)
     hidden, cache = trunk(
         params,
@@ -97,14 +98,40 @@ def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_l
         config=config,
         positions=positions,
         attention_mask=mask,
-        cache=init_cache(config, b, cache_len),
+        cache=_cache_rows(init_cache(config, b, cache_len)),
     )
     assert cache is not None  # a cache in, a cache out
+    cache = _cache_rows(cache)
     w = unembedding(params, config).astype(hidden.dtype)
     last_logits = jnp.einsum("bd,dv->bv", hidden[:, -1], w, preferred_element_type=jnp.float32)
     last_logits = softcap_logits(last_logits, config)  # Gemma 2's final cap; else identity
     next_positions = jnp.sum(mask, axis=-1).astype(jnp.int32)
-    return last_logits, cache, next_positions
+    return constrain_rows(last_logits), cache, next_positions
+
+
+def _cache_rows(cache: KVCache) -> KVCache:
+    """The cache with its rows over the ambient mesh's batch axes (:mod:`.rows`)."""
+    return KVCache(
+        k=constrain_rows(cache.k, axis=1),
+        v=constrain_rows(cache.v, axis=1),
+        mask=constrain_rows(cache.mask),
+        positions=constrain_rows(cache.positions),
+        index=cache.index,
+    )
+
+
+def _state_rows(s: DecodeState) -> DecodeState:
+    """The decode state with every row-major array over the ambient mesh's batch axes."""
+    return s._replace(
+        logits=constrain_rows(s.logits),
+        tokens=constrain_rows(s.tokens),
+        logprobs=constrain_rows(s.logprobs),
+        positions=constrain_rows(s.positions),
+        cache=_cache_rows(s.cache),
+        done=constrain_rows(s.done),
+        lengths=constrain_rows(s.lengths),
+        keys=constrain_rows(s.keys),
+    )
 
 
 def prefill(
@@ -161,7 +188,7 @@ def _init_decode_state(
     n = last_logits.shape[0] * g
     row_prompt = rep(prompt_ids.astype(jnp.int32), 0)
     row_sample = jnp.tile(jnp.arange(g, dtype=jnp.int32), last_logits.shape[0])
-    return DecodeState(
+    state = DecodeState(
         logits=rep(last_logits, 0),
         tokens=jnp.zeros((n, gen_len), jnp.int32),
         logprobs=jnp.zeros((n, gen_len), jnp.float32),
@@ -173,6 +200,7 @@ def _init_decode_state(
         step=jnp.zeros((), jnp.int32),
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32),
     )
+    return _state_rows(state)
 
 
 def init_decode_state(
@@ -235,7 +263,7 @@ def _decode(
 
     def body(s: DecodeState):
         keys = jax.vmap(jax.random.fold_in, (0, None))(s.keys, s.step.astype(jnp.uint32))
-        tok, logp = select_tokens(s.logits, keys, sampling)
+        tok, logp = per_row(functools.partial(select_tokens, sampling=sampling), s.logits, keys)
         alive = ~s.done
         tok = jnp.where(alive, tok, pad_id)
         logp = jnp.where(alive, logp, 0.0)
@@ -256,7 +284,7 @@ def _decode(
         w = unembedding(params, config).astype(hidden.dtype)
         logits = jnp.einsum("bd,dv->bv", hidden[:, 0], w, preferred_element_type=jnp.float32)
         logits = softcap_logits(logits, config)
-        return DecodeState(
+        new = DecodeState(
             logits=logits,
             tokens=tokens,
             logprobs=logprobs,
@@ -268,8 +296,9 @@ def _decode(
             step=s.step + 1,
             max_new_tokens=s.max_new_tokens,
         )
+        return _state_rows(new)
 
-    return jax.lax.while_loop(cond, body, state)
+    return jax.lax.while_loop(cond, body, _state_rows(state))
 
 
 def decode(

@@ -269,12 +269,19 @@ class PagedEngine:
         steps, collect. Returns the ids of the rows whose turn ended in this chunk (a caller
         that drives turns itself, e.g. an environment loop, extends them between steps);
         ``[]`` when nothing is queued."""
+        return self.collect() if self.launch() else []
+
+    def launch(self) -> bool:
+        """The first half of :meth:`step`: refill free slots and dispatch one decode chunk,
+        without waiting for it (JAX dispatches asynchronously). False when nothing is live.
+        Replicas on different devices (:func:`jaxrl_llm.sampling.generate_paged` on a mesh)
+        launch each, then :meth:`collect` each, so their chunks run at the same time."""
         self._fill_slots()
         live = [(i, r) for i, r in enumerate(self._slot_row) if r is not None]
         if not live:
             if self._waiting or self._resume:
                 raise ConfigError("the page pool cannot hold the next group; raise num_pages")
-            return []
+            return False
         for _, r in live:  # pages one chunk ahead
             row = self.rows[r]
             left = row.budget - self._gen[r]
@@ -294,7 +301,7 @@ class PagedEngine:
         self.stats["chunks"] += 1
         self.stats["live_rows"] += len(live)  # summed over chunks: mean KV held per row
         self.stats["pages_held"] += self.book.alloc.num_pages - 1 - self.book.alloc.num_free
-        return self._collect()
+        return True
 
     def _reserve(self, r: int) -> int:
         """Pages row ``r`` may still need to finish its turn."""
@@ -371,7 +378,9 @@ class PagedEngine:
             self.state, slots, src_logits, src, np.uint32(self.seed), ids, off, clen, budget
         )
 
-    def _collect(self) -> list[int]:
+    def collect(self) -> list[int]:
+        """The second half of :meth:`step`: wait for the chunk :meth:`launch` dispatched and
+        hand finished rows back (their ids)."""
         st = self.state
         ended: list[int] = []
         active, gen, fin = jax.device_get((st.active, st.gen, st.finished))

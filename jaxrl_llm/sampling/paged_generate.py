@@ -13,6 +13,7 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
 from jaxrl_llm.sampling.engine import PagedEngine
+from jaxrl_llm.sampling.rows import on_replica, replica_meshes, rows_mesh
 from jaxrl_llm.sampling.static_generate import Rollout, generate, pad_prompts
 
 
@@ -44,6 +45,14 @@ def generate_paged(
     (raised to G if smaller), ``page_size``, ``chunk_steps`` and ``dtype``. ``stop_steps``
     (N = B·G ints ≤ max_new_tokens) caps each row's length (forced ragged lengths).
 
+    On a mesh whose batch axes (``data`` × ``fsdp``) have R > 1 positions, the engine runs as R
+    data-parallel replicas (:func:`jaxrl_llm.sampling.rows.replica_meshes`): each holds the
+    weights (split over ``tensor`` inside it where they are), a page pool, ``num_slots`` / R
+    slots (at least G) and the groups dealt to it, prompt i to replica i mod R, so a group's
+    prompt pages are shared within one replica. Each round launches every replica's chunk
+    before collecting any, so they decode at the same time. Rows come back in request order
+    with the tokens one engine would draw (per-row keys).
+
     Partial rollouts: ``refresh() -> (params, version)`` is called before every chunk; when
     its version differs from the engine's, the engine decodes on with those params (already
     in the rollout dtype; :meth:`PagedEngine.swap`). ``version`` is the starting params'.
@@ -57,34 +66,48 @@ def generate_paged(
         prompts_tokens, pad_id=config.pad_token_id or 0, buckets=prompt_buckets
     )
     gen_len = bucket_length(max_new_tokens, gen_buckets)
-    engine = PagedEngine(
-        params,
-        config,
-        sampling=sampling,
-        seed=seed,
-        num_slots=max(num_slots, g),
-        page_size=page_size,
-        max_len=tokens.shape[1] + gen_len,
-        gen_len=gen_len,
-        chunk_steps=chunk_steps,
-        dtype=dtype,
-        version=version,
-    )
+    # Data-parallel replicas over the weights' mesh (.rows): each owns a page pool, its slots
+    # and the groups dealt to it (prompt i to replica i mod R: a group stays whole on one).
+    replicas = replica_meshes(rows_mesh(params)) or [None]
+    r = len(replicas)
+    engines = [
+        PagedEngine(
+            params if mesh is None else on_replica(params, mesh),
+            config,
+            sampling=sampling,
+            seed=seed,
+            num_slots=max(-(-num_slots // r), g),
+            page_size=page_size,
+            max_len=tokens.shape[1] + gen_len,
+            gen_len=gen_len,
+            chunk_steps=chunk_steps,
+            dtype=dtype,
+            version=version,
+        )
+        for mesh in replicas
+    ]
     pids = list(range(b)) if prompt_ids is None else [int(i) for i in prompt_ids]
     steps = [max_new_tokens] * (b * g) if stop_steps is None else [int(s) for s in stop_steps]
     if len(pids) != b or len(steps) != b * g or max(steps) > max_new_tokens:
         raise ConfigError("prompt_ids needs B entries, stop_steps B·G entries <= max_new_tokens")
+    placed: list[tuple[int, list[int]]] = []  # per prompt: (replica, its row ids there)
     for i, toks in enumerate(prompts_tokens):
-        engine.submit(
+        ids = engines[i % r].submit(
             list(toks), prompt_id=pids[i], num_samples=g, max_new_tokens=steps[i * g : i * g + g]
         )
-    while engine.busy:
+        placed.append((i % r, ids))
+    while any(e.busy for e in engines):
         if refresh is not None:
             params, v = refresh()
-            if int(v) != engine.version:
-                engine.swap(params, v)
-        engine.step()
-    rows = engine.rows
+            if int(v) != engines[0].version:
+                for e, mesh in zip(engines, replicas):
+                    e.swap(params if mesh is None else on_replica(params, mesh), v)
+        launched = [e.launch() for e in engines]  # every replica's chunk in flight at once
+        for e, went in zip(engines, launched):
+            if went:
+                e.collect()
+    engine = engines[0]
+    rows = [engines[k].rows[j] for k, ids in placed for j in ids]
     m = max_new_tokens
     out_tok = np.full((b * g, m), engine.pad_id, np.int32)
     out_lp = np.zeros((b * g, m), np.float32)

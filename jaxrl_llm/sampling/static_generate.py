@@ -17,6 +17,7 @@ from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
 from jaxrl_llm.sampling.decode import DecodeState, decode, init_decode_state, prefill
+from jaxrl_llm.sampling.rows import on_rows_mesh, pad_rows, put_rows, row_split, rows_mesh
 
 
 class Rollout(NamedTuple):
@@ -101,33 +102,46 @@ def rollout(
     b, p = prompt_tokens.shape
     if prompt_ids is None:
         prompt_ids = jnp.arange(b, dtype=jnp.int32)
-    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     chex.assert_shape(prompt_ids, (b,))
-    prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-    prompt_mask = jnp.asarray(prompt_mask, jnp.int32)
-    last_logits, cache, next_pos = prefill(
-        params, prompt_tokens, prompt_mask, config=config, cache_len=p + gen_len
+    # Rows split over the batch axes of the weights' mesh (.rows): pad the prompts to a
+    # multiple of the split with copies of the last one; their rows are dropped at the end.
+    mesh = rows_mesh(params)
+    extra = pad_rows(b, row_split(mesh))
+    prompt_tokens, prompt_mask, prompt_ids = (
+        put_rows(np.concatenate([np.asarray(x), np.repeat(np.asarray(x)[-1:], extra, 0)]), mesh)
+        for x in (
+            np.asarray(prompt_tokens, np.int32),
+            np.asarray(prompt_mask, np.int32),
+            np.asarray(prompt_ids, np.int32),
+        )
     )
-    state = init_decode_state(
-        last_logits,
-        cache,
-        next_pos,
-        prompt_ids,
-        seed=seed,
-        num_samples=num_samples,
-        gen_len=gen_len,
-        max_new_tokens=max_new_tokens,
-    )
-    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-    state = decode(
-        params,
-        state,
-        config=config,
-        sampling=sampling,
-        stop_ids=stop_token_ids(config, sampling),
-        pad_id=pad_id,
-    )
-    return _to_rollout(state, prompt_tokens, prompt_mask, prompt_ids, num_samples)
+    with on_rows_mesh(mesh):
+        last_logits, cache, next_pos = prefill(
+            params, prompt_tokens, prompt_mask, config=config, cache_len=p + gen_len
+        )
+        state = init_decode_state(
+            last_logits,
+            cache,
+            next_pos,
+            prompt_ids,
+            seed=seed,
+            num_samples=num_samples,
+            gen_len=gen_len,
+            max_new_tokens=max_new_tokens,
+        )
+        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+        state = decode(
+            params,
+            state,
+            config=config,
+            sampling=sampling,
+            stop_ids=stop_token_ids(config, sampling),
+            pad_id=pad_id,
+        )
+        out = _to_rollout(state, prompt_tokens, prompt_mask, prompt_ids, num_samples)
+    if extra:
+        out = jax.tree.map(lambda x: x[: b * num_samples], out)
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("num_samples",))

@@ -1,0 +1,148 @@
+"""Where a rollout's rows live: split over the batch axes of the mesh the weights are on.
+
+A sampler reads the mesh from its parameters (the learner's mesh when colocated, the rollout
+mesh with ``rollout.devices``; :func:`rows_mesh`) and splits its rows over that mesh's batch
+axes, ``data`` and ``fsdp`` — the axes the learner splits its rows over
+(:data:`jaxrl_llm.models.layout.ACTIVATION_RULES`' ``batch``). Each device then prefills and
+decodes only its own rows, with its own slice of the KV cache; under FSDP the weights are
+all-gathered per layer, as in the train step. Without this the decode batch was placed
+nowhere and XLA replicated it: 8 forced CPU devices decoded every row on every device, 7×
+slower than one device (issue 30).
+
+Rows are dealt out in order, so a group (G consecutive rows, prompt-major) stays on one device
+when the prompts split evenly; :func:`pad_rows` pads the prompts to a multiple of the split
+with copies of the last prompt, whose rows are dropped afterwards. Each row's tokens are drawn
+with its own key (:func:`jaxrl_llm.sampling.row_keys`), so the layout does not change which
+tokens a row draws, only which device draws them.
+
+Used by the static engine (:mod:`.static_generate`, :mod:`.decode`); the jitted programs read
+the mesh from the ambient mesh that :func:`on_rows_mesh` binds, as the model's own activation
+placements do (:func:`jaxrl_llm.models.layout.layout_mesh`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_llm.models.layout import AnyMesh, activation_spec, layout_mesh
+
+
+def rows_mesh(params: Any) -> Mesh | None:
+    """The mesh of more than one device that ``params`` are laid out on, else None (one
+    device, or arrays with no named sharding)."""
+    for leaf in jax.tree.leaves(params):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+            return sharding.mesh
+    return None
+
+
+def row_split(mesh: AnyMesh | None) -> int:
+    """How many shards the rows split into on ``mesh``: the product of its batch axes' sizes
+    (1 without a mesh)."""
+    if mesh is None:
+        return 1
+    spec = activation_spec(("batch",), mesh, (0,))[0]
+    names = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+    return int(np.prod([mesh.shape[n] for n in names], dtype=np.int64))
+
+
+def pad_rows(n: int, split: int) -> int:
+    """How many rows to add to ``n`` so that ``split`` divides it."""
+    return -n % split
+
+
+def rows_spec(mesh: AnyMesh, shape: tuple[int, ...], axis: int = 0) -> PartitionSpec:
+    """``PartitionSpec`` with dimension ``axis`` (rows) over the batch axes and every other
+    dimension whole; rows that the split does not divide are left whole too."""
+    spec: list[Any] = [None] * len(shape)
+    spec[axis] = activation_spec(("batch",), mesh, (shape[axis],))[0]
+    if spec[axis] is PartitionSpec.UNCONSTRAINED:
+        spec[axis] = None
+    return PartitionSpec(*spec)
+
+
+def put_rows(x: Any, mesh: Mesh | None) -> Any:
+    """Host side: ``x`` (rows first) placed with its rows split over ``mesh``'s batch axes."""
+    if mesh is None:
+        return x
+    return jax.device_put(x, NamedSharding(mesh, rows_spec(mesh, np.shape(x))))
+
+
+def constrain_rows(x: jax.Array, axis: int = 0) -> jax.Array:
+    """Inside a jitted sampler: ``x`` with dimension ``axis`` split over the ambient mesh's
+    batch axes and the rest whole (``x`` as it is without an ambient mesh of > 1 device)."""
+    mesh = layout_mesh()
+    if mesh is None or mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, rows_spec(mesh, tuple(x.shape), axis))
+    )
+
+
+def per_row(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` run on each device's own rows inside a jitted sampler: every argument and
+    output is rows-first, split over the ambient mesh's batch axes (``jax.shard_map``); plain
+    ``fn(*args)`` without an ambient mesh of > 1 device.
+
+    For per-row operations that XLA's partitioner would otherwise gather whole: it replicates
+    ``lax.top_k`` (the token filters' top-256) over every device, all-gathering the ``[N, V]``
+    logits at every decode step.
+    """
+    mesh = layout_mesh()
+    if mesh is None or mesh.size == 1:
+        return fn(*args)
+    spec = rows_spec(mesh, tuple(args[0].shape))
+    if spec[0] is None:  # rows the split does not divide: whole
+        return fn(*args)
+    rows = PartitionSpec(spec[0])
+    return jax.shard_map(fn, mesh=mesh, in_specs=rows, out_specs=rows)(*args)
+
+
+def replica_meshes(mesh: Mesh | None) -> list[Mesh]:
+    """The paged engine's data-parallel replicas: one mesh per position on ``mesh``'s batch
+    axes, holding the devices that share it (``tensor``, ``expert`` and ``context`` stay
+    inside a replica). The axis names are kept, the batch axes at size 1, so a weight's
+    ``PartitionSpec`` on ``mesh`` is valid on each replica as it is (:func:`on_replica`).
+    ``[]`` without a mesh or when the batch axes are a single position."""
+    if mesh is None or row_split(mesh) == 1:
+        return []
+    batch = [i for i, n in enumerate(mesh.axis_names) if n in ("data", "fsdp")]
+    devices = np.moveaxis(mesh.devices, batch, list(range(len(batch))))
+    flat = devices.reshape((-1, *devices.shape[len(batch) :]))
+    names = tuple(mesh.axis_names[i] for i in batch) + tuple(
+        n for i, n in enumerate(mesh.axis_names) if i not in batch
+    )
+    types = tuple(mesh.axis_types[mesh.axis_names.index(n)] for n in names)
+    return [
+        Mesh(d.reshape((1,) * len(batch) + d.shape), names, axis_types=types) for d in flat
+    ]
+
+
+def on_replica(params: Any, replica: Mesh) -> Any:
+    """``params`` (laid out on the whole mesh) copied onto one replica's devices with the same
+    ``PartitionSpec`` per leaf: a weight split over ``tensor`` stays split inside the replica,
+    one split over the batch axes (FSDP) is whole on it."""
+
+    def put(x):
+        sharding = getattr(x, "sharding", None)
+        spec = sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
+        return jax.device_put(x, NamedSharding(replica, spec))
+
+    return jax.tree.map(put, params)
+
+
+@contextlib.contextmanager
+def on_rows_mesh(mesh: Mesh | None) -> Iterator[None]:
+    """Bind ``mesh`` as the ambient mesh while the jitted samplers run (nothing when None)."""
+    if mesh is None:
+        yield
+        return
+    with jax.set_mesh(mesh):
+        yield
