@@ -11,7 +11,16 @@ rows · new tokens / the best of ``--repeats`` timed calls, prefill included.
   seq:     ``--seq-rows`` prompts × G = 1, T = prompt + ``--new-tokens`` new tokens;
   group:   ``--group-prompts`` prompts × G samples (the prompt prefilled once, its cache shared).
 
+  devices: the same GRPO run (``--devices-model``: D 256, 4 layers; 8 prompts × G 8, 64 new
+           tokens) on 1 device and on N forced CPU devices with ``mesh.data=N``, for the static
+           and the paged engine: the trainer's own ``time/rollout_s`` (median of the steps
+           after the first, which compiles). The rows are the same, so a ratio near 1 means
+           the rows are split over the devices; N× means every device decodes every row
+           (issue 30). Each layout runs in a child process (the device count is fixed when
+           JAX starts). ``--only devices`` runs just this curve.
+
 Full run:    python tools/bench/bench_scaling.py --out tools/bench/results/scaling.md
+Devices:     python tools/bench/bench_scaling.py --only devices --out tools/bench/results/rollout_devices.md
 Smoke test:  python tools/bench/bench_scaling.py --model tiny --batch-sizes 1,2 --seq-lens 16,24 \
     --groups 1,2 --new-tokens 4 --batch-prompt-len 8 --repeats 1 --out /tmp/s.md
 """
@@ -56,6 +65,11 @@ def _parse(argv=None):
     p.add_argument("--group-prompts", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="timed calls per point (best kept)")
+    p.add_argument("--only", choices=["curves", "devices", "all"], default="curves")
+    p.add_argument("--devices", type=_ints, default=[1, 8], help="device counts (devices curve)")
+    p.add_argument("--engines", default="static,paged", help="rollout engines (devices curve)")
+    p.add_argument("--devices-steps", type=int, default=4, help="GRPO steps per layout")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # "DEVICES,ENGINE"
     p.add_argument(
         "--plots-dir", default=None, help="where the PNGs go (default: the folder of --out)"
     )
@@ -84,8 +98,148 @@ def _plot(path: str, xs, ys, *, xlabel: str, title: str) -> None:
     plt.close(fig)
 
 
+# The tiny GRPO run of issue 30's measurement: D 256, 4 layers, 8 prompts × G 8, 64 new tokens.
+DEVICES_MODEL = dict(
+    hidden_size=256,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=64,
+    intermediate_size=1024,
+    vocab_size=259,
+    max_position_embeddings=512,
+)
+
+
+def _child(args) -> int:
+    """One layout: a GRPO run on ``n`` forced devices with ``mesh.data=n``; prints JSON."""
+    import json
+    import tempfile
+
+    n, engine = args.child.split(",")
+    import jaxrl_llm
+
+    with tempfile.TemporaryDirectory(prefix="bench_devices_") as out:
+        jaxrl_llm.train(
+            "configs/grpo.yaml",
+            **{
+                key.replace(".", "__"): value
+                for key, value in {
+                    "model.source": "tiny",
+                    "model.tokenizer": "char",
+                    "model.tiny": DEVICES_MODEL,
+                    "output_dir": out,
+                    "max_steps": args.devices_steps,
+                    "mesh.data": int(n),
+                    "rollout.engine": engine,
+                    "rollout.prompts_per_step": 8,
+                    "rollout.group_size": 8,
+                    "rollout.max_new_tokens": 64,
+                    "eval.every": 0,
+                    "logging.plots": False,
+                    "logging.tensorboard": False,
+                    "checkpoint.save_every": 0,
+                    "checkpoint.export_hf": False,
+                }.items()
+            },
+        )
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+    steps = [r for r in rows if "time/rollout_s" in r]
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "devices": int(n),
+                "engine": engine,
+                "rollout_s": [r["time/rollout_s"] for r in steps],
+                "update_s": [r.get("time/update_s") for r in steps],
+                "tokens": [r.get("rollout/tokens_per_s") for r in steps],
+            }
+        )
+    )
+    return 0
+
+
+def _devices_curve(args) -> tuple[list[str], dict]:
+    """Run every (devices, engine) child; the rollout seconds table and its ratios."""
+    import json
+    import statistics
+    import subprocess
+
+    here = os.path.abspath(__file__)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    res: dict[tuple[int, str], dict] = {}
+    engines = [e for e in args.engines.split(",") if e]
+    for engine in engines:
+        for n in args.devices:
+            env = dict(os.environ)
+            flags = env.get("XLA_FLAGS", "")
+            env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+            env["JAX_PLATFORMS"] = "cpu"
+            cmd = [sys.executable, here, "--child", f"{n},{engine}"]
+            cmd += ["--devices-steps", str(args.devices_steps)]
+            done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
+            lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+            if done.returncode or not lines:
+                raise RuntimeError(f"devices={n} engine={engine} failed:\n{done.stderr[-3000:]}")
+            r = json.loads(lines[-1][len("RESULT ") :])
+            r["median_s"] = statistics.median(r["rollout_s"][1:])  # the first step compiles
+            r["median_update_s"] = statistics.median(r["update_s"][1:])
+            res[(n, engine)] = r
+            common.log(
+                f"{engine} on {n} device(s): rollout {r['median_s']:.3f} s "
+                f"(steps {', '.join(f'{x:.2f}' for x in r['rollout_s'])})"
+            )
+    base = min(args.devices)
+    rows, metrics = [], {}
+    for engine in engines:
+        for n in args.devices:
+            r = res[(n, engine)]
+            ratio = r["median_s"] / res[(base, engine)]["median_s"]
+            rows.append(
+                [
+                    engine,
+                    n,
+                    f"{r['median_s']:.3f}",
+                    f"{ratio:.2f}×",
+                    f"{r['median_update_s']:.3f}",
+                    ", ".join(f"{x:.2f}" for x in r["rollout_s"]),
+                ]
+            )
+            metrics[f"devices_{engine}_{n}_rollout_s"] = r["median_s"]
+            metrics[f"devices_{engine}_{n}_ratio"] = ratio
+    body = [
+        "",
+        f"**Rollout time vs devices** — GRPO on a random model "
+        f"({', '.join(f'{k} {v}' for k, v in DEVICES_MODEL.items())}), 8 prompts × "
+        f"G 8, 64 new tokens, `mesh.data` = the device count (forced CPU devices), "
+        f"{args.devices_steps} steps; `time/rollout_s` is the median of the steps after the "
+        f"first (which compiles); the ratio is against {base} device(s).",
+        "",
+        *common.markdown_table(
+            ["engine", "devices", "rollout (s)", "ratio", "update (s)", "every step (s)"],
+            rows,
+            align="lrrrrl",
+        ),
+    ]
+    return body, metrics
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
+    if args.child:
+        return _child(args)
+    if args.only == "devices":
+        body, metrics = _devices_curve(args)
+        return common.report(
+            args.out,
+            __file__,
+            argv,
+            title="Rollout time vs devices (issue 30)",
+            body=body,
+            metrics=metrics,
+        )
     import jax
 
     from jaxrl_llm.sampling import SamplingConfig, pad_prompts, rollout
@@ -188,6 +342,10 @@ def main(argv=None) -> int:
         metrics[f"{name}_tokens_per_s"] = ys
         metrics[f"{name}_best_x"] = xs[best]
         metrics[f"{name}_best_tokens_per_s"] = ys[best]
+    if args.only == "all":
+        more, more_metrics = _devices_curve(args)
+        body += more
+        metrics.update(more_metrics)
     return common.report(
         args.out,
         __file__,
