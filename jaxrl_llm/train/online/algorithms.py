@@ -274,7 +274,7 @@ class PPOStrategy:
         jb = {k: jnp.asarray(v) for k, v in batch.items()}
         ref_logp = jnp.asarray(reference(batch)["ref_logp"])
         mask = jb["loss_mask"]
-        values = self.critic_programs.values(self.critic.state.params, jb)
+        values = jnp.asarray(self.critic_programs.values(self.critic.state.params, batch))
         token_r = objectives.kl_shaped_rewards(
             jnp.asarray(scores, jnp.float32),
             jb["old_logp"],

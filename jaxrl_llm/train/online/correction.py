@@ -134,7 +134,7 @@ class RolloutCorrector:
         t = time.perf_counter()
         rows = recompute_rows(batch["advantages"], batch["loss_mask"], group_size=self.group)
         keys = ("input_ids", "attention_mask", "loss_mask")
-        sub = {k: jnp.asarray(np.asarray(batch[k])[rows]) for k in keys}
+        sub = {k: np.asarray(batch[k])[rows] for k in keys}
         p = self.policy
         logp = np.array(batch["old_logp"], np.float32)  # the sampler's where not recomputed
         recomputed = context_padded(lambda b: self._logps(p.state.params, b, **p.frozen()), sub, p)

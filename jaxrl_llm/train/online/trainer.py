@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -82,6 +81,7 @@ class OnlineTrainer(Trainer):
     def __init__(self, cfg: RunConfig, *, policy: Policy | None = None, log_stream=None):
         super().__init__(cfg, log_stream=log_stream)
         r = cfg.rollout
+        _check_processes(cfg)
         # The batch splits over the mesh and the config resolves: before any model loads.
         self.plan = plan = plan_run(cfg, check_mesh(cfg, mesh=policy.mesh if policy else None))
         self.eval_every, self.eval_before = cfg.eval.every, cfg.eval.before
@@ -204,7 +204,7 @@ class OnlineTrainer(Trainer):
         t = time.perf_counter()
         out = jax.device_get(
             context_padded(
-                lambda b: ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in b.items()}),
+                lambda b: ref_fn(self.ref_params, {k: np.asarray(v) for k, v in b.items()}),
                 batch,
                 self.policy,
             )
@@ -349,6 +349,28 @@ class OnlineTrainer(Trainer):
                 }
             )
         return out
+
+
+def _check_processes(cfg: RunConfig) -> None:
+    """What a multi-process online run does not do yet, refused in one line each."""
+    if jax.process_count() == 1:
+        return
+    from jaxrl_llm.errors import ConfigError
+
+    r, n = cfg.rollout, jax.process_count()
+    if r.max_staleness:
+        raise ConfigError(
+            f"rollout.max_staleness={r.max_staleness} across {n} processes is not built: the "
+            f"background sampler's gathers would interleave with the learner's collectives; "
+            f"use max_staleness: 0"
+        )
+    if r.devices:
+        raise ConfigError(
+            f"rollout.devices={r.devices} across {n} processes is not built (placement "
+            f"within one host only); use rollout.devices: 0"
+        )
+    if r.correction is not None:
+        raise ConfigError(f"rollout.correction across {n} processes is not built yet")
 
 
 def _schedule(item, init: float, max_steps: int):

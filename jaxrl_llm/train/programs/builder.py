@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm.losses import critic_values, get_loss, sequence_logps
-from jaxrl_llm.parallel import batch_sharding, constrain_batch, under_mesh
+from jaxrl_llm.parallel import batch_sharding, constrain_batch, on_processes, to_host, under_mesh
 from jaxrl_llm.parallel.context import batch_split, context_size
 from jaxrl_llm.train.config.plan import RunPlan
 from jaxrl_llm.train.programs.policy import Policy, policy_on_mesh
@@ -107,7 +107,15 @@ def build_programs(plan: RunPlan, policy: Policy) -> Programs:
             wrap=lambda fn: forward_under_mesh(fn, policy.mesh),
         )
     evaluate = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
-    return Programs(train=train, evaluate=evaluate, reference=reference, recompute=recompute)
+    # On a mesh spanning processes, host batches (every process holds the step's whole batch)
+    # enter as global arrays split by rows, and per-row results come back whole to every host.
+    mesh = policy.mesh
+    return Programs(
+        train=on_processes(train, mesh, gather=False),
+        evaluate=on_processes(evaluate, mesh, gather=True),
+        reference=None if reference is None else on_processes(reference, mesh, gather=True),
+        recompute=None if recompute is None else on_processes(recompute, mesh, gather=True),
+    )
 
 
 def critic_policy(plan: RunPlan, policy: Policy, *, abstract: bool = False) -> Policy:
@@ -118,7 +126,7 @@ def critic_policy(plan: RunPlan, policy: Policy, *, abstract: bool = False) -> P
     config = dataclasses.replace(policy.config, num_labels=1)
     params = None
     if not abstract:
-        params = dict(jax.device_get(policy.state.params))
+        params = dict(jax.device_get(to_host(policy.state.params)))
         params["score_head"] = {"kernel": np.zeros((config.hidden_size, 1), np.float32)}
     rows = plan.rows
     return policy_on_mesh(
@@ -147,4 +155,7 @@ def build_critic(plan: RunPlan, critic: Policy) -> CriticPrograms:
         grad_clip=plan.cfg.optim.grad_clip,
     )
     values = jax.jit(functools.partial(critic_values, apply_fn=critic.apply_fn))
-    return CriticPrograms(train=train, values=values)
+    return CriticPrograms(
+        train=on_processes(train, critic.mesh, gather=False),
+        values=on_processes(values, critic.mesh, gather=True),
+    )

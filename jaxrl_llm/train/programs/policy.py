@@ -39,6 +39,7 @@ from jaxrl_llm.parallel import (
     make_mesh,
     replicated,
     split_devices,
+    to_host,
     under_mesh,
 )
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
@@ -462,12 +463,15 @@ def router_aux_weight(cfg: RunConfig, config: models.ModelConfig, micro_batches:
 
 
 def export_policy(policy: Policy, cfg: RunConfig) -> str | None:
-    """Write the trained policy (LoRA adapters merged) as a Hugging Face directory."""
+    """Write the trained policy (LoRA adapters merged) as a Hugging Face directory (process
+    0 writes; on a mesh spanning processes every process takes part in gathering the
+    weights first)."""
+    params = jax.device_get(to_host(policy.full_params()))
     if jax.process_index() != 0:
         return None
     from jaxrl_llm.interop import export_hf
 
     out = os.path.join(cfg.output_dir, "hf")
     tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
-    export_hf(out, config=policy.config, params=jax.device_get(policy.full_params()), tokenizer=tok)
+    export_hf(out, config=policy.config, params=params, tokenizer=tok)
     return out
