@@ -353,8 +353,8 @@ def _make_output_dir(out: str) -> None:
     """Create and probe a new ``output_dir`` (an existing one, a resume, is left as it is)."""
     try:
         if not os.path.isdir(out):
-            os.makedirs(out)
-            probe = os.path.join(out, ".write_test")
+            os.makedirs(out, exist_ok=True)  # the processes of a job create it together
+            probe = os.path.join(out, f".write_test.{os.getpid()}")
             with open(probe, "w", encoding="utf-8") as f:
                 f.write("ok")
             os.remove(probe)

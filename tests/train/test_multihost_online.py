@@ -25,7 +25,7 @@ from jaxrl_llm.train.run.logging import read_metrics
 from tests.conftest import FAST_COMPILE_XLA_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS = 3
+STEPS = 2
 
 
 def _free_port() -> int:
@@ -34,22 +34,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(d, algorithm: str, **extra) -> str:
+def _config(d, algorithm: str, *, chat: bool = False, max_steps: int = STEPS, **extra) -> str:
     rng = random.Random(0)
     rows = []
     for _ in range(48):
         a, b = rng.sample(range(10), 2)
-        rows.append({"prompt": f"{a}{b}>", "answer": str(max(a, b))})
+        prompt = [{"role": "user", "content": f"{a}{b}>"}] if chat else f"{a}{b}>"
+        rows.append({"prompt": prompt, "answer": str(max(a, b))})
     (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:40]))
     (d / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[40:]))
     cfg = dict(
         seed=0,
-        max_steps=STEPS,
+        max_steps=max_steps,
         algorithm=algorithm,
         model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
         optim=dict(lr=1e-2),
         data=dict(train=str(d / "train.jsonl"), eval=str(d / "eval.jsonl"), max_length=32),
-        rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=3),
+        rollout=dict(
+            prompts_per_step=8, group_size=8 if algorithm != "online_dpo" else 4, max_new_tokens=3
+        ),
         rewards=[dict(name="tests.train.toy_rewards:larger_digit")],
         eval=dict(before=False, every=0),
         checkpoint=dict(save_every=0, export_hf=False),
@@ -57,15 +60,25 @@ def _config(d, algorithm: str, **extra) -> str:
         mesh=dict(data=8),
         **extra,
     )
+    if chat:  # a multi-turn run: a scripted environment answers each turn
+        cfg["rollout"]["max_new_tokens"] = 24
+        cfg["env"] = dict(
+            name="tests.envs.scripted:Scripted",
+            kwargs=dict(replies=["ok"]),
+            max_turns=2,
+            max_turn_tokens=6,
+        )
     path = d / f"{algorithm}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
 
 
-def _env(devices: int) -> dict:
+def _env(devices: int, fault: str | None = None) -> dict:
     env = dict(os.environ)
-    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAXRL_LLM_FAULT"):
         env.pop(k, None)
+    if fault:
+        env["JAXRL_LLM_FAULT"] = fault
     env.update(
         JAX_PLATFORMS="cpu",
         PYTHONPATH=ROOT,
@@ -74,7 +87,9 @@ def _env(devices: int) -> dict:
     return env
 
 
-def _train(config: str, out: str, *job: str, devices: int) -> subprocess.Popen:
+def _train(
+    config: str, out: str, *job: str, devices: int, fault: str | None = None
+) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-c",
@@ -84,7 +99,7 @@ def _train(config: str, out: str, *job: str, devices: int) -> subprocess.Popen:
     return subprocess.Popen(
         cmd,
         cwd=ROOT,
-        env=_env(devices),
+        env=_env(devices, fault),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -100,8 +115,8 @@ def _wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
         for p in procs:
             p.kill()
         raise
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-4000:]
+    for p in procs:
+        assert p.returncode == 0, "\n----\n".join(x[-2500:] for x in logs)
     return logs
 
 
@@ -131,9 +146,13 @@ def _two_processes_and_one(tmp_path, algorithm: str, **extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["grpo"])
-def test_two_processes_log_what_one_process_logs(tmp_path, algorithm):
-    one, two = _two_processes_and_one(tmp_path, algorithm)
+@pytest.mark.parametrize(
+    "algorithm, chat",
+    [("grpo", False), ("ppo", False), ("online_dpo", False), ("grpo", True)],
+    ids=["grpo", "ppo", "online_dpo", "env"],
+)
+def test_two_processes_log_what_one_process_logs(tmp_path, algorithm, chat):
+    one, two = _two_processes_and_one(tmp_path, algorithm, chat=chat)
     steps = [r for r in one if "loss" in r]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     other = {r["step"]: r for r in two if "loss" in r}
@@ -142,6 +161,55 @@ def test_two_processes_log_what_one_process_logs(tmp_path, algorithm):
     assert len(rewards) > 1 or rewards != {0.0}  # the runs compare something
     for r in steps:
         o = other[r["step"]]
-        assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), r["step"]
-        assert o["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), r["step"]
+        assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (r, o)
+        assert o["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, o)
+        assert o["data/prompts_crc32"] == r["data/prompts_crc32"]
+
+
+@pytest.mark.slow
+def test_two_process_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
+    """Both processes are SIGKILLed in step 3's update (after step 2's checkpoint), as a
+    preempted job dies; ``--resume`` on both continues from step 2 and the run logs what an
+    uninterrupted run (1 process × 8 devices) logs, each step once."""
+    steps = 4
+    config = _config(tmp_path, "grpo", max_steps=steps)
+    cfg = yaml.safe_load(open(config))
+    cfg["checkpoint"] = dict(save_every=1, keep=2, export_hf=False)
+    with open(config, "w") as f:
+        yaml.safe_dump(cfg, f)
+    two = str(tmp_path / "two")
+
+    def job(*extra: str, fault: str | None = None) -> list[subprocess.Popen]:
+        address = f"127.0.0.1:{_free_port()}"
+        procs = []
+        for i in range(2):
+            p = _train(
+                config,
+                two,
+                "--coordinator",
+                address,
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+                *extra,
+                devices=4,
+                fault=fault,
+            )
+            procs.append(p)
+        return procs
+
+    killed = job(fault="update:3")
+    for p in killed:
+        p.communicate(timeout=600)
+    assert {p.returncode for p in killed} == {-9}, [p.returncode for p in killed]
+    _wait(job("--resume"))
+    one = str(tmp_path / "one")
+    _wait([_train(config, one, devices=8)])
+    want = [r for r in read_metrics(one) if "loss" in r]
+    got = [r for r in read_metrics(two) if "loss" in r]
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, steps + 1))
+    for r, o in zip(want, got):
+        assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (r, o)
+        assert o["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, o)
         assert o["data/prompts_crc32"] == r["data/prompts_crc32"]
