@@ -1,4 +1,4 @@
-"""Online RL across processes (issue 30 item 3): ``jaxrl-llm train`` as 2 processes × 4 CPU
+"""Training runs across processes (issue 30 item 3): ``jaxrl-llm train`` as 2 processes × 4 CPU
 devices on localhost (gloo) logs the same ``reward/mean`` and ``loss`` at every step as the
 same config in 1 process × 8 devices.
 
@@ -213,3 +213,60 @@ def test_two_process_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path
         assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (r, o)
         assert o["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, o)
         assert o["data/prompts_crc32"] == r["data/prompts_crc32"]
+
+
+@pytest.mark.slow
+def test_two_process_offline_run_logs_what_one_process_logs(tmp_path):
+    """Offline (SFT): ``train.batch_size`` is the job's; both processes read the same
+    batches and the train step takes them as global arrays split by rows."""
+    rng = random.Random(1)
+    rows = []
+    for _ in range(40):
+        a, b = rng.sample(range(10), 2)
+        rows.append({"prompt": f"{a}{b}>", "completion": str(max(a, b))})
+    (tmp_path / "sft.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:32]))
+    (tmp_path / "sft_eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[32:]))
+    cfg = dict(
+        seed=0,
+        max_steps=3,
+        algorithm="sft",
+        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
+        optim=dict(lr=1e-2),
+        data=dict(
+            train=str(tmp_path / "sft.jsonl"), eval=str(tmp_path / "sft_eval.jsonl"), max_length=16
+        ),
+        train=dict(batch_size=8, eval_every=3, eval_batches=1),
+        checkpoint=dict(save_every=0, export_hf=False),
+        logging=dict(tensorboard=False, plots=False),
+        mesh=dict(data=8),
+    )
+    config = tmp_path / "sft.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    address = f"127.0.0.1:{_free_port()}"
+    two, one = str(tmp_path / "two"), str(tmp_path / "one")
+    _wait(
+        [
+            _train(
+                str(config),
+                two,
+                "--coordinator",
+                address,
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+                devices=4,
+            )
+            for i in range(2)
+        ]
+    )
+    _wait([_train(str(config), one, devices=8)])
+    want = [r for r in read_metrics(one) if "loss" in r]
+    got = [r for r in read_metrics(two) if "loss" in r]
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
+    for r, o in zip(want, got):
+        assert o["loss"] == pytest.approx(r["loss"], rel=1e-5), (r, o)
+    evals = [r for r in read_metrics(two) if "eval/loss" in r]
+    assert evals and evals[-1]["eval/loss"] == pytest.approx(
+        [r for r in read_metrics(one) if "eval/loss" in r][-1]["eval/loss"], rel=1e-5
+    )
