@@ -201,23 +201,44 @@ def process_share(n: int, index: int | None = None, count: int | None = None) ->
     return slice(start, start + base + (index < extra))
 
 
-def allgather_objects(obj: Any) -> list[Any]:
-    """Every process's ``obj`` (picklable), in process order, on every process (a host
-    all-gather of the pickled bytes through the devices' collectives)."""
-    import pickle
+#: How long a process waits for another's share of a step (a slow reward or environment on
+#: one host holds every host at the gather).
+GATHER_TIMEOUT_S = 3600
 
-    from jax.experimental import multihost_utils
+
+def allgather_objects(obj: Any, key: str) -> list[Any]:
+    """Every process's ``obj`` (picklable), in process order, on every process.
+
+    Exchanged through the job's coordination service (the key-value store
+    ``jax.distributed`` starts beside process 0), not through the devices: no device
+    collective is issued, so a background sampling thread (``rollout.max_staleness``) can
+    gather while the main thread's update runs its own collectives. ``key`` names this
+    exchange and must be the same on every process and new for each exchange; the value a
+    process wrote under ``key`` is deleted by its next exchange of the same stream after 64
+    more (every process has read it by then: the learner's collectives keep processes within a
+    step or two of each other).
+    """
+    import pickle
 
     if jax.process_count() == 1:
         return [obj]
-    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int64)))
-    sizes = sizes.reshape(-1)
-    width = int(sizes.max())
-    padded = np.zeros((width,), np.uint8)
-    padded[: data.size] = data
-    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), width)
-    return [pickle.loads(rows[i, : int(sizes[i])].tobytes()) for i in range(len(sizes))]
+    from jax._src import distributed as _jax_distributed  # the coordination service client
+
+    client = _jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("allgather_objects needs jax.distributed to be initialised")
+    me = jax.process_index()
+    client.key_value_set_bytes(f"jaxrl_llm/{key}/{me}", pickle.dumps(obj, protocol=5))
+    out = [
+        pickle.loads(
+            client.blocking_key_value_get_bytes(f"jaxrl_llm/{key}/{i}", GATHER_TIMEOUT_S * 1000)
+        )
+        for i in range(jax.process_count())
+    ]
+    stream, _, number = key.rpartition("/")
+    if number.isdigit() and int(number) >= 64:
+        client.key_value_delete(f"jaxrl_llm/{stream}/{int(number) - 64}/{me}")
+    return out
 
 
 def local_mesh(mesh: Mesh) -> Mesh:

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
@@ -68,15 +69,15 @@ def generate_paged(
     gen_len = bucket_length(max_new_tokens, gen_buckets)
     # Data-parallel replicas over the weights' mesh (.rows): each owns a page pool, its slots
     # and the groups dealt to it (prompt i to replica i mod R: a group stays whole on one).
-    replicas = replica_meshes(rows_mesh(params)) or [None]
-    r = len(replicas)
+    replicas: list[Mesh | None] = [*replica_meshes(rows_mesh(params))] or [None]
+    n_rep = len(replicas)
     engines = [
         PagedEngine(
             params if mesh is None else on_replica(params, mesh),
             config,
             sampling=sampling,
             seed=seed,
-            num_slots=max(-(-num_slots // r), g),
+            num_slots=max(-(-num_slots // n_rep), g),
             page_size=page_size,
             max_len=tokens.shape[1] + gen_len,
             gen_len=gen_len,
@@ -92,10 +93,10 @@ def generate_paged(
         raise ConfigError("prompt_ids needs B entries, stop_steps B·G entries <= max_new_tokens")
     placed: list[tuple[int, list[int]]] = []  # per prompt: (replica, its row ids there)
     for i, toks in enumerate(prompts_tokens):
-        ids = engines[i % r].submit(
+        ids = engines[i % n_rep].submit(
             list(toks), prompt_id=pids[i], num_samples=g, max_new_tokens=steps[i * g : i * g + g]
         )
-        placed.append((i % r, ids))
+        placed.append((i % n_rep, ids))
     while any(e.busy for e in engines):
         if refresh is not None:
             params, v = refresh()

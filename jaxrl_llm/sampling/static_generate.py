@@ -108,12 +108,7 @@ def rollout(
     mesh = rows_mesh(params)
     extra = pad_rows(b, row_split(mesh))
     prompt_tokens, prompt_mask, prompt_ids = (
-        put_rows(np.concatenate([np.asarray(x), np.repeat(np.asarray(x)[-1:], extra, 0)]), mesh)
-        for x in (
-            np.asarray(prompt_tokens, np.int32),
-            np.asarray(prompt_mask, np.int32),
-            np.asarray(prompt_ids, np.int32),
-        )
+        _padded_rows(x, extra, mesh) for x in (prompt_tokens, prompt_mask, prompt_ids)
     )
     with on_rows_mesh(mesh):
         last_logits, cache, next_pos = prefill(
@@ -142,6 +137,14 @@ def rollout(
     if extra:
         out = jax.tree.map(lambda x: x[: b * num_samples], out)
     return out
+
+
+def _padded_rows(x, extra: int, mesh) -> jax.Array:
+    """``x`` (rows first) as int32 with ``extra`` copies of its last row appended, its rows
+    split over ``mesh``'s batch axes (:mod:`.rows`)."""
+    x = np.asarray(x, np.int32)
+    x = np.concatenate([x, np.repeat(x[-1:], extra, 0)])
+    return jnp.asarray(x) if mesh is None else put_rows(x, mesh)
 
 
 @functools.partial(jax.jit, static_argnames=("num_samples",))

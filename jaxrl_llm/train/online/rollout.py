@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -33,6 +34,8 @@ from jaxrl_llm.train.config.sections import EnvSection, EvalSection, RolloutSect
 from jaxrl_llm.train.online.episode_sampler import EpisodeSampler
 from jaxrl_llm.train.online.experience import Experience, concat_experience
 from jaxrl_llm.train.run.faults import fault_point
+
+_SAMPLERS = itertools.count()  # each Rollouts' stream of multi-process gathers
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
 # compiles only a few programs.
@@ -90,6 +93,9 @@ class Rollouts:
         self.seed = seed
         self.partial = partial
         self._local: tuple[int, Any] | None = None  # multi-process: (version, local weights)
+        # multi-process: this sampler's gathers are named (stream, call); samplers are made in
+        # the same order on every process, so the names agree
+        self._stream, self._gathers = next(_SAMPLERS), 0
         r = settings
         self.sampling = SamplingConfig(
             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p
@@ -229,7 +235,9 @@ class Rollouts:
                     prompt_buckets=(bucket_length(longest, PROMPT_BUCKETS),),
                 )
                 local = out if isinstance(out, Experience) else out()
-        parts = [p for p in allgather_objects(local) if p is not None]
+        self._gathers += 1
+        key = f"rollouts{self._stream}/{self._gathers}"
+        parts = [p for p in allgather_objects(local, key) if p is not None]
         return merge_shares(parts)
 
     def _refresh(self, version: int, params: Any) -> Callable[[], tuple[Any, int]]:
@@ -289,7 +297,11 @@ class Rollouts:
     def can_defer_scoring(self) -> bool:
         """Whether :meth:`collect_deferred` applies: no dynamic sampling (which must score a
         batch before drawing the next) and single-turn (episodes score as they play)."""
-        return not self.settings.dynamic_sampling and self.episodes is None
+        return (
+            not self.settings.dynamic_sampling
+            and self.episodes is None
+            and jax.process_count() == 1  # across processes a share is scored, then gathered
+        )
 
     def collect_deferred(
         self, iterator: Iterator[list[TokenizedPrompt]], step: int

@@ -358,11 +358,10 @@ def _check_processes(cfg: RunConfig) -> None:
     from jaxrl_llm.errors import ConfigError
 
     r, n = cfg.rollout, jax.process_count()
-    if r.max_staleness:
+    if r.max_staleness and r.staleness == "drop":
         raise ConfigError(
-            f"rollout.max_staleness={r.max_staleness} across {n} processes is not built: the "
-            f"background sampler's gathers would interleave with the learner's collectives; "
-            f"use max_staleness: 0"
+            f"rollout.staleness=drop across {n} processes is not built: each process would "
+            f"drop batches by its own clock; use staleness: wait"
         )
     if r.devices:
         raise ConfigError(
