@@ -49,6 +49,8 @@ from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
 from jaxrl_llm.models.moe import (
     EXPERT_AXIS,
     MoeStats,
+    RecordedRouting,
+    differing_decisions,
     load_balancing_loss,
     route,
     sparse_moe,
@@ -87,6 +89,7 @@ from jaxrl_llm.models.transformer import (
     softcap_logits,
     trunk,
     trunk_shared_prefix,
+    trunk_with_routing,
     unembedding,
 )
 
@@ -107,6 +110,7 @@ __all__ = [
     "ModelOutputs",
     "MoeDispatch",
     "MoeStats",
+    "RecordedRouting",
     "NAIVE_MAX_SCORES",
     "NO_WINDOW",
     "NULL_PAGE",
@@ -141,6 +145,7 @@ __all__ = [
     "layer_rope_inv_freq",
     "layer_windows",
     "load_balancing_loss",
+    "differing_decisions",
     "logits_from_hidden",
     "merge_lora",
     "mlp_block",
@@ -163,6 +168,7 @@ __all__ = [
     "splash_attention",
     "trunk",
     "trunk_shared_prefix",
+    "trunk_with_routing",
     "unembedding",
     "write_prompt_pages",
 ]
