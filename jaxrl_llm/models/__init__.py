@@ -64,6 +64,7 @@ from jaxrl_llm.models.paged_store import (
     init_paged_cache,
     paged_attention,
     paged_trunk,
+    paged_trunk_with_routing,
     pages_store,
     write_prompt_pages,
 )
@@ -152,6 +153,7 @@ __all__ = [
     "naive_attention",
     "paged_attention",
     "paged_trunk",
+    "paged_trunk_with_routing",
     "pages_store",
     "param_logical_axes",
     "param_shapes_and_axes",
