@@ -134,6 +134,7 @@ class RolloutCorrector:
         t = time.perf_counter()
         rows = recompute_rows(batch["advantages"], batch["loss_mask"], group_size=self.group)
         keys = ("input_ids", "attention_mask", "loss_mask")
+        keys += ("routing",) if "routing" in batch else ()  # a MoE's sampler routing (R3)
         sub = {k: np.asarray(batch[k])[rows] for k in keys}
         p = self.policy
         logp = np.array(batch["old_logp"], np.float32)  # the sampler's where not recomputed
