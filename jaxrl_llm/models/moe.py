@@ -380,7 +380,7 @@ def sparse_moe(
         return y, sums._replace(experts=experts)
 
     counted = None if recorded is None else P()
-    stats_spec = MoeStats(P(), P(), P(), rec_spec, counted, counted)
+    stats_spec: Any = MoeStats(P(), P(), P(), rec_spec, counted, counted)  # type: ignore[arg-type]
     run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(x_spec, stats_spec))
     return run(x_btd, token_w_bt, recorded, *params)
 

@@ -474,7 +474,7 @@ def _trunk_shared_prefix(
         x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
         shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
         x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
-        stats = None if stats_p is None else _pool_shared(stats_p, stats_c, g)
+        stats = None if stats_p is None or stats_c is None else _pool_shared(stats_p, stats_c, g)
         return (x_p, x_c), stats
 
     (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)

@@ -372,10 +372,10 @@ class PagedEngine:
         args = (self.params, jnp.asarray(tokens), jnp.asarray(mask))
         if self.record_routing:
             logits, dense, _, routing = prefill_with_routing(*args, config=self.config, cache_len=p)
-            routing = np.asarray(routing)
+            host = np.asarray(routing)
             for i, (ids, _) in enumerate(groups):  # left-padded: the last len(prompt) columns
                 for r in ids:
-                    self.rows[r].prompt_routing = routing[i, p - len(prompts[i]) :]
+                    self.rows[r].prompt_routing = host[i, p - len(prompts[i]) :]
         else:
             logits, dense, _ = prefill(*args, config=self.config, cache_len=p)
         n = pages_for(p, self.book.page_size)

@@ -73,7 +73,8 @@ class Experience:
         """``[N, P + M, L, k]`` int16 the experts the sampler routed each token of each row
         (prompt, then completion) to in every layer, for rollout routing replay (R3, Ma et
         al. 2025, https://arxiv.org/abs/2510.11370); None when not recorded."""
-        return self.rollout.routing
+        routing: Any = self.rollout.routing  # host numpy here
+        return routing
 
     @property
     def num_groups(self) -> int:
@@ -114,7 +115,7 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
         if not pad:
             return ro
         host: Any = ro  # the Rollout's fields are host numpy arrays here
-        routing = ro.routing
+        routing: Any = ro.routing
         if routing is not None:  # padding columns: the experts 0..k-1 (masked, any valid ids)
             fill = np.broadcast_to(
                 np.arange(routing.shape[-1], dtype=routing.dtype),
