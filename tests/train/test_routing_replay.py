@@ -153,3 +153,33 @@ def test_routing_replay_config_errors(toy_data, tmp_path):
         )
     with pytest.raises(ConfigError, match="routing is replayed in 'rl' batches only"):
         plan_run(_config(toy_data, tmp_path, "online_dpo", rollout=dict(routing_replay=True)), {})
+
+
+def test_concat_experience_left_pads_routing_and_rl_batch_carries_it():
+    """Dynamic sampling's concatenation widens prompts to the widest: the routing's prompt
+    columns are left-padded with the experts 0..k−1 (masked positions), and ``rl_batch``
+    hands the routing over aligned with ``input_ids``."""
+    from jaxrl_llm.train.online.experience import concat_experience, rl_batch
+    from tests.train.test_experience import make_experience, make_rollout
+
+    def part(p, seed):
+        ro = make_rollout(
+            prompt_tokens=np.full((2, p), 5),
+            prompt_mask=np.ones((2, p)),
+            tokens=[[7, 8], [9, 10]],
+            mask=np.ones((2, 2)),
+            logprobs=np.zeros((2, 2)),
+        )
+        r = np.random.default_rng(seed).integers(0, 8, (2, p + 2, 3, 2)).astype(np.int16)
+        return make_experience(ro._replace(routing=r), [1.0, 0.0], group_size=2), r
+
+    (a, ra), (b, rb) = part(2, 0), part(3, 1)
+    out = concat_experience([a, b], max_groups=2)
+    assert out.routing.shape == (4, 5, 3, 2) and out.routing.dtype == np.int16
+    np.testing.assert_array_equal(out.routing[:2, 1:], ra)
+    np.testing.assert_array_equal(out.routing[:2, 0], np.broadcast_to([0, 1], (2, 3, 2)))
+    np.testing.assert_array_equal(out.routing[2:], rb)
+    batch = rl_batch(out, np.ones(4, np.float32), np.ones(4, np.int32))
+    assert batch["routing"].dtype == np.int32
+    assert batch["routing"].shape[:2] == batch["input_ids"].shape
+    np.testing.assert_array_equal(batch["routing"], out.routing)
