@@ -94,16 +94,21 @@ def _two_steps(cfg):
 
 
 @pytest.mark.parametrize(
-    "rollout, logprobs",
-    [(dict(), dict()), (dict(engine="paged"), dict(pack=True))],
-    ids=["static", "paged-packed"],
+    "rollout, logprobs, mesh",
+    [
+        (dict(), dict(), dict()),
+        (dict(engine="paged"), dict(pack=True), dict()),
+        (dict(), dict(), dict(data=2, expert=4)),  # experts split 4 ways (8 CPU devices)
+    ],
+    ids=["static", "paged-packed", "expert-mesh"],
 )
-def test_grpo_with_routing_replay_runs_two_steps(toy_data, tmp_path, rollout, logprobs):
+def test_grpo_with_routing_replay_runs_two_steps(toy_data, tmp_path, rollout, logprobs, mesh):
     cfg = _config(
         toy_data,
         tmp_path,
         rollout=dict(routing_replay=True, **rollout),
         logprobs=logprobs,
+        mesh=mesh,
     )
     metrics, batches, config = _two_steps(cfg)
     assert len(batches) == 2
