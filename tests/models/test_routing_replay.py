@@ -270,3 +270,23 @@ def test_dataclass_replay_flag_is_static():
     leaves, treedef = jax.tree.flatten(rec)
     assert len(leaves) == 1 and jax.tree.unflatten(treedef, leaves).replay is False
     assert dataclasses.replace(rec, replay=True).replay is True
+
+
+@pytest.mark.parametrize("engine", [generate, generate_paged], ids=["static", "paged"])
+@pytest.mark.parametrize("axes", [dict(data=2), dict(data=2, expert=4)], ids=str)
+def test_samplers_record_the_same_routing_on_a_mesh(engine, axes):
+    """The weights on a mesh (8 forced CPU devices): the static engine splits its rows over
+    ``data``, the paged engine runs one replica per ``data`` position, and with ``expert``
+    the MoE blocks run expert-parallel inside the samplers; the recorded routing of every
+    real token is the one-device record."""
+    config = M.ModelConfig.tiny("qwen3_moe")
+    params = _params(config)
+    ro0, _, attn = _sample(engine, params, config)
+    mesh = make_mesh(**axes, devices=jax.devices()[: int(np.prod(list(axes.values())))])
+    placed = jax.device_put(
+        params, logical_to_sharding(M.param_logical_axes(config), mesh, shapes=params)
+    )
+    ro, _, _ = _sample(engine, placed, config)
+    np.testing.assert_array_equal(ro.tokens, ro0.tokens)
+    real = np.asarray(attn, bool)
+    np.testing.assert_array_equal(np.asarray(ro.routing)[real], np.asarray(ro0.routing)[real])
