@@ -183,7 +183,12 @@ def prefill(
 
 
 def prefill_with_routing(
-    params, prompt_tokens: jax.Array, prompt_mask: jax.Array, *, config: ModelConfig, cache_len: int
+    params,
+    prompt_tokens: jax.Array | np.ndarray,
+    prompt_mask: jax.Array | np.ndarray,
+    *,
+    config: ModelConfig,
+    cache_len: int,
 ) -> tuple[jax.Array, KVCache, jax.Array, jax.Array]:
     """:func:`prefill` that also returns the experts a mixture of experts routed each prompt
     token to, ``[B, P, L, k]`` (:func:`routing_dtype`), for routing replay (R3, Ma et al.
