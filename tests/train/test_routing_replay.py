@@ -99,8 +99,9 @@ def _two_steps(cfg):
         (dict(), dict(), dict()),
         (dict(engine="paged"), dict(pack=True), dict()),
         (dict(), dict(), dict(data=2, expert=4)),  # experts split 4 ways (8 CPU devices)
+        (dict(correction=dict()), dict(), dict()),  # the recompute forward replays too
     ],
-    ids=["static", "paged-packed", "expert-mesh"],
+    ids=["static", "paged-packed", "expert-mesh", "correction"],
 )
 def test_grpo_with_routing_replay_runs_two_steps(toy_data, tmp_path, rollout, logprobs, mesh):
     cfg = _config(
