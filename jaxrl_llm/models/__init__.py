@@ -49,6 +49,8 @@ from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
 from jaxrl_llm.models.moe import (
     EXPERT_AXIS,
     MoeStats,
+    RecordedRouting,
+    differing_decisions,
     load_balancing_loss,
     route,
     sparse_moe,
@@ -62,6 +64,7 @@ from jaxrl_llm.models.paged_store import (
     init_paged_cache,
     paged_attention,
     paged_trunk,
+    paged_trunk_with_routing,
     pages_store,
     write_prompt_pages,
 )
@@ -87,6 +90,7 @@ from jaxrl_llm.models.transformer import (
     softcap_logits,
     trunk,
     trunk_shared_prefix,
+    trunk_with_routing,
     unembedding,
 )
 
@@ -107,6 +111,7 @@ __all__ = [
     "ModelOutputs",
     "MoeDispatch",
     "MoeStats",
+    "RecordedRouting",
     "NAIVE_MAX_SCORES",
     "NO_WINDOW",
     "NULL_PAGE",
@@ -141,12 +146,14 @@ __all__ = [
     "layer_rope_inv_freq",
     "layer_windows",
     "load_balancing_loss",
+    "differing_decisions",
     "logits_from_hidden",
     "merge_lora",
     "mlp_block",
     "naive_attention",
     "paged_attention",
     "paged_trunk",
+    "paged_trunk_with_routing",
     "pages_store",
     "param_logical_axes",
     "param_shapes_and_axes",
@@ -163,6 +170,7 @@ __all__ = [
     "splash_attention",
     "trunk",
     "trunk_shared_prefix",
+    "trunk_with_routing",
     "unembedding",
     "write_prompt_pages",
 ]

@@ -82,11 +82,15 @@ class TokenInfo(NamedTuple):
         :func:`jaxrl_llm.models.layer_rope_inv_freq` at its index instead.
       weights: ``[B, T]`` float32 weight of each token in a mixture of experts' routing
         statistics (the attention mask); None = 1 each.
+      routing: a mixture of experts' :class:`~jaxrl_llm.models.moe.RecordedRouting` of the
+        new tokens (``[B, T, L, k]``, each layer reads its slice): the sampler's experts, to
+        replay or compare against (R3); None = each block routes by its own top-k.
     """
 
     positions: jax.Array
     inv_freq: jax.Array
     weights: jax.Array | None = None
+    routing: moe_lib.RecordedRouting | None = None
 
 
 class Store(Protocol):
@@ -316,17 +320,28 @@ def mlp_block(
     h_btd: jax.Array,
     tokens: TokenInfo,
     mesh: jax.sharding.Mesh | None = None,
+    layer=None,
 ) -> tuple[jax.Array, moe_lib.MoeStats | None]:
     """The layer's MLP on the normed ``h_btd``: the gated MLP (SwiGLU, or GeGLU with tanh-GELU
     for Gemma), or with ``config.num_experts`` the sparse MoE block
     (:func:`jaxrl_llm.models.moe.sparse_moe`, over ``mesh``'s expert axis, its routing
-    statistics weighted by ``tokens.weights``).
+    statistics weighted by ``tokens.weights``; with ``tokens.routing`` the recorded experts
+    of layer ``layer`` replayed or compared against).
 
     Returns:
       (``[B, T, D]`` before the residual add, :class:`~jaxrl_llm.models.moe.MoeStats` or None).
     """
     if config.is_moe:
-        return moe_lib.sparse_moe(config, h_btd, tokens.weights, lp, mesh=mesh)
+        rec = tokens.routing
+        return moe_lib.sparse_moe(
+            config,
+            h_btd,
+            tokens.weights,
+            lp,
+            mesh=mesh,
+            recorded_btk=None if rec is None else rec.at_layer(layer),
+            replay=rec is not None and rec.replay,
+        )
     return _dense_mlp(config, h_btd, lp, layout_mesh(mesh)), None
 
 
@@ -371,7 +386,7 @@ def decoder_layer(
         y = apply_norm(c, y, lp["post_attn_norm"])
     x = x_btd + y
     h = apply_norm(c, x, lp["mlp_norm"])
-    z, stats = mlp_block(c, lp, h, tokens, mesh)
+    z, stats = mlp_block(c, lp, h, tokens, mesh, layer)
     if c.post_norms:
         z = apply_norm(c, z, lp["post_mlp_norm"])
     return place(x + z, BTD, lay), store, stats

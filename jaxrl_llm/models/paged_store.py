@@ -220,6 +220,22 @@ def paged_trunk(
     Returns:
       (hidden ``[R, T, D]`` final-normed, the updated cache).
     """
+    hidden, cache, _ = paged_trunk_with_routing(params, tokens, cache, table, start, config=config)
+    return hidden, cache
+
+
+def paged_trunk_with_routing(
+    params: Params,
+    tokens: jax.Array,
+    cache: PagedKVCache,
+    table: jax.Array,
+    start: jax.Array,
+    *,
+    config: ModelConfig,
+) -> tuple[jax.Array, PagedKVCache, jax.Array | None]:
+    """:func:`paged_trunk` that also returns the experts a mixture of experts routed each new
+    token to, ``[R, T, L, k]`` int32 (None for a dense model): what the paged engine records
+    for routing replay (R3, Ma et al. 2025, https://arxiv.org/abs/2510.11370)."""
     chex.assert_rank([tokens, table, start], [2, 2, 1])
     c = config
     store = pages_store(cache, table, start, tokens.shape[1])
@@ -229,12 +245,13 @@ def paged_trunk(
 
     def step(carry, lp, layer):
         x, store = carry
-        x, store, _ = decoder_layer(c, lp, x, store, info, layer)
-        return (x, store), None
+        x, store, stats = decoder_layer(c, lp, x, store, info, layer)
+        return (x, store), None if stats is None else stats.experts
 
-    (x, store), _ = scan_layers(c, params["layers"], (x, store), step)
+    (x, store), experts = scan_layers(c, params["layers"], (x, store), step)
     x = apply_norm(c, x, params["final_norm"])
-    return x, PagedKVCache(k=store.k, v=store.v)
+    routing = None if experts is None else jnp.moveaxis(experts, 0, 2)
+    return x, PagedKVCache(k=store.k, v=store.v), routing
 
 
 def write_prompt_pages(

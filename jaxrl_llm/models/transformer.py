@@ -39,6 +39,7 @@ so a config is all-sparse or all-dense.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import chex
@@ -98,6 +99,11 @@ class ModelOutputs(NamedTuple):
       router_aux_loss: ``[]`` float32, a mixture of experts' load-balancing loss over this
         forward's real tokens (:func:`jaxrl_llm.models.moe.load_balancing_loss`, before any
         coefficient), or None for a dense model.
+      routing_mismatch: ``[]`` float32, with a recorded routing (``apply(routing=...)``):
+        the fraction of this forward's routing decisions (real token × layer × slot) whose
+        expert is not among the recorded ones (0 under replay); None otherwise.
+      routing_own_mismatch: ``[]`` float32, the same fraction for the forward's own top-k
+        (what it would have routed to without replay); None without a recorded routing.
     """
 
     hidden: jax.Array
@@ -105,6 +111,8 @@ class ModelOutputs(NamedTuple):
     scalar: jax.Array | None
     logit_softcap: float | None = None
     router_aux_loss: jax.Array | None = None
+    routing_mismatch: jax.Array | None = None
+    routing_own_mismatch: jax.Array | None = None
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
@@ -300,6 +308,7 @@ def _trunk(
     cache: KVCache | None,
     remat: str,
     mesh: jax.sharding.Mesh | None,
+    routing: moe_lib.RecordedRouting | None = None,
 ):
     """:func:`trunk` -> (hidden, new cache, per-layer MoE statistics ``[L, ...]`` or None):
     :func:`~jaxrl_llm.models.layer.decoder_layer` scanned with a
@@ -314,7 +323,7 @@ def _trunk(
     if positions is None:
         positions = default_positions(attention_mask, segment_ids)
     chex.assert_shape(positions, (b, t))
-    info = TokenInfo(positions, rope_inv_freq(c), attention_mask.astype(jnp.float32))
+    info = TokenInfo(positions, rope_inv_freq(c), attention_mask.astype(jnp.float32), routing)
     x = embed_tokens(c, params, tokens)
 
     if cache is None:
@@ -417,6 +426,7 @@ def _trunk_shared_prefix(
     attention_mask: jax.Array | None,
     remat: str,
     mesh: jax.sharding.Mesh | None,
+    routing: moe_lib.RecordedRouting | None = None,
 ):
     """:func:`trunk_shared_prefix` -> (hidden, per-layer MoE statistics or None); a shared
     prompt token counts G times in the statistics, as in the plain forward. Each scanned step
@@ -451,8 +461,12 @@ def _trunk_shared_prefix(
         q_positions=pos_c if window else None,
         k_positions=positions if window else None,
     )
-    info_p = TokenInfo(pos_p, inv_freq, attention_mask[::g, :tp].astype(jnp.float32) * g)
-    info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32))
+    rec_p = rec_c = None
+    if routing is not None:  # a group's prompt routing is its first row's
+        rec_p = dataclasses.replace(routing, experts=routing.experts[::g, :tp])
+        rec_c = dataclasses.replace(routing, experts=routing.experts[:, tp:])
+    info_p = TokenInfo(pos_p, inv_freq, attention_mask[::g, :tp].astype(jnp.float32) * g, rec_p)
+    info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32), rec_c)
     x_p, x_c = embed_tokens(c, params, tokens[::g, :tp]), embed_tokens(c, params, tokens[:, tp:])
 
     def step(carry, lp, layer):
@@ -460,12 +474,62 @@ def _trunk_shared_prefix(
         x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
         shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
         x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
-        stats = None if stats_p is None else jax.tree.map(jnp.add, stats_p, stats_c)
+        stats = None if stats_p is None or stats_c is None else _pool_shared(stats_p, stats_c, g)
         return (x_p, x_c), stats
 
     (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
     return apply_norm(c, x, params["final_norm"]), stats
+
+
+def _pool_shared(stats_p: moe_lib.MoeStats, stats_c: moe_lib.MoeStats, g: int):
+    """One layer's :class:`~jaxrl_llm.models.moe.MoeStats` of the shared-prompt trunk: the
+    prompt rows' sums plus the completions'; the experts of every row, ``[B, T, k]`` (a
+    group's prompt routing repeated over its G rows)."""
+    experts = None
+    if stats_p.experts is not None and stats_c.experts is not None:
+        experts = jnp.concatenate([jnp.repeat(stats_p.experts, g, axis=0), stats_c.experts], 1)
+    sums = jax.tree.map(jnp.add, stats_p._replace(experts=None), stats_c._replace(experts=None))
+    return sums._replace(experts=experts)
+
+
+def trunk_with_routing(
+    params: Params,
+    tokens: jax.Array,
+    *,
+    config: ModelConfig,
+    positions: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    cache: KVCache | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
+    """:func:`trunk` that also returns the experts a mixture of experts routed each new token
+    to: ``[B, T, L, k]`` int32 (None for a dense model). What the samplers record for routing
+    replay (R3, Ma et al. 2025, https://arxiv.org/abs/2510.11370)."""
+    hidden, new_cache, stats = _trunk(
+        params,
+        tokens,
+        config=config,
+        positions=positions,
+        attention_mask=attention_mask,
+        segment_ids=None,
+        cache=cache,
+        remat="none",
+        mesh=mesh,
+    )
+    experts = None if stats is None else jnp.moveaxis(stats.experts, 0, 2)
+    return hidden, new_cache, experts
+
+
+def routing_mismatch(stats: moe_lib.MoeStats, k: int) -> tuple[jax.Array, jax.Array] | None:
+    """(fraction of routing decisions that differ from the recorded ones, the same for the
+    own top-k) over every layer's real tokens, from per-layer stacked
+    :class:`~jaxrl_llm.models.moe.MoeStats`; None without a recorded routing."""
+    if stats.mismatch is None or stats.own_mismatch is None:
+        return None
+    decisions = k * jnp.sum(stats.tokens)
+    safe = jnp.where(decisions > 0, decisions, 1.0)
+    return jnp.sum(stats.mismatch) / safe, jnp.sum(stats.own_mismatch) / safe
 
 
 def unembedding(params: Params, config: ModelConfig) -> jax.Array:
@@ -537,6 +601,7 @@ def apply(
     remat: str = "none",
     shared_prefix: tuple[int, int] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    routing: moe_lib.RecordedRouting | None = None,
 ) -> ModelOutputs:
     """Training-time forward: hidden states, the unembedding and the scalar head if any.
 
@@ -545,8 +610,15 @@ def apply(
     (:func:`trunk_shared_prefix`); the outputs keep the plain forward's layout. For a
     mixture of experts, ``router_aux_loss`` is the load-balancing loss over the real tokens
     (``attention_mask``) of every layer, and ``mesh`` the mesh the experts are split over
-    (:func:`jaxrl_llm.models.moe.sparse_moe`).
+    (:func:`jaxrl_llm.models.moe.sparse_moe`). ``routing``: a sampler's recorded experts of
+    these tokens (``[B, T, L, k]``, :class:`~jaxrl_llm.models.moe.RecordedRouting`), replayed
+    in every MoE block when ``routing.replay`` (R3, Ma et al. 2025,
+    https://arxiv.org/abs/2510.11370) and compared against in ``routing_mismatch`` /
+    ``routing_own_mismatch``.
     """
+    if routing is not None:
+        chex.assert_rank(routing.experts, 4)
+        chex.assert_equal_shape_prefix([routing.experts, tokens], 2)
     if shared_prefix is not None and shared_prefix[1] > 1:
         if segment_ids is not None:
             raise ValueError("shared_prefix cannot be combined with segment_ids (packing)")
@@ -560,6 +632,7 @@ def apply(
             attention_mask=attention_mask,
             remat=remat,
             mesh=mesh,
+            routing=routing,
         )
     else:
         hidden, _, stats = _trunk(
@@ -572,8 +645,10 @@ def apply(
             cache=None,
             remat=remat,
             mesh=mesh,
+            routing=routing,
         )
     aux = None if stats is None else moe_lib.load_balancing_loss(stats, config.num_experts)
+    fracs = None if stats is None else routing_mismatch(stats, config.num_experts_per_tok)
     scalar = scalar_head(params, hidden) if config.num_labels else None
     unembed = (
         None
@@ -586,4 +661,6 @@ def apply(
         scalar=scalar,
         logit_softcap=config.final_logit_softcap,
         router_aux_loss=aux,
+        routing_mismatch=None if fracs is None else fracs[0],
+        routing_own_mismatch=None if fracs is None else fracs[1],
     )

@@ -28,6 +28,11 @@ https://arxiv.org/abs/2509.19128). Rows in flight keep their KV cache (computed 
 weights, as in PipelineRL) and continue with the new weights; every sampled token records the
 version of the weights whose logits it was drawn from (``Row.versions``; -1 for appended
 tokens), and its behaviour log-prob is that of those logits.
+
+With ``record_routing`` (a mixture of experts) every token a row runs through the model — its
+prompt (from the group's prefill), its sampled tokens, appended tokens — records the experts
+it was routed to in every layer (``Row.prompt_routing``, ``Row.routing``), for rollout routing
+replay in the update (R3, Ma et al. 2025, https://arxiv.org/abs/2510.11370).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import numpy as np
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import NULL_PAGE, ModelConfig, init_paged_cache
 from jaxrl_llm.sampling.config import SamplingConfig, bucket_length
-from jaxrl_llm.sampling.decode import prefill
+from jaxrl_llm.sampling.decode import prefill, prefill_with_routing, routing_dtype
 from jaxrl_llm.sampling.paged import PageTable, pages_for
 from jaxrl_llm.sampling.slots import (
     POW2,
@@ -79,6 +84,16 @@ class Row:
     finished: bool = False
     done: bool = False
     versions: list[int] = dataclasses.field(default_factory=list)  # per token; -1 = appended
+    # with record_routing: [len(prompt), L, k] and one [n, L, k] block per run of ``tokens``
+    prompt_routing: np.ndarray | None = None
+    routing: list[np.ndarray] = dataclasses.field(default_factory=list)
+
+    def token_routing(self) -> np.ndarray | None:
+        """``[len(tokens), L, k]`` the recorded experts of ``tokens`` (None: not recorded)."""
+        if self.prompt_routing is None:
+            return None
+        empty = self.prompt_routing[:0]
+        return np.concatenate([empty, *self.routing], axis=0)
 
 
 class PagedEngine:
@@ -94,6 +109,8 @@ class PagedEngine:
       chunk_steps: decode steps per jitted chunk between host refills.
       dtype: None, 'float32' or 'bfloat16'.
       version: the weights' version (recorded per sampled token; :meth:`swap` changes it).
+      record_routing: a mixture of experts: record every token's experts (module docstring);
+        ignored for a dense model.
     """
 
     def __init__(
@@ -111,6 +128,7 @@ class PagedEngine:
         chunk_steps: int = 16,
         dtype: str | None = None,
         version: int = 0,
+        record_routing: bool = False,
     ):
         for name, value in (
             ("num_slots", num_slots),
@@ -121,6 +139,7 @@ class PagedEngine:
             if int(value) < 1:
                 raise ConfigError(f"paged engine: {name} must be >= 1, got {value}")
         self._model_config, self._dtype = config, dtype
+        self.record_routing = bool(record_routing) and config.is_moe
         self.params, self.config = cast_for_rollout(params, config, dtype)
         self.version = int(version)
         self.sampling, self.seed = sampling, int(seed)
@@ -148,6 +167,11 @@ class PagedEngine:
             finished=jnp.zeros((s,), bool),
             tokens=jnp.zeros((s, m), jnp.int32),
             logprobs=jnp.zeros((s, m), jnp.float32),
+            routing=jnp.zeros(
+                (s, m, config.num_layers, config.num_experts_per_tok), routing_dtype(config)
+            )
+            if self.record_routing
+            else None,
         )
         self.rows: list[Row] = []
         self._waiting: collections.deque[list[int]] = collections.deque()  # groups of rows
@@ -215,7 +239,7 @@ class PagedEngine:
         t = bucket_length(len(tokens))
         padded = np.full((1, t), self.pad_id, np.int32)
         padded[0, : len(tokens)] = tokens
-        logits, cache = extend_row(
+        logits, cache, experts = extend_row(
             self.params,
             self.state.cache,
             jnp.asarray(padded),
@@ -225,6 +249,8 @@ class PagedEngine:
             config=self.config,
         )
         self.state = self.state._replace(cache=cache)
+        if self.record_routing and experts is not None:
+            row.routing.append(np.asarray(experts[0, : len(tokens)], routing_dtype(self.config)))
         row.tokens += list(tokens)
         row.mask += [0] * len(tokens)
         row.logprobs += [0.0] * len(tokens)
@@ -343,9 +369,15 @@ class PagedEngine:
         prompts = [self.rows[ids[0]].prompt for ids, _ in groups]
         p = bucket_length(max(len(x) for x in prompts))
         tokens, mask = pad_prompts(prompts + [[self.pad_id]] * (a - len(groups)), length=p)
-        logits, dense, _ = prefill(
-            self.params, jnp.asarray(tokens), jnp.asarray(mask), config=self.config, cache_len=p
-        )
+        args = (self.params, jnp.asarray(tokens), jnp.asarray(mask))
+        if self.record_routing:
+            logits, dense, _, routing = prefill_with_routing(*args, config=self.config, cache_len=p)
+            host = np.asarray(routing)
+            for i, (ids, _) in enumerate(groups):  # left-padded: the last len(prompt) columns
+                for r in ids:
+                    self.rows[r].prompt_routing = host[i, p - len(prompts[i]) :]
+        else:
+            logits, dense, _ = prefill(*args, config=self.config, cache_len=p)
         n = pages_for(p, self.book.page_size)
         pages = np.full((a, n), NULL_PAGE, np.int32)
         for i, (_, pg) in enumerate(groups):
@@ -385,6 +417,7 @@ class PagedEngine:
         ended: list[int] = []
         active, gen, fin = jax.device_get((st.active, st.gen, st.finished))
         out_tok, out_lp = jax.device_get((st.tokens, st.logprobs))
+        out_routing = None if st.routing is None else jax.device_get(st.routing)
         for slot, r in enumerate(self._slot_row):
             if r is None:
                 continue
@@ -402,6 +435,8 @@ class PagedEngine:
             row.tokens += out_tok[slot, :g].tolist()
             row.mask += [1] * g
             row.logprobs += out_lp[slot, :g].tolist()
+            if out_routing is not None:
+                row.routing.append(out_routing[slot, :g])
             row.steps += g
             row.versions += self._turn_versions.pop(r)
             row.finished, row.done = bool(fin[slot]), True

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
@@ -38,6 +39,7 @@ def generate_paged(
     version: int = 0,
     refresh: Callable[[], tuple[Any, int]] | None = None,
     return_versions: bool = False,
+    record_routing: bool = False,
 ) -> Rollout | tuple[Rollout, np.ndarray]:
     """:func:`jaxrl_llm.sampling.generate` on the continuous-batching paged engine.
 
@@ -58,7 +60,9 @@ def generate_paged(
     its version differs from the engine's, the engine decodes on with those params (already
     in the rollout dtype; :meth:`PagedEngine.swap`). ``version`` is the starting params'.
     With ``return_versions`` the result is ``(rollout, versions)``, ``versions [N, M]`` int64:
-    the version each token was sampled with (-1 past a row's end).
+    the version each token was sampled with (-1 past a row's end). ``record_routing`` (a
+    mixture of experts): :attr:`Rollout.routing` ``[N, P + max_new_tokens, L, k]`` from the
+    engines' per-row records (columns of no token hold the experts 0..k−1).
     """
     if max_new_tokens < 1 or num_samples < 1:
         raise ConfigError("max_new_tokens and num_samples must be >= 1")
@@ -84,6 +88,7 @@ def generate_paged(
             chunk_steps=chunk_steps,
             dtype=dtype,
             version=version,
+            record_routing=record_routing,
         )
         for mesh in replicas
     ]
@@ -128,6 +133,7 @@ def generate_paged(
         prompt_mask=jnp.asarray(np.repeat(mask, g, axis=0)),
         prompt_ids=jnp.asarray(np.repeat(np.asarray(pids, np.int32), g)),
         sample_ids=jnp.asarray(np.tile(np.arange(g, dtype=np.int32), b)),
+        routing=_routing(rows, tokens.shape[1], m) if engine.record_routing else None,
     )
     if not return_versions:
         return out
@@ -135,6 +141,21 @@ def generate_paged(
     for i, r in enumerate(rows):
         versions[i, : lengths[i]] = r.versions
     return out, versions
+
+
+def _routing(rows, p: int, m: int) -> jax.Array:
+    """``[N, P + M, L, k]`` the rows' recorded experts in the Rollout layout (prompt left-padded
+    to P, completion from column P); columns with no token hold 0..k−1."""
+    first = rows[0].prompt_routing
+    _, num_layers, k = first.shape
+    out = np.broadcast_to(np.arange(k, dtype=first.dtype), (len(rows), p + m, num_layers, k))
+    out = out.copy()
+    for i, r in enumerate(rows):
+        plen = len(r.prompt)
+        out[i, p - plen : p] = r.prompt_routing
+        done = r.token_routing()
+        out[i, p : p + len(done)] = done[:m]
+    return jnp.asarray(out)
 
 
 ROLLOUT_ENGINES: dict[str, Callable[..., Any]] = {"static": generate, "paged": generate_paged}

@@ -25,7 +25,7 @@ from jaxrl_llm.models import (
     PagedKVCache,
     copy_pages,
     logits_from_hidden,
-    paged_trunk,
+    paged_trunk_with_routing,
     write_prompt_pages,
 )
 from jaxrl_llm.sampling.filters import row_keys, select_tokens
@@ -53,6 +53,8 @@ class SlotState(NamedTuple):
       gen: ``[S]`` int32 tokens generated in this turn; budget: ``[S]`` int32 its limit.
       active: ``[S]`` bool still decoding; finished: ``[S]`` bool emitted a stop token.
       tokens, logprobs: ``[S, M]`` this turn's tokens and log π_τ.
+      routing: ``[S, M, L, k]`` the experts a mixture of experts routed this turn's tokens
+        to (recorded for routing replay, R3), or None when not recorded.
     """
 
     cache: PagedKVCache
@@ -67,6 +69,7 @@ class SlotState(NamedTuple):
     finished: jax.Array
     tokens: jax.Array
     logprobs: jax.Array
+    routing: jax.Array | None = None
 
 
 def _step_rows(s: SlotState, stop, params, *, config, sampling, pad_id, width) -> SlotState:
@@ -82,9 +85,15 @@ def _step_rows(s: SlotState, stop, params, *, config, sampling, pad_id, width) -
     stopped = alive & jnp.any(tok[:, None] == stop[None, :], axis=-1)
     gen = s.gen + alive.astype(jnp.int32)
     table = jnp.where(alive[:, None], s.table[:, :width], NULL_PAGE)  # idle rows write nowhere
-    hidden, cache = paged_trunk(params, tok[:, None], s.cache, table, s.cache_len, config=config)
+    hidden, cache, experts = paged_trunk_with_routing(
+        params, tok[:, None], s.cache, table, s.cache_len, config=config
+    )
     logits = logits_from_hidden(params, hidden, config)[:, 0]  # the trainer's (soft-capped)
+    routing = s.routing
+    if routing is not None and experts is not None:  # this token's experts (R3)
+        routing = routing.at[rows, col].set(experts[:, 0].astype(routing.dtype), mode="drop")
     return s._replace(
+        routing=routing,
         cache=cache,
         cache_len=s.cache_len + alive.astype(jnp.int32),
         logits=jnp.where(alive[:, None], logits, s.logits),
@@ -156,11 +165,14 @@ def cow_copy(cache, src, dst):
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
 def extend_row(params, cache, tokens, table, start, last, *, config):
     """Feed ``tokens`` ``[R, T]`` from slot ``start`` through the pages (pool donated);
-    returns (float32 logits ``[R, V]`` after token ``last[r]``, the pool)."""
+    returns (float32 logits ``[R, V]`` after token ``last[r]``, the pool, the tokens' experts
+    ``[R, T, L, k]`` int32 for a mixture of experts, else None)."""
     _TRACES["extend"] += 1
-    hidden, cache = paged_trunk(params, tokens, cache, table, start, config=config)
+    hidden, cache, experts = paged_trunk_with_routing(
+        params, tokens, cache, table, start, config=config
+    )
     h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
-    return logits_from_hidden(params, h, config)[:, 0], cache
+    return logits_from_hidden(params, h, config)[:, 0], cache, experts
 
 
 def cast_for_rollout(params, config: ModelConfig, dtype: str | None):

@@ -236,6 +236,8 @@ def _compile_programs(
         window=plan.cfg.rollout.max_new_tokens,
         packed_rows=rows.per_update,  # at most one packed row per episode
         packed_len=packed_len,
+        layers=policy.config.num_layers,  # a recorded MoE routing's (rollout.routing_replay)
+        topk=policy.config.num_experts_per_tok,
     )
     hparams = {k: jax.ShapeDtypeStruct((), jnp.float32) for k in plan.needs.traced_hparams}
     out = [

@@ -309,6 +309,7 @@ _DECODE_AXES = {  # logical names of DecodeState / KVCache dimensions
     "keys": ("batch", None),
     "step": (),
     "max_new_tokens": (),
+    "routing": ("batch", None, None, None),  # a MoE's recorded experts (routing replay)
 }
 _CACHE_AXES = {
     "k": ("layers", "batch", "length", "kv_heads", "head_dim"),
@@ -332,6 +333,8 @@ def decode_state_sharding(dstate, mesh, rules=DEFAULT_RULES):
             fields[f] = type(x)(
                 **{k: named(_CACHE_AXES[k], v, f"cache.{k}") for k, v in x._asdict().items()}
             )
+        elif x is None:  # an optional field left out (no routing recorded)
+            fields[f] = None
         else:
             fields[f] = named(_DECODE_AXES[f], x, f)
     return type(dstate)(**fields)

@@ -51,7 +51,8 @@ class BatchField:
       name: the batch key.
       dims: symbolic dimensions: ``rows`` (sequences), ``tokens`` (T, the padded length) or
         ``window`` (W, a packed batch's completion window); ``packed_rows`` / ``packed_len``
-        for a packed batch's model inputs.
+        for a packed batch's model inputs; ``layers`` / ``topk`` (L, k of a mixture of
+        experts: :data:`ROUTING_FIELD`).
       dtype: ``int32`` or ``float32``.
     """
 
@@ -87,6 +88,9 @@ _REFERENCE_FIELDS: dict[str, tuple[BatchField, ...]] = {
     "preference": _floats("ref_chosen_logps", "ref_rejected_logps", dims=("rows",)),
     "kto": _floats("ref_logps", "ref_kl_logps", dims=("rows",)),
 }
+# a mixture of experts' recorded routing (``rollout.routing_replay`` / ``record_routing``, R3):
+# each token's top-k experts per layer, over the whole row as ``input_ids``
+ROUTING_FIELD = BatchField("routing", ("rows", "tokens", "layers", "topk"), "int32")
 # PPO's critic update reads these beside the actor's batch (the actor's step does not take them)
 CRITIC_FIELDS: tuple[BatchField, ...] = _floats("values", "returns")
 
@@ -175,6 +179,8 @@ def packed_layout(layout: BatchLayout) -> BatchLayout:
     for f in layout.fields:
         if f.name in ("input_ids", "attention_mask"):
             out.append(dataclasses.replace(f, dims=packed))
+        elif f.name == ROUTING_FIELD.name:  # packed as the model inputs are
+            out.append(dataclasses.replace(f, dims=(*packed, *f.dims[2:])))
         elif f.dims == ("rows", "tokens"):
             out.append(dataclasses.replace(f, dims=("rows", "window")))
         else:
@@ -395,6 +401,13 @@ def plan_run(cfg: RunConfig, mesh: Any) -> RunPlan:
         layout = layout.with_fields(*_REFERENCE_FIELDS[spec.batch_kind])
     if correction is not None:
         layout = layout.with_fields(*_floats(correction))
+    if cfg.is_online and r.records_routing:
+        if spec.batch_kind != "rl":
+            raise ConfigError(
+                f"rollout.routing_replay / record_routing: the {cfg.algorithm} update takes "
+                f"{spec.batch_kind!r} batches; routing is replayed in 'rl' batches only"
+            )
+        layout = layout.with_fields(ROUTING_FIELD)
     return RunPlan(
         cfg=cfg,
         algo=algo,

@@ -313,6 +313,13 @@ class RolloutSection:
         the learner publishes new weights continues with them from the next chunk (its
         tokens keep the versions that drew them; a row's staleness is its oldest token's)
         instead of finishing on the old ones (:meth:`jaxrl_llm.sampling.PagedEngine.swap`).
+      routing_replay: a mixture of experts: the samplers record every token's top-k experts
+        per layer and the update's forwards of the policy route each token to those instead
+        of their own top-k, the gate weights still the router's probabilities at them
+        (rollout routing replay, R3: Ma et al. 2025, https://arxiv.org/abs/2510.11370).
+        Logs ``routing/mismatch_frac`` (0 with replay) and ``routing/own_topk_mismatch_frac``.
+      record_routing: record the samplers' routing and log those metrics without replaying
+        it (implied by ``routing_replay``).
     """
 
     prompts_per_step: int = 4
@@ -338,6 +345,14 @@ class RolloutSection:
     devices: int = 0
     tensor: int = 1
     partial: bool = False
+    routing_replay: bool = False
+    record_routing: bool = False
+
+    @property
+    def records_routing(self) -> bool:
+        """The samplers record each token's experts (``routing_replay`` or
+        ``record_routing``)."""
+        return self.routing_replay or self.record_routing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxrl_llm import objectives
 from jaxrl_llm.data.tokenize import TokenizedPrompt
+from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.objectives import pass_at_k
 from jaxrl_llm.parallel import allgather_objects, process_share, to_process_local
 from jaxrl_llm.rewards import RewardSet
@@ -85,6 +86,17 @@ class Rollouts:
             n,
             key=f"rollout.max_new_tokens={n}",
         )
+        if settings.records_routing:
+            if not getattr(model_config, "is_moe", False):
+                raise ConfigError(
+                    "rollout.routing_replay / record_routing record a mixture of experts' "
+                    "routing; this model has no experts (set them to false)"
+                )
+            if env is not None:
+                raise ConfigError(
+                    "rollout.routing_replay / record_routing: multi-turn episodes (env) do not "
+                    "record routing yet; use single-turn rollouts or set them to false"
+                )
         self.settings = settings
         self.rewards = rewards
         self.tokenizer = tokenizer
@@ -156,6 +168,8 @@ class Rollouts:
         params, config = cast_for_rollout(params, self.model_config, self.settings.dtype)
         engine: Callable[..., Any] = ROLLOUT_ENGINES[self.settings.engine]
         versions = None
+        if self.settings.records_routing and not greedy:  # the update replays it (R3)
+            engine = functools.partial(engine, record_routing=True)
         partial = self.partial and not greedy
         if partial:  # weights may change between chunks
             engine = functools.partial(
