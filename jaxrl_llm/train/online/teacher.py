@@ -131,8 +131,8 @@ def with_system_prompt(prompt: Any, system_prompt: str) -> Any:
         msgs = [dict(m) for m in prompt]
         if msgs and msgs[0].get("role") == "system":
             msgs[0]["content"] = f"{system_prompt}\n\n{msgs[0]['content']}"
-            return msgs
-        return [{"role": "system", "content": system_prompt}, *msgs]
+            return tuple(msgs)
+        return ({"role": "system", "content": system_prompt}, *msgs)
     return f"{system_prompt}\n\n{prompt}"
 
 
