@@ -1,7 +1,8 @@
 """Per-device memory estimates for a post-training run: the "models in memory" view.
 
 The source texts compare algorithms by how many full models they hold (PPO 4: policy,
-reference, critic, reward model; DPO / GRPO / KTO 2: policy and reference; SimPO / ORPO 1).
+reference, critic, reward model; DPO / GRPO / KTO 2: policy and reference; SimPO / ORPO 1;
+on-policy distillation 2: policy and teacher, the teacher assumed the policy's size).
 This module turns that into bytes per device for a given model, algorithm, mesh, precision,
 batch and sequence length, so a user can see before launching whether a run fits.
 
@@ -62,6 +63,7 @@ class Role(str, enum.Enum):
     REFERENCE = "reference"
     CRITIC = "critic"
     REWARD = "reward"
+    TEACHER = "teacher"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +91,7 @@ def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
     """The models an algorithm holds, from its registry entry (``jaxrl_llm.losses.ALGORITHMS``):
     the trained model (a reward model for ``trains_reward_head``), a frozen reference when its
     loss at the paper's defaults needs one (or for PPO's KL-shaped reward), a critic, and a
-    reward model when its reward usually is a learned one."""
+    reward model when its reward usually is a learned one, a frozen teacher (distillation)."""
     trained = RM if algo.trains_reward_head else P
     try:
         preset = algo.preset()
@@ -98,6 +100,7 @@ def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
     uses_ref = preset is not None and algo.loss_spec().uses_reference(preset)
     roles = [trained] + ([R] if uses_ref or algo.critic else []) + ([C] if algo.critic else [])
     roles += [RM] if algo.scores_with_reward_model and trained is not RM else []
+    roles += [Role.TEACHER] if algo.teacher else []
     data = algo.data_note + (" (+ greedy baseline)" if algo.greedy_baseline else "")
     return AlgorithmMemory(
         tuple(roles),
