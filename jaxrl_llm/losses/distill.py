@@ -70,6 +70,11 @@ class DistillConfig:
         default 0.5, TRL's ``GKDConfig``; the paper sweeps it).
       gamma: discount γ ∈ [0, 1] of the reverse-KL advantages over the following tokens
         (``reverse_kl`` only; default 0: the per-token reverse KL of Thinking Machines 2025).
+      lmbda: GKD's λ ∈ [0, 1], the share of steps that train on the student's own samples;
+        the other steps train on the data rows' ``completion`` (GKD's Algorithm 1, "with
+        probability λ generate from the student, else take the output from the data set";
+        ``gkd`` only; default 1: on-policy only. The paper finds λ = 1 best in most tasks;
+        TRL's ``GKDConfig`` defaults to 0.5).
       clip_eps, clip_eps_high: PPO's clip range of the policy-gradient surrogate (default
         0.2, Schulman et al. 2017; ``clip_eps_high`` None = ``clip_eps``).
       aggregation: how the surrogate's per-token terms reduce (``reverse_kl``; ``gkd`` is a
@@ -80,6 +85,7 @@ class DistillConfig:
     kind: DistillKind = DistillKind.REVERSE_KL
     beta: float = 0.5
     gamma: float = 0.0
+    lmbda: float = 1.0
     clip_eps: float | None = 0.2
     clip_eps_high: float | None = None
     aggregation: AggregationMode = AggregationMode.TOKEN_MEAN
@@ -99,6 +105,13 @@ class DistillConfig:
             raise ConfigError(f"beta={self.beta} must be in [0, 1] (GKD's JSD(β))")
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"gamma={self.gamma} must be in [0, 1]")
+        if not 0.0 <= self.lmbda <= 1.0:
+            raise ConfigError(f"lmbda={self.lmbda} must be in [0, 1] (GKD's λ)")
+        if self.lmbda < 1 and self.kind is not DistillKind.GKD:
+            raise ConfigError(
+                f"lmbda={self.lmbda}: training on the data set's completions (GKD's λ < 1) needs "
+                f"kind='gkd'; the reverse-KL policy gradient is defined on the student's samples"
+            )
         if self.kind is DistillKind.GKD and self.aggregation is not AggregationMode.TOKEN_MEAN:
             raise ConfigError(
                 f"aggregation={self.aggregation.value!r}: kind='gkd' is a token mean of the "

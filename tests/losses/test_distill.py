@@ -158,6 +158,9 @@ def test_distill_config_is_validated():
         losses.distill_config(kind="gkd", beta=1.5)
     with pytest.raises(ConfigError, match="kind='jsd'"):
         losses.distill_config(kind="jsd")
+    with pytest.raises(ConfigError, match="needs kind='gkd'"):
+        losses.distill_config(lmbda=0.5)
+    assert losses.distill_config(kind="gkd", lmbda=0.5).lmbda == 0.5
     with pytest.raises(ConfigError, match="token_mean"):
         losses.distill_config(kind="gkd", aggregation="seq_mean_token_mean")
     spec = losses.LOSSES["distill"]

@@ -251,3 +251,28 @@ def test_resume_with_a_teacher_continues_exactly(tmp_path):
     _, pa, _ = restore_model(str(tmp_path / "a" / "checkpoints"))
     _, pb, _ = restore_model(str(tmp_path / "b" / "checkpoints"))
     jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), pa, pb)
+
+
+def test_gkd_lambda_zero_trains_on_the_data_rows_completions(tmp_path, capsys):
+    """GKD's λ = 0: every step distils on the data set's own completions, not the samples;
+    a data set without completions is refused in one line."""
+    rows_in = [
+        {"prompt": f"{a}+{b}=", "completion": str(a + b), "answer": str(a + b)}
+        for a in range(4)
+        for b in range(4)
+    ]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows_in))
+    common = ["teacher.tiny={num_layers: 2}", "loss.kind=gkd", "loss.lmbda=0.0"]
+    out = tmp_path / "data_steps"
+    rc = main(cli_args(out, *common, f"data.train={data}", f"data.eval={data}"))
+    assert rc == 0, capsys.readouterr().err
+    for r in rows(out):
+        assert r["distill/on_policy"] == 0.0
+        assert r["jsd"] > 0 and r["grad_norm"] > 0
+        # the completions are the data's ("N" + EOS: 2 or 3 tokens), not the 4 sampled ones
+        assert r["loss_tokens"] <= 3 * 8
+    capsys.readouterr()
+    rc = main(cli_args(tmp_path / "no_completions", *common))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "has none" in err[-1] and "loss.lmbda: 1" in err[-1]

@@ -37,7 +37,7 @@ from jaxrl_llm.train.config.sections import RolloutSection
 from jaxrl_llm.train.online.experience import Experience, rl_batch
 from jaxrl_llm.train.online.learner import context_padded
 from jaxrl_llm.train.online.rollout import Rollouts
-from jaxrl_llm.train.online.teacher import teacher_batch
+from jaxrl_llm.train.online.teacher import teacher_batch, with_data_completions
 from jaxrl_llm.train.programs.builder import build_critic, build_teacher_programs, critic_policy
 from jaxrl_llm.train.programs.policy import Policy
 from jaxrl_llm.train.programs.teacher import Teacher
@@ -379,7 +379,11 @@ class Distillation:
 
     ``distill.reward_weight`` w > 0 adds w × the task rewards' group-normalised advantages
     (GRPO's estimator) to every completion token's advantage. ``teacher.system_prompt``: the
-    teacher reads its own prompt before the same completion (context distillation).
+    teacher reads its own prompt before the same completion (context distillation). GKD's
+    ``loss.lmbda`` λ < 1: a step is on the student's samples with probability λ (a draw of
+    (seed, learner version), so a resumed run draws the same), else on the data rows'
+    ``completion`` (:func:`~jaxrl_llm.train.online.teacher.with_data_completions`; no task
+    advantage then: the rewards scored the samples).
     """
 
     def __init__(
@@ -394,9 +398,8 @@ class Distillation:
         if teacher is None:
             raise ConfigError(f"{plan.cfg.algorithm}: a teacher section is required")
         self.plan, self.policy, self.teacher = plan, policy, teacher
-        self.programs = (
-            None if plan.needs.teacher_in_loss else (build_teacher_programs(plan, policy, teacher))
-        )
+        # jitted lazily: GKD calls only the student's forward, on its data steps
+        self.programs = build_teacher_programs(plan, policy, teacher)
 
     def companions(self) -> tuple[Companion, ...]:
         """None: the teacher is frozen."""
@@ -416,10 +419,20 @@ class Distillation:
         )
         return (w * invalid_to_zero(adv, exp.valid)).astype(np.float32)
 
+    def on_policy(self, exp: Experience) -> bool:
+        """Whether this step trains on the student's samples (always, unless GKD's λ < 1)."""
+        lmbda = self.plan.loss_config.lmbda
+        if lmbda >= 1:
+            return True
+        version = int(np.min(exp.policy_version))
+        return bool(np.random.default_rng([self.plan.cfg.seed, version]).random() < lmbda)
+
     def prepare(self, exp: Experience, reference: Reference | None) -> Prepared:
         """The ``rl`` batch with distillation advantages, or GKD's ``distill`` batch."""
         cfg, lc = self.plan.cfg, self.plan.loss_config
         m = int(np.shape(exp.rollout.tokens)[1])
+        if not self.on_policy(exp):
+            return self.prepare_data_step(exp, m)
         task = self.reward_advantages(exp)
         batch = rl_batch(exp, task, loss_weight(cfg.rollout, exp))
         t_batch = teacher_batch(
@@ -431,18 +444,12 @@ class Distillation:
             pad_id=self.policy.config.pad_token_id or 0,
         )
         programs = self.programs
-        if programs is None:  # GKD: the step runs the teacher on its inputs
+        if self.plan.needs.teacher_in_loss:  # GKD: the step runs the teacher on its inputs
             batch["teacher_input_ids"] = t_batch["input_ids"]
             batch["teacher_attention_mask"] = t_batch["attention_mask"]
-            return Prepared(batch, batch["advantages"][:, -m:], {})
-        p = self.policy
-        student = context_padded(
-            lambda b: programs.student(
-                p.state.params, {k: jnp.asarray(v) for k, v in b.items()}, **p.frozen()
-            ),
-            {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask")},
-            p,
-        )
+            metrics = {"distill/on_policy": 1.0} if lc.lmbda < 1 else {}
+            return Prepared(batch, batch["advantages"][:, -m:], metrics)
+        student = self.student_logps(batch)
         teacher = programs.teacher(
             self.teacher.params, {k: jnp.asarray(v) for k, v in t_batch.items()}
         )
@@ -459,6 +466,39 @@ class Distillation:
             adv,
             {"distill/reverse_kl": float(per_token.mean()) if per_token.size else 0.0},
         )
+
+    def student_logps(self, batch: dict) -> np.ndarray:
+        """``[N, T]`` the policy's log-probs of the batch's tokens before the update."""
+        p = self.policy
+        return np.asarray(
+            context_padded(
+                lambda b: self.programs.student(
+                    p.state.params, {k: jnp.asarray(v) for k, v in b.items()}, **p.frozen()
+                ),
+                {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask")},
+                p,
+            )
+        )
+
+    def prepare_data_step(self, exp: Experience, m: int) -> Prepared:
+        """GKD on the data rows' completions: the ``distill`` batch with zero advantages and
+        the policy's own log-probs as ``old_logp`` (ratio 1)."""
+        data = with_data_completions(exp, self.policy.tokenizer)
+        batch = rl_batch(
+            data, np.zeros(len(data), np.float32), loss_weight(self.plan.cfg.rollout, data)
+        )
+        batch["old_logp"] = (self.student_logps(batch) * batch["loss_mask"]).astype(np.float32)
+        t_batch = teacher_batch(
+            batch,
+            sources=data.sources,
+            completion_len=m,
+            tokenizer=self.teacher.tokenizer,
+            system_prompt=self.teacher.system_prompt,
+            pad_id=self.policy.config.pad_token_id or 0,
+        )
+        batch["teacher_input_ids"] = t_batch["input_ids"]
+        batch["teacher_attention_mask"] = t_batch["attention_mask"]
+        return Prepared(batch, None, {"distill/on_policy": 0.0})
 
 
 STRATEGIES: dict[AlgorithmFamily, Callable[..., Strategy]] = {

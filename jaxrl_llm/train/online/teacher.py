@@ -9,20 +9,24 @@
 * :func:`teacher_batch` — the teacher's rows: the student's, or (context distillation,
   ``teacher.system_prompt``) the teacher's own prompt, left-padded, followed by the same
   completion columns, so the completion's log-probs line up column for column.
+* :func:`with_data_completions` — GKD's off-policy steps (``loss.lmbda`` < 1): the data rows'
+  own completions in place of the samples.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jaxrl_llm.data import CharTokenizer, encode_prompt, is_conversational
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.data import CharTokenizer, encode_completion, encode_prompt, is_conversational
+from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.interop.peft import is_peft_adapter
 from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.experience import Experience
 from jaxrl_llm.train.programs.policy import Policy, load_policy_model, tokenizer_size
 from jaxrl_llm.train.programs.teacher import Teacher, teacher_on_mesh
 from jaxrl_llm.train.run.checkpoint import restore_model
@@ -174,3 +178,56 @@ def teacher_batch(
             np.int32
         ),
     }
+
+
+COMPLETION_KEY = "completion"
+
+
+def _completion_text(value: Any) -> str:
+    """A data row's completion as text: a string, or the content of its (last) message."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and isinstance(value[-1], Mapping):
+        return str(value[-1].get("content", ""))
+    raise DataError(
+        f"{COMPLETION_KEY!r}: GKD's data steps (loss.lmbda < 1) take a text or a list of "
+        f"messages, got {type(value).__name__}"
+    )
+
+
+def with_data_completions(exp: Experience, tokenizer: Any) -> Experience:
+    """``exp`` with every row's completion replaced by its data row's ``completion`` (GKD's
+    steps on the data set's outputs): encoded with EOS, cut to the rollout's M columns
+    (``truncated`` then), right-padded; behaviour log-probs 0 (not sampled). The prompts,
+    groups and rewards (of the samples) stay.
+
+    Raises:
+      DataError: a row without a ``completion`` field (one line naming it).
+    """
+    ro = exp.rollout
+    n, m = np.shape(ro.tokens)
+    tokens = np.zeros((n, m), np.int32)
+    mask = np.zeros((n, m), np.int32)
+    lengths = np.zeros(n, np.int32)
+    truncated = np.zeros(n, bool)
+    for i, extras in enumerate(exp.extras):
+        if COMPLETION_KEY not in extras:
+            raise DataError(
+                f"loss.lmbda < 1 trains some steps on the data rows' {COMPLETION_KEY!r}, but a "
+                f"training row has none (fields: {sorted(extras)}); add it or set loss.lmbda: 1"
+            )
+        ids = encode_completion(tokenizer, _completion_text(extras[COMPLETION_KEY]))
+        truncated[i] = len(ids) > m
+        ids = ids[:m]
+        tokens[i, : len(ids)] = ids
+        mask[i, : len(ids)] = 1
+        lengths[i] = len(ids)
+    host: Any = ro  # host numpy arrays
+    rollout = host._replace(
+        tokens=tokens,
+        mask=mask,
+        lengths=lengths,
+        truncated=truncated,
+        logprobs=np.zeros((n, m), np.float32),
+    )
+    return dataclasses.replace(exp, rollout=rollout, context_mask=None, token_version=None)
