@@ -276,3 +276,14 @@ def test_gkd_lambda_zero_trains_on_the_data_rows_completions(tmp_path, capsys):
     rc = main(cli_args(tmp_path / "no_completions", *common))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "has none" in err[-1] and "loss.lmbda: 1" in err[-1]
+
+
+def test_a_run_directory_as_teacher_loads_its_newest_checkpoint(tmp_path):
+    """teacher.source = a jaxrl_llm run directory (no hf/ export): its newest checkpoint, run
+    a's trained student, teaches the student's initial weights."""
+    devnull = open(os.devnull, "w")
+    train_online(_cfg(tmp_path / "a", max_steps=1), log_stream=devnull)
+    teacher = dict(source=str(tmp_path / "a"), tokenizer="char")
+    train_online(_cfg(tmp_path / "c", max_steps=1, teacher=teacher), log_stream=devnull)
+    (c,) = rows(tmp_path / "c")
+    assert c["advantage/std"] > 0 and np.isfinite(c["distill/reverse_kl"])
