@@ -287,3 +287,12 @@ def test_a_run_directory_as_teacher_loads_its_newest_checkpoint(tmp_path):
     train_online(_cfg(tmp_path / "c", max_steps=1, teacher=teacher), log_stream=devnull)
     (c,) = rows(tmp_path / "c")
     assert c["advantage/std"] > 0 and np.isfinite(c["distill/reverse_kl"])
+
+
+def test_gkd_refuses_a_teacher_with_another_vocabulary_width(tmp_path, capsys):
+    """Same tokenizer, a padded vocabulary: reverse KL reads sampled tokens only, GKD compares
+    whole distributions and refuses, in one line, before anything compiles."""
+    args = ["teacher.tiny={num_layers: 1, vocab_size: 300}", "loss.kind=gkd"]
+    rc = main(cli_args(tmp_path / "run", *args))
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and "vocabulary of 300 logits" in last and "must be as wide" in last

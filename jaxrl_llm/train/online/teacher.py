@@ -107,8 +107,9 @@ def load_teacher_model(cfg: RunConfig) -> tuple[Any, Any, Any]:
     return load_policy_model(dataclasses.replace(cfg, model=model))
 
 
-def load_teacher(cfg: RunConfig, policy: Policy) -> Teacher:
-    """The run's teacher on the policy's mesh, its tokenizer checked against the student's.
+def load_teacher(cfg: RunConfig, policy: Policy, *, full_vocab: bool = False) -> Teacher:
+    """The run's teacher on the policy's mesh, its tokenizer checked against the student's
+    (``full_vocab``: its vocabulary size too, for GKD's full distributions).
 
     Raises:
       ConfigError: the tokenizers differ (one line naming both sources), or a GKD teacher's
@@ -118,6 +119,12 @@ def load_teacher(cfg: RunConfig, policy: Policy) -> Teacher:
     assert t is not None
     config, params, tok = load_teacher_model(cfg)
     check_teacher_tokenizer(cfg, tok, policy.tokenizer)
+    if full_vocab and config.vocab_size != policy.config.vocab_size:
+        raise ConfigError(
+            f"teacher.source={t.source!r} has a vocabulary of {config.vocab_size} logits, "
+            f"model.source={cfg.model.source!r} of {policy.config.vocab_size}; loss.kind=gkd "
+            f"compares the full next-token distributions, so they must be as wide"
+        )
     return teacher_on_mesh(
         config,
         policy.mesh,

@@ -115,7 +115,9 @@ class OnlineTrainer(Trainer):
         )
         self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
         # distillation: the frozen teacher (loaded again on resume: it is never checkpointed)
-        self.teacher = load_teacher(cfg, p) if plan.needs.teacher else None
+        self.teacher = None
+        if plan.needs.teacher:
+            self.teacher = load_teacher(cfg, p, full_vocab=plan.needs.teacher_in_loss)
         if self.teacher is not None:
             assert cfg.teacher is not None
             self.say(
