@@ -435,22 +435,14 @@ class Distillation:
             return self.prepare_data_step(exp, m)
         task = self.reward_advantages(exp)
         batch = rl_batch(exp, task, loss_weight(cfg.rollout, exp))
-        t_batch = teacher_batch(
-            batch,
-            sources=exp.sources,
-            completion_len=m,
-            tokenizer=self.teacher.tokenizer,
-            system_prompt=self.teacher.system_prompt,
-            pad_id=self.policy.config.pad_token_id or 0,
-        )
-        programs = self.programs
+        t_batch = self.teacher_rows(batch, exp, m)
         if self.plan.needs.teacher_in_loss:  # GKD: the step runs the teacher on its inputs
             batch["teacher_input_ids"] = t_batch["input_ids"]
             batch["teacher_attention_mask"] = t_batch["attention_mask"]
             metrics = {"distill/on_policy": 1.0} if lc.lmbda < 1 else {}
             return Prepared(batch, batch["advantages"][:, -m:], metrics)
         student = self.student_logps(batch)
-        teacher = programs.teacher(
+        teacher = self.programs.teacher(
             self.teacher.params, {k: jnp.asarray(v) for k, v in t_batch.items()}
         )
         mask = jnp.asarray(batch["loss_mask"][:, -m:])
@@ -465,6 +457,18 @@ class Distillation:
             batch,
             adv,
             {"distill/reverse_kl": float(per_token.mean()) if per_token.size else 0.0},
+        )
+
+    def teacher_rows(self, batch: dict, exp: Experience, m: int) -> dict[str, np.ndarray]:
+        """The teacher's ``input_ids`` / masks of ``batch`` (its own prompt with
+        ``teacher.system_prompt``, then the same ``m`` completion columns)."""
+        return teacher_batch(
+            batch,
+            sources=exp.sources,
+            completion_len=m,
+            tokenizer=self.teacher.tokenizer,
+            system_prompt=self.teacher.system_prompt,
+            pad_id=self.policy.config.pad_token_id or 0,
         )
 
     def student_logps(self, batch: dict) -> np.ndarray:
@@ -488,14 +492,7 @@ class Distillation:
             data, np.zeros(len(data), np.float32), loss_weight(self.plan.cfg.rollout, data)
         )
         batch["old_logp"] = (self.student_logps(batch) * batch["loss_mask"]).astype(np.float32)
-        t_batch = teacher_batch(
-            batch,
-            sources=data.sources,
-            completion_len=m,
-            tokenizer=self.teacher.tokenizer,
-            system_prompt=self.teacher.system_prompt,
-            pad_id=self.policy.config.pad_token_id or 0,
-        )
+        t_batch = self.teacher_rows(batch, data, m)
         batch["teacher_input_ids"] = t_batch["input_ids"]
         batch["teacher_attention_mask"] = t_batch["attention_mask"]
         return Prepared(batch, None, {"distill/on_policy": 0.0})
