@@ -357,6 +357,7 @@ def _model_rows(
     algo: AlgorithmMemory,
     *,
     n: float,
+    n_teacher: float,
     lora_rank: int,
     reference_offloaded: bool,
     frozen_dtype: str,
@@ -388,7 +389,7 @@ def _model_rows(
             config,
             name,
             trains,
-            n=n,
+            n=n_teacher if role == Role.TEACHER else n,
             lora_rank=lora_rank,
             frozen_dtype=frozen_dtype,
             optimizer=optimizer,
@@ -461,6 +462,7 @@ def estimate_memory(
     frozen_dtype: str = "fp32",
     prompt_group_size: int = 1,
     reference_offloaded: bool = False,
+    teacher_config: ModelConfig | None = None,
 ) -> MemoryEstimate:
     """Estimate per-device memory of one training step of ``algorithm``.
 
@@ -490,6 +492,8 @@ def estimate_memory(
       reference_offloaded: a frozen reference held off the device (host memory), counted as
         0 bytes per device. A what-if for :func:`fit_advice`: this package's trainers keep
         the reference on the device (with LoRA it is the base and costs nothing).
+      teacher_config: a distillation teacher's model (None: the policy's size); its weights
+        are frozen, held in ``frozen_dtype``.
 
     Returns:
       A :class:`MemoryEstimate`.
@@ -510,6 +514,9 @@ def estimate_memory(
     weight_shards = fsdp * tensor
     batch_shards = data * fsdp
     n = params_per_device(config, weight_shards=weight_shards, expert=expert)
+    n_teacher = params_per_device(
+        teacher_config or config, weight_shards=weight_shards, expert=expert
+    )
     rows_per_step = batch_size * (group_size if algo.online else 1) * algo.sequences_per_example
     local_rows = -(-rows_per_step // batch_shards)
     train_rows = -(-local_rows // micro_batches)  # rows of one forward/backward slice
@@ -518,6 +525,7 @@ def estimate_memory(
         config,
         algo,
         n=n,
+        n_teacher=n_teacher,
         lora_rank=lora_rank,
         reference_offloaded=reference_offloaded,
         frozen_dtype=frozen_dtype,
