@@ -51,7 +51,8 @@ class BatchField:
       name: the batch key.
       dims: symbolic dimensions: ``rows`` (sequences), ``tokens`` (T, the padded length) or
         ``window`` (W, a packed batch's completion window); ``packed_rows`` / ``packed_len``
-        for a packed batch's model inputs.
+        for a packed batch's model inputs; ``teacher_tokens`` (T', a distillation teacher's
+        own rows: its prompt, then the same completion columns).
       dtype: ``int32`` or ``float32``.
     """
 
