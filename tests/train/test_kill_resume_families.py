@@ -2,9 +2,9 @@
 checkpointers), online DPO (pairs from groups), on-policy distillation (a frozen teacher) and
 an offline algorithm (SFT). Each tiny run (``jaxrl-llm train`` in a subprocess, the harness of
 ``test_kill_resume.py``) is SIGKILLed at fault points — during an update, while a checkpoint is
-being written, at a random moment — resumed until it completes, and must end exactly where an uninterrupted run ends: the same
-parameters bit for bit (PPO: the critic's too) and the same ``metrics.jsonl`` rows apart from
-wall-clock timings.
+being written, at a random moment — resumed until it completes, and must end exactly where an
+uninterrupted run ends: the same parameters bit for bit (PPO: the critic's too) and the same
+``metrics.jsonl`` rows apart from wall-clock timings.
 """
 
 from __future__ import annotations
