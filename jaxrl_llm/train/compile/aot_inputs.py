@@ -248,6 +248,7 @@ def run_config_for(
         ModelSection,
         RewardItem,
         RolloutSection,
+        TeacherSection,
         TrainSection,
     )
 
@@ -295,6 +296,8 @@ def run_config_for(
         ),
         train=TrainSection(batch_size=batch_size, micro_batches=micro_batches),
         rewards=(RewardItem("math_answer"),) if online else (),
+        # distillation: a teacher of the policy's architecture (compile_run)
+        teacher=TeacherSection(source="(preset)") if LOSS_ALGORITHMS[algorithm].teacher else None,
     )
     return cfg, seq_len, prompt_len
 

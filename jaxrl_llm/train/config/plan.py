@@ -52,7 +52,8 @@ class BatchField:
       dims: symbolic dimensions: ``rows`` (sequences), ``tokens`` (T, the padded length) or
         ``window`` (W, a packed batch's completion window); ``packed_rows`` / ``packed_len``
         for a packed batch's model inputs; ``layers`` / ``topk`` (L, k of a mixture of
-        experts: :data:`ROUTING_FIELD`).
+        experts: :data:`ROUTING_FIELD`); ``teacher_tokens`` (T', a distillation teacher's
+        own rows: its prompt, then the same completion columns).
       dtype: ``int32`` or ``float32``.
     """
 
@@ -81,6 +82,10 @@ _KIND_FIELDS: dict[str, tuple[BatchField, ...]] = {
     "preference": _sequence("chosen_") + _sequence("rejected_"),
     "kto": _sequence() + _sequence("kl_") + _floats("label", dims=("rows",)),
     "rank": _sequence() + _floats("scores", dims=("rows",)),
+    # GKD: the teacher runs in the step on its own prompt + the same completion columns
+    "distill": _sequence()
+    + _floats("old_logp", "advantages")
+    + _ints("teacher_input_ids", "teacher_attention_mask", dims=("rows", "teacher_tokens")),
 }
 # what each layout's reference pass adds (``LossSpec.reference_fn``'s keys)
 _REFERENCE_FIELDS: dict[str, tuple[BatchField, ...]] = {
@@ -248,6 +253,9 @@ class Needs:
         ``proximal_logp``) after a recompute forward; None when off.
       traced_hparams: the loss hyperparameters a schedule moves (traced, no recompile).
       skip_zero: the step skips micro-batches whose loss and gradient are exactly zero.
+      teacher: a frozen teacher model scores the samples (distillation).
+      teacher_in_loss: the loss runs the teacher inside the step (``frozen["teacher"]``;
+        GKD); else the strategy computes the teacher's log-probs before the update.
     """
 
     reference: bool
@@ -256,6 +264,8 @@ class Needs:
     correction: str | None
     traced_hparams: tuple[str, ...]
     skip_zero: bool
+    teacher: bool = False
+    teacher_in_loss: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,10 +405,13 @@ def plan_run(cfg: RunConfig, mesh: Any) -> RunPlan:
         correction=correction,
         traced_hparams=tuple(s.name for s in cfg.schedules),
         skip_zero=skip_zero,
+        teacher=algo.teacher,
+        teacher_in_loss=algo.teacher and spec.uses_teacher(lc),
     )
-    layout = BatchLayout(spec.batch_kind, _KIND_FIELDS[spec.batch_kind])
+    kind = spec.layout_kind(lc)
+    layout = BatchLayout(kind, _KIND_FIELDS[kind])
     if ref_in_loss:
-        layout = layout.with_fields(*_REFERENCE_FIELDS[spec.batch_kind])
+        layout = layout.with_fields(*_REFERENCE_FIELDS[kind])
     if correction is not None:
         layout = layout.with_fields(*_floats(correction))
     if cfg.is_online and r.records_routing:
@@ -491,7 +504,7 @@ def logprob_settings(cfg: RunConfig) -> LogprobSettings:
     compute each prompt once per group; otherwise every column at τ = 1. Read it from
     :attr:`RunPlan.logprobs`."""
     lp, r, algo = cfg.logprobs, cfg.rollout, cfg.algo
-    if not algo.rl_batches:
+    if not algo.rollout_logprobs:
         return LogprobSettings(chunk_size=lp.chunk_size)
     temperature = r.temperature if "temperature" in algo.sampling_settings else 1.0
     # each minibatch holds whole groups: the update's forward can share each group's prompt

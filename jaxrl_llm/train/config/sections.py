@@ -566,3 +566,58 @@ class EnvSection:
         _at_least("env.max_failures", self.max_failures, 1)
         if not self.name.strip():
             raise ConfigError("env.name: a built-in environment name or package.module:Class")
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherSection:
+    """The frozen teacher of on-policy distillation (``algorithm: distill``).
+
+    Attributes:
+      source: anything ``model.source`` accepts (HF directory, .gguf file, PEFT adapter
+        directory: merged onto its base, hub id, alias, ``tiny``), or a jaxrl_llm run
+        directory (its ``hf/`` export, else its newest checkpoint) or checkpoint directory.
+      tokenizer: ``auto`` (the source's) or ``char`` (the byte-level test tokenizer). The
+        teacher's tokenizer must be the student's: it scores the student's token ids.
+      tiny: ``ModelConfig.tiny`` overrides when ``source: tiny`` (a random model, for tests;
+        initialised from the run's seed, so a tiny teacher with the student's settings is the
+        student's initial weights).
+      dtype: the teacher's weights and compute dtype (``float32`` or ``bfloat16``).
+      system_prompt: privileged context only the teacher sees (context distillation): the
+        teacher scores the same completion tokens after its own prompt, a system message
+        before a conversational prompt or this text and a blank line before a plain one.
+    """
+
+    source: str = ""
+    tokenizer: Literal["auto", "char"] = "auto"
+    tiny: dict[str, Any] | None = None
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    system_prompt: str | None = None
+
+    def __post_init__(self):
+        if not self.source.strip():
+            raise ConfigError("teacher.source: the teacher model is required, e.g. runs/x/hf")
+        if self.source == "tiny" and self.tokenizer != "char":
+            raise ConfigError("teacher.source=tiny needs teacher.tokenizer=char")
+        if self.system_prompt is not None and not self.system_prompt.strip():
+            raise ConfigError("teacher.system_prompt: empty; leave it out for no context")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSection:
+    """How on-policy distillation (``algorithm: distill``) mixes in the task rewards.
+
+    Attributes:
+      reward_weight: w ≥ 0 of the task rewards' group-normalised advantages (GRPO's
+        (r − mean_group) / std_group) added to the distillation signal: per token
+        ``A_t = log π_T(y_t) − log π_S(y_t) + w·Â`` (``loss.kind: reverse_kl``) or the
+        surrogate on ``w·Â`` beside the JSD (``gkd``). 0 (default) = pure distillation; w > 0
+        needs ``rollout.group_size >= 2``.
+    """
+
+    reward_weight: float = 0.0
+
+    def __post_init__(self):
+        if not (self.reward_weight >= 0 and math.isfinite(self.reward_weight)):
+            raise ConfigError(
+                f"distill.reward_weight must be a finite number >= 0, got {self.reward_weight}"
+            )

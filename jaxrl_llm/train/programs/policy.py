@@ -122,6 +122,9 @@ class Policy:
         With LoRA the trainable params are the adapters, attached unmerged to
         ``frozen["base"]`` (:func:`models.lora.attach_lora`: no full-size weight gradients).
 
+        Frozen models other than ``base`` (``teacher``: GKD's teacher weights) are passed to
+        the loss as keyword arguments.
+
         A mixture of experts: the loss's forwards of the trained params report their
         load-balancing loss (``ModelOutputs.router_aux_loss``); their mean ``aux`` is logged
         as ``moe/aux_loss`` and ``router_aux_weight · aux`` is added to the loss. Forwards of
@@ -141,7 +144,8 @@ class Policy:
         def fn(params, batch, *, hparams=None, base=None, **frozen):
             if lora is not None:
                 params = attach_lora(base, params, lora)
-            extra = {} if hparams is None else {"hparams": hparams}
+            # other frozen models (a distillation teacher) are the loss's own arguments
+            extra = dict(frozen) if hparams is None else {"hparams": hparams, **frozen}
             if not moe:
                 return loss(params, batch, **kw, **extra)
             aux_terms: list[jax.Array] = []
