@@ -148,12 +148,15 @@ def build_teacher_programs(plan: RunPlan, policy: Policy, teacher: Teacher) -> T
     (:func:`forward_under_mesh` on the policy's mesh)."""
     lp = plan.logprobs
     t_fn = functools.partial(sequence_logps, apply_fn=teacher.apply_fn, **lp.kwargs())
+    student = policy.logps_fn(
+        functools.partial(sequence_logps, **lp.kwargs()),
+        wrap=lambda fn: forward_under_mesh(fn, policy.mesh),
+    )
     return TeacherPrograms(
-        teacher=jax.jit(forward_under_mesh(t_fn, policy.mesh)),
-        student=policy.logps_fn(
-            functools.partial(sequence_logps, **lp.kwargs()),
-            wrap=lambda fn: forward_under_mesh(fn, policy.mesh),
+        teacher=on_processes(
+            jax.jit(forward_under_mesh(t_fn, policy.mesh)), policy.mesh, gather=True
         ),
+        student=on_processes(student, policy.mesh, gather=True),
     )
 
 
