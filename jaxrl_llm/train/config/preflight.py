@@ -1,5 +1,6 @@
 """Checks run before anything compiles: the mesh against the batch and the sequence lengths,
-the data splits, and generation lengths against the model's context.
+the data splits, generation lengths against the model's context, and the packages of the
+experiment trackers the config names.
 
 A bad mesh size or a data set too small for one step is a one-line
 :class:`~jaxrl_llm.errors.ConfigError` / :class:`~jaxrl_llm.errors.DataError` before a model
