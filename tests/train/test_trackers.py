@@ -8,6 +8,7 @@ import io
 import json
 import math
 import struct
+import time
 
 import pytest
 
@@ -157,6 +158,21 @@ def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path, mlflow_store):
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 3.0), (2, 2.0)]
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, offline_wandb):
+    run_dir = tmp_path / "run"
+    log = MetricsLogger(str(run_dir), trackers=["wandb"], stream=io.StringIO())
+    log.log(1, {"loss": 3.0}, progress=False)
+    log.close("stopped")
+    time.sleep(1.1)  # offline run directory names carry a time stamp in seconds
+    log = MetricsLogger(str(run_dir), trackers=["wandb"], stream=io.StringIO(), resume=True)
+    log.log(2, {"loss": 2.0}, progress=False)
+    log.close()
+    run_id = json.loads((run_dir / "trackers.json").read_text())["wandb"]
+    # offline, each session writes its own directory, both for the one run (wandb sync joins them)
+    dirs = sorted(glob.glob(str(offline_wandb / "wandb" / "offline-run-*")))
+    assert len(dirs) == 2 and all(d.endswith(f"-{run_id}") for d in dirs)
 
 
 def test_tracker_keys_and_the_older_keys():
