@@ -167,7 +167,22 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingSection:
-    """Where metrics go: metrics.jsonl always; TensorBoard and W&B optional.
+    """Where metrics go: ``output_dir/metrics.jsonl`` always (one key set per run,
+    docs/metrics.md), and the experiment trackers that mirror it.
+
+    ``trackers``: any of ``tensorboard`` (``output_dir/tb``), ``wandb``, ``mlflow``; each is
+    given every row of metrics.jsonl, the resolved config, and is closed when the run ends or
+    stops (:mod:`jaxrl_llm.train.run.trackers`). A listed tracker whose package is missing is
+    refused before the run starts (``pip install jaxrl_llm[trackers]``). Unset (the default),
+    the older keys decide: ``tensorboard: true`` (the default) writes TensorBoard events when
+    ``tensorboardX`` is installed (skipped with a note when it is not), and ``wandb_project``
+    turns W&B on. With ``trackers`` set, ``tensorboard: false`` while listing ``tensorboard``,
+    or ``wandb_project`` without listing ``wandb``, is refused as a contradiction.
+
+    ``project``: the W&B project and the MLflow experiment (default ``wandb_project``, else
+    ``jaxrl_llm``); ``wandb_project`` is its older name, for W&B. ``run_name``: the run's name
+    there (default: the last part of ``output_dir``). W&B and MLflow read their own
+    environment variables: ``WANDB_MODE=offline``, ``WANDB_DIR``, ``MLFLOW_TRACKING_URI``.
 
     ``samples_every: N`` (online runs) writes every N-th step's episodes to
     ``output_dir/samples.jsonl``, one line per episode: ``{"step", "prompt_id", "sample",
@@ -179,10 +194,44 @@ class LoggingSection:
     wandb_project: str | None = None
     plots: bool = True
     samples_every: int = 0
+    trackers: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] | None = None
+    project: str | None = None
+    run_name: str | None = None
 
     def __post_init__(self):
         _at_least("logging.log_every", self.log_every, 1)
         _at_least("logging.samples_every", self.samples_every, 0, "0 = never")
+        if self.trackers is None:
+            return
+        if len(set(self.trackers)) != len(self.trackers):
+            raise ConfigError(f"logging.trackers: {list(self.trackers)} names one twice")
+        if not self.tensorboard and "tensorboard" in self.trackers:
+            raise ConfigError(
+                "logging.tensorboard: false, but logging.trackers lists tensorboard; drop one"
+            )
+        if self.wandb_project and "wandb" not in self.trackers:
+            raise ConfigError(
+                f"logging.wandb_project: {self.wandb_project!r} is set, but logging.trackers "
+                f"{list(self.trackers)} does not list wandb; add it or drop wandb_project"
+            )
+        if self.project and self.wandb_project and self.project != self.wandb_project:
+            raise ConfigError(
+                f"logging.project {self.project!r} and logging.wandb_project "
+                f"{self.wandb_project!r} differ; wandb_project is the older name of project"
+            )
+
+    def active_trackers(self) -> tuple[str, ...]:
+        """The trackers this run opens: ``trackers``, or what the older keys say."""
+        if self.trackers is not None:
+            return tuple(self.trackers)
+        return ("tensorboard",) * self.tensorboard + ("wandb",) * bool(self.wandb_project)
+
+    def required_trackers(self) -> tuple[str, ...]:
+        """The trackers asked for by name (their packages must be installed): ``trackers``,
+        or ``wandb`` for ``wandb_project``; the default TensorBoard is not among them."""
+        if self.trackers is not None:
+            return tuple(self.trackers)
+        return ("wandb",) if self.wandb_project else ()
 
 
 @dataclasses.dataclass(frozen=True)
