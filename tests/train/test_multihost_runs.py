@@ -154,9 +154,9 @@ def _two_processes_and_one(tmp_path, algorithm: str, **extra):
 )
 def test_two_processes_log_what_one_process_logs(tmp_path, algorithm, chat):
     one, two = _two_processes_and_one(tmp_path, algorithm, chat=chat)
-    steps = [r for r in one if "loss" in r]
+    steps = [r for r in one if r.get("loss") is not None]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
-    other = {r["step"]: r for r in two if "loss" in r}
+    other = {r["step"]: r for r in two if r.get("loss") is not None}
     assert sorted(other) == list(range(1, STEPS + 1))
     rewards = {r["reward/mean"] for r in steps}
     assert len(rewards) > 1 or rewards != {0.0}  # the runs compare something
@@ -207,8 +207,8 @@ def test_two_process_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path
     _wait(job("--resume"))
     one = str(tmp_path / "one")
     _wait([_train(config, one, devices=8)])
-    want = [r for r in read_metrics(one) if "loss" in r]
-    got = [r for r in read_metrics(two) if "loss" in r]
+    want = [r for r in read_metrics(one) if r.get("loss") is not None]
+    got = [r for r in read_metrics(two) if r.get("loss") is not None]
     assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, steps + 1))
     for r, o in zip(want, got):
         assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (r, o)
@@ -262,14 +262,14 @@ def test_two_process_offline_run_logs_what_one_process_logs(tmp_path):
         ]
     )
     _wait([_train(str(config), one, devices=8)])
-    want = [r for r in read_metrics(one) if "loss" in r]
-    got = [r for r in read_metrics(two) if "loss" in r]
+    want = [r for r in read_metrics(one) if r.get("loss") is not None]
+    got = [r for r in read_metrics(two) if r.get("loss") is not None]
     assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
     for r, o in zip(want, got):
         assert o["loss"] == pytest.approx(r["loss"], rel=1e-5), (r, o)
-    evals = [r for r in read_metrics(two) if "eval/loss" in r]
+    evals = [r for r in read_metrics(two) if r.get("eval/loss") is not None]
     assert evals and evals[-1]["eval/loss"] == pytest.approx(
-        [r for r in read_metrics(one) if "eval/loss" in r][-1]["eval/loss"], rel=1e-5
+        [r for r in read_metrics(one) if r.get("eval/loss") is not None][-1]["eval/loss"], rel=1e-5
     )
 
 
@@ -303,7 +303,7 @@ def test_two_process_async_run_trains_within_its_staleness_bound(tmp_path):
             for i in range(2)
         ]
     )
-    rows = [r for r in read_metrics(two) if "loss" in r]
+    rows = [r for r in read_metrics(two) if r.get("loss") is not None]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert any(r["async/staleness_max"] == 1 for r in rows)  # it did run ahead
