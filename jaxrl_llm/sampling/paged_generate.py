@@ -102,16 +102,7 @@ def generate_paged(
             list(toks), prompt_id=pids[i], num_samples=g, max_new_tokens=steps[i * g : i * g + g]
         )
         placed.append((i % n_rep, ids))
-    while any(e.busy for e in engines):
-        if refresh is not None:
-            params, v = refresh()
-            if int(v) != engines[0].version:
-                for e, mesh in zip(engines, replicas):
-                    e.swap(params if mesh is None else on_replica(params, mesh), v)
-        launched = [e.launch() for e in engines]  # every replica's chunk in flight at once
-        for e, went in zip(engines, launched):
-            if went:
-                e.collect()
+    _run_replicas(engines, replicas, refresh)
     engine = engines[0]
     rows = [engines[k].rows[j] for k, ids in placed for j in ids]
     m = max_new_tokens
@@ -141,6 +132,25 @@ def generate_paged(
     for i, r in enumerate(rows):
         versions[i, : lengths[i]] = r.versions
     return out, versions
+
+
+def _run_replicas(
+    engines: list[PagedEngine],
+    replicas: list[Mesh | None],
+    refresh: Callable[[], tuple[Any, int]] | None,
+) -> None:
+    """Decode every replica's rows to the end: each round refreshes the weights (partial
+    rollouts) and launches every replica's chunk before collecting any, so they run at once."""
+    while any(e.busy for e in engines):
+        if refresh is not None:
+            params, v = refresh()
+            if int(v) != engines[0].version:
+                for e, mesh in zip(engines, replicas):
+                    e.swap(params if mesh is None else on_replica(params, mesh), v)
+        launched = [e.launch() for e in engines]
+        for e, went in zip(engines, launched):
+            if went:
+                e.collect()
 
 
 def _routing(rows, p: int, m: int) -> jax.Array:
