@@ -74,8 +74,23 @@ def _config(d, algorithm: str, *, chat: bool = False, max_steps: int = STEPS, **
     return str(path)
 
 
+_CACHE: list[str] = []  # the session's persistent compilation cache (tests/conftest.py)
+
+
+@pytest.fixture(autouse=True)
+def _shared_compile_cache(jax_cache_dir):
+    """The children share compiled programs: the job's two processes compile the same ones."""
+    _CACHE[:] = [jax_cache_dir]
+
+
 def _env(devices: int, fault: str | None = None) -> dict:
     env = dict(os.environ)
+    if _CACHE:
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=_CACHE[0],
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+        )
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAXRL_LLM_FAULT"):
         env.pop(k, None)
     if fault:
