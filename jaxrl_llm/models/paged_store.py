@@ -222,6 +222,11 @@ def paged_trunk(
     """
     chex.assert_rank([tokens, table, start], [2, 2, 1])
     c = config
+    if c.is_hybrid:
+        raise ValueError(
+            "the paged engine does not run linear-attention (hybrid) stacks such as Qwen3.5 "
+            "yet; use rollout.engine: static"
+        )
     store = pages_store(cache, table, start, tokens.shape[1])
     positions = start[:, None].astype(jnp.int32) + jnp.arange(tokens.shape[1], dtype=jnp.int32)
     info = TokenInfo(positions, rope_inv_freq(c))
