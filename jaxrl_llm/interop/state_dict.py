@@ -74,6 +74,10 @@ _LINEAR_NAMES: dict[tuple[str, str], str] = {
     ("linear_norm", "scale"): "linear_attn.norm.weight",
     ("out_proj", "kernel"): "linear_attn.out_proj.weight",
     ("attn_gate", "kernel"): "self_attn.q_proj.weight",
+    ("shared_gate_proj", "kernel"): "mlp.shared_expert.gate_proj.weight",
+    ("shared_up_proj", "kernel"): "mlp.shared_expert.up_proj.weight",
+    ("shared_down_proj", "kernel"): "mlp.shared_expert.down_proj.weight",
+    ("shared_expert_gate", "kernel"): "mlp.shared_expert_gate.weight",
 }
 
 # Gemma 2 / 3 (config.post_norms): the four norms around attention and the MLP.
@@ -96,6 +100,7 @@ _MOE_MODULES = ("router", "experts_gate", "experts_up", "experts_down")
 _EXPERT_NAMES = {
     Family.QWEN3_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
     Family.MIXTRAL: ("block_sparse_moe", "w1", "w3", "w2"),
+    Family.QWEN3_5_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
 }
 
 
@@ -195,6 +200,10 @@ def _hf_layer_shape(config: ModelConfig, module: str, leaf: str) -> tuple[int, .
         ("linear_norm", "scale"): (dv,),
         ("out_proj", "kernel"): (d, hv * dv),
         ("attn_gate", "kernel"): (q_rows, d),
+        ("shared_gate_proj", "kernel"): (c.shared_expert_size, d),
+        ("shared_up_proj", "kernel"): (c.shared_expert_size, d),
+        ("shared_down_proj", "kernel"): (d, c.shared_expert_size),
+        ("shared_expert_gate", "kernel"): (1, d),
         ("attn_norm", "scale"): (d,),
         ("mlp_norm", "scale"): (d,),
         ("post_attn_norm", "scale"): (d,),

@@ -55,6 +55,8 @@ HF_ARCHITECTURES = {
     Family.QWEN3_MOE: ("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
     Family.MIXTRAL: ("MixtralForCausalLM", "MixtralForSequenceClassification"),
     Family.QWEN3_5: ("Qwen3_5ForCausalLM", "Qwen3_5TextForSequenceClassification"),
+    # transformers has no Qwen3.5-MoE text sequence classifier; export refuses a scalar head.
+    Family.QWEN3_5_MOE: ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForSequenceClassification"),
 }
 
 
@@ -104,6 +106,8 @@ class ModelConfig:
       router_aux_loss_coef: the load-balancing loss's coefficient the checkpoint was trained
         with (transformers' ``router_aux_loss_coef``), the default of ``model.router_aux_loss_coef``.
       moe_dispatch: :class:`MoeDispatch`, how tokens reach experts (not what is computed).
+      shared_expert_size: F_s > 0 adds to every sparse MoE block a shared SwiGLU expert of
+        width F_s, gated per token by σ(h W_sg) (Qwen3.5-MoE); 0 = none.
       linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
         linear_value_head_dim, linear_conv_kernel: the Gated DeltaNet layers (LINEAR entries
         of ``layer_types``, Qwen3.5; :mod:`jaxrl_llm.models.gated_deltanet`): query/key heads
@@ -158,6 +162,7 @@ class ModelConfig:
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.001
     moe_dispatch: MoeDispatch = MoeDispatch.SORTED
+    shared_expert_size: int = 0
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
@@ -226,7 +231,7 @@ class ModelConfig:
         dtype_from_name(self.compute_dtype)
 
     def _check_experts(self) -> None:
-        moe_family = self.family in (Family.QWEN3_MOE, Family.MIXTRAL)
+        moe_family = self.family in (Family.QWEN3_MOE, Family.MIXTRAL, Family.QWEN3_5_MOE)
         if moe_family and self.num_experts <= 0:
             raise ValueError(f"family {self.family.value!r} needs num_experts > 0")
         if self.num_experts < 0:
@@ -240,6 +245,11 @@ class ModelConfig:
             raise ValueError(
                 f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}"
             )
+        if self.shared_expert_size < 0 or (self.shared_expert_size and not self.num_experts):
+            raise ValueError(
+                f"shared_expert_size={self.shared_expert_size} must be >= 0, and > 0 only with "
+                f"experts"
+            )
         if not self.router_aux_loss_coef >= 0:
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
 
@@ -249,8 +259,8 @@ class ModelConfig:
                 f"partial_rotary_factor={self.partial_rotary_factor} must be in (0, 1] and give "
                 f"an even number of rotated dims (head_dim={self.head_dim})"
             )
-        if self.family == Family.QWEN3_5 and not self.is_hybrid:
-            raise ValueError("family 'qwen3_5_text' needs LINEAR entries in layer_types")
+        if self.family in (Family.QWEN3_5, Family.QWEN3_5_MOE) and not self.is_hybrid:
+            raise ValueError(f"family {self.family.value!r} needs LINEAR entries in layer_types")
         if not self.is_hybrid:
             return
         if LayerType.LOCAL in self.layer_types:
@@ -270,8 +280,6 @@ class ModelConfig:
                 f"linear_num_value_heads={self.linear_num_value_heads} must be a multiple of "
                 f"linear_num_key_heads={self.linear_num_key_heads}"
             )
-        if self.is_moe:
-            raise ValueError("LINEAR layers with a mixture of experts are not implemented yet")
         _ = self.layer_period  # raises when the pattern does not repeat
 
     @property
@@ -348,6 +356,8 @@ class ModelConfig:
         if self.is_moe:
             experts = self.num_experts_per_tok if active else self.num_experts
             mlp = experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
+            if self.shared_expert_size:
+                mlp += 3 * d * self.shared_expert_size + d
         else:
             mlp = 3 * d * f
         attn = d * h * hd + 2 * d * k * hd + h * hd * d
@@ -389,8 +399,8 @@ class ModelConfig:
         family = Family(family)
         if family in (Family.GEMMA2, Family.GEMMA3):
             return cls(**{**tiny_fields(family), **overrides})
-        if family == Family.QWEN3_5:
-            return cls(**{**qwen3_5_tiny_fields(), **overrides})
+        if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
+            return cls(**{**qwen3_5_tiny_fields(family), **overrides})
         moe: dict[str, Any] = {}
         if family in (Family.QWEN3_MOE, Family.MIXTRAL):
             # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).

@@ -331,8 +331,23 @@ def mlp_block(
       (``[B, T, D]`` before the residual add, :class:`~jaxrl_llm.models.moe.MoeStats` or None).
     """
     if config.is_moe:
-        return moe_lib.sparse_moe(config, h_btd, tokens.weights, lp, mesh=mesh)
+        y, stats = moe_lib.sparse_moe(config, h_btd, tokens.weights, lp, mesh=mesh)
+        if config.shared_expert_size:
+            y = y + _shared_expert(h_btd, lp, layout_mesh(mesh))
+        return y, stats
     return _dense_mlp(config, h_btd, lp, layout_mesh(mesh)), None
+
+
+def _shared_expert(h_btd, lp, mesh=None):
+    """Qwen3.5-MoE's shared expert: ``σ(h W_sg) · down(SiLU(h W_g) ⊙ h W_u)``, every token."""
+    dtype = h_btd.dtype
+    h = h_btd
+    gate = jnp.einsum("btd,df->btf", h, lp["shared_gate_proj"]["kernel"].astype(dtype))
+    up = jnp.einsum("btd,df->btf", h, lp["shared_up_proj"]["kernel"].astype(dtype))
+    act = place(jax.nn.silu(gate) * up, BTF, mesh)
+    down = jnp.einsum("btf,fd->btd", act, lp["shared_down_proj"]["kernel"].astype(dtype))
+    weight = jnp.einsum("btd,dl->btl", h, lp["shared_expert_gate"]["kernel"].astype(dtype))
+    return jax.nn.sigmoid(weight) * down
 
 
 def decoder_layer(
@@ -493,8 +508,8 @@ def scan_periods(
       carry, step, remat: as :func:`scan_layers`.
 
     Returns:
-      (final carry, per-layer outputs ``[L / p, p, ...]`` in layer order, or None when every
-      step returns None).
+      (final carry, per-layer outputs ``[L, ...]`` in layer order, or None when every step
+      returns None).
     """
     period = config.layer_period
     p = len(period)
@@ -540,4 +555,7 @@ def scan_periods(
         return period_step(carry, xs_i, i)
 
     index = jnp.arange(n_periods, dtype=jnp.int32)
-    return jax.lax.scan(body, carry, (xs, index))
+    carry, outs = jax.lax.scan(body, carry, (xs, index))
+    if outs is not None:
+        outs = jax.tree.map(lambda o: o.reshape(config.num_layers, *o.shape[2:]), outs)
+    return carry, outs

@@ -23,6 +23,7 @@ class Family(str, enum.Enum):
     QWEN3_MOE = "qwen3_moe"
     MIXTRAL = "mixtral"
     QWEN3_5 = "qwen3_5_text"
+    QWEN3_5_MOE = "qwen3_5_moe_text"
 
 
 class LayerType(str, enum.Enum):

@@ -9,7 +9,10 @@ the linear layers is ``x / rms(x) · (1 + w)`` in float32 (weights stored as w, 
 zero; :func:`jaxrl_llm.models.layer.rms_norm` with ``unit_offset``); the linear layers' output
 norm is a plain-weight RMSNorm gated by SiLU(z).
 
-The mapping from and to transformers' ``Qwen3_5TextConfig`` is
+Qwen3.5-MoE (``qwen3_5_moe_text``) replaces every layer's MLP by a sparse mixture of experts
+(softmax router, top-k renormalised) plus a shared expert gated by σ(h W_sg).
+
+The mapping from and to transformers' ``Qwen3_5TextConfig`` / ``Qwen3_5MoeTextConfig`` is
 :mod:`jaxrl_llm.interop.hf_config`'s.
 """
 
@@ -28,20 +31,32 @@ def hybrid_layer_types(num_layers: int, interval: int = 4) -> tuple[LayerType, .
     )
 
 
-def common_fields() -> dict[str, Any]:
-    """The ModelConfig fields every Qwen3.5 text model shares (transformers' class fixes them)."""
+def common_fields(family: Family = Family.QWEN3_5) -> dict[str, Any]:
+    """The ModelConfig fields every Qwen3.5 text model (dense or MoE) shares (transformers'
+    classes fix them)."""
     return dict(
-        family=Family.QWEN3_5,
+        family=Family(family),
         rms_norm_unit_offset=True,
         qk_norm=True,
         attn_output_gate=True,
     )
 
 
-def qwen3_5_tiny_fields() -> dict[str, Any]:
-    """A tiny random Qwen3.5 for tests: 4 layers (3 linear, 1 full attention), odd sizes."""
+def qwen3_5_tiny_fields(family: Family = Family.QWEN3_5) -> dict[str, Any]:
+    """A tiny random Qwen3.5 for tests: 4 layers (3 linear, 1 full attention), odd sizes; the
+    MoE variant with 8 experts of width 40, top-2 (renormalised), a shared expert of width 56."""
+    moe: dict[str, Any] = {}
+    if Family(family) == Family.QWEN3_5_MOE:
+        moe = dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=40,
+            norm_topk_prob=True,
+            shared_expert_size=56,
+        )
     return dict(
-        common_fields(),
+        common_fields(family),
+        **moe,
         vocab_size=97,
         hidden_size=48,
         intermediate_size=80,

@@ -166,6 +166,12 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
         layers["experts_gate"] = {"kernel": ((L, X, D, Fe), expert_in)}
         layers["experts_up"] = {"kernel": ((L, X, D, Fe), expert_in)}
         layers["experts_down"] = {"kernel": ((L, X, Fe, D), ("layers", "experts", "mlp", "embed"))}
+        if c.shared_expert_size:
+            Fs = c.shared_expert_size
+            layers["shared_gate_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
+            layers["shared_up_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
+            layers["shared_down_proj"] = {"kernel": ((L, Fs, D), ("layers", "mlp", "embed"))}
+            layers["shared_expert_gate"] = {"kernel": ((L, D, 1), ("layers", "embed", None))}
     else:
         layers["gate_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
         layers["up_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
@@ -448,7 +454,8 @@ def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cac
     pattern scanned (:func:`~jaxrl_llm.models.layer.scan_periods`), LINEAR layers over a
     :class:`~jaxrl_llm.models.gated_deltanet.FreshState` (no cache) or
     :class:`~jaxrl_llm.models.gated_deltanet.RecurrentState` (the cache's ``conv`` / ``state``),
-    attention layers over :class:`NoCache` / :class:`DenseCache`. -> (hidden, new cache, None)."""
+    attention layers over :class:`NoCache` / :class:`DenseCache`. -> (hidden, new cache, per-layer
+    MoE statistics ``[L, ...]`` or None)."""
     if segment_ids is not None:
         raise ValueError(
             "segment_ids (packing) is not supported by linear-attention (hybrid) stacks: the "
@@ -461,12 +468,12 @@ def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cac
 
         def step(x, lp, kind, layer):
             store = fresh if kind == LayerType.LINEAR else no_cache
-            x, _, _ = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
-            return x, None
+            x, _, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
+            return x, stats
 
-        x, _ = scan_periods(c, params["layers"], x, step, remat=remat)
+        x, stats = scan_periods(c, params["layers"], x, step, remat=remat)
         x = place(apply_norm(c, x, params["final_norm"]), BTD, layout_mesh(mesh))
-        return x, None, None
+        return x, None, stats
 
     if cache.conv is None or cache.state is None:
         raise ValueError("a hybrid stack's cache needs conv and state (init_cache builds them)")
@@ -476,12 +483,12 @@ def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cac
     def cached_step(carry, lp, kind, layer):
         x, dense, rec = carry
         if kind == LayerType.LINEAR:
-            x, rec, _ = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh)
+            x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh)
         else:
-            x, dense, _ = decoder_layer(c, lp, x, dense, info, layer, mesh=mesh)
-        return (x, dense, rec), None
+            x, dense, stats = decoder_layer(c, lp, x, dense, info, layer, mesh=mesh)
+        return (x, dense, rec), stats
 
-    (x, dense, rec), _ = scan_periods(
+    (x, dense, rec), stats = scan_periods(
         c, params["layers"], (x, dense, rec), cached_step, remat=remat
     )
     new_cache = KVCache(
@@ -493,7 +500,7 @@ def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cac
         conv=rec.conv,
         state=rec.state,
     )
-    return apply_norm(c, x, params["final_norm"]), new_cache, None
+    return apply_norm(c, x, params["final_norm"]), new_cache, stats
 
 
 def trunk_shared_prefix(

@@ -8,13 +8,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 
 from jaxrl_llm import interop
 from jaxrl_llm import models as M
 from jaxrl_llm.ops import token_logprobs
 from jaxrl_llm.sampling import SamplingConfig, generate
-from tests.interop.test_qwen3_5 import tiny_qwen3_5
+from tests.interop.test_qwen3_5 import tiny_qwen3_5, tiny_qwen3_5_moe
 
 GREEDY = SamplingConfig(greedy=True, temperature=1.0)
 RNG = np.random.default_rng(0)
@@ -80,8 +81,9 @@ def test_prefill_then_steps_equal_the_whole_forward():
     assert cache.k.shape[0] == 1  # one full-attention layer keeps keys
 
 
-def test_greedy_generation_equals_transformers_generate():
-    hf = tiny_qwen3_5(seed=5)
+@pytest.mark.parametrize("make", [tiny_qwen3_5, tiny_qwen3_5_moe], ids=["dense", "moe"])
+def test_greedy_generation_equals_transformers_generate(make):
+    hf = make(seed=5)
     loaded = interop.from_hf_model(hf)
     config = dataclasses.replace(loaded.config, eos_token_ids=())
     out = generate(
