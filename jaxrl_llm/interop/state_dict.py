@@ -18,7 +18,14 @@ that is what ``save_pretrained`` writes and what export writes. transformers ≥
 fused in memory (``mlp.experts.gate_up_proj`` ``[X, 2·F_e, D]``, gate rows first, and
 ``mlp.experts.down_proj`` ``[X, D, F_e]``, router ``mlp.gate.weight``); import reads either.
 Ours: ``router`` ``[L, D, X]``, ``experts_gate`` / ``experts_up`` ``[L, X, D, F_e]``,
-``experts_down`` ``[L, X, F_e, D]``.
+``experts_down`` ``[L, X, F_e, D]``; Qwen3.5-MoE's shared expert ``mlp.shared_expert.*`` and
+``mlp.shared_expert_gate`` are ``shared_{gate,up,down}_proj`` and ``shared_expert_gate``.
+
+Qwen3.5 (hybrid): a LINEAR layer's ``linear_attn.*`` tensors go to the sub-trees stacked over
+the LINEAR layers only, the attention layers' ``self_attn.*`` to those stacked over the
+attention layers (:func:`jaxrl_llm.models.layer_kinds`); ``self_attn.q_proj`` holds, per head,
+the E query rows then the E output-gate rows (ours: ``q_proj`` and ``attn_gate``); the conv
+``[C, 1, W]`` is ours ``[W, C]``.
 
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
 what :func:`jaxrl_llm.models.transformer.apply_rope` implements, so q/k weights need no
