@@ -187,3 +187,43 @@ def test_moe_logits_and_export_match_transformers(tmp_path):
     ref_back = torch_logits(back.float().eval(), toks, mask, positions)
     np.testing.assert_allclose(got[mask], ref_back[mask], atol=1e-4, rtol=0)
     assert interop.config_from_hf_dict(interop.hf_config_dict(c)) == c
+
+
+def test_an_irregular_layer_pattern_matches_transformers():
+    """layer_types that repeat no shorter period (one period of five layers): each layer's
+    weights and store are found by its rank among the layers of its kind."""
+    types = [
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+        "linear_attention",
+        "full_attention",
+    ]
+    hf = tiny_qwen3_5(seed=7, num_hidden_layers=5, layer_types=types)
+    loaded = interop.from_hf_model(hf)
+    assert [t.value for t in loaded.config.layer_types] == types
+    toks, mask = padded_batch(length=40, seed=2)
+    positions = np.asarray(M.default_positions(jnp.asarray(mask)))
+    ref = torch_logits(hf, toks, mask, positions)
+    got = _ours(loaded.params, loaded.config, toks, mask)
+    np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
+
+
+def test_the_multimodal_checkpoint_layout_imports_its_text_model(hf_and_loaded):
+    """A Qwen3_5ForConditionalGeneration checkpoint: the text config nested under
+    ``text_config``, weights under ``model.language_model.``, a vision tower and a
+    multi-token-prediction head that are not ours."""
+    hf, loaded = hf_and_loaded
+    text = hf.config.to_dict()
+    nested = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"]}
+    nested["text_config"] = text
+    config = interop.config_from_hf_dict(nested)
+    assert config == loaded.config
+    sd = {}
+    for k, v in hf.state_dict().items():
+        sd["model.language_model." + k[len("model.") :] if k.startswith("model.") else k] = v
+    sd["model.visual.blocks.0.attn.qkv.weight"] = torch.zeros(3, 3)
+    sd["mtp.fc.weight"] = torch.zeros(3, 3)
+    params = interop.params_from_hf_state_dict(sd, config)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
