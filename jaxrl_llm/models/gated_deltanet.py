@@ -19,8 +19,10 @@ q, k, v channels) and the delta rule's state (``[B, H_v, d_k, d_v]``). Its store
   read and written by the traced index of the layer among the LINEAR layers; prefill and the
   static engine's decode step.
 
-Padding: a token whose ``valid`` entry is False has its input zeroed (so it adds nothing to the
-conv window) and g = 0, β = 0 (so it leaves the state unchanged); its output is ignorable.
+Padding: a token whose ``valid`` entry is False has its input zeroed, is skipped by the new
+conv window, and has g = 0, β = 0 (so it leaves the state unchanged); its output is
+ignorable. Padding before a row's real tokens (left-padded prompts) or after them (a bucketed
+extension) leaves the window and state those real tokens alone would.
 
 Shapes: B rows, T new tokens, D model width, C conv channels, W conv width, H_k query/key heads,
 H_v value heads, d_k / d_v their dims, L' LINEAR layers.
@@ -43,7 +45,9 @@ from jaxrl_llm.models.layer import TokenInfo
 Params = dict[str, Any]
 
 
-def causal_conv(x_btc: jax.Array, window: jax.Array, kernel_wc: jax.Array):
+def causal_conv(
+    x_btc: jax.Array, window: jax.Array, kernel_wc: jax.Array, valid_bt: jax.Array | None = None
+):
     """Depthwise causal conv over time, each output reading the W − 1 inputs before it.
 
     ``out[t, c] = Σ_w kernel[w, c] · [window; x][t + w, c]`` (the window holds the W − 1 inputs
@@ -52,16 +56,26 @@ def causal_conv(x_btc: jax.Array, window: jax.Array, kernel_wc: jax.Array):
     Args:
       x_btc: ``[B, T, C]`` new inputs; window: ``[B, W−1, C]`` the earlier ones (zeros at the
         start of a sequence); kernel_wc: ``[W, C]``.
+      valid_bt: ``[B, T]`` bool, real inputs; None = all. The new window skips the others, so
+        padding before or after a row's real tokens leaves it as the real tokens alone would.
 
     Returns:
-      (``[B, T, C]`` outputs, the new window ``[B, W−1, C]``: the last W − 1 inputs).
+      (``[B, T, C]`` outputs, the new window ``[B, W−1, C]``: the last W − 1 real inputs of
+      [window; x]).
     """
     w = kernel_wc.shape[0]
     t = x_btc.shape[1]
     full = jnp.concatenate([window.astype(x_btc.dtype), x_btc], axis=1)
     kernel = kernel_wc.astype(x_btc.dtype)
     out = sum(full[:, i : i + t] * kernel[i] for i in range(w))
-    return out, full[:, t:]
+    if valid_bt is None:
+        return out, full[:, t:]
+    real = jnp.concatenate([jnp.ones(window.shape[:2], bool), valid_bt.astype(bool)], axis=1)
+    rank = jnp.cumsum(real, axis=1)  # 1-based rank of each real input; the window's count
+    total = rank[:, -1:]
+    picks = [jnp.argmax(real & (rank == total - (w - 1) + 1 + j), axis=1) for j in range(w - 1)]
+    at = jnp.stack(picks, axis=1)  # [B, W−1] positions in [window; x]
+    return out, jnp.take_along_axis(full, at[:, :, None], axis=1)
 
 
 def _l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -113,7 +127,7 @@ def gated_deltanet_block(
     if window is None:
         window = jnp.zeros((b, width - 1, channels), dtype)
     qkv = jnp.einsum("btd,dc->btc", h, lp["in_proj_qkv"]["kernel"].astype(dtype))
-    conv, new_window = causal_conv(qkv, window, lp["conv"]["kernel"])
+    conv, new_window = causal_conv(qkv, window, lp["conv"]["kernel"], valid)
     conv = jax.nn.silu(conv)
     q = conv[..., : hk * dk].reshape(b, t, hk, dk).astype(jnp.float32)
     k = conv[..., hk * dk : 2 * hk * dk].reshape(b, t, hk, dk).astype(jnp.float32)

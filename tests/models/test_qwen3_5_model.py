@@ -107,3 +107,30 @@ def test_packing_is_refused():
     toks, _ = _tokens(b=1, t=6)
     with pytest.raises(ValueError, match="segment_ids"):
         M.forward(params, toks, config=config, segment_ids=jnp.asarray([[0, 0, 0, 1, 1, 1]]))
+
+
+def test_trailing_and_leading_padding_leave_the_recurrent_state_of_the_real_tokens():
+    """Conv windows and delta-rule states after [pads; real; pads] equal those after the real
+    tokens alone, and so do the logits of a token fed next."""
+    config = M.ModelConfig.tiny("qwen3_5_text", delta_chunk_size=4)
+    params = M.init_params(config, jax.random.PRNGKey(0))
+    params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 3 else x, params)
+    real = jax.random.randint(jax.random.PRNGKey(5), (1, 9), 3, 97)
+    padded = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), real, jnp.zeros((1, 5), jnp.int32)], 1)
+    valid = jnp.zeros((1, 17), bool).at[:, 3:12].set(True)
+    pos = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+    _, alone = M.forward(params, real, config=config, cache=M.init_cache(config, 1, 12))
+    _, padc = M.forward(
+        params,
+        padded,
+        config=config,
+        positions=pos,
+        attention_mask=valid,
+        cache=M.init_cache(config, 1, 20),
+    )
+    np.testing.assert_allclose(np.asarray(padc.conv), np.asarray(alone.conv), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(padc.state), np.asarray(alone.state), atol=1e-5)
+    nxt = jnp.asarray([[11]])
+    a, _ = M.forward(params, nxt, config=config, positions=jnp.asarray([[9]]), cache=alone)
+    b, _ = M.forward(params, nxt, config=config, positions=jnp.asarray([[9]]), cache=padc)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
