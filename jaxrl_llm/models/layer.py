@@ -41,8 +41,10 @@ W − 1 inputs and the new matrix back: ``(y [B, T, D], new store)``, what
 ``store.mix`` between its norms and residuals. A hybrid stack scans the periods of its layer
 pattern (:func:`scan_periods`; e.g. three linear layers then one full-attention layer) with
 both stores in the carry, each layer indexing its store by its rank among the layers of its
-kind. Not yet: the paged engine's states indexed by slot and the shared-prompt trunk's
-repeated prompt state (a hybrid stack's ``apply`` runs the plain forward instead).
+kind. The paged engine keeps each slot's row's window and matrix beside the pages
+(:func:`jaxrl_llm.models.paged_hybrid_trunk`; a group's prompt state copied to its G rows when
+they are admitted). Not yet: the shared-prompt trunk's repeated prompt state (a hybrid stack's
+``apply`` runs the plain forward instead).
 
 Shapes: B rows, T new tokens, D model width, H query heads, K key/value heads, E head dim,
 F MLP width, L layers.
