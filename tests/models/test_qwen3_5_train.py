@@ -1,5 +1,5 @@
 """A tiny random Qwen3.5 (hybrid Gated DeltaNet + gated attention) trains: an online GRPO step
-with the static engine, where the sampler's log-probs equal the learner's recomputed ones
+with either engine, where the sampler's log-probs equal the learner's recomputed ones
 (``rollout.correction`` in float32: importance weights of one), and offline DPO steps that
 lower the DPO loss; gradients reach every Gated DeltaNet parameter."""
 
@@ -16,8 +16,13 @@ from jaxrl_llm.train.config.config_io import from_dict
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.offline.trainer import train_offline
 from jaxrl_llm.train.online.trainer import OnlineTrainer
+from jaxrl_llm.train.run.checkpoint import restore_model
 
 TINY = dict(family="qwen3_5_text", delta_chunk_size=16)
+
+
+def _is_spec(s):
+    return isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], tuple)
 
 
 def parity_reward(prompts, completions, **_):
@@ -60,7 +65,8 @@ def data(tmp_path_factory):
     return d
 
 
-def test_grpo_step_with_the_static_engine_and_sampler_logprobs_equal_the_learners(data, tmp_path):
+@pytest.mark.parametrize("engine", ["static", "paged"])
+def test_grpo_step_and_sampler_logprobs_equal_the_learners(data, tmp_path, engine):
     cfg = from_dict(
         RunConfig,
         dict(
@@ -76,7 +82,7 @@ def test_grpo_step_with_the_static_engine_and_sampler_logprobs_equal_the_learner
                 prompts_per_step=4,
                 group_size=4,
                 max_new_tokens=8,
-                engine="static",
+                engine=engine,
                 correction=dict(high=2.0),
             ),
             rewards=[dict(name="tests.models.test_qwen3_5_train:parity_reward")],
@@ -122,3 +128,9 @@ def test_dpo_steps_lower_the_loss(data, tmp_path):
     assert len(losses) >= 2 and all(np.isfinite(losses))
     assert losses[0] == pytest.approx(np.log(2), abs=1e-3)  # policy = reference at step 1
     assert np.mean(losses[-3:]) < losses[0] - 0.05
+    # the checkpoint restores the hybrid config and its parameter tree
+    config, params, _ = restore_model(os.path.join(cfg.output_dir, "checkpoints"))
+    assert config.is_hybrid and config.family == models.Family.QWEN3_5
+    want = models.param_shapes_and_axes(config)
+    shapes = jax.tree.map(lambda x: tuple(x.shape), params)
+    assert shapes == jax.tree.map(lambda s: s[0], want, is_leaf=_is_spec)
