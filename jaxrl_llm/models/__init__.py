@@ -36,7 +36,9 @@ from jaxrl_llm.models.config import (
 from jaxrl_llm.models.delta_rule import delta_rule_chunked, delta_rule_recurrent, gated_delta_rule
 from jaxrl_llm.models.gated_deltanet import (
     FreshState,
+    GroupPromptState,
     RecurrentState,
+    SharedPromptState,
     causal_conv,
     gated_deltanet_block,
     gated_rms_norm,
@@ -115,6 +117,7 @@ __all__ = [
     "Family",
     "FreshState",
     "GroupPrompt",
+    "GroupPromptState",
     "HF_ARCHITECTURES",
     "KVCache",
     "KVStore",
@@ -133,6 +136,7 @@ __all__ = [
     "RecurrentState",
     "RopeScaling",
     "SharedPrompt",
+    "SharedPromptState",
     "Store",
     "TokenInfo",
     "apply",

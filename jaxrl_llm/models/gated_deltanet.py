@@ -16,8 +16,11 @@ q, k, v channels) and the delta rule's state (``[B, H_v, d_k, d_v]``). Its store
 
 - :class:`FreshState`: no earlier tokens (zero window and state); the training forward.
 - :class:`RecurrentState`: every LINEAR layer's window and state ``[L', ...]`` for every row,
-  read and written by the traced index of the layer among the LINEAR layers; prefill and the
-  static engine's decode step.
+  read and written by the traced index of the layer among the LINEAR layers; prefill, the
+  static engine's decode step and (per slot) the paged engine.
+- :class:`GroupPromptState` then :class:`SharedPromptState`: a group's prompt run once (one
+  row per group), its G completions continuing its final state repeated G times
+  (:func:`jaxrl_llm.models.trunk_shared_prefix`).
 
 Padding: a token whose ``valid`` entry is False has its input zeroed, is skipped by the new
 conv window, and has g = 0, β = 0 (so it leaves the state unchanged); its output is
@@ -200,6 +203,61 @@ class RecurrentState:
         )
         new = jax.lax.dynamic_update_index_in_dim(self.state, state, layer, 0)
         return y, dataclasses.replace(self, conv=conv, state=new)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["valid", "conv", "state"], meta_fields=[]
+)
+@dataclasses.dataclass(frozen=True)
+class GroupPromptState:
+    """A group's prompt, one row per group, from zeros: the store comes back holding the last
+    mixed layer's final window and state for the group's completions
+    (:class:`SharedPromptState`), as :class:`~jaxrl_llm.models.GroupPrompt` keeps keys.
+
+    Attributes:
+      valid: ``[B/G, T_p]`` bool, real prompt tokens.
+      conv, state: ``[B/G, W−1, C]`` and ``[B/G, H_v, d_k, d_v]`` after the prompt (None before).
+    """
+
+    valid: jax.Array
+    conv: jax.Array | None = None
+    state: jax.Array | None = None
+
+    def mix(self, config: ModelConfig, lp: Params, h_btd, tokens: TokenInfo, layer):
+        """:func:`gated_deltanet_block` of the prompt rows from zeros; keeps the final state."""
+        del tokens, layer
+        y, conv, state = gated_deltanet_block(config, lp, h_btd, self.valid, None, None)
+        return y, dataclasses.replace(self, conv=conv, state=state)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["conv", "state", "valid"],
+    meta_fields=["group_size"],
+)
+@dataclasses.dataclass(frozen=True)
+class SharedPromptState:
+    """The completions of groups of G rows that share a prompt: row ``g·G + i`` continues its
+    group's prompt state (repeated G times; under autodiff the repeat's transpose sums the G
+    completions' gradients into the prompt). The store does not change.
+
+    Attributes:
+      conv, state: this layer's prompt window and state (:class:`GroupPromptState`).
+      valid: ``[B, T_c]`` bool, real completion tokens. group_size: static G.
+    """
+
+    conv: jax.Array
+    state: jax.Array
+    valid: jax.Array
+    group_size: int
+
+    def mix(self, config: ModelConfig, lp: Params, h_btd, tokens: TokenInfo, layer):
+        """:func:`gated_deltanet_block` of the completions from their prompt's state."""
+        del tokens, layer
+        g = self.group_size
+        conv, state = jnp.repeat(self.conv, g, axis=0), jnp.repeat(self.state, g, axis=0)
+        y, _, _ = gated_deltanet_block(config, lp, h_btd, self.valid, conv, state)
+        return y, self
 
 
 def init_recurrent_state(

@@ -43,8 +43,9 @@ pattern (:func:`scan_periods`; e.g. three linear layers then one full-attention 
 both stores in the carry, each layer indexing its store by its rank among the layers of its
 kind. The paged engine keeps each slot's row's window and matrix beside the pages
 (:func:`jaxrl_llm.models.paged_hybrid_trunk`; a group's prompt state copied to its G rows when
-they are admitted). Not yet: the shared-prompt trunk's repeated prompt state (a hybrid stack's
-``apply`` runs the plain forward instead).
+they are admitted); the shared-prompt trunk repeats the prompt's final window and matrix G
+times (``GroupPromptState`` then ``SharedPromptState``) where :class:`SharedPrompt` repeats
+the prompt's keys.
 
 Shapes: B rows, T new tokens, D model width, H query heads, K key/value heads, E head dim,
 F MLP width, L layers.

@@ -48,7 +48,13 @@ import jax.numpy as jnp
 from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.gated_deltanet import FreshState, RecurrentState, init_recurrent_state
+from jaxrl_llm.models.gated_deltanet import (
+    FreshState,
+    GroupPromptState,
+    RecurrentState,
+    SharedPromptState,
+    init_recurrent_state,
+)
 from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
 from jaxrl_llm.models.layer import (
     BTD,
@@ -600,15 +606,33 @@ def _trunk_shared_prefix(
     info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32))
     x_p, x_c = embed_tokens(c, params, tokens[::g, :tp]), embed_tokens(c, params, tokens[:, tp:])
 
-    def step(carry, lp, layer):
+    prompt_state = GroupPromptState(attention_mask[::g, :tp])
+    valid_c = attention_mask[:, tp:]
+
+    def step(carry, lp, layer, kind=LayerType.GLOBAL):
         x_p, x_c = carry
-        x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
-        shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
-        x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
+        if kind == LayerType.LINEAR:
+            x_p, kept_s, stats_p = decoder_layer(c, lp, x_p, prompt_state, info_p, layer, mesh=mesh)
+            assert kept_s.conv is not None and kept_s.state is not None
+            shared_s = SharedPromptState(kept_s.conv, kept_s.state, valid_c, g)
+            x_c, _, stats_c = decoder_layer(c, lp, x_c, shared_s, info_c, layer, mesh=mesh)
+        else:
+            x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
+            shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
+            x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
         stats = None if stats_p is None else jax.tree.map(jnp.add, stats_p, stats_c)
         return (x_p, x_c), stats
 
-    (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
+    if c.is_hybrid:
+        (x_p, x_c), stats = scan_periods(
+            c,
+            params["layers"],
+            (x_p, x_c),
+            lambda carry, lp, kind, layer: step(carry, lp, layer, kind),
+            remat=remat,
+        )
+    else:
+        (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
     return apply_norm(c, x, params["final_norm"]), stats
 
@@ -692,8 +716,7 @@ def apply(
     (``attention_mask``) of every layer, and ``mesh`` the mesh the experts are split over
     (:func:`jaxrl_llm.models.moe.sparse_moe`).
     """
-    # A hybrid stack runs the plain forward (same result): its recurrent state is not shared.
-    if shared_prefix is not None and shared_prefix[1] > 1 and not config.is_hybrid:
+    if shared_prefix is not None and shared_prefix[1] > 1:
         if segment_ids is not None:
             raise ValueError("shared_prefix cannot be combined with segment_ids (packing)")
         hidden, stats = _trunk_shared_prefix(

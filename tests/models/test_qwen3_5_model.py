@@ -134,3 +134,40 @@ def test_trailing_and_leading_padding_leave_the_recurrent_state_of_the_real_toke
     a, _ = M.forward(params, nxt, config=config, positions=jnp.asarray([[9]]), cache=alone)
     b, _ = M.forward(params, nxt, config=config, positions=jnp.asarray([[9]]), cache=padc)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe_text"])
+def test_shared_prompt_forward_equals_the_plain_one(family):
+    """Groups of G = 3 rows sharing a left-padded prompt: the prompt runs once per group, the
+    completions continue its recurrent state (and read its keys) repeated G times; hidden
+    states and gradients equal the plain forward's up to float32 rounding (gradients within
+    1e-5 of each leaf's largest entry: the plain forward with another delta-rule chunk size
+    differs from itself as much)."""
+    config = M.ModelConfig.tiny(family, delta_chunk_size=4)
+    params = M.init_params(config, jax.random.PRNGKey(0))
+    g, tp, tc = 3, 11, 9
+    prompts = jax.random.randint(jax.random.PRNGKey(1), (2, tp), 3, 97)
+    comps = jax.random.randint(jax.random.PRNGKey(2), (2 * g, tc), 3, 97)
+    toks = jnp.concatenate([jnp.repeat(prompts, g, axis=0), comps], axis=1)
+    mask = jnp.ones(toks.shape, bool).at[g:, :4].set(False)  # group 2's prompt: left padding
+    mask = mask.at[1, tp + 5 :].set(False)  # a completion that ended early
+    w = jax.random.normal(jax.random.PRNGKey(9), (*toks.shape, config.hidden_size))
+
+    def loss(p, shared):
+        out = M.apply(
+            p,
+            toks,
+            config=config,
+            attention_mask=mask,
+            shared_prefix=(tp, g) if shared else None,
+        )
+        return jnp.sum(out.hidden * w * mask[..., None]), out.hidden
+
+    (l_plain, h_plain), g_plain = jax.value_and_grad(loss, has_aux=True)(params, False)
+    (l_shared, h_shared), g_shared = jax.value_and_grad(loss, has_aux=True)(params, True)
+    m = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(h_shared)[m], np.asarray(h_plain)[m], atol=1e-5)
+    np.testing.assert_allclose(float(l_shared), float(l_plain), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_shared), jax.tree.leaves(g_plain)):
+        b = np.asarray(b)
+        np.testing.assert_allclose(np.asarray(a), b, rtol=0, atol=1e-5 * (1 + np.abs(b).max()))
