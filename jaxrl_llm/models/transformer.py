@@ -49,6 +49,13 @@ import jax.numpy as jnp
 from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.gated_deltanet import (
+    FreshState,
+    GroupPromptState,
+    RecurrentState,
+    SharedPromptState,
+    init_recurrent_state,
+)
 from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
 from jaxrl_llm.models.layer import (
     BTD,
@@ -56,22 +63,29 @@ from jaxrl_llm.models.layer import (
     apply_norm,
     decoder_layer,
     embed_tokens,
+    layer_kinds,
     scan_layers,
+    scan_periods,
 )
 from jaxrl_llm.models.layout import layout_mesh, place
+from jaxrl_llm.models.options import LayerType
 from jaxrl_llm.models.positions import rope_inv_freq
 
 Params = dict[str, Any]
 
 
 class KVCache(NamedTuple):
-    """Explicit key/value cache.
+    """Explicit key/value cache (and, for a hybrid stack, the LINEAR layers' recurrent state).
 
     Attributes:
-      k, v: ``[L, B, S, K, E]`` keys (after RoPE) and values.
+      k, v: ``[L, B, S, K, E]`` keys (after RoPE) and values; in a hybrid stack L counts the
+        softmax-attention layers only.
       mask: ``[B, S]`` bool, slot holds a real token of that row.
       positions: ``[B, S]`` int32 RoPE position of the token in each slot (for sliding windows).
       index: ``[]`` int32, the next slot to write.
+      conv, state: a hybrid stack's (``config.is_hybrid``) Gated DeltaNet conv windows
+        ``[L', B, W−1, C]`` and delta-rule states ``[L', B, H_v, d_k, d_v]`` float32
+        (:class:`~jaxrl_llm.models.gated_deltanet.RecurrentState`); None otherwise.
     """
 
     k: jax.Array
@@ -79,6 +93,8 @@ class KVCache(NamedTuple):
     mask: jax.Array
     positions: jax.Array
     index: jax.Array  # type: ignore[assignment]  # shadows tuple.index; fine at run time
+    conv: jax.Array | None = None
+    state: jax.Array | None = None
 
     @property
     def max_len(self) -> int:
@@ -118,13 +134,19 @@ class ModelOutputs(NamedTuple):
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache with ``max_len`` slots for ``batch_size`` rows."""
     dtype = config.compute_jnp_dtype if dtype is None else dtype
-    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    n = config.num_attention_layers
+    shape = (n, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    conv, state = (
+        init_recurrent_state(config, batch_size, dtype) if config.is_hybrid else (None, None)
+    )
     return KVCache(
         k=jnp.zeros(shape, dtype),
         v=jnp.zeros(shape, dtype),
         mask=jnp.zeros((batch_size, max_len), bool),
         positions=jnp.zeros((batch_size, max_len), jnp.int32),
         index=jnp.zeros((), jnp.int32),
+        conv=conv,
+        state=state,
     )
 
 
@@ -158,6 +180,12 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
         layers["experts_gate"] = {"kernel": ((L, X, D, Fe), expert_in)}
         layers["experts_up"] = {"kernel": ((L, X, D, Fe), expert_in)}
         layers["experts_down"] = {"kernel": ((L, X, Fe, D), ("layers", "experts", "mlp", "embed"))}
+        if c.shared_expert_size:
+            Fs = c.shared_expert_size
+            layers["shared_gate_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
+            layers["shared_up_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
+            layers["shared_down_proj"] = {"kernel": ((L, Fs, D), ("layers", "mlp", "embed"))}
+            layers["shared_expert_gate"] = {"kernel": ((L, D, 1), ("layers", "embed", None))}
     else:
         layers["gate_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
         layers["up_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
@@ -172,6 +200,10 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     if c.post_norms:
         layers["post_attn_norm"] = {"scale": ((L, D), ("layers", "norm"))}
         layers["post_mlp_norm"] = {"scale": ((L, D), ("layers", "norm"))}
+    if c.attn_output_gate:
+        layers["attn_gate"] = {"kernel": ((L, D, H, E), ("layers", "embed", "heads", "head_dim"))}
+    if c.is_hybrid:
+        layers = _hybrid_layer_specs(c, layers)
     tree: dict[str, Any] = {
         "embed": {"embedding": ((V, D), ("vocab", "embed"))},
         "layers": layers,
@@ -182,6 +214,41 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     if c.num_labels:
         tree["score_head"] = {"kernel": ((D, c.num_labels), ("embed", "labels"))}
     return tree
+
+
+def _hybrid_layer_specs(config: ModelConfig, layers: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid stack's layer specs: the attention sub-trees over the L − L' attention layers,
+    the Gated DeltaNet sub-trees (:mod:`jaxrl_llm.models.gated_deltanet`) over the L' LINEAR
+    layers, norms and MLP over all L. The conv channels (q, k, v concatenated) keep no
+    logical axis: they stay whole on every device."""
+    c = config
+    n_lin, n_att = c.num_linear_layers, c.num_attention_layers
+    kinds = layer_kinds(layers)
+    out: dict[str, Any] = {}
+    for name, leaves in layers.items():
+        if kinds[name] == "attention":
+            leaves = {k: ((n_att, *s[1:]), ax) for k, (s, ax) in leaves.items()}
+        out[name] = leaves
+    D, Hv, dv, C = (
+        c.hidden_size,
+        c.linear_num_value_heads,
+        c.linear_value_head_dim,
+        c.linear_conv_channels,
+    )
+    out.update(
+        in_proj_qkv={"kernel": ((n_lin, D, C), ("layers", "embed", None))},
+        in_proj_z={"kernel": ((n_lin, D, Hv, dv), ("layers", "embed", "heads", "head_dim"))},
+        in_proj_b={"kernel": ((n_lin, D, Hv), ("layers", "embed", "heads"))},
+        in_proj_a={"kernel": ((n_lin, D, Hv), ("layers", "embed", "heads"))},
+        conv={"kernel": ((n_lin, c.linear_conv_kernel, C), ("layers", None, None))},
+        delta={
+            "a_log": ((n_lin, Hv), ("layers", "heads")),
+            "dt_bias": ((n_lin, Hv), ("layers", "heads")),
+        },
+        linear_norm={"scale": ((n_lin, dv), ("layers", "head_dim"))},
+        out_proj={"kernel": ((n_lin, Hv, dv, D), ("layers", "heads", "head_dim", "embed"))},
+    )
+    return out
 
 
 def _is_spec(x) -> bool:
@@ -199,7 +266,9 @@ def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
 
 def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     """Random initialisation (normal, std 0.02; norms at 1, i.e. w = 0 for the (1 + w) form)
-    in ``config.param_dtype``.
+    in ``config.param_dtype``. Gated DeltaNet layers: the gated norm's plain weight at 1,
+    ``dt_bias`` at 1 and ``A = exp(a_log)`` drawn uniformly from [1, 16] (Mamba-2's range,
+    Dao & Gu 2024, https://arxiv.org/abs/2405.21060).
 
     Jittable and usable under ``jax.eval_shape`` for abstract (sharded) creation.
     """
@@ -213,7 +282,13 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     ]
     out = []
     for key, path, (shape, _) in zip(keys, paths, leaves):
-        if "norm" in path and "scale" in path:
+        if "linear_norm" in path or "dt_bias" in path:
+            out.append(jnp.ones(shape, dtype))
+        elif "a_log" in path:
+            out.append(
+                jnp.log(jax.random.uniform(key, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
+            )
+        elif "norm" in path and "scale" in path:
             out.append((jnp.zeros if config.rms_norm_unit_offset else jnp.ones)(shape, dtype))
         elif "bias" in path:
             out.append(jnp.zeros(shape, dtype))
@@ -326,6 +401,10 @@ def _trunk(
     info = TokenInfo(positions, rope_inv_freq(c), attention_mask.astype(jnp.float32), routing)
     x = embed_tokens(c, params, tokens)
 
+    if c.is_hybrid:
+        return _hybrid_trunk(
+            c, params, x, info, attention_mask, key_mask, segment_ids, cache, remat, mesh
+        )
     if cache is None:
         # The store never changes: closed over, not carried (under autodiff a carried mask
         # would be saved once per layer).
@@ -364,6 +443,78 @@ def _trunk(
     store = DenseCache(k=cache.k, v=cache.v, index=write, mask=mask)
     (x, store), stats = scan_layers(c, params["layers"], (x, store), cached_step, remat=remat)
     new_cache = KVCache(k=store.k, v=store.v, mask=new_mask, positions=new_pos, index=write + t)
+    return apply_norm(c, x, params["final_norm"]), new_cache, stats
+
+
+def _dense_cache_store(c: ModelConfig, cache: KVCache, attention_mask, positions):
+    """(the :class:`DenseCache` store of a cached call, its new mask and positions)."""
+    t = attention_mask.shape[1]
+    write = cache.index
+    new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
+    new_pos = jax.lax.dynamic_update_slice_in_dim(
+        cache.positions, positions.astype(jnp.int32), write, 1
+    )
+    window = c.uses_window
+    mask = attn_lib.AttentionMask(
+        q_index=(write + jnp.arange(t)).astype(jnp.int32),
+        k_valid=new_mask,
+        q_positions=positions.astype(jnp.int32) if window else None,
+        k_positions=new_pos if window else None,
+    )
+    return DenseCache(k=cache.k, v=cache.v, index=write, mask=mask), new_mask, new_pos
+
+
+def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cache, remat, mesh):
+    """The trunk of a hybrid stack (``config.is_hybrid``, Qwen3.5): the periods of its layer
+    pattern scanned (:func:`~jaxrl_llm.models.layer.scan_periods`), LINEAR layers over a
+    :class:`~jaxrl_llm.models.gated_deltanet.FreshState` (no cache) or
+    :class:`~jaxrl_llm.models.gated_deltanet.RecurrentState` (the cache's ``conv`` / ``state``),
+    attention layers over :class:`NoCache` / :class:`DenseCache`. -> (hidden, new cache, per-layer
+    MoE statistics ``[L, ...]`` or None)."""
+    if segment_ids is not None:
+        raise ValueError(
+            "segment_ids (packing) is not supported by linear-attention (hybrid) stacks: the "
+            "recurrent state would carry across segments"
+        )
+    positions = info.positions
+    if cache is None:
+        no_cache = NoCache(_self_attention_mask(c, key_mask, positions))
+        fresh = FreshState(attention_mask)
+
+        def step(x, lp, kind, layer):
+            store = fresh if kind == LayerType.LINEAR else no_cache
+            x, _, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
+            return x, stats
+
+        x, stats = scan_periods(c, params["layers"], x, step, remat=remat)
+        x = place(apply_norm(c, x, params["final_norm"]), BTD, layout_mesh(mesh))
+        return x, None, stats
+
+    if cache.conv is None or cache.state is None:
+        raise ValueError("a hybrid stack's cache needs conv and state (init_cache builds them)")
+    dense, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
+    rec = RecurrentState(conv=cache.conv, state=cache.state, valid=attention_mask)
+
+    def cached_step(carry, lp, kind, layer):
+        x, dense, rec = carry
+        if kind == LayerType.LINEAR:
+            x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh)
+        else:
+            x, dense, stats = decoder_layer(c, lp, x, dense, info, layer, mesh=mesh)
+        return (x, dense, rec), stats
+
+    (x, dense, rec), stats = scan_periods(
+        c, params["layers"], (x, dense, rec), cached_step, remat=remat
+    )
+    new_cache = KVCache(
+        k=dense.k,
+        v=dense.v,
+        mask=new_mask,
+        positions=new_pos,
+        index=cache.index + attention_mask.shape[1],
+        conv=rec.conv,
+        state=rec.state,
+    )
     return apply_norm(c, x, params["final_norm"]), new_cache, stats
 
 
@@ -469,15 +620,33 @@ def _trunk_shared_prefix(
     info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32), rec_c)
     x_p, x_c = embed_tokens(c, params, tokens[::g, :tp]), embed_tokens(c, params, tokens[:, tp:])
 
-    def step(carry, lp, layer):
+    prompt_state = GroupPromptState(attention_mask[::g, :tp])
+    valid_c = attention_mask[:, tp:]
+
+    def step(carry, lp, layer, kind=LayerType.GLOBAL):
         x_p, x_c = carry
-        x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
-        shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
-        x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
+        if kind == LayerType.LINEAR:
+            x_p, kept_s, stats_p = decoder_layer(c, lp, x_p, prompt_state, info_p, layer, mesh=mesh)
+            assert kept_s.conv is not None and kept_s.state is not None
+            shared_s = SharedPromptState(kept_s.conv, kept_s.state, valid_c, g)
+            x_c, _, stats_c = decoder_layer(c, lp, x_c, shared_s, info_c, layer, mesh=mesh)
+        else:
+            x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
+            shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
+            x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
         stats = None if stats_p is None or stats_c is None else _pool_shared(stats_p, stats_c, g)
         return (x_p, x_c), stats
 
-    (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
+    if c.is_hybrid:
+        (x_p, x_c), stats = scan_periods(
+            c,
+            params["layers"],
+            (x_p, x_c),
+            lambda carry, lp, kind, layer: step(carry, lp, layer, kind),
+            remat=remat,
+        )
+    else:
+        (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
     return apply_norm(c, x, params["final_norm"]), stats
 

@@ -137,6 +137,8 @@ def _cache_rows(cache: KVCache) -> KVCache:
         mask=constrain_rows(cache.mask),
         positions=constrain_rows(cache.positions),
         index=cache.index,
+        conv=None if cache.conv is None else constrain_rows(cache.conv, axis=1),
+        state=None if cache.state is None else constrain_rows(cache.state, axis=1),
     )
 
 
@@ -238,6 +240,8 @@ def _init_decode_state(
         mask=rep(cache.mask, 0),
         positions=rep(cache.positions, 0),
         index=cache.index,
+        conv=None if cache.conv is None else rep(cache.conv, 1),  # hybrid stacks (Qwen3.5)
+        state=None if cache.state is None else rep(cache.state, 1),
     )
     n = last_logits.shape[0] * g
     row_prompt = rep(prompt_ids.astype(jnp.int32), 0)

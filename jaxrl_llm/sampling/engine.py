@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.models import NULL_PAGE, ModelConfig, init_paged_cache
+from jaxrl_llm.models import NULL_PAGE, ModelConfig, init_paged_cache, init_recurrent_state
 from jaxrl_llm.sampling.config import SamplingConfig, bucket_length
 from jaxrl_llm.sampling.decode import prefill, prefill_with_routing, routing_dtype
 from jaxrl_llm.sampling.paged import PageTable, pages_for
@@ -154,6 +155,9 @@ class PagedEngine:
         self._stop = jnp.asarray(stop)
         self._sampling = dataclasses.replace(sampling, stop_token_ids=(), use_model_eos=False)
         s, m = self.num_slots, self.gen_len
+        conv, rec_state = (
+            init_recurrent_state(self.config, s) if self.config.is_hybrid else (None, None)
+        )
         self.state = SlotState(
             cache=init_paged_cache(self.config, num_pages, page_size),
             table=jnp.zeros((s, self.width), jnp.int32),
@@ -172,11 +176,16 @@ class PagedEngine:
             )
             if self.record_routing
             else None,
+            conv=conv,
+            state=rec_state,
         )
         self.rows: list[Row] = []
         self._waiting: collections.deque[list[int]] = collections.deque()  # groups of rows
-        # rows to continue: (row, the logits their next token is drawn from, their version)
-        self._resume: collections.deque[tuple[int, jax.Array, int]] = collections.deque()
+        # rows to continue: (row, the logits their next token is drawn from, their version,
+        # a hybrid stack's recurrent state of the row or None)
+        self._resume: collections.deque[tuple[int, jax.Array, int, Any]] = collections.deque()
+        # a hybrid stack's kept, finished rows: their recurrent state (conv, state) [L', 1, ...]
+        self._row_rec: dict[int, Any] = {}
         self._slot_row: list[int | None] = [None] * s
         self._gen: dict[int, int] = {}  # live row -> tokens generated in its turn so far
         self._logit_version = [0] * s  # per slot: the version of the logits it samples next
@@ -239,13 +248,14 @@ class PagedEngine:
         t = bucket_length(len(tokens))
         padded = np.full((1, t), self.pad_id, np.int32)
         padded[0, : len(tokens)] = tokens
-        logits, cache, experts = extend_row(
+        logits, cache, experts, rec = extend_row(
             self.params,
             self.state.cache,
             jnp.asarray(padded),
             jnp.asarray(self.book.table([row_id], self.width)),
             jnp.asarray([start], jnp.int32),
             jnp.asarray([len(tokens) - 1], jnp.int32),
+            self._row_rec.pop(row_id, None),
             config=self.config,
         )
         self.state = self.state._replace(cache=cache)
@@ -261,7 +271,7 @@ class PagedEngine:
         )
         row.done = row.finished = False
         row.versions += [-1] * len(tokens)
-        self._resume.append((row_id, logits, self.version))
+        self._resume.append((row_id, logits, self.version, rec))
         return logits[0]
 
     def swap(self, params, version: int) -> None:
@@ -276,6 +286,7 @@ class PagedEngine:
         """Free a kept row's pages."""
         if row_id in self.book.pages:
             self.book.free(row_id)
+        self._row_rec.pop(row_id, None)
 
     # ----- the loop ---------------------------------------------------------------------------
 
@@ -338,8 +349,8 @@ class PagedEngine:
     def _fill_slots(self) -> None:
         free = [i for i, r in enumerate(self._slot_row) if r is None]
         while self._resume and free:  # continued rows first: they already hold their pages
-            r, logits, version = self._resume.popleft()
-            self._start([(free.pop(0), r, 0)], logits, version)
+            r, logits, version, rec = self._resume.popleft()
+            self._start([(free.pop(0), r, 0)], logits, version, rec)
         z = self.book.page_size
         reserved = sum(self._reserve(r) for r in self._slot_row if r is not None)
         admitted: list[tuple[int, int, int]] = []  # (slot, row, index into the logits source)
@@ -390,9 +401,10 @@ class PagedEngine:
             pairs[: len(cow)] = cow
         cache = cow_copy(cache, jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1]))
         self.state = self.state._replace(cache=cache)
-        self._start(admitted, logits, self.version)
+        rec = (dense.conv, dense.state) if self.config.is_hybrid else None
+        self._start(admitted, logits, self.version, rec)
 
-    def _start(self, admitted, src_logits, version: int) -> None:
+    def _start(self, admitted, src_logits, version: int, src_rec=None) -> None:
         s = self.num_slots
         slots = np.full((s,), s, np.int32)
         src, off, clen, budget = (np.zeros((s,), np.int32) for _ in range(4))
@@ -407,7 +419,16 @@ class PagedEngine:
             self._logit_version[slot] = version
             self._turn_versions[r] = []
         self.state = admit_rows(
-            self.state, slots, src_logits, src, np.uint32(self.seed), ids, off, clen, budget
+            self.state,
+            slots,
+            src_logits,
+            src,
+            np.uint32(self.seed),
+            ids,
+            off,
+            clen,
+            budget,
+            src_rec,
         )
 
     def collect(self) -> list[int]:
@@ -445,4 +466,6 @@ class PagedEngine:
             ended.append(r)
             if not row.keep:
                 self.book.free(r)
+            elif st.conv is not None and st.state is not None:  # its state, for an extension
+                self._row_rec[r] = (st.conv[:, slot : slot + 1], st.state[:, slot : slot + 1])
         return ended
