@@ -110,3 +110,91 @@ def test_decode_flops_per_device_split_over_data():
     # the model FLOPs: 2·N per generated token over the devices
     assert eight.model_flops == pytest.approx(one.model_flops / 8)
     assert one.hlo_flops == pytest.approx(one.model_flops, rel=0.5)
+
+
+# The shape of a scan as the TPU compiler leaves it (no known_trip_count): the condition
+# compares the counter with a constant, the body adds 1, the loop starts from a constant.
+_TPU_LOOP = """HloModule scan
+
+%body (p: (s32[], f32[8,16], f32[16,16])) -> (s32[], f32[8,16], f32[16,16]) {
+  %p = (s32[]{:T(128)}, f32[8,16]{1,0}, f32[16,16]{1,0}) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%p), index=0
+  %h = f32[8,16]{1,0} get-tuple-element(%p), index=1
+  %w = f32[16,16]{1,0} get-tuple-element(%p), index=2
+  %one = s32[]{:T(128)} constant(1)
+  %next = s32[]{:T(128)} add(%i, %one)
+  %dot = f32[8,16]{1,0} dot(%h, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (s32[]{:T(128)}, f32[8,16]{1,0}, f32[16,16]{1,0}) tuple(%next, %dot, %w)
+}
+
+%cond (c: (s32[], f32[8,16], f32[16,16])) -> pred[] {
+  %limit = s32[]{:T(128)} constant(LIMIT)
+  %c = (s32[]{:T(128)}, f32[8,16]{1,0}, f32[16,16]{1,0}) parameter(0)
+  %j = s32[]{:T(128)} get-tuple-element(%c), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%j, %limit), direction=LT
+}
+
+ENTRY %main (x: f32[8,16], w: f32[16,16]) -> f32[8,16] {
+  %x = f32[8,16]{1,0} parameter(0)
+  %w0 = f32[16,16]{1,0} parameter(1)
+  %start = s32[]{:T(128)} constant(START)
+  %init = (s32[]{:T(128)}, f32[8,16]{1,0}, f32[16,16]{1,0}) tuple(%start, %x, %w0)
+  %loop = (s32[]{:T(128)}, f32[8,16]{1,0}, f32[16,16]{1,0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[8,16]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+@pytest.mark.parametrize("start, limit, trips", [(0, 7, 7), (2, 7, 5), (0, 0, 0)])
+def test_trip_count_from_the_loop_condition(start, limit, trips):
+    text = _TPU_LOOP.replace("START", str(start)).replace("LIMIT", str(limit))
+    cost = hlo_cost(text)
+    assert cost.trip_counts == (trips,) and cost.unknown_loops == 0
+    assert cost.flops == trips * 2 * 8 * 16 * 16 and cost.flops_once == 2 * 8 * 16 * 16
+
+
+def test_loop_without_a_count_takes_the_given_bound():
+    # a data-dependent condition (the sampler's: stop when every row is done)
+    text = _TPU_LOOP.replace("START", "0").replace("constant(LIMIT)", "parameter(1)")
+    cost = hlo_cost(text, unknown_trips=11)
+    assert cost.unknown_loops == 1 and cost.trip_counts == (11,)
+    assert cost.flops == 11 * 2 * 8 * 16 * 16
+
+
+_GATHER = """HloModule g
+
+ENTRY %main (p: bf16[8,16]) -> bf16[32,16] {
+  %p = bf16[8,16]{1,0} parameter(0)
+  ROOT %ag = bf16[32,16]{1,0} all-gather(%p), channel_id=1, GROUPS, dimensions={0}
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        "replica_groups={{0,1,2,3},{4,5,6,7}}",
+        "replica_groups=[2,4]<=[8]",
+        "replica_groups=mesh['data'=2,'fsdp'=4] {'fsdp'}",
+    ],
+)
+def test_all_gather_sends_n_minus_one_shards(groups):
+    # groups of 4: each device sends its 8 x 16 bf16 shard (256 bytes) to the 3 others
+    cost = hlo_cost(_GATHER.replace("GROUPS", groups), num_devices=8)
+    assert cost.collectives == {"all-gather": 3 * 256} and cost.collective_bytes == 768
+
+
+def test_collectives_of_a_sharded_program_on_8_devices():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(jax.devices()[:8], ("d",))
+    x = jax.ShapeDtypeStruct(
+        (64, 40), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec("d"))
+    )
+    whole = NamedSharding(mesh, PartitionSpec())
+    summed = jax.jit(lambda x: x.sum(0), out_shardings=whole).lower(x).compile()
+    # each device's partial sum, f32[40] = 160 bytes, all-reduced: 2 · 7/8 · 160 (ring)
+    assert hlo_cost(summed.as_text(), num_devices=8).collectives == {"all-reduce": 280.0}
+    gathered = jax.jit(lambda x: x, out_shardings=whole).lower(x).compile()
+    # each device's 8 rows (1280 bytes) to the 7 others
+    assert hlo_cost(gathered.as_text(), num_devices=8).collectives == {"all-gather": 7 * 1280}

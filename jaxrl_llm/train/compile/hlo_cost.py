@@ -312,9 +312,10 @@ def trip_count(loop: _Instr, caller: _Computation, comps: dict[str, _Computation
     roles = dict(_callees(loop))
     cond, body = comps.get(roles.get("condition", "")), comps.get(roles.get("body", ""))
     root = cond.root if cond is not None else None
-    if root is None or root.op != "compare" or len(root.operands) != 2:
+    if cond is None or root is None or root.op != "compare" or len(root.operands) != 2:
         return None
-    direction = (_DIRECTION.search(root.attrs) or [None, None])[1]
+    found = _DIRECTION.search(root.attrs)
+    direction = found.group(1) if found else ""
     a, b = root.operands
     limit, index = _int_constant(cond, b), _tuple_index(cond, a)
     if limit is None:  # c > i is i < c
