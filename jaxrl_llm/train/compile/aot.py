@@ -189,17 +189,25 @@ def _with_model_flops(
     times a step; the reference and recompute forwards 2·N per token over their rows; the
     decode loop 2·N per generated token, ``prompts × G × (seq_len − prompt_len)`` tokens
     (N: active parameters; Kaplan et al. 2020, https://arxiv.org/abs/2001.08361; no
-    recomputation, no attention T² term, the critic counted at the policy's size)."""
+    recomputation, no attention T² term, the critic counted at the policy's size). Where
+    the policy's forwards share each group's prompt (``logprobs.shared_prompt``: G rows, one
+    prompt) a row's prompt tokens count once per group, as the programs compute them."""
     rows, n = plan.rows, config.num_params(active=True)
     devices = math.prod(plan.mesh.values())
     updates = rows.epochs * rows.minibatches
+    gen_len = seq_len - prompt_len
     gen_rows = plan.cfg.rollout.prompts_per_step * rows.group
+    g = plan.logprobs.prompt_group_size if plan.online else 1
+
+    def tokens(r: int) -> float:  # the tokens a policy forward over r rows computes
+        return r * (seq_len - prompt_len) + r / g * prompt_len if g > 1 else r * seq_len
+
     per_call = {
-        "train": (6.0 * n * rows.per_update * seq_len, updates),
+        "train": (6.0 * n * tokens(rows.per_update), updates),
         "critic": (6.0 * n * rows.per_update * seq_len, updates),
-        "reference": (2.0 * n * rows.forward * seq_len, 1),
-        "recompute": (2.0 * n * rows.forward * seq_len, 1),
-        "decode": (2.0 * n * gen_rows * (seq_len - prompt_len), 1),
+        "reference": (2.0 * n * tokens(rows.forward), 1),
+        "recompute": (2.0 * n * tokens(rows.forward), 1),
+        "decode": (2.0 * n * gen_rows * gen_len, 1),
     }
     out = []
     for p in programs:

@@ -79,6 +79,7 @@ def compile_program(
         collective_permutes=len(_COLLECTIVE_PERMUTE.findall(text)),
         largest_buffers=largest_buffers(text),
         hlo_flops=work.flops,
+        hlo_flops_once=work.flops_once,
         hbm_access_bytes=work.hbm_bytes,
         collective_bytes=work.collective_bytes,
         collectives=work.collectives,

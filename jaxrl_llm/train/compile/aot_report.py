@@ -29,6 +29,9 @@ class ProgramMemory:
         largest_buffers`): an activation split by rows over N devices shows B / N rows.
       hlo_flops: matmul FLOPs per device of one call with loop trip counts applied (the
         layers' scan counted L times; :func:`~jaxrl_llm.train.compile.hlo_cost.hlo_cost`).
+        hlo_flops_once: the same with each loop body counted once, as ``flops`` counts it
+        (``flops`` adds elementwise work; the two agree within a few percent when matmuls
+        dominate).
       hbm_access_bytes: HBM bytes read and written per device in one call, trip counts
         applied. collective_bytes: bytes one device sends in collectives in one call (ring
         model), trip counts applied; ``collectives`` by kind.
@@ -53,6 +56,7 @@ class ProgramMemory:
     collective_permutes: int = 0
     largest_buffers: tuple[str, ...] = ()
     hlo_flops: float = 0.0
+    hlo_flops_once: float = 0.0
     hbm_access_bytes: float = 0.0
     collective_bytes: float = 0.0
     collectives: dict[str, float] = dataclasses.field(default_factory=dict)

@@ -244,7 +244,7 @@ def _parse_instr(line: str) -> _Instr | None:
     )
 
 
-def parse_computations(hlo_text: str) -> tuple[dict[str, _Computation], str | None]:
+def _parse_computations(hlo_text: str) -> tuple[dict[str, _Computation], str | None]:
     """The computations of an HLO module's text by name, and the entry's name."""
     comps: dict[str, _Computation] = {}
     entry, current = None, None
@@ -303,7 +303,7 @@ def _tuple_index(comp: _Computation, name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def trip_count(loop: _Instr, caller: _Computation, comps: dict[str, _Computation]) -> int | None:
+def _trip_count(loop: _Instr, caller: _Computation, comps: dict[str, _Computation]) -> int | None:
     """A ``while`` instruction's trip count (module docstring), or None when the HLO does
     not say."""
     m = _TRIP.search(loop.attrs)
@@ -364,7 +364,7 @@ def _multipliers(
                 continue
             factor = 1.0
             if instr.op == "while":
-                n = trip_count(instr, comp, comps)
+                n = _trip_count(instr, comp, comps)
                 if n is None:
                     unknown += 1
                     n = unknown_trips
@@ -400,14 +400,46 @@ def _dot_flops(instr: _Instr, comp: _Computation, operand) -> float:
             return 0.0
         dims = [int(d) for d in m.group(1).split(",") if d]
         return 2.0 * out * math.prod(lhs[0].dims[d] for d in dims)
-    if instr.op == "convolution":
-        kernel = operand(comp, instr.operands[1]) if len(instr.operands) > 1 else ()
+    if instr.op == "convolution" and len(instr.operands) > 1:
+        lhs, kernel = operand(comp, instr.operands[0]), operand(comp, instr.operands[1])
         m = _DIM_LABELS.search(instr.attrs)
-        if not kernel or m is None or "o" not in m.group(2):
+        if not lhs or not kernel or not instr.result or m is None:
             return 0.0
-        k = kernel[0].dims
-        return 2.0 * out * math.prod(k) / max(k[m.group(2).index("o")], 1)
+        return _conv_flops(lhs[0].dims, kernel[0].dims, instr.result[0].dims, m, instr.attrs)
     return 0.0
+
+
+def _window(attrs: str, key: str, n: int, default: int) -> list[tuple[int, ...]]:
+    m = re.search(r"\b" + key + r"=([-0-9_x]+)", attrs)
+    if m is None:
+        return [(default, default)] * n
+    return [tuple(int(v) for v in part.split("_")) for part in m.group(1).split("x")]
+
+
+def _conv_flops(lhs, kernel, out, labels: re.Match, attrs: str) -> float:
+    """2 · (output batch · output features) · (kernel input features) · Π over spatial
+    dimensions of the (output position, kernel position) pairs that land on a real input
+    element (not padding, not a hole of ``lhs_dilate``): how XLA counts a convolution, which
+    the TPU compiler also uses for batched matmuls (a batch dimension as a padded window)."""
+    lhs_l, rhs_l, out_l = labels.group(1), labels.group(2), labels.group(3)
+    spatial = sorted(c for c in out_l if c.isdigit())
+    n = len(spatial)
+    pads = _window(attrs, "pad", n, 0)
+    strides = [p[0] for p in _window(attrs, "stride", n, 1)]
+    lhs_dil = [p[0] for p in _window(attrs, "lhs_dilate", n, 1)]
+    rhs_dil = [p[0] for p in _window(attrs, "rhs_dilate", n, 1)]
+    pairs = 1.0
+    for j, c in enumerate(spatial):
+        size_in, size_k, size_out = lhs[lhs_l.index(c)], kernel[rhs_l.index(c)], out[out_l.index(c)]
+        span = (size_in - 1) * lhs_dil[j] + 1  # the dilated input
+        o = np.arange(size_out) * strides[j] - pads[j][0]
+        valid = 0
+        for k in range(size_k):
+            pos = o + k * rhs_dil[j]
+            valid += int(np.count_nonzero((pos >= 0) & (pos < span) & (pos % lhs_dil[j] == 0)))
+        pairs *= valid
+    per_pair = out[out_l.index("b")] * out[out_l.index("f")] * kernel[rhs_l.index("i")]
+    return 2.0 * per_pair * pairs
 
 
 def _group_size(attrs: str, num_devices: int) -> int:
@@ -441,29 +473,75 @@ def _hbm(arrays: Iterable[_Array]) -> float:
     return sum(a.nbytes for a in arrays if not a.on_chip)
 
 
+_TRANSPARENT = frozenset(("bitcast", "reshape", "convert", "copy"))
+
+
+def _users(comp: _Computation) -> dict[str, list[_Instr]]:
+    users: dict[str, list[_Instr]] = {}
+    for i in comp.instrs:
+        for o in set(i.operands):
+            users.setdefault(o, []).append(i)
+    return users
+
+
+def _read_fraction(
+    comp: _Computation, name: str, comps: dict[str, _Computation], depth: int = 0
+) -> float:
+    """The fraction of the array ``name`` that ``comp`` reads: the slices its slicing users
+    take (through bitcasts, converts and nested fusions), 0 for the buffer of an in-place
+    ``dynamic-update-slice``, else 1."""
+    instr = comp.by_name.get(name)
+    users = _users(comp).get(name, [])
+    if instr is None or not users or depth > 8 or instr.root:
+        return 1.0
+    whole = max(sum(a.elements for a in instr.result), 1)
+    frac = 0.0
+    for u in users:
+        first = u.operands[:1] == (name,) and name not in u.operands[1:]
+        if u.op in _SLICING and first:
+            frac += sum(a.elements for a in u.result) / whole
+        elif u.op == "dynamic-update-slice" and first:
+            continue
+        elif u.op in _TRANSPARENT:
+            frac += _read_fraction(comp, u.name, comps, depth + 1)
+        elif u.op == "fusion":
+            nested = comps.get(dict(_callees(u)).get("calls", ""))
+            params = _parameters(nested) if nested is not None else {}
+            for j, o in enumerate(u.operands):
+                if o == name:
+                    p = params.get(j)
+                    frac += 1.0 if p is None else _read_fraction(nested, p, comps, depth + 1)  # type: ignore[arg-type]
+        else:
+            return 1.0
+    return min(frac, 1.0)
+
+
+def _parameters(comp: _Computation) -> dict[int, str]:
+    return {int(i.args.strip() or 0): i.name for i in comp.instrs if i.op == "parameter"}
+
+
+def _root_update(comp: _Computation | None, instr: _Instr, operand) -> tuple[_Array, ...] | None:
+    """The update of an in-place ``dynamic-update-slice`` that ``instr`` (or the root of
+    its fused computation ``comp``) is, else None."""
+    inner = comp.root if comp is not None else instr
+    while comp is not None and inner is not None and inner.op in _TRANSPARENT:
+        inner = comp.by_name.get(inner.operands[0]) if inner.operands else None
+    if inner is None or inner.op != "dynamic-update-slice" or len(inner.operands) < 2:
+        return None
+    return operand(comp if comp is not None else None, inner.operands[1])
+
+
 def _fusion_traffic(
-    instr: _Instr, comp: _Computation, fused: _Computation | None, operand
+    instr: _Instr,
+    comp: _Computation,
+    fused: _Computation | None,
+    operand,
+    comps: dict[str, _Computation],
 ) -> float:
     """HBM bytes of one top-level instruction (module docstring)."""
-    params = {}
-    if fused is not None:
-        for i in fused.instrs:
-            if i.op == "parameter":
-                params[int(i.args.strip() or 0)] = i.name
-    users: dict[str, list[_Instr]] = {}
-    if fused is not None:
-        for i in fused.instrs:
-            for o in i.operands:
-                users.setdefault(o, []).append(i)
-    inner = fused.root if fused is not None else instr
-    dus_buffers: set[str] = set()
-    result = _hbm(instr.result)
-    if inner is not None and inner.op == "dynamic-update-slice":
-        buffer_name = inner.operands[0]
-        update = operand(fused or comp, inner.operands[1]) if len(inner.operands) > 1 else ()
-        result = 2 * _hbm(update)
-        dus_buffers.add(buffer_name)
-    total = result
+    update = _root_update(fused, instr, lambda c, n: operand(c or comp, n))
+    total = _hbm(instr.result) if update is None else 2 * _hbm(update)
+    params = _parameters(fused) if fused is not None else {}
     for k, name in enumerate(instr.operands):
         arrays = operand(comp, name)
         if fused is None:
@@ -473,13 +551,8 @@ def _fusion_traffic(
                 total += _hbm(arrays)
             continue
         param = params.get(k)
-        if param in dus_buffers:
-            continue
-        used = users.get(param, []) if param is not None else []
-        if used and all(u.op in _SLICING and u.operands[:1] == (param,) for u in used):
-            total += sum(_hbm(u.result) for u in used)
-        else:
-            total += _hbm(arrays)
+        frac = 1.0 if param is None else _read_fraction(fused, param, comps)
+        total += frac * _hbm(arrays)
     return total
 
 
@@ -496,7 +569,7 @@ def hlo_cost(hlo_text: str, *, num_devices: int = 1, unknown_trips: int = 1) -> 
     Returns:
       An :class:`HloCost`.
     """
-    comps, entry = parse_computations(hlo_text)
+    comps, entry = _parse_computations(hlo_text)
     if entry is None:
         return HloCost(0.0, 0.0, 0.0, 0.0, 0.0, {}, (), 0)
     mult, inner, trips, unknown = _multipliers(comps, entry, unknown_trips)
@@ -528,7 +601,7 @@ def hlo_cost(hlo_text: str, *, num_devices: int = 1, unknown_trips: int = 1) -> 
             fused = None
             if instr.op == "fusion":
                 fused = comps.get(dict(_callees(instr)).get("calls", ""))
-            traffic = _fusion_traffic(instr, comp, fused, operand)
+            traffic = _fusion_traffic(instr, comp, fused, operand, comps)
             hbm += traffic * runs
             hbm_once += traffic * mult_once.get(comp.name, 0.0)
     return HloCost(
