@@ -198,3 +198,61 @@ def test_collectives_of_a_sharded_program_on_8_devices():
     gathered = jax.jit(lambda x: x, out_shardings=whole).lower(x).compile()
     # each device's 8 rows (1280 bytes) to the 7 others
     assert hlo_cost(gathered.as_text(), num_devices=8).collectives == {"all-gather": 7 * 1280}
+
+
+# A batched matmul as the TPU compiler writes it: the batch dimension (4) as a window of 4
+# over a spatial dimension of 1, padded 3 on each side, so each output position meets one
+# real input element: 2 · (128 · 32 output batch x features) · 128 input features · 4 pairs.
+_CONV = """HloModule conv
+
+ENTRY %main (x: bf16[128,128,1], k: bf16[128,4,32]) -> bf16[128,4,32] {
+  %x = bf16[128,128,1]{2,1,0} parameter(0)
+  %k = bf16[128,4,32]{2,1,0} parameter(1)
+  ROOT %c = bf16[128,4,32]{2,1,0} convolution(%x, %k), window={size=4 pad=3_3 rhs_reversal=1}, dim_labels=bf0_i0o->b0f
+}
+"""
+
+
+def test_padded_window_convolution_counts_real_pairs_only():
+    assert hlo_cost(_CONV).flops == 2 * 128 * 32 * 128 * 4
+    plain = _CONV.replace(" pad=3_3 rhs_reversal=1", "").replace(
+        "bf16[128,128,1]", "bf16[128,128,4]"
+    )
+    plain = plain.replace("bf16[128,4,32]{2,1,0} convolution", "bf16[128,1,32]{2,1,0} convolution")
+    # unpadded: one output position, 4 kernel positions on 4 real inputs
+    assert hlo_cost(plain).flops == 2 * 128 * 32 * 128 * 4
+
+
+# One layer's weights sliced out of the stacked [4, 16, 16] array inside a nested fusion
+# (the layer scan's read): the fusion reads a quarter of it, 4 · 16 · 16 / 4 floats.
+_NESTED = """HloModule nested
+
+%slice (s0: f32[4,16,16], s1: s32[]) -> f32[16,16] {
+  %s0 = f32[4,16,16]{2,1,0} parameter(0)
+  %s1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %ds = f32[1,16,16]{2,1,0} dynamic-slice(%s0, %s1, %zero, %zero), dynamic_slice_sizes={1,16,16}
+  ROOT %b = f32[16,16]{1,0} bitcast(%ds)
+}
+
+%outer (p0: f32[4,16,16], p1: s32[], p2: f32[8,16]) -> f32[8,16] {
+  %p0 = f32[4,16,16]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %p2 = f32[8,16]{1,0} parameter(2)
+  %w = f32[16,16]{1,0} fusion(%p0, %p1), kind=kLoop, calls=%slice
+  ROOT %d = f32[8,16]{1,0} dot(%p2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (ws: f32[4,16,16], i: s32[], x: f32[8,16]) -> f32[8,16] {
+  %ws = f32[4,16,16]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %x = f32[8,16]{1,0} parameter(2)
+  ROOT %f = f32[8,16]{1,0} fusion(%ws, %i, %x), kind=kOutput, calls=%outer
+}
+"""
+
+
+def test_fusion_reads_the_slice_it_takes_of_a_stacked_operand():
+    # the slice (16 · 16 floats) + the index (4 bytes) + x (8 · 16) + the result (8 · 16)
+    assert hlo_cost(_NESTED).hbm_bytes == 4 * (16 * 16 + 1 + 8 * 16 + 8 * 16)
+    assert hlo_cost(_NESTED).flops == 2 * 8 * 16 * 16
