@@ -188,11 +188,14 @@ def _with_model_flops(
     train and critic steps 6·N per token over an update's rows, ``epochs × minibatches``
     times a step; the reference and recompute forwards 2·N per token over their rows; the
     decode loop 2·N per generated token, ``prompts × G × (seq_len − prompt_len)`` tokens
-    (N: active parameters; Kaplan et al. 2020, https://arxiv.org/abs/2001.08361; no
-    recomputation, no attention T² term, the critic counted at the policy's size). Where
+    (N: the active parameters less an untied input embedding table, a lookup that does no
+    matmul, as Kaplan et al. 2020, https://arxiv.org/abs/2001.08361, leave embeddings out;
+    no recomputation, no attention T² term, the critic counted at the policy's size). Where
     the policy's forwards share each group's prompt (``logprobs.shared_prompt``: G rows, one
     prompt) a row's prompt tokens count once per group, as the programs compute them."""
     rows, n = plan.rows, config.num_params(active=True)
+    if not config.tie_embeddings:  # the unembedding is a matmul, the embedding a lookup
+        n -= config.vocab_size * config.hidden_size
     devices = math.prod(plan.mesh.values())
     updates = rows.epochs * rows.minibatches
     gen_len = seq_len - prompt_len

@@ -39,8 +39,9 @@ class ProgramMemory:
         HLO does not say (the decode loop: counted as ``max_new_tokens`` steps, every row
         running to the end).
       model_flops: the model's FLOPs per device of one call, 2·N per token forward and
-        6·N per token for a train step (no recomputation counted; N the active parameters,
-        attention's T² term left out); None where not defined.
+        6·N per token for a train step (no recomputation counted; N the active parameters
+        less an untied input embedding, attention's T² term left out); None where not
+        defined.
       calls_per_step: how many times a training step runs the program (the train step once
         per optimizer update).
     """
