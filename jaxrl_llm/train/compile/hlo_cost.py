@@ -18,7 +18,9 @@ computation by how many times it runs:
   one) — what the TPU compiler leaves of a ``lax.scan`` / ``fori_loop``. A loop whose
   condition is data-dependent (the sampler's ``lax.while_loop``: stop when every row is
   done) has no count in the HLO; it is given ``unknown_trips`` (the caller's bound, e.g.
-  ``max_new_tokens`` for the decode loop) and counted in :attr:`HloCost.unknown_loops`.
+  ``max_new_tokens`` for the decode loop) and counted in :attr:`HloCost.unknown_loops`;
+  so is the blockwise attention's loop over key blocks, whose bound is the (causal) query
+  block's index, carried by the outer loop: part of attention's T² term goes uncounted.
 * **FLOPs**: matrix products only: ``dot`` / ``ragged-dot`` 2 · (output elements) ·
   (product of the left operand's contracting dimensions); ``convolution`` (the TPU compiler
   writes many matmuls as convolutions, batch dimensions as padded, dilated windows) 2 ·
