@@ -120,7 +120,9 @@ def replica_meshes(mesh: Mesh | None) -> list[Mesh]:
         n for i, n in enumerate(mesh.axis_names) if i not in batch
     )
     types = tuple(mesh.axis_types[mesh.axis_names.index(n)] for n in names)
-    return [Mesh(d.reshape((1,) * len(batch) + d.shape), names, axis_types=types) for d in flat]
+    return [
+        Mesh(d.reshape((1,) * len(batch) + d.shape), names, axis_types=types) for d in flat
+    ]
 
 
 def on_replica(params: Any, replica: Mesh) -> Any:
