@@ -898,7 +898,7 @@ def test_failing_reward_is_scored_invalid_and_counted(fn, reward_run):
     and counted under rewards/<name>/failures; the run goes on. Each step holds 4 prompts x 2
     samples, one prompt of each mode, so each function fails on exactly 2 of 8 samples."""
     _, _, rows = reward_run
-    steps = [r for r in rows if "reward/failed" in r]
+    steps = [r for r in rows if r.get("reward/failed") is not None]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert r[f"rewards/tests.test_bad_inputs:{fn}/failures"] == 2
@@ -920,7 +920,7 @@ def test_reward_with_wrong_count_stops_after_repeated_batches(reward_run):
     assert [
         r["rewards/tests.test_bad_inputs:reward_wrong_count/failures"]
         for r in rows
-        if "reward/failed" in r
+        if r.get("reward/failed") is not None
     ] == [8, 8]
 
 

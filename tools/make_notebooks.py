@@ -152,8 +152,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
-steps = [r["step"] for r in rows if "reward/mean" in r]
-plt.plot(steps, [r["reward/mean"] for r in rows if "reward/mean" in r], marker="o")
+steps = [r["step"] for r in rows if r.get("reward/mean") is not None]
+plt.plot(steps, [r["reward/mean"] for r in rows if r.get("reward/mean") is not None], marker="o")
 plt.xlabel("step"); plt.ylabel("mean reward"); plt.grid(alpha=0.3)
 assert len(steps) == 3
 """),
@@ -225,10 +225,10 @@ out = run("async", max_steps=3, rollout=dict(prompts_per_step=2, group_size=2,
           max_new_tokens=8, engine="paged", max_staleness=1))
 rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
 for r in rows:
-    if "async/staleness_max" in r:
+    if r.get("async/staleness_max") is not None:
         print(r["step"], "staleness (steps):", r["async/staleness_mean"], r["async/staleness_max"],
               "learner waited", round(r["async/wait_s"], 3), "s")
-assert max(r.get("async/staleness_max", 0) for r in rows) <= 1
+assert max(r.get("async/staleness_max") or 0 for r in rows) <= 1
 """),
     md("""
 ## 3. The paged engine draws the static engine's tokens

@@ -74,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="TPU slice as GENERATION:GRID (e.g. v5e:2x2): sets the device and the most "
         "devices the advice may use",
     )
+    parser.add_argument(
+        "--teacher-model",
+        default=None,
+        help="distill: the teacher (as --model; default: the policy's size)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -214,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
         tensor=mesh["tensor"],
         expert=mesh["expert"],
     )
+    if args.teacher_model is not None:
+        setup["teacher_config"] = resolve_model_config(args.teacher_model)
     est = estimate_memory(config, args.algorithm, **setup)  # type: ignore[arg-type]
     advice = fit_advice(config, args.algorithm, max_devices=max_devices, **setup)
     if args.json:

@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="online configs: evaluate model.source on the held-out prompts (greedy, as the "
         "run's eval does), write output_dir/eval.json and exit without training",
     )
+    job = parser.add_argument_group(
+        "multi-process job (one process per host; JAX detects Cloud TPU pod slices, SLURM "
+        "and Open MPI jobs by itself)"
+    )
+    job.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    job.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
+    job.add_argument("--process-id", type=int, metavar="I", help="this process, 0 .. N-1")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl_llm.train.config.run_config import RunConfig
     from jaxrl_llm.train.run.signals import RunStopped
 
+    join_job(args)  # before anything else touches JAX's devices
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
     # `module:function` rewards, environments and tools beside the config or in the working
@@ -75,6 +83,32 @@ def run(args: argparse.Namespace) -> int:
         return e.exit_status
     _print_summary(cfg, summary)
     return 0
+
+
+def join_job(args: argparse.Namespace) -> bool:
+    """Join a multi-process job: from ``--coordinator / --num-processes / --process-id`` (or
+    ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``), or by JAX's own
+    detection where a launcher announces several processes
+    (:func:`jaxrl_llm.parallel.detected_cluster`). Returns whether the process joined one.
+    Config sizes stay global: every process runs the same config."""
+    from jaxrl_llm.parallel import detected_cluster, initialize_distributed
+
+    joined = initialize_distributed(
+        getattr(args, "coordinator", None),
+        getattr(args, "num_processes", None),
+        getattr(args, "process_id", None),
+        auto_detect=detected_cluster() is not None,
+    )
+    if joined:
+        import jax
+
+        print(
+            f"jaxrl-llm train: process {jax.process_index()} of {jax.process_count()}, "
+            f"{jax.local_device_count()} local / {jax.device_count()} devices",
+            file=sys.stderr,
+            flush=True,
+        )
+    return joined
 
 
 def _probe_environment(cfg) -> None:

@@ -108,6 +108,20 @@ def _write_rows(
     return arrays, starts
 
 
+def _pack_routing(
+    routing: Sequence[np.ndarray], starts: np.ndarray, *, num_rows: int, row_len: int
+) -> np.ndarray:
+    """Each sequence's recorded experts ``[n_i, L, k]`` (its real tokens) written at its flat
+    start in ``[R, row_len, L, k]``; padding slots hold the experts 0..k−1 (any valid ids:
+    padding is masked)."""
+    _, num_layers, k = routing[0].shape
+    dtype = routing[0].dtype
+    flat = np.broadcast_to(np.arange(k, dtype=dtype), (num_rows * row_len, num_layers, k)).copy()
+    for r, start in zip(routing, starts, strict=True):
+        flat[int(start) : int(start) + len(r)] = r
+    return flat.reshape(num_rows, row_len, num_layers, k)
+
+
 def _interleave(blocks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Blocks of equal shapes → one batch whose strided micro-batch m (rows m, m + M, …) is
     block m."""
@@ -270,7 +284,9 @@ def pack_rl_batch(
     0, 1, …: what the padded row's ``cumsum(mask) − 1`` positions are on those tokens. Every
     other ``[N, T]`` leaf (``loss_mask``, ``advantages``, ``old_logp``, ``ref_logp``,
     ``is_weights``, …) is cut to its last ``window`` columns, where every target of a rollout
-    batch sits; per-row ``[N]`` leaves and scalars pass unchanged.
+    batch sits; per-row ``[N]`` leaves and scalars pass unchanged. A ``routing [N, T, L, k]``
+    leaf (a mixture of experts' recorded experts, routing replay) is packed as the model
+    inputs are, ``[M·R_m, L_row, L, k]``.
 
     Args:
       batch: the losses' ``rl`` layout (``jaxrl_llm.train.online.experience.rl_batch``), numpy,
@@ -325,13 +341,20 @@ def pack_rl_batch(
             tokens, targets, bins, num_rows=per_block, row_len=row_len, pad_id=pad_id
         )
         del arrays["loss_mask"]  # the targets stay in the per-sequence [N, W] layout
+        if "routing" in batch:  # a mixture of experts' recorded routing, packed as the tokens
+            arrays["routing"] = _pack_routing(
+                [np.asarray(batch["routing"][i])[attn[i]] for i in rows],
+                starts,
+                num_rows=per_block,
+                row_len=row_len,
+            )
         blocks.append(arrays)
         cols = slice(t - window, t)
         for j, i in enumerate(rows):
             index[i] = np.where(attn[i, cols], starts[j] + rank[i, cols], 0)
     out: dict[str, Any] = {}
     for key, x in batch.items():
-        if key in ("input_ids", "attention_mask"):
+        if key in ("input_ids", "attention_mask", "routing"):
             continue
         if np.ndim(x) >= 2 and np.shape(x)[:2] == (n, t):
             out[key] = np.asarray(x)[:, t - window :]

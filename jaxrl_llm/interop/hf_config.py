@@ -13,12 +13,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.models import gemma, moe
+from jaxrl_llm.models import gemma, moe, qwen3_5
 from jaxrl_llm.models.config import HF_ARCHITECTURES, Family, LayerType, ModelConfig, RopeScaling
 
 _SUPPORTED_ACT = ("silu", "swish")
 # model_type values of Gemma 2, Gemma 3 text and the multimodal Gemma 3 (its text part).
 _GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3")
+# model_type values of Qwen3.5 text and the multimodal Qwen3.5 (its text part).
+_QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+# The multimodal model_type -> its text part's family.
+_MULTIMODAL_TEXT = {
+    "gemma3": Family.GEMMA3,
+    "qwen3_5": Family.QWEN3_5,
+    "qwen3_5_moe": Family.QWEN3_5_MOE,
+}
 
 
 def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfig:
@@ -38,10 +46,11 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         feature we do not implement; KeyError: a required key is missing.
     """
     d: Mapping[str, Any] = hf if isinstance(hf, Mapping) else hf.to_dict()
-    if d.get("model_type") == "gemma3" and d.get("text_config"):
-        # Gemma3ForConditionalGeneration: the language model is the text config.
+    if d.get("model_type") in _MULTIMODAL_TEXT and d.get("text_config"):
+        # Gemma3 / Qwen3_5(Moe) ForConditionalGeneration: the language model is the text config.
+        text = _MULTIMODAL_TEXT[d["model_type"]]
         d = {"architectures": d.get("architectures"), **d["text_config"]}
-        d["model_type"] = Family.GEMMA3.value
+        d["model_type"] = text.value
     model_type = d.get("model_type")
     try:
         family = Family(model_type)
@@ -73,7 +82,10 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         family=family,
         vocab_size=d["vocab_size"],
         hidden_size=d["hidden_size"],
-        intermediate_size=d["intermediate_size"],
+        # Qwen3.5-MoE has no dense MLP: its expert width stands in.
+        intermediate_size=d["intermediate_size"]
+        if "intermediate_size" in d
+        else d["moe_intermediate_size"],
         num_layers=d["num_hidden_layers"],
         num_heads=d["num_attention_heads"],
         num_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
@@ -101,6 +113,8 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         kwargs.update(_gemma_fields_from_hf(d, family))
     if family in moe.MOE_FAMILIES:
         kwargs.update(_moe_fields_from_hf(d, family))
+    if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
+        kwargs.update(_qwen3_5_fields_from_hf(d, family))
     kwargs.update(overrides)
     return ModelConfig(**kwargs)
 
@@ -126,8 +140,9 @@ def config_from_hf_dict(
       ModelLoadError: unsupported architecture or feature, naming the source and the key.
     """
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
-    if d.get("model_type") in _GEMMA_TYPES:
-        # Gemma's activation, per-layer types and RoPE bases: _gemma_fields_from_hf.
+    if d.get("model_type") in _GEMMA_TYPES + _QWEN3_5_TYPES:
+        # Gemma's activation, per-layer types and RoPE bases: _gemma_fields_from_hf;
+        # Qwen3.5's layer pattern and linear layers: _qwen3_5_fields_from_hf.
         try:
             return model_config_from_hf(d, **overrides)
         except (ValueError, KeyError, TypeError) as e:
@@ -188,6 +203,8 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     c = config
     if c.family in (Family.GEMMA2, Family.GEMMA3):
         return _gemma_hf_config_dict(c, dtype=dtype)
+    if c.family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
+        return _qwen3_5_hf_config_dict(c, dtype=dtype)
     if c.is_moe and c.family not in moe.MOE_FAMILIES:
         raise ModelLoadError(
             f"export: a {c.family.value} config with experts has no transformers class "
@@ -314,6 +331,76 @@ def _gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
     return d
 
 
+def _qwen3_5_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
+    """:func:`hf_config_dict` for Qwen3.5 text (``Qwen3_5ForCausalLM``) and Qwen3.5-MoE text
+    (``Qwen3_5MoeForCausalLM``)."""
+    import transformers
+
+    c = config
+    if c.num_labels:
+        raise ModelLoadError("export: Qwen3.5 sequence classifiers are not supported")
+    want = qwen3_5.common_fields(c.family)
+    bad = [k for k, v in want.items() if getattr(c, k) != v]
+    if bad or c.attention_bias or c.rope_scaling != RopeScaling.NONE:
+        raise ModelLoadError(
+            f"export: transformers' Qwen3.5 has fixed {bad or ['attention_bias', 'rope_scaling']}; "
+            f"this config differs"
+        )
+    eos = list(c.eos_token_ids)
+    if c.family == Family.QWEN3_5_MOE:
+        if not c.norm_topk_prob or not c.shared_expert_size:
+            raise ModelLoadError(
+                "export: transformers' Qwen3.5-MoE renormalises the top-k weights and has a "
+                "shared expert; this config differs"
+            )
+        cls: Any = transformers.Qwen3_5MoeTextConfig
+        sizes: dict[str, Any] = dict(
+            num_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            moe_intermediate_size=c.moe_intermediate_size,
+            shared_expert_intermediate_size=c.shared_expert_size,
+            router_aux_loss_coef=c.router_aux_loss_coef,
+        )
+    else:
+        cls, sizes = transformers.Qwen3_5TextConfig, dict(intermediate_size=c.intermediate_size)
+    hf = cls(
+        **sizes,
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=c.tie_embeddings,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": c.rope_theta,
+            "partial_rotary_factor": c.partial_rotary_factor,
+        },
+        linear_conv_kernel_dim=c.linear_conv_kernel,
+        linear_key_head_dim=c.linear_key_head_dim,
+        linear_value_head_dim=c.linear_value_head_dim,
+        linear_num_key_heads=c.linear_num_key_heads,
+        linear_num_value_heads=c.linear_num_value_heads,
+        layer_types=[t.value for t in c.layer_types],
+        bos_token_id=c.bos_token_id,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
+    )
+    d = hf.to_dict()
+    d.pop("quantization_config", None)
+    d.pop("_name_or_path", None)
+    d["architectures"] = [_architectures(c.family)[0]]
+    d["model_type"] = c.family.value
+    d["torch_dtype"] = dtype or c.param_dtype
+    if "dtype" in d:
+        d["dtype"] = dtype or c.param_dtype
+    return d
+
+
 def _architectures(family: Family) -> tuple[str, str]:
     return HF_ARCHITECTURES[family]
 
@@ -413,6 +500,50 @@ def _gemma_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
             raise ValueError("transformers' Gemma 2 has one RoPE base for all layers")
         kw["rope_parameters"] = glob
     return kw
+
+
+def _qwen3_5_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """The Qwen3.5-specific ModelConfig fields of a transformers ``Qwen3_5TextConfig`` /
+    ``Qwen3_5MoeTextConfig`` dict: the layer pattern (``layer_types``, or
+    ``full_attention_interval``), the Gated DeltaNet sizes, the partial rotary factor; for
+    the MoE variant the experts (softmax top-k, renormalised) and the shared expert.
+
+    Raises ValueError for an activation other than SiLU or a RoPE other than the default (the
+    multimodal position sections, ``mrope_section``, reduce to plain RoPE on text, where the
+    three position ids are equal).
+    """
+    act = d.get("hidden_act", "silu")
+    if act not in _SUPPORTED_ACT:
+        raise ValueError(f"unsupported Qwen3.5 hidden_act {act!r}")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"unsupported Qwen3.5 rope_type {rope.get('rope_type')!r}")
+    if d.get("attention_bias"):
+        raise ValueError("Qwen3.5 with attention_bias=true (biased q/k/v/o projections)")
+    n = int(d["num_hidden_layers"])
+    types = tuple(LayerType(t) for t in (d.get("layer_types") or ()))
+    types = types or qwen3_5.hybrid_layer_types(n, int(d.get("full_attention_interval", 4)))
+    factor = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 0.25))
+    out: dict[str, Any] = qwen3_5.common_fields(family)
+    if family == Family.QWEN3_5_MOE:
+        out.update(
+            num_experts=int(d["num_experts"]),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["moe_intermediate_size"]),
+            shared_expert_size=int(d["shared_expert_intermediate_size"]),
+            norm_topk_prob=True,
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+    out.update(
+        layer_types=types,
+        partial_rotary_factor=float(factor),
+        linear_num_key_heads=int(d["linear_num_key_heads"]),
+        linear_num_value_heads=int(d["linear_num_value_heads"]),
+        linear_key_head_dim=int(d["linear_key_head_dim"]),
+        linear_value_head_dim=int(d["linear_value_head_dim"]),
+        linear_conv_kernel=int(d["linear_conv_kernel_dim"]),
+    )
+    return out
 
 
 def _moe_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:

@@ -18,7 +18,14 @@ that is what ``save_pretrained`` writes and what export writes. transformers ≥
 fused in memory (``mlp.experts.gate_up_proj`` ``[X, 2·F_e, D]``, gate rows first, and
 ``mlp.experts.down_proj`` ``[X, D, F_e]``, router ``mlp.gate.weight``); import reads either.
 Ours: ``router`` ``[L, D, X]``, ``experts_gate`` / ``experts_up`` ``[L, X, D, F_e]``,
-``experts_down`` ``[L, X, F_e, D]``.
+``experts_down`` ``[L, X, F_e, D]``; Qwen3.5-MoE's shared expert ``mlp.shared_expert.*`` and
+``mlp.shared_expert_gate`` are ``shared_{gate,up,down}_proj`` and ``shared_expert_gate``.
+
+Qwen3.5 (hybrid): a LINEAR layer's ``linear_attn.*`` tensors go to the sub-trees stacked over
+the LINEAR layers only, the attention layers' ``self_attn.*`` to those stacked over the
+attention layers (:func:`jaxrl_llm.models.layer_kinds`); ``self_attn.q_proj`` holds, per head,
+the E query rows then the E output-gate rows (ours: ``q_proj`` and ``attn_gate``); the conv
+``[C, 1, W]`` is ours ``[W, C]``.
 
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
 what :func:`jaxrl_llm.models.transformer.apply_rope` implements, so q/k weights need no
@@ -33,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.models.config import Family, ModelConfig
+from jaxrl_llm.models.config import Family, LayerType, ModelConfig
+from jaxrl_llm.models.layer import layer_kinds
 from jaxrl_llm.models.transformer import param_shapes_and_axes
 
 # numpy dtype kinds that are not weights: integers, booleans, complex, objects, strings, times.
@@ -60,6 +68,25 @@ _LAYER_NAMES: dict[tuple[str, str], str] = {
     ("down_proj", "kernel"): "mlp.down_proj.weight",
 }
 
+# Qwen3.5's Gated DeltaNet layers (config.is_hybrid) and the attention output gate, which
+# transformers keeps in q_proj's rows: per head, E query rows then E gate rows.
+_LINEAR_NAMES: dict[tuple[str, str], str] = {
+    ("in_proj_qkv", "kernel"): "linear_attn.in_proj_qkv.weight",
+    ("in_proj_z", "kernel"): "linear_attn.in_proj_z.weight",
+    ("in_proj_b", "kernel"): "linear_attn.in_proj_b.weight",
+    ("in_proj_a", "kernel"): "linear_attn.in_proj_a.weight",
+    ("conv", "kernel"): "linear_attn.conv1d.weight",
+    ("delta", "a_log"): "linear_attn.A_log",
+    ("delta", "dt_bias"): "linear_attn.dt_bias",
+    ("linear_norm", "scale"): "linear_attn.norm.weight",
+    ("out_proj", "kernel"): "linear_attn.out_proj.weight",
+    ("attn_gate", "kernel"): "self_attn.q_proj.weight",
+    ("shared_gate_proj", "kernel"): "mlp.shared_expert.gate_proj.weight",
+    ("shared_up_proj", "kernel"): "mlp.shared_expert.up_proj.weight",
+    ("shared_down_proj", "kernel"): "mlp.shared_expert.down_proj.weight",
+    ("shared_expert_gate", "kernel"): "mlp.shared_expert_gate.weight",
+}
+
 # Gemma 2 / 3 (config.post_norms): the four norms around attention and the MLP.
 _POST_NORM_NAMES: dict[tuple[str, str], str] = {
     ("mlp_norm", "scale"): "pre_feedforward_layernorm.weight",
@@ -69,7 +96,9 @@ _POST_NORM_NAMES: dict[tuple[str, str], str] = {
 
 # Gemma3ForConditionalGeneration nests the text decoder; its other parts are not ours.
 _MULTIMODAL_TEXT_PREFIX = "model.language_model."
-_MULTIMODAL_OTHER = ("model.vision_tower.", "model.multi_modal_projector.")
+_MULTIMODAL_OTHER = ("model.vision_tower.", "model.multi_modal_projector.", "model.visual.")
+# Qwen3.5 checkpoints carry a multi-token-prediction head that transformers does not load.
+_IGNORED_PREFIXES = ("mtp.",)
 
 
 # Our expert sub-trees; read and written by _moe_layer_from_hf / _moe_layer_to_hf.
@@ -78,6 +107,7 @@ _MOE_MODULES = ("router", "experts_gate", "experts_up", "experts_down")
 _EXPERT_NAMES = {
     Family.QWEN3_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
     Family.MIXTRAL: ("block_sparse_moe", "w1", "w3", "w2"),
+    Family.QWEN3_5_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
 }
 
 
@@ -140,19 +170,52 @@ def hf_projection_name(module: str, layer: int) -> str:
 
 def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
     """(our layer sub-tree, leaf) -> transformers name inside ``model.layers.{i}.``."""
-    return {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.post_norms else _LAYER_NAMES
+    names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.post_norms else dict(_LAYER_NAMES)
+    if config.is_hybrid or config.attn_output_gate:
+        names.update(_LINEAR_NAMES)
+    return names
+
+
+def _module_layers(config: ModelConfig, module: str) -> list[int]:
+    """The transformers layer indices a stacked sub-tree of ``params["layers"]`` holds, in
+    order: in a hybrid stack the LINEAR layers' or the attention layers' own, else all."""
+    if not config.is_hybrid:
+        return list(range(config.num_layers))
+    kind = layer_kinds([module])[module]
+    linear = [t == LayerType.LINEAR for t in config.layer_types]
+    if kind == "linear":
+        return [i for i, is_lin in enumerate(linear) if is_lin]
+    if kind == "attention":
+        return [i for i, is_lin in enumerate(linear) if not is_lin]
+    return list(range(config.num_layers))
 
 
 def _hf_layer_shape(config: ModelConfig, module: str, leaf: str) -> tuple[int, ...]:
     """Shape of one layer's tensor in transformers' layout."""
     c = config
     d, f, h, k, e = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    hv, dv, ch = c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_channels
+    q_rows = 2 * h * e if c.attn_output_gate else h * e
     return {
+        ("in_proj_qkv", "kernel"): (ch, d),
+        ("in_proj_z", "kernel"): (hv * dv, d),
+        ("in_proj_b", "kernel"): (hv, d),
+        ("in_proj_a", "kernel"): (hv, d),
+        ("conv", "kernel"): (ch, 1, c.linear_conv_kernel),
+        ("delta", "a_log"): (hv,),
+        ("delta", "dt_bias"): (hv,),
+        ("linear_norm", "scale"): (dv,),
+        ("out_proj", "kernel"): (d, hv * dv),
+        ("attn_gate", "kernel"): (q_rows, d),
+        ("shared_gate_proj", "kernel"): (c.shared_expert_size, d),
+        ("shared_up_proj", "kernel"): (c.shared_expert_size, d),
+        ("shared_down_proj", "kernel"): (d, c.shared_expert_size),
+        ("shared_expert_gate", "kernel"): (1, d),
         ("attn_norm", "scale"): (d,),
         ("mlp_norm", "scale"): (d,),
         ("post_attn_norm", "scale"): (d,),
         ("post_mlp_norm", "scale"): (d,),
-        ("q_proj", "kernel"): (h * e, d),
+        ("q_proj", "kernel"): (q_rows, d),
         ("k_proj", "kernel"): (k * e, d),
         ("v_proj", "kernel"): (k * e, d),
         ("o_proj", "kernel"): (d, h * e),
@@ -170,10 +233,19 @@ def _hf_layer_shape(config: ModelConfig, module: str, leaf: str) -> tuple[int, .
 def _layer_to_ours(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
     """One layer's transformers tensor -> our per-layer layout (no layer axis)."""
     c = config
-    if leaf == "scale":
+    if leaf in ("scale", "a_log", "dt_bias"):
         return w
     if leaf == "bias":  # [N*E] -> [N, E]
         return w.reshape(-1, c.head_dim)
+    if module in ("q_proj", "attn_gate") and c.attn_output_gate:  # [H*2E, D] -> [D, H, E]
+        qg = w.T.reshape(c.hidden_size, c.num_heads, 2, c.head_dim)
+        return qg[:, :, 0 if module == "q_proj" else 1]
+    if module == "conv":  # [C, 1, W] -> [W, C]
+        return w[:, 0, :].T
+    if module == "in_proj_z":  # [H_v*d_v, D] -> [D, H_v, d_v]
+        return w.T.reshape(c.hidden_size, -1, c.linear_value_head_dim)
+    if module == "out_proj":  # [D, H_v*d_v] -> [H_v, d_v, D]
+        return w.T.reshape(-1, c.linear_value_head_dim, c.hidden_size)
     if module in ("q_proj", "k_proj", "v_proj"):  # [N*E, D] -> [D, N, E]
         return w.T.reshape(c.hidden_size, -1, c.head_dim)
     if module == "o_proj":  # [D, H*E] -> [H, E, D]
@@ -182,10 +254,15 @@ def _layer_to_ours(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -
 
 
 def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
-    """Inverse of :func:`_layer_to_ours` for one layer."""
+    """Inverse of :func:`_layer_to_ours` for one layer (``q_proj`` with an output gate:
+    :func:`_gated_q_to_hf`)."""
     c = config
-    if leaf == "scale":
+    if leaf in ("scale", "a_log", "dt_bias"):
         return w
+    if module == "conv":  # [W, C] -> [C, 1, W]
+        return w.T[:, None, :]
+    if module in ("in_proj_z", "out_proj"):
+        return _layer_to_hf(w, "q_proj" if module == "in_proj_z" else "o_proj", leaf, config)
     if leaf == "bias":
         return w.reshape(-1)
     if module in ("q_proj", "k_proj", "v_proj"):  # [D, N, E] -> [N*E, D]
@@ -193,6 +270,13 @@ def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> 
     if module == "o_proj":  # [H, E, D] -> [D, H*E]
         return w.reshape(-1, c.hidden_size).T
     return w.T
+
+
+def _gated_q_to_hf(q: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    """Our q_proj and attn_gate ``[D, H, E]`` -> transformers' q_proj ``[H*2E, D]`` (per head,
+    E query rows then E gate rows)."""
+    d = q.shape[0]
+    return np.stack([q, gate], axis=2).reshape(d, -1).T
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -322,7 +406,7 @@ def params_from_hf_state_dict(
             shape = _hf_layer_shape(config, module, leaf)
             per_layer = [
                 _layer_to_ours(take(f"model.layers.{i}.{hf_name}", shape), module, leaf, config)
-                for i in range(config.num_layers)
+                for i in _module_layers(config, module)
             ]
             layers[module][leaf] = np.stack(per_layer, axis=0)
 
@@ -339,7 +423,13 @@ def params_from_hf_state_dict(
     if "score_head" in specs:
         params["score_head"] = {"kernel": take("score.weight", (config.num_labels, d)).T}
 
-    extra = sorted(k for k in sd if k not in used and not k.endswith(_IGNORED_SUFFIXES))
+    extra = sorted(
+        k
+        for k in sd
+        if k not in used
+        and not k.endswith(_IGNORED_SUFFIXES)
+        and not k.startswith(_IGNORED_PREFIXES)
+    )
     if extra:
         more = f" (and {len(extra) - 3} more)" if len(extra) > 3 else ""
         raise ModelLoadError(
@@ -403,11 +493,19 @@ def params_to_hf_state_dict(
     for module, leaves in specs["layers"].items():
         if module in _MOE_MODULES:
             continue
+        if module == "attn_gate":  # written with q_proj
+            continue
         for leaf, (shape, _) in leaves.items():
             stacked = get(params, ("layers", module, leaf), shape)
+            if module == "q_proj" and config.attn_output_gate:
+                gate = get(params, ("layers", "attn_gate", "kernel"), shape)
             hf_name = names[(module, leaf)]
-            for i in range(config.num_layers):
-                out[f"model.layers.{i}.{hf_name}"] = _layer_to_hf(stacked[i], module, leaf, config)
+            for j, i in enumerate(_module_layers(config, module)):
+                if module == "q_proj" and config.attn_output_gate:
+                    w = _gated_q_to_hf(stacked[j], gate[j])
+                else:
+                    w = _layer_to_hf(stacked[j], module, leaf, config)
+                out[f"model.layers.{i}.{hf_name}"] = w
     out["model.norm.weight"] = get(params, ("final_norm", "scale"), specs["final_norm"]["scale"][0])
     if config.num_labels:
         out["score.weight"] = get(

@@ -39,6 +39,9 @@ the padding side. The trainers' layouts as data: :class:`jaxrl_llm.train.config.
   ``ref_kl_logps [B]``.
 * Pairwise-rank batch: a sequence batch in consecutive groups of ``group_size`` responses
   to one prompt, plus ``scores [B]``.
+* Distill batch (GKD, :mod:`jaxrl_llm.losses.distill`): an RL batch plus the teacher's
+  inputs ``teacher_input_ids`` / ``teacher_attention_mask`` ``[B, T']`` (its own prompt,
+  left-padded, then the same completion columns).
 * Optional ``loss_denominator`` (scalar float): the loss divides its summed per-token /
   per-sequence / per-pair / per-group loss by this number instead of its own micro-batch
   denominator. The train step computes it once over the whole batch with the spec's
@@ -55,6 +58,15 @@ from jaxrl_llm.losses.common import (
     averaged_logps,
     sequence_logps,
     summed_logps,
+)
+from jaxrl_llm.losses.distill import (
+    DistillConfig,
+    DistillKind,
+    distill_config,
+    distill_denominator,
+    distill_loss,
+    gkd_loss,
+    window_logits,
 )
 from jaxrl_llm.losses.policy import (
     TRACED_HPARAMS,
@@ -133,6 +145,13 @@ from jaxrl_llm.losses.unpaired import (
 )
 
 __all__ = [
+    "DistillConfig",
+    "DistillKind",
+    "distill_config",
+    "distill_denominator",
+    "distill_loss",
+    "gkd_loss",
+    "window_logits",
     "sapo_loss",
     "sapo_config",
     "gmpo_loss",

@@ -38,6 +38,14 @@ from jaxrl_llm.losses.common import (
     LogprobSettings,
     sequence_logps,
 )
+from jaxrl_llm.losses.distill import (
+    DistillConfig,
+    distill_batch_kind,
+    distill_config,
+    distill_denominator,
+    distill_loss,
+    distill_uses_teacher,
+)
 from jaxrl_llm.losses.policy import (
     TRACED_HPARAMS,
     AdvantageEstimator,
@@ -144,6 +152,10 @@ class LossSpec:
       rollout_corrections: the optional correction entries of the batch the loss reads:
         ``is_weights`` (TIS / MIS weights) and ``proximal_logp`` (decoupled PPO); what a
         run's ``rollout.correction`` may ask of it.
+      batch_kind_of: ``batch_kind_of(config) -> str`` when the layout depends on the config
+        (distillation: ``rl`` or ``distill``); None: always :attr:`batch_kind`.
+      uses_teacher: ``uses_teacher(config) -> bool``: the loss runs a frozen teacher inside
+        the step (``teacher=params`` and ``teacher_apply_fn``; GKD).
     """
 
     loss_fn: LossFn
@@ -156,6 +168,12 @@ class LossSpec:
     zero_batch_fn: Callable[[Any], Callable[[Batch], jax.Array] | None] | None = None
     traced_hparams: tuple[str, ...] = ()
     rollout_corrections: tuple[str, ...] = ()
+    batch_kind_of: Callable[[Any], str] | None = None
+    uses_teacher: Callable[[Any], bool] = lambda config: False
+
+    def layout_kind(self, config: Any) -> str:
+        """The batch layout ``config`` reads (:attr:`batch_kind_of` or :attr:`batch_kind`)."""
+        return self.batch_kind if self.batch_kind_of is None else self.batch_kind_of(config)
 
 
 def _pg(preset) -> LossSpec:
@@ -243,6 +261,15 @@ LOSSES: dict[str, LossSpec] = {
         pairwise_rank_config,
         batch_kind="rank",
     ),
+    "distill": LossSpec(
+        distill_loss,
+        distill_denominator,
+        DistillConfig,
+        distill_config,
+        batch_kind="rl",
+        batch_kind_of=distill_batch_kind,
+        uses_teacher=distill_uses_teacher,
+    ),
 }
 
 
@@ -263,13 +290,15 @@ class AlgorithmFamily(str, enum.Enum):
     ``offline``: a fixed data set, batches straight from the collator. ``group_policy_gradient``:
     G samples per prompt, rewards → per-sequence (or per-token) advantages, the clipped
     surrogate. ``ppo``: a critic, GAE on a KL-shaped reward. ``online_pairs``: the best and
-    worst sample of each group as a DPO pair (online DPO).
+    worst sample of each group as a DPO pair (online DPO). ``distillation``: a frozen teacher
+    scores the student's samples (on-policy distillation; reverse-KL advantages or GKD).
     """
 
     OFFLINE = "offline"
     GROUP_POLICY_GRADIENT = "group_policy_gradient"
     PPO = "ppo"
     ONLINE_PAIRS = "online_pairs"
+    DISTILLATION = "distillation"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -294,6 +323,7 @@ class Algorithm:
       lora: LoRA adapters are supported.
       sampling_settings: the rollout settings its loss reads: ``temperature`` (log-probs at
         the sampling τ), ``max_new_tokens`` (a loss ``max_len`` defaulting to the budget).
+      teacher: a frozen teacher model scores the samples (the run's ``teacher`` section).
       sequences_per_example: forward passes per example (2 for chosen + rejected).
       data_note / reward_note: the source texts' columns (the memory table prints them).
     """
@@ -310,6 +340,7 @@ class Algorithm:
     process_supervision: bool = False
     lora: bool = True
     sampling_settings: tuple[str, ...] = ()
+    teacher: bool = False
     sequences_per_example: int = 1
     data_note: str = ""
     reward_note: str = ""
@@ -325,6 +356,12 @@ class Algorithm:
         (the group policy-gradient family and PPO): it trains on multi-turn episodes, reads
         log-probs in the completion window at the sampling temperature, and packs its rows."""
         return self.family in (AlgorithmFamily.GROUP_POLICY_GRADIENT, AlgorithmFamily.PPO)
+
+    @property
+    def rollout_logprobs(self) -> bool:
+        """True when its losses read log-probs of sampled completions: in the completion
+        window, at the sampling temperature (:attr:`rl_batches` and distillation)."""
+        return self.rl_batches or self.family is AlgorithmFamily.DISTILLATION
 
     @property
     def pairs_per_group(self) -> bool:
@@ -447,6 +484,15 @@ ALGORITHMS: dict[str, Algorithm] = {
         sequences_per_example=2,
         data_note="online pairs",
         reward_note="RM or verifier",
+    ),
+    "distill": Algorithm(
+        loss="distill",
+        family=AlgorithmFamily.DISTILLATION,
+        data_format="prompt",
+        sampling_settings=("temperature", "max_new_tokens"),
+        teacher=True,
+        data_note="online (student samples)",
+        reward_note="teacher log-probs (+ optional verifier)",
     ),
 }
 

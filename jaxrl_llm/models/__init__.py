@@ -1,10 +1,14 @@
-"""Llama-, Gemma- and mixture-of-experts-family (Qwen3-MoE, Mixtral) decoder transformers as pure
-functions over a parameter dict, with an explicit KV cache and an optional scalar head. Knows
-nothing about RL, and nothing about transformers' config files (``jaxrl_llm.interop``).
+"""Llama-, Gemma-, mixture-of-experts-family (Qwen3-MoE, Mixtral) and hybrid linear-attention
+(Qwen3.5: Gated DeltaNet layers, ``delta_rule.py``, ``gated_deltanet.py``) decoder
+transformers as pure functions over a parameter dict, with an explicit KV cache and an optional
+scalar head. Knows nothing about RL, and nothing about transformers' config files
+(``jaxrl_llm.interop``).
 
 One decoder layer (:func:`decoder_layer`, ``layer.py``) over a store of earlier tokens
 (:class:`Store`): no cache, a dense cache, a group's shared prompt (``kv_stores.py``) or pages
-(``paged_store.py``); the trunks and the paged engine scan that one layer (:func:`scan_layers`).
+(``paged_store.py``), or a LINEAR layer's recurrent state (``gated_deltanet.py``); the trunks
+and the paged engine scan that one layer (:func:`scan_layers`; a hybrid stack the periods of
+its layer pattern, :func:`scan_periods`).
 """
 
 from jaxrl_llm.models.attention import (
@@ -29,6 +33,17 @@ from jaxrl_llm.models.config import (
     RopeScaling,
     dtype_from_name,
 )
+from jaxrl_llm.models.delta_rule import delta_rule_chunked, delta_rule_recurrent, gated_delta_rule
+from jaxrl_llm.models.gated_deltanet import (
+    FreshState,
+    GroupPromptState,
+    RecurrentState,
+    SharedPromptState,
+    causal_conv,
+    gated_deltanet_block,
+    gated_rms_norm,
+    init_recurrent_state,
+)
 from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
 from jaxrl_llm.models.layer import (
     KVStore,
@@ -39,16 +54,20 @@ from jaxrl_llm.models.layer import (
     attention_block,
     decoder_layer,
     embed_tokens,
+    layer_kinds,
     mlp_block,
     project_qkv,
     remat_policy,
     rms_norm,
     scan_layers,
+    scan_periods,
 )
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
 from jaxrl_llm.models.moe import (
     EXPERT_AXIS,
     MoeStats,
+    RecordedRouting,
+    differing_decisions,
     load_balancing_loss,
     route,
     sparse_moe,
@@ -61,7 +80,9 @@ from jaxrl_llm.models.paged_store import (
     gather_pages,
     init_paged_cache,
     paged_attention,
+    paged_hybrid_trunk,
     paged_trunk,
+    paged_trunk_with_routing,
     pages_store,
     write_prompt_pages,
 )
@@ -87,6 +108,7 @@ from jaxrl_llm.models.transformer import (
     softcap_logits,
     trunk,
     trunk_shared_prefix,
+    trunk_with_routing,
     unembedding,
 )
 
@@ -97,7 +119,9 @@ __all__ = [
     "DenseCache",
     "EXPERT_AXIS",
     "Family",
+    "FreshState",
     "GroupPrompt",
+    "GroupPromptState",
     "HF_ARCHITECTURES",
     "KVCache",
     "KVStore",
@@ -107,14 +131,17 @@ __all__ = [
     "ModelOutputs",
     "MoeDispatch",
     "MoeStats",
+    "RecordedRouting",
     "NAIVE_MAX_SCORES",
     "NO_WINDOW",
     "NULL_PAGE",
     "NoCache",
     "PagedKVCache",
     "Pages",
+    "RecurrentState",
     "RopeScaling",
     "SharedPrompt",
+    "SharedPromptState",
     "Store",
     "TokenInfo",
     "apply",
@@ -124,29 +151,40 @@ __all__ = [
     "attend",
     "attention_block",
     "blockwise_attention",
+    "causal_conv",
     "causal_self_mask",
     "copy_pages",
     "cudnn_attention",
     "decoder_layer",
     "default_positions",
+    "delta_rule_chunked",
+    "delta_rule_recurrent",
     "dot_product_attention",
     "dtype_from_name",
     "embed_tokens",
     "forward",
+    "gated_delta_rule",
+    "gated_deltanet_block",
+    "gated_rms_norm",
     "gather_pages",
     "init_cache",
     "init_lora",
     "init_paged_cache",
     "init_params",
+    "init_recurrent_state",
+    "layer_kinds",
     "layer_rope_inv_freq",
     "layer_windows",
     "load_balancing_loss",
+    "differing_decisions",
     "logits_from_hidden",
     "merge_lora",
     "mlp_block",
     "naive_attention",
     "paged_attention",
+    "paged_hybrid_trunk",
     "paged_trunk",
+    "paged_trunk_with_routing",
     "pages_store",
     "param_logical_axes",
     "param_shapes_and_axes",
@@ -157,12 +195,14 @@ __all__ = [
     "route",
     "scalar_head",
     "scan_layers",
+    "scan_periods",
     "select_attention_impl",
     "softcap_logits",
     "sparse_moe",
     "splash_attention",
     "trunk",
     "trunk_shared_prefix",
+    "trunk_with_routing",
     "unembedding",
     "write_prompt_pages",
 ]

@@ -28,6 +28,7 @@ from jaxrl_llm.models.options import (
     MoeDispatch,
     RopeScaling,
 )
+from jaxrl_llm.models.qwen3_5 import qwen3_5_tiny_fields
 
 __all__ = [
     "HF_ARCHITECTURES",
@@ -53,6 +54,9 @@ HF_ARCHITECTURES = {
     Family.GEMMA3: ("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
     Family.QWEN3_MOE: ("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
     Family.MIXTRAL: ("MixtralForCausalLM", "MixtralForSequenceClassification"),
+    Family.QWEN3_5: ("Qwen3_5ForCausalLM", "Qwen3_5TextForSequenceClassification"),
+    # transformers has no Qwen3.5-MoE text sequence classifier; export refuses a scalar head.
+    Family.QWEN3_5_MOE: ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForSequenceClassification"),
 }
 
 
@@ -102,6 +106,18 @@ class ModelConfig:
       router_aux_loss_coef: the load-balancing loss's coefficient the checkpoint was trained
         with (transformers' ``router_aux_loss_coef``), the default of ``model.router_aux_loss_coef``.
       moe_dispatch: :class:`MoeDispatch`, how tokens reach experts (not what is computed).
+      shared_expert_size: F_s > 0 adds to every sparse MoE block a shared SwiGLU expert of
+        width F_s, gated per token by σ(h W_sg) (Qwen3.5-MoE); 0 = none.
+      linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
+        linear_value_head_dim, linear_conv_kernel: the Gated DeltaNet layers (LINEAR entries
+        of ``layer_types``, Qwen3.5; :mod:`jaxrl_llm.models.gated_deltanet`): query/key heads
+        H_k, value heads H_v (a multiple of H_k), their dims, the causal conv's width W;
+        0 = no such layers.
+      delta_chunk_size: chunk length of the chunked delta rule (how, not what).
+      partial_rotary_factor: RoPE rotates the first ``int(head_dim · factor)`` dims of each
+        head (Qwen3.5: 0.25); 1 = all.
+      attn_output_gate: attention's output is multiplied by σ(h W_gate) per head before the
+        output projection (Qwen3.5's full-attention layers).
       num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
       param_dtype, compute_dtype: 'float32' or 'bfloat16'.
       attention: :class:`AttentionImpl` (default 'auto'); how attention is computed, not what:
@@ -146,6 +162,15 @@ class ModelConfig:
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.001
     moe_dispatch: MoeDispatch = MoeDispatch.SORTED
+    shared_expert_size: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    delta_chunk_size: int = 64
+    partial_rotary_factor: float = 1.0
+    attn_output_gate: bool = False
     num_labels: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
@@ -201,11 +226,12 @@ class ModelConfig:
             if value is not None and not value > 0:
                 raise ValueError(f"ModelConfig.{name} must be positive or None, got {value}")
         self._check_experts()
+        self._check_linear()
         dtype_from_name(self.param_dtype)
         dtype_from_name(self.compute_dtype)
 
     def _check_experts(self) -> None:
-        moe_family = self.family in (Family.QWEN3_MOE, Family.MIXTRAL)
+        moe_family = self.family in (Family.QWEN3_MOE, Family.MIXTRAL, Family.QWEN3_5_MOE)
         if moe_family and self.num_experts <= 0:
             raise ValueError(f"family {self.family.value!r} needs num_experts > 0")
         if self.num_experts < 0:
@@ -219,8 +245,80 @@ class ModelConfig:
             raise ValueError(
                 f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}"
             )
+        if self.shared_expert_size < 0 or (self.shared_expert_size and not self.num_experts):
+            raise ValueError(
+                f"shared_expert_size={self.shared_expert_size} must be >= 0, and > 0 only with "
+                f"experts"
+            )
         if not self.router_aux_loss_coef >= 0:
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
+
+    def _check_linear(self) -> None:
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2:
+            raise ValueError(
+                f"partial_rotary_factor={self.partial_rotary_factor} must be in (0, 1] and give "
+                f"an even number of rotated dims (head_dim={self.head_dim})"
+            )
+        if self.family in (Family.QWEN3_5, Family.QWEN3_5_MOE) and not self.is_hybrid:
+            raise ValueError(f"family {self.family.value!r} needs LINEAR entries in layer_types")
+        if not self.is_hybrid:
+            return
+        if LayerType.LOCAL in self.layer_types:
+            raise ValueError("layer_types cannot mix LINEAR and LOCAL layers")
+        for name in (
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel",
+            "delta_chunk_size",
+        ):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"LINEAR layers need {name} > 0, got {getattr(self, name)}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(
+                f"linear_num_value_heads={self.linear_num_value_heads} must be a multiple of "
+                f"linear_num_key_heads={self.linear_num_key_heads}"
+            )
+        _ = self.layer_period  # raises when the pattern does not repeat
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers are Gated DeltaNet linear attention (LINEAR entries in ``layer_types``)."""
+        return LayerType.LINEAR in self.layer_types
+
+    @property
+    def layer_period(self) -> tuple[LayerType, ...]:
+        """The shortest run of layer types that ``layer_types`` repeats a whole number of times
+        (a hybrid stack scans these periods); ValueError when none is shorter than the stack."""
+        n = len(self.layer_types)
+        for p in range(1, n + 1):
+            if n % p == 0 and self.layer_types == self.layer_types[:p] * (n // p):
+                return self.layer_types[:p]
+        return self.layer_types
+
+    @property
+    def num_linear_layers(self) -> int:
+        """Number of Gated DeltaNet (LINEAR) layers."""
+        return sum(t == LayerType.LINEAR for t in self.layer_types)
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Number of softmax-attention layers (all of them unless the stack is hybrid)."""
+        return self.num_layers - self.num_linear_layers
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of each head RoPE rotates: ``int(head_dim · partial_rotary_factor)``."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def linear_conv_channels(self) -> int:
+        """Channels C of a Gated DeltaNet layer's conv: queries, keys, values together."""
+        return (
+            2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+        )
 
     @property
     def is_moe(self) -> bool:
@@ -258,16 +356,37 @@ class ModelConfig:
         if self.is_moe:
             experts = self.num_experts_per_tok if active else self.num_experts
             mlp = experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
+            if self.shared_expert_size:
+                mlp += 3 * d * self.shared_expert_size + d
         else:
             mlp = 3 * d * f
-        per_layer = d * h * hd + 2 * d * k * hd + h * hd * d + mlp + 2 * d
+        attn = d * h * hd + 2 * d * k * hd + h * hd * d
+        if self.attn_output_gate:
+            attn += d * h * hd
         if self.attention_bias:
-            per_layer += h * hd + 2 * k * hd
+            attn += h * hd + 2 * k * hd
         if self.qk_norm:
-            per_layer += 2 * hd
+            attn += 2 * hd
+        per_layer = mlp + 2 * d
         if self.post_norms:
             per_layer += 2 * d
-        n = self.vocab_size * d + self.num_layers * per_layer + d
+        hv, dv = self.linear_num_value_heads, self.linear_value_head_dim
+        linear = (
+            d * self.linear_conv_channels  # in_proj_qkv
+            + self.linear_conv_kernel * self.linear_conv_channels  # conv
+            + d * hv * dv  # in_proj_z
+            + 2 * d * hv  # in_proj_b, in_proj_a
+            + 2 * hv  # dt_bias, A_log
+            + dv  # gated norm
+            + hv * dv * d  # out_proj
+        )
+        n = (
+            self.vocab_size * d
+            + self.num_layers * per_layer
+            + self.num_attention_layers * attn
+            + self.num_linear_layers * linear
+            + d
+        )
         if not self.tie_embeddings:
             n += d * self.vocab_size
         n += d * self.num_labels
@@ -280,6 +399,8 @@ class ModelConfig:
         family = Family(family)
         if family in (Family.GEMMA2, Family.GEMMA3):
             return cls(**{**tiny_fields(family), **overrides})
+        if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
+            return cls(**{**qwen3_5_tiny_fields(family), **overrides})
         moe: dict[str, Any] = {}
         if family in (Family.QWEN3_MOE, Family.MIXTRAL):
             # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).

@@ -28,20 +28,24 @@ variant) therefore goes here, once: in :func:`decoder_layer`, :func:`attention_b
 :func:`mlp_block`.
 
 **A per-row recurrent state is one more store.** The Gated DeltaNet layers of Qwen3.5-class
-hybrids keep, per row, a causal-conv window (the last W − 1 projected inputs, ``[B, C, W−1]``)
-and the delta rule's matrix ``[B, H, K, V]``, each read and written once per call. Their store
-is a frozen pytree dataclass ``RecurrentState(conv [L', B, C, W−1], state [L', B, H, K, V])``
-whose :meth:`Store.mix` reads its layer's window and matrix (``dynamic_index`` at the layer,
-as :class:`DenseCache` reads its keys), runs the layer's input projections, the conv over
-[window; new tokens], the delta rule over the T new tokens (one update per token when T = 1,
-the chunked parallel form when T > 1), the gated RMSNorm and the output projection, and
-writes the last W − 1 inputs and the new matrix back: ``(y [B, T, D], new store)``, what
+hybrids (LINEAR entries of ``config.layer_types``) keep, per row, a causal-conv window (the last
+W − 1 projected inputs, ``[B, W−1, C]``) and the delta rule's matrix ``[B, H, K, V]``. Their
+stores live in :mod:`.gated_deltanet`: ``FreshState`` (zeros; the training forward) and
+``RecurrentState(conv [L', B, W−1, C], state [L', B, H, K, V])``, whose ``mix`` reads its
+layer's window and matrix (``dynamic_index`` at the layer, as :class:`DenseCache` reads its
+keys), runs the layer's input projections, the conv over [window; new tokens], the delta rule
+over the T new tokens (:mod:`.delta_rule`: one update per token when T = 1, the chunked
+parallel form when T > 1), the gated RMSNorm and the output projection, and writes the last
+W − 1 inputs and the new matrix back: ``(y [B, T, D], new store)``, what
 :func:`attention_block` returns. :func:`decoder_layer` does not change; it calls
 ``store.mix`` between its norms and residuals. A hybrid stack scans the periods of its layer
-pattern (e.g. three linear layers then one full-attention layer) with both stores in the
-carry; the paged engine pairs its pages with states indexed by slot (a group's prompt state
-copied to its G rows where its prompt pages are shared); the shared-prompt trunk repeats the
-prompt's final state G times where :class:`SharedPrompt` repeats the prompt's keys.
+pattern (:func:`scan_periods`; e.g. three linear layers then one full-attention layer) with
+both stores in the carry, each layer indexing its store by its rank among the layers of its
+kind. The paged engine keeps each slot's row's window and matrix beside the pages
+(:func:`jaxrl_llm.models.paged_hybrid_trunk`; a group's prompt state copied to its G rows when
+they are admitted); the shared-prompt trunk repeats the prompt's final window and matrix G
+times (``GroupPromptState`` then ``SharedPromptState``) where :class:`SharedPrompt` repeats
+the prompt's keys.
 
 Shapes: B rows, T new tokens, D model width, H query heads, K key/value heads, E head dim,
 F MLP width, L layers.
@@ -60,7 +64,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
-from jaxrl_llm.models.config import Activation, ModelConfig
+from jaxrl_llm.models.config import Activation, LayerType, ModelConfig
 from jaxrl_llm.models.layout import layout_mesh, place
 from jaxrl_llm.models.positions import (
     apply_rope,
@@ -82,11 +86,15 @@ class TokenInfo(NamedTuple):
         :func:`jaxrl_llm.models.layer_rope_inv_freq` at its index instead.
       weights: ``[B, T]`` float32 weight of each token in a mixture of experts' routing
         statistics (the attention mask); None = 1 each.
+      routing: a mixture of experts' :class:`~jaxrl_llm.models.moe.RecordedRouting` of the
+        new tokens (``[B, T, L, k]``, each layer reads its slice): the sampler's experts, to
+        replay or compare against (R3); None = each block routes by its own top-k.
     """
 
     positions: jax.Array
     inv_freq: jax.Array
     weights: jax.Array | None = None
+    routing: moe_lib.RecordedRouting | None = None
 
 
 class Store(Protocol):
@@ -270,7 +278,9 @@ def attention_block(
     config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: TokenInfo, layer, store: KVStore
 ) -> tuple[jax.Array, KVStore]:
     """The attention layers' token mixer over a :class:`KVStore`: :func:`project_qkv`, the
-    store's :meth:`~KVStore.attend`, the output projection (with its LoRA adapter).
+    store's :meth:`~KVStore.attend`, with ``config.attn_output_gate`` (Qwen3.5) each head's
+    output times σ(h W_gate) (``lp["attn_gate"]`` ``[D, H, E]``), the output projection (with
+    its LoRA adapter).
 
     Returns:
       (``[B, T, D]`` before the residual add, the updated store).
@@ -278,6 +288,8 @@ def attention_block(
     dtype = h_btd.dtype
     q, k, v = project_qkv(config, lp, h_btd, tokens, layer)
     attn, store = store.attend(config, q, k, v, layer)
+    if config.attn_output_gate:
+        attn = attn * jax.nn.sigmoid(_linear_heads(h_btd, lp["attn_gate"], dtype))
     o = jnp.einsum("btne,ned->btd", attn, lp["o_proj"]["kernel"].astype(dtype))
     return _with_adapter(o, attn, lp["o_proj"], 2), store
 
@@ -316,18 +328,44 @@ def mlp_block(
     h_btd: jax.Array,
     tokens: TokenInfo,
     mesh: jax.sharding.Mesh | None = None,
+    layer=None,
 ) -> tuple[jax.Array, moe_lib.MoeStats | None]:
     """The layer's MLP on the normed ``h_btd``: the gated MLP (SwiGLU, or GeGLU with tanh-GELU
     for Gemma), or with ``config.num_experts`` the sparse MoE block
     (:func:`jaxrl_llm.models.moe.sparse_moe`, over ``mesh``'s expert axis, its routing
-    statistics weighted by ``tokens.weights``).
+    statistics weighted by ``tokens.weights``; with ``tokens.routing`` the recorded experts
+    of layer ``layer`` replayed or compared against).
 
     Returns:
       (``[B, T, D]`` before the residual add, :class:`~jaxrl_llm.models.moe.MoeStats` or None).
     """
     if config.is_moe:
-        return moe_lib.sparse_moe(config, h_btd, tokens.weights, lp, mesh=mesh)
+        rec = tokens.routing
+        y, stats = moe_lib.sparse_moe(
+            config,
+            h_btd,
+            tokens.weights,
+            lp,
+            mesh=mesh,
+            recorded_btk=None if rec is None else rec.at_layer(layer),
+            replay=rec is not None and rec.replay,
+        )
+        if config.shared_expert_size:
+            y = y + _shared_expert(h_btd, lp, layout_mesh(mesh))
+        return y, stats
     return _dense_mlp(config, h_btd, lp, layout_mesh(mesh)), None
+
+
+def _shared_expert(h_btd, lp, mesh=None):
+    """Qwen3.5-MoE's shared expert: ``σ(h W_sg) · down(SiLU(h W_g) ⊙ h W_u)``, every token."""
+    dtype = h_btd.dtype
+    h = h_btd
+    gate = jnp.einsum("btd,df->btf", h, lp["shared_gate_proj"]["kernel"].astype(dtype))
+    up = jnp.einsum("btd,df->btf", h, lp["shared_up_proj"]["kernel"].astype(dtype))
+    act = place(jax.nn.silu(gate) * up, BTF, mesh)
+    down = jnp.einsum("btf,fd->btd", act, lp["shared_down_proj"]["kernel"].astype(dtype))
+    weight = jnp.einsum("btd,dl->btl", h, lp["shared_expert_gate"]["kernel"].astype(dtype))
+    return jax.nn.sigmoid(weight) * down
 
 
 def decoder_layer(
@@ -371,7 +409,7 @@ def decoder_layer(
         y = apply_norm(c, y, lp["post_attn_norm"])
     x = x_btd + y
     h = apply_norm(c, x, lp["mlp_norm"])
-    z, stats = mlp_block(c, lp, h, tokens, mesh)
+    z, stats = mlp_block(c, lp, h, tokens, mesh, layer)
     if c.post_norms:
         z = apply_norm(c, z, lp["post_mlp_norm"])
     return place(x + z, BTD, lay), store, stats
@@ -428,3 +466,114 @@ def scan_layers(
 
     index = jnp.arange(config.num_layers, dtype=jnp.int32)
     return jax.lax.scan(body, carry, (layers, index))
+
+
+def layer_kinds(modules) -> dict[str, str]:
+    """Which layers each parameter sub-tree of ``params["layers"]`` is stacked over in a hybrid
+    stack: 'linear' (the LINEAR layers, its ``modules``), 'attention' (the softmax-attention
+    layers) or 'all' (norms and the MLP)."""
+    out = {}
+    for name in modules:
+        if name in LINEAR_MODULE_NAMES:
+            out[name] = "linear"
+        elif name in ATTENTION_MODULE_NAMES:
+            out[name] = "attention"
+        else:
+            out[name] = "all"
+    return out
+
+
+#: Parameter sub-trees of a hybrid stack's LINEAR layers (Gated DeltaNet,
+#: :mod:`jaxrl_llm.models.gated_deltanet`) and of its softmax-attention layers.
+LINEAR_MODULE_NAMES = frozenset(
+    (
+        "in_proj_qkv",
+        "in_proj_z",
+        "in_proj_b",
+        "in_proj_a",
+        "conv",
+        "delta",
+        "linear_norm",
+        "out_proj",
+    )
+)
+ATTENTION_MODULE_NAMES = frozenset(
+    ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "attn_gate")
+)
+
+
+def scan_periods(
+    config: ModelConfig,
+    layers: Params,
+    carry: Any,
+    step: Callable[[Any, Params, LayerType, jax.Array], tuple[Any, Any]],
+    *,
+    remat: str = "none",
+):
+    """The layer scan of a hybrid stack: ``lax.scan`` over the periods of its layer pattern
+    (``config.layer_period``, e.g. three LINEAR layers then one GLOBAL), each period's layers
+    unrolled in order. ``step(carry, lp, kind, layer) -> (carry, per-layer output)`` with
+    ``kind`` the static :class:`LayerType` and ``layer`` the traced index of the layer among the
+    layers of its kind (the index its store reads: a LINEAR layer's recurrent state, an
+    attention layer's keys/values); under autodiff each period is rematerialised per
+    :func:`remat_policy`.
+
+    Args:
+      config: a hybrid config (``config.is_hybrid``).
+      layers: ``params["layers"]``: the LINEAR layers' sub-trees stacked ``[L', ...]``, the
+        attention layers' ``[L − L', ...]``, the norms and MLP ``[L, ...]``
+        (:func:`layer_kinds`).
+      carry, step, remat: as :func:`scan_layers`.
+
+    Returns:
+      (final carry, per-layer outputs ``[L, ...]`` in layer order, or None when every step
+      returns None).
+    """
+    period = config.layer_period
+    p = len(period)
+    n_periods = config.num_layers // p
+    kinds = layer_kinds(layers)
+    per_period = {
+        "linear": sum(t == LayerType.LINEAR for t in period),
+        "attention": sum(t != LayerType.LINEAR for t in period),
+        "all": p,
+    }
+    xs = {
+        name: jax.tree.map(
+            lambda w, n=per_period[kinds[name]]: w.reshape(n_periods, n, *w.shape[1:]), sub
+        )
+        for name, sub in layers.items()
+    }
+
+    def period_step(carry, xs_i, i):
+        outs = []
+        seen = {"linear": 0, "attention": 0}
+        for j, kind in enumerate(period):
+            group = "linear" if kind == LayerType.LINEAR else "attention"
+            idx = seen[group]
+            seen[group] += 1
+            lp = {
+                name: jax.tree.map(lambda w, at=(j if kinds[name] == "all" else idx): w[at], sub)
+                for name, sub in xs_i.items()
+                if kinds[name] in ("all", group)
+            }
+            layer = (i * per_period[group] + idx).astype(jnp.int32)
+            carry, out = step(carry, lp, kind, layer)
+            outs.append(out)
+        if all(o is None for o in outs):
+            return carry, None
+        return carry, jax.tree.map(lambda *o: jnp.stack(o), *outs)
+
+    policy = remat_policy(remat)
+    if policy is not None:
+        period_step = jax.checkpoint(period_step, policy=policy)
+
+    def body(carry, x):
+        xs_i, i = x
+        return period_step(carry, xs_i, i)
+
+    index = jnp.arange(n_periods, dtype=jnp.int32)
+    carry, outs = jax.lax.scan(body, carry, (xs, index))
+    if outs is not None:
+        outs = jax.tree.map(lambda o: o.reshape(config.num_layers, *o.shape[2:]), outs)
+    return carry, outs

@@ -52,10 +52,22 @@ with f_x the share of (token, slot) assignments that went to expert x (summing t
 and P_x the mean router probability of x, both pooled over the real tokens of every sparse
 layer, ``aux = X · Σ_x f_x P_x``. Its gradient flows through P only. Each block returns the
 sums it needs (:class:`MoeStats`), so the pooled value is exact under any token sharding.
+
+Rollout routing replay (R3; Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by
+Aligning Training and Inference Routers", https://arxiv.org/abs/2510.11370). Each block
+returns the experts it routed every token to (:attr:`MoeStats.experts`), which the samplers
+record. Given a :class:`RecordedRouting` (the sampler's choices), a block counts how many of
+its routing decisions differ from them and, with ``replay``, routes every token to the
+recorded experts instead of its own top-k: the gate weights are still the router's
+probabilities, gathered at the recorded experts (and renormalised over them with
+``config.norm_topk_prob``, as :func:`route` does), so the router keeps its gradient over the
+chosen experts while the choice itself is the sampler's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -81,31 +93,74 @@ MOE_FAMILIES = (Family.QWEN3_MOE, Family.MIXTRAL)
 
 
 class MoeStats(NamedTuple):
-    """Sums over one block's real tokens that the load-balancing loss pools.
+    """Sums over one block's real tokens that the load-balancing loss pools, and its routing.
 
     Attributes:
       counts: ``[X]`` float32, token-weighted number of (token, slot) assignments per expert.
       probs: ``[X]`` float32, token-weighted sum of the router probabilities.
       tokens: ``[]`` float32, the token weight (real tokens; a shared prompt counted once per
         row of its group).
+      experts: ``[B, T, k]`` int32, the experts each token was routed to (its own top-k, or
+        the replayed ones); what the samplers record. None only where a caller drops it.
+      mismatch: ``[]`` float32, token-weighted number of (token, slot) decisions whose expert
+        is not among the recorded ones (:class:`RecordedRouting`); 0 under replay. None
+        without a recorded routing.
+      own_mismatch: ``[]`` float32, the same for the block's own top-k (what it would have
+        chosen); equal to ``mismatch`` without replay. None without a recorded routing.
     """
 
     counts: jax.Array
     probs: jax.Array
     tokens: jax.Array
+    experts: jax.Array | None = None
+    mismatch: jax.Array | None = None
+    own_mismatch: jax.Array | None = None
 
 
-def route(config: ModelConfig, x_nd: jax.Array, router_dx: jax.Array):
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=("experts",), meta_fields=("replay",)
+)
+@dataclasses.dataclass(frozen=True)
+class RecordedRouting:
+    """The experts a sampler routed each token to, for every layer (a pytree; R3, Ma et al.
+    2025, https://arxiv.org/abs/2510.11370).
+
+    Attributes:
+      experts: ``[B, T, L, k]`` int (int16 or int32) expert ids of every token, layer and slot.
+      replay: static; True: the MoE blocks route each token to these experts instead of their
+        own top-k (rollout routing replay); False: they only count the decisions that differ
+        (:attr:`MoeStats.mismatch`).
+    """
+
+    experts: jax.Array
+    replay: bool = True
+
+    def at_layer(self, layer) -> jax.Array:
+        """``[B, T, k]`` int32 the recorded experts of layer ``layer`` (traced int32)."""
+        e = jax.lax.dynamic_index_in_dim(self.experts, layer, axis=2, keepdims=False)
+        return e.astype(jnp.int32)
+
+
+def route(
+    config: ModelConfig, x_nd: jax.Array, router_dx: jax.Array, *, experts: jax.Array | None = None
+):
     """Router of one block: (float32 probabilities ``[N, X]``, top-k weights ``[N, k]``
     float32, top-k expert ids ``[N, k]`` int32).
 
     ``p = softmax(x W_r)`` (logits in x's dtype, softmax in float32); the k largest; with
-    ``config.norm_topk_prob`` the k weights are divided by their sum.
+    ``config.norm_topk_prob`` the k weights are divided by their sum. ``experts`` ``[N, k]``
+    (routing replay, R3: https://arxiv.org/abs/2510.11370): route to these instead of the
+    top-k; their weights are ``p`` gathered at them, renormalised the same way (with
+    ``norm_topk_prob``: the softmax over their k logits), differentiable through ``p``.
     """
     chex.assert_rank([x_nd, router_dx], 2)
     logits = jnp.einsum("nd,dx->nx", x_nd, router_dx.astype(x_nd.dtype))
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
+    if experts is None:
+        weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
+    else:
+        chex.assert_shape(experts, (x_nd.shape[0], config.num_experts_per_tok))
+        weights = jnp.take_along_axis(probs, experts, axis=-1)
     if config.norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return probs, weights, experts.astype(jnp.int32)
@@ -118,6 +173,12 @@ def _stats(config: ModelConfig, probs, experts, token_w) -> MoeStats:
         probs=jnp.einsum("nx,n->x", probs, token_w),
         tokens=jnp.sum(token_w),
     )
+
+
+def differing_decisions(experts: jax.Array, recorded: jax.Array) -> jax.Array:
+    """``[..., k]`` bool: slot j's expert ``experts[..., j]`` is none of ``recorded[..., :]``
+    (the routing decisions that differ, whatever the order of the k slots)."""
+    return ~jnp.any(experts[..., :, None] == recorded[..., None, :], axis=-1)
 
 
 def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset):
@@ -164,13 +225,27 @@ def _experts_dense(x_nd, weights, experts, w_gate, w_up, w_down, offset):
     return jnp.einsum("nxd,nx->nd", y.astype(jnp.float32), combine)
 
 
-def _block(config, x_nd, token_w, router, w_gate, w_up, w_down, offset):
+def _block(config, x_nd, token_w, recorded, replay, router, w_gate, w_up, w_down, offset):
+    """One block on N tokens: (``[N, D]`` float32 output, :class:`MoeStats` with ``experts``
+    ``[N, k]``). ``recorded`` ``[N, k]`` or None: the sampler's experts (replayed when
+    ``replay``, static)."""
     dtype = x_nd.dtype
-    probs, weights, experts = route(config, x_nd, router)
+    probs, weights, experts = route(
+        config, x_nd, router, experts=recorded if replay and recorded is not None else None
+    )
     run = _experts_dense if config.moe_dispatch == MoeDispatch.DENSE else _experts_sorted
     w_gate, w_up, w_down = (w.astype(dtype) for w in (w_gate, w_up, w_down))
     y = run(x_nd, weights, experts, w_gate, w_up, w_down, offset)
-    return y, _stats(config, probs, experts, token_w)
+    stats = _stats(config, probs, experts, token_w)._replace(experts=experts)
+    if recorded is not None:
+        own = experts
+        if replay:
+            own = jax.lax.top_k(probs, config.num_experts_per_tok)[1].astype(jnp.int32)
+        count = lambda e: jnp.einsum(  # noqa: E731
+            "n,n->", jnp.sum(differing_decisions(e, recorded), -1).astype(jnp.float32), token_w
+        )
+        stats = stats._replace(mismatch=count(experts), own_mismatch=count(own))
+    return y, stats
 
 
 def _expert_mesh(mesh):
@@ -202,6 +277,8 @@ def sparse_moe(
     lp: Mapping[str, Any],
     *,
     mesh: jax.sharding.Mesh | None = None,
+    recorded_btk: jax.Array | None = None,
+    replay: bool = False,
 ) -> tuple[jax.Array, MoeStats]:
     """One sparse MoE MLP block on ``x_btd`` (the normed MLP input ``[B, T, D]``).
 
@@ -215,9 +292,14 @@ def sparse_moe(
       mesh: the device mesh; default the ambient one (``jax.set_mesh``). With an
         :data:`EXPERT_AXIS` axis the block runs expert-parallel (module docstring); without
         one, or with no mesh, it runs as one program that GSPMD partitions.
+      recorded_btk: ``[B, T, k]`` int the experts a sampler routed each token to (None: no
+        record): the stats count the decisions that differ (:attr:`MoeStats.mismatch`).
+      replay: static; with ``recorded_btk``, route to those experts instead of the own top-k
+        (R3, module docstring).
 
     Returns:
-      (``[B, T, D]`` block output in x's dtype, :class:`MoeStats` of this block).
+      (``[B, T, D]`` block output in x's dtype, :class:`MoeStats` of this block, with
+      ``experts`` ``[B, T, k]``).
 
     Raises:
       ValueError: under an expert mesh whose expert axis does not divide X.
@@ -233,10 +315,20 @@ def sparse_moe(
         lp["experts_up"]["kernel"],
         lp["experts_down"]["kernel"],
     )
+    k = config.num_experts_per_tok
+    recorded = None
+    if recorded_btk is not None:
+        chex.assert_shape(recorded_btk, (b, t, k))
+        recorded = recorded_btk.astype(jnp.int32)
     mesh = _expert_mesh(mesh)
     if mesh is None:
-        y, stats = _block(config, x_btd.reshape(b * t, d), token_w_bt.reshape(-1), *params, 0)
-        return y.astype(x_btd.dtype).reshape(b, t, d), stats
+        rec_nk = None if recorded is None else recorded.reshape(b * t, k)
+        y, stats = _block(
+            config, x_btd.reshape(b * t, d), token_w_bt.reshape(-1), rec_nk, replay, *params, 0
+        )
+        return y.astype(x_btd.dtype).reshape(b, t, d), stats._replace(
+            experts=stats.experts.reshape(b, t, k)
+        )
 
     num_shards = int(mesh.shape[EXPERT_AXIS])
     x_count = config.num_experts
@@ -250,9 +342,11 @@ def sparse_moe(
     f_split = _split(mesh, config.moe_intermediate_size, (TENSOR_AXIS,))
     tok_spec = P(rows or None, length or None)
     x_spec = P(rows or None, length or None, None)
+    rec_spec = P(rows or None, length or None, None)
     in_specs = (
         x_spec,
         tok_spec,
+        None if recorded is None else rec_spec,
         P(),
         P(EXPERT_AXIS, None, f_split or None),
         P(EXPERT_AXIS, None, f_split or None),
@@ -262,19 +356,33 @@ def sparse_moe(
     reduce_stats = rows + length
     num_local = x_count // num_shards
 
-    def local(x, token_w, router, w_gate, w_up, w_down):
+    def local(x, token_w, rec, router, w_gate, w_up, w_down):
         lb, lt, _ = x.shape
         offset = jax.lax.axis_index(EXPERT_AXIS) * num_local
+        rec_nk = None if rec is None else rec.reshape(lb * lt, k)
         y, stats = _block(
-            config, x.reshape(lb * lt, d), token_w.reshape(-1), router, w_gate, w_up, w_down, offset
+            config,
+            x.reshape(lb * lt, d),
+            token_w.reshape(-1),
+            rec_nk,
+            replay,
+            router,
+            w_gate,
+            w_up,
+            w_down,
+            offset,
         )
         y = jax.lax.psum(y, reduce_out).astype(x.dtype).reshape(lb, lt, d)
+        experts = stats.experts.reshape(lb, lt, k)  # every expert shard routes alike
+        sums = stats._replace(experts=None)
         if reduce_stats:
-            stats = jax.tree.map(lambda s: jax.lax.psum(s, reduce_stats), stats)
-        return y, stats
+            sums = jax.tree.map(lambda s: jax.lax.psum(s, reduce_stats), sums)
+        return y, sums._replace(experts=experts)
 
-    run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(x_spec, P()))
-    return run(x_btd, token_w_bt, *params)
+    counted = None if recorded is None else P()
+    stats_spec: Any = MoeStats(P(), P(), P(), rec_spec, counted, counted)  # type: ignore[arg-type]
+    run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(x_spec, stats_spec))
+    return run(x_btd, token_w_bt, recorded, *params)
 
 
 def load_balancing_loss(stats: MoeStats, num_experts: int) -> jax.Array:

@@ -22,17 +22,22 @@ class Family(str, enum.Enum):
     GEMMA3 = "gemma3_text"
     QWEN3_MOE = "qwen3_moe"
     MIXTRAL = "mixtral"
+    QWEN3_5 = "qwen3_5_text"
+    QWEN3_5_MOE = "qwen3_5_moe_text"
 
 
 class LayerType(str, enum.Enum):
-    """Attention span of one layer (transformers' ``layer_types`` entries).
+    """Token mixer of one layer (transformers' ``layer_types`` entries).
 
     GLOBAL layers attend to every earlier token; LOCAL layers only to the last
     ``sliding_window`` positions and use the local RoPE base (Gemma 2 / Gemma 3 interleave them).
+    LINEAR layers are Gated DeltaNet linear attention (:mod:`jaxrl_llm.models.gated_deltanet`),
+    interleaved with GLOBAL layers in Qwen3.5.
     """
 
     GLOBAL = "full_attention"
     LOCAL = "sliding_attention"
+    LINEAR = "linear_attention"
 
 
 class Activation(str, enum.Enum):

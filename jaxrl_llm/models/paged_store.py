@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models.attention_mask import AttentionMask
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.gated_deltanet import RecurrentState
 from jaxrl_llm.models.layer import (
     KVStore,
     Params,
@@ -43,7 +44,9 @@ from jaxrl_llm.models.layer import (
     decoder_layer,
     embed_tokens,
     scan_layers,
+    scan_periods,
 )
+from jaxrl_llm.models.options import LayerType
 from jaxrl_llm.models.positions import rope_inv_freq
 
 #: The null page: never allocated; idle rows and slots past a row's table write there.
@@ -76,7 +79,9 @@ def init_paged_cache(config: ModelConfig, num_pages: int, page_size: int, dtype=
     if num_pages < 2 or page_size < 1:
         raise ConfigError(f"need num_pages >= 2 and page_size >= 1, got {num_pages}, {page_size}")
     dtype = config.compute_jnp_dtype if dtype is None else dtype
-    shape = (config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim)
+    # a hybrid stack's pages hold its attention layers' keys only
+    n = config.num_attention_layers
+    shape = (n, num_pages, page_size, config.num_kv_heads, config.head_dim)
     return PagedKVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
@@ -220,6 +225,69 @@ def paged_trunk(
     Returns:
       (hidden ``[R, T, D]`` final-normed, the updated cache).
     """
+    hidden, cache, _ = paged_trunk_with_routing(params, tokens, cache, table, start, config=config)
+    return hidden, cache
+
+
+def paged_trunk_with_routing(
+    params: Params,
+    tokens: jax.Array,
+    cache: PagedKVCache,
+    table: jax.Array,
+    start: jax.Array,
+    *,
+    config: ModelConfig,
+) -> tuple[jax.Array, PagedKVCache, jax.Array | None]:
+    """:func:`paged_trunk` that also returns the experts a mixture of experts routed each new
+    token to, ``[R, T, L, k]`` int32 (None for a dense model): what the paged engine records
+    for routing replay (R3, Ma et al. 2025, https://arxiv.org/abs/2510.11370)."""
+    if config.is_hybrid:
+        raise ValueError(
+            "a linear-attention (hybrid) stack such as Qwen3.5 keeps a recurrent state per "
+            "row: use paged_hybrid_trunk"
+        )
+    hidden, cache, _, routing = _paged_trunk(
+        params, tokens, cache, table, start, config, None, None
+    )
+    return hidden, cache, routing
+
+
+def paged_hybrid_trunk(
+    params: Params,
+    tokens: jax.Array,
+    cache: PagedKVCache,
+    table: jax.Array,
+    start: jax.Array,
+    recurrent: tuple[jax.Array, jax.Array],
+    valid: jax.Array,
+    *,
+    config: ModelConfig,
+) -> tuple[jax.Array, PagedKVCache, tuple[jax.Array, jax.Array]]:
+    """:func:`paged_trunk` of a hybrid stack (``config.is_hybrid``, Qwen3.5): the attention
+    layers over the pages, the Gated DeltaNet layers over the R rows' recurrent states
+    (:class:`~jaxrl_llm.models.gated_deltanet.RecurrentState`).
+
+    Args:
+      params, tokens, cache, table, start, config: as :func:`paged_trunk`.
+      recurrent: (conv ``[L', R, W−1, C]``, state ``[L', R, H_v, d_k, d_v]``) of the R rows.
+      valid: ``[R, T]`` bool, real tokens: the others (idle rows, the padding of a bucketed
+        extension) leave a row's recurrent state unchanged.
+
+    Returns:
+      (hidden ``[R, T, D]``, the updated pool, the rows' updated (conv, state)).
+    """
+    if not config.is_hybrid:
+        raise ValueError("paged_hybrid_trunk is for hybrid (linear-attention) stacks")
+    hidden, cache, rec, _ = _paged_trunk(
+        params, tokens, cache, table, start, config, recurrent, valid
+    )
+    assert rec is not None
+    return hidden, cache, rec
+
+
+def _paged_trunk(params, tokens, cache, table, start, config, recurrent, valid):
+    """:func:`paged_trunk_with_routing` / :func:`paged_hybrid_trunk` -> (hidden, pool,
+    (conv, state) or None, routing or None)."""
     chex.assert_rank([tokens, table, start], [2, 2, 1])
     c = config
     store = pages_store(cache, table, start, tokens.shape[1])
@@ -227,14 +295,30 @@ def paged_trunk(
     info = TokenInfo(positions, rope_inv_freq(c))
     x = embed_tokens(c, params, tokens)
 
+    if recurrent is not None:
+        rec = RecurrentState(conv=recurrent[0], state=recurrent[1], valid=valid)
+
+        def hybrid_step(carry, lp, kind, layer):
+            x, store, rec = carry
+            if kind == LayerType.LINEAR:
+                x, rec, _ = decoder_layer(c, lp, x, rec, info, layer)
+            else:
+                x, store, _ = decoder_layer(c, lp, x, store, info, layer)
+            return (x, store, rec), None
+
+        (x, store, rec), _ = scan_periods(c, params["layers"], (x, store, rec), hybrid_step)
+        x = apply_norm(c, x, params["final_norm"])
+        return x, PagedKVCache(k=store.k, v=store.v), (rec.conv, rec.state), None
+
     def step(carry, lp, layer):
         x, store = carry
-        x, store, _ = decoder_layer(c, lp, x, store, info, layer)
-        return (x, store), None
+        x, store, stats = decoder_layer(c, lp, x, store, info, layer)
+        return (x, store), None if stats is None else stats.experts
 
-    (x, store), _ = scan_layers(c, params["layers"], (x, store), step)
+    (x, store), experts = scan_layers(c, params["layers"], (x, store), step)
     x = apply_norm(c, x, params["final_norm"])
-    return x, PagedKVCache(k=store.k, v=store.v)
+    routing = None if experts is None else jnp.moveaxis(experts, 0, 2)
+    return x, PagedKVCache(k=store.k, v=store.v), None, routing
 
 
 def write_prompt_pages(

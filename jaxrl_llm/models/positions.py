@@ -23,8 +23,9 @@ from jaxrl_llm.models.config import LayerType, ModelConfig, RopeScaling
 def rope_inv_freq(config: ModelConfig) -> jax.Array:
     """Inverse RoPE frequencies ``[E/2]`` including Llama 3 / linear scaling (of the global
     layers when the config has per-layer types; :func:`layer_rope_inv_freq` gives each
-    layer's)."""
-    e = config.head_dim
+    layer's); ``[R/2]`` over the R = ``config.rotary_dim`` rotated dims with a partial
+    rotary factor (Qwen3.5)."""
+    e = config.rotary_dim
     inv = 1.0 / (config.rope_theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
     if config.rope_scaling == RopeScaling.LINEAR:
         inv = inv / config.rope_factor
@@ -66,10 +67,11 @@ def layer_windows(config: ModelConfig) -> np.ndarray | None:
 def layer_rope_inv_freq(config: ModelConfig) -> jax.Array | None:
     """``[L, E/2]`` RoPE inverse frequencies of each layer: LOCAL layers use base
     ``rope_local_theta`` unscaled (Gemma 3, https://arxiv.org/abs/2503.19786 §2), GLOBAL
-    layers :func:`rope_inv_freq`. None when the config has no per-layer types."""
-    if not config.layer_types:
+    layers :func:`rope_inv_freq`. None when the config has no LOCAL layer (every layer then
+    uses :func:`rope_inv_freq`)."""
+    if LayerType.LOCAL not in config.layer_types:
         return None
-    e = config.head_dim
+    e = config.rotary_dim
     glob = rope_inv_freq(config)
     theta = config.rope_theta if config.rope_local_theta is None else config.rope_local_theta
     local = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
@@ -87,11 +89,14 @@ def check_layer_index(config: ModelConfig, layer) -> None:
 
 
 def apply_rope(x_btne: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotary embedding in transformers' "rotate half" layout."""
-    angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, E/2]
+    """Rotary embedding in transformers' "rotate half" layout, on the first R = 2·len(inv_freq)
+    dims of each head (all E unless a partial rotary factor made ``inv_freq`` shorter; the
+    other E − R dims pass through, as in Qwen3.5)."""
+    angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, R/2]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
+    r = 2 * inv_freq.shape[-1]
     x = x_btne.astype(jnp.float32)
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    x1, x2 = jnp.split(x[..., :r], 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], axis=-1)
     return out.astype(x_btne.dtype)

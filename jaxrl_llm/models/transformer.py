@@ -39,6 +39,7 @@ so a config is all-sparse or all-dense.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import chex
@@ -48,6 +49,13 @@ import jax.numpy as jnp
 from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.gated_deltanet import (
+    FreshState,
+    GroupPromptState,
+    RecurrentState,
+    SharedPromptState,
+    init_recurrent_state,
+)
 from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
 from jaxrl_llm.models.layer import (
     BTD,
@@ -55,22 +63,29 @@ from jaxrl_llm.models.layer import (
     apply_norm,
     decoder_layer,
     embed_tokens,
+    layer_kinds,
     scan_layers,
+    scan_periods,
 )
 from jaxrl_llm.models.layout import layout_mesh, place
+from jaxrl_llm.models.options import LayerType
 from jaxrl_llm.models.positions import rope_inv_freq
 
 Params = dict[str, Any]
 
 
 class KVCache(NamedTuple):
-    """Explicit key/value cache.
+    """Explicit key/value cache (and, for a hybrid stack, the LINEAR layers' recurrent state).
 
     Attributes:
-      k, v: ``[L, B, S, K, E]`` keys (after RoPE) and values.
+      k, v: ``[L, B, S, K, E]`` keys (after RoPE) and values; in a hybrid stack L counts the
+        softmax-attention layers only.
       mask: ``[B, S]`` bool, slot holds a real token of that row.
       positions: ``[B, S]`` int32 RoPE position of the token in each slot (for sliding windows).
       index: ``[]`` int32, the next slot to write.
+      conv, state: a hybrid stack's (``config.is_hybrid``) Gated DeltaNet conv windows
+        ``[L', B, W−1, C]`` and delta-rule states ``[L', B, H_v, d_k, d_v]`` float32
+        (:class:`~jaxrl_llm.models.gated_deltanet.RecurrentState`); None otherwise.
     """
 
     k: jax.Array
@@ -78,6 +93,8 @@ class KVCache(NamedTuple):
     mask: jax.Array
     positions: jax.Array
     index: jax.Array  # type: ignore[assignment]  # shadows tuple.index; fine at run time
+    conv: jax.Array | None = None
+    state: jax.Array | None = None
 
     @property
     def max_len(self) -> int:
@@ -98,6 +115,11 @@ class ModelOutputs(NamedTuple):
       router_aux_loss: ``[]`` float32, a mixture of experts' load-balancing loss over this
         forward's real tokens (:func:`jaxrl_llm.models.moe.load_balancing_loss`, before any
         coefficient), or None for a dense model.
+      routing_mismatch: ``[]`` float32, with a recorded routing (``apply(routing=...)``):
+        the fraction of this forward's routing decisions (real token × layer × slot) whose
+        expert is not among the recorded ones (0 under replay); None otherwise.
+      routing_own_mismatch: ``[]`` float32, the same fraction for the forward's own top-k
+        (what it would have routed to without replay); None without a recorded routing.
     """
 
     hidden: jax.Array
@@ -105,18 +127,26 @@ class ModelOutputs(NamedTuple):
     scalar: jax.Array | None
     logit_softcap: float | None = None
     router_aux_loss: jax.Array | None = None
+    routing_mismatch: jax.Array | None = None
+    routing_own_mismatch: jax.Array | None = None
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache with ``max_len`` slots for ``batch_size`` rows."""
     dtype = config.compute_jnp_dtype if dtype is None else dtype
-    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    n = config.num_attention_layers
+    shape = (n, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    conv, state = (
+        init_recurrent_state(config, batch_size, dtype) if config.is_hybrid else (None, None)
+    )
     return KVCache(
         k=jnp.zeros(shape, dtype),
         v=jnp.zeros(shape, dtype),
         mask=jnp.zeros((batch_size, max_len), bool),
         positions=jnp.zeros((batch_size, max_len), jnp.int32),
         index=jnp.zeros((), jnp.int32),
+        conv=conv,
+        state=state,
     )
 
 
@@ -150,6 +180,12 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
         layers["experts_gate"] = {"kernel": ((L, X, D, Fe), expert_in)}
         layers["experts_up"] = {"kernel": ((L, X, D, Fe), expert_in)}
         layers["experts_down"] = {"kernel": ((L, X, Fe, D), ("layers", "experts", "mlp", "embed"))}
+        if c.shared_expert_size:
+            Fs = c.shared_expert_size
+            layers["shared_gate_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
+            layers["shared_up_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
+            layers["shared_down_proj"] = {"kernel": ((L, Fs, D), ("layers", "mlp", "embed"))}
+            layers["shared_expert_gate"] = {"kernel": ((L, D, 1), ("layers", "embed", None))}
     else:
         layers["gate_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
         layers["up_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
@@ -164,6 +200,10 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     if c.post_norms:
         layers["post_attn_norm"] = {"scale": ((L, D), ("layers", "norm"))}
         layers["post_mlp_norm"] = {"scale": ((L, D), ("layers", "norm"))}
+    if c.attn_output_gate:
+        layers["attn_gate"] = {"kernel": ((L, D, H, E), ("layers", "embed", "heads", "head_dim"))}
+    if c.is_hybrid:
+        layers = _hybrid_layer_specs(c, layers)
     tree: dict[str, Any] = {
         "embed": {"embedding": ((V, D), ("vocab", "embed"))},
         "layers": layers,
@@ -174,6 +214,41 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     if c.num_labels:
         tree["score_head"] = {"kernel": ((D, c.num_labels), ("embed", "labels"))}
     return tree
+
+
+def _hybrid_layer_specs(config: ModelConfig, layers: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid stack's layer specs: the attention sub-trees over the L − L' attention layers,
+    the Gated DeltaNet sub-trees (:mod:`jaxrl_llm.models.gated_deltanet`) over the L' LINEAR
+    layers, norms and MLP over all L. The conv channels (q, k, v concatenated) keep no
+    logical axis: they stay whole on every device."""
+    c = config
+    n_lin, n_att = c.num_linear_layers, c.num_attention_layers
+    kinds = layer_kinds(layers)
+    out: dict[str, Any] = {}
+    for name, leaves in layers.items():
+        if kinds[name] == "attention":
+            leaves = {k: ((n_att, *s[1:]), ax) for k, (s, ax) in leaves.items()}
+        out[name] = leaves
+    D, Hv, dv, C = (
+        c.hidden_size,
+        c.linear_num_value_heads,
+        c.linear_value_head_dim,
+        c.linear_conv_channels,
+    )
+    out.update(
+        in_proj_qkv={"kernel": ((n_lin, D, C), ("layers", "embed", None))},
+        in_proj_z={"kernel": ((n_lin, D, Hv, dv), ("layers", "embed", "heads", "head_dim"))},
+        in_proj_b={"kernel": ((n_lin, D, Hv), ("layers", "embed", "heads"))},
+        in_proj_a={"kernel": ((n_lin, D, Hv), ("layers", "embed", "heads"))},
+        conv={"kernel": ((n_lin, c.linear_conv_kernel, C), ("layers", None, None))},
+        delta={
+            "a_log": ((n_lin, Hv), ("layers", "heads")),
+            "dt_bias": ((n_lin, Hv), ("layers", "heads")),
+        },
+        linear_norm={"scale": ((n_lin, dv), ("layers", "head_dim"))},
+        out_proj={"kernel": ((n_lin, Hv, dv, D), ("layers", "heads", "head_dim", "embed"))},
+    )
+    return out
 
 
 def _is_spec(x) -> bool:
@@ -191,7 +266,9 @@ def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
 
 def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     """Random initialisation (normal, std 0.02; norms at 1, i.e. w = 0 for the (1 + w) form)
-    in ``config.param_dtype``.
+    in ``config.param_dtype``. Gated DeltaNet layers: the gated norm's plain weight at 1,
+    ``dt_bias`` at 1 and ``A = exp(a_log)`` drawn uniformly from [1, 16] (Mamba-2's range,
+    Dao & Gu 2024, https://arxiv.org/abs/2405.21060).
 
     Jittable and usable under ``jax.eval_shape`` for abstract (sharded) creation.
     """
@@ -205,7 +282,13 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     ]
     out = []
     for key, path, (shape, _) in zip(keys, paths, leaves):
-        if "norm" in path and "scale" in path:
+        if "linear_norm" in path or "dt_bias" in path:
+            out.append(jnp.ones(shape, dtype))
+        elif "a_log" in path:
+            out.append(
+                jnp.log(jax.random.uniform(key, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
+            )
+        elif "norm" in path and "scale" in path:
             out.append((jnp.zeros if config.rms_norm_unit_offset else jnp.ones)(shape, dtype))
         elif "bias" in path:
             out.append(jnp.zeros(shape, dtype))
@@ -300,6 +383,7 @@ def _trunk(
     cache: KVCache | None,
     remat: str,
     mesh: jax.sharding.Mesh | None,
+    routing: moe_lib.RecordedRouting | None = None,
 ):
     """:func:`trunk` -> (hidden, new cache, per-layer MoE statistics ``[L, ...]`` or None):
     :func:`~jaxrl_llm.models.layer.decoder_layer` scanned with a
@@ -314,9 +398,13 @@ def _trunk(
     if positions is None:
         positions = default_positions(attention_mask, segment_ids)
     chex.assert_shape(positions, (b, t))
-    info = TokenInfo(positions, rope_inv_freq(c), attention_mask.astype(jnp.float32))
+    info = TokenInfo(positions, rope_inv_freq(c), attention_mask.astype(jnp.float32), routing)
     x = embed_tokens(c, params, tokens)
 
+    if c.is_hybrid:
+        return _hybrid_trunk(
+            c, params, x, info, attention_mask, key_mask, segment_ids, cache, remat, mesh
+        )
     if cache is None:
         # The store never changes: closed over, not carried (under autodiff a carried mask
         # would be saved once per layer).
@@ -355,6 +443,78 @@ def _trunk(
     store = DenseCache(k=cache.k, v=cache.v, index=write, mask=mask)
     (x, store), stats = scan_layers(c, params["layers"], (x, store), cached_step, remat=remat)
     new_cache = KVCache(k=store.k, v=store.v, mask=new_mask, positions=new_pos, index=write + t)
+    return apply_norm(c, x, params["final_norm"]), new_cache, stats
+
+
+def _dense_cache_store(c: ModelConfig, cache: KVCache, attention_mask, positions):
+    """(the :class:`DenseCache` store of a cached call, its new mask and positions)."""
+    t = attention_mask.shape[1]
+    write = cache.index
+    new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
+    new_pos = jax.lax.dynamic_update_slice_in_dim(
+        cache.positions, positions.astype(jnp.int32), write, 1
+    )
+    window = c.uses_window
+    mask = attn_lib.AttentionMask(
+        q_index=(write + jnp.arange(t)).astype(jnp.int32),
+        k_valid=new_mask,
+        q_positions=positions.astype(jnp.int32) if window else None,
+        k_positions=new_pos if window else None,
+    )
+    return DenseCache(k=cache.k, v=cache.v, index=write, mask=mask), new_mask, new_pos
+
+
+def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cache, remat, mesh):
+    """The trunk of a hybrid stack (``config.is_hybrid``, Qwen3.5): the periods of its layer
+    pattern scanned (:func:`~jaxrl_llm.models.layer.scan_periods`), LINEAR layers over a
+    :class:`~jaxrl_llm.models.gated_deltanet.FreshState` (no cache) or
+    :class:`~jaxrl_llm.models.gated_deltanet.RecurrentState` (the cache's ``conv`` / ``state``),
+    attention layers over :class:`NoCache` / :class:`DenseCache`. -> (hidden, new cache, per-layer
+    MoE statistics ``[L, ...]`` or None)."""
+    if segment_ids is not None:
+        raise ValueError(
+            "segment_ids (packing) is not supported by linear-attention (hybrid) stacks: the "
+            "recurrent state would carry across segments"
+        )
+    positions = info.positions
+    if cache is None:
+        no_cache = NoCache(_self_attention_mask(c, key_mask, positions))
+        fresh = FreshState(attention_mask)
+
+        def step(x, lp, kind, layer):
+            store = fresh if kind == LayerType.LINEAR else no_cache
+            x, _, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
+            return x, stats
+
+        x, stats = scan_periods(c, params["layers"], x, step, remat=remat)
+        x = place(apply_norm(c, x, params["final_norm"]), BTD, layout_mesh(mesh))
+        return x, None, stats
+
+    if cache.conv is None or cache.state is None:
+        raise ValueError("a hybrid stack's cache needs conv and state (init_cache builds them)")
+    dense, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
+    rec = RecurrentState(conv=cache.conv, state=cache.state, valid=attention_mask)
+
+    def cached_step(carry, lp, kind, layer):
+        x, dense, rec = carry
+        if kind == LayerType.LINEAR:
+            x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh)
+        else:
+            x, dense, stats = decoder_layer(c, lp, x, dense, info, layer, mesh=mesh)
+        return (x, dense, rec), stats
+
+    (x, dense, rec), stats = scan_periods(
+        c, params["layers"], (x, dense, rec), cached_step, remat=remat
+    )
+    new_cache = KVCache(
+        k=dense.k,
+        v=dense.v,
+        mask=new_mask,
+        positions=new_pos,
+        index=cache.index + attention_mask.shape[1],
+        conv=rec.conv,
+        state=rec.state,
+    )
     return apply_norm(c, x, params["final_norm"]), new_cache, stats
 
 
@@ -417,6 +577,7 @@ def _trunk_shared_prefix(
     attention_mask: jax.Array | None,
     remat: str,
     mesh: jax.sharding.Mesh | None,
+    routing: moe_lib.RecordedRouting | None = None,
 ):
     """:func:`trunk_shared_prefix` -> (hidden, per-layer MoE statistics or None); a shared
     prompt token counts G times in the statistics, as in the plain forward. Each scanned step
@@ -451,21 +612,93 @@ def _trunk_shared_prefix(
         q_positions=pos_c if window else None,
         k_positions=positions if window else None,
     )
-    info_p = TokenInfo(pos_p, inv_freq, attention_mask[::g, :tp].astype(jnp.float32) * g)
-    info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32))
+    rec_p = rec_c = None
+    if routing is not None:  # a group's prompt routing is its first row's
+        rec_p = dataclasses.replace(routing, experts=routing.experts[::g, :tp])
+        rec_c = dataclasses.replace(routing, experts=routing.experts[:, tp:])
+    info_p = TokenInfo(pos_p, inv_freq, attention_mask[::g, :tp].astype(jnp.float32) * g, rec_p)
+    info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32), rec_c)
     x_p, x_c = embed_tokens(c, params, tokens[::g, :tp]), embed_tokens(c, params, tokens[:, tp:])
 
-    def step(carry, lp, layer):
+    prompt_state = GroupPromptState(attention_mask[::g, :tp])
+    valid_c = attention_mask[:, tp:]
+
+    def step(carry, lp, layer, kind=LayerType.GLOBAL):
         x_p, x_c = carry
-        x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
-        shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
-        x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
-        stats = None if stats_p is None else jax.tree.map(jnp.add, stats_p, stats_c)
+        if kind == LayerType.LINEAR:
+            x_p, kept_s, stats_p = decoder_layer(c, lp, x_p, prompt_state, info_p, layer, mesh=mesh)
+            assert kept_s.conv is not None and kept_s.state is not None
+            shared_s = SharedPromptState(kept_s.conv, kept_s.state, valid_c, g)
+            x_c, _, stats_c = decoder_layer(c, lp, x_c, shared_s, info_c, layer, mesh=mesh)
+        else:
+            x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
+            shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
+            x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
+        stats = None if stats_p is None or stats_c is None else _pool_shared(stats_p, stats_c, g)
         return (x_p, x_c), stats
 
-    (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
+    if c.is_hybrid:
+        (x_p, x_c), stats = scan_periods(
+            c,
+            params["layers"],
+            (x_p, x_c),
+            lambda carry, lp, kind, layer: step(carry, lp, layer, kind),
+            remat=remat,
+        )
+    else:
+        (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
     return apply_norm(c, x, params["final_norm"]), stats
+
+
+def _pool_shared(stats_p: moe_lib.MoeStats, stats_c: moe_lib.MoeStats, g: int):
+    """One layer's :class:`~jaxrl_llm.models.moe.MoeStats` of the shared-prompt trunk: the
+    prompt rows' sums plus the completions'; the experts of every row, ``[B, T, k]`` (a
+    group's prompt routing repeated over its G rows)."""
+    experts = None
+    if stats_p.experts is not None and stats_c.experts is not None:
+        experts = jnp.concatenate([jnp.repeat(stats_p.experts, g, axis=0), stats_c.experts], 1)
+    sums = jax.tree.map(jnp.add, stats_p._replace(experts=None), stats_c._replace(experts=None))
+    return sums._replace(experts=experts)
+
+
+def trunk_with_routing(
+    params: Params,
+    tokens: jax.Array,
+    *,
+    config: ModelConfig,
+    positions: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    cache: KVCache | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
+    """:func:`trunk` that also returns the experts a mixture of experts routed each new token
+    to: ``[B, T, L, k]`` int32 (None for a dense model). What the samplers record for routing
+    replay (R3, Ma et al. 2025, https://arxiv.org/abs/2510.11370)."""
+    hidden, new_cache, stats = _trunk(
+        params,
+        tokens,
+        config=config,
+        positions=positions,
+        attention_mask=attention_mask,
+        segment_ids=None,
+        cache=cache,
+        remat="none",
+        mesh=mesh,
+    )
+    experts = None if stats is None else jnp.moveaxis(stats.experts, 0, 2)
+    return hidden, new_cache, experts
+
+
+def routing_mismatch(stats: moe_lib.MoeStats, k: int) -> tuple[jax.Array, jax.Array] | None:
+    """(fraction of routing decisions that differ from the recorded ones, the same for the
+    own top-k) over every layer's real tokens, from per-layer stacked
+    :class:`~jaxrl_llm.models.moe.MoeStats`; None without a recorded routing."""
+    if stats.mismatch is None or stats.own_mismatch is None:
+        return None
+    decisions = k * jnp.sum(stats.tokens)
+    safe = jnp.where(decisions > 0, decisions, 1.0)
+    return jnp.sum(stats.mismatch) / safe, jnp.sum(stats.own_mismatch) / safe
 
 
 def unembedding(params: Params, config: ModelConfig) -> jax.Array:
@@ -537,6 +770,7 @@ def apply(
     remat: str = "none",
     shared_prefix: tuple[int, int] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    routing: moe_lib.RecordedRouting | None = None,
 ) -> ModelOutputs:
     """Training-time forward: hidden states, the unembedding and the scalar head if any.
 
@@ -545,8 +779,15 @@ def apply(
     (:func:`trunk_shared_prefix`); the outputs keep the plain forward's layout. For a
     mixture of experts, ``router_aux_loss`` is the load-balancing loss over the real tokens
     (``attention_mask``) of every layer, and ``mesh`` the mesh the experts are split over
-    (:func:`jaxrl_llm.models.moe.sparse_moe`).
+    (:func:`jaxrl_llm.models.moe.sparse_moe`). ``routing``: a sampler's recorded experts of
+    these tokens (``[B, T, L, k]``, :class:`~jaxrl_llm.models.moe.RecordedRouting`), replayed
+    in every MoE block when ``routing.replay`` (R3, Ma et al. 2025,
+    https://arxiv.org/abs/2510.11370) and compared against in ``routing_mismatch`` /
+    ``routing_own_mismatch``.
     """
+    if routing is not None:
+        chex.assert_rank(routing.experts, 4)
+        chex.assert_equal_shape_prefix([routing.experts, tokens], 2)
     if shared_prefix is not None and shared_prefix[1] > 1:
         if segment_ids is not None:
             raise ValueError("shared_prefix cannot be combined with segment_ids (packing)")
@@ -560,6 +801,7 @@ def apply(
             attention_mask=attention_mask,
             remat=remat,
             mesh=mesh,
+            routing=routing,
         )
     else:
         hidden, _, stats = _trunk(
@@ -572,8 +814,10 @@ def apply(
             cache=None,
             remat=remat,
             mesh=mesh,
+            routing=routing,
         )
     aux = None if stats is None else moe_lib.load_balancing_loss(stats, config.num_experts)
+    fracs = None if stats is None else routing_mismatch(stats, config.num_experts_per_tok)
     scalar = scalar_head(params, hidden) if config.num_labels else None
     unembed = (
         None
@@ -586,4 +830,6 @@ def apply(
         scalar=scalar,
         logit_softcap=config.final_logit_softcap,
         router_aux_loss=aux,
+        routing_mismatch=None if fracs is None else fracs[0],
+        routing_own_mismatch=None if fracs is None else fracs[1],
     )

@@ -17,9 +17,17 @@ from jaxrl_llm.parallel.context import (
     under_mesh,
 )
 from jaxrl_llm.parallel.distributed import (
+    allgather_objects,
+    detected_cluster,
     host_local_batch_to_global,
     host_local_rows,
     initialize_distributed,
+    local_mesh,
+    on_processes,
+    process_share,
+    to_global,
+    to_host,
+    to_process_local,
 )
 from jaxrl_llm.parallel.mesh import MESH_AXES, make_mesh, mesh_shape, split_devices
 from jaxrl_llm.parallel.rules import (
@@ -61,6 +69,14 @@ __all__ = [
     "check_token_lengths",
     "constrain_batch",
     "context_size",
+    "allgather_objects",
+    "detected_cluster",
+    "local_mesh",
+    "on_processes",
+    "process_share",
+    "to_global",
+    "to_host",
+    "to_process_local",
     "host_local_batch_to_global",
     "host_local_rows",
     "initialize_distributed",

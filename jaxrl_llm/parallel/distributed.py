@@ -7,6 +7,7 @@ into one global ``jax.Array`` laid out by the batch sharding.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel.rules import DEFAULT_RULES, MeshAxes, batch_sharding, replicated
@@ -160,3 +161,186 @@ def host_local_batch_to_global(
             global_shape = (value.shape[0] * jax.process_count(),) + value.shape[1:]
             out[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
     return out
+
+
+# ----- multi-controller online RL ----------------------------------------------------------------
+# Every process runs the same loop. Each samples and scores its own share of the step's prompts
+# on its own devices (``process_share``, ``to_process_local``), the scored rows are gathered so
+# every process holds the step's whole experience (``allgather_objects``), and the learner's
+# batches enter the jitted programs as global arrays split by rows over the whole mesh
+# (``on_processes``). So a run on 1 host and on N hosts is the same run.
+
+#: Environment variables by which a launcher announces a multi-process job that
+#: ``jax.distributed.initialize()`` can detect by itself: Cloud TPU pod slices (several
+#: workers), SLURM (several tasks), Open MPI (several ranks).
+CLUSTER_ENV = {
+    "TPU_WORKER_HOSTNAMES": lambda v: "," in v,
+    "SLURM_NTASKS": lambda v: v.isdigit() and int(v) > 1,
+    "OMPI_COMM_WORLD_SIZE": lambda v: v.isdigit() and int(v) > 1,
+}
+
+
+def detected_cluster() -> str | None:
+    """The variable that shows this process is one of a detectable multi-process job, or
+    None (a single-host run: ``jax.distributed`` is not started)."""
+    for name, is_multi in CLUSTER_ENV.items():
+        value = os.environ.get(name, "")
+        if value and is_multi(value):
+            return name
+    return None
+
+
+def process_share(n: int, index: int | None = None, count: int | None = None) -> slice:
+    """This process's contiguous share of ``n`` items (``np.array_split``'s sizes: the first
+    ``n mod count`` shares one larger), in process order, so that the shares concatenated in
+    process order are the ``n`` items."""
+    index = jax.process_index() if index is None else index
+    count = jax.process_count() if count is None else count
+    base, extra = divmod(n, count)
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (index < extra))
+
+
+#: How long a process waits for another's share of a step (a slow reward or environment on
+#: one host holds every host at the gather).
+GATHER_TIMEOUT_S = 3600
+
+
+def allgather_objects(obj: Any, key: str) -> list[Any]:
+    """Every process's ``obj`` (picklable), in process order, on every process.
+
+    Exchanged through the job's coordination service (the key-value store
+    ``jax.distributed`` starts beside process 0), not through the devices: no device
+    collective is issued, so a background sampling thread (``rollout.max_staleness``) can
+    gather while the main thread's update runs its own collectives. ``key`` names this
+    exchange and must be the same on every process and new for each exchange; the value a
+    process wrote under ``key`` is deleted by its next exchange of the same stream after 64
+    more (every process has read it by then: the learner's collectives keep processes within a
+    step or two of each other).
+    """
+    import pickle
+
+    if jax.process_count() == 1:
+        return [obj]
+    from jax._src import distributed as _jax_distributed  # the coordination service client
+
+    client = _jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("allgather_objects needs jax.distributed to be initialised")
+    me = jax.process_index()
+    client.key_value_set_bytes(f"jaxrl_llm/{key}/{me}", pickle.dumps(obj, protocol=5))
+    out = [
+        pickle.loads(
+            client.blocking_key_value_get_bytes(f"jaxrl_llm/{key}/{i}", GATHER_TIMEOUT_S * 1000)
+        )
+        for i in range(jax.process_count())
+    ]
+    stream, _, number = key.rpartition("/")
+    if number.isdigit() and int(number) >= 64:
+        client.key_value_delete(f"jaxrl_llm/{stream}/{int(number) - 64}/{me}")
+    return out
+
+
+def local_mesh(mesh: Mesh) -> Mesh:
+    """The part of ``mesh`` on this process's devices, with the same axis names: this
+    process's block of the outermost batch axis (``data``, then ``fsdp``).
+
+    Raises:
+      ConfigError: this process's devices are not one block of ``data`` × ``fsdp`` positions
+        with every other axis whole (a mesh whose ``tensor`` / ``expert`` / ``context`` axis
+        spans hosts: a sampler on one host cannot hold its share of the weights).
+    """
+    mine = np.vectorize(lambda d: d.process_index == jax.process_index())(mesh.devices)
+    other = tuple(i for i, n in enumerate(mesh.axis_names) if n not in ("data", "fsdp"))
+    if (mine != mine.all(axis=other, keepdims=True)).any():
+        raise ConfigError(
+            f"mesh {dict(mesh.shape)}: a host's devices must hold whole tensor / expert / "
+            f"context groups; split hosts over data or fsdp only"
+        )
+    index = np.nonzero(mine)
+    block = tuple(slice(int(ix.min()), int(ix.max()) + 1) for ix in index)
+    devices = mesh.devices[block]
+    if devices.size != int(mine.sum()):
+        raise ConfigError(f"mesh {dict(mesh.shape)}: this host's devices are not one block")
+    return Mesh(devices, mesh.axis_names, axis_types=mesh.axis_types)
+
+
+def _without_batch_axes(spec: PartitionSpec) -> PartitionSpec:
+    def keep(entry):
+        if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+            return entry
+        names = (entry,) if isinstance(entry, str) else tuple(entry)
+        names = tuple(n for n in names if n not in ("data", "fsdp"))
+        return None if not names else names[0] if len(names) == 1 else names
+
+    return PartitionSpec(*(keep(e) for e in spec))
+
+
+def to_process_local(tree: Any) -> Any:
+    """Weights laid out on a mesh spanning processes, as arrays on this process's devices
+    (:func:`local_mesh`) with the same split over ``tensor`` / ``expert``; weights split over
+    the batch axes (FSDP) are gathered whole first. Leaves on one process pass unchanged."""
+    leaves = jax.tree.leaves(tree)
+    first = next(
+        (x for x in leaves if isinstance(getattr(x, "sharding", None), NamedSharding)), None
+    )
+    if first is None or first.is_fully_addressable:
+        return tree
+    mesh = first.sharding.mesh
+    local = local_mesh(mesh)
+    specs = jax.tree.map(lambda x: _without_batch_axes(x.sharding.spec), tree)
+    whole = jax.jit(
+        lambda t: t, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    )(tree)
+
+    def local_array(x, spec):
+        sharding = NamedSharding(local, spec)
+        by_device = {s.device: s.data for s in x.addressable_shards}
+        return jax.make_array_from_single_device_arrays(
+            x.shape, sharding, [by_device[d] for d in local.devices.flat]
+        )
+
+    return jax.tree.map(local_array, whole, specs)
+
+
+def to_global(tree: Any, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> Any:
+    """Host arrays that every process holds whole (the gathered experience) as global arrays:
+    rows (rank ≥ 1) split over the batch axes, scalars replicated. Device arrays pass."""
+    rows, rep = batch_sharding(mesh, rules), replicated(mesh)
+
+    def put(x):
+        if isinstance(x, jax.Array) or not isinstance(x, np.ndarray | np.generic):
+            return x
+        x = np.asarray(x)
+        sharding = rep if x.ndim == 0 else rows
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+    return jax.tree.map(put, tree)
+
+
+def to_host(tree: Any) -> Any:
+    """Global arrays split over processes gathered whole onto every process (numpy);
+    replicated and single-process leaves pass unchanged."""
+    from jax.experimental import multihost_utils
+
+    def get(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return x
+
+    return jax.tree.map(get, tree)
+
+
+def on_processes(fn: Any, mesh: Mesh, *, gather: bool) -> Any:
+    """``fn`` (a jitted program) callable with host batches on a mesh spanning processes:
+    numpy arguments enter as global arrays (:func:`to_global`); with ``gather`` its outputs
+    come back whole on every process (:func:`to_host`). ``fn`` itself on one process."""
+    if jax.process_count() == 1:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        out = fn(*to_global(args, mesh), **to_global(kwargs, mesh))
+        return to_host(out) if gather else out
+
+    return wrapped

@@ -39,7 +39,7 @@ from jaxrl_llm.models import (
     default_positions,
     init_cache,
     softcap_logits,
-    trunk,
+    trunk_with_routing,
     unembedding,
 )
 from jaxrl_llm.sampling.config import SamplingConfig
@@ -69,6 +69,8 @@ class DecodeState(NamedTuple):
       keys: ``[N, 2]`` uint32 per-row PRNG keys (step t uses fold_in(key, t)).
       step: ``[]`` int32 decode steps taken.
       max_new_tokens: ``[]`` int32 step limit (≤ M; dynamic, so it does not recompile).
+      routing: ``[N, M, L, k]`` (:func:`routing_dtype`) the experts a mixture of experts
+        routed each fed token to, recorded for routing replay (R3); None = not recorded.
     """
 
     logits: jax.Array
@@ -81,18 +83,32 @@ class DecodeState(NamedTuple):
     keys: jax.Array
     step: jax.Array
     max_new_tokens: jax.Array
+    routing: jax.Array | None = None
+
+
+def routing_dtype(config: ModelConfig):
+    """The dtype recorded expert ids are kept in: int16 (up to 32767 experts), else int32."""
+    return jnp.int16 if config.num_experts <= jnp.iinfo(jnp.int16).max else jnp.int32
 
 
 # ----- prefill --------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("config", "cache_len"))
-def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_len: int):
+@functools.partial(jax.jit, static_argnames=("config", "cache_len", "record_routing"))
+def _prefill(
+    params,
+    prompt_tokens,
+    prompt_mask,
+    *,
+    config: ModelConfig,
+    cache_len: int,
+    record_routing: bool = False,
+):
     _TRACES["prefill"] += 1
     b, p = prompt_tokens.shape
     prompt_tokens, mask = constrain_rows(prompt_tokens), constrain_rows(prompt_mask.astype(bool))
     positions = default_positions(mask)
-    hidden, cache = trunk(
+    hidden, cache, routing = trunk_with_routing(
         params,
         prompt_tokens,
         config=config,
@@ -102,11 +118,15 @@ def _prefill(params, prompt_tokens, prompt_mask, *, config: ModelConfig, cache_l
     )
     assert cache is not None  # a cache in, a cache out
     cache = _cache_rows(cache)
+    if record_routing and routing is not None:
+        routing = constrain_rows(routing.astype(routing_dtype(config)))
+    else:
+        routing = None
     w = unembedding(params, config).astype(hidden.dtype)
     last_logits = jnp.einsum("bd,dv->bv", hidden[:, -1], w, preferred_element_type=jnp.float32)
     last_logits = softcap_logits(last_logits, config)  # Gemma 2's final cap; else identity
     next_positions = jnp.sum(mask, axis=-1).astype(jnp.int32)
-    return constrain_rows(last_logits), cache, next_positions
+    return constrain_rows(last_logits), cache, next_positions, routing
 
 
 def _cache_rows(cache: KVCache) -> KVCache:
@@ -117,6 +137,8 @@ def _cache_rows(cache: KVCache) -> KVCache:
         mask=constrain_rows(cache.mask),
         positions=constrain_rows(cache.positions),
         index=cache.index,
+        conv=None if cache.conv is None else constrain_rows(cache.conv, axis=1),
+        state=None if cache.state is None else constrain_rows(cache.state, axis=1),
     )
 
 
@@ -131,6 +153,7 @@ def _state_rows(s: DecodeState) -> DecodeState:
         done=constrain_rows(s.done),
         lengths=constrain_rows(s.lengths),
         keys=constrain_rows(s.keys),
+        routing=None if s.routing is None else constrain_rows(s.routing),
     )
 
 
@@ -157,13 +180,45 @@ def prefill(
         raise ConfigError(
             f"cache_len={cache_len} is shorter than the prompt length {prompt_tokens.shape[1]}"
         )
-    return _prefill(params, prompt_tokens, prompt_mask, config=config, cache_len=int(cache_len))
+    out = _prefill(params, prompt_tokens, prompt_mask, config=config, cache_len=int(cache_len))
+    return out[:3]
+
+
+def prefill_with_routing(
+    params,
+    prompt_tokens: jax.Array | np.ndarray,
+    prompt_mask: jax.Array | np.ndarray,
+    *,
+    config: ModelConfig,
+    cache_len: int,
+) -> tuple[jax.Array, KVCache, jax.Array, jax.Array]:
+    """:func:`prefill` that also returns the experts a mixture of experts routed each prompt
+    token to, ``[B, P, L, k]`` (:func:`routing_dtype`), for routing replay (R3, Ma et al.
+    2025, https://arxiv.org/abs/2510.11370).
+
+    Raises:
+      ConfigError: a dense model (no routing to record), or a short ``cache_len``.
+    """
+    if not config.is_moe:
+        raise ConfigError("routing is recorded for mixture-of-experts models only")
+    if cache_len < prompt_tokens.shape[1]:
+        raise ConfigError(
+            f"cache_len={cache_len} is shorter than the prompt length {prompt_tokens.shape[1]}"
+        )
+    return _prefill(
+        params,
+        prompt_tokens,
+        prompt_mask,
+        config=config,
+        cache_len=int(cache_len),
+        record_routing=True,
+    )
 
 
 # ----- group expansion ------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("num_samples", "gen_len"))
+@functools.partial(jax.jit, static_argnames=("num_samples", "gen_len", "routing_shape"))
 def _init_decode_state(
     last_logits,
     cache,
@@ -174,6 +229,7 @@ def _init_decode_state(
     *,
     num_samples: int,
     gen_len: int,
+    routing_shape: tuple[int, int, str] | None = None,
 ):
     _TRACES["init_decode_state"] += 1
     g = num_samples
@@ -184,6 +240,8 @@ def _init_decode_state(
         mask=rep(cache.mask, 0),
         positions=rep(cache.positions, 0),
         index=cache.index,
+        conv=None if cache.conv is None else rep(cache.conv, 1),  # hybrid stacks (Qwen3.5)
+        state=None if cache.state is None else rep(cache.state, 1),
     )
     n = last_logits.shape[0] * g
     row_prompt = rep(prompt_ids.astype(jnp.int32), 0)
@@ -199,6 +257,9 @@ def _init_decode_state(
         keys=row_keys(seed, row_prompt, row_sample),
         step=jnp.zeros((), jnp.int32),
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32),
+        routing=None
+        if routing_shape is None
+        else jnp.zeros((n, gen_len, *routing_shape[:2]), routing_shape[2]),
     )
     return _state_rows(state)
 
@@ -213,6 +274,7 @@ def init_decode_state(
     num_samples: int,
     gen_len: int,
     max_new_tokens: int,
+    routing_config: ModelConfig | None = None,
 ) -> DecodeState:
     """Share each prefilled prompt with its G samples: repeat cache rows G times (prompt-major).
 
@@ -225,6 +287,8 @@ def init_decode_state(
       num_samples: G ≥ 1 (static).
       gen_len: M, the (bucketed) width of the output buffers (static).
       max_new_tokens: the step limit, 1 ≤ max_new_tokens ≤ M (dynamic).
+      routing_config: a mixture of experts' config: the state records each fed token's
+        experts (:attr:`DecodeState.routing`); None = no record.
 
     Returns:
       the initial :class:`DecodeState` with N = B·G rows.
@@ -246,6 +310,13 @@ def init_decode_state(
         max_new_tokens,
         num_samples=int(num_samples),
         gen_len=int(gen_len),
+        routing_shape=None
+        if routing_config is None
+        else (
+            routing_config.num_layers,
+            routing_config.num_experts_per_tok,
+            jnp.dtype(routing_dtype(routing_config)).name,
+        ),
     )
 
 
@@ -272,7 +343,7 @@ def _decode(
         is_stop = jnp.any(tok[:, None] == stop[None, :], axis=-1)
         done = s.done | (alive & is_stop)
         lengths = s.lengths + alive.astype(jnp.int32)
-        hidden, cache = trunk(
+        hidden, cache, experts = trunk_with_routing(
             params,
             tok[:, None],
             config=config,
@@ -281,6 +352,11 @@ def _decode(
             cache=s.cache,
         )
         assert cache is not None  # a cache in, a cache out
+        routing = s.routing
+        if routing is not None and experts is not None:  # token `step`'s experts (R3)
+            routing = jax.lax.dynamic_update_slice_in_dim(
+                routing, experts.astype(routing.dtype), s.step, 1
+            )
         w = unembedding(params, config).astype(hidden.dtype)
         logits = jnp.einsum("bd,dv->bv", hidden[:, 0], w, preferred_element_type=jnp.float32)
         logits = softcap_logits(logits, config)
@@ -295,6 +371,7 @@ def _decode(
             keys=s.keys,
             step=s.step + 1,
             max_new_tokens=s.max_new_tokens,
+            routing=routing,
         )
         return _state_rows(new)
 

@@ -28,21 +28,27 @@ https://arxiv.org/abs/2509.19128). Rows in flight keep their KV cache (computed 
 weights, as in PipelineRL) and continue with the new weights; every sampled token records the
 version of the weights whose logits it was drawn from (``Row.versions``; -1 for appended
 tokens), and its behaviour log-prob is that of those logits.
+
+With ``record_routing`` (a mixture of experts) every token a row runs through the model — its
+prompt (from the group's prefill), its sampled tokens, appended tokens — records the experts
+it was routed to in every layer (``Row.prompt_routing``, ``Row.routing``), for rollout routing
+replay in the update (R3, Ma et al. 2025, https://arxiv.org/abs/2510.11370).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.models import NULL_PAGE, ModelConfig, init_paged_cache
+from jaxrl_llm.models import NULL_PAGE, ModelConfig, init_paged_cache, init_recurrent_state
 from jaxrl_llm.sampling.config import SamplingConfig, bucket_length
-from jaxrl_llm.sampling.decode import prefill
+from jaxrl_llm.sampling.decode import prefill, prefill_with_routing, routing_dtype
 from jaxrl_llm.sampling.paged import PageTable, pages_for
 from jaxrl_llm.sampling.slots import (
     POW2,
@@ -79,6 +85,16 @@ class Row:
     finished: bool = False
     done: bool = False
     versions: list[int] = dataclasses.field(default_factory=list)  # per token; -1 = appended
+    # with record_routing: [len(prompt), L, k] and one [n, L, k] block per run of ``tokens``
+    prompt_routing: np.ndarray | None = None
+    routing: list[np.ndarray] = dataclasses.field(default_factory=list)
+
+    def token_routing(self) -> np.ndarray | None:
+        """``[len(tokens), L, k]`` the recorded experts of ``tokens`` (None: not recorded)."""
+        if self.prompt_routing is None:
+            return None
+        empty = self.prompt_routing[:0]
+        return np.concatenate([empty, *self.routing], axis=0)
 
 
 class PagedEngine:
@@ -94,6 +110,8 @@ class PagedEngine:
       chunk_steps: decode steps per jitted chunk between host refills.
       dtype: None, 'float32' or 'bfloat16'.
       version: the weights' version (recorded per sampled token; :meth:`swap` changes it).
+      record_routing: a mixture of experts: record every token's experts (module docstring);
+        ignored for a dense model.
     """
 
     def __init__(
@@ -111,6 +129,7 @@ class PagedEngine:
         chunk_steps: int = 16,
         dtype: str | None = None,
         version: int = 0,
+        record_routing: bool = False,
     ):
         for name, value in (
             ("num_slots", num_slots),
@@ -121,6 +140,7 @@ class PagedEngine:
             if int(value) < 1:
                 raise ConfigError(f"paged engine: {name} must be >= 1, got {value}")
         self._model_config, self._dtype = config, dtype
+        self.record_routing = bool(record_routing) and config.is_moe
         self.params, self.config = cast_for_rollout(params, config, dtype)
         self.version = int(version)
         self.sampling, self.seed = sampling, int(seed)
@@ -135,6 +155,9 @@ class PagedEngine:
         self._stop = jnp.asarray(stop)
         self._sampling = dataclasses.replace(sampling, stop_token_ids=(), use_model_eos=False)
         s, m = self.num_slots, self.gen_len
+        conv, rec_state = (
+            init_recurrent_state(self.config, s) if self.config.is_hybrid else (None, None)
+        )
         self.state = SlotState(
             cache=init_paged_cache(self.config, num_pages, page_size),
             table=jnp.zeros((s, self.width), jnp.int32),
@@ -148,11 +171,21 @@ class PagedEngine:
             finished=jnp.zeros((s,), bool),
             tokens=jnp.zeros((s, m), jnp.int32),
             logprobs=jnp.zeros((s, m), jnp.float32),
+            routing=jnp.zeros(
+                (s, m, config.num_layers, config.num_experts_per_tok), routing_dtype(config)
+            )
+            if self.record_routing
+            else None,
+            conv=conv,
+            state=rec_state,
         )
         self.rows: list[Row] = []
         self._waiting: collections.deque[list[int]] = collections.deque()  # groups of rows
-        # rows to continue: (row, the logits their next token is drawn from, their version)
-        self._resume: collections.deque[tuple[int, jax.Array, int]] = collections.deque()
+        # rows to continue: (row, the logits their next token is drawn from, their version,
+        # a hybrid stack's recurrent state of the row or None)
+        self._resume: collections.deque[tuple[int, jax.Array, int, Any]] = collections.deque()
+        # a hybrid stack's kept, finished rows: their recurrent state (conv, state) [L', 1, ...]
+        self._row_rec: dict[int, Any] = {}
         self._slot_row: list[int | None] = [None] * s
         self._gen: dict[int, int] = {}  # live row -> tokens generated in its turn so far
         self._logit_version = [0] * s  # per slot: the version of the logits it samples next
@@ -215,16 +248,19 @@ class PagedEngine:
         t = bucket_length(len(tokens))
         padded = np.full((1, t), self.pad_id, np.int32)
         padded[0, : len(tokens)] = tokens
-        logits, cache = extend_row(
+        logits, cache, experts, rec = extend_row(
             self.params,
             self.state.cache,
             jnp.asarray(padded),
             jnp.asarray(self.book.table([row_id], self.width)),
             jnp.asarray([start], jnp.int32),
             jnp.asarray([len(tokens) - 1], jnp.int32),
+            self._row_rec.pop(row_id, None),
             config=self.config,
         )
         self.state = self.state._replace(cache=cache)
+        if self.record_routing and experts is not None:
+            row.routing.append(np.asarray(experts[0, : len(tokens)], routing_dtype(self.config)))
         row.tokens += list(tokens)
         row.mask += [0] * len(tokens)
         row.logprobs += [0.0] * len(tokens)
@@ -235,7 +271,7 @@ class PagedEngine:
         )
         row.done = row.finished = False
         row.versions += [-1] * len(tokens)
-        self._resume.append((row_id, logits, self.version))
+        self._resume.append((row_id, logits, self.version, rec))
         return logits[0]
 
     def swap(self, params, version: int) -> None:
@@ -250,6 +286,7 @@ class PagedEngine:
         """Free a kept row's pages."""
         if row_id in self.book.pages:
             self.book.free(row_id)
+        self._row_rec.pop(row_id, None)
 
     # ----- the loop ---------------------------------------------------------------------------
 
@@ -312,8 +349,8 @@ class PagedEngine:
     def _fill_slots(self) -> None:
         free = [i for i, r in enumerate(self._slot_row) if r is None]
         while self._resume and free:  # continued rows first: they already hold their pages
-            r, logits, version = self._resume.popleft()
-            self._start([(free.pop(0), r, 0)], logits, version)
+            r, logits, version, rec = self._resume.popleft()
+            self._start([(free.pop(0), r, 0)], logits, version, rec)
         z = self.book.page_size
         reserved = sum(self._reserve(r) for r in self._slot_row if r is not None)
         admitted: list[tuple[int, int, int]] = []  # (slot, row, index into the logits source)
@@ -343,9 +380,15 @@ class PagedEngine:
         prompts = [self.rows[ids[0]].prompt for ids, _ in groups]
         p = bucket_length(max(len(x) for x in prompts))
         tokens, mask = pad_prompts(prompts + [[self.pad_id]] * (a - len(groups)), length=p)
-        logits, dense, _ = prefill(
-            self.params, jnp.asarray(tokens), jnp.asarray(mask), config=self.config, cache_len=p
-        )
+        args = (self.params, jnp.asarray(tokens), jnp.asarray(mask))
+        if self.record_routing:
+            logits, dense, _, routing = prefill_with_routing(*args, config=self.config, cache_len=p)
+            host = np.asarray(routing)
+            for i, (ids, _) in enumerate(groups):  # left-padded: the last len(prompt) columns
+                for r in ids:
+                    self.rows[r].prompt_routing = host[i, p - len(prompts[i]) :]
+        else:
+            logits, dense, _ = prefill(*args, config=self.config, cache_len=p)
         n = pages_for(p, self.book.page_size)
         pages = np.full((a, n), NULL_PAGE, np.int32)
         for i, (_, pg) in enumerate(groups):
@@ -358,9 +401,10 @@ class PagedEngine:
             pairs[: len(cow)] = cow
         cache = cow_copy(cache, jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1]))
         self.state = self.state._replace(cache=cache)
-        self._start(admitted, logits, self.version)
+        rec = (dense.conv, dense.state) if self.config.is_hybrid else None
+        self._start(admitted, logits, self.version, rec)
 
-    def _start(self, admitted, src_logits, version: int) -> None:
+    def _start(self, admitted, src_logits, version: int, src_rec=None) -> None:
         s = self.num_slots
         slots = np.full((s,), s, np.int32)
         src, off, clen, budget = (np.zeros((s,), np.int32) for _ in range(4))
@@ -375,7 +419,16 @@ class PagedEngine:
             self._logit_version[slot] = version
             self._turn_versions[r] = []
         self.state = admit_rows(
-            self.state, slots, src_logits, src, np.uint32(self.seed), ids, off, clen, budget
+            self.state,
+            slots,
+            src_logits,
+            src,
+            np.uint32(self.seed),
+            ids,
+            off,
+            clen,
+            budget,
+            src_rec,
         )
 
     def collect(self) -> list[int]:
@@ -385,6 +438,7 @@ class PagedEngine:
         ended: list[int] = []
         active, gen, fin = jax.device_get((st.active, st.gen, st.finished))
         out_tok, out_lp = jax.device_get((st.tokens, st.logprobs))
+        out_routing = None if st.routing is None else jax.device_get(st.routing)
         for slot, r in enumerate(self._slot_row):
             if r is None:
                 continue
@@ -402,6 +456,8 @@ class PagedEngine:
             row.tokens += out_tok[slot, :g].tolist()
             row.mask += [1] * g
             row.logprobs += out_lp[slot, :g].tolist()
+            if out_routing is not None:
+                row.routing.append(out_routing[slot, :g])
             row.steps += g
             row.versions += self._turn_versions.pop(r)
             row.finished, row.done = bool(fin[slot]), True
@@ -410,4 +466,6 @@ class PagedEngine:
             ended.append(r)
             if not row.keep:
                 self.book.free(r)
+            elif st.conv is not None and st.state is not None:  # its state, for an extension
+                self._row_rec[r] = (st.conv[:, slot : slot + 1], st.state[:, slot : slot + 1])
         return ended

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
@@ -37,6 +39,7 @@ def generate_paged(
     version: int = 0,
     refresh: Callable[[], tuple[Any, int]] | None = None,
     return_versions: bool = False,
+    record_routing: bool = False,
 ) -> Rollout | tuple[Rollout, np.ndarray]:
     """:func:`jaxrl_llm.sampling.generate` on the continuous-batching paged engine.
 
@@ -57,7 +60,9 @@ def generate_paged(
     its version differs from the engine's, the engine decodes on with those params (already
     in the rollout dtype; :meth:`PagedEngine.swap`). ``version`` is the starting params'.
     With ``return_versions`` the result is ``(rollout, versions)``, ``versions [N, M]`` int64:
-    the version each token was sampled with (-1 past a row's end).
+    the version each token was sampled with (-1 past a row's end). ``record_routing`` (a
+    mixture of experts): :attr:`Rollout.routing` ``[N, P + max_new_tokens, L, k]`` from the
+    engines' per-row records (columns of no token hold the experts 0..k−1).
     """
     if max_new_tokens < 1 or num_samples < 1:
         raise ConfigError("max_new_tokens and num_samples must be >= 1")
@@ -68,21 +73,22 @@ def generate_paged(
     gen_len = bucket_length(max_new_tokens, gen_buckets)
     # Data-parallel replicas over the weights' mesh (.rows): each owns a page pool, its slots
     # and the groups dealt to it (prompt i to replica i mod R: a group stays whole on one).
-    replicas = replica_meshes(rows_mesh(params)) or [None]
-    r = len(replicas)
+    replicas: list[Mesh | None] = [*replica_meshes(rows_mesh(params))] or [None]
+    n_rep = len(replicas)
     engines = [
         PagedEngine(
             params if mesh is None else on_replica(params, mesh),
             config,
             sampling=sampling,
             seed=seed,
-            num_slots=max(-(-num_slots // r), g),
+            num_slots=max(-(-num_slots // n_rep), g),
             page_size=page_size,
             max_len=tokens.shape[1] + gen_len,
             gen_len=gen_len,
             chunk_steps=chunk_steps,
             dtype=dtype,
             version=version,
+            record_routing=record_routing,
         )
         for mesh in replicas
     ]
@@ -92,20 +98,11 @@ def generate_paged(
         raise ConfigError("prompt_ids needs B entries, stop_steps B·G entries <= max_new_tokens")
     placed: list[tuple[int, list[int]]] = []  # per prompt: (replica, its row ids there)
     for i, toks in enumerate(prompts_tokens):
-        ids = engines[i % r].submit(
+        ids = engines[i % n_rep].submit(
             list(toks), prompt_id=pids[i], num_samples=g, max_new_tokens=steps[i * g : i * g + g]
         )
-        placed.append((i % r, ids))
-    while any(e.busy for e in engines):
-        if refresh is not None:
-            params, v = refresh()
-            if int(v) != engines[0].version:
-                for e, mesh in zip(engines, replicas):
-                    e.swap(params if mesh is None else on_replica(params, mesh), v)
-        launched = [e.launch() for e in engines]  # every replica's chunk in flight at once
-        for e, went in zip(engines, launched):
-            if went:
-                e.collect()
+        placed.append((i % n_rep, ids))
+    _run_replicas(engines, replicas, refresh)
     engine = engines[0]
     rows = [engines[k].rows[j] for k, ids in placed for j in ids]
     m = max_new_tokens
@@ -127,6 +124,7 @@ def generate_paged(
         prompt_mask=jnp.asarray(np.repeat(mask, g, axis=0)),
         prompt_ids=jnp.asarray(np.repeat(np.asarray(pids, np.int32), g)),
         sample_ids=jnp.asarray(np.tile(np.arange(g, dtype=np.int32), b)),
+        routing=_routing(rows, tokens.shape[1], m) if engine.record_routing else None,
     )
     if not return_versions:
         return out
@@ -134,6 +132,40 @@ def generate_paged(
     for i, r in enumerate(rows):
         versions[i, : lengths[i]] = r.versions
     return out, versions
+
+
+def _run_replicas(
+    engines: list[PagedEngine],
+    replicas: list[Mesh | None],
+    refresh: Callable[[], tuple[Any, int]] | None,
+) -> None:
+    """Decode every replica's rows to the end: each round refreshes the weights (partial
+    rollouts) and launches every replica's chunk before collecting any, so they run at once."""
+    while any(e.busy for e in engines):
+        if refresh is not None:
+            params, v = refresh()
+            if int(v) != engines[0].version:
+                for e, mesh in zip(engines, replicas):
+                    e.swap(params if mesh is None else on_replica(params, mesh), v)
+        launched = [e.launch() for e in engines]
+        for e, went in zip(engines, launched):
+            if went:
+                e.collect()
+
+
+def _routing(rows, p: int, m: int) -> jax.Array:
+    """``[N, P + M, L, k]`` the rows' recorded experts in the Rollout layout (prompt left-padded
+    to P, completion from column P); columns with no token hold 0..k−1."""
+    first = rows[0].prompt_routing
+    _, num_layers, k = first.shape
+    out = np.broadcast_to(np.arange(k, dtype=first.dtype), (len(rows), p + m, num_layers, k))
+    out = out.copy()
+    for i, r in enumerate(rows):
+        plen = len(r.prompt)
+        out[i, p - plen : p] = r.prompt_routing
+        done = r.token_routing()
+        out[i, p : p + len(done)] = done[:m]
+    return jnp.asarray(out)
 
 
 ROLLOUT_ENGINES: dict[str, Callable[..., Any]] = {"static": generate, "paged": generate_paged}

@@ -39,7 +39,8 @@ def rows_mesh(params: Any) -> Mesh | None:
     for leaf in jax.tree.leaves(params):
         sharding = getattr(leaf, "sharding", None)
         if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
-            return sharding.mesh
+            mesh = sharding.mesh
+            return mesh if isinstance(mesh, Mesh) else None
     return None
 
 
@@ -68,10 +69,8 @@ def rows_spec(mesh: AnyMesh, shape: tuple[int, ...], axis: int = 0) -> Partition
     return PartitionSpec(*spec)
 
 
-def put_rows(x: Any, mesh: Mesh | None) -> Any:
+def put_rows(x: Any, mesh: Mesh) -> jax.Array:
     """Host side: ``x`` (rows first) placed with its rows split over ``mesh``'s batch axes."""
-    if mesh is None:
-        return x
     return jax.device_put(x, NamedSharding(mesh, rows_spec(mesh, np.shape(x))))
 
 
@@ -120,9 +119,7 @@ def replica_meshes(mesh: Mesh | None) -> list[Mesh]:
         n for i, n in enumerate(mesh.axis_names) if i not in batch
     )
     types = tuple(mesh.axis_types[mesh.axis_names.index(n)] for n in names)
-    return [
-        Mesh(d.reshape((1,) * len(batch) + d.shape), names, axis_types=types) for d in flat
-    ]
+    return [Mesh(d.reshape((1,) * len(batch) + d.shape), names, axis_types=types) for d in flat]
 
 
 def on_replica(params: Any, replica: Mesh) -> Any:

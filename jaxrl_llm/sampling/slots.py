@@ -25,7 +25,8 @@ from jaxrl_llm.models import (
     PagedKVCache,
     copy_pages,
     logits_from_hidden,
-    paged_trunk,
+    paged_hybrid_trunk,
+    paged_trunk_with_routing,
     write_prompt_pages,
 )
 from jaxrl_llm.sampling.filters import row_keys, select_tokens
@@ -53,6 +54,10 @@ class SlotState(NamedTuple):
       gen: ``[S]`` int32 tokens generated in this turn; budget: ``[S]`` int32 its limit.
       active: ``[S]`` bool still decoding; finished: ``[S]`` bool emitted a stop token.
       tokens, logprobs: ``[S, M]`` this turn's tokens and log π_τ.
+      routing: ``[S, M, L, k]`` the experts a mixture of experts routed this turn's tokens
+        to (recorded for routing replay, R3), or None when not recorded.
+      conv, state: a hybrid stack's (Qwen3.5) Gated DeltaNet conv windows ``[L', S, W−1, C]``
+        and delta-rule states ``[L', S, H_v, d_k, d_v]`` of each slot's row; None otherwise.
     """
 
     cache: PagedKVCache
@@ -67,6 +72,9 @@ class SlotState(NamedTuple):
     finished: jax.Array
     tokens: jax.Array
     logprobs: jax.Array
+    routing: jax.Array | None = None
+    conv: jax.Array | None = None
+    state: jax.Array | None = None
 
 
 def _step_rows(s: SlotState, stop, params, *, config, sampling, pad_id, width) -> SlotState:
@@ -82,10 +90,27 @@ def _step_rows(s: SlotState, stop, params, *, config, sampling, pad_id, width) -
     stopped = alive & jnp.any(tok[:, None] == stop[None, :], axis=-1)
     gen = s.gen + alive.astype(jnp.int32)
     table = jnp.where(alive[:, None], s.table[:, :width], NULL_PAGE)  # idle rows write nowhere
-    hidden, cache = paged_trunk(params, tok[:, None], s.cache, table, s.cache_len, config=config)
+    conv, state = s.conv, s.state
+    experts = None
+    if conv is not None and state is not None:  # a hybrid stack (Qwen3.5)
+        # idle rows leave their recurrent state as it is
+        rec = (conv, state)
+        hidden, cache, (conv, state) = paged_hybrid_trunk(
+            params, tok[:, None], s.cache, table, s.cache_len, rec, alive[:, None], config=config
+        )
+    else:
+        hidden, cache, experts = paged_trunk_with_routing(
+            params, tok[:, None], s.cache, table, s.cache_len, config=config
+        )
     logits = logits_from_hidden(params, hidden, config)[:, 0]  # the trainer's (soft-capped)
+    routing = s.routing
+    if routing is not None and experts is not None:  # this token's experts (R3)
+        routing = routing.at[rows, col].set(experts[:, 0].astype(routing.dtype), mode="drop")
     return s._replace(
+        routing=routing,
         cache=cache,
+        conv=conv,
+        state=state,
         cache_len=s.cache_len + alive.astype(jnp.int32),
         logits=jnp.where(alive[:, None], logits, s.logits),
         gen=gen,
@@ -119,12 +144,28 @@ def decode_chunk(params, state, stop, n_steps, *, config, sampling, pad_id, widt
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
-def admit_rows(state: SlotState, slots, src_logits, src, seed, ids, key_offset, cache_len, budget):
+def admit_rows(
+    state: SlotState,
+    slots,
+    src_logits,
+    src,
+    seed,
+    ids,
+    key_offset,
+    cache_len,
+    budget,
+    src_rec=None,
+):
     """Start rows in ``slots`` (index S = padding, dropped): logits ``src_logits[src]``, keys
-    ``row_keys(seed, ids[:, 0], ids[:, 1])``."""
+    ``row_keys(seed, ids[:, 0], ids[:, 1])``; a hybrid stack's recurrent state from
+    ``src_rec`` = (conv ``[L', A, ...]``, state ``[L', A, ...]``) at ``src``."""
     _TRACES["admit"] += 1
     put = lambda x, y: x.at[slots].set(y, mode="drop")
     zeros = jnp.zeros_like(slots)
+    if state.conv is not None and state.state is not None:
+        conv = state.conv.at[:, slots].set(src_rec[0][:, src].astype(state.conv.dtype), mode="drop")
+        new = state.state.at[:, slots].set(src_rec[1][:, src], mode="drop")
+        state = state._replace(conv=conv, state=new)
     return state._replace(
         cache_len=put(state.cache_len, cache_len),
         logits=put(state.logits, src_logits[src]),
@@ -154,13 +195,24 @@ def cow_copy(cache, src, dst):
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
-def extend_row(params, cache, tokens, table, start, last, *, config):
+def extend_row(params, cache, tokens, table, start, last, rec=None, *, config):
     """Feed ``tokens`` ``[R, T]`` from slot ``start`` through the pages (pool donated);
-    returns (float32 logits ``[R, V]`` after token ``last[r]``, the pool)."""
+    returns (float32 logits ``[R, V]`` after token ``last[r]``, the pool, the tokens' experts
+    ``[R, T, L, k]`` int32 for a mixture of experts (else None), and a hybrid stack's rows'
+    recurrent state ``rec`` = (conv, state) updated by tokens ≤ ``last[r]`` (else None))."""
     _TRACES["extend"] += 1
-    hidden, cache = paged_trunk(params, tokens, cache, table, start, config=config)
+    experts = None
+    if config.is_hybrid:
+        valid = jnp.arange(tokens.shape[1])[None, :] <= last[:, None]
+        hidden, cache, rec = paged_hybrid_trunk(
+            params, tokens, cache, table, start, rec, valid, config=config
+        )
+    else:
+        hidden, cache, experts = paged_trunk_with_routing(
+            params, tokens, cache, table, start, config=config
+        )
     h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
-    return logits_from_hidden(params, h, config)[:, 0], cache
+    return logits_from_hidden(params, h, config)[:, 0], cache, experts, rec
 
 
 def cast_for_rollout(params, config: ModelConfig, dtype: str | None):

@@ -16,7 +16,13 @@ import numpy as np
 from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
-from jaxrl_llm.sampling.decode import DecodeState, decode, init_decode_state, prefill
+from jaxrl_llm.sampling.decode import (
+    DecodeState,
+    decode,
+    init_decode_state,
+    prefill,
+    prefill_with_routing,
+)
 from jaxrl_llm.sampling.rows import on_rows_mesh, pad_rows, put_rows, row_split, rows_mesh
 
 
@@ -37,6 +43,11 @@ class Rollout(NamedTuple):
       prompt_mask: ``[N, P]`` int32, 1 on real prompt tokens.
       prompt_ids: ``[N]`` int32 the prompt id of each row.
       sample_ids: ``[N]`` int32 the sample index of each row within its group.
+      routing: ``[N, P + M, L, k]`` int16 (int32 past 32767 experts) the experts a mixture of
+        experts routed each token of the row (prompt, then completion) to in every layer,
+        recorded with ``record_routing`` for rollout routing replay (R3, Ma et al. 2025,
+        https://arxiv.org/abs/2510.11370); None when not recorded. Columns past a row's end
+        hold the routing of the padding fed after it.
     """
 
     tokens: jax.Array
@@ -49,6 +60,7 @@ class Rollout(NamedTuple):
     prompt_mask: jax.Array
     prompt_ids: jax.Array
     sample_ids: jax.Array
+    routing: jax.Array | None = None
 
 
 def stop_token_ids(config: ModelConfig, sampling: SamplingConfig) -> tuple[int, ...]:
@@ -69,6 +81,7 @@ def rollout(
     max_new_tokens: int = 128,
     gen_len: int | None = None,
     prompt_ids: jax.Array | np.ndarray | None = None,
+    record_routing: bool = False,
 ) -> Rollout:
     """Sample G completions for each of B left-padded prompts (arrays in, arrays out).
 
@@ -88,6 +101,8 @@ def rollout(
         part (default: ``bucket_length(max_new_tokens)``).
       prompt_ids: ``[B]`` ids for the per-row PRNG keys (default 0..B−1); pass dataset
         indices so a prompt's samples do not depend on the batch it lands in.
+      record_routing: a mixture of experts: record every token's experts
+        (:attr:`Rollout.routing`); ignored for a dense model.
 
     Returns:
       a :class:`Rollout` with N = B·G rows and M = gen_len columns.
@@ -108,17 +123,19 @@ def rollout(
     mesh = rows_mesh(params)
     extra = pad_rows(b, row_split(mesh))
     prompt_tokens, prompt_mask, prompt_ids = (
-        put_rows(np.concatenate([np.asarray(x), np.repeat(np.asarray(x)[-1:], extra, 0)]), mesh)
-        for x in (
-            np.asarray(prompt_tokens, np.int32),
-            np.asarray(prompt_mask, np.int32),
-            np.asarray(prompt_ids, np.int32),
-        )
+        _padded_rows(x, extra, mesh) for x in (prompt_tokens, prompt_mask, prompt_ids)
     )
+    record = record_routing and config.is_moe
+    prompt_routing = None
     with on_rows_mesh(mesh):
-        last_logits, cache, next_pos = prefill(
-            params, prompt_tokens, prompt_mask, config=config, cache_len=p + gen_len
-        )
+        if record:
+            last_logits, cache, next_pos, prompt_routing = prefill_with_routing(
+                params, prompt_tokens, prompt_mask, config=config, cache_len=p + gen_len
+            )
+        else:
+            last_logits, cache, next_pos = prefill(
+                params, prompt_tokens, prompt_mask, config=config, cache_len=p + gen_len
+            )
         state = init_decode_state(
             last_logits,
             cache,
@@ -128,6 +145,7 @@ def rollout(
             num_samples=num_samples,
             gen_len=gen_len,
             max_new_tokens=max_new_tokens,
+            routing_config=config if record else None,
         )
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         state = decode(
@@ -138,15 +156,25 @@ def rollout(
             stop_ids=stop_token_ids(config, sampling),
             pad_id=pad_id,
         )
-        out = _to_rollout(state, prompt_tokens, prompt_mask, prompt_ids, num_samples)
+        out = _to_rollout(
+            state, prompt_tokens, prompt_mask, prompt_ids, num_samples, prompt_routing
+        )
     if extra:
         out = jax.tree.map(lambda x: x[: b * num_samples], out)
     return out
 
 
+def _padded_rows(x, extra: int, mesh) -> jax.Array:
+    """``x`` (rows first) as int32 with ``extra`` copies of its last row appended, its rows
+    split over ``mesh``'s batch axes (:mod:`.rows`)."""
+    x = np.asarray(x, np.int32)
+    x = np.concatenate([x, np.repeat(x[-1:], extra, 0)])
+    return jnp.asarray(x) if mesh is None else put_rows(x, mesh)
+
+
 @functools.partial(jax.jit, static_argnames=("num_samples",))
 def _to_rollout_jit(
-    state: DecodeState, prompt_tokens, prompt_mask, prompt_ids, *, num_samples: int
+    state: DecodeState, prompt_tokens, prompt_mask, prompt_ids, prompt_routing, *, num_samples: int
 ) -> Rollout:
     g = num_samples
     m = state.tokens.shape[1]
@@ -163,12 +191,22 @@ def _to_rollout_jit(
         prompt_mask=rep(prompt_mask),
         prompt_ids=rep(prompt_ids),
         sample_ids=jnp.tile(jnp.arange(g, dtype=jnp.int32), prompt_tokens.shape[0]),
+        routing=None
+        if prompt_routing is None or state.routing is None
+        else jnp.concatenate([rep(prompt_routing), state.routing], axis=1),
     )
 
 
-def _to_rollout(state, prompt_tokens, prompt_mask, prompt_ids, num_samples) -> Rollout:
+def _to_rollout(
+    state, prompt_tokens, prompt_mask, prompt_ids, num_samples, prompt_routing=None
+) -> Rollout:
     return _to_rollout_jit(
-        state, prompt_tokens, prompt_mask, prompt_ids, num_samples=int(num_samples)
+        state,
+        prompt_tokens,
+        prompt_mask,
+        prompt_ids,
+        prompt_routing,
+        num_samples=int(num_samples),
     )
 
 
@@ -219,6 +257,7 @@ def generate(
     prompt_ids: list[int] | None = None,
     prompt_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     gen_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+    record_routing: bool = False,
 ) -> Rollout:
     """Host-side generation from token lists: pad into buckets, prefill once, decode.
 
@@ -236,6 +275,8 @@ def generate(
       max_new_tokens: ≥ 1.
       prompt_ids: B ints keying each prompt's PRNG stream (default 0..B−1).
       prompt_buckets, gen_buckets: bucket sizes for P and M.
+      record_routing: a mixture of experts: record every token's experts
+        (:attr:`Rollout.routing`, ``[N, P + max_new_tokens, L, k]``).
 
     Returns:
       a :class:`Rollout` with N = B·G rows and ``max_new_tokens`` completion columns.
@@ -266,8 +307,12 @@ def generate(
         max_new_tokens=max_new_tokens,
         gen_len=gen_len,
         prompt_ids=None if prompt_ids is None else np.asarray(prompt_ids, np.int32),
+        record_routing=record_routing,
     )
     m = max_new_tokens
     return out._replace(
-        tokens=out.tokens[:, :m], mask=out.mask[:, :m], logprobs=out.logprobs[:, :m]
+        tokens=out.tokens[:, :m],
+        mask=out.mask[:, :m],
+        logprobs=out.logprobs[:, :m],
+        routing=None if out.routing is None else out.routing[:, : tokens.shape[1] + m],
     )

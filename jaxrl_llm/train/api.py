@@ -40,7 +40,7 @@ from typing import Any
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.config.config_io import from_dict, load_config, to_dict
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
-from jaxrl_llm.train.config.preflight import check_mesh, check_tokenizer_sizes
+from jaxrl_llm.train.config.preflight import check_mesh, check_tokenizer_sizes, check_trackers
 from jaxrl_llm.train.config.run_config import RunConfig
 
 #: Seeds are unsigned 32-bit (numpy's and JAX's PRNG keys take them).
@@ -49,13 +49,14 @@ MAX_SEED = 2**32 - 1
 
 def check_run(cfg: RunConfig) -> RunPlan:
     """Everything checked before a model loads: the mesh and the batch (the plan), a tiny
-    model's sizes, the seed, the data files, and that ``output_dir`` can hold this run.
+    model's sizes, the trackers' packages, the seed, the data files, and that ``output_dir`` can hold this run.
 
     Raises:
       ConfigError: one line naming the key to change.
     """
     plan = plan_run(cfg, check_mesh(cfg))
     check_tokenizer_sizes(cfg)
+    check_trackers(cfg)
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(f"seed: expected an integer in [0, {MAX_SEED}], got {cfg.seed}")
     for key in ("train", "eval"):
@@ -353,8 +354,8 @@ def _make_output_dir(out: str) -> None:
     """Create and probe a new ``output_dir`` (an existing one, a resume, is left as it is)."""
     try:
         if not os.path.isdir(out):
-            os.makedirs(out)
-            probe = os.path.join(out, ".write_test")
+            os.makedirs(out, exist_ok=True)  # the processes of a job create it together
+            probe = os.path.join(out, f".write_test.{os.getpid()}")
             with open(probe, "w", encoding="utf-8") as f:
                 f.write("ok")
             os.remove(probe)

@@ -286,7 +286,7 @@ def test_loss_on_reaches_the_trainer(tmp_path, capsys):
         )
         assert rc == 0, capsys.readouterr().err
         rows = [json.loads(x) for x in open(out / "metrics.jsonl")]
-        counts[mode] = next(r["num_tokens"] for r in rows if "num_tokens" in r)
+        counts[mode] = next(r["num_tokens"] for r in rows if r.get("num_tokens") is not None)
     assert counts == {"assistant": 8 * (6 + 2), "completion": 8 * 2}
 
 

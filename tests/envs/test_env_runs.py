@@ -65,7 +65,11 @@ def _config(data, out, *, algorithm="grpo", env=None, stop=False, **over):
 
 
 def _losses(out):
-    return [(r["step"], r["loss"], r["reward/mean"]) for r in read_metrics(out) if "loss" in r]
+    return [
+        (r["step"], r["loss"], r["reward/mean"])
+        for r in read_metrics(out)
+        if r.get("loss") is not None
+    ]
 
 
 def test_one_turn_environment_trains_as_a_run_without_environment(chat_data, tmp_path):
@@ -101,7 +105,7 @@ def test_multi_turn_run_trains_on_the_policy_tokens(chat_data, tmp_path, algorit
     cfg_env = cfg.env
     assert cfg_env is not None and cfg_env.max_turn_tokens is None
     train_online(cfg)
-    rows = [r for r in read_metrics(tmp_path / algorithm) if "loss" in r]
+    rows = [r for r in read_metrics(tmp_path / algorithm) if r.get("loss") is not None]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert np.isfinite(r["loss"]) and r["env/turns_mean"] > 1 and r["env/failed"] == 0
@@ -203,7 +207,7 @@ def test_multi_turn_run_with_asynchronous_rollouts(chat_data, tmp_path):
         rollout=dict(max_new_tokens=48, max_staleness=1),
     )
     train_online(cfg)
-    rows = [r for r in read_metrics(tmp_path / "async") if "loss" in r]
+    rows = [r for r in read_metrics(tmp_path / "async") if r.get("loss") is not None]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["async/staleness_max"] <= 1 and r["env/turns_mean"] > 1 for r in rows)
 
@@ -218,6 +222,6 @@ def test_an_opening_past_data_max_length_fails_its_episode(chat_data, tmp_path):
         max_steps=1,
     )
     train_online(cfg)
-    (row,) = [r for r in read_metrics(tmp_path / "long") if "reward/mean" in r]
+    (row,) = [r for r in read_metrics(tmp_path / "long") if r.get("reward/mean") is not None]
     assert row["env/openings_too_long"] == 8  # every episode: 4 prompts x G = 2
     assert row["reward/failed"] == 8

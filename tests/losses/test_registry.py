@@ -41,6 +41,7 @@ EXPECTED = {
     "cispo",
     "sapo",
     "gmpo",
+    "distill",
 }
 
 PRESET_ARGS = {"pairwise_rank": dict(group_size=2), "dr_grpo": dict(max_len=8)}

@@ -192,8 +192,12 @@ def test_experience_len_groups_and_select_groups_keeps_whole_groups_in_order():
         messages=[[{"role": "user", "content": str(i)}] for i in range(6)],
         sources=[f"src {i}" for i in range(6)],
     )
+    # a mixture of experts' recorded routing [N, P + M, L, k] (rollout routing replay)
+    routing = np.arange(6 * 5 * 2 * 2, dtype=np.int16).reshape(6, 5, 2, 2)
+    exp = dataclasses.replace(exp, rollout=exp.rollout._replace(routing=routing))
     assert len(exp) == 6 and exp.num_groups == 3
     sub = exp.select_groups(np.array([True, False, True]))
+    np.testing.assert_array_equal(sub.routing, routing[[0, 1, 4, 5]])
     rows = [0, 1, 4, 5]
     assert len(sub) == 4 and sub.num_groups == 2 and sub.group_size == 2
     for name, value in sub.rollout._asdict().items():

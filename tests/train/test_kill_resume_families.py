@@ -1,10 +1,10 @@
 """Kill and resume for the other trainer families (issue 21): PPO (policy + critic, two
-checkpointers), online DPO (pairs from groups) and an offline algorithm (SFT). Each tiny run
-(``jaxrl-llm train`` in a subprocess, the harness of ``test_kill_resume.py``) is SIGKILLed at
-fault points — during an update, while a checkpoint is being written, at a random moment —
-resumed until it completes, and must end exactly where an uninterrupted run ends: the same
-parameters bit for bit (PPO: the critic's too) and the same ``metrics.jsonl`` rows apart from
-wall-clock timings.
+checkpointers), online DPO (pairs from groups), on-policy distillation (a frozen teacher) and
+an offline algorithm (SFT). Each tiny run (``jaxrl-llm train`` in a subprocess, the harness of
+``test_kill_resume.py``) is SIGKILLed at fault points — during an update, while a checkpoint is
+being written, at a random moment — resumed until it completes, and must end exactly where an
+uninterrupted run ends: the same parameters bit for bit (PPO: the critic's too) and the same
+``metrics.jsonl`` rows apart from wall-clock timings.
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ def _config(d, algorithm: str) -> str:
             rewards=[dict(name="tests.train.toy_rewards:larger_digit")],
             eval=dict(before=False, every=0, num_examples=4, batch_size=4),
         )
+        if algorithm == "distill":  # a frozen teacher, loaded again by every resumed process
+            cfg["teacher"] = dict(source="tiny", tokenizer="char", tiny=dict(num_layers=2))
     path = d / f"{algorithm}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
@@ -93,6 +95,7 @@ SCHEDULES = {
     "ppo": [("update", 3), ("checkpoint", 4)],
     "online_dpo": [("update", 3), ("checkpoint", 4)],
     "sft": [("checkpoint", 2), ("random", 3)],  # the offline loop has no update fault point
+    "distill": [("update", 3), ("checkpoint", 4)],
 }
 
 
@@ -123,7 +126,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(algorithm, tmp_path, ja
             lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), pa, pb
         )
     a, b = read_metrics(straight), read_metrics(killed)
-    assert [r["step"] for r in b if "loss" in r] == list(range(1, MAX_STEPS + 1))
+    assert [r["step"] for r in b if r.get("loss") is not None] == list(range(1, MAX_STEPS + 1))
     assert _deterministic(b) == _deterministic(a)
 
 
@@ -154,8 +157,8 @@ def test_killed_and_resumed_asynchronous_run_keeps_its_data_and_staleness_bound(
                 config, killed, _env(cache, f"{phase}:{step}"), after_step=None, delay=0.0
             )
     _run_to_end(config, killed, _env(cache), resume=True)
-    a = [r for r in read_metrics(straight) if "loss" in r]
-    b = [r for r in read_metrics(killed) if "loss" in r]
+    a = [r for r in read_metrics(straight) if r.get("loss") is not None]
+    b = [r for r in read_metrics(killed) if r.get("loss") is not None]
     assert [r["step"] for r in b] == list(range(1, MAX_STEPS + 1))
     assert [r["data/prompts_crc32"] for r in b] == [r["data/prompts_crc32"] for r in a]
     assert all(r["async/staleness_max"] <= 1 for r in b), [r["async/staleness_max"] for r in b]

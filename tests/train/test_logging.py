@@ -138,3 +138,40 @@ def test_every_metrics_line_is_strict_json(tmp_path):
         "c": 2.0,
         "log/nonfinite_values": 3,
     }
+
+
+def test_every_line_has_the_run_key_set(tmp_path):
+    """Keys a step does not produce (eval/* between evaluations, a feature's keys) are null,
+    not missing: each line carries every key of the lines before it, and once the logger is
+    closed the lines written before a key first appeared carry it too."""
+    log = MetricsLogger(str(tmp_path), tensorboard=False, stream=io.StringIO())
+    log.log(0, {"eval/loss": 3.0}, progress=False)  # the evaluation before training
+    log.log(1, {"loss": 2.0}, progress=False)
+    log.log(2, {"loss": 1.0, "eval/loss": 2.5, "dynamic/rounds": 2}, progress=False)
+    log.log(3, {"loss": 0.5}, progress=False)
+    written = [json.loads(line) for line in _lines(tmp_path)]
+    assert written[1] == {"step": 1, "eval/loss": None, "loss": 2.0}
+    assert written[3] == {"step": 3, "eval/loss": None, "loss": 0.5, "dynamic/rounds": None}
+    log.close()
+    rows = [json.loads(line) for line in _lines(tmp_path)]
+    keys = ["step", "eval/loss", "loss", "dynamic/rounds"]
+    assert [list(r) for r in rows] == [keys] * 4
+    assert [r["loss"] for r in rows] == [None, 2.0, 1.0, 0.5]
+    assert [r["eval/loss"] for r in rows] == [3.0, None, 2.5, None]
+    assert [r["dynamic/rounds"] for r in rows] == [None, None, 2, None]
+    assert not [p for p in tmp_path.iterdir() if p.name != "metrics.jsonl"]  # no temporaries
+
+
+def test_a_resumed_run_keeps_the_key_set_of_the_rows_it_keeps(tmp_path):
+    # a killed run's rows: never closed, so the first lacks the key the second brought
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0, "eval/loss": 3.0}\n{"step": 3}\n'
+    )
+    log = MetricsLogger(str(tmp_path), tensorboard=False, resume=True, keep_rows=2)
+    log.log(3, {"loss": 0.5}, progress=False)
+    log.close()
+    assert [json.loads(line) for line in _lines(tmp_path)] == [
+        {"step": 1, "loss": 2.0, "eval/loss": None},
+        {"step": 2, "loss": 1.0, "eval/loss": 3.0},
+        {"step": 3, "loss": 0.5, "eval/loss": None},
+    ]

@@ -143,3 +143,15 @@ def test_moe_presets_count_total_and_active_parameters_and_split_experts():
     )
     # tokens are replicated over it: the same activations per device
     assert rows4["activations (remat=full)"] == rows["activations (remat=full)"]
+
+
+def test_distill_holds_the_teacher_beside_the_policy():
+    small, big = MODEL_PRESETS["135m"], MODEL_PRESETS["1b"]
+    same = estimate_memory(small, "distill", fsdp=4, device="cpu")
+    assert same.models_in_memory == 2
+    teacher = {r.component: r.bytes for r in same.rows if r.model == "teacher"}
+    # frozen, float32 as the trainer loads it, split over the 4 fsdp shards
+    assert teacher == {"weights (fp32, frozen)": pytest.approx(small.num_params() * 4 / 4)}
+    larger = estimate_memory(small, "distill", fsdp=4, device="cpu", teacher_config=big)
+    grown = larger.total_bytes_per_device - same.total_bytes_per_device
+    assert grown == pytest.approx((big.num_params() - small.num_params()) * 4 / 4, rel=1e-6)

@@ -81,7 +81,7 @@ def test_algorithm_raises_reward_on_toy_task(algorithm, toy_data, tmp_path):
     cfg = toy_config(toy_data, tmp_path / algorithm, algorithm)
     summary = train_online(cfg, log_stream=open(os.devnull, "w"))
     rows = [json.loads(l) for l in open(tmp_path / algorithm / "metrics.jsonl")]
-    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     assert len(rewards) == 40
     assert np.mean(rewards[-10:]) > rewards[0] + 0.15, rewards
     key = "eval/tests.train.toy_rewards:larger_digit"
@@ -101,13 +101,13 @@ def test_entropy_control_still_raises_reward_on_toy_task(algorithm, loss, toy_da
     cfg = toy_config(toy_data, tmp_path / algorithm, algorithm, loss=loss)
     summary = train_online(cfg, log_stream=open(os.devnull, "w"))
     rows = [json.loads(l) for l in open(tmp_path / algorithm / "metrics.jsonl")]
-    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     assert len(rewards) == 40
     assert np.mean(rewards[-10:]) > rewards[0] + 0.15, rewards
     key = "eval/tests.train.toy_rewards:larger_digit"
     assert summary["eval_after"][key] > summary["eval_before"][key] + 0.15, summary
     selected = "pg/kl_cov_frac" if loss["entropy_control"] == "kl_cov" else "pg/cov_candidate_frac"
-    assert all(selected in r for r in rows if "reward/mean" in r)
+    assert all(r.get(selected) is not None for r in rows if r.get("reward/mean") is not None)
 
 
 def test_failing_reward_gets_zero_advantage_and_is_counted(toy_data, tmp_path):
@@ -281,7 +281,7 @@ def test_every_online_config_runs_end_to_end(name, tmp_path, capsys):
     )
     assert rc == 0, capsys.readouterr().err
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
-    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
+    assert [r["step"] for r in rows if r.get("reward/mean") is not None] == [1, 2]
     assert "held-out math_answer" in capsys.readouterr().out
 
 
@@ -300,7 +300,11 @@ def test_resume_continues_exactly(toy_data, tmp_path):
     train_online(resumed, log_stream=open(os.devnull, "w"))
 
     def rows(d):
-        return {r["step"]: r for r in map(json.loads, open(d / "metrics.jsonl")) if "loss" in r}
+        return {
+            r["step"]: r
+            for r in map(json.loads, open(d / "metrics.jsonl"))
+            if r.get("loss") is not None
+        }
 
     a, b = rows(tmp_path / "a"), rows(tmp_path / "b")
     assert sorted(b) == [1, 2, 3, 4]
@@ -346,7 +350,11 @@ def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
     )
 
     def rows(d):
-        return {r["step"]: r for r in map(json.loads, open(d / "metrics.jsonl")) if "loss" in r}
+        return {
+            r["step"]: r
+            for r in map(json.loads, open(d / "metrics.jsonl"))
+            if r.get("loss") is not None
+        }
 
     a, b = rows(tmp_path / "a"), rows(tmp_path / "b")
     assert sorted(b) == [1, 2, 3]

@@ -84,16 +84,16 @@ def run(args, name: str, overrides: list[str], latency: float) -> dict:
         sys.stderr.write(done.stderr[-3000:])
         raise SystemExit(f"{name} failed")
     steps = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
-    train = [r for r in steps if "time/step_s" in r]
+    train = [r for r in steps if r.get("time/step_s") is not None]
     key = "eval/" + ("tools.bench.bench_async:slow_math_answer" if latency else "math_answer")
-    acc = next((r[key] for r in reversed(steps) if key in r), None)
+    acc = next((r[key] for r in reversed(steps) if r.get(key) is not None), None)
     later = [r["time/step_s"] for r in train[SKIP:]]
     res = {
         "name": name,
         "step_s": statistics.median(later),
         "mean_step_s": statistics.fmean(later),
-        "wait_s": statistics.fmean([r.get("async/wait_s", 0.0) for r in train[SKIP:]]),
-        "reward_s": statistics.fmean([r.get("time/reward_s", 0.0) for r in train[SKIP:]]),
+        "wait_s": statistics.fmean([r.get("async/wait_s") or 0.0 for r in train[SKIP:]]),
+        "reward_s": statistics.fmean([r.get("time/reward_s") or 0.0 for r in train[SKIP:]]),
         "accuracy": acc,
         "reward_mean": statistics.fmean([r["reward/mean"] for r in train]),
         "wall_s": wall,

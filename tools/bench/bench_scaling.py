@@ -145,7 +145,7 @@ def _child(args) -> int:
         )
         with open(os.path.join(out, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]
-    steps = [r for r in rows if "time/rollout_s" in r]
+    steps = [r for r in rows if r.get("time/rollout_s") is not None]
     print(
         "RESULT "
         + json.dumps(

@@ -246,11 +246,11 @@ def _report(args, cfg, samples: list[dict], wall: float) -> int:
 
     counts = soak_envs.HostileToolEnv.counts
     rows = [json.loads(x) for x in open(os.path.join(cfg.output_dir, "metrics.jsonl"))]
-    steps = [r["step"] for r in rows if "loss" in r]
+    steps = [r["step"] for r in rows if r.get("loss") is not None]
     with open(os.path.join(cfg.output_dir, "samples.jsonl"), encoding="utf-8") as f:
         samples_rows = [json.loads(x) for x in f]
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    times = [r["time/step_s"] for r in rows if "loss" in r][1:]  # step 1 compiles
+    times = [r["time/step_s"] for r in rows if r.get("loss") is not None][1:]  # step 1 compiles
     q = max(len(times) // 4, 1)
     first, last = statistics.median(times[:q]), statistics.median(times[-q:])
     print(f"soak: {args.steps} steps in {wall:.0f} s; hostile calls: {counts}")
@@ -261,8 +261,8 @@ def _report(args, cfg, samples: list[dict], wall: float) -> int:
             f"{s['step']:>4}  {s['threads']:>7.0f}  {s['py_threads']:>10}  {s['children']:>8.0f}"
             f"  {s['rss_mib']:>7.1f}  {s['stuck']:>5}"
         )
-    failed = sum(r.get("env/failed", 0) for r in rows)
-    timeouts = sum(r.get("env/timeouts", 0) for r in rows)
+    failed = sum(r.get("env/failed") or 0 for r in rows)
+    timeouts = sum(r.get("env/timeouts") or 0 for r in rows)
     print(f"episodes failed: {failed}, of which timed out: {timeouts}")
     problems = []
     if steps != list(range(1, args.steps + 1)):

@@ -64,8 +64,14 @@ from jaxrl_llm.train.compile.memory import estimate_memory
 from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, SEQUENCE_LAYOUT, RunPlan, plan_run
 from jaxrl_llm.train.config.preflight import check_mesh
 from jaxrl_llm.train.config.run_config import RunConfig
-from jaxrl_llm.train.programs.builder import build_critic, build_programs, critic_policy
+from jaxrl_llm.train.programs.builder import (
+    build_critic,
+    build_programs,
+    build_teacher_programs,
+    critic_policy,
+)
 from jaxrl_llm.train.programs.policy import Policy, policy_on_mesh
+from jaxrl_llm.train.programs.teacher import Teacher, teacher_on_mesh
 
 __all__ = ["CompileReport", "ProgramMemory", "compile_preset", "compile_run"]
 
@@ -132,8 +138,13 @@ def compile_run(
         micro_batches=rows.micro_batches,
         updates_per_step=rows.epochs * rows.minibatches,
     )
-    resident = _resident(plan, policy)
-    programs = _compile_programs(plan, policy, resident, seq_len, prompt_len, decode)
+    teacher = None
+    if plan.needs.teacher:
+        assert cfg.teacher is not None
+        # no weights are read: the teacher's architecture is taken to be the policy's
+        teacher = teacher_on_mesh(config, mesh, dtype=cfg.teacher.dtype)
+    resident = _resident(plan, policy, teacher)
+    programs = _compile_programs(plan, policy, resident, seq_len, prompt_len, decode, teacher)
     programs = _with_model_flops(programs, plan, config, seq_len, prompt_len)
     est = None
     if sizes["context"] == 1:  # the estimator knows no ring attention
@@ -210,6 +221,7 @@ def _with_model_flops(
         "critic": (6.0 * n * rows.per_update * seq_len, updates),
         "reference": (2.0 * n * tokens(rows.forward), 1),
         "recompute": (2.0 * n * tokens(rows.forward), 1),
+        "teacher": (2.0 * n * rows.forward * seq_len, 1),  # the policy's architecture
         "decode": (2.0 * n * gen_rows * gen_len, 1),
     }
     out = []
@@ -245,9 +257,11 @@ def _lengths(plan: RunPlan, seq_len: int | None, prompt_len: int | None) -> tupl
     return seq_len, prompt_len
 
 
-def _resident(plan: RunPlan, policy: Policy) -> dict[str, int]:
+def _resident(plan: RunPlan, policy: Policy, teacher: Teacher | None = None) -> dict[str, int]:
     """Bytes per device that live through the whole step, as the trainers hold them."""
     resident: dict[str, int] = {"policy train state": per_device_bytes(policy.state)}
+    if teacher is not None:
+        resident["teacher weights"] = per_device_bytes(teacher.params)
     if policy.lora is not None:
         resident["frozen base (= reference)"] = per_device_bytes(policy.base)
     elif plan.needs.reference:  # Policy.reference_params: a copy of the float32 master params
@@ -267,17 +281,23 @@ def _compile_programs(
     seq_len: int,
     prompt_len: int,
     decode: bool,
+    teacher: Teacher | None = None,
 ) -> list[ProgramMemory]:
     """The run's programs (:func:`~jaxrl_llm.train.programs.builder.build_programs`) compiled on the
-    plan's abstract batches, each with the resident bytes of what is not its argument."""
+    plan's abstract batches, each with the resident bytes of what is not its argument; with a
+    teacher, its forward (reverse KL) or its weights as the step's argument (GKD)."""
 
     def others(*used: str, minus: int = 0) -> int:
         return sum(v for k, v in resident.items() if k not in used) - minus
 
     rows, mesh = plan.rows, policy.mesh
     rows_sharding = batch_sharding(mesh)
-    programs = build_programs(plan, policy)
+    programs = build_programs(plan, policy, teacher=teacher)
     frozen = policy.frozen()
+    step_frozen = dict(frozen)
+    if plan.needs.teacher_in_loss:
+        assert teacher is not None
+        step_frozen["teacher"] = teacher.params
     pack = plan.pack
     packed_len = seq_len
     if pack is not None and pack.row_len is not None:
@@ -289,17 +309,36 @@ def _compile_programs(
         window=plan.cfg.rollout.max_new_tokens,
         packed_rows=rows.per_update,  # at most one packed row per episode
         packed_len=packed_len,
+        layers=policy.config.num_layers,  # a recorded MoE routing's (rollout.routing_replay)
+        topk=policy.config.num_experts_per_tok,
+        teacher_tokens=seq_len,  # the teacher's prompt taken as long as the student's
     )
     hparams = {k: jax.ShapeDtypeStruct((), jnp.float32) for k in plan.needs.traced_hparams}
     out = [
         compile_program(
             "train",
             programs.train.jitted,  # type: ignore[attr-defined]
-            (policy.state, batch, frozen, hparams),
-            others("policy train state", "frozen base (= reference)"),
+            (policy.state, batch, step_frozen, hparams),
+            others(
+                "policy train state",
+                "frozen base (= reference)",
+                *(("teacher weights",) if plan.needs.teacher_in_loss else ()),
+            ),
             num_devices=mesh.size,
         )
     ]
+    if teacher is not None and not plan.needs.teacher_in_loss:  # reverse-KL advantages
+        seq = SEQUENCE_LAYOUT.abstract(rows_sharding, rows=rows.forward, tokens=seq_len)
+        t_fn = build_teacher_programs(plan, policy, teacher).teacher
+        out.append(
+            compile_program(
+                "teacher",
+                t_fn,
+                (teacher.params, seq),
+                others("teacher weights"),
+                num_devices=mesh.size,
+            )
+        )
     if programs.reference is not None:
         ref_params = policy.base if policy.lora is not None else policy.state.params
         ref_batch = plan.input_layout.abstract(rows_sharding, rows=rows.forward, tokens=seq_len)

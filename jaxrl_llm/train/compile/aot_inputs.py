@@ -266,6 +266,7 @@ def run_config_for(
         ModelSection,
         RewardItem,
         RolloutSection,
+        TeacherSection,
         TrainSection,
     )
 
@@ -313,6 +314,8 @@ def run_config_for(
         ),
         train=TrainSection(batch_size=batch_size, micro_batches=micro_batches),
         rewards=(RewardItem("math_answer"),) if online else (),
+        # distillation: a teacher of the policy's architecture (compile_run)
+        teacher=TeacherSection(source="(preset)") if LOSS_ALGORITHMS[algorithm].teacher else None,
     )
     return cfg, seq_len, prompt_len
 
@@ -327,6 +330,7 @@ _DECODE_AXES = {  # logical names of DecodeState / KVCache dimensions
     "keys": ("batch", None),
     "step": (),
     "max_new_tokens": (),
+    "routing": ("batch", None, None, None),  # a MoE's recorded experts (routing replay)
 }
 _CACHE_AXES = {
     "k": ("layers", "batch", "length", "kv_heads", "head_dim"),
@@ -334,6 +338,8 @@ _CACHE_AXES = {
     "mask": ("batch", "length"),
     "positions": ("batch", "length"),
     "index": (),
+    "conv": ("layers", "batch", None, None),  # a hybrid stack's Gated DeltaNet state
+    "state": ("layers", "batch", None, None, None),
 }
 
 
@@ -348,8 +354,13 @@ def decode_state_sharding(dstate, mesh, rules=DEFAULT_RULES):
     for f, x in dstate._asdict().items():
         if f == "cache":
             fields[f] = type(x)(
-                **{k: named(_CACHE_AXES[k], v, f"cache.{k}") for k, v in x._asdict().items()}
+                **{
+                    k: None if v is None else named(_CACHE_AXES[k], v, f"cache.{k}")
+                    for k, v in x._asdict().items()
+                }
             )
+        elif x is None:  # an optional field left out (no routing recorded)
+            fields[f] = None
         else:
             fields[f] = named(_DECODE_AXES[f], x, f)
     return type(dstate)(**fields)

@@ -1,7 +1,8 @@
 """Per-device memory estimates for a post-training run: the "models in memory" view.
 
 The source texts compare algorithms by how many full models they hold (PPO 4: policy,
-reference, critic, reward model; DPO / GRPO / KTO 2: policy and reference; SimPO / ORPO 1).
+reference, critic, reward model; DPO / GRPO / KTO 2: policy and reference; SimPO / ORPO 1;
+on-policy distillation 2: policy and teacher, the teacher assumed the policy's size).
 This module turns that into bytes per device for a given model, algorithm, mesh, precision,
 batch and sequence length, so a user can see before launching whether a run fits.
 
@@ -62,6 +63,7 @@ class Role(str, enum.Enum):
     REFERENCE = "reference"
     CRITIC = "critic"
     REWARD = "reward"
+    TEACHER = "teacher"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +91,7 @@ def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
     """The models an algorithm holds, from its registry entry (``jaxrl_llm.losses.ALGORITHMS``):
     the trained model (a reward model for ``trains_reward_head``), a frozen reference when its
     loss at the paper's defaults needs one (or for PPO's KL-shaped reward), a critic, and a
-    reward model when its reward usually is a learned one."""
+    reward model when its reward usually is a learned one, a frozen teacher (distillation)."""
     trained = RM if algo.trains_reward_head else P
     try:
         preset = algo.preset()
@@ -98,6 +100,7 @@ def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
     uses_ref = preset is not None and algo.loss_spec().uses_reference(preset)
     roles = [trained] + ([R] if uses_ref or algo.critic else []) + ([C] if algo.critic else [])
     roles += [RM] if algo.scores_with_reward_model and trained is not RM else []
+    roles += [Role.TEACHER] if algo.teacher else []
     data = algo.data_note + (" (+ greedy baseline)" if algo.greedy_baseline else "")
     return AlgorithmMemory(
         tuple(roles),
@@ -354,6 +357,7 @@ def _model_rows(
     algo: AlgorithmMemory,
     *,
     n: float,
+    n_teacher: float,
     lora_rank: int,
     reference_offloaded: bool,
     frozen_dtype: str,
@@ -385,7 +389,7 @@ def _model_rows(
             config,
             name,
             trains,
-            n=n,
+            n=n_teacher if role == Role.TEACHER else n,
             lora_rank=lora_rank,
             frozen_dtype=frozen_dtype,
             optimizer=optimizer,
@@ -458,6 +462,7 @@ def estimate_memory(
     frozen_dtype: str = "fp32",
     prompt_group_size: int = 1,
     reference_offloaded: bool = False,
+    teacher_config: ModelConfig | None = None,
 ) -> MemoryEstimate:
     """Estimate per-device memory of one training step of ``algorithm``.
 
@@ -487,6 +492,8 @@ def estimate_memory(
       reference_offloaded: a frozen reference held off the device (host memory), counted as
         0 bytes per device. A what-if for :func:`fit_advice`: this package's trainers keep
         the reference on the device (with LoRA it is the base and costs nothing).
+      teacher_config: a distillation teacher's model (None: the policy's size); its weights
+        are frozen, held in ``frozen_dtype``.
 
     Returns:
       A :class:`MemoryEstimate`.
@@ -507,6 +514,9 @@ def estimate_memory(
     weight_shards = fsdp * tensor
     batch_shards = data * fsdp
     n = params_per_device(config, weight_shards=weight_shards, expert=expert)
+    n_teacher = params_per_device(
+        teacher_config or config, weight_shards=weight_shards, expert=expert
+    )
     rows_per_step = batch_size * (group_size if algo.online else 1) * algo.sequences_per_example
     local_rows = -(-rows_per_step // batch_shards)
     train_rows = -(-local_rows // micro_batches)  # rows of one forward/backward slice
@@ -515,6 +525,7 @@ def estimate_memory(
         config,
         algo,
         n=n,
+        n_teacher=n_teacher,
         lora_rank=lora_rank,
         reference_offloaded=reference_offloaded,
         frozen_dtype=frozen_dtype,

@@ -51,7 +51,9 @@ class BatchField:
       name: the batch key.
       dims: symbolic dimensions: ``rows`` (sequences), ``tokens`` (T, the padded length) or
         ``window`` (W, a packed batch's completion window); ``packed_rows`` / ``packed_len``
-        for a packed batch's model inputs.
+        for a packed batch's model inputs; ``layers`` / ``topk`` (L, k of a mixture of
+        experts: :data:`ROUTING_FIELD`); ``teacher_tokens`` (T', a distillation teacher's
+        own rows: its prompt, then the same completion columns).
       dtype: ``int32`` or ``float32``.
     """
 
@@ -80,6 +82,10 @@ _KIND_FIELDS: dict[str, tuple[BatchField, ...]] = {
     "preference": _sequence("chosen_") + _sequence("rejected_"),
     "kto": _sequence() + _sequence("kl_") + _floats("label", dims=("rows",)),
     "rank": _sequence() + _floats("scores", dims=("rows",)),
+    # GKD: the teacher runs in the step on its own prompt + the same completion columns
+    "distill": _sequence()
+    + _floats("old_logp", "advantages")
+    + _ints("teacher_input_ids", "teacher_attention_mask", dims=("rows", "teacher_tokens")),
 }
 # what each layout's reference pass adds (``LossSpec.reference_fn``'s keys)
 _REFERENCE_FIELDS: dict[str, tuple[BatchField, ...]] = {
@@ -87,6 +93,9 @@ _REFERENCE_FIELDS: dict[str, tuple[BatchField, ...]] = {
     "preference": _floats("ref_chosen_logps", "ref_rejected_logps", dims=("rows",)),
     "kto": _floats("ref_logps", "ref_kl_logps", dims=("rows",)),
 }
+# a mixture of experts' recorded routing (``rollout.routing_replay`` / ``record_routing``, R3):
+# each token's top-k experts per layer, over the whole row as ``input_ids``
+ROUTING_FIELD = BatchField("routing", ("rows", "tokens", "layers", "topk"), "int32")
 # PPO's critic update reads these beside the actor's batch (the actor's step does not take them)
 CRITIC_FIELDS: tuple[BatchField, ...] = _floats("values", "returns")
 
@@ -175,6 +184,8 @@ def packed_layout(layout: BatchLayout) -> BatchLayout:
     for f in layout.fields:
         if f.name in ("input_ids", "attention_mask"):
             out.append(dataclasses.replace(f, dims=packed))
+        elif f.name == ROUTING_FIELD.name:  # packed as the model inputs are
+            out.append(dataclasses.replace(f, dims=(*packed, *f.dims[2:])))
         elif f.dims == ("rows", "tokens"):
             out.append(dataclasses.replace(f, dims=("rows", "window")))
         else:
@@ -242,6 +253,9 @@ class Needs:
         ``proximal_logp``) after a recompute forward; None when off.
       traced_hparams: the loss hyperparameters a schedule moves (traced, no recompile).
       skip_zero: the step skips micro-batches whose loss and gradient are exactly zero.
+      teacher: a frozen teacher model scores the samples (distillation).
+      teacher_in_loss: the loss runs the teacher inside the step (``frozen["teacher"]``;
+        GKD); else the strategy computes the teacher's log-probs before the update.
     """
 
     reference: bool
@@ -250,6 +264,8 @@ class Needs:
     correction: str | None
     traced_hparams: tuple[str, ...]
     skip_zero: bool
+    teacher: bool = False
+    teacher_in_loss: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,12 +405,22 @@ def plan_run(cfg: RunConfig, mesh: Any) -> RunPlan:
         correction=correction,
         traced_hparams=tuple(s.name for s in cfg.schedules),
         skip_zero=skip_zero,
+        teacher=algo.teacher,
+        teacher_in_loss=algo.teacher and spec.uses_teacher(lc),
     )
-    layout = BatchLayout(spec.batch_kind, _KIND_FIELDS[spec.batch_kind])
+    kind = spec.layout_kind(lc)
+    layout = BatchLayout(kind, _KIND_FIELDS[kind])
     if ref_in_loss:
-        layout = layout.with_fields(*_REFERENCE_FIELDS[spec.batch_kind])
+        layout = layout.with_fields(*_REFERENCE_FIELDS[kind])
     if correction is not None:
         layout = layout.with_fields(*_floats(correction))
+    if cfg.is_online and r.records_routing:
+        if spec.batch_kind != "rl":
+            raise ConfigError(
+                f"rollout.routing_replay / record_routing: the {cfg.algorithm} update takes "
+                f"{spec.batch_kind!r} batches; routing is replayed in 'rl' batches only"
+            )
+        layout = layout.with_fields(ROUTING_FIELD)
     return RunPlan(
         cfg=cfg,
         algo=algo,
@@ -478,7 +504,7 @@ def logprob_settings(cfg: RunConfig) -> LogprobSettings:
     compute each prompt once per group; otherwise every column at τ = 1. Read it from
     :attr:`RunPlan.logprobs`."""
     lp, r, algo = cfg.logprobs, cfg.rollout, cfg.algo
-    if not algo.rl_batches:
+    if not algo.rollout_logprobs:
         return LogprobSettings(chunk_size=lp.chunk_size)
     temperature = r.temperature if "temperature" in algo.sampling_settings else 1.0
     # each minibatch holds whole groups: the update's forward can share each group's prompt

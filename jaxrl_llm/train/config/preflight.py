@@ -1,5 +1,6 @@
 """Checks run before anything compiles: the mesh against the batch and the sequence lengths,
-the data splits, and generation lengths against the model's context.
+the data splits, generation lengths against the model's context, and the packages of the
+experiment trackers the config names.
 
 A bad mesh size or a data set too small for one step is a one-line
 :class:`~jaxrl_llm.errors.ConfigError` / :class:`~jaxrl_llm.errors.DataError` before a model
@@ -240,3 +241,42 @@ def check_tokenizer_sizes(cfg: RunConfig) -> None:
     if cfg.is_online and isinstance(context, int):
         n = cfg.rollout.max_new_tokens
         check_context_budget(context, 1, n, key=f"rollout.max_new_tokens={n}")
+
+
+def check_trackers(cfg: RunConfig) -> None:
+    """Every tracker the config asks for by name (``logging.trackers``, or ``wandb`` for
+    ``logging.wandb_project``) has its package installed, and MLflow has a store it can
+    write to: ``MLFLOW_TRACKING_URI``, or MLflow's default local store (``sqlite:///mlflow.db``,
+    which needs the full ``mlflow`` package); a file store (``file:...``) needs
+    ``MLFLOW_ALLOW_FILE_STORE=true`` (MLflow 3 refuses it otherwise).
+
+    Raises:
+      ConfigError: one line naming the tracker and the pip package or variable to set.
+    """
+    import importlib.util
+    import os
+
+    from jaxrl_llm.train.run.trackers import missing_package
+
+    for name in cfg.logging.required_trackers():
+        pip_name = missing_package(name)
+        if pip_name is not None:
+            raise ConfigError(
+                f"logging.trackers: {name} needs the {pip_name} package: pip install {pip_name} "
+                f"(or pip install 'jaxrl_llm[trackers]')"
+            )
+    if "mlflow" not in cfg.logging.required_trackers():
+        return
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri and importlib.util.find_spec("sqlalchemy") is None:
+        raise ConfigError(
+            "logging.trackers: mlflow: set MLFLOW_TRACKING_URI (an MLflow server's URL), or "
+            "pip install mlflow for its default local store sqlite:///mlflow.db"
+        )
+    file_store = uri.startswith("file:") or (bool(uri) and "://" not in uri and uri != "databricks")
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
+    if file_store and not allowed:
+        raise ConfigError(
+            f"logging.trackers: mlflow: MLFLOW_TRACKING_URI={uri} is a file store, which "
+            f"MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true; set that or use a server"
+        )

@@ -23,6 +23,7 @@ from jaxrl_llm.losses.registry import ALGORITHMS, Algorithm
 from jaxrl_llm.train.config.sections import (
     CheckpointSection,
     DataSection,
+    DistillSection,
     EnvSection,
     EvalSection,
     LoggingSection,
@@ -35,6 +36,7 @@ from jaxrl_llm.train.config.sections import (
     RewardItem,
     RolloutSection,
     ScheduleItem,
+    TeacherSection,
     TrainSection,
 )
 
@@ -65,6 +67,8 @@ class RunConfig:
     ppo: PPOSection = PPOSection()
     process_reward: ProcessRewardSection | None = None
     env: EnvSection | None = None
+    teacher: TeacherSection | None = None
+    distill: DistillSection = DistillSection()
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -94,6 +98,7 @@ class RunConfig:
                     else ""
                 )
             )
+        _check_teacher(self)
         if self.is_online:
             r = self.rollout
             if r.group_size < algo.min_group_size:
@@ -180,6 +185,30 @@ class RunConfig:
     def is_online(self) -> bool:
         """True for the online RL algorithms (rollout → reward → update)."""
         return self.algo.online
+
+
+def _check_teacher(cfg: RunConfig) -> None:
+    """A teacher exactly when the algorithm scores with one (distillation), and what such a
+    run cannot combine yet."""
+    algo = cfg.algo
+    if algo.teacher and cfg.teacher is None:
+        raise ConfigError(
+            f"teacher: {cfg.algorithm} needs a teacher model, e.g. teacher: {{source: runs/x/hf}}"
+        )
+    if not algo.teacher and cfg.teacher is not None:
+        raise ConfigError(f"teacher: {cfg.algorithm} uses no teacher; remove the teacher section")
+    if not algo.teacher:
+        return
+    if cfg.distill.reward_weight > 0 and cfg.rollout.group_size < 2:
+        raise ConfigError(
+            f"distill.reward_weight={cfg.distill.reward_weight} normalises rewards over a "
+            f"group: rollout.group_size must be >= 2, got {cfg.rollout.group_size}"
+        )
+    if cfg.mesh.context > 1:
+        raise ConfigError(
+            "mesh.context > 1: distillation does not run the teacher round the ring yet; "
+            "use mesh.context: 1"
+        )
 
 
 def _check_env(cfg: RunConfig) -> None:

@@ -167,7 +167,22 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingSection:
-    """Where metrics go: metrics.jsonl always; TensorBoard and W&B optional.
+    """Where metrics go: ``output_dir/metrics.jsonl`` always (one key set per run,
+    docs/metrics.md), and the experiment trackers that mirror it.
+
+    ``trackers``: any of ``tensorboard`` (``output_dir/tb``), ``wandb``, ``mlflow``; each is
+    given every row of metrics.jsonl, the resolved config, and is closed when the run ends or
+    stops (:mod:`jaxrl_llm.train.run.trackers`). A listed tracker whose package is missing is
+    refused before the run starts (``pip install jaxrl_llm[trackers]``). Unset (the default),
+    the older keys decide: ``tensorboard: true`` (the default) writes TensorBoard events when
+    ``tensorboardX`` is installed (skipped with a note when it is not), and ``wandb_project``
+    turns W&B on. With ``trackers`` set, ``tensorboard: false`` while listing ``tensorboard``,
+    or ``wandb_project`` without listing ``wandb``, is refused as a contradiction.
+
+    ``project``: the W&B project and the MLflow experiment (default ``wandb_project``, else
+    ``jaxrl_llm``); ``wandb_project`` is its older name, for W&B. ``run_name``: the run's name
+    there (default: the last part of ``output_dir``). W&B and MLflow read their own
+    environment variables: ``WANDB_MODE=offline``, ``WANDB_DIR``, ``MLFLOW_TRACKING_URI``.
 
     ``samples_every: N`` (online runs) writes every N-th step's episodes to
     ``output_dir/samples.jsonl``, one line per episode: ``{"step", "prompt_id", "sample",
@@ -179,10 +194,44 @@ class LoggingSection:
     wandb_project: str | None = None
     plots: bool = True
     samples_every: int = 0
+    trackers: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] | None = None
+    project: str | None = None
+    run_name: str | None = None
 
     def __post_init__(self):
         _at_least("logging.log_every", self.log_every, 1)
         _at_least("logging.samples_every", self.samples_every, 0, "0 = never")
+        if self.trackers is None:
+            return
+        if len(set(self.trackers)) != len(self.trackers):
+            raise ConfigError(f"logging.trackers: {list(self.trackers)} names one twice")
+        if not self.tensorboard and "tensorboard" in self.trackers:
+            raise ConfigError(
+                "logging.tensorboard: false, but logging.trackers lists tensorboard; drop one"
+            )
+        if self.wandb_project and "wandb" not in self.trackers:
+            raise ConfigError(
+                f"logging.wandb_project: {self.wandb_project!r} is set, but logging.trackers "
+                f"{list(self.trackers)} does not list wandb; add it or drop wandb_project"
+            )
+        if self.project and self.wandb_project and self.project != self.wandb_project:
+            raise ConfigError(
+                f"logging.project {self.project!r} and logging.wandb_project "
+                f"{self.wandb_project!r} differ; wandb_project is the older name of project"
+            )
+
+    def active_trackers(self) -> tuple[str, ...]:
+        """The trackers this run opens: ``trackers``, or what the older keys say."""
+        if self.trackers is not None:
+            return tuple(self.trackers)
+        return ("tensorboard",) * self.tensorboard + ("wandb",) * bool(self.wandb_project)
+
+    def required_trackers(self) -> tuple[str, ...]:
+        """The trackers asked for by name (their packages must be installed): ``trackers``,
+        or ``wandb`` for ``wandb_project``; the default TensorBoard is not among them."""
+        if self.trackers is not None:
+            return tuple(self.trackers)
+        return ("wandb",) if self.wandb_project else ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,6 +362,13 @@ class RolloutSection:
         the learner publishes new weights continues with them from the next chunk (its
         tokens keep the versions that drew them; a row's staleness is its oldest token's)
         instead of finishing on the old ones (:meth:`jaxrl_llm.sampling.PagedEngine.swap`).
+      routing_replay: a mixture of experts: the samplers record every token's top-k experts
+        per layer and the update's forwards of the policy route each token to those instead
+        of their own top-k, the gate weights still the router's probabilities at them
+        (rollout routing replay, R3: Ma et al. 2025, https://arxiv.org/abs/2510.11370).
+        Logs ``routing/mismatch_frac`` (0 with replay) and ``routing/own_topk_mismatch_frac``.
+      record_routing: record the samplers' routing and log those metrics without replaying
+        it (implied by ``routing_replay``).
     """
 
     prompts_per_step: int = 4
@@ -338,6 +394,14 @@ class RolloutSection:
     devices: int = 0
     tensor: int = 1
     partial: bool = False
+    routing_replay: bool = False
+    record_routing: bool = False
+
+    @property
+    def records_routing(self) -> bool:
+        """The samplers record each token's experts (``routing_replay`` or
+        ``record_routing``)."""
+        return self.routing_replay or self.record_routing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -551,3 +615,58 @@ class EnvSection:
         _at_least("env.max_failures", self.max_failures, 1)
         if not self.name.strip():
             raise ConfigError("env.name: a built-in environment name or package.module:Class")
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherSection:
+    """The frozen teacher of on-policy distillation (``algorithm: distill``).
+
+    Attributes:
+      source: anything ``model.source`` accepts (HF directory, .gguf file, PEFT adapter
+        directory: merged onto its base, hub id, alias, ``tiny``), or a jaxrl_llm run
+        directory (its ``hf/`` export, else its newest checkpoint) or checkpoint directory.
+      tokenizer: ``auto`` (the source's) or ``char`` (the byte-level test tokenizer). The
+        teacher's tokenizer must be the student's: it scores the student's token ids.
+      tiny: ``ModelConfig.tiny`` overrides when ``source: tiny`` (a random model, for tests;
+        initialised from the run's seed, so a tiny teacher with the student's settings is the
+        student's initial weights).
+      dtype: the teacher's weights and compute dtype (``float32`` or ``bfloat16``).
+      system_prompt: privileged context only the teacher sees (context distillation): the
+        teacher scores the same completion tokens after its own prompt, a system message
+        before a conversational prompt or this text and a blank line before a plain one.
+    """
+
+    source: str = ""
+    tokenizer: Literal["auto", "char"] = "auto"
+    tiny: dict[str, Any] | None = None
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    system_prompt: str | None = None
+
+    def __post_init__(self):
+        if not self.source.strip():
+            raise ConfigError("teacher.source: the teacher model is required, e.g. runs/x/hf")
+        if self.source == "tiny" and self.tokenizer != "char":
+            raise ConfigError("teacher.source=tiny needs teacher.tokenizer=char")
+        if self.system_prompt is not None and not self.system_prompt.strip():
+            raise ConfigError("teacher.system_prompt: empty; leave it out for no context")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSection:
+    """How on-policy distillation (``algorithm: distill``) mixes in the task rewards.
+
+    Attributes:
+      reward_weight: w ≥ 0 of the task rewards' group-normalised advantages (GRPO's
+        (r − mean_group) / std_group) added to the distillation signal: per token
+        ``A_t = log π_T(y_t) − log π_S(y_t) + w·Â`` (``loss.kind: reverse_kl``) or the
+        surrogate on ``w·Â`` beside the JSD (``gkd``). 0 (default) = pure distillation; w > 0
+        needs ``rollout.group_size >= 2``.
+    """
+
+    reward_weight: float = 0.0
+
+    def __post_init__(self):
+        if not (self.reward_weight >= 0 and math.isfinite(self.reward_weight)):
+            raise ConfigError(
+                f"distill.reward_weight must be a finite number >= 0, got {self.reward_weight}"
+            )

@@ -133,8 +133,9 @@ class RolloutCorrector:
         """``(corrected batch, metrics)``, ``time/recompute_s`` the forward's wall time."""
         t = time.perf_counter()
         rows = recompute_rows(batch["advantages"], batch["loss_mask"], group_size=self.group)
-        keys = ("input_ids", "attention_mask", "loss_mask")
-        sub = {k: jnp.asarray(np.asarray(batch[k])[rows]) for k in keys}
+        keys: tuple[str, ...] = ("input_ids", "attention_mask", "loss_mask")
+        keys += ("routing",) if "routing" in batch else ()  # a MoE's sampler routing (R3)
+        sub = {k: np.asarray(batch[k])[rows] for k in keys}
         p = self.policy
         logp = np.array(batch["old_logp"], np.float32)  # the sampler's where not recomputed
         recomputed = context_padded(lambda b: self._logps(p.state.params, b, **p.frozen()), sub, p)

@@ -97,13 +97,15 @@ class EpisodeSampler:
         sampling: SamplingConfig,
         seed: int,
         num_samples: int,
+        first_prompt_id: int = 0,
     ) -> Experience:
-        """``num_samples`` episodes of each item, scored."""
+        """``num_samples`` episodes of each item, scored; item i's episodes are keyed
+        ``(first_prompt_id + i, sample)`` (a process's share of a step keeps its ids)."""
         r, env, g = self.settings, self.env, num_samples
         episodes = [
             Episode(
                 item=raw_item(x),
-                prompt_id=i,
+                prompt_id=first_prompt_id + i,
                 sample_id=s,
                 env=self._new_env(),
                 fallback_ids=list(x.prompt_ids),

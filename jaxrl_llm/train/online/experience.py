@@ -29,7 +29,9 @@ class Experience:
       rollout: the sampler's :class:`~jaxrl_llm.sampling.Rollout` as numpy: completion
         ``tokens``/``mask`` ``[N, M]`` (mask 1 = a token the policy generated), behaviour
         ``logprobs [N, M]``, ``lengths``, ``truncated``, left-padded ``prompt_tokens`` /
-        ``prompt_mask [N, P]``, ``prompt_ids`` / ``sample_ids [N]``.
+        ``prompt_mask [N, P]``, ``prompt_ids`` / ``sample_ids [N]``; with
+        ``rollout.routing_replay`` / ``record_routing`` a mixture of experts' ``routing
+        [N, P + M, L, k]`` (:attr:`routing`).
       texts: N decoded completions. prompts: N decoded prompts. extras: N data rows' other
         columns (reward function fields).
       rewards: ``[N]`` float32 weighted reward (0 where invalid).
@@ -65,6 +67,14 @@ class Experience:
 
     def __len__(self) -> int:
         return len(self.rewards)
+
+    @property
+    def routing(self) -> np.ndarray | None:
+        """``[N, P + M, L, k]`` int16 the experts the sampler routed each token of each row
+        (prompt, then completion) to in every layer, for rollout routing replay (R3, Ma et
+        al. 2025, https://arxiv.org/abs/2510.11370); None when not recorded."""
+        routing: Any = self.rollout.routing  # host numpy here
+        return routing
 
     @property
     def num_groups(self) -> int:
@@ -105,9 +115,17 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
         if not pad:
             return ro
         host: Any = ro  # the Rollout's fields are host numpy arrays here
+        routing: Any = ro.routing
+        if routing is not None:  # padding columns: the experts 0..k-1 (masked, any valid ids)
+            fill = np.broadcast_to(
+                np.arange(routing.shape[-1], dtype=routing.dtype),
+                (routing.shape[0], pad, *routing.shape[2:]),
+            )
+            routing = np.concatenate([fill, routing], axis=1)
         return host._replace(
             prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),
             prompt_mask=np.pad(ro.prompt_mask, ((0, 0), (pad, 0))),
+            routing=routing,
         )
 
     def cat(xs):
@@ -148,7 +166,8 @@ def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -
     row; ``attention_mask`` every real token (a multi-turn episode's environment tokens too:
     ``exp.context_mask``); ``loss_mask`` = the policy's tokens × ``loss_weight [N]``;
     ``old_logp`` the behaviour log-probs; ``advantages`` per sequence ``[N]`` (broadcast over
-    the completion) or per token ``[N, M]``."""
+    the completion) or per token ``[N, M]``; ``routing [N, P + M, L, k]`` int32 when the
+    sampler recorded it (:attr:`Experience.routing`)."""
     ro = exp.rollout
     p_tok, p_mask = np.asarray(ro.prompt_tokens), np.asarray(ro.prompt_mask)
     c_tok, c_mask = np.asarray(ro.tokens), np.asarray(ro.mask)
@@ -162,13 +181,16 @@ def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -
     adv_c = np.repeat(advantages[:, None], m, 1) if advantages.ndim == 1 else advantages
     adv = np.concatenate([np.zeros((n, p), np.float32), adv_c.astype(np.float32)], 1)
     lmask = lmask.astype(np.int32)
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": attn,
         "loss_mask": lmask,
         "old_logp": (old * lmask).astype(np.float32),  # float32 × int32 would be float64
         "advantages": (adv * lmask).astype(np.float32),
     }
+    if exp.routing is not None:
+        batch["routing"] = np.asarray(exp.routing, np.int32)
+    return batch
 
 
 class ExperienceBuffer:

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.parallel import to_process_local
 from jaxrl_llm.rewards.user_code import STOPPING
 from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.online.rollout import Rollouts
@@ -206,9 +207,13 @@ def snapshot(policy: Any, placement: Any = None) -> tuple[Any, int]:
     overwrite: the train step donates its state's buffers, so full fine-tuning's params are
     copied (LoRA's merge already makes new arrays). With a split placement
     (:class:`~jaxrl_llm.train.online.placement.RolloutPlacement`) the copy is the move to the
-    rollout devices."""
+    rollout devices. Across processes the snapshot is each process's local copy
+    (:func:`jaxrl_llm.parallel.to_process_local`, taken here, on the learner's thread, with
+    the other processes: the sampling thread then issues no cross-process computation)."""
     params = policy.full_params()
-    if placement is not None and placement.split:
+    if jax.process_count() > 1:
+        params = to_process_local(params)
+    elif placement is not None and placement.split:
         params = placement.put(params)
     elif policy.lora is None:
         params = jax.tree.map(jnp.copy, params)

@@ -11,7 +11,9 @@ stopping the run. DAPO's dynamic sampling (keep drawing prompts until the batch 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -23,14 +25,18 @@ import numpy as np
 
 from jaxrl_llm import objectives
 from jaxrl_llm.data.tokenize import TokenizedPrompt
+from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.objectives import pass_at_k
+from jaxrl_llm.parallel import allgather_objects, process_share, to_process_local
 from jaxrl_llm.rewards import RewardSet
-from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, cast_for_rollout
+from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, bucket_length, cast_for_rollout
 from jaxrl_llm.train.config.preflight import check_context_budget
 from jaxrl_llm.train.config.sections import EnvSection, EvalSection, RolloutSection
 from jaxrl_llm.train.online.episode_sampler import EpisodeSampler
 from jaxrl_llm.train.online.experience import Experience, concat_experience
 from jaxrl_llm.train.run.faults import fault_point
+
+_SAMPLERS = itertools.count()  # each Rollouts' stream of multi-process gathers
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
 # compiles only a few programs.
@@ -80,6 +86,23 @@ class Rollouts:
             n,
             key=f"rollout.max_new_tokens={n}",
         )
+        if settings.records_routing:
+            if not getattr(model_config, "is_moe", False):
+                raise ConfigError(
+                    "rollout.routing_replay / record_routing record a mixture of experts' "
+                    "routing; this model has no experts (set them to false)"
+                )
+            if getattr(model_config, "is_hybrid", False):
+                raise ConfigError(
+                    "rollout.routing_replay / record_routing: a hybrid (Gated DeltaNet) mixture "
+                    "of experts such as Qwen3.5-MoE does not record routing yet (its layer scan "
+                    "indexes experts per layer kind); set them to false"
+                )
+            if env is not None:
+                raise ConfigError(
+                    "rollout.routing_replay / record_routing: multi-turn episodes (env) do not "
+                    "record routing yet; use single-turn rollouts or set them to false"
+                )
         self.settings = settings
         self.rewards = rewards
         self.tokenizer = tokenizer
@@ -87,6 +110,10 @@ class Rollouts:
         self.weights_fn = weights_fn
         self.seed = seed
         self.partial = partial
+        self._local: tuple[int, Any] | None = None  # multi-process: (version, local weights)
+        # multi-process: this sampler's gathers are named (stream, call); samplers are made in
+        # the same order on every process, so the names agree
+        self._stream, self._gathers = next(_SAMPLERS), 0
         r = settings
         self.sampling = SamplingConfig(
             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p
@@ -124,14 +151,21 @@ class Rollouts:
         seed: int,
         greedy: bool = False,
         num_samples: int | None = None,
+        weights: tuple[Any, int] | None = None,
+        prompt_ids: list[int] | None = None,
+        prompt_buckets: tuple[int, ...] = PROMPT_BUCKETS,
     ) -> Experience | Callable[[], Experience]:
         """Generate; returns the scored :class:`Experience` (multi-turn episodes, scored as
         they are played) or ``score()``, which runs the reward functions on the completions
         and returns it (on any thread: the asynchronous producer scores off the sampling
-        thread)."""
+        thread). ``weights``, ``prompt_ids`` and ``prompt_buckets`` are a process's share's
+        (:meth:`_sample_share`): its local weights, the items' ids in the step, the step's
+        prompt width."""
         g = self.settings.group_size if num_samples is None else num_samples
         sampling = SamplingConfig(greedy=True) if greedy else self.sampling
-        params, version = self.weights_fn()
+        params, version = self.weights_fn() if weights is None else weights
+        if jax.process_count() > 1 and weights is None:
+            return self._sample_share(items, params, version, sampling, seed, g)
         if self.episodes is not None:
             return self.episodes(
                 params, version, items, sampling=sampling, seed=seed, num_samples=g
@@ -140,6 +174,8 @@ class Rollouts:
         params, config = cast_for_rollout(params, self.model_config, self.settings.dtype)
         engine: Callable[..., Any] = ROLLOUT_ENGINES[self.settings.engine]
         versions = None
+        if self.settings.records_routing and not greedy:  # the update replays it (R3)
+            engine = functools.partial(engine, record_routing=True)
         partial = self.partial and not greedy
         if partial:  # weights may change between chunks
             engine = functools.partial(
@@ -156,7 +192,8 @@ class Rollouts:
             num_samples=g,
             seed=seed,
             max_new_tokens=self.settings.max_new_tokens,
-            prompt_buckets=PROMPT_BUCKETS,
+            prompt_buckets=prompt_buckets,
+            prompt_ids=prompt_ids,
         )
         if partial:
             ro, versions = ro
@@ -173,6 +210,55 @@ class Rollouts:
         return functools.partial(
             _score, rewards, ro, texts, prompts, sources, extras, g, version, versions
         )
+
+    def _sample_share(
+        self,
+        items: list[TokenizedPrompt],
+        params: Any,
+        version: int,
+        sampling: SamplingConfig,
+        seed: int,
+        g: int,
+    ) -> Experience:
+        """A process's part of a multi-process step (every process calls it with the step's
+        whole ``items``): sample and score its own share of the items
+        (:func:`jaxrl_llm.parallel.process_share`) on its own devices, keyed by their ids in
+        the step and padded to the step's prompt width, so its rows are those one process
+        would draw for them; then gather every process's rows, in process order: each
+        process returns the step's whole experience."""
+        share = process_share(len(items))
+        if self._local is None or self._local[0] != version:  # the sampler's copy, once a version
+            self._local = (version, to_process_local(params))
+        local = None
+        mine = items[share]
+        if mine:
+            longest = max(len(x.prompt_ids) for x in items)
+            ids = list(range(share.start, share.stop))
+            if self.episodes is not None:
+                local = self.episodes(
+                    self._local[1],
+                    version,
+                    mine,
+                    sampling=sampling,
+                    seed=seed,
+                    num_samples=g,
+                    first_prompt_id=share.start,
+                )
+            else:
+                out = self._sample(
+                    mine,
+                    seed=seed,
+                    num_samples=g,
+                    weights=(self._local[1], version),
+                    greedy=sampling.greedy,
+                    prompt_ids=ids,
+                    prompt_buckets=(bucket_length(longest, PROMPT_BUCKETS),),
+                )
+                local = out if isinstance(out, Experience) else out()
+        self._gathers += 1
+        key = f"rollouts{self._stream}/{self._gathers}"
+        parts = [p for p in allgather_objects(local, key) if p is not None]
+        return merge_shares(parts)
 
     def _refresh(self, version: int, params: Any) -> Callable[[], tuple[Any, int]]:
         """``refresh()`` for a partial rollout: the newest published weights in the rollout
@@ -231,7 +317,11 @@ class Rollouts:
     def can_defer_scoring(self) -> bool:
         """Whether :meth:`collect_deferred` applies: no dynamic sampling (which must score a
         batch before drawing the next) and single-turn (episodes score as they play)."""
-        return not self.settings.dynamic_sampling and self.episodes is None
+        return (
+            not self.settings.dynamic_sampling
+            and self.episodes is None
+            and jax.process_count() == 1  # across processes a share is scored, then gathered
+        )
 
     def collect_deferred(
         self, iterator: Iterator[list[TokenizedPrompt]], step: int
@@ -312,6 +402,26 @@ class Rollouts:
             correct.extend(ok.reshape(-1, n).sum(1).tolist())
         c = np.asarray(correct, np.int64)
         return {f"eval/pass@{k}": float(np.mean(pass_at_k(n, c, k=k))) for k in settings.pass_at}
+
+
+def merge_shares(parts: list[Experience]) -> Experience:
+    """The processes' experiences of one step as one (rows in process order). Metrics that
+    count (failures, errors, timeouts, non-finite values) are summed; the others, means over
+    rows, are averaged weighted by each part's rows; ``time/*`` the slowest process's."""
+    if len(parts) == 1:
+        return parts[0]
+    out = concat_experience(parts, max_groups=sum(p.num_groups for p in parts))
+    rows = np.array([len(p) for p in parts], np.float64)
+    metrics: dict[str, float] = {}
+    for key in parts[0].metrics:
+        vals = np.array([float(p.metrics.get(key, 0.0)) for p in parts])
+        if key.startswith("time/"):
+            metrics[key] = float(vals.max())
+        elif key.endswith(("failures", "errors", "timeouts", "nonfinite", "failed")):
+            metrics[key] = float(vals.sum())
+        else:
+            metrics[key] = float((vals * rows).sum() / rows.sum())
+    return dataclasses.replace(out, metrics=metrics)
 
 
 def _oldest(versions: np.ndarray, default: int) -> np.ndarray:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -38,6 +37,7 @@ from jaxrl_llm.train.online.learner import Learner, context_padded
 from jaxrl_llm.train.online.placement import RolloutPlacement
 from jaxrl_llm.train.online.producer import Producer, WeightBox, snapshot
 from jaxrl_llm.train.online.rollout import Rollouts
+from jaxrl_llm.train.online.teacher import load_teacher
 from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.run.logging import SamplesLog
@@ -82,6 +82,7 @@ class OnlineTrainer(Trainer):
     def __init__(self, cfg: RunConfig, *, policy: Policy | None = None, log_stream=None):
         super().__init__(cfg, log_stream=log_stream)
         r = cfg.rollout
+        _check_processes(cfg)
         # The batch splits over the mesh and the config resolves: before any model loads.
         self.plan = plan = plan_run(cfg, check_mesh(cfg, mesh=policy.mesh if policy else None))
         self.eval_every, self.eval_before = cfg.eval.every, cfg.eval.before
@@ -113,12 +114,24 @@ class OnlineTrainer(Trainer):
             max_prompt_len=cfg.data.max_length,
         )
         self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
-        self.strategy = make_strategy(plan, p, self.rollouts, log=self.say)
+        # distillation: the frozen teacher (loaded again on resume: it is never checkpointed)
+        self.teacher = None
+        if plan.needs.teacher:
+            self.teacher = load_teacher(cfg, p, full_vocab=plan.needs.teacher_in_loss)
+        if self.teacher is not None:
+            assert cfg.teacher is not None
+            self.say(
+                f"teacher: {cfg.teacher.source} ({self.teacher.config.num_params() / 1e6:.1f}M "
+                f"params, {cfg.teacher.dtype}"
+                + (", with its own system prompt" if cfg.teacher.system_prompt else "")
+                + ")"
+            )
+        self.strategy = make_strategy(plan, p, self.rollouts, log=self.say, teacher=self.teacher)
         self.buffer = ExperienceBuffer(max_staleness=0)
         # rollout.max_staleness >= 1: the background rollout thread, started by the first
         # step (after a resume has restored the data position)
         self.producer: Producer | None = None
-        self.programs = programs = build_programs(plan, p)
+        self.programs = programs = build_programs(plan, p, teacher=self.teacher)
         self.step_fn = programs.train
         if plan.needs.skip_zero:
             self.say(
@@ -196,6 +209,15 @@ class OnlineTrainer(Trainer):
             state=state,
         )
 
+    def frozen(self) -> dict:
+        """The train step's frozen arguments: the policy's (LoRA's base) and, when the loss
+        runs it (GKD), the teacher's weights."""
+        out = self.policy.frozen()
+        if self.plan.needs.teacher_in_loss:
+            assert self.teacher is not None
+            out["teacher"] = self.teacher.params
+        return out
+
     def reference(self, batch: dict) -> dict:
         """The frozen reference's batch entries (``ref_logp`` or the pair log-probs), as
         numpy; its time adds to this step's ``time/reference_s``."""
@@ -204,7 +226,7 @@ class OnlineTrainer(Trainer):
         t = time.perf_counter()
         out = jax.device_get(
             context_padded(
-                lambda b: ref_fn(self.ref_params, {k: jnp.asarray(v) for k, v in b.items()}),
+                lambda b: ref_fn(self.ref_params, {k: np.asarray(v) for k, v in b.items()}),
                 batch,
                 self.policy,
             )
@@ -302,7 +324,7 @@ class OnlineTrainer(Trainer):
         t2 = time.perf_counter()
         hp = self.hparams(step)
         out = self.learner.update(
-            self.policy, prepared.batch, step, frozen=self.policy.frozen(), hparams=hp
+            self.policy, prepared.batch, step, frozen=self.frozen(), hparams=hp
         )
         t_update = time.perf_counter() - t2
         if self.producer is not None:
@@ -349,6 +371,27 @@ class OnlineTrainer(Trainer):
                 }
             )
         return out
+
+
+def _check_processes(cfg: RunConfig) -> None:
+    """What a multi-process online run does not do yet, refused in one line each."""
+    if jax.process_count() == 1:
+        return
+    from jaxrl_llm.errors import ConfigError
+
+    r, n = cfg.rollout, jax.process_count()
+    if r.max_staleness and r.staleness == "drop":
+        raise ConfigError(
+            f"rollout.staleness=drop across {n} processes is not built: each process would "
+            f"drop batches by its own clock; use staleness: wait"
+        )
+    if r.devices:
+        raise ConfigError(
+            f"rollout.devices={r.devices} across {n} processes is not built (placement "
+            f"within one host only); use rollout.devices: 0"
+        )
+    if r.correction is not None:
+        raise ConfigError(f"rollout.correction across {n} processes is not built yet")
 
 
 def _schedule(item, init: float, max_steps: int):

@@ -23,11 +23,12 @@ import jax
 import numpy as np
 
 from jaxrl_llm.losses import critic_values, get_loss, sequence_logps
-from jaxrl_llm.parallel import batch_sharding, constrain_batch, under_mesh
+from jaxrl_llm.parallel import batch_sharding, constrain_batch, on_processes, to_host, under_mesh
 from jaxrl_llm.parallel.context import batch_split, context_size
 from jaxrl_llm.train.config.plan import RunPlan
 from jaxrl_llm.train.programs.policy import Policy, policy_on_mesh
 from jaxrl_llm.train.programs.step import make_train_step
+from jaxrl_llm.train.programs.teacher import Teacher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,21 @@ class Programs:
     evaluate: Callable[..., Any]
     reference: Callable[..., Any] | None
     recompute: Callable[..., Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherPrograms:
+    """Distillation's forwards outside the step (reverse-KL advantages).
+
+    Attributes:
+      teacher: ``teacher(teacher_params, batch) -> logp [B, T]``, the frozen teacher's
+        log-probs of a batch's tokens, sharded and prompt-shared as the reference's forward.
+      student: ``student(params, batch, **frozen) -> logp [B, T]``, the policy's, from the
+        same log-prob code before the update (LoRA attached as in the step).
+    """
+
+    teacher: Callable[..., Any]
+    student: Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,10 +93,18 @@ def forward_under_mesh(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Calla
     return under_mesh(split, mesh)
 
 
-def build_programs(plan: RunPlan, policy: Policy) -> Programs:
-    """The policy's programs for ``plan`` (module docstring)."""
+def build_programs(plan: RunPlan, policy: Policy, teacher: Teacher | None = None) -> Programs:
+    """The policy's programs for ``plan`` (module docstring); ``teacher``: the frozen teacher
+    when the plan needs one (its forward, and its weights as the step's frozen ``teacher``
+    argument when the loss runs it)."""
     spec, lc, lp = plan.spec, plan.loss_config, plan.logprobs
-    loss = policy.loss_fn(spec.loss_fn, loss_config=lc, logprobs=lp)
+    loss_fn = spec.loss_fn
+    frozen_sharding = policy.frozen_sharding
+    if plan.needs.teacher_in_loss:
+        assert teacher is not None
+        loss_fn = functools.partial(loss_fn, teacher_apply_fn=teacher.apply_fn)
+        frozen_sharding = {**frozen_sharding, "teacher": teacher.sharding}
+    loss = policy.loss_fn(loss_fn, loss_config=lc, logprobs=lp)
     train = make_train_step(
         loss,
         policy.optimizer,
@@ -90,7 +114,7 @@ def build_programs(plan: RunPlan, policy: Policy) -> Programs:
         micro_batches=plan.rows.micro_batches,
         denominator_fn=functools.partial(spec.denominator_fn, config=lc),
         grad_clip=plan.cfg.optim.grad_clip,
-        frozen_sharding=policy.frozen_sharding,
+        frozen_sharding=frozen_sharding,
         skip_fn=plan.zero_batch_fn(),
     )
     reference = None
@@ -107,7 +131,33 @@ def build_programs(plan: RunPlan, policy: Policy) -> Programs:
             wrap=lambda fn: forward_under_mesh(fn, policy.mesh),
         )
     evaluate = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
-    return Programs(train=train, evaluate=evaluate, reference=reference, recompute=recompute)
+    # On a mesh spanning processes, host batches (every process holds the step's whole batch)
+    # enter as global arrays split by rows, and per-row results come back whole to every host.
+    mesh = policy.mesh
+    return Programs(
+        train=on_processes(train, mesh, gather=False),
+        evaluate=on_processes(evaluate, mesh, gather=True),
+        reference=None if reference is None else on_processes(reference, mesh, gather=True),
+        recompute=None if recompute is None else on_processes(recompute, mesh, gather=True),
+    )
+
+
+def build_teacher_programs(plan: RunPlan, policy: Policy, teacher: Teacher) -> TeacherPrograms:
+    """The teacher's and the student's log-prob forwards with the plan's settings (τ, the
+    completion window, the shared prompt), traced as the reference's forward is
+    (:func:`forward_under_mesh` on the policy's mesh)."""
+    lp = plan.logprobs
+    t_fn = functools.partial(sequence_logps, apply_fn=teacher.apply_fn, **lp.kwargs())
+    student = policy.logps_fn(
+        functools.partial(sequence_logps, **lp.kwargs()),
+        wrap=lambda fn: forward_under_mesh(fn, policy.mesh),
+    )
+    return TeacherPrograms(
+        teacher=on_processes(
+            jax.jit(forward_under_mesh(t_fn, policy.mesh)), policy.mesh, gather=True
+        ),
+        student=on_processes(student, policy.mesh, gather=True),
+    )
 
 
 def critic_policy(plan: RunPlan, policy: Policy, *, abstract: bool = False) -> Policy:
@@ -118,7 +168,7 @@ def critic_policy(plan: RunPlan, policy: Policy, *, abstract: bool = False) -> P
     config = dataclasses.replace(policy.config, num_labels=1)
     params = None
     if not abstract:
-        params = dict(jax.device_get(policy.state.params))
+        params = dict(jax.device_get(to_host(policy.state.params)))
         params["score_head"] = {"kernel": np.zeros((config.hidden_size, 1), np.float32)}
     rows = plan.rows
     return policy_on_mesh(
@@ -147,4 +197,7 @@ def build_critic(plan: RunPlan, critic: Policy) -> CriticPrograms:
         grad_clip=plan.cfg.optim.grad_clip,
     )
     values = jax.jit(functools.partial(critic_values, apply_fn=critic.apply_fn))
-    return CriticPrograms(train=train, values=values)
+    return CriticPrograms(
+        train=on_processes(train, critic.mesh, gather=False),
+        values=on_processes(values, critic.mesh, gather=True),
+    )

@@ -7,7 +7,12 @@ double as the reference model (adapters off), so the weights exist once.
 
 A mixture of experts runs expert-parallel over the mesh's ``expert`` axis (the mesh is bound
 into ``apply_fn``), and :meth:`Policy.loss_fn` adds its load-balancing loss to the training
-loss (``model.router_aux_loss_coef``; metric ``moe/aux_loss``).
+loss (``model.router_aux_loss_coef``; metric ``moe/aux_loss``). When the learner batch holds
+the sampler's recorded routing (``routing``; ``rollout.routing_replay`` / ``record_routing``),
+the policy's forwards in the loss and the correction's recompute receive it
+(:class:`~jaxrl_llm.models.RecordedRouting`): replayed with ``rollout.routing_replay`` (R3,
+Ma et al. 2025, https://arxiv.org/abs/2510.11370), compared against otherwise; metrics
+``routing/mismatch_frac`` and ``routing/own_topk_mismatch_frac``.
 
 With ``mesh.context: C > 1`` the mesh is bound into ``apply_fn`` too
 (:func:`jaxrl_llm.parallel.under_mesh`): every forward of the policy traced under jit (the
@@ -39,6 +44,7 @@ from jaxrl_llm.parallel import (
     make_mesh,
     replicated,
     split_devices,
+    to_host,
     under_mesh,
 )
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
@@ -64,6 +70,9 @@ class Policy:
         sums (each micro-batch's loss is a share of the step's, so the step adds α × the mean
         of the micro-batches' aux losses; a skipped micro-batch adds none). 0 for dense models.
       lr_schedule: the optimizer's learning-rate schedule (update count -> lr).
+      routing_replay: a mixture of experts: the policy's forwards route each token to the
+        experts of the batch's ``routing`` (rollout routing replay) instead of comparing
+        their own top-k with them (``rollout.routing_replay``).
     """
 
     config: models.ModelConfig
@@ -79,6 +88,7 @@ class Policy:
     frozen_sharding: dict
     router_aux_weight: float = 0.0
     lr_schedule: Callable[[Any], Any] | None = None
+    routing_replay: bool = False
 
     def learning_rate(self) -> float:
         """The learning rate of the last optimizer update (:func:`lr_schedule` at the state's
@@ -112,32 +122,53 @@ class Policy:
         With LoRA the trainable params are the adapters, attached unmerged to
         ``frozen["base"]`` (:func:`models.lora.attach_lora`: no full-size weight gradients).
 
+        Frozen models other than ``base`` (``teacher``: GKD's teacher weights) are passed to
+        the loss as keyword arguments.
+
         A mixture of experts: the loss's forwards of the trained params report their
         load-balancing loss (``ModelOutputs.router_aux_loss``); their mean ``aux`` is logged
         as ``moe/aux_loss`` and ``router_aux_weight · aux`` is added to the loss. Forwards of
-        frozen models inside the loss (a reference) are not counted.
+        frozen models inside the loss (a reference) are not counted. With the sampler's
+        routing in the batch (``batch["routing"]`` ``[B, T, L, k]``) those forwards replay it
+        or compare against it (:attr:`routing_replay`); the mean fractions of routing
+        decisions that differ from it are logged as ``routing/mismatch_frac`` (the experts
+        used: 0 under replay) and ``routing/own_topk_mismatch_frac`` (the forward's own top-k).
         """
         kw: dict[str, Any] = {"apply_fn": self.apply_fn, "config": loss_config}
         if logprobs is not None:
             kw["logprobs"] = logprobs
         lora = self.lora
         moe, aux_weight, apply_fn = self.config.is_moe, self.router_aux_weight, self.apply_fn
+        replay = self.routing_replay
 
         def fn(params, batch, *, hparams=None, base=None, **frozen):
             if lora is not None:
                 params = attach_lora(base, params, lora)
-            extra = {} if hparams is None else {"hparams": hparams}
+            # other frozen models (a distillation teacher) are the loss's own arguments
+            extra = dict(frozen) if hparams is None else {"hparams": hparams, **frozen}
             if not moe:
                 return loss(params, batch, **kw, **extra)
             aux_terms: list[jax.Array] = []
+            differ: list[tuple[jax.Array, jax.Array]] = []
+            recorded = _recorded_routing(batch, replay)
 
             def recording_apply(p, *args, **kwargs):
+                if p is params and recorded is not None:
+                    kwargs = {**kwargs, "routing": recorded}
                 out = apply_fn(p, *args, **kwargs)
                 if p is params and out.router_aux_loss is not None:
                     aux_terms.append(out.router_aux_loss)
+                if p is params and out.routing_mismatch is not None:
+                    differ.append((out.routing_mismatch, out.routing_own_mismatch))
                 return out
 
             value, metrics = loss(params, batch, **{**kw, "apply_fn": recording_apply}, **extra)
+            if differ:
+                metrics = {
+                    **metrics,
+                    "routing/mismatch_frac": sum(d[0] for d in differ) / len(differ),
+                    "routing/own_topk_mismatch_frac": sum(d[1] for d in differ) / len(differ),
+                }
             if not aux_terms:
                 return value, metrics
             aux = sum(aux_terms) / len(aux_terms)
@@ -152,15 +183,26 @@ class Policy:
         apply_fn)`` (e.g. ``losses.sequence_logps`` with the run's log-prob settings), the
         model bound as in :meth:`loss_fn` (LoRA attached unmerged): the numbers the update's
         own forward computes, before the update. ``wrap``: applied to ``fn`` before jit
-        (e.g. :func:`jaxrl_llm.train.programs.builder.forward_under_mesh`)."""
+        (e.g. :func:`jaxrl_llm.train.programs.builder.forward_under_mesh`). A batch with the
+        sampler's ``routing`` is replayed (or compared against) as in :meth:`loss_fn`."""
         apply_fn, lora = self.apply_fn, self.lora
+        moe, replay = self.config.is_moe, self.routing_replay
 
         def fn(params, batch, *, base=None):
             if lora is not None:
                 params = attach_lora(base, params, lora)
-            return jax.lax.stop_gradient(logps(params, batch, apply_fn=apply_fn))
+            recorded = _recorded_routing(batch, replay) if moe else None
+            af = apply_fn if recorded is None else functools.partial(apply_fn, routing=recorded)
+            return jax.lax.stop_gradient(logps(params, batch, apply_fn=af))
 
         return jax.jit(fn if wrap is None else wrap(fn))
+
+
+def _recorded_routing(batch: Any, replay: bool) -> models.RecordedRouting | None:
+    """The sampler's routing of a learner batch (its ``routing`` entry) for the policy's
+    forwards, replayed or only compared against; None when the batch has none."""
+    routing = batch.get("routing") if hasattr(batch, "get") else None
+    return None if routing is None else models.RecordedRouting(routing, replay=replay)
 
 
 @functools.partial(jax.jit, static_argnames=("lora",))
@@ -438,6 +480,7 @@ def policy_on_mesh(
         frozen_sharding=frozen_sharding,
         router_aux_weight=router_aux_weight(cfg, config, micro_batches),
         lr_schedule=schedule,
+        routing_replay=cfg.is_online and cfg.rollout.routing_replay,
     )
 
 
@@ -462,12 +505,15 @@ def router_aux_weight(cfg: RunConfig, config: models.ModelConfig, micro_batches:
 
 
 def export_policy(policy: Policy, cfg: RunConfig) -> str | None:
-    """Write the trained policy (LoRA adapters merged) as a Hugging Face directory."""
+    """Write the trained policy (LoRA adapters merged) as a Hugging Face directory (process
+    0 writes; on a mesh spanning processes every process takes part in gathering the
+    weights first)."""
+    params = jax.device_get(to_host(policy.full_params()))
     if jax.process_index() != 0:
         return None
     from jaxrl_llm.interop import export_hf
 
     out = os.path.join(cfg.output_dir, "hf")
     tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
-    export_hf(out, config=policy.config, params=jax.device_get(policy.full_params()), tokenizer=tok)
+    export_hf(out, config=policy.config, params=params, tokenizer=tok)
     return out

@@ -279,6 +279,18 @@ def _with_hparams(step: Callable, jitted: Callable) -> Callable:
     return run
 
 
+def _step_metrics(metrics, loss, grad_norm, tokens, loss_tokens, finite) -> dict:
+    """A step's metrics: the loss's own (float32) and the step's (see make_train_step)."""
+    return {
+        **{k: jnp.asarray(v, jnp.float32) for k, v in dict(metrics).items()},
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "tokens": tokens,
+        "loss_tokens": loss_tokens,
+        "nonfinite": 1.0 - finite.astype(jnp.float32),
+    }
+
+
 def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -378,14 +390,7 @@ def make_train_step(
         )
         rng, _ = jax.random.split(state.rng)
         new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
-        out = {
-            **{k: jnp.asarray(v, jnp.float32) for k, v in dict(metrics).items()},
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "tokens": tokens,
-            "loss_tokens": loss_tokens,
-            "nonfinite": 1.0 - finite.astype(jnp.float32),
-        }
+        out = _step_metrics(metrics, loss, grad_norm, tokens, loss_tokens, finite)
         if skip_fn is not None:
             out["computed_micro_batches"] = computed
         return new_state, out

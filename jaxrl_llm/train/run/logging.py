@@ -1,5 +1,11 @@
-"""Run logging: ``metrics.jsonl`` (one JSON object per logged step, with ``step``), TensorBoard
-event files, optional Weights & Biases, and a progress line with ETA and key metrics.
+"""Run logging: ``metrics.jsonl`` (one JSON object per logged step, with ``step``), the
+experiment trackers that mirror it (TensorBoard, Weights & Biases, MLflow:
+:mod:`jaxrl_llm.train.run.trackers`), and a progress line with ETA and key metrics.
+
+One key set per run: every line carries every key an earlier line carried (``null`` where this
+step did not produce it: ``eval/*`` between evaluations, a feature's keys on steps without it),
+and when the run ends (:meth:`MetricsLogger.close`, also on a stop) lines written before a key
+first appeared get it as ``null`` too, so every line of a finished run has the same keys.
 
 Only process 0 writes (multi-host runs never clobber each other's files); other processes get
 a logger whose methods do nothing, so callers never branch on the process index.
@@ -18,10 +24,12 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from jaxrl_llm.train.run.trackers import EndStatus, Tracker, open_trackers
 
 
 def _finite(x: Any) -> Any:
@@ -75,8 +83,15 @@ class MetricsLogger:
     Args:
       run_dir: where ``metrics.jsonl`` and ``tb/`` live (created if needed).
       total_steps: for the progress line's ETA.
-      tensorboard: write TensorBoard events (needs ``tensorboardX``; skipped with a note if absent).
-      wandb_project: log to Weights & Biases as well (needs ``wandb`` installed and logged in).
+      trackers: the trackers to mirror rows to (``tensorboard``, ``wandb``, ``mlflow``;
+        :mod:`jaxrl_llm.train.run.trackers`); None: ``tensorboard`` when ``tensorboard`` (and
+        then skipped with a note when ``tensorboardX`` is missing), ``wandb`` when
+        ``wandb_project``.
+      tensorboard: with ``trackers`` None, write TensorBoard events.
+      wandb_project: with ``trackers`` None, log to this Weights & Biases project as well.
+      project, run_name: the W&B project / MLflow experiment and the run's name there
+        (defaults: ``wandb_project`` or ``jaxrl_llm``; the name of ``run_dir``).
+      config: the run's resolved config, given to W&B as its config and MLflow as params.
       is_main_process: only the main process writes; others are no-ops.
       progress_keys: metric names shown on the progress line.
       stream: where progress lines go (stderr by default, so stdout stays clean).
@@ -97,8 +112,11 @@ class MetricsLogger:
         run_dir: str,
         *,
         total_steps: int | None = None,
+        trackers: Sequence[str] | None = None,
         tensorboard: bool = True,
         wandb_project: str | None = None,
+        project: str | None = None,
+        run_name: str | None = None,
         is_main_process: bool = True,
         progress_keys: tuple[str, ...] = ("loss",),
         stream=None,
@@ -115,61 +133,68 @@ class MetricsLogger:
         self.stream = stream or sys.stderr
         self._t0 = time.perf_counter()
         self._first_step: int | None = None
-        self._tb = None
-        self._wandb = None
+        self.trackers: list[Tracker] = []
         self._file = None
+        self._keys: dict[str, None] = {}  # every key logged so far (not ``step``), in order
+        self._ragged = False  # some line of the file lacks a key of ``_keys``
         if not self.enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
-        path = os.path.join(run_dir, "metrics.jsonl")
+        self.path = path = os.path.join(run_dir, "metrics.jsonl")
         if resume:
-            self.rows = _truncate_rows(path, keep_rows)
+            kept = _truncate_rows(path, keep_rows)
+            for row in kept:
+                self._keys.update(dict.fromkeys(k for k in row if k != "step"))
+            self._ragged = any(len(row) != len(self._keys) + 1 for row in kept)
+            self.rows = len(kept)
         # held open for the run's lifetime; close() closes it
         self._file = open(path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
-        if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
+        optional: tuple[str, ...] = ()
+        if trackers is None:
+            trackers = (["tensorboard"] if tensorboard else []) + (
+                ["wandb"] if wandb_project else []
+            )
+            optional = ("tensorboard",)
+        self.trackers = open_trackers(
+            trackers,
+            run_dir,
+            project=project or wandb_project or "jaxrl_llm",
+            run_name=run_name or os.path.basename(os.path.normpath(os.path.abspath(run_dir))),
+            config=config or {},
+            resume=resume,
+            resume_step=resume_step,
+            optional=optional,
+            note=lambda line: print(line, file=self.stream),
+        )
 
-                purge = resume_step + 1 if resume and resume_step is not None else None
-                self._tb = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=purge)
-            except ImportError:
-                print(
-                    "note: tensorboardX not installed; skipping TensorBoard events",
-                    file=self.stream,
-                )
-        if wandb_project:
-            try:
-                import wandb
-            except ImportError:
-                print(
-                    "note: wandb not installed; skipping Weights & Biases logging", file=self.stream
-                )
-            else:
-                self._wandb = wandb.init(
-                    project=wandb_project,
-                    dir=run_dir,
-                    config=config or {},
-                    resume="allow" if resume else None,
-                )
+    def _add_keys(self, row: Mapping[str, Any]) -> None:
+        """Extend the key set by ``row``'s keys; lines already written lack the new ones."""
+        new = [k for k in row if k != "step" and k not in self._keys]
+        if new and self.rows > 0:
+            self._ragged = True
+        self._keys.update(dict.fromkeys(new))
 
     def log(self, step: int, metrics: Mapping[str, Any], *, progress: bool = True) -> dict:
-        """Append one JSON line ``{"step": step, **metrics}`` and mirror it to TB / W&B."""
-        row = {"step": int(step), **scalarize(metrics)}
+        """Append one JSON line ``{"step": step, **metrics}``, with ``null`` for each key an
+        earlier line had that ``metrics`` lacks, and mirror it to the trackers (the keys of
+        ``metrics`` only: a W&B row logged twice at one step, as the final evaluation is, is
+        merged, and padding nulls would erase the first row's values)."""
+        new = {"step": int(step), **scalarize(metrics)}
         bad = nonfinite_count(metrics)
         if bad:
-            row["log/nonfinite_values"] = bad  # logged as null
-        self.rows += 1
+            new["log/nonfinite_values"] = bad  # logged as null
         if not self.enabled:
-            return row
+            self.rows += 1
+            return new
         assert self._file is not None  # enabled implies an open file
+        self._add_keys(new)
+        row = {"step": new["step"], **{k: new.get(k) for k in self._keys}}
+        self.rows += 1
         self._file.write(json.dumps(row, allow_nan=False, default=repr) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
-        if self._wandb is not None:
-            self._wandb.log(row, step=int(step))
+        own = {k: v for k, v in new.items() if k != "step"}  # not the padding nulls
+        for tracker in self.trackers:
+            tracker.log(int(step), own)
         if progress:
             self.print_progress(step, row)
         return row
@@ -195,35 +220,53 @@ class MetricsLogger:
                 parts.append(f"{k} {v}")
         print(" | ".join(parts), file=self.stream, flush=True)
 
-    def close(self) -> None:
-        """Flush and close every sink."""
+    def close(self, status: EndStatus = "finished") -> None:
+        """Close every sink; lines written before a key first appeared get it as ``null``
+        (an atomic rewrite), so every line has the run's key set. ``status`` (``finished``,
+        ``stopped``: Ctrl-C / SIGTERM, ``failed``) is what the trackers record. A second
+        call does nothing."""
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
+            if self._ragged:
+                rows = [json.loads(line) for line in _complete_lines(self.path)]
+                _write_lines(self.path, [self._line(r) for r in rows])
+                self._ragged = False
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close(status)
+
+    def _line(self, row: Mapping[str, Any]) -> str:
+        full = {"step": row.get("step"), **{k: row.get(k) for k in self._keys}}
+        return json.dumps(full, allow_nan=False, default=repr)
 
 
-def _truncate_rows(path: str, keep: int | None) -> int:
-    """Atomically rewrite ``path`` with its first ``keep`` complete rows (None: all of them);
-    returns the number of rows kept. A missing file counts as empty."""
-    if not os.path.isfile(path):
-        return 0
+def _complete_lines(path: str) -> list[str]:
+    """The lines of ``path`` that are whole JSON objects (a torn last line is left out)."""
     with open(path, encoding="utf-8") as f:
-        lines = [line for line in f.read().split("\n") if _is_row(line)]
-    if keep is not None:
-        lines = lines[:keep]
+        return [line for line in f.read().split("\n") if _is_row(line)]
+
+
+def _write_lines(path: str, lines: list[str]) -> None:
+    """Replace ``path`` with ``lines`` atomically (temporary file + ``os.replace``)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in lines))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return len(lines)
+
+
+def _truncate_rows(path: str, keep: int | None) -> list[dict]:
+    """Atomically rewrite ``path`` with its first ``keep`` complete rows (None: all of them);
+    returns the rows kept. A missing file counts as empty."""
+    if not os.path.isfile(path):
+        return []
+    lines = _complete_lines(path)
+    if keep is not None:
+        lines = lines[:keep]
+    _write_lines(path, lines)
+    return [json.loads(line) for line in lines]
 
 
 def _is_row(line: str) -> bool:

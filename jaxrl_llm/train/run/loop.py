@@ -211,8 +211,26 @@ class Trainer:
     def _run(self) -> dict:
         cfg = self.cfg
         self.logger = logger = make_logger(
-            cfg, progress_keys=self.progress_keys, stream=self.log_stream, resumed=self.resumed
+            cfg,
+            progress_keys=self.progress_keys,
+            stream=self.log_stream,
+            resumed=self.resumed,
+            loss_config=self.plan.loss_config,
         )
+        try:
+            summary = self._steps(logger)
+        except (RunStopped, KeyboardInterrupt):
+            logger.close("stopped")
+            raise
+        except BaseException:
+            logger.close("failed")
+            raise
+        logger.close()
+        return summary
+
+    def _steps(self, logger) -> dict:
+        """The step loop, the final save, evaluation and export; returns the summary."""
+        cfg = self.cfg
         summary: dict[str, Any] = {}
         t_start = time.perf_counter()
         if self.eval_before and self.eval_data is not None and self.start_step == 0:
@@ -244,7 +262,6 @@ class Trainer:
             total_time_s=time.perf_counter() - t_start,
             steps=cfg.max_steps,
         )
-        logger.close()
         return summary
 
     def _step(self, step: int) -> None:

@@ -43,30 +43,46 @@ def restore_latest(ckpt, policy: Policy, step: int | None = None) -> dict | None
     return extra
 
 
-def make_logger(cfg: RunConfig, *, progress_keys, stream, resumed: dict | None):
-    """The run's MetricsLogger (metrics.jsonl, TensorBoard, W&B; main process only).
+def make_logger(
+    cfg: RunConfig, *, progress_keys, stream, resumed: dict | None, loss_config: Any = None
+):
+    """The run's MetricsLogger (metrics.jsonl and the trackers of ``logging``; main process
+    only). The trackers get the resolved config (:func:`resolved_config_dict`).
 
     ``resumed`` is the ``extra`` dict of the checkpoint the run resumed from (None for a fresh
     run): its ``metrics_rows`` (see :func:`run_extra`) says how many rows of ``metrics.jsonl``
     to keep, and its ``step`` which TensorBoard events to purge, so rows logged after that
     checkpoint by a killed run are not duplicated.
     """
-    from jaxrl_llm.train.config.config_io import to_dict
     from jaxrl_llm.train.run.logging import MetricsLogger
 
+    lg = cfg.logging
     return MetricsLogger(
         cfg.output_dir,
         total_steps=cfg.max_steps,
-        tensorboard=cfg.logging.tensorboard,
-        wandb_project=cfg.logging.wandb_project,
+        trackers=lg.active_trackers(),
+        project=lg.project or lg.wandb_project,
+        run_name=lg.run_name,
         is_main_process=jax.process_index() == 0,
         progress_keys=progress_keys,
         stream=stream,
-        config=to_dict(cfg),
+        config=resolved_config_dict(cfg, loss_config),
         resume=resumed is not None,
         keep_rows=None if resumed is None else resumed.get("metrics_rows"),
         resume_step=None if resumed is None else resumed.get("step"),
     )
+
+
+def resolved_config_dict(cfg: RunConfig, loss_config: Any = None) -> dict:
+    """The config as a dict, its loss section as the run plan resolved it (``loss_config``,
+    with its defaults; None keeps the config's), without ``resume``."""
+    from jaxrl_llm.train.config.config_io import to_dict
+
+    resolved = to_dict(cfg)
+    if loss_config is not None:
+        resolved["loss"] = to_dict(loss_config)
+    resolved.pop("resume", None)
+    return resolved
 
 
 def run_extra(
@@ -215,11 +231,7 @@ def record_config(cfg: RunConfig, loss_config: Any, resumed_step: int | None, sa
         return
     import yaml
 
-    from jaxrl_llm.train.config.config_io import to_dict
-
-    resolved = to_dict(cfg)
-    resolved["loss"] = to_dict(loss_config)
-    resolved.pop("resume", None)
+    resolved = resolved_config_dict(cfg, loss_config)
     original = os.path.join(cfg.output_dir, "config.yaml")
     if resumed_step is None or not os.path.isfile(original):
         path = original

@@ -1,0 +1,191 @@
+"""``rollout.routing_replay`` (R3; Ma et al. 2025, https://arxiv.org/abs/2510.11370) through the
+online trainer: a tiny Qwen3-MoE GRPO run records the sampler's routing, hands it to the learner
+(the plan's ``routing`` batch entry, packed with ``logprobs.pack``) and replays it in the update.
+
+On CPU in float32 the sampler and the trainer route alike, so here the sampler is handed the
+policy's weights with a slightly perturbed router (as a bfloat16 sampler or another kernel
+would differ): the trainer's own top-k then differs from the recorded routing on some decisions
+(``routing/own_topk_mismatch_frac`` > 0); with replay the update routes as the sampler did
+(``routing/mismatch_frac`` = 0), without it (``record_routing`` only) the two fractions are
+equal.
+"""
+
+import json
+import os
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.train.config.config_io import from_dict
+from jaxrl_llm.train.config.plan import ROUTING_FIELD, plan_run
+from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.online.trainer import OnlineTrainer
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toy_r3")
+    rng = random.Random(0)
+    rows = []
+    for _ in range(40):
+        a, b = rng.sample(range(10), 2)
+        rows.append({"prompt": f"{a}{b}>", "answer": str(max(a, b))})
+    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return d
+
+
+def _config(toy_data, out, algorithm="grpo", *, model=None, **over):
+    base = dict(
+        output_dir=str(out),
+        max_steps=2,
+        algorithm=algorithm,
+        seed=3,
+        model=model
+        or dict(source="tiny", tokenizer="char", tiny=dict(family="qwen3_moe", num_layers=2)),
+        optim=dict(name="sgd", lr=1e-2),
+        data=dict(train=str(toy_data / "train.jsonl"), max_length=32),
+        rollout=dict(prompts_per_step=2, group_size=4, max_new_tokens=3),
+        rewards=[dict(name="tests.train.toy_rewards:larger_digit")],
+        logging=dict(tensorboard=False, plots=False),
+        eval=dict(before=False),
+    )
+    for k, v in over.items():
+        base[k] = {**base[k], **v} if isinstance(base.get(k), dict) else v
+    return from_dict(RunConfig, base)
+
+
+def _perturb_sampler_router(trainer, scale=0.3):
+    """The sampler gets the policy's weights with router kernels + ``scale`` × std noise."""
+    weights_fn = trainer.rollouts.weights_fn
+
+    def perturbed():
+        params, version = weights_fn()
+        kernel = params["layers"]["router"]["kernel"]
+        noise = jax.random.normal(jax.random.PRNGKey(7), kernel.shape, kernel.dtype)
+        layers = {
+            **params["layers"],
+            "router": {"kernel": kernel + scale * jnp.std(kernel) * noise},
+        }
+        return {**params, "layers": layers}, version
+
+    trainer.rollouts.weights_fn = perturbed
+
+
+def _two_steps(cfg):
+    trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
+    batches = []
+    prepare = trainer.strategy.prepare
+
+    def recording_prepare(exp, reference):
+        out = prepare(exp, reference)
+        batches.append((exp, out.batch))
+        return out
+
+    trainer.strategy.prepare = recording_prepare
+    _perturb_sampler_router(trainer)
+    try:
+        return [trainer.train_step(s) for s in (1, 2)], batches, trainer.policy.config
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize(
+    "rollout, logprobs, mesh",
+    [
+        (dict(), dict(), dict()),
+        (dict(engine="paged"), dict(pack=True), dict()),
+        (dict(), dict(), dict(data=2, expert=4)),  # experts split 4 ways (8 CPU devices)
+        (dict(correction=dict()), dict(), dict()),  # the recompute forward replays too
+    ],
+    ids=["static", "paged-packed", "expert-mesh", "correction"],
+)
+def test_grpo_with_routing_replay_runs_two_steps(toy_data, tmp_path, rollout, logprobs, mesh):
+    cfg = _config(
+        toy_data,
+        tmp_path,
+        rollout=dict(routing_replay=True, **rollout),
+        logprobs=logprobs,
+        mesh=mesh,
+    )
+    metrics, batches, config = _two_steps(cfg)
+    assert len(batches) == 2
+    for m, (exp, batch) in zip(metrics, batches, strict=True):
+        n, t = batch["input_ids"].shape
+        assert exp.routing.shape == (n, t, config.num_layers, config.num_experts_per_tok)
+        np.testing.assert_array_equal(batch["routing"], exp.routing.astype(np.int32))
+        assert np.isfinite(m["loss"])
+        assert m["routing/mismatch_frac"] == 0.0  # the update routes as the sampler did
+        assert 0.0 < m["routing/own_topk_mismatch_frac"] < 0.5  # its own router would not
+    if logprobs:
+        assert 0 < metrics[0]["pack/fill"] <= 1
+
+
+def test_recorded_routing_without_replay_is_only_compared(toy_data, tmp_path):
+    cfg = _config(toy_data, tmp_path, rollout=dict(record_routing=True))
+    metrics, _, _ = _two_steps(cfg)
+    for m in metrics:
+        assert m["routing/mismatch_frac"] > 0.0
+        assert m["routing/mismatch_frac"] == pytest.approx(m["routing/own_topk_mismatch_frac"])
+
+
+def test_plan_declares_the_routing_entry(toy_data, tmp_path):
+    cfg = _config(toy_data, tmp_path, rollout=dict(routing_replay=True), logprobs=dict(pack=True))
+    plan = plan_run(cfg, dict(data=1))
+    assert ROUTING_FIELD in plan.layout.fields
+    packed = dict(
+        plan.step_layout.shapes(
+            rows=8, tokens=20, window=3, packed_rows=8, packed_len=20, layers=2, topk=2
+        )
+    )
+    assert packed["routing"] == ((8, 20, 2, 2), "int32")
+    plain = plan_run(_config(toy_data, tmp_path), dict(data=1))
+    assert "routing" not in plain.layout.names
+
+
+def test_routing_replay_config_errors(toy_data, tmp_path):
+    with pytest.raises(ConfigError, match="no experts"):
+        OnlineTrainer(
+            _config(
+                toy_data,
+                tmp_path,
+                model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
+                rollout=dict(routing_replay=True),
+            ),
+            log_stream=open(os.devnull, "w"),
+        )
+    with pytest.raises(ConfigError, match="routing is replayed in 'rl' batches only"):
+        plan_run(_config(toy_data, tmp_path, "online_dpo", rollout=dict(routing_replay=True)), {})
+
+
+def test_concat_experience_left_pads_routing_and_rl_batch_carries_it():
+    """Dynamic sampling's concatenation widens prompts to the widest: the routing's prompt
+    columns are left-padded with the experts 0..k−1 (masked positions), and ``rl_batch``
+    hands the routing over aligned with ``input_ids``."""
+    from jaxrl_llm.train.online.experience import concat_experience, rl_batch
+    from tests.train.test_experience import make_experience, make_rollout
+
+    def part(p, seed):
+        ro = make_rollout(
+            prompt_tokens=np.full((2, p), 5),
+            prompt_mask=np.ones((2, p)),
+            tokens=[[7, 8], [9, 10]],
+            mask=np.ones((2, 2)),
+            logprobs=np.zeros((2, 2)),
+        )
+        r = np.random.default_rng(seed).integers(0, 8, (2, p + 2, 3, 2)).astype(np.int16)
+        return make_experience(ro._replace(routing=r), [1.0, 0.0], group_size=2), r
+
+    (a, ra), (b, rb) = part(2, 0), part(3, 1)
+    out = concat_experience([a, b], max_groups=2)
+    assert out.routing.shape == (4, 5, 3, 2) and out.routing.dtype == np.int16
+    np.testing.assert_array_equal(out.routing[:2, 1:], ra)
+    np.testing.assert_array_equal(out.routing[:2, 0], np.broadcast_to([0, 1], (2, 3, 2)))
+    np.testing.assert_array_equal(out.routing[2:], rb)
+    batch = rl_batch(out, np.ones(4, np.float32), np.ones(4, np.int32))
+    assert batch["routing"].dtype == np.int32
+    assert batch["routing"].shape[:2] == batch["input_ids"].shape
+    np.testing.assert_array_equal(batch["routing"], out.routing)
