@@ -1,8 +1,10 @@
 """``jaxrl-llm compile``: compile a run's programs (train step, reference, recompute, critic,
 decode loop) for a TPU slice on this machine (no TPU needed, ``libtpu`` is) and print
 per-device compiled memory, FLOPs and whether it fits, next to ``jaxrl-llm memory``'s
-estimate. ``--config RUN.yaml`` compiles exactly what ``jaxrl-llm train RUN.yaml`` runs;
-otherwise the run is described by ``--algorithm`` and the size flags."""
+estimate, and each program's per-device work (FLOPs and HBM bytes with loop trip counts,
+collective bytes) with its roofline time on the chip's datasheet numbers. ``--config
+RUN.yaml`` compiles exactly what ``jaxrl-llm train RUN.yaml`` runs; otherwise the run is
+described by ``--algorithm`` and the size flags."""
 
 from __future__ import annotations
 
@@ -31,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--topology",
         required=True,
         help="TPU slice as GENERATION:GRID, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4",
+    )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="compile for the first N devices of the slice only (e.g. 1: one chip of a v5p "
+        "slice, whose smallest topology is 2x2x1)",
     )
     parser.add_argument(
         "--mesh",
@@ -112,11 +121,13 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm compile``."""
     from jaxrl_llm.cli.memory import params_text, resolve_model_config
     from jaxrl_llm.errors import ConfigError
-    from jaxrl_llm.parallel.topology import tpu_topology
+    from jaxrl_llm.parallel.topology import first_devices, tpu_topology
     from jaxrl_llm.train.compile.aot import compile_preset, compile_run
     from jaxrl_llm.train.config.sections import CorrectionSection
 
     topology = tpu_topology(args.topology)  # LibtpuMissingError: one line, exit status 2
+    if args.devices is not None:
+        topology = first_devices(topology, args.devices)
     if args.config is not None:
         from jaxrl_llm.train.config.config_io import load_config
         from jaxrl_llm.train.config.run_config import RunConfig
@@ -167,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         s = report.settings
         print(
             f"{algorithm} on {model} ({params_text(config)}), "
-            f"{args.topology} ({topology.num_devices} devices), mesh {report.mesh}, "
+            f"{topology.name} ({topology.num_devices} devices), mesh {report.mesh}, "
             f"{s['dtype']}, remat={s['remat']}, batch {s['batch_size']} x {s['seq_len']} "
             f"tokens, {s['rows_per_update']} rows per forward/backward"
         )

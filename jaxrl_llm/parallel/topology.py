@@ -10,6 +10,29 @@ HBM per chip, from Google Cloud's TPU pages
 (https://cloud.google.com/tpu/docs/system-architecture-tpu-vm):
 v4 32 GiB, v5e 16 GiB, v5p 95 GiB, v6e (Trillium) 32 GiB. A chip with two TensorCores that
 the runtime shows as two devices (v4 without megacore) gives each device half.
+
+Peak bf16 FLOP/s, HBM bandwidth and inter-chip interconnect (ICI) bandwidth per chip, for the
+roofline of ``jaxrl-llm compile`` (:mod:`jaxrl_llm.train.compile.hlo_cost`), from the
+"System architecture" table of each generation's Google Cloud TPU page
+(https://cloud.google.com/tpu/docs/v4, https://cloud.google.com/tpu/docs/v5e,
+https://cloud.google.com/tpu/docs/v5p, https://cloud.google.com/tpu/docs/v6e), read
+2026-11-26:
+
+* v4: 275 TFLOP/s, 1200 GB/s HBM. ICI: not given as a per-chip number on that page; left
+  unknown (None), so a v4 roofline has no collective term.
+* v5e: 197 TFLOP/s; HBM 819 GB/s (an older version of the page; the current one says
+  "800 GiBps", 859 GB/s: UNSURE which, the lower is used); ICI 400 GB/s bidirectional per
+  chip (the current page; an older one gives "1600 Gbps" = 200 GB/s, likely one way).
+* v5p: 459 TFLOP/s; HBM 2765 GB/s (= the current page's "2575 GiBps"); ICI 1200 GB/s
+  bidirectional per chip (the current page; older versions give "4800 Gbps" = 600 GB/s,
+  likely one way).
+* v6e: 918 TFLOP/s; HBM 1640 GB/s (one version of the page says 1600: UNSURE, the higher
+  is used); ICI 800 GB/s bidirectional per chip (the current page; older versions give
+  "3584 Gbps" = 448 GB/s and "3200 Gbps" = 400 GB/s: UNSURE).
+
+The bidirectional ICI number is every link of a chip busy both ways at once: a roofline
+that divides the bytes a device sends by it is a lower bound on the time of its
+collectives.
 """
 
 from __future__ import annotations
@@ -35,6 +58,31 @@ TPU_HBM_BYTES: dict[str, int] = {
     "v6e": 32 * GiB,
 }
 
+#: Peak dense bf16 FLOP/s per chip (module docstring for the source).
+TPU_PEAK_BF16_FLOPS: dict[str, float] = {
+    "v4": 275e12,
+    "v5e": 197e12,
+    "v5p": 459e12,
+    "v6e": 918e12,
+}
+
+#: HBM bandwidth per chip, bytes/s (module docstring: v5e's and v6e's are UNSURE).
+TPU_HBM_BANDWIDTH: dict[str, float] = {
+    "v4": 1200e9,
+    "v5e": 819e9,
+    "v5p": 2765e9,
+    "v6e": 1640e9,
+}
+
+#: Bidirectional ICI bandwidth per chip, bytes/s; None: not on the datasheet (v4). v6e's is
+#: UNSURE (module docstring).
+TPU_ICI_BANDWIDTH: dict[str, float | None] = {
+    "v4": None,
+    "v5e": 400e9,
+    "v5p": 1200e9,
+    "v6e": 800e9,
+}
+
 #: How to get the TPU compiler when it is missing (one line, shown by the CLI).
 LIBTPU_HINT = (
     f'install the TPU compiler: pip install "jax[tpu]=={jax.__version__}" '
@@ -56,6 +104,9 @@ class Topology:
       name: e.g. ``"v5p:2x2x2"``. generation: ``"v5p"``. chips: chips in the slice.
       devices: the abstract devices (one per TensorCore group the runtime exposes).
       hbm_bytes_per_device: HBM each device owns.
+      peak_flops_per_device, hbm_bandwidth_per_device, ici_bandwidth_per_device: the chip's
+        datasheet numbers (FLOP/s, bytes/s; module docstring) shared by its devices; ICI
+        None where the datasheet gives none.
     """
 
     name: str
@@ -63,6 +114,9 @@ class Topology:
     chips: int
     devices: tuple
     hbm_bytes_per_device: int
+    peak_flops_per_device: float = 0.0
+    hbm_bandwidth_per_device: float = 0.0
+    ici_bandwidth_per_device: float | None = None
 
     @property
     def num_devices(self) -> int:
@@ -125,12 +179,37 @@ def tpu_topology(name: str) -> Topology:
     devices = tuple(desc.devices)
     chips = math.prod(grid)
     per_chip = max(len(devices) // chips, 1)
+    ici = TPU_ICI_BANDWIDTH[gen]
     return Topology(
         name=name.strip(),
         generation=gen,
         chips=chips,
         devices=devices,
         hbm_bytes_per_device=TPU_HBM_BYTES[gen] // per_chip,
+        peak_flops_per_device=TPU_PEAK_BF16_FLOPS[gen] / per_chip,
+        hbm_bandwidth_per_device=TPU_HBM_BANDWIDTH[gen] / per_chip,
+        ici_bandwidth_per_device=None if ici is None else ici / per_chip,
+    )
+
+
+def first_devices(topology: Topology, n: int) -> Topology:
+    """The first ``n`` devices of a slice as a slice of their own (``jaxrl-llm compile
+    --devices``): one device of a v5p slice, whose smallest topology is 2x2x1, to compare a
+    program on one chip with the same program split over the slice.
+
+    Raises:
+      ConfigError: ``n`` is not in [1, the slice's devices].
+    """
+    if not 1 <= n <= topology.num_devices:
+        raise ConfigError(
+            f"--devices {n}: the slice {topology.name} has {topology.num_devices} devices"
+        )
+    per_chip = max(topology.num_devices // topology.chips, 1)
+    return dataclasses.replace(
+        topology,
+        name=f"{topology.name}[:{n}]",
+        chips=-(-n // per_chip),
+        devices=topology.devices[:n],
     )
 
 

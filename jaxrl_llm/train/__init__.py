@@ -10,7 +10,8 @@ import types
 from jaxrl_llm.train.api import build_config, check_run, run_training, train
 from jaxrl_llm.train.compile.aot import compile_preset, compile_run
 from jaxrl_llm.train.compile.aot_inputs import analytic_train_flops
-from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
+from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory, Roofline
+from jaxrl_llm.train.compile.hlo_cost import HloCost, hlo_cost
 from jaxrl_llm.train.compile.memory import estimate_memory
 from jaxrl_llm.train.config.config_io import load_config
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
@@ -39,6 +40,7 @@ __all__ = [
     "CompileReport",
     "Experience",
     "ExperienceBuffer",
+    "HloCost",
     "Learner",
     "MetricsLogger",
     "OfflineTrainer",
@@ -46,6 +48,7 @@ __all__ = [
     "ProgramMemory",
     "Programs",
     "Rollouts",
+    "Roofline",
     "RunConfig",
     "RunPlan",
     "TrainState",
@@ -61,6 +64,7 @@ __all__ = [
     "count_tokens",
     "create_train_state",
     "estimate_memory",
+    "hlo_cost",
     "load_config",
     "make_train_step",
     "measure_matmul_flops",

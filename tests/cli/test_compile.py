@@ -4,13 +4,23 @@ The compile test needs the TPU compiler (``libtpu``, the ``tpu-compile`` extra) 
 without it; the argument and error tests run everywhere.
 """
 
+import dataclasses
 import json
 
 import pytest
 
 from jaxrl_llm.cli.main import main
+from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import topology
-from jaxrl_llm.parallel.topology import TPU_HBM_BYTES, parse_topology_name
+from jaxrl_llm.parallel.topology import (
+    TPU_HBM_BANDWIDTH,
+    TPU_HBM_BYTES,
+    TPU_ICI_BANDWIDTH,
+    TPU_PEAK_BF16_FLOPS,
+    Topology,
+    first_devices,
+    parse_topology_name,
+)
 
 needs_libtpu = pytest.mark.skipif(
     not topology.libtpu_available(),
@@ -44,6 +54,56 @@ def test_topology_names_parse_and_hbm_table():
         "v5p": 95,
         "v6e": 32,
     }
+
+
+def test_datasheet_numbers_and_roofline():
+    from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
+
+    # Google Cloud's TPU pages (jaxrl_llm/parallel/topology.py): bf16 TFLOP/s, HBM GB/s
+    assert {k: v / 1e12 for k, v in TPU_PEAK_BF16_FLOPS.items()} == {
+        "v4": 275,
+        "v5e": 197,
+        "v5p": 459,
+        "v6e": 918,
+    }
+    assert TPU_HBM_BANDWIDTH["v5p"] == 2765e9 and TPU_ICI_BANDWIDTH["v4"] is None
+
+    def program(name, flops, hbm, coll, model, calls=1):
+        return ProgramMemory(
+            name, 0, 0, 0, 0, 0, 0.0, 0, hlo_flops=flops, hbm_access_bytes=hbm,
+            collective_bytes=coll, model_flops=model, calls_per_step=calls,
+        )  # fmt: skip
+
+    chip = dict(peak_flops=100e12, hbm_bandwidth=1e12, ici_bandwidth=0.5e12)
+    train = program("train", 200e12, 1e12, 0.5e12, 150e12, calls=4)  # 2 s compute, 1 s, 1 s
+    decode = program("decode", 1e12, 3e12, 0.0, 1e12)  # 0.01 s compute, 3 s HBM
+    settings = {"train_flops_analytic": 0.0}
+    report = CompileReport("v5p:2x2x2", "grpo", {}, 0, (train, decode), {}, None, settings, chip)
+    r = report.roofline(train)
+    assert (r.compute_s, r.hbm_s, r.ici_s, r.seconds, r.bound) == (2.0, 1.0, 1.0, 2.0, "compute")
+    assert r.mfu == pytest.approx(0.75)  # 150 of the 200 TFLOP the HLO runs are the model's
+    d = report.roofline(decode)
+    assert (d.seconds, d.bound, d.mfu) == (3.0, "HBM", pytest.approx(1 / 300))
+    # the step: 4 train calls and one decode, 11 s; 601 model TFLOP / (11 s x 100 TFLOP/s)
+    seconds, mfu = report.step_roofline()
+    assert seconds == 11.0 and mfu == pytest.approx(601 / 1100)
+    assert "roofline" in report.table() and report.to_json()["step_roofline"]["seconds"] == 11.0
+    # without ICI bandwidth (v4) the collective term is left out
+    v4 = dataclasses.replace(report, chip={**chip, "ici_bandwidth": None})
+    assert v4.roofline(train).ici_s is None
+
+
+def test_first_devices_is_a_slice_of_its_own():
+    slice_ = Topology("v5p:2x2x2", "v5p", 8, tuple(range(8)), 95 * 2**30, 459e12, 2765e9, 1.2e12)
+    one = first_devices(slice_, 1)
+    assert (one.name, one.chips, one.devices, one.peak_flops_per_device) == (
+        "v5p:2x2x2[:1]",
+        1,
+        (0,),
+        459e12,
+    )
+    with pytest.raises(ConfigError, match="has 8 devices"):
+        first_devices(slice_, 9)
 
 
 def test_bad_topology_is_one_line(capsys):

@@ -10,6 +10,9 @@ micro-batches (offline) so a device holds a few rows per forward/backward.
 
 Full run:   python tools/bench/bench_tpu_compile.py --out tools/bench/results/tpu_compile.md
 Only some:  python tools/bench/bench_tpu_compile.py --only 8b-grpo-v5p:2x2x1 --out /tmp/t.md
+Work:       python tools/bench/bench_tpu_compile.py --work --out tools/bench/results/tpu_work.md
+            (per-device FLOPs / HBM / collective bytes with loop trip counts, each program's
+            roofline and implied MFU, and the decode loop on one device vs split over data=8)
 """
 
 from __future__ import annotations
@@ -51,6 +54,26 @@ CONFIGS = [
         ["--batch", "16", "--seq-len", "1024", "--micro-batches", "2"],
     ),
     ("8b", "ppo", "v6e:2x4", "fsdp=8", _ONLINE),
+]
+
+
+# (name, model, algorithm, topology, extra arguments): the per-device work report (--work)
+WORK_CONFIGS = [
+    ("8b-grpo-v5p:2x2x2-fsdp8", "8b", "grpo", "v5p:2x2x2", ["--mesh", "fsdp=8", *_ONLINE]),
+    (
+        "1b-grpo-v5p:2x2x2-data8",
+        "1b",
+        "grpo",
+        "v5p:2x2x2",
+        ["--mesh", "data=8", *_ONLINE],
+    ),
+    (
+        "1b-grpo-v5p:2x2x2[:1]-data1",
+        "1b",
+        "grpo",
+        "v5p:2x2x2",
+        ["--devices", "1", "--mesh", "data=1", *_ONLINE],
+    ),
 ]
 
 
@@ -108,7 +131,8 @@ def key(model: str, algorithm: str, topology: str) -> str:
 
 
 def run_one(model, algorithm, topology, mesh, extra, *, timeout: int) -> dict:
-    """One ``jaxrl-llm compile --json`` in a child process; its JSON, or the failure."""
+    """One ``jaxrl-llm compile --json`` in a child process; its JSON, or the failure
+    (``mesh`` None: ``extra`` carries ``--mesh``)."""
     cmd = [
         sys.executable,
         "-c",
@@ -120,8 +144,7 @@ def run_one(model, algorithm, topology, mesh, extra, *, timeout: int) -> dict:
         algorithm,
         "--topology",
         topology,
-        "--mesh",
-        mesh,
+        *([] if mesh is None else ["--mesh", mesh]),
         *extra,
         "--json",
     ]
@@ -226,6 +249,72 @@ def report(results: dict[str, dict]) -> list[str]:
     )
 
 
+def _work_row(name: str, r: dict) -> list:
+    """One program line of the work report per program of a cached result."""
+    if "error" in r:
+        return [[name, "", "", "", "", "", "", "", "", f"failed: {r['error']}"]]
+    rows = []
+    for p in r["programs"]:
+        roof = p.get("roofline") or {}
+        mfu = roof.get("mfu")
+        rows.append(
+            [
+                name,
+                p["name"],
+                p["calls_per_step"],
+                f"{p['hlo_flops'] / 1e12:.3f}",
+                f"{p['flops'] / 1e12:.3f}",
+                "-" if p["model_flops"] is None else f"{p['model_flops'] / 1e12:.3f}",
+                f"{p['hbm_access_bytes'] / 1e9:.1f}",
+                f"{p['collective_bytes'] / 1e9:.2f}",
+                f"{roof.get('seconds', 0) * 1e3:.1f} ({roof.get('bound', '-')})",
+                "-" if mfu is None else f"{100 * mfu:.1f}%",
+            ]
+        )
+    step = r.get("step_roofline") or {}
+    if step:
+        mfu = step.get("mfu")
+        rows.append(
+            [
+                name,
+                "**step**",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                f"{step['seconds'] * 1e3:.1f}",
+                "-" if mfu is None else f"{100 * mfu:.1f}%",
+            ]
+        )
+    return rows
+
+
+def work_report(results: dict[str, dict]) -> list[str]:
+    """The markdown body of ``--work``: per program and device, one call."""
+    rows = []
+    for name, *_ in WORK_CONFIGS:
+        if name in results:
+            rows += _work_row(f"{name} ({results[name].get('seconds', 0):.0f} s)", results[name])
+    return common.markdown_table(
+        [
+            "run (compile time)",
+            "program",
+            "calls/step",
+            "TFLOP (HLO, trips)",
+            "TFLOP (XLA cost analysis)",
+            "model TFLOP",
+            "HBM GB",
+            "collective GB",
+            "roofline ms (bound)",
+            "implied MFU",
+        ],
+        rows,
+        align="llrrrrrrrr",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the configurations (or ``--only`` some), cache their JSON, write the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -238,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", default=None, help="keys like 8b-grpo-v5p:2x2x1")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report")
+    p.add_argument(
+        "--work",
+        action="store_true",
+        help="the per-device work report (WORK_CONFIGS) instead of the memory one",
+    )
     args = p.parse_args(argv)
     results: dict[str, dict] = {}
     if os.path.exists(args.cache):
@@ -245,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in f:
                 rec = json.loads(line)
                 results[rec["key"]] = rec["result"]
+    if args.work:
+        return _main_work(args, argv, results)
     for model, algorithm, topology, mesh, extra in CONFIGS:
         k = key(model, algorithm, topology)
         if args.report_only or k in results or (args.only is not None and k not in args.only):
@@ -269,6 +365,27 @@ def main(argv: list[str] | None = None) -> int:
         command=common.command_line(__file__, argv),
         body=body,
         metrics={k: v for k, v in results.items()},
+    )
+    return 0
+
+
+def _main_work(args, argv, results: dict[str, dict]) -> int:
+    """``--work``: compile WORK_CONFIGS (those not cached), write the work report."""
+    for name, model, algorithm, topology, extra in WORK_CONFIGS:
+        if args.report_only or name in results or (args.only is not None and name not in args.only):
+            continue
+        common.log(f"compiling {name} ...")
+        res = run_one(model, algorithm, topology, None, extra, timeout=args.timeout)
+        common.log(f"{name}: " + (res.get("error") or f"{res['seconds']} s"))
+        results[name] = res
+        with open(args.cache, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"key": name, "result": res}) + "\n")
+    common.write_report(
+        args.out,
+        title="Per-device work, roofline and implied MFU (jaxrl-llm compile)",
+        command=common.command_line(__file__, argv),
+        body=work_report(results),
+        metrics={k: v for k, v in results.items() if k in {w[0] for w in WORK_CONFIGS}},
     )
     return 0
 

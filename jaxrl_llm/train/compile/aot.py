@@ -41,6 +41,7 @@ program that the runtime frees before the next starts, and fragmentation of the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -144,6 +145,7 @@ def compile_run(
         teacher = teacher_on_mesh(config, mesh, dtype=cfg.teacher.dtype)
     resident = _resident(plan, policy, teacher)
     programs = _compile_programs(plan, policy, resident, seq_len, prompt_len, decode, teacher)
+    programs = _with_model_flops(programs, plan, config, seq_len, prompt_len)
     est = None
     if sizes["context"] == 1:  # the estimator knows no ring attention
         est = estimate_memory(
@@ -178,7 +180,59 @@ def compile_run(
         resident=resident,
         estimate=est,
         settings=settings,
+        chip=dict(
+            peak_flops=topology.peak_flops_per_device,
+            hbm_bandwidth=topology.hbm_bandwidth_per_device,
+            ici_bandwidth=topology.ici_bandwidth_per_device,
+        ),
     )
+
+
+def _with_model_flops(
+    programs: list[ProgramMemory],
+    plan: RunPlan,
+    config: models.ModelConfig,
+    seq_len: int,
+    prompt_len: int,
+) -> list[ProgramMemory]:
+    """Each program with its model FLOPs per device and call and its calls per step: the
+    train and critic steps 6·N per token over an update's rows, ``epochs × minibatches``
+    times a step; the reference and recompute forwards 2·N per token over their rows; the
+    decode loop 2·N per generated token, ``prompts × G × (seq_len − prompt_len)`` tokens
+    (N: the active parameters less an untied input embedding table, a lookup that does no
+    matmul, as Kaplan et al. 2020, https://arxiv.org/abs/2001.08361, leave embeddings out;
+    no recomputation, no attention T² term, the critic counted at the policy's size). Where
+    the policy's forwards share each group's prompt (``logprobs.shared_prompt``: G rows, one
+    prompt) a row's prompt tokens count once per group, as the programs compute them."""
+    rows, n = plan.rows, config.num_params(active=True)
+    if not config.tie_embeddings:  # the unembedding is a matmul, the embedding a lookup
+        n -= config.vocab_size * config.hidden_size
+    devices = math.prod(plan.mesh.values())
+    updates = rows.epochs * rows.minibatches
+    gen_len = seq_len - prompt_len
+    gen_rows = plan.cfg.rollout.prompts_per_step * rows.group
+    g = plan.logprobs.prompt_group_size if plan.online else 1
+
+    def tokens(r: int) -> float:  # the tokens a policy forward over r rows computes
+        return r * (seq_len - prompt_len) + r / g * prompt_len if g > 1 else r * seq_len
+
+    per_call = {
+        "train": (6.0 * n * tokens(rows.per_update), updates),
+        "critic": (6.0 * n * rows.per_update * seq_len, updates),
+        "reference": (2.0 * n * tokens(rows.forward), 1),
+        "recompute": (2.0 * n * tokens(rows.forward), 1),
+        "teacher": (2.0 * n * rows.forward * seq_len, 1),  # the policy's architecture
+        "decode": (2.0 * n * gen_rows * gen_len, 1),
+    }
+    out = []
+    for p in programs:
+        flops, calls = per_call.get(p.name, (None, 1))
+        out.append(
+            dataclasses.replace(
+                p, model_flops=None if flops is None else flops / devices, calls_per_step=calls
+            )
+        )
+    return out
 
 
 def _lengths(plan: RunPlan, seq_len: int | None, prompt_len: int | None) -> tuple[int, int]:
@@ -270,13 +324,20 @@ def _compile_programs(
                 "frozen base (= reference)",
                 *(("teacher weights",) if plan.needs.teacher_in_loss else ()),
             ),
+            num_devices=mesh.size,
         )
     ]
     if teacher is not None and not plan.needs.teacher_in_loss:  # reverse-KL advantages
         seq = SEQUENCE_LAYOUT.abstract(rows_sharding, rows=rows.forward, tokens=seq_len)
         t_fn = build_teacher_programs(plan, policy, teacher).teacher
         out.append(
-            compile_program("teacher", t_fn, (teacher.params, seq), others("teacher weights"))
+            compile_program(
+                "teacher",
+                t_fn,
+                (teacher.params, seq),
+                others("teacher weights"),
+                num_devices=mesh.size,
+            )
         )
     if programs.reference is not None:
         ref_params = policy.base if policy.lora is not None else policy.state.params
@@ -287,6 +348,7 @@ def _compile_programs(
                 programs.reference,
                 (ref_params, ref_batch),
                 others("frozen base (= reference)", "reference weights (copy of master)"),
+                num_devices=mesh.size,
             )
         )
     if plan.needs.critic:
@@ -299,6 +361,7 @@ def _compile_programs(
                 critic_train.jitted,  # type: ignore[attr-defined]
                 (critic.state, cbatch, {}, {}),
                 others("critic train state"),
+                num_devices=mesh.size,
             )
         )
     if programs.recompute is not None:  # rollout.correction's recompute (every row at most)
@@ -306,7 +369,14 @@ def _compile_programs(
         seq = SEQUENCE_LAYOUT.abstract(rows_sharding, rows=rows.forward, tokens=seq_len)
         lowered_args = (policy.state.params, seq)
         out.append(
-            compile_program("recompute", programs.recompute, lowered_args, rest, kwargs=frozen)
+            compile_program(
+                "recompute",
+                programs.recompute,
+                lowered_args,
+                rest,
+                kwargs=frozen,
+                num_devices=mesh.size,
+            )
         )
     if plan.online and decode:
         out.append(_compile_decode(plan, policy, others, seq_len, prompt_len))
@@ -314,9 +384,14 @@ def _compile_programs(
 
 
 def _compile_decode(plan: RunPlan, policy: Policy, others, seq_len: int, prompt_len: int):
-    """The sampler's decode loop over the rollout rows (prefilled prompts, G per prompt)."""
+    """The sampler's decode loop over the rollout rows (prefilled prompts, G per prompt),
+    traced as the static engine runs it: rows split over the mesh's batch axes, the mesh
+    bound as the ambient mesh (:func:`jaxrl_llm.sampling.rows.on_rows_mesh`) so the loop's
+    own row placements and per-device token selection apply. Its ``while_loop`` stops on
+    data; its work is counted for ``seq_len − prompt_len`` steps (every row to the end)."""
     from jaxrl_llm.sampling import SamplingConfig, init_decode_state
     from jaxrl_llm.sampling import decode as decode_loop
+    from jaxrl_llm.sampling.rows import on_rows_mesh
 
     config, mesh = policy.config, policy.mesh
     n_prompts, gen_len = plan.cfg.rollout.prompts_per_step, seq_len - prompt_len
@@ -357,7 +432,15 @@ def _compile_decode(plan: RunPlan, policy: Policy, others, seq_len: int, prompt_
     abstract_state = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), dstate, dsharding
     )
-    return compile_program("decode", dec, (full, abstract_state), resident)
+    with on_rows_mesh(mesh):
+        return compile_program(
+            "decode",
+            dec,
+            (full, abstract_state),
+            resident,
+            num_devices=mesh.size,
+            unknown_trips=gen_len,
+        )
 
 
 def _dtype_name(compute_dtype: str) -> str:

@@ -18,6 +18,7 @@ from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_spec
 from jaxrl_llm.train.compile.aot_report import ProgramMemory
+from jaxrl_llm.train.compile.hlo_cost import hlo_cost
 from jaxrl_llm.train.config.sections import CorrectionSection
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -33,10 +34,19 @@ def per_device_bytes(tree: Any) -> int:
 
 
 def compile_program(
-    name: str, jitted, args: tuple, resident: int, *, kwargs: dict | None = None
+    name: str,
+    jitted,
+    args: tuple,
+    resident: int,
+    *,
+    kwargs: dict | None = None,
+    num_devices: int = 1,
+    unknown_trips: int = 1,
 ) -> ProgramMemory:
-    """Compile ``jitted`` for ``args`` (and keyword ``kwargs``) and read its memory, cost and
-    ring transfers; ``resident``: the bytes per device that live beside it.
+    """Compile ``jitted`` for ``args`` (and keyword ``kwargs``) and read its memory, cost,
+    ring transfers and per-device work (:func:`~jaxrl_llm.train.compile.hlo_cost.hlo_cost`
+    with ``num_devices`` and ``unknown_trips``); ``resident``: the bytes per device that live
+    beside it.
 
     Raises:
       ConfigError: the TPU compiler refuses a program whose temporaries alone exceed a
@@ -56,6 +66,7 @@ def compile_program(
     text = compiled.as_text() or ""
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    work = hlo_cost(text, num_devices=num_devices, unknown_trips=unknown_trips)
     return ProgramMemory(
         name=name,
         argument_bytes=int(ma.argument_size_in_bytes),
@@ -67,6 +78,13 @@ def compile_program(
         resident_bytes=resident,
         collective_permutes=len(_COLLECTIVE_PERMUTE.findall(text)),
         largest_buffers=largest_buffers(text),
+        hlo_flops=work.flops,
+        hlo_flops_once=work.flops_once,
+        hbm_access_bytes=work.hbm_bytes,
+        collective_bytes=work.collective_bytes,
+        collectives=work.collectives,
+        trip_counts=work.trip_counts,
+        unknown_loops=work.unknown_loops,
     )
 
 
@@ -320,6 +338,8 @@ _CACHE_AXES = {
     "mask": ("batch", "length"),
     "positions": ("batch", "length"),
     "index": (),
+    "conv": ("layers", "batch", None, None),  # a hybrid stack's Gated DeltaNet state
+    "state": ("layers", "batch", None, None, None),
 }
 
 
@@ -334,7 +354,10 @@ def decode_state_sharding(dstate, mesh, rules=DEFAULT_RULES):
     for f, x in dstate._asdict().items():
         if f == "cache":
             fields[f] = type(x)(
-                **{k: named(_CACHE_AXES[k], v, f"cache.{k}") for k, v in x._asdict().items()}
+                **{
+                    k: None if v is None else named(_CACHE_AXES[k], v, f"cache.{k}")
+                    for k, v in x._asdict().items()
+                }
             )
         elif x is None:  # an optional field left out (no routing recorded)
             fields[f] = None

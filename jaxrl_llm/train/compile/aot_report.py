@@ -27,6 +27,23 @@ class ProgramMemory:
       largest_buffers: the largest per-device arrays the compiled program computes, as
         ``"bf16[8,512,14336] 112.0 MiB"`` (:func:`~jaxrl_llm.train.compile.aot_inputs.
         largest_buffers`): an activation split by rows over N devices shows B / N rows.
+      hlo_flops: matmul FLOPs per device of one call with loop trip counts applied (the
+        layers' scan counted L times; :func:`~jaxrl_llm.train.compile.hlo_cost.hlo_cost`).
+        hlo_flops_once: the same with each loop body counted once, as ``flops`` counts it
+        (``flops`` adds elementwise work; the two agree within a few percent when matmuls
+        dominate).
+      hbm_access_bytes: HBM bytes read and written per device in one call, trip counts
+        applied. collective_bytes: bytes one device sends in collectives in one call (ring
+        model), trip counts applied; ``collectives`` by kind.
+      trip_counts: the program's loops' trip counts. unknown_loops: loops whose count the
+        HLO does not say (the decode loop: counted as ``max_new_tokens`` steps, every row
+        running to the end).
+      model_flops: the model's FLOPs per device of one call, 2·N per token forward and
+        6·N per token for a train step (no recomputation counted; N the active parameters
+        less an untied input embedding, attention's T² term left out); None where not
+        defined.
+      calls_per_step: how many times a training step runs the program (the train step once
+        per optimizer update).
     """
 
     name: str
@@ -39,6 +56,15 @@ class ProgramMemory:
     resident_bytes: int
     collective_permutes: int = 0
     largest_buffers: tuple[str, ...] = ()
+    hlo_flops: float = 0.0
+    hlo_flops_once: float = 0.0
+    hbm_access_bytes: float = 0.0
+    collective_bytes: float = 0.0
+    collectives: dict[str, float] = dataclasses.field(default_factory=dict)
+    trip_counts: tuple[int, ...] = ()
+    unknown_loops: int = 0
+    model_flops: float | None = None
+    calls_per_step: int = 1
 
     @property
     def total_bytes(self) -> int:
@@ -52,6 +78,28 @@ class ProgramMemory:
 
 
 @dataclasses.dataclass(frozen=True)
+class Roofline:
+    """A program's time bound on one device from its work and the chip's datasheet:
+    ``max(flops / peak, HBM bytes / HBM bandwidth, collective bytes / ICI bandwidth)``, each
+    term as if nothing overlapped it, so the program cannot run faster than ``seconds``
+    (and may run slower: the terms add up where they do not overlap).
+
+    Attributes:
+      compute_s, hbm_s, ici_s: the three terms (``ici_s`` None without an ICI number).
+      seconds: the largest. bound: which term it is ("compute", "HBM", "ICI").
+      mfu: ``model_flops / (seconds · peak)``, the model FLOPs utilisation the bound
+        implies (an upper bound on the MFU the program can reach); None without model FLOPs.
+    """
+
+    compute_s: float
+    hbm_s: float
+    ici_s: float | None
+    seconds: float
+    bound: str
+    mfu: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class CompileReport:
     """Compiled memory of a run's programs next to the estimator's number.
 
@@ -61,6 +109,8 @@ class CompileReport:
       through the step (name -> bytes/device). estimate: :func:`estimate_memory`'s result,
       or None where it has no model of the run (a ``context`` axis > 1: ring attention).
       settings: the run settings the programs were built with.
+      chip: the device's datasheet numbers for the roofline: ``peak_flops``,
+        ``hbm_bandwidth``, ``ici_bandwidth`` (per device; :mod:`jaxrl_llm.parallel.topology`).
     """
 
     topology: str
@@ -71,6 +121,44 @@ class CompileReport:
     resident: dict[str, int]
     estimate: MemoryEstimate | None
     settings: dict[str, Any]
+    chip: dict[str, float | None] = dataclasses.field(default_factory=dict)
+
+    def roofline(self, p: ProgramMemory) -> Roofline | None:
+        """The roofline of one program on this report's chip (None without the chip)."""
+        peak, hbm_bw = self.chip.get("peak_flops"), self.chip.get("hbm_bandwidth")
+        if not peak or not hbm_bw:
+            return None
+        ici_bw = self.chip.get("ici_bandwidth")
+        terms = {"compute": p.hlo_flops / peak, "HBM": p.hbm_access_bytes / hbm_bw}
+        if ici_bw:
+            terms["ICI"] = p.collective_bytes / ici_bw
+        bound = max(terms, key=lambda k: terms[k])
+        seconds = terms[bound]
+        mfu = None
+        if p.model_flops is not None and seconds > 0:
+            mfu = p.model_flops / (seconds * peak)
+        return Roofline(
+            compute_s=terms["compute"],
+            hbm_s=terms["HBM"],
+            ici_s=terms.get("ICI"),
+            seconds=seconds,
+            bound=bound,
+            mfu=mfu,
+        )
+
+    def step_roofline(self) -> tuple[float, float | None] | None:
+        """(seconds, MFU) of one training step: each program's roofline times its calls per
+        step, summed; MFU = the model FLOPs of those calls / (seconds · peak). None without
+        the chip; the MFU None when a program has no model FLOPs."""
+        lines = [(p, self.roofline(p)) for p in self.programs]
+        if any(r is None for _, r in lines):
+            return None
+        seconds = sum(p.calls_per_step * r.seconds for p, r in lines if r is not None)
+        flops = [p.calls_per_step * p.model_flops for p, _ in lines if p.model_flops is not None]
+        peak = self.chip.get("peak_flops") or 0.0
+        if len(flops) < len(lines) or seconds <= 0 or not peak:
+            return seconds, None
+        return seconds, sum(flops) / (seconds * peak)
 
     @property
     def peak_bytes(self) -> int:
@@ -97,10 +185,17 @@ class CompileReport:
             "mesh": self.mesh,
             "settings": self.settings,
             "hbm_bytes_per_device": int(self.hbm_bytes),
+            "chip": self.chip,
             "programs": [
-                {**dataclasses.asdict(p), "total_bytes": p.total_bytes, "peak_bytes": p.peak_bytes}
+                {
+                    **dataclasses.asdict(p),
+                    "total_bytes": p.total_bytes,
+                    "peak_bytes": p.peak_bytes,
+                    "roofline": _asdict(self.roofline(p)),
+                }
                 for p in self.programs
             ],
+            "step_roofline": _step_json(self.step_roofline()),
             "resident": {k: int(v) for k, v in self.resident.items()},
             "compiled_peak_bytes": int(self.peak_bytes),
             "estimate_bytes": (
@@ -111,6 +206,45 @@ class CompileReport:
             ),
             "fits": self.fits,
         }
+
+    def _work_lines(self) -> list[str]:
+        """The per-device work and roofline block of :meth:`table`."""
+        lines = [
+            "",
+            f"{'program':<10} {'calls':>5} {'TFLOP':>9} {'model':>9} {'HBM GB':>9} "
+            f"{'coll. GB':>9} {'roofline':>10} {'bound':>7} {'MFU':>6}   (per device, one call)",
+            "-" * 88,
+        ]
+        for p in self.programs:
+            r = self.roofline(p)
+            model = "-" if p.model_flops is None else f"{p.model_flops / 1e12:9.2f}"
+            lines.append(
+                f"{p.name:<10} {p.calls_per_step:>5} {p.hlo_flops / 1e12:9.2f} {model:>9} "
+                f"{p.hbm_access_bytes / 1e9:9.2f} {p.collective_bytes / 1e9:9.2f} "
+                + (
+                    "        -       -      -"
+                    if r is None
+                    else f"{r.seconds * 1e3:8.1f}ms {r.bound:>7} "
+                    + ("     -" if r.mfu is None else f"{r.mfu:6.1%}")
+                )
+            )
+        lines.append("-" * 88)
+        step = self.step_roofline()
+        if step is not None:
+            mfu = "" if step[1] is None else f", MFU at most {step[1]:.1%}"
+            lines.append(f"step (programs x calls): roofline {step[0] * 1e3:.1f} ms{mfu}")
+        lines.append(
+            "TFLOP: matmul FLOPs from the compiled HLO with loop trip counts applied; model: "
+            "2N per token forward, 6N train (no remat); roofline = max(FLOP / peak, HBM "
+            "bytes / HBM bandwidth, collective bytes / ICI bandwidth), datasheet numbers"
+        )
+        unknown = [p.name for p in self.programs if p.unknown_loops]
+        if unknown:
+            lines.append(
+                "loops without a trip count in the HLO counted at their bound (decode: "
+                f"max_new_tokens steps): {', '.join(unknown)}"
+            )
+        return lines
 
     def table(self) -> str:
         """A plain-text report for the terminal."""
@@ -133,6 +267,7 @@ class CompileReport:
             f"{self.settings['train_flops_analytic'] / 1e12:.2f} TFLOP per device and "
             f"update"
         )
+        lines += self._work_lines()
         for p in self.programs:
             if p.largest_buffers:
                 lines.append(f"largest arrays, {p.name}: " + ", ".join(p.largest_buffers))
@@ -153,3 +288,11 @@ class CompileReport:
             f"{verdict}",
         ]
         return "\n".join(lines)
+
+
+def _asdict(r: Roofline | None) -> dict[str, Any] | None:
+    return None if r is None else dataclasses.asdict(r)
+
+
+def _step_json(step: tuple[float, float | None] | None) -> dict[str, Any] | None:
+    return None if step is None else {"seconds": step[0], "mfu": step[1]}
