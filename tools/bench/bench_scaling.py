@@ -177,6 +177,8 @@ def _devices_curve(args) -> tuple[list[str], dict]:
             flags = env.get("XLA_FLAGS", "")
             env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
             env["JAX_PLATFORMS"] = "cpu"
+            # the children import this checkout's jaxrl_llm (not an installed copy)
+            env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
             cmd = [sys.executable, here, "--child", f"{n},{engine}"]
             cmd += ["--devices-steps", str(args.devices_steps)]
             done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
