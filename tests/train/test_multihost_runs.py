@@ -136,25 +136,20 @@ def _wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
     return logs
 
 
-def _two_processes_and_one(tmp_path, algorithm: str, **extra):
-    config = _config(tmp_path, algorithm, **extra)
+def _job(config: str, out: str, *extra: str, fault: str | None = None) -> list[subprocess.Popen]:
+    """A 2-process job (4 CPU devices each, gloo on localhost) running ``config`` into ``out``."""
     address = f"127.0.0.1:{_free_port()}"
-    two = str(tmp_path / "two")
-    procs = [
-        _train(
-            config,
-            two,
-            "--coordinator",
-            address,
-            "--num-processes",
-            "2",
-            "--process-id",
-            str(i),
-            devices=4,
-        )
+    job = ("--coordinator", address, "--num-processes", "2")
+    return [
+        _train(config, out, *job, "--process-id", str(i), *extra, devices=4, fault=fault)
         for i in range(2)
     ]
-    logs = _wait(procs)
+
+
+def _two_processes_and_one(tmp_path, algorithm: str, **extra):
+    config = _config(tmp_path, algorithm, **extra)
+    two = str(tmp_path / "two")
+    logs = _wait(_job(config, two))
     assert "process 1 of 2, 4 local / 8 devices" in logs[1]
     one = str(tmp_path / "one")
     _wait([_train(config, one, devices=8)])
@@ -195,31 +190,11 @@ def test_two_process_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path
         yaml.safe_dump(cfg, f)
     two = str(tmp_path / "two")
 
-    def job(*extra: str, fault: str | None = None) -> list[subprocess.Popen]:
-        address = f"127.0.0.1:{_free_port()}"
-        procs = []
-        for i in range(2):
-            p = _train(
-                config,
-                two,
-                "--coordinator",
-                address,
-                "--num-processes",
-                "2",
-                "--process-id",
-                str(i),
-                *extra,
-                devices=4,
-                fault=fault,
-            )
-            procs.append(p)
-        return procs
-
-    killed = job(fault="update:3")
+    killed = _job(config, two, fault="update:3")
     for p in killed:
         p.communicate(timeout=600)
     assert {p.returncode for p in killed} == {-9}, [p.returncode for p in killed]
-    _wait(job("--resume"))
+    _wait(_job(config, two, "--resume"))
     one = str(tmp_path / "one")
     _wait([_train(config, one, devices=8)])
     want = [r for r in read_metrics(one) if r.get("loss") is not None]
@@ -258,24 +233,8 @@ def test_two_process_offline_run_logs_what_one_process_logs(tmp_path):
     )
     config = tmp_path / "sft.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    address = f"127.0.0.1:{_free_port()}"
     two, one = str(tmp_path / "two"), str(tmp_path / "one")
-    _wait(
-        [
-            _train(
-                str(config),
-                two,
-                "--coordinator",
-                address,
-                "--num-processes",
-                "2",
-                "--process-id",
-                str(i),
-                devices=4,
-            )
-            for i in range(2)
-        ]
-    )
+    _wait(_job(str(config), two))
     _wait([_train(str(config), one, devices=8)])
     want = [r for r in read_metrics(one) if r.get("loss") is not None]
     got = [r for r in read_metrics(two) if r.get("loss") is not None]
@@ -301,23 +260,7 @@ def test_two_process_async_run_trains_within_its_staleness_bound(tmp_path):
     with open(config, "w") as f:
         yaml.safe_dump(cfg, f)
     two = str(tmp_path / "two")
-    address = f"127.0.0.1:{_free_port()}"
-    _wait(
-        [
-            _train(
-                config,
-                two,
-                "--coordinator",
-                address,
-                "--num-processes",
-                "2",
-                "--process-id",
-                str(i),
-                devices=4,
-            )
-            for i in range(2)
-        ]
-    )
+    _wait(_job(config, two))
     rows = [r for r in read_metrics(two) if r.get("loss") is not None]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(r["async/staleness_max"] <= 1 for r in rows)
