@@ -2,9 +2,12 @@
 
 
 def larger_digit(prompts, completions, *, answer, **_):
-    """1 if the reply starts with the larger digit, 0.25 if it starts with any digit, else 0."""
+    """1 if the reply starts with the larger digit, 0.25 if it starts with any digit, else 0.
+    A conversational row's completion arrives as TRL passes it, a message list."""
     out = []
     for text, ref in zip(completions, answer):
+        if isinstance(text, list):  # [{"role": "assistant", "content": ...}]
+            text = "".join(m["content"] for m in text)
         text = text.strip()
         if text[:1] == str(ref):
             out.append(1.0)
