@@ -421,26 +421,13 @@ def _trunk(
     if segment_ids is not None:
         raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
     write = cache.index
-    new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
-    new_pos = jax.lax.dynamic_update_slice_in_dim(
-        cache.positions, positions.astype(jnp.int32), write, 1
-    )
-    # Slot s is visible to the query in slot write + i when s ≤ write + i, it holds a real
-    # token and (sliding window) is close enough; a query always sees itself.
-    window = c.uses_window
-    mask = attn_lib.AttentionMask(
-        q_index=(write + jnp.arange(t)).astype(jnp.int32),
-        k_valid=new_mask,
-        q_positions=positions.astype(jnp.int32) if window else None,
-        k_positions=new_pos if window else None,
-    )
+    store, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
 
     def cached_step(carry, lp, layer):
         x, store = carry
         x, store, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
         return (x, store), stats
 
-    store = DenseCache(k=cache.k, v=cache.v, index=write, mask=mask)
     (x, store), stats = scan_layers(c, params["layers"], (x, store), cached_step, remat=remat)
     new_cache = KVCache(k=store.k, v=store.v, mask=new_mask, positions=new_pos, index=write + t)
     return apply_norm(c, x, params["final_norm"]), new_cache, stats
