@@ -31,6 +31,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a CPU soak: no libtpu discovery noise
 
 from jaxrl_llm.envs import Step, ToolEnv  # noqa: E402
 
@@ -53,9 +54,16 @@ class HostileToolEnv(ToolEnv):
         self.hostile, self.sleep_s = float(hostile), float(sleep_s)
         self.rng = random.Random(seed)
 
+    episodes = 0
+
     def reset(self, item: dict) -> list[dict]:
-        """The tools prompt; the draws are seeded by the row."""
-        self.rng.seed(json.dumps(item, sort_keys=True, default=str))
+        """The tools prompt; the draws are seeded by the row and the episode's number (seeded
+        by the row alone, each of the 64 prompts repeated one sequence of draws, and no prompt's
+        sequence held a ``sleep``)."""
+        with HostileToolEnv.lock:
+            HostileToolEnv.episodes += 1
+            n = HostileToolEnv.episodes
+        self.rng.seed(f"{json.dumps(item, sort_keys=True, default=str)}/{n}")
         return super().reset(item)
 
     def step(self, text: str) -> Step:
@@ -122,7 +130,8 @@ def _config(args, d: str):
                 tiny=dict(num_layers=1, eos_token_ids=[2, *STOP], max_position_embeddings=1024),
             ),
             optim=dict(lr=1e-3),
-            data=dict(train=os.path.join(d, "train.jsonl"), max_length=32),
+            # openings (the tools system prompt, ~280 characters) fit data.max_length
+            data=dict(train=os.path.join(d, "train.jsonl"), max_length=384),
             rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=48),
             env=dict(
                 name="soak_envs:HostileToolEnv",
@@ -147,8 +156,6 @@ class Monitor(threading.Thread):
 
     def run(self) -> None:
         """Poll every 0.2 s."""
-        from jaxrl_llm.rewards.user_code import shared_runner
-
         seen = 0
         while not self.stop.is_set():
             rows = _rows(self.path)
@@ -159,10 +166,17 @@ class Monitor(threading.Thread):
                         "step": rows,
                         **_proc(),
                         "py_threads": threading.active_count(),
-                        "stuck": shared_runner("env").stuck,
+                        "stuck": self.stuck(),
                     }
                 )
             time.sleep(0.2)
+
+    @staticmethod
+    def stuck() -> int:
+        """User-code threads still inside a call past its deadline."""
+        from jaxrl_llm.rewards.user_code import shared_runner
+
+        return shared_runner("env").stuck
 
 
 def _rows(path: str) -> int:
@@ -238,6 +252,10 @@ def main() -> int:
     wall = time.perf_counter() - t0
     mon.stop.set()
     mon.join()
+    time.sleep(2.0)  # the last checkpoint's writer threads wind down
+    mon.samples.append(
+        {"step": "end", **_proc(), "py_threads": threading.active_count(), "stuck": mon.stuck()}
+    )
     return _report(args, cfg, mon.samples, wall)
 
 
@@ -258,7 +276,7 @@ def _report(args, cfg, samples: list[dict], wall: float) -> int:
     print("step  threads  py_threads  children  rss_mib  stuck")
     for s in samples:
         print(
-            f"{s['step']:>4}  {s['threads']:>7.0f}  {s['py_threads']:>10}  {s['children']:>8.0f}"
+            f"{str(s['step']):>4}  {s['threads']:>7.0f}  {s['py_threads']:>10}  {s['children']:>8.0f}"
             f"  {s['rss_mib']:>7.1f}  {s['stuck']:>5}"
         )
     failed = sum(r.get("env/failed") or 0 for r in rows)
@@ -269,7 +287,9 @@ def _report(args, cfg, samples: list[dict], wall: float) -> int:
         problems.append(f"metrics.jsonl: steps {steps[:5]}... ({len(steps)} rows)")
     if len(samples_rows) != args.steps * per_step:
         problems.append(f"samples.jsonl: {len(samples_rows)} rows, want {args.steps * per_step}")
-    if len(samples) >= 4:  # the peak of the first half (transient XLA / orbax threads) vs the end
+    # the peak of the first half (transient XLA / orbax threads) vs the end (after the run,
+    # once the last checkpoint's writers are done)
+    if len(samples) >= 4:
         base = samples[: len(samples) // 2]
         for key in ("threads", "children", "rss_mib"):
             ref = max(s[key] for s in base)
