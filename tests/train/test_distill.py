@@ -296,3 +296,55 @@ def test_gkd_refuses_a_teacher_with_another_vocabulary_width(tmp_path, capsys):
     rc = main(cli_args(tmp_path / "run", *args))
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and "vocabulary of 300 logits" in last and "must be as wide" in last
+
+
+STOP_IDS = "[2, " + ", ".join(str(3 + b) for b in b"abcdefghijklmnopqrstuvwxyz0123456789") + "]"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # a multi-turn environment: the teacher scores the policy's turns, not the env's
+        [
+            "env={name: tests.envs.scripted:Scripted, kwargs: {replies: [ok]}, max_turns: 3}",
+            f"model.tiny={{num_layers: 1, eos_token_ids: {STOP_IDS}}}",
+            "rollout.max_new_tokens=24",
+            "rewards=[]",
+        ],
+        ["rollout.max_staleness=1"],  # asynchronous rollouts, one step behind
+        ["logprobs.pack=true"],  # the update's rows packed
+        ["rollout.max_staleness=1", "loss.kind=gkd"],
+    ],
+    ids=["env", "async", "packed", "async_gkd"],
+)
+def test_distillation_runs_with_environments_async_and_packing(tmp_path, capsys, extra):
+    """The issue's "everything else works with it": each variant trains 2 steps with a
+    2-layer teacher, and the teacher's signal reaches the update (non-zero advantages or
+    JSD, a gradient)."""
+    out = tmp_path / "run"
+    rc = main(cli_args(out, "teacher.tiny={num_layers: 2}", *extra))
+    assert rc == 0, capsys.readouterr().err
+    got = rows(out)
+    assert [r["step"] for r in got] == [1, 2]
+    for r in got:
+        assert r["grad_norm"] > 0
+        assert r["jsd"] > 0 if "loss.kind=gkd" in extra else r["advantage/std"] > 0
+    if extra[0].startswith("env="):
+        assert all(r["env/turns_mean"] > 1 and r["env/failed"] == 0 for r in got)
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["logprobs.pack=true", "loss.kind=gkd"], "logprobs.pack with loss.kind: gkd"),
+        (
+            ["env={name: single_turn}", "teacher.system_prompt=Add carefully."],
+            "env with teacher.system_prompt",
+        ),
+    ],
+    ids=["packed_gkd", "env_system_prompt"],
+)
+def test_what_distillation_cannot_combine_is_refused_in_one_line(tmp_path, capsys, extra, said):
+    rc = main(cli_args(tmp_path / "run", *extra))
+    err = capsys.readouterr().err
+    assert rc == 2 and said in err and "Traceback" not in err

@@ -86,19 +86,26 @@ def check_mesh(cfg: RunConfig, num_devices: int | None = None, *, mesh=None) -> 
 
 
 def check_packing(cfg: RunConfig) -> None:
-    """``logprobs.pack`` packs the online policy-gradient learner batch (GRPO family, PPO);
-    offline runs pack with ``data.packing``, online pairs are not packed.
+    """``logprobs.pack`` packs the online policy-gradient learner batch (GRPO family, PPO,
+    reverse-KL distillation); offline runs pack with ``data.packing``, online pairs and GKD
+    (whose batch carries the teacher's own inputs) are not packed.
 
     Raises:
       ConfigError: one line naming the key to change.
     """
     if not cfg.logprobs.pack:
         return
-    if not cfg.algo.rl_batches:
+    if not cfg.algo.rollout_logprobs:
         hint = "data.packing" if not cfg.is_online else "logprobs.pack: false"
         raise ConfigError(
             f"logprobs.pack packs the online policy-gradient update; {cfg.algorithm} "
             f"is not one: use {hint}"
+        )
+    kind = cfg.loss.get("kind")
+    if cfg.algo.teacher and getattr(kind, "value", kind) == "gkd":
+        raise ConfigError(
+            "logprobs.pack with loss.kind: gkd: the teacher's inputs ride in the batch unpacked; "
+            "use loss.kind: reverse_kl or logprobs.pack: false"
         )
 
 

@@ -215,10 +215,15 @@ def _check_env(cfg: RunConfig) -> None:
     """What a multi-turn run cannot combine (its episodes are sampled by the paged engine)."""
     algo, env = cfg.algo, cfg.env
     assert env is not None
-    if not algo.rl_batches:
+    if not algo.rollout_logprobs:
         raise ConfigError(
             f"env: {cfg.algorithm} ({algo.family.value}) does not train on episodes; "
-            f"environments work with the group policy-gradient algorithms and PPO"
+            f"environments work with the group policy-gradient algorithms, PPO and distillation"
+        )
+    if cfg.teacher is not None and cfg.teacher.system_prompt is not None:
+        raise ConfigError(
+            "env with teacher.system_prompt: context distillation re-encodes a single-turn "
+            "prompt for the teacher; an episode's opening and turns have no such prompt"
         )
     if cfg.process_reward is not None:
         raise ConfigError("env: process supervision (process_reward) is single-turn only")
