@@ -42,7 +42,7 @@ for r in rows:
 """),
     code("""
 sizes = list(MODEL_PRESETS)
-algos = ["ppo", "grpo", "dpo", "kto", "simpo", "sft"]
+algos = ["ppo", "grpo", "distill", "dpo", "kto", "simpo", "sft"]
 fig, ax = plt.subplots(figsize=(7, 4))
 for algo in algos:
     gib = [estimate_memory(MODEL_PRESETS[s], algo, batch_size=4, seq_len=1024, group_size=8,
