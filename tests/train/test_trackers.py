@@ -5,6 +5,7 @@ every tracker on."""
 
 import glob
 import io
+import importlib.util
 import json
 import math
 import struct
@@ -217,9 +218,9 @@ def _sft(out, **logging):
 
 
 def test_a_missing_tracker_package_is_refused_when_the_config_is_checked(tmp_path, monkeypatch):
-    real = trackers.importlib.util.find_spec
+    real = importlib.util.find_spec
     monkeypatch.setattr(
-        trackers.importlib.util,
+        importlib.util,
         "find_spec",
         lambda name, *a: None if name in ("mlflow", "tensorboardX") else real(name, *a),
     )

@@ -14,6 +14,7 @@ import jax
 from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.parallel import split_devices
 from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.config.sections import missing_package
 
 
 def check_batch_divisible(mesh, rows: int, what: str) -> None:
@@ -262,8 +263,6 @@ def check_trackers(cfg: RunConfig) -> None:
     """
     import importlib.util
     import os
-
-    from jaxrl_llm.train.run.trackers import missing_package
 
     for name in cfg.logging.required_trackers():
         pip_name = missing_package(name)

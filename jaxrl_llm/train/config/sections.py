@@ -6,6 +6,7 @@ one-line :class:`~jaxrl_llm.errors.ConfigError` naming the key.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from typing import Any, Literal
 
@@ -163,6 +164,20 @@ class MeshSection:
             raise ConfigError(
                 f"mesh: only one of data/fsdp/tensor/expert/context may be -1, got {sizes}"
             )
+
+
+#: tracker name -> (the module it imports, the pip package that provides it)
+TRACKER_PACKAGES: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboardX", "tensorboardX"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow-skinny"),
+}
+
+
+def missing_package(tracker: str) -> str | None:
+    """The pip package ``tracker`` needs when its module cannot be imported here, else None."""
+    module, pip_name = TRACKER_PACKAGES[tracker]
+    return pip_name if importlib.util.find_spec(module) is None else None
 
 
 @dataclasses.dataclass(frozen=True)

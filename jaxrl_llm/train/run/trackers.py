@@ -24,7 +24,6 @@ A resumed run (``resume=true``) continues the same W&B and MLflow runs: their id
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -32,23 +31,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
-#: tracker name -> (the module it imports, the pip package that provides it)
-TRACKER_PACKAGES: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboardX", "tensorboardX"),
-    "wandb": ("wandb", "wandb"),
-    "mlflow": ("mlflow", "mlflow-skinny"),
-}
+from jaxrl_llm.train.config.sections import TRACKER_PACKAGES, missing_package
 
 #: how a run ended, as :meth:`Tracker.close` is told
 EndStatus = Literal["finished", "stopped", "failed"]
 
 _IDS_FILE = "trackers.json"
-
-
-def missing_package(tracker: str) -> str | None:
-    """The pip package ``tracker`` needs when its module cannot be imported here, else None."""
-    module, pip_name = TRACKER_PACKAGES[tracker]
-    return pip_name if importlib.util.find_spec(module) is None else None
 
 
 class Tracker(Protocol):
