@@ -4,8 +4,8 @@ missing package refused when the config is checked; a short SFT run through the 
 every tracker on."""
 
 import glob
-import io
 import importlib.util
+import io
 import json
 import math
 import struct
@@ -17,7 +17,6 @@ import jaxrl_llm
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.api import build_config, check_run
 from jaxrl_llm.train.config.sections import LoggingSection
-from jaxrl_llm.train.run import trackers
 from jaxrl_llm.train.run.logging import MetricsLogger, read_metrics
 from jaxrl_llm.train.run.trackers import flat_params, mlflow_key
 
