@@ -377,6 +377,7 @@ def decoder_layer(
     layer,
     *,
     mesh: jax.sharding.Mesh | None = None,
+    moe_layer=None,
 ) -> tuple[jax.Array, Any, moe_lib.MoeStats | None]:
     """One pre-norm decoder layer over ``store``: the token mixer (``store.mix``) and the MLP,
     each with its RMSNorm before and residual add after; with ``config.post_norms`` (Gemma 2 /
@@ -388,7 +389,10 @@ def decoder_layer(
       x_btd: ``[B, T, D]`` the residual stream of the new tokens.
       store: the :class:`Store` (an attention layer's :class:`KVStore`).
       tokens: :class:`TokenInfo` of the new tokens.
-      layer: ``[]`` int32 traced layer index.
+      layer: ``[]`` int32 traced layer index (in a hybrid stack, the index among the layers of
+        its kind: what its store reads).
+      moe_layer: ``[]`` int32, the layer's index in the whole stack, where a mixture of experts
+        reads its slice of ``tokens.routing`` (None: ``layer``; a hybrid stack passes it).
       mesh: the expert-parallel mesh of a mixture of experts, and the mesh the activations
         are placed over (the residual stream ``[B, T, D]`` and the MLP's ``[B, T, F]`` by
         rows, :mod:`jaxrl_llm.models.layout`); None: the ambient mesh, and with none bound
@@ -409,7 +413,7 @@ def decoder_layer(
         y = apply_norm(c, y, lp["post_attn_norm"])
     x = x_btd + y
     h = apply_norm(c, x, lp["mlp_norm"])
-    z, stats = mlp_block(c, lp, h, tokens, mesh, layer)
+    z, stats = mlp_block(c, lp, h, tokens, mesh, layer if moe_layer is None else moe_layer)
     if c.post_norms:
         z = apply_norm(c, z, lp["post_mlp_norm"])
     return place(x + z, BTD, lay), store, stats
@@ -506,17 +510,18 @@ def scan_periods(
     config: ModelConfig,
     layers: Params,
     carry: Any,
-    step: Callable[[Any, Params, LayerType, jax.Array], tuple[Any, Any]],
+    step: Callable[[Any, Params, LayerType, jax.Array, jax.Array], tuple[Any, Any]],
     *,
     remat: str = "none",
 ):
     """The layer scan of a hybrid stack: ``lax.scan`` over the periods of its layer pattern
     (``config.layer_period``, e.g. three LINEAR layers then one GLOBAL), each period's layers
-    unrolled in order. ``step(carry, lp, kind, layer) -> (carry, per-layer output)`` with
-    ``kind`` the static :class:`LayerType` and ``layer`` the traced index of the layer among the
+    unrolled in order. ``step(carry, lp, kind, layer, index) -> (carry, per-layer output)`` with
+    ``kind`` the static :class:`LayerType`, ``layer`` the traced index of the layer among the
     layers of its kind (the index its store reads: a LINEAR layer's recurrent state, an
-    attention layer's keys/values); under autodiff each period is rematerialised per
-    :func:`remat_policy`.
+    attention layer's keys/values) and ``index`` its traced index in the whole stack (where a
+    mixture of experts reads its recorded routing, :func:`decoder_layer`'s ``moe_layer``);
+    under autodiff each period is rematerialised per :func:`remat_policy`.
 
     Args:
       config: a hybrid config (``config.is_hybrid``).
@@ -558,7 +563,7 @@ def scan_periods(
                 if kinds[name] in ("all", group)
             }
             layer = (i * per_period[group] + idx).astype(jnp.int32)
-            carry, out = step(carry, lp, kind, layer)
+            carry, out = step(carry, lp, kind, layer, (i * p + j).astype(jnp.int32))
             outs.append(out)
         if all(o is None for o in outs):
             return carry, None

@@ -262,7 +262,7 @@ def paged_hybrid_trunk(
     valid: jax.Array,
     *,
     config: ModelConfig,
-) -> tuple[jax.Array, PagedKVCache, tuple[jax.Array, jax.Array]]:
+) -> tuple[jax.Array, PagedKVCache, tuple[jax.Array, jax.Array], jax.Array | None]:
     """:func:`paged_trunk` of a hybrid stack (``config.is_hybrid``, Qwen3.5): the attention
     layers over the pages, the Gated DeltaNet layers over the R rows' recurrent states
     (:class:`~jaxrl_llm.models.gated_deltanet.RecurrentState`).
@@ -274,15 +274,17 @@ def paged_hybrid_trunk(
         extension) leave a row's recurrent state unchanged.
 
     Returns:
-      (hidden ``[R, T, D]``, the updated pool, the rows' updated (conv, state)).
+      (hidden ``[R, T, D]``, the updated pool, the rows' updated (conv, state), and for a
+      mixture of experts (Qwen3.5-MoE) the experts each new token was routed to,
+      ``[R, T, L, k]`` int32 (else None): what the paged engine records for routing replay).
     """
     if not config.is_hybrid:
         raise ValueError("paged_hybrid_trunk is for hybrid (linear-attention) stacks")
-    hidden, cache, rec, _ = _paged_trunk(
+    hidden, cache, rec, experts = _paged_trunk(
         params, tokens, cache, table, start, config, recurrent, valid
     )
     assert rec is not None
-    return hidden, cache, rec
+    return hidden, cache, rec, experts
 
 
 def _paged_trunk(params, tokens, cache, table, start, config, recurrent, valid):
@@ -298,17 +300,18 @@ def _paged_trunk(params, tokens, cache, table, start, config, recurrent, valid):
     if recurrent is not None:
         rec = RecurrentState(conv=recurrent[0], state=recurrent[1], valid=valid)
 
-        def hybrid_step(carry, lp, kind, layer):
+        def hybrid_step(carry, lp, kind, layer, index):
             x, store, rec = carry
             if kind == LayerType.LINEAR:
-                x, rec, _ = decoder_layer(c, lp, x, rec, info, layer)
+                x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, moe_layer=index)
             else:
-                x, store, _ = decoder_layer(c, lp, x, store, info, layer)
-            return (x, store, rec), None
+                x, store, stats = decoder_layer(c, lp, x, store, info, layer, moe_layer=index)
+            return (x, store, rec), None if stats is None else stats.experts
 
-        (x, store, rec), _ = scan_periods(c, params["layers"], (x, store, rec), hybrid_step)
+        (x, store, rec), experts = scan_periods(c, params["layers"], (x, store, rec), hybrid_step)
         x = apply_norm(c, x, params["final_norm"])
-        return x, PagedKVCache(k=store.k, v=store.v), (rec.conv, rec.state), None
+        routing = None if experts is None else jnp.moveaxis(experts, 0, 2)
+        return x, PagedKVCache(k=store.k, v=store.v), (rec.conv, rec.state), routing
 
     def step(carry, lp, layer):
         x, store = carry

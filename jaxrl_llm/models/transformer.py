@@ -40,6 +40,7 @@ so a config is all-sparse or all-dense.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import chex
@@ -468,9 +469,9 @@ def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cac
         no_cache = NoCache(_self_attention_mask(c, key_mask, positions))
         fresh = FreshState(attention_mask)
 
-        def step(x, lp, kind, layer):
+        def step(x, lp, kind, layer, index):
             store = fresh if kind == LayerType.LINEAR else no_cache
-            x, _, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
+            x, _, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh, moe_layer=index)
             return x, stats
 
         x, stats = scan_periods(c, params["layers"], x, step, remat=remat)
@@ -482,12 +483,14 @@ def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cac
     dense, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
     rec = RecurrentState(conv=cache.conv, state=cache.state, valid=attention_mask)
 
-    def cached_step(carry, lp, kind, layer):
+    def cached_step(carry, lp, kind, layer, index):
         x, dense, rec = carry
         if kind == LayerType.LINEAR:
-            x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh)
+            x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh, moe_layer=index)
         else:
-            x, dense, stats = decoder_layer(c, lp, x, dense, info, layer, mesh=mesh)
+            x, dense, stats = decoder_layer(
+                c, lp, x, dense, info, layer, mesh=mesh, moe_layer=index
+            )
         return (x, dense, rec), stats
 
     (x, dense, rec), stats = scan_periods(
@@ -610,17 +613,18 @@ def _trunk_shared_prefix(
     prompt_state = GroupPromptState(attention_mask[::g, :tp])
     valid_c = attention_mask[:, tp:]
 
-    def step(carry, lp, layer, kind=LayerType.GLOBAL):
+    def step(carry, lp, layer, kind=LayerType.GLOBAL, index=None):
         x_p, x_c = carry
+        layer_of = functools.partial(decoder_layer, c, lp, mesh=mesh, moe_layer=index)
         if kind == LayerType.LINEAR:
-            x_p, kept_s, stats_p = decoder_layer(c, lp, x_p, prompt_state, info_p, layer, mesh=mesh)
+            x_p, kept_s, stats_p = layer_of(x_p, prompt_state, info_p, layer)
             assert kept_s.conv is not None and kept_s.state is not None
             shared_s = SharedPromptState(kept_s.conv, kept_s.state, valid_c, g)
-            x_c, _, stats_c = decoder_layer(c, lp, x_c, shared_s, info_c, layer, mesh=mesh)
+            x_c, _, stats_c = layer_of(x_c, shared_s, info_c, layer)
         else:
-            x_p, kept, stats_p = decoder_layer(c, lp, x_p, prompt, info_p, layer, mesh=mesh)
+            x_p, kept, stats_p = layer_of(x_p, prompt, info_p, layer)
             shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
-            x_c, _, stats_c = decoder_layer(c, lp, x_c, shared, info_c, layer, mesh=mesh)
+            x_c, _, stats_c = layer_of(x_c, shared, info_c, layer)
         stats = None if stats_p is None or stats_c is None else _pool_shared(stats_p, stats_c, g)
         return (x_p, x_c), stats
 
@@ -629,7 +633,7 @@ def _trunk_shared_prefix(
             c,
             params["layers"],
             (x_p, x_c),
-            lambda carry, lp, kind, layer: step(carry, lp, layer, kind),
+            lambda carry, lp, kind, layer, index: step(carry, lp, layer, kind, index),
             remat=remat,
         )
     else:

@@ -95,7 +95,7 @@ def _step_rows(s: SlotState, stop, params, *, config, sampling, pad_id, width) -
     if conv is not None and state is not None:  # a hybrid stack (Qwen3.5)
         # idle rows leave their recurrent state as it is
         rec = (conv, state)
-        hidden, cache, (conv, state) = paged_hybrid_trunk(
+        hidden, cache, (conv, state), experts = paged_hybrid_trunk(
             params, tok[:, None], s.cache, table, s.cache_len, rec, alive[:, None], config=config
         )
     else:
@@ -204,7 +204,7 @@ def extend_row(params, cache, tokens, table, start, last, rec=None, *, config):
     experts = None
     if config.is_hybrid:
         valid = jnp.arange(tokens.shape[1])[None, :] <= last[:, None]
-        hidden, cache, rec = paged_hybrid_trunk(
+        hidden, cache, rec, experts = paged_hybrid_trunk(
             params, tokens, cache, table, start, rec, valid, config=config
         )
     else:

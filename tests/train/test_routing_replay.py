@@ -75,7 +75,7 @@ def _perturb_sampler_router(trainer, scale=0.3):
     trainer.rollouts.weights_fn = perturbed
 
 
-def _two_steps(cfg):
+def _two_steps(cfg, perturb=True):
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
     batches = []
     prepare = trainer.strategy.prepare
@@ -86,7 +86,8 @@ def _two_steps(cfg):
         return out
 
     trainer.strategy.prepare = recording_prepare
-    _perturb_sampler_router(trainer)
+    if perturb:
+        _perturb_sampler_router(trainer)
     try:
         return [trainer.train_step(s) for s in (1, 2)], batches, trainer.policy.config
     finally:
@@ -189,3 +190,38 @@ def test_concat_experience_left_pads_routing_and_rl_batch_carries_it():
     assert batch["routing"].dtype == np.int32
     assert batch["routing"].shape[:2] == batch["input_ids"].shape
     np.testing.assert_array_equal(batch["routing"], out.routing)
+
+
+QWEN3_5_MOE = dict(
+    source="tiny", tokenizer="char", tiny=dict(family="qwen3_5_moe_text", vocab_size=259)
+)
+
+
+@pytest.mark.parametrize("engine", ["static", "paged"])
+def test_hybrid_moe_records_and_replays_every_layers_routing(toy_data, tmp_path, engine):
+    """Qwen3.5-MoE (Gated DeltaNet and attention layers, an MoE block in each): the samplers
+    record [N, T, L, k] in layer order. With the sampler's own weights the trainer's routing
+    equals the recording on every decision (each layer reads its own slice, not the slice of
+    its rank among the layers of its kind); with a perturbed sampler router, replay pins the
+    update to the recording."""
+    same = _config(
+        toy_data,
+        tmp_path / "same",
+        model=QWEN3_5_MOE,
+        rollout=dict(record_routing=True, engine=engine),
+    )
+    metrics, batches, config = _two_steps(same, perturb=False)
+    assert config.is_hybrid and config.num_layers == 4
+    for m, (exp, _) in zip(metrics, batches, strict=True):
+        assert exp.routing.shape[2:] == (4, config.num_experts_per_tok)
+        assert m["routing/mismatch_frac"] == 0.0 and m["routing/own_topk_mismatch_frac"] == 0.0
+    replay = _config(
+        toy_data,
+        tmp_path / "replay",
+        model=QWEN3_5_MOE,
+        rollout=dict(routing_replay=True, engine=engine),
+    )
+    metrics, _, _ = _two_steps(replay)
+    for m in metrics:
+        assert np.isfinite(m["loss"]) and m["routing/mismatch_frac"] == 0.0
+        assert m["routing/own_topk_mismatch_frac"] > 0.0

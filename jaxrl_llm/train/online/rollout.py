@@ -92,12 +92,6 @@ class Rollouts:
                     "rollout.routing_replay / record_routing record a mixture of experts' "
                     "routing; this model has no experts (set them to false)"
                 )
-            if getattr(model_config, "is_hybrid", False):
-                raise ConfigError(
-                    "rollout.routing_replay / record_routing: a hybrid (Gated DeltaNet) mixture "
-                    "of experts such as Qwen3.5-MoE does not record routing yet (its layer scan "
-                    "indexes experts per layer kind); set them to false"
-                )
             if env is not None:
                 raise ConfigError(
                     "rollout.routing_replay / record_routing: multi-turn episodes (env) do not "
