@@ -53,6 +53,15 @@ def _check(q, k, v, g, beta, state):
         chex.assert_shape(state, (b, h, dk, v.shape[-1]))
 
 
+def _start_state(q, k, v, g, beta, initial_state) -> jax.Array:
+    """The inputs checked; the float32 state ``[B, H, K, V]`` before the first token."""
+    _check(q, k, v, g, beta, initial_state)
+    b, _, h, dk = q.shape
+    if initial_state is None:
+        return jnp.zeros((b, h, dk, v.shape[-1]), jnp.float32)
+    return initial_state.astype(jnp.float32)
+
+
 def delta_rule_recurrent(
     q: jax.Array,
     k: jax.Array,
@@ -74,11 +83,8 @@ def delta_rule_recurrent(
     Returns:
       (outputs ``[B, T, H, V]`` float32, the state after the last token ``[B, H, K, V]`` float32).
     """
-    _check(q, k, v, g, beta, initial_state)
-    b, _, h, dk = q.shape
-    dv = v.shape[-1]
+    s0 = _start_state(q, k, v, g, beta, initial_state)
     f32 = jnp.float32
-    s0 = jnp.zeros((b, h, dk, dv), f32) if initial_state is None else initial_state.astype(f32)
 
     def step(s, xs):
         q_t, k_t, v_t, g_t, b_t = xs  # [B, H, K], [B, H, K], [B, H, V], [B, H], [B, H]
@@ -109,8 +115,8 @@ def delta_rule_chunked(
 
     Args and Returns: as :func:`delta_rule_recurrent`; ``chunk_size`` C ≥ 1 (static).
     """
-    _check(q, k, v, g, beta, initial_state)
-    b, t, h, dk = q.shape
+    s0 = _start_state(q, k, v, g, beta, initial_state)
+    b, t, h, _ = q.shape
     dv = v.shape[-1]
     c = int(chunk_size)
     if c < 1:
@@ -145,8 +151,6 @@ def delta_rule_chunked(
     q_dec = jnp.exp(gam)[..., None] * q_c  # diag(e^Γ) Q
     k_dec = jnp.exp(gam[..., -1:] - gam)[..., None] * k_c  # diag(e^{Γ_C − Γ}) K
     last = jnp.exp(gam[..., -1])  # e^{Γ_C} [B, H, N]
-
-    s0 = jnp.zeros((b, h, dk, dv), f32) if initial_state is None else initial_state.astype(f32)
 
     def step(s, xs):
         u_n, w_n, qk_n, qd_n, kd_n, last_n = xs
