@@ -43,6 +43,7 @@ from jaxrl_llm.losses.common import (
 from jaxrl_llm.losses.policy import policy_gradient_denominator, policy_gradient_loss
 from jaxrl_llm.losses.policy_config import PolicyGradientConfig
 from jaxrl_llm.losses.policy_terms import surrogate_parts
+from jaxrl_llm.objectives import coerce_enum
 from jaxrl_llm.objectives.aggregation import AggregationMode
 from jaxrl_llm.objectives.distillation import generalized_jsd
 from jaxrl_llm.ops.logprobs import token_logprobs
@@ -93,14 +94,7 @@ class DistillConfig:
 
     def __post_init__(self):
         for name, cls in (("kind", DistillKind), ("aggregation", AggregationMode)):
-            value = getattr(self, name)
-            try:
-                object.__setattr__(self, name, cls(value))
-            except ValueError:
-                allowed = ", ".join(repr(m.value) for m in cls)
-                raise ConfigError(
-                    f"{name}={value!r} is not supported; use one of {allowed}"
-                ) from None
+            object.__setattr__(self, name, coerce_enum(cls, getattr(self, name), name))
         if not 0.0 <= self.beta <= 1.0:
             raise ConfigError(f"beta={self.beta} must be in [0, 1] (GKD's JSD(β))")
         if not 0.0 <= self.gamma <= 1.0:

@@ -10,6 +10,7 @@ import dataclasses
 import enum
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.objectives import coerce_enum
 from jaxrl_llm.objectives.aggregation import AggregationMode
 from jaxrl_llm.objectives.kl import KLKind
 from jaxrl_llm.objectives.policy import RatioLevel
@@ -111,14 +112,7 @@ class PolicyGradientConfig:
             ("kl_kind", KLKind),
             ("entropy_control", EntropyControl),
         ):
-            value = getattr(self, name)
-            try:
-                object.__setattr__(self, name, cls(value))
-            except ValueError:
-                allowed = ", ".join(repr(m.value) for m in cls)
-                raise ConfigError(
-                    f"{name}={value!r} is not supported; use one of {allowed}"
-                ) from None
+            object.__setattr__(self, name, coerce_enum(cls, getattr(self, name), name))
         if self.clip_eps is not None and not self.clip_eps > 0:
             raise ConfigError(f"clip_eps={self.clip_eps!r} must be > 0 (or None: no clipping)")
         if self.clip_eps_high is not None and self.clip_eps is None:

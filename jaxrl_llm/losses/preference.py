@@ -29,6 +29,7 @@ from jaxrl_llm.losses.common import (
     stack_pair,
     summed_logps,
 )
+from jaxrl_llm.objectives import coerce_enum
 from jaxrl_llm.objectives.preference import DPOKind, bradley_terry_loss
 from jaxrl_llm.objectives.preference import dpo_loss as dpo_objective
 from jaxrl_llm.objectives.preference import orpo_loss as orpo_objective
@@ -120,13 +121,7 @@ class DPOConfig:
     reference_free: bool = False
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "kind", DPOKind(self.kind))
-        except ValueError:
-            allowed = ", ".join(repr(k.value) for k in DPOKind)
-            raise ConfigError(
-                f"DPO kind={self.kind!r} is not supported; use one of {allowed}"
-            ) from None
+        object.__setattr__(self, "kind", coerce_enum(DPOKind, self.kind, "DPO kind"))
         if not self.beta > 0:
             raise ConfigError(f"DPO beta={self.beta!r} must be > 0")
         if not 0.0 <= self.label_smoothing < 0.5:

@@ -17,6 +17,7 @@ KTO, ORPO, SimPO, Bradley–Terry, pairwise rank), the pass@k estimator, and re-
 log-prob / entropy ops.
 """
 
+from jaxrl_llm.objectives._util import coerce_enum
 from jaxrl_llm.objectives.advantages import (
     GRPOScale,
     discounted_returns,
@@ -91,6 +92,7 @@ from jaxrl_llm.ops.logprobs import (
 from jaxrl_llm.ops.masked import masked_mean, masked_whiten
 
 __all__ = [
+    "coerce_enum",
     "AggregationMode",
     "CorrectionLevel",
     "CorrectionMode",
