@@ -499,6 +499,25 @@ def _check_gguf(path: Path) -> None:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ModelLoadError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+    arch = gguf_architecture(path)
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    # transformers names some architectures apart from llama.cpp (qwen3moe -> qwen3_moe)
+    readable = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
+    if arch is not None and arch.replace("_", "") not in {a.replace("_", "") for a in readable}:
+        raise ModelLoadError(
+            f"{path}: GGUF architecture {arch!r} is not one that transformers converts "
+            f"(GGUF files are read through it; it reads {', '.join(readable)}); use the "
+            f"model's Hugging Face directory (safetensors) instead"
+        )
+
+
+def gguf_architecture(path: str | os.PathLike) -> str | None:
+    """A GGUF file's ``general.architecture`` (e.g. ``llama``, ``qwen35``), None if unset."""
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).get_field("general.architecture")
+    return None if field is None else str(field.contents())
 
 
 def _convert_gguf(path: Path, out_dir: Path) -> None:

@@ -108,6 +108,25 @@ def test_invalid_json_config(tmp_path):
         interop.load_model(d)
 
 
+def test_gguf_of_an_architecture_transformers_does_not_convert(tmp_path):
+    """Qwen3.5 GGUF files exist (the gguf package names the architecture ``qwen35``), but
+    transformers 5.23, through which GGUF files are read, does not convert them: one line that
+    names the architecture and what to use instead."""
+    import gguf
+
+    f = tmp_path / "q35.gguf"
+    w = gguf.GGUFWriter(str(f), "qwen35")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert interop.load.gguf_architecture(f) == "qwen35"
+    with pytest.raises(ModelLoadError, match=r"GGUF architecture 'qwen35' is not one that"):
+        interop.load_model(f)
+
+
 def test_file_that_is_not_gguf(tmp_path):
     f = tmp_path / "model.gguf"
     f.write_bytes(b"PK\x03\x04 definitely a zip")
