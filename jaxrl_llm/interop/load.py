@@ -512,12 +512,47 @@ def _check_gguf(path: Path) -> None:
         )
 
 
-def gguf_architecture(path: str | os.PathLike) -> str | None:
-    """A GGUF file's ``general.architecture`` (e.g. ``llama``, ``qwen35``), None if unset."""
-    import gguf
+# GGUF metadata value types -> their size in bytes (8 string, 9 array: variable)
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
-    field = gguf.GGUFReader(str(path)).get_field("general.architecture")
-    return None if field is None else str(field.contents())
+
+def gguf_architecture(path: str | os.PathLike) -> str | None:
+    """A GGUF file's ``general.architecture`` (e.g. ``llama``, ``qwen35``), None if unset.
+
+    Reads the header's key/value pairs up to that key (GGUF v2/v3, little-endian; the format
+    of ggml's ``docs/gguf.md``) and no tensor: the gguf package's reader indexes every tensor
+    first (2-8 s on the alias files)."""
+    import struct
+
+    def read(f, fmt):
+        return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
+
+    def string(f):
+        return f.read(read(f, "Q")).decode("utf-8", "replace")
+
+    def skip(f, vtype):
+        if vtype == 8:
+            f.seek(read(f, "Q"), 1)
+        elif vtype == 9:
+            item, count = read(f, "I"), read(f, "Q")
+            if item in (8, 9):
+                for _ in range(count):
+                    skip(f, item)
+            else:
+                f.seek(_GGUF_SIZES[item] * count, 1)
+        else:
+            f.seek(_GGUF_SIZES[vtype], 1)
+
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF" or read(f, "I") < 2:
+            return None
+        _, n_kv = read(f, "Q"), read(f, "Q")
+        for _ in range(n_kv):
+            key, vtype = string(f), read(f, "I")
+            if key == "general.architecture" and vtype == 8:
+                return string(f)
+            skip(f, vtype)
+    return None
 
 
 def _convert_gguf(path: Path, out_dir: Path) -> None:
