@@ -12,7 +12,6 @@ Example (the README's ``make run``)::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -161,24 +160,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _available_memory() -> int:
-    """Bytes this machine can still give (``MemAvailable``; total physical memory elsewhere)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _check_budget(model, args: argparse.Namespace) -> None:
     """Refuse, before compiling, a request the model's context or this machine's memory cannot
     hold: prompt + ``--max-new-tokens`` beyond ``max_position_embeddings``, or a KV cache and
     logits for ``prompts × --num-samples`` rows larger than the available memory."""
     import numpy as np
 
+    from jaxrl_llm.parallel import free_memory
     from jaxrl_llm.sampling.text import encode_prompts
     from jaxrl_llm.train.config.preflight import check_context_budget
 
@@ -197,7 +185,7 @@ def _check_budget(model, args: argparse.Namespace) -> None:
     itemsize = np.dtype(c.compute_dtype).itemsize
     kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * total * itemsize
     need = rows * (kv + 4 * c.vocab_size)  # the KV cache and one step's float32 logits per row
-    avail = _available_memory()
+    avail = free_memory()  # the host: generate holds the weights and KV cache in its memory
     if need > 0.8 * avail:
         fit = max(int(0.8 * avail // max(kv + 4 * c.vocab_size, 1)), 0)
         raise ConfigError(

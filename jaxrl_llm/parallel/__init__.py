@@ -29,7 +29,7 @@ from jaxrl_llm.parallel.distributed import (
     to_host,
     to_process_local,
 )
-from jaxrl_llm.parallel.mesh import MESH_AXES, make_mesh, mesh_shape, split_devices
+from jaxrl_llm.parallel.mesh import MESH_AXES, free_memory, make_mesh, mesh_shape, split_devices
 from jaxrl_llm.parallel.rules import (
     DEFAULT_RULES,
     ShardingFallbackWarning,
@@ -55,6 +55,7 @@ __all__ = [
     "activation_spec",
     "batch_split",
     "constrain",
+    "free_memory",
     "layout_mesh",
     "CONTEXT_AXIS",
     "DEFAULT_RULES",

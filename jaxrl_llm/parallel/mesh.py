@@ -142,3 +142,27 @@ def split_devices(rollout_devices: int, devices: list | None = None) -> tuple[li
             "use rollout.devices: 0 on multi-host runs"
         )
     return devices[:-n], devices[-n:]
+
+
+def free_memory(device=None) -> int:
+    """Bytes ``device`` can still hold: an accelerator's ``bytes_limit − bytes_in_use`` (its
+    ``memory_stats()``); on the CPU, or where a runtime gives no statistics, this machine's
+    ``MemAvailable`` (total physical memory where there is no ``/proc/meminfo``)."""
+    stats = None
+    if device is not None and device.platform != "cpu":
+        try:
+            stats = device.memory_stats()
+        except Exception:  # noqa: BLE001 - runtimes without statistics raise, or return None
+            stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

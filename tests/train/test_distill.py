@@ -348,3 +348,18 @@ def test_what_distillation_cannot_combine_is_refused_in_one_line(tmp_path, capsy
     rc = main(cli_args(tmp_path / "run", *extra))
     err = capsys.readouterr().err
     assert rc == 2 and said in err and "Traceback" not in err
+
+
+def test_a_teacher_larger_than_the_free_memory_is_refused_with_its_sizes(
+    tmp_path, capsys, monkeypatch
+):
+    """The device has 1 KiB left (as an accelerator's memory_stats would say): the tiny
+    2-layer teacher's float32 weights do not fit, and the run ends in one line with the sizes."""
+    from jaxrl_llm.train.online import teacher as teacher_mod
+
+    monkeypatch.setattr(teacher_mod, "free_memory", lambda device=None: 1024)
+    rc = main(cli_args(tmp_path / "big", "teacher.tiny={num_layers: 2}"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert "parameters in float32 need" in err and "GiB per device" in err
+    assert "0.00 GiB free there" in err

@@ -25,6 +25,8 @@ import numpy as np
 from jaxrl_llm.data import CharTokenizer, encode_completion, encode_prompt, is_conversational
 from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.interop.peft import is_peft_adapter
+from jaxrl_llm.parallel import free_memory
+from jaxrl_llm.train.compile.memory import params_per_device
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.experience import Experience
 from jaxrl_llm.train.programs.policy import Policy, load_policy_model, tokenizer_size
@@ -112,8 +114,9 @@ def load_teacher(cfg: RunConfig, policy: Policy, *, full_vocab: bool = False) ->
     (``full_vocab``: its vocabulary size too, for GKD's full distributions).
 
     Raises:
-      ConfigError: the tokenizers differ (one line naming both sources), or a GKD teacher's
-        vocabulary size differs from the student's (full-vocabulary distributions).
+      ConfigError: the tokenizers differ (one line naming both sources), a GKD teacher's
+        vocabulary size differs from the student's (full-vocabulary distributions), or its
+        weights do not fit the device (:func:`check_teacher_fits`).
     """
     t = cfg.teacher
     assert t is not None
@@ -125,6 +128,7 @@ def load_teacher(cfg: RunConfig, policy: Policy, *, full_vocab: bool = False) ->
             f"model.source={cfg.model.source!r} of {policy.config.vocab_size}; loss.kind=gkd "
             f"compares the full next-token distributions, so they must be as wide"
         )
+    check_teacher_fits(cfg, config, policy.mesh)
     return teacher_on_mesh(
         config,
         policy.mesh,
@@ -133,6 +137,32 @@ def load_teacher(cfg: RunConfig, policy: Policy, *, full_vocab: bool = False) ->
         tokenizer=tok,
         system_prompt=t.system_prompt,
     )
+
+
+def check_teacher_fits(cfg: RunConfig, config: Any, mesh: Any) -> None:
+    """Refuse, before its weights are placed, a teacher whose weights alone do not fit the
+    memory the learner's first device has left (an accelerator's free HBM; on the CPU this
+    machine's available memory): the weights are split as the policy's, over
+    fsdp × context × tensor (experts over expert too).
+
+    Raises:
+      ConfigError: one line with the teacher's size, its share per device and what is free.
+    """
+    t = cfg.teacher
+    assert t is not None
+    axes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+    shards = axes.get("fsdp", 1) * axes.get("context", 1) * axes.get("tensor", 1)
+    per_device = params_per_device(config, weight_shards=shards, expert=axes.get("expert", 1))
+    need = per_device * np.dtype(t.dtype).itemsize
+    free = free_memory(mesh.devices.flat[0])
+    if need > free:
+        gib = 2**30
+        raise ConfigError(
+            f"teacher.source={t.source!r}: {config.num_params() / 1e9:.2f}B parameters in "
+            f"{t.dtype} need {need / gib:.2f} GiB per device (split {shards} ways), more than "
+            f"the {free / gib:.2f} GiB free there; use teacher.dtype: bfloat16, a larger "
+            f"mesh.fsdp, or a smaller teacher"
+        )
 
 
 def with_system_prompt(prompt: Any, system_prompt: str) -> Any:
