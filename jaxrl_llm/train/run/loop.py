@@ -145,6 +145,11 @@ class Trainer:
         self._last_saved = step
         for c, holder in self.companions:
             c.save(step, holder.state, force=force, extra={"step": step})
+            if jax.process_count() > 1:
+                # Two of orbax's async multi-host saves at once collide on its barrier names
+                # ("Barrier ThreadSaveMultiHostValueHolder:set_value_start is already ongoing",
+                # seen with PPO's critic under load): the companion's finishes first.
+                c.wait_until_finished()
         self.ckpt.save(
             step,
             self.policy.state,
