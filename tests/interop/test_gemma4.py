@@ -251,6 +251,19 @@ def test_moe_beside_the_mlp_matches_transformers_and_exports(tmp_path):
     assert interop.config_from_hf_dict(interop.hf_config_dict(c)) == c
 
 
+def test_peft_export_of_padded_attention_adapters_is_refused(tmp_path):
+    """transformers' per-layer shapes differ from our padded ones: refused, MLP adapters not."""
+    config = M.ModelConfig.tiny("gemma4_text")
+    mlp = M.LoRAConfig(rank=2, targets=("gate_proj", "down_proj"))
+    adapters = M.init_lora(config, mlp, jax.random.PRNGKey(0))
+    kw = dict(config=config, base_model=None)
+    assert interop.export_peft_adapter(tmp_path / "mlp", adapters=adapters, lora=mlp, **kw)
+    attn = M.LoRAConfig(rank=2, targets=("q_proj", "v_proj"))
+    adapters = M.init_lora(config, attn, jax.random.PRNGKey(0))
+    with pytest.raises(ModelLoadError, match="two sizes"):
+        interop.export_peft_adapter(tmp_path / "attn", adapters=adapters, lora=attn, **kw)
+
+
 @pytest.mark.parametrize(
     "key,value,named",
     [

@@ -133,7 +133,7 @@ def lora_params(config: ModelConfig, rank: int) -> int:
         c.store_head_dim,
     )
     per_layer = rank * ((d + h * e) + 2 * (d + k * e) + (h * e + d))
-    if not c.is_moe:
+    if not c.is_moe or c.moe_beside_mlp:  # Gemma 4's MoE keeps its dense MLP
         per_layer += rank * (2 * (d + f) + (f + d))
     return c.num_layers * per_layer
 
