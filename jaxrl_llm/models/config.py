@@ -444,10 +444,12 @@ class ModelConfig:
         """The activation / matmul dtype as a jnp dtype."""
         return dtype_from_name(self.compute_dtype)
 
-    def num_params(self, *, active: bool = False) -> int:
+    def num_params(self, *, active: bool = False, stored: bool = False) -> int:
         """Parameter count (embedding counted once when tied). ``active=True`` counts, for a
         mixture of experts, only the k experts a token runs (and the router): the weights
-        one token's forward touches."""
+        one token's forward touches. ``stored=True`` counts attention weights as stored,
+        heads padded to the largest layer's (:attr:`has_padded_heads`, Gemma 4): what memory
+        holds, not what the model uses."""
         d, f = self.hidden_size, self.intermediate_size
         mlp = 0 if self.is_moe and not self.moe_beside_mlp else 3 * d * f
         if self.is_moe:
@@ -478,7 +480,7 @@ class ModelConfig:
         n = (
             self.vocab_size * d
             + self.num_layers * per_layer
-            + sum(self._attention_params(i) for i in range(self.num_layers))
+            + sum(self._attention_params(i, stored) for i in range(self.num_layers))
             + self.num_linear_layers * linear
             + d
         )
@@ -489,13 +491,16 @@ class ModelConfig:
         n += d * self.num_labels
         return n
 
-    def _attention_params(self, layer: int) -> int:
-        """Parameters of layer ``layer``'s attention (0 for a LINEAR layer), at its own size."""
+    def _attention_params(self, layer: int, stored: bool = False) -> int:
+        """Parameters of layer ``layer``'s attention (0 for a LINEAR layer), at its own size
+        or (``stored``) at the stored one."""
         if self.layer_types and self.layer_types[layer] == LayerType.LINEAR:
             return 0
         d, h = self.hidden_size, self.num_heads
         k, e = self.layer_heads(layer)
         kv = 1 if self.global_k_eq_v and self.layer_types[layer] == LayerType.GLOBAL else 2
+        if stored:
+            k, e, kv = self.store_kv_heads, self.store_head_dim, 2
         n = d * h * e + kv * d * k * e + h * e * d
         if self.attn_output_gate:
             n += d * h * e

@@ -348,9 +348,11 @@ def head_axes(module: str, leaf: str) -> tuple[int | None, int] | None:
 
 def head_padding_masks(config: ModelConfig) -> dict[str, Any]:
     """For a stack whose heads are stored padded (``config.has_padded_heads``, Gemma 4): the
-    attention sub-trees of ``params["layers"]`` as 0/1 numpy masks of their stacked shapes, 1
-    where a layer's own head dims and KV heads sit (:func:`jaxrl_llm.models.gemma4.pad_heads`;
-    a GLOBAL layer's ``v_proj`` with ``global_k_eq_v`` is all 0: unused)."""
+    attention sub-trees of ``params["layers"]`` as 0/1 numpy masks that broadcast to their
+    stacked shapes (size 1 on every axis but the layers, KV heads and head dim, so a real
+    model's masks stay small), 1 where a layer's own head dims and KV heads sit
+    (:func:`jaxrl_llm.models.gemma4.pad_heads`; a GLOBAL layer's ``v_proj`` with
+    ``global_k_eq_v`` is all 0: unused)."""
     specs = param_shapes_and_axes(config)["layers"]
     k_store, e_store = config.store_kv_heads, config.store_head_dim
     out: dict[str, Any] = {}
@@ -364,7 +366,7 @@ def head_padding_masks(config: ModelConfig) -> dict[str, Any]:
             per_layer = []
             for i in range(config.num_layers):
                 k, e = config.layer_heads(i)
-                true_shape = list(shape[1:])
+                true_shape = [1] * (len(shape) - 1)
                 true_shape[axes[1]] = e
                 if axes[0] is not None:
                     true_shape[axes[0]] = k

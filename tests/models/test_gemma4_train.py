@@ -46,6 +46,7 @@ def test_padding_is_zero_and_gets_no_gradient():
     for name, sub in head_padding_masks(config).items():
         for leaf, m in sub.items():
             w, g = params["layers"][name][leaf], grads["layers"][name][leaf]
+            m = np.broadcast_to(m, w.shape)
             assert np.all(np.asarray(w)[m == 0] == 0), (name, leaf)
             assert np.all(np.asarray(g)[m == 0] == 0), (name, leaf)
             assert np.abs(np.asarray(g)[m == 1]).max() > 0, (name, leaf)

@@ -149,9 +149,9 @@ def expert_params(config: ModelConfig) -> int:
 
 def params_per_device(config: ModelConfig, *, weight_shards: int, expert: int = 1) -> float:
     """Parameters one device holds: the dense ones over fsdp × tensor (``weight_shards``), the
-    experts' over ``expert`` too."""
+    experts' over ``expert`` too; attention heads as stored (Gemma 4's padded ones)."""
     ne = expert_params(config)
-    return (config.num_params() - ne) / weight_shards + ne / (weight_shards * expert)
+    return (config.num_params(stored=True) - ne) / weight_shards + ne / (weight_shards * expert)
 
 
 @dataclasses.dataclass(frozen=True)
