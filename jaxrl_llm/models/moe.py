@@ -294,6 +294,13 @@ def _split(mesh, size: int, axes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _block_params(lp: Mapping[str, Any]) -> tuple:
+    """(router, per-expert scale or None, gate, up, down) of a layer, as :func:`_block` takes."""
+    scale = lp["expert_scale"]["scale"] if "expert_scale" in lp else None
+    experts = (lp[name]["kernel"] for name in ("experts_gate", "experts_up", "experts_down"))
+    return (lp["router"]["kernel"], scale, *experts)
+
+
 def sparse_moe(
     config: ModelConfig,
     x_btd: jax.Array,
@@ -338,14 +345,8 @@ def sparse_moe(
     if token_w_bt is None:
         token_w_bt = jnp.ones((b, t), jnp.float32)
     token_w_bt = token_w_bt.astype(jnp.float32)
-    scale = lp["expert_scale"]["scale"] if "expert_scale" in lp else None
-    params = (
-        lp["router"]["kernel"],
-        scale,
-        lp["experts_gate"]["kernel"],
-        lp["experts_up"]["kernel"],
-        lp["experts_down"]["kernel"],
-    )
+    params = _block_params(lp)
+    scale = params[1]
     k = config.num_experts_per_tok
     recorded = None
     if recorded_btk is not None:
