@@ -25,6 +25,11 @@ def test_presets_have_published_parameter_counts():
     assert MODEL_PRESETS["8b"].num_params() == pytest.approx(8.03e9, rel=0.01)
     assert MODEL_PRESETS["70b"].num_params() == pytest.approx(70.6e9, rel=0.01)
     assert MODEL_PRESETS["135m"].num_params() == pytest.approx(134.5e6, rel=0.01)
+    # Gemma 4 31B: 30.7B (its card), counting the full-attention layers at their own size.
+    assert MODEL_PRESETS["gemma4-31b"].num_params() == pytest.approx(30.7e9, rel=0.01)
+    # stored with the sliding layers' heads padded 256 -> 512 and 4 -> 16 full-attention KV heads
+    assert MODEL_PRESETS["gemma4-31b"].num_params(stored=True) == pytest.approx(38.07e9, rel=0.01)
+    assert MODEL_PRESETS["8b"].num_params(stored=True) == MODEL_PRESETS["8b"].num_params()
 
 
 def test_sharding_lora_and_remat_reduce_memory():

@@ -125,9 +125,15 @@ def lora_params(config: ModelConfig, rank: int) -> int:
     """Adapter parameters for rank-r LoRA on q, k, v, o, gate, up and down of every layer (a
     mixture of experts: q, k, v, o only; its experts take no adapters)."""
     c = config
-    d, f, h, k, e = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    d, f, h, k, e = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.store_kv_heads,
+        c.store_head_dim,
+    )
     per_layer = rank * ((d + h * e) + 2 * (d + k * e) + (h * e + d))
-    if not c.is_moe:
+    if not c.is_moe or c.moe_beside_mlp:  # Gemma 4's MoE keeps its dense MLP
         per_layer += rank * (2 * (d + f) + (f + d))
     return c.num_layers * per_layer
 
@@ -143,9 +149,9 @@ def expert_params(config: ModelConfig) -> int:
 
 def params_per_device(config: ModelConfig, *, weight_shards: int, expert: int = 1) -> float:
     """Parameters one device holds: the dense ones over fsdp × tensor (``weight_shards``), the
-    experts' over ``expert`` too."""
+    experts' over ``expert`` too; attention heads as stored (Gemma 4's padded ones)."""
     ne = expert_params(config)
-    return (config.num_params() - ne) / weight_shards + ne / (weight_shards * expert)
+    return (config.num_params(stored=True) - ne) / weight_shards + ne / (weight_shards * expert)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,8 +230,8 @@ def activation_bytes_per_token_per_layer(
     outputs in place of D) and the float32 router probabilities (X).
     """
     c = config
-    d, f, e = c.hidden_size, c.intermediate_size // tensor, c.head_dim
-    h, k = max(c.num_heads // tensor, 1), max(c.num_kv_heads // tensor, 1)
+    d, f, e = c.hidden_size, c.intermediate_size // tensor, c.store_head_dim
+    h, k = max(c.num_heads // tensor, 1), max(c.store_kv_heads // tensor, 1)
     moe_extra = 0
     if c.is_moe:
         kk = c.num_experts_per_tok
@@ -421,8 +427,8 @@ def _kv_cache_row(
         * config.num_layers
         * local_rows
         * seq_len
-        * max(config.num_kv_heads // tensor, 1)
-        * config.head_dim
+        * max(config.store_kv_heads // tensor, 1)
+        * config.store_head_dim
         * b
     )
     return _row("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv, True)

@@ -8,6 +8,7 @@ import os
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
+from jaxrl_llm.models.gemma4 import gemma4_31b_fields
 
 GiB = 1024**3
 
@@ -16,11 +17,14 @@ def _llama(**kw) -> ModelConfig:
     return ModelConfig(family=Family.LLAMA, **kw)
 
 
-# Published architectures by size (Llama 2 / 3.x, SmolLM2, Gemma 3, Qwen3-MoE, Mixtral), for
+# Published architectures by size (Llama 2 / 3.x, SmolLM2, Gemma 3 / 4, Qwen3-MoE, Mixtral), for
 # planning without downloads (the MoE shapes are those of the models' config.json files).
 MODEL_PRESETS: dict[str, ModelConfig] = {
     "135m": ModelConfig.smollm2_135m(),
     "gemma3-270m": ModelConfig.gemma3_270m(),
+    # Gemma 4 31B (text): 30.7B parameters; sliding heads 16 x 256, full-attention 4 x 512
+    # (stored padded to 16 x 512: jaxrl_llm.models.gemma4). Sources: gemma4.gemma4_31b_fields.
+    "gemma4-31b": ModelConfig(**gemma4_31b_fields()),
     "1b": _llama(
         vocab_size=128256,
         hidden_size=2048,
