@@ -640,7 +640,7 @@ def _gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[st
         glob["factor"] = c.rope_factor
     local = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
     eos = list(c.eos_token_ids)
-    hf = transformers.Gemma4TextConfig(
+    fields: dict[str, Any] = dict(  # as a dict: transformers' typed __init__ lists fewer keys
         vocab_size=c.vocab_size,
         hidden_size=c.hidden_size,
         intermediate_size=c.intermediate_size,
@@ -672,6 +672,7 @@ def _gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[st
         pad_token_id=c.pad_token_id,
         eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
     )
+    hf = transformers.Gemma4TextConfig(**fields)
     return _config_json(hf, c, _architectures(c.family)[0], dtype)
 
 

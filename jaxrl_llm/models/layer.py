@@ -542,6 +542,7 @@ def decoder_layer(
         y = apply_norm(c, y, lp["post_attn_norm"])
     x = x_btd + y
     at = layer if stack_index is None else stack_index  # per-stack tables: routing, inputs
+    stats: moe_lib.MoeStats | None
     if c.moe_beside_mlp:
         z, stats = dense_and_moe_block(c, lp, x, tokens, mesh, at)
     else:

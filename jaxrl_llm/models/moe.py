@@ -294,11 +294,11 @@ def _split(mesh, size: int, axes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _block_params(lp: Mapping[str, Any]) -> tuple:
+def _block_params(lp: Mapping[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
     """(router, per-expert scale or None, gate, up, down) of a layer, as :func:`_block` takes."""
     scale = lp["expert_scale"]["scale"] if "expert_scale" in lp else None
-    experts = (lp[name]["kernel"] for name in ("experts_gate", "experts_up", "experts_down"))
-    return (lp["router"]["kernel"], scale, *experts)
+    gate, up, down = (lp[n]["kernel"] for n in ("experts_gate", "experts_up", "experts_down"))
+    return (lp["router"]["kernel"], scale, gate, up, down)
 
 
 def sparse_moe(
