@@ -224,3 +224,14 @@ def test_qwen3_5_moe_preset_counts_experts_and_the_shared_expert():
     assert c.num_params(active=True) == pytest.approx(3.455e9, rel=1e-3)
     assert expert_params(c) == 40 * 256 * 3 * 2048 * 512
     assert (c.num_linear_layers, c.num_attention_layers, c.shared_expert_size) == (30, 10, 512)
+
+
+def test_fsdp_step_holds_the_unembedding_gathered_whole():
+    # the log-prob chunks take the whole [D, V] unembedding in the compute dtype: XLA
+    # all-gathers it once (bf16[4096,128256] in the 8B steps compiled for v5p on fsdp=4)
+    c = MODEL_PRESETS["8b"]
+    kw = dict(batch_size=8, group_size=8, seq_len=1024, remat="full", device="tpu-v5p")
+    rows = {r.component: r.bytes for r in estimate_memory(c, "grpo", fsdp=4, **kw).rows}
+    assert rows["unembedding gathered (bf16)"] == 4096 * 128256 * 2
+    one = estimate_memory(c, "grpo", **kw)  # one device: the bf16 copy is the whole table
+    assert not any(r.component.startswith("unembedding gathered") for r in one.rows)

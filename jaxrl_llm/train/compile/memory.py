@@ -19,6 +19,7 @@ a mixture of experts' expert weights are further split over the ``expert`` axis)
   per-layer casts out of the scan over layers, so the whole sharded copy exists at once);
 * training activations kept for the backward pass, without or with rematerialisation (per
   layer, per token: the layer input only for ``full``; the matmul outputs for ``dots``);
+* under fsdp, the unembedding gathered whole in the compute dtype for the log-prob ops;
 * logits: the ``[B, T, V]`` float32 tensor and its softmax/gradient when materialised, or one
   ``[B, chunk, V]`` slice with the chunked log-prob ops (the default here);
 * the rollout KV cache for online algorithms (prompts × G rows × (prompt + completion) slots).
@@ -417,9 +418,13 @@ def _update_rows(
     logits: str,
     logits_chunk: int,
     accumulated_bytes: float = 0,
+    gathered: bool = False,
 ) -> list[MemoryRow]:
     """The transient rows of a trained model's step: activations, cast weights, the gradient
-    sum of accumulation (``accumulated_bytes`` per device, 0 without), logits."""
+    sum of accumulation (``accumulated_bytes`` per device, 0 without), logits, and with the
+    weights split over fsdp (``gathered``) the whole unembedding in the compute dtype, which
+    XLA all-gathers once for the log-prob chunks (``bf16[4096,128256]``, 1002 MiB, in the
+    8B steps compiled for v5p on fsdp=4)."""
     name, b = role.value, _BYTES[dtype]
     act = activation_bytes(config, tokens, seq_len, remat=remat, dtype_bytes=b, tensor=tensor)
     rows = [_row(name, f"activations (remat={remat})", act, True)]
@@ -429,6 +434,9 @@ def _update_rows(
         rows.append(_row(name, "gradient sum (fp32, micro-batches)", accumulated_bytes, True))
     if role != Role.CRITIC and role != Role.REWARD:
         vocab = config.vocab_size / tensor
+        if gathered:  # the log-prob ops take the unembedding whole, all-gathered over fsdp
+            unembed = vocab * config.hidden_size * b
+            rows.append(_row(name, f"unembedding gathered ({dtype})", unembed, True))
         width = seq_len if logits == "full" else min(logits_chunk, seq_len)
         # float32 logits and their gradient (softmax fused into them by XLA)
         rows.append(_row(name, f"logits ({logits})", 2 * train_rows * width * vocab * 4, True))
@@ -455,9 +463,11 @@ def _model_rows(
     logits: str,
     logits_chunk: int,
     accumulate: bool = False,
+    gathered: bool = False,
 ) -> tuple[list[MemoryRow], int]:
     """The rows of every model the algorithm holds, and how many weight copies they are
-    (``accumulate``: an update sums the gradients of several micro-batches)."""
+    (``accumulate``: an update sums the gradients of several micro-batches; ``gathered``: the
+    weights are split over fsdp, :func:`_update_rows`)."""
     rows: list[MemoryRow] = []
     weight_copies = 0
     trained = lora_params(config, lora_rank) / weight_shards if lora_rank else n
@@ -495,6 +505,7 @@ def _model_rows(
                 logits=logits,
                 logits_chunk=logits_chunk,
                 accumulated_bytes=4 * trained if accumulate else 0,
+                gathered=gathered,
             )
     return rows, weight_copies
 
@@ -647,6 +658,7 @@ def estimate_memory(
         logits=logits,
         logits_chunk=logits_chunk,
         accumulate=micro_batches > 1,
+        gathered=fsdp > 1,
     )
     if algo.online:
         rows += _kv_cache_rows(config, local_rows, seq_len, tensor, _BYTES[dtype])
