@@ -1,5 +1,6 @@
-"""Compiled per-device TPU memory of Llama-3-8B / 70B post-training runs vs the estimator,
-compiled on a CPU machine with the TPU compiler (``jaxrl-llm compile``; needs ``libtpu``).
+"""Compiled per-device TPU memory of Llama-3-8B / 70B and Qwen3.5 post-training runs vs the
+estimator, compiled on a CPU machine with the TPU compiler (``jaxrl-llm compile``; needs
+``libtpu``).
 
 Each configuration runs ``jaxrl-llm compile ... --json`` in its own process (one compile's
 host memory is freed before the next) with a time limit, and its JSON is appended to a cache
@@ -54,6 +55,9 @@ CONFIGS = [
         ["--batch", "16", "--seq-len", "1024", "--micro-batches", "2"],
     ),
     ("8b", "ppo", "v6e:2x4", "fsdp=8", _ONLINE),
+    # Qwen3.5 (issue 34): the hybrid linear-attention stack, dense and a mixture of experts
+    ("qwen3.5-9b", "grpo", "v5p:2x2x1", "fsdp=4", _ONLINE),
+    ("qwen3.5-35b-a3b", "grpo", "v5p:2x2x4", "fsdp=4,expert=4", _ONLINE),
 ]
 
 
@@ -184,7 +188,8 @@ def estimate_bytes(model: str, algorithm: str, topology: str, r: dict) -> int:
             lora_rank=s["lora_rank"],
             remat=s["remat"],
             device="tpu-" + topology.split(":")[0],
-            micro_batches=max(1, rows // s["rows_per_update"]),
+            micro_batches=s.get("micro_batches") or 1,
+            minibatches=max(1, rows // s["rows_per_update"] // (s.get("micro_batches") or 1)),
             prompt_group_size=s["group_size"] if online and algorithm != "online_dpo" else 1,
             **r["mesh"],
         )
