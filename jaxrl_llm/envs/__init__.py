@@ -5,7 +5,7 @@ episode, from one data row) and ``step(text) -> Step`` (its answer to the policy
 :mod:`jaxrl_llm.envs.base` holds the protocol and its checks, :mod:`.episodes` plays episodes
 on the continuous-batching engine with environment calls in a thread pool, :mod:`.chat`
 turns messages into tokens without re-tokenising the policy's turns. Built-ins
-(:data:`ENVIRONMENTS`): ``single_turn``, ``tools`` (Qwen/Hermes ``<tool_call>`` JSON; a safe
+(:data:`ENVIRONMENTS`): ``single_turn``, ``tools`` (Qwen/Hermes ``<tool_call>`` JSON or Gemma 4's ``<|tool_call>call:``; a safe
 ``calculator`` and sandboxed ``python``), ``guess_number``.
 """
 
@@ -29,8 +29,10 @@ from jaxrl_llm.envs.registry import (
 )
 from jaxrl_llm.envs.tools import (
     BUILTIN_TOOLS,
+    CALL_FORMATS,
     ToolEnv,
     call_tool,
+    parse_gemma4_tool_call,
     parse_tool_call,
     tool_schema,
     tools_system_prompt,
@@ -38,6 +40,7 @@ from jaxrl_llm.envs.tools import (
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "CALL_FORMATS",
     "CalculatorError",
     "ChatCodec",
     "ENVIRONMENTS",
@@ -55,6 +58,7 @@ __all__ = [
     "check_step",
     "environment_class",
     "environment_factory",
+    "parse_gemma4_tool_call",
     "parse_tool_call",
     "probe_environment",
     "run_episodes",

@@ -8,6 +8,12 @@ in the format of the Qwen / Hermes chat templates::
 
     <tool_call>{"name": "calculate", "arguments": {"expression": "123 * 456"}}</tool_call>
 
+or, with ``call_format="gemma4"``, in Gemma 4's format (transformers' response template for
+``gemma4``, ``transformers/cli/serving/utils.py``: a name after ``call:``, the arguments an
+object with bare keys and strings between ``<|"|>`` marks)::
+
+    <|tool_call>call:calculate{expression:<|"|>123 * 456<|"|>}<tool_call|>
+
 and gets the result back as a ``tool`` message. A turn without a tool call is the policy's
 final answer and ends the episode. Built-in tools: ``calculator`` (:func:`jaxrl_llm.envs.
 calculator.calculate`) and ``python`` (a program run in the code sandbox,
@@ -31,6 +37,8 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.rewards.user_code import shared_runner
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+#: Gemma 4's tool-call marks and its string delimiter.
+GEMMA4_OPEN, GEMMA4_CLOSE, GEMMA4_QUOTE = "<|tool_call>call:", "<tool_call|>", '<|"|>'
 #: The parser reads at most this many characters of a turn (a policy can write megabytes of
 #: unclosed tags; two ``str.find`` calls over a bounded prefix keep a turn's parse linear).
 MAX_SCAN_CHARS = 65_536
@@ -157,9 +165,12 @@ def resolve_tools(tools: Any) -> dict[str, Callable]:
     return out
 
 
-def tools_system_prompt(schemas: list[dict], preamble: str = "") -> str:
+def tools_system_prompt(
+    schemas: list[dict], preamble: str = "", call_format: str = "hermes"
+) -> str:
     """A short system prompt: one line per tool (``name(arg: type, ...): description``) and
-    the call format (short prompts are cheap to prefill on every episode)."""
+    the call format of :data:`CALL_FORMATS` (short prompts are cheap to prefill on every
+    episode)."""
     lines = [preamble.strip()] if preamble.strip() else []
     lines.append("Tools:")
     for s in schemas:
@@ -167,8 +178,8 @@ def tools_system_prompt(schemas: list[dict], preamble: str = "") -> str:
         args = ", ".join(f"{k}: {v['type']}" for k, v in fn["parameters"]["properties"].items())
         lines.append(f"- {fn['name']}({args}): {fn['description']}")
     lines.append(
-        'Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call> and wait '
-        "for its result. Reply without a tool call when you know the answer."
+        f"Call a tool with {_call_format(call_format)[1]} and wait for its result. Reply "
+        f"without a tool call when you know the answer."
     )
     return "\n".join(lines)
 
@@ -212,6 +223,89 @@ def parse_tool_call(text: str) -> tuple[str, dict] | str | None:
     return call["name"], args
 
 
+def parse_gemma4_tool_call(text: str) -> tuple[str, dict] | str | None:
+    """The first Gemma 4 tool call in ``text`` (``<|tool_call>call:NAME{key:value, ...}
+    <tool_call|>``, strings between ``<|"|>`` marks, keys bare or quoted): ``(name,
+    arguments)``, an error message when it cannot be read, or None when there is none. Linear
+    in the text, of which it reads at most :data:`MAX_SCAN_CHARS` characters."""
+    cut = len(text) > MAX_SCAN_CHARS
+    text = text[:MAX_SCAN_CHARS]
+    start = text.find(GEMMA4_OPEN)
+    if start < 0:
+        return None
+    end = text.find(GEMMA4_CLOSE, start + len(GEMMA4_OPEN))
+    if end < 0 and cut:
+        return f"error: no {GEMMA4_CLOSE} within the first {MAX_SCAN_CHARS} characters of the turn"
+    if end < 0:
+        return None
+    call = text[start + len(GEMMA4_OPEN) : end].strip()
+    if len(call) > MAX_CALL_CHARS:
+        return f"error: the tool call is longer than {MAX_CALL_CHARS} characters"
+    m = _NAME.match(call)
+    if m is None:
+        return "error: a tool call is call:<tool name>{key:value, ...}"
+    body = call[m.end() :].strip() or "{}"
+    try:
+        args = json.loads(_gemma4_object_as_json(body))
+    except (ValueError, RecursionError):
+        return "error: the tool call's arguments are not an object of key:value pairs"
+    if not isinstance(args, dict):
+        return "error: the tool call's arguments are not an object of key:value pairs"
+    return m.group(0), args
+
+
+_NAME = re.compile(r"[A-Za-z_][\w.-]*")
+_WORD, _COLON = re.compile(r"[A-Za-z_]\w*"), re.compile(r"\s*:")
+
+
+def _gemma4_object_as_json(body: str) -> str:
+    """Gemma 4's argument object as JSON: ``<|"|>`` strings and bare keys quoted (JSON's own
+    strings copied as they are). ValueError for an unclosed string."""
+    out: list[str] = []
+    i, n = 0, len(body)
+    while i < n:
+        if body.startswith(GEMMA4_QUOTE, i):
+            j = body.find(GEMMA4_QUOTE, i + len(GEMMA4_QUOTE))
+            if j < 0:
+                raise ValueError("unclosed string")
+            out.append(json.dumps(body[i + len(GEMMA4_QUOTE) : j]))
+            i = j + len(GEMMA4_QUOTE)
+        elif body[i] == '"':
+            j = i + 1
+            while j < n and body[j] != '"':
+                j += 2 if body[j] == "\\" else 1
+            out.append(body[i : j + 1])
+            i = j + 1
+        elif (m := _WORD.match(body, i)) is not None:  # a bare key, or true / false / null
+            i = m.end()
+            out.append(json.dumps(m.group(0)) if _COLON.match(body, i) else m.group(0))
+        else:
+            out.append(body[i])
+            i += 1
+    return "".join(out)
+
+
+#: Tool-call formats by name: (parser, how the system prompt shows a call). ``hermes``: the
+#: Qwen / Hermes JSON in ``<tool_call>`` tags; ``gemma4``: Gemma 4's ``<|tool_call>call:``.
+CALL_FORMATS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "hermes": (parse_tool_call, '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'),
+    "gemma4": (
+        parse_gemma4_tool_call,
+        f"{GEMMA4_OPEN}NAME{{key:{GEMMA4_QUOTE}text{GEMMA4_QUOTE},n:1}}{GEMMA4_CLOSE}",
+    ),
+}
+
+
+def _call_format(name: str) -> tuple[Callable[[str], Any], str]:
+    try:
+        return CALL_FORMATS[name]
+    except KeyError:
+        raise ConfigError(
+            f"env.kwargs.call_format: unknown tool-call format {name!r}; known: "
+            f"{', '.join(CALL_FORMATS)}"
+        ) from None
+
+
 def call_tool(
     tools: dict[str, Callable],
     name: str,
@@ -251,6 +345,8 @@ class ToolEnv:
       error_reward: reward added per failed tool call (default 0).
       tool_timeout_s: seconds a tool call may take (default 10; a ``{name, timeout_s}`` entry
         of ``tools`` sets its own); past it the call is answered ``error: timeout ...``.
+      call_format: how the policy writes a call, a :data:`CALL_FORMATS` name: ``hermes``
+        (default; Qwen, Llama, SmolLM) or ``gemma4``.
     """
 
     def __init__(
@@ -260,7 +356,9 @@ class ToolEnv:
         call_reward: float = 0.0,
         error_reward: float = 0.0,
         tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+        call_format: str = "hermes",
     ):
+        self.parse = _call_format(call_format)[0]
         self.tools = resolve_tools(tools)
         names = {e: n for (e, _), n in zip(tool_entries(tools), self.tools)}
         self.timeouts = {
@@ -268,7 +366,7 @@ class ToolEnv:
             for e, t in tool_entries(tools)
         }
         self.schemas = [tool_schema(fn) for fn in self.tools.values()]
-        self.system = tools_system_prompt(self.schemas, system_prompt)
+        self.system = tools_system_prompt(self.schemas, system_prompt, call_format)
         self.call_reward, self.error_reward = float(call_reward), float(error_reward)
         self.calls = self.errors = 0
 
@@ -286,7 +384,7 @@ class ToolEnv:
 
     def step(self, text: str) -> Step:
         """Answer a tool call with a ``tool`` message; end the episode on a final answer."""
-        call = parse_tool_call(text)
+        call = self.parse(text)
         if call is None:
             clean = int(self.calls > 0 and self.errors == 0)
             return Step(done=True, info={"final_answers": 1, "clean_tool_use": clean})

@@ -1,11 +1,11 @@
 """Mapping between transformers' model configs (``config.json`` / a ``PretrainedConfig``) and
 our :class:`~jaxrl_llm.models.ModelConfig`, both ways, for every family: :func:`model_config_from_hf`
-(the field mapping: the keys every family shares, then Gemma 2 / 3's and the MoE families'
-own), :func:`config_from_hf_dict` (that, plus the checks of features we do not implement, as
-one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3, Gemma 2 / 3 text,
-Qwen3-MoE, Mixtral) and :func:`hf_config_dict` (what export writes). ``models/`` holds what a
-family computes and its presets; the transformers field names are all here. The weights' names
-and layouts are :mod:`jaxrl_llm.interop.state_dict`."""
+(the field mapping: the keys every family shares, then Gemma 2 / 3 / 4's, Qwen3.5's and the MoE
+families' own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
+implement, as one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3,
+Gemma 2 / 3 / 4 text, Qwen3-MoE, Mixtral, Qwen3.5) and :func:`hf_config_dict` (what export
+writes). ``models/`` holds what a family computes and its presets; the transformers field names
+are all here. The weights' names and layouts are :mod:`jaxrl_llm.interop.state_dict`."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.models import gemma, moe, qwen3_5
+from jaxrl_llm.models import gemma, gemma4, moe, qwen3_5
 from jaxrl_llm.models.config import HF_ARCHITECTURES, Family, LayerType, ModelConfig, RopeScaling
 
 _SUPPORTED_ACT = ("silu", "swish")
-# model_type values of Gemma 2, Gemma 3 text and the multimodal Gemma 3 (its text part).
-_GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3")
+# model_type values of Gemma 2, Gemma 3 / 4 text and the multimodal Gemma 3 / 4 (its text part).
+_GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4")
 # model_type values of Qwen3.5 text and the multimodal Qwen3.5 (its text part).
 _QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 # The multimodal model_type -> its text part's family.
@@ -26,6 +26,7 @@ _MULTIMODAL_TEXT = {
     "gemma3": Family.GEMMA3,
     "qwen3_5": Family.QWEN3_5,
     "qwen3_5_moe": Family.QWEN3_5_MOE,
+    "gemma4": Family.GEMMA4,
 }
 
 
@@ -111,6 +112,8 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
     )
     if family in (Family.GEMMA2, Family.GEMMA3):
         kwargs.update(_gemma_fields_from_hf(d, family))
+    if family == Family.GEMMA4:
+        kwargs.update(_gemma4_fields_from_hf(d))
     if family in moe.MOE_FAMILIES:
         kwargs.update(_moe_fields_from_hf(d, family))
     if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
@@ -205,6 +208,8 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
         return _gemma_hf_config_dict(c, dtype=dtype)
     if c.family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
         return _qwen3_5_hf_config_dict(c, dtype=dtype)
+    if c.family == Family.GEMMA4:
+        return _gemma4_hf_config_dict(c, dtype=dtype)
     if c.is_moe and c.family not in moe.MOE_FAMILIES:
         raise ModelLoadError(
             f"export: a {c.family.value} config with experts has no transformers class "
@@ -278,15 +283,21 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     causal, seqcls = _architectures(c.family)
     if c.num_labels:
         kw["num_labels"] = c.num_labels
-    hf = cls(**kw)
+    return _config_json(cls(**kw), c, seqcls if c.num_labels else causal, dtype)
+
+
+def _config_json(hf: Any, config: ModelConfig, architecture: str, dtype: str | None):
+    """The ``config.json`` dict of a transformers config object built for ``config``: its
+    ``to_dict()`` without quantization or a source path, with the architecture, model type and
+    stored dtype."""
     d = hf.to_dict()
     d.pop("quantization_config", None)
     d.pop("_name_or_path", None)
-    d["architectures"] = [seqcls if c.num_labels else causal]
-    d["model_type"] = c.family.value
-    d["torch_dtype"] = dtype or c.param_dtype
+    d["architectures"] = [architecture]
+    d["model_type"] = config.family.value
+    d["torch_dtype"] = dtype or config.param_dtype
     if "dtype" in d:
-        d["dtype"] = dtype or c.param_dtype
+        d["dtype"] = dtype or config.param_dtype
     return d
 
 
@@ -320,15 +331,7 @@ def _gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
         eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
         **gemma_kw,
     )
-    d = hf.to_dict()
-    d.pop("quantization_config", None)
-    d.pop("_name_or_path", None)
-    d["architectures"] = [_architectures(c.family)[0]]
-    d["model_type"] = c.family.value
-    d["torch_dtype"] = dtype or c.param_dtype
-    if "dtype" in d:
-        d["dtype"] = dtype or c.param_dtype
-    return d
+    return _config_json(hf, c, _architectures(c.family)[0], dtype)
 
 
 def _qwen3_5_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
@@ -390,15 +393,7 @@ def _qwen3_5_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[s
         pad_token_id=c.pad_token_id,
         eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
     )
-    d = hf.to_dict()
-    d.pop("quantization_config", None)
-    d.pop("_name_or_path", None)
-    d["architectures"] = [_architectures(c.family)[0]]
-    d["model_type"] = c.family.value
-    d["torch_dtype"] = dtype or c.param_dtype
-    if "dtype" in d:
-        d["dtype"] = dtype or c.param_dtype
-    return d
+    return _config_json(hf, c, _architectures(c.family)[0], dtype)
 
 
 def _architectures(family: Family) -> tuple[str, str]:
@@ -500,6 +495,185 @@ def _gemma_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
             raise ValueError("transformers' Gemma 2 has one RoPE base for all layers")
         kw["rope_parameters"] = glob
     return kw
+
+
+def _gemma4_refusals(d: Mapping[str, Any]) -> None:
+    """ValueError naming the first Gemma 4 feature of ``d`` we do not implement
+    (:mod:`jaxrl_llm.models.gemma4` lists them)."""
+    act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"unsupported Gemma 4 hidden_activation {act!r}")
+    if d.get("use_bidirectional_attention") == "all":
+        raise ValueError("Gemma 4 use_bidirectional_attention='all' (non-causal) is not supported")
+    shared = int(d.get("num_kv_shared_layers") or 0)
+    if shared:
+        raise ValueError(
+            f"Gemma 4 KV sharing across layers (num_kv_shared_layers={shared}) is not supported"
+        )
+
+
+def _gemma4_global_heads(d: Mapping[str, Any], types: tuple[LayerType, ...]) -> tuple[int, int]:
+    """(head dim, KV heads) of Gemma 4's full-attention layers: from transformers' serialised
+    ``per_layer_config`` (what ``to_dict()`` writes) or from ``global_head_dim`` /
+    ``num_global_key_value_heads`` (what the published ``config.json`` files and the config's
+    constructor take; the latter only with ``attention_k_eq_v``)."""
+    e, k = int(d["head_dim"]), int(d.get("num_key_value_heads") or d["num_attention_heads"])
+    per_layer = d.get("per_layer_config")
+    if per_layer is None:
+        glob_k = d.get("num_global_key_value_heads") if d.get("attention_k_eq_v") else None
+        return int(d.get("global_head_dim") or 512), int(glob_k or k)
+    overrides = {int(i): dict(o) for i, o in per_layer.items()}
+    found = set()
+    for i, t in enumerate(types):
+        o = overrides.get(i, {})
+        if (t == LayerType.LOCAL and o) or set(o) - {"head_dim", "num_key_value_heads"}:
+            raise ValueError(
+                f"Gemma 4 per_layer_config of layer {i} ({sorted(o)}) is not supported"
+            )
+        if t == LayerType.GLOBAL:
+            found.add((int(o.get("head_dim", e)), int(o.get("num_key_value_heads", k))))
+    if len(found) > 1:
+        raise ValueError(f"Gemma 4 full-attention layers of several sizes {sorted(found)}")
+    return found.pop() if found else (e, k)
+
+
+def _gemma4_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The Gemma 4 ModelConfig fields of a transformers ``Gemma4TextConfig`` dict (``to_dict()``
+    or ``config.json``): layer types (the last forced full, as transformers does), the window,
+    the full-attention layers' head dim, KV heads and ``attention_k_eq_v``, both RoPEs (the
+    full-attention one "proportional" or "default"), the final soft cap.
+
+    Raises ValueError for what we do not implement (:func:`_gemma4_refusals`).
+    """
+    _gemma4_refusals(d)
+    n = int(d["num_hidden_layers"])
+    types = tuple(LayerType(t) for t in (d.get("layer_types") or ()))
+    types = (types[:-1] + (LayerType.GLOBAL,)) if types else gemma4.default_layer_types(n)
+    head_dim, kv_heads = _gemma4_global_heads(d, types)
+    rope = d.get("rope_parameters") or {}
+    loc = rope.get(LayerType.LOCAL.value) or {"rope_type": "default", "rope_theta": 10_000.0}
+    glob = rope.get(LayerType.GLOBAL.value) or {
+        "rope_type": "proportional",
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 1_000_000.0,
+    }
+    if loc.get("rope_type", "default") != "default":
+        raise ValueError(f"unsupported Gemma 4 sliding-layer rope_type {loc.get('rope_type')!r}")
+    kind = glob.get("rope_type", "default")
+    if kind not in ("default", "proportional"):
+        raise ValueError(f"unsupported Gemma 4 full-attention rope_type {kind!r}")
+    factor = float(glob.get("factor", 1.0)) if kind == "proportional" else 1.0
+    proportion = float(glob.get("partial_rotary_factor") or 1.0) if kind == "proportional" else 1.0
+    out: dict[str, Any] = gemma4.common_fields()
+    # transformers' defaults: per-layer inputs of 256 from an embedding of 262144 rows.
+    ple = int(d.get("hidden_size_per_layer_input", 256) or 0)
+    if ple:
+        rows = int(d.get("vocab_size_per_layer_input", 262_144))
+        out.update(
+            per_layer_input_size=ple,
+            per_layer_vocab_size=None if rows == int(d["vocab_size"]) else rows,
+        )
+    if d.get("enable_moe_block"):
+        # transformers' Gemma4ForCausalLM adds no load-balancing loss: coefficient 0.
+        out.update(
+            moe_beside_mlp=True,
+            num_experts=int(d["num_experts"]),
+            num_experts_per_tok=int(d["top_k_experts"]),
+            moe_intermediate_size=int(d["moe_intermediate_size"]),
+            norm_topk_prob=True,
+            router_aux_loss_coef=0.0,
+        )
+    out.update(
+        layer_types=types,
+        sliding_window=d.get("sliding_window"),
+        final_logit_softcap=d.get("final_logit_softcapping"),
+        tie_embeddings=bool(d.get("tie_word_embeddings", True)),
+        global_head_dim=head_dim,
+        global_kv_heads=kv_heads,
+        global_k_eq_v=bool(d.get("attention_k_eq_v", False)),
+        global_rope_proportion=proportion,
+        rope_theta=float(glob.get("rope_theta", 1_000_000.0)),
+        rope_local_theta=float(loc.get("rope_theta", 10_000.0)),
+        rope_scaling=RopeScaling.LINEAR if factor != 1.0 else RopeScaling.NONE,
+        rope_factor=factor,
+    )
+    return out
+
+
+def _gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
+    """:func:`hf_config_dict` for Gemma 4 text (``Gemma4ForCausalLM``), with its MoE block
+    beside the MLP when ``moe_beside_mlp`` and its per-layer inputs when
+    ``per_layer_input_size``; no KV sharing (we do not implement it)."""
+    import transformers
+
+    c = config
+    if c.num_labels:
+        raise ModelLoadError("export: Gemma 4 sequence classifiers are not supported")
+    want = gemma4.common_fields()
+    bad = [k for k, v in want.items() if getattr(c, k) != v]
+    if bad or c.rope_scaling not in (RopeScaling.NONE, RopeScaling.LINEAR):
+        raise ModelLoadError(f"export: transformers' Gemma 4 has fixed {bad or ['rope_scaling']}")
+    if c.is_moe and (not c.moe_beside_mlp or not c.norm_topk_prob or c.shared_expert_size):
+        raise ModelLoadError(
+            "export: transformers' Gemma 4 has its experts beside the MLP (moe_beside_mlp), "
+            "renormalised top-k weights and no shared expert; this config differs"
+        )
+    moe: dict[str, Any] = {}
+    if c.is_moe:
+        moe = dict(
+            num_experts=c.num_experts,
+            top_k_experts=c.num_experts_per_tok,
+            moe_intermediate_size=c.moe_intermediate_size,
+        )
+    k_glob, e_glob = c.layer_heads(c.layer_types.index(LayerType.GLOBAL))
+    if k_glob != c.num_kv_heads and not c.global_k_eq_v:
+        raise ModelLoadError(
+            "export: transformers' Gemma 4 gives full-attention layers their own KV heads only "
+            "with attention_k_eq_v"
+        )
+    glob: dict[str, Any] = {
+        "rope_type": "proportional",
+        "partial_rotary_factor": c.global_rope_proportion,
+        "rope_theta": c.rope_theta,
+    }
+    if c.rope_scaling == RopeScaling.LINEAR:
+        glob["factor"] = c.rope_factor
+    local = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
+    eos = list(c.eos_token_ids)
+    fields: dict[str, Any] = dict(  # as a dict: transformers' typed __init__ lists fewer keys
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        global_head_dim=e_glob,
+        num_global_key_value_heads=k_glob if c.global_k_eq_v else None,
+        attention_k_eq_v=c.global_k_eq_v,
+        hidden_activation=c.mlp_activation.value,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=c.tie_embeddings,
+        attention_bias=c.attention_bias,
+        sliding_window=c.sliding_window,
+        layer_types=[t.value for t in c.layer_types],
+        final_logit_softcapping=c.final_logit_softcap,
+        rope_parameters={
+            LayerType.GLOBAL.value: glob,
+            LayerType.LOCAL.value: {"rope_type": "default", "rope_theta": local},
+        },
+        hidden_size_per_layer_input=c.per_layer_input_size,
+        vocab_size_per_layer_input=c.per_layer_vocab,
+        num_kv_shared_layers=0,
+        enable_moe_block=c.is_moe,
+        **moe,
+        bos_token_id=c.bos_token_id,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
+    )
+    hf = transformers.Gemma4TextConfig(**fields)
+    return _config_json(hf, c, _architectures(c.family)[0], dtype)
 
 
 def _qwen3_5_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:

@@ -112,6 +112,12 @@ def export_peft_adapter(
         raise ModelLoadError(
             f"adapters hold {sorted(layers)}, but the LoRA config targets {sorted(lora.targets)}"
         )
+    attention = sorted(set(layers) & {"q_proj", "k_proj", "v_proj", "o_proj"})
+    if attention and (config.has_padded_heads or config.global_k_eq_v):
+        raise ModelLoadError(
+            f"PEFT export of adapters on {attention} of a model with attention heads of two "
+            f"sizes or values that are keys (Gemma 4) is not supported; export the merged model"
+        )
     tensors: dict[str, np.ndarray] = {}
     for name, ab in layers.items():
         a = np.asarray(jax.device_get(ab["a"]), np.float32)

@@ -27,6 +27,12 @@ attention layers (:func:`jaxrl_llm.models.layer_kinds`); ``self_attn.q_proj`` ho
 the E query rows then the E output-gate rows (ours: ``q_proj`` and ``attn_gate``); the conv
 ``[C, 1, W]`` is ours ``[W, C]``.
 
+Gemma 4: the same names as Gemma 3 (and ``layer_scalar`` ``[1]`` per layer, ours a scalar of
+``layer_scalar/value``). Its full-attention layers' q/k/v/o and q/k norms have their own head
+dim and KV heads; ours are stored padded to the larger layer's
+(:mod:`jaxrl_llm.models.gemma4`): import pads, export strips the padding. A full-attention
+layer with ``attention_k_eq_v`` has no ``v_proj`` (ours stays zero).
+
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
 what :func:`jaxrl_llm.models.transformer.apply_rope` implements, so q/k weights need no
 permutation (transformers' GGUF reader already undoes llama.cpp's interleaved permutation).
@@ -41,8 +47,9 @@ import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.models.config import Family, LayerType, ModelConfig
+from jaxrl_llm.models.gemma4 import pad_heads, unpad_heads
 from jaxrl_llm.models.layer import layer_kinds
-from jaxrl_llm.models.transformer import param_shapes_and_axes
+from jaxrl_llm.models.transformer import head_axes, param_shapes_and_axes
 
 # numpy dtype kinds that are not weights: integers, booleans, complex, objects, strings, times.
 _NOT_FLOAT = "iubcOSUMm"
@@ -94,14 +101,37 @@ _POST_NORM_NAMES: dict[tuple[str, str], str] = {
     ("post_mlp_norm", "scale"): "post_feedforward_layernorm.weight",
 }
 
+# Gemma 4's per-layer inputs (config.per_layer_input_size): each layer's gate, projection, norm.
+_PER_LAYER_INPUT_NAMES: dict[tuple[str, str], str] = {
+    ("per_layer_gate", "kernel"): "per_layer_input_gate.weight",
+    ("per_layer_proj", "kernel"): "per_layer_projection.weight",
+    ("per_layer_post_norm", "scale"): "post_per_layer_input_norm.weight",
+}
+
+# Gemma 4's MoE block beside the MLP (config.moe_beside_mlp): its router's scales and norms.
+_BESIDE_MLP_NAMES: dict[tuple[str, str], str] = {
+    ("router_norm", "scale"): "router.scale",
+    ("expert_scale", "scale"): "router.per_expert_scale",
+    ("post_dense_norm", "scale"): "post_feedforward_layernorm_1.weight",
+    ("moe_norm", "scale"): "pre_feedforward_layernorm_2.weight",
+    ("post_moe_norm", "scale"): "post_feedforward_layernorm_2.weight",
+}
+
 # Gemma3ForConditionalGeneration nests the text decoder; its other parts are not ours.
 _MULTIMODAL_TEXT_PREFIX = "model.language_model."
-_MULTIMODAL_OTHER = ("model.vision_tower.", "model.multi_modal_projector.", "model.visual.")
+_MULTIMODAL_OTHER = (
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+    "model.visual.",
+    "model.audio_tower.",
+    "model.embed_vision.",
+    "model.embed_audio.",
+)
 # Qwen3.5 checkpoints carry a multi-token-prediction head that transformers does not load.
 _IGNORED_PREFIXES = ("mtp.",)
 
 
-# Our expert sub-trees; read and written by _moe_layer_from_hf / _moe_layer_to_hf.
+# Our expert sub-trees; read and written by _stack_index_from_hf / _stack_index_to_hf.
 _MOE_MODULES = ("router", "experts_gate", "experts_up", "experts_down")
 # Per-expert checkpoint names: family -> (block prefix, gate, up, down).
 _EXPERT_NAMES = {
@@ -111,13 +141,21 @@ _EXPERT_NAMES = {
 }
 
 
-def _moe_layer_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.ndarray]:
+def _stack_index_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.ndarray]:
     """Layer ``i``'s router and experts in our layout, from the per-expert checkpoint layout
     or transformers' fused in-memory one (``take(name, shape)`` reads and checks a tensor)."""
     c = config
     x, d, f = c.num_experts, c.hidden_size, c.moe_intermediate_size
-    block, gate, up, down = _EXPERT_NAMES[c.family]
     layer = f"model.layers.{i}."
+    if c.family == Family.GEMMA4:  # fused experts beside the MLP, the router's own module
+        gate_up = take(f"{layer}experts.gate_up_proj", (x, 2 * f, d))
+        return {
+            "router": take(f"{layer}router.proj.weight", (x, d)).T,
+            "experts_gate": gate_up[:, :f, :].transpose(0, 2, 1),
+            "experts_up": gate_up[:, f:, :].transpose(0, 2, 1),
+            "experts_down": take(f"{layer}experts.down_proj", (x, d, f)).transpose(0, 2, 1),
+        }
+    block, gate, up, down = _EXPERT_NAMES[c.family]
     fused = f"{layer}mlp.experts.gate_up_proj"
     if fused in sd:
         gate_up = take(fused, (x, 2 * f, d))
@@ -140,9 +178,19 @@ def _moe_layer_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.nd
     }
 
 
-def _moe_layer_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfig):
+def _stack_index_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfig):
     """Layer ``i``'s router and experts (ours, no layer axis) in the per-expert checkpoint
-    layout: name -> ``[out, in]`` array."""
+    layout (Gemma 4: its fused layout, as its checkpoints hold them): name -> array."""
+    if config.family == Family.GEMMA4:
+        layer_ = f"model.layers.{i}."
+        return {
+            f"{layer_}router.proj.weight": layer["router"].T,
+            f"{layer_}experts.gate_up_proj": np.concatenate(
+                [layer["experts_gate"].transpose(0, 2, 1), layer["experts_up"].transpose(0, 2, 1)],
+                axis=1,
+            ),
+            f"{layer_}experts.down_proj": layer["experts_down"].transpose(0, 2, 1),
+        }
     block, gate, up, down = _EXPERT_NAMES[config.family]
     prefix = f"model.layers.{i}.{block}."
     out = {f"{prefix}gate.weight": layer["router"].T}
@@ -151,6 +199,40 @@ def _moe_layer_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfi
         out[f"{prefix}experts.{j}.{up}.weight"] = layer["experts_up"][j].T
         out[f"{prefix}experts.{j}.{down}.weight"] = layer["experts_down"][j].T
     return out
+
+
+# Gemma 4's per-layer-input tensors beside the layers: (our sub-tree, leaf).
+_PER_LAYER_TOP = (
+    ("embed_per_layer", "embedding"),
+    ("per_layer_projection", "kernel"),
+    ("per_layer_norm", "scale"),
+)
+
+
+def _per_layer_inputs_from_hf(take, config: ModelConfig) -> dict[str, Any]:
+    """Gemma 4's per-layer-input embedding ``[V_ple, L·P]``, projection ``[L·P, D]`` and norm
+    ``[P]`` as ours (``[V_ple, L, P]``, ``[D, L, P]``, ``[P]``)."""
+    c = config
+    n, p, d = c.num_layers, c.per_layer_input_size, c.hidden_size
+    emb = take("model.embed_tokens_per_layer.weight", (c.per_layer_vocab, n * p))
+    proj = take("model.per_layer_model_projection.weight", (n * p, d))
+    return {
+        "embed_per_layer": {"embedding": emb.reshape(-1, n, p)},
+        "per_layer_projection": {"kernel": proj.T.reshape(d, n, p)},
+        "per_layer_norm": {"scale": take("model.per_layer_projection_norm.weight", (p,))},
+    }
+
+
+def _per_layer_inputs_to_hf(ple: Mapping[str, np.ndarray], config: ModelConfig):
+    """Inverse of :func:`_per_layer_inputs_from_hf`."""
+    d = config.hidden_size
+    return {
+        "model.embed_tokens_per_layer.weight": ple["embed_per_layer"].reshape(
+            config.per_layer_vocab, -1
+        ),
+        "model.per_layer_model_projection.weight": ple["per_layer_projection"].reshape(d, -1).T,
+        "model.per_layer_projection_norm.weight": ple["per_layer_norm"],
+    }
 
 
 def hf_projection_name(module: str, layer: int) -> str:
@@ -173,6 +255,12 @@ def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
     names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.post_norms else dict(_LAYER_NAMES)
     if config.is_hybrid or config.attn_output_gate:
         names.update(_LINEAR_NAMES)
+    if config.layer_scalars:
+        names[("layer_scalar", "value")] = "layer_scalar"
+    if config.moe_beside_mlp:
+        names.update(_BESIDE_MLP_NAMES)
+    if config.per_layer_input_size:
+        names.update(_PER_LAYER_INPUT_NAMES)
     return names
 
 
@@ -190,10 +278,20 @@ def _module_layers(config: ModelConfig, module: str) -> list[int]:
     return list(range(config.num_layers))
 
 
-def _hf_layer_shape(config: ModelConfig, module: str, leaf: str) -> tuple[int, ...]:
-    """Shape of one layer's tensor in transformers' layout."""
+def _absent(config: ModelConfig, module: str, layer: int) -> bool:
+    """True when transformers has no such tensor in this layer: a Gemma 4 full-attention layer's
+    ``v_proj`` with ``attention_k_eq_v`` (its values are its keys; ours stays zero)."""
+    return (
+        module == "v_proj"
+        and config.global_k_eq_v
+        and config.layer_types[layer] == LayerType.GLOBAL
+    )
+
+
+def _hf_layer_shape(config: ModelConfig, module: str, leaf: str, layer: int) -> tuple[int, ...]:
+    """Shape of layer ``layer``'s tensor in transformers' layout."""
     c = config
-    d, f, h, k, e = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    (k, e), d, f, h = c.layer_heads(layer), c.hidden_size, c.intermediate_size, c.num_heads
     hv, dv, ch = c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_channels
     q_rows = 2 * h * e if c.attn_output_gate else h * e
     return {
@@ -227,16 +325,56 @@ def _hf_layer_shape(config: ModelConfig, module: str, leaf: str) -> tuple[int, .
         ("gate_proj", "kernel"): (f, d),
         ("up_proj", "kernel"): (f, d),
         ("down_proj", "kernel"): (d, f),
+        ("layer_scalar", "value"): (1,),
+        ("router_norm", "scale"): (d,),
+        ("expert_scale", "scale"): (c.num_experts,),
+        ("post_dense_norm", "scale"): (d,),
+        ("moe_norm", "scale"): (d,),
+        ("post_moe_norm", "scale"): (d,),
+        ("per_layer_gate", "kernel"): (c.per_layer_input_size, d),
+        ("per_layer_proj", "kernel"): (d, c.per_layer_input_size),
+        ("per_layer_post_norm", "scale"): (d,),
     }[(module, leaf)]
 
 
-def _layer_to_ours(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
-    """One layer's transformers tensor -> our per-layer layout (no layer axis)."""
+def _layer_to_ours(
+    w: np.ndarray, module: str, leaf: str, config: ModelConfig, layer: int
+) -> np.ndarray:
+    """Layer ``layer``'s transformers tensor -> our per-layer layout (no layer axis), heads
+    padded to the stored size (:func:`_pad_layer`)."""
+    return _pad_layer(_unstack_to_ours(w, module, leaf, config, layer), module, leaf, config)
+
+
+def _pad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
+    """One layer's attention tensor (ours, at the layer's own size) padded to the stored
+    heads (:mod:`jaxrl_llm.models.gemma4`); other tensors unchanged."""
+    axes = head_axes(module, leaf)
+    if not config.has_padded_heads or axes is None:
+        return w
+    return pad_heads(w, *axes, config.store_kv_heads, config.store_head_dim)
+
+
+def _unpad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig, layer: int):
+    """Inverse of :func:`_pad_layer` for layer ``layer``."""
+    axes = head_axes(module, leaf)
+    if not config.has_padded_heads or axes is None:
+        return w
+    k, e = config.layer_heads(layer)
+    return unpad_heads(w, *axes, k, e)
+
+
+def _unstack_to_ours(
+    w: np.ndarray, module: str, leaf: str, config: ModelConfig, layer: int
+) -> np.ndarray:
+    """Layer ``layer``'s transformers tensor -> ours at the layer's own head size."""
     c = config
+    e = c.layer_heads(layer)[1]
     if leaf in ("scale", "a_log", "dt_bias"):
         return w
+    if leaf == "value":  # layer_scalar [1] -> []
+        return w.reshape(())
     if leaf == "bias":  # [N*E] -> [N, E]
-        return w.reshape(-1, c.head_dim)
+        return w.reshape(-1, e)
     if module in ("q_proj", "attn_gate") and c.attn_output_gate:  # [H*2E, D] -> [D, H, E]
         qg = w.T.reshape(c.hidden_size, c.num_heads, 2, c.head_dim)
         return qg[:, :, 0 if module == "q_proj" else 1]
@@ -247,9 +385,9 @@ def _layer_to_ours(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -
     if module == "out_proj":  # [D, H_v*d_v] -> [H_v, d_v, D]
         return w.T.reshape(-1, c.linear_value_head_dim, c.hidden_size)
     if module in ("q_proj", "k_proj", "v_proj"):  # [N*E, D] -> [D, N, E]
-        return w.T.reshape(c.hidden_size, -1, c.head_dim)
+        return w.T.reshape(c.hidden_size, -1, e)
     if module == "o_proj":  # [D, H*E] -> [H, E, D]
-        return w.T.reshape(c.num_heads, c.head_dim, c.hidden_size)
+        return w.T.reshape(c.num_heads, e, c.hidden_size)
     return w.T  # gate/up [F, D] -> [D, F]; down [D, F] -> [F, D]
 
 
@@ -259,6 +397,8 @@ def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> 
     c = config
     if leaf in ("scale", "a_log", "dt_bias"):
         return w
+    if leaf == "value":  # layer_scalar [] -> [1]
+        return w.reshape(1)
     if module == "conv":  # [W, C] -> [C, 1, W]
         return w.T[:, None, :]
     if module in ("in_proj_z", "out_proj"):
@@ -394,21 +534,28 @@ def params_from_hf_state_dict(
     names = _layer_names(config)
     layers: dict[str, dict[str, np.ndarray]] = {}
     if config.is_moe:
-        per_layer_moe = [_moe_layer_from_hf(take, sd, i, config) for i in range(config.num_layers)]
+        per_layer_moe = [
+            _stack_index_from_hf(take, sd, i, config) for i in range(config.num_layers)
+        ]
         for module in _MOE_MODULES:
             layers[module] = {"kernel": np.stack([m[module] for m in per_layer_moe])}
     for module, leaves in specs["layers"].items():
         if module in _MOE_MODULES:
             continue
         layers[module] = {}
-        for leaf in leaves:
+        for leaf, (shape, _) in leaves.items():
             hf_name = names[(module, leaf)]
-            shape = _hf_layer_shape(config, module, leaf)
-            per_layer = [
-                _layer_to_ours(take(f"model.layers.{i}.{hf_name}", shape), module, leaf, config)
-                for i in _module_layers(config, module)
-            ]
-            layers[module][leaf] = np.stack(per_layer, axis=0)
+            per_layer: list[np.ndarray | None] = []
+            for i in _module_layers(config, module):
+                if _absent(config, module, i):
+                    per_layer.append(None)  # zeros, in the dtype of the layers that have it
+                    continue
+                w = take(f"model.layers.{i}.{hf_name}", _hf_layer_shape(config, module, leaf, i))
+                per_layer.append(_layer_to_ours(w, module, leaf, config, i))
+            some = next((w for w in per_layer if w is not None), np.zeros(shape[1:], np.float32))
+            layers[module][leaf] = np.stack(
+                [np.zeros_like(some) if w is None else w for w in per_layer], axis=0
+            )
 
     v, d = config.vocab_size, config.hidden_size
     params: dict[str, Any] = {
@@ -416,6 +563,8 @@ def params_from_hf_state_dict(
         "layers": layers,
         "final_norm": {"scale": take("model.norm.weight", (d,))},
     }
+    if config.per_layer_input_size:
+        params.update(_per_layer_inputs_from_hf(take, config))
     if "lm_head" in specs:
         params["lm_head"] = {"kernel": take("lm_head.weight", (v, d)).T}
     elif "lm_head.weight" in sd:
@@ -489,7 +638,7 @@ def params_to_hf_state_dict(
             for m in _MOE_MODULES
         }
         for i in range(config.num_layers):
-            out.update(_moe_layer_to_hf({m: w[i] for m, w in moe.items()}, i, config))
+            out.update(_stack_index_to_hf({m: w[i] for m, w in moe.items()}, i, config))
     for module, leaves in specs["layers"].items():
         if module in _MOE_MODULES:
             continue
@@ -501,12 +650,18 @@ def params_to_hf_state_dict(
                 gate = get(params, ("layers", "attn_gate", "kernel"), shape)
             hf_name = names[(module, leaf)]
             for j, i in enumerate(_module_layers(config, module)):
+                if _absent(config, module, i):
+                    continue
                 if module == "q_proj" and config.attn_output_gate:
                     w = _gated_q_to_hf(stacked[j], gate[j])
                 else:
-                    w = _layer_to_hf(stacked[j], module, leaf, config)
+                    w = _unpad_layer(stacked[j], module, leaf, config, i)
+                    w = _layer_to_hf(w, module, leaf, config)
                 out[f"model.layers.{i}.{hf_name}"] = w
     out["model.norm.weight"] = get(params, ("final_norm", "scale"), specs["final_norm"]["scale"][0])
+    if config.per_layer_input_size:
+        ple = {k: get(params, (k, leaf), specs[k][leaf][0]) for k, leaf in _PER_LAYER_TOP}
+        out.update(_per_layer_inputs_to_hf(ple, config))
     if config.num_labels:
         out["score.weight"] = get(
             params, ("score_head", "kernel"), specs["score_head"]["kernel"][0]

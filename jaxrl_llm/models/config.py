@@ -2,7 +2,7 @@
 transformers.
 
 One frozen dataclass covers Llama (1/2/3, incl. SmolLM2 and Llama 3 rope scaling), Mistral,
-Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2 and Gemma 3 (text), Qwen3-MoE
+Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2, 3 and 4 (text), Qwen3-MoE
 and Mixtral (sparse MoE MLPs), as Hugging Face transformers implements them. Every field that
 only Gemma or the MoE families use defaults to the Llama behaviour, so a Llama-family config
 computes exactly what it did before those fields existed; the Gemma presets' values live in
@@ -20,6 +20,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxrl_llm.models.gemma import gemma3_270m_fields, tiny_fields
+from jaxrl_llm.models.gemma4 import gemma4_tiny_fields
 from jaxrl_llm.models.options import (
     Activation,
     AttentionImpl,
@@ -57,6 +58,8 @@ HF_ARCHITECTURES = {
     Family.QWEN3_5: ("Qwen3_5ForCausalLM", "Qwen3_5TextForSequenceClassification"),
     # transformers has no Qwen3.5-MoE text sequence classifier; export refuses a scalar head.
     Family.QWEN3_5_MOE: ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForSequenceClassification"),
+    # transformers has no Gemma 4 sequence classifier; export refuses a scalar head.
+    Family.GEMMA4: ("Gemma4ForCausalLM", "Gemma4ForSequenceClassification"),
 }
 
 
@@ -106,6 +109,10 @@ class ModelConfig:
       router_aux_loss_coef: the load-balancing loss's coefficient the checkpoint was trained
         with (transformers' ``router_aux_loss_coef``), the default of ``model.router_aux_loss_coef``.
       moe_dispatch: :class:`MoeDispatch`, how tokens reach experts (not what is computed).
+      moe_beside_mlp: every layer has the dense MLP *and* the sparse MoE block, their outputs
+        normed and added (Gemma 4's ``enable_moe_block``; the router reads the residual stream
+        through a scale-free RMSNorm times ``router_norm`` and D^-1/2, and scales each routing
+        weight by its expert's ``expert_scale``; GeGLU experts).
       shared_expert_size: F_s > 0 adds to every sparse MoE block a shared SwiGLU expert of
         width F_s, gated per token by σ(h W_sg) (Qwen3.5-MoE); 0 = none.
       linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
@@ -118,6 +125,22 @@ class ModelConfig:
         head (Qwen3.5: 0.25); 1 = all.
       attn_output_gate: attention's output is multiplied by σ(h W_gate) per head before the
         output projection (Qwen3.5's full-attention layers).
+      global_head_dim, global_kv_heads: head dim and KV heads of the GLOBAL layers (Gemma 4's
+        ``global_head_dim`` / ``num_global_key_value_heads``); None = ``head_dim`` /
+        ``num_kv_heads``. Layers of both sizes are stored padded to the larger
+        (:attr:`store_head_dim`, :attr:`store_kv_heads`; :mod:`jaxrl_llm.models.gemma4`).
+      global_k_eq_v: GLOBAL layers' values are their key projection's output (Gemma 4's
+        ``attention_k_eq_v``); their ``v_proj`` is unused and kept at zero.
+      global_rope_proportion: GLOBAL layers rotate only the first ⌊p · E_g / 2⌋ RoPE pairs,
+        with frequencies over the whole head dim (Gemma 4's "proportional" RoPE); 1 = all.
+      value_norm: a scale-free RMSNorm on each value head (Gemma 4).
+      layer_scalars: each layer's output is multiplied by a stored per-layer scalar
+        (``params["layers"]["layer_scalar"]``, Gemma 4; no gradient reaches it).
+      per_layer_input_size: P > 0 gives every layer a ``[P]`` input per token from a second
+        embedding and a projection of the first, gated into its residual stream after the MLP
+        (Gemma 4's per-layer embeddings, ``hidden_size_per_layer_input``); 0 = none.
+      per_layer_vocab_size: rows of that embedding (``vocab_size_per_layer_input``); None =
+        ``vocab_size``.
       num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
       param_dtype, compute_dtype: 'float32' or 'bfloat16'.
       attention: :class:`AttentionImpl` (default 'auto'); how attention is computed, not what:
@@ -162,6 +185,7 @@ class ModelConfig:
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.001
     moe_dispatch: MoeDispatch = MoeDispatch.SORTED
+    moe_beside_mlp: bool = False
     shared_expert_size: int = 0
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
@@ -171,6 +195,14 @@ class ModelConfig:
     delta_chunk_size: int = 64
     partial_rotary_factor: float = 1.0
     attn_output_gate: bool = False
+    global_head_dim: int | None = None
+    global_kv_heads: int | None = None
+    global_k_eq_v: bool = False
+    global_rope_proportion: float = 1.0
+    value_norm: bool = False
+    layer_scalars: bool = False
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int | None = None
     num_labels: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
@@ -227,6 +259,7 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be positive or None, got {value}")
         self._check_experts()
         self._check_linear()
+        self._check_global_heads()
         dtype_from_name(self.param_dtype)
         dtype_from_name(self.compute_dtype)
 
@@ -250,6 +283,8 @@ class ModelConfig:
                 f"shared_expert_size={self.shared_expert_size} must be >= 0, and > 0 only with "
                 f"experts"
             )
+        if self.moe_beside_mlp and not self.num_experts:
+            raise ValueError("moe_beside_mlp needs num_experts > 0")
         if not self.router_aux_loss_coef >= 0:
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
 
@@ -281,6 +316,73 @@ class ModelConfig:
                 f"linear_num_key_heads={self.linear_num_key_heads}"
             )
         _ = self.layer_period  # raises when the pattern does not repeat
+
+    def _check_global_heads(self) -> None:
+        if not self.layer_types and (
+            self.global_head_dim is not None
+            or self.global_kv_heads is not None
+            or self.global_k_eq_v
+            or self.global_rope_proportion != 1.0
+        ):
+            raise ValueError("GLOBAL-layer geometry (global_*) needs layer_types")
+        for e in {self.layer_heads(i)[1] for i in range(self.num_layers)}:
+            if e % 2:
+                raise ValueError(f"head dims must be even, got {e}")
+        k_store = self.store_kv_heads
+        for k, _ in {self.layer_heads(i) for i in range(self.num_layers)}:
+            if k <= 0 or k_store % k or self.num_heads % k_store:
+                raise ValueError(
+                    f"KV heads {k} must divide the stored {k_store}, which must divide "
+                    f"num_heads={self.num_heads}"
+                )
+        if self.per_layer_input_size < 0 or self.per_layer_vocab < 1:
+            raise ValueError(
+                f"per_layer_input_size={self.per_layer_input_size} must be >= 0 and "
+                f"per_layer_vocab_size={self.per_layer_vocab_size} positive"
+            )
+        if not 0 < self.global_rope_proportion <= 1:
+            raise ValueError(
+                f"global_rope_proportion must be in (0, 1], got {self.global_rope_proportion}"
+            )
+
+    def layer_heads(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head dim) of layer ``layer`` (the GLOBAL layers' own with
+        ``global_kv_heads`` / ``global_head_dim``)."""
+        if self.layer_types and self.layer_types[layer] == LayerType.GLOBAL:
+            k = self.num_kv_heads if self.global_kv_heads is None else self.global_kv_heads
+            e = self.head_dim if self.global_head_dim is None else self.global_head_dim
+            return k, e
+        return self.num_kv_heads, self.head_dim
+
+    @property
+    def per_layer_vocab(self) -> int:
+        """Rows of Gemma 4's per-layer embedding (``per_layer_vocab_size`` or the vocab)."""
+        return self.vocab_size if self.per_layer_vocab_size is None else self.per_layer_vocab_size
+
+    @property
+    def store_head_dim(self) -> int:
+        """E*, the head dim every layer's q/k/v/o weights and KV cache are stored at: the
+        largest layer's (smaller heads are zero-padded, :mod:`jaxrl_llm.models.gemma4`)."""
+        return max(self.layer_heads(i)[1] for i in range(self.num_layers))
+
+    @property
+    def store_kv_heads(self) -> int:
+        """K*, the KV heads every layer's k/v weights and KV cache are stored at: the largest
+        layer's."""
+        return max(self.layer_heads(i)[0] for i in range(self.num_layers))
+
+    @property
+    def has_padded_heads(self) -> bool:
+        """Some layer's heads are smaller than the stored ones (:attr:`store_head_dim`,
+        :attr:`store_kv_heads`)."""
+        store = (self.store_kv_heads, self.store_head_dim)
+        return any(self.layer_heads(i) != store for i in range(self.num_layers))
+
+    @property
+    def rms_norm_float32(self) -> bool:
+        """RMSNorm multiplies by its weight in float32 before casting back (Gemma 2 / 3's
+        (1 + w) and Gemma 4's plain w), not in the activation dtype (Llama)."""
+        return self.rms_norm_unit_offset or self.family == Family.GEMMA4
 
     @property
     def is_hybrid(self) -> bool:
@@ -342,34 +444,29 @@ class ModelConfig:
         """The activation / matmul dtype as a jnp dtype."""
         return dtype_from_name(self.compute_dtype)
 
-    def num_params(self, *, active: bool = False) -> int:
+    def num_params(self, *, active: bool = False, stored: bool = False) -> int:
         """Parameter count (embedding counted once when tied). ``active=True`` counts, for a
         mixture of experts, only the k experts a token runs (and the router): the weights
-        one token's forward touches."""
-        d, f, h, k, hd = (
-            self.hidden_size,
-            self.intermediate_size,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-        )
+        one token's forward touches. ``stored=True`` counts attention weights as stored,
+        heads padded to the largest layer's (:attr:`has_padded_heads`, Gemma 4): what memory
+        holds, not what the model uses."""
+        d, f = self.hidden_size, self.intermediate_size
+        mlp = 0 if self.is_moe and not self.moe_beside_mlp else 3 * d * f
         if self.is_moe:
             experts = self.num_experts_per_tok if active else self.num_experts
-            mlp = experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
+            mlp += experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
             if self.shared_expert_size:
                 mlp += 3 * d * self.shared_expert_size + d
-        else:
-            mlp = 3 * d * f
-        attn = d * h * hd + 2 * d * k * hd + h * hd * d
-        if self.attn_output_gate:
-            attn += d * h * hd
-        if self.attention_bias:
-            attn += h * hd + 2 * k * hd
-        if self.qk_norm:
-            attn += 2 * hd
+            if self.moe_beside_mlp:  # router norm, expert scales, three norms
+                mlp += d + self.num_experts + 3 * d
         per_layer = mlp + 2 * d
         if self.post_norms:
             per_layer += 2 * d
+        if self.layer_scalars:
+            per_layer += 1
+        p = self.per_layer_input_size
+        if p:  # gate, projection, norm; the embedding, projection and norm beside the trunk
+            per_layer += 2 * d * p + d
         hv, dv = self.linear_num_value_heads, self.linear_value_head_dim
         linear = (
             d * self.linear_conv_channels  # in_proj_qkv
@@ -383,13 +480,34 @@ class ModelConfig:
         n = (
             self.vocab_size * d
             + self.num_layers * per_layer
-            + self.num_attention_layers * attn
+            + sum(self._attention_params(i, stored) for i in range(self.num_layers))
             + self.num_linear_layers * linear
             + d
         )
+        if p:
+            n += (self.per_layer_vocab + d) * self.num_layers * p + p
         if not self.tie_embeddings:
             n += d * self.vocab_size
         n += d * self.num_labels
+        return n
+
+    def _attention_params(self, layer: int, stored: bool = False) -> int:
+        """Parameters of layer ``layer``'s attention (0 for a LINEAR layer), at its own size
+        or (``stored``) at the stored one."""
+        if self.layer_types and self.layer_types[layer] == LayerType.LINEAR:
+            return 0
+        d, h = self.hidden_size, self.num_heads
+        k, e = self.layer_heads(layer)
+        kv = 1 if self.global_k_eq_v and self.layer_types[layer] == LayerType.GLOBAL else 2
+        if stored:
+            k, e, kv = self.store_kv_heads, self.store_head_dim, 2
+        n = d * h * e + kv * d * k * e + h * e * d
+        if self.attn_output_gate:
+            n += d * h * e
+        if self.attention_bias:
+            n += h * e + kv * k * e
+        if self.qk_norm:
+            n += 2 * e
         return n
 
     # ----- presets -------------------------------------------------------------------------
@@ -401,6 +519,8 @@ class ModelConfig:
             return cls(**{**tiny_fields(family), **overrides})
         if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
             return cls(**{**qwen3_5_tiny_fields(family), **overrides})
+        if family == Family.GEMMA4:
+            return cls(**{**gemma4_tiny_fields(), **overrides})
         moe: dict[str, Any] = {}
         if family in (Family.QWEN3_MOE, Family.MIXTRAL):
             # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).

@@ -69,7 +69,9 @@ from jaxrl_llm.models.layout import layout_mesh, place
 from jaxrl_llm.models.positions import (
     apply_rope,
     check_layer_index,
+    layer_head_tables,
     layer_rope_inv_freq,
+    layer_values_are_keys,
     layer_windows,
 )
 
@@ -89,12 +91,15 @@ class TokenInfo(NamedTuple):
       routing: a mixture of experts' :class:`~jaxrl_llm.models.moe.RecordedRouting` of the
         new tokens (``[B, T, L, k]``, each layer reads its slice): the sampler's experts, to
         replay or compare against (R3); None = each block routes by its own top-k.
+      per_layer: ``[B, T, L, P]`` Gemma 4's per-layer inputs of the new tokens
+        (:func:`per_layer_inputs`; each layer reads its slice); None without them.
     """
 
     positions: jax.Array
     inv_freq: jax.Array
     weights: jax.Array | None = None
     routing: moe_lib.RecordedRouting | None = None
+    per_layer: jax.Array | None = None
 
 
 class Store(Protocol):
@@ -152,26 +157,53 @@ class KVStore(abc.ABC):
 # ----- building blocks ------------------------------------------------------------------------
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float, *, unit_offset: bool = False) -> jax.Array:
+def rms_norm(
+    x: jax.Array,
+    scale: jax.Array | None,
+    eps: float,
+    *,
+    unit_offset: bool = False,
+    float32: bool = False,
+    width=None,
+) -> jax.Array:
     """RMSNorm ``x / √(mean(x²) + ε)`` times a learned scale (Zhang & Sennrich 2019,
     https://arxiv.org/abs/1910.07467), normalised in float32.
 
-    ``unit_offset=False`` (Llama): ``w · cast(x̂)``, the product in x's dtype.
+    ``unit_offset=False`` (Llama): ``w · cast(x̂)``, the product in x's dtype; with
+    ``float32`` (Gemma 4) ``cast(w · x̂)``, the product in float32.
     ``unit_offset=True`` (Gemma 2 / 3, https://arxiv.org/abs/2408.00118): ``cast((1 + w) · x̂)``,
     the product in float32, with w stored as trained (zero = identity).
+    ``scale=None``: no learned scale, ``cast(x̂)`` (Gemma 4's value norm).
+    ``width``: the mean is ``Σx² / width`` (a zero-padded head: its own size; may be traced);
+    None = the last axis' size.
     """
     dtype = x.dtype
     x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    sq = jnp.square(x32)
+    ms = (
+        jnp.mean(sq, -1, keepdims=True) if width is None else jnp.sum(sq, -1, keepdims=True) / width
+    )
+    x32 = x32 * jax.lax.rsqrt(ms + eps)
+    if scale is None:
+        return x32.astype(dtype)
     if unit_offset:
         return (x32 * (1.0 + scale.astype(jnp.float32))).astype(dtype)
+    if float32:
+        return (x32 * scale.astype(jnp.float32)).astype(dtype)
     return scale.astype(dtype) * x32.astype(dtype)
 
 
-def apply_norm(config: ModelConfig, x: jax.Array, p: Params) -> jax.Array:
-    """The config's RMSNorm (ε, unit offset) of ``x`` with one norm's parameters ``p``
-    (``{"scale": [D]}``)."""
-    return rms_norm(x, p["scale"], config.rms_norm_eps, unit_offset=config.rms_norm_unit_offset)
+def apply_norm(config: ModelConfig, x: jax.Array, p: Params | None, width=None) -> jax.Array:
+    """The config's RMSNorm (ε, unit offset, float32 product) of ``x`` with one norm's
+    parameters ``p`` (``{"scale": [D]}``; None: scale-free) over ``width`` dims (None: all)."""
+    return rms_norm(
+        x,
+        None if p is None else p["scale"],
+        config.rms_norm_eps,
+        unit_offset=config.rms_norm_unit_offset,
+        float32=config.rms_norm_float32,
+        width=width,
+    )
 
 
 def embed_tokens(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
@@ -183,6 +215,44 @@ def embed_tokens(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.
     if config.scale_embeddings:
         x = x * jnp.asarray(math.sqrt(config.hidden_size), dtype)
     return x
+
+
+def per_layer_inputs(
+    config: ModelConfig, params: Params, tokens: jax.Array, x_btd: jax.Array
+) -> jax.Array | None:
+    """Gemma 4's per-layer inputs (PLE) of the new tokens, ``[B, T, L, P]`` in ``x_btd``'s
+    dtype, or None when ``config.per_layer_input_size`` is 0: ``(norm(x W_ple · D^-1/2) +
+    E_ple[token] · √P) / √2``, with ``x_btd`` the scaled input embedding, ``W_ple``
+    ``params["per_layer_projection"]`` ``[D, L, P]``, ``E_ple`` ``params["embed_per_layer"]``
+    ``[V_ple, L, P]`` and the norm ``params["per_layer_norm"]`` (transformers'
+    ``Gemma4TextModel.get_per_layer_inputs`` / ``project_per_layer_inputs``)."""
+    c = config
+    if not c.per_layer_input_size:
+        return None
+    chex.assert_rank([tokens, x_btd], [2, 3])
+    dtype = x_btd.dtype
+    tok = params["embed_per_layer"]["embedding"].astype(dtype)[tokens]
+    tok = tok * jnp.asarray(math.sqrt(c.per_layer_input_size), dtype)
+    w = params["per_layer_projection"]["kernel"].astype(dtype)
+    proj = jnp.einsum("btd,dlp->btlp", x_btd, w) * jnp.asarray(c.hidden_size**-0.5, dtype)
+    proj = apply_norm(c, proj, params["per_layer_norm"])
+    return (proj + tok) * jnp.asarray(2.0**-0.5, dtype)
+
+
+def _per_layer_input_block(config: ModelConfig, lp: Params, x_btd, tokens: TokenInfo, layer):
+    """Gemma 4's per-layer input into the residual stream after the MLP:
+    ``x + norm(down(act(x W_g) ⊙ p_l))`` with p_l the layer's slice of ``tokens.per_layer``."""
+    c = config
+    assert tokens.per_layer is not None, "a config with per-layer inputs needs TokenInfo.per_layer"
+    dtype = x_btd.dtype
+    p = jax.lax.dynamic_index_in_dim(tokens.per_layer, layer, axis=2, keepdims=False)
+    g = jnp.einsum("btd,dp->btp", x_btd, lp["per_layer_gate"]["kernel"].astype(dtype))
+    gelu = c.mlp_activation == Activation.GELU_TANH
+    act = jax.nn.gelu(g, approximate=True) if gelu else jax.nn.silu(g)
+    y = jnp.einsum(
+        "btp,pd->btd", act * p.astype(dtype), lp["per_layer_proj"]["kernel"].astype(dtype)
+    )
+    return x_btd + apply_norm(c, y, lp["per_layer_post_norm"])
 
 
 def _with_adapter(y, x, p, n_in: int):
@@ -206,16 +276,21 @@ def _linear_heads(x_btd, p, dtype):
 
 def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: TokenInfo, layer=None):
     """Queries, keys and values of the normed new tokens: q/k/v projections (with bias and
-    LoRA adapters when present), optional per-head q/k RMSNorm (Qwen3, Gemma 3), RoPE.
+    LoRA adapters when present), optional per-head q/k RMSNorm (Qwen3, Gemma 3 / 4), optional
+    scale-free value RMSNorm (Gemma 4), RoPE.
 
     With per-layer types (``config.layer_types``) the RoPE frequencies come from
     :func:`layer_rope_inv_freq` at ``layer`` (the traced layer index, required then) instead
     of ``tokens.inv_freq``. With ``config.query_pre_attn_scalar`` (Gemma) q comes back
     multiplied by √(E / query_pre_attn_scalar), so attention's 1/√E scaling gives scores
-    q·k / √query_pre_attn_scalar.
+    q·k / √query_pre_attn_scalar. Gemma 4: a GLOBAL layer with ``global_k_eq_v`` takes its
+    values from its key projection; a layer whose heads are stored padded
+    (``config.has_padded_heads``) fills the K* stored KV slots from its own heads and norms
+    each head over its own dims (:mod:`jaxrl_llm.models.gemma4`).
 
     Returns:
-      (q ``[B, T, H, E]``, k ``[B, T, K, E]``, v ``[B, T, K, E]``) in ``h_btd``'s dtype.
+      (q ``[B, T, H, E]``, k ``[B, T, K, E]``, v ``[B, T, K, E]``) in ``h_btd``'s dtype (the
+      stored K*, E* with padded heads).
     """
     chex.assert_rank(h_btd, 3)
     c = config
@@ -228,12 +303,24 @@ def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: Token
     q = _linear_heads(h_btd, lp["q_proj"], dtype)
     k = _linear_heads(h_btd, lp["k_proj"], dtype)
     v = _linear_heads(h_btd, lp["v_proj"], dtype)
+    values_are_keys = layer_values_are_keys(c)
+    if values_are_keys is not None:
+        v = jnp.where(jnp.asarray(values_are_keys)[layer], k, v)
+    width = None
+    tables = layer_head_tables(c)
+    if tables is not None:
+        dims, slots = (jnp.asarray(t)[layer] for t in tables)
+        width = dims.astype(jnp.float32)
+        k, v = jnp.take(k, slots, axis=2), jnp.take(v, slots, axis=2)
     if c.qk_norm:
-        q = apply_norm(c, q, lp["q_norm"])
-        k = apply_norm(c, k, lp["k_norm"])
+        q = apply_norm(c, q, lp["q_norm"], width)
+        k = apply_norm(c, k, lp["k_norm"], width)
+    if c.value_norm:
+        v = apply_norm(c, v, None, width)
     q = apply_rope(q, tokens.positions, inv_freq)
-    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != c.head_dim:
-        q = q * jnp.asarray(math.sqrt(c.head_dim / c.query_pre_attn_scalar), dtype)
+    e = q.shape[-1]
+    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != e:
+        q = q * jnp.asarray(math.sqrt(e / c.query_pre_attn_scalar), dtype)
     return q, apply_rope(k, tokens.positions, inv_freq), v
 
 
@@ -356,6 +443,44 @@ def mlp_block(
     return _dense_mlp(config, h_btd, lp, layout_mesh(mesh)), None
 
 
+def dense_and_moe_block(
+    config: ModelConfig,
+    lp: Params,
+    x_btd: jax.Array,
+    tokens: TokenInfo,
+    mesh: jax.sharding.Mesh | None = None,
+    layer=None,
+) -> tuple[jax.Array, moe_lib.MoeStats]:
+    """Gemma 4's feed-forward with ``config.moe_beside_mlp``, on the residual stream ``x_btd``
+    (un-normed): the dense MLP of ``mlp_norm(x)``, normed by ``post_dense_norm``, plus the
+    sparse MoE block of ``moe_norm(x)``, normed by ``post_moe_norm``; the block routes
+    ``rms(x) · router_norm · D^-1/2`` (a scale-free RMSNorm times a learned scale) and scales
+    each weight by its expert's ``expert_scale`` (transformers' ``Gemma4TextDecoderLayer`` and
+    ``Gemma4TextRouter``).
+
+    Returns:
+      (``[B, T, D]`` before the post-norm and residual add, the MoE block's statistics).
+    """
+    c = config
+    lay = layout_mesh(mesh)
+    dense = _dense_mlp(c, apply_norm(c, x_btd, lp["mlp_norm"]), lp, lay)
+    rx = apply_norm(c, x_btd, None) * lp["router_norm"]["scale"].astype(x_btd.dtype)
+    rx = rx * jnp.asarray(c.hidden_size**-0.5, rx.dtype)
+    rec = tokens.routing
+    y, stats = moe_lib.sparse_moe(
+        c,
+        apply_norm(c, x_btd, lp["moe_norm"]),
+        tokens.weights,
+        lp,
+        mesh=mesh,
+        recorded_btk=None if rec is None else rec.at_layer(layer),
+        replay=rec is not None and rec.replay,
+        router_x_btd=rx,
+    )
+    z = apply_norm(c, dense, lp["post_dense_norm"]) + apply_norm(c, y, lp["post_moe_norm"])
+    return z, stats
+
+
 def _shared_expert(h_btd, lp, mesh=None):
     """Qwen3.5-MoE's shared expert: ``σ(h W_sg) · down(SiLU(h W_g) ⊙ h W_u)``, every token."""
     dtype = h_btd.dtype
@@ -377,11 +502,14 @@ def decoder_layer(
     layer,
     *,
     mesh: jax.sharding.Mesh | None = None,
-    moe_layer=None,
+    stack_index=None,
 ) -> tuple[jax.Array, Any, moe_lib.MoeStats | None]:
     """One pre-norm decoder layer over ``store``: the token mixer (``store.mix``) and the MLP,
     each with its RMSNorm before and residual add after; with ``config.post_norms`` (Gemma 2 /
-    3) their outputs are RMS-normed before each add.
+    3 / 4) their outputs are RMS-normed before each add; Gemma 4's per-layer input
+    (``config.per_layer_input_size``) is gated into the residual stream after the MLP, and with
+    ``config.layer_scalars`` the result is multiplied by the layer's stored scalar (a
+    constant: no gradient).
 
     Args:
       config: the model config.
@@ -391,8 +519,9 @@ def decoder_layer(
       tokens: :class:`TokenInfo` of the new tokens.
       layer: ``[]`` int32 traced layer index (in a hybrid stack, the index among the layers of
         its kind: what its store reads).
-      moe_layer: ``[]`` int32, the layer's index in the whole stack, where a mixture of experts
-        reads its slice of ``tokens.routing`` (None: ``layer``; a hybrid stack passes it).
+      stack_index: ``[]`` int32, the layer's index in the whole stack, where the per-stack
+        inputs are read: a mixture of experts' slice of ``tokens.routing``, Gemma 4's
+        ``tokens.per_layer`` (None: ``layer``; a hybrid stack passes it).
       mesh: the expert-parallel mesh of a mixture of experts, and the mesh the activations
         are placed over (the residual stream ``[B, T, D]`` and the MLP's ``[B, T, F]`` by
         rows, :mod:`jaxrl_llm.models.layout`); None: the ambient mesh, and with none bound
@@ -412,11 +541,20 @@ def decoder_layer(
     if c.post_norms:
         y = apply_norm(c, y, lp["post_attn_norm"])
     x = x_btd + y
-    h = apply_norm(c, x, lp["mlp_norm"])
-    z, stats = mlp_block(c, lp, h, tokens, mesh, layer if moe_layer is None else moe_layer)
+    at = layer if stack_index is None else stack_index  # per-stack tables: routing, inputs
+    stats: moe_lib.MoeStats | None
+    if c.moe_beside_mlp:
+        z, stats = dense_and_moe_block(c, lp, x, tokens, mesh, at)
+    else:
+        z, stats = mlp_block(c, lp, apply_norm(c, x, lp["mlp_norm"]), tokens, mesh, at)
     if c.post_norms:
         z = apply_norm(c, z, lp["post_mlp_norm"])
-    return place(x + z, BTD, lay), store, stats
+    x = x + z
+    if c.per_layer_input_size:
+        x = _per_layer_input_block(c, lp, x, tokens, at)
+    if c.layer_scalars:
+        x = x * jax.lax.stop_gradient(lp["layer_scalar"]["value"]).astype(x.dtype)
+    return place(x, BTD, lay), store, stats
 
 
 # ----- the layer scan -------------------------------------------------------------------------
@@ -520,7 +658,7 @@ def scan_periods(
     ``kind`` the static :class:`LayerType`, ``layer`` the traced index of the layer among the
     layers of its kind (the index its store reads: a LINEAR layer's recurrent state, an
     attention layer's keys/values) and ``index`` its traced index in the whole stack (where a
-    mixture of experts reads its recorded routing, :func:`decoder_layer`'s ``moe_layer``);
+    mixture of experts reads its recorded routing, :func:`decoder_layer`'s ``stack_index``);
     under autodiff each period is rematerialised per :func:`remat_policy`.
 
     Args:

@@ -76,7 +76,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.models.config import Family, ModelConfig, MoeDispatch
+from jaxrl_llm.models.config import Activation, Family, ModelConfig, MoeDispatch
 
 #: Mesh axis the experts are split over (``jaxrl_llm.parallel.MESH_AXES``; named here because
 #: models/ imports nothing from parallel/).
@@ -142,7 +142,12 @@ class RecordedRouting:
 
 
 def route(
-    config: ModelConfig, x_nd: jax.Array, router_dx: jax.Array, *, experts: jax.Array | None = None
+    config: ModelConfig,
+    x_nd: jax.Array,
+    router_dx: jax.Array,
+    *,
+    experts: jax.Array | None = None,
+    expert_scale: jax.Array | None = None,
 ):
     """Router of one block: (float32 probabilities ``[N, X]``, top-k weights ``[N, k]``
     float32, top-k expert ids ``[N, k]`` int32).
@@ -152,6 +157,8 @@ def route(
     (routing replay, R3: https://arxiv.org/abs/2510.11370): route to these instead of the
     top-k; their weights are ``p`` gathered at them, renormalised the same way (with
     ``norm_topk_prob``: the softmax over their k logits), differentiable through ``p``.
+    ``expert_scale`` ``[X]`` (Gemma 4's ``per_expert_scale``): each weight is then multiplied
+    by its expert's scale.
     """
     chex.assert_rank([x_nd, router_dx], 2)
     logits = jnp.einsum("nd,dx->nx", x_nd, router_dx.astype(x_nd.dtype))
@@ -163,7 +170,17 @@ def route(
         weights = jnp.take_along_axis(probs, experts, axis=-1)
     if config.norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    if expert_scale is not None:
+        weights = weights * expert_scale.astype(jnp.float32)[experts]
     return probs, weights, experts.astype(jnp.int32)
+
+
+def expert_activation(config: ModelConfig):
+    """The experts' gate activation: SiLU (SwiGLU experts; Qwen3-MoE, Mixtral, Qwen3.5) or the
+    tanh GELU (GeGLU experts; Gemma 4), per ``config.mlp_activation``."""
+    if config.mlp_activation == Activation.GELU_TANH:
+        return functools.partial(jax.nn.gelu, approximate=True)
+    return jax.nn.silu
 
 
 def _stats(config: ModelConfig, probs, experts, token_w) -> MoeStats:
@@ -181,7 +198,7 @@ def differing_decisions(experts: jax.Array, recorded: jax.Array) -> jax.Array:
     return ~jnp.any(experts[..., :, None] == recorded[..., None, :], axis=-1)
 
 
-def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset):
+def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset, act=jax.nn.silu):
     """Σ_j w_j expert_{e_j}(x) over the experts ``offset .. offset + X_local`` that ``w_gate``
     (``[X_local, D, F]``) holds, by sorting the assignments by expert and grouped matmuls.
     Assignments to other experts contribute 0."""
@@ -206,14 +223,14 @@ def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset):
     grouped = lambda lhs, rhs: jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision)
     gate = grouped(x_ad, w_gate)
     up = grouped(x_ad, w_up)
-    y_ad = grouped(jax.nn.silu(gate) * up, w_down)
+    y_ad = grouped(act(gate) * up, w_down)
     # Rows past the last local group are not defined by every backend's grouped matmul.
     y_ad = jnp.where(jnp.arange(n * k)[:, None] < jnp.sum(group_sizes), y_ad, 0)
     y_nkd = y_ad[slot].reshape(n, k, -1)
     return jnp.einsum("nkd,nk->nd", y_nkd.astype(jnp.float32), weights * mine.reshape(n, k))
 
 
-def _experts_dense(x_nd, weights, experts, w_gate, w_up, w_down, offset):
+def _experts_dense(x_nd, weights, experts, w_gate, w_up, w_down, offset, act=jax.nn.silu):
     """:func:`_experts_sorted` by running every local expert on every token and combining
     with the one-hot routing weights (``[N, X_local]``)."""
     num_local = w_gate.shape[0]
@@ -221,21 +238,28 @@ def _experts_dense(x_nd, weights, experts, w_gate, w_up, w_down, offset):
     combine = jnp.einsum("nkx,nk->nx", onehot, weights)
     gate = jnp.einsum("nd,xdf->nxf", x_nd, w_gate)
     up = jnp.einsum("nd,xdf->nxf", x_nd, w_up)
-    y = jnp.einsum("nxf,xfd->nxd", jax.nn.silu(gate) * up, w_down)
+    y = jnp.einsum("nxf,xfd->nxd", act(gate) * up, w_down)
     return jnp.einsum("nxd,nx->nd", y.astype(jnp.float32), combine)
 
 
-def _block(config, x_nd, token_w, recorded, replay, router, w_gate, w_up, w_down, offset):
+def _block(
+    config, x_nd, rx_nd, token_w, recorded, replay, router, scale, w_gate, w_up, w_down, offset
+):
     """One block on N tokens: (``[N, D]`` float32 output, :class:`MoeStats` with ``experts``
-    ``[N, k]``). ``recorded`` ``[N, k]`` or None: the sampler's experts (replayed when
-    ``replay``, static)."""
+    ``[N, k]``). ``rx_nd`` the router's input (None: ``x_nd``), ``scale`` the per-expert
+    weight scale or None; ``recorded`` ``[N, k]`` or None: the sampler's experts (replayed
+    when ``replay``, static)."""
     dtype = x_nd.dtype
     probs, weights, experts = route(
-        config, x_nd, router, experts=recorded if replay and recorded is not None else None
+        config,
+        x_nd if rx_nd is None else rx_nd,
+        router,
+        experts=recorded if replay and recorded is not None else None,
+        expert_scale=scale,
     )
     run = _experts_dense if config.moe_dispatch == MoeDispatch.DENSE else _experts_sorted
     w_gate, w_up, w_down = (w.astype(dtype) for w in (w_gate, w_up, w_down))
-    y = run(x_nd, weights, experts, w_gate, w_up, w_down, offset)
+    y = run(x_nd, weights, experts, w_gate, w_up, w_down, offset, expert_activation(config))
     stats = _stats(config, probs, experts, token_w)._replace(experts=experts)
     if recorded is not None:
         own = experts
@@ -270,6 +294,13 @@ def _split(mesh, size: int, axes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _block_params(lp: Mapping[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+    """(router, per-expert scale or None, gate, up, down) of a layer, as :func:`_block` takes."""
+    scale = lp["expert_scale"]["scale"] if "expert_scale" in lp else None
+    gate, up, down = (lp[n]["kernel"] for n in ("experts_gate", "experts_up", "experts_down"))
+    return (lp["router"]["kernel"], scale, gate, up, down)
+
+
 def sparse_moe(
     config: ModelConfig,
     x_btd: jax.Array,
@@ -279,6 +310,7 @@ def sparse_moe(
     mesh: jax.sharding.Mesh | None = None,
     recorded_btk: jax.Array | None = None,
     replay: bool = False,
+    router_x_btd: jax.Array | None = None,
 ) -> tuple[jax.Array, MoeStats]:
     """One sparse MoE MLP block on ``x_btd`` (the normed MLP input ``[B, T, D]``).
 
@@ -288,7 +320,9 @@ def sparse_moe(
       token_w_bt: ``[B, T]`` weight of each token in the load-balancing statistics (the
         attention mask; None = every token 1).
       lp: the layer's parameters: ``router`` ``{"kernel": [D, X]}``, ``experts_gate`` /
-        ``experts_up`` ``{"kernel": [X, D, F_e]}``, ``experts_down`` ``{"kernel": [X, F_e, D]}``.
+        ``experts_up`` ``{"kernel": [X, D, F_e]}``, ``experts_down`` ``{"kernel": [X, F_e, D]}``;
+        with ``expert_scale`` ``{"scale": [X]}`` (Gemma 4) each routing weight is multiplied
+        by its expert's scale.
       mesh: the device mesh; default the ambient one (``jax.set_mesh``). With an
         :data:`EXPERT_AXIS` axis the block runs expert-parallel (module docstring); without
         one, or with no mesh, it runs as one program that GSPMD partitions.
@@ -296,6 +330,8 @@ def sparse_moe(
         record): the stats count the decisions that differ (:attr:`MoeStats.mismatch`).
       replay: static; with ``recorded_btk``, route to those experts instead of the own top-k
         (R3, module docstring).
+      router_x_btd: ``[B, T, D]`` the router's input when it is not ``x_btd`` (Gemma 4 routes
+        the residual stream through its own norm); None: ``x_btd``.
 
     Returns:
       (``[B, T, D]`` block output in x's dtype, :class:`MoeStats` of this block, with
@@ -309,12 +345,8 @@ def sparse_moe(
     if token_w_bt is None:
         token_w_bt = jnp.ones((b, t), jnp.float32)
     token_w_bt = token_w_bt.astype(jnp.float32)
-    params = (
-        lp["router"]["kernel"],
-        lp["experts_gate"]["kernel"],
-        lp["experts_up"]["kernel"],
-        lp["experts_down"]["kernel"],
-    )
+    params = _block_params(lp)
+    scale = params[1]
     k = config.num_experts_per_tok
     recorded = None
     if recorded_btk is not None:
@@ -323,8 +355,9 @@ def sparse_moe(
     mesh = _expert_mesh(mesh)
     if mesh is None:
         rec_nk = None if recorded is None else recorded.reshape(b * t, k)
+        rx = None if router_x_btd is None else router_x_btd.reshape(b * t, d)
         y, stats = _block(
-            config, x_btd.reshape(b * t, d), token_w_bt.reshape(-1), rec_nk, replay, *params, 0
+            config, x_btd.reshape(b * t, d), rx, token_w_bt.reshape(-1), rec_nk, replay, *params, 0
         )
         return y.astype(x_btd.dtype).reshape(b, t, d), stats._replace(
             experts=stats.experts.reshape(b, t, k)
@@ -345,9 +378,11 @@ def sparse_moe(
     rec_spec = P(rows or None, length or None, None)
     in_specs = (
         x_spec,
+        None if router_x_btd is None else x_spec,
         tok_spec,
         None if recorded is None else rec_spec,
         P(),
+        None if scale is None else P(),
         P(EXPERT_AXIS, None, f_split or None),
         P(EXPERT_AXIS, None, f_split or None),
         P(EXPERT_AXIS, f_split or None, None),
@@ -356,17 +391,19 @@ def sparse_moe(
     reduce_stats = rows + length
     num_local = x_count // num_shards
 
-    def local(x, token_w, rec, router, w_gate, w_up, w_down):
+    def local(x, rx, token_w, rec, router, scale, w_gate, w_up, w_down):
         lb, lt, _ = x.shape
         offset = jax.lax.axis_index(EXPERT_AXIS) * num_local
         rec_nk = None if rec is None else rec.reshape(lb * lt, k)
         y, stats = _block(
             config,
             x.reshape(lb * lt, d),
+            None if rx is None else rx.reshape(lb * lt, d),
             token_w.reshape(-1),
             rec_nk,
             replay,
             router,
+            scale,
             w_gate,
             w_up,
             w_down,
@@ -382,7 +419,7 @@ def sparse_moe(
     counted = None if recorded is None else P()
     stats_spec: Any = MoeStats(P(), P(), P(), rec_spec, counted, counted)  # type: ignore[arg-type]
     run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(x_spec, stats_spec))
-    return run(x_btd, token_w_bt, recorded, *params)
+    return run(x_btd, router_x_btd, token_w_bt, recorded, *params)
 
 
 def load_balancing_loss(stats: MoeStats, num_experts: int) -> jax.Array:

@@ -24,13 +24,14 @@ class Family(str, enum.Enum):
     MIXTRAL = "mixtral"
     QWEN3_5 = "qwen3_5_text"
     QWEN3_5_MOE = "qwen3_5_moe_text"
+    GEMMA4 = "gemma4_text"
 
 
 class LayerType(str, enum.Enum):
     """Token mixer of one layer (transformers' ``layer_types`` entries).
 
     GLOBAL layers attend to every earlier token; LOCAL layers only to the last
-    ``sliding_window`` positions and use the local RoPE base (Gemma 2 / Gemma 3 interleave them).
+    ``sliding_window`` positions and use the local RoPE base (Gemma 2 / 3 / 4 interleave them).
     LINEAR layers are Gated DeltaNet linear attention (:mod:`jaxrl_llm.models.gated_deltanet`),
     interleaved with GLOBAL layers in Qwen3.5.
     """

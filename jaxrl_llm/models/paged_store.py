@@ -43,6 +43,7 @@ from jaxrl_llm.models.layer import (
     attend,
     decoder_layer,
     embed_tokens,
+    per_layer_inputs,
     scan_layers,
     scan_periods,
 )
@@ -81,7 +82,7 @@ def init_paged_cache(config: ModelConfig, num_pages: int, page_size: int, dtype=
     dtype = config.compute_jnp_dtype if dtype is None else dtype
     # a hybrid stack's pages hold its attention layers' keys only
     n = config.num_attention_layers
-    shape = (n, num_pages, page_size, config.num_kv_heads, config.head_dim)
+    shape = (n, num_pages, page_size, config.store_kv_heads, config.store_head_dim)
     return PagedKVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
@@ -294,8 +295,8 @@ def _paged_trunk(params, tokens, cache, table, start, config, recurrent, valid):
     c = config
     store = pages_store(cache, table, start, tokens.shape[1])
     positions = start[:, None].astype(jnp.int32) + jnp.arange(tokens.shape[1], dtype=jnp.int32)
-    info = TokenInfo(positions, rope_inv_freq(c))
     x = embed_tokens(c, params, tokens)
+    info = TokenInfo(positions, rope_inv_freq(c), per_layer=per_layer_inputs(c, params, tokens, x))
 
     if recurrent is not None:
         rec = RecurrentState(conv=recurrent[0], state=recurrent[1], valid=valid)
@@ -303,9 +304,9 @@ def _paged_trunk(params, tokens, cache, table, start, config, recurrent, valid):
         def hybrid_step(carry, lp, kind, layer, index):
             x, store, rec = carry
             if kind == LayerType.LINEAR:
-                x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, moe_layer=index)
+                x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, stack_index=index)
             else:
-                x, store, stats = decoder_layer(c, lp, x, store, info, layer, moe_layer=index)
+                x, store, stats = decoder_layer(c, lp, x, store, info, layer, stack_index=index)
             return (x, store, rec), None if stats is None else stats.experts
 
         (x, store, rec), experts = scan_periods(c, params["layers"], (x, store, rec), hybrid_step)

@@ -24,9 +24,17 @@ def rope_inv_freq(config: ModelConfig) -> jax.Array:
     """Inverse RoPE frequencies ``[E/2]`` including Llama 3 / linear scaling (of the global
     layers when the config has per-layer types; :func:`layer_rope_inv_freq` gives each
     layer's); ``[R/2]`` over the R = ``config.rotary_dim`` rotated dims with a partial
-    rotary factor (Qwen3.5)."""
+    rotary factor (Qwen3.5). With Gemma 4's GLOBAL-layer geometry (``global_head_dim``,
+    ``global_rope_proportion`` p) ``[E_g/2]`` over the GLOBAL head dim E_g: the first
+    ⌊p · E_g / 2⌋ are ``1/θ^(2j/E_g)``, the rest 0 (pairs that do not rotate; transformers'
+    "proportional" RoPE)."""
     e = config.rotary_dim
     inv = 1.0 / (config.rope_theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    if config.global_head_dim is not None or config.global_rope_proportion != 1.0:
+        e = config.layer_heads(config.layer_types.index(LayerType.GLOBAL))[1]
+        rotated = int(config.global_rope_proportion * e // 2)
+        inv = 1.0 / (config.rope_theta ** (jnp.arange(0, 2 * rotated, 2, dtype=jnp.float32) / e))
+        inv = jnp.pad(inv, (0, e // 2 - rotated))
     if config.rope_scaling == RopeScaling.LINEAR:
         inv = inv / config.rope_factor
     elif config.rope_scaling == RopeScaling.LLAMA3:
@@ -68,15 +76,44 @@ def layer_rope_inv_freq(config: ModelConfig) -> jax.Array | None:
     """``[L, E/2]`` RoPE inverse frequencies of each layer: LOCAL layers use base
     ``rope_local_theta`` unscaled (Gemma 3, https://arxiv.org/abs/2503.19786 §2), GLOBAL
     layers :func:`rope_inv_freq`. None when the config has no LOCAL layer (every layer then
-    uses :func:`rope_inv_freq`)."""
+    uses :func:`rope_inv_freq`). With heads of two sizes (Gemma 4) the table is
+    ``[L, E*/2]`` over the stored head dim E*: a smaller layer's frequencies then zeros, which
+    with its heads padded per half (:mod:`jaxrl_llm.models.gemma4`) rotates each of its pairs
+    as at its own size and leaves the padding alone."""
     if LayerType.LOCAL not in config.layer_types:
         return None
     e = config.rotary_dim
     glob = rope_inv_freq(config)
     theta = config.rope_theta if config.rope_local_theta is None else config.rope_local_theta
     local = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    width = max(local.shape[0], glob.shape[0])
+    local = jnp.pad(local, (0, width - local.shape[0]))
+    glob = jnp.pad(glob, (0, width - glob.shape[0]))
     is_local = np.asarray([t == LayerType.LOCAL for t in config.layer_types])
     return jnp.where(jnp.asarray(is_local)[:, None], local[None], glob[None])
+
+
+def layer_head_tables(config: ModelConfig) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-layer tables of a stack whose heads are stored padded
+    (``config.has_padded_heads``, Gemma 4): (``[L]`` int32 each layer's own head dim, the
+    divisor of its per-head RMSNorms; ``[L, K*]`` int32 the KV head of that layer that fills
+    each of the K* stored KV slots, :func:`jaxrl_llm.models.gemma4.kv_slot_heads`). None when
+    every layer has the stored size."""
+    if not config.has_padded_heads:
+        return None
+    k_store = config.store_kv_heads
+    heads = [config.layer_heads(i) for i in range(config.num_layers)]
+    dims = np.asarray([e for _, e in heads], np.int32)
+    slots = np.stack([np.arange(k_store) * k // k_store for k, _ in heads]).astype(np.int32)
+    return dims, slots
+
+
+def layer_values_are_keys(config: ModelConfig) -> np.ndarray | None:
+    """``[L]`` bool: the layer's values are its key projection (Gemma 4's GLOBAL layers with
+    ``global_k_eq_v``); None when no layer's are."""
+    if not config.global_k_eq_v:
+        return None
+    return np.asarray([t == LayerType.GLOBAL for t in config.layer_types])
 
 
 def check_layer_index(config: ModelConfig, layer) -> None:

@@ -46,8 +46,10 @@ from typing import Any, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.models import attention as attn_lib
+from jaxrl_llm.models import gemma4
 from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.gated_deltanet import (
@@ -65,6 +67,7 @@ from jaxrl_llm.models.layer import (
     decoder_layer,
     embed_tokens,
     layer_kinds,
+    per_layer_inputs,
     scan_layers,
     scan_periods,
 )
@@ -136,7 +139,7 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
     """An empty cache with ``max_len`` slots for ``batch_size`` rows."""
     dtype = config.compute_jnp_dtype if dtype is None else dtype
     n = config.num_attention_layers
-    shape = (n, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    shape = (n, batch_size, max_len, config.store_kv_heads, config.store_head_dim)
     conv, state = (
         init_recurrent_state(config, batch_size, dtype) if config.is_hybrid else (None, None)
     )
@@ -157,13 +160,14 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
 def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     """Nested dict of ``(shape, logical_axes)`` leaves describing every parameter."""
     c = config
+    # Heads of two sizes (Gemma 4) are stored padded to the larger (models/gemma4.py).
     L, D, F, H, K, E, V = (
         c.num_layers,
         c.hidden_size,
         c.intermediate_size,
         c.num_heads,
-        c.num_kv_heads,
-        c.head_dim,
+        c.store_kv_heads,
+        c.store_head_dim,
         c.vocab_size,
     )
     layers: dict[str, Any] = {
@@ -187,7 +191,11 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
             layers["shared_up_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
             layers["shared_down_proj"] = {"kernel": ((L, Fs, D), ("layers", "mlp", "embed"))}
             layers["shared_expert_gate"] = {"kernel": ((L, D, 1), ("layers", "embed", None))}
-    else:
+        if c.moe_beside_mlp:
+            for name in ("router_norm", "post_dense_norm", "moe_norm", "post_moe_norm"):
+                layers[name] = {"scale": ((L, D), ("layers", "norm"))}
+            layers["expert_scale"] = {"scale": ((L, X), ("layers", "router"))}
+    if not c.is_moe or c.moe_beside_mlp:
         layers["gate_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
         layers["up_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
         layers["down_proj"] = {"kernel": ((L, F, D), ("layers", "mlp", "embed"))}
@@ -203,6 +211,13 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
         layers["post_mlp_norm"] = {"scale": ((L, D), ("layers", "norm"))}
     if c.attn_output_gate:
         layers["attn_gate"] = {"kernel": ((L, D, H, E), ("layers", "embed", "heads", "head_dim"))}
+    if c.layer_scalars:
+        layers["layer_scalar"] = {"value": ((L,), ("layers",))}
+    P = c.per_layer_input_size
+    if P:
+        layers["per_layer_gate"] = {"kernel": ((L, D, P), ("layers", "embed", None))}
+        layers["per_layer_proj"] = {"kernel": ((L, P, D), ("layers", None, "embed"))}
+        layers["per_layer_post_norm"] = {"scale": ((L, D), ("layers", "norm"))}
     if c.is_hybrid:
         layers = _hybrid_layer_specs(c, layers)
     tree: dict[str, Any] = {
@@ -210,6 +225,10 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
         "layers": layers,
         "final_norm": {"scale": ((D,), ("norm",))},
     }
+    if P:  # Gemma 4's per-layer inputs
+        tree["embed_per_layer"] = {"embedding": ((c.per_layer_vocab, L, P), ("vocab", None, None))}
+        tree["per_layer_projection"] = {"kernel": ((D, L, P), ("embed", None, None))}
+        tree["per_layer_norm"] = {"scale": ((P,), ("norm",))}
     if not c.tie_embeddings:
         tree["lm_head"] = {"kernel": ((D, V), ("embed", "vocab"))}
     if c.num_labels:
@@ -269,7 +288,8 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     """Random initialisation (normal, std 0.02; norms at 1, i.e. w = 0 for the (1 + w) form)
     in ``config.param_dtype``. Gated DeltaNet layers: the gated norm's plain weight at 1,
     ``dt_bias`` at 1 and ``A = exp(a_log)`` drawn uniformly from [1, 16] (Mamba-2's range,
-    Dao & Gu 2024, https://arxiv.org/abs/2405.21060).
+    Dao & Gu 2024, https://arxiv.org/abs/2405.21060). Gemma 4: layer scalars at 1, and the
+    padding of smaller heads (``config.has_padded_heads``) at 0.
 
     Jittable and usable under ``jax.eval_shape`` for abstract (sharded) creation.
     """
@@ -283,7 +303,7 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     ]
     out = []
     for key, path, (shape, _) in zip(keys, paths, leaves):
-        if "linear_norm" in path or "dt_bias" in path:
+        if any(n in path for n in ("linear_norm", "dt_bias", "layer_scalar", "expert_scale")):
             out.append(jnp.ones(shape, dtype))
         elif "a_log" in path:
             out.append(
@@ -295,7 +315,68 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
             out.append(jnp.zeros(shape, dtype))
         else:
             out.append((0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
-    return jax.tree.unflatten(treedef, out)
+    params = jax.tree.unflatten(treedef, out)
+    if config.has_padded_heads:
+        layers = dict(params["layers"])
+        for name, mask in head_padding_masks(config).items():
+            layers[name] = jax.tree.map(
+                lambda w, m: w * jnp.asarray(m, w.dtype), layers[name], mask
+            )
+        params["layers"] = layers
+    return params
+
+
+# Where each attention sub-tree's KV heads and head dim are (axes of one layer's leaf):
+# module -> (KV-heads axis or None, head-dim axis); biases apart.
+_HEAD_AXES = {
+    "q_proj": (None, 2),
+    "k_proj": (1, 2),
+    "v_proj": (1, 2),
+    "o_proj": (None, 1),
+    "q_norm": (None, 0),
+    "k_norm": (None, 0),
+}
+_BIAS_HEAD_AXES = {"q_proj": (None, 1), "k_proj": (0, 1), "v_proj": (0, 1)}
+
+
+def head_axes(module: str, leaf: str) -> tuple[int | None, int] | None:
+    """(KV-heads axis or None, head-dim axis) of one layer's ``params["layers"][module][leaf]``
+    (no layer axis) for the attention tensors a padded head layout pads
+    (:mod:`jaxrl_llm.models.gemma4`); None for every other tensor."""
+    table = _BIAS_HEAD_AXES if leaf == "bias" else _HEAD_AXES
+    return table.get(module)
+
+
+def head_padding_masks(config: ModelConfig) -> dict[str, Any]:
+    """For a stack whose heads are stored padded (``config.has_padded_heads``, Gemma 4): the
+    attention sub-trees of ``params["layers"]`` as 0/1 numpy masks that broadcast to their
+    stacked shapes (size 1 on every axis but the layers, KV heads and head dim, so a real
+    model's masks stay small), 1 where a layer's own head dims and KV heads sit
+    (:func:`jaxrl_llm.models.gemma4.pad_heads`; a GLOBAL layer's ``v_proj`` with
+    ``global_k_eq_v`` is all 0: unused)."""
+    specs = param_shapes_and_axes(config)["layers"]
+    k_store, e_store = config.store_kv_heads, config.store_head_dim
+    out: dict[str, Any] = {}
+    for name in _HEAD_AXES:
+        if name not in specs:
+            continue
+        out[name] = {}
+        for leaf, (shape, _) in specs[name].items():
+            axes = head_axes(name, leaf)
+            assert axes is not None
+            per_layer = []
+            for i in range(config.num_layers):
+                k, e = config.layer_heads(i)
+                true_shape = [1] * (len(shape) - 1)
+                true_shape[axes[1]] = e
+                if axes[0] is not None:
+                    true_shape[axes[0]] = k
+                m = gemma4.pad_heads(np.ones(true_shape, np.float32), *axes, k_store, e_store)
+                if name == "v_proj" and config.global_k_eq_v:
+                    m = m * (config.layer_types[i] != LayerType.GLOBAL)
+                per_layer.append(m)
+            out[name][leaf] = np.stack(per_layer)
+    return out
 
 
 # ----- the trunks: one layer scan over a store ----------------------------------------------
@@ -399,8 +480,14 @@ def _trunk(
     if positions is None:
         positions = default_positions(attention_mask, segment_ids)
     chex.assert_shape(positions, (b, t))
-    info = TokenInfo(positions, rope_inv_freq(c), attention_mask.astype(jnp.float32), routing)
     x = embed_tokens(c, params, tokens)
+    info = TokenInfo(
+        positions,
+        rope_inv_freq(c),
+        attention_mask.astype(jnp.float32),
+        routing,
+        per_layer_inputs(c, params, tokens, x),
+    )
 
     if c.is_hybrid:
         return _hybrid_trunk(
@@ -471,7 +558,7 @@ def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cac
 
         def step(x, lp, kind, layer, index):
             store = fresh if kind == LayerType.LINEAR else no_cache
-            x, _, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh, moe_layer=index)
+            x, _, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh, stack_index=index)
             return x, stats
 
         x, stats = scan_periods(c, params["layers"], x, step, remat=remat)
@@ -486,10 +573,10 @@ def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cac
     def cached_step(carry, lp, kind, layer, index):
         x, dense, rec = carry
         if kind == LayerType.LINEAR:
-            x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh, moe_layer=index)
+            x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh, stack_index=index)
         else:
             x, dense, stats = decoder_layer(
-                c, lp, x, dense, info, layer, mesh=mesh, moe_layer=index
+                c, lp, x, dense, info, layer, mesh=mesh, stack_index=index
             )
         return (x, dense, rec), stats
 
@@ -606,16 +693,19 @@ def _trunk_shared_prefix(
     if routing is not None:  # a group's prompt routing is its first row's
         rec_p = dataclasses.replace(routing, experts=routing.experts[::g, :tp])
         rec_c = dataclasses.replace(routing, experts=routing.experts[:, tp:])
-    info_p = TokenInfo(pos_p, inv_freq, attention_mask[::g, :tp].astype(jnp.float32) * g, rec_p)
-    info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32), rec_c)
     x_p, x_c = embed_tokens(c, params, tokens[::g, :tp]), embed_tokens(c, params, tokens[:, tp:])
+    ple_p = per_layer_inputs(c, params, tokens[::g, :tp], x_p)
+    ple_c = per_layer_inputs(c, params, tokens[:, tp:], x_c)
+    weights_p = attention_mask[::g, :tp].astype(jnp.float32) * g
+    info_p = TokenInfo(pos_p, inv_freq, weights_p, rec_p, ple_p)
+    info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32), rec_c, ple_c)
 
     prompt_state = GroupPromptState(attention_mask[::g, :tp])
     valid_c = attention_mask[:, tp:]
 
     def step(carry, lp, layer, kind=LayerType.GLOBAL, index=None):
         x_p, x_c = carry
-        layer_of = functools.partial(decoder_layer, c, lp, mesh=mesh, moe_layer=index)
+        layer_of = functools.partial(decoder_layer, c, lp, mesh=mesh, stack_index=index)
         if kind == LayerType.LINEAR:
             x_p, kept_s, stats_p = layer_of(x_p, prompt_state, info_p, layer)
             assert kept_s.conv is not None and kept_s.state is not None

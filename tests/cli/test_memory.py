@@ -90,3 +90,15 @@ def test_cli_bad_topology_is_one_line(capsys, bad):
     assert main(["memory", "--algorithm", "sft", "--topology", bad]) == 2
     err = capsys.readouterr().err
     assert "--topology" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("preset, linear", [("qwen3.5-9b", 24), ("qwen3.5-35b-a3b", 30)])
+def test_cli_memory_takes_the_qwen3_5_presets(preset, linear, capsys):
+    argv = ["memory", "--model", preset, "--algorithm", "grpo", "--topology", "v5p:2x2x4"]
+    assert main([*argv, "--mesh", "fsdp=16", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["model"] == preset and js["fits"]
+    # the rollout holds the linear layers' recurrent state beside the attention layers' cache
+    assert f"recurrent state ({linear} linear layers)" in {r["component"] for r in js["rows"]}
+    assert main([*argv, "--mesh", "fsdp=16"]) == 0
+    assert f"grpo on {preset}" in capsys.readouterr().out

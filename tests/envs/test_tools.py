@@ -13,6 +13,7 @@ from jaxrl_llm.envs import (
     ToolEnv,
     calculate,
     call_tool,
+    parse_gemma4_tool_call,
     parse_tool_call,
     tool_schema,
 )
@@ -102,6 +103,57 @@ def test_parse_tool_call_forms():
     assert parse_tool_call('<tool_call>{"name": "f", "arguments": [1]}</tool_call>').startswith(
         "error:"
     )
+
+
+Q = '<|"|>'
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        (
+            f"<|tool_call>call:calculate{{expression:{Q}123 * 456{Q}}}<tool_call|>",
+            ("calculate", {"expression": "123 * 456"}),
+        ),
+        # strings keep what JSON would escape; numbers, booleans, nesting, quoted keys
+        (
+            f'ok <|tool_call>call:f{{a:{Q}say "hi": x{Q}, n:-2.5e1, b:true, "c":[1,{{d:null}}]}}'
+            "<tool_call|> then",
+            ("f", {"a": 'say "hi": x', "n": -25.0, "b": True, "c": [1, {"d": None}]}),
+        ),
+        ("<|tool_call>call:noargs{}<tool_call|>", ("noargs", {})),
+        ("The answer is 3.", None),
+        ("<|tool_call>call:f{a:1}", None),  # unclosed: a final answer
+    ],
+)
+def test_parse_gemma4_tool_call_forms(text, want):
+    """Gemma 4's format, as transformers' response template for ``gemma4`` reads it."""
+    assert parse_gemma4_tool_call(text) == want
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"<|tool_call>call:f{{a:{Q}unclosed}}<tool_call|>",
+        "<|tool_call>call:f{a:}<tool_call|>",
+        "<|tool_call>call:f[1]<tool_call|>",
+        "<|tool_call>call:{a:1}<tool_call|>",
+        "<|tool_call>call:f{" + "a" * 20_000 + "}<tool_call|>",
+    ],
+)
+def test_unreadable_gemma4_tool_calls_are_error_replies(text):
+    assert parse_gemma4_tool_call(text).startswith("error:")
+
+
+def test_tools_env_reads_gemma4_calls_when_told():
+    env = ToolEnv(tools=["calculator"], call_format="gemma4")
+    opening = env.reset({"prompt": "What is 6 * 7?"})
+    assert "<|tool_call>call:" in opening[0]["content"]
+    step = env.step(f"<|tool_call>call:calculate{{expression:{Q}6*7{Q}}}<tool_call|>")
+    assert step.messages == [{"role": "tool", "content": "42"}]
+    assert env.step("42.").done
+    with pytest.raises(ConfigError, match="call_format"):
+        ToolEnv(tools=["calculator"], call_format="xml")
 
 
 def test_call_tool_turns_every_failure_into_a_message():

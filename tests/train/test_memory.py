@@ -25,6 +25,11 @@ def test_presets_have_published_parameter_counts():
     assert MODEL_PRESETS["8b"].num_params() == pytest.approx(8.03e9, rel=0.01)
     assert MODEL_PRESETS["70b"].num_params() == pytest.approx(70.6e9, rel=0.01)
     assert MODEL_PRESETS["135m"].num_params() == pytest.approx(134.5e6, rel=0.01)
+    # Gemma 4 31B: 30.7B (its card), counting the full-attention layers at their own size.
+    assert MODEL_PRESETS["gemma4-31b"].num_params() == pytest.approx(30.7e9, rel=0.01)
+    # stored with the sliding layers' heads padded 256 -> 512 and 4 -> 16 full-attention KV heads
+    assert MODEL_PRESETS["gemma4-31b"].num_params(stored=True) == pytest.approx(38.07e9, rel=0.01)
+    assert MODEL_PRESETS["8b"].num_params(stored=True) == MODEL_PRESETS["8b"].num_params()
 
 
 def test_sharding_lora_and_remat_reduce_memory():
@@ -37,12 +42,16 @@ def test_sharding_lora_and_remat_reduce_memory():
     assert lora.total_bytes_per_device < base.total_bytes_per_device
     assert lora.weight_copies == 1 and base.weight_copies == 2  # reference = base, adapters off
     assert remat.total_bytes_per_device < base.total_bytes_per_device
-    # Full fine-tuning: fp32 master + grads + 2 Adam moments = 16 bytes/param, + the reference:
-    # a float32 copy of the master weights, as the trainers hold it (frozen_dtype="fp32").
+    # Full fine-tuning: fp32 master + 2 Adam moments = 12 bytes/param through the step, + the
+    # reference: a float32 copy of the master weights, as the trainers hold it
+    # (frozen_dtype="fp32"); the fp32 gradients (4 bytes/param) only during the update.
     weights = sum(
         r.bytes for r in base.rows if r.model in ("policy", "reference") and not r.transient
     )
-    assert weights == pytest.approx(c.num_params() * (16 + 4), rel=1e-6)
+    assert weights == pytest.approx(c.num_params() * (12 + 4), rel=1e-6)
+    grads = [r for r in base.rows if r.component == "gradients (fp32)"]
+    assert [(r.model, r.transient) for r in grads] == [("policy", True)]
+    assert grads[0].bytes == pytest.approx(4 * c.num_params(), rel=1e-6)
 
 
 def test_bad_arguments_raise_config_errors():
@@ -155,3 +164,79 @@ def test_distill_holds_the_teacher_beside_the_policy():
     larger = estimate_memory(small, "distill", fsdp=4, device="cpu", teacher_config=big)
     grown = larger.total_bytes_per_device - same.total_bytes_per_device
     assert grown == pytest.approx((big.num_params() - small.num_params()) * 4 / 4, rel=1e-6)
+
+
+def test_gradient_accumulation_holds_a_float32_gradient_sum():
+    # train/programs/step.py's scan over micro-batches carries Σ∇ (float32, sharded as the
+    # parameters) beside each micro-batch's gradient; separate optimizer updates do not.
+    c = MODEL_PRESETS["8b"]
+    kw = dict(batch_size=16, seq_len=1024, fsdp=4, remat="full", device="tpu-v5p")
+    acc = estimate_memory(c, "dpo", micro_batches=4, **kw)
+    updates = estimate_memory(c, "dpo", minibatches=4, **kw)
+    summed = {r.component: r.bytes for r in acc.rows if r.model == "policy"}
+    gsum = summed["gradient sum (fp32, micro-batches)"]
+    assert gsum == pytest.approx(4 * c.num_params() / 4, rel=1e-6)
+    assert not any("gradient sum" in r.component for r in updates.rows)
+    # the same rows per forward/backward: the totals differ by the sum alone
+    assert acc.total_bytes_per_device - updates.total_bytes_per_device == gsum
+    lora = estimate_memory(c, "dpo", micro_batches=4, lora_rank=16, **kw)
+    lora_sum = [r.bytes for r in lora.rows if r.component.startswith("gradient sum")]
+    from jaxrl_llm.train.compile.memory import lora_params
+
+    assert lora_sum == [pytest.approx(4 * lora_params(c, 16) / 4, rel=1e-6)]  # adapters only
+
+
+def test_hybrid_stack_counts_linear_layers_by_kind():
+    from jaxrl_llm.train.compile.memory import activation_bytes_per_token_per_layer
+
+    c = MODEL_PRESETS["qwen3.5-9b"]
+    assert (c.num_linear_layers, c.num_attention_layers) == (24, 8)
+    # transformers' Qwen3_5TextConfig defaults ("Qwen3.5-9B style"): 8.95B parameters
+    assert c.num_params() == pytest.approx(8.954e9, rel=1e-3)
+    est = estimate_memory(
+        c, "grpo", batch_size=8, group_size=8, seq_len=1024, prompt_len=512, fsdp=4,
+        remat="full", minibatches=4, device="tpu-v5p",
+    )  # fmt: skip
+    rollout = {r.component: r.bytes for r in est.rows if r.model == "rollout"}
+    # keys and values only in the 8 attention layers (4 KV heads of 256), 16 rows per device
+    assert rollout["KV cache (16 rows x 1024 slots)"] == 2 * 8 * 16 * 1024 * 4 * 256 * 2
+    # each linear layer: a [3, 8192] bf16 conv window and a float32 [32, 128, 128] state per row
+    state = rollout["recurrent state (24 linear layers)"]
+    assert state == 24 * 16 * (3 * 8192 * 2 + 4 * 32 * 128 * 128)
+
+    def per_token(seq_len, linear):
+        return activation_bytes_per_token_per_layer(
+            c, seq_len, remat="none", dtype_bytes=2, linear=linear
+        )
+
+    # a linear layer has no T x T scores: its bytes per token do not grow with T
+    assert per_token(256, True) == per_token(8192, True)
+    assert per_token(8192, False) > per_token(256, False)
+    # remat full: the stack scans periods of 4 layers, so it keeps 8 period inputs, and one
+    # whole period (3 linear layers, 1 attention layer) is live again in its backward pass
+    sft = estimate_memory(c, "sft", batch_size=2, seq_len=256, remat="full", device="cpu")
+    act = next(r.bytes for r in sft.rows if r.component == "activations (remat=full)")
+    assert act == 2 * 256 * (8 * 4096 * 2 + 3 * per_token(256, True) + per_token(256, False))
+
+
+def test_qwen3_5_moe_preset_counts_experts_and_the_shared_expert():
+    from jaxrl_llm.train.compile.memory import expert_params
+
+    c = MODEL_PRESETS["qwen3.5-35b-a3b"]
+    # transformers' Qwen3_5MoeTextConfig defaults ("Qwen3.5-35B-A3B style"): 34.66B in all,
+    # 3.45B active (8 of 256 experts, the shared expert, embedding and untied head)
+    assert c.num_params() == pytest.approx(34.66e9, rel=1e-3)
+    assert c.num_params(active=True) == pytest.approx(3.455e9, rel=1e-3)
+    assert expert_params(c) == 40 * 256 * 3 * 2048 * 512
+    assert (c.num_linear_layers, c.num_attention_layers, c.shared_expert_size) == (30, 10, 512)
+
+
+def test_fsdp_step_holds_the_unembedding_gathered_whole():
+    # the log-prob chunks take the whole [D, V] unembedding in the compute dtype: XLA
+    # all-gathers it once (bf16[4096,128256] in the 8B steps compiled for v5p on fsdp=4)
+    c = MODEL_PRESETS["8b"]
+    kw = dict(batch_size=8, group_size=8, seq_len=1024, remat="full", device="tpu-v5p")
+    rows = {r.component: r.bytes for r in estimate_memory(c, "grpo", fsdp=4, **kw).rows}
+    assert rows["unembedding gathered (bf16)"] == 4096 * 128256 * 2
+    one = estimate_memory(c, "grpo", **kw)  # one device: the bf16 copy is the whole table
+    assert not any(r.component.startswith("unembedding gathered") for r in one.rows)

@@ -1,5 +1,6 @@
-"""Compiled per-device TPU memory of Llama-3-8B / 70B post-training runs vs the estimator,
-compiled on a CPU machine with the TPU compiler (``jaxrl-llm compile``; needs ``libtpu``).
+"""Compiled per-device TPU memory of Llama-3-8B / 70B and Qwen3.5 post-training runs vs the
+estimator, compiled on a CPU machine with the TPU compiler (``jaxrl-llm compile``; needs
+``libtpu``).
 
 Each configuration runs ``jaxrl-llm compile ... --json`` in its own process (one compile's
 host memory is freed before the next) with a time limit, and its JSON is appended to a cache
@@ -54,6 +55,9 @@ CONFIGS = [
         ["--batch", "16", "--seq-len", "1024", "--micro-batches", "2"],
     ),
     ("8b", "ppo", "v6e:2x4", "fsdp=8", _ONLINE),
+    # Qwen3.5 (issue 34): the hybrid linear-attention stack, dense and a mixture of experts
+    ("qwen3.5-9b", "grpo", "v5p:2x2x1", "fsdp=4", _ONLINE),
+    ("qwen3.5-35b-a3b", "grpo", "v5p:2x2x4", "fsdp=4,expert=4", _ONLINE),
 ]
 
 
@@ -77,15 +81,14 @@ WORK_CONFIGS = [
 ]
 
 
-# What the estimate leaves out, read from XLA's buffer reports of these compiles
+# What the buffer reports of these compiles show, and what the estimate counts of it
 # (XLA_FLAGS=--xla_dump_to=DIR writes *memory-usage-report.txt per program).
 NOTES = [
     "",
-    "Compiled on a shared 2-core host with other jobs running: compile times (last column) "
-    "are wall-clock and noisy (133-1150 s for similar programs; the PPO rows ran on a quieter "
-    "host). The GRPO and DPO rows were measured with the trainer code of commit 4d11129, "
-    "before the online trainer was rebuilt as rollout -> experience -> learner; the PPO rows "
-    "with commit dcbd503 (the rebuilt trainer, PPO's frozen reference counted).",
+    "Compiled on a shared 2-core host (another job's tests ran beside some): compile times "
+    "(last column) are wall-clock and noisy. Every row was compiled with the activations "
+    "placed by rows (commit ffb434b, models/layout.py) and its estimate is estimate_memory as "
+    "it is now, recomputed from the cached settings.",
     "",
     "Columns: rows/update = sequences (DPO: pairs) in one forward/backward of the policy (the "
     "whole mesh); train args / temps = the train step's arguments (train state, batch) and "
@@ -93,32 +96,36 @@ NOTES = [
     "aliased + temporaries + the arrays that stay alive through the step without being its "
     "arguments (the optimizer state while decoding, the reference while updating, PPO's "
     "critic and reward model); compiled peak = the largest; estimate = `jaxrl-llm memory` "
-    "for the same settings (estimate_memory as it is now, recomputed from the cached "
-    "settings).",
+    "for the same settings.",
     "",
-    "What the estimate leaves out, from XLA's buffer reports of the compiled steps:",
+    "From XLA's buffer reports of the compiled train steps:",
     "",
-    "* **FSDP does not split activations by rows.** Nothing in the model constrains "
-    "activations to the batch axes; the embedding's output takes the table's "
-    "`embed -> fsdp` sharding of D, and GSPMD keeps the rows of every activation whole on "
-    "each device and shards D instead. The 8B GRPO step compiled for v5p:2x2x2 (fsdp=8, 64 "
-    "rows) holds `bf16[64,512,14336]` MLP activations and `bf16[64,128,128256]` log-prob "
-    "chunks (1.96 GiB each) on every device, 8x the rows the estimate assumes. This is the "
-    "main miss of the FSDP rows (see est/compiled). A `with_sharding_constraint` on each "
-    "layer's input alone does not fix it (tried: the saved layer inputs stay "
-    "`bf16[32,16,512,1024]`, all 16 rows); the model and loss need row constraints on the "
-    "hidden states and the log-prob chunks.",
+    "* **Activations by rows.** Under FSDP each device holds its own rows: the 8B GRPO step "
+    "on v5p:2x2x1 (fsdp=4, 16 rows per update) holds `bf16[4,512,14336]` MLP activations "
+    "(a completion's 512 tokens, 4 rows), `f32[4,128,128256]` log-prob chunks and "
+    "`bf16[32,4,512,4096]` saved layer inputs per device; on v6e:2x4 (fsdp=8, 2 rows per "
+    "device) `bf16[2,512,14336]`, `f32[2,128,128256]` and `bf16[32,2,512,4096]`; the 8B DPO "
+    "step on v5p (8 sequences per micro-batch) `bf16[32,2,1024,4096]` and "
+    "`f32[2,128,128256]`; the Qwen3.5-9B step one input per period of 4 layers, "
+    "`bf16[8,4,512,4096]`. Before "
+    "the row placement every device held every row (`bf16[64,512,14336]` in the 8B step on "
+    "fsdp=8 with 64 rows).",
     "* **The bf16 copy of the weights.** XLA hoists each layer's `kernel.astype(bf16)` out of "
-    "the scan over layers, so a whole bf16 copy of the (sharded) weights exists during the "
-    "step (`bf16[32,1024,14336]` x 3 in the 8B step on fsdp=4). The estimator now counts "
-    "it.",
-    "* **Gradient accumulation** (offline micro-batches, the skipped-group micro-batches of "
-    "the online update) carries a float32 gradient sum beside the micro-batch's gradient "
-    "(train/programs/step.py's scan): one more 4 bytes/param/shards that the estimate does not count.",
+    "the scan over layers (`bf16[32,1024,14336]` x 3 in the 8B step on fsdp=4); counted.",
+    "* **The unembedding gathered whole.** The log-prob chunks take the whole `[D, V]` "
+    "unembedding: `bf16[4096,128256]` (1002 MiB) in the 8B steps on fsdp=4; counted since "
+    "this table (one copy).",
+    "* **Gradient accumulation.** The step's scan over micro-batches carries a float32 "
+    "gradient sum beside the micro-batch's gradient: the 8B DPO step (4 micro-batches) holds "
+    "6 slots of `f32[32,1024,14336]` (1.75 GiB each) against GRPO's 3; counted since this "
+    "table (`micro_batches` > 1; the online minibatches are separate updates, no sum).",
+    "* **Gradients only during their model's update.** PPO's critic step does not hold the "
+    "policy's gradients (nor the policy step the critic's, nor the decode loop either): the "
+    "estimate counted both as resident (8B PPO: 81.7 GiB with both, against 73.9 compiled); "
+    "now they are part of each update's transient memory.",
     "* **On-chip memory.** XLA places small temporaries in the chip's on-chip memory first "
-    "(111 MiB in a v5e compile, 47 MiB in a v5p one); the HBM numbers leave it out, so on small "
-    "models the estimate runs high. Fragmentation and the runtime's own reservations are not "
-    "in either number.",
+    "(46 MiB of vmem in the 8B DPO step on v5p); the HBM numbers leave it out. Fragmentation "
+    "and the runtime's own reservations are not in either number.",
     "* **FLOPs**: XLA's cost analysis counts a loop body once (the scan over layers, "
     "micro-batches, decode steps), so its number is about 1/L of a step; the report gives "
     "6N (8N with full remat) per token beside it.",
@@ -184,7 +191,8 @@ def estimate_bytes(model: str, algorithm: str, topology: str, r: dict) -> int:
             lora_rank=s["lora_rank"],
             remat=s["remat"],
             device="tpu-" + topology.split(":")[0],
-            micro_batches=max(1, rows // s["rows_per_update"]),
+            micro_batches=s.get("micro_batches") or 1,
+            minibatches=max(1, rows // s["rows_per_update"] // (s.get("micro_batches") or 1)),
             prompt_group_size=s["group_size"] if online and algorithm != "online_dpo" else 1,
             **r["mesh"],
         )

@@ -450,7 +450,6 @@ def _dtype_name(compute_dtype: str) -> str:
 def _estimate_kwargs(plan: RunPlan, topology: Topology, seq_len: int, prompt_len: int) -> dict:
     """What :func:`~jaxrl_llm.train.compile.memory.estimate_memory` is asked about the same run."""
     cfg, rows = plan.cfg, plan.rows
-    per_forward = rows.per_update // rows.micro_batches
     return dict(
         batch_size=cfg.rollout.prompts_per_step if plan.online else cfg.train.batch_size,
         seq_len=seq_len,
@@ -460,7 +459,8 @@ def _estimate_kwargs(plan: RunPlan, topology: Topology, seq_len: int, prompt_len
         lora_rank=cfg.model.lora.rank if cfg.model.lora else 0,
         remat=cfg.model.remat,
         device=f"tpu-{topology.generation}",
-        micro_batches=max(1, rows.per_step // max(per_forward, 1)),
+        micro_batches=rows.micro_batches,
+        minibatches=max(1, rows.per_step // max(rows.per_update, 1)),
         prompt_group_size=int(plan.logprobs.prompt_group_size),
         **{k: v for k, v in plan.mesh.items() if k != "context"},
     )

@@ -13,13 +13,23 @@ a mixture of experts' expert weights are further split over the ``expert`` axis)
   ``frozen_dtype``, float32 by default as the trainers hold them); with LoRA the reference is
   the base with adapters off (no second copy) and only the adapters are trainable;
 * gradients (float32, like the master weights) and AdamW moments (2 × float32) of what trains;
+  with gradient accumulation (``micro_batches`` > 1) a second float32 gradient, the sum the
+  step's scan over micro-batches carries beside each micro-batch's gradient;
 * the compute-dtype copy of a trained model's weights that its step makes (XLA hoists the
   per-layer casts out of the scan over layers, so the whole sharded copy exists at once);
 * training activations kept for the backward pass, without or with rematerialisation (per
   layer, per token: the layer input only for ``full``; the matmul outputs for ``dots``);
+* under fsdp, the unembedding gathered whole in the compute dtype for the log-prob ops;
 * logits: the ``[B, T, V]`` float32 tensor and its softmax/gradient when materialised, or one
   ``[B, chunk, V]`` slice with the chunked log-prob ops (the default here);
 * the rollout KV cache for online algorithms (prompts × G rows × (prompt + completion) slots).
+
+A hybrid stack (Qwen3.5: Gated DeltaNet linear-attention layers between attention layers) is
+counted by layer kind: the linear layers' own parameters (``ModelConfig.num_params``); their
+token mixer's activations (:func:`linear_mixer_bytes_per_token`, an approximation from the
+block's code) in place of attention's; the unit its backward recomputes is a period of the
+layer pattern (the stack scans periods); in the rollout, keys and values only for the attention
+layers and, for each linear layer, a conv window and a float32 delta-rule state per row.
 
 Mixture of experts (``config.num_experts > 0``): weights, gradients and optimizer state count
 every expert (the total parameters, :func:`expert_params` of them split over ``expert`` as
@@ -27,9 +37,9 @@ well); activations count the k experts a token is routed to (the sorted dispatch
 ``[N·k, F_e]`` buffers and ``[N·k, D]`` gathered copies, which do not shrink with the expert
 axis) and the router's float32 probabilities. Tokens are replicated over the expert axis.
 
-Activations, logits and the KV cache are transient: the rollout and the trainable models'
-updates (policy, critic) run one after the other, so the total counts the largest of their
-transient memory, not the sum. Attention is the plain (non-flash) kind this package
+Gradients, activations, logits and the KV cache are transient: the rollout and the trainable
+models' updates (policy, critic) run one after the other, so the total counts the largest of
+their transient memory, not the sum. Attention is the plain (non-flash) kind this package
 implements, so its scores cost H · T per token.
 
 These are estimates of the dominant terms, checked against XLA's compiled memory analysis on
@@ -48,6 +58,7 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
 from jaxrl_llm.losses.registry import Algorithm
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.options import LayerType
 from jaxrl_llm.train.compile.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
     DEVICE_MEMORY,
     MODEL_PRESETS,
@@ -123,13 +134,20 @@ _BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
 
 def lora_params(config: ModelConfig, rank: int) -> int:
     """Adapter parameters for rank-r LoRA on q, k, v, o, gate, up and down of every layer (a
-    mixture of experts: q, k, v, o only; its experts take no adapters)."""
+    mixture of experts: q, k, v, o only; its experts take no adapters; a hybrid stack's
+    linear-attention layers have no q, k, v, o)."""
     c = config
-    d, f, h, k, e = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
-    per_layer = rank * ((d + h * e) + 2 * (d + k * e) + (h * e + d))
-    if not c.is_moe:
-        per_layer += rank * (2 * (d + f) + (f + d))
-    return c.num_layers * per_layer
+    d, f, h, k, e = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.store_kv_heads,
+        c.store_head_dim,
+    )
+    attn = rank * ((d + h * e) + 2 * (d + k * e) + (h * e + d))
+    dense_mlp = not c.is_moe or c.moe_beside_mlp  # Gemma 4's MoE keeps its dense MLP
+    mlp = rank * (2 * (d + f) + (f + d)) if dense_mlp else 0
+    return c.num_attention_layers * attn + c.num_layers * mlp
 
 
 def expert_params(config: ModelConfig) -> int:
@@ -143,9 +161,9 @@ def expert_params(config: ModelConfig) -> int:
 
 def params_per_device(config: ModelConfig, *, weight_shards: int, expert: int = 1) -> float:
     """Parameters one device holds: the dense ones over fsdp × tensor (``weight_shards``), the
-    experts' over ``expert`` too."""
+    experts' over ``expert`` too; attention heads as stored (Gemma 4's padded ones)."""
     ne = expert_params(config)
-    return (config.num_params() - ne) / weight_shards + ne / (weight_shards * expert)
+    return (config.num_params(stored=True) - ne) / weight_shards + ne / (weight_shards * expert)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +228,13 @@ class MemoryEstimate:
 
 
 def activation_bytes_per_token_per_layer(
-    config: ModelConfig, seq_len: int, *, remat: str, dtype_bytes: int, tensor: int = 1
+    config: ModelConfig,
+    seq_len: int,
+    *,
+    remat: str,
+    dtype_bytes: int,
+    tensor: int = 1,
+    linear: bool = False,
 ) -> int:
     """Bytes kept for the backward pass, per token and layer, in one model's training forward.
 
@@ -222,10 +246,13 @@ def activation_bytes_per_token_per_layer(
     A mixture of experts holds its MLP tensors for each of the k experts of a token (F →
     k · F_e), the routed copies of the token (k · D in, k · D out; ``dots``: the k · D down
     outputs in place of D) and the float32 router probabilities (X).
+    ``linear``: a Gated DeltaNet layer of a hybrid stack (Qwen3.5) in place of attention:
+    its token mixer's tensors (:func:`linear_mixer_bytes_per_token`) instead of q/k/v and the
+    scores; the norms, residual and MLP as above.
     """
     c = config
-    d, f, e = c.hidden_size, c.intermediate_size // tensor, c.head_dim
-    h, k = max(c.num_heads // tensor, 1), max(c.num_kv_heads // tensor, 1)
+    d, f, e = c.hidden_size, c.intermediate_size // tensor, c.store_head_dim
+    h, k = max(c.num_heads // tensor, 1), max(c.store_kv_heads // tensor, 1)
     moe_extra = 0
     if c.is_moe:
         kk = c.num_experts_per_tok
@@ -233,15 +260,83 @@ def activation_bytes_per_token_per_layer(
         moe_extra = {"dots": dtype_bytes * (kk - 1) * d, "none": dtype_bytes * 2 * kk * d}.get(
             remat, 0
         ) + 4 * c.num_experts * (remat != "full")
+        if c.shared_expert_size and remat != "full":  # its gate/up/act/product (dots: gate, up)
+            f += c.shared_expert_size // tensor
     if remat == "full":
         return dtype_bytes * d
+    if remat not in ("dots", "none"):
+        raise ConfigError(f"unknown remat {remat!r}; allowed: 'none', 'dots', 'full'")
+    if linear:
+        mixer = linear_mixer_bytes_per_token(c, remat=remat, dtype_bytes=dtype_bytes, tensor=tensor)
+        mlp = dtype_bytes * (2 * f + d) if remat == "dots" else dtype_bytes * (5 * d + 4 * f)
+        return mixer + mlp + moe_extra
     if remat == "dots":
         return dtype_bytes * (h * e + 2 * k * e + d + 2 * f + d) + moe_extra
-    if remat == "none":
-        return (
-            dtype_bytes * (5 * d + 3 * h * e + 4 * k * e + 4 * f) + 2 * 4 * h * seq_len + moe_extra
+    return dtype_bytes * (5 * d + 3 * h * e + 4 * k * e + 4 * f) + 2 * 4 * h * seq_len + moe_extra
+
+
+def linear_mixer_bytes_per_token(
+    config: ModelConfig, *, remat: str, dtype_bytes: int, tensor: int = 1
+) -> int:
+    """Bytes a Gated DeltaNet token mixer (:mod:`jaxrl_llm.models.gated_deltanet`, chunked
+    delta rule :func:`jaxrl_llm.models.delta_rule.delta_rule_chunked`) keeps per token for the
+    backward pass: an approximation from the block's code, not checked tensor by tensor.
+
+    ``none``: the q/k/v projection, the conv's output and its SiLU (C channels each), z and the
+    gated norm's output (H_v · d_v each) in the compute dtype; in float32 q and k normalised and
+    repeated to the value heads, W (H_v · d_k each), U and the output (H_v · d_v each), β and
+    the gate, the chunk's three C_k × C_k matrices per head (K Kᵀ, its triangular solve, the
+    decayed Q Kᵀ), and the chunk-start states (H_v · d_k · d_v per chunk of C_k tokens).
+    ``dots``: the matmul outputs only: the four input projections, the output projection, and
+    the delta rule's matrix products (two C_k × C_k matrices, U, W, the output, the states).
+    """
+    c = config
+    hv = max(c.linear_num_value_heads // tensor, 1)
+    dk, dv, ck = c.linear_key_head_dim, c.linear_value_head_dim, c.delta_chunk_size
+    channels = c.linear_conv_channels // tensor
+    states = 4 * hv * dk * dv // ck
+    if remat == "dots":
+        proj = dtype_bytes * (channels + hv * dv + c.hidden_size) + 4 * 2 * hv
+        return proj + 4 * hv * (2 * ck + dk + 2 * dv) + states
+    return (
+        dtype_bytes * (3 * channels + 2 * hv * dv)
+        + 4 * hv * (3 * dk + 2 * dv + 2 + 3 * ck)
+        + states
+    )
+
+
+def activation_bytes(
+    config: ModelConfig, tokens: int, seq_len: int, *, remat: str, dtype_bytes: int, tensor: int
+) -> int:
+    """Activations one training forward over ``tokens`` keeps for its backward pass, with the
+    unit the backward recomputes (``dots`` / ``full``) live again once in full.
+
+    A plain stack scans layer by layer: L layers of :func:`activation_bytes_per_token_per_layer`
+    and, with remat, one layer's ``none`` share. A hybrid stack (Qwen3.5) scans periods of its
+    layer pattern (three linear-attention layers then one attention layer) and rematerialises
+    a period as a unit: with ``full`` it keeps one input per period, and the period's layers
+    are all live during its backward pass.
+    """
+
+    def per_token(kind_remat: str, linear: bool) -> int:
+        return activation_bytes_per_token_per_layer(
+            config, seq_len, remat=kind_remat, dtype_bytes=dtype_bytes, tensor=tensor, linear=linear
         )
-    raise ConfigError(f"unknown remat {remat!r}; allowed: 'none', 'dots', 'full'")
+
+    if not config.is_hybrid:
+        per_layer = per_token(remat, False) * config.num_layers
+        live = 0 if remat == "none" else per_token("none", False)
+        return (per_layer + live) * tokens
+    n_lin, n_att = config.num_linear_layers, config.num_attention_layers
+    period = config.layer_period
+    if remat == "full":
+        kept = dtype_bytes * config.hidden_size * (config.num_layers // len(period))
+    else:
+        kept = n_lin * per_token(remat, True) + n_att * per_token(remat, False)
+    live = 0
+    if remat != "none":
+        live = sum(per_token("none", t == LayerType.LINEAR) for t in period)
+    return (kept + live) * tokens
 
 
 def _check_estimate_args(
@@ -294,7 +389,9 @@ def _weight_rows(
     optimizer: str,
     weight_shards: int,
 ) -> list[MemoryRow]:
-    """A model's weights per device and, when it trains, its gradients and optimizer state."""
+    """A model's weights per device and, when it trains, its gradients and optimizer state
+    (the gradients transient: they exist during that model's update only, so PPO's policy and
+    critic gradients are never alive together, nor either beside the rollout's KV cache)."""
     fb = _BYTES[frozen_dtype]
     opt_factor = 2 if optimizer == "adamw" else 0
     if trains and lora_rank:
@@ -302,13 +399,13 @@ def _weight_rows(
         return [
             _row(name, f"base weights ({frozen_dtype}, frozen)", n * fb),
             _row(name, "LoRA adapters (fp32)", na * 4 / weight_shards),
-            _row(name, "gradients (adapters, fp32)", na * 4 / weight_shards),
+            _row(name, "gradients (adapters, fp32)", na * 4 / weight_shards, True),
             _row(name, f"optimizer state ({optimizer})", opt_factor * na * 4 / weight_shards),
         ]
     if trains:
         return [
             _row(name, "weights (fp32 master)", n * 4),
-            _row(name, "gradients (fp32)", n * 4),
+            _row(name, "gradients (fp32)", n * 4, True),
             _row(name, f"optimizer state ({optimizer})", opt_factor * n * 4),
         ]
     return [_row(name, f"weights ({frozen_dtype}, frozen)", n * fb)]
@@ -327,25 +424,26 @@ def _update_rows(
     remat: str,
     logits: str,
     logits_chunk: int,
+    accumulated_bytes: float = 0,
+    gathered: bool = False,
 ) -> list[MemoryRow]:
-    """The transient rows of a trained model's step: activations, cast weights, logits."""
+    """The transient rows of a trained model's step: activations, cast weights, the gradient
+    sum of accumulation (``accumulated_bytes`` per device, 0 without), logits, and with the
+    weights split over fsdp (``gathered``) the whole unembedding in the compute dtype, which
+    XLA all-gathers once for the log-prob chunks (``bf16[4096,128256]``, 1002 MiB, in the
+    8B steps compiled for v5p on fsdp=4)."""
     name, b = role.value, _BYTES[dtype]
-    per_tok = activation_bytes_per_token_per_layer(
-        config, seq_len, remat=remat, dtype_bytes=b, tensor=tensor
-    )
-    act = per_tok * tokens * config.num_layers
-    if remat != "none":  # one layer is live again during its backward pass
-        act += (
-            activation_bytes_per_token_per_layer(
-                config, seq_len, remat="none", dtype_bytes=b, tensor=tensor
-            )
-            * tokens
-        )
+    act = activation_bytes(config, tokens, seq_len, remat=remat, dtype_bytes=b, tensor=tensor)
     rows = [_row(name, f"activations (remat={remat})", act, True)]
     if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
         rows.append(_row(name, f"weights cast to {dtype} (in the step)", n * b, True))
+    if accumulated_bytes:  # the scan over micro-batches carries Σ∇ beside each slice's ∇
+        rows.append(_row(name, "gradient sum (fp32, micro-batches)", accumulated_bytes, True))
     if role != Role.CRITIC and role != Role.REWARD:
         vocab = config.vocab_size / tensor
+        if gathered:  # the log-prob ops take the unembedding whole, all-gathered over fsdp
+            unembed = vocab * config.hidden_size * b
+            rows.append(_row(name, f"unembedding gathered ({dtype})", unembed, True))
         width = seq_len if logits == "full" else min(logits_chunk, seq_len)
         # float32 logits and their gradient (softmax fused into them by XLA)
         rows.append(_row(name, f"logits ({logits})", 2 * train_rows * width * vocab * 4, True))
@@ -371,10 +469,15 @@ def _model_rows(
     remat: str,
     logits: str,
     logits_chunk: int,
+    accumulate: bool = False,
+    gathered: bool = False,
 ) -> tuple[list[MemoryRow], int]:
-    """The rows of every model the algorithm holds, and how many weight copies they are."""
+    """The rows of every model the algorithm holds, and how many weight copies they are
+    (``accumulate``: an update sums the gradients of several micro-batches; ``gathered``: the
+    weights are split over fsdp, :func:`_update_rows`)."""
     rows: list[MemoryRow] = []
     weight_copies = 0
+    trained = lora_params(config, lora_rank) / weight_shards if lora_rank else n
     for role in algo.roles:
         trains = role in algo.trainable
         name = role.value
@@ -408,24 +511,40 @@ def _model_rows(
                 remat=remat,
                 logits=logits,
                 logits_chunk=logits_chunk,
+                accumulated_bytes=4 * trained if accumulate else 0,
+                gathered=gathered,
             )
     return rows, weight_copies
 
 
-def _kv_cache_row(
+def _kv_cache_rows(
     config: ModelConfig, local_rows: int, seq_len: int, tensor: int, b: int
-) -> MemoryRow:
-    """The rollout's KV cache on one device (transient)."""
+) -> list[MemoryRow]:
+    """The rollout's KV cache on one device (transient): keys and values of the attention
+    layers; a hybrid stack's linear-attention layers hold instead a conv window
+    (``[W−1, C]`` per row, compute dtype) and a float32 delta-rule state (``[H_v, d_k, d_v]``
+    per row), whatever the length."""
+    c = config
     kv = (
         2
-        * config.num_layers
+        * c.num_attention_layers
         * local_rows
         * seq_len
-        * max(config.num_kv_heads // tensor, 1)
-        * config.head_dim
+        * max(c.store_kv_heads // tensor, 1)
+        * c.store_head_dim
         * b
     )
-    return _row("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv, True)
+    rows = [_row("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv, True)]
+    if c.is_hybrid:
+        hv = max(c.linear_num_value_heads // tensor, 1)
+        per_row = (c.linear_conv_kernel - 1) * (c.linear_conv_channels // tensor) * b + (
+            4 * hv * c.linear_key_head_dim * c.linear_value_head_dim
+        )
+        state = c.num_linear_layers * local_rows * per_row
+        rows.append(
+            _row("rollout", f"recurrent state ({c.num_linear_layers} linear layers)", state, True)
+        )
+    return rows
 
 
 def _peak_bytes(rows: list[MemoryRow]) -> int:
@@ -459,6 +578,7 @@ def estimate_memory(
     optimizer: str = "adamw",
     device: str = "h100",
     micro_batches: int = 1,
+    minibatches: int = 1,
     frozen_dtype: str = "fp32",
     prompt_group_size: int = 1,
     reference_offloaded: bool = False,
@@ -479,9 +599,13 @@ def estimate_memory(
       lora_rank: 0 for full fine-tuning; r > 0 trains rank-r adapters only.
       remat: 'none' | 'dots' | 'full'. logits: 'chunked' | 'full'. optimizer: 'adamw' | 'sgd'.
       device: a key of :data:`DEVICE_MEMORY` or 'cpu'.
-      micro_batches: slices a step's rows are trained in, one after the other (gradient
-        accumulation; online: minibatches × micro-batches per update): activations and logits
-        are those of one slice.
+      micro_batches: gradient-accumulation slices of one optimizer update, one after the
+        other (``train.micro_batches``): activations and logits are those of one slice, and
+        more than one adds the float32 gradient sum the accumulation carries beside each
+        slice's gradient.
+      minibatches: optimizer updates a step's rows are split into (online
+        ``train.minibatches``): each update's forward/backward holds 1 / minibatches of the
+        rows, with no gradient sum between updates.
       frozen_dtype: dtype frozen weights are held in (reference, reward model, LoRA base).
         'fp32' by default: this package's trainers keep the reference as a copy of the float32
         master weights and load models in float32, casting to ``dtype`` per use (the compiled
@@ -507,6 +631,7 @@ def estimate_memory(
         tensor=tensor,
         expert=expert,
         micro_batches=micro_batches,
+        minibatches=minibatches,
         prompt_group_size=prompt_group_size,
     )
     _check_estimate_args(algorithm, dtype, frozen_dtype, logits, optimizer, sizes, lora_rank)
@@ -519,7 +644,7 @@ def estimate_memory(
     )
     rows_per_step = batch_size * (group_size if algo.online else 1) * algo.sequences_per_example
     local_rows = -(-rows_per_step // batch_shards)
-    train_rows = -(-local_rows // micro_batches)  # rows of one forward/backward slice
+    train_rows = -(-local_rows // (micro_batches * minibatches))  # one forward/backward's
     tokens = _update_tokens(train_rows, seq_len, prompt_len, prompt_group_size)
     rows, weight_copies = _model_rows(
         config,
@@ -539,9 +664,11 @@ def estimate_memory(
         remat=remat,
         logits=logits,
         logits_chunk=logits_chunk,
+        accumulate=micro_batches > 1,
+        gathered=fsdp > 1,
     )
     if algo.online:
-        rows.append(_kv_cache_row(config, local_rows, seq_len, tensor, _BYTES[dtype]))
+        rows += _kv_cache_rows(config, local_rows, seq_len, tensor, _BYTES[dtype])
     return MemoryEstimate(
         rows=tuple(rows),
         total_bytes_per_device=_peak_bytes(rows),
