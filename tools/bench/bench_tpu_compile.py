@@ -106,7 +106,9 @@ NOTES = [
     "`bf16[32,4,512,4096]` saved layer inputs per device; on v6e:2x4 (fsdp=8, 2 rows per "
     "device) `bf16[2,512,14336]`, `f32[2,128,128256]` and `bf16[32,2,512,4096]`; the 8B DPO "
     "step on v5p (8 sequences per micro-batch) `bf16[32,2,1024,4096]` and "
-    "`f32[2,128,128256]`; the Qwen3.5-9B step one input per period of 4 layers, "
+    "`f32[2,128,128256]`; the 70B DPO step on v5p:4x4x4 (fsdp=64, 128 sequences, 2 per "
+    "device) `bf16[2,1024,28672]`, `f32[2,128,128256]` and `bf16[80,2,1024,8192]`; the "
+    "Qwen3.5-9B step one input per period of 4 layers, "
     "`bf16[8,4,512,4096]`. Before "
     "the row placement every device held every row (`bf16[64,512,14336]` in the 8B step on "
     "fsdp=8 with 64 rows).",
@@ -114,7 +116,8 @@ NOTES = [
     "the scan over layers (`bf16[32,1024,14336]` x 3 in the 8B step on fsdp=4); counted.",
     "* **The unembedding gathered whole.** The log-prob chunks take the whole `[D, V]` "
     "unembedding: `bf16[4096,128256]` (1002 MiB) in the 8B steps on fsdp=4; counted since "
-    "this table (one copy).",
+    "this table (one copy; the buffer reports show 2 slots of it in the 8B steps, 5 of "
+    "`bf16[8192,128256]`, 1.96 GiB each, in the 70B DPO step).",
     "* **Gradient accumulation.** The step's scan over micro-batches carries a float32 "
     "gradient sum beside the micro-batch's gradient: the 8B DPO step (4 micro-batches) holds "
     "6 slots of `f32[32,1024,14336]` (1.75 GiB each) against GRPO's 3; counted since this "
