@@ -3,31 +3,15 @@ with either engine, where the sampler's log-probs equal the learner's recomputed
 (``rollout.correction`` in float32: importance weights of one), and offline DPO steps that
 lower the DPO loss; gradients reach every Gated DeltaNet parameter."""
 
-import json
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrl_llm import models
-from jaxrl_llm.train.config.config_io import from_dict
-from jaxrl_llm.train.config.run_config import RunConfig
-from jaxrl_llm.train.offline.trainer import train_offline
-from jaxrl_llm.train.online.trainer import OnlineTrainer
-from jaxrl_llm.train.run.checkpoint import restore_model
+from tests.models import family_steps
 
 TINY = dict(family="qwen3_5_text", delta_chunk_size=16)
-
-
-def _is_spec(s):
-    return isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], tuple)
-
-
-def parity_reward(prompts, completions, **_):
-    """1 when the completion starts with an even code point, else 0."""
-    return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]
 
 
 def test_gradients_reach_every_linear_layer_parameter():
@@ -50,87 +34,17 @@ def test_gradients_reach_every_linear_layer_parameter():
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
-    prompts = [{"prompt": f"{a}+{b}="} for a in range(10) for b in range(10)]
-    (d / "prompts.jsonl").write_text("\n".join(json.dumps(r) for r in prompts))
-    rng = np.random.default_rng(0)
-    pairs = [
-        {
-            "prompt": f"q{i}?",
-            "chosen": str(rng.choice(["yes", "sure", "ok"])),
-            "rejected": str(rng.choice(["no", "never", "nah"])),
-        }
-        for i in range(64)
-    ]
-    (d / "pref.jsonl").write_text("\n".join(json.dumps(r) for r in pairs))
+    family_steps.write_data(d)
     return d
 
 
 @pytest.mark.parametrize("engine", ["static", "paged"])
 def test_grpo_step_and_sampler_logprobs_equal_the_learners(data, tmp_path, engine):
-    cfg = from_dict(
-        RunConfig,
-        dict(
-            output_dir=str(tmp_path / "grpo"),
-            max_steps=1,
-            algorithm="grpo",
-            seed=0,
-            model=dict(source="tiny", tokenizer="char", tiny=TINY),
-            optim=dict(name="sgd", lr=1e-2),
-            data=dict(train=str(data / "prompts.jsonl"), max_length=32),
-            loss=dict(kl_coef=0.0),
-            rollout=dict(
-                prompts_per_step=4,
-                group_size=4,
-                max_new_tokens=8,
-                engine=engine,
-                correction=dict(high=2.0),
-            ),
-            rewards=[dict(name="tests.models.test_qwen3_5_train:parity_reward")],
-            logging=dict(tensorboard=False, plots=False),
-            eval=dict(before=False),
-        ),
-    )
-    trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
-    try:
-        before = jax.device_get(trainer.policy.state.params)
-        metrics = trainer.train_step(1)
-        after = jax.device_get(trainer.policy.state.params)
-    finally:
-        trainer.close()
-    assert trainer.policy.config.is_hybrid
-    assert np.isfinite(metrics["loss"])
-    # float32 sampler and learner: the same policy up to rounding
-    assert metrics["correction/mismatch_kl"] < 1e-10
-    assert abs(metrics["correction/weight_mean"] - 1) < 1e-5
-    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), after, before)
-    assert max(jax.tree.leaves(moved["layers"]["in_proj_qkv"])) > 0
+    _, config, before, after = family_steps.grpo_step(data, tmp_path / "grpo", TINY, engine)
+    assert config.is_hybrid
+    assert family_steps.moved(after, before, "in_proj_qkv") > 0
 
 
 def test_dpo_steps_lower_the_loss(data, tmp_path):
-    cfg = from_dict(
-        RunConfig,
-        dict(
-            output_dir=str(tmp_path / "dpo"),
-            max_steps=12,
-            algorithm="dpo",
-            seed=0,
-            model=dict(source="tiny", tokenizer="char", tiny=TINY),
-            optim=dict(lr=3e-3),
-            loss=dict(beta=0.1),
-            data=dict(train=str(data / "pref.jsonl"), max_length=32),
-            train=dict(batch_size=8),
-            logging=dict(tensorboard=False, plots=False),
-        ),
-    )
-    train_offline(cfg, log_stream=open(os.devnull, "w"))
-    rows = [json.loads(line) for line in open(tmp_path / "dpo" / "metrics.jsonl")]
-    losses = [r["loss"] for r in rows if "loss" in r]
-    assert len(losses) >= 2 and all(np.isfinite(losses))
-    assert losses[0] == pytest.approx(np.log(2), abs=1e-3)  # policy = reference at step 1
-    assert np.mean(losses[-3:]) < losses[0] - 0.05
-    # the checkpoint restores the hybrid config and its parameter tree
-    config, params, _ = restore_model(os.path.join(cfg.output_dir, "checkpoints"))
+    config = family_steps.dpo_steps(data, tmp_path / "dpo", TINY)
     assert config.is_hybrid and config.family == models.Family.QWEN3_5
-    want = models.param_shapes_and_axes(config)
-    shapes = jax.tree.map(lambda x: tuple(x.shape), params)
-    assert shapes == jax.tree.map(lambda s: s[0], want, is_leaf=_is_spec)
