@@ -118,3 +118,25 @@ def tiny_tokenizer():
         "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}"
     )
     return fast
+
+
+def hf_greedy(hf, prompts: list[list[int]], new: int) -> np.ndarray:
+    """transformers' greedy continuation ``[R, new]`` of the token-id ``prompts``, left-padded
+    with id 2 and no stop token (exactly ``new`` tokens a row)."""
+    p = max(len(x) for x in prompts)
+    ids = np.full((len(prompts), p), 2, np.int64)
+    mask = np.zeros((len(prompts), p), np.int64)
+    for r, x in enumerate(prompts):
+        ids[r, p - len(x) :] = x
+        mask[r, p - len(x) :] = 1
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=2,
+        )
+    return out[:, p:].numpy()

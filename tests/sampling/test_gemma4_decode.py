@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from jaxrl_llm import interop
 from jaxrl_llm import models as M
 from jaxrl_llm.sampling import SamplingConfig, generate, generate_paged
+from tests.interop._tiny import hf_greedy
 from tests.interop.test_gemma4 import tiny_gemma4
 
 GREEDY = SamplingConfig(greedy=True, temperature=1.0)
@@ -23,26 +23,6 @@ RNG = np.random.default_rng(0)
 # prompts longer and shorter than the window (5)
 PROMPTS = [RNG.integers(3, 96, size=int(n)).tolist() for n in (19, 4, 11)]
 NEW = 12
-
-
-def _hf_greedy(hf, prompts, new):
-    p = max(len(x) for x in prompts)
-    ids = np.full((len(prompts), p), 2, np.int64)
-    mask = np.zeros((len(prompts), p), np.int64)
-    for r, x in enumerate(prompts):
-        ids[r, p - len(x) :] = x
-        mask[r, p - len(x) :] = 1
-    with torch.no_grad():
-        out = hf.generate(
-            input_ids=torch.tensor(ids),
-            attention_mask=torch.tensor(mask),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=2,
-        )
-    return out[:, p:].numpy()
 
 
 EXTRA = {
@@ -62,7 +42,7 @@ def hf_and_loaded(request):
 def test_greedy_generation_of_both_engines_equals_transformers_generate(hf_and_loaded):
     hf, loaded = hf_and_loaded
     config = dataclasses.replace(loaded.config, eos_token_ids=())
-    ref = _hf_greedy(hf, PROMPTS, NEW)
+    ref = hf_greedy(hf, PROMPTS, NEW)
     assert ref.shape == (3, NEW)
     assert all(len(set(row)) >= 4 for row in ref.tolist())  # not a degenerate repetition
     static = generate(

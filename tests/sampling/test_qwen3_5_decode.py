@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from jaxrl_llm import interop
 from jaxrl_llm import models as M
 from jaxrl_llm.ops import token_logprobs
 from jaxrl_llm.sampling import PagedEngine, SamplingConfig, generate, generate_paged
+from tests.interop._tiny import hf_greedy
 from tests.interop.test_qwen3_5 import tiny_qwen3_5, tiny_qwen3_5_moe
 
 GREEDY = SamplingConfig(greedy=True, temperature=1.0)
@@ -23,26 +23,6 @@ RNG = np.random.default_rng(0)
 # One prompt longer than the delta rule's chunk (64), so prefill runs the chunked form.
 PROMPTS = [RNG.integers(3, 96, size=int(n)).tolist() for n in (70, 9, 23)]
 NEW = 12
-
-
-def _hf_greedy(hf, prompts, new):
-    p = max(len(x) for x in prompts)
-    ids = np.full((len(prompts), p), 2, np.int64)
-    mask = np.zeros((len(prompts), p), np.int64)
-    for r, x in enumerate(prompts):
-        ids[r, p - len(x) :] = x
-        mask[r, p - len(x) :] = 1
-    with torch.no_grad():
-        out = hf.generate(
-            input_ids=torch.tensor(ids),
-            attention_mask=torch.tensor(mask),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=2,
-        )
-    return out[:, p:].numpy()
 
 
 def test_prefill_then_steps_equal_the_whole_forward():
@@ -90,7 +70,7 @@ def test_greedy_generation_equals_transformers_generate(make):
     out = generate(
         loaded.params, config, PROMPTS, sampling=GREEDY, num_samples=1, max_new_tokens=NEW
     )
-    ref = _hf_greedy(hf, PROMPTS, NEW)
+    ref = hf_greedy(hf, PROMPTS, NEW)
     assert ref.shape == (3, NEW)
     assert all(len(set(row)) >= 4 for row in ref.tolist())  # not a degenerate repetition
     np.testing.assert_array_equal(np.asarray(out.tokens), ref)
