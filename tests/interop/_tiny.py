@@ -140,3 +140,29 @@ def hf_greedy(hf, prompts: list[list[int]], new: int) -> np.ndarray:
             pad_token_id=2,
         )
     return out[:, p:].numpy()
+
+
+def left_padded_batch(
+    vocab: int, pad_id: int, *, length: int, pads: tuple[int, ...], seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids ``[R, length]`` from 3 up to ``vocab``, mask): row r left-padded by
+    ``pads[r]`` ``pad_id`` tokens."""
+    rng = np.random.RandomState(seed)
+    toks = rng.randint(3, vocab, (len(pads), length))
+    mask = np.ones(toks.shape, bool)
+    for r, p in enumerate(pads):
+        mask[r, :p] = False
+    toks[~mask] = pad_id
+    return toks, mask
+
+
+def forward_logits(params, config, toks: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """jaxrl_llm's float32 logits ``[R, T, V]`` of a left-padded batch."""
+    import jax.numpy as jnp
+
+    from jaxrl_llm import models
+
+    logits, _ = models.forward(
+        params, jnp.asarray(toks), config=config, attention_mask=jnp.asarray(mask)
+    )
+    return np.asarray(logits)

@@ -16,7 +16,7 @@ from jaxrl_llm import interop
 from jaxrl_llm import models as M
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.models import Family, LayerType
-from tests.interop._tiny import torch_logits
+from tests.interop._tiny import forward_logits, left_padded_batch, torch_logits
 
 S, F = "sliding_attention", "full_attention"
 SIZES = dict(
@@ -80,20 +80,9 @@ def tiny_gemma4(variant: str = "k_eq_v", seed: int = 0, **overrides):
 
 
 def padded_batch(length=40, pads=(0, 5, 17), seed=0):
-    rng = np.random.RandomState(seed)
-    toks = rng.randint(3, SIZES["vocab_size"], (len(pads), length))
-    mask = np.ones(toks.shape, bool)
-    for r, p in enumerate(pads):
-        mask[r, :p] = False
-    toks[~mask] = SIZES["pad_token_id"]
-    return toks, mask
-
-
-def _ours(params, config, toks, mask):
-    logits, _ = M.forward(
-        params, jnp.asarray(toks), config=config, attention_mask=jnp.asarray(mask)
+    return left_padded_batch(
+        SIZES["vocab_size"], SIZES["pad_token_id"], length=length, pads=pads, seed=seed
     )
-    return np.asarray(logits)
 
 
 def _hf_size(hf) -> int:
@@ -132,7 +121,7 @@ def test_logits_match_transformers_on_a_left_padded_batch(hf_and_loaded):
     assert mask.sum(1).min() > 4 * loaded.config.sliding_window
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf, toks, mask, positions)
-    got = _ours(loaded.params, loaded.config, toks, mask)
+    got = forward_logits(loaded.params, loaded.config, toks, mask)
     assert np.abs(ref[mask]).max() > 0.5
     np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
 
@@ -140,8 +129,8 @@ def test_logits_match_transformers_on_a_left_padded_batch(hf_and_loaded):
 def test_padding_does_not_change_a_row(hf_and_loaded):
     _, _, loaded = hf_and_loaded
     toks, mask = padded_batch()
-    alone = _ours(loaded.params, loaded.config, toks[2:, 17:], mask[2:, 17:])
-    got = _ours(loaded.params, loaded.config, toks, mask)
+    alone = forward_logits(loaded.params, loaded.config, toks[2:, 17:], mask[2:, 17:])
+    got = forward_logits(loaded.params, loaded.config, toks, mask)
     np.testing.assert_allclose(got[2, 17:], alone[0], atol=1e-4, rtol=0)
 
 
@@ -153,9 +142,9 @@ def test_each_gemma4_feature_changes_the_logits(field, plain):
     """Dropping a feature changes the logits, so the parity above really checks it."""
     loaded = interop.from_hf_model(tiny_gemma4("k_eq_v", seed=3))
     toks, mask = padded_batch(length=24)
-    got = _ours(loaded.params, loaded.config, toks, mask)
+    got = forward_logits(loaded.params, loaded.config, toks, mask)
     without = dataclasses.replace(loaded.config, **{field: plain})
-    assert np.abs(_ours(loaded.params, without, toks, mask) - got)[mask].max() > 1e-2
+    assert np.abs(forward_logits(loaded.params, without, toks, mask) - got)[mask].max() > 1e-2
 
 
 def test_export_round_trip_gives_transformers_the_same_logits(hf_and_loaded, tmp_path):
@@ -167,7 +156,7 @@ def test_export_round_trip_gives_transformers_the_same_logits(hf_and_loaded, tmp
     toks, mask = padded_batch(length=30, seed=1)
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf.float().eval(), toks, mask, positions)
-    got = _ours(loaded.params, loaded.config, toks, mask)
+    got = forward_logits(loaded.params, loaded.config, toks, mask)
     np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
     again = interop.params_from_hf_state_dict(hf.state_dict(), loaded.config)
     assert jax.tree.structure(again) == jax.tree.structure(loaded.params)
@@ -211,12 +200,12 @@ def test_per_layer_inputs_match_transformers_and_export(tmp_path):
     toks = np.where(mask, toks % 89, toks)
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf, toks, mask, positions)
-    got = _ours(loaded.params, c, toks, mask)
+    got = forward_logits(loaded.params, c, toks, mask)
     np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
     without = dataclasses.replace(c, per_layer_input_size=0, per_layer_vocab_size=None)
     bare = {k: v for k, v in loaded.params.items() if "per_layer" not in k}
     bare["layers"] = {k: v for k, v in bare["layers"].items() if "per_layer" not in k}
-    assert np.abs(_ours(bare, without, toks, mask) - got)[mask].max() > 1e-2
+    assert np.abs(forward_logits(bare, without, toks, mask) - got)[mask].max() > 1e-2
     interop.export_hf(tmp_path, config=c, params=loaded.params)
     back, info = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, output_loading_info=True
@@ -239,7 +228,9 @@ def test_moe_beside_the_mlp_matches_transformers_and_exports(tmp_path):
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf, toks, mask, positions)
     for dispatch in ("sorted", "dense"):
-        got = _ours(loaded.params, dataclasses.replace(c, moe_dispatch=dispatch), toks, mask)
+        got = forward_logits(
+            loaded.params, dataclasses.replace(c, moe_dispatch=dispatch), toks, mask
+        )
         np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
     interop.export_hf(tmp_path, config=c, params=loaded.params)
     back, info = transformers.AutoModelForCausalLM.from_pretrained(

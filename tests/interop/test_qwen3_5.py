@@ -14,7 +14,7 @@ import transformers
 from jaxrl_llm import interop
 from jaxrl_llm import models as M
 from jaxrl_llm.models import Family, LayerType
-from tests.interop._tiny import torch_logits
+from tests.interop._tiny import forward_logits, left_padded_batch, torch_logits
 
 SIZES = dict(
     vocab_size=97,
@@ -64,20 +64,9 @@ def _redraw(model, seed):
 
 
 def padded_batch(length=75, pads=(0, 5, 30), seed=0):
-    rng = np.random.RandomState(seed)
-    toks = rng.randint(3, SIZES["vocab_size"], (len(pads), length))
-    mask = np.ones(toks.shape, bool)
-    for r, p in enumerate(pads):
-        mask[r, :p] = False
-    toks[~mask] = SIZES["pad_token_id"]
-    return toks, mask
-
-
-def _ours(params, config, toks, mask):
-    logits, _ = M.forward(
-        params, jnp.asarray(toks), config=config, attention_mask=jnp.asarray(mask)
+    return left_padded_batch(
+        SIZES["vocab_size"], SIZES["pad_token_id"], length=length, pads=pads, seed=seed
     )
-    return np.asarray(logits)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +93,7 @@ def test_logits_match_transformers_on_a_left_padded_batch(hf_and_loaded):
     assert toks.shape[1] > loaded.config.delta_chunk_size
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf, toks, mask, positions)
-    got = _ours(loaded.params, loaded.config, toks, mask)
+    got = forward_logits(loaded.params, loaded.config, toks, mask)
     assert np.abs(ref[mask]).max() > 0.5
     np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
 
@@ -114,10 +103,10 @@ def test_padding_does_not_change_a_row(hf_and_loaded):
     chunk sizes of the delta rule."""
     _, loaded = hf_and_loaded
     toks, mask = padded_batch()
-    alone = _ours(loaded.params, loaded.config, toks[2:, 30:], mask[2:, 30:])
+    alone = forward_logits(loaded.params, loaded.config, toks[2:, 30:], mask[2:, 30:])
     for chunk in (64, 16, 7):
         config = dataclasses.replace(loaded.config, delta_chunk_size=chunk)
-        got = _ours(loaded.params, config, toks, mask)
+        got = forward_logits(loaded.params, config, toks, mask)
         np.testing.assert_allclose(got[2, 30:], alone[0], atol=1e-4, rtol=0)
 
 
@@ -130,7 +119,7 @@ def test_export_round_trip_gives_transformers_the_same_logits(hf_and_loaded, tmp
     toks, mask = padded_batch(length=40, seed=1)
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf.float().eval(), toks, mask, positions)
-    got = _ours(loaded.params, loaded.config, toks, mask)
+    got = forward_logits(loaded.params, loaded.config, toks, mask)
     np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
     again = interop.params_from_hf_state_dict(hf.state_dict(), loaded.config)
     assert jax.tree.structure(again) == jax.tree.structure(loaded.params)
@@ -168,7 +157,7 @@ def test_moe_logits_and_export_match_transformers(tmp_path):
     toks, mask = padded_batch()
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf, toks, mask, positions)
-    got = _ours(loaded.params, c, toks, mask)
+    got = forward_logits(loaded.params, c, toks, mask)
     assert np.abs(ref[mask]).max() > 0.5
     np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
     # without the shared expert the logits differ: the parity above checks it
@@ -176,7 +165,7 @@ def test_moe_logits_and_export_match_transformers(tmp_path):
     no_shared["layers"]["shared_expert_gate"] = {
         "kernel": jnp.full_like(loaded.params["layers"]["shared_expert_gate"]["kernel"], -1e4)
     }
-    assert np.abs(_ours(no_shared, c, toks, mask) - got)[mask].max() > 1e-2
+    assert np.abs(forward_logits(no_shared, c, toks, mask) - got)[mask].max() > 1e-2
 
     interop.export_hf(tmp_path, config=c, params=loaded.params)
     back, info = transformers.AutoModelForCausalLM.from_pretrained(
@@ -205,7 +194,7 @@ def test_an_irregular_layer_pattern_matches_transformers():
     toks, mask = padded_batch(length=40, seed=2)
     positions = np.asarray(M.default_positions(jnp.asarray(mask)))
     ref = torch_logits(hf, toks, mask, positions)
-    got = _ours(loaded.params, loaded.config, toks, mask)
+    got = forward_logits(loaded.params, loaded.config, toks, mask)
     np.testing.assert_allclose(got[mask], ref[mask], atol=1e-4, rtol=0)
 
 
