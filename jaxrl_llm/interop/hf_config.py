@@ -234,28 +234,11 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
             original_max_position_embeddings=c.rope_original_max_position,
         )
     kw: dict[str, Any] = dict(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
+        **_shared_hf_fields(c),
         intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps,
         hidden_act="silu",
-        tie_word_embeddings=c.tie_embeddings,
         rope_theta=c.rope_theta,
         rope_scaling=None if c.rope_scaling == RopeScaling.NONE else rope,
-        bos_token_id=c.bos_token_id,
-        pad_token_id=c.pad_token_id,
-        eos_token_id=(
-            None
-            if not c.eos_token_ids
-            else c.eos_token_ids[0]
-            if len(c.eos_token_ids) == 1
-            else list(c.eos_token_ids)
-        ),
     )
     if c.family in moe.MOE_FAMILIES:
         try:
@@ -286,6 +269,27 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     return _config_json(cls(**kw), c, seqcls if c.num_labels else causal, dtype)
 
 
+def _shared_hf_fields(c: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` keys every family's transformers config takes alike: sizes, norm
+    epsilon, tied embeddings and the special token ids (one eos id as an int, several as a
+    list)."""
+    eos = list(c.eos_token_ids)
+    return dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=c.tie_embeddings,
+        bos_token_id=c.bos_token_id,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
+    )
+
+
 def _config_json(hf: Any, config: ModelConfig, architecture: str, dtype: str | None):
     """The ``config.json`` dict of a transformers config object built for ``config``: its
     ``to_dict()`` without quantization or a source path, with the architecture, model type and
@@ -313,22 +317,10 @@ def _gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
         gemma_kw = _gemma_hf_config_kwargs(c)
     except ValueError as e:
         raise ModelLoadError(f"export: {e}") from None
-    eos = list(c.eos_token_ids)
     hf = cls(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
+        **_shared_hf_fields(c),
         intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=c.tie_embeddings,
         attention_bias=c.attention_bias,
-        bos_token_id=c.bos_token_id,
-        pad_token_id=c.pad_token_id,
-        eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
         **gemma_kw,
     )
     return _config_json(hf, c, _architectures(c.family)[0], dtype)
@@ -349,7 +341,6 @@ def _qwen3_5_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[s
             f"export: transformers' Qwen3.5 has fixed {bad or ['attention_bias', 'rope_scaling']}; "
             f"this config differs"
         )
-    eos = list(c.eos_token_ids)
     if c.family == Family.QWEN3_5_MOE:
         if not c.norm_topk_prob or not c.shared_expert_size:
             raise ModelLoadError(
@@ -367,17 +358,9 @@ def _qwen3_5_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[s
     else:
         cls, sizes = transformers.Qwen3_5TextConfig, dict(intermediate_size=c.intermediate_size)
     hf = cls(
+        **_shared_hf_fields(c),
         **sizes,
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
         hidden_act="silu",
-        max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=c.tie_embeddings,
         rope_parameters={
             "rope_type": "default",
             "rope_theta": c.rope_theta,
@@ -389,9 +372,6 @@ def _qwen3_5_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[s
         linear_num_key_heads=c.linear_num_key_heads,
         linear_num_value_heads=c.linear_num_value_heads,
         layer_types=[t.value for t in c.layer_types],
-        bos_token_id=c.bos_token_id,
-        pad_token_id=c.pad_token_id,
-        eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
     )
     return _config_json(hf, c, _architectures(c.family)[0], dtype)
 
@@ -639,22 +619,13 @@ def _gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[st
     if c.rope_scaling == RopeScaling.LINEAR:
         glob["factor"] = c.rope_factor
     local = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
-    eos = list(c.eos_token_ids)
     fields: dict[str, Any] = dict(  # as a dict: transformers' typed __init__ lists fewer keys
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
+        **_shared_hf_fields(c),
         intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
         global_head_dim=e_glob,
         num_global_key_value_heads=k_glob if c.global_k_eq_v else None,
         attention_k_eq_v=c.global_k_eq_v,
         hidden_activation=c.mlp_activation.value,
-        max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=c.tie_embeddings,
         attention_bias=c.attention_bias,
         sliding_window=c.sliding_window,
         layer_types=[t.value for t in c.layer_types],
@@ -668,9 +639,6 @@ def _gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[st
         num_kv_shared_layers=0,
         enable_moe_block=c.is_moe,
         **moe,
-        bos_token_id=c.bos_token_id,
-        pad_token_id=c.pad_token_id,
-        eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
     )
     hf = transformers.Gemma4TextConfig(**fields)
     return _config_json(hf, c, _architectures(c.family)[0], dtype)
