@@ -19,7 +19,8 @@ a mixture of experts' expert weights are further split over the ``expert`` axis)
   per-layer casts out of the scan over layers, so the whole sharded copy exists at once);
 * training activations kept for the backward pass, without or with rematerialisation (per
   layer, per token: the layer input only for ``full``; the matmul outputs for ``dots``);
-* under fsdp, the unembedding gathered whole in the compute dtype for the log-prob ops;
+* under fsdp, the unembedding gathered whole in the compute dtype for the log-prob ops, and
+  its gradient, whole until the all-reduce over fsdp sums it;
 * logits: the ``[B, T, V]`` float32 tensor and its softmax/gradient when materialised, or one
   ``[B, chunk, V]`` slice with the chunked log-prob ops (the default here);
 * the rollout KV cache for online algorithms (prompts × G rows × (prompt + completion) slots).
@@ -431,7 +432,10 @@ def _update_rows(
     sum of accumulation (``accumulated_bytes`` per device, 0 without), logits, and with the
     weights split over fsdp (``gathered``) the whole unembedding in the compute dtype, which
     XLA all-gathers once for the log-prob chunks (``bf16[4096,128256]``, 1002 MiB, in the
-    8B steps compiled for v5p on fsdp=4)."""
+    8B steps compiled for v5p on fsdp=4), and its gradient, also whole: XLA all-reduces
+    ``bf16[8192,128256]`` over fsdp three times in the 70B GRPO step on v5p:4x4x4, whose
+    buffer report holds two dedicated 1.96 GiB slots of it beside a third it shares (in the
+    8B steps gradient and weight shared one slot: counting both is the safe side)."""
     name, b = role.value, _BYTES[dtype]
     act = activation_bytes(config, tokens, seq_len, remat=remat, dtype_bytes=b, tensor=tensor)
     rows = [_row(name, f"activations (remat={remat})", act, True)]
@@ -444,6 +448,8 @@ def _update_rows(
         if gathered:  # the log-prob ops take the unembedding whole, all-gathered over fsdp
             unembed = vocab * config.hidden_size * b
             rows.append(_row(name, f"unembedding gathered ({dtype})", unembed, True))
+            # ... and its gradient is formed whole before the all-reduce over fsdp sums it
+            rows.append(_row(name, f"unembedding gradient, whole ({dtype})", unembed, True))
         width = seq_len if logits == "full" else min(logits_chunk, seq_len)
         # float32 logits and their gradient (softmax fused into them by XLA)
         rows.append(_row(name, f"logits ({logits})", 2 * train_rows * width * vocab * 4, True))
