@@ -485,11 +485,6 @@ def _gemma4_refusals(d: Mapping[str, Any]) -> None:
         raise ValueError(f"unsupported Gemma 4 hidden_activation {act!r}")
     if d.get("use_bidirectional_attention") == "all":
         raise ValueError("Gemma 4 use_bidirectional_attention='all' (non-causal) is not supported")
-    shared = int(d.get("num_kv_shared_layers") or 0)
-    if shared:
-        raise ValueError(
-            f"Gemma 4 KV sharing across layers (num_kv_shared_layers={shared}) is not supported"
-        )
 
 
 def _gemma4_global_heads(d: Mapping[str, Any], types: tuple[LayerType, ...]) -> tuple[int, int]:
@@ -521,7 +516,9 @@ def _gemma4_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     """The Gemma 4 ModelConfig fields of a transformers ``Gemma4TextConfig`` dict (``to_dict()``
     or ``config.json``): layer types (the last forced full, as transformers does), the window,
     the full-attention layers' head dim, KV heads and ``attention_k_eq_v``, both RoPEs (the
-    full-attention one "proportional" or "default"), the final soft cap.
+    full-attention one "proportional" or "default"), the final soft cap, KV sharing
+    (``num_kv_shared_layers``) and the double-wide MLP of the shared layers (stored as
+    ``intermediate_size`` = 2F, :class:`~jaxrl_llm.models.ModelConfig`).
 
     Raises ValueError for what we do not implement (:func:`_gemma4_refusals`).
     """
@@ -563,7 +560,12 @@ def _gemma4_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
             norm_topk_prob=True,
             router_aux_loss_coef=0.0,
         )
+    shared = int(d.get("num_kv_shared_layers") or 0)
+    wide = bool(d.get("use_double_wide_mlp")) and shared > 0
     out.update(
+        kv_shared_layers=shared,
+        double_wide_mlp=wide,
+        intermediate_size=int(d["intermediate_size"]) * (2 if wide else 1),
         layer_types=types,
         sliding_window=d.get("sliding_window"),
         final_logit_softcap=d.get("final_logit_softcapping"),
@@ -582,8 +584,8 @@ def _gemma4_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
 
 def _gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
     """:func:`hf_config_dict` for Gemma 4 text (``Gemma4ForCausalLM``), with its MoE block
-    beside the MLP when ``moe_beside_mlp`` and its per-layer inputs when
-    ``per_layer_input_size``; no KV sharing (we do not implement it)."""
+    beside the MLP when ``moe_beside_mlp``, its per-layer inputs when
+    ``per_layer_input_size`` and its KV sharing when ``kv_shared_layers``."""
     import transformers
 
     c = config
@@ -621,7 +623,7 @@ def _gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[st
     local = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
     fields: dict[str, Any] = dict(  # as a dict: transformers' typed __init__ lists fewer keys
         **_shared_hf_fields(c),
-        intermediate_size=c.intermediate_size,
+        intermediate_size=c.intermediate_size // 2 if c.double_wide_mlp else c.intermediate_size,
         global_head_dim=e_glob,
         num_global_key_value_heads=k_glob if c.global_k_eq_v else None,
         attention_k_eq_v=c.global_k_eq_v,
@@ -636,7 +638,8 @@ def _gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[st
         },
         hidden_size_per_layer_input=c.per_layer_input_size,
         vocab_size_per_layer_input=c.per_layer_vocab,
-        num_kv_shared_layers=0,
+        num_kv_shared_layers=c.kv_shared_layers,
+        use_double_wide_mlp=c.double_wide_mlp,
         enable_moe_block=c.is_moe,
         **moe,
     )

@@ -279,8 +279,11 @@ def _module_layers(config: ModelConfig, module: str) -> list[int]:
 
 
 def _absent(config: ModelConfig, module: str, layer: int) -> bool:
-    """True when transformers has no such tensor in this layer: a Gemma 4 full-attention layer's
-    ``v_proj`` with ``attention_k_eq_v`` (its values are its keys; ours stays zero)."""
+    """True when transformers has no such tensor in this layer (ours stays zero): a Gemma 4
+    full-attention layer's ``v_proj`` with ``attention_k_eq_v`` (its values are its keys); a
+    KV-shared layer's ``k_proj``, ``v_proj`` and ``k_norm`` (``num_kv_shared_layers``)."""
+    if module in ("k_proj", "v_proj", "k_norm") and config.kv_shared(layer):
+        return True
     return (
         module == "v_proj"
         and config.global_k_eq_v
@@ -291,7 +294,7 @@ def _absent(config: ModelConfig, module: str, layer: int) -> bool:
 def _hf_layer_shape(config: ModelConfig, module: str, leaf: str, layer: int) -> tuple[int, ...]:
     """Shape of layer ``layer``'s tensor in transformers' layout."""
     c = config
-    (k, e), d, f, h = c.layer_heads(layer), c.hidden_size, c.intermediate_size, c.num_heads
+    (k, e), d, f, h = c.layer_heads(layer), c.hidden_size, c.mlp_width(layer), c.num_heads
     hv, dv, ch = c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_channels
     q_rows = 2 * h * e if c.attn_output_gate else h * e
     return {
@@ -345,9 +348,19 @@ def _layer_to_ours(
     return _pad_layer(_unstack_to_ours(w, module, leaf, config, layer), module, leaf, config)
 
 
+#: The axis of each dense MLP kernel (ours, one layer) that holds its F units.
+_MLP_UNITS_AXIS = {"gate_proj": 1, "up_proj": 1, "down_proj": 0}
+
+
 def _pad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
-    """One layer's attention tensor (ours, at the layer's own size) padded to the stored
-    heads (:mod:`jaxrl_llm.models.gemma4`); other tensors unchanged."""
+    """One layer's tensor (ours, at the layer's own size) padded with zeros to the stored
+    size: attention heads to the stored heads (:mod:`jaxrl_llm.models.gemma4`), MLP units to
+    ``intermediate_size`` (``double_wide_mlp``); other tensors unchanged."""
+    units = _MLP_UNITS_AXIS.get(module)
+    if units is not None and config.double_wide_mlp:
+        pad = [(0, 0)] * w.ndim
+        pad[units] = (0, config.intermediate_size - w.shape[units])
+        return np.pad(w, pad)
     axes = head_axes(module, leaf)
     if not config.has_padded_heads or axes is None:
         return w
@@ -356,6 +369,9 @@ def _pad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np
 
 def _unpad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig, layer: int):
     """Inverse of :func:`_pad_layer` for layer ``layer``."""
+    units = _MLP_UNITS_AXIS.get(module)
+    if units is not None and config.double_wide_mlp:
+        return np.take(w, np.arange(config.mlp_width(layer)), axis=units)
     axes = head_axes(module, leaf)
     if not config.has_padded_heads or axes is None:
         return w

@@ -141,6 +141,13 @@ class ModelConfig:
         (Gemma 4's per-layer embeddings, ``hidden_size_per_layer_input``); 0 = none.
       per_layer_vocab_size: rows of that embedding (``vocab_size_per_layer_input``); None =
         ``vocab_size``.
+      kv_shared_layers: the last n layers compute no keys/values of their own: each attends
+        over those of the last earlier layer of its type (Gemma 4's ``num_kv_shared_layers``,
+        the E2B / E4B models; :class:`~jaxrl_llm.models.kv_stores.KVShared`). Their k/v
+        weights are kept at zero; 0 = none.
+      double_wide_mlp: the KV-shared layers' MLP is twice as wide as the others' (Gemma 4's
+        ``use_double_wide_mlp``). ``intermediate_size`` is then the wide (stored) width; the
+        other layers use its first half and keep the second half at zero.
       num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
       param_dtype, compute_dtype: 'float32' or 'bfloat16'.
       attention: :class:`AttentionImpl` (default 'auto'); how attention is computed, not what:
@@ -203,6 +210,8 @@ class ModelConfig:
     layer_scalars: bool = False
     per_layer_input_size: int = 0
     per_layer_vocab_size: int | None = None
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
     num_labels: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
@@ -344,6 +353,40 @@ class ModelConfig:
             raise ValueError(
                 f"global_rope_proportion must be in (0, 1], got {self.global_rope_proportion}"
             )
+        self._check_kv_sharing()
+
+    def _check_kv_sharing(self) -> None:
+        n = self.kv_shared_layers
+        if self.double_wide_mlp and (not n or self.intermediate_size % 2):
+            raise ValueError(
+                "double_wide_mlp needs kv_shared_layers > 0 and an even intermediate_size "
+                f"(the wide width), got {n} and {self.intermediate_size}"
+            )
+        if not n:
+            return
+        if not 0 < n < self.num_layers or not self.layer_types or self.is_hybrid:
+            raise ValueError(
+                f"kv_shared_layers={n} needs 0 < n < num_layers={self.num_layers} and attention "
+                "layer_types (not a hybrid stack)"
+            )
+        first = self.num_layers - n
+        missing = set(self.layer_types[first:]) - set(self.layer_types[:first])
+        if missing:
+            raise ValueError(
+                f"kv_shared_layers={n}: no earlier layer of type "
+                f"{sorted(t.value for t in missing)} to share keys/values with"
+            )
+
+    def kv_shared(self, layer: int) -> bool:
+        """Layer ``layer`` reuses an earlier layer's keys/values (``kv_shared_layers``)."""
+        return layer >= self.num_layers - self.kv_shared_layers
+
+    def mlp_width(self, layer: int) -> int:
+        """The MLP width layer ``layer`` uses: ``intermediate_size``, or its first half for a
+        layer that is not KV-shared when ``double_wide_mlp``."""
+        if self.double_wide_mlp and not self.kv_shared(layer):
+            return self.intermediate_size // 2
+        return self.intermediate_size
 
     def layer_heads(self, layer: int) -> tuple[int, int]:
         """(KV heads, head dim) of layer ``layer`` (the GLOBAL layers' own with
@@ -447,11 +490,13 @@ class ModelConfig:
     def num_params(self, *, active: bool = False, stored: bool = False) -> int:
         """Parameter count (embedding counted once when tied). ``active=True`` counts, for a
         mixture of experts, only the k experts a token runs (and the router): the weights
-        one token's forward touches. ``stored=True`` counts attention weights as stored,
-        heads padded to the largest layer's (:attr:`has_padded_heads`, Gemma 4): what memory
-        holds, not what the model uses."""
+        one token's forward touches. ``stored=True`` counts weights as stored: heads padded
+        to the largest layer's (:attr:`has_padded_heads`, Gemma 4), KV-shared layers' unused
+        k/v weights, every MLP at the wide width (``double_wide_mlp``): what memory holds,
+        not what the model uses."""
         d, f = self.hidden_size, self.intermediate_size
-        mlp = 0 if self.is_moe and not self.moe_beside_mlp else 3 * d * f
+        dense = not self.is_moe or self.moe_beside_mlp
+        mlp = 3 * d * f if dense and (stored or not self.double_wide_mlp) else 0
         if self.is_moe:
             experts = self.num_experts_per_tok if active else self.num_experts
             mlp += experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
@@ -481,6 +526,7 @@ class ModelConfig:
             self.vocab_size * d
             + self.num_layers * per_layer
             + sum(self._attention_params(i, stored) for i in range(self.num_layers))
+            + sum(3 * d * self.mlp_width(i) for i in range(self.num_layers) if dense and not mlp)
             + self.num_linear_layers * linear
             + d
         )
@@ -499,15 +545,18 @@ class ModelConfig:
         d, h = self.hidden_size, self.num_heads
         k, e = self.layer_heads(layer)
         kv = 1 if self.global_k_eq_v and self.layer_types[layer] == LayerType.GLOBAL else 2
+        norms = 2
+        if self.kv_shared(layer):
+            kv, norms = 0, 1
         if stored:
-            k, e, kv = self.store_kv_heads, self.store_head_dim, 2
+            k, e, kv, norms = self.store_kv_heads, self.store_head_dim, 2, 2
         n = d * h * e + kv * d * k * e + h * e * d
         if self.attn_output_gate:
             n += d * h * e
         if self.attention_bias:
             n += h * e + kv * k * e
         if self.qk_norm:
-            n += 2 * e
+            n += norms * e
         return n
 
     # ----- presets -------------------------------------------------------------------------

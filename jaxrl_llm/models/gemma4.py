@@ -32,11 +32,17 @@ we do with each:
    token, gated into the residual stream after the MLP (``x + norm(down(act(x W_g) ⊙ p_l))``).
    Done (``per_layer_input_size``, ``per_layer_vocab_size``;
    :func:`jaxrl_llm.models.layer.per_layer_inputs`, ``TokenInfo.per_layer``).
-9. KV sharing (``num_kv_shared_layers`` > 0; E2B / E4B): the last n layers reuse the keys and
-   values of the last earlier layer of their type and have no k/v projections. Not done:
-   import refuses it.
-10. ``use_double_wide_mlp``: the KV-shared layers' MLP is 2·F wide. Only meaningful with 9;
-    refused with it.
+9. KV sharing (``num_kv_shared_layers`` = n > 0; E2B / E4B): the last n layers have no k/v
+   projections or k norm and attend over the keys and values of the last earlier layer of
+   their type (transformers' ``kv_sharing_modes``: "store" on that layer, "reuse" on the
+   shared ones; in a decode step the source layer's cache). Done (``kv_shared_layers``;
+   :class:`jaxrl_llm.models.kv_stores.KVShared` around every store: the shared layers' cache
+   slots hold copies of their source's keys, so caches keep one slot per layer as without
+   sharing; their k/v weights are stored as zeros). transformers' shortcut that runs the
+   shared layers on the last position only during prefill is an optimisation, not taken.
+10. ``use_double_wide_mlp``: the KV-shared layers' MLP is 2·F wide. Done
+    (``double_wide_mlp``: ``intermediate_size`` is stored as 2·F and the other layers' second
+    half is zero; they compute it, 2× their MLP FLOPs).
 11. A mixture-of-experts block beside the dense MLP (``enable_moe_block``; the 26B-A4B model):
     a router on the un-normed residual (scale-free RMSNorm, times a learned ``[D]`` scale and
     D^-1/2, softmax, top-k renormalised, times a per-expert scale), GeGLU experts with a fused

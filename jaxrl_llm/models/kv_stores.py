@@ -15,6 +15,10 @@ new keys/values; an updated store comes back as a new value.
 
 The paged engine's store is :class:`jaxrl_llm.models.paged_store.Pages`.
 
+:class:`KVShared` wraps any of them for a stack whose last layers reuse an earlier layer's
+keys/values (Gemma 4's KV sharing): every store then writes and reads its own layer's keys as
+before, a KV-shared layer's being copies of its source layer's.
+
 Shapes: B rows, T new tokens, S cache slots, L layers, H query heads, K key/value heads,
 E head dim.
 """
@@ -30,6 +34,7 @@ import jax.numpy as jnp
 from jaxrl_llm.models.attention_mask import AttentionMask
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.layer import KVStore, attend
+from jaxrl_llm.models.positions import layer_kv_sharing
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["mask"], meta_fields=[])
@@ -134,3 +139,56 @@ class SharedPrompt(KVStore):
         k_all = jnp.concatenate([jnp.repeat(self.k, g, axis=0), k_btke], axis=1)
         v_all = jnp.concatenate([jnp.repeat(self.v, g, axis=0), v_btke], axis=1)
         return attend(config, q_btne, k_all, v_all, self.mask, layer), self
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["inner", "k", "v"], meta_fields=[]
+)
+@dataclasses.dataclass(frozen=True)
+class KVShared(KVStore):
+    """KV sharing across layers (``config.kv_shared_layers``; Gemma 4's E2B / E4B, transformers'
+    ``Gemma4TextAttention`` with ``is_kv_shared_layer``) around another store.
+
+    It holds the new tokens' keys/values of the last layer of each type. A layer that is not
+    KV-shared passes its own to the inner store and becomes its type's holder; a KV-shared
+    layer passes its type's held keys/values instead of its own (its k/v weights are zero
+    and unused). The inner store writes them at the shared layer's own index, so a cache
+    holds a copy of the source layer's keys for that layer and every store works unchanged:
+    a decode step's shared layer attends over the same keys as its source layer, as
+    transformers' shared layers read the source's cache. Gradients reach the source layer's
+    keys through the copy. Cost: the shared layers' cache slots (the same as without sharing).
+
+    Attributes:
+      inner: the wrapped :class:`KVStore`.
+      k, v: ``[n_types, B, T, K, E]`` the held keys/values of each layer type.
+    """
+
+    inner: KVStore
+    k: jax.Array
+    v: jax.Array
+
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+        """The inner store's attend with a KV-shared layer's keys/values replaced by its
+        type's held ones; returns (``[B, T, H, E]``, the store holding this layer's)."""
+        tables = layer_kv_sharing(config)
+        assert tables is not None, "KVShared needs config.kv_shared_layers"
+        reuse, slot = (jnp.asarray(t)[layer] for t in tables)
+        k = jnp.where(reuse, self.k[slot], k_btke.astype(self.k.dtype))
+        v = jnp.where(reuse, self.v[slot], v_btke.astype(self.v.dtype))
+        out, inner = self.inner.attend(config, q_btne, k, v, layer)
+        return out, KVShared(inner, self.k.at[slot].set(k), self.v.at[slot].set(v))
+
+
+def share_kv(config: ModelConfig, store: KVStore, rows: int, length: int, dtype) -> KVStore:
+    """``store`` wrapped in :class:`KVShared` for ``rows`` × ``length`` new tokens when the
+    config shares keys/values across layers; ``store`` itself otherwise."""
+    if not config.kv_shared_layers:
+        return store
+    n_types = len(set(config.layer_types))
+    shape = (n_types, rows, length, config.store_kv_heads, config.store_head_dim)
+    return KVShared(store, jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def unshare_kv(store: KVStore) -> KVStore:
+    """The store :func:`share_kv` wrapped (``store`` itself when it was not)."""
+    return store.inner if isinstance(store, KVShared) else store

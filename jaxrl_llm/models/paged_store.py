@@ -35,6 +35,7 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models.attention_mask import AttentionMask
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.gated_deltanet import RecurrentState
+from jaxrl_llm.models.kv_stores import share_kv, unshare_kv
 from jaxrl_llm.models.layer import (
     KVStore,
     Params,
@@ -319,10 +320,13 @@ def _paged_trunk(params, tokens, cache, table, start, config, recurrent, valid):
         x, store, stats = decoder_layer(c, lp, x, store, info, layer)
         return (x, store), None if stats is None else stats.experts
 
-    (x, store), experts = scan_layers(c, params["layers"], (x, store), step)
+    shared = share_kv(c, store, tokens.shape[0], tokens.shape[1], x.dtype)
+    (x, shared), experts = scan_layers(c, params["layers"], (x, shared), step)
     x = apply_norm(c, x, params["final_norm"])
     routing = None if experts is None else jnp.moveaxis(experts, 0, 2)
-    return x, PagedKVCache(k=store.k, v=store.v), None, routing
+    pages = unshare_kv(shared)
+    assert isinstance(pages, Pages)
+    return x, PagedKVCache(k=pages.k, v=pages.v), None, routing
 
 
 def write_prompt_pages(

@@ -116,6 +116,19 @@ def layer_values_are_keys(config: ModelConfig) -> np.ndarray | None:
     return np.asarray([t == LayerType.GLOBAL for t in config.layer_types])
 
 
+def layer_kv_sharing(config: ModelConfig) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-layer tables of a stack whose last layers share keys/values
+    (``config.kv_shared_layers``, Gemma 4): (``[L]`` bool the layer reuses the keys/values of
+    the last earlier layer of its type; ``[L]`` int32 its type's slot among the stack's types,
+    in order of first appearance). None without KV sharing."""
+    if not config.kv_shared_layers:
+        return None
+    kinds = list(dict.fromkeys(config.layer_types))
+    reuse = np.asarray([config.kv_shared(i) for i in range(config.num_layers)])
+    slot = np.asarray([kinds.index(t) for t in config.layer_types], np.int32)
+    return reuse, slot
+
+
 def check_layer_index(config: ModelConfig, layer) -> None:
     """ValueError when the config has per-layer types (``config.layer_types``) and no layer
     index was given: the window and RoPE tables are looked up by that index."""

@@ -59,7 +59,15 @@ from jaxrl_llm.models.gated_deltanet import (
     SharedPromptState,
     init_recurrent_state,
 )
-from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
+from jaxrl_llm.models.kv_stores import (
+    DenseCache,
+    GroupPrompt,
+    KVShared,
+    NoCache,
+    SharedPrompt,
+    share_kv,
+    unshare_kv,
+)
 from jaxrl_llm.models.layer import (
     BTD,
     TokenInfo,
@@ -289,7 +297,7 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
     in ``config.param_dtype``. Gated DeltaNet layers: the gated norm's plain weight at 1,
     ``dt_bias`` at 1 and ``A = exp(a_log)`` drawn uniformly from [1, 16] (Mamba-2's range,
     Dao & Gu 2024, https://arxiv.org/abs/2405.21060). Gemma 4: layer scalars at 1, and the
-    padding of smaller heads (``config.has_padded_heads``) at 0.
+    stored weights a layer does not use (:func:`padding_masks`) at 0.
 
     Jittable and usable under ``jax.eval_shape`` for abstract (sharded) creation.
     """
@@ -316,9 +324,10 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
         else:
             out.append((0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
     params = jax.tree.unflatten(treedef, out)
-    if config.has_padded_heads:
+    masks = padding_masks(config)
+    if masks:
         layers = dict(params["layers"])
-        for name, mask in head_padding_masks(config).items():
+        for name, mask in masks.items():
             layers[name] = jax.tree.map(
                 lambda w, m: w * jnp.asarray(m, w.dtype), layers[name], mask
             )
@@ -347,35 +356,52 @@ def head_axes(module: str, leaf: str) -> tuple[int | None, int] | None:
     return table.get(module)
 
 
-def head_padding_masks(config: ModelConfig) -> dict[str, Any]:
-    """For a stack whose heads are stored padded (``config.has_padded_heads``, Gemma 4): the
-    attention sub-trees of ``params["layers"]`` as 0/1 numpy masks that broadcast to their
-    stacked shapes (size 1 on every axis but the layers, KV heads and head dim, so a real
-    model's masks stay small), 1 where a layer's own head dims and KV heads sit
-    (:func:`jaxrl_llm.models.gemma4.pad_heads`; a GLOBAL layer's ``v_proj`` with
-    ``global_k_eq_v`` is all 0: unused)."""
-    specs = param_shapes_and_axes(config)["layers"]
-    k_store, e_store = config.store_kv_heads, config.store_head_dim
+def padding_masks(config: ModelConfig) -> dict[str, Any]:
+    """The stored weights of ``params["layers"]`` a layer does not use, as 0/1 numpy masks
+    that broadcast to their stacked shapes (size 1 on every axis but the layers and the
+    padded ones, so a real model's masks stay small); 1 where the layer's own weights sit,
+    and {} when every layer uses all of them. Zero there stays zero under training: the
+    gradient is zero. Gemma 4 (:mod:`jaxrl_llm.models.gemma4`):
+
+    - heads stored padded (``config.has_padded_heads``): each layer's own head dims and KV
+      heads (:func:`jaxrl_llm.models.gemma4.pad_heads`); a GLOBAL layer's ``v_proj`` with
+      ``global_k_eq_v`` is all 0;
+    - KV-shared layers (``config.kv_shared_layers``): ``k_proj``, ``v_proj``, ``k_norm`` all 0;
+    - ``double_wide_mlp``: a layer's MLP units past its own width (:meth:`ModelConfig.mlp_width`).
+    """
+    c = config
+    specs = param_shapes_and_axes(c)["layers"]
     out: dict[str, Any] = {}
-    for name in _HEAD_AXES:
-        if name not in specs:
-            continue
-        out[name] = {}
-        for leaf, (shape, _) in specs[name].items():
-            axes = head_axes(name, leaf)
-            assert axes is not None
-            per_layer = []
-            for i in range(config.num_layers):
-                k, e = config.layer_heads(i)
-                true_shape = [1] * (len(shape) - 1)
-                true_shape[axes[1]] = e
-                if axes[0] is not None:
-                    true_shape[axes[0]] = k
-                m = gemma4.pad_heads(np.ones(true_shape, np.float32), *axes, k_store, e_store)
-                if name == "v_proj" and config.global_k_eq_v:
-                    m = m * (config.layer_types[i] != LayerType.GLOBAL)
-                per_layer.append(m)
-            out[name][leaf] = np.stack(per_layer)
+    if c.has_padded_heads or c.global_k_eq_v or c.kv_shared_layers:
+        k_store, e_store = c.store_kv_heads, c.store_head_dim
+        for name in _HEAD_AXES:
+            if name not in specs:
+                continue
+            out[name] = {}
+            for leaf, (shape, _) in specs[name].items():
+                axes = head_axes(name, leaf)
+                assert axes is not None
+                per_layer = []
+                for i in range(c.num_layers):
+                    k, e = c.layer_heads(i)
+                    true_shape = [1] * (len(shape) - 1)
+                    true_shape[axes[1]] = e
+                    if axes[0] is not None:
+                        true_shape[axes[0]] = k
+                    m = gemma4.pad_heads(np.ones(true_shape, np.float32), *axes, k_store, e_store)
+                    if name == "v_proj" and c.global_k_eq_v:
+                        m = m * (c.layer_types[i] != LayerType.GLOBAL)
+                    if name in ("k_proj", "v_proj", "k_norm") and c.kv_shared(i):
+                        m = m * 0
+                    per_layer.append(m)
+                out[name][leaf] = np.stack(per_layer)
+    if c.double_wide_mlp:
+        f = c.intermediate_size
+        units = np.stack([np.arange(f) < c.mlp_width(i) for i in range(c.num_layers)]).astype(
+            np.float32
+        )
+        out["gate_proj"] = out["up_proj"] = {"kernel": units[:, None, :]}
+        out["down_proj"] = {"kernel": units[:, :, None]}
     return out
 
 
@@ -493,31 +519,37 @@ def _trunk(
         return _hybrid_trunk(
             c, params, x, info, attention_mask, key_mask, segment_ids, cache, remat, mesh
         )
+
+    def carried_step(carry, lp, layer):
+        x, store = carry
+        x, store, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
+        return (x, store), stats
+
     if cache is None:
-        # The store never changes: closed over, not carried (under autodiff a carried mask
-        # would be saved once per layer).
         no_cache = NoCache(_self_attention_mask(c, key_mask, positions, segment_ids))
+        if c.kv_shared_layers:  # the held keys/values change from layer to layer: carried
+            shared = share_kv(c, no_cache, b, t, x.dtype)
+            (x, _), stats = scan_layers(c, params["layers"], (x, shared), carried_step, remat=remat)
+        else:
+            # The store never changes: closed over, not carried (under autodiff a carried
+            # mask would be saved once per layer).
+            def step(x, lp, layer):
+                x, _, stats = decoder_layer(c, lp, x, no_cache, info, layer, mesh=mesh)
+                return x, stats
 
-        def step(x, lp, layer):
-            x, _, stats = decoder_layer(c, lp, x, no_cache, info, layer, mesh=mesh)
-            return x, stats
-
-        x, stats = scan_layers(c, params["layers"], x, step, remat=remat)
+            x, stats = scan_layers(c, params["layers"], x, step, remat=remat)
         x = place(apply_norm(c, x, params["final_norm"]), BTD, layout_mesh(mesh))
         return x, None, stats
 
     if segment_ids is not None:
         raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
     write = cache.index
-    store, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
-
-    def cached_step(carry, lp, layer):
-        x, store = carry
-        x, store, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
-        return (x, store), stats
-
-    (x, store), stats = scan_layers(c, params["layers"], (x, store), cached_step, remat=remat)
-    new_cache = KVCache(k=store.k, v=store.v, mask=new_mask, positions=new_pos, index=write + t)
+    dense, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
+    store = share_kv(c, dense, b, t, x.dtype)
+    (x, store), stats = scan_layers(c, params["layers"], (x, store), carried_step, remat=remat)
+    dense = unshare_kv(store)
+    assert isinstance(dense, DenseCache)
+    new_cache = KVCache(k=dense.k, v=dense.v, mask=new_mask, positions=new_pos, index=write + t)
     return apply_norm(c, x, params["final_norm"]), new_cache, stats
 
 
@@ -703,8 +735,15 @@ def _trunk_shared_prefix(
     prompt_state = GroupPromptState(attention_mask[::g, :tp])
     valid_c = attention_mask[:, tp:]
 
+    # KV sharing (Gemma 4): the held keys/values of the prompt rows and the completions.
+    held_p = share_kv(c, prompt, b // g, tp, x_p.dtype)
+    held_c = share_kv(c, prompt, b, t - tp, x_c.dtype)
+    held = None
+    if isinstance(held_p, KVShared) and isinstance(held_c, KVShared):
+        held = (held_p.k, held_p.v, held_c.k, held_c.v)
+
     def step(carry, lp, layer, kind=LayerType.GLOBAL, index=None):
-        x_p, x_c = carry
+        x_p, x_c, held = carry
         layer_of = functools.partial(decoder_layer, c, lp, mesh=mesh, stack_index=index)
         if kind == LayerType.LINEAR:
             x_p, kept_s, stats_p = layer_of(x_p, prompt_state, info_p, layer)
@@ -712,22 +751,29 @@ def _trunk_shared_prefix(
             shared_s = SharedPromptState(kept_s.conv, kept_s.state, valid_c, g)
             x_c, _, stats_c = layer_of(x_c, shared_s, info_c, layer)
         else:
-            x_p, kept, stats_p = layer_of(x_p, prompt, info_p, layer)
+            store_p = prompt if held is None else KVShared(prompt, held[0], held[1])
+            x_p, kept_p, stats_p = layer_of(x_p, store_p, info_p, layer)
+            kept = unshare_kv(kept_p)
+            assert isinstance(kept, GroupPrompt) and kept.k is not None and kept.v is not None
             shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
-            x_c, _, stats_c = layer_of(x_c, shared, info_c, layer)
+            store_c = shared if held is None else KVShared(shared, held[2], held[3])
+            x_c, kept_c, stats_c = layer_of(x_c, store_c, info_c, layer)
+            if held is not None:
+                assert isinstance(kept_p, KVShared) and isinstance(kept_c, KVShared)
+                held = (kept_p.k, kept_p.v, kept_c.k, kept_c.v)
         stats = None if stats_p is None or stats_c is None else _pool_shared(stats_p, stats_c, g)
-        return (x_p, x_c), stats
+        return (x_p, x_c, held), stats
 
     if c.is_hybrid:
-        (x_p, x_c), stats = scan_periods(
+        (x_p, x_c, _), stats = scan_periods(
             c,
             params["layers"],
-            (x_p, x_c),
+            (x_p, x_c, held),
             lambda carry, lp, kind, layer, index: step(carry, lp, layer, kind, index),
             remat=remat,
         )
     else:
-        (x_p, x_c), stats = scan_layers(c, params["layers"], (x_p, x_c), step, remat=remat)
+        (x_p, x_c, _), stats = scan_layers(c, params["layers"], (x_p, x_c, held), step, remat=remat)
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
     return apply_norm(c, x, params["final_norm"]), stats
 

@@ -39,6 +39,7 @@ SIZES = dict(
 )
 # k_eq_v: full-attention heads of E=24 with 1 KV head whose values are their keys,
 # proportional RoPE on a quarter of their pairs (the 31B's shape, small).
+# kv_shared: the last 2 layers share keys/values (E2B / E4B), with k_eq_v's heads.
 # plain: every head alike (E=16, 2 KV heads), full-attention RoPE "default" with θ 5e4.
 VARIANTS = {
     "k_eq_v": dict(
@@ -49,6 +50,19 @@ VARIANTS = {
             F: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
             S: {"rope_type": "default", "rope_theta": 1e4},
         },
+    ),
+    # E2B / E4B's KV sharing: layers 3 (sliding) and 4 (full) reuse the keys/values of layers
+    # 1 and 2, and their MLP is twice as wide (160 against 80); with per-layer inputs, as
+    # those models have (transformers 5.23's KV-shared forward also fails without them:
+    # ``_maybe_slice_kv_shared_inputs`` slices ``per_layer_inputs`` even when None).
+    "kv_shared": dict(
+        global_head_dim=24,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=97,
     ),
     "plain": dict(
         global_head_dim=16,
@@ -105,7 +119,12 @@ def test_config_maps_every_gemma4_field(hf_and_loaded):
     assert c.sliding_window == 5 and c.final_logit_softcap == 30.0
     assert c.value_norm and c.layer_scalars and c.qk_norm and not c.rms_norm_unit_offset
     assert c.query_pre_attn_scalar == 1.0 and c.tie_embeddings
-    if variant == "k_eq_v":
+    if variant == "kv_shared":
+        assert c.kv_shared_layers == 2 and c.double_wide_mlp and c.intermediate_size == 160
+        assert [c.mlp_width(i) for i in range(5)] == [80, 80, 80, 160, 160]
+    else:
+        assert not c.kv_shared_layers and not c.double_wide_mlp
+    if variant in ("k_eq_v", "kv_shared"):
         assert c.layer_heads(2) == (1, 24) and c.layer_heads(0) == (2, 16)
         assert c.global_k_eq_v and c.global_rope_proportion == 0.25
         assert (c.store_kv_heads, c.store_head_dim) == (2, 24) and c.has_padded_heads
@@ -144,6 +163,16 @@ def test_each_gemma4_feature_changes_the_logits(field, plain):
     toks, mask = padded_batch(length=24)
     got = forward_logits(loaded.params, loaded.config, toks, mask)
     without = dataclasses.replace(loaded.config, **{field: plain})
+    assert np.abs(forward_logits(loaded.params, without, toks, mask) - got)[mask].max() > 1e-2
+
+
+def test_kv_sharing_changes_the_logits():
+    """The shared layers' keys/values come from their source layers: computing them from the
+    (zero) k/v weights of the shared layers instead changes the logits."""
+    loaded = interop.from_hf_model(tiny_gemma4("kv_shared", seed=3))
+    toks, mask = padded_batch(length=24)
+    got = forward_logits(loaded.params, loaded.config, toks, mask)
+    without = dataclasses.replace(loaded.config, kv_shared_layers=0, double_wide_mlp=False)
     assert np.abs(forward_logits(loaded.params, without, toks, mask) - got)[mask].max() > 1e-2
 
 
@@ -253,12 +282,24 @@ def test_peft_export_of_padded_attention_adapters_is_refused(tmp_path):
     adapters = M.init_lora(config, attn, jax.random.PRNGKey(0))
     with pytest.raises(ModelLoadError, match="two sizes"):
         interop.export_peft_adapter(tmp_path / "attn", adapters=adapters, lora=attn, **kw)
+    wide = M.ModelConfig.tiny(
+        "gemma4_text",
+        layer_types=("sliding_attention", "full_attention") * 2,
+        kv_shared_layers=2,
+        double_wide_mlp=True,
+        intermediate_size=160,
+    )
+    adapters = M.init_lora(wide, mlp, jax.random.PRNGKey(0))
+    with pytest.raises(ModelLoadError, match="two widths"):
+        interop.export_peft_adapter(
+            tmp_path / "wide", adapters=adapters, lora=mlp, config=wide, base_model=None
+        )
 
 
 @pytest.mark.parametrize(
     "key,value,named",
     [
-        ("num_kv_shared_layers", 2, "KV sharing"),
+        ("num_kv_shared_layers", 5, "kv_shared_layers"),
         ("use_bidirectional_attention", "all", "bidirectional"),
     ],
 )

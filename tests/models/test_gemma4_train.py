@@ -1,5 +1,5 @@
-"""A tiny random Gemma 4 trains: the zero padding of its smaller heads gets no gradient (so it
-stays zero), an online GRPO step with either engine (the sampler's log-probs equal the
+"""A tiny random Gemma 4 trains: the zero padding of its smaller heads, and the unused k/v
+weights and MLP half of a KV-sharing stack, get no gradient (so they stay zero), an online GRPO step with either engine (the sampler's log-probs equal the
 learner's in float32) and offline DPO steps that lower the DPO loss."""
 
 import jax
@@ -8,14 +8,24 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import models
-from jaxrl_llm.models.transformer import head_padding_masks
+from jaxrl_llm.models.transformer import padding_masks
 from tests.models import family_steps
 
 TINY = dict(family="gemma4_text")
+# E2B / E4B's KV sharing: layers 2, 3 reuse the keys/values of layers 0, 1 (no k/v weights of
+# their own), and their MLP is twice as wide (the other layers' second half stays zero).
+KV_SHARED = dict(
+    TINY,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    kv_shared_layers=2,
+    double_wide_mlp=True,
+    intermediate_size=160,
+)
 
 
-def test_padding_is_zero_and_gets_no_gradient():
-    config = models.ModelConfig.tiny(**TINY)
+@pytest.mark.parametrize("tiny", [TINY, KV_SHARED], ids=["padded_heads", "kv_shared"])
+def test_padding_is_zero_and_gets_no_gradient(tiny):
+    config = models.ModelConfig.tiny(**tiny)
     assert config.has_padded_heads
     params = models.init_params(config, jax.random.PRNGKey(0))
     toks = jax.random.randint(jax.random.PRNGKey(1), (2, 23), 3, 97)
@@ -27,7 +37,9 @@ def test_padding_is_zero_and_gets_no_gradient():
         return jnp.mean(jax.nn.logsumexp(logits, -1) * mask)
 
     grads = jax.grad(loss)(params)
-    for name, sub in head_padding_masks(config).items():
+    masks = padding_masks(config)
+    assert ("gate_proj" in masks) == bool(config.double_wide_mlp)
+    for name, sub in masks.items():
         for leaf, m in sub.items():
             w, g = params["layers"][name][leaf], grads["layers"][name][leaf]
             m = np.broadcast_to(m, w.shape)
@@ -71,12 +83,16 @@ def data(tmp_path_factory):
 
 
 @pytest.mark.parametrize("engine", ["static", "paged"])
-def test_grpo_step_and_sampler_logprobs_equal_the_learners(data, tmp_path, engine):
-    _, config, before, after = family_steps.grpo_step(data, tmp_path / "grpo", TINY, engine)
+@pytest.mark.parametrize("tiny", [TINY, KV_SHARED], ids=["padded_heads", "kv_shared"])
+def test_grpo_step_and_sampler_logprobs_equal_the_learners(data, tmp_path, engine, tiny):
+    _, config, before, after = family_steps.grpo_step(data, tmp_path / "grpo", tiny, engine)
     assert config.family == models.Family.GEMMA4
+    assert config.kv_shared_layers == tiny.get("kv_shared_layers", 0)
     assert family_steps.moved(after, before, "k_proj") > 0
 
 
-def test_dpo_steps_lower_the_loss(data, tmp_path):
-    config = family_steps.dpo_steps(data, tmp_path / "dpo", TINY)
+@pytest.mark.parametrize("tiny", [TINY, KV_SHARED], ids=["padded_heads", "kv_shared"])
+def test_dpo_steps_lower_the_loss(data, tmp_path, tiny):
+    config = family_steps.dpo_steps(data, tmp_path / "dpo", tiny)
     assert config.family == models.Family.GEMMA4 and config.has_padded_heads
+    assert config.kv_shared_layers == tiny.get("kv_shared_layers", 0)

@@ -1,6 +1,6 @@
 """Both engines on a tiny random Gemma 4 (full-attention heads of another size than the
 sliding ones, stored padded; values that are keys; proportional RoPE; layer scalars; the MoE
-block beside the MLP; per-layer inputs): greedy
+block beside the MLP; per-layer inputs; KV sharing across layers): greedy
 continuations equal transformers' ``generate`` token for token on a left-padded batch longer
 than the sliding window, through the static and the paged engine, and prefill then decode
 steps give the whole forward's logits."""
@@ -31,9 +31,9 @@ EXTRA = {
 }
 
 
-@pytest.fixture(scope="module", params=["k_eq_v", "plain", "moe", "ple"])
+@pytest.fixture(scope="module", params=["k_eq_v", "plain", "moe", "ple", "kv_shared"])
 def hf_and_loaded(request):
-    variant = "plain" if request.param == "plain" else "k_eq_v"
+    variant = request.param if request.param in ("plain", "kv_shared") else "k_eq_v"
     seed = 6 if request.param == "ple" else 5  # seed 5's greedy rows repeat themselves
     hf = tiny_gemma4(variant, seed=seed, **EXTRA.get(request.param, {}))
     return hf, interop.from_hf_model(hf)
@@ -66,8 +66,18 @@ def test_greedy_generation_of_both_engines_equals_transformers_generate(hf_and_l
     )
 
 
-def test_prefill_then_steps_equal_the_whole_forward():
+@pytest.mark.parametrize("kv_shared", [0, 2])
+def test_prefill_then_steps_equal_the_whole_forward(kv_shared):
     config = M.ModelConfig.tiny("gemma4_text")
+    if kv_shared:  # layers 2, 3 share the keys/values of layers 0, 1; their MLPs 2x wide
+        local, glob = M.LayerType.LOCAL, M.LayerType.GLOBAL
+        config = dataclasses.replace(
+            config,
+            layer_types=(local, glob, local, glob),
+            kv_shared_layers=kv_shared,
+            double_wide_mlp=True,
+            intermediate_size=2 * config.intermediate_size,
+        )
     assert config.has_padded_heads
     params = M.init_params(config, jax.random.PRNGKey(1))
     params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 3 else x, params)
