@@ -33,6 +33,8 @@ import numbers
 import time
 from typing import Any
 
+import numpy as np
+
 from jaxrl_llm.envs.base import EnvError, check_messages, check_step
 from jaxrl_llm.envs.chat import ChatCodec
 from jaxrl_llm.rewards.user_code import CallResult, shared_runner
@@ -57,6 +59,9 @@ class Episode:
         valid); env_s: seconds spent in ``reset``/``step``; info: summed numeric
         ``Step.info`` values; notes: the last non-numeric ``Step.info`` value of each key;
         timed_out: a call passed ``step_timeout_s``; opening_too_long: the opening did not fit.
+      prompt_routing / routing: with ``record_routing`` (a mixture of experts), the experts
+        the engine routed the submitted prompt's tokens and the completion side's tokens to
+        (``[len, L, k]`` each; :class:`~jaxrl_llm.sampling.engine.Row`), for routing replay.
     """
 
     item: dict
@@ -80,6 +85,8 @@ class Episode:
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
     timed_out: bool = False
     opening_too_long: bool = False
+    prompt_routing: np.ndarray | None = None
+    routing: np.ndarray | None = None
 
     @property
     def final_text(self) -> str:
@@ -109,12 +116,15 @@ def run_episodes(
     dtype: str | None = None,
     step_timeout_s: float | None = None,
     max_opening: int | None = None,
+    record_routing: bool = False,
 ) -> dict[str, float]:
     """Play ``episodes`` (groups of ``group_size`` consecutive episodes of one prompt) to their
     end, in place; returns timing and engine metrics. See the module docstring.
 
     ``step_timeout_s`` bounds each ``reset`` / ``step`` call (None: no limit);
-    ``max_opening`` bounds an opening's tokens (None: ``max_position_embeddings - budget``)."""
+    ``max_opening`` bounds an opening's tokens (None: ``max_position_embeddings - budget``);
+    ``record_routing`` (a mixture of experts) keeps every token's experts
+    (:attr:`Episode.prompt_routing`, :attr:`Episode.routing`)."""
     stats: dict[str, float] = collections.defaultdict(float)
     t_start = time.perf_counter()
     pool = shared_runner("env", workers)
@@ -137,6 +147,7 @@ def run_episodes(
         num_pages=n * -(-(width + budget) // page_size) + 1,  # kept rows wait on their env
         chunk_steps=chunk_steps,
         dtype=dtype,
+        record_routing=record_routing,
     )
     by_row = _submit(engine, episodes, group_size, min(turn_tokens, budget))
     pending: dict[cf.Future, Episode] = {}
@@ -162,6 +173,7 @@ def run_episodes(
     for ep in episodes:
         row = engine.rows[ep.row]
         ep.tokens, ep.mask, ep.logprobs = row.tokens, row.mask, row.logprobs
+        ep.prompt_routing, ep.routing = row.prompt_routing, row.token_routing()
     stats["wall_s"] = time.perf_counter() - t_start
     stats["chunks"] = engine.stats["chunks"]
     return dict(stats)

@@ -97,6 +97,24 @@ class Row:
         return np.concatenate([empty, *self.routing], axis=0)
 
 
+def layout_routing(
+    prompt_routing: list[np.ndarray], token_routing: list[np.ndarray], p: int, m: int
+) -> np.ndarray:
+    """``[N, P + M, L, k]`` rows' recorded experts (:attr:`Row.prompt_routing`,
+    :meth:`Row.token_routing`) in the :class:`~jaxrl_llm.sampling.Rollout` layout: row i's
+    prompt left-padded to P, its completion side from column P, cut at M; columns with no
+    token hold the experts 0..k−1 (valid ids, masked in the update)."""
+    first = prompt_routing[0]
+    _, num_layers, k = first.shape
+    out = np.broadcast_to(
+        np.arange(k, dtype=first.dtype), (len(prompt_routing), p + m, num_layers, k)
+    ).copy()
+    for i, (pr, done) in enumerate(zip(prompt_routing, token_routing, strict=True)):
+        out[i, p - len(pr) : p] = pr
+        out[i, p : p + len(done)] = done[:m]
+    return out
+
+
 class PagedEngine:
     """Continuous batching of sequences over S slots and a paged KV cache (see module doc).
 

@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
-from jaxrl_llm.sampling.engine import PagedEngine
+from jaxrl_llm.sampling.engine import PagedEngine, layout_routing
 from jaxrl_llm.sampling.rows import on_replica, replica_meshes, rows_mesh
 from jaxrl_llm.sampling.static_generate import Rollout, generate, pad_prompts
 
@@ -154,18 +154,9 @@ def _run_replicas(
 
 
 def _routing(rows, p: int, m: int) -> jax.Array:
-    """``[N, P + M, L, k]`` the rows' recorded experts in the Rollout layout (prompt left-padded
-    to P, completion from column P); columns with no token hold 0..k−1."""
-    first = rows[0].prompt_routing
-    _, num_layers, k = first.shape
-    out = np.broadcast_to(np.arange(k, dtype=first.dtype), (len(rows), p + m, num_layers, k))
-    out = out.copy()
-    for i, r in enumerate(rows):
-        plen = len(r.prompt)
-        out[i, p - plen : p] = r.prompt_routing
-        done = r.token_routing()
-        out[i, p : p + len(done)] = done[:m]
-    return jnp.asarray(out)
+    """:func:`~jaxrl_llm.sampling.engine.layout_routing` of the engines' rows."""
+    prompt = [r.prompt_routing for r in rows]
+    return jnp.asarray(layout_routing(prompt, [r.token_routing() for r in rows], p, m))
 
 
 ROLLOUT_ENGINES: dict[str, Callable[..., Any]] = {"static": generate, "paged": generate_paged}

@@ -158,8 +158,15 @@ def test_routing_replay_config_errors(toy_data, tmp_path):
             ),
             log_stream=open(os.devnull, "w"),
         )
-    with pytest.raises(ConfigError, match="routing is replayed in 'rl' batches only"):
-        plan_run(_config(toy_data, tmp_path, "online_dpo", rollout=dict(routing_replay=True)), {})
+    packed_dpo = _config(
+        toy_data,
+        tmp_path,
+        "online_dpo",
+        rollout=dict(routing_replay=True),
+        logprobs=dict(pack=True),
+    )
+    with pytest.raises(ConfigError, match="unpacked preference pairs only"):
+        plan_run(packed_dpo, {})
 
 
 def test_concat_experience_left_pads_routing_and_rl_batch_carries_it():
@@ -220,6 +227,90 @@ def test_hybrid_moe_records_and_replays_every_layers_routing(toy_data, tmp_path,
         tmp_path / "replay",
         model=QWEN3_5_MOE,
         rollout=dict(routing_replay=True, engine=engine),
+    )
+    metrics, _, _ = _two_steps(replay)
+    for m in metrics:
+        assert np.isfinite(m["loss"]) and m["routing/mismatch_frac"] == 0.0
+        assert m["routing/own_topk_mismatch_frac"] > 0.0
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("chat_r3")
+    rng = random.Random(0)
+    rows = []
+    for _ in range(16):
+        a, b = rng.sample(range(10), 2)
+        rows.append({"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))})
+    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return d
+
+
+def test_multi_turn_episodes_record_and_replay_every_tokens_routing(chat_data, tmp_path):
+    """A multi-turn environment: the paged engine records the experts of the opening, the
+    policy's turns and the environment's replies (appended through ``extend``), laid out as the
+    learner's ``input_ids``. With the sampler's own weights the trainer routes every token as
+    recorded (so the layout is aligned, replies included); with a perturbed sampler router,
+    replay pins the update to the recording."""
+    from tests.envs.scripted import STOP
+
+    moe = dict(family="qwen3_moe", num_layers=2, vocab_size=259, eos_token_ids=[2, *STOP])
+    common = dict(
+        model=dict(source="tiny", tokenizer="char", tiny=moe),
+        data=dict(train=str(chat_data / "train.jsonl")),
+        env=dict(name="tests.envs.scripted:Scripted", kwargs=dict(replies=["ok"]), max_turns=3),
+    )
+    same = _config(
+        chat_data,
+        tmp_path / "same",
+        rollout=dict(record_routing=True, engine="paged", max_new_tokens=24),
+        **common,
+    )
+    metrics, batches, config = _two_steps(same, perturb=False)
+    for m, (exp, batch) in zip(metrics, batches, strict=True):
+        assert m["env/turns_mean"] > 1 and m["env/env_tokens_mean"] > 0
+        assert exp.routing.shape[:2] == batch["input_ids"].shape
+        assert m["routing/mismatch_frac"] == 0.0 and m["routing/own_topk_mismatch_frac"] == 0.0
+    replay = _config(
+        chat_data,
+        tmp_path / "replay",
+        rollout=dict(routing_replay=True, engine="paged", max_new_tokens=24),
+        **common,
+    )
+    metrics, _, _ = _two_steps(replay)
+    for m in metrics:
+        assert np.isfinite(m["loss"]) and m["routing/mismatch_frac"] == 0.0
+        assert m["routing/own_topk_mismatch_frac"] > 0.0
+
+
+def test_online_dpo_records_and_replays_each_sides_routing(toy_data, tmp_path):
+    """Online DPO: each pair's chosen and rejected rows carry the sampler's routing
+    (``chosen_routing`` / ``rejected_routing``, aligned with their ``input_ids``), stacked as
+    the pair forward stacks the rows. With the sampler's own weights the update routes every
+    token as recorded; with a perturbed sampler router, replay pins it to the recording."""
+    plan = plan_run(
+        _config(toy_data, tmp_path / "plan", "online_dpo", rollout=dict(routing_replay=True)),
+        dict(data=1),
+    )
+    assert {"chosen_routing", "rejected_routing"} <= set(plan.layout.names)
+    assert "routing" not in plan.layout.names
+    same = _config(
+        toy_data,
+        tmp_path / "same",
+        "online_dpo",
+        rollout=dict(record_routing=True, max_new_tokens=6, prompts_per_step=8),
+    )
+    metrics, batches, config = _two_steps(same, perturb=False)
+    for m, (_, batch) in zip(metrics, batches, strict=True):
+        for side in ("chosen", "rejected"):
+            n, t = batch[f"{side}_input_ids"].shape
+            assert batch[f"{side}_routing"].shape == (n, t, 2, config.num_experts_per_tok)
+        assert m["routing/mismatch_frac"] == 0.0 and m["routing/own_topk_mismatch_frac"] == 0.0
+    replay = _config(
+        toy_data,
+        tmp_path / "replay",
+        "online_dpo",
+        rollout=dict(routing_replay=True, max_new_tokens=6, prompts_per_step=8),
     )
     metrics, _, _ = _two_steps(replay)
     for m in metrics:

@@ -96,6 +96,10 @@ _REFERENCE_FIELDS: dict[str, tuple[BatchField, ...]] = {
 # a mixture of experts' recorded routing (``rollout.routing_replay`` / ``record_routing``, R3):
 # each token's top-k experts per layer, over the whole row as ``input_ids``
 ROUTING_FIELD = BatchField("routing", ("rows", "tokens", "layers", "topk"), "int32")
+# ... and a preference batch's (online DPO), one per side, aligned with ``{side}_input_ids``
+PAIR_ROUTING_FIELDS = tuple(
+    dataclasses.replace(ROUTING_FIELD, name=f"{side}_routing") for side in ("chosen", "rejected")
+)
 # PPO's critic update reads these beside the actor's batch (the actor's step does not take them)
 CRITIC_FIELDS: tuple[BatchField, ...] = _floats("values", "returns")
 
@@ -415,12 +419,16 @@ def plan_run(cfg: RunConfig, mesh: Any) -> RunPlan:
     if correction is not None:
         layout = layout.with_fields(*_floats(correction))
     if cfg.is_online and r.records_routing:
-        if spec.batch_kind != "rl":
+        if spec.batch_kind == "preference" and not cfg.logprobs.pack:
+            layout = layout.with_fields(*PAIR_ROUTING_FIELDS)
+        elif spec.batch_kind == "rl":
+            layout = layout.with_fields(ROUTING_FIELD)
+        else:
             raise ConfigError(
                 f"rollout.routing_replay / record_routing: the {cfg.algorithm} update takes "
-                f"{spec.batch_kind!r} batches; routing is replayed in 'rl' batches only"
+                f"{spec.batch_kind!r} batches{' packed' if cfg.logprobs.pack else ''}; "
+                f"routing is replayed in 'rl' batches and unpacked preference pairs only"
             )
-        layout = layout.with_fields(ROUTING_FIELD)
     return RunPlan(
         cfg=cfg,
         algo=algo,

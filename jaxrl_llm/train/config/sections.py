@@ -382,6 +382,9 @@ class RolloutSection:
         of their own top-k, the gate weights still the router's probabilities at them
         (rollout routing replay, R3: Ma et al. 2025, https://arxiv.org/abs/2510.11370).
         Logs ``routing/mismatch_frac`` (0 with replay) and ``routing/own_topk_mismatch_frac``.
+        Single-turn and multi-turn (``env``: the opening, the policy's turns and the
+        environment's replies) rollouts; GRPO-family ``rl`` batches and online DPO's pairs
+        (not packed pairs).
       record_routing: record the samplers' routing and log those metrics without replaying
         it (implied by ``routing_replay``).
     """

@@ -333,7 +333,8 @@ class OnlinePairs:
         return ()
 
     def prepare(self, exp: Experience, reference: Reference | None) -> Prepared:
-        """The preference batch of each group's best and worst sample."""
+        """The preference batch of each group's best and worst sample (with the sampler's
+        routing of each side, ``chosen_routing`` / ``rejected_routing``, when recorded)."""
         g = exp.group_size
         ro = exp.rollout
         n_groups = exp.num_groups
@@ -358,6 +359,8 @@ class OnlinePairs:
                     f"{side}_loss_mask": lm.astype(np.int32),
                 }
             )
+            if exp.routing is not None:  # the sampler's experts of these rows (R3)
+                batch[f"{side}_routing"] = np.asarray(exp.routing[rows], np.int32)
         if self.plan.needs.reference_in_loss:
             assert reference is not None
             batch.update({k: np.asarray(v) for k, v in reference(batch).items()})

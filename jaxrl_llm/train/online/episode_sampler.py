@@ -25,6 +25,7 @@ from jaxrl_llm.envs.registry import probe_environment
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.rewards.user_code import STOPPING, shared_runner
 from jaxrl_llm.sampling import Rollout, SamplingConfig, pad_prompts, stop_token_ids
+from jaxrl_llm.sampling.engine import layout_routing
 from jaxrl_llm.train.config.sections import EnvSection, RolloutSection
 from jaxrl_llm.train.online.experience import Experience
 
@@ -129,6 +130,7 @@ class EpisodeSampler:
             dtype=r.dtype,
             step_timeout_s=env.step_timeout_s,
             max_opening=self.max_opening,
+            record_routing=r.records_routing,
         )
         _warn_failures(env.name, episodes)
         failed = np.array([ep.error is not None for ep in episodes])
@@ -171,6 +173,8 @@ class EpisodeSampler:
             prompt_ids=np.array([ep.prompt_id for ep in episodes], np.int32),
             sample_ids=np.array([ep.sample_id for ep in episodes], np.int32),
         )
+        if self.settings.records_routing:
+            fields["routing"] = _routing(episodes, openings, p_tok.shape[1], m)
         ro = Rollout(**fields)  # host numpy, as the Experience holds it
         texts = [ep.final_text for ep in episodes]
         prompts = [self.tokenizer.decode(list(o)) for o in openings]
@@ -214,6 +218,25 @@ class EpisodeSampler:
             messages=[ep.messages for ep in episodes],
             sources=[x.prompt for x in items for _ in range(g)],
         )
+
+
+def _routing(episodes: list[Episode], openings: list, p: int, m: int) -> np.ndarray | None:
+    """``[N, P + M, L, k]`` the episodes' recorded experts in the Experience layout (the
+    opening left-padded to P, the completion side from column P), for routing replay. A row
+    whose engine prompt is not its opening (an episode that failed) keeps the filler experts
+    0..k−1 on its prompt: it is invalid, and its tokens are masked."""
+    recorded = [ep.prompt_routing for ep in episodes if ep.prompt_routing is not None]
+    if not recorded:
+        return None
+    empty = recorded[0][:0]
+    prompt: list[np.ndarray] = []
+    done: list[np.ndarray] = []
+    for ep, opening in zip(episodes, openings, strict=True):
+        pr, rest = ep.prompt_routing, ep.routing
+        ok = pr is not None and rest is not None and len(pr) == len(opening)
+        prompt.append(pr if ok and pr is not None else empty)
+        done.append(rest if ok and rest is not None else empty)
+    return layout_routing(prompt, done, p, m)
 
 
 def _env_metrics(episodes: list[Episode], stats: dict) -> dict[str, float]:

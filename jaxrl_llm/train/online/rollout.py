@@ -86,17 +86,11 @@ class Rollouts:
             n,
             key=f"rollout.max_new_tokens={n}",
         )
-        if settings.records_routing:
-            if not getattr(model_config, "is_moe", False):
-                raise ConfigError(
-                    "rollout.routing_replay / record_routing record a mixture of experts' "
-                    "routing; this model has no experts (set them to false)"
-                )
-            if env is not None:
-                raise ConfigError(
-                    "rollout.routing_replay / record_routing: multi-turn episodes (env) do not "
-                    "record routing yet; use single-turn rollouts or set them to false"
-                )
+        if settings.records_routing and not getattr(model_config, "is_moe", False):
+            raise ConfigError(
+                "rollout.routing_replay / record_routing record a mixture of experts' "
+                "routing; this model has no experts (set them to false)"
+            )
         self.settings = settings
         self.rewards = rewards
         self.tokenizer = tokenizer

@@ -199,9 +199,15 @@ class Policy:
 
 
 def _recorded_routing(batch: Any, replay: bool) -> models.RecordedRouting | None:
-    """The sampler's routing of a learner batch (its ``routing`` entry) for the policy's
-    forwards, replayed or only compared against; None when the batch has none."""
-    routing = batch.get("routing") if hasattr(batch, "get") else None
+    """The sampler's routing of a learner batch for the policy's forwards, replayed or only
+    compared against: its ``routing`` entry, or a preference batch's ``chosen_routing`` and
+    ``rejected_routing`` stacked as the pair forward stacks the rows
+    (:func:`jaxrl_llm.losses.common.stack_pair`: chosen, then rejected); None without."""
+    if not hasattr(batch, "get"):
+        return None
+    routing = batch.get("routing")
+    if routing is None and batch.get("chosen_routing") is not None:
+        routing = jnp.concatenate([batch["chosen_routing"], batch["rejected_routing"]], axis=0)
     return None if routing is None else models.RecordedRouting(routing, replay=replay)
 
 
