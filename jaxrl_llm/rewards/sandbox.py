@@ -99,7 +99,18 @@ from jaxrl_llm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-_BOOT_SOURCE = (Path(__file__).with_name("_sandbox_boot.py")).read_text()
+# The program the sandbox starts (``python -I -S -B -c``): its parts joined into one text, boot
+# first, then the call of boot's main() (see _sandbox_boot.py's docstring).
+_BOOT_PARTS = (
+    "_sandbox_boot.py",
+    "_sandbox_wire.py",
+    "_sandbox_confine.py",
+    "_sandbox_solution.py",
+    "_sandbox_judge.py",
+)
+_BOOT_SOURCE = (
+    "\n\n".join(Path(__file__).with_name(part).read_text() for part in _BOOT_PARTS) + "\n\nmain()\n"
+)
 
 
 class Outcome(str, enum.Enum):
