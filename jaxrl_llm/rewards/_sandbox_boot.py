@@ -1,7 +1,7 @@
 """The program the code sandbox starts: ``python -I -S -B -c <text>``; never imported.
 
-The text is this file followed by the other parts of the program, joined by ``sandbox.py``
-in this order, then a call of :func:`main`:
+The text is this file followed by the other parts of the program, joined by
+``sandbox_launch.py`` in this order, then a call of :func:`main`:
 
   _sandbox_boot.py       boot: forks the solution and the judge, waits, reports (this file)
   _sandbox_wire.py       the wire format between the judge and the solution
