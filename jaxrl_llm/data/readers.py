@@ -213,7 +213,7 @@ def read_hub_dataset(name: str, *, split: str | None = None) -> list[Record]:
         or no file of the split.
     """
     from jaxrl_llm.errors import ModelLoadError
-    from jaxrl_llm.interop.load import hub_snapshot
+    from jaxrl_llm.interop.hub import hub_snapshot
 
     repo, _, named = name.partition(":")
     split = named or split

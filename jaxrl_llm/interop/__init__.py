@@ -8,23 +8,18 @@ base (:mod:`jaxrl_llm.interop.peft`), and :func:`export_peft_adapter` writes one
 ``transformers`` loads with no missing or unexpected keys and identical logits.
 """
 
+from jaxrl_llm.interop.aliases import MODEL_ALIASES, cache_dir, resolve_alias
 from jaxrl_llm.interop.export import export_hf
+from jaxrl_llm.interop.gguf import cached_gguf_dir
 from jaxrl_llm.interop.hf_config import config_from_hf_dict, hf_config_dict, model_config_from_hf
+from jaxrl_llm.interop.hub import hub_cache_dir, hub_offline, hub_snapshot, is_hub_id
 from jaxrl_llm.interop.load import (
-    MODEL_ALIASES,
     LoadedModel,
-    cache_dir,
-    cached_gguf_dir,
     from_hf_model,
-    hub_cache_dir,
-    hub_offline,
-    hub_snapshot,
-    is_hub_id,
     load_hf_dir,
     load_model,
     load_peft_dir,
     peft_base_dir,
-    resolve_alias,
 )
 from jaxrl_llm.interop.peft import (
     PeftAdapter,

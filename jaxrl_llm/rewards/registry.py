@@ -91,7 +91,8 @@ def _code_execution(ctx: RewardContext, **kw):
     every sample invalid later."""
     import logging
 
-    from jaxrl_llm.rewards.sandbox import Isolation, resolve_isolation
+    from jaxrl_llm.rewards.sandbox import resolve_isolation
+    from jaxrl_llm.rewards.sandbox_launch import Isolation
 
     fn = bind_reward(code_execution_reward, **kw)
     iso = resolve_isolation(

@@ -27,10 +27,11 @@ from pathlib import Path
 import pytest
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.rewards import sandbox
+from jaxrl_llm.rewards import sandbox, sandbox_launch
 from jaxrl_llm.rewards.sandbox import Isolation
 
 SANDBOX_PY = Path(sandbox.__file__).resolve()
+LAUNCH_PY = Path(sandbox_launch.__file__).resolve()
 REPO = SANDBOX_PY.parents[2]
 SECRET = "hf_SECRET_4f1c2e9d"
 KEY = "-----BEGIN PRIVATE KEY----- k3y-8c1a -----END PRIVATE KEY-----"
@@ -149,15 +150,21 @@ for pid in (os.getppid(), 1, -1):
 }
 
 # Runs every case through run_python and prints the results as JSON. Executed both in the
-# test process and, as an unprivileged user, in a fresh interpreter that loads sandbox.py by
-# path (it needs only the standard library and jaxrl_llm.errors).
+# test process and, as an unprivileged user, in a fresh interpreter that loads sandbox.py and
+# sandbox_launch.py by path (they need only the standard library and jaxrl_llm.errors; an
+# import of jaxrl_llm.rewards would need the package's dependencies).
 RUNNER = """
 import importlib.util, json, sys
 sys.path.insert(0, {repo!r})
-spec = importlib.util.spec_from_file_location('sandbox_under_test', {sandbox_py!r})
-sb = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = sb
-spec.loader.exec_module(sb)
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+if 'jaxrl_llm.rewards.sandbox_launch' not in sys.modules:  # the fresh interpreter
+    load('jaxrl_llm.rewards.sandbox_launch', {launch_py!r})
+sb = load('sandbox_under_test', {sandbox_py!r})
 cases = json.loads({cases!r})
 try:
     mode = sb.resolve_isolation('auto')
@@ -232,7 +239,11 @@ def _daemons():
 def _runner_source(d, port, process_too=False):
     cases = {k: v.format(dir=d, port=port, daemon=DAEMON) for k, v in CASES.items()}
     return RUNNER.format(
-        repo=str(REPO), sandbox_py=str(SANDBOX_PY), cases=json.dumps(cases), process_too=process_too
+        repo=str(REPO),
+        sandbox_py=str(SANDBOX_PY),
+        launch_py=str(LAUNCH_PY),
+        cases=json.dumps(cases),
+        process_too=process_too,
     )
 
 
@@ -303,7 +314,7 @@ def _unprivileged_command():
     if setpriv is None:
         return "setpriv (util-linux) is missing", None
     python = sandbox.default_interpreter()  # one that another uid may execute
-    if not sandbox._world_executable(python):
+    if not sandbox_launch.world_executable(python):
         return "no Python interpreter that uid 65534 may execute", None
     return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python], 65534
 
