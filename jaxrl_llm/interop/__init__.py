@@ -10,12 +10,11 @@ base (:mod:`jaxrl_llm.interop.peft`), and :func:`export_peft_adapter` writes one
 
 from jaxrl_llm.interop.aliases import MODEL_ALIASES, cache_dir, resolve_alias
 from jaxrl_llm.interop.export import export_hf
+from jaxrl_llm.interop.from_hf import LoadedModel, from_hf_model
 from jaxrl_llm.interop.gguf import cached_gguf_dir
 from jaxrl_llm.interop.hf_config import config_from_hf_dict, hf_config_dict, model_config_from_hf
 from jaxrl_llm.interop.hub import hub_cache_dir, hub_offline, hub_snapshot, is_hub_id
 from jaxrl_llm.interop.load import (
-    LoadedModel,
-    from_hf_model,
     load_hf_dir,
     load_model,
     load_peft_dir,

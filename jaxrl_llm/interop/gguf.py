@@ -18,6 +18,7 @@ from pathlib import Path
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.interop.aliases import cache_dir
+from jaxrl_llm.interop.from_hf import from_hf_model, quiet_transformers
 
 _CACHE_FORMAT = "1"  # bump when the cached layout changes
 
@@ -96,7 +97,6 @@ def _convert_gguf(path: Path, out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from jaxrl_llm.interop.export import export_hf
-    from jaxrl_llm.interop.load import from_hf_model, quiet_transformers  # load imports us
 
     directory, name = str(path.parent), path.name
     try:

@@ -2,23 +2,21 @@
 
 Weights are read from safetensors only (never ``torch.load`` / pickle) and no remote code is
 ever trusted. This module resolves a source (:func:`load_model`) and reads Hugging Face
-directories, PEFT adapters on their base, and transformers models; the names that stand for a
-file live in :mod:`~jaxrl_llm.interop.aliases` (model aliases) and
-:mod:`~jaxrl_llm.interop.hub` (hub ids), GGUF conversion and its cache in
-:mod:`~jaxrl_llm.interop.gguf`. Their public names are importable from here too.
+directories and PEFT adapters on their base; the names that stand for a file live in
+:mod:`~jaxrl_llm.interop.aliases` (model aliases) and :mod:`~jaxrl_llm.interop.hub` (hub ids),
+GGUF conversion and its cache in :mod:`~jaxrl_llm.interop.gguf`, the conversion of a
+transformers object (which every loader ends with) in :mod:`~jaxrl_llm.interop.from_hf`.
+Their public names are importable from here too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
@@ -26,6 +24,12 @@ from jaxrl_llm.interop.aliases import (
     MODEL_ALIASES,
     cache_dir,  # noqa: F401  (public here too)
     resolve_alias,
+)
+from jaxrl_llm.interop.from_hf import (  # noqa: F401 (public here too)
+    LoadedModel,
+    from_hf_model,
+    loaded_model,
+    quiet_transformers,
 )
 from jaxrl_llm.interop.gguf import (
     cached_gguf_dir,
@@ -46,8 +50,7 @@ from jaxrl_llm.interop.peft import (
     merge_peft_adapter,
     read_peft_adapter,
 )
-from jaxrl_llm.interop.state_dict import params_from_hf_state_dict
-from jaxrl_llm.models.config import Family, ModelConfig, dtype_from_name
+from jaxrl_llm.models.config import Family, ModelConfig
 
 # Gemma's chat turn format (https://ai.google.dev/gemma/docs/core/prompt-structure): turns
 # ``<start_of_turn>{user|model}\n...<end_of_turn>\n``, a system message folded into the first
@@ -67,28 +70,7 @@ GEMMA_CHAT_TEMPLATE = (
 _GEMMA_END_OF_TURN = "<end_of_turn>"
 
 
-class LoadedModel(NamedTuple):
-    """A model ready to run: ``(config, params, tokenizer)``.
-
-    Attributes:
-      config: the :class:`~jaxrl_llm.models.ModelConfig`.
-      params: the params tree (jax arrays in ``config.param_dtype``).
-      tokenizer: a transformers tokenizer with its chat template, or None when the source
-        has no tokenizer files.
-    """
-
-    config: ModelConfig
-    params: dict[str, Any]
-    tokenizer: Any
-
-
 # ----- building blocks --------------------------------------------------------------------------
-
-
-def _to_jax(params: Any, dtype) -> Any:
-    import jax
-
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x), dtype=dtype), params)
 
 
 def _gemma_chat_defaults(config: ModelConfig, tokenizer: Any) -> ModelConfig:
@@ -103,41 +85,6 @@ def _gemma_chat_defaults(config: ModelConfig, tokenizer: Any) -> ModelConfig:
     if isinstance(eot, int) and eot != tokenizer.unk_token_id and eot not in config.eos_token_ids:
         config = dataclasses.replace(config, eos_token_ids=(*config.eos_token_ids, eot))
     return config
-
-
-def _finish(
-    config: ModelConfig,
-    sd: dict[str, Any],
-    tokenizer: Any,
-    *,
-    source: str,
-    param_dtype: str,
-    compute_dtype: str | None,
-) -> LoadedModel:
-    dtype_from_name(param_dtype)
-    config = dataclasses.replace(
-        config, param_dtype=param_dtype, compute_dtype=compute_dtype or param_dtype
-    )
-    params = params_from_hf_state_dict(sd, config, source=source)
-    return LoadedModel(config, _to_jax(params, config.param_jnp_dtype), tokenizer)
-
-
-def quiet_transformers():
-    """Silence transformers' progress bars / info logs for one call."""
-    stack = contextlib.ExitStack()
-    try:
-        from transformers.utils import logging as hf_logging
-
-        level = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        stack.callback(hf_logging.set_verbosity, level)
-        if hasattr(hf_logging, "disable_progress_bar"):
-            hf_logging.disable_progress_bar()
-            stack.callback(hf_logging.enable_progress_bar)
-    except ImportError:  # pragma: no cover
-        pass
-    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
-    return stack
 
 
 def _load_tokenizer(directory: Path) -> Any:
@@ -254,7 +201,7 @@ def load_hf_dir(
     config, sd, tokenizer = _hf_dir_parts(d)
     config = _gemma_chat_defaults(config, tokenizer)
     _check_tokenizer_fits(d, config, tokenizer)
-    return _finish(
+    return loaded_model(
         config, sd, tokenizer, source=str(d), param_dtype=param_dtype, compute_dtype=compute_dtype
     )
 
@@ -311,47 +258,11 @@ def load_peft_dir(
     tokenizer = _load_tokenizer(adapter.path) or tokenizer
     config = _gemma_chat_defaults(config, tokenizer)
     _check_tokenizer_fits(adapter.path, config, tokenizer)
-    return _finish(
+    return loaded_model(
         config,
         sd,
         tokenizer,
         source=f"{adapter.path} on {base}",
-        param_dtype=param_dtype,
-        compute_dtype=compute_dtype,
-    )
-
-
-def from_hf_model(
-    model: Any,
-    tokenizer: Any = None,
-    *,
-    param_dtype: str = "float32",
-    compute_dtype: str | None = None,
-) -> LoadedModel:
-    """Convert an in-memory transformers ``PreTrainedModel`` (Llama / Mistral / Qwen2 / Qwen3 /
-    Gemma / Qwen3-MoE / Mixtral, causal LM or sequence classifier with one label).
-
-    Args:
-      model: the transformers model (its ``config`` and ``state_dict()`` are read).
-      tokenizer: returned as is.
-      param_dtype, compute_dtype: as in :func:`load_model`.
-
-    Returns:
-      A :class:`LoadedModel`.
-
-    Raises:
-      ModelLoadError: unsupported architecture or a weight mismatch.
-    """
-    name = type(model).__name__
-    hf_cfg = model.config.to_dict()
-    if not hf_cfg.get("architectures"):  # models built with from_config carry none
-        hf_cfg["architectures"] = [name]
-    config = config_from_hf_dict(hf_cfg, source=name)
-    return _finish(
-        config,
-        model.state_dict(),
-        tokenizer,
-        source=name,
         param_dtype=param_dtype,
         compute_dtype=compute_dtype,
     )
