@@ -183,7 +183,7 @@ def _check_budget(model, args: argparse.Namespace) -> None:
     )
     rows = len(args.prompt) * args.num_samples
     itemsize = np.dtype(c.compute_dtype).itemsize
-    kv = 2 * c.num_layers * c.store_kv_heads * c.store_head_dim * total * itemsize
+    kv = 2 * c.num_kv_layers * c.store_kv_heads * c.store_head_dim * total * itemsize
     need = rows * (kv + 4 * c.vocab_size)  # the KV cache and one step's float32 logits per row
     avail = free_memory()  # the host: generate holds the weights and KV cache in its memory
     if need > 0.8 * avail:

@@ -453,6 +453,12 @@ class ModelConfig:
         return self.num_layers - self.num_linear_layers
 
     @property
+    def num_kv_layers(self) -> int:
+        """Layers a KV cache holds keys/values for: the attention layers but the KV-shared
+        ones (``kv_shared_layers``), which read their source layer's."""
+        return self.num_attention_layers - self.kv_shared_layers
+
+    @property
     def rotary_dim(self) -> int:
         """Dims of each head RoPE rotates: ``int(head_dim · partial_rotary_factor)``."""
         return int(self.head_dim * self.partial_rotary_factor)

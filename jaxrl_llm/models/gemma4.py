@@ -36,10 +36,11 @@ we do with each:
    projections or k norm and attend over the keys and values of the last earlier layer of
    their type (transformers' ``kv_sharing_modes``: "store" on that layer, "reuse" on the
    shared ones; in a decode step the source layer's cache). Done (``kv_shared_layers``;
-   :class:`jaxrl_llm.models.kv_stores.KVShared` around every store: the shared layers' cache
-   slots hold copies of their source's keys, so caches keep one slot per layer as without
-   sharing; their k/v weights are stored as zeros). transformers' shortcut that runs the
-   shared layers on the last position only during prefill is an optimisation, not taken.
+   :class:`jaxrl_llm.models.kv_stores.KVShared` around every store hands a shared layer its
+   source's keys and points it at the source's cache slots, so caches hold the L − n layers
+   that compute keys, ``num_kv_layers``; the shared layers' k/v weights are stored as zeros).
+   transformers' shortcut that runs the shared layers on the last position only during
+   prefill is an optimisation, not taken.
 10. ``use_double_wide_mlp``: the KV-shared layers' MLP is 2·F wide. Done
     (``double_wide_mlp``: ``intermediate_size`` is stored as 2·F and the other layers' second
     half is zero; they compute it, 2× their MLP FLOPs).

@@ -152,11 +152,12 @@ class KVShared(KVStore):
     It holds the new tokens' keys/values of the last layer of each type. A layer that is not
     KV-shared passes its own to the inner store and becomes its type's holder; a KV-shared
     layer passes its type's held keys/values instead of its own (its k/v weights are zero
-    and unused). The inner store writes them at the shared layer's own index, so a cache
-    holds a copy of the source layer's keys for that layer and every store works unchanged:
-    a decode step's shared layer attends over the same keys as its source layer, as
-    transformers' shared layers read the source's cache. Gradients reach the source layer's
-    keys through the copy. Cost: the shared layers' cache slots (the same as without sharing).
+    and unused) to the inner store as its source layer (the layer index a store writes at,
+    reads from and takes the window of: the same type, the same window). A cache writes the
+    source's new keys again (the same values) and reads the source's slots, so it holds
+    slots for the ``config.num_kv_layers`` layers that compute keys only, and a decode step's
+    shared layer attends over the keys its source wrote, as transformers' shared layers read
+    the source's cache. Gradients reach the source layer's keys through the held copy.
 
     Attributes:
       inner: the wrapped :class:`KVStore`.
@@ -172,10 +173,10 @@ class KVShared(KVStore):
         type's held ones; returns (``[B, T, H, E]``, the store holding this layer's)."""
         tables = layer_kv_sharing(config)
         assert tables is not None, "KVShared needs config.kv_shared_layers"
-        reuse, slot = (jnp.asarray(t)[layer] for t in tables)
+        reuse, slot, source = (jnp.asarray(t)[layer] for t in tables)
         k = jnp.where(reuse, self.k[slot], k_btke.astype(self.k.dtype))
         v = jnp.where(reuse, self.v[slot], v_btke.astype(self.v.dtype))
-        out, inner = self.inner.attend(config, q_btne, k, v, layer)
+        out, inner = self.inner.attend(config, q_btne, k, v, source)
         return out, KVShared(inner, self.k.at[slot].set(k), self.v.at[slot].set(v))
 
 

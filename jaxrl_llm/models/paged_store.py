@@ -81,8 +81,9 @@ def init_paged_cache(config: ModelConfig, num_pages: int, page_size: int, dtype=
     if num_pages < 2 or page_size < 1:
         raise ConfigError(f"need num_pages >= 2 and page_size >= 1, got {num_pages}, {page_size}")
     dtype = config.compute_jnp_dtype if dtype is None else dtype
-    # a hybrid stack's pages hold its attention layers' keys only
-    n = config.num_attention_layers
+    # a hybrid stack's pages hold its attention layers' keys only, a KV-sharing stack's those
+    # of the layers that compute keys
+    n = config.num_kv_layers
     shape = (n, num_pages, page_size, config.store_kv_heads, config.store_head_dim)
     return PagedKVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 

@@ -116,17 +116,25 @@ def layer_values_are_keys(config: ModelConfig) -> np.ndarray | None:
     return np.asarray([t == LayerType.GLOBAL for t in config.layer_types])
 
 
-def layer_kv_sharing(config: ModelConfig) -> tuple[np.ndarray, np.ndarray] | None:
+def layer_kv_sharing(config: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Per-layer tables of a stack whose last layers share keys/values
     (``config.kv_shared_layers``, Gemma 4): (``[L]`` bool the layer reuses the keys/values of
     the last earlier layer of its type; ``[L]`` int32 its type's slot among the stack's types,
-    in order of first appearance). None without KV sharing."""
+    in order of first appearance; ``[L]`` int32 the layer whose cache slot it reads: itself,
+    or for a KV-shared layer that source layer, always < ``config.num_kv_layers``). None
+    without KV sharing."""
     if not config.kv_shared_layers:
         return None
     kinds = list(dict.fromkeys(config.layer_types))
-    reuse = np.asarray([config.kv_shared(i) for i in range(config.num_layers)])
+    n = config.num_layers
+    reuse = np.asarray([config.kv_shared(i) for i in range(n)])
     slot = np.asarray([kinds.index(t) for t in config.layer_types], np.int32)
-    return reuse, slot
+    first = config.num_kv_layers
+    last_of = {t: max(i for i in range(first) if config.layer_types[i] == t) for t in kinds}
+    source = np.asarray(
+        [last_of[config.layer_types[i]] if reuse[i] else i for i in range(n)], np.int32
+    )
+    return reuse, slot, source
 
 
 def check_layer_index(config: ModelConfig, layer) -> None:

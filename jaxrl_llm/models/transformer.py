@@ -146,7 +146,7 @@ class ModelOutputs(NamedTuple):
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache with ``max_len`` slots for ``batch_size`` rows."""
     dtype = config.compute_jnp_dtype if dtype is None else dtype
-    n = config.num_attention_layers
+    n = config.num_kv_layers  # not the KV-shared layers (Gemma 4): they read their source's
     shape = (n, batch_size, max_len, config.store_kv_heads, config.store_head_dim)
     conv, state = (
         init_recurrent_state(config, batch_size, dtype) if config.is_hybrid else (None, None)

@@ -87,6 +87,7 @@ def test_prefill_then_steps_equal_the_whole_forward(kv_shared):
     pos = M.default_positions(mask)
     cache = M.init_cache(config, 2, 21)
     assert cache.k.shape[-2:] == (config.store_kv_heads, config.store_head_dim)
+    assert cache.k.shape[0] == config.num_layers - kv_shared  # shared layers read their source
     logits, cache = M.forward(
         params,
         toks[:, :15],

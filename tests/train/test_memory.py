@@ -243,3 +243,27 @@ def test_fsdp_step_holds_the_unembedding_gathered_whole():
     assert rows["unembedding gradient, whole (bf16)"] == 4096 * 128256 * 2
     one = estimate_memory(c, "grpo", **kw)  # one device: the bf16 copy is the whole table
     assert not any(r.component.startswith("unembedding g") for r in one.rows)
+
+
+def test_kv_shared_layers_hold_no_cache_of_their_own():
+    """Gemma 4's KV sharing: the rollout's KV cache holds the layers that compute keys only,
+    as init_cache and init_paged_cache allocate it."""
+    local, glob = M.LayerType.LOCAL, M.LayerType.GLOBAL
+    shared = M.ModelConfig.tiny(
+        "gemma4_text",
+        layer_types=(local, glob, local, glob),
+        kv_shared_layers=2,
+        double_wide_mlp=True,
+        intermediate_size=160,
+    )
+    plain = M.ModelConfig.tiny("gemma4_text", layer_types=(local, glob, local, glob))
+    kw = dict(batch_size=2, group_size=4, seq_len=64, prompt_len=32)
+    kv = {
+        c.kv_shared_layers: {r.component: r.bytes for r in estimate_memory(c, "grpo", **kw).rows}[
+            "KV cache (8 rows x 64 slots)"
+        ]
+        for c in (shared, plain)
+    }
+    assert shared.num_kv_layers == 2 and kv[2] * 2 == kv[0]
+    assert M.init_cache(shared, 8, 64).k.shape[0] == 2
+    assert M.init_paged_cache(shared, 4, 16).k.shape[0] == 2

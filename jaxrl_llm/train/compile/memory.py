@@ -527,13 +527,13 @@ def _kv_cache_rows(
     config: ModelConfig, local_rows: int, seq_len: int, tensor: int, b: int
 ) -> list[MemoryRow]:
     """The rollout's KV cache on one device (transient): keys and values of the attention
-    layers; a hybrid stack's linear-attention layers hold instead a conv window
+    layers that compute their own (not Gemma 4's KV-shared ones); a hybrid stack's linear-attention layers hold instead a conv window
     (``[W−1, C]`` per row, compute dtype) and a float32 delta-rule state (``[H_v, d_k, d_v]``
     per row), whatever the length."""
     c = config
     kv = (
         2
-        * c.num_attention_layers
+        * c.num_kv_layers
         * local_rows
         * seq_len
         * max(c.store_kv_heads // tensor, 1)
