@@ -6,7 +6,6 @@ environment that keeps failing stops the run."""
 from __future__ import annotations
 
 import json
-import random
 
 import jax
 import numpy as np
@@ -25,19 +24,6 @@ from jaxrl_llm.train.online.experience import rl_batch
 from jaxrl_llm.train.online.trainer import OnlineTrainer, train_online
 from jaxrl_llm.train.run.logging import read_metrics
 from tests.envs.scripted import STOP
-
-
-@pytest.fixture(scope="module")
-def chat_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("chat")
-    rng = random.Random(0)
-    rows = []
-    for _ in range(40):
-        a, b = rng.sample(range(10), 2)
-        rows.append({"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))})
-    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:32]))
-    (d / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[32:]))
-    return d
 
 
 def _config(data, out, *, algorithm="grpo", env=None, stop=False, **over):

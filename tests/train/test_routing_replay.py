@@ -234,18 +234,6 @@ def test_hybrid_moe_records_and_replays_every_layers_routing(toy_data, tmp_path,
         assert m["routing/own_topk_mismatch_frac"] > 0.0
 
 
-@pytest.fixture(scope="module")
-def chat_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("chat_r3")
-    rng = random.Random(0)
-    rows = []
-    for _ in range(16):
-        a, b = rng.sample(range(10), 2)
-        rows.append({"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))})
-    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    return d
-
-
 def test_multi_turn_episodes_record_and_replay_every_tokens_routing(chat_data, tmp_path):
     """A multi-turn environment: the paged engine records the experts of the opening, the
     policy's turns and the environment's replies (appended through ``extend``), laid out as the
