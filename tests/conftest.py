@@ -20,8 +20,6 @@ if "xla_force_host_platform_device_count" not in _flags:
 os.environ["XLA_FLAGS"] = _flags
 
 import gc  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -55,12 +53,8 @@ def jax_cache_dir(tmp_path_factory) -> str:
 def chat_data(tmp_path_factory):
     """40 chat-message prompts ``[{"role": "user", "content": "ab>"}]`` with ``answer`` the
     larger digit: ``train.jsonl`` (32) and ``eval.jsonl`` (8), for environment runs."""
+    from tests.envs.scripted import write_chat_rows
+
     d = tmp_path_factory.mktemp("chat")
-    rng = random.Random(0)
-    rows = []
-    for _ in range(40):
-        a, b = rng.sample(range(10), 2)
-        rows.append({"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))})
-    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:32]))
-    (d / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[32:]))
+    write_chat_rows(d, 32, 8)
     return d

@@ -1,11 +1,28 @@
-"""Environments for the tests: scripted replies, sleeps, failures, and broken contracts."""
+"""Environments for the tests: scripted replies, sleeps, failures, and broken contracts; and
+the chat-message prompts they run on (:func:`write_chat_rows`)."""
 
 from __future__ import annotations
 
+import json
+import random
 import threading
 import time
 
 from jaxrl_llm.envs import Step
+
+
+def write_chat_rows(d, train: int, eval: int) -> None:
+    """``train.jsonl`` / ``eval.jsonl`` in ``d``: chat-message prompts
+    ``[{"role": "user", "content": "ab>"}]`` with ``answer`` the larger digit, the first
+    ``train`` rows and the ``eval`` after them (seeded: the same rows every time)."""
+    rng = random.Random(0)
+    rows = []
+    for _ in range(train + eval):
+        a, b = rng.sample(range(10), 2)
+        rows.append({"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))})
+    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:train]))
+    (d / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[train:]))
+
 
 # Char-tokenizer ids of letters and digits: as stop tokens they end the random tiny model's
 # turns after a few tokens, so its episodes take several turns.

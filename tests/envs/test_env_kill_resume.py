@@ -17,7 +17,7 @@ import yaml
 
 from jaxrl_llm.train.run.checkpoint import restore_model
 from jaxrl_llm.train.run.logging import read_metrics
-from tests.envs.scripted import STOP
+from tests.envs.scripted import STOP, write_chat_rows
 from tests.train.test_kill_resume import (
     TIMING_KEYS,
     _env,
@@ -30,13 +30,7 @@ MAX_STEPS = 4
 
 
 def _config(d) -> str:
-    rng = random.Random(0)
-    rows = []
-    for _ in range(24):
-        a, b = rng.sample(range(10), 2)
-        rows.append({"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))})
-    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:20]))
-    (d / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[20:]))
+    write_chat_rows(d, 20, 4)
     cfg = dict(
         seed=0,
         max_steps=MAX_STEPS,
