@@ -72,7 +72,7 @@ every layer: up to (E*/E)·(K*/K) times what the smaller layers need.
 
 The mapping from and to transformers' ``Gemma4TextConfig`` is
 :mod:`jaxrl_llm.interop.hf_config_gemma4`'s; the weights' padding on import and export
-:mod:`jaxrl_llm.interop.state_dict`'s.
+:mod:`jaxrl_llm.interop.state_dict_gemma4`'s.
 """
 
 from __future__ import annotations
