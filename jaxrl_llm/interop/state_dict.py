@@ -49,7 +49,7 @@ from jaxrl_llm.interop.state_dict_qwen3_5 import (
     module_layers,
 )
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.transformer import param_shapes_and_axes
+from jaxrl_llm.models.params import param_shapes_and_axes
 
 # numpy dtype kinds that are not weights: integers, booleans, complex, objects, strings, times.
 _NOT_FLOAT = "iubcOSUMm"

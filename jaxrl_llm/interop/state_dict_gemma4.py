@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxrl_llm.models.config import LayerType, ModelConfig
 from jaxrl_llm.models.gemma4 import pad_heads, unpad_heads
-from jaxrl_llm.models.transformer import head_axes
+from jaxrl_llm.models.params import head_axes
 
 # Gemma 4's per-layer inputs (config.per_layer_input_size): each layer's gate, projection, norm.
 PER_LAYER_INPUT_NAMES: dict[tuple[str, str], str] = {
