@@ -11,30 +11,13 @@ Gemma 2 / 3 add a norm after attention and after the MLP; transformers calls the
 attention (in Llama it is the pre-MLP norm), so the names depend on ``config.post_norms``.
 Gemma norm weights are stored as transformers stores them (w of the (1 + w) form).
 
-Mixture of experts (Qwen3-MoE, Mixtral): checkpoints store one ``nn.Linear`` per expert, under
-``mlp.experts.{j}.{gate,up,down}_proj`` (Qwen3-MoE) or ``block_sparse_moe.experts.{j}.w1 / w3
-/ w2`` (Mixtral: gate / up / down), with the router at ``mlp.gate`` / ``block_sparse_moe.gate``;
-that is what ``save_pretrained`` writes and what export writes. transformers ≥ 5 holds them
-fused in memory (``mlp.experts.gate_up_proj`` ``[X, 2·F_e, D]``, gate rows first, and
-``mlp.experts.down_proj`` ``[X, D, F_e]``, router ``mlp.gate.weight``); import reads either.
-Ours: ``router`` ``[L, D, X]``, ``experts_gate`` / ``experts_up`` ``[L, X, D, F_e]``,
-``experts_down`` ``[L, X, F_e, D]``; Qwen3.5-MoE's shared expert ``mlp.shared_expert.*`` and
-``mlp.shared_expert_gate`` are ``shared_{gate,up,down}_proj`` and ``shared_expert_gate``.
-
-Qwen3.5 (hybrid): a LINEAR layer's ``linear_attn.*`` tensors go to the sub-trees stacked over
-the LINEAR layers only, the attention layers' ``self_attn.*`` to those stacked over the
-attention layers (:func:`jaxrl_llm.models.layer_kinds`); ``self_attn.q_proj`` holds, per head,
-the E query rows then the E output-gate rows (ours: ``q_proj`` and ``attn_gate``); the conv
-``[C, 1, W]`` is ours ``[W, C]``.
-
-Gemma 4: the same names as Gemma 3 (and ``layer_scalar`` ``[1]`` per layer, ours a scalar of
-``layer_scalar/value``). Its full-attention layers' q/k/v/o and q/k norms have their own head
-dim and KV heads; ours are stored padded to the larger layer's
-(:mod:`jaxrl_llm.models.gemma4`): import pads, export strips the padding. A full-attention
-layer with ``attention_k_eq_v`` has no ``v_proj`` (ours stays zero).
+Each family's own tensors are in its module beside this one: a mixture of experts' router
+and experts in :mod:`~jaxrl_llm.interop.state_dict_moe`, Qwen3.5's linear-attention layers
+and gated q_proj in :mod:`~jaxrl_llm.interop.state_dict_qwen3_5`, Gemma 4's padded heads,
+per-layer inputs and MoE-block norms in :mod:`~jaxrl_llm.interop.state_dict_gemma4`.
 
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
-what :func:`jaxrl_llm.models.transformer.apply_rope` implements, so q/k weights need no
+what :func:`jaxrl_llm.models.positions.apply_rope` implements, so q/k weights need no
 permutation (transformers' GGUF reader already undoes llama.cpp's interleaved permutation).
 """
 
@@ -46,10 +29,27 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.models.config import Family, LayerType, ModelConfig
-from jaxrl_llm.models.gemma4 import pad_heads, unpad_heads
-from jaxrl_llm.models.layer import layer_kinds
-from jaxrl_llm.models.transformer import head_axes, param_shapes_and_axes
+from jaxrl_llm.interop.state_dict_gemma4 import (
+    BESIDE_MLP_NAMES,
+    PER_LAYER_INPUT_NAMES,
+    PER_LAYER_TOP,
+    absent_in_hf,
+    pad_layer,
+    per_layer_inputs_from_hf,
+    per_layer_inputs_to_hf,
+    unpad_layer,
+)
+from jaxrl_llm.interop.state_dict_moe import MOE_MODULES, experts_from_hf, experts_to_hf
+from jaxrl_llm.interop.state_dict_qwen3_5 import (
+    LINEAR_LAYOUTS,
+    LINEAR_NAMES,
+    gated_q_to_hf,
+    linear_to_hf,
+    linear_to_ours,
+    module_layers,
+)
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.params import param_shapes_and_axes
 
 # numpy dtype kinds that are not weights: integers, booleans, complex, objects, strings, times.
 _NOT_FLOAT = "iubcOSUMm"
@@ -75,46 +75,11 @@ _LAYER_NAMES: dict[tuple[str, str], str] = {
     ("down_proj", "kernel"): "mlp.down_proj.weight",
 }
 
-# Qwen3.5's Gated DeltaNet layers (config.is_hybrid) and the attention output gate, which
-# transformers keeps in q_proj's rows: per head, E query rows then E gate rows.
-_LINEAR_NAMES: dict[tuple[str, str], str] = {
-    ("in_proj_qkv", "kernel"): "linear_attn.in_proj_qkv.weight",
-    ("in_proj_z", "kernel"): "linear_attn.in_proj_z.weight",
-    ("in_proj_b", "kernel"): "linear_attn.in_proj_b.weight",
-    ("in_proj_a", "kernel"): "linear_attn.in_proj_a.weight",
-    ("conv", "kernel"): "linear_attn.conv1d.weight",
-    ("delta", "a_log"): "linear_attn.A_log",
-    ("delta", "dt_bias"): "linear_attn.dt_bias",
-    ("linear_norm", "scale"): "linear_attn.norm.weight",
-    ("out_proj", "kernel"): "linear_attn.out_proj.weight",
-    ("attn_gate", "kernel"): "self_attn.q_proj.weight",
-    ("shared_gate_proj", "kernel"): "mlp.shared_expert.gate_proj.weight",
-    ("shared_up_proj", "kernel"): "mlp.shared_expert.up_proj.weight",
-    ("shared_down_proj", "kernel"): "mlp.shared_expert.down_proj.weight",
-    ("shared_expert_gate", "kernel"): "mlp.shared_expert_gate.weight",
-}
-
 # Gemma 2 / 3 (config.post_norms): the four norms around attention and the MLP.
 _POST_NORM_NAMES: dict[tuple[str, str], str] = {
     ("mlp_norm", "scale"): "pre_feedforward_layernorm.weight",
     ("post_attn_norm", "scale"): "post_attention_layernorm.weight",
     ("post_mlp_norm", "scale"): "post_feedforward_layernorm.weight",
-}
-
-# Gemma 4's per-layer inputs (config.per_layer_input_size): each layer's gate, projection, norm.
-_PER_LAYER_INPUT_NAMES: dict[tuple[str, str], str] = {
-    ("per_layer_gate", "kernel"): "per_layer_input_gate.weight",
-    ("per_layer_proj", "kernel"): "per_layer_projection.weight",
-    ("per_layer_post_norm", "scale"): "post_per_layer_input_norm.weight",
-}
-
-# Gemma 4's MoE block beside the MLP (config.moe_beside_mlp): its router's scales and norms.
-_BESIDE_MLP_NAMES: dict[tuple[str, str], str] = {
-    ("router_norm", "scale"): "router.scale",
-    ("expert_scale", "scale"): "router.per_expert_scale",
-    ("post_dense_norm", "scale"): "post_feedforward_layernorm_1.weight",
-    ("moe_norm", "scale"): "pre_feedforward_layernorm_2.weight",
-    ("post_moe_norm", "scale"): "post_feedforward_layernorm_2.weight",
 }
 
 # Gemma3ForConditionalGeneration nests the text decoder; its other parts are not ours.
@@ -129,110 +94,6 @@ _MULTIMODAL_OTHER = (
 )
 # Qwen3.5 checkpoints carry a multi-token-prediction head that transformers does not load.
 _IGNORED_PREFIXES = ("mtp.",)
-
-
-# Our expert sub-trees; read and written by _stack_index_from_hf / _stack_index_to_hf.
-_MOE_MODULES = ("router", "experts_gate", "experts_up", "experts_down")
-# Per-expert checkpoint names: family -> (block prefix, gate, up, down).
-_EXPERT_NAMES = {
-    Family.QWEN3_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
-    Family.MIXTRAL: ("block_sparse_moe", "w1", "w3", "w2"),
-    Family.QWEN3_5_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
-}
-
-
-def _stack_index_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.ndarray]:
-    """Layer ``i``'s router and experts in our layout, from the per-expert checkpoint layout
-    or transformers' fused in-memory one (``take(name, shape)`` reads and checks a tensor)."""
-    c = config
-    x, d, f = c.num_experts, c.hidden_size, c.moe_intermediate_size
-    layer = f"model.layers.{i}."
-    if c.family == Family.GEMMA4:  # fused experts beside the MLP, the router's own module
-        gate_up = take(f"{layer}experts.gate_up_proj", (x, 2 * f, d))
-        return {
-            "router": take(f"{layer}router.proj.weight", (x, d)).T,
-            "experts_gate": gate_up[:, :f, :].transpose(0, 2, 1),
-            "experts_up": gate_up[:, f:, :].transpose(0, 2, 1),
-            "experts_down": take(f"{layer}experts.down_proj", (x, d, f)).transpose(0, 2, 1),
-        }
-    block, gate, up, down = _EXPERT_NAMES[c.family]
-    fused = f"{layer}mlp.experts.gate_up_proj"
-    if fused in sd:
-        gate_up = take(fused, (x, 2 * f, d))
-        return {
-            "router": take(f"{layer}mlp.gate.weight", (x, d)).T,
-            "experts_gate": gate_up[:, :f, :].transpose(0, 2, 1),
-            "experts_up": gate_up[:, f:, :].transpose(0, 2, 1),
-            "experts_down": take(f"{layer}mlp.experts.down_proj", (x, d, f)).transpose(0, 2, 1),
-        }
-    prefix = f"{layer}{block}."
-
-    def experts(name: str, shape: tuple[int, int]) -> np.ndarray:
-        return np.stack([take(f"{prefix}experts.{j}.{name}.weight", shape).T for j in range(x)])
-
-    return {
-        "router": take(f"{prefix}gate.weight", (x, d)).T,
-        "experts_gate": experts(gate, (f, d)),
-        "experts_up": experts(up, (f, d)),
-        "experts_down": experts(down, (d, f)),
-    }
-
-
-def _stack_index_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfig):
-    """Layer ``i``'s router and experts (ours, no layer axis) in the per-expert checkpoint
-    layout (Gemma 4: its fused layout, as its checkpoints hold them): name -> array."""
-    if config.family == Family.GEMMA4:
-        layer_ = f"model.layers.{i}."
-        return {
-            f"{layer_}router.proj.weight": layer["router"].T,
-            f"{layer_}experts.gate_up_proj": np.concatenate(
-                [layer["experts_gate"].transpose(0, 2, 1), layer["experts_up"].transpose(0, 2, 1)],
-                axis=1,
-            ),
-            f"{layer_}experts.down_proj": layer["experts_down"].transpose(0, 2, 1),
-        }
-    block, gate, up, down = _EXPERT_NAMES[config.family]
-    prefix = f"model.layers.{i}.{block}."
-    out = {f"{prefix}gate.weight": layer["router"].T}
-    for j in range(config.num_experts):
-        out[f"{prefix}experts.{j}.{gate}.weight"] = layer["experts_gate"][j].T
-        out[f"{prefix}experts.{j}.{up}.weight"] = layer["experts_up"][j].T
-        out[f"{prefix}experts.{j}.{down}.weight"] = layer["experts_down"][j].T
-    return out
-
-
-# Gemma 4's per-layer-input tensors beside the layers: (our sub-tree, leaf).
-_PER_LAYER_TOP = (
-    ("embed_per_layer", "embedding"),
-    ("per_layer_projection", "kernel"),
-    ("per_layer_norm", "scale"),
-)
-
-
-def _per_layer_inputs_from_hf(take, config: ModelConfig) -> dict[str, Any]:
-    """Gemma 4's per-layer-input embedding ``[V_ple, L·P]``, projection ``[L·P, D]`` and norm
-    ``[P]`` as ours (``[V_ple, L, P]``, ``[D, L, P]``, ``[P]``)."""
-    c = config
-    n, p, d = c.num_layers, c.per_layer_input_size, c.hidden_size
-    emb = take("model.embed_tokens_per_layer.weight", (c.per_layer_vocab, n * p))
-    proj = take("model.per_layer_model_projection.weight", (n * p, d))
-    return {
-        "embed_per_layer": {"embedding": emb.reshape(-1, n, p)},
-        "per_layer_projection": {"kernel": proj.T.reshape(d, n, p)},
-        "per_layer_norm": {"scale": take("model.per_layer_projection_norm.weight", (p,))},
-    }
-
-
-def _per_layer_inputs_to_hf(ple: Mapping[str, np.ndarray], config: ModelConfig):
-    """Inverse of :func:`_per_layer_inputs_from_hf`."""
-    d = config.hidden_size
-    return {
-        "model.embed_tokens_per_layer.weight": ple["embed_per_layer"].reshape(
-            config.per_layer_vocab, -1
-        ),
-        "model.per_layer_model_projection.weight": ple["per_layer_projection"].reshape(d, -1).T,
-        "model.per_layer_projection_norm.weight": ple["per_layer_norm"],
-    }
 
 
 def hf_projection_name(module: str, layer: int) -> str:
@@ -254,41 +115,14 @@ def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
     """(our layer sub-tree, leaf) -> transformers name inside ``model.layers.{i}.``."""
     names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.post_norms else dict(_LAYER_NAMES)
     if config.is_hybrid or config.attn_output_gate:
-        names.update(_LINEAR_NAMES)
+        names.update(LINEAR_NAMES)
     if config.layer_scalars:
         names[("layer_scalar", "value")] = "layer_scalar"
     if config.moe_beside_mlp:
-        names.update(_BESIDE_MLP_NAMES)
+        names.update(BESIDE_MLP_NAMES)
     if config.per_layer_input_size:
-        names.update(_PER_LAYER_INPUT_NAMES)
+        names.update(PER_LAYER_INPUT_NAMES)
     return names
-
-
-def _module_layers(config: ModelConfig, module: str) -> list[int]:
-    """The transformers layer indices a stacked sub-tree of ``params["layers"]`` holds, in
-    order: in a hybrid stack the LINEAR layers' or the attention layers' own, else all."""
-    if not config.is_hybrid:
-        return list(range(config.num_layers))
-    kind = layer_kinds([module])[module]
-    linear = [t == LayerType.LINEAR for t in config.layer_types]
-    if kind == "linear":
-        return [i for i, is_lin in enumerate(linear) if is_lin]
-    if kind == "attention":
-        return [i for i, is_lin in enumerate(linear) if not is_lin]
-    return list(range(config.num_layers))
-
-
-def _absent(config: ModelConfig, module: str, layer: int) -> bool:
-    """True when transformers has no such tensor in this layer (ours stays zero): a Gemma 4
-    full-attention layer's ``v_proj`` with ``attention_k_eq_v`` (its values are its keys); a
-    KV-shared layer's ``k_proj``, ``v_proj`` and ``k_norm`` (``num_kv_shared_layers``)."""
-    if module in ("k_proj", "v_proj", "k_norm") and config.kv_shared(layer):
-        return True
-    return (
-        module == "v_proj"
-        and config.global_k_eq_v
-        and config.layer_types[layer] == LayerType.GLOBAL
-    )
 
 
 def _hf_layer_shape(config: ModelConfig, module: str, leaf: str, layer: int) -> tuple[int, ...]:
@@ -344,39 +178,8 @@ def _layer_to_ours(
     w: np.ndarray, module: str, leaf: str, config: ModelConfig, layer: int
 ) -> np.ndarray:
     """Layer ``layer``'s transformers tensor -> our per-layer layout (no layer axis), heads
-    padded to the stored size (:func:`_pad_layer`)."""
-    return _pad_layer(_unstack_to_ours(w, module, leaf, config, layer), module, leaf, config)
-
-
-#: The axis of each dense MLP kernel (ours, one layer) that holds its F units.
-_MLP_UNITS_AXIS = {"gate_proj": 1, "up_proj": 1, "down_proj": 0}
-
-
-def _pad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
-    """One layer's tensor (ours, at the layer's own size) padded with zeros to the stored
-    size: attention heads to the stored heads (:mod:`jaxrl_llm.models.gemma4`), MLP units to
-    ``intermediate_size`` (``double_wide_mlp``); other tensors unchanged."""
-    units = _MLP_UNITS_AXIS.get(module)
-    if units is not None and config.double_wide_mlp:
-        pad = [(0, 0)] * w.ndim
-        pad[units] = (0, config.intermediate_size - w.shape[units])
-        return np.pad(w, pad)
-    axes = head_axes(module, leaf)
-    if not config.has_padded_heads or axes is None:
-        return w
-    return pad_heads(w, *axes, config.store_kv_heads, config.store_head_dim)
-
-
-def _unpad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig, layer: int):
-    """Inverse of :func:`_pad_layer` for layer ``layer``."""
-    units = _MLP_UNITS_AXIS.get(module)
-    if units is not None and config.double_wide_mlp:
-        return np.take(w, np.arange(config.mlp_width(layer)), axis=units)
-    axes = head_axes(module, leaf)
-    if not config.has_padded_heads or axes is None:
-        return w
-    k, e = config.layer_heads(layer)
-    return unpad_heads(w, *axes, k, e)
+    padded to the stored size (:func:`pad_layer`)."""
+    return pad_layer(_unstack_to_ours(w, module, leaf, config, layer), module, leaf, config)
 
 
 def _unstack_to_ours(
@@ -391,15 +194,8 @@ def _unstack_to_ours(
         return w.reshape(())
     if leaf == "bias":  # [N*E] -> [N, E]
         return w.reshape(-1, e)
-    if module in ("q_proj", "attn_gate") and c.attn_output_gate:  # [H*2E, D] -> [D, H, E]
-        qg = w.T.reshape(c.hidden_size, c.num_heads, 2, c.head_dim)
-        return qg[:, :, 0 if module == "q_proj" else 1]
-    if module == "conv":  # [C, 1, W] -> [W, C]
-        return w[:, 0, :].T
-    if module == "in_proj_z":  # [H_v*d_v, D] -> [D, H_v, d_v]
-        return w.T.reshape(c.hidden_size, -1, c.linear_value_head_dim)
-    if module == "out_proj":  # [D, H_v*d_v] -> [H_v, d_v, D]
-        return w.T.reshape(-1, c.linear_value_head_dim, c.hidden_size)
+    if module in LINEAR_LAYOUTS or (module in ("q_proj", "attn_gate") and c.attn_output_gate):
+        return linear_to_ours(w, module, config)
     if module in ("q_proj", "k_proj", "v_proj"):  # [N*E, D] -> [D, N, E]
         return w.T.reshape(c.hidden_size, -1, e)
     if module == "o_proj":  # [D, H*E] -> [H, E, D]
@@ -409,16 +205,14 @@ def _unstack_to_ours(
 
 def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
     """Inverse of :func:`_layer_to_ours` for one layer (``q_proj`` with an output gate:
-    :func:`_gated_q_to_hf`)."""
+    :func:`gated_q_to_hf`)."""
     c = config
     if leaf in ("scale", "a_log", "dt_bias"):
         return w
     if leaf == "value":  # layer_scalar [] -> [1]
         return w.reshape(1)
-    if module == "conv":  # [W, C] -> [C, 1, W]
-        return w.T[:, None, :]
-    if module in ("in_proj_z", "out_proj"):
-        return _layer_to_hf(w, "q_proj" if module == "in_proj_z" else "o_proj", leaf, config)
+    if module in LINEAR_LAYOUTS:
+        return linear_to_hf(w, module, config)
     if leaf == "bias":
         return w.reshape(-1)
     if module in ("q_proj", "k_proj", "v_proj"):  # [D, N, E] -> [N*E, D]
@@ -426,13 +220,6 @@ def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> 
     if module == "o_proj":  # [H, E, D] -> [D, H*E]
         return w.reshape(-1, c.hidden_size).T
     return w.T
-
-
-def _gated_q_to_hf(q: np.ndarray, gate: np.ndarray) -> np.ndarray:
-    """Our q_proj and attn_gate ``[D, H, E]`` -> transformers' q_proj ``[H*2E, D]`` (per head,
-    E query rows then E gate rows)."""
-    d = q.shape[0]
-    return np.stack([q, gate], axis=2).reshape(d, -1).T
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -550,20 +337,16 @@ def params_from_hf_state_dict(
     names = _layer_names(config)
     layers: dict[str, dict[str, np.ndarray]] = {}
     if config.is_moe:
-        per_layer_moe = [
-            _stack_index_from_hf(take, sd, i, config) for i in range(config.num_layers)
-        ]
-        for module in _MOE_MODULES:
-            layers[module] = {"kernel": np.stack([m[module] for m in per_layer_moe])}
+        layers.update(experts_from_hf(take, sd, config))
     for module, leaves in specs["layers"].items():
-        if module in _MOE_MODULES:
+        if module in MOE_MODULES:
             continue
         layers[module] = {}
         for leaf, (shape, _) in leaves.items():
             hf_name = names[(module, leaf)]
             per_layer: list[np.ndarray | None] = []
-            for i in _module_layers(config, module):
-                if _absent(config, module, i):
+            for i in module_layers(config, module):
+                if absent_in_hf(config, module, i):
                     per_layer.append(None)  # zeros, in the dtype of the layers that have it
                     continue
                 w = take(f"model.layers.{i}.{hf_name}", _hf_layer_shape(config, module, leaf, i))
@@ -580,7 +363,7 @@ def params_from_hf_state_dict(
         "final_norm": {"scale": take("model.norm.weight", (d,))},
     }
     if config.per_layer_input_size:
-        params.update(_per_layer_inputs_from_hf(take, config))
+        params.update(per_layer_inputs_from_hf(take, config))
     if "lm_head" in specs:
         params["lm_head"] = {"kernel": take("lm_head.weight", (v, d)).T}
     elif "lm_head.weight" in sd:
@@ -651,12 +434,11 @@ def params_to_hf_state_dict(
     if config.is_moe:
         moe = {
             m: get(params, ("layers", m, "kernel"), specs["layers"][m]["kernel"][0])
-            for m in _MOE_MODULES
+            for m in MOE_MODULES
         }
-        for i in range(config.num_layers):
-            out.update(_stack_index_to_hf({m: w[i] for m, w in moe.items()}, i, config))
+        out.update(experts_to_hf(moe, config))
     for module, leaves in specs["layers"].items():
-        if module in _MOE_MODULES:
+        if module in MOE_MODULES:
             continue
         if module == "attn_gate":  # written with q_proj
             continue
@@ -665,19 +447,19 @@ def params_to_hf_state_dict(
             if module == "q_proj" and config.attn_output_gate:
                 gate = get(params, ("layers", "attn_gate", "kernel"), shape)
             hf_name = names[(module, leaf)]
-            for j, i in enumerate(_module_layers(config, module)):
-                if _absent(config, module, i):
+            for j, i in enumerate(module_layers(config, module)):
+                if absent_in_hf(config, module, i):
                     continue
                 if module == "q_proj" and config.attn_output_gate:
-                    w = _gated_q_to_hf(stacked[j], gate[j])
+                    w = gated_q_to_hf(stacked[j], gate[j])
                 else:
-                    w = _unpad_layer(stacked[j], module, leaf, config, i)
+                    w = unpad_layer(stacked[j], module, leaf, config, i)
                     w = _layer_to_hf(w, module, leaf, config)
                 out[f"model.layers.{i}.{hf_name}"] = w
     out["model.norm.weight"] = get(params, ("final_norm", "scale"), specs["final_norm"]["scale"][0])
     if config.per_layer_input_size:
-        ple = {k: get(params, (k, leaf), specs[k][leaf][0]) for k, leaf in _PER_LAYER_TOP}
-        out.update(_per_layer_inputs_to_hf(ple, config))
+        ple = {k: get(params, (k, leaf), specs[k][leaf][0]) for k, leaf in PER_LAYER_TOP}
+        out.update(per_layer_inputs_to_hf(ple, config))
     if config.num_labels:
         out["score.weight"] = get(
             params, ("score_head", "kernel"), specs["score_head"]["kernel"][0]
@@ -685,6 +467,3 @@ def params_to_hf_state_dict(
     elif "lm_head" in specs:
         out["lm_head.weight"] = get(params, ("lm_head", "kernel"), specs["lm_head"]["kernel"][0]).T
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
-
-
-# ----- configs --------------------------------------------------------------------------------

@@ -88,6 +88,13 @@ from jaxrl_llm.models.paged_store import (
     pages_store,
     write_prompt_pages,
 )
+from jaxrl_llm.models.params import (
+    head_axes,
+    init_params,
+    padding_masks,
+    param_logical_axes,
+    param_shapes_and_axes,
+)
 from jaxrl_llm.models.positions import (
     NO_WINDOW,
     apply_rope,
@@ -103,13 +110,8 @@ from jaxrl_llm.models.transformer import (
     apply,
     default_positions,
     forward,
-    head_axes,
     init_cache,
-    init_params,
     logits_from_hidden,
-    padding_masks,
-    param_logical_axes,
-    param_shapes_and_axes,
     scalar_head,
     softcap_logits,
     trunk,

@@ -18,7 +18,7 @@ RMSNorm in both is ``x / rms(x) · (1 + w)`` computed in float32 (weights stored
 at zero), which :func:`jaxrl_llm.models.layer.rms_norm` does with ``unit_offset``.
 
 The mapping from and to transformers' ``Gemma2Config`` / ``Gemma3TextConfig`` is
-:mod:`jaxrl_llm.interop.hf_config`'s.
+:mod:`jaxrl_llm.interop.hf_config_gemma`'s.
 """
 
 from __future__ import annotations

@@ -71,8 +71,9 @@ reads slot ⌊n·K*/H⌋, i.e. head ⌊n·K/H⌋, as grouped-query attention wan
 zero under training (its gradient is zero). The KV cache and pages are ``[.., K*, E*]`` for
 every layer: up to (E*/E)·(K*/K) times what the smaller layers need.
 
-The mapping from and to transformers' ``Gemma4TextConfig`` is :mod:`jaxrl_llm.interop.
-hf_config`'s; the weights' padding on import and export :mod:`jaxrl_llm.interop.state_dict`'s.
+The mapping from and to transformers' ``Gemma4TextConfig`` is
+:mod:`jaxrl_llm.interop.hf_config_gemma4`'s; the weights' padding on import and export
+:mod:`jaxrl_llm.interop.state_dict_gemma4`'s.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def init_lora(config: ModelConfig, lora: LoRAConfig, rng: jax.Array, *, base_sha
       ValueError: a target the model does not have (a mixture of experts has no dense
         gate / up / down projection; its experts take no adapters).
     """
-    from jaxrl_llm.models.transformer import param_shapes_and_axes
+    from jaxrl_llm.models.params import param_shapes_and_axes
 
     specs = param_shapes_and_axes(config)["layers"]
     missing = [t for t in lora.targets if t not in specs]

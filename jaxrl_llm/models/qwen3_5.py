@@ -13,7 +13,7 @@ Qwen3.5-MoE (``qwen3_5_moe_text``) replaces every layer's MLP by a sparse mixtur
 (softmax router, top-k renormalised) plus a shared expert gated by σ(h W_sg).
 
 The mapping from and to transformers' ``Qwen3_5TextConfig`` / ``Qwen3_5MoeTextConfig`` is
-:mod:`jaxrl_llm.interop.hf_config`'s.
+:mod:`jaxrl_llm.interop.hf_config_qwen3_5`'s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Tests of jaxrl_llm/interop/hf_config.py: every family's transformers field mapping lives
-there (models/ imports nothing from interop/), both directions agree, and unsupported inputs
-fail in one line."""
+"""Tests of jaxrl_llm/interop/hf_config.py and its family modules (hf_config_*.py): every
+family's transformers field mapping lives there (models/ imports nothing from interop/), both
+directions agree, and unsupported inputs fail in one line."""
 
 import ast
 import pathlib

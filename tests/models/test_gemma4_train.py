@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import models
-from jaxrl_llm.models.transformer import padding_masks
+from jaxrl_llm.models.params import padding_masks
 from tests.models import family_steps
 
 TINY = dict(family="gemma4_text")

@@ -1,0 +1,130 @@
+"""Gemma 2 / Gemma 3 text's part of the config mapping, both ways: the ModelConfig fields of a
+transformers ``Gemma2Config`` / ``Gemma3TextConfig`` dict (:func:`gemma_fields_from_hf`, read on
+top of the keys every family shares in :func:`jaxrl_llm.interop.hf_config.model_config_from_hf`)
+and the ``config.json`` export writes for them (:func:`gemma_hf_config_dict`). The values that
+make a Gemma are :mod:`jaxrl_llm.models.gemma`'s."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.interop.hf_config_common import config_json, hf_architectures, shared_hf_fields
+from jaxrl_llm.models import gemma
+from jaxrl_llm.models.config import Family, LayerType, ModelConfig, RopeScaling
+
+
+def _gemma_rope_fields(rope: Mapping[str, Any] | None, prefix: str) -> dict[str, Any]:
+    """RoPE fields from one transformers rope-parameters dict (``rope_type``, ``factor``)."""
+    rope = rope or {}
+    kind = RopeScaling(rope.get("rope_type", rope.get("type", "default")))
+    if kind not in (RopeScaling.NONE, RopeScaling.LINEAR):
+        raise ValueError(f"unsupported {prefix} rope scaling {kind.value!r} for a Gemma model")
+    return dict(rope_scaling=kind, rope_factor=float(rope.get("factor", 1.0)))
+
+
+def gemma_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """The Gemma-specific ModelConfig fields of a transformers ``Gemma2Config`` /
+    ``Gemma3TextConfig`` dict (``to_dict()`` or ``config.json``), read on top of the fields
+    every family shares.
+
+    Raises ValueError for what we do not implement (bidirectional attention, a non-default
+    RoPE on local layers, an activation other than tanh-GELU).
+    """
+    family = Family(family)
+    act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"unsupported Gemma hidden_activation {act!r}")
+    if d.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=true (EmbeddingGemma) is not supported")
+    n = int(d["num_hidden_layers"])
+    period = 2 if family == Family.GEMMA2 else int(d.get("sliding_window_pattern", 6))
+    types = tuple(LayerType(t) for t in (d.get("layer_types") or ())) or gemma.pattern_layer_types(
+        n, period
+    )
+    out: dict[str, Any] = gemma.common_fields(family)
+    out.update(
+        layer_types=types,
+        sliding_window=d.get("sliding_window"),
+        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar") or d["head_dim"]),
+        attn_logit_softcap=d.get("attn_logit_softcapping"),
+        final_logit_softcap=d.get("final_logit_softcapping"),
+        tie_embeddings=bool(d.get("tie_word_embeddings", True)),
+    )
+    rope = d.get("rope_parameters") or {}
+    if family == Family.GEMMA3 and LayerType.GLOBAL.value in rope:  # one dict per layer type
+        glob, loc = rope[LayerType.GLOBAL.value] or {}, rope.get(LayerType.LOCAL.value) or {}
+        if _gemma_rope_fields(loc, "local")["rope_scaling"] != RopeScaling.NONE:
+            raise ValueError("a scaled RoPE on Gemma 3 local layers is not supported")
+        out.update(_gemma_rope_fields(glob, "global"))
+        out["rope_theta"] = float(glob.get("rope_theta", 1_000_000.0))
+        out["rope_local_theta"] = float(loc.get("rope_theta", 10_000.0))
+    else:  # Gemma 2, or an older Gemma 3 config.json (rope_theta, rope_local_base_freq)
+        out.update(_gemma_rope_fields(d.get("rope_scaling") or rope, "global"))
+        out["rope_theta"] = float(d.get("rope_theta") or rope.get("rope_theta") or 10_000.0)
+        if family == Family.GEMMA3:
+            out["rope_local_theta"] = float(d.get("rope_local_base_freq", 10_000.0))
+    return out
+
+
+def _gemma_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """Keyword arguments of transformers' ``Gemma2Config`` / ``Gemma3TextConfig`` for the
+    Gemma-specific fields of ``config`` (the inverse of :func:`gemma_fields_from_hf`).
+
+    Raises ValueError when the config is not expressible in transformers' Gemma (e.g. untied
+    or without post-norms).
+    """
+    c = config
+    want = gemma.common_fields(c.family)
+    bad = [k for k, v in want.items() if k != "tie_embeddings" and getattr(c, k) != v]
+    if bad:
+        raise ValueError(f"transformers' {c.family.value} has fixed {bad}; this config differs")
+    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar % 1:
+        raise ValueError(f"query_pre_attn_scalar={c.query_pre_attn_scalar} is not an integer")
+    kw: dict[str, Any] = dict(
+        hidden_activation=c.mlp_activation.value,
+        layer_types=[t.value for t in c.layer_types] or None,
+        sliding_window=c.sliding_window,
+        # transformers' config type is int; Gemma's scalars are whole numbers.
+        query_pre_attn_scalar=int(c.query_pre_attn_scalar or c.head_dim),
+        attn_logit_softcapping=c.attn_logit_softcap,
+        final_logit_softcapping=c.final_logit_softcap,
+    )
+    glob: dict[str, Any] = {"rope_type": c.rope_scaling.value, "rope_theta": c.rope_theta}
+    if c.rope_scaling == RopeScaling.LINEAR:
+        glob["factor"] = c.rope_factor
+    elif c.rope_scaling != RopeScaling.NONE:
+        raise ValueError(f"Gemma export supports default or linear RoPE, not {c.rope_scaling}")
+    if c.family == Family.GEMMA3:
+        local = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
+        kw["rope_parameters"] = {
+            LayerType.GLOBAL.value: glob,
+            LayerType.LOCAL.value: {"rope_type": "default", "rope_theta": local},
+        }
+    else:
+        if c.rope_local_theta not in (None, c.rope_theta):
+            raise ValueError("transformers' Gemma 2 has one RoPE base for all layers")
+        kw["rope_parameters"] = glob
+    return kw
+
+
+def gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
+    """:func:`hf_config_dict` for Gemma 2 / Gemma 3 text (``Gemma3ForCausalLM``)."""
+    import transformers
+
+    c = config
+    if c.num_labels:
+        raise ModelLoadError("export: Gemma sequence classifiers are not supported")
+    cls = transformers.Gemma2Config if c.family == Family.GEMMA2 else transformers.Gemma3TextConfig
+    try:
+        gemma_kw = _gemma_hf_config_kwargs(c)
+    except ValueError as e:
+        raise ModelLoadError(f"export: {e}") from None
+    hf = cls(
+        **shared_hf_fields(c),
+        intermediate_size=c.intermediate_size,
+        attention_bias=c.attention_bias,
+        **gemma_kw,
+    )
+    return config_json(hf, c, hf_architectures(c.family)[0], dtype)

@@ -1,0 +1,88 @@
+"""Qwen3-MoE and Mixtral's part of the config mapping, both ways: the expert fields of their
+transformers config dicts (:func:`moe_fields_from_hf`) and the MoE keywords of
+``Qwen3MoeConfig`` / ``MixtralConfig`` export passes (:func:`moe_hf_config_kwargs`); the rest of
+their keys are the Llama-style ones of :mod:`jaxrl_llm.interop.hf_config`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jaxrl_llm.models.config import Family, ModelConfig
+
+
+def moe_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """ModelConfig fields of a Qwen3-MoE / Mixtral transformers config dict.
+
+    Raises:
+      ValueError: a Qwen3-MoE config that mixes dense and sparse layers (``decoder_sparse_step``
+        ≠ 1 or ``mlp_only_layers``), or Mixtral's ``router_jitter_noise`` > 0 (training-time
+        multiplicative noise on the router input, not implemented).
+    """
+    if family == Family.QWEN3_MOE:
+        step = int(d.get("decoder_sparse_step") or 1)
+        dense = list(d.get("mlp_only_layers") or [])
+        if step != 1 or dense:
+            raise ValueError(
+                f"Qwen3-MoE with dense layers (decoder_sparse_step={step}, "
+                f"mlp_only_layers={dense}) is not supported: every layer must be sparse "
+                f"(decoder_sparse_step=1, mlp_only_layers=[])"
+            )
+        return dict(
+            # config.json says num_experts; transformers >= 5's to_dict num_local_experts.
+            num_experts=int(d["num_experts"] if "num_experts" in d else d["num_local_experts"]),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["moe_intermediate_size"]),
+            norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+    if family == Family.MIXTRAL:
+        jitter = float(d.get("router_jitter_noise") or 0.0)
+        if jitter > 0:
+            raise ValueError(
+                f"Mixtral router_jitter_noise={jitter} is not supported (only 0.0, the "
+                f"released models' value)"
+            )
+        return dict(
+            num_experts=int(d["num_local_experts"]),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["intermediate_size"]),
+            norm_topk_prob=True,
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+    raise ValueError(f"{family.value} is not a mixture-of-experts family")
+
+
+def moe_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """The MoE keywords of transformers' ``Qwen3MoeConfig`` / ``MixtralConfig`` for ``config``.
+
+    Raises:
+      ValueError: a Mixtral config without ``norm_topk_prob`` (transformers' Mixtral always
+        renormalises) or whose expert width differs from ``intermediate_size``.
+    """
+    c = config
+    if c.family == Family.QWEN3_MOE:
+        return dict(
+            num_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            moe_intermediate_size=c.moe_intermediate_size,
+            norm_topk_prob=c.norm_topk_prob,
+            router_aux_loss_coef=c.router_aux_loss_coef,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    if c.family == Family.MIXTRAL:
+        if not c.norm_topk_prob:
+            raise ValueError("transformers' Mixtral always renormalises the top-k weights")
+        if c.moe_intermediate_size != c.intermediate_size:
+            raise ValueError(
+                f"Mixtral's experts have width intermediate_size={c.intermediate_size}, "
+                f"this config has moe_intermediate_size={c.moe_intermediate_size}"
+            )
+        return dict(
+            num_local_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            router_aux_loss_coef=c.router_aux_loss_coef,
+            router_jitter_noise=0.0,
+        )
+    raise ValueError(f"{c.family.value} is not a mixture-of-experts family")

@@ -1,0 +1,115 @@
+"""Qwen3.5 and Qwen3.5-MoE text's part of the config mapping, both ways: the ModelConfig fields
+of a transformers ``Qwen3_5TextConfig`` / ``Qwen3_5MoeTextConfig`` dict
+(:func:`qwen3_5_fields_from_hf`: the layer pattern, the Gated DeltaNet sizes, the partial
+rotary factor, the experts) and the ``config.json`` export writes for them
+(:func:`qwen3_5_hf_config_dict`). The values that make a Qwen3.5 are
+:mod:`jaxrl_llm.models.qwen3_5`'s."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.interop.hf_config_common import (
+    SUPPORTED_ACT,
+    config_json,
+    hf_architectures,
+    shared_hf_fields,
+)
+from jaxrl_llm.models import qwen3_5
+from jaxrl_llm.models.config import Family, LayerType, ModelConfig, RopeScaling
+
+
+def qwen3_5_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """The Qwen3.5-specific ModelConfig fields of a transformers ``Qwen3_5TextConfig`` /
+    ``Qwen3_5MoeTextConfig`` dict: the layer pattern (``layer_types``, or
+    ``full_attention_interval``), the Gated DeltaNet sizes, the partial rotary factor; for
+    the MoE variant the experts (softmax top-k, renormalised) and the shared expert.
+
+    Raises ValueError for an activation other than SiLU or a RoPE other than the default (the
+    multimodal position sections, ``mrope_section``, reduce to plain RoPE on text, where the
+    three position ids are equal).
+    """
+    act = d.get("hidden_act", "silu")
+    if act not in SUPPORTED_ACT:
+        raise ValueError(f"unsupported Qwen3.5 hidden_act {act!r}")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"unsupported Qwen3.5 rope_type {rope.get('rope_type')!r}")
+    if d.get("attention_bias"):
+        raise ValueError("Qwen3.5 with attention_bias=true (biased q/k/v/o projections)")
+    n = int(d["num_hidden_layers"])
+    types = tuple(LayerType(t) for t in (d.get("layer_types") or ()))
+    types = types or qwen3_5.hybrid_layer_types(n, int(d.get("full_attention_interval", 4)))
+    factor = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 0.25))
+    out: dict[str, Any] = qwen3_5.common_fields(family)
+    if family == Family.QWEN3_5_MOE:
+        out.update(
+            num_experts=int(d["num_experts"]),
+            num_experts_per_tok=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["moe_intermediate_size"]),
+            shared_expert_size=int(d["shared_expert_intermediate_size"]),
+            norm_topk_prob=True,
+            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+        )
+    out.update(
+        layer_types=types,
+        partial_rotary_factor=float(factor),
+        linear_num_key_heads=int(d["linear_num_key_heads"]),
+        linear_num_value_heads=int(d["linear_num_value_heads"]),
+        linear_key_head_dim=int(d["linear_key_head_dim"]),
+        linear_value_head_dim=int(d["linear_value_head_dim"]),
+        linear_conv_kernel=int(d["linear_conv_kernel_dim"]),
+    )
+    return out
+
+
+def qwen3_5_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
+    """:func:`hf_config_dict` for Qwen3.5 text (``Qwen3_5ForCausalLM``) and Qwen3.5-MoE text
+    (``Qwen3_5MoeForCausalLM``)."""
+    import transformers
+
+    c = config
+    if c.num_labels:
+        raise ModelLoadError("export: Qwen3.5 sequence classifiers are not supported")
+    want = qwen3_5.common_fields(c.family)
+    bad = [k for k, v in want.items() if getattr(c, k) != v]
+    if bad or c.attention_bias or c.rope_scaling != RopeScaling.NONE:
+        raise ModelLoadError(
+            f"export: transformers' Qwen3.5 has fixed {bad or ['attention_bias', 'rope_scaling']}; "
+            f"this config differs"
+        )
+    if c.family == Family.QWEN3_5_MOE:
+        if not c.norm_topk_prob or not c.shared_expert_size:
+            raise ModelLoadError(
+                "export: transformers' Qwen3.5-MoE renormalises the top-k weights and has a "
+                "shared expert; this config differs"
+            )
+        cls: Any = transformers.Qwen3_5MoeTextConfig
+        sizes: dict[str, Any] = dict(
+            num_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            moe_intermediate_size=c.moe_intermediate_size,
+            shared_expert_intermediate_size=c.shared_expert_size,
+            router_aux_loss_coef=c.router_aux_loss_coef,
+        )
+    else:
+        cls, sizes = transformers.Qwen3_5TextConfig, dict(intermediate_size=c.intermediate_size)
+    hf = cls(
+        **shared_hf_fields(c),
+        **sizes,
+        hidden_act="silu",
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": c.rope_theta,
+            "partial_rotary_factor": c.partial_rotary_factor,
+        },
+        linear_conv_kernel_dim=c.linear_conv_kernel,
+        linear_key_head_dim=c.linear_key_head_dim,
+        linear_value_head_dim=c.linear_value_head_dim,
+        linear_num_key_heads=c.linear_num_key_heads,
+        linear_num_value_heads=c.linear_num_value_heads,
+        layer_types=[t.value for t in c.layer_types],
+    )
+    return config_json(hf, c, hf_architectures(c.family)[0], dtype)
