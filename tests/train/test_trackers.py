@@ -41,11 +41,23 @@ def mlflow_store(tmp_path, monkeypatch):
     return uri
 
 
-def wandb_records(wandb_dir):
-    """[(record type, record)] of the one offline run under ``wandb_dir``: its ``.wandb``
-    file is a LevelDB-style log (7-byte file header, 32 KiB blocks, each chunk with a 7-byte
-    header: crc32, length, type 1 = full, 2 = first, 3 = middle, 4 = last) of ``Record``
-    protos."""
+def wandb_records(wandb_dir, timeout_s: float = 60.0):
+    """[(record type, record)] of the one offline run under ``wandb_dir``, once its ``exit``
+    record is on disk: ``finish()`` can return before wandb's writer process has flushed the
+    file (seen once under a loaded test run: the file held no records yet), so this waits up
+    to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _read_wandb_records(wandb_dir)
+        if any(kind == "exit" for kind, _ in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def _read_wandb_records(wandb_dir):
+    """The records of the offline run's ``.wandb`` file: a LevelDB-style log (7-byte file
+    header, 32 KiB blocks, each chunk with a 7-byte header: crc32, length, type 1 = full,
+    2 = first, 3 = middle, 4 = last) of ``Record`` protos."""
     from wandb.proto import wandb_internal_pb2
 
     (path,) = glob.glob(str(wandb_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
