@@ -180,14 +180,21 @@ class KVShared(KVStore):
         return out, KVShared(inner, self.k.at[slot].set(k), self.v.at[slot].set(v))
 
 
+def empty_held_kv(config: ModelConfig, rows: int, length: int, dtype):
+    """(k, v) zeros ``[n_types, rows, length, K*, E*]``: what :class:`KVShared` holds before
+    the first layer, when the config shares keys/values across layers; None otherwise."""
+    if not config.kv_shared_layers:
+        return None
+    n_types = len(set(config.layer_types))
+    shape = (n_types, rows, length, config.store_kv_heads, config.store_head_dim)
+    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+
 def share_kv(config: ModelConfig, store: KVStore, rows: int, length: int, dtype) -> KVStore:
     """``store`` wrapped in :class:`KVShared` for ``rows`` × ``length`` new tokens when the
     config shares keys/values across layers; ``store`` itself otherwise."""
-    if not config.kv_shared_layers:
-        return store
-    n_types = len(set(config.layer_types))
-    shape = (n_types, rows, length, config.store_kv_heads, config.store_head_dim)
-    return KVShared(store, jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    held = empty_held_kv(config, rows, length, dtype)
+    return store if held is None else KVShared(store, *held)
 
 
 def unshare_kv(store: KVStore) -> KVStore:

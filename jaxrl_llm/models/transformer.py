@@ -61,6 +61,7 @@ from jaxrl_llm.models.kv_stores import (
     KVShared,
     NoCache,
     SharedPrompt,
+    empty_held_kv,
     share_kv,
     unshare_kv,
 )
@@ -487,11 +488,9 @@ def _trunk_shared_prefix(
     valid_c = attention_mask[:, tp:]
 
     # KV sharing (Gemma 4): the held keys/values of the prompt rows and the completions.
-    held_p = share_kv(c, prompt, b // g, tp, x_p.dtype)
-    held_c = share_kv(c, prompt, b, t - tp, x_c.dtype)
-    held = None
-    if isinstance(held_p, KVShared) and isinstance(held_c, KVShared):
-        held = (held_p.k, held_p.v, held_c.k, held_c.v)
+    held_p = empty_held_kv(c, b // g, tp, x_p.dtype)
+    held_c = empty_held_kv(c, b, t - tp, x_c.dtype)
+    held = None if held_p is None or held_c is None else (*held_p, *held_c)
 
     def step(carry, lp, layer, kind=LayerType.GLOBAL, index=None):
         x_p, x_c, held = carry
