@@ -96,6 +96,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="online: the run's rollout.correction (is: TIS / MIS importance weights; "
         "decoupled: decoupled PPO); adds its batch entry and the recompute forward",
     )
+    parser.add_argument(
+        "--rollout-layout",
+        default=None,
+        help="online: the sampler's layout, auto (chosen from a model of the decode step; the "
+        "default) or tensor=N (tensor parallel over N chips of a host, replicas over the rest)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -117,6 +123,18 @@ def _mesh(text: str) -> dict[str, int]:
     return out
 
 
+def _rollout_layout(text: str | None) -> int | str | None:
+    """``--rollout-layout``: None (the run's own), ``"auto"`` or the tensor degree."""
+    from jaxrl_llm.errors import ConfigError
+
+    if text is None or text.strip() == "auto":
+        return None if text is None else "auto"
+    k, sep, v = text.strip().partition("=")
+    if k != "tensor" or not sep or not v.isdigit() or int(v) < 1:
+        raise ConfigError(f"--rollout-layout {text!r}: expected auto or tensor=N (N >= 1)")
+    return int(v)
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm compile``."""
     from jaxrl_llm.cli.memory import params_text, resolve_model_config
@@ -132,7 +150,11 @@ def run(args: argparse.Namespace) -> int:
         from jaxrl_llm.train.config.config_io import load_config
         from jaxrl_llm.train.config.run_config import RunConfig
 
-        cfg = load_config(RunConfig, args.config, list(args.overrides))
+        overrides = list(args.overrides)
+        layout = _rollout_layout(args.rollout_layout)
+        if layout is not None:
+            overrides.append(f"rollout.tensor={layout}")
+        cfg = load_config(RunConfig, args.config, overrides)
         config = resolve_model_config(args.model or cfg.model.source)
         report = compile_run(
             cfg,
@@ -164,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             lora_rank=args.lora_rank,
             decode=not args.no_decode,
+            rollout_tensor=_rollout_layout(args.rollout_layout) or "auto",
             correction=(
                 None
                 if args.correction is None

@@ -22,12 +22,10 @@ from jaxrl_llm.parallel.distributed import (
     host_local_batch_to_global,
     host_local_rows,
     initialize_distributed,
-    local_mesh,
     on_processes,
     process_share,
     to_global,
     to_host,
-    to_process_local,
 )
 from jaxrl_llm.parallel.mesh import MESH_AXES, free_memory, make_mesh, mesh_shape, split_devices
 from jaxrl_llm.parallel.rules import (
@@ -72,12 +70,10 @@ __all__ = [
     "context_size",
     "allgather_objects",
     "detected_cluster",
-    "local_mesh",
     "on_processes",
     "process_share",
     "to_global",
     "to_host",
-    "to_process_local",
     "host_local_batch_to_global",
     "host_local_rows",
     "initialize_distributed",

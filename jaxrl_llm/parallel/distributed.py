@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel.rules import DEFAULT_RULES, MeshAxes, batch_sharding, replicated
@@ -165,7 +165,7 @@ def host_local_batch_to_global(
 
 # ----- multi-controller online RL ----------------------------------------------------------------
 # Every process runs the same loop. Each samples and scores its own share of the step's prompts
-# on its own devices (``process_share``, ``to_process_local``), the scored rows are gathered so
+# on its own devices (``process_share``; its part of the sampler's copy: ``parallel/placement.py``), the scored rows are gathered so
 # every process holds the step's whole experience (``allgather_objects``), and the learner's
 # batches enter the jitted programs as global arrays split by rows over the whole mesh
 # (``on_processes``). So a run on 1 host and on N hosts is the same run.
@@ -239,68 +239,6 @@ def allgather_objects(obj: Any, key: str) -> list[Any]:
     if number.isdigit() and int(number) >= 64:
         client.key_value_delete(f"jaxrl_llm/{stream}/{int(number) - 64}/{me}")
     return out
-
-
-def local_mesh(mesh: Mesh) -> Mesh:
-    """The part of ``mesh`` on this process's devices, with the same axis names: this
-    process's block of the outermost batch axis (``data``, then ``fsdp``).
-
-    Raises:
-      ConfigError: this process's devices are not one block of ``data`` × ``fsdp`` positions
-        with every other axis whole (a mesh whose ``tensor`` / ``expert`` / ``context`` axis
-        spans hosts: a sampler on one host cannot hold its share of the weights).
-    """
-    mine = np.vectorize(lambda d: d.process_index == jax.process_index())(mesh.devices)
-    other = tuple(i for i, n in enumerate(mesh.axis_names) if n not in ("data", "fsdp"))
-    if (mine != mine.all(axis=other, keepdims=True)).any():
-        raise ConfigError(
-            f"mesh {dict(mesh.shape)}: a host's devices must hold whole tensor / expert / "
-            f"context groups; split hosts over data or fsdp only"
-        )
-    index = np.nonzero(mine)
-    block = tuple(slice(int(ix.min()), int(ix.max()) + 1) for ix in index)
-    devices = mesh.devices[block]
-    if devices.size != int(mine.sum()):
-        raise ConfigError(f"mesh {dict(mesh.shape)}: this host's devices are not one block")
-    return Mesh(devices, mesh.axis_names, axis_types=mesh.axis_types)
-
-
-def _without_batch_axes(spec: PartitionSpec) -> PartitionSpec:
-    def keep(entry):
-        if entry is None or entry is PartitionSpec.UNCONSTRAINED:
-            return entry
-        names = (entry,) if isinstance(entry, str) else tuple(entry)
-        names = tuple(n for n in names if n not in ("data", "fsdp"))
-        return None if not names else names[0] if len(names) == 1 else names
-
-    return PartitionSpec(*(keep(e) for e in spec))
-
-
-def to_process_local(tree: Any) -> Any:
-    """Weights laid out on a mesh spanning processes, as arrays on this process's devices
-    (:func:`local_mesh`) with the same split over ``tensor`` / ``expert``; weights split over
-    the batch axes (FSDP) are gathered whole first. Leaves on one process pass unchanged."""
-    leaves = jax.tree.leaves(tree)
-    first = next(
-        (x for x in leaves if isinstance(getattr(x, "sharding", None), NamedSharding)), None
-    )
-    if first is None or first.is_fully_addressable:
-        return tree
-    mesh = first.sharding.mesh
-    local = local_mesh(mesh)
-    specs = jax.tree.map(lambda x: _without_batch_axes(x.sharding.spec), tree)
-    whole = jax.jit(
-        lambda t: t, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
-    )(tree)
-
-    def local_array(x, spec):
-        sharding = NamedSharding(local, spec)
-        by_device = {s.device: s.data for s in x.addressable_shards}
-        return jax.make_array_from_single_device_arrays(
-            x.shape, sharding, [by_device[d] for d in local.devices.flat]
-        )
-
-    return jax.tree.map(local_array, whole, specs)
 
 
 def to_global(tree: Any, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> Any:

@@ -129,13 +129,47 @@ def libtpu_available() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+# gcloud's accelerator types: v4-N and v5p-N count TensorCores (2 per chip), v5e / v5litepod-N
+# and v6e-N count chips; the grids the slices of those sizes have (Google Cloud's TPU
+# "versions" pages, read 2026-11-28)
+_GCLOUD = re.compile(r"^(v4|v5p|v5e|v5litepod|v6e)-(\d+)$")
+_GRIDS_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
+_GRIDS_2D = {
+    1: "1x1",
+    4: "2x2",
+    8: "2x4",
+    16: "4x4",
+    32: "4x8",
+    64: "8x8",
+    128: "8x16",
+    256: "16x16",
+}
+
+
+def gcloud_topology_name(name: str) -> str:
+    """Gcloud's ``v5p-8`` / ``v6e-8`` / ``v5litepod-16`` as ``GENERATION:GRID``
+    (``v5p:2x2x1``, ``v6e:2x4``, ``v5e:4x4``); other names unchanged."""
+    m = _GCLOUD.match(name.strip())
+    if not m:
+        return name
+    gen, n = m.group(1), int(m.group(2))
+    gen = "v5e" if gen == "v5litepod" else gen
+    chips = n // 2 if gen in ("v4", "v5p") else n
+    grid = (_GRIDS_3D if gen in ("v4", "v5p") else _GRIDS_2D).get(chips)
+    if grid is None:
+        raise ConfigError(f"--topology {name!r}: no slice of {chips} chips known for {gen}")
+    return f"{gen}:{grid}"
+
+
 def parse_topology_name(name: str) -> tuple[str, tuple[int, ...]]:
-    """``"v5p:2x2x2"`` -> ``("v5p", (2, 2, 2))``; ConfigError naming the allowed forms."""
-    m = _NAME.match(name.strip())
+    """``"v5p:2x2x2"`` (or gcloud's ``"v5p-16"``) -> ``("v5p", (2, 2, 2))``; ConfigError
+    naming the allowed forms."""
+    m = _NAME.match(gcloud_topology_name(name.strip()))
     if not m:
         raise ConfigError(
             f"--topology {name!r}: expected GENERATION:GRID such as v5e:2x2, "
-            f"v5p:2x2x2 or v6e:2x4 (generations: {', '.join(TPU_HBM_BYTES)})"
+            f"v5p:2x2x2 or v6e:2x4, or gcloud's v5p-16 / v6e-8 (generations: "
+            f"{', '.join(TPU_HBM_BYTES)})"
         )
     gen, grid = m.group(1), tuple(int(x) for x in m.group(2).split("x"))
     if gen not in TPU_HBM_BYTES:
@@ -162,6 +196,7 @@ def tpu_topology(name: str) -> Topology:
       ConfigError: the name is malformed or the compiler rejects the grid.
     """
     gen, grid = parse_topology_name(name)
+    name = gcloud_topology_name(name.strip())
     if not libtpu_available():
         raise LibtpuMissingError(
             f"--topology {name}: the TPU compiler is not installed; {LIBTPU_HINT}"

@@ -124,6 +124,7 @@ def _prefill(
         routing = None
     w = unembedding(params, config).astype(hidden.dtype)
     last_logits = jnp.einsum("bd,dv->bv", hidden[:, -1], w, preferred_element_type=jnp.float32)
+    last_logits = constrain_rows(last_logits, tensor=1)  # split as the weight is (decode)
     last_logits = softcap_logits(last_logits, config)  # Gemma 2's final cap; else identity
     next_positions = jnp.sum(mask, axis=-1).astype(jnp.int32)
     return constrain_rows(last_logits), cache, next_positions, routing
@@ -132,8 +133,9 @@ def _prefill(
 def _cache_rows(cache: KVCache) -> KVCache:
     """The cache with its rows over the ambient mesh's batch axes (:mod:`.rows`)."""
     return KVCache(
-        k=constrain_rows(cache.k, axis=1),
-        v=constrain_rows(cache.v, axis=1),
+        # KV heads over tensor, as the layers' k/v projections leave them (no gather)
+        k=constrain_rows(cache.k, axis=1, tensor=3),
+        v=constrain_rows(cache.v, axis=1, tensor=3),
         mask=constrain_rows(cache.mask),
         positions=constrain_rows(cache.positions),
         index=cache.index,
@@ -359,7 +361,9 @@ def _decode(
             )
         w = unembedding(params, config).astype(hidden.dtype)
         logits = jnp.einsum("bd,dv->bv", hidden[:, 0], w, preferred_element_type=jnp.float32)
-        logits = softcap_logits(logits, config)
+        # computed split over the vocabulary as the weight is (tensor parallel): the step then
+        # gathers [rows, V] logits for the token choice, never the [D, V] weight
+        logits = softcap_logits(constrain_rows(logits, tensor=1), config)
         new = DecodeState(
             logits=logits,
             tokens=tokens,

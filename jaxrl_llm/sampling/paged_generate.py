@@ -15,7 +15,7 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
 from jaxrl_llm.sampling.engine import PagedEngine, layout_routing
-from jaxrl_llm.sampling.rows import on_replica, replica_meshes, rows_mesh
+from jaxrl_llm.sampling.rows import on_replica, replica_meshes
 from jaxrl_llm.sampling.static_generate import Rollout, generate, pad_prompts
 
 
@@ -40,6 +40,7 @@ def generate_paged(
     refresh: Callable[[], tuple[Any, int]] | None = None,
     return_versions: bool = False,
     record_routing: bool = False,
+    mesh: Mesh | None = None,
 ) -> Rollout | tuple[Rollout, np.ndarray]:
     """:func:`jaxrl_llm.sampling.generate` on the continuous-batching paged engine.
 
@@ -48,7 +49,8 @@ def generate_paged(
     (raised to G if smaller), ``page_size``, ``chunk_steps`` and ``dtype``. ``stop_steps``
     (N = B·G ints ≤ max_new_tokens) caps each row's length (forced ragged lengths).
 
-    On a mesh whose batch axes (``data`` × ``fsdp``) have R > 1 positions, the engine runs as R
+    ``mesh``: the sampler's mesh (``params`` laid out on it; None: one device). On a mesh
+    whose batch axes (``data`` × ``fsdp``) have R > 1 positions, the engine runs as R
     data-parallel replicas (:func:`jaxrl_llm.sampling.rows.replica_meshes`): each holds the
     weights (split over ``tensor`` inside it where they are), a page pool, ``num_slots`` / R
     slots (at least G) and the groups dealt to it, prompt i to replica i mod R, so a group's
@@ -73,7 +75,7 @@ def generate_paged(
     gen_len = bucket_length(max_new_tokens, gen_buckets)
     # Data-parallel replicas over the weights' mesh (.rows): each owns a page pool, its slots
     # and the groups dealt to it (prompt i to replica i mod R: a group stays whole on one).
-    replicas: list[Mesh | None] = [*replica_meshes(rows_mesh(params))] or [None]
+    replicas: list[Mesh | None] = [*replica_meshes(mesh)] or [mesh]
     n_rep = len(replicas)
     engines = [
         PagedEngine(

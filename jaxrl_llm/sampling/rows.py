@@ -1,11 +1,10 @@
 """Where a rollout's rows live: split over the batch axes of the mesh the weights are on.
 
-A sampler reads the mesh from its parameters (the learner's mesh when colocated, the rollout
-mesh with ``rollout.devices``; :func:`rows_mesh`) and splits its rows over that mesh's batch
-axes, ``data`` and ``fsdp`` — the axes the learner splits its rows over
-(:data:`jaxrl_llm.models.layout.ACTIVATION_RULES`' ``batch``). Each device then prefills and
-decodes only its own rows, with its own slice of the KV cache; under FSDP the weights are
-all-gathered per layer, as in the train step. Without this the decode batch was placed
+A sampler is given its mesh (the sampler's layout of the run's placement,
+:mod:`jaxrl_llm.parallel.placement`: ``data`` replicas × ``tensor``) and splits its rows over
+that mesh's batch axes, ``data`` and ``fsdp`` (:data:`jaxrl_llm.models.layout.ACTIVATION_RULES`'
+``batch``). Each replica then prefills and decodes only its own rows, with its own slice of
+the KV cache, split by KV heads over ``tensor``. Without this the decode batch was placed
 nowhere and XLA replicated it: 8 forced CPU devices decoded every row on every device, 7×
 slower than one device (issue 30).
 
@@ -33,17 +32,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_llm.models.layout import AnyMesh, activation_spec, layout_mesh
 
 
-def rows_mesh(params: Any) -> Mesh | None:
-    """The mesh of more than one device that ``params`` are laid out on, else None (one
-    device, or arrays with no named sharding)."""
-    for leaf in jax.tree.leaves(params):
-        sharding = getattr(leaf, "sharding", None)
-        if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
-            mesh = sharding.mesh
-            return mesh if isinstance(mesh, Mesh) else None
-    return None
-
-
 def row_split(mesh: AnyMesh | None) -> int:
     """How many shards the rows split into on ``mesh``: the product of its batch axes' sizes
     (1 without a mesh)."""
@@ -59,13 +47,20 @@ def pad_rows(n: int, split: int) -> int:
     return -n % split
 
 
-def rows_spec(mesh: AnyMesh, shape: tuple[int, ...], axis: int = 0) -> PartitionSpec:
-    """``PartitionSpec`` with dimension ``axis`` (rows) over the batch axes and every other
-    dimension whole; rows that the split does not divide are left whole too."""
+def rows_spec(
+    mesh: AnyMesh, shape: tuple[int, ...], axis: int = 0, tensor: int | None = None
+) -> PartitionSpec:
+    """``PartitionSpec`` with dimension ``axis`` (rows) over the batch axes, dimension
+    ``tensor`` (if any: a KV cache's KV heads, logits' vocabulary) over the ``tensor`` axis
+    and every other dimension whole; a dimension its split does not divide is left whole."""
     spec: list[Any] = [None] * len(shape)
     spec[axis] = activation_spec(("batch",), mesh, (shape[axis],))[0]
     if spec[axis] is PartitionSpec.UNCONSTRAINED:
         spec[axis] = None
+    if tensor is not None:
+        t = int(dict(mesh.shape).get("tensor", 1))
+        if t > 1 and shape[tensor] % t == 0:
+            spec[tensor] = "tensor"
     return PartitionSpec(*spec)
 
 
@@ -74,14 +69,15 @@ def put_rows(x: Any, mesh: Mesh) -> jax.Array:
     return jax.device_put(x, NamedSharding(mesh, rows_spec(mesh, np.shape(x))))
 
 
-def constrain_rows(x: jax.Array, axis: int = 0) -> jax.Array:
+def constrain_rows(x: jax.Array, axis: int = 0, tensor: int | None = None) -> jax.Array:
     """Inside a jitted sampler: ``x`` with dimension ``axis`` split over the ambient mesh's
-    batch axes and the rest whole (``x`` as it is without an ambient mesh of > 1 device)."""
+    batch axes, dimension ``tensor`` (if given) over its ``tensor`` axis, the rest whole
+    (:func:`rows_spec`; ``x`` as it is without an ambient mesh of > 1 device)."""
     mesh = layout_mesh()
     if mesh is None or mesh.size == 1:
         return x
     return jax.lax.with_sharding_constraint(
-        x, NamedSharding(mesh, rows_spec(mesh, tuple(x.shape), axis))
+        x, NamedSharding(mesh, rows_spec(mesh, tuple(x.shape), axis, tensor))
     )
 
 

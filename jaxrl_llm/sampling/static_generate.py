@@ -12,6 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.models import ModelConfig
@@ -23,7 +24,7 @@ from jaxrl_llm.sampling.decode import (
     prefill,
     prefill_with_routing,
 )
-from jaxrl_llm.sampling.rows import on_rows_mesh, pad_rows, put_rows, row_split, rows_mesh
+from jaxrl_llm.sampling.rows import on_rows_mesh, pad_rows, put_rows, row_split
 
 
 class Rollout(NamedTuple):
@@ -82,6 +83,7 @@ def rollout(
     gen_len: int | None = None,
     prompt_ids: jax.Array | np.ndarray | None = None,
     record_routing: bool = False,
+    mesh: Mesh | None = None,
 ) -> Rollout:
     """Sample G completions for each of B left-padded prompts (arrays in, arrays out).
 
@@ -103,6 +105,9 @@ def rollout(
         indices so a prompt's samples do not depend on the batch it lands in.
       record_routing: a mixture of experts: record every token's experts
         (:attr:`Rollout.routing`); ignored for a dense model.
+      mesh: the sampler's mesh (:attr:`jaxrl_llm.parallel.placement.SamplerCopy.local_mesh`):
+        rows split over its batch axes, ``params`` laid out on it (tensor parallel over
+        ``tensor``); None: one device's program.
 
     Returns:
       a :class:`Rollout` with N = B·G rows and M = gen_len columns.
@@ -118,9 +123,8 @@ def rollout(
     if prompt_ids is None:
         prompt_ids = jnp.arange(b, dtype=jnp.int32)
     chex.assert_shape(prompt_ids, (b,))
-    # Rows split over the batch axes of the weights' mesh (.rows): pad the prompts to a
+    # Rows split over the batch axes of the sampler's mesh (.rows): pad the prompts to a
     # multiple of the split with copies of the last one; their rows are dropped at the end.
-    mesh = rows_mesh(params)
     extra = pad_rows(b, row_split(mesh))
     prompt_tokens, prompt_mask, prompt_ids = (
         _padded_rows(x, extra, mesh) for x in (prompt_tokens, prompt_mask, prompt_ids)
@@ -258,6 +262,7 @@ def generate(
     prompt_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     gen_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     record_routing: bool = False,
+    mesh: Mesh | None = None,
 ) -> Rollout:
     """Host-side generation from token lists: pad into buckets, prefill once, decode.
 
@@ -277,6 +282,7 @@ def generate(
       prompt_buckets, gen_buckets: bucket sizes for P and M.
       record_routing: a mixture of experts: record every token's experts
         (:attr:`Rollout.routing`, ``[N, P + max_new_tokens, L, k]``).
+      mesh: the sampler's mesh (:func:`rollout`); None: one device's program.
 
     Returns:
       a :class:`Rollout` with N = B·G rows and ``max_new_tokens`` completion columns.
@@ -308,6 +314,7 @@ def generate(
         gen_len=gen_len,
         prompt_ids=None if prompt_ids is None else np.asarray(prompt_ids, np.int32),
         record_routing=record_routing,
+        mesh=mesh,
     )
     m = max_new_tokens
     return out._replace(

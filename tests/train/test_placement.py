@@ -10,7 +10,7 @@ import pytest
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import split_devices
-from jaxrl_llm.train.online.placement import RolloutPlacement
+from jaxrl_llm.parallel.placement import plan_placement
 from jaxrl_llm.train.online.trainer import OnlineTrainer
 from tests.train.test_producer import main_job, run
 
@@ -27,8 +27,10 @@ def test_split_devices_and_refusals():
     for bad in (8, 9, -1):
         with pytest.raises(ConfigError, match="rollout.devices"):
             split_devices(bad)
-    with pytest.raises(ConfigError, match="rollout.tensor=3 must divide rollout.devices=4"):
-        RolloutPlacement(None, devs[4:], tensor=3)
+    with pytest.raises(
+        ConfigError, match=r"rollout.tensor=3 must divide the sampler's devices \(4\)"
+    ):
+        plan_placement({"data": 4}, num_devices=8, rollout_devices=4, tensor=3)
 
 
 def test_synchronous_split_run_samples_what_the_colocated_run_samples(tmp_path):
@@ -71,7 +73,7 @@ def test_asynchronous_split_run_samples_on_its_own_devices(tmp_path):
         assert trainer.policy.mesh.shape["data"] == 4
         params, version = trainer.producer.box.get()
         assert _devices(params) == set(devs[4:])
-        assert dict(trainer.placement.mesh.shape) == {
+        assert dict(trainer.sampler.mesh.shape) == {
             "data": 2,
             "fsdp": 1,
             "expert": 1,

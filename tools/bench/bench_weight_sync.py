@@ -1,6 +1,6 @@
 """Weight sync of the disaggregated placement (issue 18 §3): the seconds per parameter byte of
 moving the learner's weights to the rollout mesh (``rollout.devices``:
-:class:`jaxrl_llm.train.online.placement.RolloutPlacement`), beside an in-place copy of the same
+:class:`jaxrl_llm.parallel.placement.SamplerCopy`), beside an in-place copy of the same
 weights on the learner's mesh (what the colocated asynchronous producer pays per update), in
 one run. On 8 forced CPU devices every "device" is host memory, so both are memory copies;
 the ratio shows what the resharding adds to a copy.
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
 
     from jaxrl_llm import models
     from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, split_devices
-    from jaxrl_llm.train.online.placement import RolloutPlacement
+    from jaxrl_llm.parallel.placement import SamplerCopy, plan_placement
 
     config, params, _ = common.load_model(args.model)
     learner_devs, rollout_devs = split_devices(args.rollout_devices)
@@ -54,16 +54,22 @@ def main(argv=None) -> int:
             jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), shard)
         )
         nbytes = sum(x.nbytes for x in jax.tree.leaves(learner))
-        place = RolloutPlacement(config, rollout_devs, tensor=tensor)
+        layout = plan_placement(
+            {"fsdp": fsdp, "data": nl // fsdp},
+            num_devices=nl + nr,
+            rollout_devices=nr,
+            tensor=tensor,
+        ).sampler
+        sampler = SamplerCopy(layout, models.param_logical_axes(config))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            placed = place.put(learner)  # first call: shardings built
+            placed = sampler(learner)  # first call: shardings and the program built
         fallback = sorted({str(w.message).split(":")[0] for w in caught})
         written = sum(
             sh.data.nbytes for x in jax.tree.leaves(placed) for sh in x.addressable_shards
         )
         del placed
-        sync = common.best_time(lambda: place.put(learner), args.repeats)
+        sync = common.best_time(lambda: sampler(learner), args.repeats)
         copy_fn = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
         jax.block_until_ready(copy_fn(learner))
         copy = common.best_time(lambda: jax.block_until_ready(copy_fn(learner)), args.repeats)

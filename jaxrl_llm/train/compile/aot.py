@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import DEFAULT_RULES, batch_sharding
+from jaxrl_llm.parallel.placement import SamplerCopy, tpu_chip
 from jaxrl_llm.parallel.topology import Topology, topology_mesh
 from jaxrl_llm.train.compile.aot_inputs import (
     DTYPES,
@@ -61,7 +62,13 @@ from jaxrl_llm.train.compile.aot_inputs import (
 )
 from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
 from jaxrl_llm.train.compile.memory import estimate_memory
-from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, SEQUENCE_LAYOUT, RunPlan, plan_run
+from jaxrl_llm.train.config.plan import (
+    CRITIC_LAYOUT,
+    SEQUENCE_LAYOUT,
+    RunPlan,
+    plan_for_model,
+    plan_run,
+)
 from jaxrl_llm.train.config.preflight import check_mesh
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.builder import (
@@ -121,7 +128,7 @@ def compile_run(
     mesh = topology_mesh(
         topology, data=m.data, fsdp=m.fsdp, tensor=m.tensor, expert=m.expert, context=m.context
     )
-    plan = plan_run(cfg, check_mesh(cfg, mesh=mesh))
+    plan = plan_run(cfg, check_mesh(cfg, mesh=mesh), processes=_processes(topology), platform="tpu")
     sizes = dict(plan.mesh)
     seq_len, prompt_len = _lengths(plan, seq_len, prompt_len)
     config = dataclasses.replace(
@@ -144,7 +151,10 @@ def compile_run(
         # no weights are read: the teacher's architecture is taken to be the policy's
         teacher = teacher_on_mesh(config, mesh, dtype=cfg.teacher.dtype)
     resident = _resident(plan, policy, teacher)
-    programs = _compile_programs(plan, policy, resident, seq_len, prompt_len, decode, teacher)
+    copy = None
+    if plan.online:
+        plan, copy = _sampler(plan, policy, topology, resident)
+    programs = _compile_programs(plan, policy, resident, seq_len, prompt_len, decode, teacher, copy)
     programs = _with_model_flops(programs, plan, config, seq_len, prompt_len)
     est = None
     if sizes["context"] == 1:  # the estimator knows no ring attention
@@ -169,6 +179,10 @@ def compile_run(
         params=config.num_params(),
         active_params=config.num_params(active=True),
         estimate_kwargs=_estimate_kwargs(plan, topology, seq_len, prompt_len),
+        devices=topology.num_devices,
+        sampler=(
+            f"{plan.placement.sampler.describe()} ({plan.placement.why})" if plan.online else None
+        ),
     )
     return CompileReport(
         topology=topology.name,
@@ -186,6 +200,11 @@ def compile_run(
             ici_bandwidth=topology.ici_bandwidth_per_device,
         ),
     )
+
+
+def _processes(topology: Topology) -> int:
+    """How many hosts (processes of a job) the slice's devices belong to."""
+    return len({getattr(d, "process_index", 0) for d in topology.devices})
 
 
 def _with_model_flops(
@@ -223,6 +242,7 @@ def _with_model_flops(
         "recompute": (2.0 * n * tokens(rows.forward), 1),
         "teacher": (2.0 * n * rows.forward * seq_len, 1),  # the policy's architecture
         "decode": (2.0 * n * gen_rows * gen_len, 1),
+        "reshard": (0.0, 1),  # moves weights, computes nothing of the model
     }
     out = []
     for p in programs:
@@ -282,6 +302,7 @@ def _compile_programs(
     prompt_len: int,
     decode: bool,
     teacher: Teacher | None = None,
+    copy: SamplerCopy | None = None,
 ) -> list[ProgramMemory]:
     """The run's programs (:func:`~jaxrl_llm.train.programs.builder.build_programs`) compiled on the
     plan's abstract batches, each with the resident bytes of what is not its argument; with a
@@ -379,22 +400,64 @@ def _compile_programs(
             )
         )
     if plan.online and decode:
-        out.append(_compile_decode(plan, policy, others, seq_len, prompt_len))
+        assert copy is not None
+        if plan.placement.colocated:
+            out.append(_compile_reshard(plan, policy, copy, others))
+        out.append(_compile_decode(plan, policy, copy, others, seq_len, prompt_len))
     return out
 
 
-def _compile_decode(plan: RunPlan, policy: Policy, others, seq_len: int, prompt_len: int):
-    """The sampler's decode loop over the rollout rows (prefilled prompts, G per prompt),
-    traced as the static engine runs it: rows split over the mesh's batch axes, the mesh
-    bound as the ambient mesh (:func:`jaxrl_llm.sampling.rows.on_rows_mesh`) so the loop's
-    own row placements and per-device token selection apply. Its ``while_loop`` stops on
-    data; its work is counted for ``seq_len − prompt_len`` steps (every row to the end)."""
-    from jaxrl_llm.sampling import SamplingConfig, init_decode_state
-    from jaxrl_llm.sampling import decode as decode_loop
-    from jaxrl_llm.sampling.rows import on_rows_mesh
+def _sampler(plan: RunPlan, policy: Policy, topology: Topology, resident: dict[str, int]):
+    """``(plan, copy)``: the plan with the sampler's layout chosen for this model on this
+    chip (``rollout.tensor: auto``), and its :class:`~jaxrl_llm.parallel.placement.SamplerCopy`
+    over the slice's devices."""
+    plan = plan_for_model(
+        plan, policy.config, chip=tpu_chip(topology), resident_bytes=sum(resident.values())
+    )
+    copy = SamplerCopy(
+        plan.placement.sampler,
+        models.param_logical_axes(policy.config),
+        devices=topology.devices,
+    )
+    return plan, copy
 
-    config, mesh = policy.config, policy.mesh
-    n_prompts, gen_len = plan.cfg.rollout.prompts_per_step, seq_len - prompt_len
+
+def _compile_reshard(plan: RunPlan, policy: Policy, copy: SamplerCopy, others):
+    """The program that makes the sampler's copy from the learner's weights once per policy
+    version (:meth:`SamplerCopy.program`): the learner's master params (LoRA: the merged
+    weights, as a fresh argument) in, the sampler's layout and dtype out. Only colocated: a
+    sampler on devices of its own receives the copy by a transfer, not a program."""
+    full = policy.base if policy.lora is not None else policy.state.params
+    resident = others(minus=per_device_bytes(full)) if policy.lora is None else others()
+    return compile_program(
+        "reshard", copy.program(full), (full,), resident, num_devices=copy.mesh.size
+    )
+
+
+def _compile_decode(
+    plan: RunPlan, policy: Policy, copy: SamplerCopy, others, seq_len: int, prompt_len: int
+):
+    """The sampler's decode loop as the run's sampler runs it: on one process's part of the
+    sampler's layout (its replicas × tensor; :attr:`SamplerCopy.local_mesh`), with that
+    process's rows, the copy's weights in the rollout dtype, the run's sampling settings and
+    the model's stop ids; rows split over the replicas, the mesh bound as the ambient mesh
+    (:func:`jaxrl_llm.sampling.rows.on_rows_mesh`) so the loop's own placements apply. Its
+    ``while_loop`` stops on data; its work is counted for ``seq_len − prompt_len`` steps
+    (every row to the end). The paged engine's chunked programs are not lowered: a run with
+    ``rollout.engine: paged`` is modeled by this loop."""
+    from jaxrl_llm.sampling import decode as decode_loop
+    from jaxrl_llm.sampling import init_decode_state, stop_token_ids
+    from jaxrl_llm.sampling.rows import on_rows_mesh
+    from jaxrl_llm.sampling.slots import cast_for_rollout
+
+    mesh = copy.local_mesh
+    r = plan.cfg.rollout
+    processes = copy.mesh.size // mesh.size
+    n_prompts, gen_len = -(-r.prompts_per_step // processes), seq_len - prompt_len
+    full = policy.base if policy.lora is not None else policy.state.params
+    weights = copy.abstract(full, local=True)
+    _, config = cast_for_rollout(None, policy.config, copy.layout.dtype)
+    sampling = _run_sampling(r)
 
     def init(last_logits, cache, pos, ids):
         return init_decode_state(
@@ -415,32 +478,39 @@ def _compile_decode(plan: RunPlan, policy: Policy, others, seq_len: int, prompt_
         jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
         jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
     )
-    # the cache's slots whole on every device of the context axis (module docstring)
+    # rows over the replicas, the cache's KV heads over tensor, its slots whole
     dsharding = decode_state_sharding(dstate, mesh, {**DEFAULT_RULES, "length": None})
-    sampling = SamplingConfig()
-    full = policy.base if policy.lora is not None else policy.state.params
-    full_sharding = jax.tree.map(lambda x: x.sharding, full)
+    stop = stop_token_ids(config, sampling)
     dec = jax.jit(
-        lambda p, s: decode_loop(p, s, config=config, sampling=sampling, stop_ids=(0,), pad_id=0),
-        in_shardings=(full_sharding, dsharding),
+        lambda p, s: decode_loop(p, s, config=config, sampling=sampling, stop_ids=stop, pad_id=0),
+        in_shardings=(jax.tree.map(lambda x: x.sharding, weights), dsharding),
         out_shardings=dsharding,
         donate_argnums=(1,),
     )
-    # full fine-tuning samples with the master params themselves; LoRA with a merged copy (an
-    # argument) while the base stays resident
-    resident = others(minus=per_device_bytes(full)) if policy.lora is None else others()
     abstract_state = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), dstate, dsharding
     )
     with on_rows_mesh(mesh):
-        return compile_program(
+        out = compile_program(
             "decode",
             dec,
-            (full, abstract_state),
-            resident,
+            (weights, abstract_state),
+            others(),  # the learner's state stays; the copy is the program's argument
             num_devices=mesh.size,
             unknown_trips=gen_len,
         )
+    split = dict(
+        weight_bytes=float(per_device_bytes(weights)) * gen_len,
+        kv_bytes=float(per_device_bytes(abstract_state.cache)) * gen_len,
+    )
+    return dataclasses.replace(out, notes=split)
+
+
+def _run_sampling(r) -> Any:
+    """The run's :class:`~jaxrl_llm.sampling.SamplingConfig` (``rollout``'s settings)."""
+    from jaxrl_llm.sampling import SamplingConfig
+
+    return SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p)
 
 
 def _dtype_name(compute_dtype: str) -> str:

@@ -231,6 +231,7 @@ def run_config_for(
     dtype: str = "bf16",
     lora_rank: int = 0,
     correction: CorrectionSection | None = None,
+    rollout_tensor: int | str = "auto",
 ) -> tuple[Any, int, int]:
     """The run config ``jaxrl-llm compile --algorithm ...`` describes, with its row lengths.
 
@@ -248,6 +249,7 @@ def run_config_for(
       dtype: 'bf16' | 'fp32' compute dtype (master weights and optimizer state are float32).
       lora_rank: 0 = full fine-tuning; r > 0 trains rank-r adapters on a frozen base.
       correction: the run's ``rollout.correction`` (online).
+      rollout_tensor: the sampler's tensor degree (``rollout.tensor``; ``auto``).
 
     Returns:
       ``(RunConfig, seq_len, prompt_len)``.
@@ -311,6 +313,7 @@ def run_config_for(
             max_new_tokens=gen_len,
             minibatches=minibatches,
             correction=correction,
+            tensor=rollout_tensor,
         ),
         train=TrainSection(batch_size=batch_size, micro_batches=micro_batches),
         rewards=(RewardItem("math_answer"),) if online else (),

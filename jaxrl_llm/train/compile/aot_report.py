@@ -44,6 +44,9 @@ class ProgramMemory:
         defined.
       calls_per_step: how many times a training step runs the program (the train step once
         per optimizer update).
+      notes: program-specific figures per device and call (the decode loop: the HBM bytes
+        of reading its weights, ``weight_bytes``, and its KV cache, ``kv_bytes``, once per
+        step: the model's split of what it reads).
     """
 
     name: str
@@ -65,6 +68,7 @@ class ProgramMemory:
     unknown_loops: int = 0
     model_flops: float | None = None
     calls_per_step: int = 1
+    notes: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -196,6 +200,7 @@ class CompileReport:
                 for p in self.programs
             ],
             "step_roofline": _step_json(self.step_roofline()),
+            "throughput": self.throughput(),
             "resident": {k: int(v) for k, v in self.resident.items()},
             "compiled_peak_bytes": int(self.peak_bytes),
             "estimate_bytes": (
@@ -233,6 +238,7 @@ class CompileReport:
         if step is not None:
             mfu = "" if step[1] is None else f", MFU at most {step[1]:.1%}"
             lines.append(f"step (programs x calls): roofline {step[0] * 1e3:.1f} ms{mfu}")
+        lines += self._throughput_lines()
         lines.append(
             "TFLOP: matmul FLOPs from the compiled HLO with loop trip counts applied; model: "
             "2N per token forward, 6N train (no remat); roofline = max(FLOP / peak, HBM "
@@ -245,6 +251,45 @@ class CompileReport:
                 f"max_new_tokens steps): {', '.join(unknown)}"
             )
         return lines
+
+    def throughput(self) -> dict[str, float]:
+        """Tokens per second per chip at the roofline: ``decode`` (generated tokens over the
+        decode loop's time) and ``step`` (every row's prompt + completion tokens over the
+        whole step's time), with the decode loop's bytes split into weights and KV cache
+        (GB per device and rollout). {} without a chip or a decode program."""
+        decode = next((p for p in self.programs if p.name == "decode"), None)
+        step = self.step_roofline()
+        r = None if decode is None else self.roofline(decode)
+        if r is None or step is None or r.seconds <= 0:
+            return {}
+        s = self.settings
+        devices = max(int(s.get("devices", 1)), 1)
+        rows = int(s["batch_size"]) * int(s.get("group_size") or 1)
+        gen = int(s["seq_len"]) - int(s["prompt_len"])
+        return {
+            "decode_tokens_per_s_per_chip": rows * gen / devices / r.seconds,
+            "step_tokens_per_s_per_chip": rows * int(s["seq_len"]) / devices / step[0],
+            "decode_s": r.seconds,
+            "decode_weight_gb": decode.notes.get("weight_bytes", 0.0) / 1e9,
+            "decode_kv_gb": decode.notes.get("kv_bytes", 0.0) / 1e9,
+            "decode_collective_gb_per_token_step": decode.collective_bytes / max(gen, 1) / 1e9,
+        }
+
+    def _throughput_lines(self) -> list[str]:
+        t = self.throughput()
+        if not t:
+            return []
+        layout = self.settings.get("sampler")
+        return [
+            *([f"sampler: {layout}"] if layout else []),
+            f"decode: {t['decode_s']:.3f} s per rollout, "
+            f"{t['decode_tokens_per_s_per_chip']:,.0f} generated tokens/s per chip; reads "
+            f"{t['decode_weight_gb']:.1f} GB of weights and {t['decode_kv_gb']:.1f} GB of KV "
+            f"cache per device (model); {t['decode_collective_gb_per_token_step']:.3f} GB of "
+            "collectives per token step",
+            f"step: {t['step_tokens_per_s_per_chip']:,.0f} tokens/s per chip (prompt + "
+            "completion tokens of every row over the step's roofline)",
+        ]
 
     def table(self) -> str:
         """A plain-text report for the terminal."""

@@ -8,7 +8,10 @@ compile`` ask of a config after validation is a field of it, read, never recompu
   ``max_len``), the log-prob settings of its forwards;
 * the rows: per step, per optimizer update, minibatches, micro-batches (the skippable layout
   of ``rollout.skip_zero_advantage``), groups;
-* packing, rollout placement (``rollout.devices`` / ``tensor``) and staleness;
+* packing and staleness;
+* the placement: where each role lives (learner, sampler, reference, teacher, critic), its
+  devices, mesh and dtype (:class:`~jaxrl_llm.parallel.placement.Placement`): the one place a
+  run's layout is decided;
 * what the update needs: a reference forward, a critic, a correction entry, traced
   hyperparameters;
 * the learner batch as data (:class:`BatchLayout`): the keys, dimensions and dtypes the
@@ -35,6 +38,7 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import LogprobSettings
 from jaxrl_llm.losses.policy_config import EntropyControl, PolicyGradientConfig
 from jaxrl_llm.losses.registry import Algorithm, LossSpec
+from jaxrl_llm.parallel.placement import Chip, Placement, plan_placement, resolve_sampler
 from jaxrl_llm.train.config.run_config import RunConfig
 
 MESH_SIZES = ("data", "fsdp", "tensor", "expert", "context")
@@ -284,8 +288,7 @@ class RunPlan:
       mesh: the learner mesh's axis sizes by name.
       rows: :class:`Rows`. needs: :class:`Needs`.
       pack: the learner's packing (``logprobs.pack``) or None.
-      rollout_devices, rollout_tensor: ``rollout.devices`` / ``rollout.tensor`` (0: the
-        rollout samples on the learner's mesh).
+      placement: the role → layout map (learner, sampler, reference, teacher, critic).
       max_staleness: ``rollout.max_staleness`` (0: synchronous).
       layout: the batch the policy's train step takes (before packing).
       companion_fields: entries a companion update reads beside ``layout`` (PPO's critic);
@@ -301,8 +304,7 @@ class RunPlan:
     rows: Rows
     needs: Needs
     pack: PackSpec | None
-    rollout_devices: int
-    rollout_tensor: int
+    placement: Placement
     max_staleness: int
     layout: BatchLayout
     companion_fields: tuple[BatchField, ...] = ()
@@ -351,14 +353,24 @@ def mesh_sizes(mesh: Any) -> dict[str, int]:
     return {k: int(shape.get(k, 1)) for k in MESH_SIZES}
 
 
-def plan_run(cfg: RunConfig, mesh: Any) -> RunPlan:
+def plan_run(
+    cfg: RunConfig, mesh: Any, *, processes: int | None = None, platform: str | None = None
+) -> RunPlan:
     """Resolve ``cfg`` for a learner mesh (a ``Mesh`` or its axis sizes) into a :class:`RunPlan`.
 
+    Args:
+      processes: how many processes run the job (default: the mesh's devices' processes, or
+        ``jax.process_count()`` for axis sizes).
+      platform: the devices' platform (default: the mesh's, or ``jax.devices()``'): the
+        sampler's weights default to bfloat16 on ``tpu`` and ``gpu``.
+
     Raises:
-      ConfigError: the ``loss`` or ``schedules`` section does not fit the algorithm's loss.
+      ConfigError: the ``loss`` or ``schedules`` section does not fit the algorithm's loss,
+        or the rollout's layout does not fit the devices.
     """
     algo, spec = cfg.algo, cfg.algo.loss_spec()
     sizes = mesh_sizes(mesh)
+    placement = run_placement(cfg, mesh, processes=processes, platform=platform)
     lc = loss_config(cfg)
     logprobs = logprob_settings(cfg)
     shards = sizes["data"] * sizes["fsdp"]
@@ -441,15 +453,74 @@ def plan_run(cfg: RunConfig, mesh: Any) -> RunPlan:
         pack=PackSpec(r.max_new_tokens, cfg.logprobs.pack_length)
         if cfg.is_online and cfg.logprobs.pack
         else None,
-        rollout_devices=r.devices if cfg.is_online else 0,
-        rollout_tensor=r.tensor if cfg.is_online else 1,
+        placement=placement,
         max_staleness=r.max_staleness if cfg.is_online else 0,
         layout=layout,
         companion_fields=CRITIC_FIELDS if algo.critic else (),
     )
 
 
+def plan_for_model(
+    plan: RunPlan, config: Any, *, chip: Chip | None, resident_bytes: float = 0.0
+) -> RunPlan:
+    """``plan`` with the sampler's tensor degree chosen for the model ``config`` on ``chip``
+    (``rollout.tensor: auto``; :func:`~jaxrl_llm.parallel.placement.resolve_sampler`): one
+    process's rollout rows, each ``data.max_length`` + ``rollout.max_new_tokens`` cache slots,
+    in the HBM the learner's ``resident_bytes`` leave when colocated. Unchanged offline or
+    with a given degree."""
+    if not plan.online or not plan.placement.tensor_auto:
+        return plan
+    cfg, placement = plan.cfg, plan.placement
+    processes = max(placement.sampler.count // max(_local_count(placement), 1), 1)
+    rows = -(-plan.rows.per_step // processes)
+    tokens = (cfg.data.max_length or 0) + cfg.rollout.max_new_tokens
+    free = None
+    if chip is not None and placement.colocated:
+        free = max(chip.hbm_bytes - resident_bytes, 0.0)
+    placement = resolve_sampler(
+        placement, config, rows=rows, tokens=tokens, chip=chip, free_bytes=free
+    )
+    return dataclasses.replace(plan, placement=placement)
+
+
+def _local_count(placement: Placement) -> int:
+    return int(np.prod(list(placement.sampler.sizes.values())))
+
+
 # ----- what a config resolves to (each called once, by plan_run) ------------------------------
+
+
+def run_placement(
+    cfg: RunConfig, mesh: Any, *, processes: int | None = None, platform: str | None = None
+) -> Placement:
+    """The run's role → layout map (:func:`~jaxrl_llm.parallel.placement.plan_placement`):
+    the learner on ``mesh``, the sampler on the learner's devices (``rollout.devices: 0``) or
+    the last n, tensor parallel over ``rollout.tensor`` within each process, its weights in
+    ``rollout.dtype`` (bfloat16 on TPU and GPU when unset, the model's own on CPU). Read it
+    from :attr:`RunPlan.placement`."""
+    sizes = mesh_sizes(mesh)
+    devices = getattr(mesh, "devices", None)
+    if processes is None:
+        if devices is not None:
+            processes = len({getattr(d, "process_index", 0) for d in devices.flat})
+        else:
+            processes = jax.process_count()
+    if platform is None:
+        platform = devices.flat[0].platform if devices is not None else jax.devices()[0].platform
+    r = cfg.rollout
+    online = cfg.is_online
+    dtype = r.dtype if online else None
+    if dtype is None:
+        dtype = "bfloat16" if platform in ("tpu", "gpu") else None
+    n_rollout = r.devices if online else 0
+    return plan_placement(
+        sizes,
+        num_devices=int(np.prod(list(sizes.values()))) + n_rollout,
+        processes=processes,
+        rollout_devices=n_rollout,
+        tensor=r.tensor if online else 1,
+        dtype=dtype,
+    )
 
 
 def loss_config(cfg: RunConfig):

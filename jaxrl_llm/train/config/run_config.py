@@ -140,10 +140,10 @@ class RunConfig:
                 raise ConfigError(
                     f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}"
                 )
-            if r.devices < 0 or r.tensor < 1:
+            if r.devices < 0 or (r.tensor != "auto" and r.tensor < 1):
                 raise ConfigError(
                     f"rollout.devices must be >= 0 (0 = on the learner's devices) and "
-                    f"rollout.tensor >= 1, got {r.devices} and {r.tensor}"
+                    f"rollout.tensor >= 1 or auto, got {r.devices} and {r.tensor}"
                 )
             if r.partial and (r.max_staleness < 1 or r.engine != "paged" or self.env):
                 raise ConfigError(

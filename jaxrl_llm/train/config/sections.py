@@ -366,13 +366,17 @@ class RolloutSection:
       engine: ``static`` (one batch; every row waits for the longest; the default) or
         ``paged`` (continuous batching over a paged KV cache, :mod:`jaxrl_llm.sampling.engine`);
         the same tokens for the same seed.
-      dtype: weights and KV cache dtype while sampling (null = the model's; ``bfloat16``
-        halves them); logits, the sampling softmax and the log-probs stay float32.
-      devices: 0 = rollouts sample on the learner's mesh (colocated); n = the last n devices
-        form a rollout mesh of their own and the learner's mesh (``mesh``) spans the rest;
-        the weights are copied there after each update (:mod:`jaxrl_llm.train.online.placement`).
-      tensor: the rollout mesh's tensor-parallel size (divides ``devices``; the rest is a
-        data axis over which the weights are replicated).
+      dtype: weights and KV cache dtype while sampling (null = ``bfloat16`` on TPU and GPU,
+        the model's own on CPU; ``bfloat16`` halves them); logits, the sampling softmax and
+        the log-probs stay float32.
+      devices: 0 = rollouts sample on the learner's devices, in turn with the update
+        (colocated); n = the last n devices sample and the learner's mesh (``mesh``) spans the
+        rest. Either way the sampler decodes on a copy of the weights in its own layout, made
+        once per update (:mod:`jaxrl_llm.parallel.placement`).
+      tensor: the sampler's tensor-parallel degree: heads, MLP columns, vocabulary and the KV
+        cache's KV heads split over that many devices of one process, whole replicas over the
+        rest (it divides a process's sampler devices); ``auto`` (the default) picks it from a
+        model of the decode step on the run's chips (1 on CPU) and the run prints why.
       partial: with ``max_staleness`` ≥ 1 and the paged engine: a generation in flight when
         the learner publishes new weights continues with them from the next chunk (its
         tokens keep the versions that drew them; a row's staleness is its oldest token's)
@@ -410,7 +414,7 @@ class RolloutSection:
     engine: Literal["static", "paged"] = "static"
     dtype: Literal["float32", "bfloat16"] | None = None
     devices: int = 0
-    tensor: int = 1
+    tensor: int | Literal["auto"] = "auto"
     partial: bool = False
     routing_replay: bool = False
     record_routing: bool = False

@@ -45,11 +45,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.parallel import to_process_local
 from jaxrl_llm.rewards.user_code import STOPPING
 from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.online.rollout import Rollouts
@@ -202,19 +199,12 @@ def _scored(score: Any, t0: float) -> tuple[Experience, float]:
     return exp, time.perf_counter() - t0
 
 
-def snapshot(policy: Any, placement: Any = None) -> tuple[Any, int]:
+def snapshot(policy: Any, sampler: Any) -> tuple[Any, int]:
     """The policy's sampling weights and version as a snapshot the next update cannot
-    overwrite: the train step donates its state's buffers, so full fine-tuning's params are
-    copied (LoRA's merge already makes new arrays). With a split placement
-    (:class:`~jaxrl_llm.train.online.placement.RolloutPlacement`) the copy is the move to the
-    rollout devices. Across processes the snapshot is each process's local copy
-    (:func:`jaxrl_llm.parallel.to_process_local`, taken here, on the learner's thread, with
-    the other processes: the sampling thread then issues no cross-process computation)."""
-    params = policy.full_params()
-    if jax.process_count() > 1:
-        params = to_process_local(params)
-    elif placement is not None and placement.split:
-        params = placement.put(params)
-    elif policy.lora is None:
-        params = jax.tree.map(jnp.copy, params)
+    overwrite: the sampler's copy (:class:`~jaxrl_llm.parallel.placement.SamplerCopy`, made
+    here, on the learner's thread, with the other processes: the sampling thread then issues
+    no cross-process computation). The train step donates its state's buffers, so where the
+    copy would be the learner's own arrays (full fine-tuning on one layout) they are copied;
+    LoRA's merge already makes new arrays."""
+    params = sampler(policy.full_params(), copy=policy.lora is None)
     return params, int(policy.state.step)

@@ -27,7 +27,7 @@ from jaxrl_llm import objectives
 from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.objectives import pass_at_k
-from jaxrl_llm.parallel import allgather_objects, process_share, to_process_local
+from jaxrl_llm.parallel import allgather_objects, process_share
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, bucket_length, cast_for_rollout
 from jaxrl_llm.train.config.preflight import check_context_budget
@@ -61,6 +61,9 @@ class Rollouts:
       partial: sampled (not greedy) generations poll ``weights_fn`` between chunks and
         continue with newer weights (``rollout.partial``): the asynchronous producer's
         sampler only, whose ``weights_fn`` reads a published snapshot (a cheap read).
+      mesh: the sampler's mesh (this process's part of the run's sampler layout,
+        :attr:`jaxrl_llm.parallel.placement.SamplerCopy.local_mesh`) that ``weights_fn``'s
+        params are laid out on; None: one device.
       max_prompt_len: the longest prompt (``data.max_length``; None: 1 token): with
         ``rollout.max_new_tokens`` it must fit the model's context (a ConfigError here, before
         anything compiles); an environment's opening longer than it fails its episode.
@@ -78,6 +81,7 @@ class Rollouts:
         env: EnvSection | None = None,
         partial: bool = False,
         max_prompt_len: int | None = None,
+        mesh: Any = None,
     ):
         n = settings.max_new_tokens
         check_context_budget(
@@ -98,7 +102,7 @@ class Rollouts:
         self.weights_fn = weights_fn
         self.seed = seed
         self.partial = partial
-        self._local: tuple[int, Any] | None = None  # multi-process: (version, local weights)
+        self.mesh = mesh
         # multi-process: this sampler's gathers are named (stream, call); samplers are made in
         # the same order on every process, so the names agree
         self._stream, self._gathers = next(_SAMPLERS), 0
@@ -176,6 +180,7 @@ class Rollouts:
             params,
             config,
             [list(x.prompt_ids) for x in items],
+            mesh=self.mesh,
             sampling=sampling,
             num_samples=g,
             seed=seed,
@@ -213,10 +218,9 @@ class Rollouts:
         (:func:`jaxrl_llm.parallel.process_share`) on its own devices, keyed by their ids in
         the step and padded to the step's prompt width, so its rows are those one process
         would draw for them; then gather every process's rows, in process order: each
-        process returns the step's whole experience."""
+        process returns the step's whole experience. ``params`` are this process's part of
+        the sampler's copy (:class:`~jaxrl_llm.parallel.placement.SamplerCopy`)."""
         share = process_share(len(items))
-        if self._local is None or self._local[0] != version:  # the sampler's copy, once a version
-            self._local = (version, to_process_local(params))
         local = None
         mine = items[share]
         if mine:
@@ -224,7 +228,7 @@ class Rollouts:
             ids = list(range(share.start, share.stop))
             if self.episodes is not None:
                 local = self.episodes(
-                    self._local[1],
+                    params,
                     version,
                     mine,
                     sampling=sampling,
@@ -237,7 +241,7 @@ class Rollouts:
                     mine,
                     seed=seed,
                     num_samples=g,
-                    weights=(self._local[1], version),
+                    weights=(params, version),
                     greedy=sampling.greedy,
                     prompt_ids=ids,
                     prompt_buckets=(bucket_length(longest, PROMPT_BUCKETS),),

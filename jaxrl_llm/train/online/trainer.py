@@ -23,10 +23,12 @@ import jax
 import numpy as np
 import optax
 
+from jaxrl_llm import models
 from jaxrl_llm.data import Format, make_iterator
-from jaxrl_llm.parallel import split_devices
+from jaxrl_llm.parallel.placement import SamplerCopy, device_chip
 from jaxrl_llm.rewards import RewardContext, build_reward_set
-from jaxrl_llm.train.config.plan import plan_run
+from jaxrl_llm.train.compile.aot_inputs import per_device_bytes
+from jaxrl_llm.train.config.plan import plan_for_model, plan_run
 from jaxrl_llm.train.config.preflight import check_mesh, read_splits
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.algorithms import make_strategy
@@ -34,7 +36,6 @@ from jaxrl_llm.train.online.correction import RolloutCorrector
 from jaxrl_llm.train.online.episode_sampler import check_environment, episode_records
 from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.online.learner import Learner, context_padded
-from jaxrl_llm.train.online.placement import RolloutPlacement
 from jaxrl_llm.train.online.producer import Producer, WeightBox, snapshot
 from jaxrl_llm.train.online.rollout import Rollouts
 from jaxrl_llm.train.online.teacher import load_teacher
@@ -96,22 +97,30 @@ class OnlineTrainer(Trainer):
             config, params, tok = loaded  # type: ignore[misc]
             policy = build_policy(cfg, config=config, params=params, tokenizer=tok, plan=plan)
         self.policy = p = policy
-        # rollout.devices: sample on the learner's mesh, or on devices of their own
-        self.placement = RolloutPlacement(p.config, split_devices(r.devices)[1], tensor=r.tensor)
-        if self.placement.split:
-            self.say(
-                f"placement: rollouts on {r.devices} devices (tensor={r.tensor}), the learner "
-                f"on the other {p.mesh.size}; weights copied after every update"
-            )
+        # the sampler decodes on its own copy of the weights, in its own layout (the plan's
+        # placement; rollout.tensor: auto is chosen here, now that the model is known)
+        self.plan = plan = plan_for_model(
+            plan,
+            p.config,
+            chip=device_chip(p.mesh.devices.flat[0]),
+            resident_bytes=per_device_bytes(p.state) + per_device_bytes(p.base),
+        )
+        self.sampler = SamplerCopy(plan.placement.sampler, models.param_logical_axes(p.config))
+        self.say(
+            f"sampler: {plan.placement.sampler.describe()}; learner: "
+            f"{plan.placement.learner.describe()} ({plan.placement.why})"
+        )
+        self._sampler_weights: tuple[int, object] | None = None
         self.rollouts = Rollouts(
             r,
             rewards,
             tokenizer=p.tokenizer,
             model_config=p.config,
-            weights_fn=lambda: (self.placement.put(p.full_params()), int(p.state.step)),
+            weights_fn=self.sampler_weights,
             seed=cfg.seed,
             env=cfg.env,
             max_prompt_len=cfg.data.max_length,
+            mesh=self.sampler.local_mesh,
         )
         self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
         # distillation: the frozen teacher (loaded again on resume: it is never checkpointed)
@@ -209,6 +218,16 @@ class OnlineTrainer(Trainer):
             state=state,
         )
 
+    def sampler_weights(self) -> tuple[object, int]:
+        """``(the sampler's copy, version)``: made once per policy version (the previous
+        copy's buffers reused; :class:`~jaxrl_llm.parallel.placement.SamplerCopy`)."""
+        version = int(self.policy.state.step)
+        if self._sampler_weights is None or self._sampler_weights[0] != version:
+            self._sampler_weights = None  # its buffers go to the new copy
+            copy = self.sampler(self.policy.full_params(), reuse=True)
+            self._sampler_weights = (version, copy)
+        return self._sampler_weights[1], version
+
     def frozen(self) -> dict:
         """The train step's frozen arguments: the policy's (LoRA's base) and, when the loss
         runs it (GKD), the teacher's weights."""
@@ -260,7 +279,7 @@ class OnlineTrainer(Trainer):
             assert fresh is not None  # synchronous: the batch just put, sampled by these weights
             return fresh, {**info, "time/rollout_s": t_rollout}
         if self.producer is None:
-            box = WeightBox(*snapshot(p, self.placement))
+            box = WeightBox(*snapshot(p, self.sampler))
             sampler = Rollouts(
                 r,
                 self.rollouts.rewards,
@@ -271,6 +290,7 @@ class OnlineTrainer(Trainer):
                 env=self.cfg.env,
                 partial=r.partial,
                 max_prompt_len=self.cfg.data.max_length,
+                mesh=self.sampler.local_mesh,
             )
             self.producer = Producer(
                 sampler,
@@ -328,12 +348,12 @@ class OnlineTrainer(Trainer):
         )
         t_update = time.perf_counter() - t2
         if self.producer is not None:
-            self.producer.box.publish(*snapshot(self.policy, self.placement))
+            self.producer.box.publish(*snapshot(self.policy, self.sampler))
         self._write_samples(step, exp)
         out.update(exp.metrics)
         out.update(prepared.metrics)
         out.update(correction)
-        out.update(self.placement.metrics())
+        out.update(self.sampler.metrics())
         out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
         lengths, truncated = np.asarray(exp.rollout.lengths), np.asarray(exp.rollout.truncated)
         out.update(
