@@ -221,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.teacher_model is not None:
         setup["teacher_config"] = resolve_model_config(args.teacher_model)
+    setup.update(sampler_setup(config, args.algorithm, setup, n_devices))
     est = estimate_memory(config, args.algorithm, **setup)  # type: ignore[arg-type]
     advice = fit_advice(config, args.algorithm, max_devices=max_devices, **setup)
     if args.json:
@@ -250,6 +251,38 @@ def run(args: argparse.Namespace) -> int:
         if not est.fits:
             print(_advice_text(advice, device, est.device_bytes))
     return 0
+
+
+def sampler_setup(config, algorithm: str, setup: dict, n_devices: int) -> dict:
+    """The sampler's copy as :func:`~jaxrl_llm.train.compile.memory.estimate_memory` takes
+    it, chosen as a run on ``setup["device"]`` chooses it (``rollout.tensor: auto``,
+    :func:`jaxrl_llm.parallel.placement.auto_tensor`): tensor parallel within a host of the
+    device kind, in bfloat16 on TPU and GPU; {} offline."""
+    from jaxrl_llm.parallel.placement import auto_tensor, host_devices, kind_chip
+    from jaxrl_llm.train.compile.memory import estimate_memory
+
+    if algorithm not in _online():
+        return {}
+    device = setup["device"]
+    per_host = host_devices(device, n_devices)
+    rows = setup["batch_size"] * setup["group_size"]
+    chip = kind_chip(device)
+    dtype = "fp32" if chip is None else "bf16"
+    without = estimate_memory(config, algorithm, **setup)  # the learner's own
+    persistent = sum(r.bytes for r in without.rows if not r.transient)
+    free = None if chip is None else max(chip.hbm_bytes - persistent, 0.0)
+    t, _ = auto_tensor(
+        config,
+        devices=n_devices,
+        local_devices=per_host,
+        cross_process=device.startswith("tpu-"),
+        rows=rows,
+        tokens=setup["seq_len"],
+        chip=chip,
+        dtype="bfloat16" if dtype == "bf16" else "float32",
+        free_bytes=free,
+    )
+    return dict(sampler_tensor=t, sampler_replicas=n_devices // t, sampler_dtype=dtype)
 
 
 def _advice_text(advice, device: str, device_bytes: int) -> str:

@@ -42,10 +42,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.parallel.mesh import MESH_AXES, make_mesh
+from jaxrl_llm.parallel.mesh import MESH_AXES, make_mesh, mesh_shape
 from jaxrl_llm.parallel.rules import DEFAULT_RULES, MeshAxes, logical_to_sharding
 
 ROLES: tuple[str, ...] = ("learner", "sampler", "reference", "teacher", "critic")
@@ -68,6 +68,7 @@ class RoleLayout:
       per_process: the layout repeats once per process (the sampler of a multi-process run:
         ``sizes`` are one process's), each process running its own programs on its devices.
       dtype: the role's weights' dtype (None: as the learner holds them).
+      processes: how many processes the role's devices belong to.
     """
 
     role: str
@@ -76,6 +77,12 @@ class RoleLayout:
     count: int
     per_process: bool = False
     dtype: str | None = None
+    processes: int = 1
+
+    @property
+    def spans_processes(self) -> bool:
+        """One program over several processes' devices (a tensor group spans processes)."""
+        return self.processes > 1 and not self.per_process
 
     @property
     def tensor(self) -> int:
@@ -95,23 +102,28 @@ class RoleLayout:
         return sorted(mine, key=lambda d: (getattr(d, "process_index", 0), d.id))
 
     def mesh(self, devices: Sequence[Any] | None = None) -> Mesh:
-        """The role's mesh over all its devices. ``per_process``: the processes' meshes side
-        by side along ``data`` (a process's devices are one block of replicas), so that one
-        program can lay weights out for every process at once (:class:`SamplerCopy`)."""
+        """The role's mesh over all its devices, process by process. ``per_process``: the
+        processes' meshes side by side along ``data`` (a process's devices are one block of
+        replicas, a tensor group never spans two), so that one program can lay weights out
+        for every process at once (:class:`SamplerCopy`)."""
         mine = self.devices(devices)
-        sizes = dict(self.sizes)
+        sizes = {k: int(self.sizes.get(k, 1)) for k in MESH_AXES}
         if self.per_process:
             sizes["data"] = -1
-        return make_mesh(devices=mine, **{k: int(sizes.get(k, 1)) for k in MESH_AXES})
+        shape = mesh_shape(len(mine), **sizes)
+        if not self.per_process and len(mine) == len(jax.devices()):
+            return make_mesh(devices=mine, **sizes)  # JAX's topology-aware order
+        grid = np.asarray(mine, dtype=object).reshape(shape)
+        return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
     def describe(self) -> str:
         """One line: ``data=2 × tensor=4 on devices 0..7 (bfloat16)``."""
         axes = " × ".join(f"{k}={v}" for k, v in self.sizes.items() if v > 1) or "1 device"
         where = f"devices {self.first}..{self.first + self.count - 1}"
-        return (
-            f"{axes}{' per process' if self.per_process else ''} on {where}"
-            f"{f' ({self.dtype})' if self.dtype else ''}"
-        )
+        scope = " per process" if self.per_process else ""
+        if self.spans_processes:
+            scope = f" over {self.processes} processes"
+        return f"{axes}{scope} on {where}{f' ({self.dtype})' if self.dtype else ''}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,11 +135,13 @@ class Placement:
       tensor_auto: the sampler's tensor degree is still to be chosen (``rollout.tensor:
         auto``) once the model is known (:func:`resolve_sampler`).
       why: how the sampler's layout was chosen (printed by the run).
+      cross_process: ``auto`` may choose a tensor degree that spans processes.
     """
 
     roles: Mapping[str, RoleLayout]
     tensor_auto: bool = False
     why: str = ""
+    cross_process: bool = False
 
     def __getitem__(self, role: str) -> RoleLayout:
         return self.roles[role]
@@ -157,6 +171,7 @@ def plan_placement(
     rollout_devices: int = 0,
     tensor: int | str = 1,
     dtype: str | None = None,
+    cross_process: bool = False,
 ) -> Placement:
     """The placement of a run whose learner mesh has axis sizes ``learner``.
 
@@ -167,35 +182,53 @@ def plan_placement(
       rollout_devices: ``rollout.devices``: 0 = the sampler on the learner's devices (in
         turn, colocated), n = the last n devices (the learner on the others).
       tensor: ``rollout.tensor``: an int, or ``"auto"`` (chosen once the model is known).
+        A degree that divides a process's sampler devices keeps tensor parallelism within
+        each process (each samples its own share of the prompts); a multiple of them spans
+        whole processes, and the sampler is one program over the job (a TPU slice, whose
+        chips all share the inter-chip links).
       dtype: the sampler's weights' dtype (None: the learner's compute dtype).
+      cross_process: ``auto`` may choose a degree that spans processes (TPU).
 
     Raises:
-      ConfigError: a tensor degree that does not divide a process's sampler devices.
+      ConfigError: a tensor degree that neither divides a process's sampler devices nor is a
+        multiple of them dividing all of them.
     """
     n = int(rollout_devices)
     learner_count = num_devices - n
     s_first, s_count = (learner_count, n) if n else (0, num_devices)
-    per_process = processes > 1
-    local = s_count // processes if per_process else s_count
     auto = tensor == "auto"
     t = 1 if auto else int(tensor)
-    if t < 1 or local % t:
-        raise ConfigError(
-            f"rollout.tensor={tensor} must divide the sampler's devices "
-            f"{'per process ' if per_process else ''}({local}): tensor parallelism stays "
-            f"within a process"
-        )
-    sampler = RoleLayout(
-        "sampler", _sizes(data=local // t, tensor=t), s_first, s_count, per_process, dtype
-    )
-    learn = RoleLayout("learner", dict(learner), 0, learner_count)
+    sampler = sampler_layout(t, s_first, s_count, processes, dtype)
+    learn = RoleLayout("learner", dict(learner), 0, learner_count, processes=processes)
     roles = {"learner": learn, "sampler": sampler}
     for role in ("reference", "teacher", "critic"):
         roles[role] = dataclasses.replace(learn, role=role)
-    why = (
-        "rollout.tensor: auto, chosen when the model is known" if auto else (f"rollout.tensor={t}")
+    why = "rollout.tensor: auto, chosen when the model is known" if auto else f"rollout.tensor={t}"
+    return Placement(roles, tensor_auto=auto, why=why, cross_process=cross_process)
+
+
+def sampler_layout(t: int, first: int, count: int, processes: int, dtype: str | None) -> RoleLayout:
+    """The sampler's :class:`RoleLayout` at tensor degree ``t`` on devices ``first`` ..
+    ``first + count − 1`` of ``processes`` processes (:func:`plan_placement`).
+
+    Raises:
+      ConfigError: ``t`` neither divides a process's devices nor is a multiple of them that
+        divides ``count``.
+    """
+    local = count // processes
+    if t >= 1 and local % t == 0:  # within each process: one layout per process
+        per = processes > 1
+        return RoleLayout(
+            "sampler", _sizes(data=local // t, tensor=t), first, count, per, dtype, processes
+        )
+    if t > local and t % local == 0 and count % t == 0:  # whole processes per tensor group
+        return RoleLayout(
+            "sampler", _sizes(data=count // t, tensor=t), first, count, False, dtype, processes
+        )
+    raise ConfigError(
+        f"rollout.tensor={t} must divide the sampler's devices per process ({local}), or be "
+        f"a multiple of them that divides all {count}"
     )
-    return Placement(roles, tensor_auto=auto, why=why)
 
 
 def _sizes(**sizes: int) -> dict[str, int]:
@@ -300,6 +333,47 @@ def tensor_candidates(local_devices: int, heads: int, kv_heads: int) -> list[int
     ]
 
 
+def auto_tensor(
+    config: Any,
+    *,
+    devices: int,
+    local_devices: int,
+    rows: int,
+    tokens: int,
+    chip: Chip | None,
+    dtype: str | None,
+    free_bytes: float | None = None,
+    cross_process: bool = False,
+) -> tuple[int, str]:
+    """``(t, why)``: the sampler's tensor degree for the model ``config`` (a
+    :class:`~jaxrl_llm.models.ModelConfig`) on ``devices`` sampler devices, ``local_devices``
+    of them per process, decoding ``rows`` rows (all processes') of ``tokens`` cache slots in
+    ``dtype`` (:func:`choose_sampler_tensor` over :func:`tensor_candidates`: divisors of
+    ``local_devices``, and with ``cross_process`` multiples of it that divide ``devices``).
+    What ``rollout.tensor: auto`` runs with, and what ``jaxrl-llm memory`` and ``compile``
+    estimate with."""
+    itemsize = jnp.dtype(dtype or "bfloat16").itemsize
+    k, e = config.store_kv_heads, config.store_head_dim
+    model = dict(
+        devices=devices,
+        weight_bytes=config.num_params() * itemsize,
+        kv_bytes_per_row=2 * config.num_kv_layers * k * e * itemsize * tokens,
+        rows=rows,
+        layers=config.num_layers,
+        hidden=config.hidden_size,
+        free_bytes=free_bytes,
+    )
+    cands = tensor_candidates(local_devices, config.num_heads, config.num_kv_heads)
+    if cross_process:
+        cands += [
+            t
+            for t in range(2 * local_devices, devices + 1, local_devices)
+            if devices % t == 0 and config.num_heads % t == 0 and config.num_kv_heads % t == 0
+        ]
+    t, why, _ = choose_sampler_tensor(cands, chip, **model)
+    return t, why
+
+
 def resolve_sampler(
     placement: Placement,
     config: Any,
@@ -309,29 +383,53 @@ def resolve_sampler(
     chip: Chip | None,
     free_bytes: float | None = None,
 ) -> Placement:
-    """``placement`` with the sampler's tensor degree chosen (``rollout.tensor: auto``) for
-    the model ``config`` (a :class:`~jaxrl_llm.models.ModelConfig`) decoding ``rows`` rows of
+    """``placement`` with the sampler's tensor degree chosen (``rollout.tensor: auto``,
+    :func:`auto_tensor`) for the model ``config`` decoding ``rows`` rows (all processes') of
     ``tokens`` cache slots; unchanged when the degree was given."""
     if not placement.tensor_auto:
         return placement
     s = placement.sampler
-    local = int(np.prod(list(s.sizes.values())))  # one process's sampler devices
-    itemsize = jnp.dtype(s.dtype or "bfloat16").itemsize
-    k, e = config.store_kv_heads, config.store_head_dim
-    model = dict(
-        devices=local,
-        weight_bytes=config.num_params() * itemsize,
-        kv_bytes_per_row=2 * config.num_kv_layers * k * e * itemsize * tokens,
+    t, why = auto_tensor(
+        config,
+        devices=s.count,
+        local_devices=s.count // s.processes,
         rows=rows,
-        layers=config.num_layers,
-        hidden=config.hidden_size,
+        tokens=tokens,
+        chip=chip,
+        dtype=s.dtype,
         free_bytes=free_bytes,
+        cross_process=placement.cross_process,
     )
-    cands = tensor_candidates(local, config.num_heads, config.num_kv_heads)
-    t, why, _ = choose_sampler_tensor(cands, chip, **model)
-    sampler = dataclasses.replace(s, sizes=_sizes(data=local // t, tensor=t))
+    sampler = sampler_layout(t, s.first, s.count, s.processes, s.dtype)
     roles = {**placement.roles, "sampler": sampler}
-    return Placement(roles, tensor_auto=False, why=f"rollout.tensor: auto → {why}")
+    return dataclasses.replace(
+        placement, roles=roles, tensor_auto=False, why=f"rollout.tensor: auto → {why}"
+    )
+
+
+def kind_chip(kind: str) -> Chip | None:
+    """The :class:`Chip` of a device kind as ``jaxrl-llm memory`` names it (``tpu-v5p``,
+    ``h100``; None for ``cpu``)."""
+    from jaxrl_llm.parallel.topology import TPU_HBM_BANDWIDTH, TPU_HBM_BYTES, TPU_ICI_BANDWIDTH
+
+    if kind.startswith("tpu-"):
+        g = kind[4:]
+        return Chip(kind, TPU_HBM_BYTES[g], TPU_HBM_BANDWIDTH[g], TPU_ICI_BANDWIDTH[g])
+    gpu = _GPUS.get(kind.upper())
+    return None if gpu is None else Chip(kind, *gpu)
+
+
+def host_devices(kind: str, devices: int) -> int:
+    """Devices one host (process) of ``kind`` has in a job of ``devices``: 4 TPU chips per
+    v4 / v5p host, 8 per v5e / v6e host up to an 8-chip slice and 4 beyond (Google Cloud's
+    TPU system architecture pages), 8 GPUs per node; never more than the job has."""
+    if kind in ("tpu-v4", "tpu-v5p"):
+        per = 4
+    elif kind.startswith("tpu-"):
+        per = 8 if devices <= 8 else 4
+    else:
+        per = 8
+    return max(min(per, devices), 1)
 
 
 # ----- the sampler's copy ----------------------------------------------------------------------
@@ -372,6 +470,12 @@ class SamplerCopy:
         self._programs: dict[Any, Any] = {}
         self._identity: dict[Any, bool] = {}
         self._previous: Any = None
+
+    @property
+    def engine_mesh(self) -> Mesh | None:
+        """The mesh the engines sample on: :attr:`local_mesh`, None for one device (a
+        one-device program, as without a mesh)."""
+        return self.local_mesh if self.local_mesh.size > 1 else None
 
     def shardings(self, params: Any) -> Any:
         """The sampler's ``NamedSharding`` per leaf of ``params`` (on :attr:`mesh`)."""

@@ -47,6 +47,11 @@ SMALL = {
 def test_topology_names_parse_and_hbm_table():
     assert parse_topology_name("v5p:2x2x2") == ("v5p", (2, 2, 2))
     assert parse_topology_name("v5e:2x2") == ("v5e", (2, 2))
+    # gcloud's names: v5p counts TensorCores (2 per chip), v5e / v6e count chips
+    assert parse_topology_name("v5p-8") == ("v5p", (2, 2, 1))
+    assert parse_topology_name("v5p-16") == ("v5p", (2, 2, 2))
+    assert parse_topology_name("v6e-8") == ("v6e", (2, 4))
+    assert parse_topology_name("v5litepod-16") == ("v5e", (4, 4))
     # datasheet HBM per chip, GiB
     assert {k: v / 2**30 for k, v in TPU_HBM_BYTES.items()} == {
         "v4": 32,
@@ -107,9 +112,11 @@ def test_first_devices_is_a_slice_of_its_own():
 
 
 def test_bad_topology_is_one_line(capsys):
-    assert main(["compile", "--algorithm", "grpo", "--topology", "v5litepod-8"]) == 2
+    assert main(["compile", "--algorithm", "grpo", "--topology", "v5-lite-8"]) == 2
     err = capsys.readouterr().err.strip()
     assert "GENERATION:GRID" in err and len(err.splitlines()) == 1
+    assert main(["compile", "--algorithm", "grpo", "--topology", "v6e-12"]) == 2
+    assert "no slice of 12 chips" in capsys.readouterr().err
     assert main(["compile", "--algorithm", "grpo", "--topology", "v9z:2x2"]) == 2
     assert "unknown TPU generation 'v9z'" in capsys.readouterr().err
 
@@ -217,3 +224,28 @@ def test_moe_sft_compiles_for_v5e_with_experts_split_over_the_expert_axis(tmp_pa
     local = params_per_device(config, weight_shards=1, expert=4)
     assert local < n - 0.7 * expert_params(config)
     assert out["resident"]["policy train state"] == pytest.approx(12 * local, rel=1e-3)
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_fsdp_run_decodes_on_a_tensor_parallel_copy_for_tpu(tmp_path, capsys):
+    """GRPO at fsdp=8 on v5p:2x2x2 (two hosts of 4 chips): the sampler's copy is tensor
+    parallel within a host (``--rollout-layout tensor=2``; KV heads 2), made by a reshard
+    program; the compiled decode loop all-gathers no weight (its collectives per token step
+    are a few rows' hidden states and logits, not the 13 MB of weights an FSDP decode gathers
+    per layer here), and the report gives decode and step tokens/s per chip."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**SMALL, "num_hidden_layers": 2}))
+    args = ["compile", "--model", str(cfg), "--algorithm", "grpo", "--topology", "v5p-16"]
+    args += ["--mesh", "fsdp=8", "--batch", "8", "--group-size", "2", "--seq-len", "256"]
+    assert main([*args, "--rollout-layout", "tensor=2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    programs = {p["name"]: p for p in out["programs"]}
+    assert {"train", "reshard", "decode"} <= set(programs)
+    assert "tensor=2" in out["settings"]["sampler"] and "per process" in out["settings"]["sampler"]
+    decode = programs["decode"]
+    assert decode["collectives"].get("all-gather", 0) / 128 < 1e6, decode["collectives"]
+    t = out["throughput"]
+    assert t["decode_tokens_per_s_per_chip"] > 0 and t["step_tokens_per_s_per_chip"] > 0
+    assert t["decode_weight_gb"] > 0 and t["decode_kv_gb"] > 0
+    assert "sampler copy (rollout dtype)" in out["resident"]

@@ -76,8 +76,13 @@ def test_plan_places_every_role():
     # two processes: tensor within a process, the sizes one process's
     two = plan_placement({"fsdp": 8}, num_devices=8, processes=2, tensor=4)
     assert two.sampler.per_process and two.sampler.sizes["data"] == 1
-    with pytest.raises(ConfigError, match="tensor parallelism stays within a process"):
-        plan_placement({"fsdp": 8}, num_devices=8, processes=2, tensor=8)
+    assert not two.sampler.spans_processes
+    # a degree that is a multiple of a process's devices: one program over both processes
+    both = plan_placement({"fsdp": 8}, num_devices=8, processes=2, tensor=8)
+    assert both.sampler.spans_processes and both.sampler.tensor == 8
+    assert "over 2 processes" in both.sampler.describe()
+    with pytest.raises(ConfigError, match=r"must divide the sampler's devices per process \(4\)"):
+        plan_placement({"fsdp": 8}, num_devices=8, processes=2, tensor=3)
 
 
 def test_auto_tensor_follows_the_decode_model():
@@ -115,6 +120,14 @@ def test_auto_placement_resolves_with_the_model():
     out = resolve_sampler(auto, big, rows=64, tokens=1024, chip=chip)
     assert not out.tensor_auto and out.sampler.tensor == 8 and "auto" in out.why
     assert resolve_sampler(auto, big, rows=64, tokens=1024, chip=None).sampler.tensor == 1
+    # two hosts of 4: within a host unless the chips' links span the hosts (a TPU slice)
+    hosts = plan_placement({"fsdp": 8}, num_devices=8, processes=2, tensor="auto")
+    assert resolve_sampler(hosts, big, rows=64, tokens=1024, chip=chip).sampler.tensor == 4
+    slice_ = plan_placement(
+        {"fsdp": 8}, num_devices=8, processes=2, tensor="auto", cross_process=True
+    )
+    spans = resolve_sampler(slice_, big, rows=64, tokens=1024, chip=chip).sampler
+    assert spans.tensor == 8 and spans.spans_processes
 
 
 @needs_8

@@ -178,6 +178,44 @@ def test_two_processes_log_what_one_process_logs(tmp_path, algorithm, chat):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::jaxrl_llm.parallel.ShardingFallbackWarning")
+@pytest.mark.parametrize(
+    "tensor, heads, two_line, one_line",
+    [
+        (2, 4, "data=2 × tensor=2 per process", "data=4 × tensor=2"),
+        (8, 8, "tensor=8 over 2 processes", "tensor=8"),
+    ],
+    ids=["within_each_host", "over_both"],
+)
+def test_two_processes_sample_on_a_tensor_parallel_copy(
+    tmp_path, tensor, heads, two_line, one_line
+):
+    """rollout.tensor=2 (4 heads, 2 KV heads): each process's sampler is 2 replicas × tensor
+    2 on its own 4 devices; rollout.tensor=8 (8 heads and KV heads): one sampler program over
+    both processes' devices. Either copy is made by one reshard program over the job, and
+    the job logs what 1 process × 8 devices logs with the same sampler layout."""
+    config = _config(tmp_path, "grpo")
+    cfg = yaml.safe_load(open(config))
+    cfg["model"]["tiny"].update(num_heads=heads, num_kv_heads=heads // 2 if tensor < 8 else 8)
+    cfg["rollout"]["tensor"] = tensor
+    with open(config, "w") as f:
+        yaml.safe_dump(cfg, f)
+    two = str(tmp_path / "two")
+    logs = _wait(_job(config, two))
+    for log in logs:
+        assert f"sampler: {two_line} on devices 0..7" in log, log[-2000:]
+    one = str(tmp_path / "one")
+    (log_one,) = _wait([_train(config, one, devices=8)])
+    assert f"sampler: {one_line} on devices 0..7" in log_one, log_one[-2000:]
+    want = {r["step"]: r for r in read_metrics(one) if r.get("loss") is not None}
+    got = {r["step"]: r for r in read_metrics(two) if r.get("loss") is not None}
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    for k, r in want.items():
+        assert got[k]["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6)
+        assert got[k]["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.slow
 def test_two_process_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
     """Both processes are SIGKILLed in step 3's update (after step 2's checkpoint), as a
     preempted job dies; ``--resume`` on both continues from step 2 and the run logs what an

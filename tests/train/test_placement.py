@@ -28,7 +28,7 @@ def test_split_devices_and_refusals():
         with pytest.raises(ConfigError, match="rollout.devices"):
             split_devices(bad)
     with pytest.raises(
-        ConfigError, match=r"rollout.tensor=3 must divide the sampler's devices \(4\)"
+        ConfigError, match=r"rollout.tensor=3 must divide the sampler's devices per process \(4\)"
     ):
         plan_placement({"data": 4}, num_devices=8, rollout_devices=4, tensor=3)
 

@@ -407,6 +407,9 @@ def _compile_programs(
     return out
 
 
+SAMPLER_COPY = "sampler copy (rollout dtype)"
+
+
 def _sampler(plan: RunPlan, policy: Policy, topology: Topology, resident: dict[str, int]):
     """``(plan, copy)``: the plan with the sampler's layout chosen for this model on this
     chip (``rollout.tensor: auto``), and its :class:`~jaxrl_llm.parallel.placement.SamplerCopy`
@@ -419,6 +422,9 @@ def _sampler(plan: RunPlan, policy: Policy, topology: Topology, resident: dict[s
         models.param_logical_axes(policy.config),
         devices=topology.devices,
     )
+    full = policy.base if policy.lora is not None else policy.state.params
+    # kept from step to step: each new copy is written into the previous one's buffers
+    resident[SAMPLER_COPY] = per_device_bytes(copy.abstract(full, local=True))
     return plan, copy
 
 
@@ -428,7 +434,10 @@ def _compile_reshard(plan: RunPlan, policy: Policy, copy: SamplerCopy, others):
     weights, as a fresh argument) in, the sampler's layout and dtype out. Only colocated: a
     sampler on devices of its own receives the copy by a transfer, not a program."""
     full = policy.base if policy.lora is not None else policy.state.params
-    resident = others(minus=per_device_bytes(full)) if policy.lora is None else others()
+    # the previous copy is donated to the new one: the output, not a resident array
+    resident = others(SAMPLER_COPY)
+    if policy.lora is None:
+        resident -= per_device_bytes(full)
     return compile_program(
         "reshard", copy.program(full), (full,), resident, num_devices=copy.mesh.size
     )
@@ -495,7 +504,7 @@ def _compile_decode(
             "decode",
             dec,
             (weights, abstract_state),
-            others(),  # the learner's state stays; the copy is the program's argument
+            others(SAMPLER_COPY),  # the learner's state stays; the copy is the argument
             num_devices=mesh.size,
             unknown_trips=gen_len,
         )
@@ -532,5 +541,19 @@ def _estimate_kwargs(plan: RunPlan, topology: Topology, seq_len: int, prompt_len
         micro_batches=rows.micro_batches,
         minibatches=max(1, rows.per_step // max(rows.per_update, 1)),
         prompt_group_size=int(plan.logprobs.prompt_group_size),
+        **_sampler_kwargs(plan),
         **{k: v for k, v in plan.mesh.items() if k != "context"},
+    )
+
+
+def _sampler_kwargs(plan: RunPlan) -> dict:
+    """The sampler's copy as :func:`estimate_memory` takes it (online; its layout chosen)."""
+    if not plan.online or plan.placement.tensor_auto:
+        return {}
+    s = plan.placement.sampler
+    processes = max(s.count // int(math.prod(s.sizes.values())), 1)
+    return dict(
+        sampler_tensor=s.tensor,
+        sampler_replicas=s.replicas * processes,
+        sampler_dtype=_dtype_name(s.dtype) if s.dtype else None,
     )

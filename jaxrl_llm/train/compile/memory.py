@@ -589,6 +589,9 @@ def estimate_memory(
     prompt_group_size: int = 1,
     reference_offloaded: bool = False,
     teacher_config: ModelConfig | None = None,
+    sampler_tensor: int = 0,
+    sampler_replicas: int = 1,
+    sampler_dtype: str | None = None,
 ) -> MemoryEstimate:
     """Estimate per-device memory of one training step of ``algorithm``.
 
@@ -622,6 +625,10 @@ def estimate_memory(
       reference_offloaded: a frozen reference held off the device (host memory), counted as
         0 bytes per device. A what-if for :func:`fit_advice`: this package's trainers keep
         the reference on the device (with LoRA it is the base and costs nothing).
+      sampler_tensor, sampler_replicas, sampler_dtype: online, the sampler's own copy of the
+        weights (:mod:`jaxrl_llm.parallel.placement`): its tensor degree (0: the sampler reads
+        the learner's weights, no copy), its replicas over the whole job, its dtype
+        (``bf16`` / ``fp32``; default ``dtype``).
       teacher_config: a distillation teacher's model (None: the policy's size); its weights
         are frozen, held in ``frozen_dtype``.
 
@@ -673,7 +680,15 @@ def estimate_memory(
         accumulate=micro_batches > 1,
         gathered=fsdp > 1,
     )
-    if algo.online:
+    if algo.online and sampler_tensor:
+        # the sampler's copy (parallel/placement.py): tensor parallel, whole per replica,
+        # kept from step to step (its buffers take the next copy); the cache by KV heads
+        b = _BYTES[sampler_dtype or dtype]
+        copy = config.num_params() * b // sampler_tensor
+        rows.append(_row("rollout", f"sampler copy (tensor={sampler_tensor})", copy, False))
+        replica_rows = -(-rows_per_step // max(sampler_replicas, 1))
+        rows += _kv_cache_rows(config, replica_rows, seq_len, sampler_tensor, b)
+    elif algo.online:
         rows += _kv_cache_rows(config, local_rows, seq_len, tensor, _BYTES[dtype])
     return MemoryEstimate(
         rows=tuple(rows),

@@ -464,15 +464,14 @@ def plan_for_model(
     plan: RunPlan, config: Any, *, chip: Chip | None, resident_bytes: float = 0.0
 ) -> RunPlan:
     """``plan`` with the sampler's tensor degree chosen for the model ``config`` on ``chip``
-    (``rollout.tensor: auto``; :func:`~jaxrl_llm.parallel.placement.resolve_sampler`): one
-    process's rollout rows, each ``data.max_length`` + ``rollout.max_new_tokens`` cache slots,
+    (``rollout.tensor: auto``; :func:`~jaxrl_llm.parallel.placement.resolve_sampler`): the
+    step's rollout rows, each ``data.max_length`` + ``rollout.max_new_tokens`` cache slots,
     in the HBM the learner's ``resident_bytes`` leave when colocated. Unchanged offline or
     with a given degree."""
     if not plan.online or not plan.placement.tensor_auto:
         return plan
     cfg, placement = plan.cfg, plan.placement
-    processes = max(placement.sampler.count // max(_local_count(placement), 1), 1)
-    rows = -(-plan.rows.per_step // processes)
+    rows = plan.rows.per_step
     tokens = (cfg.data.max_length or 0) + cfg.rollout.max_new_tokens
     free = None
     if chip is not None and placement.colocated:
@@ -481,10 +480,6 @@ def plan_for_model(
         placement, config, rows=rows, tokens=tokens, chip=chip, free_bytes=free
     )
     return dataclasses.replace(plan, placement=placement)
-
-
-def _local_count(placement: Placement) -> int:
-    return int(np.prod(list(placement.sampler.sizes.values())))
 
 
 # ----- what a config resolves to (each called once, by plan_run) ------------------------------
@@ -513,14 +508,29 @@ def run_placement(
     if dtype is None:
         dtype = "bfloat16" if platform in ("tpu", "gpu") else None
     n_rollout = r.devices if online else 0
-    return plan_placement(
+    # one sampler program over several processes: the static engine's single-turn loop, in
+    # step with the learner (the paged engine's host loop and the environments' replies are
+    # each process's own; a background producer would interleave its programs with the
+    # learner's differently on each process)
+    one_program = r.engine == "static" and cfg.env is None and r.max_staleness == 0
+    placement = plan_placement(
         sizes,
         num_devices=int(np.prod(list(sizes.values()))) + n_rollout,
         processes=processes,
         rollout_devices=n_rollout,
         tensor=r.tensor if online else 1,
         dtype=dtype,
+        # a TPU slice's chips all share the inter-chip links: auto may span its hosts
+        cross_process=platform == "tpu" and one_program,
     )
+    if placement.sampler.spans_processes and not one_program:
+        raise ConfigError(
+            f"rollout.tensor={r.tensor} spans processes (each has "
+            f"{placement.sampler.count // processes} sampler devices): only the static "
+            f"engine's single-turn, synchronous rollouts run as one program over the job; "
+            f"use a degree that divides a process's devices"
+        )
+    return placement
 
 
 def loss_config(cfg: RunConfig):

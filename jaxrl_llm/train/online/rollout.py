@@ -27,7 +27,7 @@ from jaxrl_llm import objectives
 from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.objectives import pass_at_k
-from jaxrl_llm.parallel import allgather_objects, process_share
+from jaxrl_llm.parallel import allgather_objects, process_share, to_host
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, bucket_length, cast_for_rollout
 from jaxrl_llm.train.config.preflight import check_context_budget
@@ -103,6 +103,11 @@ class Rollouts:
         self.seed = seed
         self.partial = partial
         self.mesh = mesh
+        # the sampler is one program over every process's devices (a tensor group spans
+        # processes): every process samples every row with it, then scores them all
+        self.one_program = mesh is not None and any(
+            d.process_index != jax.process_index() for d in mesh.devices.flat
+        )
         # multi-process: this sampler's gathers are named (stream, call); samplers are made in
         # the same order on every process, so the names agree
         self._stream, self._gathers = next(_SAMPLERS), 0
@@ -156,7 +161,7 @@ class Rollouts:
         g = self.settings.group_size if num_samples is None else num_samples
         sampling = SamplingConfig(greedy=True) if greedy else self.sampling
         params, version = self.weights_fn() if weights is None else weights
-        if jax.process_count() > 1 and weights is None:
+        if jax.process_count() > 1 and weights is None and not self.one_program:
             return self._sample_share(items, params, version, sampling, seed, g)
         if self.episodes is not None:
             return self.episodes(
@@ -190,7 +195,7 @@ class Rollouts:
         )
         if partial:
             ro, versions = ro
-        ro = jax.tree.map(np.asarray, ro)
+        ro = jax.tree.map(np.asarray, to_host(ro))  # one program over processes: gathered
         tok = self.tokenizer
         texts = [
             tok.decode(ro.tokens[i, : ro.lengths[i]].tolist(), skip_special_tokens=True)

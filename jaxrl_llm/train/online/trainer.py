@@ -120,7 +120,7 @@ class OnlineTrainer(Trainer):
             seed=cfg.seed,
             env=cfg.env,
             max_prompt_len=cfg.data.max_length,
-            mesh=self.sampler.local_mesh,
+            mesh=self.sampler.engine_mesh,
         )
         self.samples: SamplesLog | None = None  # samples.jsonl, opened by the first step
         # distillation: the frozen teacher (loaded again on resume: it is never checkpointed)
@@ -290,7 +290,7 @@ class OnlineTrainer(Trainer):
                 env=self.cfg.env,
                 partial=r.partial,
                 max_prompt_len=self.cfg.data.max_length,
-                mesh=self.sampler.local_mesh,
+                mesh=self.sampler.engine_mesh,
             )
             self.producer = Producer(
                 sampler,
