@@ -60,6 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seq-len", type=int, default=1024, help="prompt + completion tokens")
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (online)")
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        default=None,
+        help="online: prompt tokens of --seq-len (default half, as jaxrl-llm compile)",
+    )
+    parser.add_argument(
+        "--minibatches", type=int, default=1, help="online: optimizer updates per rollout batch"
+    )
     parser.add_argument("--remat", default="none", choices=["none", "dots", "full"])
     parser.add_argument("--logits", default="chunked", choices=["chunked", "full"])
     parser.add_argument(
@@ -213,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         remat=args.remat,
         logits=args.logits,
+        minibatches=args.minibatches,
         device=device,
         data=mesh["data"],
         fsdp=mesh["fsdp"],
@@ -221,9 +231,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.teacher_model is not None:
         setup["teacher_config"] = resolve_model_config(args.teacher_model)
-    setup.update(sampler_setup(config, args.algorithm, setup, n_devices))
+    if args.algorithm in _online():  # as jaxrl-llm compile resolves the same flags
+        setup["prompt_len"] = args.seq_len // 2 if args.prompt_len is None else args.prompt_len
+        if (args.batch * args.group_size) % args.minibatches == 0:
+            setup["prompt_group_size"] = args.group_size  # logprobs.shared_prompt
+    if args.algorithm in _online():  # the sampler's copy, as a run on the device lays it out
+        setup["sampler_tensor"] = "auto"
     est = estimate_memory(config, args.algorithm, **setup)  # type: ignore[arg-type]
     advice = fit_advice(config, args.algorithm, max_devices=max_devices, **setup)
+    base_step, advice_steps = _ranked(config, args.algorithm, setup, advice)
+    advice = [a for a, _ in advice_steps]
     if args.json:
         out = est.to_json()
         out.update(
@@ -232,7 +249,11 @@ def run(args: argparse.Namespace) -> int:
             params=config.num_params(),
             active_params=config.num_params(active=True),
             device_from=why,
-            advice=[a.to_json() for a in advice],
+            step_model=None if base_step is None else base_step.to_json(),
+            advice=[
+                {**a.to_json(), "step_model": None if m is None else m.to_json()}
+                for a, m in advice_steps
+            ],
         )
         print(json.dumps(out))
     else:
@@ -248,45 +269,73 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"device: {device} (from {why})")
         print(est.table())
+        if base_step is not None:
+            print(f"modeled step: {_step_text(base_step)}")
         if not est.fits:
-            print(_advice_text(advice, device, est.device_bytes))
+            print(_advice_text(advice_steps, device, est.device_bytes))
     return 0
 
 
-def sampler_setup(config, algorithm: str, setup: dict, n_devices: int) -> dict:
-    """The sampler's copy as :func:`~jaxrl_llm.train.compile.memory.estimate_memory` takes
-    it, chosen as a run on ``setup["device"]`` chooses it (``rollout.tensor: auto``,
-    :func:`jaxrl_llm.parallel.placement.auto_tensor`): tensor parallel within a host of the
-    device kind, in bfloat16 on TPU and GPU; {} offline."""
-    from jaxrl_llm.parallel.placement import auto_tensor, host_devices, kind_chip
-    from jaxrl_llm.train.compile.memory import estimate_memory
+def _ranked(config, algorithm: str, setup: dict, advice: list):
+    """``(base model, [(advice, model)])``: the modeled step of the setup and of each change
+    (:func:`jaxrl_llm.train.compile.step_model.model_step`), the changes fastest first
+    (models None, in the advice's order, without a chip model: CPU)."""
+    from jaxrl_llm.parallel.placement import kind_chip
+    from jaxrl_llm.train.compile.memory import auto_sampler
+    from jaxrl_llm.train.compile.step_model import model_step, peak_flops
 
-    if algorithm not in _online():
-        return {}
-    device = setup["device"]
-    per_host = host_devices(device, n_devices)
-    rows = setup["batch_size"] * setup["group_size"]
-    chip = kind_chip(device)
-    dtype = "fp32" if chip is None else "bf16"
-    without = estimate_memory(config, algorithm, **setup)  # the learner's own
-    persistent = sum(r.bytes for r in without.rows if not r.transient)
-    free = None if chip is None else max(chip.hbm_bytes - persistent, 0.0)
-    t, _ = auto_tensor(
-        config,
-        devices=n_devices,
-        local_devices=per_host,
-        cross_process=device.startswith("tpu-"),
-        rows=rows,
-        tokens=setup["seq_len"],
-        chip=chip,
-        dtype="bfloat16" if dtype == "bf16" else "float32",
-        free_bytes=free,
+    def model(device: str, **change):
+        chip, peak = kind_chip(device), peak_flops(device)
+        if chip is None or not peak:
+            return None
+        kw = {**setup, **change, "device": device}
+        if kw.get("sampler_tensor") == "auto":  # the copy this setup gets, if one fits
+            kw = {**kw, "sampler_tensor": 0, **auto_sampler(config, algorithm, **kw)}
+        return model_step(config, algorithm, chip, peak, **kw)
+
+    base = model(setup["device"])
+    out = []
+    for a in advice:
+        change = _change_kwargs(a.change)
+        out.append((a, model(a.device, **change)))
+    if all(m is not None for _, m in out):
+        out.sort(key=lambda am: am[1].step_s)
+    return base, out
+
+
+def _change_kwargs(change: str) -> dict:
+    """An advice's ``change`` (its flags) as :func:`estimate_memory` arguments, for the step
+    model (the flags it does not model, such as a device kind, give {})."""
+    out: dict = {}
+    words = change.split()
+    for flag, key, cast in (
+        ("--remat", "remat", str),
+        ("--lora-rank", "lora_rank", int),
+        ("--minibatches", "minibatches", int),
+    ):
+        if flag in words:
+            out[key] = cast(words[words.index(flag) + 1])
+    for w in words:
+        for part in w.split(","):
+            k, sep, v = part.partition("=")
+            if sep and k in ("data", "fsdp", "tensor") and v.isdigit():
+                out[k] = int(v)
+    if "--mesh" in words:
+        out.setdefault("data", 1)
+    return out
+
+
+def _step_text(m) -> str:
+    return (
+        f"{m.step_s:.2f} s ({m.tokens_per_s_per_chip:,.0f} tokens/s per chip; train "
+        f"{m.train_s:.2f}, reference {m.reference_s:.2f}, reshard {m.reshard_s:.3f}, decode "
+        f"{m.decode_s:.2f})"
     )
-    return dict(sampler_tensor=t, sampler_replicas=n_devices // t, sampler_dtype=dtype)
 
 
 def _advice_text(advice, device: str, device_bytes: int) -> str:
-    """The lines after a "does NOT fit" verdict: each change and its per-device total."""
+    """The lines after a "does NOT fit" verdict: each change, its per-device total and its
+    modeled step, fastest first."""
     from jaxrl_llm.train.compile.memory import GiB
 
     if not advice:
@@ -294,12 +343,16 @@ def _advice_text(advice, device: str, device_bytes: int) -> str:
             f"no single change tried (remat, LoRA, more fsdp, the reference off the device, a "
             f"bigger device) nor their combination fits {device}; shorten --seq-len or --batch"
         )
-    lines = [f"changes that fit ({device}: {device_bytes / GiB:.1f} GiB/device):"]
-    for a in advice:
+    ranked = all(m is not None for _, m in advice)
+    order = "fastest modeled step first" if ranked else "no step model for this device"
+    lines = [f"changes that fit ({device}: {device_bytes / GiB:.1f} GiB/device; {order}):"]
+    for a, m in advice:
         where = f" on {a.device} ({a.device_bytes / GiB:.0f} GiB)" if a.device != device else ""
         lines.append(
             f"  {a.change:<34} {a.total_bytes_per_device / GiB:>9.3f} GiB/device{where}  [{a.note}]"
         )
+        if m is not None:
+            lines.append(f"  {'':<34} modeled step {_step_text(m)}")
     return "\n".join(lines)
 
 

@@ -370,7 +370,13 @@ def auto_tensor(
             for t in range(2 * local_devices, devices + 1, local_devices)
             if devices % t == 0 and config.num_heads % t == 0 and config.num_kv_heads % t == 0
         ]
-    t, why, _ = choose_sampler_tensor(cands, chip, **model)
+    t, why, costs = choose_sampler_tensor(cands, chip, **model)
+    if costs and not any(c.fits for c in costs):
+        return 0, (
+            f"no tensor degree fits a copy of the weights and the KV cache in {chip.name}'s "
+            f"HBM ({min(c.bytes_per_chip for c in costs) / 1e9:.1f} GB per chip at best): "
+            f"decoding on the learner's layout"
+        )
     return t, why
 
 
@@ -400,11 +406,28 @@ def resolve_sampler(
         free_bytes=free_bytes,
         cross_process=placement.cross_process,
     )
-    sampler = sampler_layout(t, s.first, s.count, s.processes, s.dtype)
+    if t == 0:  # nothing fits whole: the learner's own layout (weights gathered per layer)
+        learn = placement.learner
+        one_program = placement.cross_process or s.processes == 1
+        if one_program and (s.first, s.count) == (learn.first, learn.count):
+            sampler = dataclasses.replace(learn, role="sampler", dtype=s.dtype)
+        else:
+            t, why = (
+                min(tensor_candidates(local_devices_of(s), config.num_heads, config.num_kv_heads)),
+                why + "; the learner's layout is not one the sampler can take here, tensor=1",
+            )
+            sampler = sampler_layout(t, s.first, s.count, s.processes, s.dtype)
+    else:
+        sampler = sampler_layout(t, s.first, s.count, s.processes, s.dtype)
     roles = {**placement.roles, "sampler": sampler}
     return dataclasses.replace(
         placement, roles=roles, tensor_auto=False, why=f"rollout.tensor: auto → {why}"
     )
+
+
+def local_devices_of(layout: RoleLayout) -> int:
+    """A role's devices per process."""
+    return layout.count // max(layout.processes, 1)
 
 
 def kind_chip(kind: str) -> Chip | None:

@@ -69,7 +69,8 @@ def test_cli_topology_sets_the_device_and_lists_advice(capsys):
     assert main([*argv, "--mesh", "fsdp=4"]) == 0
     out = capsys.readouterr().out
     assert "device: tpu-v5p (from --topology v5p:4x4x4)" in out and "does NOT fit" in out
-    assert "changes that fit (tpu-v5p: 95.0 GiB/device):" in out and "fsdp=8" in out
+    assert "changes that fit (tpu-v5p: 95.0 GiB/device; fastest modeled step first):" in out
+    assert "fsdp=8" in out and "modeled step" in out
     assert main([*argv, "--mesh", "fsdp=4", "--json"]) == 0
     js = json.loads(capsys.readouterr().out)
     assert js["device"] == "tpu-v5p" and not js["fits"]
@@ -104,3 +105,32 @@ def test_cli_memory_takes_the_qwen3_5_presets(preset, linear, capsys):
     assert f"recurrent state ({linear} linear layers)" in {r["component"] for r in js["rows"]}
     assert main([*argv, "--mesh", "fsdp=16"]) == 0
     assert f"grpo on {preset}" in capsys.readouterr().out
+
+
+def test_online_plan_counts_the_sampler_copy_and_ranks_changes_by_modeled_step(capsys):
+    """8B GRPO on v6e:2x4 at fsdp=8 (the planner case of issue 39). With 4 updates a step it
+    fits, and the sampler's copy is tensor parallel over the host's 8 chips with its KV cache
+    split by KV heads; the modeled step is its programs' sum. With 16 prompts it does not fit,
+    fewer rows per update (--minibatches) is among the changes, each with its modeled step,
+    fastest first."""
+    argv = ["memory", "--model", "8b", "--algorithm", "grpo", "--topology", "v6e:2x4"]
+    argv += ["--mesh", "fsdp=8", "--seq-len", "2048", "--remat", "full", "--json"]
+    assert main([*argv, "--minibatches", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["component"]: r for r in out["rows"]}
+    assert out["fits"] and out["sampler_tensor"] == 8
+    n = MODEL_PRESETS["8b"].num_params()
+    assert rows["sampler copy (tensor=8)"]["bytes"] == pytest.approx(2 * n / 8, rel=1e-6)
+    assert "KV cache (64 rows x 2048 slots)" in rows
+    step = out["step_model"]
+    assert step["decode_s"] > 0 and step["train_s"] > 0 and step["reshard_s"] > 0
+    assert step["step_s"] == pytest.approx(
+        step["train_s"] + step["reference_s"] + step["reshard_s"] + step["decode_s"]
+    )
+    assert main([*argv, "--batch", "16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not out["fits"]
+    changes = [a["change"] for a in out["advice"]]
+    assert any(c.startswith("--minibatches") for c in changes), changes
+    times = [a["step_model"]["step_s"] for a in out["advice"]]
+    assert times == sorted(times) and all(t > 0 for t in times)

@@ -153,7 +153,7 @@ def compile_run(
     resident = _resident(plan, policy, teacher)
     copy = None
     if plan.online:
-        plan, copy = _sampler(plan, policy, topology, resident)
+        plan, copy = _sampler(plan, policy, topology, resident, seq_len, prompt_len)
     programs = _compile_programs(plan, policy, resident, seq_len, prompt_len, decode, teacher, copy)
     programs = _with_model_flops(programs, plan, config, seq_len, prompt_len)
     est = None
@@ -410,13 +410,25 @@ def _compile_programs(
 SAMPLER_COPY = "sampler copy (rollout dtype)"
 
 
-def _sampler(plan: RunPlan, policy: Policy, topology: Topology, resident: dict[str, int]):
+def _sampler(
+    plan: RunPlan,
+    policy: Policy,
+    topology: Topology,
+    resident: dict[str, int],
+    seq_len: int | None,
+    prompt_len: int | None,
+):
     """``(plan, copy)``: the plan with the sampler's layout chosen for this model on this
     chip (``rollout.tensor: auto``), and its :class:`~jaxrl_llm.parallel.placement.SamplerCopy`
     over the slice's devices."""
-    plan = plan_for_model(
-        plan, policy.config, chip=tpu_chip(topology), resident_bytes=sum(resident.values())
-    )
+    # the copy stays beside everything else of the step, as jaxrl-llm memory counts it
+    without = 0.0
+    if plan.mesh["context"] == 1:
+        kw = _estimate_kwargs(plan, topology, *_lengths(plan, seq_len, prompt_len))
+        without = estimate_memory(policy.config, plan.cfg.algorithm, **kw).total_bytes_per_device
+    else:
+        without = float(sum(resident.values()))
+    plan = plan_for_model(plan, policy.config, chip=tpu_chip(topology), resident_bytes=without)
     copy = SamplerCopy(
         plan.placement.sampler,
         models.param_logical_axes(policy.config),

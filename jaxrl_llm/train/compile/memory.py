@@ -188,6 +188,7 @@ class MemoryEstimate:
     weight_copies: int
     algorithm: str
     device: str
+    sampler_tensor: int = 0
 
     @property
     def fits(self) -> bool:
@@ -204,6 +205,7 @@ class MemoryEstimate:
             "total_bytes_per_device": int(self.total_bytes_per_device),
             "device_bytes": int(self.device_bytes),
             "fits": self.fits,
+            "sampler_tensor": int(self.sampler_tensor),
             "rows": [dataclasses.asdict(r) for r in self.rows],
         }
 
@@ -589,7 +591,7 @@ def estimate_memory(
     prompt_group_size: int = 1,
     reference_offloaded: bool = False,
     teacher_config: ModelConfig | None = None,
-    sampler_tensor: int = 0,
+    sampler_tensor: int | str = 0,
     sampler_replicas: int = 1,
     sampler_dtype: str | None = None,
 ) -> MemoryEstimate:
@@ -627,14 +629,18 @@ def estimate_memory(
         the reference on the device (with LoRA it is the base and costs nothing).
       sampler_tensor, sampler_replicas, sampler_dtype: online, the sampler's own copy of the
         weights (:mod:`jaxrl_llm.parallel.placement`): its tensor degree (0: the sampler reads
-        the learner's weights, no copy), its replicas over the whole job, its dtype
-        (``bf16`` / ``fp32``; default ``dtype``).
+        the learner's weights, no copy; ``"auto"``: chosen as a run on ``device`` chooses it,
+        :func:`auto_sampler`, with the replicas the rest of the devices), its replicas over
+        the whole job, its dtype (``bf16`` / ``fp32``; default ``dtype``).
       teacher_config: a distillation teacher's model (None: the policy's size); its weights
         are frozen, held in ``frozen_dtype``.
 
     Returns:
       A :class:`MemoryEstimate`.
     """
+    if sampler_tensor == "auto":  # every argument as given, the sampler's chosen
+        given = {k: v for k, v in locals().items() if k not in ("config", "algorithm")}
+        return _with_auto_sampler(config, algorithm, given)
     sizes = dict(
         batch_size=batch_size,
         seq_len=seq_len,
@@ -698,7 +704,50 @@ def estimate_memory(
         weight_copies=weight_copies,
         algorithm=algorithm,
         device=device,
+        sampler_tensor=int(sampler_tensor) if algo.online else 0,
     )
+
+
+def auto_sampler(config: ModelConfig, algorithm: str, **kwargs: Any) -> dict[str, Any]:
+    """The sampler's copy for an :func:`estimate_memory` setup (``kwargs``), chosen as a run
+    on ``kwargs["device"]`` chooses it (``rollout.tensor: auto``,
+    :func:`jaxrl_llm.parallel.placement.auto_tensor`): tensor parallel within a host of the
+    device kind (or over a TPU slice's hosts), in bfloat16 on TPU and GPU, in the HBM the
+    rest of the step leaves; ``{}`` (no copy: decode on the learner's layout) offline or when
+    no degree fits."""
+    from jaxrl_llm.parallel.placement import auto_tensor, host_devices, kind_chip
+
+    if not ALGORITHMS[algorithm].online:
+        return {}
+    kwargs = {**kwargs, "sampler_tensor": 0}
+    device = kwargs.get("device", "h100")
+    n = 1
+    for k in ("data", "fsdp", "tensor", "expert"):
+        n *= int(kwargs.get(k, 1))
+    chip = kind_chip(device)
+    dtype = "fp32" if chip is None else "bf16"
+    without = estimate_memory(config, algorithm, **kwargs).total_bytes_per_device
+    rows = kwargs.get("batch_size", 8) * kwargs.get("group_size", 1)
+    t, _ = auto_tensor(
+        config,
+        devices=n,
+        local_devices=host_devices(device, n),
+        rows=rows,
+        tokens=kwargs.get("seq_len", 512),
+        chip=chip,
+        dtype="bfloat16" if dtype == "bf16" else "float32",
+        free_bytes=None if chip is None else max(chip.hbm_bytes - without, 0.0),
+        cross_process=device.startswith("tpu-"),
+    )
+    if t == 0:
+        return {}
+    return dict(sampler_tensor=t, sampler_replicas=n // t, sampler_dtype=dtype)
+
+
+def _with_auto_sampler(config: ModelConfig, algorithm: str, kwargs: dict) -> MemoryEstimate:
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("sampler_")}
+    chosen = auto_sampler(config, algorithm, **kwargs)
+    return estimate_memory(config, algorithm, **kwargs, **chosen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -791,6 +840,27 @@ def fit_advice(
             add(f"fsdp={f}", f"{f * used} devices; weights and optimizer state split {f} ways", e)
             break
         f *= 2
+    if ALGORITHMS[algorithm].online:  # fewer rows per forward/backward: more updates a step
+        mb = kwargs.get("minibatches", 1) * 2
+        rows = kwargs.get("batch_size", 8) * kwargs.get("group_size", 1)
+        while mb <= rows and rows % mb == 0:
+            if (e := est(minibatches=mb)).fits:
+                add(
+                    f"--minibatches {mb}",
+                    f"rollout.minibatches={mb}: {mb} optimizer updates per step, each on "
+                    f"1/{mb} of the rows (more off-policy: the later updates' rows are older)",
+                    e,
+                )
+                break
+            mb *= 2
+    devices = fsdp * kwargs.get("data", 1) * kwargs.get("tensor", 1)
+    t = kwargs.get("tensor", 1) * 2
+    while t <= min(devices, 8) and devices % t == 0:  # the learner's heads / MLP split too
+        f = devices // t
+        if config.num_kv_heads % t == 0 and (e := est(fsdp=f, data=1, tensor=t)).fits:
+            add(f"--mesh fsdp={f},tensor={t}", f"activations and weights split {t} ways", e)
+            break
+        t *= 2
     uses_ref = Role.REFERENCE in ALGORITHMS[algorithm].roles and not kwargs.get("lora_rank")
     if uses_ref and (e := est(reference_offloaded=True)).fits:
         add(
