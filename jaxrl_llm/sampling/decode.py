@@ -147,7 +147,7 @@ def _cache_rows(cache: KVCache) -> KVCache:
 def _state_rows(s: DecodeState) -> DecodeState:
     """The decode state with every row-major array over the ambient mesh's batch axes."""
     return s._replace(
-        logits=constrain_rows(s.logits),
+        logits=constrain_rows(s.logits, tensor=1),  # vocabulary-split, as computed
         tokens=constrain_rows(s.tokens),
         logprobs=constrain_rows(s.logprobs),
         positions=constrain_rows(s.positions),

@@ -83,20 +83,29 @@ def constrain_rows(x: jax.Array, axis: int = 0, tensor: int | None = None) -> ja
 
 def per_row(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` run on each device's own rows inside a jitted sampler: every argument and
-    output is rows-first, split over the ambient mesh's batch axes (``jax.shard_map``); plain
-    ``fn(*args)`` without an ambient mesh of > 1 device.
+    output is rows-first, split over the ambient mesh's batch axes and then its ``tensor``
+    axis where the rows divide (``jax.shard_map``); plain ``fn(*args)`` without an ambient
+    mesh of > 1 device.
 
     For per-row operations that XLA's partitioner would otherwise gather whole: it replicates
     ``lax.top_k`` (the token filters' top-256) over every device, all-gathering the ``[N, V]``
-    logits at every decode step.
+    logits at every decode step. Splitting a replica's rows over its ``tensor`` devices too
+    turns the vocabulary-split logits into whole rows with one all-to-all, and each device
+    filters and samples 1 / tensor of the rows instead of all of them.
     """
     mesh = layout_mesh()
     if mesh is None or mesh.size == 1:
         return fn(*args)
-    spec = rows_spec(mesh, tuple(args[0].shape))
-    if spec[0] is None:  # rows the split does not divide: whole
+    n = int(args[0].shape[0])
+    spec = rows_spec(mesh, (n,))
+    names = () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else spec[0]
+    t = int(dict(mesh.shape).get("tensor", 1))
+    split = int(np.prod([mesh.shape[a] for a in names], dtype=np.int64))
+    if t > 1 and n % (split * t) == 0:
+        names = (*names, "tensor")
+    if not names:  # rows the split does not divide: whole
         return fn(*args)
-    rows = PartitionSpec(spec[0])
+    rows = PartitionSpec(names[0] if len(names) == 1 else tuple(names))
     return jax.shard_map(fn, mesh=mesh, in_specs=rows, out_specs=rows)(*args)
 
 

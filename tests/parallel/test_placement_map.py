@@ -164,10 +164,10 @@ def test_same_tokens_from_every_layout(params, learner, sampler):
 @needs_8
 def test_fsdp_run_decodes_without_gathering_weights(params):
     """The decode loop of an fsdp=8 learner's sampler (4 replicas × tensor 2) gathers no
-    weight: its only all-gather is a replica's [8 rows, V] logits for the token choice (the
-    copy holds whole tensor-parallel shards; rows stay on their replica). Decoding on the
-    learner's layout, as before the copy, all-gathers weights in the loop: the test tells the
-    two apart."""
+    weight, only a few rows' activations, tokens and flags (the copy holds whole
+    tensor-parallel shards; rows stay on their replica, the logits come to the devices that
+    sample their rows by an all-to-all). Decoding on the learner's layout, as before the
+    copy, all-gathers weights in the loop: the test tells the two apart."""
     decode_mod = sys.modules["jaxrl_llm.sampling.decode"]
     learner_mesh = make_mesh(fsdp=8)
     on_learner = _learner(params, fsdp=8)
@@ -187,10 +187,13 @@ def test_fsdp_run_decodes_without_gathering_weights(params):
     finally:
         decode_mod._decode = real
     resharded, on_fsdp = seen
-    assert _gathered_shapes(resharded) == {(8, CONFIG.vocab_size)}, _collectives(resharded)
-    assert _collectives(resharded)["all-reduce"] >= 2  # tensor parallel: the partial sums
     weight_shapes = {tuple(x.shape) for x in jax.tree.leaves(params)}
     weight_shapes |= {s[1:] for s in weight_shapes}  # one layer's slice of a stacked weight
+    weight_shapes |= {s[::-1] for s in weight_shapes if len(s) == 2}  # the tied unembedding
+    gathered = _gathered_shapes(resharded)
+    assert not gathered & weight_shapes, gathered
+    assert all(s[0] <= 8 for s in gathered), gathered  # a replica's 8 rows at most
+    assert _collectives(resharded)["all-reduce"] >= 2  # tensor parallel: the partial sums
     assert _gathered_shapes(on_fsdp) & weight_shapes, _gathered_shapes(on_fsdp)
 
 
