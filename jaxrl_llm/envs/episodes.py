@@ -133,6 +133,7 @@ def run_episodes(
     futures = [pool.submit(e.env.reset, e.item, timeout_s=step_timeout_s) for e in episodes]
     for ep, fut in zip(episodes, futures, strict=True):
         _opening(ep, fut.result(), codec, limit)
+    _check_resets(episodes)
     width = max(len(ep.opening_ids or ep.fallback_ids) for ep in episodes)
     n = len(episodes)
     engine = PagedEngine(
@@ -177,6 +178,31 @@ def run_episodes(
     stats["wall_s"] = time.perf_counter() - t_start
     stats["chunks"] = engine.stats["chunks"]
     return dict(stats)
+
+
+def _check_resets(episodes: list[Episode]) -> None:
+    """Every episode of the batch failed at ``reset``: the environment cannot start one, and
+    nothing would be trained on (a run of such batches would otherwise end "successfully").
+
+    Raises:
+      EnvError: naming the count and the first error (unless the run is stopping, whose
+        calls are answered ``interrupted``).
+    """
+    errors = [ep.error for ep in episodes]
+    if not errors or any(e is None for e in errors):
+        return
+    if any("interrupted" in str(e) for e in errors):
+        return
+    hint = ""
+    if any(ep.opening_too_long for ep in episodes):
+        hint = (
+            "; raise data.max_length, lower rollout.max_new_tokens, or use a model with a "
+            "longer context (model.tiny.max_position_embeddings for model.source: tiny)"
+        )
+    raise EnvError(
+        f"every episode failed at reset ({len(errors)} of {len(errors)}); the first: "
+        f"{errors[0]}{hint}"
+    )
 
 
 def _fail(ep: Episode, e: BaseException | str) -> None:
