@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import enum
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -353,6 +354,50 @@ def load_yaml(path: str) -> dict:
     return data
 
 
+def key_lines(path: str) -> dict[str, int]:
+    """The 1-based line of every key of a YAML file, by dotted key (``rollout.group_size``,
+    ``rewards[0].name``); empty when the file cannot be parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f, Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    key = f"{prefix}.{k.value}" if prefix else str(k.value)
+                    out.setdefault(key, k.start_mark.line + 1)
+                    walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                key = f"{prefix}[{i}]"
+                out.setdefault(key, v.start_mark.line + 1)
+                walk(v, key)
+
+    walk(root, "")
+    return out
+
+
+_ERROR_KEY = re.compile(r"^(?:unknown config key '(?P<unknown>[^']+)'|(?P<key>[\w.\[\]]+):)")
+
+
 def load_config(cls, path: str, overrides: Sequence[str] = ()):
-    """YAML file + overrides -> validated dataclass ``cls``."""
-    return from_dict(cls, apply_overrides(load_yaml(path), list(overrides)))
+    """YAML file + overrides -> validated dataclass ``cls``. An error about a key of the file
+    (not one an override set) starts with the file and the key's line."""
+    overrides = list(overrides)
+    try:
+        return from_dict(cls, apply_overrides(load_yaml(path), overrides))
+    except ConfigError as e:
+        m = _ERROR_KEY.match(str(e))
+        key = (m.group("unknown") or m.group("key")) if m else None
+        overridden = [".".join(parse_override(o)[0]) for o in overrides]
+        from_override = key is not None and any(
+            key == o or key.startswith((o + ".", o + "[")) for o in overridden
+        )
+        line = key_lines(path).get(key) if key and not from_override else None
+        if line is None:
+            raise
+        raise ConfigError(f"{path} line {line}: {e}") from None
