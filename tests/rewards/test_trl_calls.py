@@ -165,7 +165,7 @@ def test_trls_documented_rewards_train_a_grpo_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_lambda_and_a_format_reward_train_through_the_python_api(tmp_path):
+def test_a_lambda_and_a_format_reward_train_through_the_python_api(tmp_path, monkeypatch):
     run = tmp_path / "run"
     summary = jaxrl_llm.train(
         _tiny(run, algorithm="grpo"),
@@ -176,3 +176,10 @@ def test_a_lambda_and_a_format_reward_train_through_the_python_api(tmp_path):
     name = "python:test_a_lambda_and_a_format_reward_train_through_the_python_api.<lambda>"
     assert _logged(run, f"rewards/{name}/mean") == [1.0]
     assert _logged(run, "rewards/tests.rewards.test_trl_calls:format_reward_func/failures") == [0.0]
+    # a resume in a new process (nothing held) asks for the lambda again, in one line
+    from jaxrl_llm.rewards import registry
+
+    monkeypatch.setattr(registry, "_HELD", {})
+    with pytest.raises(ConfigError) as e:
+        jaxrl_llm.train(str(run / "config.yaml"), resume=True, max_steps=2)
+    assert "\n" not in str(e.value) and "pass it again" in str(e.value) and name in str(e.value)

@@ -149,3 +149,49 @@ def test_a_typed_config_trains_with_callbacks_evaluate_save_model_and_model(tmp_
     out = trainer.save_model(str(tmp_path / "exported"))
     assert os.path.isfile(os.path.join(out, "config.json"))
     assert any(f.endswith(".safetensors") for f in os.listdir(out))
+
+
+@pytest.mark.slow
+def test_an_offline_trainer_has_the_same_surface(tmp_path):
+    from jaxrl_llm.train.trl_config import SFTConfig
+
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"{a}+{b}="},
+                {"role": "assistant", "content": str(a + b)},
+            ]
+        }
+        for a in range(4)
+        for b in range(4)
+    ]
+    run = tmp_path / "run"
+    recorder = Recorder()
+    trainer = jaxrl_llm.SFTTrainer(
+        model={"source": "tiny", "tokenizer": "char", "tiny": {"num_layers": 1}},
+        train_dataset=rows,
+        eval_dataset=rows[:8],
+        args=SFTConfig(
+            output_dir=str(run),
+            max_steps=2,
+            learning_rate=1e-3,
+            batch_size=8,
+            max_length=32,
+            save_steps=1,
+            extra={"logging": {"tensorboard": False, "plots": False}},
+        ),
+        callbacks=[recorder],
+    )
+    assert trainer.config.algorithm == "sft" and trainer.config.checkpoint.save_every == 1
+    before = trainer.evaluate()
+    assert before and all(k.startswith("eval/") for k in before)
+    trainer.train()
+    assert recorder.steps == [(1, True), (2, True)]
+    assert recorder.saves == [(1, True), (2, True)]
+    after = trainer.evaluate()
+    key = next(k for k in after if "loss" in k)
+    assert after[key] < before[key]  # 2 steps at lr 1e-3 fit the 16 rows a little
+    out = trainer.save_model()
+    assert out == str(run / "hf") and os.path.isfile(os.path.join(out, "config.json"))
+    with pytest.raises(ConfigError, match="is for sft, this trainer runs dpo"):
+        jaxrl_llm.DPOTrainer(args=SFTConfig(output_dir=str(tmp_path / "x"), max_steps=1))
