@@ -37,8 +37,8 @@ log = logging.getLogger("jaxrl_llm")
 
 def lora_section(peft_config: Any) -> dict | None:
     """``model.lora`` of a ``peft.LoraConfig`` (``r`` → rank, ``lora_alpha`` → alpha,
-    ``target_modules`` → targets; ``"all-linear"`` or None: every projection), a dict of the
-    section, or None. ``lora_dropout`` has no counterpart (the adapters here have no dropout):
+    ``target_modules`` → targets: ``"all-linear"`` is every projection; None is PEFT's default
+    for the model families here, ``q_proj`` and ``v_proj``), a dict of the section, or None. ``lora_dropout`` has no counterpart (the adapters here have no dropout):
     a nonzero one is reported and not applied.
 
     Raises:
@@ -62,9 +62,11 @@ def lora_section(peft_config: Any) -> dict | None:
     if alpha is not None:
         out["alpha"] = float(alpha)
     targets = getattr(peft_config, "target_modules", None)
+    if targets is None:  # PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for
+        targets = ["q_proj", "v_proj"]  # llama, qwen2/3, gemma 1-3, mistral, mixtral
     if isinstance(targets, str) and targets != "all-linear":
         targets = [targets]
-    if targets is not None and targets != "all-linear":
+    if targets != "all-linear":
         out["targets"] = sorted(targets)
         unknown = [t for t in out["targets"] if t not in ALL_TARGETS]
         if unknown:

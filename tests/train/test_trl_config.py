@@ -69,7 +69,11 @@ def test_a_typed_config_maps_trls_names():
     assert d["model"]["lora"] == {"rank": 4, "alpha": 8.0, "targets": ["q_proj", "v_proj"]}
     with pytest.raises(ConfigError, match="not projections here"):
         lora_section(LoraConfig(r=4, target_modules=["c_attn"]))
-    assert "rank" not in str(lora_section(LoraConfig(r=2, target_modules="all-linear"))["rank"])
+    assert lora_section(LoraConfig(r=2, lora_alpha=2, target_modules="all-linear")) == {
+        "rank": 2,
+        "alpha": 2.0,
+    }  # every projection: the section's default targets
+    assert lora_section(LoraConfig(r=2))["targets"] == ["q_proj", "v_proj"]  # PEFT's default
     text = pydoc.render_doc(GRPOConfig)
     for field in ("learning_rate", "num_generations", "peft_config", "max_completion_length"):
         assert field in text
