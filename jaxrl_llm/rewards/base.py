@@ -10,8 +10,9 @@ where ``fields`` are the data set's other columns, each a list aligned with the 
 ``trainer_state`` a :class:`TrainerState` (``step``, ``epoch``); it returns one float per
 completion, or None for "no score". A function receives the keywords it names, all of them when
 it takes ``**kwargs`` (TRL's documented ``def reward_len(completions, **kwargs)`` runs as
-written). A function whose first two parameters are not named ``prompts`` / ``completions``
-(``def fn(p, c, **kw)``, or one without a signature) gets those two positionally.
+written). A function that names none of those four keywords and takes two or more positional
+parameters (``def fn(p, c, **kw)``, or one without a signature) gets the prompts and completions
+positionally (:func:`call_shape`).
 
 :class:`RewardSet` calls several of them and never lets one bad sample stop training:
 

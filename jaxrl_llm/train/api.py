@@ -25,9 +25,10 @@ classes are Python objects: they are named in the run's config by ``module:qualn
 imported back the way a config's ``rewards: [{name: my_mod:fn}]`` is (a function defined in a
 script or notebook, whose module is ``__main__``, works in that process). A reward that has no
 importable name (a lambda, ``functools.partial``, a bound method) is held in this process as
-``python:<label>``; a resume in a new process asks for it again, in one line. In-memory datasets (a list of dicts, or a
-``datasets.Dataset``) are written to ``output_dir/data/{train,eval}.jsonl``, so a resume reads
-the same rows. The formats are TRL's (``docs/data.md``).
+``python:<label>``; a resume in a new process asks for it again, in one line. In-memory
+datasets (a list of dicts, or a ``datasets.Dataset``) are written to
+``output_dir/data/{train,eval}.jsonl``, so a resume reads the same rows. The formats are TRL's
+(``docs/data.md``).
 """
 
 from __future__ import annotations
