@@ -14,6 +14,7 @@ Training from Python (:mod:`jaxrl_llm.train.api`, the same code path as ``jaxrl-
 
     jaxrl_llm.train("configs/grpo.yaml", max_steps=50)
     jaxrl_llm.GRPOTrainer(model=..., reward_funcs=[fn], train_dataset=rows, args={...}).train()
+    jaxrl_llm.GRPOTrainer(..., args=jaxrl_llm.GRPOConfig(output_dir=..., learning_rate=...))
 
 The trainer classes load on first use, so ``import jaxrl_llm`` stays light.
 """
@@ -34,16 +35,35 @@ TRAINERS = (
     "RewardTrainer",
 )
 
-__all__ = ["TRAINERS", "__version__", *TRAINERS]
+#: The typed configs with TRL's names, imported from :mod:`jaxrl_llm.train.trl_config` on first
+#: use (``GRPOConfig(learning_rate=..., num_generations=..., peft_config=LoraConfig(...))``).
+CONFIGS = (
+    "TrainingConfig",
+    "GRPOConfig",
+    "RLOOConfig",
+    "OnlineDPOConfig",
+    "SFTConfig",
+    "DPOConfig",
+    "KTOConfig",
+    "ORPOConfig",
+    "RewardConfig",
+)
+#: The trainers' hooks (:mod:`jaxrl_llm.train.api`).
+HOOKS = ("Callback", "StepInfo")
+
+__all__ = ["CONFIGS", "HOOKS", "TRAINERS", "__version__", *TRAINERS, *CONFIGS, *HOOKS]
 
 
 def __getattr__(name: str):
-    """The trainer classes (:data:`TRAINERS`, from :mod:`jaxrl_llm.train.api`) and the
+    """The trainer classes (:data:`TRAINERS`, from :mod:`jaxrl_llm.train.api`), the typed
+    configs (:data:`CONFIGS`), the hooks (:data:`HOOKS`) and the
     sub-packages (``jaxrl_llm.train(...)`` after a plain ``import jaxrl_llm``), on first use."""
     import importlib
 
-    if name in TRAINERS:
+    if name in TRAINERS or name in HOOKS:
         return getattr(importlib.import_module("jaxrl_llm.train.api"), name)
+    if name in CONFIGS:
+        return getattr(importlib.import_module("jaxrl_llm.train.trl_config"), name)
     try:
         return importlib.import_module(f"jaxrl_llm.{name}")
     except ModuleNotFoundError as e:

@@ -759,7 +759,13 @@ ISSUE31 = {
             "rollout.max_new_tokens=9000",
             dry=True,
         ),
-        ["rollout.max_new_tokens=9000", "context of 8192 tokens", "use at most 8191"],
+        [
+            "rollout.max_new_tokens=9000",
+            "context of 8192 tokens",
+            "use at most 8191",
+            "data.max_length",
+            "longer context",
+        ],
     ),
     "rollout-max-new-tokens-1e8": (
         _train(GRPO, "rollout.max_new_tokens=100000000"),

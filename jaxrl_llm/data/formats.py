@@ -16,7 +16,8 @@ each in ``docs/data.md``), read by these formats:
 - ``SFT``: language modelling, standard ``{"text"}`` (every token trained, EOS appended) or
   conversational ``{"messages"}`` (at least one prompt message and a final assistant message;
   which turns are trained is ``data.loss_on``, see :class:`~jaxrl_llm.data.LossOn`); or
-  prompt-completion ``{"prompt", "completion"}``.
+  prompt-completion ``{"prompt", "completion"}``. ShareGPT's ``{"conversations": [{"from",
+  "value"}]}`` (not a TRL type) is read as ``messages`` (:func:`sharegpt_messages`).
 - ``PREFERENCE`` (DPO family, ORPO, SimPO, reward models): ``{"prompt", "chosen",
   "rejected"}``, or with an implicit prompt ``{"chosen", "rejected"}``: the prompt is their
   common beginning (:func:`split_implicit_prompt`).
@@ -161,6 +162,7 @@ _SIGNATURES = (
     (Format.KTO, ("prompt", "completion", "label")),
     (Format.SFT, ("prompt", "completion")),
     (Format.SFT, ("messages",)),
+    (Format.SFT, ("conversations",)),
     (Format.SFT, ("text",)),
     (Format.PREFERENCE, ("chosen", "rejected")),
 )
@@ -252,10 +254,40 @@ def _completion(record: Record, field: str, value: Any = None) -> str:
     )
 
 
+#: ShareGPT's speaker names (``from``) as chat roles.
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+}
+
+
+def sharegpt_messages(value: Any) -> Any:
+    """ShareGPT's ``conversations`` (``[{"from": "human", "value": ...}, {"from": "gpt",
+    ...}]``) as ``{"role", "content"}`` messages (:data:`SHAREGPT_ROLES`); an entry that is not
+    of that shape is passed through unchanged, for the message checks to name."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    out = []
+    for m in value:
+        if isinstance(m, Mapping) and "from" in m and "role" not in m:
+            m = {"role": SHAREGPT_ROLES.get(str(m["from"]), m["from"]), "content": m.get("value")}
+        out.append(m)
+    return out
+
+
 def _sft(record: Record) -> SFTExample | TextExample:
     fields = record.fields
-    if "text" in fields and not {"prompt", "messages"} & set(fields):
+    if "text" in fields and not {"prompt", "messages", "conversations"} & set(fields):
         return TextExample(_text(record, "text", fields["text"]))
+    if "conversations" in fields and not {"prompt", "messages"} & set(fields):
+        fields = {**fields, "messages": sharegpt_messages(fields["conversations"])}
+        record = Record(fields, record.location)
     if "messages" in fields and "prompt" not in fields:
         value = fields["messages"]
         if not isinstance(value, (list, tuple)):

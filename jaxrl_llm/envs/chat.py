@@ -12,10 +12,15 @@ turn, e.g. ``<|im_end|>``); the rest of what the template writes after an assist
 Templates that re-render earlier turns differently once a later message exists (some strip
 reasoning from old assistant turns) are refused with an :class:`~jaxrl_llm.envs.EnvError`:
 their history is not a prefix of the longer rendering.
+
+Tool descriptions (``tools=``, the OpenAI / Hugging Face JSON form) are passed to the template,
+as TRL and transformers do, when an episode has them; :attr:`ChatCodec.renders_tools` says
+whether the template writes them at all (many, SmolLM2's among them, ignore ``tools``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from jaxrl_llm.envs.base import EnvError
@@ -50,11 +55,38 @@ class ChatCodec:
         except TypeError:
             return self.tok.decode([token])
 
-    def render(self, messages: list[dict], *, generation_prompt: bool) -> str:
-        """The chat template's text of ``messages``."""
+    def render(
+        self, messages: list[dict], *, generation_prompt: bool, tools: list[dict] | None = None
+    ) -> str:
+        """The chat template's text of ``messages`` (with ``tools``, when given)."""
+        if tools:
+            return self.tok.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+            )
         return self.tok.apply_chat_template(
             messages, add_generation_prompt=generation_prompt, tokenize=False
         )
+
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the chat template writes ``tools=`` descriptions (probed once: a tool with
+        an unlikely name must appear in the rendering)."""
+        name = "probe_tool_7f3a9c"
+        tool = {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": "A probe.",
+                "parameters": {"type": "object", "properties": {}, "required": []},
+            },
+        }
+        try:
+            text = self.render(
+                [{"role": "user", "content": "x"}], generation_prompt=True, tools=[tool]
+            )
+        except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+            return False
+        return name in text
 
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text (the template writes its own special tokens)."""
@@ -67,16 +99,24 @@ class ChatCodec:
         """A policy turn's text (special tokens dropped)."""
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
-    def opening(self, messages: list[dict]) -> list[int]:
+    def opening(self, messages: list[dict], *, tools: list[dict] | None = None) -> list[int]:
         """The prompt ids of an episode's opening messages (with the generation prompt)."""
-        return self.encode(self.render(messages, generation_prompt=True))
+        return self.encode(self.render(messages, generation_prompt=True, tools=tools))
 
-    def reply(self, history: list[dict], new: list[dict], *, last_token: int) -> list[int]:
+    def reply(
+        self,
+        history: list[dict],
+        new: list[dict],
+        *,
+        last_token: int,
+        tools: list[dict] | None = None,
+    ) -> list[int]:
         """Ids to append after the policy's turn that ended with ``last_token`` (its stop
         token): the end of that turn the template writes, ``new`` messages, and the next
-        generation prompt. ``history`` ends with the policy's turn as an assistant message."""
-        before = self.render(history, generation_prompt=False)
-        after = self.render(history + new, generation_prompt=True)
+        generation prompt. ``history`` ends with the policy's turn as an assistant message;
+        ``tools`` are the episode's (the same in both renderings)."""
+        before = self.render(history, generation_prompt=False, tools=tools)
+        after = self.render(history + new, generation_prompt=True, tools=tools)
         if not after.startswith(before):
             raise EnvError(
                 "the chat template renders the earlier turns differently once a reply is "

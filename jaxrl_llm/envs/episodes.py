@@ -62,6 +62,8 @@ class Episode:
       prompt_routing / routing: with ``record_routing`` (a mixture of experts), the experts
         the engine routed the submitted prompt's tokens and the completion side's tokens to
         (``[len, L, k]`` each; :class:`~jaxrl_llm.sampling.engine.Row`), for routing replay.
+      tools: the tool descriptions the chat template renders (``tools=``), or None when the
+        environment describes its tools in its own text (:func:`template_tools`).
     """
 
     item: dict
@@ -87,6 +89,7 @@ class Episode:
     opening_too_long: bool = False
     prompt_routing: np.ndarray | None = None
     routing: np.ndarray | None = None
+    tools: list[dict] | None = None
 
     @property
     def final_text(self) -> str:
@@ -133,6 +136,7 @@ def run_episodes(
     futures = [pool.submit(e.env.reset, e.item, timeout_s=step_timeout_s) for e in episodes]
     for ep, fut in zip(episodes, futures, strict=True):
         _opening(ep, fut.result(), codec, limit)
+    _check_resets(episodes)
     width = max(len(ep.opening_ids or ep.fallback_ids) for ep in episodes)
     n = len(episodes)
     engine = PagedEngine(
@@ -179,11 +183,64 @@ def run_episodes(
     return dict(stats)
 
 
+def _check_resets(episodes: list[Episode]) -> None:
+    """Every episode of the batch failed at ``reset``: the environment cannot start one, and
+    nothing would be trained on (a run of such batches would otherwise end "successfully").
+
+    Raises:
+      EnvError: naming the count and the first error (unless the run is stopping, whose
+        calls are answered ``interrupted``).
+    """
+    errors = [ep.error for ep in episodes]
+    if not errors or any(e is None for e in errors):
+        return
+    if any("interrupted" in str(e) for e in errors):
+        return
+    hint = ""
+    if any(ep.opening_too_long for ep in episodes):
+        hint = (
+            "; raise data.max_length, lower rollout.max_new_tokens, or use a model with a "
+            "longer context (model.tiny.max_position_embeddings for model.source: tiny)"
+        )
+    raise EnvError(
+        f"every episode failed at reset ({len(errors)} of {len(errors)}); the first: "
+        f"{errors[0]}{hint}"
+    )
+
+
 def _fail(ep: Episode, e: BaseException | str) -> None:
     if isinstance(e, EnvError) and "not jaxrl_llm.envs.Step" in str(e):
         raise e  # a broken contract is a programming error, not a flaky episode
     ep.error = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
     ep.done = True
+
+
+def template_tools(
+    env: Any, messages: list[dict], codec: ChatCodec
+) -> tuple[list[dict] | None, list[dict]]:
+    """The tools the chat template renders for an episode and its opening messages.
+
+    An environment that offers ``template_tools`` (the ``tools`` environment) has them rendered
+    by the template (``tools=``, as TRL does) when the template writes tool descriptions; its
+    own tool text then leaves the opening (``without_tools_text``). Otherwise (no tools, a
+    template that ignores them) the messages stay as ``reset`` gave them.
+
+    Raises:
+      EnvError: the environment asks for the template (``tools_prompt: template``) and the
+        template does not render tools.
+    """
+    tools = getattr(env, "template_tools", None)
+    if not tools:
+        return None, messages
+    if not codec.renders_tools:
+        if getattr(env, "tools_prompt", "auto") == "template":
+            raise EnvError(
+                "env.kwargs.tools_prompt=template, but the tokenizer's chat template does not "
+                "render tools=; use tools_prompt: auto or env"
+            )
+        return None, messages
+    strip = getattr(env, "without_tools_text", None)
+    return list(tools), (strip(messages) if callable(strip) else messages)
 
 
 def _opening(ep: Episode, res: CallResult, codec: ChatCodec, limit: int) -> None:
@@ -197,7 +254,8 @@ def _opening(ep: Episode, res: CallResult, codec: ChatCodec, limit: int) -> None
         ep.messages = check_messages(res.value, "reset")
         if not ep.messages:
             raise EnvError("reset returned no messages (an empty opening)")
-        ep.opening_ids = codec.opening(ep.messages)
+        ep.tools, ep.messages = template_tools(ep.env, ep.messages, codec)
+        ep.opening_ids = codec.opening(ep.messages, tools=ep.tools)
     except Exception as e:  # noqa: BLE001 - a bad opening fails its episode
         _fail(ep, e)
         return
@@ -294,7 +352,9 @@ def _answer(ep, result, engine, codec, max_turns, turn_tokens, budget) -> None:
         ep.done = True
         return
     try:
-        ids = codec.reply(ep.messages, list(step.messages), last_token=row.tokens[-1])
+        ids = codec.reply(
+            ep.messages, list(step.messages), last_token=row.tokens[-1], tools=ep.tools
+        )
     except Exception as e:  # noqa: BLE001 - a template that cannot continue this episode
         _fail(ep, e)
         return

@@ -347,6 +347,13 @@ class ToolEnv:
         of ``tools`` sets its own); past it the call is answered ``error: timeout ...``.
       call_format: how the policy writes a call, a :data:`CALL_FORMATS` name: ``hermes``
         (default; Qwen, Llama, SmolLM) or ``gemma4``.
+      tools_prompt: how the tools are described to the policy: ``auto`` (the default: the
+        tokenizer's chat template renders them from ``tools=``, as TRL does, when it writes
+        tool descriptions; else this environment's own text), ``template`` (the template's
+        rendering or an error) or ``env`` (always the environment's text,
+        :func:`tools_system_prompt`). ``reset`` returns the messages with the environment's
+        text; the episode runner takes it out again (:meth:`without_tools_text`) when the
+        template renders the tools.
     """
 
     def __init__(
@@ -357,7 +364,13 @@ class ToolEnv:
         error_reward: float = 0.0,
         tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
         call_format: str = "hermes",
+        tools_prompt: str = "auto",
     ):
+        if tools_prompt not in ("auto", "template", "env"):
+            raise ConfigError(
+                f"env.kwargs.tools_prompt: auto | template | env, got {tools_prompt!r}"
+            )
+        self.tools_prompt = tools_prompt
         self.parse = _call_format(call_format)[0]
         self.tools = resolve_tools(tools)
         names = {e: n for (e, _), n in zip(tool_entries(tools), self.tools)}
@@ -381,6 +394,25 @@ class ToolEnv:
             chat[0] = {"role": "system", "content": chat[0]["content"] + "\n\n" + self.system}
             return chat
         return [{"role": "system", "content": self.system}, *chat]
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """The tool descriptions for the chat template's ``tools=`` (None with
+        ``tools_prompt: env``)."""
+        return None if self.tools_prompt == "env" else self.schemas
+
+    def without_tools_text(self, messages: list[dict]) -> list[dict]:
+        """``reset``'s messages without this environment's tool text (the system message it
+        added, or the text it appended to the row's own system message)."""
+        if not messages or messages[0].get("role") != "system":
+            return messages
+        content = messages[0].get("content")
+        if content == self.system:
+            return messages[1:]
+        suffix = "\n\n" + self.system
+        if isinstance(content, str) and content.endswith(suffix):
+            return [{**messages[0], "content": content[: -len(suffix)]}, *messages[1:]]
+        return messages
 
     def step(self, text: str) -> Step:
         """Answer a tool call with a ``tool`` message; end the episode on a final answer."""

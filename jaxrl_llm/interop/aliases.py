@@ -30,6 +30,19 @@ MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
 }
 
 
+# alias -> the Hugging Face hub id of the model its file was made from (what a PEFT adapter
+# names as its base, so that peft / transformers find it). Only where the file says which:
+# SmolLM2-135M-Instruct.Q4_1.gguf is a 4-bit quantisation of HuggingFaceTB/SmolLM2-135M-Instruct.
+ALIAS_HF_IDS: dict[str, str] = {
+    "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+}
+
+
+def alias_hf_id(name: str) -> str | None:
+    """The hub id of the model behind alias ``name`` (:data:`ALIAS_HF_IDS`), or None."""
+    return ALIAS_HF_IDS.get(name)
+
+
 def cache_dir() -> Path:
     """The on-disk cache root: ``$JAXRL_LLM_CACHE`` or ``~/.cache/jaxrl_llm``."""
     root = os.environ.get("JAXRL_LLM_CACHE")

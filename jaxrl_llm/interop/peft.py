@@ -14,6 +14,13 @@ weight is ``W' = W + (α / r) · B A`` in transformers' ``[out, in]`` layout. Ou
 kernel's input and output dims flattened in row-major order, which is exactly the order of
 transformers' flattened ``[out, in]`` weight (see :mod:`jaxrl_llm.interop.state_dict`), so
 PEFT's ``lora_A = a[i]ᵀ`` and ``lora_B = b[i]ᵀ`` with the same α and r.
+
+The base an adapter names (``base_model_name_or_path``) must be one peft can load: a model
+alias is written as the hub id it was made from (``smollm2-135m-instruct`` →
+``HuggingFaceTB/SmolLM2-135M-Instruct``, :data:`~jaxrl_llm.interop.aliases.ALIAS_HF_IDS`), and the
+alias itself is kept in ``jaxrl_llm_base.json`` beside it, so that reading the adapter here
+merges it onto the weights it was trained on (the alias's file, a 4-bit quantisation: the hub
+model's float weights differ from it by that rounding).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from jaxrl_llm.models.lora import LoRAConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: Beside an adapter whose base is a model alias: ``{"alias": ..., "hf_id": ...}``.
+BASE_NOTE = "jaxrl_llm_base.json"
 _PREFIX = "base_model.model."
 _KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[A-Za-z0-9_-]+)?\.weight$")
 
@@ -70,6 +79,14 @@ def peft_adapter_config(
     }
 
 
+def peft_base_model(base: str | None) -> str | None:
+    """What ``base_model_name_or_path`` holds for a base named ``base``: the hub id of a model
+    alias that has one, else ``base`` unchanged (a path, a hub id, None)."""
+    from jaxrl_llm.interop.aliases import alias_hf_id
+
+    return (alias_hf_id(base) or base) if base else base
+
+
 def export_peft_adapter(
     out_dir: str | os.PathLike,
     *,
@@ -92,11 +109,13 @@ def export_peft_adapter(
         :func:`jaxrl_llm.models.lora.init_lora` builds and training updates them; ``b``
         unscaled (the scale α / r goes into ``lora_alpha``).
       lora: the run's rank, α and targets.
-      base_model: ``base_model_name_or_path`` (a directory, GGUF file or alias).
+      base_model: the base (a directory, GGUF file, hub id or alias); written as
+        :func:`peft_base_model` of it (an alias as its hub id, noted in :data:`BASE_NOTE`).
       dtype: stored dtype, ``float32`` or ``bfloat16``.
 
     Returns:
-      The two paths written.
+      The paths written (the weights, ``adapter_config.json`` and, for an alias base, the
+      note).
 
     Raises:
       ModelLoadError: an adapter's shape does not match ``config`` and ``lora``.
@@ -145,10 +164,15 @@ def export_peft_adapter(
     weights = out / ADAPTER_WEIGHTS
     save_file(tensors, str(weights), metadata={"format": "pt"})
     cfg_path = out / ADAPTER_CONFIG
+    written = peft_base_model(base_model)
     cfg_path.write_text(
-        json.dumps(peft_adapter_config(lora, base_model=base_model), indent=2, sort_keys=True)
-        + "\n"
+        json.dumps(peft_adapter_config(lora, base_model=written), indent=2, sort_keys=True) + "\n"
     )
+    note = out / BASE_NOTE
+    if written != base_model:
+        note.write_text(json.dumps({"alias": base_model, "hf_id": written}, indent=2) + "\n")
+        return [weights, cfg_path, note]
+    note.unlink(missing_ok=True)  # a stale note from an earlier export to this directory
     return [weights, cfg_path]
 
 
@@ -156,7 +180,8 @@ class PeftAdapter(NamedTuple):
     """A PEFT LoRA adapter read from disk.
 
     Attributes:
-      path: its directory. base_model: ``base_model_name_or_path`` (None when absent).
+      path: its directory. base_model: ``base_model_name_or_path`` (None when absent), or
+        the model alias :data:`BASE_NOTE` records for it (what the adapter was trained on).
       scale: α / r (α / √r with ``use_rslora``).
       weights: transformers module name (``model.layers.0.self_attn.q_proj``) ->
         ``(lora_A [r, in], lora_B [out, r])`` float32.
@@ -258,7 +283,23 @@ def read_peft_adapter(path: str | os.PathLike) -> PeftAdapter:
             )
         out[module] = (a, b)
     base = cfg.get("base_model_name_or_path")
-    return PeftAdapter(d, str(base) if base else None, float(scale), out)
+    alias = _noted_alias(d, base)
+    return PeftAdapter(d, alias or (str(base) if base else None), float(scale), out)
+
+
+def _noted_alias(d: Path, base: Any) -> str | None:
+    """The model alias :data:`BASE_NOTE` records for hub id ``base`` (the weights the adapter
+    was trained on), when the note is there, agrees and names a known alias."""
+    from jaxrl_llm.interop.aliases import MODEL_ALIASES
+
+    try:
+        note = json.loads((d / BASE_NOTE).read_text())
+    except (OSError, ValueError):
+        return None
+    alias = note.get("alias") if isinstance(note, dict) else None
+    if alias in MODEL_ALIASES and note.get("hf_id") == base:
+        return str(alias)
+    return None
 
 
 def merge_peft_adapter(

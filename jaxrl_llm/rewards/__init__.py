@@ -1,9 +1,10 @@
 """Rewards: verifiable answer checks, format/length shaping, reward-model scoring, process
 (per-step) rewards and sandboxed code execution.
 
-Every reward function has the signature
-``fn(prompts: list[str], completions: list[str], **fields) -> list[float | None]``
-(``fields`` are the data set's other columns, aligned with the completions; None = no score).
+Every reward function is called as TRL calls one, by keyword:
+``fn(prompts=, completions=, completion_ids=, trainer_state=, **fields) -> list[float | None]``
+(``fields`` are the data set's other columns, aligned with the completions; None = no score;
+:mod:`.base`).
 :class:`RewardSet` / :func:`combine_rewards` call several with weights and contain their
 failures, returning ``(rewards [N] float32, valid [N] bool, metrics)``. User code (reward
 functions, environments, tools) runs on :class:`UserCodeRunner`'s threads, bounded in time;
@@ -11,10 +12,14 @@ nothing it raises, ``sys.exit`` included, reaches the run (:mod:`.user_code`).
 """
 
 from jaxrl_llm.rewards.base import (
+    CallShape,
     RewardFn,
     RewardOutput,
     RewardSet,
     RewardSpec,
+    TrainerState,
+    call_reward,
+    call_shape,
     combine_rewards,
     trl_format,
 )
@@ -42,6 +47,7 @@ from jaxrl_llm.rewards.registry import (
     build_reward,
     build_reward_set,
     build_step_scorer,
+    hold_callable,
     import_function,
 )
 from jaxrl_llm.rewards.reward_model import (
@@ -81,6 +87,7 @@ from jaxrl_llm.rewards.user_code import (
 __all__ = [
     "AnswerSource",
     "CallResult",
+    "CallShape",
     "REWARD_FUNCTIONS",
     "RewardContext",
     "Isolation",
@@ -93,6 +100,7 @@ __all__ = [
     "SandboxResult",
     "StepScorer",
     "THINK_ANSWER_PATTERN",
+    "TrainerState",
     "UserCodeRunner",
     "UserCodeStop",
     "answers_match",
@@ -100,6 +108,8 @@ __all__ = [
     "build_reward",
     "build_reward_set",
     "build_step_scorer",
+    "call_reward",
+    "call_shape",
     "cancel_all",
     "code_execution_details",
     "code_execution_reward",
@@ -109,6 +119,7 @@ __all__ = [
     "extract_boxed",
     "extract_last_number",
     "extract_python_code",
+    "hold_callable",
     "import_function",
     "make_format_reward",
     "make_length_penalty",

@@ -1,12 +1,18 @@
 """The reward-function interface and a safe, weighted combiner.
 
-A reward function is any callable
+A reward function is any callable, called as TRL's ``GRPOTrainer`` calls one, by keyword::
 
-    fn(prompts: list[str], completions: list[str], **fields) -> list[float | None]
+    fn(prompts=[...], completions=[...], completion_ids=[[...], ...], trainer_state=state,
+       **fields) -> list[float | None]
 
 where ``fields`` are the data set's other columns, each a list aligned with the completions
-(``answer=[...]``, ``tests=[...]``); it returns one float per completion, or None for "no
-score". Functions should accept ``**fields`` they do not use.
+(``answer=[...]``, ``tests=[...]``), ``completion_ids`` the completions' token ids and
+``trainer_state`` a :class:`TrainerState` (``step``, ``epoch``); it returns one float per
+completion, or None for "no score". A function receives the keywords it names, all of them when
+it takes ``**kwargs`` (TRL's documented ``def reward_len(completions, **kwargs)`` runs as
+written). A function that names none of those four keywords and takes two or more positional
+parameters (``def fn(p, c, **kw)``, or one without a signature) gets the prompts and completions
+positionally (:func:`call_shape`).
 
 :class:`RewardSet` calls several of them and never lets one bad sample stop training:
 
@@ -26,6 +32,7 @@ length / type, or every sample raising) in ``max_consecutive_failures`` consecut
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import numbers
@@ -50,13 +57,93 @@ log = logging.getLogger("jaxrl_llm")
 
 
 class RewardFn(Protocol):
-    """``fn(prompts, completions, **fields) -> list[float | None]`` (one value per completion)."""
+    """``fn(prompts=, completions=, completion_ids=, trainer_state=, **fields) ->
+    list[float | None]`` (one value per completion; module docstring)."""
 
     def __call__(
         self, prompts: list[str], completions: list[str], **fields: Any
     ) -> Sequence[float | None]:
         """One score (or None) per completion."""
         ...
+
+
+@dataclasses.dataclass(slots=True)
+class TrainerState:
+    """Where the run is, passed to reward functions as ``trainer_state`` (TRL passes its
+    ``transformers.TrainerState`` there; ``global_step`` and ``epoch`` are what reward
+    functions read of it, e.g. for a curriculum).
+
+    Attributes:
+      step: the optimizer step being trained (1-based; 0 before the first).
+      epoch: passes over the training prompts so far (fractional).
+      max_steps: the run's last step (0 when unknown).
+    """
+
+    step: int = 0
+    epoch: float = 0.0
+    max_steps: int = 0
+
+    @property
+    def global_step(self) -> int:
+        """``step``, by TRL's (transformers') name."""
+        return self.step
+
+
+#: Keywords every reward call carries besides the data columns (they win over a column of the
+#: same name).
+CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallShape:
+    """How a reward function is called (:func:`call_shape`).
+
+    Attributes:
+      by_keyword: ``prompts`` / ``completions`` as keywords (TRL's convention); False: the
+        first two arguments, positionally.
+      accepts: the keyword names it takes, or None when it takes ``**kwargs`` (or has no
+        signature to read): then every keyword is passed.
+    """
+
+    by_keyword: bool
+    accepts: frozenset[str] | None
+
+    def wants(self, name: str) -> bool:
+        """Whether the call passes keyword ``name``."""
+        return self.accepts is None or name in self.accepts
+
+
+def call_shape(fn: Callable) -> CallShape:
+    """How ``fn`` is called: by keyword (TRL's ``def reward_len(completions, **kwargs)``,
+    ``def f(completion_ids, **kwargs)``), except a function that names none of
+    :data:`CALL_KEYWORDS` and takes two or more positional arguments (``def fn(p, c, **kw)``,
+    ``*args``, a builtin), which gets ``(prompts, completions)`` positionally; keywords it
+    cannot take are not passed."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the old positional call
+        return CallShape(by_keyword=False, accepts=None)
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
+    named = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var_pos = any(p.kind == p.VAR_POSITIONAL for p in params)
+    legacy = not named & set(CALL_KEYWORDS) and (len(positional) >= 2 or var_pos)
+    return CallShape(by_keyword=not legacy, accepts=None if var_kw else named)
+
+
+def call_reward(
+    fn: Callable, shape: CallShape, prompts: list, completions: list, extra: Mapping[str, Any]
+) -> Any:
+    """``fn`` called with ``shape``: ``prompts``, ``completions`` and the keywords of ``extra``
+    (data columns, ``completion_ids``, ``trainer_state``) that it takes."""
+    kw = {k: v for k, v in extra.items() if k not in ("prompts", "completions") and shape.wants(k)}
+    if shape.by_keyword:
+        if shape.wants("prompts"):
+            kw["prompts"] = prompts
+        if shape.wants("completions"):
+            kw["completions"] = completions
+        return fn(**kw)
+    return fn(prompts, completions, **kw)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -160,10 +247,21 @@ class RewardSet:
     Args:
       specs: ``RewardSpec``s, ``(fn, weight)`` pairs, or bare functions (weight 1).
       max_consecutive_failures: batch failures in a row of one function before RewardError.
+      encode: ``text -> token ids`` of the policy: the ``completion_ids`` of a call whose
+        caller does not pass the sampled ids are the completions re-encoded (None: no
+        ``completion_ids`` then).
+
+    Attributes:
+      state: the :class:`TrainerState` passed as ``trainer_state`` when a call gives none; the
+        loop that runs the set advances it (:meth:`advance`).
     """
 
     def __init__(
-        self, specs: Sequence[RewardSpec | tuple | Callable], *, max_consecutive_failures: int = 3
+        self,
+        specs: Sequence[RewardSpec | tuple | Callable],
+        *,
+        max_consecutive_failures: int = 3,
+        encode: Callable[[str], Sequence[int]] | None = None,
     ):
         parsed = []
         for s in specs:
@@ -186,12 +284,25 @@ class RewardSet:
             raise RewardError("RewardSet: max_consecutive_failures must be >= 1")
         self.specs: tuple[RewardSpec, ...] = tuple(parsed)
         self.max_consecutive_failures = max_consecutive_failures
+        self.encode = encode
+        self.state = TrainerState()
         self._strikes = {s.label: 0 for s in parsed}
+        self._shapes = {s.label: call_shape(s.fn) for s in parsed}
 
-    def _call(self, spec: RewardSpec, *args: Any, **kw: Any) -> CallResult:
+    def advance(self, step: int, epoch: float = 0.0, max_steps: int = 0) -> None:
+        """Set :attr:`state` (the step being trained, the data epoch, the run's last step)."""
+        self.state = TrainerState(step=int(step), epoch=float(epoch), max_steps=int(max_steps))
+
+    def _call(
+        self, spec: RewardSpec, prompts: list, completions: list, extra: Mapping[str, Any]
+    ) -> CallResult:
         """One call of ``spec.fn`` on the reward threads, bounded by ``spec.timeout_s``."""
         runner = shared_runner("reward")
-        return runner.call(lambda: spec.fn(*args, **kw), timeout_s=spec.timeout_s)
+        shape = self._shapes[spec.label]
+        return runner.call(
+            lambda: call_reward(spec.fn, shape, prompts, completions, extra),
+            timeout_s=spec.timeout_s,
+        )
 
     def _score_one_fn(
         self,
@@ -199,15 +310,17 @@ class RewardSet:
         prompts: list[str],
         completions: list[str],
         fields: Mapping[str, Sequence[Any]],
+        shared: Mapping[str, Any],
     ) -> tuple[np.ndarray, str | None, dict[str, int]]:
         """Raw scores ``[N]`` (NaN = failed), a batch-failure message or None, and the counts
         of calls that raised / timed out. User code never raises here (see
         :mod:`jaxrl_llm.rewards.user_code`); with ``on_error: raise`` its first failure is a
-        :class:`UserCodeStop`."""
+        :class:`UserCodeStop`. ``fields`` are per row (the data columns, ``completion_ids``),
+        ``shared`` the same for every row (``trainer_state``)."""
         n = len(completions)
         scores = np.full((n,), np.nan, np.float64)
         counts = {"errors": 0, "timeouts": 0}
-        res = self._call(spec, prompts, completions, **fields)
+        res = self._call(spec, prompts, completions, {**fields, **shared})
         if res.ok:
             out = res.value
             if isinstance(out, (str, bytes)) or not isinstance(out, (Sequence, np.ndarray)):
@@ -229,7 +342,7 @@ class RewardSet:
         failed, first = 0, None
         for i in range(n):
             sub = {k: [v[i]] for k, v in fields.items()}
-            one = self._call(spec, [prompts[i]], [completions[i]], **sub)
+            one = self._call(spec, [prompts[i]], [completions[i]], {**sub, **shared})
             if not one.ok:
                 failed += 1
                 first = first or (i, one.error)
@@ -275,6 +388,8 @@ class RewardSet:
         completions: Sequence[str],
         *,
         sources: Sequence[Any] | None = None,
+        completion_ids: Any = None,  # Sequence[Sequence[int]] | None
+        trainer_state: Any = None,  # TrainerState | None
         **fields: Sequence[Any],
     ) -> RewardOutput:
         """Scores a batch; see :class:`RewardOutput`.
@@ -283,6 +398,9 @@ class RewardSet:
           prompts: N prompts (rendered text). completions: N completions (text).
           sources: N prompts as the data rows gave them (text or chat messages): what a
             ``conversational`` function receives for a conversational row (:func:`trl_format`).
+          completion_ids: N completions' sampled token ids (default: the texts re-encoded by
+            ``encode``, when the set has one and a function takes them).
+          trainer_state: passed as ``trainer_state`` (default :attr:`state`).
           **fields: other columns, each of length N.
 
         Raises:
@@ -296,7 +414,11 @@ class RewardSet:
                 f"rewards: {len(prompts)} prompts for {n} completions; repeat "
                 f"each prompt once per sample"
             )
-        fields = {k: list(v) for k, v in fields.items()}
+        fields = {k: list(v) for k, v in fields.items() if k not in CALL_KEYWORDS}
+        ids = self._completion_ids(completions, completion_ids)
+        if ids is not None:
+            fields["completion_ids"] = ids
+        shared = {"trainer_state": self.state if trainer_state is None else trainer_state}
         for k, v in fields.items():
             if len(v) != n:
                 raise RewardError(
@@ -314,7 +436,7 @@ class RewardSet:
             if spec.conversational and sources is not None:
                 trl = trl or trl_format(prompts, completions, sources)
                 args = trl
-            scores, problem, counts = self._score_one_fn(spec, *args, fields)
+            scores, problem, counts = self._score_one_fn(spec, *args, fields, shared)
             if problem is None:
                 self._strikes[name] = 0
             else:
@@ -328,7 +450,7 @@ class RewardSet:
                     raise RewardError(
                         f"reward function {name!r} {problem} in "
                         f"{self._strikes[name]} consecutive batches; {fix}: "
-                        f"fn(prompts, completions, **fields) -> "
+                        f"fn(prompts, completions, **kwargs) -> "
                         f"list[float | None]"
                     )
             with np.errstate(over="ignore", invalid="ignore"):  # huge finite scores
@@ -356,6 +478,17 @@ class RewardSet:
         return RewardOutput(
             rewards=rewards, valid=valid, per_function=per_function, metrics=metrics
         )
+
+    def _completion_ids(
+        self, completions: list[str], given: Sequence[Sequence[int]] | None
+    ) -> list[list[int]] | None:
+        """The ``completion_ids`` of a call: ``given``, or the texts re-encoded when some
+        function takes them (None when none does or the set cannot encode)."""
+        if given is not None:
+            return [list(x) for x in given]
+        if self.encode is None or not any(s.wants("completion_ids") for s in self._shapes.values()):
+            return None
+        return [list(self.encode(c)) for c in completions]
 
 
 def combine_rewards(

@@ -1,10 +1,12 @@
 """Reward functions by config name: the one table a run's ``rewards:`` section is read against.
 
 A run config lists rewards as ``{name, weight, kwargs}``. ``name`` is a key of
-:data:`REWARD_FUNCTIONS` or ``"package.module:function"`` for a function of your own with the
-reward signature ``fn(prompts, completions, **fields) -> list[float | None]``; ``kwargs`` are
-bound to it, and a keyword the function does not name is a start-up error (a misspelt option
-would otherwise vanish into ``**fields``).
+:data:`REWARD_FUNCTIONS` or ``"package.module:function"`` for a function of your own, called as
+TRL calls one (:mod:`jaxrl_llm.rewards.base`); ``kwargs`` are bound to it, and a keyword the
+function does not name is a start-up error (a misspelt option would otherwise vanish into
+``**kwargs``). A callable handed to the Python API that cannot be imported back (a lambda, a
+``functools.partial``, a bound method) is held in this process under ``python:<label>``
+(:func:`hold_callable`); a resume in another process asks for it again.
 
 Factories take the :class:`RewardContext` of the run (the policy's tokenizer, the generation
 budget), so that a reward such as DAPO's overlong punishment can measure lengths in the
@@ -21,7 +23,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.rewards.base import DEFAULT_TIMEOUT_S, RewardSet, RewardSpec
+from jaxrl_llm.rewards.base import (
+    CALL_KEYWORDS,
+    DEFAULT_TIMEOUT_S,
+    RewardSet,
+    RewardSpec,
+    call_shape,
+)
 from jaxrl_llm.rewards.math_answer import math_answer_reward
 from jaxrl_llm.rewards.math_verify import math_verify_reward
 from jaxrl_llm.rewards.process import outcome_as_process
@@ -47,18 +55,21 @@ class RewardContext:
 
 def bind_reward(fn: Callable, **kw) -> Callable:
     """``fn`` with ``kw`` bound; each must be a named parameter of ``fn`` (not one of the
-    ``prompts, completions`` positionals). A keyword ``fn`` does not name is a TypeError
-    listing the ones it takes."""
+    call's own keywords, ``prompts, completions, completion_ids, trainer_state``, nor, for a
+    function called positionally, its first two parameters). A keyword ``fn`` does not name
+    is a TypeError listing the ones it takes."""
     if not kw:
         return fn
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # no signature to check (a builtin): the call will tell
         return functools.partial(fn, **kw)
+    skip = 0 if call_shape(fn).by_keyword else 2
     named = [
         n
         for i, (n, p) in enumerate(params.items())
-        if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and i >= 2)
+        if n not in CALL_KEYWORDS
+        and (p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and i >= skip))
     ]
     unknown = sorted(set(kw) - set(named))
     if unknown:
@@ -129,6 +140,52 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Callable]] = {
 }
 
 
+#: Prefix of a config name that stands for a callable held in this process (:func:`hold_callable`).
+HELD_PREFIX = "python:"
+# Callables handed to the Python API that cannot be imported back, by their config name.
+_HELD: dict[str, Callable] = {}
+
+
+def callable_label(fn: Callable) -> str:
+    """A readable name of a callable: its qualified name (through ``functools.partial`` and
+    bound methods), e.g. ``<lambda>``, ``Scorer.score``, ``partial(reward_len)``."""
+    if isinstance(fn, functools.partial):
+        return f"partial({callable_label(fn.func)})"
+    inner = getattr(fn, "__func__", fn)  # a bound method
+    name = getattr(inner, "__qualname__", None) or type(fn).__qualname__
+    return name.replace("<locals>.", "")
+
+
+def hold_callable(fn: Callable, *, taken: Sequence[str] = ()) -> str:
+    """Hold ``fn`` in this process and return its config name, ``python:<label>`` (a
+    ``#n`` suffix when ``taken`` names hold that label already). A run resumed in another
+    process cannot import it back: :func:`build_reward` then asks for it again."""
+    base = HELD_PREFIX + callable_label(fn)
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}#{n}"
+    _HELD[name] = fn
+    return name
+
+
+def held_callable(name: str, key: str, *, what: str = "reward") -> Callable:
+    """The callable held as ``name`` (:func:`hold_callable`).
+
+    Raises:
+      ConfigError: it is not held in this process (a resume from another one), in one line.
+    """
+    fn = _HELD.get(name)
+    if fn is None:
+        raise ConfigError(
+            f"{key}: {name!r} was a Python {what} (a lambda, functools.partial or bound method) "
+            f"given to the trainer, which a new process cannot import; pass it again "
+            f"(jaxrl_llm.GRPOTrainer(..., reward_funcs=[...], args={{..., 'resume': True}})), "
+            f"or name a module:function instead"
+        )
+    return fn
+
+
 def import_function(path: str, key: str, *, what: str = "reward") -> Callable:
     """``"package.module:function"`` -> the callable; :class:`ConfigError` naming ``key``."""
     module_name, _, attr = path.partition(":")
@@ -154,7 +211,11 @@ def build_reward(
     entry in errors)."""
     factory = REWARD_FUNCTIONS.get(name)
     if factory is None and ":" in name:
-        fn = import_function(name, f"{key}.name")
+        fn = (
+            held_callable(name, f"{key}.name")
+            if name.startswith(HELD_PREFIX)
+            else import_function(name, f"{key}.name")
+        )
         factory = lambda _ctx, **kw: bind_reward(fn, **kw)  # noqa: E731
     if factory is None:
         raise ConfigError(
@@ -183,7 +244,7 @@ def build_reward_set(items: Sequence[Any], *, ctx: RewardContext = RewardContext
         )
         for i, item in enumerate(items)
     ]
-    return RewardSet(specs)
+    return RewardSet(specs, encode=ctx.tokenizer)
 
 
 def build_step_scorer(

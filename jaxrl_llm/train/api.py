@@ -23,14 +23,17 @@ keyword overrides are top-level keys, nested dicts merged into their section
 (``rollout={"group_size": 4}``), or ``section__key=value``. Reward functions and environment
 classes are Python objects: they are named in the run's config by ``module:qualname`` and
 imported back the way a config's ``rewards: [{name: my_mod:fn}]`` is (a function defined in a
-script or notebook, whose module is ``__main__``, works in that process; a lambda or a nested
-function is refused, as it has no importable name). In-memory datasets (a list of dicts, or a
-``datasets.Dataset``) are written to ``output_dir/data/{train,eval}.jsonl``, so a resume reads
-the same rows. The formats are TRL's (``docs/data.md``).
+script or notebook, whose module is ``__main__``, works in that process). A reward that has no
+importable name (a lambda, ``functools.partial``, a bound method) is held in this process as
+``python:<label>``; a resume in a new process asks for it again, in one line. In-memory
+datasets (a list of dicts, or a ``datasets.Dataset``) are written to
+``output_dir/data/{train,eval}.jsonl``, so a resume reads the same rows. The formats are TRL's
+(``docs/data.md``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -165,7 +168,8 @@ def build_config(
     rewards = list(merged.get("rewards") or [])
     for item in reward_funcs:
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
-        rewards.append({"name": importable_name(fn, "reward_funcs"), "weight": float(weight)})
+        name = reward_func_name(fn, [str(r.get("name", "")) for r in rewards])
+        rewards.append({"name": name, "weight": float(weight)})
     if rewards:
         merged["rewards"] = rewards
     if environment is not None:
@@ -204,17 +208,93 @@ def importable_name(obj: Any, what: str) -> str:
     return f"{module}:{qualname}"
 
 
+def reward_func_name(fn: Callable, taken: list[str]) -> str:
+    """The config name of a reward function given in Python: ``module:qualname`` when it
+    imports back as itself (a resume in a new process imports it), else ``python:<label>``,
+    held in this process (a lambda, ``functools.partial``, a bound method: a resume in a new
+    process asks for it again; :func:`~jaxrl_llm.rewards.registry.hold_callable`)."""
+    from jaxrl_llm.rewards.registry import hold_callable
+
+    if not callable(fn):
+        raise ConfigError(f"reward_funcs: {fn!r} is not callable")
+    try:
+        return importable_name(fn, "reward_funcs")
+    except ConfigError:
+        return hold_callable(fn, taken=taken)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What a hook sees (levanter's ``StepInfo`` shape: one record, the hook reads what it
+    needs).
+
+    Attributes:
+      step: the step just finished (0 for an evaluation before the first).
+      max_steps: the run's last step.
+      metrics: the step's metrics as the trainer returned them (before the loop adds its
+        evaluation and timing entries).
+      trainer: the :class:`Trainer` (``.model``, ``.save_model``, ``.config``).
+    """
+
+    step: int
+    max_steps: int
+    metrics: Mapping[str, Any]
+    trainer: Trainer
+
+
+class Callback:
+    """Hooks at a cadence, by TRL's names (``TrainerCallback``); override the ones you need.
+
+    Attributes:
+      every: ``on_step_end`` runs every ``every`` steps (levanter's ``add_hook(every=...)``).
+    """
+
+    every: int = 1
+
+    def on_step_end(self, info: StepInfo) -> None:
+        """After a training step whose number is a multiple of :attr:`every`."""
+
+    def on_evaluate(self, info: StepInfo, metrics: Mapping[str, float]) -> None:
+        """After each evaluation (before training, every ``eval.every`` steps, at the end,
+        :meth:`Trainer.evaluate`) with its ``eval/...`` metrics."""
+
+    def on_save(self, info: StepInfo, path: str) -> None:
+        """After a checkpoint of ``info.step`` is written (``path``: its directory)."""
+
+
+class _Hook(Callback):
+    """A function ``fn(StepInfo)`` run after every ``every`` steps (:meth:`Trainer.add_hook`)."""
+
+    def __init__(self, fn: Callable[[StepInfo], Any], every: int):
+        if every < 1:
+            raise ConfigError(f"add_hook: every must be >= 1, got {every}")
+        self.fn, self.every = fn, every
+
+    def on_step_end(self, info: StepInfo) -> None:
+        """Run the function."""
+        self.fn(info)
+
+
 class Trainer:
     """A run from Python in TRL's shape: ``Trainer(model=..., reward_funcs=[...],
-    train_dataset=..., args={...}).train()``; the algorithm is the class's (``GRPOTrainer``,
+    train_dataset=..., args=...).train()``; the algorithm is the class's (``GRPOTrainer``,
     ``DPOTrainer``, ...) or ``algorithm=``.
+
+    Besides :meth:`train`: :meth:`evaluate`, :meth:`save_model` (a Hugging Face directory),
+    :attr:`model` (the parameters) and callbacks (:class:`Callback`, :meth:`add_hook`). The
+    model loads (and the programs compile) on first use of any of them.
 
     Args:
       model: ``model.source`` (an alias, HF directory, GGUF file, hub id, PEFT adapter, run
         directory), or a dict for the ``model`` section.
-      reward_funcs, environment, train_dataset, eval_dataset: as :func:`train` takes them.
-      args: the rest of the config (a dict, a YAML path or a ``RunConfig``); ``output_dir``
-        and ``max_steps`` are required.
+      reward_funcs: Python reward functions (or ``(fn, weight)``), any callable: a function
+        imports back on a resume; a lambda, ``functools.partial`` or bound method is held in
+        this process (a resume in a new process asks for it again).
+      environment, train_dataset, eval_dataset: as :func:`train` takes them.
+      args: the rest of the config: a typed config with TRL's names
+        (:class:`~jaxrl_llm.train.trl_config.GRPOConfig`, ...), a dict, a YAML path or a
+        ``RunConfig``; ``output_dir`` and ``max_steps`` are required.
+      callbacks: :class:`Callback` objects.
       **overrides: config keys, as :func:`train` takes them.
     """
 
@@ -228,11 +308,22 @@ class Trainer:
         environment: type | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
-        args: str | Mapping[str, Any] | RunConfig | None = None,
+        args: Any = None,
         algorithm: str | None = None,
+        callbacks: Iterable[Callback] = (),
         **overrides: Any,
     ):
+        from jaxrl_llm.train.trl_config import TrainingConfig
+
         base: Any = {} if args is None else args
+        if isinstance(base, TrainingConfig):
+            wanted = algorithm or self.algorithm
+            if wanted and base.algorithm != wanted:
+                raise ConfigError(
+                    f"args: a {type(base).__name__} is for {base.algorithm}, this trainer runs "
+                    f"{wanted}"
+                )
+            base = base.to_dict()
         if not isinstance(base, (str, RunConfig)):
             base = dict(base)
             base.setdefault("algorithm", algorithm or self.algorithm)
@@ -247,14 +338,214 @@ class Trainer:
             **overrides,
         )
         self.plan = check_run(self.config)
+        self.callbacks: list[Callback] = list(callbacks)
+        self._loop: Any = None
+        self.step = 0  # the last step trained
+
+    def add_callback(self, callback: Callback) -> None:
+        """Add a :class:`Callback` (TRL's name)."""
+        self.callbacks.append(callback)
+
+    def add_hook(self, fn: Callable[[StepInfo], Any], *, every: int = 1) -> None:
+        """Run ``fn(StepInfo)`` after every ``every`` steps (levanter's ``add_hook``)."""
+        self.callbacks.append(_Hook(fn, every))
+
+    @property
+    def loop(self) -> Any:
+        """The run loop (:class:`~jaxrl_llm.train.online.trainer.OnlineTrainer` or the
+        offline one), built on first use: the model loads and the programs compile."""
+        if self._loop is None:
+            _make_output_dir(self.config.output_dir)
+            self._loop = _hooked_loop(self.config.is_online)(self.config, owner=self)
+        return self._loop
+
+    @property
+    def model(self) -> Any:
+        """The policy's parameters (a pytree of arrays; LoRA adapters merged into the base)."""
+        return self.loop.policy.full_params()
+
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer."""
+        return self.loop.policy.tokenizer
 
     def train(self) -> dict:
-        """Run to the end; the summary (held-out metrics before / after, timings)."""
-        return run_training(self.config)
+        """Run to the end; the summary (held-out metrics before / after, timings), also
+        written to ``output_dir/summary.json``."""
+        loop = self.loop
+        try:
+            summary = loop.run()
+        finally:
+            loop.close()
+        if self.config.logging.plots:
+            from jaxrl_llm.train.run.plots import plot_run
+
+            plot_run(self.config.output_dir)
+        with open(os.path.join(self.config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+        return summary
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics now (``eval/...``; empty without ``eval_dataset`` / ``data.eval``);
+        online runs add ``eval/maj@k`` and ``eval/samples-<step>.jsonl`` as ``eval`` asks."""
+        return self.loop.evaluate()
+
+    def save_model(self, output_dir: str | None = None) -> str:
+        """Write the policy (LoRA adapters merged) as a Hugging Face directory, default
+        ``output_dir/hf``; returns its path."""
+        import jax
+
+        from jaxrl_llm.interop import export_hf
+        from jaxrl_llm.parallel import to_host
+
+        policy = self.loop.policy
+        out = output_dir or os.path.join(self.config.output_dir, "hf")
+        params = jax.device_get(to_host(policy.full_params()))
+        tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
+        export_hf(out, config=policy.config, params=params, tokenizer=tok)
+        return out
+
+    # ----- what the run loop reports (the hooked loop calls these) ------------------------
+    def _info(self, metrics: Mapping[str, Any]) -> StepInfo:
+        return StepInfo(self.step, self.config.max_steps, dict(metrics), self)
+
+    def _step_begins(self, loop: Any, step: int) -> None:
+        """Before a step: the reward functions' ``trainer_state`` (step, data epoch)."""
+        rewards = getattr(getattr(loop, "rollouts", None), "rewards", None)
+        if rewards is None:
+            return
+        epoch = 0.0
+        state = getattr(loop.iterator, "state", None)
+        per_epoch = getattr(loop.iterator, "steps_per_epoch", 0)
+        if callable(state) and per_epoch:
+            pos = state()
+            epoch = pos.get("epoch", 0) + pos.get("position", 0) / per_epoch
+        rewards.advance(step, epoch, self.config.max_steps)
+
+    def _step_ended(self, step: int, metrics: Mapping[str, Any]) -> None:
+        self.step = step
+        info = self._info(metrics)
+        for cb in self.callbacks:
+            if step % max(int(getattr(cb, "every", 1)), 1) == 0:
+                cb.on_step_end(info)
+
+    def _evaluated(self, metrics: Mapping[str, float]) -> None:
+        info = self._info({})
+        for cb in self.callbacks:
+            cb.on_evaluate(info, metrics)
+
+    def _saved(self, step: int) -> None:
+        path = os.path.join(self.config.output_dir, "checkpoints", str(step))
+        info = dataclasses.replace(self._info({}), step=step)
+        for cb in self.callbacks:
+            cb.on_save(info, path)
+
+
+_HOOKED: dict[bool, type] = {}
+
+
+def _hooked_loop(online: bool) -> type:
+    """The online or offline run loop with :class:`Trainer`'s reports around its step,
+    evaluation and save (a subclass, made on first use so that importing this module loads
+    no JAX program)."""
+    if online in _HOOKED:
+        return _HOOKED[online]
+    from jaxrl_llm.train.offline.trainer import OfflineTrainer
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
+
+    Base: type = OnlineTrainer if online else OfflineTrainer
+
+    class Hooked(Base):  # type: ignore[valid-type,misc]
+        def __init__(self, cfg: RunConfig, *, owner: Trainer):
+            self.owner = owner
+            self.saved: set[int] = set()
+            super().__init__(cfg)
+
+        def train_step(self, step: int) -> dict:
+            self.owner._step_begins(self, step)
+            metrics = super().train_step(step)
+            self.owner._step_ended(step, metrics)
+            return metrics
+
+        def evaluate(self) -> dict[str, float]:
+            metrics = super().evaluate()
+            if online and metrics:
+                metrics.update(_vote_eval(self, self.owner.step))
+            self.owner._evaluated(metrics)
+            return metrics
+
+        def save(self, step: int, *, force: bool = False, data: dict | None = None) -> None:
+            super().save(step, force=force, data=data)
+            if step not in self.saved:
+                self.saved.add(step)
+                if self.owner.callbacks:  # the write is asynchronous: on_save sees it done
+                    self.ckpt.wait_until_finished()
+                    self.owner._saved(step)
+
+    Hooked.__name__ = Hooked.__qualname__ = f"Hooked{Base.__name__}"
+    _HOOKED[online] = Hooked
+    return Hooked
+
+
+def _vote_eval(loop: Any, step: int) -> dict[str, float]:
+    """``eval/maj@k`` and ``eval/samples-<step>.jsonl`` of an online run (``eval.maj_at``,
+    ``eval.write_samples``) over ``eval.num_samples`` samples per held-out prompt, drawn with
+    the seeds of ``eval/pass@k`` (the same completions)."""
+    import numpy as np
+
+    from jaxrl_llm.rewards.voting import extract_votes, maj_at_k, sample_records
+
+    settings = loop.cfg.eval
+    if not (settings.maj_at or settings.write_samples) or loop.eval_data is None:
+        return {}
+    items = loop.eval_data.items[: settings.num_examples or None]
+    n, metric = settings.num_samples, loop.eval_metric
+    answers: list[list] = []
+    correct: list[list[bool]] = []
+    records: list[dict] = []
+    for i in range(0, len(items), settings.batch_size):
+        exp = loop.rollouts.sample(
+            items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n
+        )
+        scores = np.asarray(exp.scores[metric], np.float64)
+        votes = extract_votes(exp.texts)
+        for g in range(0, len(exp.texts), n):
+            answers.append(votes[g : g + n])
+            correct.append([bool(x == 1.0) for x in scores[g : g + n]])
+        if settings.write_samples:
+            prompts = exp.sources if exp.sources is not None else exp.prompts
+            refs = [e.get("answer") for e in exp.extras]
+            records += sample_records(
+                list(prompts),
+                list(exp.texts),
+                scores.tolist(),
+                group_size=n,
+                step=step,
+                references=refs if any(r is not None for r in refs) else None,
+            )
+    if settings.write_samples and jax_main_process():
+        folder = os.path.join(loop.cfg.output_dir, "eval")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"samples-{step}.jsonl"), "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+    return {f"eval/maj@{k}": maj_at_k(answers, correct, k) for k in settings.maj_at}
+
+
+def jax_main_process() -> bool:
+    """Whether this is JAX's process 0 (the one that writes files)."""
+    import jax
+
+    return jax.process_index() == 0
 
 
 class GRPOTrainer(Trainer):
-    """GRPO from Python (:class:`Trainer`; ``algorithm: grpo``)."""
+    """GRPO from Python (:class:`Trainer`; ``algorithm: grpo``).
+
+    ``args``: a :class:`~jaxrl_llm.train.trl_config.GRPOConfig` (TRL's names), a dict, a YAML
+    path or a ``RunConfig``. Methods: ``train()``, ``evaluate()``, ``save_model(dir)``,
+    ``.model``, callbacks (:class:`Callback`, ``add_hook``).
+    """
 
     algorithm = "grpo"
 
@@ -266,43 +557,78 @@ class PPOTrainer(Trainer):
 
 
 class RLOOTrainer(Trainer):
-    """RLOO from Python (:class:`Trainer`; ``algorithm: rloo``)."""
+    """RLOO from Python (:class:`Trainer`; ``algorithm: rloo``).
+
+    ``args``: a :class:`~jaxrl_llm.train.trl_config.RLOOConfig` (TRL's names), a dict, a YAML
+    path or a ``RunConfig``. Methods: ``train()``, ``evaluate()``, ``save_model(dir)``,
+    ``.model``, callbacks (:class:`Callback`, ``add_hook``).
+    """
 
     algorithm = "rloo"
 
 
 class OnlineDPOTrainer(Trainer):
-    """Online DPO from Python (:class:`Trainer`; ``algorithm: online_dpo``)."""
+    """Online DPO from Python (:class:`Trainer`; ``algorithm: online_dpo``).
+
+    ``args``: a :class:`~jaxrl_llm.train.trl_config.OnlineDPOConfig` (TRL's names), a dict, a YAML
+    path or a ``RunConfig``. Methods: ``train()``, ``evaluate()``, ``save_model(dir)``,
+    ``.model``, callbacks (:class:`Callback`, ``add_hook``).
+    """
 
     algorithm = "online_dpo"
 
 
 class SFTTrainer(Trainer):
-    """Supervised fine-tuning from Python (:class:`Trainer`; ``algorithm: sft``)."""
+    """Supervised fine-tuning from Python (:class:`Trainer`; ``algorithm: sft``).
+
+    ``args``: a :class:`~jaxrl_llm.train.trl_config.SFTConfig` (TRL's names), a dict, a YAML
+    path or a ``RunConfig``. Methods: ``train()``, ``evaluate()``, ``save_model(dir)``,
+    ``.model``, callbacks (:class:`Callback`, ``add_hook``).
+    """
 
     algorithm = "sft"
 
 
 class DPOTrainer(Trainer):
-    """DPO from Python (:class:`Trainer`; ``algorithm: dpo``)."""
+    """DPO from Python (:class:`Trainer`; ``algorithm: dpo``).
+
+    ``args``: a :class:`~jaxrl_llm.train.trl_config.DPOConfig` (TRL's names), a dict, a YAML
+    path or a ``RunConfig``. Methods: ``train()``, ``evaluate()``, ``save_model(dir)``,
+    ``.model``, callbacks (:class:`Callback`, ``add_hook``).
+    """
 
     algorithm = "dpo"
 
 
 class KTOTrainer(Trainer):
-    """KTO from Python (:class:`Trainer`; ``algorithm: kto``)."""
+    """KTO from Python (:class:`Trainer`; ``algorithm: kto``).
+
+    ``args``: a :class:`~jaxrl_llm.train.trl_config.KTOConfig` (TRL's names), a dict, a YAML
+    path or a ``RunConfig``. Methods: ``train()``, ``evaluate()``, ``save_model(dir)``,
+    ``.model``, callbacks (:class:`Callback`, ``add_hook``).
+    """
 
     algorithm = "kto"
 
 
 class ORPOTrainer(Trainer):
-    """ORPO from Python (:class:`Trainer`; ``algorithm: orpo``)."""
+    """ORPO from Python (:class:`Trainer`; ``algorithm: orpo``).
+
+    ``args``: a :class:`~jaxrl_llm.train.trl_config.ORPOConfig` (TRL's names), a dict, a YAML
+    path or a ``RunConfig``. Methods: ``train()``, ``evaluate()``, ``save_model(dir)``,
+    ``.model``, callbacks (:class:`Callback`, ``add_hook``).
+    """
 
     algorithm = "orpo"
 
 
 class RewardTrainer(Trainer):
-    """A reward model (scalar head, preference pairs) from Python (:class:`Trainer`; ``algorithm: reward_model``)."""
+    """A reward model (scalar head, preference pairs) from Python (:class:`Trainer`; ``algorithm: reward_model``).
+
+    ``args``: a :class:`~jaxrl_llm.train.trl_config.RewardConfig` (TRL's names), a dict, a YAML
+    path or a ``RunConfig``. Methods: ``train()``, ``evaluate()``, ``save_model(dir)``,
+    ``.model``, callbacks (:class:`Callback`, ``add_hook``).
+    """
 
     algorithm = "reward_model"
 

@@ -120,3 +120,17 @@ def test_error_from_file_names_file_line_and_field(tmp_path):
     examples, locations = load_examples(ok, Format.SFT)
     assert examples == [SFTExample("q", "a")] * 2
     assert locations == [f"{ok} line 1", f"{ok} line 3"]
+
+
+def test_sharegpt_conversations_are_read_as_messages():
+    conv = [
+        {"from": "system", "value": "Be brief."},
+        {"from": "human", "value": "What is 2 + 3?"},
+        {"from": "gpt", "value": "5"},
+    ]
+    e = parse_example(rec(conversations=conv), "sft")
+    assert e.prompt == ({"role": "system", "content": "Be brief."}, USER[0])
+    assert e.completion == "5" and e.messages[-1] == {"role": "assistant", "content": "5"}
+    bad = [{"from": "narrator", "value": "x"}, {"from": "gpt", "value": "5"}]
+    with pytest.raises(DataError, match=r"messages\[0\]\.role.*'narrator'"):
+        parse_example(rec(conversations=bad), "sft")

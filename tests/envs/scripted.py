@@ -3,6 +3,7 @@ the chat-message prompts they run on (:func:`write_chat_rows`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import threading
@@ -164,3 +165,14 @@ class LongOpening(Scripted):
 
     def reset(self, item):
         return [{"role": "user", "content": "x" * 200}]
+
+
+class HalfLongOpening(Scripted):
+    """Every other episode (by the order of their ``reset`` calls) opens as :class:`LongOpening`."""
+
+    calls = itertools.count()
+
+    def reset(self, item):
+        if next(HalfLongOpening.calls) % 2:
+            return [{"role": "user", "content": "x" * 200}]
+        return super().reset(item)

@@ -204,10 +204,21 @@ def test_an_opening_past_data_max_length_fails_its_episode(chat_data, tmp_path):
     cfg = _config(
         chat_data,
         tmp_path / "long",
-        env=dict(name="tests.envs.scripted:LongOpening", max_turns=2),
+        env=dict(name="tests.envs.scripted:HalfLongOpening", max_turns=2),
         max_steps=1,
     )
     train_online(cfg)
     (row,) = [r for r in read_metrics(tmp_path / "long") if r.get("reward/mean") is not None]
-    assert row["env/openings_too_long"] == 8  # every episode: 4 prompts x G = 2
-    assert row["reward/failed"] == 8
+    assert row["env/openings_too_long"] == 4  # every other episode of 4 prompts x G = 2
+    assert row["reward/failed"] == 4
+    # when no episode of a batch opens, the run stops, naming the knobs
+    cfg = _config(
+        chat_data,
+        tmp_path / "all_long",
+        env=dict(name="tests.envs.scripted:LongOpening", max_turns=2),
+        max_steps=1,
+    )
+    with pytest.raises(
+        EnvError, match=r"every episode failed at reset \(8 of 8\).*data\.max_length"
+    ):
+        train_online(cfg)

@@ -207,3 +207,24 @@ def test_an_opening_past_the_context_or_empty_fails_its_episode(model):
     assert eps[0].error is None
     assert eps[1].opening_too_long and "more than the 352" in eps[1].error
     assert "reset returned no messages" in eps[2].error
+
+
+def test_a_batch_whose_every_reset_fails_stops_with_the_knobs_to_turn(model):
+    class Broken(Scripted):
+        def reset(self, item):
+            raise RuntimeError("no such task")
+
+    class Long(Scripted):
+        def reset(self, item):
+            return [{"role": "user", "content": "x" * 1000}]
+
+    eps = _episodes(["p>", "q>"], 2, lambda i, s: Broken())
+    with pytest.raises(EnvError, match=r"every episode failed at reset \(4 of 4\).*no such task"):
+        _play(model, eps)
+    eps = _episodes(["p>"], 2, lambda i, s: Long())
+    with pytest.raises(EnvError, match="raise data.max_length.*longer context"):
+        _play(model, eps)
+    # one episode that starts is enough to go on
+    eps = _episodes(["p>", "q>"], 1, lambda i, s: [Scripted(), Broken()][i])
+    _play(model, eps, g=1)
+    assert eps[0].error is None and "no such task" in eps[1].error

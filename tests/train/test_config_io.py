@@ -78,3 +78,24 @@ def test_override_errors_and_file_errors(tmp_path):
         load_config(Run, str(bad))
     orig = {"a": {"b": 1}}
     assert apply_overrides(orig, ["a.b=2"]) == {"a": {"b": 2}} and orig == {"a": {"b": 1}}
+
+
+def test_an_error_about_a_key_of_the_file_names_the_file_and_line(tmp_path):
+    from jaxrl_llm.train.config.run_config import RunConfig
+
+    p = tmp_path / "typo.yaml"
+    p.write_text(
+        "algorithm: grpo\noutput_dir: /tmp/x\nmax_steps: 1\nrollout:\n  group_sise: 4\n"
+        "rewards:\n  - name: math_answer\n    weight: .inf\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"typo\.yaml line 5: unknown config key 'rollout\.group_sise'"
+    ):
+        load_config(RunConfig, str(p))
+    p.write_text(p.read_text().replace("group_sise", "group_size"))
+    with pytest.raises(ConfigError, match=r"typo\.yaml line 8: rewards\[0\]\.weight"):
+        load_config(RunConfig, str(p))
+    # a key an override set is not the file's: no line
+    with pytest.raises(ConfigError) as e:
+        load_config(RunConfig, str(p), ["rewards=[{name: math_answer, weight: .inf}]", "seed=-1"])
+    assert "line" not in str(e.value)

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import enum
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,46 @@ from typing import Any
 import yaml
 
 from jaxrl_llm.errors import ConfigError
+
+#: TRL's (transformers') names for keys this config spells otherwise: an unknown key that is one
+#: of them is refused with the key to use (one spelling per key in a YAML file; the typed
+#: configs of :mod:`jaxrl_llm.train.trl_config` take TRL's names). Keyed by the dotted key.
+TRL_NAMES: dict[str, str] = {
+    "learning_rate": "optim.lr",
+    "lr_scheduler_type": "optim.schedule",
+    "warmup_steps": "optim.warmup_steps",
+    "weight_decay": "optim.weight_decay",
+    "max_grad_norm": "optim.grad_clip",
+    "num_generations": "rollout.group_size",
+    "max_completion_length": "rollout.max_new_tokens",
+    "temperature": "rollout.temperature",
+    "num_iterations": "rollout.epochs",
+    "max_prompt_length": "data.max_length (the longest prompt, online)",
+    "max_length": "data.max_length",
+    "packing": "data.packing",
+    "per_device_train_batch_size": (
+        "a global batch: rollout.prompts_per_step prompts x rollout.group_size samples "
+        "(online) or train.batch_size rows (offline), split over the mesh"
+    ),
+    "gradient_accumulation_steps": (
+        "train.micro_batches (offline: train.batch_size split into that many micro-batches)"
+    ),
+    "beta": "loss.kl_coef (GRPO, RLOO), loss.beta (DPO, KTO, ORPO, online DPO) or ppo.kl_coef",
+    "loss.beta": "loss.kl_coef (β of the KL penalty of the policy-gradient losses)",
+    "epsilon": "loss.clip_eps",
+    "peft_config": "model.lora: {rank, alpha, targets} (null: full fine-tuning)",
+    "num_train_epochs": "max_steps (a number of steps, not epochs)",
+    "logging_steps": "logging.log_every",
+    "save_steps": "checkpoint.save_every",
+    "save_total_limit": "checkpoint.keep",
+    "eval_steps": "eval.every (online) or train.eval_every (offline)",
+    "report_to": "logging.trackers",
+    "run_name": "logging.run_name",
+    "gradient_checkpointing": "model.remat: full",
+    "bf16": "model.compute_dtype: bfloat16",
+    "resume_from_checkpoint": "resume: true (the newest checkpoint in output_dir)",
+    "model_name_or_path": "model.source",
+}
 
 #: Most values a YAML file may expand to through anchors and aliases (``*name``): a config is a
 #: few hundred values; an alias bomb ("billion laughs") is billions.
@@ -195,6 +236,11 @@ def from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in fields:
+            trl = TRL_NAMES.get(key) or TRL_NAMES.get(str(k))
+            if trl:
+                raise ConfigError(
+                    f"unknown config key {key!r}: that is TRL's name; here it is {trl}"
+                )
             close = difflib.get_close_matches(str(k), list(fields), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
@@ -308,6 +354,50 @@ def load_yaml(path: str) -> dict:
     return data
 
 
+def key_lines(path: str) -> dict[str, int]:
+    """The 1-based line of every key of a YAML file, by dotted key (``rollout.group_size``,
+    ``rewards[0].name``); empty when the file cannot be parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f, Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    key = f"{prefix}.{k.value}" if prefix else str(k.value)
+                    out.setdefault(key, k.start_mark.line + 1)
+                    walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                key = f"{prefix}[{i}]"
+                out.setdefault(key, v.start_mark.line + 1)
+                walk(v, key)
+
+    walk(root, "")
+    return out
+
+
+_ERROR_KEY = re.compile(r"^(?:unknown config key '(?P<unknown>[^']+)'|(?P<key>[\w.\[\]]+):)")
+
+
 def load_config(cls, path: str, overrides: Sequence[str] = ()):
-    """YAML file + overrides -> validated dataclass ``cls``."""
-    return from_dict(cls, apply_overrides(load_yaml(path), list(overrides)))
+    """YAML file + overrides -> validated dataclass ``cls``. An error about a key of the file
+    (not one an override set) starts with the file and the key's line."""
+    overrides = list(overrides)
+    try:
+        return from_dict(cls, apply_overrides(load_yaml(path), overrides))
+    except ConfigError as e:
+        m = _ERROR_KEY.match(str(e))
+        key = (m.group("unknown") or m.group("key")) if m else None
+        overridden = [".".join(parse_override(o)[0]) for o in overrides]
+        from_override = key is not None and any(
+            key == o or key.startswith((o + ".", o + "[")) for o in overridden
+        )
+        line = key_lines(path).get(key) if key and not from_override else None
+        if line is None:
+            raise
+        raise ConfigError(f"{path} line {line}: {e}") from None

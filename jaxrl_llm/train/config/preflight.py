@@ -210,12 +210,15 @@ def check_context_budget(context: int, prompt_len: int, max_new_tokens: int, *, 
 
     Raises:
       ConfigError: ``"<key>: prompt (P tokens) + new tokens exceed the model's context of C
-        tokens; use at most C - P"``.
+        tokens; use at most C - P new tokens, shorten the prompt (data.max_length in training),
+        or use a model with a longer context"``.
     """
     if prompt_len + max_new_tokens > context:
         raise ConfigError(
             f"{key}: prompt ({prompt_len} tokens) + new tokens exceed the model's context of "
-            f"{context} tokens; use at most {max(context - prompt_len, 1)}"
+            f"{context} tokens; use at most {max(context - prompt_len, 1)} new tokens, shorten "
+            f"the prompt (data.max_length in training), or use a model with a longer context "
+            f"(model.tiny.max_position_embeddings for model.source: tiny)"
         )
 
 

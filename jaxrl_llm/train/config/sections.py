@@ -571,6 +571,14 @@ class EvalSection:
         besides the greedy one (0 = greedy only); pass_at: the k of ``eval/pass@k``, the
         unbiased estimator of Chen et al. 2021 over those n samples (a sample is correct when
         the first reward scores it 1).
+      maj_at: the k of ``eval/maj@k``: the share of prompts whose most frequent extracted
+        answer among k of those samples is correct (self-consistency;
+        :mod:`jaxrl_llm.rewards.voting`). ``maj_at`` and ``write_samples`` are computed by the
+        Python API's trainers (``jaxrl_llm.GRPOTrainer``); the ``jaxrl-llm train`` loop does
+        not compute them yet.
+      write_samples: write each evaluation's sampled completions, their extracted answers,
+        rewards and votes to ``eval/samples-<step>.jsonl`` (one line per prompt; needs
+        ``num_samples``).
     """
 
     every: int = 0
@@ -579,17 +587,23 @@ class EvalSection:
     before: bool = True
     num_samples: int = 0
     pass_at: tuple[int, ...] = ()
+    maj_at: tuple[int, ...] = ()
+    write_samples: bool = False
 
     def __post_init__(self):
         _at_least("eval.every", self.every, 0, "0 = only before and after training")
         _at_least("eval.num_examples", self.num_examples, 1, "or null: all")
         _at_least("eval.batch_size", self.batch_size, 1)
         _at_least("eval.num_samples", self.num_samples, 0, "0 = greedy only")
-        for k in self.pass_at:
-            if not 1 <= k <= self.num_samples:
-                raise ConfigError(
-                    f"eval.pass_at: k={k} must be between 1 and eval.num_samples={self.num_samples}"
-                )
+        for name, ks in (("pass_at", self.pass_at), ("maj_at", self.maj_at)):
+            for k in ks:
+                if not 1 <= k <= self.num_samples:
+                    raise ConfigError(
+                        f"eval.{name}: k={k} must be between 1 and eval.num_samples="
+                        f"{self.num_samples}"
+                    )
+        if self.write_samples and not self.num_samples:
+            raise ConfigError("eval.write_samples needs eval.num_samples >= 1 (samples to write)")
 
 
 @dataclasses.dataclass(frozen=True)
