@@ -442,7 +442,8 @@ def _score(
     """Run the reward functions on sampled completions: the scored :class:`Experience`."""
     fields = {k: [e.get(k) for e in extras] for k in sorted({k for e in extras for k in e})}
     t0 = time.perf_counter()
-    out = rewards(prompts, texts, sources=sources, **fields)
+    ids = [ro.tokens[i, : ro.lengths[i]].tolist() for i in range(len(texts))]  # as sampled
+    out = rewards(prompts, texts, sources=sources, completion_ids=ids, **fields)
     metrics = {**out.metrics, "time/reward_s": time.perf_counter() - t0}  # inside rollout_s
     return Experience(
         rollout=ro,

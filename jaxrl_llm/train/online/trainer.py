@@ -218,6 +218,15 @@ class OnlineTrainer(Trainer):
             state=state,
         )
 
+    def _epoch(self) -> float:
+        """The data epoch the iterator is in (fractional; 0 when it cannot say)."""
+        state = getattr(self.iterator, "state", None)
+        per_epoch = getattr(self.iterator, "steps_per_epoch", 0)
+        if not callable(state) or not per_epoch:
+            return 0.0
+        pos = state()
+        return float(pos.get("epoch", 0) + pos.get("position", 0) / per_epoch)
+
     def sampler_weights(self) -> tuple[object, int]:
         """``(the sampler's copy, version)``: made once per policy version (the previous
         copy's buffers reused; :class:`~jaxrl_llm.parallel.placement.SamplerCopy`)."""
@@ -330,6 +339,8 @@ class OnlineTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         """Rollout → experience → learner batch → updates; returns the step's metrics."""
         t0 = time.perf_counter()
+        if self.rollouts.rewards is not None:  # the reward functions' trainer_state
+            self.rollouts.rewards.advance(step, self._epoch(), self.cfg.max_steps)
         exp, info = self.experience(step)
         t_rollout = info.pop("time/rollout_s")
         t1 = time.perf_counter()
