@@ -68,6 +68,12 @@ def _parse(argv=None):
     p.add_argument("--only", choices=["curves", "devices", "all"], default="curves")
     p.add_argument("--devices", type=_ints, default=[1, 8], help="device counts (devices curve)")
     p.add_argument("--engines", default="static,paged", help="rollout engines (devices curve)")
+    p.add_argument(
+        "--axes",
+        default="data",
+        help="learner mesh axes the devices go on (devices curve): data, fsdp or both; the "
+        "sampler's copy is laid out the same way for both (rollout.tensor: auto)",
+    )
     p.add_argument("--devices-steps", type=int, default=4, help="GRPO steps per layout")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # "DEVICES,ENGINE"
     p.add_argument(
@@ -116,7 +122,7 @@ def _child(args) -> int:
     import json
     import tempfile
 
-    n, engine = args.child.split(",")
+    n, engine, axis = args.child.split(",")
     import jaxrl_llm
 
     with tempfile.TemporaryDirectory(prefix="bench_devices_") as out:
@@ -130,7 +136,8 @@ def _child(args) -> int:
                     "model.tiny": DEVICES_MODEL,
                     "output_dir": out,
                     "max_steps": args.devices_steps,
-                    "mesh.data": int(n),
+                    "mesh.data": int(n) if axis == "data" else 1,
+                    "mesh.fsdp": int(n) if axis == "fsdp" else 1,
                     "rollout.engine": engine,
                     "rollout.prompts_per_step": 8,
                     "rollout.group_size": 8,
@@ -152,6 +159,7 @@ def _child(args) -> int:
             {
                 "devices": int(n),
                 "engine": engine,
+                "axis": axis,
                 "rollout_s": [r["time/rollout_s"] for r in steps],
                 "update_s": [r.get("time/update_s") for r in steps],
                 "tokens": [r.get("rollout/tokens_per_s") for r in steps],
@@ -169,60 +177,67 @@ def _devices_curve(args) -> tuple[list[str], dict]:
 
     here = os.path.abspath(__file__)
     root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    res: dict[tuple[int, str], dict] = {}
+    res: dict[tuple[int, str, str], dict] = {}
     engines = [e for e in args.engines.split(",") if e]
+    axes = [a for a in args.axes.split(",") if a]
+    layouts = [(n, a) for n in args.devices for a in axes if n > 1 or a == axes[0]]
     for engine in engines:
-        for n in args.devices:
+        for n, axis in layouts:
             env = dict(os.environ)
             flags = env.get("XLA_FLAGS", "")
             env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
             env["JAX_PLATFORMS"] = "cpu"
             # the children import this checkout's jaxrl_llm (not an installed copy)
             env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-            cmd = [sys.executable, here, "--child", f"{n},{engine}"]
+            cmd = [sys.executable, here, "--child", f"{n},{engine},{axis}"]
             cmd += ["--devices-steps", str(args.devices_steps)]
             done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
             lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
             if done.returncode or not lines:
-                raise RuntimeError(f"devices={n} engine={engine} failed:\n{done.stderr[-3000:]}")
+                raise RuntimeError(
+                    f"devices={n} axis={axis} engine={engine} failed:\n{done.stderr[-3000:]}"
+                )
             r = json.loads(lines[-1][len("RESULT ") :])
             r["median_s"] = statistics.median(r["rollout_s"][1:])  # the first step compiles
             r["median_update_s"] = statistics.median(r["update_s"][1:])
-            res[(n, engine)] = r
+            res[(n, engine, axis)] = r
             common.log(
-                f"{engine} on {n} device(s): rollout {r['median_s']:.3f} s "
+                f"{engine} on {n} device(s) ({axis}): rollout {r['median_s']:.3f} s "
                 f"(steps {', '.join(f'{x:.2f}' for x in r['rollout_s'])})"
             )
-    base = min(args.devices)
+    base = layouts[0]
     rows, metrics = [], {}
     for engine in engines:
-        for n in args.devices:
-            r = res[(n, engine)]
-            ratio = r["median_s"] / res[(base, engine)]["median_s"]
+        for n, axis in layouts:
+            r = res[(n, engine, axis)]
+            ratio = r["median_s"] / res[(base[0], engine, base[1])]["median_s"]
             rows.append(
                 [
                     engine,
                     n,
+                    axis,
                     f"{r['median_s']:.3f}",
                     f"{ratio:.2f}×",
                     f"{r['median_update_s']:.3f}",
                     ", ".join(f"{x:.2f}" for x in r["rollout_s"]),
                 ]
             )
-            metrics[f"devices_{engine}_{n}_rollout_s"] = r["median_s"]
-            metrics[f"devices_{engine}_{n}_ratio"] = ratio
+            key = f"{n}" if axis == "data" else f"{n}_{axis}"
+            metrics[f"devices_{engine}_{key}_rollout_s"] = r["median_s"]
+            metrics[f"devices_{engine}_{key}_ratio"] = ratio
     body = [
         "",
         f"**Rollout time vs devices** — GRPO on a random model "
         f"({', '.join(f'{k} {v}' for k, v in DEVICES_MODEL.items())}), 8 prompts × "
-        f"G 8, 64 new tokens, `mesh.data` = the device count (forced CPU devices), "
-        f"{args.devices_steps} steps; `time/rollout_s` is the median of the steps after the "
-        f"first (which compiles); the ratio is against {base} device(s).",
+        f"G 8, 64 new tokens, the learner's `mesh.<axis>` = the device count (forced CPU "
+        f"devices), {args.devices_steps} steps; `time/rollout_s` is the median of the steps "
+        f"after the first (which compiles); the ratio is against {base[0]} device(s) "
+        f"({base[1]}).",
         "",
         *common.markdown_table(
-            ["engine", "devices", "rollout (s)", "ratio", "update (s)", "every step (s)"],
+            ["engine", "devices", "axis", "rollout (s)", "ratio", "update (s)", "every step (s)"],
             rows,
-            align="lrrrrl",
+            align="lrlrrrl",
         ),
     ]
     return body, metrics
