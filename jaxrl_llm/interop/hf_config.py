@@ -226,13 +226,13 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     entry = family_entry(c.family)
     if entry is not None:  # a family kept in a folder (models/families/)
         try:
-            kw = {**shared_hf_fields(c), **entry.hf_config_kwargs(c)}
+            own = {**shared_hf_fields(c), **entry.hf_config_kwargs(c)}
         except ValueError as e:
             raise ModelLoadError(f"export: {e}") from None
         causal, seqcls = hf_architectures(c.family)
         if c.num_labels:
-            kw["num_labels"] = c.num_labels
-        hf = getattr(transformers, entry.hf_config_class)(**kw)
+            own["num_labels"] = c.num_labels
+        hf = getattr(transformers, entry.hf_config_class)(**own)
         return config_json(hf, c, seqcls if c.num_labels else causal, dtype)
     if c.family in (Family.GEMMA2, Family.GEMMA3):
         return gemma_hf_config_dict(c, dtype=dtype)

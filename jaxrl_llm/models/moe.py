@@ -295,9 +295,7 @@ class ExpertWeights(NamedTuple):
     down_bias: jax.Array | None = None
 
 
-def _block(
-    config, x_nd, rx_nd, token_w, recorded, replay, router, router_bias, scale, w, offset
-):
+def _block(config, x_nd, rx_nd, token_w, recorded, replay, router, router_bias, scale, w, offset):
     """One block on N tokens: (``[N, D]`` float32 output, :class:`MoeStats` with ``experts``
     ``[N, k]``). ``rx_nd`` the router's input (None: ``x_nd``), ``router_bias`` the router's
     bias or None, ``scale`` the per-expert weight scale or None, ``w`` the
@@ -313,7 +311,7 @@ def _block(
         router_bias=router_bias,
     )
     run = _experts_dense if config.moe_dispatch == MoeDispatch.DENSE else _experts_sorted
-    w = ExpertWeights(*(None if a is None else a.astype(dtype) for a in w))
+    w = jax.tree.map(lambda a: a.astype(dtype), w)
     y = run(x_nd, weights, experts, w, offset, gated_activation(config))
     stats = _stats(config, probs, experts, token_w)._replace(experts=experts)
     if recorded is not None:
@@ -356,7 +354,12 @@ def _block_params(lp: Mapping[str, Any]) -> tuple[Any, Any, Any, ExpertWeights]:
     names = ("experts_gate", "experts_up", "experts_down")
     kernels = [lp[n]["kernel"] for n in names]
     biases = [lp[n].get("bias") for n in names]
-    return (lp["router"]["kernel"], lp["router"].get("bias"), scale, ExpertWeights(*kernels, *biases))
+    return (
+        lp["router"]["kernel"],
+        lp["router"].get("bias"),
+        scale,
+        ExpertWeights(*kernels, *biases),
+    )
 
 
 def sparse_moe(
@@ -437,10 +440,10 @@ def sparse_moe(
     x_spec = P(rows or None, length or None, None)
     rec_spec = P(rows or None, length or None, None)
     biased = w.gate_bias is not None
-    w_spec = ExpertWeights(
-        P(EXPERT_AXIS, None, f_split or None),
-        P(EXPERT_AXIS, None, f_split or None),
-        P(EXPERT_AXIS, f_split or None, None),
+    w_spec: Any = ExpertWeights(
+        P(EXPERT_AXIS, None, f_split or None),  # type: ignore[arg-type]
+        P(EXPERT_AXIS, None, f_split or None),  # type: ignore[arg-type]
+        P(EXPERT_AXIS, f_split or None, None),  # type: ignore[arg-type]
         P(EXPERT_AXIS, f_split or None) if biased else None,  # type: ignore[arg-type]
         P(EXPERT_AXIS, f_split or None) if biased else None,  # type: ignore[arg-type]
         P(EXPERT_AXIS, None) if biased else None,  # type: ignore[arg-type]
@@ -464,7 +467,7 @@ def sparse_moe(
         offset = jax.lax.axis_index(EXPERT_AXIS) * num_local
         rec_nk = None if rec is None else rec.reshape(lb * lt, k)
         if w.down_bias is not None and f_split:  # added once, not once per tensor shard
-            first = sum(jax.lax.axis_index(a) for a in f_split) == 0
+            first = jnp.sum(jnp.stack([jax.lax.axis_index(a) for a in f_split])) == 0
             w = w._replace(down_bias=w.down_bias * first.astype(w.down_bias.dtype))
         y, stats = _block(
             config,

@@ -221,8 +221,12 @@ def test_mxfp4_checkpoint_imports_dequantised():
     with pytest.warns(UserWarning, match="MXFP4 expert weights were dequantised"):
         params = interop.params_from_hf_state_dict(sd, c)
     layers = params["layers"]
-    np.testing.assert_array_equal(layers["experts_gate"]["kernel"][1], want["gate_up_proj"][..., 0::2])
-    np.testing.assert_array_equal(layers["experts_up"]["kernel"][1], want["gate_up_proj"][..., 1::2])
+    np.testing.assert_array_equal(
+        layers["experts_gate"]["kernel"][1], want["gate_up_proj"][..., 0::2]
+    )
+    np.testing.assert_array_equal(
+        layers["experts_up"]["kernel"][1], want["gate_up_proj"][..., 1::2]
+    )
     np.testing.assert_array_equal(layers["experts_down"]["kernel"][1], want["down_proj"])
     sd["model.layers.1.mlp.experts.down_proj_scales"] = want["down_proj"]  # not uint8
     with pytest.raises(ModelLoadError, match="expected uint8"):

@@ -79,9 +79,7 @@ def test_grpo_step_and_sampler_logprobs_equal_the_learners(data, tmp_path, engin
 
 
 @pytest.mark.parametrize("engine", ["static", "paged"])
-def test_grpo_with_routing_replay_pins_the_update_to_the_samplers_experts(
-    data, tmp_path, engine
-):
+def test_grpo_with_routing_replay_pins_the_update_to_the_samplers_experts(data, tmp_path, engine):
     """The sampler routes with a perturbed router (kernel and bias kept); with routing replay
     the update routes every token as the sampler did (0 differing decisions) although its own
     router would differ."""
@@ -133,3 +131,31 @@ def test_dpo_steps_lower_the_loss(data, tmp_path):
     # no load-balancing term, so that the first step's loss is DPO's log 2 alone
     config = family_steps.dpo_steps(data, tmp_path / "dpo", dict(TINY, router_aux_loss_coef=0.0))
     assert config.family == models.Family.GPT_OSS and config.attention_sinks
+
+
+@pytest.mark.parametrize("mesh_axes", [dict(expert=4, tensor=2), dict(expert=8)])
+@pytest.mark.parametrize("dispatch", ["sorted", "dense"])
+def test_expert_parallel_block_with_biases_equals_one_device(mesh_axes, dispatch):
+    """The MoE block with the router's and experts' biases, its experts split over ``expert``
+    (and each expert's width over ``tensor``: the down bias is added once, not per shard),
+    gives the single-device output (8 forced CPU devices, tests/conftest.py)."""
+    from jaxrl_llm.models import moe
+    from jaxrl_llm.parallel import make_mesh
+
+    config = models.ModelConfig.tiny(**TINY, moe_dispatch=dispatch)
+    params = models.init_params(config, jax.random.PRNGKey(0))
+    keys = iter(jax.random.split(jax.random.PRNGKey(5), 16))
+    lp = {
+        name: {
+            leaf: jax.random.normal(next(keys), w.shape[1:]) * (0.3 if leaf == "bias" else 0.2)
+            for leaf, w in params["layers"][name].items()
+        }
+        for name in ("router", "experts_gate", "experts_up", "experts_down")
+    }
+    x = jax.random.normal(jax.random.PRNGKey(6), (4, 6, config.hidden_size))
+    want, want_stats = moe.sparse_moe(config, x, None, lp)
+    mesh = make_mesh(data=1, **mesh_axes)
+    got, stats = jax.jit(lambda x, lp: moe.sparse_moe(config, x, None, lp, mesh=mesh))(x, lp)
+    assert float(jnp.abs(lp["experts_down"]["bias"]).max()) > 0.1
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(stats.experts), np.asarray(want_stats.experts))

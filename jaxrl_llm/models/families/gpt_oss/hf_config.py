@@ -27,12 +27,12 @@ def fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     if act != "silu":
         raise ValueError(f"gpt-oss hidden_act={act!r} is not supported (only 'silu')")
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    if rope.get("mscale") or rope.get("mscale_all_dim"):
-        if rope.get("attention_factor") is None:
-            raise ValueError(
-                "YaRN's mscale / mscale_all_dim are not supported; give rope_parameters."
-                "attention_factor instead"
-            )
+    mscale = rope.get("mscale") or rope.get("mscale_all_dim")
+    if mscale and rope.get("attention_factor") is None:
+        raise ValueError(
+            "YaRN's mscale / mscale_all_dim are not supported; give rope_parameters."
+            "attention_factor instead"
+        )
     n = int(d["num_hidden_layers"])
     types = d.get("layer_types") or [
         LayerType.LOCAL.value if i % 2 == 0 else LayerType.GLOBAL.value for i in range(n)
