@@ -159,3 +159,58 @@ def test_expert_parallel_block_with_biases_equals_one_device(mesh_axes, dispatch
     assert float(jnp.abs(lp["experts_down"]["bias"]).max()) > 0.1
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(stats.experts), np.asarray(want_stats.experts))
+
+
+def test_attached_lora_equals_merged_lora_on_the_attention():
+    """LoRA on gpt-oss's attention projections (its experts take none): the attached adapters
+    (the output projection's bias beside them) give the merged kernels' logits."""
+    from jaxrl_llm.models import lora as lora_lib
+
+    config = models.ModelConfig.tiny(**TINY)
+    params = models.init_params(config, jax.random.PRNGKey(0))
+    lc = lora_lib.LoRAConfig(rank=4, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    adapters = lora_lib.init_lora(config, lc, jax.random.PRNGKey(1))
+    adapters = jax.tree.map(lambda x: x + 0.05, adapters)  # B = 0 would change nothing
+    layers = dict(params["layers"])
+    layers["o_proj"] = {**layers["o_proj"], "bias": jnp.full_like(layers["o_proj"]["bias"], 0.3)}
+    params = {**params, "layers": layers}
+    toks = jax.random.randint(jax.random.PRNGKey(2), (2, 11), 3, 97)
+    base, _ = models.forward(params, toks, config=config)
+    attached, _ = models.forward(lora_lib.attach_lora(params, adapters, lc), toks, config=config)
+    merged, _ = models.forward(lora_lib.merge_lora(params, adapters, lc), toks, config=config)
+    np.testing.assert_allclose(np.asarray(attached), np.asarray(merged), atol=1e-4)
+    assert float(jnp.abs(attached - base).max()) > 1e-2
+
+
+def test_shared_prompt_forward_equals_the_plain_forward():
+    """A group's prompt run once and its G completions over it (the update's shared-prompt
+    forward: the sinks and windows of every store) give the plain forward's values and
+    gradients."""
+    config = models.ModelConfig.tiny(**TINY, num_labels=1)
+    params = models.init_params(config, jax.random.PRNGKey(0))
+    layers = dict(params["layers"])
+    layers["sinks"] = {"logit": jax.random.normal(jax.random.PRNGKey(4), (4, 3))}
+    params = {**params, "layers": layers}
+    groups, g, tp, tc = 2, 3, 7, 5
+    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+    prompts = jax.random.randint(k1, (groups, tp), 0, config.vocab_size)
+    p_mask = jnp.ones((groups, tp), bool).at[1, :2].set(False)
+    comps = jax.random.randint(k2, (groups * g, tc), 0, config.vocab_size)
+    c_mask = jnp.ones((groups * g, tc), bool).at[1, 2:].set(False)
+    toks = jnp.concatenate([jnp.repeat(prompts, g, 0), comps], 1)
+    mask = jnp.concatenate([jnp.repeat(p_mask, g, 0), c_mask], 1)
+    w = jax.random.normal(jax.random.PRNGKey(3), (*toks.shape, config.hidden_size))
+    real = mask[..., None]
+
+    def objective(p, shared):
+        out = models.apply(
+            p, toks, config=config, attention_mask=mask, shared_prefix=(tp, g) if shared else None
+        )
+        return jnp.sum(jnp.where(real, out.hidden * w, 0.0)) + jnp.sum(out.scalar * mask)
+
+    v0, g0 = jax.value_and_grad(objective)(params, False)
+    v1, g1 = jax.value_and_grad(objective)(params, True)
+    np.testing.assert_allclose(v1, v0, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+        scale = max(1.0, float(np.abs(b).max()))
+        np.testing.assert_allclose(a, b, atol=1e-4 * scale, rtol=1e-4)
