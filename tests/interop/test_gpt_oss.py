@@ -243,3 +243,35 @@ def test_unsupported_gpt_oss_features_fail_in_one_line(hf_and_loaded):
         interop.config_from_hf_dict({**d, "rope_parameters": rope})
     with pytest.raises(ModelLoadError, match="attention_sinks"):
         interop.hf_config_dict(dataclasses.replace(loaded.config, attention_sinks=False))
+
+
+def test_a_directory_with_mxfp4_experts_loads_dequantised(tmp_path):
+    """A Hugging Face directory laid out as the released ones (MXFP4 expert kernels in the
+    safetensors, a ``quantization_config`` in config.json) loads through ``load_hf_dir``."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    c = M.ModelConfig.tiny("gpt_oss", hidden_size=64, intermediate_size=32)
+    interop.export_hf(tmp_path, config=c, params=M.init_params(c, jax.random.PRNGKey(0)))
+    (weights,) = tmp_path.glob("*.safetensors")
+    sd = load_file(weights)
+    rng = np.random.default_rng(2)
+    want = {}
+    for i in range(c.num_layers):
+        for name, (d_out, d_in) in {"gate_up_proj": (64, 64), "down_proj": (64, 32)}.items():
+            key = f"model.layers.{i}.mlp.experts.{name}"
+            del sd[key]
+            sd[key + "_blocks"] = rng.integers(0, 256, (8, d_out, d_in // 32, 16), dtype=np.uint8)
+            sd[key + "_scales"] = rng.integers(122, 130, (8, d_out, d_in // 32), dtype=np.uint8)
+            want[(i, name)] = dequantize_mxfp4(sd[key + "_blocks"], sd[key + "_scales"])
+    save_file(sd, weights)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": []}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(UserWarning, match="MXFP4"):
+        loaded = interop.load_hf_dir(tmp_path)
+    assert loaded.config == c
+    down = loaded.params["layers"]["experts_down"]["kernel"]
+    for i in range(c.num_layers):
+        np.testing.assert_array_equal(np.asarray(down[i]), want[(i, "down_proj")])
