@@ -148,7 +148,8 @@ def one_query_attention(
     paged engine's decode step, whose keys/values are gathered from pages into their own
     buffer (SmolLM2, 32 rows × 192 slots, CPU: its paged trunk 125 → 110 ms per step). Not
     used on the dense cache: there XLA fuses the read of the cache just updated in place into
-    these sums and the static engine's step ran 7× slower."""
+    these sums and the static engine's step ran 7× slower. ``sinks`` ``[H]``: attention-sink
+    logits or None, as in :func:`naive_attention`."""
     check_attention_args(q_btne, k_bske, v_bske, mask, window)
     b, t, h, e = q_btne.shape
     if t != 1:
@@ -371,6 +372,7 @@ def dot_product_attention(
       q_btne: ``[B, T, H, E]`` queries; k_bske, v_bske: ``[B, S, K, E]``; H a multiple of K.
       mask: :class:`AttentionMask`. window: sliding window (RoPE positions) or None.
       softcap: Gemma 2 logit soft cap or None. impl: the requested implementation.
+      sinks: ``[H]`` attention-sink logits (gpt-oss) or None.
       backend: override of ``jax.default_backend()`` (tests). block_size: blockwise blocks.
 
     Returns:
