@@ -78,11 +78,17 @@ def test_grpo_step_and_sampler_logprobs_equal_the_learners(data, tmp_path, engin
         assert family_steps.moved(after, before, module) > 0, module
 
 
-@pytest.mark.parametrize("engine", ["static", "paged"])
-def test_grpo_with_routing_replay_pins_the_update_to_the_samplers_experts(data, tmp_path, engine):
+@pytest.mark.parametrize(
+    "engine,mesh",
+    [("static", {}), ("paged", {}), ("static", dict(data=2, expert=4))],
+    ids=["static", "paged", "expert-mesh"],
+)
+def test_grpo_with_routing_replay_pins_the_update_to_the_samplers_experts(
+    data, tmp_path, engine, mesh
+):
     """The sampler routes with a perturbed router (kernel and bias kept); with routing replay
     the update routes every token as the sampler did (0 differing decisions) although its own
-    router would differ."""
+    router would differ; also with the experts (and their biases) split over ``expert``."""
     cfg = from_dict(
         RunConfig,
         dict(
@@ -103,6 +109,7 @@ def test_grpo_with_routing_replay_pins_the_update_to_the_samplers_experts(data, 
             rewards=[dict(name="tests.models.family_steps:parity_reward")],
             logging=dict(tensorboard=False, plots=False),
             eval=dict(before=False),
+            mesh=mesh,
         ),
     )
     trainer = OnlineTrainer(cfg, log_stream=open(os.devnull, "w"))
@@ -214,3 +221,23 @@ def test_shared_prompt_forward_equals_the_plain_forward():
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
         scale = max(1.0, float(np.abs(b).max()))
         np.testing.assert_allclose(a, b, atol=1e-4 * scale, rtol=1e-4)
+
+
+def test_bfloat16_compute_is_close_when_it_routes_as_float32():
+    """bfloat16 activations give float32's logits to bfloat16 rounding once both route each
+    token to the same experts (a near tie in the router may flip in bfloat16: replaying
+    float32's routing takes those flips out)."""
+    c32 = models.ModelConfig.tiny(**TINY)
+    c16 = models.ModelConfig.tiny(**TINY, compute_dtype="bfloat16")
+    params = models.init_params(c32, jax.random.PRNGKey(0))
+    toks = jax.random.randint(jax.random.PRNGKey(1), (2, 13), 0, c32.vocab_size)
+    _, _, experts = models.trunk_with_routing(params, toks, config=c32)
+    routing = models.RecordedRouting(experts, replay=True)
+
+    def logits(config):
+        out = models.apply(params, toks, config=config, routing=routing)
+        return np.asarray(models.logits_from_hidden(params, out.hidden, config), np.float32)
+
+    a, b = logits(c32), logits(c16)
+    assert np.all(np.isfinite(b))
+    np.testing.assert_allclose(a, b, atol=5e-2)
