@@ -34,7 +34,6 @@ from jaxrl_llm.data.formats import (
     TextExample,
     is_conversational,
     parse_example,
-    parse_examples,
     split_implicit_prompt,
 )
 from jaxrl_llm.data.iterator import BatchIterator, epoch_order, make_iterator
@@ -114,7 +113,6 @@ __all__ = [
     "packing_stats",
     "pad_length",
     "parse_example",
-    "parse_examples",
     "prepare_dataset",
     "read_hf",
     "read_hub_dataset",

@@ -433,11 +433,3 @@ def parse_example(record: Record, fmt: Format | str) -> Example:
         return _PARSERS[fmt](record)
     except _MissingField as e:
         raise DataError(f"{e}{_format_hint(record, fmt)}") from None
-
-
-def parse_examples(records: list[Record], fmt: Format | str) -> list[Example]:
-    """:func:`parse_example` over a list; raises on the first bad record (or an empty list)."""
-    if not records:
-        raise DataError("empty data set (no examples)")
-    fmt = Format(fmt)
-    return [parse_example(r, fmt) for r in records]

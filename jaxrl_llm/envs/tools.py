@@ -34,6 +34,7 @@ from typing import Any
 from jaxrl_llm.envs.base import Step
 from jaxrl_llm.envs.calculator import calculate
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.models.families.gpt_oss import harmony
 from jaxrl_llm.rewards.user_code import shared_runner
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
@@ -254,6 +255,14 @@ def parse_gemma4_tool_call(text: str) -> tuple[str, dict] | str | None:
     return m.group(0), args
 
 
+def parse_harmony_tool_call(text: str) -> tuple[str, dict] | str | None:
+    """The first gpt-oss tool call in ``text`` in the harmony format (a message to
+    ``functions.NAME`` with JSON arguments, :mod:`jaxrl_llm.models.families.gpt_oss.harmony`):
+    ``(name, arguments)``, an error message when it cannot be read, or None when there is none.
+    Linear in the text, of which it reads at most :data:`MAX_SCAN_CHARS` characters."""
+    return harmony.parse_tool_call(text, max_scan=MAX_SCAN_CHARS, max_call=MAX_CALL_CHARS)
+
+
 _NAME = re.compile(r"[A-Za-z_][\w.-]*")
 _WORD, _COLON = re.compile(r"[A-Za-z_]\w*"), re.compile(r"\s*:")
 
@@ -286,13 +295,15 @@ def _gemma4_object_as_json(body: str) -> str:
 
 
 #: Tool-call formats by name: (parser, how the system prompt shows a call). ``hermes``: the
-#: Qwen / Hermes JSON in ``<tool_call>`` tags; ``gemma4``: Gemma 4's ``<|tool_call>call:``.
+#: Qwen / Hermes JSON in ``<tool_call>`` tags; ``gemma4``: Gemma 4's ``<|tool_call>call:``;
+#: ``harmony``: gpt-oss's message to ``functions.NAME``.
 CALL_FORMATS: dict[str, tuple[Callable[[str], Any], str]] = {
     "hermes": (parse_tool_call, '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'),
     "gemma4": (
         parse_gemma4_tool_call,
         f"{GEMMA4_OPEN}NAME{{key:{GEMMA4_QUOTE}text{GEMMA4_QUOTE},n:1}}{GEMMA4_CLOSE}",
     ),
+    "harmony": (parse_harmony_tool_call, harmony.CALL_EXAMPLE),
 }
 
 
@@ -346,7 +357,7 @@ class ToolEnv:
       tool_timeout_s: seconds a tool call may take (default 10; a ``{name, timeout_s}`` entry
         of ``tools`` sets its own); past it the call is answered ``error: timeout ...``.
       call_format: how the policy writes a call, a :data:`CALL_FORMATS` name: ``hermes``
-        (default; Qwen, Llama, SmolLM) or ``gemma4``.
+        (default; Qwen, Llama, SmolLM), ``gemma4`` or ``harmony`` (gpt-oss).
       tools_prompt: how the tools are described to the policy: ``auto`` (the default: the
         tokenizer's chat template renders them from ``tools=``, as TRL does, when it writes
         tool descriptions; else this environment's own text), ``template`` (the template's

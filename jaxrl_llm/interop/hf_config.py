@@ -30,6 +30,7 @@ from jaxrl_llm.interop.hf_config_moe import moe_fields_from_hf, moe_hf_config_kw
 from jaxrl_llm.interop.hf_config_qwen3_5 import qwen3_5_fields_from_hf, qwen3_5_hf_config_dict
 from jaxrl_llm.models import moe
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
+from jaxrl_llm.models.families.registry import family_entry
 
 # model_type values of Gemma 2, Gemma 3 / 4 text and the multimodal Gemma 3 / 4 (its text part).
 _GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4")
@@ -132,6 +133,9 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         kwargs.update(moe_fields_from_hf(d, family))
     if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
         kwargs.update(qwen3_5_fields_from_hf(d, family))
+    entry = family_entry(family)
+    if entry is not None:  # a family kept in a folder (models/families/) maps its own keys
+        kwargs.update(entry.fields_from_hf(d))
     kwargs.update(overrides)
     return ModelConfig(**kwargs)
 
@@ -157,7 +161,8 @@ def config_from_hf_dict(
       ModelLoadError: unsupported architecture or feature, naming the source and the key.
     """
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
-    if d.get("model_type") in _GEMMA_TYPES + _QWEN3_5_TYPES:
+    own = family_entry(d.get("model_type", "")) is not None  # checks its own features
+    if d.get("model_type") in _GEMMA_TYPES + _QWEN3_5_TYPES or own:
         # Gemma's activation, per-layer types and RoPE bases: gemma_fields_from_hf;
         # Qwen3.5's layer pattern and linear layers: qwen3_5_fields_from_hf.
         try:
@@ -218,6 +223,17 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     import transformers
 
     c = config
+    entry = family_entry(c.family)
+    if entry is not None:  # a family kept in a folder (models/families/)
+        try:
+            own = {**shared_hf_fields(c), **entry.hf_config_kwargs(c)}
+        except ValueError as e:
+            raise ModelLoadError(f"export: {e}") from None
+        causal, seqcls = hf_architectures(c.family)
+        if c.num_labels:
+            own["num_labels"] = c.num_labels
+        hf = getattr(transformers, entry.hf_config_class)(**own)
+        return config_json(hf, c, seqcls if c.num_labels else causal, dtype)
     if c.family in (Family.GEMMA2, Family.GEMMA3):
         return gemma_hf_config_dict(c, dtype=dtype)
     if c.family in (Family.QWEN3_5, Family.QWEN3_5_MOE):

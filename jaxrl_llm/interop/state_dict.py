@@ -14,7 +14,9 @@ Gemma norm weights are stored as transformers stores them (w of the (1 + w) form
 Each family's own tensors are in its module beside this one: a mixture of experts' router
 and experts in :mod:`~jaxrl_llm.interop.state_dict_moe`, Qwen3.5's linear-attention layers
 and gated q_proj in :mod:`~jaxrl_llm.interop.state_dict_qwen3_5`, Gemma 4's padded heads,
-per-layer inputs and MoE-block norms in :mod:`~jaxrl_llm.interop.state_dict_gemma4`.
+per-layer inputs and MoE-block norms in :mod:`~jaxrl_llm.interop.state_dict_gemma4`. A family
+kept in a folder (:mod:`jaxrl_llm.models.families`, gpt-oss) maps its own tensors through its
+entry (:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.layer_weights`).
 
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
 what :func:`jaxrl_llm.models.positions.apply_rope` implements, so q/k weights need no
@@ -49,6 +51,7 @@ from jaxrl_llm.interop.state_dict_qwen3_5 import (
     module_layers,
 )
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.families.registry import family_entry
 from jaxrl_llm.models.params import param_shapes_and_axes
 
 # numpy dtype kinds that are not weights: integers, booleans, complex, objects, strings, times.
@@ -312,7 +315,9 @@ def params_from_hf_state_dict(
         }
     used: set[str] = set()
 
-    def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def take(name: str, shape: tuple[int, ...], *, packed: bool = False) -> np.ndarray:
+        """The tensor ``name``, checked: present, of ``shape``, floating point (``packed``:
+        uint8, a quantised format its family unpacks)."""
         if name not in sd:
             raise ModelLoadError(
                 f"{source}: missing weight {name!r} (expected shape {shape}) "
@@ -320,7 +325,9 @@ def params_from_hf_state_dict(
                 f"{config.num_layers} layers"
             )
         w = _to_numpy(sd[name])
-        if w.dtype.kind in _NOT_FLOAT:
+        if packed and w.dtype != np.uint8:
+            raise ModelLoadError(f"{source}: weight {name!r} has dtype {w.dtype}, expected uint8")
+        if not packed and w.dtype.kind in _NOT_FLOAT:
             raise ModelLoadError(
                 f"{source}: weight {name!r} has dtype {w.dtype}; model weights must be "
                 f"floating point (float32, bfloat16 or float16)"
@@ -336,13 +343,19 @@ def params_from_hf_state_dict(
     specs = param_shapes_and_axes(config)
     names = _layer_names(config)
     layers: dict[str, dict[str, np.ndarray]] = {}
-    if config.is_moe:
+    entry = family_entry(config.family)
+    own = entry.layer_weights if entry is not None else frozenset()
+    if entry is not None:
+        layers.update(entry.weights_from_hf(take, sd, config))
+    elif config.is_moe:
         layers.update(experts_from_hf(take, sd, config))
     for module, leaves in specs["layers"].items():
-        if module in MOE_MODULES:
+        if module in MOE_MODULES and entry is None:
             continue
-        layers[module] = {}
+        layers.setdefault(module, {})
         for leaf, (shape, _) in leaves.items():
+            if (module, leaf) in own:
+                continue
             hf_name = names[(module, leaf)]
             per_layer: list[np.ndarray | None] = []
             for i in module_layers(config, module):
@@ -431,18 +444,29 @@ def params_to_hf_state_dict(
         params, ("embed", "embedding"), specs["embed"]["embedding"][0]
     )
     names = _layer_names(config)
-    if config.is_moe:
+    entry = family_entry(config.family)
+    own = entry.layer_weights if entry is not None else frozenset()
+    if entry is not None:
+        mine: dict[str, dict[str, np.ndarray]] = {}
+        for m, leaf in own:
+            mine.setdefault(m, {})[leaf] = get(
+                params, ("layers", m, leaf), specs["layers"][m][leaf][0]
+            )
+        out.update(entry.weights_to_hf(mine, config))
+    elif config.is_moe:
         moe = {
             m: get(params, ("layers", m, "kernel"), specs["layers"][m]["kernel"][0])
             for m in MOE_MODULES
         }
         out.update(experts_to_hf(moe, config))
     for module, leaves in specs["layers"].items():
-        if module in MOE_MODULES:
+        if module in MOE_MODULES and entry is None:
             continue
         if module == "attn_gate":  # written with q_proj
             continue
         for leaf, (shape, _) in leaves.items():
+            if (module, leaf) in own:
+                continue
             stacked = get(params, ("layers", module, leaf), shape)
             if module == "q_proj" and config.attn_output_gate:
                 gate = get(params, ("layers", "attn_gate", "kernel"), shape)

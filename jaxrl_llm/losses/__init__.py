@@ -55,7 +55,6 @@ Padding never changes a loss: padding tokens have mask 0, padding rows (all-zero
 from jaxrl_llm.losses.common import (
     DEFAULT_LOGPROBS,
     LogprobSettings,
-    averaged_logps,
     sequence_logps,
     summed_logps,
 )
@@ -180,7 +179,6 @@ __all__ = [
     "RewardModelConfig",
     "SFTConfig",
     "SimPOConfig",
-    "averaged_logps",
     "critic_denominator",
     "critic_values",
     "dapo_config",

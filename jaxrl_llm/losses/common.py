@@ -348,31 +348,6 @@ def summed_logps(
     return jnp.sum(logp, axis=-1)
 
 
-def averaged_logps(
-    params: Any,
-    batch: Batch,
-    *,
-    apply_fn: ApplyFn,
-    prefix: str = "",
-    temperature: float = 1.0,
-    chunk_size: int = 128,
-) -> jax.Array:
-    """(1/|y|) Σ_t log π(y_t | x, y_<t) per row ``[B]`` (0 for rows without completion tokens).
-
-    The length-normalised log-likelihood of SimPO and ORPO.
-    """
-    logp = sequence_logps(
-        params,
-        batch,
-        apply_fn=apply_fn,
-        prefix=prefix,
-        temperature=temperature,
-        chunk_size=chunk_size,
-    )
-    n = masked_count(batch[f"{prefix}loss_mask"], axis=-1)
-    return safe_divide(jnp.sum(logp, axis=-1), n)
-
-
 def row_valid(loss_mask: jax.Array) -> jax.Array:
     """``[B]`` bool: the row has at least one completion token (padding rows are False)."""
     return jnp.any(loss_mask.astype(bool), axis=-1)

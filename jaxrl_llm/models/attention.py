@@ -24,6 +24,12 @@ blockwise implementation is :mod:`.blockwise`; ring attention over a mesh's ``co
 :mod:`.ring_attention`. This module holds the naive and one-query paths, the fused kernels,
 the selection among them and :func:`dot_product_attention`, the one entry point.
 
+Attention sinks (gpt-oss; Xiao et al. 2023, https://arxiv.org/abs/2309.17453): with ``sinks``
+``[H]`` each query head's softmax has one more logit, its sink, in the denominator and no value
+behind it, ``p_j = e^{s_j} / (Σ_i e^{s_i} + e^{sink_h})``. Every implementation but the fused
+kernels and ring attention takes them; :func:`select_attention_impl` picks another where sinks
+are in use.
+
 Shapes: B batch, T queries, S keys, H = K·G query heads, K key/value heads, E head dim.
 """
 
@@ -57,6 +63,7 @@ __all__ = [
     "naive_attention",
     "one_query_attention",
     "select_attention_impl",
+    "softmax_with_sinks",
     "splash_attention",
 ]
 
@@ -69,6 +76,18 @@ __all__ = [
 NAIVE_MAX_SCORES = 512 * 512
 
 
+def softmax_with_sinks(scores: jax.Array, sinks: jax.Array | None, axis: int) -> jax.Array:
+    """``softmax(scores)`` over ``axis``, or with ``sinks`` (broadcast against ``scores`` with
+    size 1 on ``axis``) each sink's logit added to its denominator: ``e^{s_j} / (Σ_i e^{s_i} +
+    e^{sink})``, in float32 (attention sinks; module docstring)."""
+    if sinks is None:
+        return jax.nn.softmax(scores, axis=axis)
+    sinks = sinks.astype(jnp.float32)
+    m = jnp.maximum(jnp.max(scores, axis=axis, keepdims=True), sinks)
+    e = jnp.exp(scores - m)
+    return e / (jnp.sum(e, axis=axis, keepdims=True) + jnp.exp(sinks - m))
+
+
 def naive_attention(
     q_btne: jax.Array,
     k_bske: jax.Array,
@@ -77,6 +96,7 @@ def naive_attention(
     *,
     window: int | jax.Array | None = None,
     softcap: float | None = None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Grouped-query attention that materialises the scores ``[B, K, G, T, S]``.
 
@@ -87,7 +107,7 @@ def naive_attention(
       q_btne: ``[B, T, H, E]`` queries (RoPE applied). k_bske, v_bske: ``[B, S, K, E]``.
       mask: :class:`AttentionMask`. window: sliding window in positions (an int, or a traced
         int32 scalar when layers differ) or None.
-      softcap: Gemma 2 logit soft cap or None.
+      softcap: Gemma 2 logit soft cap or None. sinks: ``[H]`` attention-sink logits or None.
 
     Returns:
       ``[B, T, H, E]`` in v's dtype.
@@ -104,7 +124,8 @@ def naive_attention(
         mask, mask.q_index, jnp.arange(s, dtype=jnp.int32), lambda x: x, lambda x: x, window
     )
     scores = jnp.where(allowed[:, None, None, :, :], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bske.dtype)
+    sink = None if sinks is None else sinks.reshape(1, kh, h // kh, 1, 1)
+    probs = softmax_with_sinks(scores, sink, -1).astype(v_bske.dtype)
     out = jnp.einsum("bkgts,bske->btkge", probs, v_bske)
     return out.reshape(b, t, h, e)
 
@@ -117,6 +138,7 @@ def one_query_attention(
     *,
     window: int | jax.Array | None = None,
     softcap: float | None = None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """:func:`naive_attention` for T = 1 (a decode step): the same scores, softmax and
     weighted sum, written as products summed over E and over S instead of two batched dots.
@@ -126,7 +148,8 @@ def one_query_attention(
     paged engine's decode step, whose keys/values are gathered from pages into their own
     buffer (SmolLM2, 32 rows × 192 slots, CPU: its paged trunk 125 → 110 ms per step). Not
     used on the dense cache: there XLA fuses the read of the cache just updated in place into
-    these sums and the static engine's step ran 7× slower."""
+    these sums and the static engine's step ran 7× slower. ``sinks`` ``[H]``: attention-sink
+    logits or None, as in :func:`naive_attention`."""
     check_attention_args(q_btne, k_bske, v_bske, mask, window)
     b, t, h, e = q_btne.shape
     if t != 1:
@@ -140,7 +163,8 @@ def one_query_attention(
         mask, mask.q_index, jnp.arange(s, dtype=jnp.int32), lambda x: x, lambda x: x, window
     )  # [B, 1, S]
     scores = jnp.where(allowed[:, 0, :, None, None], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=1).astype(v_bske.dtype).astype(f32)
+    sink = None if sinks is None else sinks.reshape(1, 1, kh, h // kh)
+    probs = softmax_with_sinks(scores, sink, 1).astype(v_bske.dtype).astype(f32)
     out = jnp.sum(probs[..., None] * v_bske[:, :, :, None, :].astype(f32), axis=1)
     return out.astype(v_bske.dtype).reshape(b, 1, h, e)
 
@@ -163,6 +187,7 @@ def select_attention_impl(
     segment_ids: bool = False,
     window: int | jax.Array | None = None,
     softcap: float | None = None,
+    sinks: bool = False,
 ) -> AttentionImpl:
     """The implementation that runs for this backend and these static features.
 
@@ -176,6 +201,7 @@ def select_attention_impl(
     - splash attention (backend ``tpu``): causal self-attention (key mask and segment ids go in
       as splash segment ids), soft cap allowed, no sliding window, T a multiple of 128 and
       head_dim a multiple of 128.
+    - neither fused kernel with attention sinks (``sinks``).
     - ``cudnn`` / ``splash`` requested where they do not apply: ``blockwise``.
     - ``auto`` elsewhere: ``naive`` when T·S ≤ :data:`NAIVE_MAX_SCORES` (tiny shapes and the
       decode step, where it is faster), else ``blockwise``.
@@ -185,7 +211,7 @@ def select_attention_impl(
       requested: the config's :class:`~jaxrl_llm.models.AttentionImpl`.
       num_queries, num_keys, head_dim, dtype: T, S, E and the q/k/v dtype.
       self_attention: keys are the queries' own tokens with q_index = arange(T) (no cache).
-      causal, key_mask, segment_ids, window, softcap: the features in use.
+      causal, key_mask, segment_ids, window, softcap, sinks: the features in use.
 
     Returns:
       the :class:`~jaxrl_llm.models.AttentionImpl` to run (never AUTO).
@@ -193,7 +219,9 @@ def select_attention_impl(
     requested = AttentionImpl(requested)
     if requested in (AttentionImpl.NAIVE, AttentionImpl.BLOCKWISE):
         return requested
-    fused_ok = self_attention and causal and window is None and num_queries == num_keys
+    fused_ok = (
+        self_attention and causal and window is None and not sinks and num_queries == num_keys
+    )
     cudnn_ok = (
         backend in ("gpu", "cuda")
         and fused_ok
@@ -327,6 +355,7 @@ def dot_product_attention(
     impl: AttentionImpl | str = AttentionImpl.AUTO,
     backend: str | None = None,
     block_size: int = 512,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Grouped-query attention through the implementation :func:`select_attention_impl` picks.
 
@@ -336,12 +365,14 @@ def dot_product_attention(
     a RuntimeWarning says so and the blockwise path runs. Under a mesh (``jax.set_mesh``)
     with a ``context`` axis of size C > 1, AUTO and RING run self-attention whose T is a
     multiple of C as ring attention over that axis (:mod:`jaxrl_llm.models.ring_attention`);
-    RING anywhere else is AUTO.
+    RING anywhere else is AUTO, and so is it with attention ``sinks`` ``[H]`` (ring attention
+    does not take them: the attention then runs unsplit over ``context``, same result).
 
     Args:
       q_btne: ``[B, T, H, E]`` queries; k_bske, v_bske: ``[B, S, K, E]``; H a multiple of K.
       mask: :class:`AttentionMask`. window: sliding window (RoPE positions) or None.
       softcap: Gemma 2 logit soft cap or None. impl: the requested implementation.
+      sinks: ``[H]`` attention-sink logits (gpt-oss) or None.
       backend: override of ``jax.default_backend()`` (tests). block_size: blockwise blocks.
 
     Returns:
@@ -351,7 +382,7 @@ def dot_product_attention(
     impl = AttentionImpl(impl)
     if impl in (AttentionImpl.AUTO, AttentionImpl.RING):
         c = _context_size()
-        if c > 1 and mask.self_attention and t % c == 0:
+        if c > 1 and mask.self_attention and t % c == 0 and sinks is None:
             return ring_attention(q_btne, k_bske, v_bske, mask, window=window, softcap=softcap)
         impl = AttentionImpl.AUTO  # RING where it does not apply: what AUTO picks
     chosen = select_attention_impl(
@@ -367,6 +398,7 @@ def dot_product_attention(
         segment_ids=mask.q_segments is not None,
         window=window,
         softcap=softcap,
+        sinks=sinks is not None,
     )
     if chosen == AttentionImpl.CUDNN:
         try:
@@ -383,7 +415,9 @@ def dot_product_attention(
     if chosen == AttentionImpl.SPLASH:
         return splash_attention(q_btne, k_bske, v_bske, mask, softcap=softcap)
     if chosen == AttentionImpl.NAIVE:
-        return naive_attention(q_btne, k_bske, v_bske, mask, window=window, softcap=softcap)
+        return naive_attention(
+            q_btne, k_bske, v_bske, mask, window=window, softcap=softcap, sinks=sinks
+        )
     return blockwise_attention(
         q_btne,
         k_bske,
@@ -393,4 +427,5 @@ def dot_product_attention(
         softcap=softcap,
         block_q=block_size,
         block_k=block_size,
+        sinks=sinks,
     )

@@ -103,9 +103,11 @@ def _scores(q_blk, k_blk, scale, softcap):
     return softcap * th, th
 
 
-def flash_forward(q, k, v, mask, window, softcap, bq, bk):
+def flash_forward(q, k, v, mask, window, softcap, bq, bk, sinks=None):
     """Padded inputs: q ``[B, Tp, K, G, E]``, k/v ``[B, Sp, K, E]``. Returns (out like q,
-    lse ``[B, K, G, Tp]`` float32)."""
+    lse ``[B, K, G, Tp]`` float32). ``sinks`` ``[K, G]`` float32 attention-sink logits (None:
+    none) start each row's running maximum at its sink and its sum at 1, so the sink is one
+    more term of the denominator (and of lse) with no value."""
     b, tp, kh, g, e = q.shape
     sp = k.shape[1]
     nq, nk = tp // bq, sp // bk
@@ -132,11 +134,13 @@ def flash_forward(q, k, v, mask, window, softcap, bq, bk):
             )
             return alpha[..., None] * o + pv, m_new, l
 
-        init = (
-            jnp.zeros((b, kh, g, bq, e), jnp.float32),
-            jnp.full((b, kh, g, bq), NEG_INF, jnp.float32),
-            jnp.zeros((b, kh, g, bq), jnp.float32),
-        )
+        if sinks is None:
+            m0 = jnp.full((b, kh, g, bq), NEG_INF, jnp.float32)
+            l0 = jnp.zeros((b, kh, g, bq), jnp.float32)
+        else:
+            m0 = jnp.broadcast_to(sinks[None, :, :, None], (b, kh, g, bq))
+            l0 = jnp.ones((b, kh, g, bq), jnp.float32)
+        init = (jnp.zeros((b, kh, g, bq, e), jnp.float32), m0, l0)
         o, m, l = jax.lax.fori_loop(0, n_kv[i], kv_step, init)
         l_safe = jnp.where(l > 0, l, 1.0)
         return o / l_safe[..., None], m + jnp.log(l_safe)
@@ -194,22 +198,33 @@ def flash_backward(q, k, v, mask, window, softcap, bq, bk, out, lse, do):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
+def sink_gradient(sinks, out, lse, do):
+    """The gradient of the attention-sink logits ``[K, G]``: the sink's probability
+    ``e^{sink − lse}`` times ``−rowsum(dO ∘ O)``, summed over rows and queries (the sink takes
+    probability from every key and gives no value)."""
+    delta = jnp.einsum("btkge,btkge->bkgt", do.astype(jnp.float32), out.astype(jnp.float32))
+    p_sink = jnp.exp(sinks[None, :, :, None] - lse)
+    return -jnp.sum(p_sink * delta, axis=(0, 3))
+
+
 # The window is a primal argument (an int32 array or None), not a static one, so that it may
 # be traced: a model whose layers have different windows passes each layer's from the scan.
+# So are the sinks (None, or [K, G] float32 with a gradient).
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _flash(q, k, v, mask, window, softcap, bq, bk):
-    return flash_forward(q, k, v, mask, window, softcap, bq, bk)[0]
+def _flash(q, k, v, mask, window, softcap, bq, bk, sinks):
+    return flash_forward(q, k, v, mask, window, softcap, bq, bk, sinks)[0]
 
 
-def _flash_fwd(q, k, v, mask, window, softcap, bq, bk):
-    out, lse = flash_forward(q, k, v, mask, window, softcap, bq, bk)
-    return out, (q, k, v, mask, window, out, lse)
+def _flash_fwd(q, k, v, mask, window, softcap, bq, bk, sinks):
+    out, lse = flash_forward(q, k, v, mask, window, softcap, bq, bk, sinks)
+    return out, (q, k, v, mask, window, out, lse, sinks)
 
 
 def _flash_bwd(softcap, bq, bk, res, do):
-    q, k, v, mask, window, out, lse = res
+    q, k, v, mask, window, out, lse, sinks = res
     dq, dk, dv = flash_backward(q, k, v, mask, window, softcap, bq, bk, out, lse, do)
-    return dq, dk, dv, jax.tree.map(lambda _: None, mask), None
+    dsinks = None if sinks is None else sink_gradient(sinks, out, lse, do)
+    return dq, dk, dv, jax.tree.map(lambda _: None, mask), None, dsinks
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -225,6 +240,7 @@ def blockwise_attention(
     softcap: float | None = None,
     block_q: int = 512,
     block_k: int = 512,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Memory-efficient (flash) grouped-query attention in pure JAX; equals
     :func:`naive_attention` up to float rounding, in O(T + S) memory (plus one
@@ -238,7 +254,7 @@ def blockwise_attention(
     Not forward-mode differentiable (``jax.jvp``), as any ``custom_vjp``.
 
     Args:
-      q_btne, k_bske, v_bske, mask, window, softcap: as :func:`naive_attention`.
+      q_btne, k_bske, v_bske, mask, window, softcap, sinks: as :func:`naive_attention`.
       block_q, block_k: block sizes (clipped to T and S; T and S are padded to whole blocks).
 
     Returns:
@@ -255,7 +271,10 @@ def blockwise_attention(
         mask = dataclasses.replace(mask, k_valid=jnp.ones((b, s), bool))
     mask = _pad_mask(mask, tp, sp)
     window = None if window is None else jnp.asarray(window, jnp.int32)
-    out = _flash(q, k, v, mask, window, None if softcap is None else float(softcap), bq, bk)
+    if sinks is not None:
+        sinks = sinks.astype(jnp.float32).reshape(kh, h // kh)
+    cap = None if softcap is None else float(softcap)
+    out = _flash(q, k, v, mask, window, cap, bq, bk, sinks)
     return out[:, :t].reshape(b, t, h, e)
 
 

@@ -15,10 +15,12 @@ transformers' field names).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
 
+from jaxrl_llm.models.families.facts import FLOAT32_NORM_FAMILIES, TINY_FIELDS
 from jaxrl_llm.models.gemma import gemma3_270m_fields, tiny_fields
 from jaxrl_llm.models.gemma4 import gemma4_tiny_fields
 from jaxrl_llm.models.options import (
@@ -60,6 +62,7 @@ HF_ARCHITECTURES = {
     Family.QWEN3_5_MOE: ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForSequenceClassification"),
     # transformers has no Gemma 4 sequence classifier; export refuses a scalar head.
     Family.GEMMA4: ("Gemma4ForCausalLM", "Gemma4ForSequenceClassification"),
+    Family.GPT_OSS: ("GptOssForCausalLM", "GptOssForSequenceClassification"),
 }
 
 
@@ -83,6 +86,11 @@ class ModelConfig:
       num_kv_heads (K, grouped-query attention; H % K == 0), head_dim (defaults to D // H).
       rope_theta: RoPE base. rope_scaling: scheme; rope_factor, rope_low_freq_factor,
         rope_high_freq_factor, rope_original_max_position: its parameters (Llama 3).
+      rope_beta_fast, rope_beta_slow, rope_truncate, rope_attention_factor: YaRN's
+        (``rope_scaling`` YARN; Peng et al. 2023, https://arxiv.org/abs/2309.00071): the
+        rotation counts bounding the ramp between interpolated and kept frequencies, whether
+        its ends are rounded to whole dims, and the factor q and k are multiplied by (None:
+        0.1 · ln(rope_factor) + 1, the paper's); :attr:`rope_attention_scaling`.
       rms_norm_eps: RMSNorm ε. tie_embeddings: the unembedding is the embedding's transpose.
       attention_bias: q/k/v projections have a bias (Qwen2). qk_norm: per-head RMSNorm on q, k
         before RoPE (Qwen3). sliding_window: Mistral's local attention window (None = global).
@@ -148,6 +156,13 @@ class ModelConfig:
       double_wide_mlp: the KV-shared layers' MLP is twice as wide as the others' (Gemma 4's
         ``use_double_wide_mlp``). ``intermediate_size`` is then the wide (stored) width; the
         other layers use its first half and keep the second half at zero.
+      attention_sinks: every attention layer has a learned logit per query head that joins
+        the softmax's denominator and carries no value (gpt-oss; ``params["layers"]["sinks"]``;
+        Xiao et al. 2023, https://arxiv.org/abs/2309.17453).
+      attention_out_bias: the output projection has a bias (gpt-oss's ``attention_bias``
+        covers q/k/v and o; Qwen2's only q/k/v).
+      expert_bias: the router and every expert's three projections have biases (gpt-oss).
+      swiglu_alpha, swiglu_limit: α and ℓ of :attr:`Activation.CLAMPED_SWIGLU`.
       num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
       param_dtype, compute_dtype: 'float32' or 'bfloat16'.
       attention: :class:`AttentionImpl` (default 'auto'); how attention is computed, not what:
@@ -171,6 +186,10 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_position: int = 8192
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
+    rope_attention_factor: float | None = None
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = False
     attention_bias: bool = False
@@ -212,6 +231,11 @@ class ModelConfig:
     per_layer_vocab_size: int | None = None
     kv_shared_layers: int = 0
     double_wide_mlp: bool = False
+    attention_sinks: bool = False
+    attention_out_bias: bool = False
+    expert_bias: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
     num_labels: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
@@ -269,11 +293,40 @@ class ModelConfig:
         self._check_experts()
         self._check_linear()
         self._check_global_heads()
+        self._check_yarn()
         dtype_from_name(self.param_dtype)
         dtype_from_name(self.compute_dtype)
 
+    def _check_yarn(self) -> None:
+        if self.rope_scaling != RopeScaling.YARN:
+            return
+        if self.rotary_dim != self.head_dim or self.global_head_dim is not None:
+            raise ValueError("YaRN RoPE needs every head dim rotated (partial_rotary_factor=1)")
+        if not self.rope_factor > 0 or not self.rope_beta_fast > self.rope_beta_slow > 0:
+            raise ValueError(
+                f"YaRN needs rope_factor > 0 and rope_beta_fast > rope_beta_slow > 0, got "
+                f"{self.rope_factor}, {self.rope_beta_fast}, {self.rope_beta_slow}"
+            )
+
+    @property
+    def rope_attention_scaling(self) -> float:
+        """The factor RoPE multiplies q and k by (their dot products by its square): YaRN's
+        ``rope_attention_factor``, by default 0.1 · ln(s) + 1 for a factor s > 1 (Peng et al.
+        2023, https://arxiv.org/abs/2309.00071 eq. 22; transformers' ``get_mscale``); 1
+        for every other scheme."""
+        if self.rope_scaling != RopeScaling.YARN:
+            return 1.0
+        if self.rope_attention_factor is not None:
+            return float(self.rope_attention_factor)
+        return 1.0 if self.rope_factor <= 1 else 0.1 * math.log(self.rope_factor) + 1.0
+
     def _check_experts(self) -> None:
-        moe_family = self.family in (Family.QWEN3_MOE, Family.MIXTRAL, Family.QWEN3_5_MOE)
+        moe_family = self.family in (
+            Family.QWEN3_MOE,
+            Family.MIXTRAL,
+            Family.QWEN3_5_MOE,
+            Family.GPT_OSS,
+        )
         if moe_family and self.num_experts <= 0:
             raise ValueError(f"family {self.family.value!r} needs num_experts > 0")
         if self.num_experts < 0:
@@ -425,7 +478,7 @@ class ModelConfig:
     def rms_norm_float32(self) -> bool:
         """RMSNorm multiplies by its weight in float32 before casting back (Gemma 2 / 3's
         (1 + w) and Gemma 4's plain w), not in the activation dtype (Llama)."""
-        return self.rms_norm_unit_offset or self.family == Family.GEMMA4
+        return self.rms_norm_unit_offset or self.family in FLOAT32_NORM_FAMILIES
 
     @property
     def is_hybrid(self) -> bool:
@@ -506,6 +559,8 @@ class ModelConfig:
         if self.is_moe:
             experts = self.num_experts_per_tok if active else self.num_experts
             mlp += experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
+            if self.expert_bias:  # each expert's gate, up and down biases; the router's
+                mlp += experts * (2 * self.moe_intermediate_size + d) + self.num_experts
             if self.shared_expert_size:
                 mlp += 3 * d * self.shared_expert_size + d
             if self.moe_beside_mlp:  # router norm, expert scales, three norms
@@ -563,6 +618,10 @@ class ModelConfig:
             n += h * e + kv * k * e
         if self.qk_norm:
             n += norms * e
+        if self.attention_sinks:
+            n += h
+        if self.attention_out_bias:
+            n += d
         return n
 
     # ----- presets -------------------------------------------------------------------------
@@ -576,6 +635,8 @@ class ModelConfig:
             return cls(**{**qwen3_5_tiny_fields(family), **overrides})
         if family == Family.GEMMA4:
             return cls(**{**gemma4_tiny_fields(), **overrides})
+        if family in TINY_FIELDS:  # a family folder's own preset (models/families/)
+            return cls(**{**TINY_FIELDS[family](), **overrides})
         moe: dict[str, Any] = {}
         if family in (Family.QWEN3_MOE, Family.MIXTRAL):
             # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).

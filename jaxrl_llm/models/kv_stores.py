@@ -49,9 +49,9 @@ class NoCache(KVStore):
 
     mask: AttentionMask
 
-    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks=None):
         """Causal self-attention of the new tokens; the store is unchanged."""
-        return attend(config, q_btne, k_btke, v_btke, self.mask, layer), self
+        return attend(config, q_btne, k_btke, v_btke, self.mask, layer, sinks=sinks), self
 
 
 @functools.partial(
@@ -73,7 +73,7 @@ class DenseCache(KVStore):
     index: jax.Array
     mask: AttentionMask
 
-    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks=None):
         """Write the new keys/values in place at ``(layer, :, index)`` and attend over the
         layer's S slots; returns (``[B, T, H, E]``, the store with the written cache)."""
         zero = jnp.zeros((), jnp.int32)
@@ -83,7 +83,7 @@ class DenseCache(KVStore):
         dtype = q_btne.dtype
         k_att = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False).astype(dtype)
         v_att = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False).astype(dtype)
-        out = attend(config, q_btne, k_att, v_att, self.mask, layer)
+        out = attend(config, q_btne, k_att, v_att, self.mask, layer, sinks=sinks)
         return out, dataclasses.replace(self, k=k_all, v=v_all)
 
 
@@ -102,9 +102,9 @@ class GroupPrompt(KVStore):
     k: jax.Array | None = None
     v: jax.Array | None = None
 
-    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks=None):
         """Self-attention of the prompt rows; the store comes back holding their keys/values."""
-        out = attend(config, q_btne, k_btke, v_btke, self.mask, layer)
+        out = attend(config, q_btne, k_btke, v_btke, self.mask, layer, sinks=sinks)
         return out, dataclasses.replace(self, k=k_btke, v=v_btke)
 
 
@@ -133,12 +133,12 @@ class SharedPrompt(KVStore):
     mask: AttentionMask
     group_size: int
 
-    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks=None):
         """Attention of the completions over [prompt; completion] keys; store unchanged."""
         g = self.group_size
         k_all = jnp.concatenate([jnp.repeat(self.k, g, axis=0), k_btke], axis=1)
         v_all = jnp.concatenate([jnp.repeat(self.v, g, axis=0), v_btke], axis=1)
-        return attend(config, q_btne, k_all, v_all, self.mask, layer), self
+        return attend(config, q_btne, k_all, v_all, self.mask, layer, sinks=sinks), self
 
 
 @functools.partial(
@@ -168,7 +168,7 @@ class KVShared(KVStore):
     k: jax.Array
     v: jax.Array
 
-    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks=None):
         """The inner store's attend with a KV-shared layer's keys/values replaced by its
         type's held ones; returns (``[B, T, H, E]``, the store holding this layer's)."""
         tables = layer_kv_sharing(config)
@@ -176,7 +176,7 @@ class KVShared(KVStore):
         reuse, slot, source = (jnp.asarray(t)[layer] for t in tables)
         k = jnp.where(reuse, self.k[slot], k_btke.astype(self.k.dtype))
         v = jnp.where(reuse, self.v[slot], v_btke.astype(self.v.dtype))
-        out, inner = self.inner.attend(config, q_btne, k, v, source)
+        out, inner = self.inner.attend(config, q_btne, k, v, source, sinks)
         return out, KVShared(inner, self.k.at[slot].set(k), self.v.at[slot].set(v))
 
 

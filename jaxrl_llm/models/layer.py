@@ -132,7 +132,13 @@ class KVStore(abc.ABC):
 
     @abc.abstractmethod
     def attend(
-        self, config: ModelConfig, q_btne: jax.Array, k_btke: jax.Array, v_btke: jax.Array, layer
+        self,
+        config: ModelConfig,
+        q_btne: jax.Array,
+        k_btke: jax.Array,
+        v_btke: jax.Array,
+        layer,
+        sinks: jax.Array | None = None,
     ) -> tuple[jax.Array, KVStore]:
         """Write layer ``layer``'s new keys/values and attend the new queries over the keys
         this store lets them see.
@@ -142,6 +148,7 @@ class KVStore(abc.ABC):
           q_btne: ``[B, T, H, E]`` queries (RoPE applied, scaled).
           k_btke, v_btke: ``[B, T, K, E]`` the new tokens' keys (RoPE applied) and values.
           layer: ``[]`` int32 traced layer index.
+          sinks: ``[H]`` the layer's attention-sink logits (``config.attention_sinks``) or None.
 
         Returns:
           (``[B, T, H, E]``, the updated store).
@@ -277,7 +284,8 @@ def _linear_heads(x_btd, p, dtype):
 def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: TokenInfo, layer=None):
     """Queries, keys and values of the normed new tokens: q/k/v projections (with bias and
     LoRA adapters when present), optional per-head q/k RMSNorm (Qwen3, Gemma 3 / 4), optional
-    scale-free value RMSNorm (Gemma 4), RoPE.
+    scale-free value RMSNorm (Gemma 4), RoPE (times YaRN's attention factor,
+    ``config.rope_attention_scaling``, on q and k).
 
     With per-layer types (``config.layer_types``) the RoPE frequencies come from
     :func:`layer_rope_inv_freq` at ``layer`` (the traced layer index, required then) instead
@@ -318,10 +326,14 @@ def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: Token
     if c.value_norm:
         v = apply_norm(c, v, None, width)
     q = apply_rope(q, tokens.positions, inv_freq)
+    k = apply_rope(k, tokens.positions, inv_freq)
+    scaling = c.rope_attention_scaling  # YaRN's: transformers scales cos and sin by it
+    if scaling != 1.0:
+        q, k = q * jnp.asarray(scaling, dtype), k * jnp.asarray(scaling, dtype)
     e = q.shape[-1]
     if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != e:
         q = q * jnp.asarray(math.sqrt(e / c.query_pre_attn_scalar), dtype)
-    return q, apply_rope(k, tokens.positions, inv_freq), v
+    return q, k, v
 
 
 def attend(
@@ -333,9 +345,11 @@ def attend(
     layer=None,
     *,
     one_query: bool = False,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Attention of one layer through the configured implementation (``config.attention``),
-    with the config's attention-logit soft cap.
+    with the config's attention-logit soft cap and the layer's attention sinks ``[H]`` (None:
+    none).
 
     The window is ``config.sliding_window``, or, with per-layer types, :func:`layer_windows`
     at ``layer`` (the traced layer index, required then; the mask must carry positions).
@@ -354,10 +368,17 @@ def attend(
         window = None if windows is None else jnp.asarray(windows)[layer]
     if one_query and q.shape[1] == 1:
         return attn_lib.one_query_attention(
-            q, k, v, mask, window=window, softcap=config.attn_logit_softcap
+            q, k, v, mask, window=window, softcap=config.attn_logit_softcap, sinks=sinks
         )
     return attn_lib.dot_product_attention(
-        q, k, v, mask, window=window, softcap=config.attn_logit_softcap, impl=config.attention
+        q,
+        k,
+        v,
+        mask,
+        window=window,
+        softcap=config.attn_logit_softcap,
+        impl=config.attention,
+        sinks=sinks,
     )
 
 
@@ -365,19 +386,23 @@ def attention_block(
     config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: TokenInfo, layer, store: KVStore
 ) -> tuple[jax.Array, KVStore]:
     """The attention layers' token mixer over a :class:`KVStore`: :func:`project_qkv`, the
-    store's :meth:`~KVStore.attend`, with ``config.attn_output_gate`` (Qwen3.5) each head's
-    output times σ(h W_gate) (``lp["attn_gate"]`` ``[D, H, E]``), the output projection (with
-    its LoRA adapter).
+    store's :meth:`~KVStore.attend` (with the layer's sink logits ``lp["sinks"]["logit"]``
+    ``[H]`` when ``config.attention_sinks``, gpt-oss), with ``config.attn_output_gate``
+    (Qwen3.5) each head's output times σ(h W_gate) (``lp["attn_gate"]`` ``[D, H, E]``), the
+    output projection (with its LoRA adapter, and its bias with ``config.attention_out_bias``).
 
     Returns:
       (``[B, T, D]`` before the residual add, the updated store).
     """
     dtype = h_btd.dtype
     q, k, v = project_qkv(config, lp, h_btd, tokens, layer)
-    attn, store = store.attend(config, q, k, v, layer)
+    sinks = lp["sinks"]["logit"] if config.attention_sinks else None
+    attn, store = store.attend(config, q, k, v, layer, sinks)
     if config.attn_output_gate:
         attn = attn * jax.nn.sigmoid(_linear_heads(h_btd, lp["attn_gate"], dtype))
     o = jnp.einsum("btne,ned->btd", attn, lp["o_proj"]["kernel"].astype(dtype))
+    if config.attention_out_bias:
+        o = o + lp["o_proj"]["bias"].astype(dtype)
     return _with_adapter(o, attn, lp["o_proj"], 2), store
 
 
@@ -400,11 +425,7 @@ def _dense_mlp(config: ModelConfig, h_btd, lp, mesh=None):
         jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)), h, lp["up_proj"], 1
     )
     gate, up = place(gate, BTF, mesh), place(up, BTF, mesh)
-    if config.mlp_activation == Activation.GELU_TANH:
-        act = jax.nn.gelu(gate, approximate=True) * up
-    else:
-        act = jax.nn.silu(gate) * up
-    act = place(act, BTF, mesh)
+    act = place(moe_lib.gated_activation(config)(gate, up), BTF, mesh)
     down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
     return _with_adapter(down, act, lp["down_proj"], 1)
 
@@ -640,7 +661,7 @@ LINEAR_MODULE_NAMES = frozenset(
     )
 )
 ATTENTION_MODULE_NAMES = frozenset(
-    ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "attn_gate")
+    ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "attn_gate", "sinks")
 )
 
 

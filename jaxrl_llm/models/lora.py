@@ -171,8 +171,3 @@ def attach_lora(base: dict, adapters: dict, lora: LoRAConfig) -> dict:
     for name, ab in adapters["layers"].items():
         layers[name] = {**layers[name], "lora_a": ab["a"], "lora_b": ab["b"] * lora.scale}
     return {**base, "layers": layers}
-
-
-def lora_num_params(adapters: dict) -> int:
-    """Number of adapter parameters."""
-    return sum(x.size for x in jax.tree.leaves(adapters))

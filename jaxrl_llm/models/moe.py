@@ -53,6 +53,11 @@ and P_x the mean router probability of x, both pooled over the real tokens of ev
 layer, ``aux = X · Σ_x f_x P_x``. Its gradient flows through P only. Each block returns the
 sums it needs (:class:`MoeStats`), so the pooled value is exact under any token sharding.
 
+gpt-oss (``config.expert_bias``) adds a bias to the router's logits and to each expert's three
+projections, and its experts compute the clamped SwiGLU (:func:`gated_activation`). Its router
+takes the softmax over its top-k logits, which is the top-k of the softmax renormalised
+(``norm_topk_prob``).
+
 Rollout routing replay (R3; Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by
 Aligning Training and Inference Routers", https://arxiv.org/abs/2510.11370). Each block
 returns the experts it routed every token to (:attr:`MoeStats.experts`), which the samplers
@@ -148,6 +153,7 @@ def route(
     *,
     experts: jax.Array | None = None,
     expert_scale: jax.Array | None = None,
+    router_bias: jax.Array | None = None,
 ):
     """Router of one block: (float32 probabilities ``[N, X]``, top-k weights ``[N, k]``
     float32, top-k expert ids ``[N, k]`` int32).
@@ -158,10 +164,12 @@ def route(
     top-k; their weights are ``p`` gathered at them, renormalised the same way (with
     ``norm_topk_prob``: the softmax over their k logits), differentiable through ``p``.
     ``expert_scale`` ``[X]`` (Gemma 4's ``per_expert_scale``): each weight is then multiplied
-    by its expert's scale.
+    by its expert's scale. ``router_bias`` ``[X]`` (gpt-oss) is added to the logits.
     """
     chex.assert_rank([x_nd, router_dx], 2)
     logits = jnp.einsum("nd,dx->nx", x_nd, router_dx.astype(x_nd.dtype))
+    if router_bias is not None:
+        logits = logits + router_bias.astype(x_nd.dtype)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     if experts is None:
         weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
@@ -177,10 +185,31 @@ def route(
 
 def expert_activation(config: ModelConfig):
     """The experts' gate activation: SiLU (SwiGLU experts; Qwen3-MoE, Mixtral, Qwen3.5) or the
-    tanh GELU (GeGLU experts; Gemma 4), per ``config.mlp_activation``."""
+    tanh GELU (GeGLU experts; Gemma 4), per ``config.mlp_activation`` (the clamped SwiGLU is
+    not a function of the gate alone: :func:`gated_activation`)."""
     if config.mlp_activation == Activation.GELU_TANH:
         return functools.partial(jax.nn.gelu, approximate=True)
+    if config.mlp_activation == Activation.CLAMPED_SWIGLU:
+        raise ValueError("the clamped SwiGLU reads gate and up together: use gated_activation")
     return jax.nn.silu
+
+
+def gated_activation(config: ModelConfig):
+    """``glu(gate, up)`` of a gated MLP or expert: ``act(gate) ⊙ up`` with
+    :func:`expert_activation`, or gpt-oss's clamped SwiGLU
+    ``(clip(up, −ℓ, ℓ) + 1) ⊙ g σ(α g)``, ``g = min(gate, ℓ)`` (``config.swiglu_alpha`` α,
+    ``config.swiglu_limit`` ℓ; transformers' ``GptOssExperts._apply_gate``)."""
+    if config.mlp_activation == Activation.CLAMPED_SWIGLU:
+        alpha, limit = config.swiglu_alpha, config.swiglu_limit
+
+        def clamped(gate, up):
+            g = jnp.minimum(gate, limit)
+            u = jnp.clip(up, -limit, limit)
+            return (u + 1) * (g * jax.nn.sigmoid(g * alpha))
+
+        return clamped
+    act = expert_activation(config)
+    return lambda gate, up: act(gate) * up
 
 
 def _stats(config: ModelConfig, probs, experts, token_w) -> MoeStats:
@@ -198,10 +227,12 @@ def differing_decisions(experts: jax.Array, recorded: jax.Array) -> jax.Array:
     return ~jnp.any(experts[..., :, None] == recorded[..., None, :], axis=-1)
 
 
-def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset, act=jax.nn.silu):
-    """Σ_j w_j expert_{e_j}(x) over the experts ``offset .. offset + X_local`` that ``w_gate``
-    (``[X_local, D, F]``) holds, by sorting the assignments by expert and grouped matmuls.
-    Assignments to other experts contribute 0."""
+def _experts_sorted(x_nd, weights, experts, w, offset, glu):
+    """Σ_j w_j expert_{e_j}(x) over the experts ``offset .. offset + X_local`` that the
+    :class:`ExpertWeights` ``w`` (gate ``[X_local, D, F]``) hold, by sorting the assignments by
+    expert and grouped matmuls; ``glu(gate, up)`` the gated activation. Assignments to other
+    experts contribute 0."""
+    w_gate, w_up, w_down = w.gate, w.up, w.down
     n, k = experts.shape
     num_local = w_gate.shape[0]
     local = experts.reshape(n * k) - offset
@@ -223,31 +254,52 @@ def _experts_sorted(x_nd, weights, experts, w_gate, w_up, w_down, offset, act=ja
     grouped = lambda lhs, rhs: jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision)
     gate = grouped(x_ad, w_gate)
     up = grouped(x_ad, w_up)
-    y_ad = grouped(act(gate) * up, w_down)
+    row_expert = jnp.minimum(key[order], num_local - 1)  # past the groups: any expert
+    if w.gate_bias is not None:  # each sorted row's expert's biases
+        gate = gate + w.gate_bias[row_expert]
+        up = up + w.up_bias[row_expert]
+    y_ad = grouped(glu(gate, up), w_down)
+    if w.down_bias is not None:
+        y_ad = y_ad + w.down_bias[row_expert]
     # Rows past the last local group are not defined by every backend's grouped matmul.
     y_ad = jnp.where(jnp.arange(n * k)[:, None] < jnp.sum(group_sizes), y_ad, 0)
     y_nkd = y_ad[slot].reshape(n, k, -1)
     return jnp.einsum("nkd,nk->nd", y_nkd.astype(jnp.float32), weights * mine.reshape(n, k))
 
 
-def _experts_dense(x_nd, weights, experts, w_gate, w_up, w_down, offset, act=jax.nn.silu):
+def _experts_dense(x_nd, weights, experts, w, offset, glu):
     """:func:`_experts_sorted` by running every local expert on every token and combining
     with the one-hot routing weights (``[N, X_local]``)."""
-    num_local = w_gate.shape[0]
+    num_local = w.gate.shape[0]
     onehot = jax.nn.one_hot(experts - offset, num_local, dtype=jnp.float32)  # 0 off-range
     combine = jnp.einsum("nkx,nk->nx", onehot, weights)
-    gate = jnp.einsum("nd,xdf->nxf", x_nd, w_gate)
-    up = jnp.einsum("nd,xdf->nxf", x_nd, w_up)
-    y = jnp.einsum("nxf,xfd->nxd", act(gate) * up, w_down)
+    gate = jnp.einsum("nd,xdf->nxf", x_nd, w.gate)
+    up = jnp.einsum("nd,xdf->nxf", x_nd, w.up)
+    if w.gate_bias is not None:
+        gate, up = gate + w.gate_bias[None], up + w.up_bias[None]
+    y = jnp.einsum("nxf,xfd->nxd", glu(gate, up), w.down)
+    if w.down_bias is not None:
+        y = y + w.down_bias[None]
     return jnp.einsum("nxd,nx->nd", y.astype(jnp.float32), combine)
 
 
-def _block(
-    config, x_nd, rx_nd, token_w, recorded, replay, router, scale, w_gate, w_up, w_down, offset
-):
+class ExpertWeights(NamedTuple):
+    """One layer's (local) experts: kernels gate / up ``[X, D, F_e]``, down ``[X, F_e, D]``;
+    their biases ``[X, F_e]`` / ``[X, D]`` with ``config.expert_bias`` (gpt-oss), else None."""
+
+    gate: jax.Array
+    up: jax.Array
+    down: jax.Array
+    gate_bias: jax.Array | None = None
+    up_bias: jax.Array | None = None
+    down_bias: jax.Array | None = None
+
+
+def _block(config, x_nd, rx_nd, token_w, recorded, replay, router, router_bias, scale, w, offset):
     """One block on N tokens: (``[N, D]`` float32 output, :class:`MoeStats` with ``experts``
-    ``[N, k]``). ``rx_nd`` the router's input (None: ``x_nd``), ``scale`` the per-expert
-    weight scale or None; ``recorded`` ``[N, k]`` or None: the sampler's experts (replayed
+    ``[N, k]``). ``rx_nd`` the router's input (None: ``x_nd``), ``router_bias`` the router's
+    bias or None, ``scale`` the per-expert weight scale or None, ``w`` the
+    :class:`ExpertWeights`; ``recorded`` ``[N, k]`` or None: the sampler's experts (replayed
     when ``replay``, static)."""
     dtype = x_nd.dtype
     probs, weights, experts = route(
@@ -256,10 +308,11 @@ def _block(
         router,
         experts=recorded if replay and recorded is not None else None,
         expert_scale=scale,
+        router_bias=router_bias,
     )
     run = _experts_dense if config.moe_dispatch == MoeDispatch.DENSE else _experts_sorted
-    w_gate, w_up, w_down = (w.astype(dtype) for w in (w_gate, w_up, w_down))
-    y = run(x_nd, weights, experts, w_gate, w_up, w_down, offset, expert_activation(config))
+    w = jax.tree.map(lambda a: a.astype(dtype), w)
+    y = run(x_nd, weights, experts, w, offset, gated_activation(config))
     stats = _stats(config, probs, experts, token_w)._replace(experts=experts)
     if recorded is not None:
         own = experts
@@ -294,11 +347,19 @@ def _split(mesh, size: int, axes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _block_params(lp: Mapping[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
-    """(router, per-expert scale or None, gate, up, down) of a layer, as :func:`_block` takes."""
+def _block_params(lp: Mapping[str, Any]) -> tuple[Any, Any, Any, ExpertWeights]:
+    """(router, router bias or None, per-expert scale or None, :class:`ExpertWeights`) of a
+    layer, as :func:`_block` takes."""
     scale = lp["expert_scale"]["scale"] if "expert_scale" in lp else None
-    gate, up, down = (lp[n]["kernel"] for n in ("experts_gate", "experts_up", "experts_down"))
-    return (lp["router"]["kernel"], scale, gate, up, down)
+    names = ("experts_gate", "experts_up", "experts_down")
+    kernels = [lp[n]["kernel"] for n in names]
+    biases = [lp[n].get("bias") for n in names]
+    return (
+        lp["router"]["kernel"],
+        lp["router"].get("bias"),
+        scale,
+        ExpertWeights(*kernels, *biases),
+    )
 
 
 def sparse_moe(
@@ -320,7 +381,9 @@ def sparse_moe(
       token_w_bt: ``[B, T]`` weight of each token in the load-balancing statistics (the
         attention mask; None = every token 1).
       lp: the layer's parameters: ``router`` ``{"kernel": [D, X]}``, ``experts_gate`` /
-        ``experts_up`` ``{"kernel": [X, D, F_e]}``, ``experts_down`` ``{"kernel": [X, F_e, D]}``;
+        ``experts_up`` ``{"kernel": [X, D, F_e]}``, ``experts_down`` ``{"kernel": [X, F_e, D]}``
+        (each with a ``"bias"``, ``[X]`` / ``[X, F_e]`` / ``[X, D]``, under
+        ``config.expert_bias``);
         with ``expert_scale`` ``{"scale": [X]}`` (Gemma 4) each routing weight is multiplied
         by its expert's scale.
       mesh: the device mesh; default the ambient one (``jax.set_mesh``). With an
@@ -346,7 +409,7 @@ def sparse_moe(
         token_w_bt = jnp.ones((b, t), jnp.float32)
     token_w_bt = token_w_bt.astype(jnp.float32)
     params = _block_params(lp)
-    scale = params[1]
+    router_bias, scale, w = params[1:]
     k = config.num_experts_per_tok
     recorded = None
     if recorded_btk is not None:
@@ -376,25 +439,36 @@ def sparse_moe(
     tok_spec = P(rows or None, length or None)
     x_spec = P(rows or None, length or None, None)
     rec_spec = P(rows or None, length or None, None)
+    biased = w.gate_bias is not None
+    w_spec: Any = ExpertWeights(
+        P(EXPERT_AXIS, None, f_split or None),  # type: ignore[arg-type]
+        P(EXPERT_AXIS, None, f_split or None),  # type: ignore[arg-type]
+        P(EXPERT_AXIS, f_split or None, None),  # type: ignore[arg-type]
+        P(EXPERT_AXIS, f_split or None) if biased else None,  # type: ignore[arg-type]
+        P(EXPERT_AXIS, f_split or None) if biased else None,  # type: ignore[arg-type]
+        P(EXPERT_AXIS, None) if biased else None,  # type: ignore[arg-type]
+    )
     in_specs = (
         x_spec,
         None if router_x_btd is None else x_spec,
         tok_spec,
         None if recorded is None else rec_spec,
         P(),
+        None if router_bias is None else P(),
         None if scale is None else P(),
-        P(EXPERT_AXIS, None, f_split or None),
-        P(EXPERT_AXIS, None, f_split or None),
-        P(EXPERT_AXIS, f_split or None, None),
+        w_spec,
     )
     reduce_out = (EXPERT_AXIS, *f_split)
     reduce_stats = rows + length
     num_local = x_count // num_shards
 
-    def local(x, rx, token_w, rec, router, scale, w_gate, w_up, w_down):
+    def local(x, rx, token_w, rec, router, router_bias, scale, w):
         lb, lt, _ = x.shape
         offset = jax.lax.axis_index(EXPERT_AXIS) * num_local
         rec_nk = None if rec is None else rec.reshape(lb * lt, k)
+        if w.down_bias is not None and f_split:  # added once, not once per tensor shard
+            first = jnp.sum(jnp.stack([jax.lax.axis_index(a) for a in f_split])) == 0
+            w = w._replace(down_bias=w.down_bias * first.astype(w.down_bias.dtype))
         y, stats = _block(
             config,
             x.reshape(lb * lt, d),
@@ -403,10 +477,9 @@ def sparse_moe(
             rec_nk,
             replay,
             router,
+            router_bias,
             scale,
-            w_gate,
-            w_up,
-            w_down,
+            w,
             offset,
         )
         y = jax.lax.psum(y, reduce_out).astype(x.dtype).reshape(lb, lt, d)

@@ -25,6 +25,7 @@ class Family(str, enum.Enum):
     QWEN3_5 = "qwen3_5_text"
     QWEN3_5_MOE = "qwen3_5_moe_text"
     GEMMA4 = "gemma4_text"
+    GPT_OSS = "gpt_oss"
 
 
 class LayerType(str, enum.Enum):
@@ -42,10 +43,13 @@ class LayerType(str, enum.Enum):
 
 
 class Activation(str, enum.Enum):
-    """The gated MLP's activation: SwiGLU (Llama family) or GeGLU with tanh-GELU (Gemma)."""
+    """The gated MLP's activation: SwiGLU (Llama family), GeGLU with tanh-GELU (Gemma), or
+    gpt-oss's clamped SwiGLU, ``(clip(u, ±ℓ) + 1) · g·σ(α g)`` with ``g = min(gate, ℓ)``
+    (``ModelConfig.swiglu_alpha`` α, ``swiglu_limit`` ℓ; transformers' ``GptOssExperts``)."""
 
     SILU = "silu"
     GELU_TANH = "gelu_pytorch_tanh"
+    CLAMPED_SWIGLU = "clamped_swiglu"
 
 
 class RopeScaling(str, enum.Enum):
@@ -54,6 +58,7 @@ class RopeScaling(str, enum.Enum):
     NONE = "default"
     LINEAR = "linear"
     LLAMA3 = "llama3"
+    YARN = "yarn"
 
 
 class AttentionImpl(str, enum.Enum):

@@ -112,8 +112,10 @@ def paged_attention(
     *,
     config: ModelConfig,
     layer: jax.Array | None = None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
-    """Attention of T new queries per row over the keys in the row's pages.
+    """Attention of T new queries per row over the keys in the row's pages (with the layer's
+    attention-sink logits ``sinks`` ``[H]``, gpt-oss; None: none).
 
     Query t of row r sits in slot ``start[r] + t`` and sees slots ≤ its own (keys of the new
     tokens must already be written). With T > 1 every row must have the same ``start`` (the
@@ -145,7 +147,7 @@ def paged_attention(
         q_positions=q_pos if window else None,
         k_positions=jnp.broadcast_to(slots, (r, slots.shape[0])) if window else None,
     )
-    return attend(config, q_rtne, k, v, mask, layer, one_query=True)
+    return attend(config, q_rtne, k, v, mask, layer, one_query=True, sinks=sinks)
 
 
 @functools.partial(
@@ -173,13 +175,13 @@ class Pages(KVStore):
     page: jax.Array
     offset: jax.Array
 
-    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer):
+    def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks=None):
         """Scatter this layer's new keys/values into their pages, then
         :func:`paged_attention`; returns (``[R, T, H, E]``, the store with the written pool)."""
         k_all = self.k.at[layer, self.page, self.offset].set(k_btke.astype(self.k.dtype))
         v_all = self.v.at[layer, self.page, self.offset].set(v_btke.astype(self.v.dtype))
         out = paged_attention(
-            q_btne, k_all, v_all, self.table, self.start, config=config, layer=layer
+            q_btne, k_all, v_all, self.table, self.start, config=config, layer=layer, sinks=sinks
         )
         return out, dataclasses.replace(self, k=k_all, v=v_all)
 

@@ -63,6 +63,11 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
             layers["shared_up_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
             layers["shared_down_proj"] = {"kernel": ((L, Fs, D), ("layers", "mlp", "embed"))}
             layers["shared_expert_gate"] = {"kernel": ((L, D, 1), ("layers", "embed", None))}
+        if c.expert_bias:  # gpt-oss
+            layers["router"]["bias"] = ((L, X), ("layers", "router"))
+            layers["experts_gate"]["bias"] = ((L, X, Fe), ("layers", "experts", "mlp"))
+            layers["experts_up"]["bias"] = ((L, X, Fe), ("layers", "experts", "mlp"))
+            layers["experts_down"]["bias"] = ((L, X, D), ("layers", "experts", "embed"))
         if c.moe_beside_mlp:
             for name in ("router_norm", "post_dense_norm", "moe_norm", "post_moe_norm"):
                 layers[name] = {"scale": ((L, D), ("layers", "norm"))}
@@ -75,6 +80,10 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
         layers["q_proj"]["bias"] = ((L, H, E), ("layers", "heads", "head_dim"))
         layers["k_proj"]["bias"] = ((L, K, E), ("layers", "kv_heads", "head_dim"))
         layers["v_proj"]["bias"] = ((L, K, E), ("layers", "kv_heads", "head_dim"))
+    if c.attention_out_bias:
+        layers["o_proj"]["bias"] = ((L, D), ("layers", "embed"))
+    if c.attention_sinks:  # gpt-oss: one logit per query head
+        layers["sinks"] = {"logit": ((L, H), ("layers", "heads"))}
     if c.qk_norm:
         layers["q_norm"] = {"scale": ((L, E), ("layers", "head_dim"))}
         layers["k_norm"] = {"scale": ((L, E), ("layers", "head_dim"))}

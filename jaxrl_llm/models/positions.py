@@ -1,7 +1,8 @@
 """Where a token is and what it may see, per layer: RoPE and the per-layer attention tables.
 
 RoPE (Su et al. 2021, "RoFormer", https://arxiv.org/abs/2104.09864) in transformers' "rotate
-half" layout, with Llama 3's and linear frequency scaling. For models whose layers differ in
+half" layout, with Llama 3's, linear and YaRN frequency scaling (Peng et al. 2023,
+https://arxiv.org/abs/2309.00071). For models whose layers differ in
 type (Gemma 2 / 3: local sliding-window layers with their own RoPE base interleaved with
 global layers; Gemma Team 2024, https://arxiv.org/abs/2408.00118, and 2025,
 https://arxiv.org/abs/2503.19786 §2) the per-layer window and RoPE frequencies are small
@@ -35,6 +36,14 @@ def rope_inv_freq(config: ModelConfig) -> jax.Array:
         rotated = int(config.global_rope_proportion * e // 2)
         inv = 1.0 / (config.rope_theta ** (jnp.arange(0, 2 * rotated, 2, dtype=jnp.float32) / e))
         inv = jnp.pad(inv, (0, e // 2 - rotated))
+    return scale_inv_freq(config, inv)
+
+
+def scale_inv_freq(config: ModelConfig, inv: jax.Array) -> jax.Array:
+    """``config.rope_scaling`` applied to the unscaled inverse frequencies ``inv`` ``[R/2]``
+    of base ``config.rope_theta`` over R rotated dims."""
+    if config.rope_scaling == RopeScaling.YARN:
+        return yarn_inv_freq(config, inv)
     if config.rope_scaling == RopeScaling.LINEAR:
         inv = inv / config.rope_factor
     elif config.rope_scaling == RopeScaling.LLAMA3:
@@ -54,6 +63,35 @@ def rope_inv_freq(config: ModelConfig) -> jax.Array:
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv = jnp.where(medium, smoothed, scaled)
     return inv
+
+
+def yarn_inv_freq(config: ModelConfig, inv: jax.Array) -> jax.Array:
+    """YaRN's "NTK-by-parts" frequencies (Peng et al. 2023, https://arxiv.org/abs/2309.00071
+    §3.2): pair j keeps θ_j where it turns more than β_fast times over the original context
+    ``rope_original_max_position`` (L), takes θ_j / s where it turns fewer than β_slow times,
+    and a linear ramp between, over dims; the ramp's ends are the dims
+    ``R · ln(L / (2π β)) / (2 ln base)``, rounded outwards with ``rope_truncate``, clipped to
+    [0, R − 1]. The factor q and k are multiplied by is
+    :attr:`~jaxrl_llm.models.ModelConfig.rope_attention_scaling`."""
+    c = config
+    r = 2 * inv.shape[0]
+
+    def boundary(rotations: float) -> float:
+        return (
+            r
+            * math.log(c.rope_original_max_position / (rotations * 2 * math.pi))
+            / (2 * math.log(c.rope_theta))
+        )
+
+    low, high = boundary(c.rope_beta_fast), boundary(c.rope_beta_slow)
+    if c.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = jnp.clip((jnp.arange(r // 2, dtype=jnp.float32) - low) / (high - low), 0.0, 1.0)
+    keep = 1.0 - ramp  # 1: extrapolate (keep θ_j); 0: interpolate (θ_j / s)
+    return inv / c.rope_factor * (1.0 - keep) + inv * keep
 
 
 # A global layer's window when layers differ in type: farther than any position.
@@ -76,7 +114,9 @@ def layer_rope_inv_freq(config: ModelConfig) -> jax.Array | None:
     """``[L, E/2]`` RoPE inverse frequencies of each layer: LOCAL layers use base
     ``rope_local_theta`` unscaled (Gemma 3, https://arxiv.org/abs/2503.19786 §2), GLOBAL
     layers :func:`rope_inv_freq`. None when the config has no LOCAL layer (every layer then
-    uses :func:`rope_inv_freq`). With heads of two sizes (Gemma 4) the table is
+    uses :func:`rope_inv_freq`). Without ``rope_local_theta`` the LOCAL layers take the base
+    ``rope_theta`` with the config's scaling (one rotary table for every layer, as in Gemma 2 and
+    gpt-oss). With heads of two sizes (Gemma 4) the table is
     ``[L, E*/2]`` over the stored head dim E*: a smaller layer's frequencies then zeros, which
     with its heads padded per half (:mod:`jaxrl_llm.models.gemma4`) rotates each of its pairs
     as at its own size and leaves the padding alone."""
@@ -86,6 +126,8 @@ def layer_rope_inv_freq(config: ModelConfig) -> jax.Array | None:
     glob = rope_inv_freq(config)
     theta = config.rope_theta if config.rope_local_theta is None else config.rope_local_theta
     local = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    if config.rope_local_theta is None:
+        local = scale_inv_freq(config, local)
     width = max(local.shape[0], glob.shape[0])
     local = jnp.pad(local, (0, width - local.shape[0]))
     glob = jnp.pad(glob, (0, width - glob.shape[0]))

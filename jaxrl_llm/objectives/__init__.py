@@ -32,7 +32,6 @@ from jaxrl_llm.objectives.advantages import (
     reinforce_pp_baseline_advantages,
     remax_advantages,
     rloo_advantages,
-    valid_token_count,
     whiten,
 )
 from jaxrl_llm.objectives.aggregation import (
@@ -150,7 +149,6 @@ __all__ = [
     "token_covariance",
     "token_logprobs",
     "token_logprobs_from_hidden",
-    "valid_token_count",
     "value_loss",
     "value_loss_parts",
     "whiten",

@@ -37,12 +37,6 @@ def check_group_size(n: int, group_size: int, name: str = "rewards") -> int:
     return n // group_size
 
 
-def safe_log(x: jax.Array) -> jax.Array:
-    """Log x where x > 0, else 0 (double-where so the gradient stays finite)."""
-    ok = x > 0
-    return jnp.where(ok, jnp.log(jnp.where(ok, x, 1.0)), 0.0)
-
-
 def safe_rsqrt(x: jax.Array) -> jax.Array:
     """1/sqrt(x) where x > 0, else 0 (double-where)."""
     ok = x > 0

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.objectives._util import check_group_size, coerce_enum, safe_rsqrt
 from jaxrl_llm.objectives.kl import KLKind, kl_penalty
-from jaxrl_llm.ops.masked import masked_count, masked_mean, masked_std, masked_var, safe_divide
+from jaxrl_llm.ops.masked import masked_mean, masked_std, masked_var, safe_divide
 
 
 class GRPOScale(str, enum.Enum):
@@ -463,9 +463,3 @@ def informative_groups(
     g = _grouped(rewards, group_size, "rewards")
     keep = (jnp.max(g, axis=1) - jnp.min(g, axis=1)) > atol
     return jnp.repeat(keep, group_size) if per_row else keep
-
-
-def valid_token_count(mask: jax.Array) -> jax.Array:
-    """Number of valid tokens per row ``[B]`` (response lengths for :func:`overlong_penalty`)."""
-    chex.assert_rank(mask, 2)
-    return masked_count(mask, axis=1)

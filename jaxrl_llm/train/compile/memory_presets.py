@@ -8,6 +8,7 @@ import os
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
+from jaxrl_llm.models.families.gpt_oss.presets import gpt_oss_20b_fields, gpt_oss_120b_fields
 from jaxrl_llm.models.gemma4 import gemma4_31b_fields
 from jaxrl_llm.models.qwen3_5 import common_fields, hybrid_layer_types
 
@@ -45,7 +46,7 @@ def _qwen3_5(family: Family, num_layers: int, **kw) -> ModelConfig:
 
 
 # Published architectures by size (Llama 2 / 3.x, SmolLM2, Gemma 3 / 4, Qwen3-MoE, Qwen3.5,
-# Mixtral), for planning without downloads (the Qwen3-MoE and Mixtral shapes are those of the
+# gpt-oss, Mixtral), for planning without downloads (the Qwen3-MoE and Mixtral shapes are those of the
 # models' config.json files; Qwen3.5's those of transformers' config classes).
 MODEL_PRESETS: dict[str, ModelConfig] = {
     "135m": ModelConfig.smollm2_135m(),
@@ -164,6 +165,11 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         shared_expert_size=512,
         norm_topk_prob=True,
     ),
+    # gpt-oss-20b / -120b: 24 / 36 layers, 32 / 128 experts of width 2880, top-4, sliding
+    # window 128 on every other layer, attention sinks; 20.9B / 116.8B parameters (4.2B / 5.7B
+    # active with the embeddings). Sources: models/families/gpt_oss/presets.py.
+    "gpt-oss-20b": ModelConfig(**gpt_oss_20b_fields()),
+    "gpt-oss-120b": ModelConfig(**gpt_oss_120b_fields()),
     # Mixtral-8x7B: 32 layers, 8 experts of width 14336, top-2; 46.7B total, 12.9B active.
     "mixtral-8x7b": ModelConfig(
         family=Family.MIXTRAL,

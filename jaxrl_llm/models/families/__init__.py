@@ -1,0 +1,25 @@
+"""Model families whose facts live in one folder each (``models/families/<name>/``): presets,
+the Hugging Face config mapping both ways, the weight names for import and export, and the
+memory-planning sizes. gpt-oss is the first (:mod:`.gpt_oss`).
+
+Layout, and why it sits under ``models/``:
+
+- ``<name>/presets.py``: the family's sizes as field dicts (tiny, and the published ones). It
+  imports only :mod:`jaxrl_llm.models.options`, so :class:`~jaxrl_llm.models.ModelConfig` can
+  ask for them without an import circle.
+- ``<name>/hf_config.py`` and ``<name>/weights.py``: transformers' config keys and weight names
+  both ways. They are plain dict and numpy code (transformers is imported lazily, to build its
+  config class on export), so the family's whole entry can live beside its presets; ``interop/``
+  asks the family's entry (``interop`` → ``models`` is the direction the package already
+  allows; nothing in ``models/`` imports ``interop/``).
+- :mod:`.facts`: what the shared config asks a family without naming it (its tiny preset, its
+  norm's product dtype); a leaf table.
+- :mod:`.registry`: the one table from :class:`~jaxrl_llm.models.Family` to a family's entry
+  (:class:`~jaxrl_llm.models.families.registry.FamilyEntry`), the only place a family is named
+  outside its folder.
+
+Everything a family *computes* that the shared layer may meet again (attention sinks, biases,
+the clamped SwiGLU, YaRN) is a config feature of the shared layer in ``models/``, not a fork of
+it here. This package's ``__init__`` imports nothing, so that importing one preset module does
+not pull in the registry (which imports the config).
+"""

@@ -1,0 +1,62 @@
+"""The families kept in a folder (:mod:`jaxrl_llm.models.families`), each as one
+:class:`FamilyEntry`: what the shared import, export and config code asks a family instead of
+comparing its name. :data:`FAMILIES` is the one table; nothing outside it and the family's own
+folder names the family."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxrl_llm.models.families.gpt_oss import hf_config as gpt_oss_hf
+from jaxrl_llm.models.families.gpt_oss import weights as gpt_oss_weights
+from jaxrl_llm.models.options import Family
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyEntry:
+    """One family's answers to the shared code.
+
+    Attributes:
+      family: the :class:`~jaxrl_llm.models.Family` (transformers' ``model_type``).
+      fields_from_hf: ``config.json`` dict -> the family's own ModelConfig fields (the shared
+        ones are :func:`jaxrl_llm.interop.model_config_from_hf`'s); ValueError on a feature
+        we do not implement.
+      hf_config_class: the name of transformers' config class export builds.
+      hf_config_kwargs: ModelConfig -> that class's keywords beyond the shared ones;
+        ValueError when transformers cannot express the config.
+      layer_weights: the ``(module, leaf)`` pairs of ``params["layers"]`` the family maps
+        itself (the shared mapping skips them).
+      weights_from_hf: ``(take, state_dict, config)`` -> ``{module: {leaf: [L, ...]}}``.
+      weights_to_hf: ``(stacked layers, config)`` -> transformers name -> array.
+    """
+
+    family: Family
+    fields_from_hf: Callable[[Mapping[str, Any]], dict[str, Any]]
+    hf_config_class: str
+    hf_config_kwargs: Callable[[Any], dict[str, Any]]
+    layer_weights: frozenset[tuple[str, str]]
+    weights_from_hf: Callable[..., dict[str, dict[str, Any]]]
+    weights_to_hf: Callable[..., dict[str, Any]]
+
+
+FAMILIES: dict[Family, FamilyEntry] = {
+    Family.GPT_OSS: FamilyEntry(
+        family=Family.GPT_OSS,
+        fields_from_hf=gpt_oss_hf.fields_from_hf,
+        hf_config_class=gpt_oss_hf.HF_CONFIG_CLASS,
+        hf_config_kwargs=gpt_oss_hf.hf_config_kwargs,
+        layer_weights=gpt_oss_weights.LAYER_WEIGHTS,
+        weights_from_hf=gpt_oss_weights.weights_from_hf,
+        weights_to_hf=gpt_oss_weights.weights_to_hf,
+    ),
+}
+
+
+def family_entry(family: Family | str) -> FamilyEntry | None:
+    """The :class:`FamilyEntry` of ``family``, or None for a family without a folder."""
+    try:
+        return FAMILIES.get(Family(family))
+    except ValueError:
+        return None

@@ -1,0 +1,72 @@
+"""Habits that keep the package in order, as tests that fail (issue 41; STYLE.md "One decision,
+one place"): no module imports a private name of another module, and the modules' imports
+(lazy ones inside functions included) form no circle, anywhere in ``jaxrl_llm``. The guards of
+``models/`` alone (tests/models/test_layer.py, tests/interop/test_hf_config.py) predate these."""
+
+import ast
+import pathlib
+
+import jaxrl_llm
+
+ROOT = pathlib.Path(jaxrl_llm.__file__).parent
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    p = ROOT.parent / name.replace(".", "/")
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def _imports() -> dict[str, list[tuple[str, str | None]]]:
+    """module -> every (module it imports from, name or None) of the package, at any depth."""
+    out: dict[str, list[tuple[str, str | None]]] = {}
+    for f in sorted(ROOT.rglob("*.py")):
+        found: list[tuple[str, str | None]] = []
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxrl_llm"):
+                found += [(node.module, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(a.name, None) for a in node.names if a.name.startswith("jaxrl_llm")]
+        out[_module_name(f)] = found
+    return out
+
+
+def test_no_module_imports_a_private_name_of_another():
+    found = [
+        (mod, f"{src}.{name}")
+        for mod, names in _imports().items()
+        for src, name in names
+        if name is not None and name.startswith("_")
+    ]
+    assert found == []
+
+
+def test_the_imports_form_no_circle():
+    """A module's import of a sibling through its package (``from jaxrl_llm.models import
+    moe``) counts as an import of that sibling, not of the package."""
+    graph: dict[str, set[str]] = {}
+    for mod, names in _imports().items():
+        deps = set()
+        for src, name in names:
+            sub = f"{src}.{name}" if name is not None else src
+            deps.add(sub if name is not None and _is_module(sub) else src)
+        graph[mod] = deps - {mod}
+    assert len(graph) > 100
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        if state.get(m) == 1:
+            raise AssertionError(f"import circle: {' -> '.join(path[path.index(m) :] + [m])}")
+        if state.get(m) == 2 or m not in graph:
+            return
+        state[m] = 1
+        for n in sorted(graph[m]):
+            visit(n, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
