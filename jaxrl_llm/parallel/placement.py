@@ -371,7 +371,7 @@ def auto_tensor(
             if devices % t == 0 and config.num_heads % t == 0 and config.num_kv_heads % t == 0
         ]
     t, why, costs = choose_sampler_tensor(cands, chip, **model)
-    if costs and not any(c.fits for c in costs):
+    if chip is not None and costs and not any(c.fits for c in costs):
         return 0, (
             f"no tensor degree fits a copy of the weights and the KV cache in {chip.name}'s "
             f"HBM ({min(c.bytes_per_chip for c in costs) / 1e9:.1f} GB per chip at best): "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -231,7 +231,7 @@ def run_config_for(
     dtype: str = "bf16",
     lora_rank: int = 0,
     correction: CorrectionSection | None = None,
-    rollout_tensor: int | str = "auto",
+    rollout_tensor: int | Literal["auto"] = "auto",
 ) -> tuple[Any, int, int]:
     """The run config ``jaxrl-llm compile --algorithm ...`` describes, with its row lengths.
 

@@ -260,7 +260,7 @@ class CompileReport:
         decode = next((p for p in self.programs if p.name == "decode"), None)
         step = self.step_roofline()
         r = None if decode is None else self.roofline(decode)
-        if r is None or step is None or r.seconds <= 0:
+        if decode is None or r is None or step is None or r.seconds <= 0:
             return {}
         s = self.settings
         devices = max(int(s.get("devices", 1)), 1)

@@ -686,7 +686,7 @@ def estimate_memory(
         accumulate=micro_batches > 1,
         gathered=fsdp > 1,
     )
-    if algo.online and sampler_tensor:
+    if algo.online and isinstance(sampler_tensor, int) and sampler_tensor:
         # the sampler's copy (parallel/placement.py): tensor parallel, whole per replica,
         # kept from step to step (its buffers take the next copy); the cache by KV heads
         b = _BYTES[sampler_dtype or dtype]
