@@ -194,7 +194,7 @@ def resolve_device(device: str | None, topology: str | None) -> tuple[str, str, 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm memory``."""
-    from jaxrl_llm.train.compile.memory import estimate_memory, fit_advice
+    from jaxrl_llm.train.compile.memory import GiB, estimate_memory, fit_advice
 
     mesh = parse_mesh(args.mesh)
     if mesh["context"] > 1:
@@ -241,6 +241,16 @@ def run(args: argparse.Namespace) -> int:
     advice = fit_advice(config, args.algorithm, max_devices=max_devices, **setup)
     base_step, advice_steps = _ranked(config, args.algorithm, setup, advice)
     advice = [a for a, _ in advice_steps]
+    faster = []
+    if est.fits and base_step is not None:  # what would make it faster, and still fit
+        from jaxrl_llm.parallel.placement import kind_chip
+        from jaxrl_llm.train.compile.step_model import faster_setups, peak_flops
+
+        chip, peak = kind_chip(device), peak_flops(device)
+        if chip is not None and peak:
+            faster = faster_setups(
+                config, args.algorithm, chip, peak, max_devices=max_devices, **setup
+            )
     if args.json:
         out = est.to_json()
         out.update(
@@ -250,6 +260,16 @@ def run(args: argparse.Namespace) -> int:
             active_params=config.num_params(active=True),
             device_from=why,
             step_model=None if base_step is None else base_step.to_json(),
+            faster=[
+                {
+                    "change": c,
+                    "note": n,
+                    "total_bytes_per_device": int(e.total_bytes_per_device),
+                    "sampler_tensor": int(e.sampler_tensor),
+                    "step_model": m.to_json(),
+                }
+                for c, n, e, m in faster
+            ],
             advice=[
                 {**a.to_json(), "step_model": None if m is None else m.to_json()}
                 for a, m in advice_steps
@@ -273,6 +293,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"modeled step: {_step_text(base_step)}")
         if not est.fits:
             print(_advice_text(advice_steps, device, est.device_bytes))
+        elif faster:
+            print(f"faster setups that fit ({device}; modeled, fastest first):")
+            for change, note, e, m in faster:
+                print(f"  {change:<34} {e.total_bytes_per_device / GiB:>9.3f} GiB/device  [{note}]")
+                print(f"  {'':<34} modeled step {_step_text(m)}")
     return 0
 
 

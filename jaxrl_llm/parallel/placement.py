@@ -410,7 +410,8 @@ def resolve_sampler(
         learn = placement.learner
         one_program = placement.cross_process or s.processes == 1
         if one_program and (s.first, s.count) == (learn.first, learn.count):
-            sampler = dataclasses.replace(learn, role="sampler", dtype=s.dtype)
+            # the learner's own arrays, as they are (no copy: none fits)
+            sampler = dataclasses.replace(learn, role="sampler", dtype=None)
         else:
             t, why = (
                 min(tensor_candidates(local_devices_of(s), config.num_heads, config.num_kv_heads)),

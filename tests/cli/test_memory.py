@@ -134,3 +134,20 @@ def test_online_plan_counts_the_sampler_copy_and_ranks_changes_by_modeled_step(c
     assert any(c.startswith("--minibatches") for c in changes), changes
     times = [a["step_model"]["step_s"] for a in out["advice"]]
     assert times == sorted(times) and all(t > 0 for t in times)
+
+
+def test_a_setup_that_fits_gets_the_faster_setups_that_also_fit(capsys):
+    """8B GRPO on v6e:2x4, 8 prompts × G 8 of 1024 + 1024 tokens at fsdp=8 (issue 39's
+    planner case) fits with no room for the sampler's copy, so it decodes on the learner's
+    layout; the planner's first faster setup frees activations for the copy and models a
+    step at least 3× faster, and fits."""
+    argv = ["memory", "--model", "8b", "--algorithm", "grpo", "--topology", "v6e:2x4"]
+    argv += ["--mesh", "fsdp=8", "--seq-len", "2048", "--remat", "full", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] and out["sampler_tensor"] == 0
+    first = out["faster"][0]
+    assert first["sampler_tensor"] > 0 and first["total_bytes_per_device"] <= out["device_bytes"]
+    assert out["step_model"]["step_s"] >= 3 * first["step_model"]["step_s"], first
+    times = [f["step_model"]["step_s"] for f in out["faster"]]
+    assert times == sorted(times)

@@ -139,3 +139,85 @@ def model_step(
         step_s=step,
         tokens_per_s_per_chip=tokens / devices / step if step > 0 else 0.0,
     )
+
+
+def faster_setups(
+    config: ModelConfig,
+    algorithm: str,
+    chip: Chip,
+    peak: float,
+    *,
+    max_devices: int,
+    **setup: Any,
+) -> list[tuple[str, str, Any, StepModel]]:
+    """Setups near ``setup`` (:func:`~jaxrl_llm.train.compile.memory.estimate_memory`'s
+    arguments, ``sampler_tensor="auto"`` for online runs) that fit and model a faster step,
+    fastest first: ``(change, note, estimate, step model)``. The levers: fewer rows per
+    update (online ``--minibatches``: the activations they free may make room for the
+    sampler's copy), lighter rematerialisation, LoRA, a tensor split of the learner within
+    the same devices. A what-if search on the model, not a compile: ``jaxrl-llm compile``
+    checks the one taken."""
+    from jaxrl_llm.train.compile.memory import (
+        ADVICE_LORA_RANK,
+        ALGORITHMS,
+        LOSS_ALGORITHMS,
+        estimate_memory,
+    )
+
+    def resolved(kw: dict) -> dict:
+        if kw.get("sampler_tensor") != "auto":
+            return kw
+        from jaxrl_llm.train.compile.memory import auto_sampler
+
+        return {**kw, "sampler_tensor": 0, **auto_sampler(config, algorithm, **kw)}
+
+    base = model_step(config, algorithm, chip, peak, **resolved(setup))
+    changes: list[tuple[str, str, dict]] = []
+    algo = ALGORITHMS[algorithm]
+    rows = setup.get("batch_size", 8) * (setup.get("group_size", 1) if algo.online else 1)
+    if algo.online:
+        mb = setup.get("minibatches", 1) * 2
+        while mb <= rows and rows % mb == 0 and mb <= 16:
+            changes.append(
+                (
+                    f"--minibatches {mb}",
+                    f"rollout.minibatches={mb}: {mb} updates a step on 1/{mb} of the rows each",
+                    {"minibatches": mb},
+                )
+            )
+            mb *= 2
+    order = ("none", "dots", "full")
+    for remat in order[: order.index(setup.get("remat", "none"))]:
+        changes.append(
+            (f"--remat {remat}", "recomputes less in the backward pass", {"remat": remat})
+        )
+    if LOSS_ALGORITHMS[algorithm].lora and not setup.get("lora_rank"):
+        changes.append(
+            (
+                f"--lora-rank {ADVICE_LORA_RANK}",
+                "model.lora: trains adapters, base frozen",
+                {"lora_rank": ADVICE_LORA_RANK},
+            )
+        )
+    devices = setup.get("data", 1) * setup.get("fsdp", 1) * setup.get("tensor", 1)
+    t = setup.get("tensor", 1) * 2
+    while t <= min(devices, 8, max_devices) and devices % t == 0:
+        if config.num_kv_heads % t == 0:
+            changes.append(
+                (
+                    f"--mesh fsdp={devices // t},tensor={t}",
+                    f"the learner's activations and weights split {t} ways",
+                    {"fsdp": devices // t, "data": 1, "tensor": t},
+                )
+            )
+        t *= 2
+    out = []
+    for change, note, kw in changes:
+        e = estimate_memory(config, algorithm, **{**setup, **kw})
+        if not e.fits:
+            continue
+        m = model_step(config, algorithm, chip, peak, **resolved({**setup, **kw}))
+        if m.step_s < 0.95 * base.step_s:
+            out.append((change, note, e, m))
+    out.sort(key=lambda x: x[3].step_s)
+    return out
