@@ -106,9 +106,15 @@ class OnlineTrainer(Trainer):
             resident_bytes=per_device_bytes(p.state) + per_device_bytes(p.base),
         )
         self.sampler = SamplerCopy(plan.placement.sampler, models.param_logical_axes(p.config))
+        merged = (
+            "; LoRA adapters merged into the copy once per version (decode then reads the "
+            "weights once per token, not base + adapters)"
+            if p.lora is not None
+            else ""
+        )
         self.say(
             f"sampler: {plan.placement.sampler.describe()}; learner: "
-            f"{plan.placement.learner.describe()} ({plan.placement.why})"
+            f"{plan.placement.learner.describe()} ({plan.placement.why}){merged}"
         )
         self._sampler_weights: tuple[int, object] | None = None
         self.rollouts = Rollouts(
