@@ -35,6 +35,8 @@ from jaxrl_llm.train.programs.policy import Policy, export_policy
 from jaxrl_llm.train.run.faults import fault_point
 from jaxrl_llm.train.run.run_state import (
     NonFiniteGuard,
+    check_same_data,
+    data_digest,
     make_logger,
     output_dir_lock,
     record_config,
@@ -74,6 +76,7 @@ class Trainer:
         self.logger = None
         self._last_saved: int | None = None
         self._stop_point: tuple[int, dict, list[int]] | None = None  # see _boundary
+        self.data_sha256: str | None = None  # the training rows' digest, saved with each step
 
     # ----- provided by the trainer --------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -123,6 +126,7 @@ class Trainer:
         if extra is None:
             return
         step = int(extra.get("step", int(self.policy.state.step)))
+        check_same_data(self.cfg, extra, self.data_sha256)
         if step > self.cfg.max_steps:
             raise ConfigError(
                 f"--resume: the newest checkpoint in {self.cfg.output_dir} is at step {step}, "
@@ -161,6 +165,7 @@ class Trainer:
                 guard=self.guard,
                 train_time_s=self.train_time,
                 data=data,
+                data_sha256=self.data_sha256,
             ),
         )
         fault_point("checkpoint", step)
@@ -170,6 +175,7 @@ class Trainer:
         (held-out metrics before / after, timings, the export path)."""
         os.makedirs(self.cfg.output_dir, exist_ok=True)
         with output_dir_lock(self.cfg.output_dir), stop_signals():
+            self.data_sha256 = data_digest(self.cfg)
             self.maybe_resume()
             record_config(
                 self.cfg, self.plan.loss_config, self.start_step if self.resumed else None, self.say

@@ -1,0 +1,207 @@
+"""Reliability (issue 43): no silent wrong training, checkpoints that fall back, bounded inputs,
+one line per fault. Each case asserts the exit status or the exception, the one line, and that
+nothing was lost.
+
+- The Python API writes nothing before its checks pass; a resume over other rows is refused; a
+  second ``train()`` is refused (a run that ended) or continues (a run that stopped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import jaxrl_llm
+from jaxrl_llm.cli.main import main
+from jaxrl_llm.errors import ConfigError
+
+ROWS = [
+    {"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))}
+    for a in range(4)
+    for b in range(4)
+]
+OTHER_ROWS = [{**r, "answer": "0"} for r in ROWS]
+
+
+def digit_reward(prompts, completions, answer, **kwargs):
+    """1 when the completion holds the answer."""
+    return [float(answer[i] in c[0]["content"]) for i, c in enumerate(completions)]
+
+
+def _args(out, **over):
+    base = dict(
+        output_dir=str(out),
+        max_steps=1,
+        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
+        data=dict(max_length=32),
+        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=3),
+        logging=dict(tensorboard=False, plots=False),
+        eval=dict(before=False),
+        checkpoint=dict(export_hf=False),
+    )
+    base.update(over)
+    return base
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e)
+    assert "\n" not in text and text, text
+    return text
+
+
+def _cli(capsys, argv) -> tuple[int, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    _, err = capsys.readouterr()
+    return rc, err
+
+
+def _error_line(err: str, command: str = "train") -> str:
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(("data: ", "checkpoint "))]
+    assert len(lines) == 1 and lines[0].startswith(f"jaxrl-llm {command}: error: "), err
+    return lines[0]
+
+
+# ----- 1. the Python API ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def api_run(tmp_path_factory):
+    """A 1-step GRPO run from the Python API, and the trainer that ran it."""
+    out = tmp_path_factory.mktemp("api") / "run"
+    trainer = jaxrl_llm.GRPOTrainer(
+        reward_funcs=[digit_reward], train_dataset=ROWS, args=_args(out)
+    )
+    trainer.train()
+    return out, trainer
+
+
+def _snapshot(out) -> dict[str, bytes]:
+    """The bytes of every file of a run besides the lock."""
+    got = {}
+    for root, _, files in os.walk(out):
+        for name in files:
+            if name != ".lock":
+                p = os.path.join(root, name)
+                got[os.path.relpath(p, out)] = open(p, "rb").read()
+    return got
+
+
+def test_a_refused_trainer_leaves_the_saved_rows_unchanged(api_run):
+    out, _ = api_run
+    before = _snapshot(out)
+    with pytest.raises(ConfigError) as e:
+        jaxrl_llm.GRPOTrainer(
+            reward_funcs=[digit_reward], train_dataset=OTHER_ROWS, args=_args(out)
+        )
+    assert "already holds checkpoints" in _one_line(e.value)
+    # a resume with other rows is refused before it writes them
+    with pytest.raises(ConfigError) as e:
+        jaxrl_llm.GRPOTrainer(
+            reward_funcs=[digit_reward],
+            train_dataset=OTHER_ROWS,
+            args=_args(out, resume=True, max_steps=2),
+        )
+    line = _one_line(e.value)
+    assert "train_dataset: these rows differ from the rows saved in" in line, line
+    assert _snapshot(out) == before
+
+
+def test_a_resume_over_changed_rows_is_refused(api_run, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    out = tmp_path / "run"
+    shutil.copytree(api_run[0], out)
+    rows = out / "data" / "train.jsonl"
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["output_dir"], config["data"]["train"] = str(out), str(rows)  # the copy's own
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    rows.write_text("".join(json.dumps(r) + "\n" for r in OTHER_ROWS), encoding="utf-8")
+    before = _snapshot(out)
+    rc, err = _cli(capsys, ["train", str(out / "config.yaml"), "max_steps=2", "--resume"])
+    assert rc == 2, err
+    line = _error_line(err)
+    assert f"data.train '{rows}' differs from the rows the checkpoint of step 1" in line, line
+    assert _snapshot(out) == before  # nothing trained, logged or checkpointed
+
+
+def test_a_second_train_call_after_the_run_ended_is_refused(api_run):
+    out, trainer = api_run
+    before = _snapshot(out)
+    with pytest.raises(ConfigError) as e:
+        trainer.train()
+    assert "this trainer's run already ended (max_steps=1" in _one_line(e.value)
+    assert _snapshot(out) == before
+
+
+def test_a_second_train_call_after_a_stop_continues_as_resume(tmp_path, monkeypatch):
+    """The first call stops (Ctrl-C) after step 2 is saved; the second resumes from it."""
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
+    from jaxrl_llm.train.run.signals import RunStopped
+
+    out = tmp_path / "run"
+    trainer = jaxrl_llm.GRPOTrainer(
+        reward_funcs=[digit_reward],
+        train_dataset=ROWS,
+        args=_args(out, max_steps=3, checkpoint=dict(save_every=2, export_hf=False)),
+    )
+    real = OnlineTrainer.train_step
+
+    def stop_at_3(self, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real(self, step)
+
+    monkeypatch.setattr(OnlineTrainer, "train_step", stop_at_3)
+    with pytest.raises((RunStopped, KeyboardInterrupt)):
+        trainer.train()
+    rows = [json.loads(r) for r in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    monkeypatch.setattr(OnlineTrainer, "train_step", real)
+    summary = trainer.train()
+    assert summary["steps"] == 3 and trainer.config.resume
+    rows = [json.loads(r) for r in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]  # steps 1-2 kept, not rerun
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(model=3), "GRPOTrainer: model: expected a model source"),
+        (dict(args=7), "GRPOTrainer: args: expected a dict, a YAML path, a RunConfig or a"),
+        (dict(algorithm=1), "GRPOTrainer: algorithm: expected a string, got int"),
+        (dict(reward_funcs=5), "reward_funcs: expected a list of functions"),
+        (dict(reward_funcs=["digit_reward"]), "reward_funcs[0]: expected a function"),
+        (dict(reward_funcs=[(digit_reward, "2")]), "reward_funcs[0]: the weight must be a number"),
+        (
+            dict(reward_funcs=[(digit_reward, float("nan"))]),
+            "reward_funcs[0]: the weight must be finite",
+        ),
+        (dict(environment="tools"), "environment: expected a class"),
+        (dict(train_dataset="rows.jsonl"), "train_dataset: expected a non-empty list of dicts"),
+        (dict(train_dataset=12), "got int"),
+        (dict(eval_dataset={"prompt": "a"}), "eval_dataset: expected a non-empty list of dicts"),
+        (dict(train_dataset=[{"x": {1, 2}}]), "train_dataset: a row cannot be written as JSON"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_one_line(kwargs, needle, tmp_path):
+    full = dict(reward_funcs=[digit_reward], train_dataset=ROWS, args=_args(tmp_path / "run"))
+    full.update(kwargs)
+    with pytest.raises(ConfigError) as e:
+        jaxrl_llm.GRPOTrainer(**full)
+    assert needle in _one_line(e.value), e.value
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_one_reward_function_is_taken_as_trl_takes_it(tmp_path):
+    trainer = jaxrl_llm.GRPOTrainer(
+        reward_funcs=digit_reward, train_dataset=ROWS, args=_args(tmp_path / "run")
+    )
+    assert [r.name for r in trainer.config.rewards] == [f"{__name__}:digit_reward"]
