@@ -17,6 +17,7 @@ import jaxrl_llm
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.errors import ConfigError
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROWS = [
     {"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))}
     for a in range(4)
@@ -205,3 +206,72 @@ def test_one_reward_function_is_taken_as_trl_takes_it(tmp_path):
         reward_funcs=digit_reward, train_dataset=ROWS, args=_args(tmp_path / "run")
     )
     assert [r.name for r in trainer.config.rewards] == [f"{__name__}:digit_reward"]
+
+
+# ----- 2. failed episodes carry no gradient ----------------------------------------------------
+
+
+class LongOpening:
+    """An environment whose every opening is longer than the model's context: each episode
+    fails before it is prefilled (``env/openings_too_long``)."""
+
+    def reset(self, item):
+        return [{"role": "user", "content": "9" * 2000}]
+
+    def step(self, text):
+        """Ends the episode (only the start-up check calls it)."""
+        from jaxrl_llm.envs import Step
+
+        return Step(messages=[], reward=0.0, done=True)
+
+
+ALGORITHM_CONFIGS = {
+    name: os.path.join(ROOT, "configs", f"{name}.yaml")
+    for name in ("grpo", "ppo", "online_dpo", "distill")
+}
+
+
+def unscored(prompts, completions, **kwargs):
+    """A reward function that scores no row (None: this row cannot be scored)."""
+    return [None] * len(completions)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_CONFIGS))
+def test_failed_episodes_carry_no_gradient(algorithm, tmp_path, capsys):
+    """Every episode fails (its opening is too long; online DPO, which runs no environment:
+    every reward fails): the update moves nothing, and ``rewards/valid_frac`` says no row was
+    scored."""
+    out = tmp_path / "run"
+    prompts = 8 if algorithm == "online_dpo" else 4  # online DPO's pairs split over 8 devices
+    argv = [
+        "train",
+        ALGORITHM_CONFIGS[algorithm],
+        f"output_dir={out}",
+        "max_steps=1",
+        f"data.train={ROOT}/data/addition/train.jsonl",
+        "data.eval=null",
+        f"rollout.prompts_per_step={prompts}",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "model.source=tiny",
+        "model.tokenizer=char",
+        "model.tiny={num_layers: 1}",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+        "checkpoint.export_hf=false",
+    ]
+    if algorithm == "online_dpo":
+        argv.append(f"rewards=[{{name: {__name__}:unscored}}]")
+    else:
+        argv.append(f"env={{name: {__name__}:LongOpening, max_failures: 5}}")
+    if algorithm == "distill":
+        argv += ["teacher.source=tiny", "teacher.tokenizer=char", "teacher.tiny={num_layers: 2}"]
+    rc, err = _cli(capsys, argv)
+    assert rc == 0, err
+    (row,) = [r for r in map(json.loads, open(out / "metrics.jsonl")) if "grad_norm" in r]
+    if algorithm == "online_dpo":
+        assert row["reward/failed"] == 16 and row["dpo/pairs"] == 0, row
+    else:
+        assert row["env/failed"] == 8 and row["env/openings_too_long"] == 8, row
+    assert row["rewards/valid_frac"] == 0.0, row
+    assert row["grad_norm"] < 1e-6 and row.get("critic/grad_norm", 0.0) < 1e-6, row

@@ -17,6 +17,11 @@ from the algorithm's registry entry (:class:`jaxrl_llm.losses.Algorithm`, ``fami
 * :class:`Distillation` — on-policy distillation: a frozen teacher scores the student's
   samples (reverse-KL advantages, or GKD's teacher inputs for the step), plus
   ``distill.reward_weight`` × the rewards' group-normalised advantages.
+
+A row that could not be scored (a failed episode or reward, ``Experience.valid`` false) carries
+no gradient in any family: zero advantage in the group policy gradient, no pair in online DPO,
+a zero loss weight in PPO and distillation (:func:`scored_weight`); ``rewards/valid_frac``
+counts it (:func:`with_valid_frac`).
 """
 
 from __future__ import annotations
@@ -122,6 +127,24 @@ def loss_weight(rollout: RolloutSection, exp: Experience) -> np.ndarray:
     return np.ones(len(exp), np.int32)
 
 
+def scored_weight(rollout: RolloutSection, exp: Experience) -> np.ndarray:
+    """``[N]`` int32 :func:`loss_weight` with 0 for the rows that could not be scored (a
+    failed episode, a failed reward: ``exp.valid`` false). The families whose per-token signal
+    does not come from the reward alone (PPO's KL-shaped reward and critic, distillation's
+    teacher) leave those rows out of the update with it, so that a failed episode carries no
+    gradient, as its zero advantage gives in the group policy gradient."""
+    return loss_weight(rollout, exp) * np.asarray(exp.valid, bool).astype(np.int32)
+
+
+def with_valid_frac(exp: Experience, metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` with ``rewards/valid_frac`` counting every row the update left out for
+    having no valid score, failed episodes included (the reward functions alone count only
+    theirs), when the run reports it."""
+    if "rewards/valid_frac" in exp.metrics:
+        metrics["rewards/valid_frac"] = float(np.mean(exp.valid)) if len(exp) else 1.0
+    return metrics
+
+
 @dataclasses.dataclass
 class Prepared:
     """A strategy's output: the learner batch, the advantages to report, metrics."""
@@ -213,7 +236,7 @@ class GroupPolicyGradient:
         if self.plan.needs.reference_in_loss:
             assert reference is not None
             batch["ref_logp"] = np.asarray(reference(batch)["ref_logp"])
-        return Prepared(batch, adv, metrics)
+        return Prepared(batch, adv, with_valid_frac(exp, metrics))
 
     def process_advantages(self, exp: Experience) -> tuple[np.ndarray, dict]:
         """Token-level ``[N, M]`` GRPO process-supervision advantages from step scores."""
@@ -275,7 +298,7 @@ class PPOStrategy:
         assert reference is not None
         cfg = self.plan.cfg
         scores = np.where(exp.valid, exp.rewards, 0.0)
-        batch = rl_batch(exp, np.zeros(len(exp), np.float32), loss_weight(cfg.rollout, exp))
+        batch = rl_batch(exp, np.zeros(len(exp), np.float32), scored_weight(cfg.rollout, exp))
         ppo = cfg.ppo
         jb = {k: jnp.asarray(v) for k, v in batch.items()}
         ref_logp = jnp.asarray(reference(batch)["ref_logp"])
@@ -297,13 +320,17 @@ class PPOStrategy:
         batch.update(
             advantages=adv_np, values=np.asarray(values), returns=np.asarray(returns * mask)
         )
+        m = int(np.shape(exp.rollout.tokens)[1])
         return Prepared(
             batch,
-            adv_np,
-            {
-                "kl_to_ref": float(ops.masked_mean(kl, mask)),
-                "vf/value_mean": float(ops.masked_mean(values, mask)),
-            },
+            adv_np[:, -m:],  # the completion's columns: reported over the rollout's mask
+            with_valid_frac(
+                exp,
+                {
+                    "kl_to_ref": float(ops.masked_mean(kl, mask)),
+                    "vf/value_mean": float(ops.masked_mean(values, mask)),
+                },
+            ),
         )
 
     def critic_update(self, sub: dict) -> dict:
@@ -364,7 +391,7 @@ class OnlinePairs:
         if self.plan.needs.reference_in_loss:
             assert reference is not None
             batch.update({k: np.asarray(v) for k, v in reference(batch).items()})
-        return Prepared(batch, None, {"dpo/pairs": int(has.sum())})
+        return Prepared(batch, None, with_valid_frac(exp, {"dpo/pairs": int(has.sum())}))
 
 
 class Distillation:
@@ -437,13 +464,13 @@ class Distillation:
         if not self.on_policy(exp):
             return self.prepare_data_step(exp, m)
         task = self.reward_advantages(exp)
-        batch = rl_batch(exp, task, loss_weight(cfg.rollout, exp))
+        batch = rl_batch(exp, task, scored_weight(cfg.rollout, exp))
         t_batch = self.teacher_rows(batch, exp, m)
         if self.plan.needs.teacher_in_loss:  # GKD: the step runs the teacher on its inputs
             batch["teacher_input_ids"] = t_batch["input_ids"]
             batch["teacher_attention_mask"] = t_batch["attention_mask"]
             metrics = {"distill/on_policy": 1.0} if lc.lmbda < 1 else {}
-            return Prepared(batch, batch["advantages"][:, -m:], metrics)
+            return Prepared(batch, batch["advantages"][:, -m:], with_valid_frac(exp, metrics))
         student = self.student_logps(batch)
         teacher = self.programs.teacher(
             self.teacher.params, {k: jnp.asarray(v) for k, v in t_batch.items()}
@@ -459,7 +486,9 @@ class Distillation:
         return Prepared(
             batch,
             adv,
-            {"distill/reverse_kl": float(per_token.mean()) if per_token.size else 0.0},
+            with_valid_frac(
+                exp, {"distill/reverse_kl": float(per_token.mean()) if per_token.size else 0.0}
+            ),
         )
 
     def teacher_rows(self, batch: dict, exp: Experience, m: int) -> dict[str, np.ndarray]:
@@ -498,7 +527,7 @@ class Distillation:
         t_batch = self.teacher_rows(batch, data, m)
         batch["teacher_input_ids"] = t_batch["input_ids"]
         batch["teacher_attention_mask"] = t_batch["attention_mask"]
-        return Prepared(batch, None, {"distill/on_policy": 0.0})
+        return Prepared(batch, None, with_valid_frac(exp, {"distill/on_policy": 0.0}))
 
 
 STRATEGIES: dict[AlgorithmFamily, Callable[..., Strategy]] = {
