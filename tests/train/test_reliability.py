@@ -275,3 +275,154 @@ def test_failed_episodes_carry_no_gradient(algorithm, tmp_path, capsys):
         assert row["env/failed"] == 8 and row["env/openings_too_long"] == 8, row
     assert row["rewards/valid_frac"] == 0.0, row
     assert row["grad_norm"] < 1e-6 and row.get("critic/grad_norm", 0.0) < 1e-6, row
+
+
+# ----- 3. resume falls back past a damaged checkpoint ------------------------------------------
+
+SFT = os.path.join(ROOT, "configs", "sft.yaml")
+SFT_TINY = [
+    "model.source=tiny",
+    "model.tokenizer=char",
+    "model.tiny.num_layers=1",
+    "logging.tensorboard=false",
+    "logging.plots=false",
+    "data.eval=null",
+    "checkpoint.export_hf=false",
+    "checkpoint.save_every=2",
+    "checkpoint.keep=3",
+]
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    """A 4-step SFT run with checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("fallback") / "run"
+    assert main(["train", SFT, f"output_dir={out}", *SFT_TINY, "max_steps=4"]) == 0
+    return out
+
+
+def _damage(step_dir, kind) -> None:
+    import shutil
+
+    if kind == "params-deleted":
+        shutil.rmtree(step_dir / "params")
+    elif kind == "zero-byte-files":
+        for root, _, files in os.walk(step_dir):
+            for name in files:
+                open(os.path.join(root, name), "w").close()
+    elif kind == "garbage-metadata":
+        for root, _, files in os.walk(step_dir):
+            for name in files:
+                if name in ("_CHECKPOINT_METADATA", "_METADATA", "metadata"):
+                    with open(os.path.join(root, name), "wb") as f:
+                        f.write(b"\x00\xff garbage {{")
+    else:  # an empty step folder
+        shutil.rmtree(step_dir)
+        step_dir.mkdir()
+
+
+@pytest.mark.parametrize(
+    "kind,said",
+    [
+        ("params-deleted", "params/ is missing"),
+        ("zero-byte-files", "_CHECKPOINT_METADATA is empty (0 bytes)"),
+        ("garbage-metadata", "_CHECKPOINT_METADATA is not valid JSON"),
+        ("empty-step", "the step folder is empty"),
+    ],
+)
+def test_resume_falls_back_past_a_damaged_newest_step(kind, said, sft_run, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(sft_run, out)
+    _damage(out / "checkpoints" / "4", kind)
+    rc, err = _cli(
+        capsys, ["train", SFT, f"output_dir={out}", *SFT_TINY, "max_steps=6", "--resume"]
+    )
+    assert rc == 0, err
+    assert "Traceback" not in err and "ERROR" not in err, err
+    (line,) = [ln for ln in err.splitlines() if "is unreadable" in ln]
+    assert f"step 4 is unreadable, its files truncated or corrupt ({said}); trying step 2" in line
+    assert "resumed from step 2" in err
+    steps = [json.loads(r)["step"] for r in open(out / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4, 5, 6], steps  # steps 3-4 logged once, again
+    assert sorted(int(s) for s in os.listdir(out / "checkpoints") if s.isdigit()) == [2, 4, 6]
+
+
+def test_a_damaged_step_named_explicitly_is_one_line(sft_run, tmp_path):
+    """Only the newest step is fallen back past; every step damaged is one CheckpointError."""
+    import shutil
+
+    from jaxrl_llm.errors import CheckpointError
+    from jaxrl_llm.train.run.checkpoint import restore_model
+
+    out = tmp_path / "run"
+    shutil.copytree(sft_run, out)
+    for step in ("2", "4"):
+        _damage(out / "checkpoints" / step, "params-deleted")
+    with pytest.raises(CheckpointError) as e:
+        restore_model(out / "checkpoints")
+    assert "no readable checkpoint" in _one_line(e.value)
+    assert "step 4 (params/ is missing); step 2 (params/ is missing)" in str(e.value)
+
+
+# ----- 3b. metrics.jsonl restored from the checkpoint's row count -------------------------------
+
+
+def _rows_file(path, n) -> list[str]:
+    lines = [json.dumps({"step": i, "loss": float(i)}) for i in range(1, n + 1)]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return lines
+
+
+@pytest.mark.parametrize(
+    "damage,kept,said",
+    [
+        (
+            "truncated",
+            [1, 2],
+            "2 of the 4 rows logged up to the checkpoint are missing or damaged (rows 3-4)",
+        ),
+        (
+            "corrupt-middle",
+            [1, 3, 4],
+            "1 of the 4 rows logged up to the checkpoint are missing or damaged (rows 2)",
+        ),
+        (
+            "random-bytes",
+            [],
+            "4 of the 4 rows logged up to the checkpoint are missing or damaged (rows 1-4)",
+        ),
+        (
+            "deleted",
+            [],
+            "4 of the 4 rows logged up to the checkpoint are missing or damaged (rows 1-4)",
+        ),
+    ],
+)
+def test_a_damaged_metrics_file_is_rewritten_from_its_intact_rows(damage, kept, said, tmp_path):
+    """The checkpoint counted 4 rows (a killed run logged a 5th after it): the file keeps the
+    intact ones among those 4, never the 5th, and one line says the gap."""
+    import io
+
+    from jaxrl_llm.train.run.logging import MetricsLogger, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    lines = _rows_file(path, 5)
+    if damage == "truncated":
+        path.write_text("".join(line + "\n" for line in lines[:2]) + lines[2][:7])
+    elif damage == "corrupt-middle":
+        lines[1] = '{"step": 2, "lo'
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    elif damage == "random-bytes":
+        path.write_bytes(os.urandom(4096))
+    else:
+        path.unlink()
+    note = io.StringIO()
+    logger = MetricsLogger(str(tmp_path), resume=True, keep_rows=4, stream=note, trackers=[])
+    assert logger.rows == len(kept)
+    logger.log(5, {"loss": 5.0}, progress=False)
+    logger.close()
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == kept + [5]
+    (line,) = note.getvalue().strip().splitlines()
+    assert said in line, line

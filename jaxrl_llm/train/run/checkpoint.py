@@ -111,6 +111,7 @@ class CheckpointManager:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
+        logging.getLogger("absl").addFilter(_PARSE_NOTES)  # once: filters are a set
         self._mgr = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=_handlers()
         )
@@ -226,8 +227,12 @@ class CheckpointManager:
             meta=ocp.args.StandardRestore({"step": abstract_state.step, "rng": abstract_state.rng}),
             extra=ocp.args.JsonRestore(),
         )
+        items = ("params", "opt_state", "meta", "extra")
         _, out = _newest_intact(
-            self.directory, steps, step, lambda s: _restore_one(self._mgr, self.directory, s, args)
+            self.directory,
+            steps,
+            step,
+            lambda s: _restore_one(self._mgr, self.directory, s, args, items),
         )
         state = TrainState(
             params=out["params"],
@@ -249,16 +254,76 @@ class CheckpointManager:
         self.close()
 
 
+class _ParseNoteFilter(logging.Filter):
+    """Drops orbax's "Failed to json parse Metadata file" log records: a damaged step's
+    metadata is reported once, by the resume's line naming the step (:func:`step_damage`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to json parse Metadata file")
+
+
+_PARSE_NOTES = _ParseNoteFilter()
+
+
 class _Unreadable(Exception):
     """A step's files cannot be read back (truncated or corrupt)."""
 
 
-def _restore_one(mgr, directory: str, step: int, args):
-    """``mgr.restore(step)``; CheckpointError when the arrays do not match ``args``' structure
-    (the config changed), :class:`_Unreadable` when the files cannot be read."""
+#: Files of an orbax step that hold JSON (the step's and each item's metadata).
+_JSON_FILES = ("_CHECKPOINT_METADATA", "_METADATA", "_sharding", "metadata")
+
+
+def step_damage(step_dir: str, items: tuple[str, ...]) -> str | None:
+    """What makes a finalised step unreadable, found without reading its arrays: an empty step
+    folder, a missing item (``params/``), a zero-byte file, metadata that is not JSON; None when
+    it looks intact (a local directory; a remote one is not checked here). Orbax reports these
+    as a structure mismatch, which would point at a config change."""
+    if not os.path.isdir(os.path.dirname(step_dir)):
+        return None  # not a local path (gs://...): orbax's own errors decide
+    if not os.path.isdir(step_dir) or not os.listdir(step_dir):
+        return "the step folder is empty"
+    for item in items:
+        if not os.path.isdir(os.path.join(step_dir, item)):
+            return f"{item}/ is missing"
+    for root, _, files in os.walk(step_dir):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, step_dir)
+            try:
+                if os.path.getsize(path) == 0:
+                    return f"{rel} is empty (0 bytes)"
+                if name in _JSON_FILES or os.path.basename(root) == "array_metadatas":
+                    with open(path, encoding="utf-8") as f:
+                        json.load(f)
+            except (ValueError, UnicodeDecodeError):
+                return f"{rel} is not valid JSON"
+            except OSError as e:
+                return f"{rel} cannot be read ({e.strerror or e})"
+    return None
+
+
+def _raise_if_damaged(directory: str, step: int, items: tuple[str, ...]) -> None:
+    problem = step_damage(os.path.join(directory, str(step)), items)
+    if problem is not None:
+        raise _Unreadable(problem)
+
+
+def _restore_one(mgr, directory: str, step: int, args, items: tuple[str, ...]):
+    """``mgr.restore(step)`` of ``items``; CheckpointError when the arrays do not match
+    ``args``' structure (the config changed), :class:`_Unreadable` when the files are damaged
+    (:func:`step_damage`) or cannot be read."""
+    _raise_if_damaged(directory, step, items)
     try:
         return mgr.restore(step, args=args)
-    except (ValueError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, FileNotFoundError) as e:
+        raise _Unreadable(_first_line(e)) from None
+    except KeyError as e:
+        if "not found in the checkpoint" in str(e):
+            raise _Unreadable(_first_line(e)) from None
+        raise CheckpointError(
+            f"{directory}/{step}: cannot restore into the given state structure: {_first_line(e)}"
+        ) from None
+    except (ValueError, TypeError) as e:
         raise CheckpointError(
             f"{directory}/{step}: cannot restore into the given state structure: {_first_line(e)}"
         ) from None
@@ -382,6 +447,7 @@ def restore_model(
     if not os.path.isdir(root):
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     absl_logger = logging.getLogger("absl")  # orbax's notes on read-only managers
+    absl_logger.addFilter(_PARSE_NOTES)
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
     try:
@@ -416,6 +482,7 @@ def _restore_model_step(mgr, root: str, step: int | None, sharding):
                 f"{root}/{s} has no model_config; save with "
                 f"CheckpointManager(..., model_config=config)"
             )
+        _raise_if_damaged(root, s, ("params", "model_config"))
         meta = mgr.item_metadata(s)["params"]
         target = jax.tree.map(
             lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), meta
@@ -423,7 +490,7 @@ def _restore_model_step(mgr, root: str, step: int | None, sharding):
         args = ocp.args.Composite(
             params=ocp.args.StandardRestore(target), model_config=ocp.args.JsonRestore()
         )
-        return _restore_one(mgr, root, s, args)
+        return _restore_one(mgr, root, s, args, ("params", "model_config"))
 
     s, out = _newest_intact(root, steps, step, restore)
     return model_config_from_dict(out["model_config"], source=f"{root}/{s}"), out["params"], s
