@@ -344,7 +344,39 @@ DATA = {
     ),
 }
 
+DISTILL = os.path.join(ROOT, "configs", "distill.yaml")
+TINY_TEACHER = ["teacher.source=tiny", "teacher.tokenizer=char"]
 CONFIG = {
+    # issue 43: bounded inputs, refused by --dry-run before anything loads
+    "group-size-beyond-memory": (
+        _train(GRPO, "rollout.group_size=1000000", dry=True),
+        [
+            "rollout.prompts_per_step x group_size = 4 x 1000000 rows",
+            "GiB per device by the memory estimate (jaxrl-llm memory --algorithm grpo)",
+            "GiB a cpu device has free",
+            "lower rollout.group_size",
+        ],
+    ),
+    "temperature-below-the-floor": (
+        _train(GRPO, "rollout.temperature=1e-30", dry=True),
+        ["rollout.temperature=1e-30 is below 0.01", "use at least 0.01"],
+    ),
+    "prompt-and-budget-beyond-the-context": (
+        _train(GRPO, "data.max_length=200", "rollout.max_new_tokens=100", dry=True),
+        [
+            "rollout.max_new_tokens=100 with data.max_length=200",
+            "exceed the model's context of 256 tokens",
+            "use at most 56",
+        ],
+    ),
+    "teacher-prompt-beyond-the-teachers-context": (
+        _train(DISTILL, *TINY_TEACHER, "teacher.system_prompt=" + "x" * 1000, dry=True),
+        [
+            "teacher.system_prompt (1000 tokens)",
+            "exceed the teacher's context of 256 tokens",
+            "shorten teacher.system_prompt to at most 112 tokens",
+        ],
+    ),
     "seed-negative": (_train(SFT, "seed=-1", dry=True), ["seed", "[0, 4294967295]", "-1"]),
     "seed-not-an-integer": (_train(SFT, "seed=1e23", dry=True), ["seed", "expected an integer"]),
     "output-dir-under-a-file": (

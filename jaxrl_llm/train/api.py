@@ -43,7 +43,13 @@ from typing import Any
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.config.config_io import from_dict, load_config, to_dict
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
-from jaxrl_llm.train.config.preflight import check_mesh, check_tokenizer_sizes, check_trackers
+from jaxrl_llm.train.config.preflight import (
+    check_lengths,
+    check_mesh,
+    check_step_memory,
+    check_tokenizer_sizes,
+    check_trackers,
+)
 from jaxrl_llm.train.config.run_config import RunConfig
 
 #: Seeds are unsigned 32-bit (numpy's and JAX's PRNG keys take them).
@@ -65,6 +71,8 @@ def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
     pending = set(rows_to_write)
     plan = plan_run(cfg, check_mesh(cfg))
     check_tokenizer_sizes(cfg)
+    check_lengths(cfg)
+    check_step_memory(cfg, plan)
     check_trackers(cfg)
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(f"seed: expected an integer in [0, {MAX_SEED}], got {cfg.seed}")

@@ -426,3 +426,54 @@ def test_a_damaged_metrics_file_is_rewritten_from_its_intact_rows(damage, kept, 
     assert [r["step"] for r in read_metrics(str(tmp_path))] == kept + [5]
     (line,) = note.getvalue().strip().splitlines()
     assert said in line, line
+
+
+# ----- 4. a non-finite teacher or reference is named as such ------------------------------------
+
+
+def test_a_non_finite_reference_is_named_in_the_stop_line():
+    """A reference whose log-probs are NaN stops the step in one line naming the reference
+    (the non-finite guard would have blamed optim.lr)."""
+    import numpy as np
+
+    from jaxrl_llm.errors import TrainingError
+    from jaxrl_llm.train.online.algorithms import GroupPolicyGradient
+    from tests.train.test_algorithms import experience, plan
+
+    p = plan("grpo", loss=dict(kl_coef=0.1))
+    exp = experience([1.0, 0.0, 3.0, 3.0], group_size=2)
+
+    def nan_reference(batch):
+        out = np.full(batch["input_ids"].shape, -0.75, np.float32)
+        out[1, -2] = np.nan  # a completion token the loss reads
+        return {"ref_logp": out}
+
+    with pytest.raises(TrainingError) as e:
+        GroupPolicyGradient(p, None, None).prepare(exp, nan_reference)
+    line = _one_line(e.value)
+    assert "the reference model's log-probs are non-finite (NaN or inf) on 1 of" in line
+    assert "model.source='tiny'" in line and "optim.lr and the data are not the cause" in line
+
+    def nan_on_padding(batch):  # NaN only where the loss reads nothing: no stop
+        out = np.full(batch["input_ids"].shape, -0.75, np.float32)
+        out[:, 0] = np.nan
+        return {"ref_logp": out}
+
+    GroupPolicyGradient(p, None, None).prepare(exp, nan_on_padding)
+
+
+def test_a_teacher_with_non_finite_weights_is_refused_before_its_first_step():
+    import jax.numpy as jnp
+
+    from jaxrl_llm.errors import ModelLoadError
+    from jaxrl_llm.train.online.algorithms import check_finite_weights
+
+    params = {"embed": {"embedding": jnp.ones((3, 2))}, "layers": {"w": jnp.zeros((2, 2))}}
+    check_finite_weights(params, "teacher.source='t'")  # finite: nothing
+    params["layers"]["w"] = params["layers"]["w"].at[0, 1].set(jnp.inf)
+    with pytest.raises(ModelLoadError) as e:
+        check_finite_weights(params, "teacher.source='t'")
+    line = _one_line(e.value)
+    assert (
+        "teacher.source='t': its weights hold NaN or inf in 1 tensor(s) (first: layers/w)" in line
+    )

@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxrl_llm import objectives, ops
 from jaxrl_llm import rewards as reward_lib
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, ModelLoadError, TrainingError
 from jaxrl_llm.losses import AdvantageEstimator, AlgorithmFamily
 from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, RunPlan
 from jaxrl_llm.train.config.sections import RolloutSection
@@ -134,6 +134,30 @@ def scored_weight(rollout: RolloutSection, exp: Experience) -> np.ndarray:
     teacher) leave those rows out of the update with it, so that a failed episode carries no
     gradient, as its zero advantage gives in the group policy gradient."""
     return loss_weight(rollout, exp) * np.asarray(exp.valid, bool).astype(np.int32)
+
+
+def check_finite_output(values: np.ndarray, mask: np.ndarray, what: str, cause: str) -> None:
+    """Stop in one line when a frozen model's output (``what``: the teacher's or the
+    reference's log-probs) is NaN or ±inf where the loss reads it (``mask``): the run would
+    otherwise train on it, and the non-finite guard would blame the learning rate.
+
+    Raises:
+      TrainingError: naming the model and ``cause`` (its source).
+    """
+    read = np.broadcast_to(np.asarray(mask) > 0, np.shape(values))
+    bad = read & ~np.isfinite(np.asarray(values, np.float64))
+    if bad.any():
+        raise TrainingError(
+            f"{what} are non-finite (NaN or inf) on {int(bad.sum())} of {int(read.sum())} "
+            f"values the loss reads; {cause} (optim.lr and the data are not the cause)"
+        )
+
+
+def _reference_cause(plan: RunPlan) -> str:
+    return (
+        f"the reference is the starting policy, model.source={plan.cfg.model.source!r}: its "
+        f"weights hold NaN or inf"
+    )
 
 
 def with_valid_frac(exp: Experience, metrics: dict[str, float]) -> dict[str, float]:
@@ -236,6 +260,12 @@ class GroupPolicyGradient:
         if self.plan.needs.reference_in_loss:
             assert reference is not None
             batch["ref_logp"] = np.asarray(reference(batch)["ref_logp"])
+            check_finite_output(
+                batch["ref_logp"],
+                batch["loss_mask"],
+                "the reference model's log-probs",
+                _reference_cause(self.plan),
+            )
         return Prepared(batch, adv, with_valid_frac(exp, metrics))
 
     def process_advantages(self, exp: Experience) -> tuple[np.ndarray, dict]:
@@ -301,7 +331,14 @@ class PPOStrategy:
         batch = rl_batch(exp, np.zeros(len(exp), np.float32), scored_weight(cfg.rollout, exp))
         ppo = cfg.ppo
         jb = {k: jnp.asarray(v) for k, v in batch.items()}
-        ref_logp = jnp.asarray(reference(batch)["ref_logp"])
+        ref_host = np.asarray(reference(batch)["ref_logp"])
+        check_finite_output(
+            ref_host,
+            batch["loss_mask"],
+            "the reference model's log-probs",
+            _reference_cause(self.plan),
+        )
+        ref_logp = jnp.asarray(ref_host)
         mask = jb["loss_mask"]
         values = jnp.asarray(self.critic_programs.values(self.critic.state.params, batch))
         token_r = objectives.kl_shaped_rewards(
@@ -391,6 +428,14 @@ class OnlinePairs:
         if self.plan.needs.reference_in_loss:
             assert reference is not None
             batch.update({k: np.asarray(v) for k, v in reference(batch).items()})
+            for key in ("ref_chosen_logps", "ref_rejected_logps"):
+                if key in batch:
+                    check_finite_output(
+                        batch[key],
+                        has,
+                        "the reference model's log-probs",
+                        _reference_cause(self.plan),
+                    )
         return Prepared(batch, None, with_valid_frac(exp, {"dpo/pairs": int(has.sum())}))
 
 
@@ -428,6 +473,9 @@ class Distillation:
         if teacher is None:
             raise ConfigError(f"{plan.cfg.algorithm}: a teacher section is required")
         self.plan, self.policy, self.teacher = plan, policy, teacher
+        t = plan.cfg.teacher
+        self.teacher_source = t.source if t is not None else "?"
+        check_finite_weights(teacher.params, f"teacher.source={self.teacher_source!r}")
         # jitted lazily: GKD calls only the student's forward, on its data steps
         self.programs = build_teacher_programs(plan, policy, teacher)
 
@@ -476,6 +524,12 @@ class Distillation:
             self.teacher.params, {k: jnp.asarray(v) for k, v in t_batch.items()}
         )
         mask = jnp.asarray(batch["loss_mask"][:, -m:])
+        check_finite_output(
+            np.asarray(teacher[:, -m:]),
+            np.asarray(mask),
+            "the teacher's log-probs",
+            f"its weights or its prompt hold NaN or inf (teacher.source={self.teacher_source!r})",
+        )
         kl_adv = objectives.reverse_kl_advantages(
             jnp.asarray(student)[:, -m:], teacher[:, -m:], mask, gamma=lc.gamma
         )
@@ -528,6 +582,28 @@ class Distillation:
         batch["teacher_input_ids"] = t_batch["input_ids"]
         batch["teacher_attention_mask"] = t_batch["attention_mask"]
         return Prepared(batch, None, with_valid_frac(exp, {"distill/on_policy": 0.0}))
+
+
+def check_finite_weights(params: Any, what: str) -> None:
+    """A frozen model whose weights hold NaN or inf is refused before its first step (its
+    output would be, on every token).
+
+    Raises:
+      ModelLoadError: one line naming the model and its first bad tensor.
+    """
+    import jax
+
+    finite = jax.device_get(jax.tree.map(lambda x: jnp.isfinite(x).all(), params))
+    bad = [
+        "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        for path, ok in jax.tree_util.tree_leaves_with_path(finite)
+        if not bool(ok)
+    ]
+    if bad:
+        raise ModelLoadError(
+            f"{what}: its weights hold NaN or inf in {len(bad)} tensor(s) (first: {bad[0]}); "
+            f"its outputs would be non-finite on every token: use an intact model"
+        )
 
 
 STRATEGIES: dict[AlgorithmFamily, Callable[..., Strategy]] = {
