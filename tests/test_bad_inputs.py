@@ -205,6 +205,14 @@ def d(tmp_path_factory):
     (d / "nonempty" / "config.json").write_text("{}")
     (d / "notgguf.gguf").write_bytes(b"hello, world" * 8)
     (d / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00" * 60)
+    # issue 43
+    (d / "truncated.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")  # 8 bytes: the header ends
+    (d / "bigint.jsonl").write_text(
+        json.dumps(ok) + '\n{"prompt": "a", "completion": "b", "n": ' + "9" * 5000 + "}\n"
+    )
+    (d / "deep.yaml").write_text("a: " + "[" * 20000 + "]" * 20000 + "\n")
+    os.symlink(d / "loop2", d / "loop1")
+    os.symlink(d / "loop1", d / "loop2")
     return d
 
 
@@ -247,6 +255,19 @@ def _train(config, *overrides, dry=False):
 
 
 DATA = {
+    # issue 43
+    "huge-integer": (
+        _train(SFT, "data.train={d}/bigint.jsonl"),
+        ["bigint.jsonl line 2", "a value cannot be read", "value has 5000 digits"],
+    ),
+    "hub-path-traversal": (
+        _train(SFT, "data.train=hf:../../etc"),
+        ["hf:../../etc: not a hub dataset name", "expected hf:org/name"],
+    ),
+    "symlink-loop": (
+        _train(SFT, "data.train={d}/loop1"),
+        ["loop1: cannot be resolved", "a symlink loop"],
+    ),
     "malformed-json": (
         _train(SFT, "data.train={d}/malformed.jsonl"),
         ["malformed.jsonl line 2", "malformed JSON at column"],
@@ -347,6 +368,23 @@ DATA = {
 DISTILL = os.path.join(ROOT, "configs", "distill.yaml")
 TINY_TEACHER = ["teacher.source=tiny", "teacher.tokenizer=char"]
 CONFIG = {
+    # issue 43: one line per fault
+    "yaml-nested-20000-deep": (
+        ["train", "{d}/deep.yaml", "--dry-run"],
+        ["deep.yaml", "nested more than 100 levels deep"],
+    ),
+    "output-dir-symlink-loop": (
+        ["train", SFT, "output_dir={d}/loop1", *TINY, "--dry-run"],
+        ["output_dir", "loop1", "is a symbolic link that leads nowhere"],
+    ),
+    "routing-replay-on-a-dense-model": (
+        _train(GRPO, "rollout.routing_replay=true", dry=True),
+        [
+            "rollout.routing_replay",
+            "is a dense model (no experts)",
+            "leave rollout.routing_replay out",
+        ],
+    ),
     # issue 43: bounded inputs, refused by --dry-run before anything loads
     "group-size-beyond-memory": (
         _train(GRPO, "rollout.group_size=1000000", dry=True),
@@ -592,6 +630,10 @@ MODELS = {
         _train(SFT, "model.source={d}/notgguf.gguf"),
         ["notgguf.gguf", "not a GGUF file", "expected b'GGUF'"],
     ),
+    "truncated-gguf": (
+        _train(SFT, "model.source={d}/truncated.gguf"),
+        ["truncated.gguf", "a truncated or corrupt GGUF file (8 bytes", "download it again"],
+    ),
     "corrupt-gguf": (
         _train(SFT, "model.source={d}/corrupt.gguf"),
         ["corrupt.gguf", "cannot read this GGUF file"],
@@ -683,6 +725,31 @@ REWARDS = {
 }
 
 GENERATE = {
+    # issue 43: jaxrl-llm memory / convert
+    "memory-tensor-not-dividing-the-heads": (
+        ["memory", "--algorithm", "grpo", "--mesh", "tensor=7"],
+        ["--mesh tensor=7 does not divide 135m's 9 attention heads", "use a divisor of 9"],
+    ),
+    "memory-unknown-axis": (
+        ["memory", "--algorithm", "grpo", "--mesh", "model=2"],
+        ["--mesh: unknown axis 'model'", "allowed: data, fsdp, tensor, expert, context"],
+    ),
+    "memory-experts-of-a-dense-model": (
+        ["memory", "--algorithm", "grpo", "--mesh", "expert=2"],
+        ["--mesh expert=2", "is a dense model, with no experts to split"],
+    ),
+    "memory-teacher-without-distillation": (
+        ["memory", "--algorithm", "grpo", "--teacher-model", "135m"],
+        ["--teacher-model: grpo holds no teacher", "--algorithm distill"],
+    ),
+    "convert-truncated-gguf": (
+        ["convert", "{d}/truncated.gguf", "{out}"],
+        ["truncated.gguf", "a truncated or corrupt GGUF file"],
+    ),
+    "convert-symlink-loop": (
+        ["convert", "{d}/loop1", "{out}"],
+        ["SRC", "loop1: cannot be resolved", "a symlink loop?"],
+    ),
     "seed-negative": (
         ["generate", "--prompt", "hi", "--seed", "-1"],
         ["--seed", "[0, 4294967295]", "-1"],

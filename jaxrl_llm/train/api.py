@@ -46,6 +46,7 @@ from jaxrl_llm.train.config.plan import RunPlan, plan_run
 from jaxrl_llm.train.config.preflight import (
     check_lengths,
     check_mesh,
+    check_routing,
     check_step_memory,
     check_tokenizer_sizes,
     check_trackers,
@@ -72,6 +73,7 @@ def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
     plan = plan_run(cfg, check_mesh(cfg))
     check_tokenizer_sizes(cfg)
     check_lengths(cfg)
+    check_routing(cfg)
     check_step_memory(cfg, plan)
     check_trackers(cfg)
     if not 0 <= cfg.seed <= MAX_SEED:
@@ -862,6 +864,11 @@ def _check_output_dir(cfg: RunConfig) -> None:
         raise ConfigError(
             f"output_dir {out!r}: not valid UTF-8 (checkpoint paths must be); rename it"
         ) from None
+    if os.path.islink(out) and not os.path.exists(out):
+        raise ConfigError(
+            f"output_dir {out!r} is a symbolic link that leads nowhere (a loop, or a link to a "
+            f"missing directory); choose another output_dir"
+        )
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(
             f"output_dir {out!r} exists and is not a directory; choose another output_dir"

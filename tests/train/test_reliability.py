@@ -61,9 +61,12 @@ def _cli(capsys, argv) -> tuple[int, str]:
     return rc, err
 
 
-def _error_line(err: str, command: str = "train") -> str:
+def _error_line(err: str, command: str = "train", progress: tuple[str, ...] = ()) -> str:
+    """The one error line; before it only the run's progress lines (data counts, skipped
+    checkpoints, and those ``progress`` starts)."""
     assert "Traceback" not in err, err
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(("data: ", "checkpoint "))]
+    before = ("data: ", "checkpoint ", *progress)
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(before)]
     assert len(lines) == 1 and lines[0].startswith(f"jaxrl-llm {command}: error: "), err
     return lines[0]
 
@@ -477,3 +480,115 @@ def test_a_teacher_with_non_finite_weights_is_refused_before_its_first_step():
     assert (
         "teacher.source='t': its weights hold NaN or inf in 1 tensor(s) (first: layers/w)" in line
     )
+
+
+# ----- 5. one line per fault -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["wandb", "mlflow"])
+def test_a_tracker_that_cannot_start_is_one_line(name, tmp_path, monkeypatch):
+    """Whatever a tracker's client raises when it starts (a refused login, a server that does
+    not answer) is one line naming the tracker and what to check; the trackers opened before
+    it are closed."""
+    from jaxrl_llm.errors import TrainingError
+    from jaxrl_llm.train.run import trackers
+
+    closed = []
+
+    class Opened:
+        def __init__(self, *a, **k):
+            pass
+
+        def close(self, status):
+            closed.append(status)
+
+    def refuse(*a, **k):
+        raise ConnectionError("HTTPConnectionPool(host='x', port=1): Max retries\nexceeded ...")
+
+    monkeypatch.setattr(trackers, "TensorBoardTracker", Opened)
+    monkeypatch.setattr(trackers, "WandbTracker" if name == "wandb" else "MlflowTracker", refuse)
+    monkeypatch.setattr(trackers, "missing_package", lambda n: None)
+    with pytest.raises(TrainingError) as e:
+        trackers.open_trackers(
+            ["tensorboard", name], str(tmp_path), project="p", run_name="r", config={}
+        )
+    line = _one_line(e.value)
+    assert f"logging.trackers: {name} could not start (ConnectionError: HTTPConnectionPool" in line
+    assert ("WANDB_MODE=offline" if name == "wandb" else "MLFLOW_TRACKING_URI") in line
+    assert closed == ["failed"]
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_loses_no_metrics(
+    tmp_path, capsys, monkeypatch
+):
+    """The disk cannot hold the checkpoint of step 1: the run stops in one line saying how
+    much was needed, how much is free and where; the step's metrics row is kept."""
+    import collections
+    import shutil as shutil_module
+
+    out = tmp_path / "run"
+    usage = collections.namedtuple("usage", "total used free")
+    real = shutil_module.disk_usage
+
+    def small_disk(path):
+        if str(path).startswith(str(out)):
+            return usage(2**30, 2**30 - 2**20, 2**20)  # 1 MiB free
+        return real(path)
+
+    monkeypatch.setattr(shutil_module, "disk_usage", small_disk)
+    rc, err = _cli(
+        capsys,
+        ["train", SFT, f"output_dir={out}", *SFT_TINY, "max_steps=2", "checkpoint.save_every=1"],
+    )
+    assert rc == 2, err
+    line = _error_line(err, progress=("step 1/2 ",))
+    assert "the checkpoint of step 1 needs about" in line and "which has 1.0 MB free" in line
+    assert f"in {out}/checkpoints" in line and "lower checkpoint.keep" in line
+    assert [json.loads(r)["step"] for r in open(out / "metrics.jsonl")] == [1]
+    assert not [s for s in os.listdir(out / "checkpoints") if s[0].isdigit()]
+
+
+def test_a_disk_filled_during_a_write_is_one_line(tmp_path, monkeypatch):
+    """Another writer takes the space while orbax writes: its RESOURCE_EXHAUSTED error is one
+    CheckpointError line (other errors pass unchanged)."""
+    from jaxrl_llm.errors import CheckpointError
+    from jaxrl_llm.train.run.checkpoint import CheckpointManager
+
+    mgr = CheckpointManager(tmp_path / "ck", save_every=1)
+
+    def full(*a, **k):
+        raise ValueError(
+            'RESOURCE_EXHAUSTED: Error writing local file "x/_sharding": Failed to write 9785 '
+            "bytes to file 6: No space left on device [OS error: No space left on device]"
+        )
+
+    monkeypatch.setattr(mgr._mgr, "wait_until_finished", full)
+    with pytest.raises(CheckpointError) as e:
+        mgr.wait_until_finished()
+    line = _one_line(e.value)
+    assert f"a checkpoint ran out of space in {tmp_path / 'ck'}" in line
+    assert "(no space left on device)" in line
+
+    def other(*a, **k):
+        raise ValueError("something else")
+
+    monkeypatch.setattr(mgr._mgr, "wait_until_finished", other)
+    with pytest.raises(ValueError, match="something else"):
+        mgr.wait_until_finished()
+
+
+def test_convert_warns_of_inf_weights_in_one_line(tmp_path, capsys):
+    import jax
+
+    from jaxrl_llm.interop import export_hf
+    from jaxrl_llm.models import ModelConfig, init_params
+
+    config = ModelConfig.tiny(num_layers=1)
+    params = init_params(config, jax.random.PRNGKey(0))
+    params["embed"]["embedding"] = params["embed"]["embedding"].at[3, 5].set(float("inf"))
+    export_hf(str(tmp_path / "hf"), config=config, params=params)
+    rc, err = _cli(capsys, ["convert", str(tmp_path / "hf"), str(tmp_path / "out")])
+    assert rc == 0, err
+    (line,) = [ln for ln in err.splitlines() if "inf weight" in ln]
+    assert line.startswith(f"warning: {tmp_path / 'out'}: 1 inf weight value(s) in float32")
+    assert "embed/embedding (1)" in line

@@ -417,3 +417,23 @@ def check_step_memory(cfg: RunConfig, plan, *, model_config=None) -> None:
         f"memory --algorithm {cfg.algorithm}), more than the {free / GiB:,.1f} GiB a "
         f"{device.platform} device has free; {lower}"
     )
+
+
+def check_routing(cfg: RunConfig) -> None:
+    """``rollout.routing_replay`` / ``record_routing`` record a mixture of experts' routing; on
+    a dense model, known before it loads (:func:`known_model_config`), there is none to record,
+    and the run would silently train without it.
+
+    Raises:
+      ConfigError: one line naming the key.
+    """
+    r = cfg.rollout
+    if not cfg.is_online or not r.records_routing:
+        return
+    config = known_model_config(cfg.model.source, cfg.model.tiny)
+    if config is not None and not config.is_moe:
+        key = "routing_replay" if r.routing_replay else "record_routing"
+        raise ConfigError(
+            f"rollout.{key}: model.source={cfg.model.source!r} is a dense model (no experts), "
+            f"so there is no routing to record or replay; leave rollout.{key} out"
+        )

@@ -20,8 +20,10 @@ from :func:`~jaxrl_llm.train.abstract_train_state`); orbax reads each device's s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import errno
 import json
 import logging
 import os
@@ -181,6 +183,7 @@ class CheckpointManager:
         }
         if self.model_config is not None:
             items["model_config"] = ocp.args.JsonSave(model_config_to_dict(self.model_config))
+        self._check_space(int(step), state)
         if (
             os.path.isdir(os.path.join(self.directory, str(int(step))))
             and int(step) in self.all_steps()
@@ -191,11 +194,58 @@ class CheckpointManager:
             # reloads the manager only then: a reload on every save re-listed the steps orbax
             # was deleting in the background, and it deleted each twice, warning each time.)
             self._mgr.delete(int(step))
-        return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=True))
+        with self._disk_full(int(step)):
+            return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=True))
 
     def wait_until_finished(self) -> None:
-        """Block until every pending async save is finalised."""
-        self._mgr.wait_until_finished()
+        """Block until every pending async save is finalised.
+
+        Raises:
+          CheckpointError: the disk filled up during a save (one line).
+        """
+        with self._disk_full(None):
+            self._mgr.wait_until_finished()
+
+    #: Room kept beside a step's arrays for orbax's metadata files and the filesystem's blocks.
+    SPACE_MARGIN = 16 * 2**20
+
+    def _check_space(self, step: int, state: TrainState) -> None:
+        """Refuse a save the disk cannot hold, before anything is written: the arrays this
+        process writes (one replica of each of its shards) plus :attr:`SPACE_MARGIN`, against
+        the free space of a local checkpoint directory.
+
+        Raises:
+          CheckpointError: one line with the space needed, the space free and where.
+        """
+        if not os.path.isdir(self.directory):
+            return
+        need = self.SPACE_MARGIN + sum(
+            shard.data.nbytes
+            for leaf in jax.tree.leaves((state.params, state.opt_state, state.step, state.rng))
+            if isinstance(leaf, jax.Array)
+            for shard in leaf.addressable_shards
+            if shard.replica_id == 0
+        )
+        free = shutil.disk_usage(self.directory).free
+        if need > free:
+            raise CheckpointError(_space_message(step, self.directory, need, free))
+
+    @contextlib.contextmanager
+    def _disk_full(self, step: int | None):
+        """A save that fills the disk while it writes (another writer took the space) ends as
+        one CheckpointError line instead of orbax's exception (other errors pass)."""
+        try:
+            yield
+        except Exception as e:
+            text = str(e)
+            if not (
+                getattr(e, "errno", None) == errno.ENOSPC
+                or "No space left" in text
+                or ("RESOURCE_EXHAUSTED" in text and "No space" in text)
+            ):
+                raise
+            free = shutil.disk_usage(self.directory).free if os.path.isdir(self.directory) else 0
+            raise CheckpointError(_space_message(step, self.directory, None, free)) from None
 
     # ----- restore -------------------------------------------------------------------------
     def restore(
@@ -252,6 +302,18 @@ class CheckpointManager:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _space_message(step: int | None, directory: str, need: int | None, free: int) -> str:
+    """One line for a checkpoint the disk cannot hold: what was needed, what is free, where."""
+    mb = 2**20
+    what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+    needs = f"needs about {need / mb:,.1f} MB" if need is not None else "ran out of space"
+    return (
+        f"{what} {needs} in {directory}, which has {free / mb:,.1f} MB free"
+        + (" (no space left on device)" if need is None else "")
+        + "; free some space, lower checkpoint.keep, or choose another output_dir"
+    )
 
 
 class _ParseNoteFilter(logging.Filter):
