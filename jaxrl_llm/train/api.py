@@ -59,7 +59,9 @@ MAX_SEED = 2**32 - 1
 
 def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
     """Everything checked before a model loads: the mesh and the batch (the plan), a tiny
-    model's sizes, the trackers' packages, the seed, the data files, and that ``output_dir`` can hold this run.
+    model's sizes, the lengths and routing against a model config known before it loads, the
+    step's memory estimate, the trackers' packages, the seed, the data files, and that
+    ``output_dir`` can hold this run.
 
     Args:
       cfg: the run's config.
