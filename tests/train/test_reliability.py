@@ -63,9 +63,9 @@ def _cli(capsys, argv) -> tuple[int, str]:
 
 def _error_line(err: str, command: str = "train", progress: tuple[str, ...] = ()) -> str:
     """The one error line; before it only the run's progress lines (data counts, skipped
-    checkpoints, and those ``progress`` starts)."""
+    checkpoints, the placement, and those ``progress`` starts)."""
     assert "Traceback" not in err, err
-    before = ("data: ", "checkpoint ", *progress)
+    before = ("data: ", "checkpoint ", "sampler: ", *progress)
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith(before)]
     assert len(lines) == 1 and lines[0].startswith(f"jaxrl-llm {command}: error: "), err
     return lines[0]
