@@ -592,3 +592,21 @@ def test_convert_warns_of_inf_weights_in_one_line(tmp_path, capsys):
     (line,) = [ln for ln in err.splitlines() if "inf weight" in ln]
     assert line.startswith(f"warning: {tmp_path / 'out'}: 1 inf weight value(s) in float32")
     assert "embed/embedding (1)" in line
+
+
+def test_a_truncated_metrics_file_is_resumed_with_its_gap_said(sft_run, tmp_path, capsys):
+    """``--resume`` over a metrics.jsonl cut after step 2 (the checkpoint of step 4 counted 4
+    rows): one line names the gap, the file keeps steps 1-2 and the run goes on from step 4."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(sft_run, out)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:9])
+    rc, err = _cli(
+        capsys, ["train", SFT, f"output_dir={out}", *SFT_TINY, "max_steps=6", "--resume"]
+    )
+    assert rc == 0, err
+    (line,) = [ln for ln in err.splitlines() if "missing or damaged" in ln]
+    assert "2 of the 4 rows logged up to the checkpoint are missing or damaged (rows 3-4)" in line
+    assert [json.loads(r)["step"] for r in open(out / "metrics.jsonl")] == [1, 2, 5, 6]
