@@ -14,6 +14,12 @@ so a crash mid-save leaves the previous checkpoint as the latest one (leftover t
 are removed when the next manager opens the directory). The tokenizer directory is written
 the same way (temporary name, then rename).
 
+Damage: restoring the newest step skips one whose files are unreadable — truncated arrays, a
+missing item (``params/``), a zero-byte file, metadata that is not JSON, an empty step folder
+(:func:`step_damage`) — with one line naming it, and takes the previous one; only arrays that
+read back but do not fit the target structure (a changed config) are a structure error. A save
+the disk cannot hold is refused before it writes, in one line (the space needed, free, where).
+
 Restoring onto another mesh: pass the abstract state of the *new* mesh (shapes + shardings,
 from :func:`~jaxrl_llm.train.abstract_train_state`); orbax reads each device's slice directly.
 """

@@ -14,7 +14,9 @@ Resuming: a trainer stores :attr:`MetricsLogger.rows` (rows logged so far) in ea
 and passes it back as ``keep_rows`` when it resumes from that checkpoint, so the rows a killed
 run logged after its last checkpoint (which the resumed run logs again) are dropped, and
 ``metrics.jsonl`` holds each step once. The file is rewritten atomically (temporary file +
-``os.replace``), so a kill during the rewrite leaves either the old or the new file.
+``os.replace``), so a kill during the rewrite leaves either the old or the new file. Of those
+``keep_rows`` rows, the ones a damaged file no longer holds intact (cut short, a corrupt line,
+bytes that are not UTF-8) are left out, and one line on the logger's stream names them.
 """
 
 from __future__ import annotations
