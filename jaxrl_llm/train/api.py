@@ -27,7 +27,8 @@ script or notebook, whose module is ``__main__``, works in that process). A rewa
 importable name (a lambda, ``functools.partial``, a bound method) is held in this process as
 ``python:<label>``; a resume in a new process asks for it again, in one line. In-memory
 datasets (a list of dicts, or a ``datasets.Dataset``) are written to
-``output_dir/data/{train,eval}.jsonl``, so a resume reads the same rows. The formats are TRL's
+``output_dir/data/{train,eval}.jsonl`` once the run's checks pass, so a resume reads the same
+rows (other rows for a run with checkpoints are refused). The formats are TRL's
 (``docs/data.md``).
 """
 
