@@ -610,3 +610,29 @@ def test_a_truncated_metrics_file_is_resumed_with_its_gap_said(sft_run, tmp_path
     (line,) = [ln for ln in err.splitlines() if "missing or damaged" in ln]
     assert "2 of the 4 rows logged up to the checkpoint are missing or damaged (rows 3-4)" in line
     assert [json.loads(r)["step"] for r in open(out / "metrics.jsonl")] == [1, 2, 5, 6]
+
+
+@pytest.mark.slow
+def test_ppo_falls_back_past_a_damaged_critic_step(tmp_path, capsys):
+    """PPO's critic checkpoint of step 4 is damaged (an empty step folder): the policy and the
+    critic both resume from step 2, with one line naming the damaged step."""
+    out = tmp_path / "ppo"
+    ppo = [
+        os.path.join(ROOT, "configs", "ppo.yaml"),
+        f"output_dir={out}",
+        *SFT_TINY,
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=3",
+        "data.max_length=32",
+    ]
+    rc, err = _cli(capsys, ["train", *ppo, "max_steps=4"])
+    assert rc == 0, err
+    _damage(out / "critic_checkpoints" / "4", "empty-step")
+    rc, err = _cli(capsys, ["train", *ppo, "max_steps=6", "--resume"])
+    assert rc == 0, err
+    (line,) = [ln for ln in err.splitlines() if "is unreadable" in ln]
+    assert "critic_checkpoints: step 4 is unreadable" in line and "trying step 2" in line
+    assert "resumed from step 2" in err
+    for sub in ("checkpoints", "critic_checkpoints"):
+        assert sorted(int(s) for s in os.listdir(out / sub) if s.isdigit()) == [2, 4, 6]

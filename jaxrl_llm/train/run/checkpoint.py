@@ -49,6 +49,8 @@ from jaxrl_llm.train.programs.state import TrainState
 
 _ARRAY_ITEMS = ("params", "opt_state", "meta")
 _JSON_ITEMS = ("extra", "model_config")
+#: The items :meth:`CheckpointManager.restore` reads (``model_config`` is for export only).
+RESTORED_ITEMS = ("params", "opt_state", "meta", "extra")
 TOKENIZER_DIR = "tokenizer"
 
 
@@ -283,7 +285,7 @@ class CheckpointManager:
             meta=ocp.args.StandardRestore({"step": abstract_state.step, "rng": abstract_state.rng}),
             extra=ocp.args.JsonRestore(),
         )
-        items = ("params", "opt_state", "meta", "extra")
+        items = RESTORED_ITEMS
         _, out = _newest_intact(
             self.directory,
             steps,

@@ -119,7 +119,7 @@ class Trainer:
                     f"{[c.all_steps() for c, _ in self.companions]}); start a fresh run or "
                     f"restore one"
                 )
-            step = max(both)
+            step = self._newest_intact_in_all(both)
             for c, holder in self.companions:
                 restore_latest(c, holder, step)
         extra = restore_latest(self.ckpt, self.policy, step)
@@ -139,6 +139,29 @@ class Trainer:
         self.train_time = float(extra.get("train_time_s", 0.0))
         self.resumed = extra
         self.say(f"resumed from step {self.start_step}")
+
+    def _newest_intact_in_all(self, steps: set[int]) -> int:
+        """The newest of ``steps`` (held by the policy and every companion) whose files look
+        intact in each (:func:`~jaxrl_llm.train.run.checkpoint.step_damage`); a damaged one is
+        skipped with one line naming it. With none intact, the newest: its restore says why."""
+        from jaxrl_llm.train.run.checkpoint import RESTORED_ITEMS, step_damage
+
+        order = sorted(steps, reverse=True)
+        for k, s in enumerate(order):
+            bad = [
+                (c.directory, problem)
+                for c in [self.ckpt, *(c for c, _ in self.companions)]
+                if (problem := step_damage(os.path.join(c.directory, str(s)), RESTORED_ITEMS))
+            ]
+            if not bad:
+                return s
+            if k + 1 < len(order):
+                where, problem = bad[0]
+                self.say(
+                    f"checkpoint {where}: step {s} is unreadable, its files truncated or corrupt "
+                    f"({problem}); trying step {order[k + 1]}"
+                )
+        return order[0]
 
     def save(self, step: int, *, force: bool = False, data: dict | None = None) -> None:
         """Checkpoint the state (companions first, so a policy step implies theirs), the data
