@@ -636,3 +636,65 @@ def test_ppo_falls_back_past_a_damaged_critic_step(tmp_path, capsys):
     assert "resumed from step 2" in err
     for sub in ("checkpoints", "critic_checkpoints"):
         assert sorted(int(s) for s in os.listdir(out / sub) if s.isdigit()) == [2, 4, 6]
+
+
+# ----- 4b. a stop during a long device computation is bounded -----------------------------------
+
+_LONG_STEP = """
+import sys, time
+import jax, jax.numpy as jnp
+from jaxrl_llm.train.run.signals import stop_signals
+
+@jax.jit
+def long_step(x):  # one device computation of many seconds: the host waits in C++
+    return jax.lax.fori_loop(0, 2_000_000_000, lambda i, v: v * 1.0000001 + 1e-9, x)
+
+x = jnp.ones(())
+with stop_signals():
+    long_step.lower(x).compile()
+    print("ready", flush=True)
+    t = time.time()
+    long_step(x).block_until_ready()
+    print(f"finished after {time.time() - t:.0f} s", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum", [15, 2])
+def test_a_stop_signal_in_a_long_device_computation_ends_within_the_grace(signum, tmp_path):
+    """SIGTERM / SIGINT while the host waits on one long computation: the handler cannot run
+    until it returns, so the watchdog exits after the grace (here 2 s) with one line and
+    128 + the signal number."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "JAXRL_LLM_STOP_GRACE_S": "2", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LONG_STEP],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # inside the computation
+        t = time.time()
+        proc.send_signal(signum)
+        rc = proc.wait(timeout=60)
+        waited = time.time() - t
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert rc == 128 + signum, (rc, err)
+    name = signal.Signals(signum).name
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("jaxrl-llm train:")]
+    assert line == (
+        f"jaxrl-llm train: stopped by {name}: the step did not reach a host boundary within 2 s "
+        "(a device computation was running); exited without saving: resume from the newest "
+        "checkpoint"
+    )
+    assert "Traceback" not in err
+    assert 2 <= waited < 30, waited
