@@ -161,9 +161,9 @@ def _reference_cause(plan: RunPlan) -> str:
 
 
 def with_valid_frac(exp: Experience, metrics: dict[str, float]) -> dict[str, float]:
-    """``metrics`` with ``rewards/valid_frac`` counting every row the update left out for
-    having no valid score, failed episodes included (the reward functions alone count only
-    theirs), when the run reports it."""
+    """``metrics`` with ``rewards/valid_frac`` as the share of rows with a valid score
+    (``exp.valid``: a failed episode counts as unscored, where the reward functions alone
+    count only their own failures), when the run reports it."""
     if "rewards/valid_frac" in exp.metrics:
         metrics["rewards/valid_frac"] = float(np.mean(exp.valid)) if len(exp) else 1.0
     return metrics
