@@ -214,17 +214,19 @@ def test_one_reward_function_is_taken_as_trl_takes_it(tmp_path):
 # ----- 2. failed episodes carry no gradient ----------------------------------------------------
 
 
-class LongOpening:
-    """An environment whose every opening is longer than the model's context: each episode
-    fails before it is prefilled (``env/openings_too_long``)."""
+class StepFails:
+    """An environment whose every episode fails after the policy's first turn: ``step`` raises
+    on the policy's text (the start-up check's ``step('')`` passes). The episodes hold sampled
+    tokens, which the update must leave alone."""
 
     def reset(self, item):
-        return [{"role": "user", "content": "9" * 2000}]
+        return [{"role": "user", "content": "2+2="}]
 
     def step(self, text):
-        """Ends the episode (only the start-up check calls it)."""
         from jaxrl_llm.envs import Step
 
+        if text:
+            raise RuntimeError("the service is down")
         return Step(messages=[], reward=0.0, done=True)
 
 
@@ -241,9 +243,9 @@ def unscored(prompts, completions, **kwargs):
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_CONFIGS))
 def test_failed_episodes_carry_no_gradient(algorithm, tmp_path, capsys):
-    """Every episode fails (its opening is too long; online DPO, which runs no environment:
-    every reward fails): the update moves nothing, and ``rewards/valid_frac`` says no row was
-    scored."""
+    """Every episode fails (its environment raises after the first turn; online DPO, which
+    runs no environment: every reward fails): the update moves nothing, and
+    ``rewards/valid_frac`` says no row was scored."""
     out = tmp_path / "run"
     prompts = 8 if algorithm == "online_dpo" else 4  # online DPO's pairs split over 8 devices
     argv = [
@@ -266,7 +268,7 @@ def test_failed_episodes_carry_no_gradient(algorithm, tmp_path, capsys):
     if algorithm == "online_dpo":
         argv.append(f"rewards=[{{name: {__name__}:unscored}}]")
     else:
-        argv.append(f"env={{name: {__name__}:LongOpening, max_failures: 5}}")
+        argv.append(f"env={{name: {__name__}:StepFails, max_failures: 5}}")
     if algorithm == "distill":
         argv += ["teacher.source=tiny", "teacher.tokenizer=char", "teacher.tiny={num_layers: 2}"]
     rc, err = _cli(capsys, argv)
@@ -275,7 +277,7 @@ def test_failed_episodes_carry_no_gradient(algorithm, tmp_path, capsys):
     if algorithm == "online_dpo":
         assert row["reward/failed"] == 16 and row["dpo/pairs"] == 0, row
     else:
-        assert row["env/failed"] == 8 and row["env/openings_too_long"] == 8, row
+        assert row["env/failed"] == 8 and row["completion/length_mean"] > 0, row
     assert row["rewards/valid_frac"] == 0.0, row
     assert row["grad_norm"] < 1e-6 and row.get("critic/grad_norm", 0.0) < 1e-6, row
 
