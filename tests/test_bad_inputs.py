@@ -1016,7 +1016,7 @@ def test_reward_with_wrong_count_stops_after_repeated_batches(reward_run):
     function and what it must return."""
     rc, err, rows = reward_run
     assert rc == 2
-    line = error_line(err, "train", before=("data: ", "step "))
+    line = error_line(err, "train", before=("data: ", "sampler: ", "step "))
     assert (
         "'tests.test_bad_inputs:reward_wrong_count' returned 9 values for 8 completions" in line
         and "3 consecutive batches" in line
