@@ -205,6 +205,14 @@ def d(tmp_path_factory):
     (d / "nonempty" / "config.json").write_text("{}")
     (d / "notgguf.gguf").write_bytes(b"hello, world" * 8)
     (d / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00" * 60)
+    # issue 43
+    (d / "truncated.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")  # 8 bytes: the header ends
+    (d / "bigint.jsonl").write_text(
+        json.dumps(ok) + '\n{"prompt": "a", "completion": "b", "n": ' + "9" * 5000 + "}\n"
+    )
+    (d / "deep.yaml").write_text("a: " + "[" * 20000 + "]" * 20000 + "\n")
+    os.symlink(d / "loop2", d / "loop1")
+    os.symlink(d / "loop1", d / "loop2")
     return d
 
 
@@ -247,6 +255,19 @@ def _train(config, *overrides, dry=False):
 
 
 DATA = {
+    # issue 43
+    "huge-integer": (
+        _train(SFT, "data.train={d}/bigint.jsonl"),
+        ["bigint.jsonl line 2", "a value cannot be read", "value has 5000 digits"],
+    ),
+    "hub-path-traversal": (
+        _train(SFT, "data.train=hf:../../etc"),
+        ["hf:../../etc: not a hub dataset name", "expected hf:org/name"],
+    ),
+    "symlink-loop": (
+        _train(SFT, "data.train={d}/loop1"),
+        ["loop1: cannot be resolved", "a symlink loop"],
+    ),
     "malformed-json": (
         _train(SFT, "data.train={d}/malformed.jsonl"),
         ["malformed.jsonl line 2", "malformed JSON at column"],
@@ -344,7 +365,56 @@ DATA = {
     ),
 }
 
+DISTILL = os.path.join(ROOT, "configs", "distill.yaml")
+TINY_TEACHER = ["teacher.source=tiny", "teacher.tokenizer=char"]
 CONFIG = {
+    # issue 43: one line per fault
+    "yaml-nested-20000-deep": (
+        ["train", "{d}/deep.yaml", "--dry-run"],
+        ["deep.yaml", "nested more than 100 levels deep"],
+    ),
+    "output-dir-symlink-loop": (
+        ["train", SFT, "output_dir={d}/loop1", *TINY, "--dry-run"],
+        ["output_dir", "loop1", "is a symbolic link that leads nowhere"],
+    ),
+    "routing-replay-on-a-dense-model": (
+        _train(GRPO, "rollout.routing_replay=true", dry=True),
+        [
+            "rollout.routing_replay",
+            "is a dense model (no experts)",
+            "leave rollout.routing_replay out",
+        ],
+    ),
+    # issue 43: bounded inputs, refused by --dry-run before anything loads
+    "group-size-beyond-memory": (
+        _train(GRPO, "rollout.group_size=1000000", dry=True),
+        [
+            "rollout.prompts_per_step x group_size = 4 x 1000000 rows",
+            "GiB per device by the memory estimate (jaxrl-llm memory --algorithm grpo)",
+            "GiB a cpu device has free",
+            "lower rollout.group_size",
+        ],
+    ),
+    "temperature-below-the-floor": (
+        _train(GRPO, "rollout.temperature=1e-30", dry=True),
+        ["rollout.temperature=1e-30 is below 0.01", "use at least 0.01"],
+    ),
+    "prompt-and-budget-beyond-the-context": (
+        _train(GRPO, "data.max_length=200", "rollout.max_new_tokens=100", dry=True),
+        [
+            "rollout.max_new_tokens=100 with data.max_length=200",
+            "exceed the model's context of 256 tokens",
+            "use at most 56",
+        ],
+    ),
+    "teacher-prompt-beyond-the-teachers-context": (
+        _train(DISTILL, *TINY_TEACHER, "teacher.system_prompt=" + "x" * 1000, dry=True),
+        [
+            "teacher.system_prompt (1000 tokens)",
+            "exceed the teacher's context of 256 tokens",
+            "shorten teacher.system_prompt to at most 112 tokens",
+        ],
+    ),
     "seed-negative": (_train(SFT, "seed=-1", dry=True), ["seed", "[0, 4294967295]", "-1"]),
     "seed-not-an-integer": (_train(SFT, "seed=1e23", dry=True), ["seed", "expected an integer"]),
     "output-dir-under-a-file": (
@@ -560,6 +630,10 @@ MODELS = {
         _train(SFT, "model.source={d}/notgguf.gguf"),
         ["notgguf.gguf", "not a GGUF file", "expected b'GGUF'"],
     ),
+    "truncated-gguf": (
+        _train(SFT, "model.source={d}/truncated.gguf"),
+        ["truncated.gguf", "a truncated or corrupt GGUF file (8 bytes", "download it again"],
+    ),
     "corrupt-gguf": (
         _train(SFT, "model.source={d}/corrupt.gguf"),
         ["corrupt.gguf", "cannot read this GGUF file"],
@@ -651,6 +725,31 @@ REWARDS = {
 }
 
 GENERATE = {
+    # issue 43: jaxrl-llm memory / convert
+    "memory-tensor-not-dividing-the-heads": (
+        ["memory", "--algorithm", "grpo", "--mesh", "tensor=7"],
+        ["--mesh tensor=7 does not divide 135m's 9 attention heads", "use a divisor of 9"],
+    ),
+    "memory-unknown-axis": (
+        ["memory", "--algorithm", "grpo", "--mesh", "model=2"],
+        ["--mesh: unknown axis 'model'", "allowed: data, fsdp, tensor, expert, context"],
+    ),
+    "memory-experts-of-a-dense-model": (
+        ["memory", "--algorithm", "grpo", "--mesh", "expert=2"],
+        ["--mesh expert=2", "is a dense model, with no experts to split"],
+    ),
+    "memory-teacher-without-distillation": (
+        ["memory", "--algorithm", "grpo", "--teacher-model", "135m"],
+        ["--teacher-model: grpo holds no teacher", "--algorithm distill"],
+    ),
+    "convert-truncated-gguf": (
+        ["convert", "{d}/truncated.gguf", "{out}"],
+        ["truncated.gguf", "a truncated or corrupt GGUF file"],
+    ),
+    "convert-symlink-loop": (
+        ["convert", "{d}/loop1", "{out}"],
+        ["SRC", "loop1: cannot be resolved", "a symlink loop?"],
+    ),
     "seed-negative": (
         ["generate", "--prompt", "hi", "--seed", "-1"],
         ["--seed", "[0, 4294967295]", "-1"],
@@ -917,7 +1016,7 @@ def test_reward_with_wrong_count_stops_after_repeated_batches(reward_run):
     function and what it must return."""
     rc, err, rows = reward_run
     assert rc == 2
-    line = error_line(err, "train", before=("data: ", "step "))
+    line = error_line(err, "train", before=("data: ", "sampler: ", "step "))
     assert (
         "'tests.test_bad_inputs:reward_wrong_count' returned 9 values for 8 completions" in line
         and "3 consecutive batches" in line

@@ -97,6 +97,43 @@ def _weights_warnings(fn, *args, **kwargs):
     return out
 
 
+def inf_weights(params, dtype: str) -> dict[str, int]:
+    """Parameter path -> number of ±inf values once cast to ``dtype`` (the export's), for the
+    tensors that hold any."""
+    import jax
+    import jax.numpy as jnp
+
+    out: dict[str, int] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            continue
+        n = int(jnp.isinf(jnp.asarray(leaf).astype(dtype)).sum())
+        if n:
+            out["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = n
+    return out
+
+
+def inf_warning(counts: dict[str, int], *, source: str, dtype: str) -> str:
+    """One line for :func:`inf_weights`: the total and the first tensors (as NaN is warned)."""
+    first = ", ".join(f"{k} ({v})" for k, v in sorted(counts.items())[:3])
+    more = f" and {len(counts) - 3} more" if len(counts) > 3 else ""
+    return (
+        f"{source}: {sum(counts.values())} inf weight value(s) in {dtype} in {len(counts)} "
+        f"tensor(s): {first}{more}"
+    )
+
+
+def _resolved(path: Path, what: str) -> Path:
+    """``path`` resolved; a symlink loop is one line naming it."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as e:  # RuntimeError: Python < 3.13's symlink loop
+        raise ModelLoadError(
+            f"{what} {path}: cannot be resolved ({getattr(e, 'strerror', None) or e}); a "
+            f"symlink loop? point it at the model itself"
+        ) from None
+
+
 def _base_for_peft(base: str | None, src: str) -> str:
     """``base_model_name_or_path`` for an adapter: an alias as is, a path made absolute."""
     from jaxrl_llm.interop import MODEL_ALIASES
@@ -120,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
     src = Path(str(args.src)).expanduser()
     out = Path(args.out)
-    if out.resolve() == src.resolve():
+    if _resolved(out, "OUT") == _resolved(src, "SRC"):
         raise ModelLoadError(f"{out}: OUT must differ from SRC")
     if args.to != "hf":  # argparse already restricts this; kept for programmatic callers
         raise ModelLoadError(f"--to {args.to!r} is not supported; allowed: {list(_FORMATS)}")
@@ -151,6 +188,11 @@ def run(args: argparse.Namespace) -> int:
         )
         what = f"PEFT LoRA adapter r={restored.lora.rank}, base {restored.base_source}"
     else:
+        inf = inf_weights(params, args.dtype)
+        if inf:
+            print(
+                f"warning: {inf_warning(inf, source=str(out), dtype=args.dtype)}", file=sys.stderr
+            )
         written = _weights_warnings(
             export_hf,
             out,

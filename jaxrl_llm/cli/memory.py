@@ -112,6 +112,38 @@ def parse_mesh(text: str) -> dict[str, int]:
     return out
 
 
+def check_splits(config, mesh: dict[str, int], model: str) -> None:
+    """Each mesh axis must divide the model dimensions it splits (``tensor``: the attention
+    heads and the MLP width; ``fsdp``: the hidden size; ``expert``: the experts). A run keeps a
+    dimension that does not divide whole on every device (:mod:`jaxrl_llm.parallel.rules`),
+    which the estimate, dividing by the axis, would not count.
+
+    Raises:
+      ConfigError: one line naming the axis, the dimension and its divisors.
+    """
+    dims = {
+        "tensor": [("attention heads", config.num_heads)]
+        + ([("MLP width", config.intermediate_size)] if config.intermediate_size else []),
+        "fsdp": [("hidden size", config.hidden_size)],
+        "expert": [("experts", config.num_experts or 1)],
+    }
+    if mesh.get("expert", 1) > 1 and not config.num_experts:
+        raise ConfigError(
+            f"--mesh expert={mesh['expert']}: {model} is a dense model, with no experts to "
+            f"split; use expert=1"
+        )
+    for axis, named in dims.items():
+        n = mesh.get(axis, 1)
+        for what, size in named:
+            if n > 1 and size % n:
+                fits = [d for d in range(1, min(size, 64) + 1) if size % d == 0]
+                raise ConfigError(
+                    f"--mesh {axis}={n} does not divide {model}'s {size} {what}; a run keeps "
+                    f"such weights whole on every device, which this estimate does not count; "
+                    f"use a divisor of {size} (e.g. {', '.join(map(str, fits[-4:]))})"
+                )
+
+
 def resolve_model_config(spec: str):
     """A size preset, an HF directory or a config.json path -> ModelConfig."""
     from jaxrl_llm.interop.hf_config import model_config_from_hf
@@ -214,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
             f"--topology {args.topology}"
         )
     config = resolve_model_config(args.model)
+    check_splits(config, mesh, args.model)
     setup = dict(
         batch_size=args.batch,
         seq_len=args.seq_len,
@@ -230,7 +263,15 @@ def run(args: argparse.Namespace) -> int:
         expert=mesh["expert"],
     )
     if args.teacher_model is not None:
+        from jaxrl_llm.train.compile.memory import ALGORITHMS, Role
+
+        if Role.TEACHER not in ALGORITHMS[args.algorithm].roles:
+            raise ConfigError(
+                f"--teacher-model: {args.algorithm} holds no teacher; it sizes the teacher of "
+                f"--algorithm distill"
+            )
         setup["teacher_config"] = resolve_model_config(args.teacher_model)
+        check_splits(setup["teacher_config"], mesh, args.teacher_model)
     if args.algorithm in _online():  # as jaxrl-llm compile resolves the same flags
         setup["prompt_len"] = args.seq_len // 2 if args.prompt_len is None else args.prompt_len
         if (args.batch * args.group_size) % args.minibatches == 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -71,6 +72,9 @@ def read_jsonl(path: str | os.PathLike) -> list[Record]:
                 raise DataError(
                     f"{where}: JSON nested too deeply to read; flatten the example"
                 ) from None
+            except ValueError as e:  # an integer of more digits than Python converts
+                detail = str(e).split(";")[0]
+                raise DataError(f"{where}: a value cannot be read ({detail}); shorten it") from None
             if not isinstance(obj, dict):
                 raise DataError(
                     f"{where}: expected a JSON object per line, got {type(obj).__name__}"
@@ -182,6 +186,8 @@ def read_hf(source: Any, *, split: str | None = None) -> list[Record]:
 
 
 _HUB_PREFIX = "hf:"
+#: One part of a hub repository id (the hub's own rule; no path separators, no "..").
+_HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def _split_files(files: list[Path], root: Path, split: str | None) -> list[Path]:
@@ -217,6 +223,14 @@ def read_hub_dataset(name: str, *, split: str | None = None) -> list[Record]:
 
     repo, _, named = name.partition(":")
     split = named or split
+    parts = repo.split("/")
+    if not 1 <= len(parts) <= 2 or any(
+        not p or p in (".", "..") or not _HUB_NAME.fullmatch(p) for p in parts
+    ):
+        raise DataError(
+            f"{_HUB_PREFIX}{name}: not a hub dataset name; expected hf:org/name (letters, "
+            f"digits, '-', '_', '.'), optionally :split"
+        )
     try:
         root = hub_snapshot(repo, repo_type="dataset")
     except ModelLoadError as e:
@@ -256,6 +270,13 @@ def read_records(source: Any, *, split: str | None = None) -> list[Record]:
         return out
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
+        try:
+            p.resolve(strict=p.is_symlink())
+        except (RuntimeError, OSError) as e:  # a symlink loop, a dangling link
+            raise DataError(
+                f"{p}: cannot be resolved ({getattr(e, 'strerror', None) or e}); a symlink "
+                f"loop or a link to nothing? point the data at the file itself"
+            ) from None
         if p.is_dir():
             return read_hf(p, split=split)
         if p.suffix == ".jsonl":

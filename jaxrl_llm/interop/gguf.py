@@ -61,11 +61,23 @@ def gguf_architecture(path: str | os.PathLike) -> str | None:
     first (2-8 s on the alias files)."""
     import struct
 
+    size = os.path.getsize(path)
+    truncated = ModelLoadError(
+        f"{path}: a truncated or corrupt GGUF file ({size} bytes; its header ends early or "
+        f"names lengths past the end); download it again"
+    )
+
     def read(f, fmt):
-        return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
+        data = f.read(struct.calcsize(fmt))
+        if len(data) < struct.calcsize(fmt):
+            raise truncated
+        return struct.unpack("<" + fmt, data)[0]
 
     def string(f):
-        return f.read(read(f, "Q")).decode("utf-8", "replace")
+        n = read(f, "Q")
+        if n > size - f.tell():
+            raise truncated
+        return f.read(n).decode("utf-8", "replace")
 
     def skip(f, vtype):
         if vtype == 8:

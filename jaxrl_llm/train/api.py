@@ -27,7 +27,8 @@ script or notebook, whose module is ``__main__``, works in that process). A rewa
 importable name (a lambda, ``functools.partial``, a bound method) is held in this process as
 ``python:<label>``; a resume in a new process asks for it again, in one line. In-memory
 datasets (a list of dicts, or a ``datasets.Dataset``) are written to
-``output_dir/data/{train,eval}.jsonl``, so a resume reads the same rows. The formats are TRL's
+``output_dir/data/{train,eval}.jsonl`` once the run's checks pass, so a resume reads the same
+rows (other rows for a run with checkpoints are refused). The formats are TRL's
 (``docs/data.md``).
 """
 
@@ -43,22 +44,40 @@ from typing import Any
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.config.config_io import from_dict, load_config, to_dict
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
-from jaxrl_llm.train.config.preflight import check_mesh, check_tokenizer_sizes, check_trackers
+from jaxrl_llm.train.config.preflight import (
+    check_lengths,
+    check_mesh,
+    check_routing,
+    check_step_memory,
+    check_tokenizer_sizes,
+    check_trackers,
+)
 from jaxrl_llm.train.config.run_config import RunConfig
 
 #: Seeds are unsigned 32-bit (numpy's and JAX's PRNG keys take them).
 MAX_SEED = 2**32 - 1
 
 
-def check_run(cfg: RunConfig) -> RunPlan:
+def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
     """Everything checked before a model loads: the mesh and the batch (the plan), a tiny
-    model's sizes, the trackers' packages, the seed, the data files, and that ``output_dir`` can hold this run.
+    model's sizes, the lengths and routing against a model config known before it loads, the
+    step's memory estimate, the trackers' packages, the seed, the data files, and that
+    ``output_dir`` can hold this run.
+
+    Args:
+      cfg: the run's config.
+      rows_to_write: data files that in-memory rows will be written to once these checks pass
+        (:func:`build_config`); they need not exist yet.
 
     Raises:
       ConfigError: one line naming the key to change.
     """
+    pending = set(rows_to_write)
     plan = plan_run(cfg, check_mesh(cfg))
     check_tokenizer_sizes(cfg)
+    check_lengths(cfg)
+    check_routing(cfg)
+    check_step_memory(cfg, plan)
     check_trackers(cfg)
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(f"seed: expected an integer in [0, {MAX_SEED}], got {cfg.seed}")
@@ -68,6 +87,7 @@ def check_run(cfg: RunConfig) -> RunPlan:
             isinstance(src, str)
             and src.endswith((".jsonl", ".parquet"))
             and not os.path.isfile(src)
+            and src not in pending
         ):
             raise ConfigError(f"data.{key}: no such data file {src!r}")
     _check_output_dir(cfg)
@@ -92,6 +112,7 @@ def run_training(cfg: RunConfig) -> dict:
     from jaxrl_llm.train.run.run_state import output_dir_lock
     from jaxrl_llm.train.run.signals import stop_signals
 
+    _check_output_dir(cfg)  # again: another run may have written checkpoints since the check
     _make_output_dir(cfg.output_dir)
     # the trainer writes config.yaml once it holds the lock and any resume succeeded
     with output_dir_lock(cfg.output_dir), stop_signals():
@@ -157,15 +178,33 @@ def build_config(
     eval_dataset: Any = None,
     **overrides: Any,
 ) -> RunConfig:
-    """The ``RunConfig`` :func:`train` runs (its arguments), in-memory datasets written."""
+    """The ``RunConfig`` :func:`train` runs (its arguments).
+
+    In-memory datasets go to ``output_dir/data/{train,eval}.jsonl``, written only once the run's
+    checks (:func:`check_run`) pass, and never over the saved rows of a run that holds
+    checkpoints: a resume must read the rows it was trained on.
+
+    Raises:
+      ConfigError: an argument of the wrong type, the config, or rows that differ from a
+        resumed run's (one line each).
+    """
+    _check_arguments(
+        config=config,
+        reward_funcs=reward_funcs,
+        environment=environment,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+    )
     if isinstance(config, RunConfig):
         base = to_dict(config)
     elif isinstance(config, Mapping):
         base = dict(config)
     else:
-        base = to_dict(load_config(RunConfig, str(config), []))
+        base = to_dict(load_config(RunConfig, os.fspath(config), []))
     merged = _merge(base, _nested(overrides))
     rewards = list(merged.get("rewards") or [])
+    if callable(reward_funcs):  # TRL takes one function as well as a list
+        reward_funcs = [reward_funcs]
     for item in reward_funcs:
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
         name = reward_func_name(fn, [str(r.get("name", "")) for r in rewards])
@@ -177,15 +216,22 @@ def build_config(
         env["name"] = importable_name(environment, "environment")
         merged["env"] = env
     out = merged.get("output_dir")
+    texts: dict[str, str] = {}
     for key, rows in (("train", train_dataset), ("eval", eval_dataset)):
         if rows is None:
             continue
         if not out:
             raise ConfigError(f"{key}_dataset: an output_dir is required to hold the rows")
         data = dict(merged.get("data") or {})
-        data[key] = _write_rows(rows, os.path.join(out, "data", f"{key}.jsonl"), f"{key}_dataset")
+        data[key] = os.path.join(str(out), "data", f"{key}.jsonl")
+        texts[data[key]] = _rows_text(rows, f"{key}_dataset")
         merged["data"] = data
-    return from_dict(RunConfig, merged)
+    cfg = from_dict(RunConfig, merged)
+    if texts:
+        check_run(cfg, rows_to_write=texts)
+        for path, text in texts.items():
+            _write_rows(text, path, cfg)
+    return cfg
 
 
 def importable_name(obj: Any, what: str) -> str:
@@ -315,7 +361,7 @@ class Trainer:
     ):
         from jaxrl_llm.train.trl_config import TrainingConfig
 
-        base: Any = {} if args is None else args
+        model, base = _trainer_arguments(type(self).__name__, model, args, algorithm)
         if isinstance(base, TrainingConfig):
             wanted = algorithm or self.algorithm
             if wanted and base.algorithm != wanted:
@@ -328,7 +374,7 @@ class Trainer:
             base = dict(base)
             base.setdefault("algorithm", algorithm or self.algorithm)
         if model is not None:
-            overrides["model"] = {"source": model} if isinstance(model, str) else dict(model)
+            overrides["model"] = {"source": model} if isinstance(model, str) else model
         self.config = build_config(
             base,
             reward_funcs=reward_funcs,
@@ -369,9 +415,25 @@ class Trainer:
         """The policy's tokenizer."""
         return self.loop.policy.tokenizer
 
+    _started = False  # train() was called
+    _finished = False  # ... and ran to the end
+
     def train(self) -> dict:
         """Run to the end; the summary (held-out metrics before / after, timings), also
-        written to ``output_dir/summary.json``."""
+        written to ``output_dir/summary.json``. Called again after a stop (Ctrl-C, an error),
+        it continues the run as ``--resume`` does; after a run that ended, it is refused (one
+        line)."""
+        if self._finished:
+            raise ConfigError(
+                f"{type(self).__name__}.train(): this trainer's run already ended "
+                f"(max_steps={self.config.max_steps} in {self.config.output_dir!r}); to train "
+                f"further, build a new trainer with args resume=True and a larger max_steps"
+            )
+        if self._started:  # the first call stopped: a fresh loop resumes its newest checkpoint
+            self.config = dataclasses.replace(self.config, resume=True)
+            self._loop = None
+        self._started = True
+        _check_output_dir(self.config)  # again: another run may have written checkpoints since
         loop = self.loop
         try:
             summary = loop.run()
@@ -383,6 +445,7 @@ class Trainer:
             plot_run(self.config.output_dir)
         with open(os.path.join(self.config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
+        self._finished = True
         return summary
 
     def evaluate(self) -> dict[str, float]:
@@ -659,21 +722,122 @@ def _merge(base: dict, over: Mapping[str, Any]) -> dict:
     return out
 
 
-def _write_rows(rows: Any, path: str, what: str) -> str:
-    """Rows in memory written as JSONL at ``path``; the path."""
+def _rows_text(rows: Any, what: str) -> str:
+    """In-memory rows (a list of dicts or a ``datasets.Dataset``) as JSONL text."""
     if hasattr(rows, "to_list"):  # a datasets.Dataset
         rows = rows.to_list()
+    _check_rows_type(rows, what)
     rows = list(rows)
     if not rows or not all(isinstance(r, Mapping) for r in rows):
         raise ConfigError(f"{what}: expected a non-empty list of dicts (or a datasets.Dataset)")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
-        text = "\n".join(json.dumps(dict(r), ensure_ascii=False) for r in rows) + "\n"
-    except TypeError as e:
+        return "\n".join(json.dumps(dict(r), ensure_ascii=False) for r in rows) + "\n"
+    except (TypeError, ValueError) as e:
         raise ConfigError(f"{what}: a row cannot be written as JSON ({e})") from None
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    return path
+
+
+def _check_rows_type(rows: Any, what: str) -> None:
+    """Rows must be a list (an iterable) of dicts or a ``datasets.Dataset``."""
+    if hasattr(rows, "to_list"):
+        return
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
+        raise ConfigError(
+            f"{what}: expected a non-empty list of dicts (or a datasets.Dataset), got "
+            f"{type(rows).__name__}"
+            + ("; a data file is named by data={'train': PATH}" if isinstance(rows, str) else "")
+        )
+
+
+def _write_rows(text: str, path: str, cfg: RunConfig) -> None:
+    """Write rows' JSONL ``text`` at ``path`` (atomically). The saved rows of a run with
+    checkpoints (a resume, the checks have passed) are kept: the same rows are not rewritten,
+    other rows are refused."""
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            same = f.read() == text
+        if same:
+            return
+        steps = _checkpoint_steps(cfg.output_dir)
+        if steps:
+            raise ConfigError(
+                f"{os.path.basename(path).split('.')[0]}_dataset: these rows differ from the "
+                f"rows saved in {path}, which the run in {cfg.output_dir!r} trained on "
+                f"(checkpoint step {steps[-1]}); pass the same rows to resume it, or choose a "
+                f"new output_dir"
+            )
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError(f"{path}: the rows cannot be written ({e.strerror or e})") from None
+
+
+def _check_arguments(
+    *, config: Any, reward_funcs: Any, environment: Any, train_dataset: Any, eval_dataset: Any
+) -> None:
+    """One line for an argument of the wrong type (before anything reads it)."""
+    if not isinstance(config, (str, os.PathLike, Mapping, RunConfig)):
+        raise ConfigError(
+            f"config: expected a YAML path, a dict or a RunConfig, got {type(config).__name__}"
+        )
+    funcs = [reward_funcs] if callable(reward_funcs) else reward_funcs
+    if isinstance(funcs, (str, bytes, Mapping)) or not isinstance(funcs, Iterable):
+        raise ConfigError(
+            f"reward_funcs: expected a list of functions or (function, weight) pairs, got "
+            f"{type(reward_funcs).__name__}"
+        )
+    for i, item in enumerate(funcs):
+        fn, weight = item if isinstance(item, tuple) and len(item) == 2 else (item, 1.0)
+        if not callable(fn) or isinstance(fn, type):
+            raise ConfigError(
+                f"reward_funcs[{i}]: expected a function or a (function, weight) pair, got {item!r}"
+            )
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ConfigError(f"reward_funcs[{i}]: the weight must be a number, got {weight!r}")
+        if weight != weight or abs(weight) == float("inf"):
+            raise ConfigError(f"reward_funcs[{i}]: the weight must be finite, got {weight!r}")
+    if environment is not None and not isinstance(environment, type):
+        raise ConfigError(
+            f"environment: expected a class (with reset and step), got {type(environment).__name__}"
+        )
+    for name, rows in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+        if rows is not None:
+            _check_rows_type(rows, name)
+
+
+def _trainer_arguments(
+    name: str, model: Any, args: Any, algorithm: Any
+) -> tuple[str | dict | None, Any]:
+    """A trainer class's ``model`` and ``args`` checked (one line each) and made plain:
+    ``(model, base config)``."""
+    if model is not None and not isinstance(model, (str, os.PathLike, Mapping)):
+        raise ConfigError(
+            f"{name}: model: expected a model source (an alias, a path, a hub id) or a dict for "
+            f"the model section, got {type(model).__name__}"
+        )
+    from jaxrl_llm.train.trl_config import TrainingConfig
+
+    if args is not None and not isinstance(
+        args, (str, os.PathLike, Mapping, RunConfig, TrainingConfig)
+    ):
+        raise ConfigError(
+            f"{name}: args: expected a dict, a YAML path, a RunConfig or a TrainingConfig, got "
+            f"{type(args).__name__}"
+        )
+    if algorithm is not None and not isinstance(algorithm, str):
+        raise ConfigError(f"{name}: algorithm: expected a string, got {type(algorithm).__name__}")
+    model = os.fspath(model) if isinstance(model, os.PathLike) else model
+    base = os.fspath(args) if isinstance(args, os.PathLike) else args
+    return (dict(model) if isinstance(model, Mapping) else model), ({} if base is None else base)
+
+
+def _checkpoint_steps(out: str) -> list[int]:
+    """The step folders under ``out/checkpoints``, ascending."""
+    ckpt = os.path.join(out, "checkpoints")
+    return sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) else []
 
 
 def _make_output_dir(out: str) -> None:
@@ -703,6 +867,11 @@ def _check_output_dir(cfg: RunConfig) -> None:
         raise ConfigError(
             f"output_dir {out!r}: not valid UTF-8 (checkpoint paths must be); rename it"
         ) from None
+    if os.path.islink(out) and not os.path.exists(out):
+        raise ConfigError(
+            f"output_dir {out!r} is a symbolic link that leads nowhere (a loop, or a link to a "
+            f"missing directory); choose another output_dir"
+        )
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(
             f"output_dir {out!r} exists and is not a directory; choose another output_dir"
@@ -716,8 +885,7 @@ def _check_output_dir(cfg: RunConfig) -> None:
         )
     if not os.access(parent, os.W_OK | os.X_OK) or parent.startswith(("/proc", "/sys")):
         raise ConfigError(f"output_dir {out!r}: {parent!r} is not writable; choose another")
-    ckpt = os.path.join(out, "checkpoints")
-    steps = sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) else []
+    steps = _checkpoint_steps(out)
     if steps and not cfg.resume:
         raise ConfigError(
             f"output_dir {out!r} already holds checkpoints of a run (latest step "

@@ -396,12 +396,13 @@ def test_ppo_prepare_gae_by_hand(ppo):
             [0, 0, 0, *a_two(1.0)],
             [0, 0, 0, 0.0 - 0.1, 0],
             [0, 0, 0, *a_two(2.0)],
-            [0, 0, 0, -0.1, 0],  # the failed reward scores 0
+            [0, 0, 0, 0, 0],  # the failed reward: left out of the update (issue 43)
         ]
     )
     np.testing.assert_allclose(b["advantages"], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(b["returns"], want, rtol=1e-5, atol=1e-6)  # returns = A + V
-    np.testing.assert_allclose(out.advantages, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(b["loss_mask"][3], 0)
+    np.testing.assert_allclose(out.advantages, want[:, -2:], rtol=1e-5, atol=1e-6)
     assert out.metrics["kl_to_ref"] == pytest.approx(0.2, rel=1e-5)
     assert out.metrics["vf/value_mean"] == 0.0
 

@@ -105,14 +105,44 @@ def _expanded_size(node, limit: int) -> int:
     return size(node)
 
 
+#: Deepest nesting a YAML document may have: a config is a few levels deep; PyYAML's parser
+#: recurses once per level and a 20,000-deep document exhausts Python's stack.
+MAX_YAML_DEPTH = 100
+
+
+def _depth_at_most(node, limit: int) -> bool:
+    """Whether ``node`` nests at most ``limit`` levels (walked without recursion)."""
+    todo = [(node, 1)]
+    seen: set[int] = set()
+    while todo:
+        n, depth = todo.pop()
+        if depth > limit:
+            return False
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            todo.extend((x, depth + 1) for kv in n.value for x in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            todo.extend((x, depth + 1) for x in n.value)
+    return True
+
+
 def _safe_load(stream) -> Any:
-    """Parse YAML with :class:`_StrictLoader`, refusing documents whose aliases expand to more
-    than :data:`MAX_YAML_VALUES` values before building them."""
+    """Parse YAML with :class:`_StrictLoader`, refusing documents nested deeper than
+    :data:`MAX_YAML_DEPTH` or whose aliases expand to more than :data:`MAX_YAML_VALUES` values
+    before building them."""
     loader = _StrictLoader(stream)
+    deep = ConfigError(f"nested more than {MAX_YAML_DEPTH} levels deep; a config is a few")
     try:
-        node = loader.get_single_node()
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise deep from None
         if node is None:
             return None
+        if not _depth_at_most(node, MAX_YAML_DEPTH):
+            raise deep
         if _expanded_size(node, MAX_YAML_VALUES) > MAX_YAML_VALUES:
             raise ConfigError(
                 f"expands to more than {MAX_YAML_VALUES:,} values through anchors/aliases "

@@ -289,3 +289,151 @@ def check_trackers(cfg: RunConfig) -> None:
             f"logging.trackers: mlflow: MLFLOW_TRACKING_URI={uri} is a file store, which "
             f"MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true; set that or use a server"
         )
+
+
+def known_model_config(source: str, tiny: dict | None = None):
+    """The :class:`~jaxrl_llm.models.ModelConfig` of a model source that is known without
+    loading it: ``tiny`` (with its ``tiny`` overrides, the char tokenizer's 259 ids), or a local
+    directory holding a ``config.json``; None for the others (a hub id, an alias, a GGUF file,
+    a run directory), and for a config the loader will refuse with its own line."""
+    import json
+    import os
+
+    from jaxrl_llm.models import ModelConfig
+
+    try:
+        if source == "tiny":
+            return ModelConfig.tiny(**{"vocab_size": 259, **(tiny or {})})
+        path = os.path.join(source, "config.json")
+        if os.path.isfile(path):
+            from jaxrl_llm.interop.hf_config import model_config_from_hf
+
+            with open(path, encoding="utf-8") as f:
+                return model_config_from_hf(json.load(f))
+    except Exception:  # noqa: BLE001 - the loader reports a bad config in its own line
+        return None
+    return None
+
+
+def check_lengths(cfg: RunConfig) -> None:
+    """An online run's lengths against the model's context, where the model's config is known
+    before it loads (:func:`known_model_config`): the prompt budget (``data.max_length``, or 1
+    token) + ``rollout.max_new_tokens``; for distillation, the teacher's prompt as well
+    (``teacher.system_prompt``, counted in bytes with the char tokenizer) against the teacher's
+    context. A loaded model is checked when its rollout is built.
+
+    Raises:
+      ConfigError: one line naming the key (:func:`check_context_budget`).
+    """
+    if not cfg.is_online:
+        return
+    n = cfg.rollout.max_new_tokens
+    prompt = cfg.data.max_length or 1
+    policy = known_model_config(cfg.model.source, cfg.model.tiny)
+    if policy is not None:
+        check_context_budget(
+            policy.max_position_embeddings,
+            prompt,
+            n,
+            key=f"rollout.max_new_tokens={n}"
+            + (f" with data.max_length={prompt}" if cfg.data.max_length else ""),
+        )
+    t = cfg.teacher
+    if t is None or not t.system_prompt:
+        return
+    teacher = known_model_config(t.source, t.tiny)
+    if teacher is None:
+        return
+    system = len(t.system_prompt.encode("utf-8")) if t.tokenizer == "char" else 0
+    context = teacher.max_position_embeddings
+    if system + prompt + n > context:
+        raise ConfigError(
+            f"teacher.system_prompt ({system} tokens) + the prompt ({prompt}) + "
+            f"rollout.max_new_tokens ({n}) exceed the teacher's context of {context} tokens; "
+            f"shorten teacher.system_prompt to at most {max(context - prompt - n, 0)} tokens"
+        )
+
+
+def check_step_memory(cfg: RunConfig, plan, *, model_config=None) -> None:
+    """Refuse a step whose memory estimate (:func:`jaxrl_llm.train.compile.memory.
+    estimate_memory`, what ``jaxrl-llm memory`` prints) exceeds what a device has free:
+    ``rollout.group_size=1000000`` stops here, before any model loads, instead of exhausting
+    the machine. The model is ``model_config`` or the one :func:`known_model_config` knows
+    (nothing is checked for another source before it loads); a run split over ``mesh.context``
+    is not estimated (the estimate has no ring attention). On the CPU the devices share the
+    host's free memory.
+
+    Raises:
+      ConfigError: one line with the rows, the estimate and the memory free.
+    """
+    from jaxrl_llm.parallel import free_memory
+    from jaxrl_llm.train.compile.memory import ALGORITHMS, GiB, estimate_memory
+
+    config = model_config or known_model_config(cfg.model.source, cfg.model.tiny)
+    mesh = dict(plan.mesh)
+    if config is None or cfg.algorithm not in ALGORITHMS or mesh.get("context", 1) > 1:
+        return
+    rows, gen = plan.rows, cfg.rollout.max_new_tokens if cfg.is_online else 0
+    prompt = cfg.data.max_length or (1 if cfg.is_online else None)
+    if prompt is None:
+        return  # offline rows without data.max_length: their length is the data's
+    estimate = estimate_memory(
+        config,
+        cfg.algorithm,
+        batch_size=cfg.rollout.prompts_per_step if cfg.is_online else cfg.train.batch_size,
+        seq_len=prompt + gen,
+        prompt_len=prompt,
+        group_size=cfg.rollout.group_size,
+        dtype="fp32" if cfg.model.compute_dtype == "float32" else "bf16",
+        lora_rank=cfg.model.lora.rank if cfg.model.lora else 0,
+        remat=cfg.model.remat,
+        device="cpu",  # only its memory differs; the budget below is this machine's
+        micro_batches=rows.micro_batches,
+        minibatches=max(1, rows.per_step // max(rows.per_update, 1)),
+        prompt_group_size=int(plan.logprobs.prompt_group_size),
+        **{k: v for k, v in mesh.items() if k != "context"},
+    )
+    device = jax.local_devices()[0]
+    free = free_memory(device)
+    if device.platform == "cpu":
+        free //= max(jax.local_device_count(), 1)
+    need = estimate.total_bytes_per_device
+    if need <= free:
+        return
+    what = (
+        f"rollout.prompts_per_step x group_size = {cfg.rollout.prompts_per_step} x "
+        f"{cfg.rollout.group_size} rows of {prompt + gen} tokens"
+        if cfg.is_online
+        else f"train.batch_size={cfg.train.batch_size} rows of {prompt} tokens"
+    )
+    lower = (
+        "lower rollout.group_size or rollout.prompts_per_step, shorten rollout.max_new_tokens "
+        "or raise rollout.minibatches"
+        if cfg.is_online
+        else "lower train.batch_size or data.max_length, or raise train.micro_batches"
+    )
+    raise ConfigError(
+        f"{what} need ~{need / GiB:,.1f} GiB per device by the memory estimate (jaxrl-llm "
+        f"memory --algorithm {cfg.algorithm}), more than the {free / GiB:,.1f} GiB a "
+        f"{device.platform} device has free; {lower}"
+    )
+
+
+def check_routing(cfg: RunConfig) -> None:
+    """``rollout.routing_replay`` / ``record_routing`` record a mixture of experts' routing; on
+    a dense model, known before it loads (:func:`known_model_config`), there is none to record,
+    and the run would silently train without it.
+
+    Raises:
+      ConfigError: one line naming the key.
+    """
+    r = cfg.rollout
+    if not cfg.is_online or not r.records_routing:
+        return
+    config = known_model_config(cfg.model.source, cfg.model.tiny)
+    if config is not None and not config.is_moe:
+        key = "routing_replay" if r.routing_replay else "record_routing"
+        raise ConfigError(
+            f"rollout.{key}: model.source={cfg.model.source!r} is a dense model (no experts), "
+            f"so there is no routing to record or replay; leave rollout.{key} out"
+        )

@@ -235,10 +235,21 @@ def _check_env(cfg: RunConfig) -> None:
         )
 
 
+#: The lowest ``rollout.temperature`` a run trains at. The loss divides the logits by the same
+#: τ: below this the update's log-probs are so steep that a sampler/learner rounding difference
+#: becomes a large importance ratio, and 1e-30 overflows to a NaN loss.
+MIN_TEMPERATURE = 0.01
+
+
 def _check_sampling(r: RolloutSection) -> None:
     """The rollout's sampling settings, named as config keys (what SamplingConfig allows)."""
     if not (r.temperature > 0 and math.isfinite(r.temperature)):
         raise ConfigError(f"rollout.temperature must be a finite number > 0, got {r.temperature}")
+    if r.temperature < MIN_TEMPERATURE:
+        raise ConfigError(
+            f"rollout.temperature={r.temperature:g} is below {MIN_TEMPERATURE}: the loss divides "
+            f"the logits by it, and its log-probs overflow; use at least {MIN_TEMPERATURE}"
+        )
     if r.top_k < 0:
         raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {r.top_k}")
     if not 0.0 < r.top_p <= 1.0:

@@ -17,6 +17,11 @@ from the algorithm's registry entry (:class:`jaxrl_llm.losses.Algorithm`, ``fami
 * :class:`Distillation` — on-policy distillation: a frozen teacher scores the student's
   samples (reverse-KL advantages, or GKD's teacher inputs for the step), plus
   ``distill.reward_weight`` × the rewards' group-normalised advantages.
+
+A row that could not be scored (a failed episode or reward, ``Experience.valid`` false) carries
+no gradient in any family: zero advantage in the group policy gradient, no pair in online DPO,
+a zero loss weight in PPO and distillation (:func:`scored_weight`); ``rewards/valid_frac``
+counts it (:func:`with_valid_frac`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 
 from jaxrl_llm import objectives, ops
 from jaxrl_llm import rewards as reward_lib
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, ModelLoadError, TrainingError
 from jaxrl_llm.losses import AdvantageEstimator, AlgorithmFamily
 from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, RunPlan
 from jaxrl_llm.train.config.sections import RolloutSection
@@ -120,6 +125,48 @@ def loss_weight(rollout: RolloutSection, exp: Experience) -> np.ndarray:
     if rollout.mask_truncated:
         return (~np.asarray(exp.rollout.truncated, bool)).astype(np.int32)
     return np.ones(len(exp), np.int32)
+
+
+def scored_weight(rollout: RolloutSection, exp: Experience) -> np.ndarray:
+    """``[N]`` int32 :func:`loss_weight` with 0 for the rows that could not be scored (a
+    failed episode, a failed reward: ``exp.valid`` false). The families whose per-token signal
+    does not come from the reward alone (PPO's KL-shaped reward and critic, distillation's
+    teacher) leave those rows out of the update with it, so that a failed episode carries no
+    gradient, as its zero advantage gives in the group policy gradient."""
+    return loss_weight(rollout, exp) * np.asarray(exp.valid, bool).astype(np.int32)
+
+
+def check_finite_output(values: np.ndarray, mask: np.ndarray, what: str, cause: str) -> None:
+    """Stop in one line when a frozen model's output (``what``: the teacher's or the
+    reference's log-probs) is NaN or ±inf where the loss reads it (``mask``): the run would
+    otherwise train on it, and the non-finite guard would blame the learning rate.
+
+    Raises:
+      TrainingError: naming the model and ``cause`` (its source).
+    """
+    read = np.broadcast_to(np.asarray(mask) > 0, np.shape(values))
+    bad = read & ~np.isfinite(np.asarray(values, np.float64))
+    if bad.any():
+        raise TrainingError(
+            f"{what} are non-finite (NaN or inf) on {int(bad.sum())} of {int(read.sum())} "
+            f"values the loss reads; {cause} (optim.lr and the data are not the cause)"
+        )
+
+
+def _reference_cause(plan: RunPlan) -> str:
+    return (
+        f"the reference is the starting policy, model.source={plan.cfg.model.source!r}: its "
+        f"weights hold NaN or inf"
+    )
+
+
+def with_valid_frac(exp: Experience, metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` with ``rewards/valid_frac`` as the share of rows with a valid score
+    (``exp.valid``: a failed episode counts as unscored, where the reward functions alone
+    count only their own failures), when the run reports it."""
+    if "rewards/valid_frac" in exp.metrics:
+        metrics["rewards/valid_frac"] = float(np.mean(exp.valid)) if len(exp) else 1.0
+    return metrics
 
 
 @dataclasses.dataclass
@@ -213,7 +260,13 @@ class GroupPolicyGradient:
         if self.plan.needs.reference_in_loss:
             assert reference is not None
             batch["ref_logp"] = np.asarray(reference(batch)["ref_logp"])
-        return Prepared(batch, adv, metrics)
+            check_finite_output(
+                batch["ref_logp"],
+                batch["loss_mask"],
+                "the reference model's log-probs",
+                _reference_cause(self.plan),
+            )
+        return Prepared(batch, adv, with_valid_frac(exp, metrics))
 
     def process_advantages(self, exp: Experience) -> tuple[np.ndarray, dict]:
         """Token-level ``[N, M]`` GRPO process-supervision advantages from step scores."""
@@ -275,10 +328,17 @@ class PPOStrategy:
         assert reference is not None
         cfg = self.plan.cfg
         scores = np.where(exp.valid, exp.rewards, 0.0)
-        batch = rl_batch(exp, np.zeros(len(exp), np.float32), loss_weight(cfg.rollout, exp))
+        batch = rl_batch(exp, np.zeros(len(exp), np.float32), scored_weight(cfg.rollout, exp))
         ppo = cfg.ppo
         jb = {k: jnp.asarray(v) for k, v in batch.items()}
-        ref_logp = jnp.asarray(reference(batch)["ref_logp"])
+        ref_host = np.asarray(reference(batch)["ref_logp"])
+        check_finite_output(
+            ref_host,
+            batch["loss_mask"],
+            "the reference model's log-probs",
+            _reference_cause(self.plan),
+        )
+        ref_logp = jnp.asarray(ref_host)
         mask = jb["loss_mask"]
         values = jnp.asarray(self.critic_programs.values(self.critic.state.params, batch))
         token_r = objectives.kl_shaped_rewards(
@@ -297,13 +357,17 @@ class PPOStrategy:
         batch.update(
             advantages=adv_np, values=np.asarray(values), returns=np.asarray(returns * mask)
         )
+        m = int(np.shape(exp.rollout.tokens)[1])
         return Prepared(
             batch,
-            adv_np,
-            {
-                "kl_to_ref": float(ops.masked_mean(kl, mask)),
-                "vf/value_mean": float(ops.masked_mean(values, mask)),
-            },
+            adv_np[:, -m:],  # the completion's columns: reported over the rollout's mask
+            with_valid_frac(
+                exp,
+                {
+                    "kl_to_ref": float(ops.masked_mean(kl, mask)),
+                    "vf/value_mean": float(ops.masked_mean(values, mask)),
+                },
+            ),
         )
 
     def critic_update(self, sub: dict) -> dict:
@@ -364,7 +428,15 @@ class OnlinePairs:
         if self.plan.needs.reference_in_loss:
             assert reference is not None
             batch.update({k: np.asarray(v) for k, v in reference(batch).items()})
-        return Prepared(batch, None, {"dpo/pairs": int(has.sum())})
+            for key in ("ref_chosen_logps", "ref_rejected_logps"):
+                if key in batch:
+                    check_finite_output(
+                        batch[key],
+                        has,
+                        "the reference model's log-probs",
+                        _reference_cause(self.plan),
+                    )
+        return Prepared(batch, None, with_valid_frac(exp, {"dpo/pairs": int(has.sum())}))
 
 
 class Distillation:
@@ -401,6 +473,9 @@ class Distillation:
         if teacher is None:
             raise ConfigError(f"{plan.cfg.algorithm}: a teacher section is required")
         self.plan, self.policy, self.teacher = plan, policy, teacher
+        t = plan.cfg.teacher
+        self.teacher_source = t.source if t is not None else "?"
+        check_finite_weights(teacher.params, f"teacher.source={self.teacher_source!r}")
         # jitted lazily: GKD calls only the student's forward, on its data steps
         self.programs = build_teacher_programs(plan, policy, teacher)
 
@@ -437,18 +512,24 @@ class Distillation:
         if not self.on_policy(exp):
             return self.prepare_data_step(exp, m)
         task = self.reward_advantages(exp)
-        batch = rl_batch(exp, task, loss_weight(cfg.rollout, exp))
+        batch = rl_batch(exp, task, scored_weight(cfg.rollout, exp))
         t_batch = self.teacher_rows(batch, exp, m)
         if self.plan.needs.teacher_in_loss:  # GKD: the step runs the teacher on its inputs
             batch["teacher_input_ids"] = t_batch["input_ids"]
             batch["teacher_attention_mask"] = t_batch["attention_mask"]
             metrics = {"distill/on_policy": 1.0} if lc.lmbda < 1 else {}
-            return Prepared(batch, batch["advantages"][:, -m:], metrics)
+            return Prepared(batch, batch["advantages"][:, -m:], with_valid_frac(exp, metrics))
         student = self.student_logps(batch)
         teacher = self.programs.teacher(
             self.teacher.params, {k: jnp.asarray(v) for k, v in t_batch.items()}
         )
         mask = jnp.asarray(batch["loss_mask"][:, -m:])
+        check_finite_output(
+            np.asarray(teacher[:, -m:]),
+            np.asarray(mask),
+            "the teacher's log-probs",
+            f"its weights or its prompt hold NaN or inf (teacher.source={self.teacher_source!r})",
+        )
         kl_adv = objectives.reverse_kl_advantages(
             jnp.asarray(student)[:, -m:], teacher[:, -m:], mask, gamma=lc.gamma
         )
@@ -459,7 +540,9 @@ class Distillation:
         return Prepared(
             batch,
             adv,
-            {"distill/reverse_kl": float(per_token.mean()) if per_token.size else 0.0},
+            with_valid_frac(
+                exp, {"distill/reverse_kl": float(per_token.mean()) if per_token.size else 0.0}
+            ),
         )
 
     def teacher_rows(self, batch: dict, exp: Experience, m: int) -> dict[str, np.ndarray]:
@@ -498,7 +581,29 @@ class Distillation:
         t_batch = self.teacher_rows(batch, data, m)
         batch["teacher_input_ids"] = t_batch["input_ids"]
         batch["teacher_attention_mask"] = t_batch["attention_mask"]
-        return Prepared(batch, None, {"distill/on_policy": 0.0})
+        return Prepared(batch, None, with_valid_frac(exp, {"distill/on_policy": 0.0}))
+
+
+def check_finite_weights(params: Any, what: str) -> None:
+    """A frozen model whose weights hold NaN or inf is refused before its first step (its
+    output would be, on every token).
+
+    Raises:
+      ModelLoadError: one line naming the model and its first bad tensor.
+    """
+    import jax
+
+    finite = jax.device_get(jax.tree.map(lambda x: jnp.isfinite(x).all(), params))
+    bad = [
+        "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        for path, ok in jax.tree_util.tree_leaves_with_path(finite)
+        if not bool(ok)
+    ]
+    if bad:
+        raise ModelLoadError(
+            f"{what}: its weights hold NaN or inf in {len(bad)} tensor(s) (first: {bad[0]}); "
+            f"its outputs would be non-finite on every token: use an intact model"
+        )
 
 
 STRATEGIES: dict[AlgorithmFamily, Callable[..., Strategy]] = {

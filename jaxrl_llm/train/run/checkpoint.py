@@ -14,14 +14,22 @@ so a crash mid-save leaves the previous checkpoint as the latest one (leftover t
 are removed when the next manager opens the directory). The tokenizer directory is written
 the same way (temporary name, then rename).
 
+Damage: restoring the newest step skips one whose files are unreadable — truncated arrays, a
+missing item (``params/``), a zero-byte file, metadata that is not JSON, an empty step folder
+(:func:`step_damage`) — with one line naming it, and takes the previous one; only arrays that
+read back but do not fit the target structure (a changed config) are a structure error. A save
+the disk cannot hold is refused before it writes, in one line (the space needed, free, where).
+
 Restoring onto another mesh: pass the abstract state of the *new* mesh (shapes + shardings,
 from :func:`~jaxrl_llm.train.abstract_train_state`); orbax reads each device's slice directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import errno
 import json
 import logging
 import os
@@ -41,6 +49,8 @@ from jaxrl_llm.train.programs.state import TrainState
 
 _ARRAY_ITEMS = ("params", "opt_state", "meta")
 _JSON_ITEMS = ("extra", "model_config")
+#: The items :meth:`CheckpointManager.restore` reads (``model_config`` is for export only).
+RESTORED_ITEMS = ("params", "opt_state", "meta", "extra")
 TOKENIZER_DIR = "tokenizer"
 
 
@@ -111,6 +121,7 @@ class CheckpointManager:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
+        logging.getLogger("absl").addFilter(_PARSE_NOTES)  # once: filters are a set
         self._mgr = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=_handlers()
         )
@@ -180,6 +191,7 @@ class CheckpointManager:
         }
         if self.model_config is not None:
             items["model_config"] = ocp.args.JsonSave(model_config_to_dict(self.model_config))
+        self._check_space(int(step), state)
         if (
             os.path.isdir(os.path.join(self.directory, str(int(step))))
             and int(step) in self.all_steps()
@@ -190,11 +202,58 @@ class CheckpointManager:
             # reloads the manager only then: a reload on every save re-listed the steps orbax
             # was deleting in the background, and it deleted each twice, warning each time.)
             self._mgr.delete(int(step))
-        return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=True))
+        with self._disk_full(int(step)):
+            return bool(self._mgr.save(int(step), args=ocp.args.Composite(**items), force=True))
 
     def wait_until_finished(self) -> None:
-        """Block until every pending async save is finalised."""
-        self._mgr.wait_until_finished()
+        """Block until every pending async save is finalised.
+
+        Raises:
+          CheckpointError: the disk filled up during a save (one line).
+        """
+        with self._disk_full(None):
+            self._mgr.wait_until_finished()
+
+    #: Room kept beside a step's arrays for orbax's metadata files and the filesystem's blocks.
+    SPACE_MARGIN = 16 * 2**20
+
+    def _check_space(self, step: int, state: TrainState) -> None:
+        """Refuse a save the disk cannot hold, before anything is written: the arrays this
+        process writes (one replica of each of its shards) plus :attr:`SPACE_MARGIN`, against
+        the free space of a local checkpoint directory.
+
+        Raises:
+          CheckpointError: one line with the space needed, the space free and where.
+        """
+        if not os.path.isdir(self.directory):
+            return
+        need = self.SPACE_MARGIN + sum(
+            shard.data.nbytes
+            for leaf in jax.tree.leaves((state.params, state.opt_state, state.step, state.rng))
+            if isinstance(leaf, jax.Array)
+            for shard in leaf.addressable_shards
+            if shard.replica_id == 0
+        )
+        free = shutil.disk_usage(self.directory).free
+        if need > free:
+            raise CheckpointError(_space_message(step, self.directory, need, free))
+
+    @contextlib.contextmanager
+    def _disk_full(self, step: int | None):
+        """A save that fills the disk while it writes (another writer took the space) ends as
+        one CheckpointError line instead of orbax's exception (other errors pass)."""
+        try:
+            yield
+        except Exception as e:
+            text = str(e)
+            if not (
+                getattr(e, "errno", None) == errno.ENOSPC
+                or "No space left" in text
+                or ("RESOURCE_EXHAUSTED" in text and "No space" in text)
+            ):
+                raise
+            free = shutil.disk_usage(self.directory).free if os.path.isdir(self.directory) else 0
+            raise CheckpointError(_space_message(step, self.directory, None, free)) from None
 
     # ----- restore -------------------------------------------------------------------------
     def restore(
@@ -226,8 +285,12 @@ class CheckpointManager:
             meta=ocp.args.StandardRestore({"step": abstract_state.step, "rng": abstract_state.rng}),
             extra=ocp.args.JsonRestore(),
         )
+        items = RESTORED_ITEMS
         _, out = _newest_intact(
-            self.directory, steps, step, lambda s: _restore_one(self._mgr, self.directory, s, args)
+            self.directory,
+            steps,
+            step,
+            lambda s: _restore_one(self._mgr, self.directory, s, args, items),
         )
         state = TrainState(
             params=out["params"],
@@ -249,16 +312,88 @@ class CheckpointManager:
         self.close()
 
 
+def _space_message(step: int | None, directory: str, need: int | None, free: int) -> str:
+    """One line for a checkpoint the disk cannot hold: what was needed, what is free, where."""
+    mb = 2**20
+    what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+    needs = f"needs about {need / mb:,.1f} MB" if need is not None else "ran out of space"
+    return (
+        f"{what} {needs} in {directory}, which has {free / mb:,.1f} MB free"
+        + (" (no space left on device)" if need is None else "")
+        + "; free some space, lower checkpoint.keep, or choose another output_dir"
+    )
+
+
+class _ParseNoteFilter(logging.Filter):
+    """Drops orbax's "Failed to json parse Metadata file" log records: a damaged step's
+    metadata is reported once, by the resume's line naming the step (:func:`step_damage`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to json parse Metadata file")
+
+
+_PARSE_NOTES = _ParseNoteFilter()
+
+
 class _Unreadable(Exception):
     """A step's files cannot be read back (truncated or corrupt)."""
 
 
-def _restore_one(mgr, directory: str, step: int, args):
-    """``mgr.restore(step)``; CheckpointError when the arrays do not match ``args``' structure
-    (the config changed), :class:`_Unreadable` when the files cannot be read."""
+#: Files of an orbax step that hold JSON (the step's and each item's metadata).
+_JSON_FILES = ("_CHECKPOINT_METADATA", "_METADATA", "_sharding", "metadata")
+
+
+def step_damage(step_dir: str, items: tuple[str, ...]) -> str | None:
+    """What makes a finalised step unreadable, found without reading its arrays: an empty step
+    folder, a missing item (``params/``), a zero-byte file, metadata that is not JSON; None when
+    it looks intact (a local directory; a remote one is not checked here). Orbax reports these
+    as a structure mismatch, which would point at a config change."""
+    if not os.path.isdir(os.path.dirname(step_dir)):
+        return None  # not a local path (gs://...): orbax's own errors decide
+    if not os.path.isdir(step_dir) or not os.listdir(step_dir):
+        return "the step folder is empty"
+    for item in items:
+        if not os.path.isdir(os.path.join(step_dir, item)):
+            return f"{item}/ is missing"
+    for root, _, files in os.walk(step_dir):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, step_dir)
+            try:
+                if os.path.getsize(path) == 0:
+                    return f"{rel} is empty (0 bytes)"
+                if name in _JSON_FILES or os.path.basename(root) == "array_metadatas":
+                    with open(path, encoding="utf-8") as f:
+                        json.load(f)
+            except (ValueError, UnicodeDecodeError):
+                return f"{rel} is not valid JSON"
+            except OSError as e:
+                return f"{rel} cannot be read ({e.strerror or e})"
+    return None
+
+
+def _raise_if_damaged(directory: str, step: int, items: tuple[str, ...]) -> None:
+    problem = step_damage(os.path.join(directory, str(step)), items)
+    if problem is not None:
+        raise _Unreadable(problem)
+
+
+def _restore_one(mgr, directory: str, step: int, args, items: tuple[str, ...]):
+    """``mgr.restore(step)`` of ``items``; CheckpointError when the arrays do not match
+    ``args``' structure (the config changed), :class:`_Unreadable` when the files are damaged
+    (:func:`step_damage`) or cannot be read."""
+    _raise_if_damaged(directory, step, items)
     try:
         return mgr.restore(step, args=args)
-    except (ValueError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, FileNotFoundError) as e:
+        raise _Unreadable(_first_line(e)) from None
+    except KeyError as e:
+        if "not found in the checkpoint" in str(e):
+            raise _Unreadable(_first_line(e)) from None
+        raise CheckpointError(
+            f"{directory}/{step}: cannot restore into the given state structure: {_first_line(e)}"
+        ) from None
+    except (ValueError, TypeError) as e:
         raise CheckpointError(
             f"{directory}/{step}: cannot restore into the given state structure: {_first_line(e)}"
         ) from None
@@ -382,6 +517,7 @@ def restore_model(
     if not os.path.isdir(root):
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     absl_logger = logging.getLogger("absl")  # orbax's notes on read-only managers
+    absl_logger.addFilter(_PARSE_NOTES)
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
     try:
@@ -416,6 +552,7 @@ def _restore_model_step(mgr, root: str, step: int | None, sharding):
                 f"{root}/{s} has no model_config; save with "
                 f"CheckpointManager(..., model_config=config)"
             )
+        _raise_if_damaged(root, s, ("params", "model_config"))
         meta = mgr.item_metadata(s)["params"]
         target = jax.tree.map(
             lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), meta
@@ -423,7 +560,7 @@ def _restore_model_step(mgr, root: str, step: int | None, sharding):
         args = ocp.args.Composite(
             params=ocp.args.StandardRestore(target), model_config=ocp.args.JsonRestore()
         )
-        return _restore_one(mgr, root, s, args)
+        return _restore_one(mgr, root, s, args, ("params", "model_config"))
 
     s, out = _newest_intact(root, steps, step, restore)
     return model_config_from_dict(out["model_config"], source=f"{root}/{s}"), out["params"], s

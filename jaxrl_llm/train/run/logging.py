@@ -14,7 +14,9 @@ Resuming: a trainer stores :attr:`MetricsLogger.rows` (rows logged so far) in ea
 and passes it back as ``keep_rows`` when it resumes from that checkpoint, so the rows a killed
 run logged after its last checkpoint (which the resumed run logs again) are dropped, and
 ``metrics.jsonl`` holds each step once. The file is rewritten atomically (temporary file +
-``os.replace``), so a kill during the rewrite leaves either the old or the new file.
+``os.replace``), so a kill during the rewrite leaves either the old or the new file. Of those
+``keep_rows`` rows, the ones a damaged file no longer holds intact (cut short, a corrupt line,
+bytes that are not UTF-8) are left out, and one line on the logger's stream names them.
 """
 
 from __future__ import annotations
@@ -142,7 +144,9 @@ class MetricsLogger:
         os.makedirs(run_dir, exist_ok=True)
         self.path = path = os.path.join(run_dir, "metrics.jsonl")
         if resume:
-            kept = _truncate_rows(path, keep_rows)
+            kept, gap = _truncate_rows(path, keep_rows)
+            if gap:
+                print(gap, file=self.stream, flush=True)
             for row in kept:
                 self._keys.update(dict.fromkeys(k for k in row if k != "step"))
             self._ragged = any(len(row) != len(self._keys) + 1 for row in kept)
@@ -257,16 +261,43 @@ def _write_lines(path: str, lines: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def _truncate_rows(path: str, keep: int | None) -> list[dict]:
-    """Atomically rewrite ``path`` with its first ``keep`` complete rows (None: all of them);
-    returns the rows kept. A missing file counts as empty."""
+def _truncate_rows(path: str, keep: int | None) -> tuple[list[dict], str | None]:
+    """Atomically rewrite ``path`` with the intact rows among its first ``keep`` lines (the
+    rows the checkpoint counted; None: every line, a torn last one left out); returns the rows
+    kept and, when some of those ``keep`` rows are missing (a truncated file) or damaged (not
+    a JSON object, bytes that are not UTF-8), one line that says which. A missing file counts
+    as empty."""
     if not os.path.isfile(path):
-        return []
-    lines = _complete_lines(path)
-    if keep is not None:
-        lines = lines[:keep]
-    _write_lines(path, lines)
-    return [json.loads(line) for line in lines]
+        return [], None if not keep else _gap_note(path, keep, list(range(1, keep + 1)))
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last row
+    if keep is None:
+        if lines and not _is_row(lines[-1]):
+            lines.pop()  # a torn last line: a killed write, not damage
+        counted = len(lines)
+    else:
+        counted, lines = keep, lines[:keep]
+    lost = [i + 1 for i, line in enumerate(lines) if not _is_row(line)]
+    lost += list(range(len(lines) + 1, counted + 1))  # rows the file no longer holds
+    kept = [line for line in lines if _is_row(line)]
+    _write_lines(path, kept)
+    return [json.loads(line) for line in kept], _gap_note(path, counted, lost) if lost else None
+
+
+def _gap_note(path: str, counted: int, lost: list[int]) -> str:
+    """One line naming the rows of ``path`` that a resume could not keep."""
+    spans, start = [], lost[0]
+    for i, a in enumerate(lost):
+        if i + 1 == len(lost) or lost[i + 1] != a + 1:
+            spans.append(f"{start}" if start == a else f"{start}-{a}")
+            start = lost[i + 1] if i + 1 < len(lost) else a
+    return (
+        f"{path}: {len(lost)} of the {counted} rows logged up to the checkpoint are missing or "
+        f"damaged (rows {', '.join(spans)}); rewritten from the {counted - len(lost)} intact "
+        f"rows, so the metrics of those rows are a gap"
+    )
 
 
 def _is_row(line: str) -> bool:

@@ -35,6 +35,8 @@ from jaxrl_llm.train.programs.policy import Policy, export_policy
 from jaxrl_llm.train.run.faults import fault_point
 from jaxrl_llm.train.run.run_state import (
     NonFiniteGuard,
+    check_same_data,
+    data_digest,
     make_logger,
     output_dir_lock,
     record_config,
@@ -74,6 +76,7 @@ class Trainer:
         self.logger = None
         self._last_saved: int | None = None
         self._stop_point: tuple[int, dict, list[int]] | None = None  # see _boundary
+        self.data_sha256: str | None = None  # the training rows' digest, saved with each step
 
     # ----- provided by the trainer --------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -116,13 +119,14 @@ class Trainer:
                     f"{[c.all_steps() for c, _ in self.companions]}); start a fresh run or "
                     f"restore one"
                 )
-            step = max(both)
+            step = self._newest_intact_in_all(both)
             for c, holder in self.companions:
                 restore_latest(c, holder, step)
         extra = restore_latest(self.ckpt, self.policy, step)
         if extra is None:
             return
         step = int(extra.get("step", int(self.policy.state.step)))
+        check_same_data(self.cfg, extra, self.data_sha256)
         if step > self.cfg.max_steps:
             raise ConfigError(
                 f"--resume: the newest checkpoint in {self.cfg.output_dir} is at step {step}, "
@@ -135,6 +139,29 @@ class Trainer:
         self.train_time = float(extra.get("train_time_s", 0.0))
         self.resumed = extra
         self.say(f"resumed from step {self.start_step}")
+
+    def _newest_intact_in_all(self, steps: set[int]) -> int:
+        """The newest of ``steps`` (held by the policy and every companion) whose files look
+        intact in each (:func:`~jaxrl_llm.train.run.checkpoint.step_damage`); a damaged one is
+        skipped with one line naming it. With none intact, the newest: its restore says why."""
+        from jaxrl_llm.train.run.checkpoint import RESTORED_ITEMS, step_damage
+
+        order = sorted(steps, reverse=True)
+        for k, s in enumerate(order):
+            bad = [
+                (c.directory, problem)
+                for c in [self.ckpt, *(c for c, _ in self.companions)]
+                if (problem := step_damage(os.path.join(c.directory, str(s)), RESTORED_ITEMS))
+            ]
+            if not bad:
+                return s
+            if k + 1 < len(order):
+                where, problem = bad[0]
+                self.say(
+                    f"checkpoint {where}: step {s} is unreadable, its files truncated or corrupt "
+                    f"({problem}); trying step {order[k + 1]}"
+                )
+        return order[0]
 
     def save(self, step: int, *, force: bool = False, data: dict | None = None) -> None:
         """Checkpoint the state (companions first, so a policy step implies theirs), the data
@@ -161,6 +188,7 @@ class Trainer:
                 guard=self.guard,
                 train_time_s=self.train_time,
                 data=data,
+                data_sha256=self.data_sha256,
             ),
         )
         fault_point("checkpoint", step)
@@ -170,6 +198,7 @@ class Trainer:
         (held-out metrics before / after, timings, the export path)."""
         os.makedirs(self.cfg.output_dir, exist_ok=True)
         with output_dir_lock(self.cfg.output_dir), stop_signals():
+            self.data_sha256 = data_digest(self.cfg)
             self.maybe_resume()
             record_config(
                 self.cfg, self.plan.loss_config, self.start_step if self.resumed else None, self.say

@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from jaxrl_llm.errors import TrainingError
+from jaxrl_llm.errors import ConfigError, TrainingError
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.policy import Policy
 
@@ -93,18 +93,55 @@ def run_extra(
     guard: NonFiniteGuard,
     train_time_s: float,
     data: dict | None = None,
+    data_sha256: str | None = None,
 ) -> dict:
     """The JSON ``extra`` a trainer saves with each checkpoint: everything besides the train
     state that a resumed run needs to continue exactly as an uninterrupted one (data position:
     ``data``, default ``iterator.state()``; rows of ``metrics.jsonl`` logged so far, the
-    non-finite guard's count, training time)."""
+    non-finite guard's count, training time), and the digest of the training rows
+    (:func:`data_digest`) that a resume checks (:func:`check_same_data`)."""
     return {
         "step": int(step),
         "data": iterator.state() if data is None else data,
         "metrics_rows": None if logger is None else logger.rows,
         "nonfinite_steps_total": guard.total,
         "train_time_s": float(train_time_s),
+        "data_sha256": data_sha256,
     }
+
+
+def data_digest(cfg: RunConfig) -> str | None:
+    """The SHA-256 of the run's training data file (``data.train``), or None when it is not a
+    local file (a hub data set, a saved ``datasets`` directory)."""
+    import hashlib
+
+    path = cfg.data.train
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_same_data(cfg: RunConfig, extra: dict, digest: str | None) -> None:
+    """Refuse a resume whose training rows differ from those the checkpoint was trained on
+    (its data position would index other rows). Checkpoints written before the digest was
+    saved, and data that is not a local file, are not checked.
+
+    Raises:
+      ConfigError: one line naming the file and the checkpoint.
+    """
+    saved = extra.get("data_sha256")
+    if saved is None or digest is None or saved == digest:
+        return
+    raise ConfigError(
+        f"--resume: data.train {cfg.data.train!r} differs from the rows the checkpoint of step "
+        f"{extra.get('step')} in {cfg.output_dir!r} was trained on (sha256 {digest[:12]}, saved "
+        f"{saved[:12]}); restore those rows to continue, or train on these in a new run "
+        f"(another output_dir, model.source={cfg.output_dir})"
+    )
 
 
 class NonFiniteGuard:

@@ -10,6 +10,13 @@ run loop (:class:`jaxrl_llm.train.run.loop.Trainer`) then saves what it can
 prints where the run stopped and the command that resumes it, and exits 130 (SIGINT) or 143
 (SIGTERM), the shell's 128 + signal number.
 
+Python runs a signal's handler only when the main thread executes Python code: a step held in
+one long device computation (the host blocked waiting on it) would hold the stop back for as
+long as the computation runs. A watchdog thread wakes on the signal itself
+(``signal.set_wakeup_fd``); when the handler has not run within :data:`STOP_GRACE_S` seconds
+(``JAXRL_LLM_STOP_GRACE_S`` overrides it), it prints one line and exits with 128 + the signal
+number without saving: the newest checkpoint is what a resume continues from.
+
 A ``KeyboardInterrupt`` raised by user code is not one of these: user code runs on the threads
 of :mod:`jaxrl_llm.rewards.user_code`, where it is that call's failure, and Python delivers
 signals to the main thread only (https://docs.python.org/3/library/signal.html).
@@ -18,6 +25,7 @@ signals to the main thread only (https://docs.python.org/3/library/signal.html).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 
@@ -61,7 +69,64 @@ def _raise(signum: int):
     raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
 
+#: Seconds a stop signal may wait for the main thread to reach Python code (the next host
+#: boundary of a step) before the run exits without saving (module docstring).
+STOP_GRACE_S = 60.0
+
+
+class _Watchdog:
+    """Exits the process when a stop signal's handler has not run within ``grace`` seconds of
+    the signal (see the module docstring); one per outermost :func:`stop_signals`."""
+
+    def __init__(self, grace: float):
+        self.grace = grace
+        self.handled = threading.Event()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._previous = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="jaxrl-llm-stop", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._r, 1)
+            except OSError:
+                return
+            if not data:
+                return  # closed
+            if data[0] not in (signal.SIGINT, signal.SIGTERM) or self.handled.wait(self.grace):
+                continue
+            name = signal.Signals(data[0]).name
+            os.write(
+                2,
+                f"jaxrl-llm train: stopped by {name}: the step did not reach a host boundary "
+                f"within {self.grace:g} s (a device computation was running); exited without "
+                f"saving: resume from the newest checkpoint\n".encode(),
+            )
+            os._exit(128 + data[0])
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._previous)
+        os.close(self._w)  # the thread reads end-of-file and returns
+        self._thread.join(timeout=5)
+        os.close(self._r)
+
+
+_WATCH: dict[str, _Watchdog | None] = {"dog": None}
+
+
+def _grace() -> float:
+    try:
+        return float(os.environ.get("JAXRL_LLM_STOP_GRACE_S", STOP_GRACE_S))
+    except ValueError:
+        return STOP_GRACE_S
+
+
 def _handler(signum, frame):
+    dog = _WATCH["dog"]
+    if dog is not None:
+        dog.handled.set()
     cancel_all("interrupted")
     if _DEFER["depth"]:
         _DEFER["pending"] = signum
@@ -97,8 +162,15 @@ def stop_signals():
         yield
         return
     old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    outermost = _WATCH["dog"] is None
+    if outermost:
+        _WATCH["dog"] = _Watchdog(_grace())
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        dog = _WATCH["dog"]
+        if outermost and dog is not None:
+            _WATCH["dog"] = None
+            dog.close()

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
+from jaxrl_llm.errors import TrainingError
 from jaxrl_llm.train.config.sections import TRACKER_PACKAGES, missing_package
 
 #: how a run ended, as :meth:`Tracker.close` is told
@@ -221,6 +222,8 @@ def _open_each(
     names, run_dir, project, run_name, config, resume, resume_step, optional, note, ids, out
 ) -> None:
     for name in names:
+        if name not in TRACKER_PACKAGES:
+            raise ValueError(f"unknown tracker {name!r}; expected one of {list(TRACKER_PACKAGES)}")
         pip_name = missing_package(name)
         if pip_name is not None:
             if name in optional:
@@ -228,20 +231,42 @@ def _open_each(
                     note(f"note: {pip_name} not installed; skipping {name}")
                 continue
             raise ImportError(f"logging.trackers: {name} needs `pip install {pip_name}`")
-        if name == "tensorboard":
-            purge = resume_step + 1 if resume and resume_step is not None else None
-            out.append(TensorBoardTracker(run_dir, purge_step=purge))
-        elif name == "wandb":
-            wb = WandbTracker(
-                run_dir, project=project, run_name=run_name, config=config, run_id=ids.get(name)
-            )
-            ids[name] = wb.run_id
-            out.append(wb)
-        elif name == "mlflow":
-            ml = MlflowTracker(
-                project=project, run_name=run_name, config=config, run_id=ids.get(name)
-            )
-            ids[name] = ml.run_id
-            out.append(ml)
-        else:
-            raise ValueError(f"unknown tracker {name!r}; expected one of {list(TRACKER_PACKAGES)}")
+        try:
+            if name == "tensorboard":
+                purge = resume_step + 1 if resume and resume_step is not None else None
+                out.append(TensorBoardTracker(run_dir, purge_step=purge))
+            elif name == "wandb":
+                wb = WandbTracker(
+                    run_dir, project=project, run_name=run_name, config=config, run_id=ids.get(name)
+                )
+                ids[name] = wb.run_id
+                out.append(wb)
+            else:
+                ml = MlflowTracker(
+                    project=project, run_name=run_name, config=config, run_id=ids.get(name)
+                )
+                ids[name] = ml.run_id
+                out.append(ml)
+        except Exception as e:  # noqa: BLE001 - each tracker's own errors: one line
+            raise TrackerError(name, e) from None
+
+
+#: What to check when a tracker cannot start, by tracker.
+_START_HINTS = {
+    "tensorboard": "check that output_dir/tb can be written",
+    "wandb": "log in (wandb login, or WANDB_API_KEY), or set WANDB_MODE=offline",
+    "mlflow": "check MLFLOW_TRACKING_URI (a server that answers, or a store it can write)",
+}
+
+
+class TrackerError(TrainingError):
+    """A tracker failed to start: one line naming it, its error and what to check."""
+
+    def __init__(self, name: str, error: BaseException):
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        super().__init__(
+            f"logging.trackers: {name} could not start ({type(error).__name__}"
+            + (f": {first}" if first else "")
+            + f"); {_START_HINTS.get(name, 'check its settings')}, or remove it from "
+            f"logging.trackers"
+        )
