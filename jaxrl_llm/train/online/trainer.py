@@ -399,6 +399,8 @@ class OnlineTrainer(Trainer):
                 if adv.shape == exp.rollout.mask.shape
                 else adv[prepared.batch["loss_mask"] > 0]
             )
+            if flat.size == 0:  # every row masked (all failed): nothing trained, all zero
+                flat = np.zeros(1, np.float32)
             out.update(
                 {
                     "advantage/mean": float(np.mean(flat)),
