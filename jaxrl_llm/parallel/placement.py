@@ -162,6 +162,17 @@ class Placement:
         s, learner = self.sampler, self.learner
         return s.first == learner.first and s.count == learner.count
 
+    @property
+    def sampler_reads_learner(self) -> bool:
+        """The sampler's layout and dtype are the learner's own: it reads the learner's arrays
+        as they are, with no copy (one device, a data-parallel learner sampled at tensor=1 on
+        CPU, or the fallback when no copy fits)."""
+        s, learner = self.sampler, self.learner
+        same = {k: int(s.sizes.get(k, 1)) for k in MESH_AXES} == {
+            k: int(learner.sizes.get(k, 1)) for k in MESH_AXES
+        }
+        return self.colocated and same and s.dtype is None and not s.per_process
+
 
 def plan_placement(
     learner: Mapping[str, int],

@@ -81,6 +81,12 @@ def test_plan_places_every_role():
     both = plan_placement({"fsdp": 8}, num_devices=8, processes=2, tensor=8)
     assert both.sampler.spans_processes and both.sampler.tensor == 8
     assert "over 2 processes" in both.sampler.describe()
+    # the learner's own arrays: the same sizes, devices and dtype (no copy, none counted)
+    assert plan_placement({"data": 8}, num_devices=8, tensor=1).sampler_reads_learner
+    assert not plan_placement(
+        {"data": 8}, num_devices=8, tensor=1, dtype="bfloat16"
+    ).sampler_reads_learner
+    assert not p.sampler_reads_learner and not split.sampler_reads_learner
     with pytest.raises(ConfigError, match=r"must divide the sampler's devices per process \(4\)"):
         plan_placement({"fsdp": 8}, num_devices=8, processes=2, tensor=3)
 

@@ -401,7 +401,7 @@ def _compile_programs(
         )
     if plan.online and decode:
         assert copy is not None
-        if plan.placement.colocated:
+        if plan.placement.colocated and not plan.placement.sampler_reads_learner:
             out.append(_compile_reshard(plan, policy, copy, others))
         out.append(_compile_decode(plan, policy, copy, others, seq_len, prompt_len))
     return out
@@ -435,8 +435,10 @@ def _sampler(
         devices=topology.devices,
     )
     full = policy.base if policy.lora is not None else policy.state.params
-    # kept from step to step: each new copy is written into the previous one's buffers
-    resident[SAMPLER_COPY] = per_device_bytes(copy.abstract(full, local=True))
+    # kept from step to step: each new copy is written into the previous one's buffers (none
+    # when the sampler reads the learner's own arrays)
+    if not plan.placement.sampler_reads_learner:
+        resident[SAMPLER_COPY] = per_device_bytes(copy.abstract(full, local=True))
     return plan, copy
 
 
@@ -560,7 +562,7 @@ def _estimate_kwargs(plan: RunPlan, topology: Topology, seq_len: int, prompt_len
 
 def _sampler_kwargs(plan: RunPlan) -> dict:
     """The sampler's copy as :func:`estimate_memory` takes it (online; its layout chosen)."""
-    if not plan.online or plan.placement.tensor_auto:
+    if not plan.online or plan.placement.tensor_auto or plan.placement.sampler_reads_learner:
         return {}
     s = plan.placement.sampler
     processes = max(s.count // int(math.prod(s.sizes.values())), 1)
