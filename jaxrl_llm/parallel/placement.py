@@ -306,7 +306,7 @@ def choose_sampler_tensor(
     decode step that fits (:func:`decode_step_cost`; ``model``: its keywords), the reason in
     one line, and every candidate's cost. Without a chip model (CPU devices, which share one
     host's memory and cores: splitting weights buys no bandwidth) the smallest degree."""
-    if chip is None or not candidates:
+    if chip is None or not chip.hbm_bandwidth or not candidates:
         t = min(candidates) if candidates else 1
         return t, f"tensor={t}: no chip model for these devices (CPU), the smallest degree", []
     costs = [decode_step_cost(t, chip=chip, **model) for t in candidates]

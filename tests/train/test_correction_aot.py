@@ -77,8 +77,8 @@ def test_an_entry_the_loss_does_not_read_costs_no_argument_bytes(v5e, monkeypatc
     plain = _programs(compile_run(CONFIG, "dapo", v5e, **RUN))
     planned = aot.plan_run
 
-    def with_unread(cfg, mesh):
-        plan = planned(cfg, mesh)
+    def with_unread(cfg, mesh, **kw):
+        plan = planned(cfg, mesh, **kw)
         extra = BatchField("unread", ("rows", "tokens"), "float32")
         return dataclasses.replace(plan, layout=plan.layout.with_fields(extra))
 

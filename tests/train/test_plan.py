@@ -181,7 +181,8 @@ def test_compile_lowers_the_train_step_the_trainer_runs(toy_data, tmp_path, monk
     assert set(c_frozen) == set(frozen)
     assert set(c_hparams) == set(hparams[0] if hparams else {})
     names = {p.name for p in report.programs}
-    want = {"train", "decode"} | ({"reference", "recompute"} if over else set())
+    # the sampler's copy is made by the reshard program (colocated, its own layout)
+    want = {"train", "reshard", "decode"} | ({"reference", "recompute"} if over else set())
     assert names == want
 
 

@@ -262,6 +262,8 @@ class CompileReport:
         r = None if decode is None else self.roofline(decode)
         if decode is None or r is None or step is None or r.seconds <= 0:
             return {}
+        if "batch_size" not in self.settings or "seq_len" not in self.settings:
+            return {}
         s = self.settings
         devices = max(int(s.get("devices", 1)), 1)
         rows = int(s["batch_size"]) * int(s.get("group_size") or 1)
