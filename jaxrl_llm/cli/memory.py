@@ -284,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
     advice = [a for a, _ in advice_steps]
     faster = []
     if est.fits and base_step is not None:  # what would make it faster, and still fit
-        from jaxrl_llm.parallel.placement import kind_chip
+        from jaxrl_llm.parallel.decode_model import kind_chip
         from jaxrl_llm.train.compile.step_model import faster_setups, peak_flops
 
         chip, peak = kind_chip(device), peak_flops(device)
@@ -346,7 +346,7 @@ def _ranked(config, algorithm: str, setup: dict, advice: list):
     """``(base model, [(advice, model)])``: the modeled step of the setup and of each change
     (:func:`jaxrl_llm.train.compile.step_model.model_step`), the changes fastest first
     (models None, in the advice's order, without a chip model: CPU)."""
-    from jaxrl_llm.parallel.placement import kind_chip
+    from jaxrl_llm.parallel.decode_model import kind_chip
     from jaxrl_llm.train.compile.memory import auto_sampler
     from jaxrl_llm.train.compile.step_model import model_step, peak_flops
 

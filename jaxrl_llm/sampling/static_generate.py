@@ -105,7 +105,7 @@ def rollout(
         indices so a prompt's samples do not depend on the batch it lands in.
       record_routing: a mixture of experts: record every token's experts
         (:attr:`Rollout.routing`); ignored for a dense model.
-      mesh: the sampler's mesh (:attr:`jaxrl_llm.parallel.placement.SamplerCopy.local_mesh`):
+      mesh: the sampler's mesh (:attr:`jaxrl_llm.parallel.sampler_copy.SamplerCopy.local_mesh`):
         rows split over its batch axes, ``params`` laid out on it (tensor parallel over
         ``tensor``); None: one device's program.
 

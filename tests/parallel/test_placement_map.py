@@ -17,14 +17,9 @@ import pytest
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig, init_params, param_logical_axes
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh
-from jaxrl_llm.parallel.placement import (
-    Chip,
-    SamplerCopy,
-    choose_sampler_tensor,
-    plan_placement,
-    resolve_sampler,
-    tensor_candidates,
-)
+from jaxrl_llm.parallel.decode_model import Chip, choose_sampler_tensor, tensor_candidates
+from jaxrl_llm.parallel.placement import plan_placement, resolve_sampler
+from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.sampling import SamplingConfig, generate, generate_paged
 
 # heads and KV heads that split over tensor=2 (the KV cache by KV heads), a vocabulary too

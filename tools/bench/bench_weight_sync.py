@@ -1,6 +1,6 @@
 """Weight sync of the disaggregated placement (issue 18 §3): the seconds per parameter byte of
 moving the learner's weights to the rollout mesh (``rollout.devices``:
-:class:`jaxrl_llm.parallel.placement.SamplerCopy`), beside an in-place copy of the same
+:class:`jaxrl_llm.parallel.sampler_copy.SamplerCopy`), beside an in-place copy of the same
 weights on the learner's mesh (what the colocated asynchronous producer pays per update), in
 one run. On 8 forced CPU devices every "device" is host memory, so both are memory copies;
 the ratio shows what the resharding adds to a copy.
@@ -38,7 +38,8 @@ def main(argv=None) -> int:
 
     from jaxrl_llm import models
     from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh, split_devices
-    from jaxrl_llm.parallel.placement import SamplerCopy, plan_placement
+    from jaxrl_llm.parallel.placement import plan_placement
+    from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 
     config, params, _ = common.load_model(args.model)
     learner_devs, rollout_devs = split_devices(args.rollout_devices)

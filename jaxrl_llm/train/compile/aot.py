@@ -50,7 +50,8 @@ import jax.numpy as jnp
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import DEFAULT_RULES, batch_sharding
-from jaxrl_llm.parallel.placement import SamplerCopy, tpu_chip
+from jaxrl_llm.parallel.decode_model import tpu_chip
+from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.parallel.topology import Topology, topology_mesh
 from jaxrl_llm.train.compile.aot_inputs import (
     DTYPES,
@@ -419,7 +420,7 @@ def _sampler(
     prompt_len: int | None,
 ):
     """``(plan, copy)``: the plan with the sampler's layout chosen for this model on this
-    chip (``rollout.tensor: auto``), and its :class:`~jaxrl_llm.parallel.placement.SamplerCopy`
+    chip (``rollout.tensor: auto``), and its :class:`~jaxrl_llm.parallel.sampler_copy.SamplerCopy`
     over the slice's devices."""
     # the copy stays beside everything else of the step, as jaxrl-llm memory counts it
     without = 0.0

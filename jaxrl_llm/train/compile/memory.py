@@ -711,11 +711,11 @@ def estimate_memory(
 def auto_sampler(config: ModelConfig, algorithm: str, **kwargs: Any) -> dict[str, Any]:
     """The sampler's copy for an :func:`estimate_memory` setup (``kwargs``), chosen as a run
     on ``kwargs["device"]`` chooses it (``rollout.tensor: auto``,
-    :func:`jaxrl_llm.parallel.placement.auto_tensor`): tensor parallel within a host of the
+    :func:`jaxrl_llm.parallel.decode_model.auto_tensor`): tensor parallel within a host of the
     device kind (or over a TPU slice's hosts), in bfloat16 on TPU and GPU, in the HBM the
     rest of the step leaves; ``{}`` (no copy: decode on the learner's layout) offline or when
     no degree fits."""
-    from jaxrl_llm.parallel.placement import auto_tensor, host_devices, kind_chip
+    from jaxrl_llm.parallel.decode_model import auto_tensor, host_devices, kind_chip
 
     if not ALGORITHMS[algorithm].online:
         return {}

@@ -11,7 +11,7 @@ colocated), each at its roofline bound, nothing overlapped between programs:
 * the reference forward (algorithms that hold one): ``2 N`` per token;
 * the reshard into the sampler's copy: the copy's shard a chip does not hold yet (all but
   1 / (fsdp × tensor) of it), over the interconnect;
-* the decode loop (:func:`jaxrl_llm.parallel.placement.decode_step_cost`): every generated
+* the decode loop (:func:`jaxrl_llm.parallel.decode_model.decode_step_cost`): every generated
   token step reads the copy's shard and its rows' KV cache from HBM, plus the
   tensor-parallel all-reduces; without a copy (none fits) on the learner's layout, whose
   FSDP all-gathers every weight at every step.
@@ -26,7 +26,7 @@ import dataclasses
 from typing import Any
 
 from jaxrl_llm.models import ModelConfig
-from jaxrl_llm.parallel.placement import Chip, decode_step_cost
+from jaxrl_llm.parallel.decode_model import Chip, decode_step_cost
 from jaxrl_llm.train.compile.memory import ALGORITHMS, Role
 
 # bf16 dense matmul peak per chip: TPUs from jaxrl_llm.parallel.topology; NVIDIA's H100 SXM /

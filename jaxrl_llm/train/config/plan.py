@@ -38,7 +38,8 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import LogprobSettings
 from jaxrl_llm.losses.policy_config import EntropyControl, PolicyGradientConfig
 from jaxrl_llm.losses.registry import Algorithm, LossSpec
-from jaxrl_llm.parallel.placement import Chip, Placement, plan_placement, resolve_sampler
+from jaxrl_llm.parallel.decode_model import Chip
+from jaxrl_llm.parallel.placement import Placement, plan_placement, resolve_sampler
 from jaxrl_llm.train.config.run_config import RunConfig
 
 MESH_SIZES = ("data", "fsdp", "tensor", "expert", "context")

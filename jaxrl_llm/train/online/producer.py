@@ -201,7 +201,7 @@ def _scored(score: Any, t0: float) -> tuple[Experience, float]:
 
 def snapshot(policy: Any, sampler: Any) -> tuple[Any, int]:
     """The policy's sampling weights and version as a snapshot the next update cannot
-    overwrite: the sampler's copy (:class:`~jaxrl_llm.parallel.placement.SamplerCopy`, made
+    overwrite: the sampler's copy (:class:`~jaxrl_llm.parallel.sampler_copy.SamplerCopy`, made
     here, on the learner's thread, with the other processes: the sampling thread then issues
     no cross-process computation). The train step donates its state's buffers, so where the
     copy would be the learner's own arrays (full fine-tuning on one layout) they are copied;

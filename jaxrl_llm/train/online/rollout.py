@@ -62,7 +62,7 @@ class Rollouts:
         continue with newer weights (``rollout.partial``): the asynchronous producer's
         sampler only, whose ``weights_fn`` reads a published snapshot (a cheap read).
       mesh: the sampler's mesh (this process's part of the run's sampler layout,
-        :attr:`jaxrl_llm.parallel.placement.SamplerCopy.local_mesh`) that ``weights_fn``'s
+        :attr:`jaxrl_llm.parallel.sampler_copy.SamplerCopy.local_mesh`) that ``weights_fn``'s
         params are laid out on; None: one device.
       max_prompt_len: the longest prompt (``data.max_length``; None: 1 token): with
         ``rollout.max_new_tokens`` it must fit the model's context (a ConfigError here, before
@@ -224,7 +224,7 @@ class Rollouts:
         the step and padded to the step's prompt width, so its rows are those one process
         would draw for them; then gather every process's rows, in process order: each
         process returns the step's whole experience. ``params`` are this process's part of
-        the sampler's copy (:class:`~jaxrl_llm.parallel.placement.SamplerCopy`)."""
+        the sampler's copy (:class:`~jaxrl_llm.parallel.sampler_copy.SamplerCopy`)."""
         share = process_share(len(items))
         local = None
         mine = items[share]

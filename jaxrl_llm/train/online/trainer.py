@@ -25,7 +25,8 @@ import optax
 
 from jaxrl_llm import models
 from jaxrl_llm.data import Format, make_iterator
-from jaxrl_llm.parallel.placement import SamplerCopy, device_chip
+from jaxrl_llm.parallel.decode_model import device_chip
+from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.compile.aot_inputs import per_device_bytes
 from jaxrl_llm.train.config.plan import plan_for_model, plan_run
@@ -235,7 +236,7 @@ class OnlineTrainer(Trainer):
 
     def sampler_weights(self) -> tuple[object, int]:
         """``(the sampler's copy, version)``: made once per policy version (the previous
-        copy's buffers reused; :class:`~jaxrl_llm.parallel.placement.SamplerCopy`)."""
+        copy's buffers reused; :class:`~jaxrl_llm.parallel.sampler_copy.SamplerCopy`)."""
         version = int(self.policy.state.step)
         if self._sampler_weights is None or self._sampler_weights[0] != version:
             self._sampler_weights = None  # its buffers go to the new copy
