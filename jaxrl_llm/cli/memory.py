@@ -347,17 +347,13 @@ def _ranked(config, algorithm: str, setup: dict, advice: list):
     (:func:`jaxrl_llm.train.compile.step_model.model_step`), the changes fastest first
     (models None, in the advice's order, without a chip model: CPU)."""
     from jaxrl_llm.parallel.decode_model import kind_chip
-    from jaxrl_llm.train.compile.memory import auto_sampler
-    from jaxrl_llm.train.compile.step_model import model_step, peak_flops
+    from jaxrl_llm.train.compile.step_model import model_setup, peak_flops
 
     def model(device: str, **change):
         chip, peak = kind_chip(device), peak_flops(device)
         if chip is None or not peak:
             return None
-        kw = {**setup, **change, "device": device}
-        if kw.get("sampler_tensor") == "auto":  # the copy this setup gets, if one fits
-            kw = {**kw, "sampler_tensor": 0, **auto_sampler(config, algorithm, **kw)}
-        return model_step(config, algorithm, chip, peak, **kw)
+        return model_setup(config, algorithm, chip, peak, **{**setup, **change, "device": device})
 
     base = model(setup["device"])
     out = []

@@ -472,19 +472,6 @@ class Trainer:
     def _info(self, metrics: Mapping[str, Any]) -> StepInfo:
         return StepInfo(self.step, self.config.max_steps, dict(metrics), self)
 
-    def _step_begins(self, loop: Any, step: int) -> None:
-        """Before a step: the reward functions' ``trainer_state`` (step, data epoch)."""
-        rewards = getattr(getattr(loop, "rollouts", None), "rewards", None)
-        if rewards is None:
-            return
-        epoch = 0.0
-        state = getattr(loop.iterator, "state", None)
-        per_epoch = getattr(loop.iterator, "steps_per_epoch", 0)
-        if callable(state) and per_epoch:
-            pos = state()
-            epoch = pos.get("epoch", 0) + pos.get("position", 0) / per_epoch
-        rewards.advance(step, epoch, self.config.max_steps)
-
     def _step_ended(self, step: int, metrics: Mapping[str, Any]) -> None:
         self.step = step
         info = self._info(metrics)
@@ -525,7 +512,6 @@ def _hooked_loop(online: bool) -> type:
             super().__init__(cfg)
 
         def train_step(self, step: int) -> dict:
-            self.owner._step_begins(self, step)
             metrics = super().train_step(step)
             self.owner._step_ended(step, metrics)
             return metrics

@@ -141,6 +141,18 @@ def model_step(
     )
 
 
+def model_setup(
+    config: ModelConfig, algorithm: str, chip: Chip, peak: float, **setup: Any
+) -> StepModel:
+    """:func:`model_step` of a setup whose ``sampler_tensor`` may be ``"auto"``: the copy the
+    setup gets (:func:`~jaxrl_llm.train.compile.memory.auto_sampler`; none when none fits)."""
+    if setup.get("sampler_tensor") == "auto":
+        from jaxrl_llm.train.compile.memory import auto_sampler
+
+        setup = {**setup, "sampler_tensor": 0, **auto_sampler(config, algorithm, **setup)}
+    return model_step(config, algorithm, chip, peak, **setup)
+
+
 def faster_setups(
     config: ModelConfig,
     algorithm: str,
@@ -164,14 +176,7 @@ def faster_setups(
         estimate_memory,
     )
 
-    def resolved(kw: dict) -> dict:
-        if kw.get("sampler_tensor") != "auto":
-            return kw
-        from jaxrl_llm.train.compile.memory import auto_sampler
-
-        return {**kw, "sampler_tensor": 0, **auto_sampler(config, algorithm, **kw)}
-
-    base = model_step(config, algorithm, chip, peak, **resolved(setup))
+    base = model_setup(config, algorithm, chip, peak, **setup)
     changes: list[tuple[str, str, dict]] = []
     algo = ALGORITHMS[algorithm]
     rows = setup.get("batch_size", 8) * (setup.get("group_size", 1) if algo.online else 1)
@@ -216,7 +221,7 @@ def faster_setups(
         e = estimate_memory(config, algorithm, **{**setup, **kw})
         if not e.fits:
             continue
-        m = model_step(config, algorithm, chip, peak, **resolved({**setup, **kw}))
+        m = model_setup(config, algorithm, chip, peak, **{**setup, **kw})
         if m.step_s < 0.95 * base.step_s:
             out.append((change, note, e, m))
     out.sort(key=lambda x: x[3].step_s)
