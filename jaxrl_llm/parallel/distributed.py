@@ -149,26 +149,18 @@ def host_local_batch_to_global(
     come back replicated. In a single process this is ``jax.device_put`` with the batch
     sharding.
     """
-    rows = batch_sharding(mesh, rules)
-    rep = replicated(mesh)
-    out = {}
-    for key, value in batch.items():
-        value = np.asarray(value)
-        sharding: NamedSharding = rep if value.ndim == 0 else rows
-        if value.ndim == 0:
-            out[key] = jax.make_array_from_process_local_data(sharding, value, ())
-        else:
-            global_shape = (value.shape[0] * jax.process_count(),) + value.shape[1:]
-            out[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
-    return out
+    rows, rep = batch_sharding(mesh, rules), replicated(mesh)
+    return {k: _from_local(v, rows, rep) for k, v in batch.items()}
 
 
 # ----- multi-controller online RL ----------------------------------------------------------------
 # Every process runs the same loop. Each samples and scores its own share of the step's prompts
-# on its own devices (``process_share``; its part of the sampler's copy: ``parallel/placement.py``), the scored rows are gathered so
-# every process holds the step's whole experience (``allgather_objects``), and the learner's
-# batches enter the jitted programs as global arrays split by rows over the whole mesh
-# (``on_processes``). So a run on 1 host and on N hosts is the same run.
+# on its own devices (``process_share``; its part of the sampler's copy:
+# ``parallel/sampler_copy.py``) and keeps those rows: host-local experience. They enter the
+# jitted programs as this process's part of global arrays split by rows over the whole mesh
+# (``on_processes(..., local_rows=True)``); what a step needs of the whole batch (batch-level
+# normalisation, metrics) is computed by programs on those global arrays or from a few gathered
+# numbers (``gather_numbers``). No row crosses hosts outside the programs' collectives.
 
 #: Environment variables by which a launcher announces a multi-process job that
 #: ``jax.distributed.initialize()`` can detect by itself: Cloud TPU pod slices (several
@@ -201,49 +193,10 @@ def process_share(n: int, index: int | None = None, count: int | None = None) ->
     return slice(start, start + base + (index < extra))
 
 
-#: How long a process waits for another's share of a step (a slow reward or environment on
-#: one host holds every host at the gather).
-GATHER_TIMEOUT_S = 3600
-
-
-def allgather_objects(obj: Any, key: str) -> list[Any]:
-    """Every process's ``obj`` (picklable), in process order, on every process.
-
-    Exchanged through the job's coordination service (the key-value store
-    ``jax.distributed`` starts beside process 0), not through the devices: no device
-    collective is issued, so a background sampling thread (``rollout.max_staleness``) can
-    gather while the main thread's update runs its own collectives. ``key`` names this
-    exchange and must be the same on every process and new for each exchange; the value a
-    process wrote under ``key`` is deleted by its next exchange of the same stream after 64
-    more (every process has read it by then: the learner's collectives keep processes within a
-    step or two of each other).
-    """
-    import pickle
-
-    if jax.process_count() == 1:
-        return [obj]
-    from jax._src import distributed as _jax_distributed  # the coordination service client
-
-    client = _jax_distributed.global_state.client
-    if client is None:
-        raise RuntimeError("allgather_objects needs jax.distributed to be initialised")
-    me = jax.process_index()
-    client.key_value_set_bytes(f"jaxrl_llm/{key}/{me}", pickle.dumps(obj, protocol=5))
-    out = [
-        pickle.loads(
-            client.blocking_key_value_get_bytes(f"jaxrl_llm/{key}/{i}", GATHER_TIMEOUT_S * 1000)
-        )
-        for i in range(jax.process_count())
-    ]
-    stream, _, number = key.rpartition("/")
-    if number.isdigit() and int(number) >= 64:
-        client.key_value_delete(f"jaxrl_llm/{stream}/{int(number) - 64}/{me}")
-    return out
-
-
 def to_global(tree: Any, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> Any:
-    """Host arrays that every process holds whole (the gathered experience) as global arrays:
-    rows (rank ≥ 1) split over the batch axes, scalars replicated. Device arrays pass."""
+    """Host arrays that every process holds whole (an offline batch every host reads) as
+    global arrays: rows (rank ≥ 1) split over the batch axes, scalars replicated. Device
+    arrays pass."""
     rows, rep = batch_sharding(mesh, rules), replicated(mesh)
 
     def put(x):
@@ -254,6 +207,134 @@ def to_global(tree: Any, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RUL
         return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
     return jax.tree.map(put, tree)
+
+
+def _is_local(x: Any) -> bool:
+    """A leaf that holds this process's rows: a host array, or a device array on this
+    process's devices only (a global array spanning processes is not one)."""
+    if isinstance(x, jax.Array):
+        return x.is_fully_addressable
+    return isinstance(x, np.ndarray | np.generic)
+
+
+def rows_to_global(
+    tree: Any, mesh: Mesh | None = None, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
+) -> Any:
+    """This process's rows as its part of global arrays (host-local batches).
+
+    Every process passes leaves of the same shape ``[n, ...]`` (its n rows); each comes back
+    as one ``[n · processes, ...]`` array split by rows, process p's rows at
+    ``[p·n, (p+1)·n)``, built with ``jax.make_array_from_process_local_data`` (no row leaves
+    its host). ``mesh``: split over its batch axes (the programs' layout: every process's
+    devices must hold that process's contiguous block, :func:`check_host_blocks`); None:
+    over :func:`process_mesh`, one device per process. Scalars must be equal on every
+    process and come back replicated; global arrays and non-array leaves pass. One process:
+    the tree unchanged.
+    """
+    if jax.process_count() == 1:
+        return tree
+    rows = batch_sharding(mesh, rules) if mesh is not None else _process_rows()
+    rep = replicated(mesh if mesh is not None else process_mesh())
+    return jax.tree.map(lambda x: _from_local(x, rows, rep) if _is_local(x) else x, tree)
+
+
+def _from_local(x: Any, rows: NamedSharding, rep: NamedSharding) -> jax.Array:
+    """One leaf of this process's rows as its part of a global array (a scalar: replicated)."""
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return jax.make_array_from_process_local_data(rep, x, ())
+    shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+    return jax.make_array_from_process_local_data(rows, x, shape)
+
+
+def rows_to_local(tree: Any) -> Any:
+    """Global arrays split by rows over processes back to this process's rows (numpy): the
+    rows its devices hold, in order (a replica's copy once). Replicated and fully
+    addressable leaves come back whole as numpy; non-array leaves pass."""
+
+    def get(x):
+        if not isinstance(x, jax.Array):
+            return x
+        if x.is_fully_addressable:
+            return np.asarray(x)
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        blocks: dict[int, np.ndarray] = {}
+        for shard in x.addressable_shards:
+            start = (shard.index[0].start or 0) if shard.index else 0
+            blocks.setdefault(start, np.asarray(shard.data))
+        return np.concatenate([blocks[k] for k in sorted(blocks)], 0)
+
+    return jax.tree.map(get, tree)
+
+
+@functools.cache
+def process_mesh() -> Mesh:
+    """A 1-D mesh (axis ``processes``) of one device per process, in process order: where
+    host-local rows meet for a program that needs the whole batch (a batch-level
+    normalisation) without any layout of the learner's."""
+    first: dict[int, Any] = {}
+    for d in sorted(jax.devices(), key=lambda d: d.id):
+        first.setdefault(d.process_index, d)
+    return Mesh(np.array([first[p] for p in sorted(first)]), ("processes",))
+
+
+def _process_rows() -> NamedSharding:
+    from jax.sharding import PartitionSpec
+
+    return NamedSharding(process_mesh(), PartitionSpec("processes"))
+
+
+def check_host_blocks(mesh: Mesh, rows: int, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> None:
+    """Refuse, in one line, a mesh on which process p's devices do not hold the p-th block of
+    ``rows`` global batch rows (hosts not outermost on the batch axes): host-local rows would
+    land in another process's place."""
+    if jax.process_count() == 1:
+        return
+    held = host_local_rows(mesh, rows, rules)
+    block = rows // jax.process_count()
+    want = slice(jax.process_index() * block, (jax.process_index() + 1) * block)
+    if held != want:
+        raise ConfigError(
+            f"on mesh {dict(mesh.shape)} process {jax.process_index()}'s devices hold batch "
+            f"rows {held.start}..{held.stop - 1}, not its own {want.start}..{want.stop - 1}: "
+            f"put hosts on the outermost batch axis (mesh.data)"
+        )
+
+
+#: Bytes this process has sent to the others through :func:`gather_numbers` (the step's
+#: ``hosts/exchanged_bytes``: numbers, never rows).
+EXCHANGED = [0]
+
+
+def gather_numbers(values: Any) -> np.ndarray:
+    """``[processes, ...]``: every process's ``values`` (a small float or int array of the same
+    shape everywhere: metrics, counts) on every process, in process order, by one device
+    collective (``jax.experimental.multihost_utils.process_allgather``). The only thing a
+    host-local step sends between hosts outside its programs: numbers, not rows. Every
+    process must call it at the same point (the main thread)."""
+    x = np.ascontiguousarray(values)
+    if jax.process_count() == 1:
+        return x[None]
+    EXCHANGED[0] += x.nbytes
+    from jax.experimental import multihost_utils
+
+    # as bytes: a float64 or int64 would pass through JAX as 32 bits (x64 off)
+    raw = np.frombuffer(x.tobytes(), np.uint8)
+    out = np.asarray(multihost_utils.process_allgather(raw, tiled=False))
+    return np.ascontiguousarray(out).view(x.dtype).reshape((out.shape[0], *x.shape))
+
+
+def gather_strings(text: str) -> list[str]:
+    """Every process's ``text`` (short: metric names), in process order, on every process:
+    two :func:`gather_numbers` (the lengths, then the bytes padded to the longest)."""
+    data = text.encode()
+    if jax.process_count() == 1:
+        return [text]
+    width = int(gather_numbers(np.int64(len(data))).max())
+    raw = np.zeros(width, np.uint8)
+    raw[: len(data)] = np.frombuffer(data, np.uint8)
+    return [bytes(row).rstrip(b"\0").decode() for row in gather_numbers(raw)]
 
 
 def to_host(tree: Any) -> Any:
@@ -269,16 +350,91 @@ def to_host(tree: Any) -> Any:
     return jax.tree.map(get, tree)
 
 
-def on_processes(fn: Any, mesh: Mesh, *, gather: bool) -> Any:
-    """``fn`` (a jitted program) callable with host batches on a mesh spanning processes:
-    numpy arguments enter as global arrays (:func:`to_global`); with ``gather`` its outputs
-    come back whole on every process (:func:`to_host`). ``fn`` itself on one process."""
+def on_processes(fn: Any, mesh: Mesh, *, gather: bool, local_rows: bool = False) -> Any:
+    """``fn`` (a jitted program) callable with host batches on a mesh spanning processes.
+
+    ``local_rows=False``: every process passes the whole batch (:func:`to_global`); with
+    ``gather`` the outputs come back whole on every process (:func:`to_host`).
+    ``local_rows=True`` (host-local batches, the online loop): every process passes its own
+    rows (:func:`rows_to_global`); with ``gather`` the per-row outputs come back as this
+    process's rows (:func:`rows_to_local`). Without ``gather`` the outputs stay global
+    arrays. ``fn`` itself on one process."""
     if jax.process_count() == 1:
         return fn
+    enter = (
+        functools.partial(rows_to_global, mesh=mesh)
+        if local_rows
+        else functools.partial(to_global, mesh=mesh)
+    )
+    leave = rows_to_local if local_rows else to_host
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        out = fn(*to_global(args, mesh), **to_global(kwargs, mesh))
-        return to_host(out) if gather else out
+        out = fn(*enter(args), **enter(kwargs))
+        return leave(out) if gather else out
 
     return wrapped
+
+
+def over_processes(fn: Any) -> Any:
+    """``fn`` (arrays → arrays, jnp) applied to the whole batch that host-local rows make:
+    each process passes its own rows (``[n, ...]``; None and scalars pass), ``fn`` runs once
+    as a program on the global arrays (:func:`rows_to_global` over :func:`process_mesh`:
+    batch-level means and variances are the whole batch's, by the program's collectives),
+    and each process gets back its rows of the result (a scalar whole). ``fn`` itself on one
+    process. Every process must call it at the same point."""
+    if jax.process_count() == 1:
+        return fn
+    program = jax.jit(fn)
+
+    @functools.wraps(fn)
+    def wrapped(*args):
+        return rows_to_local(program(*rows_to_global(args)))
+
+    return wrapped
+
+
+def take_rows(
+    tree: Any, index: np.ndarray, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
+) -> Any:
+    """Rows ``index`` (global positions, the same on every process) of global arrays split
+    by rows (host-local batches), split by rows over ``mesh``'s batch axes again: a program
+    whose collectives bring each device its rows from whichever host holds them (a
+    minibatch drawn from the whole step's rows, as one process would draw it). Scalars
+    pass."""
+    idx = np.asarray(index, np.int32)
+    rep = replicated(mesh)
+    where = jax.make_array_from_callback(idx.shape, rep, lambda i: idx[i])
+    return _take(batch_sharding(mesh, rules))(tree, where)
+
+
+@functools.cache
+def _take(rows: NamedSharding) -> Any:
+    def take(tree, where):
+        return jax.tree.map(
+            lambda x: jax.lax.with_sharding_constraint(x[where], rows) if x.ndim else x, tree
+        )
+
+    return jax.jit(take)
+
+
+def agree_width(batch: dict[str, Any], *, pad_id: int = 0) -> dict[str, Any]:
+    """A host-local batch (``input_ids [n, T]`` and leaves of the same T) left-padded to the
+    widest T of every process's, so that the rows meet in one global array: ``input_ids``
+    with ``pad_id``, the rest (masks) with 0 (masked: no result changes). Unchanged on one
+    process."""
+    if jax.process_count() == 1:
+        return batch
+    t = int(np.shape(batch["input_ids"])[1])
+    width = int(gather_numbers(np.int64(t)).max())
+    if width == t:
+        return batch
+
+    def pad(key: str, x: Any) -> Any:
+        x = np.asarray(x)
+        if x.ndim < 2 or x.shape[1] != t:
+            return x
+        fill = pad_id if key == "input_ids" else 0
+        return np.pad(x, ((0, 0), (width - t, 0)) + ((0, 0),) * (x.ndim - 2), constant_values=fill)
+
+    return {k: pad(k, v) for k, v in batch.items()}

@@ -2,11 +2,11 @@
 devices on localhost (gloo) logs the same ``reward/mean`` and ``loss`` at every step as the
 same config in 1 process × 8 devices.
 
-Each process samples and scores its own half of every step's prompts on its own devices,
-the rows are gathered to every process, and the learner's batches enter the train step as
-global arrays split by rows over all 8 devices (jaxrl_llm/parallel/distributed.py). The
-per-device shapes are the same in both layouts (8 rows per device), so the runs agree to
-float rounding.
+Each process samples and scores its own half of every step's prompts on its own devices and
+keeps those rows (host-local); they enter the programs as its part of global arrays split by
+rows over all 8 devices, and only numbers (metrics, per-row rewards and lengths) go between
+the hosts outside the programs (jaxrl_llm/parallel/distributed.py). The per-device shapes are
+the same in both layouts (8 rows per device), so the runs agree to float rounding.
 """
 
 from __future__ import annotations
@@ -175,6 +175,9 @@ def test_two_processes_log_what_one_process_logs(tmp_path, algorithm, chat):
         assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (r, o)
         assert o["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, o)
         assert o["data/prompts_crc32"] == r["data/prompts_crc32"]
+        # numbers, not rows, between the hosts: less than one int32 token column of the step
+        rows = 8 * (8 if algorithm != "online_dpo" else 4)
+        assert 0 < o["hosts/exchanged_bytes"] < rows * 4 * 8, o["hosts/exchanged_bytes"]
 
 
 @pytest.mark.slow

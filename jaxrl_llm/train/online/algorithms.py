@@ -27,6 +27,7 @@ counts it (:func:`with_valid_frac`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -37,6 +38,7 @@ from jaxrl_llm import objectives, ops
 from jaxrl_llm import rewards as reward_lib
 from jaxrl_llm.errors import ConfigError, ModelLoadError, TrainingError
 from jaxrl_llm.losses import AdvantageEstimator, AlgorithmFamily
+from jaxrl_llm.parallel import agree_width, gather_numbers, over_processes
 from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, RunPlan
 from jaxrl_llm.train.config.sections import RolloutSection
 from jaxrl_llm.train.online.experience import Experience, rl_batch
@@ -60,28 +62,58 @@ def estimate_advantages(
     """Per-sequence ``[N]`` or per-token ``[N, M]`` advantages of ``rewards [N]`` with the
     algorithm's estimator (``mask [N, M]``: the completion tokens; ``baseline [N]``: ReMax's
     greedy rewards)."""
-    r = jnp.asarray(rewards, jnp.float32)
-    if estimator == AdvantageEstimator.GRPO:
-        return np.asarray(objectives.grpo_advantages(r, group_size=group_size, scale=scale))
-    if estimator == AdvantageEstimator.GRPO_NO_STD:
-        return np.asarray(objectives.grpo_advantages(r, group_size=group_size, scale="none"))
-    if estimator == AdvantageEstimator.RLOO:
-        return np.asarray(objectives.rloo_advantages(r, group_size=group_size))
-    if estimator == AdvantageEstimator.REMAX:
-        return np.asarray(objectives.remax_advantages(r, jnp.asarray(baseline, jnp.float32)))
-    m = jnp.asarray(mask, jnp.float32)
-    if estimator == AdvantageEstimator.REINFORCE_PP:
-        if group_size > 1:  # REINFORCE++ with its group baseline (mean of the group)
-            return np.asarray(
-                objectives.reinforce_pp_baseline_advantages(r, m, group_size=group_size)
-            )
-        # the row's last policy token (a multi-turn mask has the environment's tokens between)
-        last = jnp.maximum(objectives.last_token_index(m), 0)
-        token_r = jnp.zeros_like(m).at[jnp.arange(m.shape[0]), last].set(r)
-        return np.asarray(objectives.reinforce_pp_advantages(token_r, m))
-    if estimator == AdvantageEstimator.REWARD:
-        return np.asarray(r)
-    raise ConfigError(f"advantage estimator {estimator.value!r} needs a critic: use algorithm: ppo")
+    if estimator not in _ESTIMATORS:
+        raise ConfigError(
+            f"advantage estimator {estimator.value!r} needs a critic: use algorithm: ppo"
+        )
+    fn = functools.partial(_ESTIMATORS[estimator], group_size=group_size, scale=scale)
+    # across processes each holds its own groups: the estimator runs on the whole batch (a
+    # batch-level scale or whitening is the whole step's), each gets its rows back
+    return np.asarray(over_processes(fn)(rewards, mask, baseline))
+
+
+def _grpo(r, mask, baseline, *, group_size, scale):
+    return objectives.grpo_advantages(_f32(r), group_size=group_size, scale=scale)
+
+
+def _grpo_no_std(r, mask, baseline, *, group_size, scale):
+    return objectives.grpo_advantages(_f32(r), group_size=group_size, scale="none")
+
+
+def _rloo(r, mask, baseline, *, group_size, scale):
+    return objectives.rloo_advantages(_f32(r), group_size=group_size)
+
+
+def _remax(r, mask, baseline, *, group_size, scale):
+    return objectives.remax_advantages(_f32(r), _f32(baseline))
+
+
+def _reinforce_pp(r, mask, baseline, *, group_size, scale):
+    r, m = _f32(r), _f32(mask)
+    if group_size > 1:  # REINFORCE++ with its group baseline (mean of the group)
+        return objectives.reinforce_pp_baseline_advantages(r, m, group_size=group_size)
+    # the row's last policy token (a multi-turn mask has the environment's tokens between)
+    last = jnp.maximum(objectives.last_token_index(m), 0)
+    token_r = jnp.zeros_like(m).at[jnp.arange(m.shape[0]), last].set(r)
+    return objectives.reinforce_pp_advantages(token_r, m)
+
+
+def _reward(r, mask, baseline, *, group_size, scale):
+    return _f32(r)
+
+
+def _f32(x):
+    return jnp.asarray(x, jnp.float32)
+
+
+_ESTIMATORS = {
+    AdvantageEstimator.GRPO: _grpo,
+    AdvantageEstimator.GRPO_NO_STD: _grpo_no_std,
+    AdvantageEstimator.RLOO: _rloo,
+    AdvantageEstimator.REMAX: _remax,
+    AdvantageEstimator.REINFORCE_PP: _reinforce_pp,
+    AdvantageEstimator.REWARD: _reward,
+}
 
 
 def token_step_ids(
@@ -350,9 +382,10 @@ class PPOStrategy:
             kind=ppo.kl_kind,
         )
         adv, returns = objectives.gae(token_r, values, mask, gamma=ppo.gamma, lam=ppo.lam)
-        if ppo.whiten_advantages:
-            adv = objectives.whiten(adv, mask)
+        if ppo.whiten_advantages:  # over the whole step's tokens (every process's)
+            adv = jnp.asarray(over_processes(objectives.whiten)(adv, mask))
         kl = objectives.kl_penalty(jb["old_logp"], ref_logp, kind=ppo.kl_kind)
+        mean = over_processes(ops.masked_mean)
         adv_np = np.asarray(adv * mask)
         batch.update(
             advantages=adv_np, values=np.asarray(values), returns=np.asarray(returns * mask)
@@ -364,8 +397,8 @@ class PPOStrategy:
             with_valid_frac(
                 exp,
                 {
-                    "kl_to_ref": float(ops.masked_mean(kl, mask)),
-                    "vf/value_mean": float(ops.masked_mean(values, mask)),
+                    "kl_to_ref": float(mean(kl, mask)),
+                    "vf/value_mean": float(mean(values, mask)),
                 },
             ),
         )
@@ -537,18 +570,17 @@ class Distillation:
         batch["advantages"][:, -m:] = adv
         batch["advantages"] = (batch["advantages"] * batch["loss_mask"]).astype(np.float32)
         per_token = -np.asarray(kl_adv)[np.asarray(mask) > 0]
+        count, total = gather_numbers(np.array([per_token.size, per_token.sum()])).sum(0)
         return Prepared(
             batch,
             adv,
-            with_valid_frac(
-                exp, {"distill/reverse_kl": float(per_token.mean()) if per_token.size else 0.0}
-            ),
+            with_valid_frac(exp, {"distill/reverse_kl": float(total / count) if count else 0.0}),
         )
 
     def teacher_rows(self, batch: dict, exp: Experience, m: int) -> dict[str, np.ndarray]:
         """The teacher's ``input_ids`` / masks of ``batch`` (its own prompt with
         ``teacher.system_prompt``, then the same ``m`` completion columns)."""
-        return teacher_batch(
+        rows = teacher_batch(
             batch,
             sources=exp.sources,
             completion_len=m,
@@ -556,6 +588,8 @@ class Distillation:
             system_prompt=self.teacher.system_prompt,
             pad_id=self.policy.config.pad_token_id or 0,
         )
+        # across processes: the widest process's teacher prompt (one global array)
+        return agree_width(rows, pad_id=self.policy.config.pad_token_id or 0)
 
     def student_logps(self, batch: dict) -> np.ndarray:
         """``[N, T]`` the policy's log-probs of the batch's tokens before the update."""

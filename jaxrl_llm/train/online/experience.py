@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_llm.parallel import gather_numbers
 from jaxrl_llm.sampling import Rollout
 
 
@@ -102,6 +103,35 @@ class Experience:
         )
 
 
+def widen(ro: Rollout, width: int) -> Rollout:
+    """``ro`` with its prompts left-padded to ``width`` columns (routing padded with the
+    experts 0..k-1: masked, any valid ids)."""
+    pad = width - ro.prompt_tokens.shape[1]
+    if not pad:
+        return ro
+    host: Any = ro  # the Rollout's fields are host numpy arrays here
+    routing: Any = ro.routing
+    if routing is not None:
+        fill = np.broadcast_to(
+            np.arange(routing.shape[-1], dtype=routing.dtype),
+            (routing.shape[0], pad, *routing.shape[2:]),
+        )
+        routing = np.concatenate([fill, routing], axis=1)
+    return host._replace(
+        prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),
+        prompt_mask=np.pad(ro.prompt_mask, ((0, 0), (pad, 0))),
+        routing=routing,
+    )
+
+
+def agree_prompt_width(exp: Experience) -> Experience:
+    """A process's host-local experience with its prompts left-padded to the widest of every
+    process's (their rows meet in one global array): the width one process holding every
+    row would have (prompt buckets grow with the longest prompt)."""
+    width = int(gather_numbers(np.int64(exp.rollout.prompt_tokens.shape[1])).max())
+    return dataclasses.replace(exp, rollout=widen(exp.rollout, width))
+
+
 def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience:
     """Experience of several sampling rounds as one, cut to ``max_groups`` groups; prompts of
     different (bucketed) widths are left-padded to the widest. ``metrics`` are the first
@@ -110,28 +140,10 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
     n = max_groups * g
     width = max(p.rollout.prompt_tokens.shape[1] for p in parts)
 
-    def widen(ro: Rollout) -> Rollout:
-        pad = width - ro.prompt_tokens.shape[1]
-        if not pad:
-            return ro
-        host: Any = ro  # the Rollout's fields are host numpy arrays here
-        routing: Any = ro.routing
-        if routing is not None:  # padding columns: the experts 0..k-1 (masked, any valid ids)
-            fill = np.broadcast_to(
-                np.arange(routing.shape[-1], dtype=routing.dtype),
-                (routing.shape[0], pad, *routing.shape[2:]),
-            )
-            routing = np.concatenate([fill, routing], axis=1)
-        return host._replace(
-            prompt_tokens=np.pad(ro.prompt_tokens, ((0, 0), (pad, 0))),
-            prompt_mask=np.pad(ro.prompt_mask, ((0, 0), (pad, 0))),
-            routing=routing,
-        )
-
     def cat(xs):
         return np.concatenate(xs, 0)[:n]
 
-    ro = jax.tree.map(lambda *xs: cat(xs), *[widen(p.rollout) for p in parts])
+    ro = jax.tree.map(lambda *xs: cat(xs), *[widen(p.rollout, width) for p in parts])
 
     def flat(name: str) -> list:
         return sum((getattr(p, name) for p in parts), [])[:n]

@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxrl_llm.data.collate import pad_length
 from jaxrl_llm.data.packing import pack_rl_batch, packing_stats
+from jaxrl_llm.parallel import gather_numbers, rows_to_global, take_rows
 from jaxrl_llm.parallel.context import context_size
 from jaxrl_llm.train.config.plan import PackSpec, Rows
 from jaxrl_llm.train.programs.step import STEP_METRICS, is_loss_share
@@ -46,19 +47,29 @@ def minibatch_order(rng: np.random.Generator, n: int, minibatches: int, group: i
     return (groups[:, None] * group + np.arange(group)[None, :]).reshape(-1)
 
 
-def skippable_layout(batch: dict, group: int, micro_batches: int) -> dict:
-    """Reorder a minibatch of whole groups (``group`` consecutive rows each) for a train step
-    with ``micro_batches`` strided micro-batches (``train.step.split_micro_batches``: micro-batch
-    m holds rows m, m + M, …) so that each micro-batch holds whole groups, the groups with a
-    nonzero advantage first: the micro-batches left with only zero-advantage groups are then
-    skipped by the step. A permutation of rows, so the summed loss is the same."""
+def informative_rows(batch: dict) -> np.ndarray:
+    """``[n]`` bool: the rows with a nonzero advantage on a token the loss weighs."""
     n = len(batch["loss_mask"])
     adv = np.asarray(batch["advantages"]).reshape(n, -1)
     mask = np.asarray(batch["loss_mask"]).reshape(n, -1).astype(bool)
-    informative = np.any((adv != 0) & mask, axis=1).reshape(-1, group).any(axis=1)
-    groups = np.argsort(~informative, kind="stable")  # informative groups first
+    return np.any((adv != 0) & mask, axis=1)
+
+
+def skippable_order(informative: np.ndarray, group: int, micro_batches: int) -> np.ndarray:
+    """The row order that lays a minibatch of whole groups (``group`` consecutive rows each;
+    ``informative [n]`` per row) out for a train step with ``micro_batches`` strided
+    micro-batches (``train.step.split_micro_batches``: micro-batch m holds rows m, m + M, …):
+    each micro-batch holds whole groups, the groups with a nonzero advantage first, so the
+    micro-batches left with only zero-advantage groups are skipped by the step. A
+    permutation of rows, so the summed loss is the same."""
+    groups = np.argsort(~informative.reshape(-1, group).any(axis=1), kind="stable")
     rows = (groups[:, None] * group + np.arange(group)[None, :]).reshape(micro_batches, -1)
-    order = rows.T.reshape(-1)  # batch row i*M + m = row i of micro-batch m
+    return rows.T.reshape(-1)  # batch row i*M + m = row i of micro-batch m
+
+
+def skippable_layout(batch: dict, group: int, micro_batches: int) -> dict:
+    """A minibatch reordered by :func:`skippable_order`."""
+    order = skippable_order(informative_rows(batch), group, micro_batches)
     return {k: v[order] for k, v in batch.items()}
 
 
@@ -126,6 +137,12 @@ class Learner:
             shards = int(policy.mesh.shape["data"] * policy.mesh.shape["fsdp"])
         fills: list[float] = []
         n = len(next(iter(batch.values())))
+        rows = informative = None  # across processes: the whole step's rows, global arrays
+        if jax.process_count() > 1:
+            rows = rows_to_global(batch, policy.mesh)
+            if self.micro_batches > 1:  # skipping lays minibatches out by these
+                informative = gather_numbers(informative_rows(batch)).reshape(-1)
+            n *= jax.process_count()
         mb = n // self.minibatches
         rng = np.random.default_rng(self.seed * 7919 + step)
         per_update: list[dict] = []
@@ -135,9 +152,14 @@ class Learner:
             )
             for j in range(self.minibatches):
                 idx = order[j * mb : (j + 1) * mb]
-                sub = {k: v[idx] for k, v in batch.items()}
-                if self.micro_batches > 1:
-                    sub = skippable_layout(sub, self.group, self.micro_batches)
+                if rows is not None:  # a program gathers the minibatch from every host
+                    if informative is not None:
+                        idx = idx[skippable_order(informative[idx], self.group, self.micro_batches)]
+                    sub = take_rows(rows, idx, policy.mesh)
+                else:
+                    sub = {k: v[idx] for k, v in batch.items()}
+                    if self.micro_batches > 1:
+                        sub = skippable_layout(sub, self.group, self.micro_batches)
                 actor = {k: v for k, v in sub.items() if k not in self.actor_drop}
                 if self.pack is not None:
                     actor = pack_rl_batch(

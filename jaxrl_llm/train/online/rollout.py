@@ -11,9 +11,7 @@ stopping the run. DAPO's dynamic sampling (keep drawing prompts until the batch 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import itertools
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -27,7 +25,7 @@ from jaxrl_llm import objectives
 from jaxrl_llm.data.tokenize import TokenizedPrompt
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.objectives import pass_at_k
-from jaxrl_llm.parallel import allgather_objects, process_share, to_host
+from jaxrl_llm.parallel import gather_numbers, gather_strings, process_share, to_host
 from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, bucket_length, cast_for_rollout
 from jaxrl_llm.train.config.preflight import check_context_budget
@@ -35,8 +33,6 @@ from jaxrl_llm.train.config.sections import EnvSection, EvalSection, RolloutSect
 from jaxrl_llm.train.online.episode_sampler import EpisodeSampler
 from jaxrl_llm.train.online.experience import Experience, concat_experience
 from jaxrl_llm.train.run.faults import fault_point
-
-_SAMPLERS = itertools.count()  # each Rollouts' stream of multi-process gathers
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
 # compiles only a few programs.
@@ -108,9 +104,6 @@ class Rollouts:
         self.one_program = mesh is not None and any(
             d.process_index != jax.process_index() for d in mesh.devices.flat
         )
-        # multi-process: this sampler's gathers are named (stream, call); samplers are made in
-        # the same order on every process, so the names agree
-        self._stream, self._gathers = next(_SAMPLERS), 0
         r = settings
         self.sampling = SamplingConfig(
             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p
@@ -136,10 +129,24 @@ class Rollouts:
         seed: int,
         greedy: bool = False,
         num_samples: int | None = None,
-    ) -> Experience:
-        """Generate ``num_samples`` (default G) completions of each item and score them."""
-        out = self._sample(items, seed=seed, greedy=greedy, num_samples=num_samples)
-        return out if isinstance(out, Experience) else out()
+        local: bool = False,
+    ) -> Experience | None:
+        """Generate ``num_samples`` (default G) completions of each item and score them.
+
+        Across processes every process passes the same ``items`` and gets back the rows of
+        its own share of them (host-local: :meth:`_sample_share`; None when its share is
+        empty); ``local``: ``items`` are this process's own, sampled on its devices."""
+        weights = self.weights_fn() if local and jax.process_count() > 1 else None
+        if weights is not None and self.one_program:
+            raise ConfigError(
+                "a sampler spanning processes (rollout.tensor over hosts) samples the step's "
+                "prompts together: a process's own extra samples (ReMax's greedy baseline) "
+                "are not built; use a rollout.tensor within one host"
+            )
+        out = self._sample(
+            items, seed=seed, greedy=greedy, num_samples=num_samples, weights=weights
+        )
+        return out if out is None or isinstance(out, Experience) else out()
 
     def _sample(
         self,
@@ -151,7 +158,7 @@ class Rollouts:
         weights: tuple[Any, int] | None = None,
         prompt_ids: list[int] | None = None,
         prompt_buckets: tuple[int, ...] = PROMPT_BUCKETS,
-    ) -> Experience | Callable[[], Experience]:
+    ) -> Experience | Callable[[], Experience] | None:
         """Generate; returns the scored :class:`Experience` (multi-turn episodes, scored as
         they are played) or ``score()``, which runs the reward functions on the completions
         and returns it (on any thread: the asynchronous producer scores off the sampling
@@ -196,6 +203,14 @@ class Rollouts:
         if partial:
             ro, versions = ro
         ro = jax.tree.map(np.asarray, to_host(ro))  # one program over processes: gathered
+        if self.one_program:  # every process sampled every row: each scores its own share
+            share = process_share(len(items))
+            if share.start == share.stop:
+                return None
+            rows = slice(share.start * g, share.stop * g)
+            ro = jax.tree.map(lambda x: x[rows], ro)
+            versions = None if versions is None else versions[rows]
+            items = items[share]
         tok = self.tokenizer
         texts = [
             tok.decode(ro.tokens[i, : ro.lengths[i]].tolist(), skip_special_tokens=True)
@@ -217,45 +232,40 @@ class Rollouts:
         sampling: SamplingConfig,
         seed: int,
         g: int,
-    ) -> Experience:
+    ) -> Experience | None:
         """A process's part of a multi-process step (every process calls it with the step's
         whole ``items``): sample and score its own share of the items
         (:func:`jaxrl_llm.parallel.process_share`) on its own devices, keyed by their ids in
         the step and padded to the step's prompt width, so its rows are those one process
-        would draw for them; then gather every process's rows, in process order: each
-        process returns the step's whole experience. ``params`` are this process's part of
-        the sampler's copy (:class:`~jaxrl_llm.parallel.sampler_copy.SamplerCopy`)."""
+        would draw for them. The rows stay on this host (host-local experience: process p's
+        rows are the p-th block of the step's); None for an empty share. ``params`` are this
+        process's part of the sampler's copy
+        (:class:`~jaxrl_llm.parallel.sampler_copy.SamplerCopy`)."""
         share = process_share(len(items))
-        local = None
         mine = items[share]
-        if mine:
-            longest = max(len(x.prompt_ids) for x in items)
-            ids = list(range(share.start, share.stop))
-            if self.episodes is not None:
-                local = self.episodes(
-                    params,
-                    version,
-                    mine,
-                    sampling=sampling,
-                    seed=seed,
-                    num_samples=g,
-                    first_prompt_id=share.start,
-                )
-            else:
-                out = self._sample(
-                    mine,
-                    seed=seed,
-                    num_samples=g,
-                    weights=(params, version),
-                    greedy=sampling.greedy,
-                    prompt_ids=ids,
-                    prompt_buckets=(bucket_length(longest, PROMPT_BUCKETS),),
-                )
-                local = out if isinstance(out, Experience) else out()
-        self._gathers += 1
-        key = f"rollouts{self._stream}/{self._gathers}"
-        parts = [p for p in allgather_objects(local, key) if p is not None]
-        return merge_shares(parts)
+        if not mine:
+            return None
+        if self.episodes is not None:
+            return self.episodes(
+                params,
+                version,
+                mine,
+                sampling=sampling,
+                seed=seed,
+                num_samples=g,
+                first_prompt_id=share.start,
+            )
+        longest = max(len(x.prompt_ids) for x in items)
+        out = self._sample(
+            mine,
+            seed=seed,
+            num_samples=g,
+            weights=(params, version),
+            greedy=sampling.greedy,
+            prompt_ids=list(range(share.start, share.stop)),
+            prompt_buckets=(bucket_length(longest, PROMPT_BUCKETS),),
+        )
+        return out if out is None or isinstance(out, Experience) else out()
 
     def _refresh(self, version: int, params: Any) -> Callable[[], tuple[Any, int]]:
         """``refresh()`` for a partial rollout: the newest published weights in the rollout
@@ -276,9 +286,14 @@ class Rollouts:
         """One step's experience: ``prompts_per_step`` prompts × G samples, with DAPO's
         dynamic sampling when configured (groups whose rewards are all equal are dropped and
         more prompts drawn, up to ``max_sampling_rounds`` rounds; what is still missing is
-        filled with dropped groups, which have zero advantage, to keep the batch shape)."""
+        filled with dropped groups, which have zero advantage, to keep the batch shape).
+
+        Across processes (host-local) each process keeps its own share, ``prompts_per_step /
+        processes`` groups, from its own prompts of each round; the rounds go on until every
+        process has its share (one gathered count per round), so every process draws the
+        same prompts. The same filter as one process's, not the same groups kept."""
         r = self.settings
-        g, want = r.group_size, r.prompts_per_step
+        g, want = r.group_size, r.prompts_per_step // jax.process_count()
         kept: list[Experience] = []
         reserve: list[Experience] = []
         dropped = rounds = crc = 0
@@ -287,6 +302,7 @@ class Rollouts:
             for x in items:
                 crc = zlib.crc32(np.asarray(x.prompt_ids, np.int32).tobytes(), crc)
             exp = self.sample(items, seed=self.seed * 1_000_003 + step * 101 + rounds)
+            assert exp is not None  # prompts_per_step divides over processes (trainer)
             rounds += 1
             if not r.dynamic_sampling:
                 kept.append(exp)
@@ -299,7 +315,7 @@ class Rollouts:
             if (~info).any():
                 reserve.append(exp.select_groups(~info))
             have = sum(k.num_groups for k in kept)
-            if have >= want or rounds >= r.max_sampling_rounds:
+            if rounds >= r.max_sampling_rounds or gather_numbers(have).min() >= want:
                 break
         have = sum(k.num_groups for k in kept)
         filled = 0
@@ -334,7 +350,7 @@ class Rollouts:
         for x in items:
             crc = zlib.crc32(np.asarray(x.prompt_ids, np.int32).tobytes(), crc)
         score = self._sample(items, seed=self.seed * 1_000_003 + step * 101)
-        assert not isinstance(score, Experience)
+        assert score is not None and not isinstance(score, Experience)
         fault_point("rollout", step)
         return score, _collect_info(iterator, crc, 0, 1, self.settings.prompts_per_step, 0)
 
@@ -351,36 +367,40 @@ class Rollouts:
             )
             for i in range(0, len(exp), g)
         ]
-        greedy = self.sample(items, seed=0, greedy=True, num_samples=1)
+        greedy = self.sample(items, seed=0, greedy=True, num_samples=1, local=True)
+        assert greedy is not None
         return np.repeat(greedy.rewards, g)
 
     def evaluate(
         self, items: list[TokenizedPrompt], settings: EvalSection, metric: str
     ) -> dict[str, float]:
         """Greedy decoding on held-out ``items``: the mean of reward ``metric`` over the rows
-        it scored, how many it scored, the mean completion length."""
+        it scored, how many it scored, the mean completion length (across processes each
+        scores its share of every batch and the sums are gathered)."""
         items = items[: settings.num_examples or None]
-        scores, lengths, n_valid = [], [], 0
+        total = np.zeros(4)  # scored rows' metric, scored rows, completion tokens, rows
         fracs: dict[str, float] = {}  # multi-turn: the share of episodes doing each env thing
         for i in range(0, len(items), settings.batch_size):
             exp = self.sample(
                 items[i : i + settings.batch_size], seed=0, greedy=True, num_samples=1
             )
+            if exp is None:  # this process's share of the batch is empty
+                continue
             for k, v in exp.metrics.items():
                 if k.startswith("env/") and k.endswith("_frac"):
                     fracs[k] = fracs.get(k, 0.0) + v * len(exp) / len(items)
             vals = exp.scores[metric]
             ok = np.isfinite(vals)
-            scores.extend(vals[ok].tolist())
-            n_valid += int(ok.sum())
-            lengths.extend(exp.rollout.lengths.tolist())
-        acc = float(np.mean(scores)) if scores else float("nan")
+            total += [vals[ok].sum(), ok.sum(), exp.rollout.lengths.sum(), len(exp)]
+        keys = sorted(fracs)
+        sums = gather_numbers(np.array([*total, *(fracs[k] for k in keys)])).sum(0)
+        scored, n_valid = float(sums[0]), int(sums[1])
         out = {
-            f"eval/{metric}": acc,
+            f"eval/{metric}": scored / n_valid if n_valid else float("nan"),
             "eval/num_examples": len(items),
             "eval/valid": n_valid,
-            "eval/completion_length": float(np.mean(lengths)),
-            **{f"eval/{k}": v for k, v in fracs.items()},
+            "eval/completion_length": float(sums[2] / max(sums[3], 1)),
+            **{f"eval/{k}": float(v) for k, v in zip(keys, sums[4:])},
         }
         if settings.num_samples:
             out.update(self._pass_at(items, settings, metric))
@@ -395,30 +415,50 @@ class Rollouts:
         correct: list[int] = []
         for i in range(0, len(items), settings.batch_size):
             exp = self.sample(items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n)
+            if exp is None:
+                continue
             ok = np.nan_to_num(exp.scores[metric], nan=0.0) == 1.0
             correct.extend(ok.reshape(-1, n).sum(1).tolist())
         c = np.asarray(correct, np.int64)
-        return {f"eval/pass@{k}": float(np.mean(pass_at_k(n, c, k=k))) for k in settings.pass_at}
+        sums = gather_numbers(
+            np.array([len(c), *(pass_at_k(n, c, k=k).sum() for k in settings.pass_at)])
+        ).sum(0)
+        return {
+            f"eval/pass@{k}": float(v / max(sums[0], 1)) for k, v in zip(settings.pass_at, sums[1:])
+        }
 
 
-def merge_shares(parts: list[Experience]) -> Experience:
-    """The processes' experiences of one step as one (rows in process order). Metrics that
-    count (failures, errors, timeouts, non-finite values) are summed; the others, means over
-    rows, are averaged weighted by each part's rows; ``time/*`` the slowest process's."""
-    if len(parts) == 1:
-        return parts[0]
-    out = concat_experience(parts, max_groups=sum(p.num_groups for p in parts))
-    rows = np.array([len(p) for p in parts], np.float64)
-    metrics: dict[str, float] = {}
-    for key in parts[0].metrics:
-        vals = np.array([float(p.metrics.get(key, 0.0)) for p in parts])
-        if key.startswith("time/"):
-            metrics[key] = float(vals.max())
-        elif key.endswith(("failures", "errors", "timeouts", "nonfinite", "failed")):
-            metrics[key] = float(vals.sum())
+def merge_process_metrics(metrics: dict[str, float], rows: int) -> dict[str, float]:
+    """A step's metrics over every process's share (host-local experience), on every
+    process: counts (failures, errors, timeouts, non-finite values, pairs, dropped/kept/
+    filled groups) are summed; ``time/*``, maxima and rounds are the largest process's; data
+    positions are process 0's (the same everywhere); the others, means over rows, are
+    averaged weighted by each process's ``rows``. A key only some processes report (a
+    failure count where one failed) is merged over those that do."""
+    if jax.process_count() == 1:
+        return metrics
+    names = gather_strings("\n".join(sorted(metrics)))
+    keys = sorted({k for n in names for k in n.split("\n") if k})
+    mine = [float(metrics[k]) if k in metrics else np.nan for k in keys]
+    table = gather_numbers(np.array([rows, *mine], np.float64))
+    out: dict[str, float] = {}
+    for j, key in enumerate(keys):
+        v = table[:, j + 1]
+        has = ~np.isnan(v)
+        v, weights = v[has], table[has, 0]
+        if key.startswith(("time/", "data/")) or key.endswith(("_max", "rounds")):
+            out[key] = float(v[0] if key.startswith("data/") else v.max())
+        elif key.endswith("_min"):
+            out[key] = float(v.min())
+        elif key.endswith(("failures", "errors", "timeouts", "nonfinite", "failed", "pairs")) or (
+            key.startswith("dynamic/groups_")
+        ):
+            out[key] = float(v.sum())
         else:
-            metrics[key] = float((vals * rows).sum() / rows.sum())
-    return dataclasses.replace(out, metrics=metrics)
+            out[key] = float((v * weights).sum() / max(weights.sum(), 1))
+        if isinstance(metrics.get(key), int):
+            out[key] = int(out[key])
+    return out
 
 
 def _oldest(versions: np.ndarray, default: int) -> np.ndarray:

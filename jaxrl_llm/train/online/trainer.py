@@ -17,6 +17,7 @@ run loop (:class:`~jaxrl_llm.train.run.loop.Trainer`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -25,7 +26,9 @@ import optax
 
 from jaxrl_llm import models
 from jaxrl_llm.data import Format, make_iterator
+from jaxrl_llm.parallel import check_host_blocks, gather_numbers
 from jaxrl_llm.parallel.decode_model import device_chip
+from jaxrl_llm.parallel.distributed import EXCHANGED
 from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.compile.aot_inputs import per_device_bytes
@@ -35,10 +38,10 @@ from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.algorithms import make_strategy
 from jaxrl_llm.train.online.correction import RolloutCorrector
 from jaxrl_llm.train.online.episode_sampler import check_environment, episode_records
-from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
+from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer, agree_prompt_width
 from jaxrl_llm.train.online.learner import Learner, context_padded
 from jaxrl_llm.train.online.producer import Producer, WeightBox, snapshot
-from jaxrl_llm.train.online.rollout import Rollouts
+from jaxrl_llm.train.online.rollout import Rollouts, merge_process_metrics
 from jaxrl_llm.train.online.teacher import load_teacher
 from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
@@ -98,6 +101,8 @@ class OnlineTrainer(Trainer):
             config, params, tok = loaded  # type: ignore[misc]
             policy = build_policy(cfg, config=config, params=params, tokenizer=tok, plan=plan)
         self.policy = p = policy
+        # host-local rows: process p's devices must hold the p-th block of every batch
+        check_host_blocks(p.mesh, int(np.prod([p.mesh.shape[a] for a in ("data", "fsdp")])))
         # the sampler decodes on its own copy of the weights, in its own layout (the plan's
         # placement; rollout.tensor: auto is chosen here, now that the model is known)
         self.plan = plan = plan_for_model(
@@ -147,7 +152,7 @@ class OnlineTrainer(Trainer):
         # rollout.max_staleness >= 1: the background rollout thread, started by the first
         # step (after a resume has restored the data position)
         self.producer: Producer | None = None
-        self.programs = programs = build_programs(plan, p, teacher=self.teacher)
+        self.programs = programs = build_programs(plan, p, teacher=self.teacher, local_rows=True)
         self.step_fn = programs.train
         if plan.needs.skip_zero:
             self.say(
@@ -346,9 +351,14 @@ class OnlineTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         """Rollout → experience → learner batch → updates; returns the step's metrics."""
         t0 = time.perf_counter()
+        sent = EXCHANGED[0]
         if self.rollouts.rewards is not None:  # the reward functions' trainer_state
             self.rollouts.rewards.advance(step, self._epoch(), self.cfg.max_steps)
         exp, info = self.experience(step)
+        if jax.process_count() > 1:  # host-local rows: one prompt width, metrics of all
+            exp = agree_prompt_width(exp)
+            info = merge_process_metrics(info, len(exp))
+            exp = dataclasses.replace(exp, metrics=merge_process_metrics(exp.metrics, len(exp)))
         t_rollout = info.pop("time/rollout_s")
         t1 = time.perf_counter()
         self._t_ref = 0.0
@@ -369,17 +379,32 @@ class OnlineTrainer(Trainer):
             self.producer.box.publish(*snapshot(self.policy, self.sampler))
         self._write_samples(step, exp)
         out.update(exp.metrics)
-        out.update(prepared.metrics)
+        out.update(merge_process_metrics(prepared.metrics, len(exp)))
         out.update(correction)
         out.update(self.sampler.metrics())
         out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
-        lengths, truncated = np.asarray(exp.rollout.lengths), np.asarray(exp.rollout.truncated)
+        # the step's rows (every process's, host-local): a few numbers per row
+        rewards, valid, lengths, truncated = (
+            gather_numbers(
+                np.stack(
+                    [
+                        np.asarray(exp.rewards, np.float32),
+                        np.asarray(exp.valid, np.float32),
+                        np.asarray(exp.rollout.lengths, np.float32),
+                        np.asarray(exp.rollout.truncated, np.float32),
+                    ]
+                )
+            )
+            .transpose(1, 0, 2)
+            .reshape(4, -1)
+        )
+        lengths = lengths.astype(np.int64)
         out.update(
             {
                 **info,
-                "reward/mean": float(exp.rewards.mean()),
-                "reward/std": float(exp.rewards.std()),
-                "reward/failed": int((~exp.valid).sum()),
+                "reward/mean": float(rewards.mean()),
+                "reward/std": float(rewards.std()),
+                "reward/failed": int((valid == 0).sum()),
                 "completion/length_mean": float(lengths.mean()),
                 "completion/length_max": int(lengths.max()),
                 "completion/truncated_frac": float(truncated.mean()),
@@ -400,17 +425,42 @@ class OnlineTrainer(Trainer):
                 if adv.shape == exp.rollout.mask.shape
                 else adv[prepared.batch["loss_mask"] > 0]
             )
-            if flat.size == 0:  # every row masked (all failed): nothing trained, all zero
-                flat = np.zeros(1, np.float32)
-            out.update(
-                {
-                    "advantage/mean": float(np.mean(flat)),
-                    "advantage/std": float(np.std(flat)),
-                    "advantage/max": float(np.max(flat)),
-                    "advantage/min": float(np.min(flat)),
-                }
-            )
+            out.update(advantage_stats(flat))
+        if jax.process_count() > 1:  # what this step sent other hosts outside its programs
+            out["hosts/exchanged_bytes"] = EXCHANGED[0] - sent
         return out
+
+
+def advantage_stats(flat: np.ndarray) -> dict[str, float]:
+    """Mean, std, max and min of a step's advantages (``flat``: this process's, over the
+    tokens or rows the update weighs), over every process's (four numbers each). All zero
+    when every row is masked (all failed: nothing trained)."""
+    flat = np.asarray(flat, np.float64)
+    big = np.finfo(np.float64).max
+    mine = [
+        flat.size,
+        flat.sum(),
+        np.square(flat).sum(),
+        flat.max(initial=-big),
+        flat.min(initial=big),
+    ]
+    n, total, squares, hi, lo = gather_numbers(np.array(mine, np.float64)).T
+    count = n.sum()
+    if count == 0:
+        return {
+            "advantage/mean": 0.0,
+            "advantage/std": 0.0,
+            "advantage/max": 0.0,
+            "advantage/min": 0.0,
+        }
+    mean = total.sum() / count
+    var = max(squares.sum() / count - mean * mean, 0.0)
+    return {
+        "advantage/mean": float(mean),
+        "advantage/std": float(np.sqrt(var)),
+        "advantage/max": float(hi.max()),
+        "advantage/min": float(lo.min()),
+    }
 
 
 def _check_processes(cfg: RunConfig) -> None:
@@ -420,6 +470,22 @@ def _check_processes(cfg: RunConfig) -> None:
     from jaxrl_llm.errors import ConfigError
 
     r, n = cfg.rollout, jax.process_count()
+    if r.prompts_per_step % n:
+        raise ConfigError(
+            f"rollout.prompts_per_step={r.prompts_per_step} must divide over the {n} processes "
+            f"(each samples and keeps an equal share of the step's prompts)"
+        )
+    if r.max_staleness and r.dynamic_sampling:
+        raise ConfigError(
+            f"rollout.dynamic_sampling with max_staleness across {n} processes is not built: "
+            f"the processes agree on each round's count, which the background sampler "
+            f"cannot do beside the learner; use max_staleness: 0"
+        )
+    if cfg.logprobs.pack:
+        raise ConfigError(
+            f"logprobs.pack across {n} processes is not built (packing moves rows between "
+            f"hosts' shares); use logprobs.pack: false"
+        )
     if r.max_staleness and r.staleness == "drop":
         raise ConfigError(
             f"rollout.staleness=drop across {n} processes is not built: each process would "

@@ -93,10 +93,14 @@ def forward_under_mesh(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Calla
     return under_mesh(split, mesh)
 
 
-def build_programs(plan: RunPlan, policy: Policy, teacher: Teacher | None = None) -> Programs:
+def build_programs(
+    plan: RunPlan, policy: Policy, teacher: Teacher | None = None, *, local_rows: bool = False
+) -> Programs:
     """The policy's programs for ``plan`` (module docstring); ``teacher``: the frozen teacher
     when the plan needs one (its forward, and its weights as the step's frozen ``teacher``
-    argument when the loss runs it)."""
+    argument when the loss runs it). ``local_rows``: across processes each passes its own
+    rows (the online loop's host-local batches) and gets its own rows' results back;
+    otherwise every process passes the whole batch (offline: every host reads it)."""
     spec, lc, lp = plan.spec, plan.loss_config, plan.logprobs
     loss_fn = spec.loss_fn
     frozen_sharding = policy.frozen_sharding
@@ -131,14 +135,14 @@ def build_programs(plan: RunPlan, policy: Policy, teacher: Teacher | None = None
             wrap=lambda fn: forward_under_mesh(fn, policy.mesh),
         )
     evaluate = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
-    # On a mesh spanning processes, host batches (every process holds the step's whole batch)
-    # enter as global arrays split by rows, and per-row results come back whole to every host.
-    mesh = policy.mesh
+    # On a mesh spanning processes, host batches enter as global arrays split by rows, and
+    # per-row results come back (parallel/distributed.py: on_processes).
+    wrap = functools.partial(on_processes, mesh=policy.mesh, local_rows=local_rows)
     return Programs(
-        train=on_processes(train, mesh, gather=False),
-        evaluate=on_processes(evaluate, mesh, gather=True),
-        reference=None if reference is None else on_processes(reference, mesh, gather=True),
-        recompute=None if recompute is None else on_processes(recompute, mesh, gather=True),
+        train=wrap(train, gather=False),
+        evaluate=wrap(evaluate, gather=True),
+        reference=None if reference is None else wrap(reference, gather=True),
+        recompute=None if recompute is None else wrap(recompute, gather=True),
     )
 
 
@@ -152,11 +156,9 @@ def build_teacher_programs(plan: RunPlan, policy: Policy, teacher: Teacher) -> T
         functools.partial(sequence_logps, **lp.kwargs()),
         wrap=lambda fn: forward_under_mesh(fn, policy.mesh),
     )
+    wrap = functools.partial(on_processes, mesh=policy.mesh, gather=True, local_rows=True)
     return TeacherPrograms(
-        teacher=on_processes(
-            jax.jit(forward_under_mesh(t_fn, policy.mesh)), policy.mesh, gather=True
-        ),
-        student=on_processes(student, policy.mesh, gather=True),
+        teacher=wrap(jax.jit(forward_under_mesh(t_fn, policy.mesh))), student=wrap(student)
     )
 
 
@@ -197,7 +199,5 @@ def build_critic(plan: RunPlan, critic: Policy) -> CriticPrograms:
         grad_clip=plan.cfg.optim.grad_clip,
     )
     values = jax.jit(functools.partial(critic_values, apply_fn=critic.apply_fn))
-    return CriticPrograms(
-        train=on_processes(train, critic.mesh, gather=False),
-        values=on_processes(values, critic.mesh, gather=True),
-    )
+    wrap = functools.partial(on_processes, mesh=critic.mesh, local_rows=True)
+    return CriticPrograms(train=wrap(train, gather=False), values=wrap(values, gather=True))
