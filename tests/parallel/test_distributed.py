@@ -45,3 +45,28 @@ def test_host_local_batch_single_process_is_the_global_batch():
     assert host_local_rows(mesh, 8) == slice(0, 8)
     with pytest.raises(ConfigError, match="not divisible by the 8 batch shards"):
         host_local_rows(mesh, 12)
+
+
+def test_the_package_uses_no_private_jax_module():
+    """Multi-host runs go through JAX's public API (issue 40): nothing imports ``jax._src``
+    (rows used to cross hosts through the coordination service's private client)."""
+    import pathlib
+
+    import jaxrl_llm
+
+    root = pathlib.Path(jaxrl_llm.__file__).parent
+    users = [str(p) for p in root.rglob("*.py") if "jax._src" in p.read_text()]
+    assert users == []
+
+
+def test_one_process_data_path_is_the_identity():
+    """On one process the host-local helpers change nothing (the single-host run is the
+    reference the multi-process tests compare against)."""
+    from jaxrl_llm.parallel import gather_numbers, gather_strings, over_processes, rows_to_global
+
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert rows_to_global({"x": x})["x"] is x
+    np.testing.assert_array_equal(gather_numbers(np.array([1.5, 2.0])), [[1.5, 2.0]])
+    assert gather_strings("a\nb") == ["a\nb"]
+    fn = lambda v: v * 2  # noqa: E731
+    assert over_processes(fn) is fn

@@ -57,13 +57,49 @@ def main(address: str, n: int, pid: int, out: str) -> None:
         batch = host_local_batch_to_global({k: v[rows] for k, v in full.items()}, mesh)
         state, metrics = step(state, batch)
     params = multihost_utils.process_allgather(state.params, tiled=True)
+    prims = host_local_primitives(mesh, pid)
     if pid == 0:
+        np.savez(out + ".prims.npz", **prims)
         flat = {
             jax.tree_util.keystr(p): np.asarray(x)
             for p, x in jax.tree_util.tree_leaves_with_path(params)
         }
         np.savez(out, loss=float(metrics["loss"]), step=int(state.step), **flat)
     jax.distributed.shutdown()
+
+
+def host_local_primitives(mesh, pid: int) -> dict:
+    """The host-local data path's pieces, across the processes: each holds 4 rows of its own
+    (process p's rows are p·100 + 0..11), the results gathered whole for the parent."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from jaxrl_llm.parallel import (
+        check_host_blocks,
+        gather_numbers,
+        gather_strings,
+        over_processes,
+        rows_to_global,
+        rows_to_local,
+        take_rows,
+    )
+
+    check_host_blocks(mesh, 4)
+    local = np.arange(12, dtype=np.int32).reshape(4, 3) + 100 * pid
+    rows = rows_to_global({"x": local, "scale": np.float32(2)}, mesh)
+    assert rows["x"].shape == (8, 3) and not rows["x"].is_fully_addressable
+    assert (rows_to_local(rows)["x"] == local).all()
+    index = np.array([7, 0, 5, 2, 6, 1, 4, 3])
+    taken = multihost_utils.process_allgather(take_rows(rows, index, mesh)["x"], tiled=True)
+    centred = over_processes(lambda x: x - x.mean())(local.astype(np.float32))
+    numbers = gather_numbers(np.array([pid, 2**40 + pid], np.int64))
+    names = gather_strings("a\nb" if pid == 0 else "c")
+    return {
+        "taken": np.asarray(taken),
+        "centred": np.asarray(multihost_utils.process_allgather(centred, tiled=False)),
+        "numbers": numbers,
+        "names": np.array(names),
+    }
 
 
 if __name__ == "__main__":

@@ -77,6 +77,13 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
         state, metrics = step(state, ragged_batch(10 + i, 8, 10, cfg.vocab_size))
     got = np.load(out)
     assert int(got["step"]) == 3
+    # the host-local data path (multihost_child.host_local_primitives)
+    prims = np.load(out + ".prims.npz")
+    whole = np.concatenate([np.arange(12).reshape(4, 3) + 100 * p for p in range(2)])
+    np.testing.assert_array_equal(prims["taken"], whole[[7, 0, 5, 2, 6, 1, 4, 3]])
+    np.testing.assert_allclose(prims["centred"].reshape(8, 3), whole - whole.mean())
+    np.testing.assert_array_equal(prims["numbers"], [[0, 2**40], [1, 2**40 + 1]])
+    assert list(prims["names"]) == ["a\nb", "c"]
     assert float(got["loss"]) == pytest.approx(float(metrics["loss"]), abs=1e-5)
     ref = {
         jax.tree_util.keystr(p): np.asarray(x)

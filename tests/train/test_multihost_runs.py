@@ -181,6 +181,63 @@ def test_two_processes_log_what_one_process_logs(tmp_path, algorithm, chat):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "algorithm, rollout",
+    [
+        ("grpo", dict(minibatches=2, epochs=2, advantage_scale="batch")),
+        ("reinforce_pp", dict(minibatches=2)),
+        ("remax", {}),
+        ("grpo", dict(correction=dict(level="token", high=2.0))),
+    ],
+    ids=["minibatches_batch_scale", "reinforce_pp", "remax", "correction"],
+)
+def test_two_processes_train_on_the_whole_step(tmp_path, algorithm, rollout):
+    """What needs the whole step across hosts: minibatches drawn from every process's rows
+    (a program gathers them; with zero-advantage skipping their groups are laid out by the
+    gathered per-row flags), GRPO's batch std and REINFORCE++'s batch whitening (programs
+    on the global rows), ReMax's greedy baseline (each process samples its own prompts'),
+    the rollout correction's recompute (as many rows on every process): the job logs what 1
+    process × 8 devices logs."""
+    config = _config(tmp_path, algorithm)
+    cfg = yaml.safe_load(open(config))
+    cfg["rollout"].update(rollout)
+    with open(config, "w") as f:
+        yaml.safe_dump(cfg, f)
+    two, one = str(tmp_path / "two"), str(tmp_path / "one")
+    _wait(_job(config, two))
+    _wait([_train(config, one, devices=8)])
+    want = {r["step"]: r for r in read_metrics(one) if r.get("loss") is not None}
+    got = {r["step"]: r for r in read_metrics(two) if r.get("loss") is not None}
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    for k, r in want.items():
+        for key in ("reward/mean", "reward/std", "advantage/mean", "advantage/std"):
+            assert got[k][key] == pytest.approx(r[key], rel=1e-4, abs=1e-5), (key, r, got[k])
+        assert got[k]["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, got[k])
+        if "correction/weight_max" in r:
+            assert got[k]["correction/weight_max"] == pytest.approx(r["correction/weight_max"])
+
+
+@pytest.mark.slow
+def test_two_processes_sample_dynamically_each_its_share(tmp_path):
+    """DAPO's dynamic sampling across processes: each process keeps its share of the step's
+    groups from its own prompts, the rounds go on until both have theirs (every process
+    draws the same prompts), and the step trains on prompts_per_step groups."""
+    config = _config(tmp_path, "dapo")
+    cfg = yaml.safe_load(open(config))
+    cfg["rollout"].update(dynamic_sampling=True, max_sampling_rounds=3)
+    with open(config, "w") as f:
+        yaml.safe_dump(cfg, f)
+    two = str(tmp_path / "two")
+    _wait(_job(config, two))
+    rows = [r for r in read_metrics(two) if r.get("loss") is not None]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:
+        assert r["dynamic/groups_kept"] + r["dynamic/groups_filled"] == 8, r
+        assert 1 <= r["dynamic/rounds"] <= 3
+        assert np.isfinite(r["loss"])
+
+
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::jaxrl_llm.parallel.ShardingFallbackWarning")
 @pytest.mark.parametrize(
     "tensor, heads, two_line, one_line",
@@ -292,8 +349,8 @@ def test_two_process_offline_run_logs_what_one_process_logs(tmp_path):
 @pytest.mark.slow
 def test_two_process_async_run_trains_within_its_staleness_bound(tmp_path):
     """``rollout.max_staleness: 1`` across processes: each process's background sampler
-    samples its share and exchanges rows through the coordination service (no device
-    collective off the learner's thread); every step trains on a batch at most 1 step old.
+    samples and scores its own share and keeps it (host-local: nothing crosses hosts off
+    the learner's thread); every step trains on a batch at most 1 step old.
     Versions depend on timing, so the run is not compared bit for bit."""
     steps = 4
     config = _config(tmp_path, "grpo", max_steps=steps)

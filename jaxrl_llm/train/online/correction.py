@@ -39,7 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import objectives
+from jaxrl_llm.parallel import gather_numbers
 from jaxrl_llm.train.config.sections import CorrectionSection
+from jaxrl_llm.train.online.experience import merge_process_metrics
 from jaxrl_llm.train.online.learner import context_padded
 
 
@@ -89,12 +91,14 @@ def recompute_rows(advantages: np.ndarray, mask: np.ndarray, *, group_size: int)
     """Sorted indices of the rows whose log-probs the correction recomputes: the groups of
     ``group_size`` consecutive rows with a nonzero advantage under ``mask`` (a zero-advantage
     row's surrogate is 0 whatever its ``old_logp`` and weight), at least one, padded with the
-    next groups to a power-of-two number of groups (few compiled shapes)."""
+    next groups to a power-of-two number of groups (few compiled shapes). Across processes
+    (host-local rows) the count is the largest process's, so that every process recomputes
+    as many rows (one global array)."""
     n, g = len(mask), group_size
     adv = np.asarray(advantages).reshape(n, -1)
     valid = np.asarray(mask).reshape(n, -1) > 0
     need = np.any((adv != 0) & valid, axis=1).reshape(-1, g).any(axis=1)
-    count = max(1, int(need.sum()))
+    count = max(1, int(gather_numbers(np.int64(need.sum())).max()))
     bucket = min(len(need), 1 << (count - 1).bit_length())
     groups = np.sort(np.argsort(~need, kind="stable")[:bucket])
     return (groups[:, None] * g + np.arange(g)[None, :]).reshape(-1)
@@ -143,4 +147,4 @@ class RolloutCorrector:
         t_recompute = time.perf_counter() - t
         out, metrics = correct_batch(batch, logp, self.section, rows)
         metrics["time/recompute_s"] = t_recompute
-        return out, metrics
+        return out, merge_process_metrics(metrics, len(rows))

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_llm.parallel import gather_numbers
+from jaxrl_llm.parallel import gather_numbers, gather_strings
 from jaxrl_llm.sampling import Rollout
 
 
@@ -171,6 +171,39 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
         sources=optional("sources"),
         token_version=optional("token_version"),
     )
+
+
+def merge_process_metrics(metrics: dict[str, float], rows: int) -> dict[str, float]:
+    """A step's metrics over every process's share (host-local experience), on every
+    process: counts (failures, errors, timeouts, non-finite values, pairs, dropped/kept/
+    filled groups) are summed; ``time/*``, maxima and rounds are the largest process's; data
+    positions are process 0's (the same everywhere); the others, means over rows, are
+    averaged weighted by each process's ``rows``. A key only some processes report (a
+    failure count where one failed) is merged over those that do."""
+    if jax.process_count() == 1:
+        return metrics
+    names = gather_strings("\n".join(sorted(metrics)))
+    keys = sorted({k for n in names for k in n.split("\n") if k})
+    mine = [float(metrics[k]) if k in metrics else np.nan for k in keys]
+    table = gather_numbers(np.array([rows, *mine], np.float64))
+    out: dict[str, float] = {}
+    for j, key in enumerate(keys):
+        v = table[:, j + 1]
+        has = ~np.isnan(v)
+        v, weights = v[has], table[has, 0]
+        if key.startswith(("time/", "data/")) or key.endswith(("_max", "rounds")):
+            out[key] = float(v[0] if key.startswith("data/") else v.max())
+        elif key.endswith("_min"):
+            out[key] = float(v.min())
+        elif key.endswith(("failures", "errors", "timeouts", "nonfinite", "failed", "pairs")) or (
+            key.startswith("dynamic/groups_")
+        ):
+            out[key] = float(v.sum())
+        else:
+            out[key] = float((v * weights).sum() / max(weights.sum(), 1))
+        if isinstance(metrics.get(key), int):
+            out[key] = int(out[key])
+    return out
 
 
 def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -> dict:

@@ -38,10 +38,15 @@ from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.algorithms import make_strategy
 from jaxrl_llm.train.online.correction import RolloutCorrector
 from jaxrl_llm.train.online.episode_sampler import check_environment, episode_records
-from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer, agree_prompt_width
+from jaxrl_llm.train.online.experience import (
+    Experience,
+    ExperienceBuffer,
+    agree_prompt_width,
+    merge_process_metrics,
+)
 from jaxrl_llm.train.online.learner import Learner, context_padded
 from jaxrl_llm.train.online.producer import Producer, WeightBox, snapshot
-from jaxrl_llm.train.online.rollout import Rollouts, merge_process_metrics
+from jaxrl_llm.train.online.rollout import Rollouts
 from jaxrl_llm.train.online.teacher import load_teacher
 from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
@@ -496,8 +501,6 @@ def _check_processes(cfg: RunConfig) -> None:
             f"rollout.devices={r.devices} across {n} processes is not built (placement "
             f"within one host only); use rollout.devices: 0"
         )
-    if r.correction is not None:
-        raise ConfigError(f"rollout.correction across {n} processes is not built yet")
 
 
 def _schedule(item, init: float, max_steps: int):
