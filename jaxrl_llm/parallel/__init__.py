@@ -26,6 +26,7 @@ from jaxrl_llm.parallel.distributed import (
     process_share,
     to_global,
     to_host,
+    watch_peers,
 )
 from jaxrl_llm.parallel.mesh import MESH_AXES, free_memory, make_mesh, mesh_shape, split_devices
 from jaxrl_llm.parallel.rules import (
@@ -77,6 +78,7 @@ __all__ = [
     "host_local_batch_to_global",
     "host_local_rows",
     "initialize_distributed",
+    "watch_peers",
     "libtpu_available",
     "logical_to_sharding",
     "logical_to_spec",

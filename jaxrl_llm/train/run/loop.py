@@ -6,7 +6,9 @@ A trainer subclasses :class:`Trainer` and provides ``train_step(step) -> metrics
 ``evaluate() -> metrics`` and ``make_iterator(state)``; the offline trainer
 (:mod:`jaxrl_llm.train.offline.trainer`) and the online one (:mod:`jaxrl_llm.train.online.trainer`) do.
 
-Resuming (``resume=true``) restores the train state (and its companions, PPO's critic), the
+Resuming (``resume=true``, or ``resume=auto``: the same where a complete checkpoint exists, a
+fresh start, said in one line, where none does; a step still being written is never complete)
+restores the train state (and its companions, PPO's critic), the
 data position and the run's counters from the newest finalised checkpoint; seeds are functions
 of (seed, step), so a run killed at any moment and resumed logs the same metrics and ends with
 the same parameters as one that was never interrupted (``tests/train/test_kill_resume.py``).
@@ -124,6 +126,10 @@ class Trainer:
                 restore_latest(c, holder, step)
         extra = restore_latest(self.ckpt, self.policy, step)
         if extra is None:
+            if self.cfg.resume == "auto":
+                self.say(
+                    f"resume auto: no complete checkpoint in {self.ckpt.directory}; starting fresh"
+                )
             return
         step = int(extra.get("step", int(self.policy.state.step)))
         check_same_data(self.cfg, extra, self.data_sha256)
@@ -138,7 +144,14 @@ class Trainer:
         self.guard.restore(extra)
         self.train_time = float(extra.get("train_time_s", 0.0))
         self.resumed = extra
-        self.say(f"resumed from step {self.start_step}")
+        self.say(
+            f"resumed from step {self.start_step}"
+            + (
+                " (resume auto: the newest complete checkpoint)"
+                if self.cfg.resume == "auto"
+                else ""
+            )
+        )
 
     def _newest_intact_in_all(self, steps: set[int]) -> int:
         """The newest of ``steps`` (held by the policy and every companion) whose files look
