@@ -120,6 +120,8 @@ class PeerWatch:
                 byte = conn.recv(1)
             except TimeoutError:
                 return self._lost(peer, f"no heartbeat for {self.timeout:g} s")
+            except ConnectionError:  # reset: it ended with bytes unread, as at end of stream
+                byte = b""
             except OSError as e:
                 return self._lost(peer, e.strerror or str(e))
             if byte == _HEARTBEAT:
@@ -144,12 +146,13 @@ class PeerWatch:
             for other in self._socks:
                 if other != peer:
                     self._send(other, _LOST + struct.pack("!i", peer))
+        where = self.checkpoints()
         os.write(
             2,
             (
                 f"jaxrl-llm train: error: process {self.pid}: lost process {peer} of the job "
-                f"({how}); stopping without waiting for it. {self.checkpoints()}; relaunch "
-                f"every process with --resume auto\n"
+                f"({how}); stopping without waiting for it. {where[:1].upper()}{where[1:]}; "
+                f"relaunch every process with --resume auto\n"
             ).encode(),
         )
         self._exit(LOST_EXIT_STATUS)
