@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         _end_watch(done=False)  # this process stops on its own: the others see it leave
         raise
-    _end_watch(done=status == 0)
+    # 130 / 143: a stop that every process of the job took at the same step (synced_stops)
+    _end_watch(done=status in (0, 130, 143))
     return status
 
 

@@ -258,3 +258,68 @@ def test_a_killed_process_stops_the_other_and_resume_auto_continues(tmp_path):
     assert f"resumed from step {last} (resume auto" in logs[0], logs[0][-3000:]
     rows = [r for r in read_metrics(str(run)) if r.get("loss") is not None]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+
+def _metrics(run) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(str(run)) if r.get("loss") is not None}
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
+    """SIGTERM to process 1 during step 3: both processes stop at the same step boundary, save
+    the same step (data position included), print the resume line and exit 143 within 60 s;
+    ``--resume auto`` on both logs what an uninterrupted 2-process run logs."""
+    import signal
+    import threading
+
+    config = _config(tmp_path, max_steps=4)
+    run = tmp_path / "run"
+    address = f"127.0.0.1:{_free_port()}"
+    procs = [_train(config, f"output_dir={run}", *_job_args(address, i)) for i in range(2)]
+    lines: list[str] = []
+    sent: list[float] = []
+
+    def read_process_0() -> None:
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:
+            lines.append(line)
+            if not sent and "step 2/" in line:
+                procs[1].send_signal(signal.SIGTERM)
+                sent.append(time.monotonic())
+
+    reader = threading.Thread(target=read_process_0, daemon=True)
+    reader.start()
+    log1 = _finish([procs[1]], timeout=600)[0]
+    procs[0].wait(timeout=120)
+    reader.join(timeout=10)
+    log0 = "".join(lines)
+    assert sent, log0[-3000:]
+    assert time.monotonic() - sent[0] < 60
+    assert [p.returncode for p in procs] == [143, 143], (log0[-2500:], log1[-2500:])
+    steps = complete_steps(run / "checkpoints")
+    assert len(steps) == 1 and steps[0] in (2, 3), steps  # the boundary after step 2 or 3
+    for log in (log0, log1):
+        assert not any(n in log for n in NATIVE), log[-3000:]
+        assert "(signalled: process 1; all stop here)" in log, log[-3000:]
+        assert f"saved step {steps[0]}" in log, log[-3000:]
+        assert "--num-processes 2 --process-id" in log and "--resume auto" in log
+
+    address = f"127.0.0.1:{_free_port()}"
+    resumed = [
+        _train(config, f"output_dir={run}", *_job_args(address, i), "--resume", "auto")
+        for i in range(2)
+    ]
+    logs = _finish(resumed, timeout=600)
+    assert [p.returncode for p in resumed] == [0, 0], "\n----\n".join(x[-2500:] for x in logs)
+    assert f"resumed from step {steps[0]}" in logs[0]
+    whole = tmp_path / "whole"
+    address = f"127.0.0.1:{_free_port()}"
+    ref = [_train(config, f"output_dir={whole}", *_job_args(address, i)) for i in range(2)]
+    logs = _finish(ref, timeout=600)
+    assert [p.returncode for p in ref] == [0, 0], "\n----\n".join(x[-2500:] for x in logs)
+    want, got = _metrics(whole), _metrics(run)
+    assert sorted(got) == sorted(want) == [1, 2, 3, 4]
+    for k, r in want.items():
+        assert got[k]["data/prompts_crc32"] == r["data/prompts_crc32"]
+        assert got[k]["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (k, r)
+        assert got[k]["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (k, r)

@@ -45,7 +45,14 @@ from jaxrl_llm.train.run.run_state import (
     restore_latest,
     run_extra,
 )
-from jaxrl_llm.train.run.signals import Interrupted, RunStopped, deferred, stop_signals
+from jaxrl_llm.train.run.signals import (
+    Interrupted,
+    RunStopped,
+    deferred,
+    pending_stop,
+    stop_signals,
+    synced_stops,
+)
 
 
 class Trainer:
@@ -210,7 +217,8 @@ class Trainer:
         """Train for ``max_steps`` (or from a resumed step); returns the summary dict
         (held-out metrics before / after, timings, the export path)."""
         os.makedirs(self.cfg.output_dir, exist_ok=True)
-        with output_dir_lock(self.cfg.output_dir), stop_signals():
+        multi = jax.process_count() > 1
+        with output_dir_lock(self.cfg.output_dir), stop_signals(), synced_stops(multi):
             self.data_sha256 = data_digest(self.cfg)
             self.maybe_resume()
             record_config(
@@ -285,6 +293,7 @@ class Trainer:
             logger.log(0, summary["eval_before"])
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             self._stop_point = self._boundary(step)
+            self._synced_stop(step)
             try:
                 self._step(step)
             except Interrupted as e:
@@ -310,6 +319,24 @@ class Trainer:
             steps=cfg.max_steps,
         )
         return summary
+
+    def _synced_stop(self, step: int) -> None:
+        """A multi-process job's stop, at the boundary before ``step``: when any process has
+        received a stop signal since the last boundary (:func:`pending_stop`, gathered from every
+        process), every process saves the last finished step (:meth:`save_on_stop`, the same
+        on each) and raises RunStopped. One process: nothing (its stop is raised at once)."""
+        if jax.process_count() == 1:
+            return
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        flags = np.asarray(multihost_utils.process_allgather(np.int32(pending_stop())))
+        signum = int(flags.max())
+        if not signum:
+            return
+        who = ", ".join(str(i) for i, f in enumerate(flags.reshape(-1)) if f)
+        done = self.save_on_stop(self._boundary(step))
+        raise RunStopped(signum, f"step {step} (signalled: process {who}; all stop here): {done}")
 
     def _step(self, step: int) -> None:
         """One step with its cadences: train, evaluate, the non-finite guard, log, save."""
