@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, TrainingError
 from jaxrl_llm.parallel.rules import DEFAULT_RULES, MeshAxes, batch_sharding, replicated
 
 log = logging.getLogger(__name__)
@@ -264,6 +264,9 @@ def watch_peers(checkpoints: Any = None) -> Any:
     Returns:
       The watch, or None in a single process or a job JAX detected by itself (its
       coordinator's host is not known here: JAX's heartbeat alone watches it).
+
+    Raises:
+      TrainingError: the sockets could not connect (one line).
     """
     if jax.process_count() == 1 or "host" not in _JOB:
         return None
@@ -275,14 +278,21 @@ def watch_peers(checkpoints: Any = None) -> Any:
         return int(multihost_utils.broadcast_one_to_all(np.int32(port or 0)))
 
     kwargs = {} if checkpoints is None else {"checkpoints": checkpoints}
-    return PeerWatch(
-        jax.process_index(),
-        jax.process_count(),
-        _JOB["host"],
-        _JOB["failure_timeout_s"],
-        exchange_port,
-        **kwargs,
-    )
+    try:
+        return PeerWatch(
+            jax.process_index(),
+            jax.process_count(),
+            _JOB["host"],
+            _JOB["failure_timeout_s"],
+            exchange_port,
+            **kwargs,
+        )
+    except OSError as e:  # a process that never connected, a port the network blocks
+        raise TrainingError(
+            f"process {jax.process_index()}: the watch on the job's other processes could not "
+            f"start ({e.strerror or e}); process 0's host must accept TCP connections from "
+            f"every host on an ephemeral port"
+        ) from None
 
 
 def host_local_rows(
