@@ -4,8 +4,18 @@ The config is validated before anything compiles (unknown key, wrong type, impos
 combination, a mesh that does not fit the devices or the batch → one line naming the key).
 ``--resume`` (or ``resume=true``) continues from the latest checkpoint in ``output_dir`` with
 the same data order; a fresh run refuses an ``output_dir`` that already holds checkpoints.
-Ctrl-C / SIGTERM save the last finished step (:mod:`jaxrl_llm.train.run.signals`), print the
-command that resumes the run and exit 130 / 143.
+``--resume auto`` (or ``resume=auto``) resumes when ``output_dir`` holds a complete checkpoint
+and starts fresh otherwise (the line it prints says which). Ctrl-C / SIGTERM save the last
+finished step (:mod:`jaxrl_llm.train.run.signals`), print the command that resumes the run
+(with the job's flags and ``--resume auto``) and exit 130 / 143.
+
+A multi-process job (``--coordinator / --num-processes / --process-id``): start-up faults
+(a bad address, a busy port, an unreachable coordinator, a job that does not fill up within
+``--connect-timeout``) end in one line (:func:`jaxrl_llm.parallel.initialize_distributed`);
+then every process checks that all run the same config and see the same ``output_dir``
+(:mod:`jaxrl_llm.train.run.job`), and watches the others
+(:mod:`jaxrl_llm.parallel.peers`: a lost process stops the rest within
+``distributed.failure_timeout_s``).
 """
 
 from __future__ import annotations
@@ -29,7 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dotted overrides, e.g. max_steps=3 optim.lr=1e-5",
     )
     parser.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in output_dir"
+        "--resume",
+        nargs="?",
+        const="true",
+        default=None,
+        metavar="auto",
+        help="continue from the latest complete checkpoint in output_dir; `--resume auto` "
+        "continues when output_dir holds one and starts fresh otherwise (the same command "
+        "for a first start and a supervisor's relaunch)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="validate the config, print it resolved, and exit"
@@ -47,11 +64,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
     job.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
     job.add_argument("--process-id", type=int, metavar="I", help="this process, 0 .. N-1")
+    job.add_argument(
+        "--connect-timeout",
+        type=float,
+        metavar="S",
+        help="seconds to wait for the coordinator and the whole job to join (default "
+        "JAXRL_LLM_CONNECT_TIMEOUT_S or 120); then one line and exit status 2 (1 for a job "
+        "that did not fill up)",
+    )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``jaxrl-llm train`` (the checks and the run are
-    :mod:`jaxrl_llm.train.api`'s, as from Python)."""
+def _run(args: argparse.Namespace) -> int:
     import yaml
 
     from jaxrl_llm.train.api import check_run, resolved_config, run_training
@@ -59,9 +82,14 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl_llm.train.config.run_config import RunConfig
     from jaxrl_llm.train.run.signals import RunStopped
 
-    join_job(args)  # before anything else touches JAX's devices
-    overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
-    cfg = load_config(RunConfig, args.config, overrides)
+    _split_resume(args)
+    overrides = list(args.overrides) + ([f"resume={args.resume}"] if args.resume else [])
+    cfg = load_config(RunConfig, args.config, overrides)  # reads YAML: no device is touched
+    if join_job(args, cfg):  # before anything else touches JAX's devices
+        from jaxrl_llm.train.run.job import check_job
+
+        check_job(cfg)  # the same config, an output_dir every process sees
+        _watch_peers(cfg)
     # `module:function` rewards, environments and tools beside the config or in the working
     # directory import without PYTHONPATH (appended: they never shadow an installed package)
     for folder in (os.path.dirname(os.path.abspath(args.config)), os.getcwd()):
@@ -85,19 +113,70 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def join_job(args: argparse.Namespace) -> bool:
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``jaxrl-llm train`` (the checks and the run are
+    :mod:`jaxrl_llm.train.api`'s, as from Python)."""
+    try:
+        status = _run(args)
+    except BaseException:
+        _end_watch(done=False)  # this process stops on its own: the others see it leave
+        raise
+    # 130 / 143: a stop that every process of the job took at the same step (synced_stops)
+    _end_watch(done=status in (0, 130, 143))
+    return status
+
+
+_PEERS: dict = {}  # the watch on the job's other processes (jaxrl_llm.parallel.peers)
+
+
+def _end_watch(*, done: bool) -> None:
+    watch = _PEERS.pop("watch", None)
+    if watch is not None:
+        watch.finish() if done else watch.leave()
+
+
+def _watch_peers(cfg) -> None:
+    """Start the watch on the job's other processes (:func:`jaxrl_llm.parallel.watch_peers`):
+    a lost process stops this one with a line naming it and the last complete checkpoint."""
+    from jaxrl_llm.parallel import watch_peers
+    from jaxrl_llm.train.run.checkpoint import last_checkpoint_words
+
+    where = os.path.join(cfg.output_dir, "checkpoints")
+    _PEERS["watch"] = watch_peers(lambda: last_checkpoint_words(where))
+
+
+def _split_resume(args: argparse.Namespace) -> None:
+    """``--resume`` takes ``auto`` or ``true`` as its value; a dotted override right after it
+    (``--resume max_steps=6``) is an override, as before ``--resume`` took a value."""
+    value = getattr(args, "resume", None)
+    if value in (None, "true", "auto"):
+        return
+    if "=" in value:
+        args.overrides = list(args.overrides) + [value]
+        args.resume = "true"
+        return
+    raise ConfigError(f"--resume {value!r}: expected --resume or --resume auto")
+
+
+def join_job(args: argparse.Namespace, cfg=None) -> bool:
     """Join a multi-process job: from ``--coordinator / --num-processes / --process-id`` (or
     ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``), or by JAX's own
     detection where a launcher announces several processes
     (:func:`jaxrl_llm.parallel.detected_cluster`). Returns whether the process joined one.
-    Config sizes stay global: every process runs the same config."""
+    Config sizes stay global: every process runs the same config.
+
+    With ``cfg`` (the run's config), JAX's heartbeat timeout follows
+    ``distributed.failure_timeout_s`` (+ 30 s)."""
     from jaxrl_llm.parallel import detected_cluster, initialize_distributed
+    from jaxrl_llm.parallel.distributed import FAILURE_TIMEOUT_S
 
     joined = initialize_distributed(
         getattr(args, "coordinator", None),
         getattr(args, "num_processes", None),
         getattr(args, "process_id", None),
         auto_detect=detected_cluster() is not None,
+        connect_timeout_s=getattr(args, "connect_timeout", None),
+        failure_timeout_s=FAILURE_TIMEOUT_S if cfg is None else cfg.distributed.failure_timeout_s,
     )
     if joined:
         import jax
@@ -127,10 +206,20 @@ def _probe_environment(cfg) -> None:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    """The shell command that resumes the run ``args`` started (its config and overrides,
-    ``--resume``), quoted for a POSIX shell."""
+    """The shell command that resumes the run ``args`` started (its config and overrides, the
+    job's flags, ``--resume auto``), quoted for a POSIX shell."""
     overrides = [o for o in args.overrides if not o.replace(" ", "").startswith("resume=")]
-    return shlex.join(["jaxrl-llm", "train", args.config, *overrides, "--resume"])
+    job = []
+    for flag, name in (
+        ("--coordinator", "coordinator"),
+        ("--num-processes", "num_processes"),
+        ("--process-id", "process_id"),
+        ("--connect-timeout", "connect_timeout"),
+    ):
+        value = getattr(args, name, None)
+        if value is not None:
+            job += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return shlex.join(["jaxrl-llm", "train", args.config, *overrides, *job, "--resume", "auto"])
 
 
 def _eval_only(cfg) -> int:

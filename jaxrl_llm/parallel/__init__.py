@@ -34,6 +34,7 @@ from jaxrl_llm.parallel.distributed import (
     take_rows,
     to_global,
     to_host,
+    watch_peers,
 )
 from jaxrl_llm.parallel.mesh import MESH_AXES, free_memory, make_mesh, mesh_shape, split_devices
 from jaxrl_llm.parallel.rules import (
@@ -93,6 +94,7 @@ __all__ = [
     "host_local_batch_to_global",
     "host_local_rows",
     "initialize_distributed",
+    "watch_peers",
     "libtpu_available",
     "logical_to_sharding",
     "logical_to_spec",

@@ -91,7 +91,7 @@ def test_sigterm_stops_an_async_run_whose_reward_hangs(tmp_path, jax_cache_dir):
     assert rc == 143, err[-3000:]
     assert seconds is not None and seconds < 20, (seconds, err[-2000:])
     assert "jaxrl-llm train: stopped by SIGTERM: step 3: saved step 2" in err, err[-2000:]
-    assert f"resume with: jaxrl-llm train {config} output_dir={out} --resume" in err
+    assert f"resume with: jaxrl-llm train {config} output_dir={out} --resume auto" in err
     assert "Traceback" not in err
     assert sorted(int(s) for s in os.listdir(os.path.join(out, "checkpoints")) if s.isdigit()) == [
         2

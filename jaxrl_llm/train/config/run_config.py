@@ -8,6 +8,10 @@ registry's ``preset``); ``schedules`` may move some of them during the run witho
 recompile. How log-probs are computed is the ``logprobs`` section. Offline algorithms read
 ``data`` + ``train``; online ones read ``data`` (prompts) + ``rollout`` + ``rewards`` + ``eval``.
 
+``resume``: ``true`` continues from the newest complete checkpoint in ``output_dir``;
+``auto`` does so when there is one and starts fresh otherwise, so that one command serves a
+first start and a supervisor's relaunch. ``distributed``: a multi-process job's settings.
+
 Validation happens before anything compiles: unknown keys, wrong types and impossible
 combinations are one-line :class:`~jaxrl_llm.errors.ConfigError`s naming the key.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Literal
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses.registry import ALGORITHMS, Algorithm
@@ -24,6 +28,7 @@ from jaxrl_llm.train.config.sections import (
     CheckpointSection,
     DataSection,
     DistillSection,
+    DistributedSection,
     EnvSection,
     EvalSection,
     LoggingSection,
@@ -49,13 +54,14 @@ class RunConfig:
     max_steps: int
     algorithm: str
     seed: int = 0
-    resume: bool = False
+    resume: bool | Literal["auto"] = False
     max_nonfinite_steps: int = 3
     model: ModelSection = ModelSection()
     optim: OptimSection = OptimSection()
     mesh: MeshSection = MeshSection()
     logging: LoggingSection = LoggingSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    distributed: DistributedSection = DistributedSection()
     data: DataSection = DataSection()
     loss: dict[str, Any] = dataclasses.field(default_factory=dict)
     schedules: tuple[ScheduleItem, ...] = ()

@@ -166,6 +166,24 @@ class MeshSection:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class DistributedSection:
+    """A multi-process job (``jaxrl-llm train --coordinator ... --num-processes N``).
+    ``failure_timeout_s``: seconds a process of the job may go silent (killed, out of memory,
+    its host gone) before the others stop with one line naming it and the last complete
+    checkpoint (:mod:`jaxrl_llm.parallel.peers`); a process that exits is seen at once. JAX's
+    own heartbeat aborts the job 30 s later, as a backstop."""
+
+    failure_timeout_s: float = 60.0
+
+    def __post_init__(self):
+        if not 1 <= self.failure_timeout_s <= 3600:
+            raise ConfigError(
+                f"distributed.failure_timeout_s must be in [1, 3600] seconds, got "
+                f"{self.failure_timeout_s}"
+            )
+
+
 #: tracker name -> (the module it imports, the pip package that provides it)
 TRACKER_PACKAGES: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboardX", "tensorboardX"),

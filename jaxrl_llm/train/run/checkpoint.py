@@ -564,3 +564,24 @@ def _restore_model_step(mgr, root: str, step: int | None, sharding):
 
     s, out = _newest_intact(root, steps, step, restore)
     return model_config_from_dict(out["model_config"], source=f"{root}/{s}"), out["params"], s
+
+
+def complete_steps(directory: str | os.PathLike) -> list[int]:
+    """The finalised steps under a checkpoint root, ascending, read from the listing alone (no
+    orbax manager): orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it
+    to ``<step>`` when every item and every process has finished, so a step that a killed
+    process was still writing is never listed."""
+    root = os.fspath(directory)
+    if not os.path.isdir(root):
+        return []
+    return sorted(
+        int(e) for e in os.listdir(root) if e.isdigit() and os.path.isdir(os.path.join(root, e))
+    )
+
+
+def last_checkpoint_words(directory: str | os.PathLike) -> str:
+    """``"the last complete checkpoint is step N in DIR"`` (or that there is none)."""
+    steps = complete_steps(directory)
+    if not steps:
+        return f"no complete checkpoint in {os.fspath(directory)}"
+    return f"the last complete checkpoint is step {steps[-1]} in {os.fspath(directory)}"

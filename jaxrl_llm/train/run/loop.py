@@ -6,7 +6,9 @@ A trainer subclasses :class:`Trainer` and provides ``train_step(step) -> metrics
 ``evaluate() -> metrics`` and ``make_iterator(state)``; the offline trainer
 (:mod:`jaxrl_llm.train.offline.trainer`) and the online one (:mod:`jaxrl_llm.train.online.trainer`) do.
 
-Resuming (``resume=true``) restores the train state (and its companions, PPO's critic), the
+Resuming (``resume=true``, or ``resume=auto``: the same where a complete checkpoint exists, a
+fresh start, said in one line, where none does; a step still being written is never complete)
+restores the train state (and its companions, PPO's critic), the
 data position and the run's counters from the newest finalised checkpoint; seeds are functions
 of (seed, step), so a run killed at any moment and resumed logs the same metrics and ends with
 the same parameters as one that was never interrupted (``tests/train/test_kill_resume.py``).
@@ -43,7 +45,14 @@ from jaxrl_llm.train.run.run_state import (
     restore_latest,
     run_extra,
 )
-from jaxrl_llm.train.run.signals import Interrupted, RunStopped, deferred, stop_signals
+from jaxrl_llm.train.run.signals import (
+    Interrupted,
+    RunStopped,
+    deferred,
+    pending_stop,
+    stop_signals,
+    synced_stops,
+)
 
 
 class Trainer:
@@ -124,6 +133,10 @@ class Trainer:
                 restore_latest(c, holder, step)
         extra = restore_latest(self.ckpt, self.policy, step)
         if extra is None:
+            if self.cfg.resume == "auto":
+                self.say(
+                    f"resume auto: no complete checkpoint in {self.ckpt.directory}; starting fresh"
+                )
             return
         step = int(extra.get("step", int(self.policy.state.step)))
         check_same_data(self.cfg, extra, self.data_sha256)
@@ -138,7 +151,14 @@ class Trainer:
         self.guard.restore(extra)
         self.train_time = float(extra.get("train_time_s", 0.0))
         self.resumed = extra
-        self.say(f"resumed from step {self.start_step}")
+        self.say(
+            f"resumed from step {self.start_step}"
+            + (
+                " (resume auto: the newest complete checkpoint)"
+                if self.cfg.resume == "auto"
+                else ""
+            )
+        )
 
     def _newest_intact_in_all(self, steps: set[int]) -> int:
         """The newest of ``steps`` (held by the policy and every companion) whose files look
@@ -197,7 +217,8 @@ class Trainer:
         """Train for ``max_steps`` (or from a resumed step); returns the summary dict
         (held-out metrics before / after, timings, the export path)."""
         os.makedirs(self.cfg.output_dir, exist_ok=True)
-        with output_dir_lock(self.cfg.output_dir), stop_signals():
+        multi = jax.process_count() > 1
+        with output_dir_lock(self.cfg.output_dir), stop_signals(), synced_stops(multi):
             self.data_sha256 = data_digest(self.cfg)
             self.maybe_resume()
             record_config(
@@ -272,6 +293,7 @@ class Trainer:
             logger.log(0, summary["eval_before"])
         for step in range(self.start_step + 1, cfg.max_steps + 1):
             self._stop_point = self._boundary(step)
+            self._synced_stop(step)
             try:
                 self._step(step)
             except Interrupted as e:
@@ -297,6 +319,24 @@ class Trainer:
             steps=cfg.max_steps,
         )
         return summary
+
+    def _synced_stop(self, step: int) -> None:
+        """A multi-process job's stop, at the boundary before ``step``: when any process has
+        received a stop signal since the last boundary (:func:`pending_stop`, gathered from every
+        process), every process saves the last finished step (:meth:`save_on_stop`, the same
+        on each) and raises RunStopped. One process: nothing (its stop is raised at once)."""
+        if jax.process_count() == 1:
+            return
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        flags = np.asarray(multihost_utils.process_allgather(np.int32(pending_stop())))
+        signum = int(flags.max())
+        if not signum:
+            return
+        who = ", ".join(str(i) for i, f in enumerate(flags.reshape(-1)) if f)
+        done = self.save_on_stop(self._boundary(step))
+        raise RunStopped(signum, f"step {step} (signalled: process {who}; all stop here): {done}")
 
     def _step(self, step: int) -> None:
         """One step with its cadences: train, evaluate, the non-finite guard, log, save."""

@@ -17,6 +17,12 @@ long as the computation runs. A watchdog thread wakes on the signal itself
 (``JAXRL_LLM_STOP_GRACE_S`` overrides it), it prints one line and exits with 128 + the signal
 number without saving: the newest checkpoint is what a resume continues from.
 
+In a multi-process job a stop waits for the next step boundary instead
+(:func:`synced_stops`): there every process learns whether any process of the job received a
+signal (one all-reduced flag a step), and all of them save the same step and exit together,
+so that no process is left waiting in a collective for one that stopped (the way MaxText and
+orbax sync a preemption: ``jax.experimental.multihost_utils.reached_preemption_sync_point``).
+
 A ``KeyboardInterrupt`` raised by user code is not one of these: user code runs on the threads
 of :mod:`jaxrl_llm.rewards.user_code`, where it is that call's failure, and Python delivers
 signals to the main thread only (https://docs.python.org/3/library/signal.html).
@@ -63,6 +69,10 @@ class RunStopped(Exception):
 
 
 _DEFER = {"depth": 0, "pending": 0}
+
+#: Whether a stop waits for the step boundary that every process of a job agrees on
+#: (:func:`synced_stops`).
+_SYNC = {"on": False}
 
 
 def _raise(signum: int):
@@ -127,6 +137,9 @@ def _handler(signum, frame):
     dog = _WATCH["dog"]
     if dog is not None:
         dog.handled.set()
+    if _SYNC["on"]:  # held for the boundary every process agrees on; the step runs on whole
+        _DEFER["pending"] = max(_DEFER["pending"], signum)
+        return
     cancel_all("interrupted")
     if _DEFER["depth"]:
         _DEFER["pending"] = signum
@@ -144,9 +157,29 @@ def deferred():
         yield
     finally:
         _DEFER["depth"] -= 1
-        signum, _DEFER["pending"] = _DEFER["pending"], 0
-        if signum and not _DEFER["depth"]:
-            _raise(signum)
+        if not _SYNC["on"]:  # synced: the step boundary answers it (synced_stops)
+            signum, _DEFER["pending"] = _DEFER["pending"], 0
+            if signum and not _DEFER["depth"]:
+                _raise(signum)
+
+
+@contextlib.contextmanager
+def synced_stops(on: bool = True):
+    """For the block, a stop signal is only recorded: the run loop asks at each step boundary
+    whether any process of the job has one (:func:`pending_stop`, all-reduced by the loop) and
+    then every process stops at that same step. No user call is cancelled (that would change
+    the step on one process only). Used for multi-process runs."""
+    before = _SYNC["on"]
+    _SYNC["on"] = on
+    try:
+        yield
+    finally:
+        _SYNC["on"] = before
+
+
+def pending_stop() -> int:
+    """The stop signal recorded under :func:`synced_stops` (0 when none)."""
+    return int(_DEFER["pending"]) if _SYNC["on"] else 0
 
 
 @contextlib.contextmanager
