@@ -23,8 +23,8 @@ def _shared_compile_cache(jax_cache_dir):
     test_multihost_runs._CACHE[:] = [jax_cache_dir]
 
 
-def _saving(tmp_path, **mesh) -> str:
-    config = _config(tmp_path, "grpo", max_steps=STEPS)
+def _saving(tmp_path, algorithm: str = "grpo", chat: bool = False, **mesh) -> str:
+    config = _config(tmp_path, algorithm, chat=chat, max_steps=STEPS)
     cfg = yaml.safe_load(open(config))
     cfg["checkpoint"] = dict(save_every=2, keep=2, export_hf=False)
     if mesh:
@@ -53,10 +53,13 @@ def _same_steps(want_dir: str, got_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_two_process_run_resumes_as_one_process(tmp_path):
+@pytest.mark.parametrize(
+    "algorithm, chat", [("grpo", False), ("ppo", False), ("grpo", True)], ids=["grpo", "ppo", "env"]
+)
+def test_two_process_run_resumes_as_one_process(tmp_path, algorithm, chat):
     """Steps 1–2 as 2 × 4 (checkpoint at 2), killed in step 3's update; steps 3–4 as 1 × 8
-    with ``--resume``."""
-    config = _saving(tmp_path)
+    with ``--resume`` (PPO: its critic restored beside the policy; env: multi-turn)."""
+    config = _saving(tmp_path, algorithm, chat)
     run = str(tmp_path / "run")
     _killed(_job(config, run, fault="update:3"))
     _wait([_train(config, run, "--resume", devices=8)])
