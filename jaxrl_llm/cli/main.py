@@ -16,6 +16,7 @@ import sys
 # name -> (module, one-line help). Explicit, in one place (no import side effects).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("jaxrl_llm.cli.generate", "sample completions from a model"),
+    "eval": ("jaxrl_llm.cli.evaluate", "score a model on held-out prompts with rewards"),
     "convert": ("jaxrl_llm.cli.convert", "convert a model or checkpoint (e.g. to Hugging Face)"),
     "train": ("jaxrl_llm.cli.train", "train with a YAML config and dotted overrides"),
     "memory": ("jaxrl_llm.cli.memory", "estimate per-device memory for an algorithm"),

@@ -117,9 +117,11 @@ def run_training(cfg: RunConfig) -> dict:
     # the trainer writes config.yaml once it holds the lock and any resume succeeded
     with output_dir_lock(cfg.output_dir), stop_signals():
         if cfg.is_online:
-            from jaxrl_llm.train.online.trainer import train_online
-
-            summary = train_online(cfg)
+            trainer = voting_online_trainer()(cfg)
+            try:
+                summary = trainer.run()
+            finally:
+                trainer.close()
         else:
             from jaxrl_llm.train.offline.trainer import train_offline
 
@@ -501,9 +503,8 @@ def _hooked_loop(online: bool) -> type:
     if online in _HOOKED:
         return _HOOKED[online]
     from jaxrl_llm.train.offline.trainer import OfflineTrainer
-    from jaxrl_llm.train.online.trainer import OnlineTrainer
 
-    Base: type = OnlineTrainer if online else OfflineTrainer
+    Base: type = voting_online_trainer() if online else OfflineTrainer
 
     class Hooked(Base):  # type: ignore[valid-type,misc]
         def __init__(self, cfg: RunConfig, *, owner: Trainer):
@@ -518,8 +519,6 @@ def _hooked_loop(online: bool) -> type:
 
         def evaluate(self) -> dict[str, float]:
             metrics = super().evaluate()
-            if online and metrics:
-                metrics.update(_vote_eval(self, self.owner.step))
             self.owner._evaluated(metrics)
             return metrics
 
@@ -536,26 +535,35 @@ def _hooked_loop(online: bool) -> type:
     return Hooked
 
 
-def _vote_eval(loop: Any, step: int) -> dict[str, float]:
-    """``eval/maj@k`` and ``eval/samples-<step>.jsonl`` of an online run (``eval.maj_at``,
-    ``eval.write_samples``) over ``eval.num_samples`` samples per held-out prompt, drawn with
-    the seeds of ``eval/pass@k`` (the same completions)."""
+def vote_eval(
+    rollouts: Any, items: list, settings: Any, metric: str, *, step: int, folder: str
+) -> dict[str, float]:
+    """``eval/maj@k`` (``settings.maj_at``) and, with ``settings.write_samples``,
+    ``folder/samples-<step>.jsonl``: ``settings.num_samples`` sampled completions per held-out
+    prompt, drawn with the seeds of ``eval/pass@k`` (the same completions; the online
+    rollouts' ``evaluate``) and scored by reward ``metric``.
+
+    Args:
+      rollouts: the run's :class:`~jaxrl_llm.train.online.rollout.Rollouts`.
+      items: the held-out prompts (tokenised); the first ``settings.num_examples`` are used.
+      settings: the ``eval`` section (:class:`~jaxrl_llm.train.config.sections.EvalSection`).
+      metric: the reward whose score 1 is correct.
+      step: the step evaluated (the samples file's name).
+      folder: where the samples file goes (JAX's process 0 writes it).
+    """
     import numpy as np
 
     from jaxrl_llm.rewards.voting import extract_votes, maj_at_k, sample_records
 
-    settings = loop.cfg.eval
-    if not (settings.maj_at or settings.write_samples) or loop.eval_data is None:
+    if not (settings.maj_at or settings.write_samples) or not settings.num_samples:
         return {}
-    items = loop.eval_data.items[: settings.num_examples or None]
-    n, metric = settings.num_samples, loop.eval_metric
+    items = items[: settings.num_examples or None]
+    n = settings.num_samples
     answers: list[list] = []
     correct: list[list[bool]] = []
     records: list[dict] = []
     for i in range(0, len(items), settings.batch_size):
-        exp = loop.rollouts.sample(
-            items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n
-        )
+        exp = rollouts.sample(items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n)
         scores = np.asarray(exp.scores[metric], np.float64)
         votes = extract_votes(exp.texts)
         for g in range(0, len(exp.texts), n):
@@ -573,12 +581,55 @@ def _vote_eval(loop: Any, step: int) -> dict[str, float]:
                 references=refs if any(r is not None for r in refs) else None,
             )
     if settings.write_samples and jax_main_process():
-        folder = os.path.join(loop.cfg.output_dir, "eval")
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f"samples-{step}.jsonl"), "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
     return {f"eval/maj@{k}": maj_at_k(answers, correct, k) for k in settings.maj_at}
+
+
+_VOTING: list[type] = []
+
+
+def voting_online_trainer() -> type:
+    """The online run loop whose evaluations add ``eval/maj@k`` and the samples file
+    (:func:`vote_eval`, as the run's ``eval`` section asks) after the greedy metrics and
+    ``eval/pass@k``; both ``jaxrl-llm train`` (:func:`run_training`) and the Python trainers
+    run it. A subclass made on first use, so that importing this module loads no JAX
+    program."""
+    if _VOTING:
+        return _VOTING[0]
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
+
+    class VotingOnlineTrainer(OnlineTrainer):
+        """:class:`~jaxrl_llm.train.online.trainer.OnlineTrainer` with ``eval.maj_at`` and
+        ``eval.write_samples``."""
+
+        _last_step: int | None = None
+
+        def train_step(self, step: int) -> dict:
+            metrics = super().train_step(step)
+            self._last_step = step
+            return metrics
+
+        def evaluate(self) -> dict[str, float]:
+            metrics = super().evaluate()
+            if metrics and self.eval_data is not None:
+                step = self.start_step if self._last_step is None else self._last_step
+                metrics.update(
+                    vote_eval(
+                        self.rollouts,
+                        self.eval_data.items,
+                        self.cfg.eval,
+                        self.eval_metric,
+                        step=step,
+                        folder=os.path.join(self.cfg.output_dir, "eval"),
+                    )
+                )
+            return metrics
+
+    _VOTING.append(VotingOnlineTrainer)
+    return VotingOnlineTrainer
 
 
 def jax_main_process() -> bool:

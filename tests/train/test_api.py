@@ -92,3 +92,32 @@ def test_overrides_merge_and_objects_without_a_name_are_refused(tmp_path):
         build_config(_tiny(tmp_path / "y", algorithm="sft"), train_dataset=[])
     with pytest.raises(ConfigError, match="output_dir is required"):
         build_config({"algorithm": "sft", "max_steps": 1}, train_dataset=ROWS)
+
+
+@pytest.mark.slow
+def test_the_train_path_votes_and_eval_of_its_run_gives_the_runs_numbers(tmp_path, capsys):
+    """``eval.maj_at`` / ``write_samples`` on the ``jaxrl-llm train`` path (run_training),
+    and ``jaxrl-llm eval RUN`` with the run's own rewards and held-out rows scores the final
+    weights as the run's last evaluation did."""
+    from jaxrl_llm.cli.main import main
+
+    run = tmp_path / "run"
+    ev = dict(before=False, num_samples=2, maj_at=[2], pass_at=[1], write_samples=True)
+    summary = jaxrl_llm.train(
+        _tiny(run, algorithm="grpo", eval=ev),
+        reward_funcs=[larger_digit],
+        train_dataset=ROWS,
+        eval_dataset=ROWS[:3],
+    )
+    after = summary["eval_after"]
+    assert "eval/maj@2" in after
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert any(r.get("eval/maj@2") is not None for r in rows)
+    samples = [json.loads(x) for x in open(run / "eval" / "samples-1.jsonl")]
+    assert len(samples) == 3 and all(len(s["completions"]) == 2 for s in samples)
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    report = json.loads((run / "eval" / "eval.json").read_text())
+    assert report["step"] == 1 and report["rewards"] == ["tests.train.test_api:larger_digit"]
+    for key in ("eval/tests.train.test_api:larger_digit", "eval/pass@1", "eval/maj@2"):
+        assert report["metrics"][key] == pytest.approx(after[key]), key

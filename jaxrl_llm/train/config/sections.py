@@ -573,9 +573,8 @@ class EvalSection:
         the first reward scores it 1).
       maj_at: the k of ``eval/maj@k``: the share of prompts whose most frequent extracted
         answer among k of those samples is correct (self-consistency;
-        :mod:`jaxrl_llm.rewards.voting`). ``maj_at`` and ``write_samples`` are computed by the
-        Python API's trainers (``jaxrl_llm.GRPOTrainer``); the ``jaxrl-llm train`` loop does
-        not compute them yet.
+        :mod:`jaxrl_llm.rewards.voting`; computed by ``jaxrl-llm train`` and the Python
+        API's trainers alike, :func:`jaxrl_llm.train.api.vote_eval`).
       write_samples: write each evaluation's sampled completions, their extracted answers,
         rewards and votes to ``eval/samples-<step>.jsonl`` (one line per prompt; needs
         ``num_samples``).
