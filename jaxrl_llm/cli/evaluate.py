@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data",
         metavar="FILE",
         help="held-out prompts (.jsonl / .parquet, TRL's prompt format: a 'prompt' column and "
-        "the columns the rewards read, e.g. 'answer'); default: the run's data.eval",
+        "the columns the rewards read, e.g. 'answer'; an SFT row's last assistant turn is its "
+        "'answer'); default: the run's data.eval",
     )
     parser.add_argument(
         "--reward",
@@ -209,6 +210,8 @@ def evaluate(args: argparse.Namespace) -> dict:
 
     from jaxrl_llm.cli.sources import classify_source, describe, load_any
     from jaxrl_llm.data import Format, prepare_dataset
+    from jaxrl_llm.data.formats import as_prompt_row
+    from jaxrl_llm.data.readers import read_records
     from jaxrl_llm.rewards import build_reward_set
     from jaxrl_llm.train.api import vote_eval
     from jaxrl_llm.train.online.rollout import Rollouts
@@ -231,8 +234,10 @@ def evaluate(args: argparse.Namespace) -> dict:
     r = cfg.rollout
     rewards = build_reward_set(cfg.rewards, ctx=_reward_context(tok, r.max_new_tokens))
     d = cfg.data
+    # an offline run's held-out SFT rows: the last assistant turn is the answer
+    rows = [as_prompt_row(x).fields for x in read_records(d.eval)]
     held_out = prepare_dataset(
-        d.eval, Format.PROMPT, tok, max_len=d.max_length, length_policy=d.length_policy
+        rows, Format.PROMPT, tok, max_len=d.max_length, length_policy=d.length_policy
     )
     weights = (jax.device_put(params), 0)
     rollouts = Rollouts(

@@ -105,3 +105,40 @@ def test_eval_without_data_or_reward_is_one_line(hf_dir, tmp_path, capsys):
     )  # fmt: skip
     assert rc == 2 and "--maj-at" in err and "--num-samples" in err
     assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.slow
+def test_eval_of_an_offline_run_reads_its_held_out_sft_rows(tmp_path, capsys):
+    import jaxrl_llm
+
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"{a}+{b}="},
+                {"role": "assistant", "content": str(a + b)},
+            ]
+        }
+        for a in range(4)
+        for b in range(4)
+    ]
+    run = tmp_path / "sft"
+    jaxrl_llm.train(
+        {
+            "algorithm": "sft",
+            "output_dir": str(run),
+            "max_steps": 1,
+            "model": {"source": "tiny", "tokenizer": "char", "tiny": {"num_layers": 1}},
+            "data": {"max_length": 32},
+            "train": {"batch_size": 8},
+            "logging": {"tensorboard": False, "plots": False},
+        },
+        train_dataset=rows,
+        eval_dataset=rows[:3],
+    )
+    rc, _, err = _eval(capsys, run)
+    assert rc == 2 and "--reward: no reward" in err and "sft" in err
+    rc, out, err = _eval(capsys, run, "--reward", "math_answer", "--max-new-tokens", 3)
+    assert rc == 0, err
+    report = json.loads((run / "eval" / "eval.json").read_text())
+    assert report["step"] == 1 and report["metrics"]["eval/num_examples"] == 3
+    assert report["metrics"]["eval/valid"] == 3  # every row had an answer to score against
