@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 # name -> (module, one-line help). Explicit, in one place (no import side effects).
@@ -30,8 +31,26 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line (no usage block) naming the help."""
 
     def error(self, message: str):
-        """Print ``<prog>: error: <message>`` and the help hint on one line; exit status 2."""
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+        """Print ``<prog>: error: <message>`` and the help hint on one line; exit status 2.
+        An invalid choice (a subcommand, a flag's value) names the closest one."""
+        self.exit(2, f"{self.prog}: error: {suggest_choice(message)}; see `{self.prog} --help`\n")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
+def suggest_choice(message: str) -> str:
+    """An argparse ``invalid choice: 'x' (choose from 'a', 'b')`` with ``; did you mean 'a'?``
+    after it when a choice is close (:func:`jaxrl_llm.errors.did_you_mean`); any other
+    message unchanged."""
+    from jaxrl_llm.errors import did_you_mean
+
+    m = _INVALID_CHOICE.search(message)
+    if m is None:
+        return message
+    choices = re.findall(r"'([^']*)'", m.group("choices"))
+    hint = did_you_mean(m.group("word"), choices)
+    return f"{message}; {hint.strip()[1:-1]}" if hint else message
 
 
 def build_parser() -> argparse.ArgumentParser:

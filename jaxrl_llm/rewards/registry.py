@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.rewards.base import (
     CALL_KEYWORDS,
     DEFAULT_TIMEOUT_S,
@@ -219,7 +219,8 @@ def build_reward(
         factory = lambda _ctx, **kw: bind_reward(fn, **kw)  # noqa: E731
     if factory is None:
         raise ConfigError(
-            f"{key}.name: unknown reward {name!r}; available: {', '.join(sorted(REWARD_FUNCTIONS))}"
+            f"{key}.name: unknown reward {name!r}{did_you_mean(name, REWARD_FUNCTIONS)}; "
+            f"available: {', '.join(sorted(REWARD_FUNCTIONS))}, or package.module:function"
         )
     try:
         return factory(ctx, **kwargs)

@@ -51,3 +51,25 @@ def test_no_tpu_discovery_noise_on_a_cpu_machine():
         pytest.skip("a TPU machine: JAX may use it")
     assert p.stdout.split()[-1] == "cpu"
     assert "E0000" not in p.stderr and "worker hostname" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["trian", "c.yaml"], "did you mean 'train'?"),
+        (["generate", "--engine", "paeged", "--prompt", "x"], "did you mean 'paged'?"),
+        (["memory", "--algorithm", "gpro"], "did you mean 'grpo'?"),
+    ],
+)
+def test_an_invalid_choice_names_the_closest(argv, hint, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and hint in err
+
+
+def test_an_invalid_choice_far_from_every_choice_gets_no_guess(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--engine", "xyzzy", "--prompt", "x"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'xyzzy'" in err and "did you mean" not in err

@@ -11,7 +11,6 @@ outside an enum. Overrides are parsed as YAML scalars (``lr=1e-5``, ``model.rema
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import math
 import re
@@ -22,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 
 #: TRL's (transformers') names for keys this config spells otherwise: an unknown key that is one
 #: of them is refused with the key to use (one spelling per key in a YAML file; the typed
@@ -271,10 +270,8 @@ def from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):
                 raise ConfigError(
                     f"unknown config key {key!r}: that is TRL's name; here it is {trl}"
                 )
-            close = difflib.get_close_matches(str(k), list(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
-                f"unknown config key {key!r}{hint}; allowed keys"
+                f"unknown config key {key!r}{did_you_mean(k, fields)}; allowed keys"
                 f"{' under ' + repr(prefix) if prefix else ''}: {sorted(fields)}"
             )
         kwargs[k] = _coerce(v, hints[k], key)
