@@ -16,15 +16,31 @@ import sys
 
 # name -> (module, one-line help). Explicit, in one place (no import side effects).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("jaxrl_llm.cli.generate", "sample completions from a model"),
-    "eval": ("jaxrl_llm.cli.evaluate", "score a model on held-out prompts with rewards"),
-    "convert": ("jaxrl_llm.cli.convert", "convert a model or checkpoint (e.g. to Hugging Face)"),
     "train": ("jaxrl_llm.cli.train", "train with a YAML config and dotted overrides"),
+    "eval": ("jaxrl_llm.cli.evaluate", "score a model on held-out prompts with rewards"),
+    "generate": ("jaxrl_llm.cli.generate", "sample completions from a model"),
+    "convert": ("jaxrl_llm.cli.convert", "convert a model or checkpoint (e.g. to Hugging Face)"),
     "memory": ("jaxrl_llm.cli.memory", "estimate per-device memory for an algorithm"),
     "compile": ("jaxrl_llm.cli.compile", "compile for a TPU slice: per-device memory, FLOPs, fit"),
     "plot": ("jaxrl_llm.cli.plot", "write PNG learning curves for a run directory"),
     "bench": ("jaxrl_llm.cli.bench", "run the benchmark suite and rewrite BENCHMARKS.md"),
 }
+
+#: What ``jaxrl-llm --help`` says above and below the commands (for a user, not a developer).
+DESCRIPTION = (
+    "Post-train language models in JAX: SFT, DPO and its kin, GRPO and other online RL,\n"
+    "distillation. Each command has its own --help."
+)
+EPILOG = """examples:
+  jaxrl-llm train configs/grpo.yaml max_steps=50 rollout.group_size=8
+  jaxrl-llm train configs/sft.yaml --dry-run       check a config, print it resolved
+  jaxrl-llm eval runs/grpo --num-samples 8 --pass-at 1 8 --maj-at 8
+  jaxrl-llm generate --model smollm2-135m-instruct --chat --prompt "What is 2 + 3?"
+  jaxrl-llm convert runs/grpo runs/grpo-hf         a Hugging Face directory
+  jaxrl-llm memory --model 8b --algorithm grpo --lora-rank 16 --device tpu-v5e
+
+configs: configs/*.yaml; docs: README.md and docs/ (evaluation, rewards, data, tools, metrics)
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +71,12 @@ def suggest_choice(message: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand attached."""
-    parser = _Parser(prog="jaxrl-llm", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="jaxrl-llm",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         try:

@@ -170,7 +170,17 @@ def _print_summary(cfg, summary: dict) -> None:
                 + (f" ({n} examples, greedy)" if n is not None else "")
             )
     if "train_time_s" in summary:
-        print(
-            f"training time: {summary['train_time_s'] / 60:.1f} min over "
-            f"{summary.get('steps')} steps; run directory: {cfg.output_dir}"
-        )
+        print(f"{training_time(summary)}; run directory: {cfg.output_dir}")
+
+
+def training_time(summary: dict) -> str:
+    """``training time: X min over N steps`` of a run's summary: the steps this command
+    trained (a resumed run's after its ``start_step``, which is named)."""
+    last, first = summary.get("steps"), int(summary.get("start_step") or 0)
+    trained = last - first if isinstance(last, int) else last
+    text = f"training time: {summary['train_time_s'] / 60:.1f} min over {trained} steps"
+    if first and isinstance(last, int) and last > first:
+        text += f" ({first + 1}-{last}, resumed from step {first})"
+    elif first:
+        text += f" (resumed from step {first})"
+    return text

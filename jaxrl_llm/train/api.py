@@ -94,16 +94,42 @@ def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
     return plan
 
 
+#: Sections only online algorithms read; ``train`` only offline ones.
+ONLINE_SECTIONS = (
+    "rollout",
+    "rewards",
+    "eval",
+    "ppo",
+    "process_reward",
+    "env",
+    "teacher",
+    "distill",
+)
+
+
 def resolved_config(cfg: RunConfig, plan: RunPlan) -> dict:
-    """The config as the run resolved it (the loss section with its defaults), a dict."""
+    """The config as the run resolved it (the loss section with its defaults), a dict,
+    without the sections this algorithm does not read (an SFT run's ``rollout``, a GRPO run's
+    ``train`` and ``ppo``, ...): what ``--dry-run`` prints. ``config.yaml`` keeps them all."""
     out = to_dict(cfg)
     out["loss"] = to_dict(plan.loss_config)
-    return out
+    algo = cfg.algo
+    unread = set() if cfg.is_online else set(ONLINE_SECTIONS)
+    if cfg.is_online:
+        unread.add("train")
+        unread.update(k for k in ("process_reward", "env") if out.get(k) is None)
+        if not algo.critic:
+            unread.add("ppo")
+        if not algo.teacher:
+            unread.update(("teacher", "distill"))
+    return {k: v for k, v in out.items() if k not in unread}
 
 
 def run_training(cfg: RunConfig) -> dict:
     """Run a checked config (:func:`check_run`) to the end; returns its summary (also written
-    to ``output_dir/summary.json``).
+    to ``output_dir/summary.json``): the loop's (held-out metrics before / after, timings,
+    ``steps``) and ``start_step``, the step a resumed run continued from (0 for a fresh one;
+    ``train_time_s`` counts the steps after it).
 
     Raises:
       RunStopped: Ctrl-C or SIGTERM stopped the run (a checkpoint was saved where one was
@@ -118,14 +144,15 @@ def run_training(cfg: RunConfig) -> dict:
     with output_dir_lock(cfg.output_dir), stop_signals():
         if cfg.is_online:
             trainer = voting_online_trainer()(cfg)
-            try:
-                summary = trainer.run()
-            finally:
-                trainer.close()
         else:
-            from jaxrl_llm.train.offline.trainer import train_offline
+            from jaxrl_llm.train.offline.trainer import OfflineTrainer
 
-            summary = train_offline(cfg)
+            trainer = OfflineTrainer(cfg)
+        try:
+            summary = trainer.run()
+        finally:
+            trainer.close()
+        summary["start_step"] = trainer.start_step  # a resumed run trained the steps after it
     if cfg.logging.plots:
         from jaxrl_llm.train.run.plots import plot_run
 
@@ -441,6 +468,7 @@ class Trainer:
             summary = loop.run()
         finally:
             loop.close()
+        summary["start_step"] = loop.start_step
         if self.config.logging.plots:
             from jaxrl_llm.train.run.plots import plot_run
 

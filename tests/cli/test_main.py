@@ -73,3 +73,42 @@ def test_an_invalid_choice_far_from_every_choice_gets_no_guess(capsys):
         main(["generate", "--engine", "xyzzy", "--prompt", "x"])
     err = capsys.readouterr().err
     assert "invalid choice: 'xyzzy'" in err and "did you mean" not in err
+
+
+def test_the_top_level_help_speaks_to_a_user(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert "Post-train language models" in out and "dispatched" not in out
+    assert out.index("    train ") < out.index("    generate ")  # the main command first
+    assert "jaxrl-llm train configs/" in out and "jaxrl-llm eval " in out
+
+
+@pytest.mark.parametrize(
+    "config, shown, left_out",
+    [
+        ("configs/sft.yaml", ["train", "data", "optim"], ["rollout", "rewards", "ppo", "env"]),
+        ("configs/grpo.yaml", ["rollout", "rewards", "eval"], ["train", "ppo", "teacher"]),
+        ("configs/ppo.yaml", ["rollout", "ppo"], ["train", "distill"]),
+    ],
+)
+def test_dry_run_prints_only_the_sections_the_algorithm_reads(config, shown, left_out, capsys):
+    import yaml
+
+    assert main(["train", config, "--dry-run"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert all(k in printed for k in shown) and not any(k in printed for k in left_out)
+
+
+def test_a_resumed_runs_training_time_counts_its_own_steps():
+    from jaxrl_llm.cli.train import training_time
+
+    fresh = {"train_time_s": 120.0, "steps": 10, "start_step": 0}
+    assert training_time(fresh) == "training time: 2.0 min over 10 steps"
+    resumed = {"train_time_s": 60.0, "steps": 10, "start_step": 6}
+    assert training_time(resumed) == (
+        "training time: 1.0 min over 4 steps (7-10, resumed from step 6)"
+    )
+    done = {"train_time_s": 0.0, "steps": 10, "start_step": 10}
+    assert training_time(done) == "training time: 0.0 min over 0 steps (resumed from step 10)"

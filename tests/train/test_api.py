@@ -110,7 +110,7 @@ def test_the_train_path_votes_and_eval_of_its_run_gives_the_runs_numbers(tmp_pat
         eval_dataset=ROWS[:3],
     )
     after = summary["eval_after"]
-    assert "eval/maj@2" in after
+    assert "eval/maj@2" in after and summary["start_step"] == 0
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert any(r.get("eval/maj@2") is not None for r in rows)
     samples = [json.loads(x) for x in open(run / "eval" / "samples-1.jsonl")]
