@@ -91,23 +91,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What libtpu is told on a machine with no TPU, so that it does not look for one: no metadata
+#: server to ask, no other TPU workers (``jaxrl-llm compile`` still compiles for any slice; the
+#: compiled programs are the same, byte for byte, with or without these).
+NO_TPU_HOST = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost"}
+
+
 def quiet_tpu_discovery(environ=os.environ) -> None:
-    """On a machine with no TPU and no GPU plugin, set ``JAX_PLATFORMS=cpu`` (unless set),
-    before JAX is imported.
+    """On a machine with no TPU, tell libtpu there is none (:data:`NO_TPU_HOST`, each unless
+    set) and, with no GPU plugin either, set ``JAX_PLATFORMS=cpu`` (unless set); before JAX is
+    imported. ``import jaxrl_llm`` calls it too, so the Python API is as quiet as the CLI.
 
     The development install carries ``libtpu`` (the ``jax[tpu]`` wheel: ``jaxrl-llm compile``
     compiles for a TPU slice on a CPU host with it). When JAX starts with every platform
-    allowed, libtpu looks for TPU workers on the network and prints error-like lines
-    (``E0000 ... INVALID_ARGUMENT: Error: unexpected worker hostname``) on every command. Where
-    no TPU device exists (``/dev/accel*``, ``/dev/vfio`` on TPU VMs) and no CUDA / ROCm plugin
-    is installed, the CPU is the only platform JAX could use anyway, so asking for it alone
-    changes nothing but the noise. ``jaxrl-llm compile`` loads libtpu itself
-    (``jax.experimental.topologies``), which works under ``JAX_PLATFORMS=cpu`` (the test suite
-    runs it so)."""
+    allowed, or ``compile`` loads libtpu for a topology, libtpu looks for TPU workers on the
+    network and prints error-like lines (``E0000 ... INVALID_ARGUMENT: Error: unexpected
+    worker hostname``). Where no TPU device exists (``/dev/accel*``, ``/dev/vfio`` on TPU VMs)
+    there are none to find; with no CUDA / ROCm plugin installed either, the CPU is the only
+    platform JAX could use anyway, so asking for it alone changes nothing but the noise.
+    ``jaxrl-llm compile`` loads libtpu itself (``jax.experimental.topologies``), which works
+    under ``JAX_PLATFORMS=cpu`` (the test suite runs it so); one line of libtpu's remains
+    there (``Failed to find host bounds for accelerator type``)."""
     import glob
     import importlib.util
 
-    if "JAX_PLATFORMS" in environ or glob.glob("/dev/accel*") or os.path.exists("/dev/vfio"):
+    if glob.glob("/dev/accel*") or os.path.exists("/dev/vfio"):
+        return
+    for key, value in NO_TPU_HOST.items():
+        environ.setdefault(key, value)
+    if "JAX_PLATFORMS" in environ:
         return
     plugins = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
     if any(importlib.util.find_spec(p) is not None for p in plugins):

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     :mod:`jaxrl_llm.train.api`'s, as from Python)."""
     import yaml
 
-    from jaxrl_llm.train.api import check_run, resolved_config, run_training
+    from jaxrl_llm.train.api import check_run, paths_beside, resolved_config, run_training
     from jaxrl_llm.train.config.config_io import load_config
     from jaxrl_llm.train.config.run_config import RunConfig
     from jaxrl_llm.train.run.signals import RunStopped
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     join_job(args)  # before anything else touches JAX's devices
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)
+    cfg = paths_beside(cfg, args.config, say=lambda line: print(line, file=sys.stderr))
     # `module:function` rewards, environments and tools beside the config or in the working
     # directory import without PYTHONPATH (appended: they never shadow an installed package)
     for folder in (os.path.dirname(os.path.abspath(args.config)), os.getcwd()):

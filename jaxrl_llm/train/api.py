@@ -34,6 +34,7 @@ rows (other rows for a run with checkpoints are refused). The formats are TRL's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -107,6 +108,43 @@ ONLINE_SECTIONS = (
 )
 
 
+def paths_beside(cfg: RunConfig, config_path: str, *, say: Callable[[str], Any] | None = None):
+    """``cfg`` with a relative data file (``data.train``, ``data.eval``) or model directory
+    (``model.source``) that does not exist from the current directory read from beside the
+    config file instead: its folder, or the folder above it (the shipped ``configs/*.yaml``
+    name ``data/...`` from the repository's root), where it exists there. So
+    ``jaxrl-llm train /path/to/repo/configs/sft.yaml`` works from any directory. ``say`` gets
+    one line per path moved. ``output_dir`` stays relative to the current directory.
+    """
+    folder = os.path.dirname(os.path.abspath(config_path))
+
+    def beside(path: Any) -> str | None:
+        if not isinstance(path, str) or not path or os.path.isabs(path) or os.path.exists(path):
+            return None
+        if ":" in path.split("/")[0]:  # hf:org/name, a module:function
+            return None
+        for root in (folder, os.path.dirname(folder)):
+            candidate = os.path.join(root, path)
+            if os.path.exists(candidate):
+                return candidate
+        return None
+
+    data: dict[str, Any] = {}
+    for key in ("train", "eval"):
+        moved = beside(getattr(cfg.data, key))
+        if moved is not None:
+            data[key] = moved
+    source = beside(cfg.model.source)
+    for key, value in [*(("data." + k, v) for k, v in data.items()), ("model.source", source)]:
+        if value is not None and say is not None:
+            say(f"{key}: {value} (relative to the config file; not found from {os.getcwd()})")
+    if data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data))
+    if source is not None:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, source=source))
+    return cfg
+
+
 def resolved_config(cfg: RunConfig, plan: RunPlan) -> dict:
     """The config as the run resolved it (the loss section with its defaults), a dict,
     without the sections this algorithm does not read (an SFT run's ``rollout``, a GRPO run's
@@ -139,9 +177,8 @@ def run_training(cfg: RunConfig) -> dict:
     from jaxrl_llm.train.run.signals import stop_signals
 
     _check_output_dir(cfg)  # again: another run may have written checkpoints since the check
-    _make_output_dir(cfg.output_dir)
     # the trainer writes config.yaml once it holds the lock and any resume succeeded
-    with output_dir_lock(cfg.output_dir), stop_signals():
+    with made_output_dir(cfg.output_dir), output_dir_lock(cfg.output_dir), stop_signals():
         if cfg.is_online:
             trainer = voting_online_trainer()(cfg)
         else:
@@ -229,7 +266,8 @@ def build_config(
     elif isinstance(config, Mapping):
         base = dict(config)
     else:
-        base = to_dict(load_config(RunConfig, os.fspath(config), []))
+        path = os.fspath(config)
+        base = to_dict(paths_beside(load_config(RunConfig, path, []), path))
     merged = _merge(base, _nested(overrides))
     rewards = list(merged.get("rewards") or [])
     if callable(reward_funcs):  # TRL takes one function as well as a list
@@ -430,8 +468,8 @@ class Trainer:
         """The run loop (:class:`~jaxrl_llm.train.online.trainer.OnlineTrainer` or the
         offline one), built on first use: the model loads and the programs compile."""
         if self._loop is None:
-            _make_output_dir(self.config.output_dir)
-            self._loop = _hooked_loop(self.config.is_online)(self.config, owner=self)
+            with made_output_dir(self.config.output_dir):
+                self._loop = _hooked_loop(self.config.is_online)(self.config, owner=self)
         return self._loop
 
     @property
@@ -920,6 +958,33 @@ def _make_output_dir(out: str) -> None:
         raise ConfigError(
             f"output_dir {out!r} cannot be written ({e.strerror or e}); choose another output_dir"
         ) from None
+
+
+@contextlib.contextmanager
+def made_output_dir(out: str):
+    """Create and probe ``output_dir`` (:func:`_make_output_dir`) around a run's start; when
+    the run is refused or fails with nothing written (a bad reward, model or data found while
+    the trainer is built), a directory this call created is removed again, so a refused
+    config leaves no empty run directory with a ``.lock`` behind. Anything written (a
+    ``metrics.jsonl``, a checkpoint, the rows of a Python dataset) keeps it."""
+    fresh = not os.path.lexists(out)
+    _make_output_dir(out)
+    try:
+        yield
+    except BaseException:
+        if fresh:
+            _remove_if_unused(out)
+        raise
+
+
+def _remove_if_unused(out: str) -> None:
+    """Remove ``out`` when it holds nothing but its ``.lock`` and empty folders."""
+    import shutil
+
+    for root, _, files in os.walk(out):
+        if any(f != ".lock" or root != out for f in files):
+            return
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def _check_output_dir(cfg: RunConfig) -> None:

@@ -35,9 +35,10 @@ def test_no_tpu_discovery_noise_on_a_cpu_machine():
 
     from jaxrl_llm.cli.main import quiet_tpu_discovery
 
-    env = {"JAX_PLATFORMS": "tpu"}
+    env = {"JAX_PLATFORMS": "tpu", "TPU_WORKER_HOSTNAMES": "10.0.0.2"}
     quiet_tpu_discovery(env)
-    assert env == {"JAX_PLATFORMS": "tpu"}  # a choice made by the user is kept
+    # a choice made by the user is kept
+    assert env["JAX_PLATFORMS"] == "tpu" and env["TPU_WORKER_HOSTNAMES"] == "10.0.0.2"
     code = (
         "import os; from jaxrl_llm.cli.main import quiet_tpu_discovery; quiet_tpu_discovery(); "
         "import jax; print(os.environ.get('JAX_PLATFORMS'), jax.devices()[0].platform)"
@@ -112,3 +113,79 @@ def test_a_resumed_runs_training_time_counts_its_own_steps():
     )
     done = {"train_time_s": 0.0, "steps": 10, "start_step": 10}
     assert training_time(done) == "training time: 0.0 min over 0 steps (resumed from step 10)"
+
+
+def test_a_shipped_config_runs_from_another_directory(tmp_path, monkeypatch, capsys):
+    """configs/*.yaml name data/... from the repository's root: from elsewhere, a relative
+    path that is not found is read from beside the config file, and said."""
+    import os
+
+    import yaml
+
+    config = os.path.abspath("configs/sft.yaml")
+    root = os.path.dirname(os.path.dirname(config))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", config, "--dry-run", f"output_dir={tmp_path / 'run'}"]) == 0
+    captured = capsys.readouterr()
+    printed = yaml.safe_load(captured.out)
+    assert printed["data"]["train"] == os.path.join(root, "data/arith_sft/train.jsonl")
+    assert "data.train: " in captured.err and "relative to the config file" in captured.err
+    # a path that exists from the current directory is kept as written
+    (tmp_path / "data" / "arith_sft").mkdir(parents=True)
+    (tmp_path / "data" / "arith_sft" / "train.jsonl").write_text(
+        open(os.path.join(root, "data/arith_sft/train.jsonl")).read()
+    )
+    assert main(["train", config, "--dry-run", f"output_dir={tmp_path / 'run'}"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"]["train"] == "data/arith_sft/train.jsonl"
+
+
+_NOISE = ("JAX_PLATFORMS", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES")
+
+
+def _child(code: str):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in _NOISE}
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr
+    if os.path.exists("/dev/vfio") or any(n.startswith("accel") for n in os.listdir("/dev")):
+        pytest.skip("a TPU machine: JAX may use it")
+    return p
+
+
+def test_the_python_api_is_as_quiet_as_the_cli():
+    """``import jaxrl_llm`` before JAX: no libtpu lines on a machine without a TPU."""
+    p = _child("import jaxrl_llm, jax; print(jax.devices()[0].platform)")
+    assert p.stdout.split()[-1] == "cpu"
+    assert "E0000" not in p.stderr and "worker hostname" not in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_compile_prints_no_libtpu_errors(tmp_path):
+    import json
+
+    model = tmp_path / "config.json"
+    model.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": 512,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "head_dim": 32,
+            }
+        )
+    )
+    argv = ["compile", "--model", str(model), "--algorithm", "sft", "--topology", "v5e:2x2"]
+    argv += ["--mesh", "data=4", "--batch", "4", "--seq-len", "64", "--no-decode", "--json"]
+    p = _child(f"import sys; from jaxrl_llm.cli.main import main; sys.exit(main({argv!r}))")
+    assert json.loads(p.stdout)["topology"] == "v5e:2x2"
+    assert "E0000" not in p.stderr and "worker hostname" not in p.stderr, p.stderr

@@ -121,3 +121,24 @@ def test_the_train_path_votes_and_eval_of_its_run_gives_the_runs_numbers(tmp_pat
     assert report["step"] == 1 and report["rewards"] == ["tests.train.test_api:larger_digit"]
     for key in ("eval/tests.train.test_api:larger_digit", "eval/pass@1", "eval/maj@2"):
         assert report["metrics"][key] == pytest.approx(after[key]), key
+
+
+def test_a_config_refused_while_the_trainer_is_built_leaves_no_run_directory(tmp_path):
+    """A reward, model or data fault found after the checks (while the trainer is built) ends
+    the run; the output_dir it created goes again (no empty directory with a .lock)."""
+    run = tmp_path / "run"
+    cfg = _tiny(run, algorithm="grpo", rewards=[{"name": "nope"}])
+    cfg["data"] = dict(cfg["data"], train=str(tmp_path / "rows.jsonl"))
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    with pytest.raises(ConfigError, match="unknown reward 'nope'"):
+        jaxrl_llm.train(cfg)
+    assert not run.exists()
+    with pytest.raises(ConfigError, match="unknown reward 'nope'"):
+        jaxrl_llm.GRPOTrainer(args=cfg).train()
+    assert not run.exists()
+    # a directory that was there before is left as it was
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="unknown reward 'nope'"):
+        jaxrl_llm.train(cfg)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "notes.txt"]
