@@ -163,7 +163,7 @@ def _print_summary(cfg, summary: dict) -> None:
             key.startswith("eval/")
             and key in before
             and key.count("/") == 1
-            and not key.endswith(("num_examples", "valid", "completion_length"))
+            and not key.endswith(("num_examples", "num_tokens", "valid", "completion_length"))
         ):
             n = after.get("eval/num_examples")
             print(

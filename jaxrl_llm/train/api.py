@@ -39,6 +39,7 @@ import dataclasses
 import importlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -177,6 +178,8 @@ def run_training(cfg: RunConfig) -> dict:
     from jaxrl_llm.train.run.signals import stop_signals
 
     _check_output_dir(cfg)  # again: another run may have written checkpoints since the check
+    if jax_main_process():  # the model loads and the first programs compile before any step
+        print(start_line(cfg), file=sys.stderr, flush=True)
     # the trainer writes config.yaml once it holds the lock and any resume succeeded
     with made_output_dir(cfg.output_dir), output_dir_lock(cfg.output_dir), stop_signals():
         if cfg.is_online:
@@ -197,6 +200,17 @@ def run_training(cfg: RunConfig) -> dict:
     with open(os.path.join(cfg.output_dir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     return summary
+
+
+def start_line(cfg: RunConfig) -> str:
+    """The line a run prints before its model loads (the load and the first compiles take
+    seconds to minutes with nothing else to show): what trains, on what, where to."""
+    lora = f" (LoRA r={cfg.model.lora.rank})" if cfg.model.lora is not None else ""
+    what = "resuming" if cfg.resume and _checkpoint_steps(cfg.output_dir) else "training"
+    return (
+        f"{what} {cfg.algorithm} on {cfg.model.source}{lora} for {cfg.max_steps} steps into "
+        f"{cfg.output_dir}: loading the model, then compiling the first step's programs"
+    )
 
 
 def train(
@@ -468,6 +482,8 @@ class Trainer:
         """The run loop (:class:`~jaxrl_llm.train.online.trainer.OnlineTrainer` or the
         offline one), built on first use: the model loads and the programs compile."""
         if self._loop is None:
+            if jax_main_process():
+                print(start_line(self.config), file=sys.stderr, flush=True)
             with made_output_dir(self.config.output_dir):
                 self._loop = _hooked_loop(self.config.is_online)(self.config, owner=self)
         return self._loop

@@ -57,12 +57,18 @@ def test_trainer_class_with_rows_and_a_python_reward(tmp_path):
     assert len(open(saved["data"]["train"]).read().splitlines()) == len(ROWS)
 
 
-def test_the_train_package_is_callable_with_a_config_and_overrides(tmp_path):
+def test_the_train_package_is_callable_with_a_config_and_overrides(tmp_path, capsys):
     cfg = _tiny(tmp_path / "run", algorithm="grpo")
     summary = jaxrl_llm.train(
         cfg, reward_funcs=[(larger_digit, 2.0)], train_dataset=ROWS, rollout__max_new_tokens=2
     )
     assert summary["steps"] == 1
+    # before the model loads, one line says what is happening
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        f"training grpo on tiny for 1 steps into {tmp_path / 'run'}: loading the model, then "
+        f"compiling the first step's programs"
+    )
     saved = yaml.safe_load(open(tmp_path / "run" / "config.yaml"))
     assert saved["rollout"]["max_new_tokens"] == 2 and saved["rewards"][0]["weight"] == 2.0
     assert saved["rollout"]["group_size"] == 2  # a nested override keeps the section's keys

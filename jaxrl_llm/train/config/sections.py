@@ -100,7 +100,12 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class OptimSection:
-    """Optimizer (optax): AdamW by default, with a learning-rate schedule and clipping."""
+    """Optimizer (optax): AdamW by default, with a learning-rate schedule and clipping.
+
+    ``warmup_steps``: linear warm-up from 0 to ``lr`` over that many updates, so the first
+    update has learning rate 0 (as transformers' ``get_linear_schedule_with_warmup``); the
+    schedule then runs over the remaining updates. 0 = no warm-up.
+    """
 
     name: Literal["adamw", "adam", "sgd"] = "adamw"
     lr: float = 1e-5
