@@ -70,11 +70,15 @@ MAX_YAML_VALUES = 100_000
 
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that rejects duplicate keys in a mapping (YAML 1.2 forbids them;
-    PyYAML keeps the last silently) and bounds what aliases expand to."""
+    PyYAML keeps the last silently) and bounds what aliases expand to. Merge keys
+    (``<<: *anchor``, YAML 1.1's) work as in PyYAML: the anchored mapping's keys, each of
+    which the mapping's own keys override; only the mapping's own keys count as duplicates."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # flattened by SafeConstructor.construct_mapping
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise ConfigError(
@@ -349,8 +353,14 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     return out
 
 
+#: Top-level keys with this prefix are a config file's own (a home for YAML anchors,
+#: ``x-defaults: &d {...}`` then ``<<: *d``, as docker-compose's extension fields); dropped.
+EXTENSION_PREFIX = "x-"
+
+
 def load_yaml(path: str) -> dict:
-    """Read a YAML config file into a dict, with clear errors for a missing or bad file."""
+    """Read a YAML config file into a dict, with clear errors for a missing or bad file.
+    Top-level keys starting with :data:`EXTENSION_PREFIX` are dropped."""
     try:
         with open(path, encoding="utf-8") as f:
             data = _safe_load(f)
@@ -378,7 +388,7 @@ def load_yaml(path: str) -> dict:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path!r}: the top level must be a mapping of keys")
-    return data
+    return {k: v for k, v in data.items() if not str(k).startswith(EXTENSION_PREFIX)}
 
 
 def key_lines(path: str) -> dict[str, int]:
