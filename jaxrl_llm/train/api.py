@@ -146,6 +146,27 @@ def paths_beside(cfg: RunConfig, config_path: str, *, say: Callable[[str], Any] 
     return cfg
 
 
+def check_loaded_step_memory(loop: Any) -> None:
+    """The step-memory check of :func:`check_run` for a model whose config is known only once
+    it has loaded (an alias, a hub id, a GGUF file, a PEFT adapter): after the trainer is
+    built, before its first step compiles, with what the loaded weights and optimizer state
+    already hold counted as available to them (:func:`~jaxrl_llm.train.config.preflight.
+    check_step_memory`). A source known before loading was checked by :func:`check_run`.
+
+    Raises:
+      ConfigError: one line with the rows, the estimate and the memory free.
+    """
+    from jaxrl_llm.train.compile.aot_inputs import per_device_bytes
+    from jaxrl_llm.train.config.preflight import known_model_config
+
+    cfg = loop.cfg
+    if known_model_config(cfg.model.source, cfg.model.tiny) is not None:
+        return
+    p = loop.policy
+    resident = per_device_bytes(p.state) + (per_device_bytes(p.base) if p.base is not None else 0)
+    check_step_memory(cfg, loop.plan, model_config=p.config, resident_bytes=resident)
+
+
 def resolved_config(cfg: RunConfig, plan: RunPlan) -> dict:
     """The config as the run resolved it (the loss section with its defaults), a dict,
     without the sections this algorithm does not read (an SFT run's ``rollout``, a GRPO run's
@@ -189,6 +210,7 @@ def run_training(cfg: RunConfig) -> dict:
 
             trainer = OfflineTrainer(cfg)
         try:
+            check_loaded_step_memory(trainer)
             summary = trainer.run()
         finally:
             trainer.close()
@@ -202,14 +224,18 @@ def run_training(cfg: RunConfig) -> dict:
     return summary
 
 
+#: How :func:`start_line` begins (a progress line, as the trainers' ``data: ...``).
+START_PREFIX = "start: "
+
+
 def start_line(cfg: RunConfig) -> str:
     """The line a run prints before its model loads (the load and the first compiles take
     seconds to minutes with nothing else to show): what trains, on what, where to."""
     lora = f" (LoRA r={cfg.model.lora.rank})" if cfg.model.lora is not None else ""
-    what = "resuming" if cfg.resume and _checkpoint_steps(cfg.output_dir) else "training"
+    what = "resuming " if cfg.resume and _checkpoint_steps(cfg.output_dir) else ""
     return (
-        f"{what} {cfg.algorithm} on {cfg.model.source}{lora} for {cfg.max_steps} steps into "
-        f"{cfg.output_dir}: loading the model, then compiling the first step's programs"
+        f"{START_PREFIX}{what}{cfg.algorithm} on {cfg.model.source}{lora}, {cfg.max_steps} "
+        f"steps, into {cfg.output_dir}: loading the model, then compiling the first step"
     )
 
 
@@ -485,7 +511,13 @@ class Trainer:
             if jax_main_process():
                 print(start_line(self.config), file=sys.stderr, flush=True)
             with made_output_dir(self.config.output_dir):
-                self._loop = _hooked_loop(self.config.is_online)(self.config, owner=self)
+                loop = _hooked_loop(self.config.is_online)(self.config, owner=self)
+                try:
+                    check_loaded_step_memory(loop)
+                except BaseException:
+                    loop.close()
+                    raise
+                self._loop = loop
         return self._loop
 
     @property
@@ -994,10 +1026,14 @@ def made_output_dir(out: str):
 
 
 def _remove_if_unused(out: str) -> None:
-    """Remove ``out`` when it holds nothing but its ``.lock`` and empty folders."""
+    """Remove ``out`` when it holds nothing of a run: only its ``.lock``, empty folders and
+    the tokenizer copy a checkpointer writes when it is made (``checkpoints/tokenizer/``)."""
     import shutil
 
+    tokenizer = os.path.join(out, "checkpoints", "tokenizer")
     for root, _, files in os.walk(out):
+        if root == tokenizer or root.startswith(tokenizer + os.sep):
+            continue
         if any(f != ".lock" or root != out for f in files):
             return
     shutil.rmtree(out, ignore_errors=True)

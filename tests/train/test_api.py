@@ -66,8 +66,8 @@ def test_the_train_package_is_callable_with_a_config_and_overrides(tmp_path, cap
     # before the model loads, one line says what is happening
     first = capsys.readouterr().err.splitlines()[0]
     assert first == (
-        f"training grpo on tiny for 1 steps into {tmp_path / 'run'}: loading the model, then "
-        f"compiling the first step's programs"
+        f"start: grpo on tiny, 1 steps, into {tmp_path / 'run'}: loading the model, then "
+        f"compiling the first step"
     )
     saved = yaml.safe_load(open(tmp_path / "run" / "config.yaml"))
     assert saved["rollout"]["max_new_tokens"] == 2 and saved["rewards"][0]["weight"] == 2.0
@@ -148,3 +148,50 @@ def test_a_config_refused_while_the_trainer_is_built_leaves_no_run_directory(tmp
     with pytest.raises(ConfigError, match="unknown reward 'nope'"):
         jaxrl_llm.train(cfg)
     assert sorted(p.name for p in run.iterdir()) == [".lock", "notes.txt"]
+
+
+def _word_reward(completions, **kwargs):
+    return [float("w9" in c) for c in completions]
+
+
+def test_a_model_known_only_once_loaded_has_its_step_memory_checked(tmp_path):
+    """A PEFT adapter's model config is known only once it has loaded (no config.json to
+    read before): rollout.group_size=1000000 passes the checks before loading and is refused,
+    in one line with the memory it would need, before the first step compiles."""
+    import jax
+
+    from jaxrl_llm import interop
+    from jaxrl_llm import models as M
+    from jaxrl_llm.train.api import check_run
+    from tests.interop._tiny import tiny_tokenizer
+
+    config = M.ModelConfig.tiny("llama")
+    interop.export_hf(
+        tmp_path / "base",
+        config=config,
+        params=M.init_params(config, jax.random.PRNGKey(0)),
+        tokenizer=tiny_tokenizer(),
+    )
+    lora = M.LoRAConfig(rank=2, alpha=4.0, targets=("q_proj", "v_proj"))
+    interop.export_peft_adapter(
+        tmp_path / "adapter",
+        config=config,
+        adapters=M.init_lora(config, lora, jax.random.PRNGKey(1)),
+        lora=lora,
+        base_model=str(tmp_path / "base"),
+    )
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) + "\n" for i in range(8)))
+    cfg = _tiny(
+        tmp_path / "run",
+        algorithm="grpo",
+        model={"source": str(tmp_path / "adapter")},
+        data={"train": str(rows), "max_length": 8},
+        rollout={"prompts_per_step": 8, "group_size": 1_000_000, "max_new_tokens": 4},
+        rewards=[{"name": f"{__name__}:_word_reward"}],
+    )
+    check_run(build_config(cfg))  # nothing to check before the model loads
+    with pytest.raises(ConfigError, match=r"rollout.prompts_per_step x group_size") as e:
+        jaxrl_llm.train(cfg)
+    assert "GiB per device by the memory estimate" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
