@@ -31,3 +31,25 @@ class RewardError(JaxrlError, RuntimeError):
 
 class TrainingError(JaxrlError, RuntimeError):
     """Training cannot go on (e.g. too many consecutive non-finite steps)."""
+
+
+def did_you_mean(word: object, choices) -> str:
+    """``" (did you mean 'x'?)"`` naming the choice closest to ``word``, or ``""`` when none
+    is close; appended to an "unknown X" message.
+
+    Close is ``difflib``'s ratio ≥ 0.6 (its usual bar for a typo); among the closest, a choice
+    with the same letters (two swapped: ``gpro`` → ``grpo``, not ``gspo``) comes first; a
+    choice that differs only in case is close too.
+
+    Example:
+      >>> did_you_mean("gpro", ["grpo", "ppo", "dpo"])
+      " (did you mean 'grpo'?)"
+    """
+    import difflib
+
+    text, names = str(word), [str(c) for c in choices]
+    close = difflib.get_close_matches(text, names, n=3)
+    close.sort(key=lambda c: sorted(c) != sorted(text))  # stable: difflib's order otherwise
+    if not close:
+        close = [c for c in names if c.lower() == text.lower()][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -237,7 +237,8 @@ def error_line(err: str, command: str, *, before: tuple[str, ...] = ()) -> str:
     """The one error line of ``err``; fails on a traceback or on any other line, except lines
     starting with one of ``before`` (progress a run prints before it stops)."""
     assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
+    # a run says what it starts before its model loads (train.api.start_line)
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("start: ")]
     assert lines, "nothing on stderr"
     *rest, last = lines
     assert last.startswith(f"jaxrl-llm {command}: error: "), err

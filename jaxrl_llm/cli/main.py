@@ -11,31 +11,72 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 # name -> (module, one-line help). Explicit, in one place (no import side effects).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("jaxrl_llm.cli.train", "train with a YAML config and dotted overrides"),
+    "eval": ("jaxrl_llm.cli.evaluate", "score a model on held-out prompts with rewards"),
     "generate": ("jaxrl_llm.cli.generate", "sample completions from a model"),
     "convert": ("jaxrl_llm.cli.convert", "convert a model or checkpoint (e.g. to Hugging Face)"),
-    "train": ("jaxrl_llm.cli.train", "train with a YAML config and dotted overrides"),
     "memory": ("jaxrl_llm.cli.memory", "estimate per-device memory for an algorithm"),
     "compile": ("jaxrl_llm.cli.compile", "compile for a TPU slice: per-device memory, FLOPs, fit"),
     "plot": ("jaxrl_llm.cli.plot", "write PNG learning curves for a run directory"),
     "bench": ("jaxrl_llm.cli.bench", "run the benchmark suite and rewrite BENCHMARKS.md"),
 }
 
+#: What ``jaxrl-llm --help`` says above and below the commands (for a user, not a developer).
+DESCRIPTION = (
+    "Post-train language models in JAX: SFT, DPO and its kin, GRPO and other online RL,\n"
+    "distillation. Each command has its own --help."
+)
+EPILOG = """examples:
+  jaxrl-llm train configs/grpo.yaml max_steps=50 rollout.group_size=8
+  jaxrl-llm train configs/sft.yaml --dry-run       check a config, print it resolved
+  jaxrl-llm eval runs/grpo --num-samples 8 --pass-at 1 8 --maj-at 8
+  jaxrl-llm generate --model smollm2-135m-instruct --chat --prompt "What is 2 + 3?"
+  jaxrl-llm convert runs/grpo runs/grpo-hf         a Hugging Face directory
+  jaxrl-llm memory --model 8b --algorithm grpo --lora-rank 16 --device tpu-v5e
+
+configs: configs/*.yaml; docs: README.md and docs/ (evaluation, rewards, data, tools, metrics)
+"""
+
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line (no usage block) naming the help."""
 
     def error(self, message: str):
-        """Print ``<prog>: error: <message>`` and the help hint on one line; exit status 2."""
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+        """Print ``<prog>: error: <message>`` and the help hint on one line; exit status 2.
+        An invalid choice (a subcommand, a flag's value) names the closest one."""
+        self.exit(2, f"{self.prog}: error: {suggest_choice(message)}; see `{self.prog} --help`\n")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
+def suggest_choice(message: str) -> str:
+    """An argparse ``invalid choice: 'x' (choose from 'a', 'b')`` with ``; did you mean 'a'?``
+    after it when a choice is close (:func:`jaxrl_llm.errors.did_you_mean`); any other
+    message unchanged."""
+    from jaxrl_llm.errors import did_you_mean
+
+    m = _INVALID_CHOICE.search(message)
+    if m is None:
+        return message
+    choices = re.findall(r"'([^']*)'", m.group("choices"))
+    hint = did_you_mean(m.group("word"), choices)
+    return f"{message}; {hint.strip()[1:-1]}" if hint else message
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand attached."""
-    parser = _Parser(prog="jaxrl-llm", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="jaxrl-llm",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         try:
@@ -50,23 +91,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What libtpu is told on a machine with no TPU, so that it does not look for one: no metadata
+#: server to ask, no other TPU workers (``jaxrl-llm compile`` still compiles for any slice; the
+#: compiled programs are the same, byte for byte, with or without these).
+NO_TPU_HOST = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost"}
+
+
 def quiet_tpu_discovery(environ=os.environ) -> None:
-    """On a machine with no TPU and no GPU plugin, set ``JAX_PLATFORMS=cpu`` (unless set),
-    before JAX is imported.
+    """On a machine with no TPU, tell libtpu there is none (:data:`NO_TPU_HOST`, each unless
+    set) and, with no GPU plugin either, set ``JAX_PLATFORMS=cpu`` (unless set); before JAX is
+    imported. ``import jaxrl_llm`` calls it too, so the Python API is as quiet as the CLI.
 
     The development install carries ``libtpu`` (the ``jax[tpu]`` wheel: ``jaxrl-llm compile``
     compiles for a TPU slice on a CPU host with it). When JAX starts with every platform
-    allowed, libtpu looks for TPU workers on the network and prints error-like lines
-    (``E0000 ... INVALID_ARGUMENT: Error: unexpected worker hostname``) on every command. Where
-    no TPU device exists (``/dev/accel*``, ``/dev/vfio`` on TPU VMs) and no CUDA / ROCm plugin
-    is installed, the CPU is the only platform JAX could use anyway, so asking for it alone
-    changes nothing but the noise. ``jaxrl-llm compile`` loads libtpu itself
-    (``jax.experimental.topologies``), which works under ``JAX_PLATFORMS=cpu`` (the test suite
-    runs it so)."""
+    allowed, or ``compile`` loads libtpu for a topology, libtpu looks for TPU workers on the
+    network and prints error-like lines (``E0000 ... INVALID_ARGUMENT: Error: unexpected
+    worker hostname``). Where no TPU device exists (``/dev/accel*``, ``/dev/vfio`` on TPU VMs)
+    there are none to find; with no CUDA / ROCm plugin installed either, the CPU is the only
+    platform JAX could use anyway, so asking for it alone changes nothing but the noise.
+    ``jaxrl-llm compile`` loads libtpu itself (``jax.experimental.topologies``), which works
+    under ``JAX_PLATFORMS=cpu`` (the test suite runs it so); one line of libtpu's remains
+    there (``Failed to find host bounds for accelerator type``)."""
     import glob
     import importlib.util
 
-    if "JAX_PLATFORMS" in environ or glob.glob("/dev/accel*") or os.path.exists("/dev/vfio"):
+    if glob.glob("/dev/accel*") or os.path.exists("/dev/vfio"):
+        return
+    for key, value in NO_TPU_HOST.items():
+        environ.setdefault(key, value)
+    if "JAX_PLATFORMS" in environ:
         return
     plugins = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
     if any(importlib.util.find_spec(p) is not None for p in plugins):

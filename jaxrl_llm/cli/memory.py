@@ -13,7 +13,7 @@ import json
 import math
 import os
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 
 
 def add_model_and_algorithm(
@@ -101,7 +101,8 @@ def parse_mesh(text: str) -> dict[str, int]:
         k, v = part.split("=", 1)
         if k not in out:
             raise ConfigError(
-                f"--mesh: unknown axis {k!r}; allowed: data, fsdp, tensor, expert, context"
+                f"--mesh: unknown axis {k!r}{did_you_mean(k, out)}; allowed: data, fsdp, "
+                f"tensor, expert, context"
             )
         try:
             out[k] = int(v)

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     import yaml
 
-    from jaxrl_llm.train.api import check_run, resolved_config, run_training
+    from jaxrl_llm.train.api import check_run, paths_beside, resolved_config, run_training
     from jaxrl_llm.train.config.config_io import load_config
     from jaxrl_llm.train.config.run_config import RunConfig
     from jaxrl_llm.train.run.signals import RunStopped
@@ -85,6 +85,7 @@ def _run(args: argparse.Namespace) -> int:
     _split_resume(args)
     overrides = list(args.overrides) + ([f"resume={args.resume}"] if args.resume else [])
     cfg = load_config(RunConfig, args.config, overrides)  # reads YAML: no device is touched
+    cfg = paths_beside(cfg, args.config, say=lambda line: print(line, file=sys.stderr))
     if join_job(args, cfg):  # before anything else touches JAX's devices
         from jaxrl_llm.train.run.job import check_job
 
@@ -251,7 +252,7 @@ def _print_summary(cfg, summary: dict) -> None:
             key.startswith("eval/")
             and key in before
             and key.count("/") == 1
-            and not key.endswith(("num_examples", "valid", "completion_length"))
+            and not key.endswith(("num_examples", "num_tokens", "valid", "completion_length"))
         ):
             n = after.get("eval/num_examples")
             print(
@@ -259,7 +260,17 @@ def _print_summary(cfg, summary: dict) -> None:
                 + (f" ({n} examples, greedy)" if n is not None else "")
             )
     if "train_time_s" in summary:
-        print(
-            f"training time: {summary['train_time_s'] / 60:.1f} min over "
-            f"{summary.get('steps')} steps; run directory: {cfg.output_dir}"
-        )
+        print(f"{training_time(summary)}; run directory: {cfg.output_dir}")
+
+
+def training_time(summary: dict) -> str:
+    """``training time: X min over N steps`` of a run's summary: the steps this command
+    trained (a resumed run's after its ``start_step``, which is named)."""
+    last, first = summary.get("steps"), int(summary.get("start_step") or 0)
+    trained = last - first if isinstance(last, int) else last
+    text = f"training time: {summary['train_time_s'] / 60:.1f} min over {trained} steps"
+    if first and isinstance(last, int) and last > first:
+        text += f" ({first + 1}-{last}, resumed from step {first})"
+    elif first:
+        text += f" (resumed from step {first})"
+    return text

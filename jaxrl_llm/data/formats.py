@@ -421,6 +421,34 @@ _PARSERS: dict[Format, Callable[[Record], Example]] = {
 }
 
 
+#: The columns that make a row a supervised (SFT) example rather than a prompt row.
+SFT_COLUMNS = ("messages", "conversations", "completion")
+
+
+def as_prompt_row(record: Record) -> Record:
+    """A supervised row as a prompt row, for evaluating on a held-out SFT file: the turns
+    before the last assistant turn are the ``prompt`` and the last assistant turn's text is
+    the ``answer`` (a row's own ``answer`` column is kept); the other columns stay. A row that
+    already has a ``prompt`` and no completion (a prompt row, a preference row) is returned
+    as it is.
+
+    Raises:
+      DataError: a row that is neither a prompt row nor a valid SFT row (its location named).
+    """
+    fields = record.fields
+    if not set(SFT_COLUMNS) & set(fields):
+        return record
+    example = _sft(record)
+    if isinstance(example, TextExample):
+        _fail(record, "text", "a plain-text row has no prompt to evaluate on")
+    assert isinstance(example, SFTExample)
+    rest = {k: v for k, v in fields.items() if k not in (*SFT_COLUMNS, "prompt")}
+    prompt = list(example.prompt) if is_conversational(example.prompt) else example.prompt
+    out = {"prompt": prompt, **rest}
+    out.setdefault("answer", example.completion)
+    return Record(out, record.location)
+
+
 def parse_example(record: Record, fmt: Format | str) -> Example:
     """Validate one raw record as ``fmt`` and return its typed example.
 

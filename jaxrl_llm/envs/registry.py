@@ -14,7 +14,7 @@ from jaxrl_llm.envs.base import (
 )
 from jaxrl_llm.envs.games import GuessNumberEnv, SingleTurnEnv
 from jaxrl_llm.envs.tools import ToolEnv
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.rewards.user_code import shared_runner
 
 ENVIRONMENTS: dict[str, type] = {
@@ -36,7 +36,8 @@ def environment_class(name: str) -> type:
             raise ConfigError(f"env.name: cannot import {name!r} ({e})") from None
     if cls is None:
         raise ConfigError(
-            f"env.name: unknown environment {name!r}; built-in: {', '.join(ENVIRONMENTS)}, "
+            f"env.name: unknown environment {name!r}{did_you_mean(name, ENVIRONMENTS)}; "
+            f"built-in: {', '.join(ENVIRONMENTS)}, "
             f"or package.module:Class"
         )
     check_environment_class(cls, name)

@@ -33,7 +33,7 @@ from typing import Any
 
 from jaxrl_llm.envs.base import Step
 from jaxrl_llm.envs.calculator import calculate
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.models.families.gpt_oss import harmony
 from jaxrl_llm.rewards.user_code import shared_runner
 
@@ -157,7 +157,8 @@ def resolve_tools(tools: Any) -> dict[str, Callable]:
             fn = import_function(entry, "env.kwargs.tools", what="tool")
         if fn is None:
             raise ConfigError(
-                f"env.kwargs.tools: unknown tool {entry!r}; built-in: "
+                f"env.kwargs.tools: unknown tool {entry!r}{did_you_mean(entry, BUILTIN_TOOLS)}; "
+                f"built-in: "
                 f"{', '.join(BUILTIN_TOOLS)}, or package.module:function"
             )
         out[fn.__name__] = fn
@@ -312,7 +313,8 @@ def _call_format(name: str) -> tuple[Callable[[str], Any], str]:
         return CALL_FORMATS[name]
     except KeyError:
         raise ConfigError(
-            f"env.kwargs.call_format: unknown tool-call format {name!r}; known: "
+            f"env.kwargs.call_format: unknown tool-call format {name!r}"
+            f"{did_you_mean(name, CALL_FORMATS)}; known: "
             f"{', '.join(CALL_FORMATS)}"
         ) from None
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import jax
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.losses.common import (
     DEFAULT_LOGPROBS,
     ApplyFn,
@@ -503,5 +503,6 @@ def get_algorithm(name: str) -> Algorithm:
         return ALGORITHMS[name]
     except KeyError:
         raise ConfigError(
-            f"algorithm: unknown {name!r}; allowed: {', '.join(ALGORITHMS)}"
+            f"algorithm: unknown {name!r}{did_you_mean(name, ALGORITHMS)}; allowed: "
+            f"{', '.join(ALGORITHMS)}"
         ) from None

@@ -4,7 +4,7 @@
 Every reward function is called as TRL calls one, by keyword:
 ``fn(prompts=, completions=, completion_ids=, trainer_state=, **fields) -> list[float | None]``
 (``fields`` are the data set's other columns, aligned with the completions; None = no score;
-:mod:`.base`).
+:mod:`.calling`).
 :class:`RewardSet` / :func:`combine_rewards` call several with weights and contain their
 failures, returning ``(rewards [N] float32, valid [N] bool, metrics)``. User code (reward
 functions, environments, tools) runs on :class:`UserCodeRunner`'s threads, bounded in time;
@@ -12,15 +12,17 @@ nothing it raises, ``sys.exit`` included, reaches the run (:mod:`.user_code`).
 """
 
 from jaxrl_llm.rewards.base import (
-    CallShape,
-    RewardFn,
     RewardOutput,
     RewardSet,
     RewardSpec,
+    combine_rewards,
+)
+from jaxrl_llm.rewards.calling import (
+    CallShape,
+    RewardFn,
     TrainerState,
     call_reward,
     call_shape,
-    combine_rewards,
     trl_format,
 )
 from jaxrl_llm.rewards.math_answer import (

@@ -2,7 +2,7 @@
 
 A run config lists rewards as ``{name, weight, kwargs}``. ``name`` is a key of
 :data:`REWARD_FUNCTIONS` or ``"package.module:function"`` for a function of your own, called as
-TRL calls one (:mod:`jaxrl_llm.rewards.base`); ``kwargs`` are bound to it, and a keyword the
+TRL calls one (:mod:`jaxrl_llm.rewards.calling`); ``kwargs`` are bound to it, and a keyword the
 function does not name is a start-up error (a misspelt option would otherwise vanish into
 ``**kwargs``). A callable handed to the Python API that cannot be imported back (a lambda, a
 ``functools.partial``, a bound method) is held in this process under ``python:<label>``
@@ -22,14 +22,9 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.rewards.base import (
-    CALL_KEYWORDS,
-    DEFAULT_TIMEOUT_S,
-    RewardSet,
-    RewardSpec,
-    call_shape,
-)
+from jaxrl_llm.errors import ConfigError, did_you_mean
+from jaxrl_llm.rewards.base import DEFAULT_TIMEOUT_S, RewardSet, RewardSpec
+from jaxrl_llm.rewards.calling import CALL_KEYWORDS, call_shape
 from jaxrl_llm.rewards.math_answer import math_answer_reward
 from jaxrl_llm.rewards.math_verify import math_verify_reward
 from jaxrl_llm.rewards.process import outcome_as_process
@@ -219,7 +214,8 @@ def build_reward(
         factory = lambda _ctx, **kw: bind_reward(fn, **kw)  # noqa: E731
     if factory is None:
         raise ConfigError(
-            f"{key}.name: unknown reward {name!r}; available: {', '.join(sorted(REWARD_FUNCTIONS))}"
+            f"{key}.name: unknown reward {name!r}{did_you_mean(name, REWARD_FUNCTIONS)}; "
+            f"available: {', '.join(sorted(REWARD_FUNCTIONS))}, or package.module:function"
         )
     try:
         return factory(ctx, **kwargs)

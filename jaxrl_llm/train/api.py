@@ -34,10 +34,12 @@ rows (other rows for a run with checkpoints are refused). The formats are TRL's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -94,16 +96,100 @@ def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
     return plan
 
 
+#: Sections only online algorithms read; ``train`` only offline ones.
+ONLINE_SECTIONS = (
+    "rollout",
+    "rewards",
+    "eval",
+    "ppo",
+    "process_reward",
+    "env",
+    "teacher",
+    "distill",
+)
+
+
+def paths_beside(cfg: RunConfig, config_path: str, *, say: Callable[[str], Any] | None = None):
+    """``cfg`` with a relative data file (``data.train``, ``data.eval``) or model directory
+    (``model.source``) that does not exist from the current directory read from beside the
+    config file instead: its folder, or the folder above it (the shipped ``configs/*.yaml``
+    name ``data/...`` from the repository's root), where it exists there. So
+    ``jaxrl-llm train /path/to/repo/configs/sft.yaml`` works from any directory. ``say`` gets
+    one line per path moved. ``output_dir`` stays relative to the current directory.
+    """
+    folder = os.path.dirname(os.path.abspath(config_path))
+
+    def beside(path: Any) -> str | None:
+        if not isinstance(path, str) or not path or os.path.isabs(path) or os.path.exists(path):
+            return None
+        if ":" in path.split("/")[0]:  # hf:org/name, a module:function
+            return None
+        for root in (folder, os.path.dirname(folder)):
+            candidate = os.path.join(root, path)
+            if os.path.exists(candidate):
+                return candidate
+        return None
+
+    data: dict[str, Any] = {}
+    for key in ("train", "eval"):
+        moved = beside(getattr(cfg.data, key))
+        if moved is not None:
+            data[key] = moved
+    source = beside(cfg.model.source)
+    for key, value in [*(("data." + k, v) for k, v in data.items()), ("model.source", source)]:
+        if value is not None and say is not None:
+            say(f"{key}: {value} (relative to the config file; not found from {os.getcwd()})")
+    if data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data))
+    if source is not None:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, source=source))
+    return cfg
+
+
+def check_loaded_step_memory(loop: Any) -> None:
+    """The step-memory check of :func:`check_run` for a model whose config is known only once
+    it has loaded (an alias, a hub id, a GGUF file, a PEFT adapter): after the trainer is
+    built, before its first step compiles, with what the loaded weights and optimizer state
+    already hold counted as available to them (:func:`~jaxrl_llm.train.config.preflight.
+    check_step_memory`). A source known before loading was checked by :func:`check_run`.
+
+    Raises:
+      ConfigError: one line with the rows, the estimate and the memory free.
+    """
+    from jaxrl_llm.train.compile.aot_inputs import per_device_bytes
+    from jaxrl_llm.train.config.preflight import known_model_config
+
+    cfg = loop.cfg
+    if known_model_config(cfg.model.source, cfg.model.tiny) is not None:
+        return
+    p = loop.policy
+    resident = per_device_bytes(p.state) + (per_device_bytes(p.base) if p.base is not None else 0)
+    check_step_memory(cfg, loop.plan, model_config=p.config, resident_bytes=resident)
+
+
 def resolved_config(cfg: RunConfig, plan: RunPlan) -> dict:
-    """The config as the run resolved it (the loss section with its defaults), a dict."""
+    """The config as the run resolved it (the loss section with its defaults), a dict,
+    without the sections this algorithm does not read (an SFT run's ``rollout``, a GRPO run's
+    ``train`` and ``ppo``, ...): what ``--dry-run`` prints. ``config.yaml`` keeps them all."""
     out = to_dict(cfg)
     out["loss"] = to_dict(plan.loss_config)
-    return out
+    algo = cfg.algo
+    unread = set() if cfg.is_online else set(ONLINE_SECTIONS)
+    if cfg.is_online:
+        unread.add("train")
+        unread.update(k for k in ("process_reward", "env") if out.get(k) is None)
+        if not algo.critic:
+            unread.add("ppo")
+        if not algo.teacher:
+            unread.update(("teacher", "distill"))
+    return {k: v for k, v in out.items() if k not in unread}
 
 
 def run_training(cfg: RunConfig) -> dict:
     """Run a checked config (:func:`check_run`) to the end; returns its summary (also written
-    to ``output_dir/summary.json``).
+    to ``output_dir/summary.json``): the loop's (held-out metrics before / after, timings,
+    ``steps``) and ``start_step``, the step a resumed run continued from (0 for a fresh one;
+    ``train_time_s`` counts the steps after it).
 
     Raises:
       RunStopped: Ctrl-C or SIGTERM stopped the run (a checkpoint was saved where one was
@@ -113,17 +199,22 @@ def run_training(cfg: RunConfig) -> dict:
     from jaxrl_llm.train.run.signals import stop_signals
 
     _check_output_dir(cfg)  # again: another run may have written checkpoints since the check
-    _make_output_dir(cfg.output_dir)
+    if jax_main_process():  # the model loads and the first programs compile before any step
+        print(start_line(cfg), file=sys.stderr, flush=True)
     # the trainer writes config.yaml once it holds the lock and any resume succeeded
-    with output_dir_lock(cfg.output_dir), stop_signals():
+    with made_output_dir(cfg.output_dir), output_dir_lock(cfg.output_dir), stop_signals():
         if cfg.is_online:
-            from jaxrl_llm.train.online.trainer import train_online
-
-            summary = train_online(cfg)
+            trainer = voting_online_trainer()(cfg)
         else:
-            from jaxrl_llm.train.offline.trainer import train_offline
+            from jaxrl_llm.train.offline.trainer import OfflineTrainer
 
-            summary = train_offline(cfg)
+            trainer = OfflineTrainer(cfg)
+        try:
+            check_loaded_step_memory(trainer)
+            summary = trainer.run()
+        finally:
+            trainer.close()
+        summary["start_step"] = trainer.start_step  # a resumed run trained the steps after it
     if cfg.logging.plots:
         from jaxrl_llm.train.run.plots import plot_run
 
@@ -131,6 +222,21 @@ def run_training(cfg: RunConfig) -> dict:
     with open(os.path.join(cfg.output_dir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     return summary
+
+
+#: How :func:`start_line` begins (a progress line, as the trainers' ``data: ...``).
+START_PREFIX = "start: "
+
+
+def start_line(cfg: RunConfig) -> str:
+    """The line a run prints before its model loads (the load and the first compiles take
+    seconds to minutes with nothing else to show): what trains, on what, where to."""
+    lora = f" (LoRA r={cfg.model.lora.rank})" if cfg.model.lora is not None else ""
+    what = "resuming " if cfg.resume and _checkpoint_steps(cfg.output_dir) else ""
+    return (
+        f"{START_PREFIX}{what}{cfg.algorithm} on {cfg.model.source}{lora}, {cfg.max_steps} "
+        f"steps, into {cfg.output_dir}: loading the model, then compiling the first step"
+    )
 
 
 def train(
@@ -200,7 +306,8 @@ def build_config(
     elif isinstance(config, Mapping):
         base = dict(config)
     else:
-        base = to_dict(load_config(RunConfig, os.fspath(config), []))
+        path = os.fspath(config)
+        base = to_dict(paths_beside(load_config(RunConfig, path, []), path))
     merged = _merge(base, _nested(overrides))
     rewards = list(merged.get("rewards") or [])
     if callable(reward_funcs):  # TRL takes one function as well as a list
@@ -401,8 +508,16 @@ class Trainer:
         """The run loop (:class:`~jaxrl_llm.train.online.trainer.OnlineTrainer` or the
         offline one), built on first use: the model loads and the programs compile."""
         if self._loop is None:
-            _make_output_dir(self.config.output_dir)
-            self._loop = _hooked_loop(self.config.is_online)(self.config, owner=self)
+            if jax_main_process():
+                print(start_line(self.config), file=sys.stderr, flush=True)
+            with made_output_dir(self.config.output_dir):
+                loop = _hooked_loop(self.config.is_online)(self.config, owner=self)
+                try:
+                    check_loaded_step_memory(loop)
+                except BaseException:
+                    loop.close()
+                    raise
+                self._loop = loop
         return self._loop
 
     @property
@@ -439,6 +554,7 @@ class Trainer:
             summary = loop.run()
         finally:
             loop.close()
+        summary["start_step"] = loop.start_step
         if self.config.logging.plots:
             from jaxrl_llm.train.run.plots import plot_run
 
@@ -501,9 +617,8 @@ def _hooked_loop(online: bool) -> type:
     if online in _HOOKED:
         return _HOOKED[online]
     from jaxrl_llm.train.offline.trainer import OfflineTrainer
-    from jaxrl_llm.train.online.trainer import OnlineTrainer
 
-    Base: type = OnlineTrainer if online else OfflineTrainer
+    Base: type = voting_online_trainer() if online else OfflineTrainer
 
     class Hooked(Base):  # type: ignore[valid-type,misc]
         def __init__(self, cfg: RunConfig, *, owner: Trainer):
@@ -518,8 +633,6 @@ def _hooked_loop(online: bool) -> type:
 
         def evaluate(self) -> dict[str, float]:
             metrics = super().evaluate()
-            if online and metrics:
-                metrics.update(_vote_eval(self, self.owner.step))
             self.owner._evaluated(metrics)
             return metrics
 
@@ -536,26 +649,35 @@ def _hooked_loop(online: bool) -> type:
     return Hooked
 
 
-def _vote_eval(loop: Any, step: int) -> dict[str, float]:
-    """``eval/maj@k`` and ``eval/samples-<step>.jsonl`` of an online run (``eval.maj_at``,
-    ``eval.write_samples``) over ``eval.num_samples`` samples per held-out prompt, drawn with
-    the seeds of ``eval/pass@k`` (the same completions)."""
+def vote_eval(
+    rollouts: Any, items: list, settings: Any, metric: str, *, step: int, folder: str
+) -> dict[str, float]:
+    """``eval/maj@k`` (``settings.maj_at``) and, with ``settings.write_samples``,
+    ``folder/samples-<step>.jsonl``: ``settings.num_samples`` sampled completions per held-out
+    prompt, drawn with the seeds of ``eval/pass@k`` (the same completions; the online
+    rollouts' ``evaluate``) and scored by reward ``metric``.
+
+    Args:
+      rollouts: the run's :class:`~jaxrl_llm.train.online.rollout.Rollouts`.
+      items: the held-out prompts (tokenised); the first ``settings.num_examples`` are used.
+      settings: the ``eval`` section (:class:`~jaxrl_llm.train.config.sections.EvalSection`).
+      metric: the reward whose score 1 is correct.
+      step: the step evaluated (the samples file's name).
+      folder: where the samples file goes (JAX's process 0 writes it).
+    """
     import numpy as np
 
     from jaxrl_llm.rewards.voting import extract_votes, maj_at_k, sample_records
 
-    settings = loop.cfg.eval
-    if not (settings.maj_at or settings.write_samples) or loop.eval_data is None:
+    if not (settings.maj_at or settings.write_samples) or not settings.num_samples:
         return {}
-    items = loop.eval_data.items[: settings.num_examples or None]
-    n, metric = settings.num_samples, loop.eval_metric
+    items = items[: settings.num_examples or None]
+    n = settings.num_samples
     answers: list[list] = []
     correct: list[list[bool]] = []
     records: list[dict] = []
     for i in range(0, len(items), settings.batch_size):
-        exp = loop.rollouts.sample(
-            items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n
-        )
+        exp = rollouts.sample(items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n)
         scores = np.asarray(exp.scores[metric], np.float64)
         votes = extract_votes(exp.texts)
         for g in range(0, len(exp.texts), n):
@@ -573,12 +695,55 @@ def _vote_eval(loop: Any, step: int) -> dict[str, float]:
                 references=refs if any(r is not None for r in refs) else None,
             )
     if settings.write_samples and jax_main_process():
-        folder = os.path.join(loop.cfg.output_dir, "eval")
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f"samples-{step}.jsonl"), "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
     return {f"eval/maj@{k}": maj_at_k(answers, correct, k) for k in settings.maj_at}
+
+
+_VOTING: list[type] = []
+
+
+def voting_online_trainer() -> type:
+    """The online run loop whose evaluations add ``eval/maj@k`` and the samples file
+    (:func:`vote_eval`, as the run's ``eval`` section asks) after the greedy metrics and
+    ``eval/pass@k``; both ``jaxrl-llm train`` (:func:`run_training`) and the Python trainers
+    run it. A subclass made on first use, so that importing this module loads no JAX
+    program."""
+    if _VOTING:
+        return _VOTING[0]
+    from jaxrl_llm.train.online.trainer import OnlineTrainer
+
+    class VotingOnlineTrainer(OnlineTrainer):
+        """:class:`~jaxrl_llm.train.online.trainer.OnlineTrainer` with ``eval.maj_at`` and
+        ``eval.write_samples``."""
+
+        _last_step: int | None = None
+
+        def train_step(self, step: int) -> dict:
+            metrics = super().train_step(step)
+            self._last_step = step
+            return metrics
+
+        def evaluate(self) -> dict[str, float]:
+            metrics = super().evaluate()
+            if metrics and self.eval_data is not None:
+                step = self.start_step if self._last_step is None else self._last_step
+                metrics.update(
+                    vote_eval(
+                        self.rollouts,
+                        self.eval_data.items,
+                        self.cfg.eval,
+                        self.eval_metric,
+                        step=step,
+                        folder=os.path.join(self.cfg.output_dir, "eval"),
+                    )
+                )
+            return metrics
+
+    _VOTING.append(VotingOnlineTrainer)
+    return VotingOnlineTrainer
 
 
 def jax_main_process() -> bool:
@@ -841,6 +1006,37 @@ def _make_output_dir(out: str) -> None:
         raise ConfigError(
             f"output_dir {out!r} cannot be written ({e.strerror or e}); choose another output_dir"
         ) from None
+
+
+@contextlib.contextmanager
+def made_output_dir(out: str):
+    """Create and probe ``output_dir`` (:func:`_make_output_dir`) around a run's start; when
+    the run is refused or fails with nothing written (a bad reward, model or data found while
+    the trainer is built), a directory this call created is removed again, so a refused
+    config leaves no empty run directory with a ``.lock`` behind. Anything written (a
+    ``metrics.jsonl``, a checkpoint, the rows of a Python dataset) keeps it."""
+    fresh = not os.path.lexists(out)
+    _make_output_dir(out)
+    try:
+        yield
+    except BaseException:
+        if fresh:
+            _remove_if_unused(out)
+        raise
+
+
+def _remove_if_unused(out: str) -> None:
+    """Remove ``out`` when it holds nothing of a run: only its ``.lock``, empty folders and
+    the tokenizer copy a checkpointer writes when it is made (``checkpoints/tokenizer/``)."""
+    import shutil
+
+    tokenizer = os.path.join(out, "checkpoints", "tokenizer")
+    for root, _, files in os.walk(out):
+        if root == tokenizer or root.startswith(tokenizer + os.sep):
+            continue
+        if any(f != ".lock" or root != out for f in files):
+            return
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def _check_output_dir(cfg: RunConfig) -> None:

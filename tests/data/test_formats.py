@@ -134,3 +134,21 @@ def test_sharegpt_conversations_are_read_as_messages():
     bad = [{"from": "narrator", "value": "x"}, {"from": "gpt", "value": "5"}]
     with pytest.raises(DataError, match=r"messages\[0\]\.role.*'narrator'"):
         parse_example(rec(conversations=bad), "sft")
+
+
+def test_an_sft_row_as_a_prompt_row_for_evaluation():
+    from jaxrl_llm.data.formats import as_prompt_row
+
+    msgs = [*USER, {"role": "assistant", "content": "5"}]
+    out = as_prompt_row(rec(messages=msgs, level=1)).fields
+    assert out == {"prompt": USER, "level": 1, "answer": "5"}
+    assert parse_example(Record(out, "x"), Format.PROMPT).extras == {"level": 1, "answer": "5"}
+    # a row's own answer column wins; prompt-completion rows too
+    out = as_prompt_row(rec(prompt="2 + 3 =", completion=" 5", answer="5")).fields
+    assert out == {"prompt": "2 + 3 =", "answer": "5"}
+    conv = [{"from": "human", "value": "What is 2 + 3?"}, {"from": "gpt", "value": "5"}]
+    assert as_prompt_row(rec(conversations=conv)).fields == {"prompt": USER, "answer": "5"}
+    prompt_row = rec(prompt=USER, answer="5")
+    assert as_prompt_row(prompt_row) is prompt_row
+    with pytest.raises(DataError, match="f.jsonl line 7"):
+        as_prompt_row(rec(messages=USER))  # no assistant turn to take as the answer

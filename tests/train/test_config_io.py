@@ -99,3 +99,29 @@ def test_an_error_about_a_key_of_the_file_names_the_file_and_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(RunConfig, str(p), ["rewards=[{name: math_answer, weight: .inf}]", "seed=-1"])
     assert "line" not in str(e.value)
+
+
+def test_yaml_merge_keys_and_anchors_under_x_keys(tmp_path):
+    """``<<: *anchor`` merges the anchored mapping (the mapping's own keys win); an anchor
+    lives under a top-level ``x-`` key, which is dropped; a mapping's own duplicate keys and a
+    merge of a non-mapping stay one-line errors with the line."""
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "x-optim: &adam\n"
+        "  lr: 1.0e-4\n"
+        "  schedule: cosine\n"
+        "seed: 1\n"
+        "output_dir: out\n"
+        "optim:\n"
+        "  <<: *adam\n"
+        "  lr: 3.0e-4\n"
+    )
+    cfg = load_config(Run, str(p))
+    assert cfg.optim.lr == 3e-4 and cfg.optim.schedule is Sched.COSINE
+    p.write_text("seed: 1\noutput_dir: out\noptim:\n  lr: 1\n  lr: 2\n")
+    with pytest.raises(ConfigError, match="line 5: duplicate key 'lr'"):
+        load_config(Run, str(p))
+    p.write_text("seed: 1\noutput_dir: out\noptim:\n  <<: 3\n")
+    with pytest.raises(ConfigError, match=r"line 4: invalid YAML \(expected a mapping") as e:
+        load_config(Run, str(p))
+    assert "\n" not in str(e.value)

@@ -65,7 +65,7 @@ def _error_line(err: str, command: str = "train", progress: tuple[str, ...] = ()
     """The one error line; before it only the run's progress lines (data counts, skipped
     checkpoints, the placement, and those ``progress`` starts)."""
     assert "Traceback" not in err, err
-    before = ("data: ", "checkpoint ", "sampler: ", *progress)
+    before = ("start: ", "data: ", "checkpoint ", "sampler: ", *progress)
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith(before)]
     assert len(lines) == 1 and lines[0].startswith(f"jaxrl-llm {command}: error: "), err
     return lines[0]

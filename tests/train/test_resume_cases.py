@@ -69,7 +69,11 @@ def _truncate_largest(step_dir) -> str:
 def _one_error_line(err: str, command: str = "train") -> str:
     """The error line; before it only progress lines (data counts, skipped checkpoints)."""
     assert "Traceback" not in err, err
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(("data: ", "checkpoint "))]
+    lines = [
+        ln
+        for ln in err.strip().splitlines()
+        if not ln.startswith(("start: ", "data: ", "checkpoint "))
+    ]
     assert len(lines) == 1, err
     assert lines[0].startswith(f"jaxrl-llm {command}: error: "), err
     return lines[0]

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from jaxrl_llm import models
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_spec
 from jaxrl_llm.train.compile.aot_report import ProgramMemory
 from jaxrl_llm.train.compile.hlo_cost import hlo_cost
@@ -273,7 +273,10 @@ def run_config_for(
     )
 
     if algorithm not in LOSS_ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(LOSS_ALGORITHMS)}")
+        raise ConfigError(
+            f"unknown algorithm {algorithm!r}{did_you_mean(algorithm, LOSS_ALGORITHMS)}; "
+            f"allowed: {sorted(LOSS_ALGORITHMS)}"
+        )
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
     online = LOSS_ALGORITHMS[algorithm].online

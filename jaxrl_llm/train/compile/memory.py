@@ -55,7 +55,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
 from jaxrl_llm.losses.registry import Algorithm
 from jaxrl_llm.models.config import ModelConfig
@@ -353,7 +353,10 @@ def _check_estimate_args(
 ) -> None:
     """Raises ConfigError for an unknown choice or a size below its minimum (estimate_memory)."""
     if algorithm not in ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {algorithm!r}; allowed: {sorted(ALGORITHMS)}")
+        raise ConfigError(
+            f"unknown algorithm {algorithm!r}{did_you_mean(algorithm, ALGORITHMS)}; allowed: "
+            f"{sorted(ALGORITHMS)}"
+        )
     for name, text in (("dtype", dtype), ("frozen_dtype", frozen_dtype)):
         if text not in _BYTES:
             raise ConfigError(f"unknown {name} {text!r}; allowed: 'bf16', 'fp32'")

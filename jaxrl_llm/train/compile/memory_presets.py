@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
 from jaxrl_llm.models.families.gpt_oss.presets import gpt_oss_20b_fields, gpt_oss_120b_fields
 from jaxrl_llm.models.gemma4 import gemma4_31b_fields
@@ -207,5 +207,6 @@ def device_memory_bytes(device: str) -> int:
         return DEVICE_MEMORY[device]
     except KeyError:
         raise ConfigError(
-            f"unknown device {device!r}; allowed: {sorted(DEVICE_MEMORY) + ['cpu']}"
+            f"unknown device {device!r}{did_you_mean(device, [*DEVICE_MEMORY, 'cpu'])}; "
+            f"allowed: {sorted(DEVICE_MEMORY) + ['cpu']}"
         ) from None

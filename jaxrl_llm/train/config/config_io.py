@@ -11,7 +11,6 @@ outside an enum. Overrides are parsed as YAML scalars (``lr=1e-5``, ``model.rema
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import math
 import re
@@ -22,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 
 #: TRL's (transformers') names for keys this config spells otherwise: an unknown key that is one
 #: of them is refused with the key to use (one spelling per key in a YAML file; the typed
@@ -71,11 +70,15 @@ MAX_YAML_VALUES = 100_000
 
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that rejects duplicate keys in a mapping (YAML 1.2 forbids them;
-    PyYAML keeps the last silently) and bounds what aliases expand to."""
+    PyYAML keeps the last silently) and bounds what aliases expand to. Merge keys
+    (``<<: *anchor``, YAML 1.1's) work as in PyYAML: the anchored mapping's keys, each of
+    which the mapping's own keys override; only the mapping's own keys count as duplicates."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # flattened by SafeConstructor.construct_mapping
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise ConfigError(
@@ -271,10 +274,8 @@ def from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):
                 raise ConfigError(
                     f"unknown config key {key!r}: that is TRL's name; here it is {trl}"
                 )
-            close = difflib.get_close_matches(str(k), list(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
-                f"unknown config key {key!r}{hint}; allowed keys"
+                f"unknown config key {key!r}{did_you_mean(k, fields)}; allowed keys"
                 f"{' under ' + repr(prefix) if prefix else ''}: {sorted(fields)}"
             )
         kwargs[k] = _coerce(v, hints[k], key)
@@ -352,8 +353,14 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     return out
 
 
+#: Top-level keys with this prefix are a config file's own (a home for YAML anchors,
+#: ``x-defaults: &d {...}`` then ``<<: *d``, as docker-compose's extension fields); dropped.
+EXTENSION_PREFIX = "x-"
+
+
 def load_yaml(path: str) -> dict:
-    """Read a YAML config file into a dict, with clear errors for a missing or bad file."""
+    """Read a YAML config file into a dict, with clear errors for a missing or bad file.
+    Top-level keys starting with :data:`EXTENSION_PREFIX` are dropped."""
     try:
         with open(path, encoding="utf-8") as f:
             data = _safe_load(f)
@@ -381,7 +388,7 @@ def load_yaml(path: str) -> dict:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path!r}: the top level must be a mapping of keys")
-    return data
+    return {k: v for k, v in data.items() if not str(k).startswith(EXTENSION_PREFIX)}
 
 
 def key_lines(path: str) -> dict[str, int]:

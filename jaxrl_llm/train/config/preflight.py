@@ -354,14 +354,15 @@ def check_lengths(cfg: RunConfig) -> None:
         )
 
 
-def check_step_memory(cfg: RunConfig, plan, *, model_config=None) -> None:
+def check_step_memory(cfg: RunConfig, plan, *, model_config=None, resident_bytes: int = 0) -> None:
     """Refuse a step whose memory estimate (:func:`jaxrl_llm.train.compile.memory.
     estimate_memory`, what ``jaxrl-llm memory`` prints) exceeds what a device has free:
     ``rollout.group_size=1000000`` stops here, before any model loads, instead of exhausting
     the machine. The model is ``model_config`` or the one :func:`known_model_config` knows
     (nothing is checked for another source before it loads); a run split over ``mesh.context``
     is not estimated (the estimate has no ring attention). On the CPU the devices share the
-    host's free memory.
+    host's free memory. ``resident_bytes``: what a loaded model already holds per device (its
+    weights and optimizer state, which the estimate counts too), added back to what is free.
 
     Raises:
       ConfigError: one line with the rows, the estimate and the memory free.
@@ -397,6 +398,7 @@ def check_step_memory(cfg: RunConfig, plan, *, model_config=None) -> None:
     free = free_memory(device)
     if device.platform == "cpu":
         free //= max(jax.local_device_count(), 1)
+    free += resident_bytes
     need = estimate.total_bytes_per_device
     if need <= free:
         return

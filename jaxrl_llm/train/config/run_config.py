@@ -22,7 +22,7 @@ import dataclasses
 import math
 from typing import Any, Literal
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.losses.registry import ALGORITHMS, Algorithm
 from jaxrl_llm.train.config.sections import (
     CheckpointSection,
@@ -79,7 +79,8 @@ class RunConfig:
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(
-                f"algorithm: unknown {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}"
+                f"algorithm: unknown {self.algorithm!r}{did_you_mean(self.algorithm, ALGORITHMS)}"
+                f"; allowed: {', '.join(ALGORITHMS)}"
             )
         algo = self.algo
         if self.max_steps < 1:

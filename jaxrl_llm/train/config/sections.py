@@ -100,7 +100,12 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class OptimSection:
-    """Optimizer (optax): AdamW by default, with a learning-rate schedule and clipping."""
+    """Optimizer (optax): AdamW by default, with a learning-rate schedule and clipping.
+
+    ``warmup_steps``: linear warm-up from 0 to ``lr`` over that many updates, so the first
+    update has learning rate 0 (as transformers' ``get_linear_schedule_with_warmup``); the
+    schedule then runs over the remaining updates. 0 = no warm-up.
+    """
 
     name: Literal["adamw", "adam", "sgd"] = "adamw"
     lr: float = 1e-5
@@ -591,9 +596,8 @@ class EvalSection:
         the first reward scores it 1).
       maj_at: the k of ``eval/maj@k``: the share of prompts whose most frequent extracted
         answer among k of those samples is correct (self-consistency;
-        :mod:`jaxrl_llm.rewards.voting`). ``maj_at`` and ``write_samples`` are computed by the
-        Python API's trainers (``jaxrl_llm.GRPOTrainer``); the ``jaxrl-llm train`` loop does
-        not compute them yet.
+        :mod:`jaxrl_llm.rewards.voting`; computed by ``jaxrl-llm train`` and the Python
+        API's trainers alike, :func:`jaxrl_llm.train.api.vote_eval`).
       write_samples: write each evaluation's sampled completions, their extracted answers,
         rewards and votes to ``eval/samples-<step>.jsonl`` (one line per prompt; needs
         ``num_samples``).
