@@ -678,6 +678,8 @@ def vote_eval(
     records: list[dict] = []
     for i in range(0, len(items), settings.batch_size):
         exp = rollouts.sample(items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n)
+        if exp is None:  # across processes: this process's share of the batch is empty
+            continue
         scores = np.asarray(exp.scores[metric], np.float64)
         votes = extract_votes(exp.texts)
         for g in range(0, len(exp.texts), n):
@@ -699,7 +701,14 @@ def vote_eval(
         with open(os.path.join(folder, f"samples-{step}.jsonl"), "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
-    return {f"eval/maj@{k}": maj_at_k(answers, correct, k) for k in settings.maj_at}
+    # across processes each scored its share of the prompts (process 0's are in the file)
+    from jaxrl_llm.parallel import gather_numbers
+
+    mine = [
+        maj_at_k(answers, correct, k) * len(answers) if answers else 0.0 for k in settings.maj_at
+    ]
+    sums = gather_numbers(np.array([len(answers), *mine], np.float64)).sum(0)
+    return {f"eval/maj@{k}": float(v / max(sums[0], 1)) for k, v in zip(settings.maj_at, sums[1:])}
 
 
 _VOTING: list[type] = []
