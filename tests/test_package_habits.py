@@ -70,3 +70,25 @@ def test_the_imports_form_no_circle():
 
     for m in sorted(graph):
         visit(m, [])
+
+
+def _uses_of(name: str) -> list[str]:
+    """``path:line`` of every use of ``name`` in the package (a call, or the function passed
+    or bound, e.g. ``functools.partial(name, ...)``); imports and the definition are not uses."""
+    found = []
+    for f in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            named = (isinstance(node, ast.Name) and node.id == name) or (
+                isinstance(node, ast.Attribute) and node.attr == name
+            )
+            if named and isinstance(node.ctx, ast.Load):
+                found.append(f"{f.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_the_decoder_layer_has_one_call_site():
+    """Every trunk (training, cached prefill / decode, shared prompt, pages) is a store
+    constructor around ``models/layer_stack.py: stack``, the one place that runs the layer."""
+    uses = _uses_of("decoder_layer")
+    assert len(uses) == 1, uses
+    assert uses[0].startswith("models/layer_stack.py:")

@@ -301,74 +301,11 @@ def params_from_hf_state_dict(
         or a key we do not know how to map (e.g. an MLP bias), each naming the key and the
         source.
     """
-    sd = dict(state_dict)
-    if any(k.startswith(_MULTIMODAL_TEXT_PREFIX) for k in sd):
-        sd = {
-            "model." + k[len(_MULTIMODAL_TEXT_PREFIX) :] if k.startswith("model.") else k: v
-            for k, v in sd.items()
-            if not k.startswith(_MULTIMODAL_OTHER)
-        }
-    if sd and not any(k.startswith("model.") for k in sd):
-        sd = {
-            ("model." + k if not k.startswith(("lm_head.", "score.")) else k): v
-            for k, v in sd.items()
-        }
+    sd = _text_model_names(dict(state_dict))
     used: set[str] = set()
-
-    def take(name: str, shape: tuple[int, ...], *, packed: bool = False) -> np.ndarray:
-        """The tensor ``name``, checked: present, of ``shape``, floating point (``packed``:
-        uint8, a quantised format its family unpacks)."""
-        if name not in sd:
-            raise ModelLoadError(
-                f"{source}: missing weight {name!r} (expected shape {shape}) "
-                f"for a {config.family.value} model with "
-                f"{config.num_layers} layers"
-            )
-        w = _to_numpy(sd[name])
-        if packed and w.dtype != np.uint8:
-            raise ModelLoadError(f"{source}: weight {name!r} has dtype {w.dtype}, expected uint8")
-        if not packed and w.dtype.kind in _NOT_FLOAT:
-            raise ModelLoadError(
-                f"{source}: weight {name!r} has dtype {w.dtype}; model weights must be "
-                f"floating point (float32, bfloat16 or float16)"
-            )
-        if tuple(w.shape) != tuple(shape):
-            raise ModelLoadError(
-                f"{source}: weight {name!r} has shape {tuple(w.shape)}, "
-                f"expected {tuple(shape)} from the model config"
-            )
-        used.add(name)
-        return w
-
+    take = _taker(sd, used, config, source)
     specs = param_shapes_and_axes(config)
-    names = _layer_names(config)
-    layers: dict[str, dict[str, np.ndarray]] = {}
-    entry = family_entry(config.family)
-    own = entry.layer_weights if entry is not None else frozenset()
-    if entry is not None:
-        layers.update(entry.weights_from_hf(take, sd, config))
-    elif config.is_moe:
-        layers.update(experts_from_hf(take, sd, config))
-    for module, leaves in specs["layers"].items():
-        if module in MOE_MODULES and entry is None:
-            continue
-        layers.setdefault(module, {})
-        for leaf, (shape, _) in leaves.items():
-            if (module, leaf) in own:
-                continue
-            hf_name = names[(module, leaf)]
-            per_layer: list[np.ndarray | None] = []
-            for i in module_layers(config, module):
-                if absent_in_hf(config, module, i):
-                    per_layer.append(None)  # zeros, in the dtype of the layers that have it
-                    continue
-                w = take(f"model.layers.{i}.{hf_name}", _hf_layer_shape(config, module, leaf, i))
-                per_layer.append(_layer_to_ours(w, module, leaf, config, i))
-            some = next((w for w in per_layer if w is not None), np.zeros(shape[1:], np.float32))
-            layers[module][leaf] = np.stack(
-                [np.zeros_like(some) if w is None else w for w in per_layer], axis=0
-            )
-
+    layers = _layers_from_hf(take, sd, config, specs)
     v, d = config.vocab_size, config.hidden_size
     params: dict[str, Any] = {
         "embed": {"embedding": take("model.embed_tokens.weight", (v, d))},
@@ -399,6 +336,89 @@ def params_from_hf_state_dict(
             f"feature such as MLP bias, or a config/weights mismatch)"
         )
     return params
+
+
+def _text_model_names(sd: dict[str, Any]) -> dict[str, Any]:
+    """A state dict under the names of a text-only ``*ForCausalLM``: a multimodal
+    checkpoint's text tower renamed (its other towers dropped), and ``model.`` put in front
+    of a bare model's names."""
+    if any(k.startswith(_MULTIMODAL_TEXT_PREFIX) for k in sd):
+        sd = {
+            "model." + k[len(_MULTIMODAL_TEXT_PREFIX) :] if k.startswith("model.") else k: v
+            for k, v in sd.items()
+            if not k.startswith(_MULTIMODAL_OTHER)
+        }
+    if sd and not any(k.startswith("model.") for k in sd):
+        sd = {
+            ("model." + k if not k.startswith(("lm_head.", "score.")) else k): v
+            for k, v in sd.items()
+        }
+    return sd
+
+
+def _taker(sd: Mapping[str, Any], used: set[str], config: ModelConfig, source: str):
+    """``take(name, shape, *, packed=False)``: the tensor ``name`` of ``sd``, checked (present,
+    of ``shape``, floating point; ``packed``: uint8, a quantised format its family unpacks),
+    and recorded in ``used``."""
+
+    def take(name: str, shape: tuple[int, ...], *, packed: bool = False) -> np.ndarray:
+        if name not in sd:
+            raise ModelLoadError(
+                f"{source}: missing weight {name!r} (expected shape {shape}) "
+                f"for a {config.family.value} model with "
+                f"{config.num_layers} layers"
+            )
+        w = _to_numpy(sd[name])
+        if packed and w.dtype != np.uint8:
+            raise ModelLoadError(f"{source}: weight {name!r} has dtype {w.dtype}, expected uint8")
+        if not packed and w.dtype.kind in _NOT_FLOAT:
+            raise ModelLoadError(
+                f"{source}: weight {name!r} has dtype {w.dtype}; model weights must be "
+                f"floating point (float32, bfloat16 or float16)"
+            )
+        if tuple(w.shape) != tuple(shape):
+            raise ModelLoadError(
+                f"{source}: weight {name!r} has shape {tuple(w.shape)}, "
+                f"expected {tuple(shape)} from the model config"
+            )
+        used.add(name)
+        return w
+
+    return take
+
+
+def _layers_from_hf(take, sd: Mapping[str, Any], config: ModelConfig, specs) -> dict[str, Any]:
+    """``params["layers"]``: the family's own tensors (a family folder's entry, or the MoE
+    experts), then every other leaf of ``specs["layers"]`` stacked over its layers (zeros
+    where transformers has none, :func:`absent_in_hf`)."""
+    names = _layer_names(config)
+    layers: dict[str, dict[str, np.ndarray]] = {}
+    entry = family_entry(config.family)
+    own = entry.layer_weights if entry is not None else frozenset()
+    if entry is not None:
+        layers.update(entry.weights_from_hf(take, sd, config))
+    elif config.is_moe:
+        layers.update(experts_from_hf(take, sd, config))
+    for module, leaves in specs["layers"].items():
+        if module in MOE_MODULES and entry is None:
+            continue
+        layers.setdefault(module, {})
+        for leaf, (shape, _) in leaves.items():
+            if (module, leaf) in own:
+                continue
+            hf_name = names[(module, leaf)]
+            per_layer: list[np.ndarray | None] = []
+            for i in module_layers(config, module):
+                if absent_in_hf(config, module, i):
+                    per_layer.append(None)  # zeros, in the dtype of the layers that have it
+                    continue
+                w = take(f"model.layers.{i}.{hf_name}", _hf_layer_shape(config, module, leaf, i))
+                per_layer.append(_layer_to_ours(w, module, leaf, config, i))
+            some = next((w for w in per_layer if w is not None), np.zeros(shape[1:], np.float32))
+            layers[module][leaf] = np.stack(
+                [np.zeros_like(some) if w is None else w for w in per_layer], axis=0
+            )
+    return layers
 
 
 def params_to_hf_state_dict(

@@ -6,9 +6,10 @@ scalar head. Knows nothing about RL, and nothing about transformers' config file
 
 One decoder layer (:func:`decoder_layer`, ``layer.py``) over a store of earlier tokens
 (:class:`Store`): no cache, a dense cache, a group's shared prompt (``kv_stores.py``) or pages
-(``paged_store.py``), or a LINEAR layer's recurrent state (``gated_deltanet.py``); the trunks
-and the paged engine scan that one layer (:func:`scan_layers`; a hybrid stack the periods of
-its layer pattern, :func:`scan_periods`).
+(``paged_store.py``), or a LINEAR layer's recurrent state (``gated_deltanet.py``); one stack
+(:func:`stack`, ``layer_stack.py``) runs that layer over the L layers (:func:`scan_layers`; a
+hybrid stack the periods of its layer pattern, :func:`scan_periods`), and the trunks and the
+paged engine are constructors of its :class:`Stores`.
 """
 
 from jaxrl_llm.models.attention import (
@@ -63,6 +64,7 @@ from jaxrl_llm.models.layer import (
     scan_layers,
     scan_periods,
 )
+from jaxrl_llm.models.layer_stack import LayerStores, NewTokens, Stores, stack
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
 from jaxrl_llm.models.moe import (
     EXPERT_AXIS,
@@ -133,6 +135,7 @@ __all__ = [
     "HF_ARCHITECTURES",
     "KVCache",
     "KVStore",
+    "LayerStores",
     "LayerType",
     "LoRAConfig",
     "ModelConfig",
@@ -143,6 +146,7 @@ __all__ = [
     "NAIVE_MAX_SCORES",
     "NO_WINDOW",
     "NULL_PAGE",
+    "NewTokens",
     "NoCache",
     "PagedKVCache",
     "Pages",
@@ -151,6 +155,7 @@ __all__ = [
     "SharedPrompt",
     "SharedPromptState",
     "Store",
+    "Stores",
     "TokenInfo",
     "apply",
     "apply_norm",
@@ -213,6 +218,7 @@ __all__ = [
     "select_attention_impl",
     "softcap_logits",
     "sparse_moe",
+    "stack",
     "splash_attention",
     "trunk",
     "trunk_shared_prefix",

@@ -21,9 +21,9 @@ scale, attention, the output projection); their stores (:class:`KVStore`) differ
 - ``Pages``: the page pool, each row's pages gathered; the paged engine.
 
 The stores live in :mod:`.kv_stores` and :mod:`.paged_store`. :func:`scan_layers` is the one
-layer scan: the trunk (:func:`jaxrl_llm.models.trunk`), the shared-prompt trunk and the paged
-trunk (:func:`jaxrl_llm.models.paged_trunk`) each give it a step that calls
-:func:`decoder_layer` with their store. A layer feature (a norm, a gate, an activation, an MLP
+layer scan and :func:`jaxrl_llm.models.stack` the one caller of :func:`decoder_layer`: the
+trunk (:func:`jaxrl_llm.models.trunk`), the shared-prompt trunk and the paged trunk
+(:func:`jaxrl_llm.models.paged_trunk`) only build the stores it runs the layers over. A layer feature (a norm, a gate, an activation, an MLP
 variant) therefore goes here, once: in :func:`decoder_layer`, :func:`attention_block` or
 :func:`mlp_block`.
 

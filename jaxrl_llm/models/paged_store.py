@@ -11,8 +11,8 @@ a bucketed number of pages), never ``max_len`` slots. Page 0 is the null page
 row's table.
 
 Slot s of a row holds the token at RoPE position s (rows are stored unpadded), so a query at
-position p sees the keys of slots ≤ p. :func:`paged_trunk` scans the model's one layer
-(:func:`jaxrl_llm.models.layer.decoder_layer`) with the :class:`Pages` store; only where keys
+position p sees the keys of slots ≤ p. :func:`paged_trunk` runs the model's one stack
+(:func:`jaxrl_llm.models.layer_stack.stack`) over the :class:`Pages` store; only where keys
 and values are written and read is new here. Which pages a row holds (the allocator, the
 page tables, copy-on-write of a group's prompt pages) is the host's business:
 :mod:`jaxrl_llm.sampling.paged`.
@@ -35,21 +35,8 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models.attention_mask import AttentionMask
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.gated_deltanet import RecurrentState
-from jaxrl_llm.models.kv_stores import share_kv, unshare_kv
-from jaxrl_llm.models.layer import (
-    KVStore,
-    Params,
-    TokenInfo,
-    apply_norm,
-    attend,
-    decoder_layer,
-    embed_tokens,
-    per_layer_inputs,
-    scan_layers,
-    scan_periods,
-)
-from jaxrl_llm.models.options import LayerType
-from jaxrl_llm.models.positions import rope_inv_freq
+from jaxrl_llm.models.layer import KVStore, Params, apply_norm, attend
+from jaxrl_llm.models.layer_stack import LayerStores, NewTokens, stack
 
 #: The null page: never allocated; idle rows and slots past a row's table write there.
 NULL_PAGE = 0
@@ -294,42 +281,23 @@ def paged_hybrid_trunk(
 
 def _paged_trunk(params, tokens, cache, table, start, config, recurrent, valid):
     """:func:`paged_trunk_with_routing` / :func:`paged_hybrid_trunk` -> (hidden, pool,
-    (conv, state) or None, routing or None)."""
+    (conv, state) or None, routing or None): :func:`~jaxrl_llm.models.layer_stack.stack` over
+    the :class:`Pages` (and the rows' recurrent states), carried."""
     chex.assert_rank([tokens, table, start], [2, 2, 1])
     c = config
-    store = pages_store(cache, table, start, tokens.shape[1])
+    pages = pages_store(cache, table, start, tokens.shape[1])
     positions = start[:, None].astype(jnp.int32) + jnp.arange(tokens.shape[1], dtype=jnp.int32)
-    x = embed_tokens(c, params, tokens)
-    info = TokenInfo(positions, rope_inv_freq(c), per_layer=per_layer_inputs(c, params, tokens, x))
-
+    rec = None
     if recurrent is not None:
         rec = RecurrentState(conv=recurrent[0], state=recurrent[1], valid=valid)
-
-        def hybrid_step(carry, lp, kind, layer, index):
-            x, store, rec = carry
-            if kind == LayerType.LINEAR:
-                x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, stack_index=index)
-            else:
-                x, store, stats = decoder_layer(c, lp, x, store, info, layer, stack_index=index)
-            return (x, store, rec), None if stats is None else stats.experts
-
-        (x, store, rec), experts = scan_periods(c, params["layers"], (x, store, rec), hybrid_step)
-        x = apply_norm(c, x, params["final_norm"])
-        routing = None if experts is None else jnp.moveaxis(experts, 0, 2)
-        return x, PagedKVCache(k=store.k, v=store.v), (rec.conv, rec.state), routing
-
-    def step(carry, lp, layer):
-        x, store = carry
-        x, store, stats = decoder_layer(c, lp, x, store, info, layer)
-        return (x, store), None if stats is None else stats.experts
-
-    shared = share_kv(c, store, tokens.shape[0], tokens.shape[1], x.dtype)
-    (x, shared), experts = scan_layers(c, params["layers"], (x, shared), step)
+    stores = LayerStores(pages, rec, experts_only=True)
+    (x,), held, experts = stack(c, params, [NewTokens(tokens, positions)], stores)
     x = apply_norm(c, x, params["final_norm"])
     routing = None if experts is None else jnp.moveaxis(experts, 0, 2)
-    pages = unshare_kv(shared)
+    pages, rec = LayerStores.finish(held)
     assert isinstance(pages, Pages)
-    return x, PagedKVCache(k=pages.k, v=pages.v), None, routing
+    conv_state = None if rec is None else (rec.conv, rec.state)
+    return x, PagedKVCache(k=pages.k, v=pages.v), conv_state, routing
 
 
 def write_prompt_pages(

@@ -5,9 +5,10 @@ Parameters are a plain nested dict (:mod:`jaxrl_llm.models.params`: their shapes
 and initialisation); per-layer weights are stacked along a leading ``layers`` axis and the
 layers run under ``lax.scan`` (one compiled layer body, fast compiles, a natural place for
 rematerialisation). The layer itself is :func:`jaxrl_llm.models.layer.decoder_layer`, over a
-store of earlier keys/values: the trunk (:func:`trunk`) scans it with no cache (training) or a
-dense :class:`KVCache`, :func:`trunk_shared_prefix` with a group's shared prompt; the paged
-engine's trunk (:func:`jaxrl_llm.models.paged_trunk`) scans the same layer over pages.
+store of earlier keys/values, and :func:`jaxrl_llm.models.layer_stack.stack` runs it over the
+L layers; the trunks here build its stores: no cache (training) or a dense :class:`KVCache`
+(:func:`trunk`), a group's shared prompt (:func:`trunk_shared_prefix`); the paged engine's
+trunk (:func:`jaxrl_llm.models.paged_trunk`) builds pages.
 
 Shapes use dimension letters: B batch, T new tokens, S cache slots, D model width, H query
 heads, K key/value heads, G = H // K query heads per KV head, E head dim, F MLP width, V vocab,
@@ -38,7 +39,6 @@ so a config is all-sparse or all-dense.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import chex
@@ -62,23 +62,13 @@ from jaxrl_llm.models.kv_stores import (
     NoCache,
     SharedPrompt,
     empty_held_kv,
-    share_kv,
     unshare_kv,
 )
-from jaxrl_llm.models.layer import (
-    BTD,
-    TokenInfo,
-    apply_norm,
-    decoder_layer,
-    embed_tokens,
-    per_layer_inputs,
-    scan_layers,
-    scan_periods,
-)
+from jaxrl_llm.models.layer import BTD, apply_norm
+from jaxrl_llm.models.layer_stack import LayerStores, NewTokens, Stores, stack
 from jaxrl_llm.models.layout import layout_mesh, place
 from jaxrl_llm.models.options import LayerType
 from jaxrl_llm.models.params import Params
-from jaxrl_llm.models.positions import rope_inv_freq
 
 
 class KVCache(NamedTuple):
@@ -246,9 +236,11 @@ def _trunk(
     routing: moe_lib.RecordedRouting | None = None,
 ):
     """:func:`trunk` -> (hidden, new cache, per-layer MoE statistics ``[L, ...]`` or None):
-    :func:`~jaxrl_llm.models.layer.decoder_layer` scanned with a
-    :class:`~jaxrl_llm.models.kv_stores.NoCache` or a
-    :class:`~jaxrl_llm.models.kv_stores.DenseCache` store."""
+    :func:`~jaxrl_llm.models.layer_stack.stack` over a
+    :class:`~jaxrl_llm.models.kv_stores.NoCache` (and a hybrid stack's
+    :class:`~jaxrl_llm.models.gated_deltanet.FreshState`), closed over, or a
+    :class:`~jaxrl_llm.models.kv_stores.DenseCache` (and
+    :class:`~jaxrl_llm.models.gated_deltanet.RecurrentState`), carried."""
     c = config
     chex.assert_rank(tokens, 2)
     b, t = tokens.shape
@@ -258,50 +250,43 @@ def _trunk(
     if positions is None:
         positions = default_positions(attention_mask, segment_ids)
     chex.assert_shape(positions, (b, t))
-    x = embed_tokens(c, params, tokens)
-    info = TokenInfo(
-        positions,
-        rope_inv_freq(c),
-        attention_mask.astype(jnp.float32),
-        routing,
-        per_layer_inputs(c, params, tokens, x),
-    )
-
-    if c.is_hybrid:
-        return _hybrid_trunk(
-            c, params, x, info, attention_mask, key_mask, segment_ids, cache, remat, mesh
+    new = NewTokens(tokens, positions, attention_mask.astype(jnp.float32), routing)
+    if c.is_hybrid and segment_ids is not None:
+        raise ValueError(
+            "segment_ids (packing) is not supported by linear-attention (hybrid) stacks: the "
+            "recurrent state would carry across segments"
         )
 
-    def carried_step(carry, lp, layer):
-        x, store = carry
-        x, store, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh)
-        return (x, store), stats
-
     if cache is None:
+        # The stores never change (unless KV sharing carries the held keys): closed over, not
+        # carried (under autodiff a carried mask would be saved once per layer).
         no_cache = NoCache(_self_attention_mask(c, key_mask, positions, segment_ids))
-        if c.kv_shared_layers:  # the held keys/values change from layer to layer: carried
-            shared = share_kv(c, no_cache, b, t, x.dtype)
-            (x, _), stats = scan_layers(c, params["layers"], (x, shared), carried_step, remat=remat)
-        else:
-            # The store never changes: closed over, not carried (under autodiff a carried
-            # mask would be saved once per layer).
-            def step(x, lp, layer):
-                x, _, stats = decoder_layer(c, lp, x, no_cache, info, layer, mesh=mesh)
-                return x, stats
-
-            x, stats = scan_layers(c, params["layers"], x, step, remat=remat)
+        fresh = FreshState(attention_mask) if c.is_hybrid else None
+        stores = LayerStores(no_cache, fresh, carried=False)
+        (x,), _, stats = stack(c, params, [new], stores, remat=remat, mesh=mesh)
         x = place(apply_norm(c, x, params["final_norm"]), BTD, layout_mesh(mesh))
         return x, None, stats
 
     if segment_ids is not None:
         raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
-    write = cache.index
+    rec = None
+    if c.is_hybrid:
+        if cache.conv is None or cache.state is None:
+            raise ValueError("a hybrid stack's cache needs conv and state (init_cache builds them)")
+        rec = RecurrentState(conv=cache.conv, state=cache.state, valid=attention_mask)
     dense, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
-    store = share_kv(c, dense, b, t, x.dtype)
-    (x, store), stats = scan_layers(c, params["layers"], (x, store), carried_step, remat=remat)
-    dense = unshare_kv(store)
+    (x,), held, stats = stack(c, params, [new], LayerStores(dense, rec), remat=remat, mesh=mesh)
+    dense, rec = LayerStores.finish(held)
     assert isinstance(dense, DenseCache)
-    new_cache = KVCache(k=dense.k, v=dense.v, mask=new_mask, positions=new_pos, index=write + t)
+    new_cache = KVCache(
+        k=dense.k,
+        v=dense.v,
+        mask=new_mask,
+        positions=new_pos,
+        index=cache.index + t,
+        conv=None if rec is None else rec.conv,
+        state=None if rec is None else rec.state,
+    )
     return apply_norm(c, x, params["final_norm"]), new_cache, stats
 
 
@@ -321,62 +306,6 @@ def _dense_cache_store(c: ModelConfig, cache: KVCache, attention_mask, positions
         k_positions=new_pos if window else None,
     )
     return DenseCache(k=cache.k, v=cache.v, index=write, mask=mask), new_mask, new_pos
-
-
-def _hybrid_trunk(c, params, x, info, attention_mask, key_mask, segment_ids, cache, remat, mesh):
-    """The trunk of a hybrid stack (``config.is_hybrid``, Qwen3.5): the periods of its layer
-    pattern scanned (:func:`~jaxrl_llm.models.layer.scan_periods`), LINEAR layers over a
-    :class:`~jaxrl_llm.models.gated_deltanet.FreshState` (no cache) or
-    :class:`~jaxrl_llm.models.gated_deltanet.RecurrentState` (the cache's ``conv`` / ``state``),
-    attention layers over :class:`NoCache` / :class:`DenseCache`. -> (hidden, new cache, per-layer
-    MoE statistics ``[L, ...]`` or None)."""
-    if segment_ids is not None:
-        raise ValueError(
-            "segment_ids (packing) is not supported by linear-attention (hybrid) stacks: the "
-            "recurrent state would carry across segments"
-        )
-    positions = info.positions
-    if cache is None:
-        no_cache = NoCache(_self_attention_mask(c, key_mask, positions))
-        fresh = FreshState(attention_mask)
-
-        def step(x, lp, kind, layer, index):
-            store = fresh if kind == LayerType.LINEAR else no_cache
-            x, _, stats = decoder_layer(c, lp, x, store, info, layer, mesh=mesh, stack_index=index)
-            return x, stats
-
-        x, stats = scan_periods(c, params["layers"], x, step, remat=remat)
-        x = place(apply_norm(c, x, params["final_norm"]), BTD, layout_mesh(mesh))
-        return x, None, stats
-
-    if cache.conv is None or cache.state is None:
-        raise ValueError("a hybrid stack's cache needs conv and state (init_cache builds them)")
-    dense, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
-    rec = RecurrentState(conv=cache.conv, state=cache.state, valid=attention_mask)
-
-    def cached_step(carry, lp, kind, layer, index):
-        x, dense, rec = carry
-        if kind == LayerType.LINEAR:
-            x, rec, stats = decoder_layer(c, lp, x, rec, info, layer, mesh=mesh, stack_index=index)
-        else:
-            x, dense, stats = decoder_layer(
-                c, lp, x, dense, info, layer, mesh=mesh, stack_index=index
-            )
-        return (x, dense, rec), stats
-
-    (x, dense, rec), stats = scan_periods(
-        c, params["layers"], (x, dense, rec), cached_step, remat=remat
-    )
-    new_cache = KVCache(
-        k=dense.k,
-        v=dense.v,
-        mask=new_mask,
-        positions=new_pos,
-        index=cache.index + attention_mask.shape[1],
-        conv=rec.conv,
-        state=rec.state,
-    )
-    return apply_norm(c, x, params["final_norm"]), new_cache, stats
 
 
 def trunk_shared_prefix(
@@ -444,7 +373,8 @@ def _trunk_shared_prefix(
     prompt token counts G times in the statistics, as in the plain forward. Each scanned step
     runs :func:`~jaxrl_llm.models.layer.decoder_layer` on the prompt rows with a
     :class:`~jaxrl_llm.models.kv_stores.GroupPrompt` store, then on the completions with a
-    :class:`~jaxrl_llm.models.kv_stores.SharedPrompt` of the keys/values it kept."""
+    :class:`~jaxrl_llm.models.kv_stores.SharedPrompt` of the keys/values it kept
+    (:class:`_SharedPromptStores` around :func:`~jaxrl_llm.models.layer_stack.stack`)."""
     c = config
     chex.assert_rank(tokens, 2)
     b, t = tokens.shape
@@ -458,8 +388,6 @@ def _trunk_shared_prefix(
     if positions is None:
         positions = default_positions(attention_mask)
     chex.assert_shape([attention_mask, positions], (b, t))
-    inv_freq = rope_inv_freq(c)
-
     pos_p, pos_c = positions[::g, :tp], positions[:, tp:]
     window = c.uses_window
     # Prompt queries over prompt keys (one row per group): causal self-attention.
@@ -477,55 +405,65 @@ def _trunk_shared_prefix(
     if routing is not None:  # a group's prompt routing is its first row's
         rec_p = dataclasses.replace(routing, experts=routing.experts[::g, :tp])
         rec_c = dataclasses.replace(routing, experts=routing.experts[:, tp:])
-    x_p, x_c = embed_tokens(c, params, tokens[::g, :tp]), embed_tokens(c, params, tokens[:, tp:])
-    ple_p = per_layer_inputs(c, params, tokens[::g, :tp], x_p)
-    ple_c = per_layer_inputs(c, params, tokens[:, tp:], x_c)
     weights_p = attention_mask[::g, :tp].astype(jnp.float32) * g
-    info_p = TokenInfo(pos_p, inv_freq, weights_p, rec_p, ple_p)
-    info_c = TokenInfo(pos_c, inv_freq, attention_mask[:, tp:].astype(jnp.float32), rec_c, ple_c)
-
-    prompt_state = GroupPromptState(attention_mask[::g, :tp])
-    valid_c = attention_mask[:, tp:]
-
-    # KV sharing (Gemma 4): the held keys/values of the prompt rows and the completions.
-    held_p = empty_held_kv(c, b // g, tp, x_p.dtype)
-    held_c = empty_held_kv(c, b, t - tp, x_c.dtype)
-    held = None if held_p is None or held_c is None else (*held_p, *held_c)
-
-    def step(carry, lp, layer, kind=LayerType.GLOBAL, index=None):
-        x_p, x_c, held = carry
-        layer_of = functools.partial(decoder_layer, c, lp, mesh=mesh, stack_index=index)
-        if kind == LayerType.LINEAR:
-            x_p, kept_s, stats_p = layer_of(x_p, prompt_state, info_p, layer)
-            assert kept_s.conv is not None and kept_s.state is not None
-            shared_s = SharedPromptState(kept_s.conv, kept_s.state, valid_c, g)
-            x_c, _, stats_c = layer_of(x_c, shared_s, info_c, layer)
-        else:
-            store_p = prompt if held is None else KVShared(prompt, held[0], held[1])
-            x_p, kept_p, stats_p = layer_of(x_p, store_p, info_p, layer)
-            kept = unshare_kv(kept_p)
-            assert isinstance(kept, GroupPrompt) and kept.k is not None and kept.v is not None
-            shared = SharedPrompt(k=kept.k, v=kept.v, mask=mask_c, group_size=g)
-            store_c = shared if held is None else KVShared(shared, held[2], held[3])
-            x_c, kept_c, stats_c = layer_of(x_c, store_c, info_c, layer)
-            if held is not None:
-                assert isinstance(kept_p, KVShared) and isinstance(kept_c, KVShared)
-                held = (kept_p.k, kept_p.v, kept_c.k, kept_c.v)
-        stats = None if stats_p is None or stats_c is None else _pool_shared(stats_p, stats_c, g)
-        return (x_p, x_c, held), stats
-
-    if c.is_hybrid:
-        (x_p, x_c, _), stats = scan_periods(
-            c,
-            params["layers"],
-            (x_p, x_c, held),
-            lambda carry, lp, kind, layer, index: step(carry, lp, layer, kind, index),
-            remat=remat,
-        )
-    else:
-        (x_p, x_c, _), stats = scan_layers(c, params["layers"], (x_p, x_c, held), step, remat=remat)
+    new_p = NewTokens(tokens[::g, :tp], pos_p, weights_p, rec_p)
+    new_c = NewTokens(tokens[:, tp:], pos_c, attention_mask[:, tp:].astype(jnp.float32), rec_c)
+    stores = _SharedPromptStores(
+        prompt, GroupPromptState(attention_mask[::g, :tp]), mask_c, attention_mask[:, tp:], g
+    )
+    (x_p, x_c), _, stats = stack(c, params, [new_p, new_c], stores, remat=remat, mesh=mesh)
     x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
     return apply_norm(c, x, params["final_norm"]), stats
+
+
+@dataclasses.dataclass(frozen=True)
+class _SharedPromptStores(Stores):
+    """The shared-prompt forward's two passes per layer: the prompt rows (one per group) over
+    a :class:`~jaxrl_llm.models.kv_stores.GroupPrompt` (a LINEAR layer: a
+    :class:`~jaxrl_llm.models.gated_deltanet.GroupPromptState`), then the completions over a
+    :class:`~jaxrl_llm.models.kv_stores.SharedPrompt` of the keys/values the prompt pass kept
+    (a :class:`~jaxrl_llm.models.gated_deltanet.SharedPromptState` of its final state). With
+    KV sharing (Gemma 4) the held keys of both passes, ``(k_p, v_p, k_c, v_c)``, are carried.
+    """
+
+    prompt: GroupPrompt
+    prompt_state: GroupPromptState
+    mask_c: attn_lib.AttentionMask
+    valid_c: jax.Array
+    group_size: int
+
+    def start(self, config: ModelConfig, xs):
+        (x_p, x_c) = xs
+        held_p = empty_held_kv(config, x_p.shape[0], x_p.shape[1], x_p.dtype)
+        held_c = empty_held_kv(config, x_c.shape[0], x_c.shape[1], x_c.dtype)
+        return None if held_p is None or held_c is None else (*held_p, *held_c)
+
+    def store(self, held, kind, i, prev):
+        g = self.group_size
+        if kind == LayerType.LINEAR:
+            if i == 0:
+                return self.prompt_state
+            assert isinstance(prev, GroupPromptState)
+            assert prev.conv is not None and prev.state is not None
+            return SharedPromptState(prev.conv, prev.state, self.valid_c, g)
+        if i == 0:
+            return self.prompt if held is None else KVShared(self.prompt, held[0], held[1])
+        kept = unshare_kv(prev)
+        assert isinstance(kept, GroupPrompt) and kept.k is not None and kept.v is not None
+        shared = SharedPrompt(k=kept.k, v=kept.v, mask=self.mask_c, group_size=g)
+        return shared if held is None else KVShared(shared, held[2], held[3])
+
+    def keep(self, held, kind, i, store):
+        if held is None or kind == LayerType.LINEAR:
+            return held
+        assert isinstance(store, KVShared)
+        return (store.k, store.v, *held[2:]) if i == 0 else (*held[:2], store.k, store.v)
+
+    def pool(self, stats):
+        stats_p, stats_c = stats
+        if stats_p is None or stats_c is None:
+            return None
+        return _pool_shared(stats_p, stats_c, self.group_size)
 
 
 def _pool_shared(stats_p: moe_lib.MoeStats, stats_c: moe_lib.MoeStats, g: int):
