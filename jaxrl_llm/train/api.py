@@ -53,6 +53,7 @@ from jaxrl_llm.train.config.preflight import (
     check_trackers,
 )
 from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.run import paths
 
 #: Seeds are unsigned 32-bit (numpy's and JAX's PRNG keys take them).
 MAX_SEED = 2**32 - 1
@@ -114,8 +115,9 @@ def run_training(cfg: RunConfig) -> dict:
 
     _check_output_dir(cfg)  # again: another run may have written checkpoints since the check
     _make_output_dir(cfg.output_dir)
+    _make_output_dir(paths.lock_dir(cfg))
     # the trainer writes config.yaml once it holds the lock and any resume succeeded
-    with output_dir_lock(cfg.output_dir), stop_signals():
+    with output_dir_lock(paths.lock_dir(cfg)), stop_signals():
         if cfg.is_online:
             from jaxrl_llm.train.online.trainer import train_online
 
@@ -127,8 +129,8 @@ def run_training(cfg: RunConfig) -> dict:
     if cfg.logging.plots:
         from jaxrl_llm.train.run.plots import plot_run
 
-        plot_run(cfg.output_dir)
-    with open(os.path.join(cfg.output_dir, "summary.json"), "w", encoding="utf-8") as f:
+        plot_run(paths.log_dir(cfg))
+    with open(os.path.join(paths.log_dir(cfg), "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     return summary
 
@@ -442,8 +444,9 @@ class Trainer:
         if self.config.logging.plots:
             from jaxrl_llm.train.run.plots import plot_run
 
-            plot_run(self.config.output_dir)
-        with open(os.path.join(self.config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
+            plot_run(paths.log_dir(self.config))
+        summary_path = os.path.join(paths.log_dir(self.config), "summary.json")
+        with open(summary_path, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
         self._finished = True
         return summary
@@ -462,7 +465,7 @@ class Trainer:
         from jaxrl_llm.parallel import to_host
 
         policy = self.loop.policy
-        out = output_dir or os.path.join(self.config.output_dir, "hf")
+        out = output_dir or os.path.join(paths.log_dir(self.config), "hf")
         params = jax.device_get(to_host(policy.full_params()))
         tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
         export_hf(out, config=policy.config, params=params, tokenizer=tok)
@@ -485,7 +488,7 @@ class Trainer:
             cb.on_evaluate(info, metrics)
 
     def _saved(self, step: int) -> None:
-        path = os.path.join(self.config.output_dir, "checkpoints", str(step))
+        path = paths.join(paths.resolve(self.config.output_dir), "checkpoints", str(step))
         info = dataclasses.replace(self._info({}), step=step)
         for cb in self.callbacks:
             cb.on_save(info, path)
@@ -573,7 +576,7 @@ def _vote_eval(loop: Any, step: int) -> dict[str, float]:
                 references=refs if any(r is not None for r in refs) else None,
             )
     if settings.write_samples and jax_main_process():
-        folder = os.path.join(loop.cfg.output_dir, "eval")
+        folder = os.path.join(paths.log_dir(loop.cfg), "eval")
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f"samples-{step}.jsonl"), "w", encoding="utf-8") as f:
             for r in records:
@@ -821,13 +824,18 @@ def _trainer_arguments(
 
 
 def _checkpoint_steps(out: str) -> list[int]:
-    """The step folders under ``out/checkpoints``, ascending."""
-    ckpt = os.path.join(out, "checkpoints")
-    return sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) else []
+    """The complete steps under ``out/checkpoints``, ascending (``out`` may be a URI)."""
+    from jaxrl_llm.train.run.checkpoint import complete_steps
+
+    return complete_steps(paths.join(paths.resolve(out), "checkpoints"))
 
 
 def _make_output_dir(out: str) -> None:
-    """Create and probe a new ``output_dir`` (an existing one, a resume, is left as it is)."""
+    """Create and probe a new ``output_dir`` (an existing one, a resume, is left as it is). A
+    URI (``gs://...``) is left to orbax, which creates it at the first save and reports what
+    it cannot write: probing a bucket here would need its credentials before the model loads."""
+    if paths.is_remote(out):
+        return
     try:
         if not os.path.isdir(out):
             os.makedirs(out, exist_ok=True)  # the processes of a job create it together
@@ -845,7 +853,9 @@ def _make_output_dir(out: str) -> None:
 
 def _check_output_dir(cfg: RunConfig) -> None:
     """``output_dir`` must be a directory (or not exist yet) this process can write; a fresh
-    run (no ``resume``) must not start over another run's checkpoints."""
+    run (no ``resume``) must not start over another run's checkpoints. On a URI
+    (``gs://...``) only the latter is checked, through its filesystem package (the local
+    checks, a file in the way, a link, write permission, have no meaning there)."""
     out = cfg.output_dir
     try:
         out.encode("utf-8")
@@ -853,6 +863,9 @@ def _check_output_dir(cfg: RunConfig) -> None:
         raise ConfigError(
             f"output_dir {out!r}: not valid UTF-8 (checkpoint paths must be); rename it"
         ) from None
+    if paths.is_remote(out):
+        _check_fresh(cfg)
+        return
     if os.path.islink(out) and not os.path.exists(out):
         raise ConfigError(
             f"output_dir {out!r} is a symbolic link that leads nowhere (a loop, or a link to a "
@@ -871,6 +884,12 @@ def _check_output_dir(cfg: RunConfig) -> None:
         )
     if not os.access(parent, os.W_OK | os.X_OK) or parent.startswith(("/proc", "/sys")):
         raise ConfigError(f"output_dir {out!r}: {parent!r} is not writable; choose another")
+    _check_fresh(cfg)
+
+
+def _check_fresh(cfg: RunConfig) -> None:
+    """A fresh run (no ``resume``) must not start over another run's checkpoints."""
+    out = cfg.output_dir
     steps = _checkpoint_steps(out)
     if steps and not cfg.resume:
         raise ConfigError(
