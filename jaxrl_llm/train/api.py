@@ -824,10 +824,30 @@ def _trainer_arguments(
 
 
 def _checkpoint_steps(out: str) -> list[int]:
-    """The complete steps under ``out/checkpoints``, ascending (``out`` may be a URI)."""
+    """The complete steps under ``out/checkpoints``, ascending (``out`` may be a URI).
+
+    Raises:
+      ConfigError: a URI that cannot be listed: its filesystem package is missing (``gcsfs``
+        for ``gs://``), or the store refused (credentials, a missing bucket), in one line.
+    """
     from jaxrl_llm.train.run.checkpoint import complete_steps
 
-    return complete_steps(paths.join(paths.resolve(out), "checkpoints"))
+    where = paths.join(paths.resolve(out), "checkpoints")
+    if not paths.is_remote(out):
+        return complete_steps(where)
+    try:
+        return complete_steps(where)
+    except ImportError as e:
+        raise ConfigError(
+            f"output_dir {out!r}: {e} (epath opens this URI through fsspec and that package; "
+            f"orbax writes the arrays through TensorStore's own driver)"
+        ) from None
+    except Exception as e:  # a store's own errors: credentials, a missing bucket, the network
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(
+            f"output_dir {out!r} cannot be listed ({type(e).__name__}: {first}); check the "
+            f"bucket and its credentials"
+        ) from None
 
 
 def _make_output_dir(out: str) -> None:

@@ -130,11 +130,13 @@ class CheckpointManager:
             max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
         logging.getLogger("absl").addFilter(_PARSE_NOTES)  # once: filters are a set
+        if tokenizer is not None and jax.process_index() == 0:
+            # before orbax opens the root: on gs:// it removes every folder there that lacks
+            # its commit file as an unfinished step (its cleanup runs as the manager opens)
+            _save_tokenizer_once(tokenizer, paths.join(self.directory, TOKENIZER_DIR))
         self._mgr = ocp.CheckpointManager(
             paths.as_epath(self.directory), options=options, item_handlers=_handlers()
         )
-        if tokenizer is not None and jax.process_index() == 0:
-            _save_tokenizer_once(tokenizer, paths.join(self.directory, TOKENIZER_DIR))
 
     # ----- queries -------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
@@ -483,7 +485,7 @@ def _save_tokenizer_once(tokenizer: Any, tok_dir: str) -> None:
     into a temporary sibling and renamed, so a run killed mid-write never leaves a partial
     tokenizer that later runs would take as saved (stale temporaries are removed). On a URI
     (``gs://``) it is written into a local temporary directory and copied up file by file,
-    ``tokenizer_config.json`` last: a copy cut short lacks it and is written again."""
+    then :data:`COMMIT_FILE` (a copy cut short lacks it and is written again)."""
     if paths.is_remote(tok_dir):
         _copy_tokenizer_up(tokenizer, paths.as_epath(tok_dir))
         return
@@ -499,20 +501,33 @@ def _save_tokenizer_once(tokenizer: Any, tok_dir: str) -> None:
     os.rename(tmp, tok_dir)
 
 
+#: The file that marks a folder finalised where there is no atomic rename: orbax writes it
+#: last into each step it saves on ``gs://`` (its ``CommitFileTemporaryPath``), and takes a
+#: folder of the checkpoint root without it for an unfinished step, which it removes.
+COMMIT_FILE = "commit_success.txt"
+
+
+def _uses_commit_file(directory: str) -> bool:
+    """Whether orbax finalises steps under ``directory`` with :data:`COMMIT_FILE` (``gs://``,
+    orbax's default there) rather than by renaming a temporary folder."""
+    return directory.startswith("gs://")
+
+
 def _copy_tokenizer_up(tokenizer: Any, target) -> None:
     """``tokenizer.save_pretrained`` into a local temporary directory, then each file copied
-    to ``target`` (an :class:`etils.epath.Path` on a URI) unless it holds a tokenizer."""
+    to ``target`` (an :class:`etils.epath.Path` on a URI), then :data:`COMMIT_FILE`, which
+    also keeps orbax from removing the folder; nothing when it is there already."""
     import tempfile
 
-    last = "tokenizer_config.json"
-    if target.joinpath(last).exists():
+    if target.joinpath(COMMIT_FILE).exists():
         return
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         target.mkdir(parents=True, exist_ok=True)
-        for name in sorted(os.listdir(tmp), key=lambda n: (n == last, n)):
+        for name in sorted(os.listdir(tmp)):
             with open(os.path.join(tmp, name), "rb") as f:
                 target.joinpath(name).write_bytes(f.read())
+    target.joinpath(COMMIT_FILE).write_text("tokenizer")
 
 
 def _split_step_path(path: str) -> tuple[str, int | None]:
@@ -581,6 +596,8 @@ def _local_copy(directory: str) -> str:
 
     tmp = tempfile.mkdtemp(prefix="jaxrl-llm-tokenizer-")
     for f in paths.as_epath(directory).iterdir():
+        if f.name == COMMIT_FILE:
+            continue
         with open(os.path.join(tmp, f.name), "wb") as out:
             out.write(f.read_bytes())
     return tmp
@@ -617,11 +634,16 @@ def complete_steps(directory: str | os.PathLike) -> list[int]:
     """The finalised steps under a checkpoint root, ascending, read from the listing alone (no
     orbax manager): orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it
     to ``<step>`` when every item and every process has finished, so a step that a killed
-    process was still writing is never listed. ``directory`` may be a URI (``gs://...``)."""
+    process was still writing is never listed. ``directory`` may be a URI: on ``gs://``, where
+    orbax writes a step in place and marks it finalised with :data:`COMMIT_FILE` last, a step
+    is complete when that file is there."""
     root = paths.as_epath(directory)
     if not root.is_dir():
         return []
-    return sorted(int(e.name) for e in root.iterdir() if e.name.isdigit() and e.is_dir())
+    steps = [e for e in root.iterdir() if e.name.isdigit() and e.is_dir()]
+    if _uses_commit_file(paths.resolve(directory)):
+        steps = [e for e in steps if e.joinpath(COMMIT_FILE).exists()]
+    return sorted(int(e.name) for e in steps)
 
 
 def last_checkpoint_words(directory: str | os.PathLike) -> str:
