@@ -92,6 +92,11 @@ def test_checkpoints_in_a_fake_bucket(tmp_path, monkeypatch):
         assert complete_steps(uri) == [1, 2]
         assert complete_steps("gs://my-bucket/run") == []
         assert last_checkpoint_words(uri) == f"the last complete checkpoint is step 2 in {uri}"
+        # a step that a killed process left half-written in a bucket: in place, no commit file
+        partial = bucket / "my-bucket" / "run" / "checkpoints" / "3" / "params"
+        partial.mkdir(parents=True)
+        (partial / "_METADATA").write_text("{}")
+        assert complete_steps(uri) == [1, 2]
         small = make_mesh(data=1, fsdp=4, devices=jax.devices()[:4])
         abstract, _ = abstract_train_state(init_fn(CFG), OPT, small, param_axes=axes(CFG))
         restored, extra = CheckpointManager(uri).restore(abstract)
@@ -106,6 +111,7 @@ def test_checkpoints_in_a_fake_bucket(tmp_path, monkeypatch):
         mgr.close()
     assert os.listdir(cwd) == []
     root = bucket / "my-bucket" / "run" / "checkpoints"
+    # the next manager (the restore's) removed the unfinished step 3, and kept the tokenizer
     assert sorted(os.listdir(root)) == ["1", "2", "tokenizer"]
     assert "commit_success.txt" in os.listdir(root / "tokenizer")
     assert "commit_success.txt" in os.listdir(root / "2")  # orbax's own finalisation on gs://
