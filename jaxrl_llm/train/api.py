@@ -458,14 +458,18 @@ class Trainer:
 
     def save_model(self, output_dir: str | None = None) -> str:
         """Write the policy (LoRA adapters merged) as a Hugging Face directory, default
-        ``output_dir/hf``; returns its path."""
+        ``output_dir/hf`` (``hf/`` of the local log directory when ``output_dir`` is a URI,
+        :func:`~jaxrl_llm.train.run.paths.log_dir`); returns its path."""
         import jax
 
         from jaxrl_llm.interop import export_hf
         from jaxrl_llm.parallel import to_host
 
         policy = self.loop.policy
-        out = output_dir or os.path.join(paths.log_dir(self.config), "hf")
+        run = self.config.output_dir
+        out = output_dir or os.path.join(
+            paths.log_dir(self.config) if paths.is_remote(run) else run, "hf"
+        )
         params = jax.device_get(to_host(policy.full_params()))
         tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
         export_hf(out, config=policy.config, params=params, tokenizer=tok)

@@ -319,7 +319,9 @@ class Trainer:
         if cfg.checkpoint.export_hf:
             # a URI's run directory cannot take transformers' local writes: the export goes to
             # the local log directory then (paths.log_dir)
-            local = dataclasses.replace(cfg, output_dir=paths.log_dir(cfg))
+            local = cfg
+            if paths.is_remote(cfg.output_dir):
+                local = dataclasses.replace(cfg, output_dir=paths.log_dir(cfg))
             summary["hf_export"] = export_policy(self.policy, local)
         summary.update(self.summary_extras())
         summary.update(
