@@ -55,6 +55,7 @@ from jaxrl_llm.train.config.preflight import (
     check_trackers,
 )
 from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.run import paths
 
 #: Seeds are unsigned 32-bit (numpy's and JAX's PRNG keys take them).
 MAX_SEED = 2**32 - 1
@@ -201,8 +202,9 @@ def run_training(cfg: RunConfig) -> dict:
     _check_output_dir(cfg)  # again: another run may have written checkpoints since the check
     if jax_main_process():  # the model loads and the first programs compile before any step
         print(start_line(cfg), file=sys.stderr, flush=True)
+    _make_output_dir(paths.lock_dir(cfg))
     # the trainer writes config.yaml once it holds the lock and any resume succeeded
-    with made_output_dir(cfg.output_dir), output_dir_lock(cfg.output_dir), stop_signals():
+    with made_output_dir(cfg.output_dir), output_dir_lock(paths.lock_dir(cfg)), stop_signals():
         if cfg.is_online:
             trainer = voting_online_trainer()(cfg)
         else:
@@ -218,8 +220,8 @@ def run_training(cfg: RunConfig) -> dict:
     if cfg.logging.plots:
         from jaxrl_llm.train.run.plots import plot_run
 
-        plot_run(cfg.output_dir)
-    with open(os.path.join(cfg.output_dir, "summary.json"), "w", encoding="utf-8") as f:
+        plot_run(paths.log_dir(cfg))
+    with open(os.path.join(paths.log_dir(cfg), "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     return summary
 
@@ -558,8 +560,9 @@ class Trainer:
         if self.config.logging.plots:
             from jaxrl_llm.train.run.plots import plot_run
 
-            plot_run(self.config.output_dir)
-        with open(os.path.join(self.config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
+            plot_run(paths.log_dir(self.config))
+        summary_path = os.path.join(paths.log_dir(self.config), "summary.json")
+        with open(summary_path, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
         self._finished = True
         return summary
@@ -571,14 +574,18 @@ class Trainer:
 
     def save_model(self, output_dir: str | None = None) -> str:
         """Write the policy (LoRA adapters merged) as a Hugging Face directory, default
-        ``output_dir/hf``; returns its path."""
+        ``output_dir/hf`` (``hf/`` of the local log directory when ``output_dir`` is a URI,
+        :func:`~jaxrl_llm.train.run.paths.log_dir`); returns its path."""
         import jax
 
         from jaxrl_llm.interop import export_hf
         from jaxrl_llm.parallel import to_host
 
         policy = self.loop.policy
-        out = output_dir or os.path.join(self.config.output_dir, "hf")
+        run = self.config.output_dir
+        out = output_dir or os.path.join(
+            paths.log_dir(self.config) if paths.is_remote(run) else run, "hf"
+        )
         params = jax.device_get(to_host(policy.full_params()))
         tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
         export_hf(out, config=policy.config, params=params, tokenizer=tok)
@@ -601,7 +608,7 @@ class Trainer:
             cb.on_evaluate(info, metrics)
 
     def _saved(self, step: int) -> None:
-        path = os.path.join(self.config.output_dir, "checkpoints", str(step))
+        path = paths.join(paths.resolve(self.config.output_dir), "checkpoints", str(step))
         info = dataclasses.replace(self._info({}), step=step)
         for cb in self.callbacks:
             cb.on_save(info, path)
@@ -746,7 +753,7 @@ def voting_online_trainer() -> type:
                         self.cfg.eval,
                         self.eval_metric,
                         step=step,
-                        folder=os.path.join(self.cfg.output_dir, "eval"),
+                        folder=os.path.join(paths.log_dir(self.cfg), "eval"),
                     )
                 )
             return metrics
@@ -995,13 +1002,38 @@ def _trainer_arguments(
 
 
 def _checkpoint_steps(out: str) -> list[int]:
-    """The step folders under ``out/checkpoints``, ascending."""
-    ckpt = os.path.join(out, "checkpoints")
-    return sorted(int(e) for e in os.listdir(ckpt) if e.isdigit()) if os.path.isdir(ckpt) else []
+    """The complete steps under ``out/checkpoints``, ascending (``out`` may be a URI).
+
+    Raises:
+      ConfigError: a URI that cannot be listed: its filesystem package is missing (``gcsfs``
+        for ``gs://``), or the store refused (credentials, a missing bucket), in one line.
+    """
+    from jaxrl_llm.train.run.checkpoint import complete_steps
+
+    where = paths.join(paths.resolve(out), "checkpoints")
+    if not paths.is_remote(out):
+        return complete_steps(where)
+    try:
+        return complete_steps(where)
+    except ImportError as e:
+        raise ConfigError(
+            f"output_dir {out!r}: {e} (epath opens this URI through fsspec and that package; "
+            f"orbax writes the arrays through TensorStore's own driver)"
+        ) from None
+    except Exception as e:  # a store's own errors: credentials, a missing bucket, the network
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(
+            f"output_dir {out!r} cannot be listed ({type(e).__name__}: {first}); check the "
+            f"bucket and its credentials"
+        ) from None
 
 
 def _make_output_dir(out: str) -> None:
-    """Create and probe a new ``output_dir`` (an existing one, a resume, is left as it is)."""
+    """Create and probe a new ``output_dir`` (an existing one, a resume, is left as it is). A
+    URI (``gs://...``) is left to orbax, which creates it at the first save and reports what
+    it cannot write: probing a bucket here would need its credentials before the model loads."""
+    if paths.is_remote(out):
+        return
     try:
         if not os.path.isdir(out):
             os.makedirs(out, exist_ok=True)  # the processes of a job create it together
@@ -1024,7 +1056,7 @@ def made_output_dir(out: str):
     the trainer is built), a directory this call created is removed again, so a refused
     config leaves no empty run directory with a ``.lock`` behind. Anything written (a
     ``metrics.jsonl``, a checkpoint, the rows of a Python dataset) keeps it."""
-    fresh = not os.path.lexists(out)
+    fresh = not paths.is_remote(out) and not os.path.lexists(out)
     _make_output_dir(out)
     try:
         yield
@@ -1050,7 +1082,9 @@ def _remove_if_unused(out: str) -> None:
 
 def _check_output_dir(cfg: RunConfig) -> None:
     """``output_dir`` must be a directory (or not exist yet) this process can write; a fresh
-    run (no ``resume``) must not start over another run's checkpoints."""
+    run (no ``resume``) must not start over another run's checkpoints. On a URI
+    (``gs://...``) only the latter is checked, through its filesystem package (the local
+    checks, a file in the way, a link, write permission, have no meaning there)."""
     out = cfg.output_dir
     try:
         out.encode("utf-8")
@@ -1058,6 +1092,9 @@ def _check_output_dir(cfg: RunConfig) -> None:
         raise ConfigError(
             f"output_dir {out!r}: not valid UTF-8 (checkpoint paths must be); rename it"
         ) from None
+    if paths.is_remote(out):
+        _check_fresh(cfg)
+        return
     if os.path.islink(out) and not os.path.exists(out):
         raise ConfigError(
             f"output_dir {out!r} is a symbolic link that leads nowhere (a loop, or a link to a "
@@ -1076,6 +1113,12 @@ def _check_output_dir(cfg: RunConfig) -> None:
         )
     if not os.access(parent, os.W_OK | os.X_OK) or parent.startswith(("/proc", "/sys")):
         raise ConfigError(f"output_dir {out!r}: {parent!r} is not writable; choose another")
+    _check_fresh(cfg)
+
+
+def _check_fresh(cfg: RunConfig) -> None:
+    """A fresh run (no ``resume``) must not start over another run's checkpoints."""
+    out = cfg.output_dir
     steps = _checkpoint_steps(out)
     if steps and not cfg.resume:
         raise ConfigError(

@@ -323,3 +323,47 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
         assert got[k]["data/prompts_crc32"] == r["data/prompts_crc32"]
         assert got[k]["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (k, r)
         assert got[k]["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (k, r)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_of_an_async_run_stops_both_at_one_step(tmp_path):
+    """The async producer (``rollout.max_staleness: 1``, a thread sampling the next step while
+    the learner updates): SIGTERM to process 1 after step 2 stops both processes at the same
+    step boundary, both save that one step and exit 143 within 60 s, with no native abort."""
+    import signal
+    import threading
+
+    config = _config(tmp_path, max_steps=5)
+    run = tmp_path / "run"
+    address = f"127.0.0.1:{_free_port()}"
+    procs = [
+        _train(config, f"output_dir={run}", "rollout.max_staleness=1", *_job_args(address, i))
+        for i in range(2)
+    ]
+    lines: list[str] = []
+    sent: list[float] = []
+
+    def read_process_0() -> None:
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:
+            lines.append(line)
+            if not sent and "step 2/" in line:
+                procs[1].send_signal(signal.SIGTERM)
+                sent.append(time.monotonic())
+
+    reader = threading.Thread(target=read_process_0, daemon=True)
+    reader.start()
+    log1 = _finish([procs[1]], timeout=600)[0]
+    procs[0].wait(timeout=120)
+    reader.join(timeout=10)
+    log0 = "".join(lines)
+    assert sent, log0[-3000:]
+    assert time.monotonic() - sent[0] < 60
+    assert [p.returncode for p in procs] == [143, 143], (log0[-2500:], log1[-2500:])
+    steps = complete_steps(run / "checkpoints")
+    assert len(steps) == 1 and steps[0] in (2, 3, 4), steps
+    for log in (log0, log1):
+        assert not any(n in log for n in NATIVE), log[-3000:]
+        assert "(signalled: process 1; all stop here)" in log, log[-3000:]
+        assert f"saved step {steps[0]}" in log, log[-3000:]
+    assert f"step {steps[0] + 1}/" not in log0, log0[-3000:]  # no step after the boundary

@@ -225,6 +225,12 @@ class LoggingSection:
     ``samples_every: N`` (online runs) writes every N-th step's episodes to
     ``output_dir/samples.jsonl``, one line per episode: ``{"step", "prompt_id", "sample",
     "messages", "reward"}`` (0 = never).
+
+    ``dir``: a local directory for the logs and metrics (``metrics.jsonl``, ``config.yaml``,
+    TensorBoard, plots, samples, ``summary.json``). Default: ``output_dir`` when it is local;
+    when ``output_dir`` is a URI (``gs://bucket/run``, checkpoints only),
+    ``jaxrl-llm-logs/<run name>`` under the working directory, named in the run's start line
+    (:func:`jaxrl_llm.train.run.paths.log_dir`).
     """
 
     log_every: int = 1
@@ -235,8 +241,14 @@ class LoggingSection:
     trackers: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] | None = None
     project: str | None = None
     run_name: str | None = None
+    dir: str | None = None
 
     def __post_init__(self):
+        if self.dir is not None and "://" in self.dir and not self.dir.startswith("file://"):
+            raise ConfigError(
+                f"logging.dir {self.dir!r}: logs and metrics are written to a local directory; "
+                f"give a local path (output_dir may be a bucket)"
+            )
         _at_least("logging.log_every", self.log_every, 1)
         _at_least("logging.samples_every", self.samples_every, 0, "0 = never")
         if self.trackers is None:

@@ -50,6 +50,7 @@ from jaxrl_llm.train.online.rollout import Rollouts
 from jaxrl_llm.train.online.teacher import load_teacher
 from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
+from jaxrl_llm.train.run import paths
 from jaxrl_llm.train.run.logging import SamplesLog
 from jaxrl_llm.train.run.loop import Trainer
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
@@ -345,7 +346,7 @@ class OnlineTrainer(Trainer):
             return
         if self.samples is None:
             self.samples = SamplesLog(
-                self.cfg.output_dir,
+                paths.log_dir(self.cfg),  # local: output_dir may be a bucket
                 every,
                 resume_step=self.start_step if self.resumed else None,
                 is_main_process=jax.process_index() == 0,

@@ -20,6 +20,11 @@ missing item (``params/``), a zero-byte file, metadata that is not JSON, an empt
 read back but do not fit the target structure (a changed config) are a structure error. A save
 the disk cannot hold is refused before it writes, in one line (the space needed, free, where).
 
+Where: ``directory`` is a local path or a URI (``gs://bucket/run/checkpoints``) handed to orbax
+as an :class:`etils.epath.Path` (:mod:`jaxrl_llm.train.run.paths`). On a URI the free-space
+check and :func:`step_damage` are skipped (no local disk to ask: orbax's own errors decide),
+and the tokenizer is written locally and copied up.
+
 Restoring onto another mesh: pass the abstract state of the *new* mesh (shapes + shardings,
 from :func:`~jaxrl_llm.train.abstract_train_state`); orbax reads each device's slice directly.
 """
@@ -46,6 +51,7 @@ import orbax.checkpoint as ocp
 from jaxrl_llm.errors import CheckpointError
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.train.programs.state import TrainState
+from jaxrl_llm.train.run import paths
 
 _ARRAY_ITEMS = ("params", "opt_state", "meta")
 _JSON_ITEMS = ("extra", "model_config")
@@ -91,7 +97,8 @@ class CheckpointManager:
     """Save / restore :class:`~jaxrl_llm.train.TrainState` with orbax.
 
     Args:
-      directory: checkpoint root (created if missing).
+      directory: checkpoint root (created if missing): a local path or a URI that
+        :class:`etils.epath.Path` opens (``gs://bucket/run/checkpoints``).
       save_every: save when ``step % save_every == 0`` (``save(..., force=True)`` always saves).
       keep: keep the last ``keep`` finalised checkpoints (None = all).
       async_save: write in a background thread; training continues meanwhile
@@ -114,7 +121,8 @@ class CheckpointManager:
             raise CheckpointError(f"save_every={save_every} must be >= 1")
         if keep is not None and keep < 1:
             raise CheckpointError(f"keep={keep} must be >= 1 (or None to keep all)")
-        self.directory = os.path.abspath(os.fspath(directory))
+        self.directory = paths.resolve(directory)
+        self.remote = paths.is_remote(self.directory)
         self.model_config = model_config
         self.save_every = int(save_every)
         # The save interval is applied here (orbax's own policy also saves the very first step).
@@ -122,11 +130,13 @@ class CheckpointManager:
             max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
         logging.getLogger("absl").addFilter(_PARSE_NOTES)  # once: filters are a set
-        self._mgr = ocp.CheckpointManager(
-            self.directory, options=options, item_handlers=_handlers()
-        )
         if tokenizer is not None and jax.process_index() == 0:
-            _save_tokenizer_once(tokenizer, os.path.join(self.directory, TOKENIZER_DIR))
+            # before orbax opens the root: on gs:// it removes every folder there that lacks
+            # its commit file as an unfinished step (its cleanup runs as the manager opens)
+            _save_tokenizer_once(tokenizer, paths.join(self.directory, TOKENIZER_DIR))
+        self._mgr = ocp.CheckpointManager(
+            paths.as_epath(self.directory), options=options, item_handlers=_handlers()
+        )
 
     # ----- queries -------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
@@ -193,7 +203,7 @@ class CheckpointManager:
             items["model_config"] = ocp.args.JsonSave(model_config_to_dict(self.model_config))
         self._check_space(int(step), state)
         if (
-            os.path.isdir(os.path.join(self.directory, str(int(step))))
+            paths.as_epath(self.directory).joinpath(str(int(step))).is_dir()
             and int(step) in self.all_steps()
         ):
             # A finalised step that a resumed run reaches again is stale: a kill landed after
@@ -220,12 +230,13 @@ class CheckpointManager:
     def _check_space(self, step: int, state: TrainState) -> None:
         """Refuse a save the disk cannot hold, before anything is written: the arrays this
         process writes (one replica of each of its shards) plus :attr:`SPACE_MARGIN`, against
-        the free space of a local checkpoint directory.
+        the free space of a local checkpoint directory. A URI's (a bucket's) space is not
+        asked for: there is no local disk to ask, and a bucket's quota error comes from orbax.
 
         Raises:
           CheckpointError: one line with the space needed, the space free and where.
         """
-        if not os.path.isdir(self.directory):
+        if self.remote or not os.path.isdir(self.directory):
             return
         need = self.SPACE_MARGIN + sum(
             shard.data.nbytes
@@ -346,9 +357,10 @@ _JSON_FILES = ("_CHECKPOINT_METADATA", "_METADATA", "_sharding", "metadata")
 def step_damage(step_dir: str, items: tuple[str, ...]) -> str | None:
     """What makes a finalised step unreadable, found without reading its arrays: an empty step
     folder, a missing item (``params/``), a zero-byte file, metadata that is not JSON; None when
-    it looks intact (a local directory; a remote one is not checked here). Orbax reports these
+    it looks intact (a local directory; a URI, ``gs://...``, is not checked here: listing
+    and reading every file of a step from a bucket costs a request each). Orbax reports these
     as a structure mismatch, which would point at a config change."""
-    if not os.path.isdir(os.path.dirname(step_dir)):
+    if paths.is_remote(step_dir) or not os.path.isdir(os.path.dirname(step_dir)):
         return None  # not a local path (gs://...): orbax's own errors decide
     if not os.path.isdir(step_dir) or not os.listdir(step_dir):
         return "the step folder is empty"
@@ -373,7 +385,7 @@ def step_damage(step_dir: str, items: tuple[str, ...]) -> str | None:
 
 
 def _raise_if_damaged(directory: str, step: int, items: tuple[str, ...]) -> None:
-    problem = step_damage(os.path.join(directory, str(step)), items)
+    problem = step_damage(paths.join(directory, str(step)), items)
     if problem is not None:
         raise _Unreadable(problem)
 
@@ -471,7 +483,12 @@ def _first_line(e: BaseException, limit: int = 160) -> str:
 def _save_tokenizer_once(tokenizer: Any, tok_dir: str) -> None:
     """``tokenizer.save_pretrained(tok_dir)`` unless ``tok_dir`` exists, atomically: written
     into a temporary sibling and renamed, so a run killed mid-write never leaves a partial
-    tokenizer that later runs would take as saved (stale temporaries are removed)."""
+    tokenizer that later runs would take as saved (stale temporaries are removed). On a URI
+    (``gs://``) it is written into a local temporary directory and copied up file by file,
+    then :data:`COMMIT_FILE` (a copy cut short lacks it and is written again)."""
+    if paths.is_remote(tok_dir):
+        _copy_tokenizer_up(tokenizer, paths.as_epath(tok_dir))
+        return
     if os.path.isdir(tok_dir):
         return
     parent, name = os.path.split(tok_dir)
@@ -484,10 +501,39 @@ def _save_tokenizer_once(tokenizer: Any, tok_dir: str) -> None:
     os.rename(tmp, tok_dir)
 
 
+#: The file that marks a folder finalised where there is no atomic rename: orbax writes it
+#: last into each step it saves on ``gs://`` (its ``CommitFileTemporaryPath``), and takes a
+#: folder of the checkpoint root without it for an unfinished step, which it removes.
+COMMIT_FILE = "commit_success.txt"
+
+
+def _uses_commit_file(directory: str) -> bool:
+    """Whether orbax finalises steps under ``directory`` with :data:`COMMIT_FILE` (``gs://``,
+    orbax's default there) rather than by renaming a temporary folder."""
+    return directory.startswith("gs://")
+
+
+def _copy_tokenizer_up(tokenizer: Any, target) -> None:
+    """``tokenizer.save_pretrained`` into a local temporary directory, then each file copied
+    to ``target`` (an :class:`etils.epath.Path` on a URI), then :data:`COMMIT_FILE`, which
+    also keeps orbax from removing the folder; nothing when it is there already."""
+    import tempfile
+
+    if target.joinpath(COMMIT_FILE).exists():
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in sorted(os.listdir(tmp)):
+            with open(os.path.join(tmp, name), "rb") as f:
+                target.joinpath(name).write_bytes(f.read())
+    target.joinpath(COMMIT_FILE).write_text("tokenizer")
+
+
 def _split_step_path(path: str) -> tuple[str, int | None]:
-    base = os.path.basename(os.path.normpath(path))
-    if base.isdigit() and os.path.isdir(os.path.join(path, "params")):
-        return os.path.dirname(os.path.normpath(path)), int(base)
+    p = paths.as_epath(path)
+    if p.name.isdigit() and p.joinpath("params").is_dir():
+        return paths.resolve(os.fspath(p.parent)), int(p.name)
     return path, None
 
 
@@ -512,9 +558,9 @@ def restore_model(
     Raises:
       CheckpointError: no checkpoint, or the step has no saved model config.
     """
-    root, path_step = _split_step_path(os.path.abspath(os.fspath(path)))
+    root, path_step = _split_step_path(paths.resolve(path))
     step = step if step is not None else path_step
-    if not os.path.isdir(root):
+    if not paths.as_epath(root).is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     absl_logger = logging.getLogger("absl")  # orbax's notes on read-only managers
     absl_logger.addFilter(_PARSE_NOTES)
@@ -522,7 +568,9 @@ def restore_model(
     absl_logger.setLevel(logging.ERROR)
     try:
         mgr = ocp.CheckpointManager(
-            root, options=ocp.CheckpointManagerOptions(read_only=True), item_handlers=_handlers()
+            paths.as_epath(root),
+            options=ocp.CheckpointManagerOptions(read_only=True),
+            item_handlers=_handlers(),
         )
         try:
             config, params, step = _restore_model_step(mgr, root, step, sharding)
@@ -531,12 +579,28 @@ def restore_model(
     finally:
         absl_logger.setLevel(level)
     tokenizer = None
-    tok_dir = os.path.join(root, TOKENIZER_DIR)
-    if os.path.isdir(tok_dir):
+    tok_dir = paths.join(root, TOKENIZER_DIR)
+    if paths.as_epath(tok_dir).is_dir():
         from transformers import AutoTokenizer  # heavy import, only when needed
 
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(_local_copy(tok_dir), local_files_only=True)
     return config, params, tokenizer
+
+
+def _local_copy(directory: str) -> str:
+    """A local directory holding ``directory``'s files: itself when local, else a temporary
+    copy (transformers reads a tokenizer from local files only)."""
+    if not paths.is_remote(directory):
+        return directory
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="jaxrl-llm-tokenizer-")
+    for f in paths.as_epath(directory).iterdir():
+        if f.name == COMMIT_FILE:
+            continue
+        with open(os.path.join(tmp, f.name), "wb") as out:
+            out.write(f.read_bytes())
+    return tmp
 
 
 def _restore_model_step(mgr, root: str, step: int | None, sharding):
@@ -547,7 +611,7 @@ def _restore_model_step(mgr, root: str, step: int | None, sharding):
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
     def restore(s: int):
-        if not os.path.isdir(os.path.join(root, str(s), "model_config")):
+        if not paths.as_epath(root).joinpath(str(s), "model_config").is_dir():
             raise CheckpointError(
                 f"{root}/{s} has no model_config; save with "
                 f"CheckpointManager(..., model_config=config)"
@@ -570,13 +634,16 @@ def complete_steps(directory: str | os.PathLike) -> list[int]:
     """The finalised steps under a checkpoint root, ascending, read from the listing alone (no
     orbax manager): orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it
     to ``<step>`` when every item and every process has finished, so a step that a killed
-    process was still writing is never listed."""
-    root = os.fspath(directory)
-    if not os.path.isdir(root):
+    process was still writing is never listed. ``directory`` may be a URI: on ``gs://``, where
+    orbax writes a step in place and marks it finalised with :data:`COMMIT_FILE` last, a step
+    is complete when that file is there."""
+    root = paths.as_epath(directory)
+    if not root.is_dir():
         return []
-    return sorted(
-        int(e) for e in os.listdir(root) if e.isdigit() and os.path.isdir(os.path.join(root, e))
-    )
+    steps = [e for e in root.iterdir() if e.name.isdigit() and e.is_dir()]
+    if _uses_commit_file(paths.resolve(directory)):
+        steps = [e for e in steps if e.joinpath(COMMIT_FILE).exists()]
+    return sorted(int(e.name) for e in steps)
 
 
 def last_checkpoint_words(directory: str | os.PathLike) -> str:

@@ -10,7 +10,8 @@
   writes :data:`MARKER` holding a new id for the job into ``output_dir``; after a barrier
   every process reads it, and the job stops in one line when one does not see that id (a
   per-host disk: each process would write only its own shards of a checkpoint, and orbax
-  waited for good at the first one).
+  waited for good at the first one). ``output_dir`` may be a URI (``gs://bucket/run``): the
+  marker is written and read through :class:`etils.epath.Path`, as orbax writes there.
 
 Exchanges are fixed-size ``uint8`` arrays through
 :func:`jax.experimental.multihost_utils.process_allgather` and ``broadcast_one_to_all``. A
@@ -30,6 +31,7 @@ import numpy as np
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.run import paths
 
 #: The file in ``output_dir`` that holds the id of the job that writes there.
 MARKER = ".jaxrl-llm-job"
@@ -138,18 +140,20 @@ def check_shared_output_dir(output_dir: str) -> None:
         return
     from jax.experimental import multihost_utils
 
-    path = os.path.join(output_dir, MARKER)
+    root = paths.as_epath(output_dir)
+    path = root / MARKER
     job = _broadcast_bytes(uuid.uuid4().hex.encode() if jax.process_index() == 0 else None)
     if jax.process_index() == 0:
-        os.makedirs(output_dir, exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(job.decode())
-        os.replace(tmp, path)
+        root.mkdir(parents=True, exist_ok=True)
+        if paths.is_remote(output_dir):
+            path.write_text(job.decode())  # an object store writes an object whole
+        else:
+            tmp = root / f"{MARKER}.tmp-{os.getpid()}"
+            tmp.write_text(job.decode())
+            os.replace(tmp, path)
     multihost_utils.sync_global_devices("jaxrl_llm/output_dir_marker")
     try:
-        with open(path, encoding="utf-8") as f:
-            seen = f.read().strip() == job.decode()
+        seen = path.read_text().strip() == job.decode()
     except OSError:
         seen = False
     flags = np.asarray(multihost_utils.process_allgather(np.array([seen], np.uint8))).reshape(-1)

@@ -22,6 +22,7 @@ one-line error); a run resumed from that checkpoint continues as an uninterrupte
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -34,6 +35,7 @@ from jaxrl_llm.rewards.user_code import UserCodeStop
 from jaxrl_llm.train.config.plan import RunPlan
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.policy import Policy, export_policy
+from jaxrl_llm.train.run import paths
 from jaxrl_llm.train.run.faults import fault_point
 from jaxrl_llm.train.run.run_state import (
     NonFiniteGuard,
@@ -216,9 +218,13 @@ class Trainer:
     def run(self) -> dict:
         """Train for ``max_steps`` (or from a resumed step); returns the summary dict
         (held-out metrics before / after, timings, the export path)."""
-        os.makedirs(self.cfg.output_dir, exist_ok=True)
+        os.makedirs(paths.log_dir(self.cfg), exist_ok=True)
+        os.makedirs(paths.lock_dir(self.cfg), exist_ok=True)
+        where = paths.where_words(self.cfg)
+        if where is not None:
+            self.say(where)
         multi = jax.process_count() > 1
-        with output_dir_lock(self.cfg.output_dir), stop_signals(), synced_stops(multi):
+        with output_dir_lock(paths.lock_dir(self.cfg)), stop_signals(), synced_stops(multi):
             self.data_sha256 = data_digest(self.cfg)
             self.maybe_resume()
             record_config(
@@ -247,7 +253,7 @@ class Trainer:
         last = max(on_disk) if on_disk else None
         if self._last_saved is not None and self._last_saved not in on_disk:
             self._last_saved = None  # its write did not finish: saving it again is allowed
-        where = f"{self.cfg.output_dir}/checkpoints"
+        where = self.ckpt.directory
         if [id(h.state) for h in holders] != counts:  # an update replaced a state
             return (
                 f"stopped after the update of step {step + 1} began, so its state is not saved; "
@@ -311,7 +317,12 @@ class Trainer:
         for c, _ in self.companions:
             c.wait_until_finished()
         if cfg.checkpoint.export_hf:
-            summary["hf_export"] = export_policy(self.policy, cfg)
+            # a URI's run directory cannot take transformers' local writes: the export goes to
+            # the local log directory then (paths.log_dir)
+            local = cfg
+            if paths.is_remote(cfg.output_dir):
+                local = dataclasses.replace(cfg, output_dir=paths.log_dir(cfg))
+            summary["hf_export"] = export_policy(self.policy, local)
         summary.update(self.summary_extras())
         summary.update(
             train_time_s=self.train_time,

@@ -14,16 +14,18 @@ import jax
 from jaxrl_llm.errors import ConfigError, TrainingError
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.policy import Policy
+from jaxrl_llm.train.run import paths
 
 
 def make_checkpointer(cfg: RunConfig, policy: Policy, *, subdir: str = "checkpoints"):
     """The run's orbax CheckpointManager under ``output_dir/<subdir>`` (model config and
-    tokenizer saved alongside, so ``jaxrl-llm convert`` works from it)."""
+    tokenizer saved alongside, so ``jaxrl-llm convert`` works from it); ``output_dir`` may be
+    a URI (:mod:`jaxrl_llm.train.run.paths`)."""
     from jaxrl_llm.train.run.checkpoint import CheckpointManager
 
     tok = policy.tokenizer if hasattr(policy.tokenizer, "save_pretrained") else None
     return CheckpointManager(
-        os.path.join(cfg.output_dir, subdir),
+        paths.join(paths.resolve(cfg.output_dir), subdir),
         save_every=cfg.checkpoint.save_every or 10**9,
         keep=cfg.checkpoint.keep,
         model_config=policy.config,
@@ -46,8 +48,8 @@ def restore_latest(ckpt, policy: Policy, step: int | None = None) -> dict | None
 def make_logger(
     cfg: RunConfig, *, progress_keys, stream, resumed: dict | None, loss_config: Any = None
 ):
-    """The run's MetricsLogger (metrics.jsonl and the trackers of ``logging``; main process
-    only). The trackers get the resolved config (:func:`resolved_config_dict`).
+    """The run's MetricsLogger (metrics.jsonl and the trackers of ``logging``, in the local
+    :func:`~jaxrl_llm.train.run.paths.log_dir`; main process only). The trackers get the resolved config (:func:`resolved_config_dict`).
 
     ``resumed`` is the ``extra`` dict of the checkpoint the run resumed from (None for a fresh
     run): its ``metrics_rows`` (see :func:`run_extra`) says how many rows of ``metrics.jsonl``
@@ -58,11 +60,11 @@ def make_logger(
 
     lg = cfg.logging
     return MetricsLogger(
-        cfg.output_dir,
+        paths.log_dir(cfg),
         total_steps=cfg.max_steps,
         trackers=lg.active_trackers(),
         project=lg.project or lg.wandb_project,
-        run_name=lg.run_name,
+        run_name=paths.run_name(cfg),
         is_main_process=jax.process_index() == 0,
         progress_keys=progress_keys,
         stream=stream,
@@ -216,7 +218,9 @@ def output_dir_lock(output_dir: str):
     """Hold an exclusive lock on ``output_dir`` for a run (main process only): a second run
     started on the same directory stops with a one-line error instead of mixing its
     checkpoints and metrics into the first's. The lock is an ``flock`` on
-    ``output_dir/.lock``: released by the OS when the process ends, even when killed.
+    ``output_dir/.lock``: released by the OS when the process ends, even when killed. Pass
+    :func:`~jaxrl_llm.train.run.paths.lock_dir` (a URI cannot be ``flock``-ed: its local log
+    directory is locked instead).
     Re-entrant within a process (``jaxrl-llm train`` takes it before building the trainer,
     whose ``run`` takes it again)."""
     key = os.path.realpath(output_dir)
@@ -257,7 +261,8 @@ def _flat(d, prefix: str = "") -> dict:
 
 def record_config(cfg: RunConfig, loss_config: Any, resumed_step: int | None, say) -> None:
     """Write the resolved config (the loss section as the run plan resolved it,
-    ``loss_config``, with its defaults) into ``output_dir``.
+    ``loss_config``, with its defaults) into the run's local
+    :func:`~jaxrl_llm.train.run.paths.log_dir` (``output_dir`` unless it is a URI).
 
     A fresh run writes ``config.yaml``. A resumed one keeps that file (the run's original
     config) and writes ``config.resumed-<step>.yaml`` beside it, after ``say``-ing every key
@@ -269,7 +274,9 @@ def record_config(cfg: RunConfig, loss_config: Any, resumed_step: int | None, sa
     import yaml
 
     resolved = resolved_config_dict(cfg, loss_config)
-    original = os.path.join(cfg.output_dir, "config.yaml")
+    logs = paths.log_dir(cfg)
+    os.makedirs(logs, exist_ok=True)
+    original = os.path.join(logs, "config.yaml")
     if resumed_step is None or not os.path.isfile(original):
         path = original
     else:
@@ -285,6 +292,6 @@ def record_config(cfg: RunConfig, loss_config: Any, resumed_step: int | None, sa
             f"resume from step {resumed_step}: config changes vs config.yaml: "
             + ("; ".join(changed) if changed else "none")
         )
-        path = os.path.join(cfg.output_dir, f"config.resumed-{resumed_step}.yaml")
+        path = os.path.join(logs, f"config.resumed-{resumed_step}.yaml")
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(resolved, f, sort_keys=False)

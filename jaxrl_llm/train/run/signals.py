@@ -23,6 +23,13 @@ signal (one all-reduced flag a step), and all of them save the same step and exi
 so that no process is left waiting in a collective for one that stopped (the way MaxText and
 orbax sync a preemption: ``jax.experimental.multihost_utils.reached_preemption_sync_point``).
 
+JAX's own preemption notice (that function) is not a second trigger here. Its notifier (XLA's,
+started by ``jax.distributed.initialize``) learns of a preemption from a SIGTERM, through a C
+handler that :func:`stop_signals` replaces for the length of a run, so on a run here it would
+never fire (read from jaxlib's ``SigtermNotifier`` and Python's ``signal.signal``, which
+installs its own C handler; not measured); what it adds on a cloud scheduler (a notice without a SIGTERM) cannot be triggered
+on localhost, and an untested trigger at every step boundary was not added.
+
 A ``KeyboardInterrupt`` raised by user code is not one of these: user code runs on the threads
 of :mod:`jaxrl_llm.rewards.user_code`, where it is that call's failure, and Python delivers
 signals to the main thread only (https://docs.python.org/3/library/signal.html).
