@@ -16,15 +16,14 @@ from jaxrl_llm.parallel.context import (
     context_size,
     under_mesh,
 )
-from jaxrl_llm.parallel.distributed import (
+from jaxrl_llm.parallel.distributed import detected_cluster, initialize_distributed, watch_peers
+from jaxrl_llm.parallel.host_rows import (
     agree_width,
     check_host_blocks,
-    detected_cluster,
     gather_numbers,
     gather_strings,
     host_local_batch_to_global,
     host_local_rows,
-    initialize_distributed,
     on_processes,
     over_processes,
     process_mesh,
@@ -34,7 +33,6 @@ from jaxrl_llm.parallel.distributed import (
     take_rows,
     to_global,
     to_host,
-    watch_peers,
 )
 from jaxrl_llm.parallel.mesh import MESH_AXES, free_memory, make_mesh, mesh_shape, split_devices
 from jaxrl_llm.parallel.rules import (

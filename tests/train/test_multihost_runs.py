@@ -5,7 +5,7 @@ same config in 1 process × 8 devices.
 Each process samples and scores its own half of every step's prompts on its own devices and
 keeps those rows (host-local); they enter the programs as its part of global arrays split by
 rows over all 8 devices, and only numbers (metrics, per-row rewards and lengths) go between
-the hosts outside the programs (jaxrl_llm/parallel/distributed.py). The per-device shapes are
+the hosts outside the programs (jaxrl_llm/parallel/host_rows.py). The per-device shapes are
 the same in both layouts (8 rows per device), so the runs agree to float rounding.
 """
 

@@ -28,7 +28,7 @@ from jaxrl_llm import models
 from jaxrl_llm.data import Format, make_iterator
 from jaxrl_llm.parallel import check_host_blocks, gather_numbers
 from jaxrl_llm.parallel.decode_model import device_chip
-from jaxrl_llm.parallel.distributed import EXCHANGED
+from jaxrl_llm.parallel.host_rows import EXCHANGED
 from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.compile.aot_inputs import per_device_bytes

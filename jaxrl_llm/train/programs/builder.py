@@ -136,7 +136,7 @@ def build_programs(
         )
     evaluate = jax.jit(lambda params, batch, frozen: loss(params, batch, **frozen)[1])
     # On a mesh spanning processes, host batches enter as global arrays split by rows, and
-    # per-row results come back (parallel/distributed.py: on_processes).
+    # per-row results come back (parallel/host_rows.py: on_processes).
     wrap = functools.partial(on_processes, mesh=policy.mesh, local_rows=local_rows)
     return Programs(
         train=wrap(train, gather=False),
