@@ -55,9 +55,9 @@ for f in gc.get_objects():
 try:
     sys.audit('socket.connect', None, ('127.0.0.1', 1))
     sys.audit('os.system', b'true')
-    print('HOOK_OFF')
+    print('HOOK_OFF', flush=True)  # flushed: a case may kill itself (kill(-1) includes it)
 except PermissionError:
-    print('HOOK_ON')
+    print('HOOK_ON', flush=True)
 """
 
 CASES = {
@@ -144,8 +144,8 @@ print('chroot', libc.chroot(b'/tmp'))
     + """
 import ctypes, os
 libc = ctypes.CDLL(None)
-for pid in (os.getppid(), 1, -1):
-    print(pid, libc.kill(pid, 9))
+for pid in (os.getppid(), 1, -1):  # -1: every process it may signal, itself included
+    print(pid, libc.kill(pid, 9), flush=True)
 """,
 }
 
