@@ -8,6 +8,10 @@ checkpoint write cut off). The phases, in the order a step passes them:
 - ``update``: the first minibatch update of the step has been applied to the state in memory.
 - ``checkpoint``: the step's checkpoint write has started and is still in flight.
 
+``JAXRL_LLM_FAULT=PHASE:STEP:INT`` (or ``TERM``) sends that signal instead, as Ctrl-C or a
+scheduler would, at a point of the run a test can name (a test process reading the run's
+progress lines may lag behind steps that take milliseconds).
+
 Unset (the normal case), :func:`fault_point` is a dictionary lookup and nothing else.
 """
 
@@ -20,7 +24,12 @@ ENV_VAR = "JAXRL_LLM_FAULT"
 
 
 def fault_point(phase: str, step: int) -> None:
-    """SIGKILL this process if ``JAXRL_LLM_FAULT`` is ``f"{phase}:{step}"``."""
+    """SIGKILL this process if ``JAXRL_LLM_FAULT`` is ``f"{phase}:{step}"``; send it SIGINT
+    or SIGTERM if it is ``f"{phase}:{step}:INT"`` / ``":TERM"``."""
     spec = os.environ.get(ENV_VAR)
-    if spec and spec == f"{phase}:{step}":
+    if not spec or not spec.startswith(f"{phase}:{step}"):
+        return
+    if spec == f"{phase}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif spec in (f"{phase}:{step}:INT", f"{phase}:{step}:TERM"):
+        os.kill(os.getpid(), getattr(signal, "SIG" + spec.rsplit(":", 1)[1]))
