@@ -202,9 +202,14 @@ def run_training(cfg: RunConfig) -> dict:
     _check_output_dir(cfg)  # again: another run may have written checkpoints since the check
     if jax_main_process():  # the model loads and the first programs compile before any step
         print(start_line(cfg), file=sys.stderr, flush=True)
-    _make_output_dir(paths.lock_dir(cfg))
+    lock = paths.lock_dir(cfg)  # output_dir when local; the local log directory for a bucket
     # the trainer writes config.yaml once it holds the lock and any resume succeeded
-    with made_output_dir(cfg.output_dir), output_dir_lock(paths.lock_dir(cfg)), stop_signals():
+    with (
+        made_output_dir(cfg.output_dir),
+        made_output_dir(lock) if paths.is_remote(cfg.output_dir) else contextlib.nullcontext(),
+        output_dir_lock(lock),
+        stop_signals(),
+    ):
         if cfg.is_online:
             trainer = voting_online_trainer()(cfg)
         else:

@@ -7,9 +7,12 @@ from jaxrl_llm.cli.main import build_parser, main
 
 def test_overrides_may_follow_options():
     """``train CFG --resume a=1 b=2`` keeps every override (argparse alone would reject a=1)."""
+    from jaxrl_llm.cli.train import _split_resume
+
     parser = build_parser()
     args, extra = parser.parse_known_args(["train", "c.yaml", "x=1", "--resume", "a.b=2", "c=3"])
-    assert extra == ["a.b=2", "c=3"] and args.overrides == ["x=1"] and args.resume
+    _split_resume(args)  # --resume takes auto / true; a dotted override after it stays one
+    assert args.overrides + extra == ["x=1", "a.b=2", "c=3"] and args.resume == "true"
 
 
 def test_unknown_option_is_a_usage_error(capsys):
