@@ -42,7 +42,7 @@ from jaxrl_llm import objectives
 from jaxrl_llm.parallel import gather_numbers
 from jaxrl_llm.train.config.sections import CorrectionSection
 from jaxrl_llm.train.online.experience import merge_process_metrics
-from jaxrl_llm.train.online.learner import context_padded
+from jaxrl_llm.train.online.learner import context_padded, informative_rows
 
 
 @functools.partial(jax.jit, static_argnames=("level", "mode", "low", "high"))
@@ -94,10 +94,9 @@ def recompute_rows(advantages: np.ndarray, mask: np.ndarray, *, group_size: int)
     next groups to a power-of-two number of groups (few compiled shapes). Across processes
     (host-local rows) the count is the largest process's, so that every process recomputes
     as many rows (one global array)."""
-    n, g = len(mask), group_size
-    adv = np.asarray(advantages).reshape(n, -1)
-    valid = np.asarray(mask).reshape(n, -1) > 0
-    need = np.any((adv != 0) & valid, axis=1).reshape(-1, g).any(axis=1)
+    g = group_size
+    rows = informative_rows({"advantages": advantages, "loss_mask": mask})
+    need = np.asarray(rows.reshape(-1, g).any(axis=1))
     count = max(1, int(gather_numbers(np.int64(need.sum())).max()))
     bucket = min(len(need), 1 << (count - 1).bit_length())
     groups = np.sort(np.argsort(~need, kind="stable")[:bucket])
