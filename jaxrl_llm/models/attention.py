@@ -74,6 +74,8 @@ __all__ = [
 # naive time at 1,024 and 0.28× at 2,048. Keeping the naive path below keeps the decode step
 # (T = 1) exactly as before.
 NAIVE_MAX_SCORES = 512 * 512
+# Query and key block length of the blockwise path (``attention(block_size=...)``'s default).
+BLOCKWISE_BLOCK = 512
 
 
 def softmax_with_sinks(scores: jax.Array, sinks: jax.Array | None, axis: int) -> jax.Array:
@@ -354,7 +356,7 @@ def dot_product_attention(
     softcap: float | None = None,
     impl: AttentionImpl | str = AttentionImpl.AUTO,
     backend: str | None = None,
-    block_size: int = 512,
+    block_size: int = BLOCKWISE_BLOCK,
     sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Grouped-query attention through the implementation :func:`select_attention_impl` picks.

@@ -211,7 +211,10 @@ def test_hybrid_stack_counts_linear_layers_by_kind():
 
     # a linear layer has no T x T scores: its bytes per token do not grow with T
     assert per_token(256, True) == per_token(8192, True)
-    assert per_token(8192, False) > per_token(256, False)
+    # an attention layer keeps float32 scores and probabilities (2 · H · T per token) on the
+    # naive path (T ≤ 512), and only a running maximum and sum per head (2 · H) blockwise
+    assert per_token(256, False) - per_token(128, False) == 2 * 4 * 16 * 128
+    assert per_token(8192, False) == per_token(1024, False) < per_token(512, False)
     # remat full: the stack scans periods of 4 layers, so it keeps 8 period inputs, and one
     # whole period (3 linear layers, 1 attention layer) is live again in its backward pass
     sft = estimate_memory(c, "sft", batch_size=2, seq_len=256, remat="full", device="cpu")
@@ -229,6 +232,26 @@ def test_qwen3_5_moe_preset_counts_experts_and_the_shared_expert():
     assert c.num_params(active=True) == pytest.approx(3.455e9, rel=1e-3)
     assert expert_params(c) == 40 * 256 * 3 * 2048 * 512
     assert (c.num_linear_layers, c.num_attention_layers, c.shared_expert_size) == (30, 10, 512)
+
+
+def test_long_sequences_hold_one_block_of_attention_scores():
+    # Llama-3.2-1B GRPO on v5e:2x2 (fsdp=4), T = 1024: attention runs blockwise, and the
+    # compiled step's second largest buffer is one f32[16,8,4,512,512] block of scores (16
+    # rows a device), 512 MiB, not 2 · H · T bytes per token over all 16,384 tokens (2 GiB).
+    from jaxrl_llm.train.compile.memory import (
+        activation_bytes,
+        activation_bytes_per_token_per_layer,
+    )
+
+    c = MODEL_PRESETS["1b"]
+    full = activation_bytes(c, 16 * 1024, 1024, remat="full", dtype_bytes=2, tensor=1)
+    none = activation_bytes_per_token_per_layer(c, 1024, remat="none", dtype_bytes=2)
+    layer_inputs = 2 * c.hidden_size * c.num_layers
+    assert full == (layer_inputs + none) * 16 * 1024 + 16 * 32 * 512 * 512 * 4
+    # short sequences run the naive path: no block, the scores are in the per-token share
+    short = activation_bytes(c, 16 * 256, 256, remat="full", dtype_bytes=2, tensor=1)
+    none_short = activation_bytes_per_token_per_layer(c, 256, remat="none", dtype_bytes=2)
+    assert short == (layer_inputs + none_short) * 16 * 256
 
 
 def test_fsdp_step_holds_the_unembedding_gathered_whole():

@@ -339,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report")
     p.add_argument(
+        "--from-report",
+        default=None,
+        help="also read finished configurations from a report's JSON (tools/bench/results/"
+        "tpu_compile.json): its compiled numbers, with the estimate recomputed as it is now",
+    )
+    p.add_argument(
         "--work",
         action="store_true",
         help="the per-device work report (WORK_CONFIGS) instead of the memory one",
@@ -350,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             for line in f:
                 rec = json.loads(line)
                 results[rec["key"]] = rec["result"]
+    if args.from_report:
+        with open(args.from_report, encoding="utf-8") as f:
+            results = {**json.load(f)["metrics"], **results}
     if args.work:
         return _main_work(args, argv, results)
     for model, algorithm, topology, mesh, extra in CONFIGS:

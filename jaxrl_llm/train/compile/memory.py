@@ -40,8 +40,9 @@ axis) and the router's float32 probabilities. Tokens are replicated over the exp
 
 Gradients, activations, logits and the KV cache are transient: the rollout and the trainable
 models' updates (policy, critic) run one after the other, so the total counts the largest of
-their transient memory, not the sum. Attention is the plain (non-flash) kind this package
-implements, so its scores cost H · T per token.
+their transient memory, not the sum. Attention keeps its float32 scores (2 · H · T bytes per
+token) only on the naive path of short sequences; longer ones run blockwise and hold one block
+of scores at a time (:func:`kept_scores_bytes_per_token`, :func:`attention_block_bytes`).
 
 These are estimates of the dominant terms, checked against XLA's compiled memory analysis on
 CPU in ``tests/train/test_memory.py`` and against TPU programs compiled for a TPU slice
@@ -58,6 +59,7 @@ from typing import Any
 from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
 from jaxrl_llm.losses.registry import Algorithm
+from jaxrl_llm.models.attention import BLOCKWISE_BLOCK, NAIVE_MAX_SCORES
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.options import LayerType
 from jaxrl_llm.train.compile.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
@@ -241,8 +243,8 @@ def activation_bytes_per_token_per_layer(
 ) -> int:
     """Bytes kept for the backward pass, per token and layer, in one model's training forward.
 
-    ``none``: layer input, both norm outputs, q/k/v (pre and post RoPE), the float32 attention
-    scores and probabilities (2 · H · T per token), attention output, residual, MLP
+    ``none``: layer input, both norm outputs, q/k/v (pre and post RoPE), what attention keeps
+    of its scores (:func:`kept_scores_bytes_per_token`), attention output, residual, MLP
     gate/up/activation/product.
     ``dots``: only matmul outputs (q, k, v, attention output projection, gate, up, down).
     ``full``: only the layer input (the layer is recomputed in the backward pass).
@@ -275,7 +277,31 @@ def activation_bytes_per_token_per_layer(
         return mixer + mlp + moe_extra
     if remat == "dots":
         return dtype_bytes * (h * e + 2 * k * e + d + 2 * f + d) + moe_extra
-    return dtype_bytes * (5 * d + 3 * h * e + 4 * k * e + 4 * f) + 2 * 4 * h * seq_len + moe_extra
+    scores = kept_scores_bytes_per_token(h, seq_len)
+    return dtype_bytes * (5 * d + 3 * h * e + 4 * k * e + 4 * f) + scores + moe_extra
+
+
+def kept_scores_bytes_per_token(heads: int, seq_len: int) -> int:
+    """What attention keeps of its scores per token for the backward pass: the naive path
+    (``AttentionImpl.AUTO`` for T² ≤ :data:`~jaxrl_llm.models.NAIVE_MAX_SCORES`) the float32
+    scores and probabilities, 2 · H · T; the blockwise path (longer T; also splash and cuDNN,
+    which this estimate does not tell apart) only its float32 running maximum and sum per
+    query and head, 2 · H, since its backward recomputes each block's scores
+    (:func:`attention_block_bytes`)."""
+    if seq_len * seq_len <= NAIVE_MAX_SCORES:
+        return 2 * 4 * heads * seq_len
+    return 2 * 4 * heads
+
+
+def attention_block_bytes(heads: int, rows: int, seq_len: int) -> int:
+    """The one block of float32 scores the blockwise path's backward holds at a time, over the
+    rows of a micro-batch: ``f32[rows, K, H/K, 512, 512]`` (512 MiB for 16 rows of Llama-3.2-1B
+    at T = 1024 on v5e:2x4, fsdp=4: the second largest buffer of the compiled GRPO step);
+    0 on the naive path (its scores are counted per token)."""
+    if seq_len * seq_len <= NAIVE_MAX_SCORES:
+        return 0
+    block = min(seq_len, BLOCKWISE_BLOCK)
+    return 4 * rows * heads * block * block
 
 
 def linear_mixer_bytes_per_token(
@@ -309,7 +335,14 @@ def linear_mixer_bytes_per_token(
 
 
 def activation_bytes(
-    config: ModelConfig, tokens: int, seq_len: int, *, remat: str, dtype_bytes: int, tensor: int
+    config: ModelConfig,
+    tokens: int,
+    seq_len: int,
+    *,
+    remat: str,
+    dtype_bytes: int,
+    tensor: int,
+    rows: int | None = None,
 ) -> int:
     """Activations one training forward over ``tokens`` keeps for its backward pass, with the
     unit the backward recomputes (``dots`` / ``full``) live again once in full.
@@ -318,7 +351,8 @@ def activation_bytes(
     and, with remat, one layer's ``none`` share. A hybrid stack (Qwen3.5) scans periods of its
     layer pattern (three linear-attention layers then one attention layer) and rematerialises
     a period as a unit: with ``full`` it keeps one input per period, and the period's layers
-    are all live during its backward pass.
+    are all live during its backward pass. Long sequences add one block of attention scores
+    over the forward's ``rows`` (default ``tokens // seq_len``; :func:`attention_block_bytes`).
     """
 
     def per_token(kind_remat: str, linear: bool) -> int:
@@ -326,10 +360,12 @@ def activation_bytes(
             config, seq_len, remat=kind_remat, dtype_bytes=dtype_bytes, tensor=tensor, linear=linear
         )
 
+    heads = max(config.num_heads // tensor, 1)
+    block = attention_block_bytes(heads, rows or max(tokens // seq_len, 1), seq_len)
     if not config.is_hybrid:
         per_layer = per_token(remat, False) * config.num_layers
         live = 0 if remat == "none" else per_token("none", False)
-        return (per_layer + live) * tokens
+        return (per_layer + live) * tokens + block
     n_lin, n_att = config.num_linear_layers, config.num_attention_layers
     period = config.layer_period
     if remat == "full":
@@ -339,7 +375,7 @@ def activation_bytes(
     live = 0
     if remat != "none":
         live = sum(per_token("none", t == LayerType.LINEAR) for t in period)
-    return (kept + live) * tokens
+    return (kept + live) * tokens + block
 
 
 def _check_estimate_args(
@@ -442,7 +478,9 @@ def _update_rows(
     buffer report holds two dedicated 1.96 GiB slots of it beside a third it shares (in the
     8B steps gradient and weight shared one slot: counting both is the safe side)."""
     name, b = role.value, _BYTES[dtype]
-    act = activation_bytes(config, tokens, seq_len, remat=remat, dtype_bytes=b, tensor=tensor)
+    act = activation_bytes(
+        config, tokens, seq_len, remat=remat, dtype_bytes=b, tensor=tensor, rows=train_rows
+    )
     rows = [_row(name, f"activations (remat={remat})", act, True)]
     if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
         rows.append(_row(name, f"weights cast to {dtype} (in the step)", n * b, True))
