@@ -9,7 +9,9 @@ from jaxrl_llm.cli.main import main
 from jaxrl_llm.cli.memory import device_kind, resolve_device
 from jaxrl_llm.train.compile.memory import DEVICE_MEMORY, MODEL_PRESETS, estimate_memory, fit_advice
 
-DPO_8B = dict(batch_size=8, seq_len=1024, group_size=8, fsdp=4, device="tpu-v5p")
+# 14 pairs of 1024 tokens with no remat: 98 GiB a chip, just over a v5p's 95 (each of the four
+# kinds of change fits it)
+DPO_8B = dict(batch_size=14, seq_len=1024, group_size=8, fsdp=4, device="tpu-v5p")
 
 
 def test_each_advice_is_the_estimators_total_and_fits():
@@ -66,6 +68,7 @@ def test_device_follows_topology_then_backend():
 
 def test_cli_topology_sets_the_device_and_lists_advice(capsys):
     argv = ["memory", "--model", "8b", "--algorithm", "dpo", "--topology", "v5p:4x4x4"]
+    argv += ["--batch", "14"]
     assert main([*argv, "--mesh", "fsdp=4"]) == 0
     out = capsys.readouterr().out
     assert "device: tpu-v5p (from --topology v5p:4x4x4)" in out and "does NOT fit" in out
@@ -136,18 +139,24 @@ def test_online_plan_counts_the_sampler_copy_and_ranks_changes_by_modeled_step(c
     assert times == sorted(times) and all(t > 0 for t in times)
 
 
-def test_a_setup_that_fits_gets_the_faster_setups_that_also_fit(capsys):
+def test_the_plain_fsdp_setup_gets_the_tensor_parallel_copy_and_is_3x_faster(capsys):
     """8B GRPO on v6e:2x4, 8 prompts × G 8 of 1024 + 1024 tokens at fsdp=8 (issue 39's
-    planner case) fits with no room for the sampler's copy, so it decodes on the learner's
-    layout; the planner's first faster setup frees activations for the copy and models a
-    step at least 3× faster, and fits."""
+    planner case) fits with the sampler's copy tensor parallel over the host's 8 chips, and
+    models a step at least 3× faster than the same setup decoding on the learner's layout
+    (what the run did before the copy: 18.2 s compiled, issue 39). The setups it lists as
+    faster are faster still, and fit."""
+    from jaxrl_llm.parallel.decode_model import kind_chip
+    from jaxrl_llm.train.compile.step_model import model_step, peak_flops
+
     argv = ["memory", "--model", "8b", "--algorithm", "grpo", "--topology", "v6e:2x4"]
     argv += ["--mesh", "fsdp=8", "--seq-len", "2048", "--remat", "full", "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["fits"] and out["sampler_tensor"] == 0
-    first = out["faster"][0]
-    assert first["sampler_tensor"] > 0 and first["total_bytes_per_device"] <= out["device_bytes"]
-    assert out["step_model"]["step_s"] >= 3 * first["step_model"]["step_s"], first
+    assert out["fits"] and out["sampler_tensor"] == 8
+    chip, peak = kind_chip("tpu-v6e"), peak_flops("tpu-v6e")
+    setup = dict(batch_size=8, group_size=8, seq_len=2048, prompt_len=1024, fsdp=8)
+    on_learner = model_step(MODEL_PRESETS["8b"], "grpo", chip, peak, remat="full", **setup)
+    assert on_learner.step_s >= 3 * out["step_model"]["step_s"], out["step_model"]
     times = [f["step_model"]["step_s"] for f in out["faster"]]
-    assert times == sorted(times)
+    assert times == sorted(times) and all(t < out["step_model"]["step_s"] for t in times)
+    assert all(f["total_bytes_per_device"] <= out["device_bytes"] for f in out["faster"])

@@ -40,9 +40,9 @@ axis) and the router's float32 probabilities. Tokens are replicated over the exp
 
 Gradients, activations, logits and the KV cache are transient: the rollout and the trainable
 models' updates (policy, critic) run one after the other, so the total counts the largest of
-their transient memory, not the sum. Attention keeps its float32 scores (2 · H · T bytes per
-token) only on the naive path of short sequences; longer ones run blockwise and hold one block
-of scores at a time (:func:`kept_scores_bytes_per_token`, :func:`attention_block_bytes`).
+their transient memory, not the sum. Attention keeps its float32 scores (2 · H · T per token)
+only on the naive path of short sequences; longer ones run blockwise and keep one key block's
+worth per query (:func:`kept_scores_bytes_per_token`).
 
 These are estimates of the dominant terms, checked against XLA's compiled memory analysis on
 CPU in ``tests/train/test_memory.py`` and against TPU programs compiled for a TPU slice
@@ -282,26 +282,19 @@ def activation_bytes_per_token_per_layer(
 
 
 def kept_scores_bytes_per_token(heads: int, seq_len: int) -> int:
-    """What attention keeps of its scores per token for the backward pass: the naive path
-    (``AttentionImpl.AUTO`` for T² ≤ :data:`~jaxrl_llm.models.NAIVE_MAX_SCORES`) the float32
-    scores and probabilities, 2 · H · T; the blockwise path (longer T; also splash and cuDNN,
-    which this estimate does not tell apart) only its float32 running maximum and sum per
-    query and head, 2 · H, since its backward recomputes each block's scores
-    (:func:`attention_block_bytes`)."""
+    """What attention keeps of its scores per token for the backward pass. The naive path
+    (``AttentionImpl.AUTO`` for T² ≤ :data:`~jaxrl_llm.models.NAIVE_MAX_SCORES`): the float32
+    scores and probabilities, 2 · 4 · H · T bytes. The blockwise path (longer T): one key
+    block's float32 probabilities per query and head, 4 · H · 512 bytes, and the running
+    maximum and sum, 2 · 4 · H, however long T is. Measured: the compiled Llama-3.2-1B GRPO
+    step on v5e:2x2 holds ``f32[16,8,4,512,512]`` (16 rows' 512 completion tokens × 32
+    heads × one 512-key block) for the layer its backward recomputes; a tiny Llama's step
+    compiled on CPU with no remat at T = 1024 and 2048 holds about 4 · H · 512 bytes a token
+    in every layer beyond the rest (``tests/train/test_memory.py``). Splash and cuDNN are
+    not told apart from the blockwise path."""
     if seq_len * seq_len <= NAIVE_MAX_SCORES:
         return 2 * 4 * heads * seq_len
-    return 2 * 4 * heads
-
-
-def attention_block_bytes(heads: int, rows: int, seq_len: int) -> int:
-    """The one block of float32 scores the blockwise path's backward holds at a time, over the
-    rows of a micro-batch: ``f32[rows, K, H/K, 512, 512]`` (512 MiB for 16 rows of Llama-3.2-1B
-    at T = 1024 on v5e:2x4, fsdp=4: the second largest buffer of the compiled GRPO step);
-    0 on the naive path (its scores are counted per token)."""
-    if seq_len * seq_len <= NAIVE_MAX_SCORES:
-        return 0
-    block = min(seq_len, BLOCKWISE_BLOCK)
-    return 4 * rows * heads * block * block
+    return 4 * heads * min(seq_len, BLOCKWISE_BLOCK) + 2 * 4 * heads
 
 
 def linear_mixer_bytes_per_token(
@@ -335,14 +328,7 @@ def linear_mixer_bytes_per_token(
 
 
 def activation_bytes(
-    config: ModelConfig,
-    tokens: int,
-    seq_len: int,
-    *,
-    remat: str,
-    dtype_bytes: int,
-    tensor: int,
-    rows: int | None = None,
+    config: ModelConfig, tokens: int, seq_len: int, *, remat: str, dtype_bytes: int, tensor: int
 ) -> int:
     """Activations one training forward over ``tokens`` keeps for its backward pass, with the
     unit the backward recomputes (``dots`` / ``full``) live again once in full.
@@ -351,8 +337,7 @@ def activation_bytes(
     and, with remat, one layer's ``none`` share. A hybrid stack (Qwen3.5) scans periods of its
     layer pattern (three linear-attention layers then one attention layer) and rematerialises
     a period as a unit: with ``full`` it keeps one input per period, and the period's layers
-    are all live during its backward pass. Long sequences add one block of attention scores
-    over the forward's ``rows`` (default ``tokens // seq_len``; :func:`attention_block_bytes`).
+    are all live during its backward pass.
     """
 
     def per_token(kind_remat: str, linear: bool) -> int:
@@ -360,12 +345,10 @@ def activation_bytes(
             config, seq_len, remat=kind_remat, dtype_bytes=dtype_bytes, tensor=tensor, linear=linear
         )
 
-    heads = max(config.num_heads // tensor, 1)
-    block = attention_block_bytes(heads, rows or max(tokens // seq_len, 1), seq_len)
     if not config.is_hybrid:
         per_layer = per_token(remat, False) * config.num_layers
         live = 0 if remat == "none" else per_token("none", False)
-        return (per_layer + live) * tokens + block
+        return (per_layer + live) * tokens
     n_lin, n_att = config.num_linear_layers, config.num_attention_layers
     period = config.layer_period
     if remat == "full":
@@ -375,7 +358,7 @@ def activation_bytes(
     live = 0
     if remat != "none":
         live = sum(per_token("none", t == LayerType.LINEAR) for t in period)
-    return (kept + live) * tokens + block
+    return (kept + live) * tokens
 
 
 def _check_estimate_args(
@@ -478,9 +461,7 @@ def _update_rows(
     buffer report holds two dedicated 1.96 GiB slots of it beside a third it shares (in the
     8B steps gradient and weight shared one slot: counting both is the safe side)."""
     name, b = role.value, _BYTES[dtype]
-    act = activation_bytes(
-        config, tokens, seq_len, remat=remat, dtype_bytes=b, tensor=tensor, rows=train_rows
-    )
+    act = activation_bytes(config, tokens, seq_len, remat=remat, dtype_bytes=b, tensor=tensor)
     rows = [_row(name, f"activations (remat={remat})", act, True)]
     if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
         rows.append(_row(name, f"weights cast to {dtype} (in the step)", n * b, True))
