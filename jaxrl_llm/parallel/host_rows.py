@@ -202,9 +202,10 @@ def check_host_blocks(mesh: Mesh, rows: int, rules: Mapping[str, MeshAxes] = DEF
         )
 
 
-#: Bytes this process has sent to the others through :func:`gather_numbers` (the step's
-#: ``hosts/exchanged_bytes``: numbers, never rows).
-EXCHANGED = [0]
+#: Bytes this process has sent to the others through :func:`gather_numbers`, and how many
+#: such collectives it joined (the step's ``hosts/exchanged_bytes`` and ``hosts/collectives``:
+#: numbers, never rows).
+EXCHANGED = [0, 0]
 
 
 def gather_numbers(values: Any) -> np.ndarray:
@@ -217,6 +218,7 @@ def gather_numbers(values: Any) -> np.ndarray:
     if jax.process_count() == 1:
         return x[None]
     EXCHANGED[0] += x.nbytes
+    EXCHANGED[1] += 1
     from jax.experimental import multihost_utils
 
     # as bytes: a float64 or int64 would pass through JAX as 32 bits (x64 off)

@@ -146,4 +146,4 @@ class RolloutCorrector:
         t_recompute = time.perf_counter() - t
         out, metrics = correct_batch(batch, logp, self.section, rows)
         metrics["time/recompute_s"] = t_recompute
-        return out, merge_process_metrics(metrics, len(rows))
+        return out, merge_process_metrics(metrics, len(rows), site="correction")

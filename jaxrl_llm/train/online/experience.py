@@ -173,23 +173,44 @@ def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience
     )
 
 
-def merge_process_metrics(metrics: dict[str, float], rows: int) -> dict[str, float]:
+#: Per call site of :func:`merge_process_metrics`, every metric name the processes have
+#: agreed on so far, sorted; the same on every process (it only grows, at a call where every
+#: process learns the new names at once).
+_AGREED_NAMES: dict[str, list[str]] = collections.defaultdict(list)
+
+
+def merge_process_metrics(metrics: dict[str, float], rows: int, *, site: str) -> dict[str, float]:
     """A step's metrics over every process's share (host-local experience), on every
     process: counts (failures, errors, timeouts, non-finite values, pairs, dropped/kept/
     filled groups) are summed; ``time/*``, maxima and rounds are the largest process's; data
     positions are process 0's (the same everywhere); the others, means over rows, are
     averaged weighted by each process's ``rows``. A key only some processes report (a
-    failure count where one failed) is merged over those that do."""
+    failure count where one failed) is merged over those that do.
+
+    One collective (:func:`~jaxrl_llm.parallel.gather_numbers`) when every process's names
+    are among those agreed at earlier calls: each sends which of them it reports and their
+    values in that order, with a flag saying whether it had a name beyond them. Only when one did
+    are the names gathered (:func:`~jaxrl_llm.parallel.gather_strings`) and the values sent
+    again. ``site`` names the call (every process makes the same calls in the same order):
+    each keeps its own names, so a call sends only its own metrics."""
     if jax.process_count() == 1:
         return metrics
-    names = gather_strings("\n".join(sorted(metrics)))
-    keys = sorted({k for n in names for k in n.split("\n") if k})
-    mine = [float(metrics[k]) if k in metrics else np.nan for k in keys]
-    table = gather_numbers(np.array([rows, *mine], np.float64))
+    agreed = _AGREED_NAMES[site]
+    present, table = _gather_metrics(metrics, rows, agreed)
+    if not table[:, 1].all():  # a process has a name the others have not seen yet
+        names = gather_strings("\n".join(sorted(metrics)))
+        new = {k for n in names for k in n.split("\n") if k}
+        agreed[:] = sorted(new.union(agreed))
+        present, table = _gather_metrics(metrics, rows, agreed)
+    values = table[:, 2:]
     out: dict[str, float] = {}
-    for j, key in enumerate(keys):
-        v = table[:, j + 1]
-        has = ~np.isnan(v)
+    for j, key in enumerate(agreed):
+        v = values[:, j]
+        has = present[:, j] & ~np.isnan(v)
+        if not has.any():
+            if present[:, j].any():  # reported, but NaN everywhere
+                out[key] = float("nan")
+            continue
         v, weights = v[has], table[has, 0]
         if key.startswith(("time/", "data/")) or key.endswith(("_max", "rounds")):
             out[key] = float(v[0] if key.startswith("data/") else v.max())
@@ -204,6 +225,21 @@ def merge_process_metrics(metrics: dict[str, float], rows: int) -> dict[str, flo
         if isinstance(metrics.get(key), int):
             out[key] = int(out[key])
     return out
+
+
+def _gather_metrics(
+    metrics: dict[str, float], rows: int, names: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every process's ``[names]`` flags, which of the agreed ``names`` it reports (sent as
+    bits), and ``[2 + names]`` numbers: its rows, whether all its names are agreed, and its
+    values (NaN where it has none)."""
+    fits = set(metrics) <= set(names)
+    mine = [float(metrics[k]) if k in metrics else np.nan for k in names]
+    numbers = np.array([rows, float(fits), *mine], np.float64)
+    flags = np.packbits(np.array([k in metrics for k in names], bool))
+    table = gather_numbers(np.concatenate([numbers.view(np.uint8), flags]))
+    present = np.unpackbits(table[:, numbers.nbytes :], axis=1, count=len(names)).astype(bool)
+    return present, np.ascontiguousarray(table[:, : numbers.nbytes]).view(np.float64)
 
 
 def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -> dict:

@@ -357,14 +357,16 @@ class OnlineTrainer(Trainer):
     def train_step(self, step: int) -> dict:
         """Rollout → experience → learner batch → updates; returns the step's metrics."""
         t0 = time.perf_counter()
-        sent = EXCHANGED[0]
+        sent, calls = EXCHANGED
         if self.rollouts.rewards is not None:  # the reward functions' trainer_state
             self.rollouts.rewards.advance(step, self._epoch(), self.cfg.max_steps)
         exp, info = self.experience(step)
         if jax.process_count() > 1:  # host-local rows: one prompt width, metrics of all
             exp = agree_prompt_width(exp)
-            info = merge_process_metrics(info, len(exp))
-            exp = dataclasses.replace(exp, metrics=merge_process_metrics(exp.metrics, len(exp)))
+            info = merge_process_metrics(info, len(exp), site="rollout")
+            exp = dataclasses.replace(
+                exp, metrics=merge_process_metrics(exp.metrics, len(exp), site="experience")
+            )
         t_rollout = info.pop("time/rollout_s")
         t1 = time.perf_counter()
         self._t_ref = 0.0
@@ -385,7 +387,7 @@ class OnlineTrainer(Trainer):
             self.producer.box.publish(*snapshot(self.policy, self.sampler))
         self._write_samples(step, exp)
         out.update(exp.metrics)
-        out.update(merge_process_metrics(prepared.metrics, len(exp)))
+        out.update(merge_process_metrics(prepared.metrics, len(exp), site="prepare"))
         out.update(correction)
         out.update(self.sampler.metrics())
         out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
@@ -434,6 +436,7 @@ class OnlineTrainer(Trainer):
             out.update(advantage_stats(flat))
         if jax.process_count() > 1:  # what this step sent other hosts outside its programs
             out["hosts/exchanged_bytes"] = EXCHANGED[0] - sent
+            out["hosts/collectives"] = EXCHANGED[1] - calls
         return out
 
 
