@@ -33,6 +33,16 @@ With ``record_routing`` (a mixture of experts) every token a row runs through th
 prompt (from the group's prefill), its sampled tokens, appended tokens — records the experts
 it was routed to in every layer (``Row.prompt_routing``, ``Row.routing``), for rollout routing
 replay in the update (R3, Ma et al. 2025, https://arxiv.org/abs/2510.11370).
+
+On a mesh (``mesh``: the sampler's) the engine runs R data-parallel replicas, one per position
+on the mesh's batch axes (:func:`jaxrl_llm.sampling.rows.replica_axes`). Each replica has its
+own S slots, page pool, queues and page tables on the host (a group runs whole on one
+replica); their device state is stacked, replica dimension first, and split over the batch
+axes, while the weights stay as they are on the mesh. Each device program (prefill, the
+prompt-page writes, admission, the decode chunk, extensions) is one jitted program over the
+whole mesh that runs every replica's part at once (:func:`jaxrl_llm.sampling.slots.over_replicas`),
+so it compiles once, not once per replica, and one launch per round decodes every replica's
+chunk. A replica with nothing to do runs idle slots (they write only the null page).
 """
 
 from __future__ import annotations
