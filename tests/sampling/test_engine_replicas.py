@@ -86,6 +86,19 @@ def test_same_tokens_as_one_device_on_every_layout(params, axes):
 
 
 @needs_8
+def test_replicas_without_work_leave_the_others_as_they_are(params):
+    """Two prompts on four replicas: two replicas never get a row, and the rows are one
+    device's."""
+    kw = dict(sampling=SAMPLED, num_samples=2, seed=5, max_new_tokens=10, num_slots=4)
+    kw |= dict(page_size=4, chunk_steps=3)
+    one = generate_paged(params, CONFIG, PROMPTS[:2], **kw)
+    placed, mesh = _on(params, data=4)
+    out = generate_paged(placed, CONFIG, PROMPTS[:2], mesh=mesh, **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one.logprobs), atol=2e-5)
+
+
+@needs_8
 def test_engine_state_is_split_over_replicas_and_weights_over_tensor(params):
     placed, mesh = _on(params, data=4, tensor=2)
     eng = PagedEngine(placed, CONFIG, num_slots=2, page_size=4, max_len=32, gen_len=8, mesh=mesh)
