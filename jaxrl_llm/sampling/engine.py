@@ -33,6 +33,16 @@ With ``record_routing`` (a mixture of experts) every token a row runs through th
 prompt (from the group's prefill), its sampled tokens, appended tokens — records the experts
 it was routed to in every layer (``Row.prompt_routing``, ``Row.routing``), for rollout routing
 replay in the update (R3, Ma et al. 2025, https://arxiv.org/abs/2510.11370).
+
+On a mesh (``mesh``: the sampler's) the engine runs R data-parallel replicas, one per position
+on the mesh's batch axes (:func:`jaxrl_llm.sampling.rows.replica_axes`). Each replica has its
+own S slots, page pool, queues and page tables on the host (a group runs whole on one
+replica); their device state is stacked, replica dimension first, and split over the batch
+axes, while the weights stay as they are on the mesh. Each device program (prefill, the
+prompt-page writes, admission, the decode chunk, extensions) is one jitted program over the
+whole mesh that runs every replica's part at once (:func:`jaxrl_llm.sampling.slots.over_replicas`),
+so it compiles once, not once per replica, and one launch per round decodes every replica's
+chunk. A replica with nothing to do runs idle slots (they write only the null page).
 """
 
 from __future__ import annotations
@@ -44,12 +54,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import NULL_PAGE, ModelConfig, init_paged_cache, init_recurrent_state
 from jaxrl_llm.sampling.config import SamplingConfig, bucket_length
-from jaxrl_llm.sampling.decode import prefill, prefill_with_routing, routing_dtype
+from jaxrl_llm.sampling.decode import routing_dtype
 from jaxrl_llm.sampling.paged import PageTable, pages_for
+from jaxrl_llm.sampling.rows import row_split
 from jaxrl_llm.sampling.slots import (
     POW2,
     SlotState,
@@ -58,6 +70,8 @@ from jaxrl_llm.sampling.slots import (
     cow_copy,
     decode_chunk,
     extend_row,
+    prefill_prompts,
+    replica_shardings,
     store_prompts,
 )
 from jaxrl_llm.sampling.static_generate import pad_prompts, stop_token_ids
@@ -115,21 +129,47 @@ def layout_routing(
     return out
 
 
+class _Replica:
+    """Host bookkeeping of one replica: its page table, queues and slots (row ids are the
+    engine's)."""
+
+    def __init__(self, num_pages: int, page_size: int, num_slots: int):
+        self.book = PageTable(num_pages, page_size)
+        self.waiting: collections.deque[list[int]] = collections.deque()  # groups of rows
+        # rows to continue: (row, the logits [1, V] their next token is drawn from, their
+        # version, a hybrid stack's recurrent state of the row [L', 1, ...] or None)
+        self.resume: collections.deque[tuple[int, np.ndarray, int, Any]] = collections.deque()
+        self.slot_row: list[int | None] = [None] * num_slots
+        self.gen: dict[int, int] = {}  # live row -> tokens generated in its turn so far
+        self.logit_version = [0] * num_slots  # per slot: the version of its next logits
+        self.turn_versions: dict[int, list[int]] = {}  # live row -> its turn's token versions
+
+    def live(self) -> list[tuple[int, int]]:
+        """(slot, row) of the rows decoding."""
+        return [(i, r) for i, r in enumerate(self.slot_row) if r is not None]
+
+
 class PagedEngine:
     """Continuous batching of sequences over S slots and a paged KV cache (see module doc).
 
     Args:
-      params, config: the model (cast with ``dtype`` = 'bfloat16' for a bfloat16 rollout).
+      params, config: the model (cast with ``dtype`` = 'bfloat16' for a bfloat16 rollout);
+        ``params`` laid out on ``mesh`` when one is given.
       sampling: :class:`SamplingConfig`; seed: keys rows as the static engine does.
-      num_slots: S rows decoded together; page_size: Z slots per page.
+      num_slots: S rows decoded together per replica; page_size: Z slots per page.
       max_len: longest prompt + conversation a row may reach (sets the table width W).
       gen_len: M, the most tokens one turn generates (width of the slot buffers).
-      num_pages: pool size (default: enough for S rows of ``max_len`` + the null page).
+      num_pages: pool size per replica (default: enough for S rows of ``max_len`` + the
+        null page).
       chunk_steps: decode steps per jitted chunk between host refills.
       dtype: None, 'float32' or 'bfloat16'.
       version: the weights' version (recorded per sampled token; :meth:`swap` changes it).
       record_routing: a mixture of experts: record every token's experts (module docstring);
         ignored for a dense model.
+      mesh: the sampler's mesh (None: one device). One replica per position on its batch
+        axes (:func:`jaxrl_llm.sampling.rows.replica_axes`), each with S slots and its own
+        page pool; every replica's device state is stacked (replica dimension first) and
+        split over those axes, and each program runs all replicas at once (module doc).
     """
 
     def __init__(
@@ -148,6 +188,7 @@ class PagedEngine:
         dtype: str | None = None,
         version: int = 0,
         record_routing: bool = False,
+        mesh: Mesh | None = None,
     ):
         for name, value in (
             ("num_slots", num_slots),
@@ -163,53 +204,72 @@ class PagedEngine:
         self.version = int(version)
         self.sampling, self.seed = sampling, int(seed)
         self.num_slots, self.gen_len, self.chunk_steps = int(num_slots), int(gen_len), chunk_steps
+        self.page_size = int(page_size)
         self.width = pages_for(max_len, page_size)
         num_pages = num_slots * self.width + 1 if num_pages is None else int(num_pages)
-        self.book = PageTable(num_pages, page_size)
+        self.mesh = mesh
+        self.num_replicas = row_split(mesh)
+        self.replicas = [
+            _Replica(num_pages, page_size, self.num_slots) for _ in range(self.num_replicas)
+        ]
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         ids = stop_token_ids(config, sampling)
         stop = np.full((max(8, -(-len(ids) // 8) * 8),), -1, np.int32)
         stop[: len(ids)] = ids
         self._stop = jnp.asarray(stop)
         self._sampling = dataclasses.replace(sampling, stop_token_ids=(), use_model_eos=False)
-        s, m = self.num_slots, self.gen_len
-        conv, rec_state = (
-            init_recurrent_state(self.config, s) if self.config.is_hybrid else (None, None)
-        )
-        self.state = SlotState(
-            cache=init_paged_cache(self.config, num_pages, page_size),
-            table=jnp.zeros((s, self.width), jnp.int32),
-            cache_len=jnp.zeros((s,), jnp.int32),
-            logits=jnp.zeros((s, config.vocab_size), jnp.float32),
-            keys=jnp.zeros((s, 2), jnp.uint32),
-            key_offset=jnp.zeros((s,), jnp.int32),
-            gen=jnp.zeros((s,), jnp.int32),
-            budget=jnp.zeros((s,), jnp.int32),
-            active=jnp.zeros((s,), bool),
-            finished=jnp.zeros((s,), bool),
-            tokens=jnp.zeros((s, m), jnp.int32),
-            logprobs=jnp.zeros((s, m), jnp.float32),
-            routing=jnp.zeros(
-                (s, m, config.num_layers, config.num_experts_per_tok), routing_dtype(config)
-            )
-            if self.record_routing
-            else None,
-            conv=conv,
-            state=rec_state,
-        )
+        self.state = self._empty_state(num_pages)
         self.rows: list[Row] = []
-        self._waiting: collections.deque[list[int]] = collections.deque()  # groups of rows
-        # rows to continue: (row, the logits their next token is drawn from, their version,
-        # a hybrid stack's recurrent state of the row or None)
-        self._resume: collections.deque[tuple[int, jax.Array, int, Any]] = collections.deque()
+        self._replica_of: list[int] = []  # row -> its replica
+        self._next = 0  # the replica the next group goes to by default
         # a hybrid stack's kept, finished rows: their recurrent state (conv, state) [L', 1, ...]
         self._row_rec: dict[int, Any] = {}
-        self._slot_row: list[int | None] = [None] * s
-        self._gen: dict[int, int] = {}  # live row -> tokens generated in its turn so far
-        self._logit_version = [0] * s  # per slot: the version of the logits it samples next
-        self._turn_versions: dict[int, list[int]] = {}  # live row -> its turn's token versions
         # chunks, prefills, refills; live_rows and pages_held summed over chunks
         self.stats: collections.Counter = collections.Counter()
+
+    def _empty_state(self, num_pages: int) -> SlotState:
+        """Every replica's empty slots and pool, ``[R, ...]`` per leaf (split over the
+        replica axes on a mesh)."""
+        s, m, c = self.num_slots, self.gen_len, self.config
+
+        def one():
+            conv, rec_state = init_recurrent_state(c, s) if c.is_hybrid else (None, None)
+            return SlotState(
+                cache=init_paged_cache(c, num_pages, self.page_size),
+                table=jnp.zeros((s, self.width), jnp.int32),
+                cache_len=jnp.zeros((s,), jnp.int32),
+                logits=jnp.zeros((s, c.vocab_size), jnp.float32),
+                keys=jnp.zeros((s, 2), jnp.uint32),
+                key_offset=jnp.zeros((s,), jnp.int32),
+                gen=jnp.zeros((s,), jnp.int32),
+                budget=jnp.zeros((s,), jnp.int32),
+                active=jnp.zeros((s,), bool),
+                finished=jnp.zeros((s,), bool),
+                tokens=jnp.zeros((s, m), jnp.int32),
+                logprobs=jnp.zeros((s, m), jnp.float32),
+                routing=jnp.zeros((s, m, c.num_layers, c.num_experts_per_tok), routing_dtype(c))
+                if self.record_routing
+                else None,
+                conv=conv,
+                state=rec_state,
+            )
+
+        shapes = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((self.num_replicas, *x.shape), x.dtype),
+            jax.eval_shape(one),
+        )
+        if self.mesh is None:
+            return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+        shardings = replica_shardings(shapes, self.mesh)
+        return jax.tree.map(lambda x, sh: jnp.zeros(x.shape, x.dtype, device=sh), shapes, shardings)
+
+    def _put(self, x: np.ndarray) -> jax.Array:
+        """A host array of every replica's values (replica first), split over the replicas."""
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return jax.device_put(
+            x, replica_shardings(jax.ShapeDtypeStruct(x.shape, x.dtype), self.mesh)
+        )
 
     # ----- requests ---------------------------------------------------------------------------
 
@@ -222,13 +282,15 @@ class PagedEngine:
         max_new_tokens: int | list[int] = 128,
         keep: bool = False,
         first_sample: int = 0,
+        replica: int | None = None,
     ) -> list[int]:
         """Queue G samples of a prompt (a group: prefilled once); returns their row ids.
 
         ``max_new_tokens`` may be one budget per sample (≤ gen_len). ``keep`` holds the rows'
         pages after they finish, for :meth:`extend`; :meth:`release` frees them. The samples
         are keyed ``(prompt_id, first_sample + g)``: submitting a group's samples one at a
-        time with their own ``first_sample`` draws what the whole group would.
+        time with their own ``first_sample`` draws what the whole group would. ``replica``:
+        the replica the group runs on (default: the groups are dealt out in turn).
         """
         if isinstance(max_new_tokens, int):
             budgets = [max_new_tokens] * num_samples
@@ -236,49 +298,76 @@ class PagedEngine:
             budgets = [int(b) for b in max_new_tokens]
         if len(budgets) != num_samples or not all(1 <= b <= self.gen_len for b in budgets):
             raise ConfigError(f"need {num_samples} budgets in [1, {self.gen_len}], got {budgets}")
-        if not prompt or len(prompt) + max(budgets) > self.width * self.book.page_size:
+        if not prompt or len(prompt) + max(budgets) > self.width * self.page_size:
             raise ConfigError(f"prompt of {len(prompt)} tokens + budget exceeds max_len")
         if num_samples > self.num_slots:
             raise ConfigError(f"a group of {num_samples} needs more than {self.num_slots} slots")
+        k = self._next if replica is None else int(replica)
+        if not 0 <= k < self.num_replicas:
+            raise ConfigError(f"replica {k} of {self.num_replicas}")
+        self._next = (k + 1) % self.num_replicas
         ids = list(range(len(self.rows), len(self.rows) + num_samples))
         for g, b in enumerate(budgets):
             row = Row(
                 list(prompt), int(prompt_id), first_sample + g, int(b), keep, cache_len=len(prompt)
             )
             self.rows.append(row)
-        self._waiting.append(ids)
+            self._replica_of.append(k)
+        self.replicas[k].waiting.append(ids)
         return ids
+
+    def replica_of(self, row_id: int) -> int:
+        """The replica row ``row_id`` runs on."""
+        return self._replica_of[row_id]
 
     def extend(self, row_id: int, tokens: list[int], *, max_new_tokens: int) -> jax.Array:
         """Append ``tokens`` (mask 0, no log-prob) to a kept, finished row and queue its next
         turn of ≤ ``max_new_tokens`` tokens; the appended tokens run through the paged cache
         (a T-token forward), the conversation is not prefilled again. Returns the float32
         logits ``[V]`` of the next token (those its next turn starts from)."""
-        row = self.rows[row_id]
-        if not (row.keep and row.done and row_id in self.book.pages):
+        row, k = self.rows[row_id], self._replica_of[row_id]
+        book = self.replicas[k].book
+        if not (row.keep and row.done and row_id in book.pages):
             raise ConfigError(f"row {row_id} is not a kept, finished row")
         if not tokens or not 1 <= max_new_tokens <= self.gen_len:
             raise ConfigError("extend needs >= 1 token and 1 <= max_new_tokens <= gen_len")
         start = row.cache_len
-        if start + len(tokens) + max_new_tokens > self.width * self.book.page_size:
+        if start + len(tokens) + max_new_tokens > self.width * self.page_size:
             raise ConfigError(f"row {row_id} would exceed max_len")
-        self.book.grow(row_id, start + len(tokens))
-        t = bucket_length(len(tokens))
-        padded = np.full((1, t), self.pad_id, np.int32)
-        padded[0, : len(tokens)] = tokens
+        book.grow(row_id, start + len(tokens))
+        n, t = self.num_replicas, bucket_length(len(tokens))
+        padded = np.full((n, 1, t), self.pad_id, np.int32)  # other replicas: a pad token
+        padded[k, 0, : len(tokens)] = tokens  # written to their null page
+        table = np.full((n, 1, self.width), NULL_PAGE, np.int32)
+        table[k] = book.table([row_id], self.width)
+        start_, last = np.zeros((n, 1), np.int32), np.zeros((n, 1), np.int32)
+        start_[k, 0], last[k, 0] = start, len(tokens) - 1
+        rec = None
+        if self.config.is_hybrid:
+            st = self.state
+            assert st.conv is not None and st.state is not None
+            shapes = (st.conv.shape, st.state.shape)
+            rec = tuple(
+                np.zeros((n, sh[1], 1, *sh[3:]), d)
+                for sh, d in zip(shapes, (st.conv.dtype, st.state.dtype))
+            )
+            own = self._row_rec.pop(row_id, None)
+            if own is not None:
+                rec[0][k], rec[1][k] = own
         logits, cache, experts, rec = extend_row(
             self.params,
             self.state.cache,
-            jnp.asarray(padded),
-            jnp.asarray(self.book.table([row_id], self.width)),
-            jnp.asarray([start], jnp.int32),
-            jnp.asarray([len(tokens) - 1], jnp.int32),
-            self._row_rec.pop(row_id, None),
+            self._put(padded),
+            self._put(table),
+            self._put(start_),
+            self._put(last),
+            None if rec is None else tuple(self._put(x) for x in rec),
             config=self.config,
+            mesh=self.mesh,
         )
         self.state = self.state._replace(cache=cache)
         if self.record_routing and experts is not None:
-            row.routing.append(np.asarray(experts[0, : len(tokens)], routing_dtype(self.config)))
+            row.routing.append(np.asarray(experts[k, 0, : len(tokens)], routing_dtype(self.config)))
         row.tokens += list(tokens)
         row.mask += [0] * len(tokens)
         row.logprobs += [0.0] * len(tokens)
@@ -289,8 +378,10 @@ class PagedEngine:
         )
         row.done = row.finished = False
         row.versions += [-1] * len(tokens)
-        self._resume.append((row_id, logits, self.version, rec))
-        return logits[0]
+        out = np.asarray(logits[k])  # [1, V]
+        own_rec = None if rec is None else (np.asarray(rec[0][k]), np.asarray(rec[1][k]))
+        self.replicas[k].resume.append((row_id, out, self.version, own_rec))
+        return jnp.asarray(out[0])
 
     def swap(self, params, version: int) -> None:
         """Decode with new weights from the next chunk on (same shapes: nothing recompiles).
@@ -302,8 +393,9 @@ class PagedEngine:
 
     def release(self, row_id: int) -> None:
         """Free a kept row's pages."""
-        if row_id in self.book.pages:
-            self.book.free(row_id)
+        book = self.replicas[self._replica_of[row_id]].book
+        if row_id in book.pages:
+            book.free(row_id)
         self._row_rec.pop(row_id, None)
 
     # ----- the loop ---------------------------------------------------------------------------
@@ -316,137 +408,187 @@ class PagedEngine:
 
     @property
     def busy(self) -> bool:
-        """Rows are queued, waiting to resume, or decoding."""
-        return bool(self._waiting or self._resume or any(r is not None for r in self._slot_row))
+        """Rows are queued, waiting to resume, or decoding (on any replica)."""
+        return any(rep.waiting or rep.resume or rep.live() for rep in self.replicas)
 
     def step(self) -> list[int]:
         """One scheduling round: refill free slots, decode one chunk of ≤ ``chunk_steps``
-        steps, collect. Returns the ids of the rows whose turn ended in this chunk (a caller
-        that drives turns itself, e.g. an environment loop, extends them between steps);
-        ``[]`` when nothing is queued."""
+        steps on every replica, collect. Returns the ids of the rows whose turn ended in this
+        chunk (a caller that drives turns itself, e.g. an environment loop, extends them
+        between steps); ``[]`` when nothing is queued."""
         return self.collect() if self.launch() else []
 
     def launch(self) -> bool:
-        """The first half of :meth:`step`: refill free slots and dispatch one decode chunk,
-        without waiting for it (JAX dispatches asynchronously). False when nothing is live.
-        Replicas on different devices (:func:`jaxrl_llm.sampling.generate_paged` on a mesh)
-        launch each, then :meth:`collect` each, so their chunks run at the same time."""
+        """The first half of :meth:`step`: refill free slots and dispatch one decode chunk
+        of every replica (one program), without waiting for it (JAX dispatches
+        asynchronously). False when nothing is live."""
         self._fill_slots()
-        live = [(i, r) for i, r in enumerate(self._slot_row) if r is not None]
-        if not live:
-            if self._waiting or self._resume:
+        lives = [rep.live() for rep in self.replicas]
+        for rep, live in zip(self.replicas, lives, strict=True):
+            if not live and (rep.waiting or rep.resume):
                 raise ConfigError("the page pool cannot hold the next group; raise num_pages")
+        if not any(lives):
             return False
-        for _, r in live:  # pages one chunk ahead
-            row = self.rows[r]
-            left = row.budget - self._gen[r]
-            self.book.grow(r, row.cache_len + min(self.chunk_steps, left))
-        width = min(bucket_length(max(len(self.book.pages[r]) for _, r in live), POW2), self.width)
-        table = jnp.asarray(self.book.table(self._slot_row, self.width))
+        held = 1
+        for rep, live in zip(self.replicas, lives, strict=True):
+            for _, r in live:  # pages one chunk ahead
+                row = self.rows[r]
+                left = row.budget - rep.gen[r]
+                rep.book.grow(r, row.cache_len + min(self.chunk_steps, left))
+                held = max(held, len(rep.book.pages[r]))
+        width = min(bucket_length(held, POW2), self.width)
+        table = np.stack([rep.book.table(rep.slot_row, self.width) for rep in self.replicas])
         self.state = decode_chunk(
             self.params,
-            self.state._replace(table=table),
+            self.state._replace(table=self._put(table)),
             self._stop,
             jnp.asarray(self.chunk_steps, jnp.int32),
             config=self.config,
             sampling=self._sampling,
             pad_id=self.pad_id,
             width=width,
+            mesh=self.mesh,
         )
         self.stats["chunks"] += 1
-        self.stats["live_rows"] += len(live)  # summed over chunks: mean KV held per row
-        self.stats["pages_held"] += self.book.alloc.num_pages - 1 - self.book.alloc.num_free
+        self.stats["live_rows"] += sum(map(len, lives))  # summed over chunks: mean KV per row
+        self.stats["pages_held"] += sum(
+            rep.book.alloc.num_pages - 1 - rep.book.alloc.num_free for rep in self.replicas
+        )
         return True
 
-    def _reserve(self, r: int) -> int:
+    def _reserve(self, rep: _Replica, r: int) -> int:
         """Pages row ``r`` may still need to finish its turn."""
         row = self.rows[r]
         end = len(row.prompt) + row.turn_start + row.budget
-        return pages_for(end, self.book.page_size) - len(self.book.pages.get(r, []))
+        return pages_for(end, self.page_size) - len(rep.book.pages.get(r, []))
 
     def _fill_slots(self) -> None:
-        free = [i for i, r in enumerate(self._slot_row) if r is None]
-        while self._resume and free:  # continued rows first: they already hold their pages
-            r, logits, version, rec = self._resume.popleft()
-            self._start([(free.pop(0), r, 0)], logits, version, rec)
-        z = self.book.page_size
-        reserved = sum(self._reserve(r) for r in self._slot_row if r is not None)
-        admitted: list[tuple[int, int, int]] = []  # (slot, row, index into the logits source)
-        groups: list[tuple[list[int], list[int]]] = []
-        cow: list[tuple[int, int]] = []
-        while self._waiting and len(self._waiting[0]) <= len(free):
-            ids = self._waiting[0]
-            plen = len(self.rows[ids[0]].prompt)
-            worst = sum(pages_for(plen + self.rows[r].budget, z) for r in ids)
-            worst -= (len(ids) - 1) * (plen // z)  # full prompt pages are held once
-            if self.book.alloc.num_free - reserved < worst:
-                break
-            pages, pairs = self.book.add_group(ids, plen)
-            reserved += worst - pages_for(plen, z) - len(pairs)
-            self._waiting.popleft()
-            cow += pairs
-            for r in ids:
-                admitted.append((free.pop(0), r, len(groups)))
-            groups.append((ids, pages))
-        if groups:
+        n = self.num_replicas
+        # continued rows first: they already hold their pages
+        resumed: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n)]
+        sources: list[list[tuple[np.ndarray, Any]]] = [[] for _ in range(n)]
+        frees = [[i for i, r in enumerate(rep.slot_row) if r is None] for rep in self.replicas]
+        for k, (rep, free) in enumerate(zip(self.replicas, frees, strict=True)):
+            while rep.resume and free:
+                r, logits, version, rec = rep.resume.popleft()
+                resumed[k].append((free.pop(0), r, len(sources[k]), version))
+                sources[k].append((logits, rec))
+        if any(resumed):
+            self._start(resumed, *self._resume_sources(sources))
+        z = self.page_size
+        # (slot, row, index into the logits source, version) per replica
+        admitted: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n)]
+        groups: list[list[tuple[list[int], list[int]]]] = [[] for _ in range(n)]
+        cow: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        for k, (rep, free) in enumerate(zip(self.replicas, frees, strict=True)):
+            reserved = sum(self._reserve(rep, r) for r in rep.slot_row if r is not None)
+            while rep.waiting and len(rep.waiting[0]) <= len(free):
+                ids = rep.waiting[0]
+                plen = len(self.rows[ids[0]].prompt)
+                worst = sum(pages_for(plen + self.rows[r].budget, z) for r in ids)
+                worst -= (len(ids) - 1) * (plen // z)  # full prompt pages are held once
+                if rep.book.alloc.num_free - reserved < worst:
+                    break
+                pages, pairs = rep.book.add_group(ids, plen)
+                reserved += worst - pages_for(plen, z) - len(pairs)
+                rep.waiting.popleft()
+                cow[k] += pairs
+                for r in ids:
+                    admitted[k].append((free.pop(0), r, len(groups[k]), self.version))
+                groups[k].append((ids, pages))
+        if any(groups):
             self.stats["prefills"] += 1
             self.stats["refills"] += bool(self.stats["chunks"])  # admitted after decoding began
             self._prefill(groups, cow, admitted)
 
-    def _prefill(self, groups, cow, admitted) -> None:
-        a = bucket_length(len(groups), POW2)
-        prompts = [self.rows[ids[0]].prompt for ids, _ in groups]
-        p = bucket_length(max(len(x) for x in prompts))
-        tokens, mask = pad_prompts(prompts + [[self.pad_id]] * (a - len(groups)), length=p)
-        args = (self.params, jnp.asarray(tokens), jnp.asarray(mask))
-        if self.record_routing:
-            logits, dense, _, routing = prefill_with_routing(*args, config=self.config, cache_len=p)
-            host = np.asarray(routing)
-            for i, (ids, _) in enumerate(groups):  # left-padded: the last len(prompt) columns
-                for r in ids:
-                    self.rows[r].prompt_routing = host[i, p - len(prompts[i]) :]
-        else:
-            logits, dense, _ = prefill(*args, config=self.config, cache_len=p)
-        n = pages_for(p, self.book.page_size)
-        pages = np.full((a, n), NULL_PAGE, np.int32)
-        for i, (_, pg) in enumerate(groups):
-            pages[i, : len(pg)] = pg
-        lens = np.ones((a,), np.int32)
-        lens[: len(groups)] = [len(x) for x in prompts]
-        cache = store_prompts(self.state.cache, dense.k, dense.v, jnp.asarray(lens), pages)
-        pairs = np.zeros((self.num_slots, 2), np.int32)  # null → null copies pad the list
-        if cow:
-            pairs[: len(cow)] = cow
-        cache = cow_copy(cache, jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1]))
-        self.state = self.state._replace(cache=cache)
-        rec = (dense.conv, dense.state) if self.config.is_hybrid else None
-        self._start(admitted, logits, self.version, rec)
+    def _resume_sources(self, sources) -> tuple[jax.Array, Any]:
+        """Continued rows' logits ``[R, A, V]`` and recurrent states ``[R, L', A, ...]`` (or
+        None), stacked per replica and padded to A rows."""
+        a = bucket_length(max(map(len, sources)), POW2)
+        v = self.config.vocab_size
+        logits = np.zeros((self.num_replicas, a, v), np.float32)
+        rec = None
+        first = next(src[0][1] for src in sources if src)
+        if first is not None:
+            rec = tuple(
+                np.zeros((self.num_replicas, x.shape[0], a, *x.shape[2:]), x.dtype) for x in first
+            )
+        for k, src in enumerate(sources):
+            for j, (lg, rr) in enumerate(src):
+                logits[k, j] = lg[0]
+                if rec is not None:
+                    rec[0][k, :, j], rec[1][k, :, j] = rr[0][:, 0], rr[1][:, 0]
+        return self._put(logits), None if rec is None else tuple(self._put(x) for x in rec)
 
-    def _start(self, admitted, src_logits, version: int, src_rec=None) -> None:
-        s = self.num_slots
-        slots = np.full((s,), s, np.int32)
-        src, off, clen, budget = (np.zeros((s,), np.int32) for _ in range(4))
-        ids = np.zeros((s, 2), np.int32)
-        for i, (slot, r, j) in enumerate(admitted):
-            row = self.rows[r]
-            slots[i], src[i], off[i], budget[i] = slot, j, row.steps, row.budget
-            clen[i] = row.cache_len
-            ids[i] = row.prompt_id, row.sample_id
-            self._slot_row[slot] = r
-            self._gen[r] = 0
-            self._logit_version[slot] = version
-            self._turn_versions[r] = []
+    def _prefill(self, groups, cow, admitted) -> None:
+        n = self.num_replicas
+        a = bucket_length(max(map(len, groups)), POW2)
+        prompts = [[self.rows[ids[0]].prompt for ids, _ in gs] for gs in groups]
+        p = bucket_length(max(len(x) for ps in prompts for x in ps))
+        padded = [pad_prompts(ps + [[self.pad_id]] * (a - len(ps)), length=p) for ps in prompts]
+        tokens = np.stack([t for t, _ in padded])
+        mask = np.stack([m for _, m in padded])
+        logits, k_, v_, rec, routing = prefill_prompts(
+            self.params,
+            self._put(tokens),
+            self._put(mask),
+            config=self.config,
+            cache_len=p,
+            record_routing=self.record_routing,
+            mesh=self.mesh,
+        )
+        if self.record_routing:
+            host = np.asarray(routing)
+            for k, gs in enumerate(groups):  # left-padded: the last len(prompt) columns
+                for i, (ids, _) in enumerate(gs):
+                    for r in ids:
+                        self.rows[r].prompt_routing = host[k, i, p - len(prompts[k][i]) :]
+        w = pages_for(p, self.page_size)
+        pages = np.full((n, a, w), NULL_PAGE, np.int32)
+        lens = np.ones((n, a), np.int32)
+        pairs = np.zeros((n, self.num_slots, 2), np.int32)  # null → null copies pad the list
+        for k, gs in enumerate(groups):
+            for i, (_, pg) in enumerate(gs):
+                pages[k, i, : len(pg)] = pg
+                lens[k, i] = len(prompts[k][i])
+            if cow[k]:
+                pairs[k, : len(cow[k])] = cow[k]
+        cache = store_prompts(
+            self.state.cache, k_, v_, self._put(lens), self._put(pages), mesh=self.mesh
+        )
+        cache = cow_copy(cache, self._put(pairs[..., 0]), self._put(pairs[..., 1]), mesh=self.mesh)
+        self.state = self.state._replace(cache=cache)
+        self._start(admitted, logits, rec)
+
+    def _start(self, admitted, src_logits, src_rec=None) -> None:
+        """Start each replica's ``admitted`` (slot, row, source index, version) rows."""
+        n, s = self.num_replicas, self.num_slots
+        slots = np.full((n, s), s, np.int32)
+        src, off, clen, budget = (np.zeros((n, s), np.int32) for _ in range(4))
+        ids = np.zeros((n, s, 2), np.int32)
+        for k, rows in enumerate(admitted):
+            rep = self.replicas[k]
+            for i, (slot, r, j, version) in enumerate(rows):
+                row = self.rows[r]
+                slots[k, i], src[k, i], off[k, i], budget[k, i] = slot, j, row.steps, row.budget
+                clen[k, i] = row.cache_len
+                ids[k, i] = row.prompt_id, row.sample_id
+                rep.slot_row[slot] = r
+                rep.gen[r] = 0
+                rep.logit_version[slot] = version
+                rep.turn_versions[r] = []
         self.state = admit_rows(
             self.state,
-            slots,
+            self._put(slots),
             src_logits,
-            src,
+            self._put(src),
             np.uint32(self.seed),
-            ids,
-            off,
-            clen,
-            budget,
+            self._put(ids),
+            self._put(off),
+            self._put(clen),
+            self._put(budget),
             src_rec,
+            mesh=self.mesh,
         )
 
     def collect(self) -> list[int]:
@@ -457,33 +599,37 @@ class PagedEngine:
         active, gen, fin = jax.device_get((st.active, st.gen, st.finished))
         out_tok, out_lp = jax.device_get((st.tokens, st.logprobs))
         out_routing = None if st.routing is None else jax.device_get(st.routing)
-        for slot, r in enumerate(self._slot_row):
-            if r is None:
-                continue
-            row = self.rows[r]
-            g = int(gen[slot])
-            new = g - self._gen[r]  # drawn in this chunk: the first from the logits it began
-            if new > 0:  # with, the others from this chunk's weights
-                vs = self._turn_versions[r]
-                vs += [self._logit_version[slot]] + [self.version] * (new - 1)
-                self._logit_version[slot] = self.version
-            self._gen[r] = g
-            row.cache_len = len(row.prompt) + row.turn_start + g
-            if active[slot]:
-                continue
-            row.tokens += out_tok[slot, :g].tolist()
-            row.mask += [1] * g
-            row.logprobs += out_lp[slot, :g].tolist()
-            if out_routing is not None:
-                row.routing.append(out_routing[slot, :g])
-            row.steps += g
-            row.versions += self._turn_versions.pop(r)
-            row.finished, row.done = bool(fin[slot]), True
-            self._slot_row[slot] = None
-            del self._gen[r]
-            ended.append(r)
-            if not row.keep:
-                self.book.free(r)
-            elif st.conv is not None and st.state is not None:  # its state, for an extension
-                self._row_rec[r] = (st.conv[:, slot : slot + 1], st.state[:, slot : slot + 1])
+        for k, rep in enumerate(self.replicas):
+            for slot, r in enumerate(rep.slot_row):
+                if r is None:
+                    continue
+                row = self.rows[r]
+                g = int(gen[k, slot])
+                new = g - rep.gen[r]  # drawn in this chunk: the first from the logits it
+                if new > 0:  # began with, the others from this chunk's weights
+                    vs = rep.turn_versions[r]
+                    vs += [rep.logit_version[slot]] + [self.version] * (new - 1)
+                    rep.logit_version[slot] = self.version
+                rep.gen[r] = g
+                row.cache_len = len(row.prompt) + row.turn_start + g
+                if active[k, slot]:
+                    continue
+                row.tokens += out_tok[k, slot, :g].tolist()
+                row.mask += [1] * g
+                row.logprobs += out_lp[k, slot, :g].tolist()
+                if out_routing is not None:
+                    row.routing.append(out_routing[k, slot, :g])
+                row.steps += g
+                row.versions += rep.turn_versions.pop(r)
+                row.finished, row.done = bool(fin[k, slot]), True
+                rep.slot_row[slot] = None
+                del rep.gen[r]
+                ended.append(r)
+                if not row.keep:
+                    rep.book.free(r)
+                elif st.conv is not None and st.state is not None:  # its state, to extend
+                    self._row_rec[r] = (
+                        np.asarray(st.conv[k, :, slot : slot + 1]),
+                        np.asarray(st.state[k, :, slot : slot + 1]),
+                    )
         return ended

@@ -1,5 +1,7 @@
 """Host-level generation on the continuous-batching paged engine (:mod:`.engine`), with the
-arguments and the :class:`Rollout` of the static engine's :func:`jaxrl_llm.sampling.generate`."""
+arguments and the :class:`Rollout` of the static engine's :func:`jaxrl_llm.sampling.generate`.
+On a sampler mesh the engine's data-parallel replicas (one per position on the mesh's batch
+axes) run as one program over the whole mesh (:mod:`.slots`)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
 from jaxrl_llm.sampling.engine import PagedEngine, layout_routing
-from jaxrl_llm.sampling.rows import on_replica, replica_meshes
+from jaxrl_llm.sampling.rows import row_split
 from jaxrl_llm.sampling.static_generate import Rollout, generate, pad_prompts
 
 
@@ -50,13 +52,14 @@ def generate_paged(
     (N = B·G ints ≤ max_new_tokens) caps each row's length (forced ragged lengths).
 
     ``mesh``: the sampler's mesh (``params`` laid out on it; None: one device). On a mesh
-    whose batch axes (``data`` × ``fsdp``) have R > 1 positions, the engine runs as R
-    data-parallel replicas (:func:`jaxrl_llm.sampling.rows.replica_meshes`): each holds the
-    weights (split over ``tensor`` inside it where they are), a page pool, ``num_slots`` / R
+    whose batch axes (``data`` × ``fsdp``) have R > 1 positions, the engine runs R
+    data-parallel replicas (:func:`jaxrl_llm.sampling.rows.replica_axes`) as one program
+    (:class:`PagedEngine` with ``mesh``): each replica has a page pool, ``num_slots`` / R
     slots (at least G) and the groups dealt to it, prompt i to replica i mod R, so a group's
-    prompt pages are shared within one replica. Each round launches every replica's chunk
-    before collecting any, so they decode at the same time. Rows come back in request order
-    with the tokens one engine would draw (per-row keys).
+    prompt pages are shared within one replica; the weights stay as they are on the mesh
+    (split over ``tensor`` where they are). One launch per round decodes every replica's
+    chunk, and each program compiles once, not once per replica. Rows come back in request
+    order with the tokens one replica would draw (per-row keys).
 
     Partial rollouts: ``refresh() -> (params, version)`` is called before every chunk; when
     its version differs from the engine's, the engine decodes on with those params (already
@@ -73,40 +76,45 @@ def generate_paged(
         prompts_tokens, pad_id=config.pad_token_id or 0, buckets=prompt_buckets
     )
     gen_len = bucket_length(max_new_tokens, gen_buckets)
-    # Data-parallel replicas over the weights' mesh (.rows): each owns a page pool, its slots
-    # and the groups dealt to it (prompt i to replica i mod R: a group stays whole on one).
-    replicas: list[Mesh | None] = [*replica_meshes(mesh)] or [mesh]
-    n_rep = len(replicas)
-    engines = [
-        PagedEngine(
-            params if mesh is None else on_replica(params, mesh),
-            config,
-            sampling=sampling,
-            seed=seed,
-            num_slots=max(-(-num_slots // n_rep), g),
-            page_size=page_size,
-            max_len=tokens.shape[1] + gen_len,
-            gen_len=gen_len,
-            chunk_steps=chunk_steps,
-            dtype=dtype,
-            version=version,
-            record_routing=record_routing,
-        )
-        for mesh in replicas
-    ]
+    # Data-parallel replicas over the mesh's batch axes (.rows.replica_axes), one program:
+    # each owns a page pool, its slots and the groups dealt to it (prompt i to replica i mod
+    # R: a group stays whole on one).
+    n_rep = row_split(mesh)
+    engine = PagedEngine(
+        params,
+        config,
+        sampling=sampling,
+        seed=seed,
+        num_slots=max(-(-num_slots // n_rep), g),
+        page_size=page_size,
+        max_len=tokens.shape[1] + gen_len,
+        gen_len=gen_len,
+        chunk_steps=chunk_steps,
+        dtype=dtype,
+        version=version,
+        record_routing=record_routing,
+        mesh=mesh,
+    )
     pids = list(range(b)) if prompt_ids is None else [int(i) for i in prompt_ids]
     steps = [max_new_tokens] * (b * g) if stop_steps is None else [int(s) for s in stop_steps]
     if len(pids) != b or len(steps) != b * g or max(steps) > max_new_tokens:
         raise ConfigError("prompt_ids needs B entries, stop_steps B·G entries <= max_new_tokens")
-    placed: list[tuple[int, list[int]]] = []  # per prompt: (replica, its row ids there)
+    placed: list[int] = []  # row ids, in request order
     for i, toks in enumerate(prompts_tokens):
-        ids = engines[i % n_rep].submit(
-            list(toks), prompt_id=pids[i], num_samples=g, max_new_tokens=steps[i * g : i * g + g]
+        placed += engine.submit(
+            list(toks),
+            prompt_id=pids[i],
+            num_samples=g,
+            max_new_tokens=steps[i * g : i * g + g],
+            replica=i % n_rep,
         )
-        placed.append((i % n_rep, ids))
-    _run_replicas(engines, replicas, refresh)
-    engine = engines[0]
-    rows = [engines[k].rows[j] for k, ids in placed for j in ids]
+    while engine.busy:  # each round: the latest weights (partial rollouts), one chunk
+        if refresh is not None:
+            new_params, v = refresh()
+            if int(v) != engine.version:
+                engine.swap(new_params, v)
+        engine.step()
+    rows = [engine.rows[j] for j in placed]
     m = max_new_tokens
     out_tok = np.full((b * g, m), engine.pad_id, np.int32)
     out_lp = np.zeros((b * g, m), np.float32)
@@ -134,25 +142,6 @@ def generate_paged(
     for i, r in enumerate(rows):
         versions[i, : lengths[i]] = r.versions
     return out, versions
-
-
-def _run_replicas(
-    engines: list[PagedEngine],
-    replicas: list[Mesh | None],
-    refresh: Callable[[], tuple[Any, int]] | None,
-) -> None:
-    """Decode every replica's rows to the end: each round refreshes the weights (partial
-    rollouts) and launches every replica's chunk before collecting any, so they run at once."""
-    while any(e.busy for e in engines):
-        if refresh is not None:
-            params, v = refresh()
-            if int(v) != engines[0].version:
-                for e, mesh in zip(engines, replicas):
-                    e.swap(params if mesh is None else on_replica(params, mesh), v)
-        launched = [e.launch() for e in engines]
-        for e, went in zip(engines, launched):
-            if went:
-                e.collect()
 
 
 def _routing(rows, p: int, m: int) -> jax.Array:

@@ -16,7 +16,9 @@ tokens a row draws, only which device draws them.
 
 Used by the static engine (:mod:`.static_generate`, :mod:`.decode`); the jitted programs read
 the mesh from the ambient mesh that :func:`on_rows_mesh` binds, as the model's own activation
-placements do (:func:`jaxrl_llm.models.layout.layout_mesh`).
+placements do (:func:`jaxrl_llm.models.layout.layout_mesh`). The paged engine (:mod:`.engine`)
+runs one data-parallel replica per position on the batch axes (:func:`replica_axes`), all of
+them in one program over the mesh (:func:`jaxrl_llm.sampling.slots.over_replicas`).
 """
 
 from __future__ import annotations
@@ -109,35 +111,14 @@ def per_row(fn: Callable[..., Any], *args: Any) -> Any:
     return jax.shard_map(fn, mesh=mesh, in_specs=rows, out_specs=rows)(*args)
 
 
-def replica_meshes(mesh: Mesh | None) -> list[Mesh]:
-    """The paged engine's data-parallel replicas: one mesh per position on ``mesh``'s batch
-    axes, holding the devices that share it (``tensor``, ``expert`` and ``context`` stay
-    inside a replica). The axis names are kept, the batch axes at size 1, so a weight's
-    ``PartitionSpec`` on ``mesh`` is valid on each replica as it is (:func:`on_replica`).
-    ``[]`` without a mesh or when the batch axes are a single position."""
-    if mesh is None or row_split(mesh) == 1:
-        return []
-    batch = [i for i, n in enumerate(mesh.axis_names) if n in ("data", "fsdp")]
-    devices = np.moveaxis(mesh.devices, batch, list(range(len(batch))))
-    flat = devices.reshape((-1, *devices.shape[len(batch) :]))
-    names = tuple(mesh.axis_names[i] for i in batch) + tuple(
-        n for i, n in enumerate(mesh.axis_names) if i not in batch
-    )
-    types = tuple(mesh.axis_types[mesh.axis_names.index(n)] for n in names)
-    return [Mesh(d.reshape((1,) * len(batch) + d.shape), names, axis_types=types) for d in flat]
-
-
-def on_replica(params: Any, replica: Mesh) -> Any:
-    """``params`` (laid out on the whole mesh) copied onto one replica's devices with the same
-    ``PartitionSpec`` per leaf: a weight split over ``tensor`` stays split inside the replica,
-    one split over the batch axes (FSDP) is whole on it."""
-
-    def put(x):
-        sharding = getattr(x, "sharding", None)
-        spec = sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
-        return jax.device_put(x, NamedSharding(replica, spec))
-
-    return jax.tree.map(put, params)
+def replica_axes(mesh: AnyMesh | None) -> tuple[str, ...]:
+    """The paged engine's replica axes: ``mesh``'s batch axes (``data``, ``fsdp``) of more
+    than one position, in mesh order; one replica per position on them, holding the devices
+    that share it (``tensor``, ``expert`` and ``context`` stay inside a replica). ``()``
+    without a mesh or when the batch axes are a single position (one replica)."""
+    if mesh is None:
+        return ()
+    return tuple(n for n in mesh.axis_names if n in ("data", "fsdp") and mesh.shape[n] > 1)
 
 
 @contextlib.contextmanager

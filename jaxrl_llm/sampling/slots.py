@@ -3,10 +3,21 @@
 :class:`SlotState` holds S decode slots over a paged KV cache
 (:mod:`jaxrl_llm.models.paged_store`; the host's page tables are :mod:`.paged`);
 :func:`decode_chunk` runs up to n decode steps of every slot in one ``lax.while_loop``
-(state donated, no host round trip per token); :func:`admit_rows` starts rows in free slots;
-:func:`store_prompts` / :func:`cow_copy` write a prefilled prompt into pages and copy a
-group's partial last prompt page per row; :func:`extend_row` runs appended tokens of one
-sequence through its pages. The host scheduler is :mod:`.engine`.
+(state donated, no host round trip per token); :func:`prefill_prompts` prefills admitted
+groups' prompts; :func:`admit_rows` starts rows in free slots; :func:`store_prompts` /
+:func:`cow_copy` write a prefilled prompt into pages and copy a group's partial last prompt
+page per row; :func:`extend_row` runs appended tokens of one sequence through its pages. The
+host scheduler is :mod:`.engine`.
+
+Replicas: every per-replica argument and result carries a leading replica dimension R (the
+engine's data-parallel replicas, one per position on the sampler mesh's batch axes,
+:func:`jaxrl_llm.sampling.rows.replica_axes`), split over those axes; the weights are shared,
+laid out on the mesh as they are. Each program is ONE jitted program over the whole mesh: a
+``jax.shard_map`` manual over the batch axes only (``tensor`` and the other axes stay
+automatic, so weights split over ``tensor`` stay split), each shard running the one-replica
+body on its own slice (:func:`over_replicas`). Page ids are replica-local: no shard reads
+another's pages. So a mesh of R replicas compiles each program once, not R times. Without a
+mesh R = 1 and the programs run the body on the single slice.
 """
 
 from __future__ import annotations
@@ -14,10 +25,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm.models import (
     NULL_PAGE,
@@ -29,7 +42,9 @@ from jaxrl_llm.models import (
     paged_trunk_with_routing,
     write_prompt_pages,
 )
+from jaxrl_llm.sampling.decode import prefill, prefill_with_routing
 from jaxrl_llm.sampling.filters import row_keys, select_tokens
+from jaxrl_llm.sampling.rows import replica_axes
 
 _TRACES: collections.Counter = collections.Counter()
 POW2 = tuple(2**i for i in range(16))
@@ -37,8 +52,9 @@ POW2 = tuple(2**i for i in range(16))
 
 def engine_trace_counts() -> dict[str, int]:
     """Traces (= compiles) of the engine's jitted functions in this process: 'chunk',
-    'admit', 'write_prompts', 'copy_pages', 'extend' (prefill is the static engine's,
-    counted by :func:`jaxrl_llm.sampling.trace_counts`)."""
+    'prefill', 'admit', 'write_prompts', 'copy_pages', 'extend' (each one program over all
+    replicas; 'prefill' runs the static engine's prefill inside, which
+    :func:`jaxrl_llm.sampling.trace_counts` counts too)."""
     return dict(_TRACES)
 
 
@@ -121,29 +137,123 @@ def _step_rows(s: SlotState, stop, params, *, config, sampling, pad_id, width) -
     )
 
 
+def over_replicas(fn: Callable[..., Any], mesh: Mesh | None, shared: tuple[int, ...] = ()):
+    """``fn``, one replica's body, run on every replica's slice of its arguments.
+
+    Arguments at the positions in ``shared`` (the weights, a seed, a step count) are passed
+    whole; every other argument and every result carries a leading replica dimension R. On a
+    mesh whose batch axes have R > 1 positions this is a ``jax.shard_map`` manual over those
+    axes only (:func:`jaxrl_llm.sampling.rows.replica_axes`; the other axes, ``tensor``
+    among them, stay automatic), each shard calling ``fn`` on its own ``[1, ...]`` slice with
+    the leading dimension dropped; otherwise (R = 1) ``fn`` on the one slice.
+    """
+
+    def local(*args):
+        args = tuple(
+            a if i in shared else jax.tree.map(lambda x: x[0], a) for i, a in enumerate(args)
+        )
+        return jax.tree.map(lambda x: x[None], fn(*args))
+
+    axes = replica_axes(mesh)
+    if mesh is None or not axes:
+        return local
+    rep = PartitionSpec(axes)
+
+    def run(*args):
+        specs = tuple(PartitionSpec() if i in shared else rep for i in range(len(args)))
+        # no collective crosses the replica axes (each shard is a whole replica), so the
+        # body need not type its values as varying over them (the model's fresh caches)
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=specs, out_specs=rep, axis_names=set(axes), check_vma=False
+        )(*args)
+
+    return run
+
+
+def replica_shardings(tree: Any, mesh: Mesh) -> Any:
+    """Shardings of per-replica arrays (``tree`` of arrays or shapes, replica dimension
+    first): that dimension over the mesh's batch axes, the rest whole, except a page pool's
+    KV heads (:class:`PagedKVCache` ``[R, L, P, Z, K, E]``), over ``tensor`` where it
+    divides them (as the layers' k/v projections leave them)."""
+    axes = replica_axes(mesh)
+    first = axes if axes else None
+    t = int(dict(mesh.shape).get("tensor", 1))
+
+    def one(x, kv: int | None = None):
+        spec: list[Any] = [first] + [None] * (len(x.shape) - 1)
+        if kv is not None and t > 1 and x.shape[kv] % t == 0:
+            spec[kv] = "tensor"
+        return NamedSharding(mesh, PartitionSpec(*spec))
+
+    def leaf(x):
+        if isinstance(x, PagedKVCache):
+            return PagedKVCache(k=one(x.k, 4), v=one(x.v, 4))
+        return one(x)
+
+    return jax.tree.map(leaf, tree, is_leaf=lambda x: isinstance(x, PagedKVCache))
+
+
+def _pin(tree: Any, mesh: Mesh | None) -> Any:
+    """Per-replica results in their :func:`replica_shardings` (the same layout every call,
+    so the next call's inputs match the last's and nothing recompiles)."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, replica_shardings(tree, mesh))
+
+
 @functools.partial(
-    jax.jit, static_argnames=("config", "sampling", "pad_id", "width"), donate_argnums=(1,)
+    jax.jit,
+    static_argnames=("config", "sampling", "pad_id", "width", "mesh"),
+    donate_argnums=(1,),
 )
-def decode_chunk(params, state, stop, n_steps, *, config, sampling, pad_id, width):
-    """Up to ``n_steps`` decode steps of every active slot (stops early when none is active);
-    ``width`` (static) = pages of each table attention gathers; ``state`` is donated."""
+def decode_chunk(params, state, stop, n_steps, *, config, sampling, pad_id, width, mesh=None):
+    """Up to ``n_steps`` decode steps of every active slot of every replica (each replica
+    stops early when none of its slots is active); ``state`` ``[R, ...]`` per leaf, donated;
+    ``width`` (static) = pages of each table attention gathers."""
     _TRACES["chunk"] += 1
     step = functools.partial(
         _step_rows, config=config, sampling=sampling, pad_id=pad_id, width=width
     )
 
-    def cond(c):
-        i, s = c
-        return (i < n_steps) & jnp.any(s.active)
+    def chunk(params, state, stop, n_steps):
+        def cond(c):
+            i, s = c
+            return (i < n_steps) & jnp.any(s.active)
 
-    def body(c):
-        i, s = c
-        return i + 1, step(s, stop, params)
+        def body(c):
+            i, s = c
+            return i + 1, step(s, stop, params)
 
-    return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))[1]
+        return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))[1]
+
+    out = over_replicas(chunk, mesh, shared=(0, 2, 3))(params, state, stop, n_steps)
+    return _pin(out, mesh)
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
+@functools.partial(jax.jit, static_argnames=("config", "cache_len", "record_routing", "mesh"))
+def prefill_prompts(params, tokens, mask, *, config, cache_len, record_routing, mesh=None):
+    """Each replica's admitted prompts ``tokens`` / ``mask`` ``[R, A, P]`` (left-padded)
+    prefilled (:func:`jaxrl_llm.sampling.prefill`): (float32 last logits ``[R, A, V]``, the
+    dense keys and values ``[R, L, A, P, K, E]``, a hybrid stack's recurrent state
+    (conv, state) ``[R, L', A, ...]`` or None, the prompt tokens' experts ``[R, A, P, L, k]``
+    with ``record_routing`` or None)."""
+    _TRACES["prefill"] += 1
+
+    def one(params, tokens, mask):
+        routing = None
+        if record_routing:
+            logits, dense, _, routing = prefill_with_routing(
+                params, tokens, mask, config=config, cache_len=cache_len
+            )
+        else:
+            logits, dense, _ = prefill(params, tokens, mask, config=config, cache_len=cache_len)
+        rec = (dense.conv, dense.state) if config.is_hybrid else None
+        return logits, dense.k, dense.v, rec, routing
+
+    return _pin(over_replicas(one, mesh, shared=(0,))(params, tokens, mask), mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh",), donate_argnums=(0,))
 def admit_rows(
     state: SlotState,
     slots,
@@ -155,64 +265,82 @@ def admit_rows(
     cache_len,
     budget,
     src_rec=None,
+    *,
+    mesh=None,
 ):
-    """Start rows in ``slots`` (index S = padding, dropped): logits ``src_logits[src]``, keys
-    ``row_keys(seed, ids[:, 0], ids[:, 1])``; a hybrid stack's recurrent state from
-    ``src_rec`` = (conv ``[L', A, ...]``, state ``[L', A, ...]``) at ``src``."""
+    """Start rows in ``slots`` ``[R, S]`` (index S = padding, dropped): logits
+    ``src_logits[src]``, keys ``row_keys(seed, ids[..., 0], ids[..., 1])``; a hybrid stack's
+    recurrent state from ``src_rec`` = (conv ``[R, L', A, ...]``, state ``[R, L', A, ...]``)
+    at ``src``. Every argument but ``seed`` is per replica; ``state`` is donated."""
     _TRACES["admit"] += 1
-    put = lambda x, y: x.at[slots].set(y, mode="drop")
-    zeros = jnp.zeros_like(slots)
-    if state.conv is not None and state.state is not None:
-        conv = state.conv.at[:, slots].set(src_rec[0][:, src].astype(state.conv.dtype), mode="drop")
-        new = state.state.at[:, slots].set(src_rec[1][:, src], mode="drop")
-        state = state._replace(conv=conv, state=new)
-    return state._replace(
-        cache_len=put(state.cache_len, cache_len),
-        logits=put(state.logits, src_logits[src]),
-        keys=put(state.keys, row_keys(seed, ids[:, 0], ids[:, 1])),
-        key_offset=put(state.key_offset, key_offset),
-        gen=put(state.gen, zeros),
-        budget=put(state.budget, budget),
-        active=put(state.active, budget > 0),
-        finished=put(state.finished, zeros.astype(bool)),
-        tokens=put(state.tokens, jnp.zeros((slots.shape[0], state.tokens.shape[1]), jnp.int32)),
-        logprobs=put(state.logprobs, jnp.zeros((slots.shape[0], state.tokens.shape[1]))),
-    )
+
+    def one(state, slots, src_logits, src, seed, ids, key_offset, cache_len, budget, src_rec):
+        put = lambda x, y: x.at[slots].set(y, mode="drop")
+        zeros = jnp.zeros_like(slots)
+        if state.conv is not None and state.state is not None:
+            conv = state.conv.at[:, slots].set(
+                src_rec[0][:, src].astype(state.conv.dtype), mode="drop"
+            )
+            new = state.state.at[:, slots].set(src_rec[1][:, src], mode="drop")
+            state = state._replace(conv=conv, state=new)
+        m = state.tokens.shape[1]
+        return state._replace(
+            cache_len=put(state.cache_len, cache_len),
+            logits=put(state.logits, src_logits[src]),
+            keys=put(state.keys, row_keys(seed, ids[:, 0], ids[:, 1])),
+            key_offset=put(state.key_offset, key_offset),
+            gen=put(state.gen, zeros),
+            budget=put(state.budget, budget),
+            active=put(state.active, budget > 0),
+            finished=put(state.finished, zeros.astype(bool)),
+            tokens=put(state.tokens, jnp.zeros((slots.shape[0], m), jnp.int32)),
+            logprobs=put(state.logprobs, jnp.zeros((slots.shape[0], m))),
+        )
+
+    args = (state, slots, src_logits, src, seed, ids, key_offset, cache_len, budget, src_rec)
+    return _pin(over_replicas(one, mesh, shared=(4,))(*args), mesh)
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def store_prompts(cache, dense_k, dense_v, lens, pages):
-    """Jitted :func:`write_prompt_pages` (pool donated)."""
+@functools.partial(jax.jit, static_argnames=("mesh",), donate_argnums=(0,))
+def store_prompts(cache, dense_k, dense_v, lens, pages, *, mesh=None):
+    """Jitted :func:`write_prompt_pages` of every replica (pool donated)."""
     _TRACES["write_prompts"] += 1
-    return write_prompt_pages(cache, dense_k, dense_v, lens, pages)
+    out = over_replicas(write_prompt_pages, mesh)(cache, dense_k, dense_v, lens, pages)
+    return _pin(out, mesh)
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def cow_copy(cache, src, dst):
-    """Jitted :func:`copy_pages` (pool donated)."""
+@functools.partial(jax.jit, static_argnames=("mesh",), donate_argnums=(0,))
+def cow_copy(cache, src, dst, *, mesh=None):
+    """Jitted :func:`copy_pages` of every replica (pool donated)."""
     _TRACES["copy_pages"] += 1
-    return copy_pages(cache, src, dst)
+    return _pin(over_replicas(copy_pages, mesh)(cache, src, dst), mesh)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
-def extend_row(params, cache, tokens, table, start, last, rec=None, *, config):
-    """Feed ``tokens`` ``[R, T]`` from slot ``start`` through the pages (pool donated);
-    returns (float32 logits ``[R, V]`` after token ``last[r]``, the pool, the tokens' experts
-    ``[R, T, L, k]`` int32 for a mixture of experts (else None), and a hybrid stack's rows'
-    recurrent state ``rec`` = (conv, state) updated by tokens ≤ ``last[r]`` (else None))."""
+@functools.partial(jax.jit, static_argnames=("config", "mesh"), donate_argnums=(1,))
+def extend_row(params, cache, tokens, table, start, last, rec=None, *, config, mesh=None):
+    """Feed each replica's ``tokens`` ``[R, B, T]`` from slot ``start`` ``[R, B]`` through the
+    pages ``table`` ``[R, B, W]`` (pool donated); returns (float32 logits ``[R, B, V]`` after
+    token ``last[r, b]``, the pool, the tokens' experts ``[R, B, T, L, k]`` int32 for a
+    mixture of experts (else None), and a hybrid stack's rows' recurrent state ``rec`` =
+    (conv, state) ``[R, L', B, ...]`` updated by tokens ≤ ``last`` (else None))."""
     _TRACES["extend"] += 1
-    experts = None
-    if config.is_hybrid:
-        valid = jnp.arange(tokens.shape[1])[None, :] <= last[:, None]
-        hidden, cache, rec, experts = paged_hybrid_trunk(
-            params, tokens, cache, table, start, rec, valid, config=config
-        )
-    else:
-        hidden, cache, experts = paged_trunk_with_routing(
-            params, tokens, cache, table, start, config=config
-        )
-    h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
-    return logits_from_hidden(params, h, config)[:, 0], cache, experts, rec
+
+    def one(params, cache, tokens, table, start, last, rec):
+        experts = None
+        if config.is_hybrid:
+            valid = jnp.arange(tokens.shape[1])[None, :] <= last[:, None]
+            hidden, cache, rec, experts = paged_hybrid_trunk(
+                params, tokens, cache, table, start, rec, valid, config=config
+            )
+        else:
+            hidden, cache, experts = paged_trunk_with_routing(
+                params, tokens, cache, table, start, config=config
+            )
+        h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
+        return logits_from_hidden(params, h, config)[:, 0], cache, experts, rec
+
+    out = over_replicas(one, mesh, shared=(0,))(params, cache, tokens, table, start, last, rec)
+    return _pin(out, mesh)
 
 
 def cast_for_rollout(params, config: ModelConfig, dtype: str | None):

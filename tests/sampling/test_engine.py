@@ -65,7 +65,9 @@ def test_rows_equal_static_engine_under_refills(params, sampling):
         n_stopped += row.finished
         np.testing.assert_allclose(row.logprobs, np.asarray(ref.logprobs)[r, :n], atol=1e-5)
     assert 0 < n_stopped < len(rows)
-    assert eng.book.alloc.num_free == eng.book.alloc.num_pages - 1  # every page came back
+    assert (
+        eng.replicas[0].book.alloc.num_free == eng.replicas[0].book.alloc.num_pages - 1
+    )  # every page came back
 
 
 def _fields(s: SamplingConfig) -> dict:
@@ -205,7 +207,7 @@ def test_multi_turn_continuation_equals_prefilling_the_conversation(params):
         assert row.tokens[n_first + n_reply :] == np.asarray(ref.tokens[0]).tolist()
         np.testing.assert_allclose(row.logprobs[n_first + n_reply :], ref.logprobs[0], atol=1e-5)
         eng.release(r)
-    assert eng.book.alloc.num_free == eng.book.alloc.num_pages - 1
+    assert eng.replicas[0].book.alloc.num_free == eng.replicas[0].book.alloc.num_pages - 1
 
 
 def test_generate_paged_stop_steps_force_row_lengths(params):

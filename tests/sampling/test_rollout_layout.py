@@ -17,8 +17,8 @@ import pytest
 
 from jaxrl_llm.models import ModelConfig, init_params, param_logical_axes
 from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh
-from jaxrl_llm.sampling import SamplingConfig, generate, generate_paged
-from jaxrl_llm.sampling.rows import on_replica, pad_rows, replica_meshes, row_split
+from jaxrl_llm.sampling import SamplingConfig, generate
+from jaxrl_llm.sampling.rows import pad_rows, replica_axes, row_split
 
 CONFIG = ModelConfig.tiny(eos_token_ids=(96,), pad_token_id=0)
 SAMPLED = SamplingConfig(temperature=0.8, top_k=40)
@@ -45,7 +45,7 @@ def _rows_per_device(x) -> set[int]:
 
 
 def test_split_and_padding_sizes():
-    assert row_split(None) == 1
+    assert row_split(None) == 1 and replica_axes(None) == ()
     assert pad_rows(8, 8) == 0 and pad_rows(6, 4) == 2 and pad_rows(1, 8) == 7
 
 
@@ -142,46 +142,3 @@ def test_data_parallel_decode_loop_moves_only_the_done_flag(params):
         re.findall(r"= \S+ (all-reduce|all-gather|all-to-all|collective-permute)\(", hlo)
     )
     assert ops == {"all-reduce": 1}, ops
-
-
-@needs_8
-@pytest.mark.parametrize("axes", [dict(data=2), dict(data=2, tensor=2)], ids=str)
-def test_paged_engine_runs_as_replicas_with_the_same_tokens(params, axes):
-    """The paged engine on a mesh of R batch positions: R replicas, each with its own page
-    pool on its own devices and whole groups; the same tokens as one engine."""
-    kw = dict(sampling=SAMPLED, num_samples=4, seed=3, max_new_tokens=12, num_slots=8)
-    one = generate_paged(params, CONFIG, PROMPTS, **kw)
-    # a few devices: XLA compiles the engine's programs once per replica (executables are
-    # bound to their devices)
-    placed, mesh = _on(params, devices=2 * axes.get("tensor", 1), **axes)
-    replicas = replica_meshes(mesh)
-    assert len(replicas) == row_split(mesh) == axes["data"]
-    assert all(r.size == mesh.size // axes["data"] for r in replicas)
-    assert len({d for r in replicas for d in r.devices.flat}) == mesh.size
-    out = generate_paged(placed, CONFIG, PROMPTS, mesh=mesh, **kw)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
-    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(one.lengths))
-    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one.logprobs), atol=2e-5)
-    # and the static engine's tokens, as the paged engine promises
-    static = generate(
-        placed,
-        CONFIG,
-        PROMPTS,
-        sampling=SAMPLED,
-        num_samples=4,
-        seed=3,
-        max_new_tokens=12,
-        mesh=mesh,
-    )
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(static.tokens))
-
-
-@needs_8
-def test_replica_weights_stay_split_over_tensor(params):
-    """A replica keeps the weights' split over ``tensor`` on its own devices."""
-    placed, mesh = _on(params, devices=4, data=2, tensor=2)
-    first = replica_meshes(mesh)[0]
-    on = on_replica(placed, first)
-    for leaf in jax.tree.leaves(on):
-        assert set(leaf.sharding.mesh.devices.flat) == set(first.devices.flat)
-    assert any("tensor" in str(x.sharding.spec) for x in jax.tree.leaves(on))
