@@ -32,7 +32,7 @@ def _quiet_tpu_discovery() -> None:
 
 _quiet_tpu_discovery()
 
-#: The trainer classes, imported from :mod:`jaxrl_llm.train.api` on first use.
+#: The trainer classes, imported from :mod:`jaxrl_llm.train.trainers` on first use.
 TRAINERS = (
     "Trainer",
     "GRPOTrainer",
@@ -66,12 +66,14 @@ __all__ = ["CONFIGS", "HOOKS", "TRAINERS", "__version__", *TRAINERS, *CONFIGS, *
 
 
 def __getattr__(name: str):
-    """The trainer classes (:data:`TRAINERS`, from :mod:`jaxrl_llm.train.api`), the typed
+    """The trainer classes (:data:`TRAINERS`, from :mod:`jaxrl_llm.train.trainers`), the typed
     configs (:data:`CONFIGS`), the hooks (:data:`HOOKS`) and the
     sub-packages (``jaxrl_llm.train(...)`` after a plain ``import jaxrl_llm``), on first use."""
     import importlib
 
-    if name in TRAINERS or name in HOOKS:
+    if name in TRAINERS:
+        return getattr(importlib.import_module("jaxrl_llm.train.trainers"), name)
+    if name in HOOKS:
         return getattr(importlib.import_module("jaxrl_llm.train.api"), name)
     if name in CONFIGS:
         return getattr(importlib.import_module("jaxrl_llm.train.trl_config"), name)

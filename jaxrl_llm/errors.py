@@ -53,3 +53,10 @@ def did_you_mean(word: object, choices) -> str:
     if not close:
         close = [c for c in names if c.lower() == text.lower()][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_at_least(key: str, value, lo, note: str = "") -> None:
+    """Raise :class:`ConfigError` ``"<key> must be >= <lo> (<note>), got <value>"`` when
+    ``value < lo``; None passes (an optional setting left unset)."""
+    if value is not None and value < lo:
+        raise ConfigError(f"{key} must be >= {lo}{f' ({note})' if note else ''}, got {value}")

@@ -92,3 +92,69 @@ def test_the_decoder_layer_has_one_call_site():
     uses = _uses_of("decoder_layer")
     assert len(uses) == 1, uses
     assert uses[0].startswith("models/layer_stack.py:")
+
+
+MAX_FUNCTION_LINES = 100
+
+# Over-long functions in folders other helpers own today (models/, interop/, sampling/): listed
+# so the limit holds everywhere else and the list shows what is left to split there. Keep it
+# exact: an entry that is no longer too long fails the test, so the list only shrinks.
+LONG_FUNCTIONS_ALLOWED = {
+    "models/moe.py:sparse_moe",
+    "sampling/paged_generate.py:generate_paged",
+    # train/config/plan.py has another owner today (the run plan's helper)
+    "train/config/plan.py:plan_run",
+}
+
+
+def _function_lengths() -> dict[str, int]:
+    """``path:name`` -> lines of every function (methods and nested ones too) of the package,
+    counted on the ``def`` node (decorators excluded, docstring included)."""
+    out: dict[str, int] = {}
+    for f in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                key = f"{f.relative_to(ROOT)}:{node.name}"
+                out[key] = max(out.get(key, 0), node.end_lineno - node.lineno + 1)  # type: ignore[operator]
+    return out
+
+
+def test_no_function_is_over_100_lines():
+    """STYLE.md: "A function longer than about 100 lines is usually two or three functions"."""
+    lengths = _function_lengths()
+    assert len(lengths) > 1000
+    too_long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES}
+    assert sorted(set(too_long) - LONG_FUNCTIONS_ALLOWED) == [], too_long
+    assert sorted(LONG_FUNCTIONS_ALLOWED - set(too_long)) == [], "no longer too long: unlist"
+
+
+MAX_MODULE_LINES = 500
+
+# Modules still over the limit, each with why it is left. Exact, like the list above: a module
+# that no longer is too long fails the test until it is unlisted.
+LONG_MODULES_ALLOWED = {
+    # owned by other helpers today (models/, interop/, the run plan)
+    "interop/state_dict.py",
+    "models/config.py",
+    "models/layer.py",
+    "models/moe.py",
+    "models/transformer.py",
+    "train/config/plan.py",
+    # not yet split: the AOT compile report, the HLO cost walk, the memory estimator, the
+    # checkpoint manager, the online algorithm strategies and the online trainer
+    "train/compile/aot.py",
+    "train/compile/hlo_cost.py",
+    "train/compile/memory.py",
+    "train/online/algorithms.py",
+    "train/online/trainer.py",
+    "train/run/checkpoint.py",
+}
+
+
+def test_no_module_is_over_500_lines():
+    lengths = {
+        str(f.relative_to(ROOT)): len(f.read_text().splitlines()) for f in ROOT.rglob("*.py")
+    }
+    too_long = {k: n for k, n in lengths.items() if n > MAX_MODULE_LINES}
+    assert sorted(set(too_long) - LONG_MODULES_ALLOWED) == [], too_long
+    assert sorted(LONG_MODULES_ALLOWED - set(too_long)) == [], "no longer too long: unlist"

@@ -30,10 +30,10 @@ show the comparison table and per-device memory by model size for every algorith
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from jaxrl_llm.train.compile.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
+from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, MODEL_PRESETS, estimate_memory
 
 rows = []
-for name, a in ALGORITHMS.items():
+for name, a in ALGORITHM_MEMORY.items():
     rows.append((name, len(a.roles), ", ".join(r.value for r in a.roles), a.data, a.reward,
                  "yes" if any(r.value == "critic" for r in a.roles) else "no"))
 print(f"{'algorithm':<14}{'models':>7}  {'which':<36}{'data':<26}{'reward':<28}critic")

@@ -8,7 +8,7 @@ sampling settings and the ``eval`` section; the flags override them, and a model
 (or an offline run, which has no rewards) names them with ``--data`` and ``--reward``.
 
 The evaluation is the training run's own (``Rollouts.evaluate``: the greedy mean of the first
-reward and ``eval/pass@k``; :func:`jaxrl_llm.train.api.vote_eval`: ``eval/maj@k`` and the
+reward and ``eval/pass@k``; :func:`jaxrl_llm.train.online.voting_eval.vote_eval`: ``eval/maj@k`` and the
 per-sample file), so a number here is the number a run logs for the same weights. It prints a
 table and writes ``OUT/eval.json`` (and ``OUT/samples-<step>.jsonl`` with ``--num-samples``);
 ``OUT`` is ``--output``, by default the run's ``eval/`` folder, else ``./eval``.
@@ -213,8 +213,8 @@ def evaluate(args: argparse.Namespace) -> dict:
     from jaxrl_llm.data.formats import as_prompt_row
     from jaxrl_llm.data.readers import read_records
     from jaxrl_llm.rewards import build_reward_set
-    from jaxrl_llm.train.api import vote_eval
     from jaxrl_llm.train.online.rollout import Rollouts
+    from jaxrl_llm.train.online.voting_eval import vote_eval
 
     source = classify_source(args.model)
     run_cfg = _run_config(source)

@@ -22,7 +22,7 @@ def add_model_and_algorithm(
     """``--model`` (a size preset, an HF directory or a config.json) and ``--algorithm``, as
     ``jaxrl-llm memory`` and ``jaxrl-llm compile`` take them (``required``: ``--algorithm``
     must be given; ``compile --config`` reads it from the run config)."""
-    from jaxrl_llm.train.compile.memory import ALGORITHMS, MODEL_PRESETS
+    from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, MODEL_PRESETS
 
     parser.add_argument(
         "--model",
@@ -33,9 +33,9 @@ def add_model_and_algorithm(
     parser.add_argument(
         "--algorithm",
         required=required,
-        choices=sorted(ALGORITHMS),
+        choices=sorted(ALGORITHM_MEMORY),
         metavar="ALGO",
-        help=f"one of: {', '.join(sorted(ALGORITHMS))}",
+        help=f"one of: {', '.join(sorted(ALGORITHM_MEMORY))}",
     )
 
 
@@ -225,6 +225,35 @@ def resolve_device(device: str | None, topology: str | None) -> tuple[str, str, 
     return key, f"this machine's {backend} ({kind})", max_devices
 
 
+def _json_report(args, mesh, config, est, why, base_step, faster, advice_steps) -> dict:
+    """The ``--json`` output of ``jaxrl-llm memory``: the estimate's JSON with the setup, the
+    modeled step, the faster setups that fit and the advice."""
+    out = est.to_json()
+    out.update(
+        model=args.model,
+        mesh=mesh,
+        params=config.num_params(),
+        active_params=config.num_params(active=True),
+        device_from=why,
+        step_model=None if base_step is None else base_step.to_json(),
+        faster=[
+            {
+                "change": c,
+                "note": n,
+                "total_bytes_per_device": int(e.total_bytes_per_device),
+                "sampler_tensor": int(e.sampler_tensor),
+                "step_model": m.to_json(),
+            }
+            for c, n, e, m in faster
+        ],
+        advice=[
+            {**a.to_json(), "step_model": None if m is None else m.to_json()}
+            for a, m in advice_steps
+        ],
+    )
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm memory``."""
     from jaxrl_llm.train.compile.memory import GiB, estimate_memory, fit_advice
@@ -264,9 +293,9 @@ def run(args: argparse.Namespace) -> int:
         expert=mesh["expert"],
     )
     if args.teacher_model is not None:
-        from jaxrl_llm.train.compile.memory import ALGORITHMS, Role
+        from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, Role
 
-        if Role.TEACHER not in ALGORITHMS[args.algorithm].roles:
+        if Role.TEACHER not in ALGORITHM_MEMORY[args.algorithm].roles:
             raise ConfigError(
                 f"--teacher-model: {args.algorithm} holds no teacher; it sizes the teacher of "
                 f"--algorithm distill"
@@ -294,30 +323,9 @@ def run(args: argparse.Namespace) -> int:
                 config, args.algorithm, chip, peak, max_devices=max_devices, **setup
             )
     if args.json:
-        out = est.to_json()
-        out.update(
-            model=args.model,
-            mesh=mesh,
-            params=config.num_params(),
-            active_params=config.num_params(active=True),
-            device_from=why,
-            step_model=None if base_step is None else base_step.to_json(),
-            faster=[
-                {
-                    "change": c,
-                    "note": n,
-                    "total_bytes_per_device": int(e.total_bytes_per_device),
-                    "sampler_tensor": int(e.sampler_tensor),
-                    "step_model": m.to_json(),
-                }
-                for c, n, e, m in faster
-            ],
-            advice=[
-                {**a.to_json(), "step_model": None if m is None else m.to_json()}
-                for a, m in advice_steps
-            ],
+        print(
+            json.dumps(_json_report(args, mesh, config, est, why, base_step, faster, advice_steps))
         )
-        print(json.dumps(out))
     else:
         print(
             f"{args.algorithm} on {args.model} ({params_text(config)}), "
@@ -432,6 +440,6 @@ def params_text(config) -> str:
 
 
 def _online() -> set[str]:
-    from jaxrl_llm.train.compile.memory import ALGORITHMS
+    from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY
 
-    return {k for k, v in ALGORITHMS.items() if v.online}
+    return {k for k, v in ALGORITHM_MEMORY.items() if v.online}

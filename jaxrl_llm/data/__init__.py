@@ -15,13 +15,13 @@ documented in :mod:`jaxrl_llm.data.collate`. Typical use::
 from jaxrl_llm.data.collate import (
     BucketMode,
     Padding,
-    bucket_length,
     collate_kto,
     collate_preferences,
     collate_prompts,
     collate_ranks,
     collate_sequences,
     pad_length,
+    round_up_length,
 )
 from jaxrl_llm.data.formats import (
     Format,
@@ -92,7 +92,6 @@ __all__ = [
     "TokenizedRank",
     "TokenizedSequence",
     "apply_length_policy",
-    "bucket_length",
     "collate_fn_for",
     "collate_kto",
     "collate_preferences",
@@ -119,6 +118,7 @@ __all__ = [
     "read_jsonl",
     "read_parquet",
     "read_records",
+    "round_up_length",
     "sequence_length",
     "split_implicit_prompt",
     "tokenize_example",

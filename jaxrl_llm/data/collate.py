@@ -19,7 +19,7 @@ Batch layout (produced here, consumed by ``jaxrl_llm.losses``); token data is ba
 - Prompt batch (online RL): ``prompt_ids`` / ``prompt_mask`` **left**-padded (so every
   prompt ends at the same column and decoding starts there), plus the examples' extra fields.
 
-T is rounded up to a bucket (:func:`bucket_length`: a multiple of e.g. 64, or a power of two)
+T is rounded up to a bucket (:func:`round_up_length`: a multiple of e.g. 64, or a power of two)
 so that a jitted train step compiles only a few shapes.
 """
 
@@ -71,7 +71,7 @@ class Padding:
             raise ConfigError(f"Padding.multiple must be positive, got {self.multiple}")
 
 
-def bucket_length(
+def round_up_length(
     n: int,
     *,
     mode: BucketMode | str = BucketMode.MULTIPLE,
@@ -80,8 +80,8 @@ def bucket_length(
 ) -> int:
     """Round a row length ``n`` up to its bucket, never below ``n`` nor above ``max(n, max_len)``.
 
-    Examples: ``bucket_length(65, multiple=64) == 128``; ``bucket_length(65, mode="pow2") == 128``;
-    ``bucket_length(100, multiple=64, max_len=100) == 100``.
+    Examples: ``round_up_length(65, multiple=64) == 128``; ``round_up_length(65, mode="pow2") == 128``;
+    ``round_up_length(100, multiple=64, max_len=100) == 100``.
     """
     mode = BucketMode(mode)
     n = max(int(n), 1)
@@ -97,7 +97,9 @@ def bucket_length(
 
 
 def _bucket(n: int, padding: Padding) -> int:
-    return bucket_length(n, mode=padding.bucket, multiple=padding.multiple, max_len=padding.max_len)
+    return round_up_length(
+        n, mode=padding.bucket, multiple=padding.multiple, max_len=padding.max_len
+    )
 
 
 def _rows(

@@ -3,7 +3,8 @@
 :mod:`jaxrl_llm.objectives`; this is the only layer that knows about both. We minimise
 loss = −objective. Every loss also takes ``logprobs=LogprobSettings(...)`` (sampling temperature,
 chunking, completion window, shared prompt: how log-probs are computed, not a hyperparameter).
-The loss table is :data:`LOSSES` and the algorithm table :data:`ALGORITHMS` (``registry.py``).
+The loss table is :data:`LOSSES` (``loss_specs.py``) and the algorithm table
+:data:`ALGORITHMS` (``registry.py``).
 
 ``apply_fn(params, input_ids, attention_mask=..., positions=None, segment_ids=None)`` returns
 :class:`jaxrl_llm.models.ModelOutputs` (hidden ``[B, T, D]``, unembed ``[D, V]`` or None,
@@ -67,6 +68,7 @@ from jaxrl_llm.losses.distill import (
     gkd_loss,
     window_logits,
 )
+from jaxrl_llm.losses.loss_specs import LOSSES, LossSpec, get_loss, policy_reference_logps
 from jaxrl_llm.losses.policy import (
     TRACED_HPARAMS,
     AdvantageEstimator,
@@ -111,13 +113,9 @@ from jaxrl_llm.losses.preference import (
 )
 from jaxrl_llm.losses.registry import (
     ALGORITHMS,
-    LOSSES,
     Algorithm,
     AlgorithmFamily,
-    LossSpec,
     get_algorithm,
-    get_loss,
-    policy_reference_logps,
 )
 from jaxrl_llm.losses.sft import SFTConfig, sft_config, sft_denominator, sft_loss
 from jaxrl_llm.losses.surrogates import (

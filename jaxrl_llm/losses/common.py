@@ -182,42 +182,49 @@ def forward_logps(
         )
     else:
         out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg)
-    if out.unembed is None:
-        raise DataError(
-            f"the {loss!r} loss needs token log-probs but apply_fn returned no "
-            "unembedding (a scalar-head-only model); use a language model"
-        )
-    t = ids.shape[1]
-    w = t - 1 if window is None else min(int(window), t - 1)
+    _require_unembed(out, loss)
     hidden = out.hidden[:, t - 1 - w : t - 1]  # predicts targets ids[:, t-w:]
     targets = ids[:, t - w :]
     m = lmask.astype(bool)
 
     def place(x_bw):  # [B, w] values of columns t-w.. -> [B, T]
-        return jnp.pad(x_bw, ((0, 0), (t - w, 0)))
+        return jnp.where(m, jnp.pad(x_bw, ((0, 0), (t - w, 0))), 0.0)
 
+    lp, ent = _target_logps(
+        hidden,
+        out,
+        targets,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+    )
+    return place(lp), None if ent is None else place(ent), out
+
+
+def _require_unembed(out: Any, loss: str) -> None:
+    """Raise :class:`DataError` when ``apply_fn`` returned no unembedding (no log-probs)."""
+    if out.unembed is None:
+        raise DataError(
+            f"the {loss!r} loss needs token log-probs but apply_fn returned no "
+            "unembedding (a scalar-head-only model); use a language model"
+        )
+
+
+def _target_logps(
+    hidden: jax.Array,
+    out: Any,
+    targets: jax.Array,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Log-probs of ``targets`` (and entropies when asked) predicted from ``hidden`` through
+    the model output's unembedding and logit soft-cap; entropy is None when not asked."""
+    kwargs = dict(temperature=temperature, chunk_size=chunk_size, softcap=out.logit_softcap)
     if with_entropy:
-        lp, ent = logprobs_and_entropy_from_hidden(
-            hidden,
-            out.unembed,
-            targets,
-            temperature=temperature,
-            chunk_size=chunk_size,
-            softcap=out.logit_softcap,
-        )
-        ent = jnp.where(m, place(ent), 0.0)
-    else:
-        lp = token_logprobs_from_hidden(
-            hidden,
-            out.unembed,
-            targets,
-            temperature=temperature,
-            chunk_size=chunk_size,
-            softcap=out.logit_softcap,
-        )
-        ent = None
-    logp = jnp.where(m, place(lp), 0.0)
-    return logp, ent, out
+        return logprobs_and_entropy_from_hidden(hidden, out.unembed, targets, **kwargs)
+    return token_logprobs_from_hidden(hidden, out.unembed, targets, **kwargs), None
 
 
 def _packed_logps(
@@ -249,11 +256,7 @@ def _packed_logps(
     chex.assert_equal_shape([ids, seg, pos, attn])
     chex.assert_equal_shape([index, lmask])
     out = apply_fn(params, ids, attention_mask=attn, positions=pos, segment_ids=seg)
-    if out.unembed is None:
-        raise DataError(
-            f"the {loss!r} loss needs token log-probs but apply_fn returned no unembedding"
-        )
-    kwargs = dict(temperature=temperature, chunk_size=chunk_size, softcap=out.logit_softcap)
+    _require_unembed(out, loss)
     m = lmask.astype(bool)
     r, length = ids.shape
     if index.size < r * (length - 1):
@@ -271,10 +274,14 @@ def _packed_logps(
             flat = jnp.pad(x_rl, ((0, 0), (1, 0))).reshape(-1)
             return jnp.where(m, flat[index], 0.0)
 
-    if with_entropy:
-        lp, ent = logprobs_and_entropy_from_hidden(hidden, out.unembed, targets, **kwargs)
-    else:
-        lp, ent = token_logprobs_from_hidden(hidden, out.unembed, targets, **kwargs), None
+    lp, ent = _target_logps(
+        hidden,
+        out,
+        targets,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+    )
     return unpack(lp), None if ent is None else unpack(ent), out
 
 

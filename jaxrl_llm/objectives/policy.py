@@ -67,6 +67,25 @@ def sequence_log_ratio(logp: jax.Array, old_logp: jax.Array, mask: jax.Array) ->
     return jnp.where(m, lr, 0.0)
 
 
+def _clip_range(
+    clip_eps: float,
+    clip_eps_high: float | None,
+    dual_clip: float | None,
+    kl_coef: float,
+    ref_logp: jax.Array | None,
+) -> tuple[float, float]:
+    """The checked ``(eps_low, eps_high)`` of :func:`policy_loss_parts`; raises on bad options."""
+    eps_low = float(clip_eps)
+    eps_high = float(clip_eps if clip_eps_high is None else clip_eps_high)
+    if eps_low < 0 or eps_high < 0:
+        raise ConfigError(f"clip_eps={clip_eps} and clip_eps_high={clip_eps_high} must be >= 0")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ConfigError(f"dual_clip={dual_clip} must be > 1 (Ye et al. 2020 use 3.0) or None")
+    if kl_coef != 0.0 and ref_logp is None:
+        raise ConfigError(f"kl_coef={kl_coef} needs ref_logp (the reference log-probs)")
+    return eps_low, eps_high
+
+
 def policy_loss_parts(
     logp: jax.Array,
     old_logp: jax.Array,
@@ -104,14 +123,7 @@ def policy_loss_parts(
         chex.assert_equal_shape([advantages, logp])
     level = coerce_enum(RatioLevel, ratio_level, "ratio_level")
     kl_kind = coerce_enum(KLKind, kl_kind, "kl_kind")
-    eps_low = float(clip_eps)
-    eps_high = float(clip_eps if clip_eps_high is None else clip_eps_high)
-    if eps_low < 0 or eps_high < 0:
-        raise ConfigError(f"clip_eps={clip_eps} and clip_eps_high={clip_eps_high} must be >= 0")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ConfigError(f"dual_clip={dual_clip} must be > 1 (Ye et al. 2020 use 3.0) or None")
-    if kl_coef != 0.0 and ref_logp is None:
-        raise ConfigError(f"kl_coef={kl_coef} needs ref_logp (the reference log-probs)")
+    eps_low, eps_high = _clip_range(clip_eps, clip_eps_high, dual_clip, kl_coef, ref_logp)
 
     m = mask.astype(bool)
     logp = jnp.where(m, logp.astype(jnp.float32), 0.0)

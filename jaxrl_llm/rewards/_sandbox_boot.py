@@ -165,9 +165,32 @@ def main():
         os._exit(0)
     judge_sock.close()
     os.close(verdict_w)
+    me = os.getpid()
+    sol_status, judge_status, timed_out = _await_processes(sol_pid, judge_pid, deadline)
+    raw = b""
+    if not timed_out:
+        while True:
+            chunk = os.read(verdict_r, 65536)
+            if not chunk:
+                break
+            raw += chunk
+    if mode == "process":
+        _kill_all_children(me)
+    # (namespace modes: we are pid 1; when we exit the kernel kills the whole namespace)
+    result = _boot_summary(raw, sol_status, judge_status, timed_out)
+    try:
+        chan.sendall(json.dumps(result).encode())
+        chan.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _await_processes(sol_pid, judge_pid, deadline):
+    """Reap children until the judge is gone or ``deadline`` passes:
+    ``(solution status or None, judge status or None, timed out)``."""
     sol_status = judge_status = None
     timed_out = False
-    me = os.getpid()
     while judge_status is None:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -182,16 +205,12 @@ def main():
                 timed_out = True
                 break
             time.sleep(0.002)
-    raw = b""
-    if not timed_out:
-        while True:
-            chunk = os.read(verdict_r, 65536)
-            if not chunk:
-                break
-            raw += chunk
-    if mode == "process":
-        _kill_all_children(me)
-    # (namespace modes: we are pid 1; when we exit the kernel kills the whole namespace)
+    return sol_status, judge_status, timed_out
+
+
+def _boot_summary(raw, sol_status, judge_status, timed_out):
+    """The JSON summary boot sends to the host (see the module docstring) from the judge's
+    raw verdict and the two wait statuses."""
     try:
         result = json.loads(raw.decode()) if raw else {"verdict": None, "detail": ""}
     except ValueError:
@@ -214,9 +233,4 @@ def main():
             else -os.WTERMSIG(judge_status)
         ),
     )
-    try:
-        chan.sendall(json.dumps(result).encode())
-        chan.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-    os._exit(0)
+    return result

@@ -122,17 +122,10 @@ def flush_output():
             pass
 
 
-def solution_main(cfg, code, work, rpc):
-    """Runs the candidate's code (exit 10 raised, 13 MemoryError, 14 exited early), then
-    sends the judge its names and serves calls until killed."""
-    os.chdir(work)
-    os.environ.clear()
-    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"})
-    apply_limits(cfg, memory=False)
-    if cfg["hooks"]:
-        _install_hooks(work, strict=cfg["mode"] == "process")
-    set_limit(resource.RLIMIT_AS, cfg["memory_bytes"])
-    tested = cfg["has_tests"]
+def _run_candidate(code, *, tested):
+    """Executes the candidate's code and returns its globals; exits the process with 13 on a
+    MemoryError, 14 on an early exit (any ``SystemExit`` when ``tested``, else a nonzero
+    one) and 10 on any other exception."""
     g = {"__name__": "solution" if tested else "__main__", "__builtins__": builtins}
     try:
         exec(compile(code, "solution.py", "exec"), g)
@@ -148,6 +141,20 @@ def solution_main(cfg, code, work, rpc):
         flush_output()
         os._exit(10)
     flush_output()
+    return g
+
+
+def solution_main(cfg, code, work, rpc):
+    """Runs the candidate's code (exit 10 raised, 13 MemoryError, 14 exited early), then
+    sends the judge its names and serves calls until killed."""
+    os.chdir(work)
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"})
+    apply_limits(cfg, memory=False)
+    if cfg["hooks"]:
+        _install_hooks(work, strict=cfg["mode"] == "process")
+    set_limit(resource.RLIMIT_AS, cfg["memory_bytes"])
+    g = _run_candidate(code, tested=cfg["has_tests"])
     objects: dict = {}
     handles: dict = {}
 

@@ -32,8 +32,9 @@ from jaxrl_llm.train.programs.state import (
 from jaxrl_llm.train.programs.step import count_tokens, make_train_step, split_micro_batches
 from jaxrl_llm.train.run.checkpoint import CheckpointManager, restore_model
 from jaxrl_llm.train.run.logging import MetricsLogger
-from jaxrl_llm.train.run.loop import Trainer
+from jaxrl_llm.train.run.loop import RunLoop
 from jaxrl_llm.train.run.throughput import measure_matmul_flops, mfu, timed_step
+from jaxrl_llm.train.trainers import Trainer
 
 __all__ = [
     "CheckpointManager",
@@ -50,6 +51,7 @@ __all__ = [
     "Rollouts",
     "Roofline",
     "RunConfig",
+    "RunLoop",
     "RunPlan",
     "TrainState",
     "Trainer",

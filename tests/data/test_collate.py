@@ -15,7 +15,6 @@ from jaxrl_llm.data import (
     TokenizedPrompt,
     TokenizedRank,
     TokenizedSequence,
-    bucket_length,
     collate_kto,
     collate_preferences,
     collate_prompts,
@@ -24,6 +23,7 @@ from jaxrl_llm.data import (
     encode_completion,
     encode_prompt,
     pack_sequences,
+    round_up_length,
 )
 from jaxrl_llm.errors import DataError
 from jaxrl_llm.models import ModelConfig, default_positions, forward, init_params
@@ -46,7 +46,7 @@ from jaxrl_llm.ops import token_logprobs
     ],
 )
 def test_bucket_length(n, mode, multiple, max_len, expected):
-    assert bucket_length(n, mode=mode, multiple=multiple, max_len=max_len) == expected
+    assert round_up_length(n, mode=mode, multiple=multiple, max_len=max_len) == expected
 
 
 def test_collate_sequences_hand_computed():

@@ -9,7 +9,7 @@ from jaxrl_llm import models as M
 from jaxrl_llm import ops
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.train.compile.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
+from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, MODEL_PRESETS, estimate_memory
 
 
 def test_models_in_memory_match_the_source_texts():
@@ -131,7 +131,7 @@ def test_cli_json_and_table(capsys):
 
 
 def test_every_algorithm_estimates():
-    for algo in ALGORITHMS:
+    for algo in ALGORITHM_MEMORY:
         est = estimate_memory(MODEL_PRESETS["1b"], algo, device="tpu-v5e")
         assert est.total_bytes_per_device > 0 and est.table()
 

@@ -178,12 +178,12 @@ def run_one(model, algorithm, topology, mesh, extra, *, timeout: int) -> dict:
 def estimate_bytes(model: str, algorithm: str, topology: str, r: dict) -> int:
     """The current estimator's total for a cached result's settings (so a report rewritten
     after an estimator change compares with the estimator as it is now)."""
-    from jaxrl_llm.train.compile.memory import ALGORITHMS, MODEL_PRESETS, estimate_memory
+    from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, MODEL_PRESETS, estimate_memory
 
     s = r["settings"]
     kw = s.get("estimate_kwargs")
     if kw is None:  # results cached before the settings carried the estimator's arguments
-        online = ALGORITHMS[algorithm].online
+        online = ALGORITHM_MEMORY[algorithm].online
         rows = s["batch_size"] * (s["group_size"] if online else 1)
         kw = dict(
             batch_size=s["batch_size"],

@@ -162,7 +162,36 @@ def compile_run(
         est = estimate_memory(
             config, cfg.algorithm, **_estimate_kwargs(plan, topology, seq_len, prompt_len)
         )  # type: ignore[arg-type]
-    settings = dict(
+    settings = _report_settings(cfg, plan, config, topology, seq_len, prompt_len)
+    return CompileReport(
+        topology=topology.name,
+        algorithm=cfg.algorithm,
+        # context listed when the run splits tokens (reports without it keep their four axes)
+        mesh={k: v for k, v in sizes.items() if k != "context" or v > 1},
+        hbm_bytes=topology.hbm_bytes_per_device,
+        programs=tuple(programs),
+        resident=resident,
+        estimate=est,
+        settings=settings,
+        chip=dict(
+            peak_flops=topology.peak_flops_per_device,
+            hbm_bandwidth=topology.hbm_bandwidth_per_device,
+            ici_bandwidth=topology.ici_bandwidth_per_device,
+        ),
+    )
+
+
+def _report_settings(
+    cfg: RunConfig,
+    plan: RunPlan,
+    config: models.ModelConfig,
+    topology: Topology,
+    seq_len: int,
+    prompt_len: int,
+) -> dict[str, Any]:
+    """The run's settings a :class:`CompileReport` records beside the compiled programs."""
+    rows = plan.rows
+    return dict(
         batch_size=cfg.rollout.prompts_per_step if plan.online else cfg.train.batch_size,
         seq_len=seq_len,
         prompt_len=prompt_len,
@@ -183,22 +212,6 @@ def compile_run(
         devices=topology.num_devices,
         sampler=(
             f"{plan.placement.sampler.describe()} ({plan.placement.why})" if plan.online else None
-        ),
-    )
-    return CompileReport(
-        topology=topology.name,
-        algorithm=cfg.algorithm,
-        # context listed when the run splits tokens (reports without it keep their four axes)
-        mesh={k: v for k, v in sizes.items() if k != "context" or v > 1},
-        hbm_bytes=topology.hbm_bytes_per_device,
-        programs=tuple(programs),
-        resident=resident,
-        estimate=est,
-        settings=settings,
-        chip=dict(
-            peak_flops=topology.peak_flops_per_device,
-            hbm_bandwidth=topology.hbm_bandwidth_per_device,
-            ici_bandwidth=topology.ici_bandwidth_per_device,
         ),
     )
 
@@ -295,6 +308,25 @@ def _resident(plan: RunPlan, policy: Policy, teacher: Teacher | None = None) -> 
     return resident
 
 
+def _abstract_step_batch(plan: RunPlan, policy: Policy, rows_sharding, seq_len: int) -> Any:
+    """The train step's batch of one update as abstract arrays, in the plan's step layout."""
+    pack = plan.pack
+    packed_len = seq_len
+    if pack is not None and pack.row_len is not None:
+        packed_len = -(-pack.row_len // plan.mesh["context"]) * plan.mesh["context"]
+    return plan.step_layout.abstract(
+        rows_sharding,
+        rows=plan.rows.per_update,
+        tokens=seq_len,
+        window=plan.cfg.rollout.max_new_tokens,
+        packed_rows=plan.rows.per_update,  # at most one packed row per episode
+        packed_len=packed_len,
+        layers=policy.config.num_layers,  # a recorded MoE routing's (rollout.routing_replay)
+        topk=policy.config.num_experts_per_tok,
+        teacher_tokens=seq_len,  # the teacher's prompt taken as long as the student's
+    )
+
+
 def _compile_programs(
     plan: RunPlan,
     policy: Policy,
@@ -320,21 +352,7 @@ def _compile_programs(
     if plan.needs.teacher_in_loss:
         assert teacher is not None
         step_frozen["teacher"] = teacher.params
-    pack = plan.pack
-    packed_len = seq_len
-    if pack is not None and pack.row_len is not None:
-        packed_len = -(-pack.row_len // plan.mesh["context"]) * plan.mesh["context"]
-    batch = plan.step_layout.abstract(
-        rows_sharding,
-        rows=rows.per_update,
-        tokens=seq_len,
-        window=plan.cfg.rollout.max_new_tokens,
-        packed_rows=rows.per_update,  # at most one packed row per episode
-        packed_len=packed_len,
-        layers=policy.config.num_layers,  # a recorded MoE routing's (rollout.routing_replay)
-        topk=policy.config.num_experts_per_tok,
-        teacher_tokens=seq_len,  # the teacher's prompt taken as long as the student's
-    )
+    batch = _abstract_step_batch(plan, policy, rows_sharding, seq_len)
     hparams = {k: jax.ShapeDtypeStruct((), jnp.float32) for k in plan.needs.traced_hparams}
     out = [
         compile_program(

@@ -272,27 +272,11 @@ def run_config_for(
         TrainSection,
     )
 
-    if algorithm not in LOSS_ALGORITHMS:
-        raise ConfigError(
-            f"unknown algorithm {algorithm!r}{did_you_mean(algorithm, LOSS_ALGORITHMS)}; "
-            f"allowed: {sorted(LOSS_ALGORITHMS)}"
-        )
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
-    online = LOSS_ALGORITHMS[algorithm].online
-    if correction is not None and not online:
-        raise ConfigError(
-            f"rollout.correction corrects an online rollout; {algorithm!r} is trained offline"
-        )
+    online = _check_run_sizes(algorithm, dtype, correction, seq_len, context)
     prompt_len = seq_len // 2 if prompt_len is None else int(prompt_len)
     if not 1 <= prompt_len < seq_len:
         raise ConfigError(f"prompt_len={prompt_len} must be in [1, seq_len={seq_len})")
     gen_len = seq_len - prompt_len
-    if context > 1 and seq_len % context:  # named as the command line gives it
-        raise ConfigError(
-            f"--seq-len {seq_len} cannot be split over the mesh's context axis ({context} "
-            f"devices); use a multiple of {context}"
-        )
     mesh = dict(data=data, fsdp=fsdp, tensor=tensor, expert=expert, context=context)
     model: dict[str, Any] = dict(  # the section checks the values
         source="(preset)",
@@ -324,6 +308,37 @@ def run_config_for(
         teacher=TeacherSection(source="(preset)") if LOSS_ALGORITHMS[algorithm].teacher else None,
     )
     return cfg, seq_len, prompt_len
+
+
+def _check_run_sizes(
+    algorithm: str,
+    dtype: str,
+    correction: CorrectionSection | None,
+    seq_len: int,
+    context: int,
+) -> bool:
+    """Check :func:`run_config_for`'s algorithm, dtype, correction and context split; return
+    whether the algorithm is trained online."""
+    from jaxrl_llm.losses import ALGORITHMS as LOSS_ALGORITHMS
+
+    if algorithm not in LOSS_ALGORITHMS:
+        raise ConfigError(
+            f"unknown algorithm {algorithm!r}{did_you_mean(algorithm, LOSS_ALGORITHMS)}; "
+            f"allowed: {sorted(LOSS_ALGORITHMS)}"
+        )
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
+    online = LOSS_ALGORITHMS[algorithm].online
+    if correction is not None and not online:
+        raise ConfigError(
+            f"rollout.correction corrects an online rollout; {algorithm!r} is trained offline"
+        )
+    if context > 1 and seq_len % context:  # named as the command line gives it
+        raise ConfigError(
+            f"--seq-len {seq_len} cannot be split over the mesh's context axis ({context} "
+            f"devices); use a multiple of {context}"
+        )
+    return online
 
 
 _DECODE_AXES = {  # logical names of DecodeState / KVCache dimensions

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError, did_you_mean
@@ -127,7 +128,7 @@ def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
 
 
 # Derived from the algorithm table: one source of algorithm facts.
-ALGORITHMS: dict[str, AlgorithmMemory] = {
+ALGORITHM_MEMORY: dict[str, AlgorithmMemory] = {
     name: algorithm_memory(algo) for name, algo in LOSS_ALGORITHMS.items()
 }
 
@@ -371,10 +372,10 @@ def _check_estimate_args(
     lora_rank: int,
 ) -> None:
     """Raises ConfigError for an unknown choice or a size below its minimum (estimate_memory)."""
-    if algorithm not in ALGORITHMS:
+    if algorithm not in ALGORITHM_MEMORY:
         raise ConfigError(
-            f"unknown algorithm {algorithm!r}{did_you_mean(algorithm, ALGORITHMS)}; allowed: "
-            f"{sorted(ALGORITHMS)}"
+            f"unknown algorithm {algorithm!r}{did_you_mean(algorithm, ALGORITHM_MEMORY)}; allowed: "
+            f"{sorted(ALGORITHM_MEMORY)}"
         )
     for name, text in (("dtype", dtype), ("frozen_dtype", frozen_dtype)):
         if text not in _BYTES:
@@ -621,7 +622,7 @@ def estimate_memory(
 
     Args:
       config: the model (policy; critic and reward model are assumed the same size).
-      algorithm: a key of :data:`ALGORITHMS`.
+      algorithm: a key of :data:`ALGORITHM_MEMORY`.
       batch_size: examples per step (online: prompts per step; rows = prompts × group_size).
       seq_len: tokens per sequence (prompt + completion). prompt_len: the prompt's share of
         it (needed for ``prompt_group_size``).
@@ -660,72 +661,83 @@ def estimate_memory(
     Returns:
       A :class:`MemoryEstimate`.
     """
+    given = {k: v for k, v in locals().items() if k not in ("config", "algorithm")}
     if sampler_tensor == "auto":  # every argument as given, the sampler's chosen
-        given = {k: v for k, v in locals().items() if k not in ("config", "algorithm")}
         return _with_auto_sampler(config, algorithm, given)
+    return _estimate_given(config, algorithm, types.SimpleNamespace(**given))
+
+
+def _estimate_given(
+    config: ModelConfig, algorithm: str, a: types.SimpleNamespace
+) -> MemoryEstimate:
+    """:func:`estimate_memory` of its keyword arguments ``a`` as given (the sampler's copy
+    already chosen)."""
     sizes = dict(
-        batch_size=batch_size,
-        seq_len=seq_len,
-        group_size=group_size,
-        data=data,
-        fsdp=fsdp,
-        tensor=tensor,
-        expert=expert,
-        micro_batches=micro_batches,
-        minibatches=minibatches,
-        prompt_group_size=prompt_group_size,
+        batch_size=a.batch_size,
+        seq_len=a.seq_len,
+        group_size=a.group_size,
+        data=a.data,
+        fsdp=a.fsdp,
+        tensor=a.tensor,
+        expert=a.expert,
+        micro_batches=a.micro_batches,
+        minibatches=a.minibatches,
+        prompt_group_size=a.prompt_group_size,
     )
-    _check_estimate_args(algorithm, dtype, frozen_dtype, logits, optimizer, sizes, lora_rank)
-    algo = ALGORITHMS[algorithm]
-    weight_shards = fsdp * tensor
-    batch_shards = data * fsdp
-    n = params_per_device(config, weight_shards=weight_shards, expert=expert)
+    _check_estimate_args(
+        algorithm, a.dtype, a.frozen_dtype, a.logits, a.optimizer, sizes, a.lora_rank
+    )
+    algo = ALGORITHM_MEMORY[algorithm]
+    weight_shards = a.fsdp * a.tensor
+    batch_shards = a.data * a.fsdp
+    n = params_per_device(config, weight_shards=weight_shards, expert=a.expert)
     n_teacher = params_per_device(
-        teacher_config or config, weight_shards=weight_shards, expert=expert
+        a.teacher_config or config, weight_shards=weight_shards, expert=a.expert
     )
-    rows_per_step = batch_size * (group_size if algo.online else 1) * algo.sequences_per_example
+    rows_per_step = a.batch_size * (a.group_size if algo.online else 1) * algo.sequences_per_example
     local_rows = -(-rows_per_step // batch_shards)
-    train_rows = -(-local_rows // (micro_batches * minibatches))  # one forward/backward's
-    tokens = _update_tokens(train_rows, seq_len, prompt_len, prompt_group_size)
+    train_rows = -(-local_rows // (a.micro_batches * a.minibatches))  # one forward/backward's
+    tokens = _update_tokens(train_rows, a.seq_len, a.prompt_len, a.prompt_group_size)
     rows, weight_copies = _model_rows(
         config,
         algo,
         n=n,
         n_teacher=n_teacher,
-        lora_rank=lora_rank,
-        reference_offloaded=reference_offloaded,
-        frozen_dtype=frozen_dtype,
-        optimizer=optimizer,
+        lora_rank=a.lora_rank,
+        reference_offloaded=a.reference_offloaded,
+        frozen_dtype=a.frozen_dtype,
+        optimizer=a.optimizer,
         weight_shards=weight_shards,
-        seq_len=seq_len,
+        seq_len=a.seq_len,
         tokens=tokens,
         train_rows=train_rows,
-        dtype=dtype,
-        tensor=tensor,
-        remat=remat,
-        logits=logits,
-        logits_chunk=logits_chunk,
-        accumulate=micro_batches > 1,
-        gathered=fsdp > 1,
+        dtype=a.dtype,
+        tensor=a.tensor,
+        remat=a.remat,
+        logits=a.logits,
+        logits_chunk=a.logits_chunk,
+        accumulate=a.micro_batches > 1,
+        gathered=a.fsdp > 1,
     )
+    sampler_tensor = a.sampler_tensor
     if algo.online and isinstance(sampler_tensor, int) and sampler_tensor:
         # the sampler's copy (parallel/placement.py): tensor parallel, whole per replica,
         # kept from step to step (its buffers take the next copy); the cache by KV heads
-        b = _BYTES[sampler_dtype or dtype]
+        b = _BYTES[a.sampler_dtype or a.dtype]
         copy = config.num_params() * b // sampler_tensor
         rows.append(_row("rollout", f"sampler copy (tensor={sampler_tensor})", copy, False))
-        replica_rows = -(-rows_per_step // max(sampler_replicas, 1))
-        rows += _kv_cache_rows(config, replica_rows, seq_len, sampler_tensor, b)
+        replica_rows = -(-rows_per_step // max(a.sampler_replicas, 1))
+        rows += _kv_cache_rows(config, replica_rows, a.seq_len, sampler_tensor, b)
     elif algo.online:
-        rows += _kv_cache_rows(config, local_rows, seq_len, tensor, _BYTES[dtype])
+        rows += _kv_cache_rows(config, local_rows, a.seq_len, a.tensor, _BYTES[a.dtype])
     return MemoryEstimate(
         rows=tuple(rows),
         total_bytes_per_device=_peak_bytes(rows),
-        device_bytes=device_memory_bytes(device),
+        device_bytes=device_memory_bytes(a.device),
         models_in_memory=len(algo.roles),
         weight_copies=weight_copies,
         algorithm=algorithm,
-        device=device,
+        device=a.device,
         sampler_tensor=int(sampler_tensor) if algo.online else 0,
     )
 
@@ -739,7 +751,7 @@ def auto_sampler(config: ModelConfig, algorithm: str, **kwargs: Any) -> dict[str
     no degree fits."""
     from jaxrl_llm.parallel.decode_model import auto_tensor, host_devices, kind_chip
 
-    if not ALGORITHMS[algorithm].online:
+    if not ALGORITHM_MEMORY[algorithm].online:
         return {}
     kwargs = {**kwargs, "sampler_tensor": 0}
     device = kwargs.get("device", "h100")
@@ -862,7 +874,7 @@ def fit_advice(
             add(f"fsdp={f}", f"{f * used} devices; weights and optimizer state split {f} ways", e)
             break
         f *= 2
-    if ALGORITHMS[algorithm].online:  # fewer rows per forward/backward: more updates a step
+    if ALGORITHM_MEMORY[algorithm].online:  # fewer rows per forward/backward: more updates a step
         mb = kwargs.get("minibatches", 1) * 2
         rows = kwargs.get("batch_size", 8) * kwargs.get("group_size", 1)
         while mb <= rows and rows % mb == 0:
@@ -883,7 +895,7 @@ def fit_advice(
             add(f"--mesh fsdp={f},tensor={t}", f"activations and weights split {t} ways", e)
             break
         t *= 2
-    uses_ref = Role.REFERENCE in ALGORITHMS[algorithm].roles and not kwargs.get("lora_rank")
+    uses_ref = Role.REFERENCE in ALGORITHM_MEMORY[algorithm].roles and not kwargs.get("lora_rank")
     if uses_ref and (e := est(reference_offloaded=True)).fits:
         add(
             "reference in host memory",

@@ -27,7 +27,7 @@ from typing import Any
 
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.parallel.decode_model import Chip, decode_step_cost
-from jaxrl_llm.train.compile.memory import ALGORITHMS, Role
+from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, Role
 
 # bf16 dense matmul peak per chip: TPUs from jaxrl_llm.parallel.topology; NVIDIA's H100 SXM /
 # H200 (989 TFLOP/s) and A100 (312 TFLOP/s) datasheets
@@ -84,7 +84,7 @@ def model_step(
 ) -> StepModel:
     """The modeled step of a setup given as :func:`~jaxrl_llm.train.compile.memory.
     estimate_memory`'s arguments (module docstring)."""
-    algo = ALGORITHMS[algorithm]
+    algo = ALGORITHM_MEMORY[algorithm]
     devices = data * fsdp * tensor * expert
     n = config.num_params(active=True)
     if not config.tie_embeddings:  # the input embedding is a lookup
@@ -171,14 +171,14 @@ def faster_setups(
     checks the one taken."""
     from jaxrl_llm.train.compile.memory import (
         ADVICE_LORA_RANK,
-        ALGORITHMS,
+        ALGORITHM_MEMORY,
         LOSS_ALGORITHMS,
         estimate_memory,
     )
 
     base = model_setup(config, algorithm, chip, peak, **setup)
     changes: list[tuple[str, str, dict]] = []
-    algo = ALGORITHMS[algorithm]
+    algo = ALGORITHM_MEMORY[algorithm]
     rows = setup.get("batch_size", 8) * (setup.get("group_size", 1) if algo.online else 1)
     if algo.online:
         mb = setup.get("minibatches", 1) * 2

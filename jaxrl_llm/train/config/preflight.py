@@ -368,11 +368,11 @@ def check_step_memory(cfg: RunConfig, plan, *, model_config=None, resident_bytes
       ConfigError: one line with the rows, the estimate and the memory free.
     """
     from jaxrl_llm.parallel import free_memory
-    from jaxrl_llm.train.compile.memory import ALGORITHMS, GiB, estimate_memory
+    from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, GiB, estimate_memory
 
     config = model_config or known_model_config(cfg.model.source, cfg.model.tiny)
     mesh = dict(plan.mesh)
-    if config is None or cfg.algorithm not in ALGORITHMS or mesh.get("context", 1) > 1:
+    if config is None or cfg.algorithm not in ALGORITHM_MEMORY or mesh.get("context", 1) > 1:
         return
     rows, gen = plan.rows, cfg.rollout.max_new_tokens if cfg.is_online else 0
     prompt = cfg.data.max_length or (1 if cfg.is_online else None)

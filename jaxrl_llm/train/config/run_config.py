@@ -107,64 +107,7 @@ class RunConfig:
             )
         _check_teacher(self)
         if self.is_online:
-            r = self.rollout
-            if r.group_size < algo.min_group_size:
-                raise ConfigError(
-                    f"rollout.group_size={r.group_size}: {self.algorithm} needs "
-                    f"groups of at least {algo.min_group_size} samples per prompt"
-                )
-            if self.process_reward is not None and not algo.process_supervision:
-                raise ConfigError(
-                    f"process_reward: process supervision is defined for the "
-                    f"GRPO family, not {self.algorithm}"
-                )
-            if self.env is not None:
-                _check_env(self)
-            if not self.rewards and self.env is None:
-                raise ConfigError(
-                    "rewards: an online algorithm needs at least one reward "
-                    "function, e.g. rewards: [{name: math_answer}]"
-                )
-            for name in (
-                "prompts_per_step",
-                "group_size",
-                "max_new_tokens",
-                "epochs",
-                "minibatches",
-                "max_sampling_rounds",
-                "micro_batch_groups",
-            ):
-                if getattr(r, name) < 1:
-                    raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
-            n = r.prompts_per_step * r.group_size
-            if n % r.minibatches:
-                raise ConfigError(
-                    f"rollout.minibatches={r.minibatches} must divide the "
-                    f"{n} rows of a rollout batch"
-                )
-            _check_sampling(r)
-            if r.max_staleness < 0:
-                raise ConfigError(
-                    f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}"
-                )
-            if r.devices < 0 or (r.tensor != "auto" and r.tensor < 1):
-                raise ConfigError(
-                    f"rollout.devices must be >= 0 (0 = on the learner's devices) and "
-                    f"rollout.tensor >= 1 or auto, got {r.devices} and {r.tensor}"
-                )
-            if r.partial and (r.max_staleness < 1 or r.engine != "paged" or self.env):
-                raise ConfigError(
-                    "rollout.partial: true continues generations with newer weights; it needs "
-                    "rollout.max_staleness >= 1 and rollout.engine: paged (single-turn: no env)"
-                )
-            if r.correction is not None:
-                need = "proximal_logp" if r.correction.decoupled else "is_weights"
-                if need not in algo.loss_spec().rollout_corrections:
-                    raise ConfigError(
-                        f"rollout.correction: {self.algorithm}'s loss ({algo.loss}) takes no "
-                        f"{need}; the clipped policy-gradient losses and PPO take both, CISPO "
-                        f"and SAPO the importance weights only (not decoupled: true)"
-                    )
+            _check_online(self)
         else:
             t = self.train
             if t.batch_size < 1 or t.micro_batches < 1 or t.batch_size % t.micro_batches:
@@ -192,6 +135,68 @@ class RunConfig:
     def is_online(self) -> bool:
         """True for the online RL algorithms (rollout → reward → update)."""
         return self.algo.online
+
+
+def _check_online(cfg: RunConfig) -> None:
+    """An online run's rollout, rewards and correction against its algorithm's needs."""
+    algo = cfg.algo
+    r = cfg.rollout
+    if r.group_size < algo.min_group_size:
+        raise ConfigError(
+            f"rollout.group_size={r.group_size}: {cfg.algorithm} needs "
+            f"groups of at least {algo.min_group_size} samples per prompt"
+        )
+    if cfg.process_reward is not None and not algo.process_supervision:
+        raise ConfigError(
+            f"process_reward: process supervision is defined for the "
+            f"GRPO family, not {cfg.algorithm}"
+        )
+    if cfg.env is not None:
+        _check_env(cfg)
+    if not cfg.rewards and cfg.env is None:
+        raise ConfigError(
+            "rewards: an online algorithm needs at least one reward "
+            "function, e.g. rewards: [{name: math_answer}]"
+        )
+    for name in (
+        "prompts_per_step",
+        "group_size",
+        "max_new_tokens",
+        "epochs",
+        "minibatches",
+        "max_sampling_rounds",
+        "micro_batch_groups",
+    ):
+        if getattr(r, name) < 1:
+            raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
+    n = r.prompts_per_step * r.group_size
+    if n % r.minibatches:
+        raise ConfigError(
+            f"rollout.minibatches={r.minibatches} must divide the {n} rows of a rollout batch"
+        )
+    _check_sampling(r)
+    if r.max_staleness < 0:
+        raise ConfigError(
+            f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}"
+        )
+    if r.devices < 0 or (r.tensor != "auto" and r.tensor < 1):
+        raise ConfigError(
+            f"rollout.devices must be >= 0 (0 = on the learner's devices) and "
+            f"rollout.tensor >= 1 or auto, got {r.devices} and {r.tensor}"
+        )
+    if r.partial and (r.max_staleness < 1 or r.engine != "paged" or cfg.env):
+        raise ConfigError(
+            "rollout.partial: true continues generations with newer weights; it needs "
+            "rollout.max_staleness >= 1 and rollout.engine: paged (single-turn: no env)"
+        )
+    if r.correction is not None:
+        need = "proximal_logp" if r.correction.decoupled else "is_weights"
+        if need not in algo.loss_spec().rollout_corrections:
+            raise ConfigError(
+                f"rollout.correction: {cfg.algorithm}'s loss ({algo.loss}) takes no "
+                f"{need}; the clipped policy-gradient losses and PPO take both, CISPO "
+                f"and SAPO the importance weights only (not decoupled: true)"
+            )
 
 
 def _check_teacher(cfg: RunConfig) -> None:

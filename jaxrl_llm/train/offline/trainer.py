@@ -4,7 +4,7 @@ One small loop serves SFT, the reward model, the DPO family (sigmoid / IPO / hin
 cDPO), KTO, ORPO, SimPO and the group pairwise-rank loss: the algorithm is a registry entry
 (``jaxrl_llm.losses.ALGORITHMS``: its loss, data format, whether it trains a reward head), not a
 class. Resume, checkpoints, evaluation and logging are the shared run loop
-(:class:`~jaxrl_llm.train.run.loop.Trainer`).
+(:class:`~jaxrl_llm.train.run.loop.RunLoop`).
 
 Reference log-probs (DPO, KTO) come from the frozen reference — the base weights with LoRA, a
 frozen copy of the initial weights otherwise — either computed for every batch
@@ -37,7 +37,7 @@ from jaxrl_llm.train.config.preflight import check_mesh, read_splits
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
-from jaxrl_llm.train.run.loop import Trainer
+from jaxrl_llm.train.run.loop import RunLoop
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
 
 # Metrics that summarise held-out quality per algorithm family (higher is better).
@@ -93,7 +93,7 @@ class ReferenceCache:
         return {n: np.asarray([self.store[k][n] for k in keys]) for n in names}
 
 
-class OfflineTrainer(Trainer):
+class OfflineTrainer(RunLoop):
     """One offline run; :meth:`run` trains it."""
 
     progress_keys = (

@@ -12,7 +12,7 @@ Per step (:meth:`OnlineTrainer.train_step`)::
 The algorithm is data: its registry entry (``jaxrl_llm.losses.ALGORITHMS``) names the loss,
 the family (which strategy), the advantage estimator and what it needs (groups, reference,
 critic, pairs, a greedy baseline). Resume, checkpoints, evaluation and logging are the shared
-run loop (:class:`~jaxrl_llm.train.run.loop.Trainer`).
+run loop (:class:`~jaxrl_llm.train.run.loop.RunLoop`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from jaxrl_llm.parallel.host_rows import EXCHANGED
 from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.rewards import RewardContext, build_reward_set
 from jaxrl_llm.train.compile.aot_inputs import per_device_bytes
-from jaxrl_llm.train.config.plan import plan_for_model, plan_run
+from jaxrl_llm.train.config.plan import RunPlan, plan_for_model, plan_run
 from jaxrl_llm.train.config.preflight import check_mesh, read_splits
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.algorithms import make_strategy
@@ -52,7 +52,7 @@ from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.run import paths
 from jaxrl_llm.train.run.logging import SamplesLog
-from jaxrl_llm.train.run.loop import Trainer
+from jaxrl_llm.train.run.loop import RunLoop
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
 
 
@@ -87,7 +87,7 @@ def _reward_model_loader(path: str):
     return loaded.params, loaded.config, encode
 
 
-class OnlineTrainer(Trainer):
+class OnlineTrainer(RunLoop):
     """One online run (see the module docstring); :meth:`run` trains it."""
 
     def __init__(self, cfg: RunConfig, *, policy: Policy | None = None, log_stream=None):
@@ -109,25 +109,7 @@ class OnlineTrainer(Trainer):
         self.policy = p = policy
         # host-local rows: process p's devices must hold the p-th block of every batch
         check_host_blocks(p.mesh, int(np.prod([p.mesh.shape[a] for a in ("data", "fsdp")])))
-        # the sampler decodes on its own copy of the weights, in its own layout (the plan's
-        # placement; rollout.tensor: auto is chosen here, now that the model is known)
-        self.plan = plan = plan_for_model(
-            plan,
-            p.config,
-            chip=device_chip(p.mesh.devices.flat[0]),
-            resident_bytes=per_device_bytes(p.state) + per_device_bytes(p.base),
-        )
-        self.sampler = SamplerCopy(plan.placement.sampler, models.param_logical_axes(p.config))
-        merged = (
-            "; LoRA adapters merged into the copy once per version (decode then reads the "
-            "weights once per token, not base + adapters)"
-            if p.lora is not None
-            else ""
-        )
-        self.say(
-            f"sampler: {plan.placement.sampler.describe()}; learner: "
-            f"{plan.placement.learner.describe()} ({plan.placement.why}){merged}"
-        )
+        self.plan = plan = self._place_sampler(plan, p)
         self._sampler_weights: tuple[int, object] | None = None
         self.rollouts = Rollouts(
             r,
@@ -194,6 +176,29 @@ class OnlineTrainer(Trainer):
             (make_checkpointer(cfg, c.policy, subdir=c.name), c.policy) for c in companions
         ]
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, self.ckpt)
+
+    def _place_sampler(self, plan: RunPlan, p: Policy) -> RunPlan:
+        """The plan with the sampler's placement chosen for the loaded model (the sampler
+        decodes on its own copy of the weights, in its own layout; ``rollout.tensor: auto`` is
+        chosen here, now that the model is known); sets :attr:`sampler` and says the layout."""
+        plan = plan_for_model(
+            plan,
+            p.config,
+            chip=device_chip(p.mesh.devices.flat[0]),
+            resident_bytes=per_device_bytes(p.state) + per_device_bytes(p.base),
+        )
+        self.sampler = SamplerCopy(plan.placement.sampler, models.param_logical_axes(p.config))
+        merged = (
+            "; LoRA adapters merged into the copy once per version (decode then reads the "
+            "weights once per token, not base + adapters)"
+            if p.lora is not None
+            else ""
+        )
+        self.say(
+            f"sampler: {plan.placement.sampler.describe()}; learner: "
+            f"{plan.placement.learner.describe()} ({plan.placement.why}){merged}"
+        )
+        return plan
 
     def _read_inputs(self, tok):
         """Build the reward set and read the prompts (and probe the environment) before

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import models
-from jaxrl_llm.errors import ConfigError, ModelLoadError
+from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, lora_logical_axes, merge_lora
 from jaxrl_llm.parallel import (
     DEFAULT_RULES,
@@ -49,6 +49,11 @@ from jaxrl_llm.parallel import (
 )
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
 from jaxrl_llm.train.config.run_config import RunConfig
+from jaxrl_llm.train.programs.model_load import (  # noqa: F401  (re-exported: loading)
+    check_vocab,
+    load_policy_model,
+    tokenizer_size,
+)
 from jaxrl_llm.train.programs.state import TrainState, state_sharding_from_params
 
 # LoRA adapters are small: replicate them (their base kernels carry the sharding).
@@ -216,97 +221,6 @@ def _merge_jit(base, adapters, lora):
     return merge_lora(base, adapters, lora)
 
 
-def load_policy_model(cfg: RunConfig):
-    """(ModelConfig, params as numpy/jax arrays, tokenizer) for ``cfg.model``."""
-    m = cfg.model
-    if m.source == "tiny":
-        from jaxrl_llm.data import CharTokenizer
-
-        tok = CharTokenizer()
-        overrides: dict[str, Any] = dict(
-            vocab_size=tok.vocab_size,
-            eos_token_ids=(tok.eos_token_id,),
-            pad_token_id=tok.pad_token_id,
-            bos_token_id=tok.bos_token_id,
-            param_dtype=m.param_dtype,
-            compute_dtype=m.compute_dtype,
-        )
-        allowed = sorted(f.name for f in dataclasses.fields(models.ModelConfig))
-        unknown = sorted(set(m.tiny or {}) - set(allowed))
-        if unknown:
-            raise ConfigError(f"model.tiny: unknown key(s) {unknown}; allowed: {allowed}")
-        overrides.update(m.tiny or {})
-        try:
-            config = models.ModelConfig.tiny(**overrides)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"model.tiny: {e}") from None
-        check_vocab(
-            config,
-            tok,
-            source="model.source=tiny",
-            tokenizer_name="model.tokenizer=char",
-            fix="set model.tiny.vocab_size >= that (or leave it out)",
-        )
-        params = models.init_params(config, jax.random.PRNGKey(cfg.seed))
-        return dataclasses.replace(config, attention=models.AttentionImpl(m.attention)), params, tok
-    from jaxrl_llm.interop import load_model
-
-    loaded = load_model(m.source, param_dtype="float32", compute_dtype=m.compute_dtype)
-    tok = loaded.tokenizer
-    if m.tokenizer == "char":
-        from jaxrl_llm.data import CharTokenizer
-
-        tok = CharTokenizer()
-        if loaded.config.vocab_size > tok.vocab_size:  # it would sample ids char cannot decode
-            raise ConfigError(
-                f"model.tokenizer=char with model.source={m.source!r}: the char tokenizer "
-                f"decodes {tok.vocab_size} ids, the model samples from "
-                f"{loaded.config.vocab_size}; use the model's own tokenizer (model.tokenizer: "
-                f"auto)"
-            )
-    if tok is None:
-        raise ConfigError(f"model.source={m.source!r} has no tokenizer; set model.tokenizer")
-    check_vocab(
-        loaded.config,
-        tok,
-        source=f"model.source={m.source!r}",
-        tokenizer_name=f"model.tokenizer={m.tokenizer}",
-    )
-    return (
-        dataclasses.replace(loaded.config, attention=models.AttentionImpl(m.attention)),
-        loaded.params,
-        tok,
-    )
-
-
-def tokenizer_size(tokenizer) -> int | None:
-    """How many token ids ``tokenizer`` can produce (``len()`` of a transformers tokenizer,
-    which counts added tokens; ``vocab_size`` otherwise), or None when it does not say."""
-    try:
-        return int(len(tokenizer))
-    except TypeError:
-        size = getattr(tokenizer, "vocab_size", None)
-        return None if size is None else int(size)
-
-
-def check_vocab(
-    config: models.ModelConfig,
-    tokenizer,
-    *,
-    source: str,
-    tokenizer_name: str = "its tokenizer",
-    fix: str = "use the tokenizer that belongs to this model",
-) -> None:
-    """A tokenizer must not produce ids the model's embedding table does not have (a gather
-    past the table is clamped silently on accelerators, so the run would train on garbage)."""
-    n = tokenizer_size(tokenizer)
-    if n is not None and n > config.vocab_size:
-        raise ModelLoadError(
-            f"{source}: {tokenizer_name} has {n} tokens but the model's "
-            f"vocabulary has {config.vocab_size} (vocab_size); {fix}"
-        )
-
-
 def lr_schedule(cfg: RunConfig, updates_per_step: int = 1) -> optax.Schedule:
     """The learning rate at each optimizer update: ``optim.schedule`` (constant, cosine or
     linear decay to 0) over ``max_steps × updates_per_step`` updates, after
@@ -452,6 +366,39 @@ def policy_on_mesh(
         param_sharding = param_sharding_full
         if cfg.model.freeze_embeddings:
             optimizer = _freeze_embeddings(optimizer, params)
+    state, state_sharding = _initial_state(
+        optimizer, trainable, param_sharding, mesh, rng, abstract=abstract
+    )
+    return Policy(
+        config=config,
+        tokenizer=tokenizer,
+        mesh=mesh,
+        base=base,
+        lora=lora,
+        state=state,
+        state_sharding=state_sharding,
+        apply_fn=apply_fn,
+        optimizer=optimizer,
+        param_sharding=param_sharding,
+        frozen_sharding=frozen_sharding,
+        router_aux_weight=router_aux_weight(cfg, config, micro_batches),
+        lr_schedule=schedule,
+        routing_replay=cfg.is_online and cfg.rollout.routing_replay,
+    )
+
+
+def _initial_state(
+    optimizer: optax.GradientTransformation,
+    trainable: Any,
+    param_sharding: Any,
+    mesh: jax.sharding.Mesh,
+    rng: jax.Array,
+    *,
+    abstract: bool,
+) -> tuple[TrainState, Any]:
+    """The first :class:`TrainState` of ``trainable`` and its sharding: the optimizer state
+    sharded like the parameters, step 0; ``abstract``: ``ShapeDtypeStruct``s, nothing
+    allocated."""
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainable)
     state_sharding = state_sharding_from_params(optimizer, shapes, param_sharding, mesh)
     rep = replicated(mesh)
@@ -472,22 +419,7 @@ def policy_on_mesh(
             step=jax.device_put(jnp.zeros((), jnp.int32), rep),
             rng=jax.device_put(jax.random.fold_in(rng, 2), rep),
         )
-    return Policy(
-        config=config,
-        tokenizer=tokenizer,
-        mesh=mesh,
-        base=base,
-        lora=lora,
-        state=state,
-        state_sharding=state_sharding,
-        apply_fn=apply_fn,
-        optimizer=optimizer,
-        param_sharding=param_sharding,
-        frozen_sharding=frozen_sharding,
-        router_aux_weight=router_aux_weight(cfg, config, micro_batches),
-        lr_schedule=schedule,
-        routing_replay=cfg.is_online and cfg.rollout.routing_replay,
-    )
+    return state, state_sharding
 
 
 def _with_shardings(shapes: Any, shardings: Any, dtype: Any = None) -> Any:

@@ -355,10 +355,17 @@ def make_train_step(
     if grad_clip is not None and grad_clip <= 0:
         raise ConfigError(f"grad_clip={grad_clip} must be positive (or None for no clipping)")
     param_sharding = state_sharding.params
-    axes = _batch_axes(batch_sharding)
-    rep = NamedSharding(mesh, PartitionSpec())
     context = context_size(mesh)
-    grad_fn = _skippable(_grad_fn(loss_fn, compute_dtype), skip_fn)
+    batch_grads = functools.partial(
+        _batch_grads,
+        _skippable(_grad_fn(loss_fn, compute_dtype), skip_fn),
+        micro_batches=micro_batches,
+        mesh=mesh,
+        batch_axes=_batch_axes(batch_sharding),
+        tokens=context > 1,
+        param_sharding=param_sharding,
+        summed=denominator_fn is not None,
+    )
 
     def step(state: TrainState, batch: dict, frozen: dict, hparams: dict):
         batch = dict(batch)
@@ -368,22 +375,7 @@ def make_train_step(
         if denominator_fn is not None:
             batch["loss_denominator"] = jnp.asarray(denominator_fn(batch), jnp.float32)
         tokens, loss_tokens = count_tokens(batch)
-        if micro_batches == 1:
-            loss, metrics, grads, computed = grad_fn(state.params, batch, frozen, hparams)
-        else:
-            stacked, scalars = split_micro_batches(
-                batch, micro_batches, mesh=mesh, batch_axes=axes, tokens=context > 1
-            )
-            loss, metrics, grads, computed = _accumulate(
-                grad_fn,
-                state.params,
-                stacked,
-                scalars,
-                frozen,
-                hparams,
-                param_sharding=param_sharding,
-                summed=denominator_fn is not None,
-            )
+        loss, metrics, grads, computed = batch_grads(state.params, batch, frozen, hparams)
         grads = jax.lax.with_sharding_constraint(grads, param_sharding)
         params, opt_state, grad_norm, finite = _apply_update(
             optimizer, state, loss, grads, grad_clip=grad_clip, skip_nonfinite=skip_nonfinite
@@ -395,14 +387,63 @@ def make_train_step(
             out["computed_micro_batches"] = computed
         return new_state, out
 
+    return _jit_step(step, mesh, state_sharding, batch_sharding, frozen_sharding, donate=donate)
+
+
+def _jit_step(
+    step: Callable,
+    mesh: Mesh,
+    state_sharding: TrainState,
+    batch_sharding: Any,
+    frozen_sharding: Mapping[str, Any] | None,
+    *,
+    donate: bool,
+) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
+    """:func:`make_train_step`'s ``step`` jitted with its shardings (``hparams`` and the
+    metrics replicated), taking ``frozen`` and ``hparams`` as optional (:func:`_with_hparams`).
+    """
+    rep = NamedSharding(mesh, PartitionSpec())
     # Traced under the mesh when it splits rows or tokens: the model places its activations
     # by rows (module docstring), and attention goes round the context ring.
-    bind = context > 1 or batch_split(mesh) > 1
+    bind = context_size(mesh) > 1 or batch_split(mesh) > 1
     jitted = jax.jit(
         under_mesh(step, mesh) if bind else step,
         in_shardings=(state_sharding, batch_sharding, frozen_sharding or {}, rep),
         out_shardings=(state_sharding, rep),
         donate_argnums=(0,) if donate else (),
     )
-
     return _with_hparams(step, jitted)
+
+
+def _batch_grads(
+    grad_fn: Callable,
+    params: Any,
+    batch: dict,
+    frozen: dict,
+    hparams: dict,
+    *,
+    micro_batches: int,
+    mesh: Mesh,
+    batch_axes: Any,
+    tokens: bool,
+    param_sharding: Any,
+    summed: bool,
+) -> tuple[jax.Array, Any, Any, jax.Array]:
+    """``(loss, metrics, grads, computed micro-batches)`` of one step's ``batch``: one
+    ``grad_fn`` call, or ``micro_batches`` slices accumulated by :func:`_accumulate`
+    (``tokens``: the slices keep the context axis' token split)."""
+    if micro_batches == 1:
+        return grad_fn(params, batch, frozen, hparams)
+    stacked, scalars = split_micro_batches(
+        batch, micro_batches, mesh=mesh, batch_axes=batch_axes, tokens=tokens
+    )
+    return _accumulate(
+        grad_fn,
+        params,
+        stacked,
+        scalars,
+        frozen,
+        hparams,
+        param_sharding=param_sharding,
+        summed=summed,
+    )

@@ -2,7 +2,7 @@
 cadences (evaluation, logging, the non-finite guard, checkpoints), the final save, evaluation
 and export.
 
-A trainer subclasses :class:`Trainer` and provides ``train_step(step) -> metrics``,
+A trainer subclasses :class:`RunLoop` and provides ``train_step(step) -> metrics``,
 ``evaluate() -> metrics`` and ``make_iterator(state)``; the offline trainer
 (:mod:`jaxrl_llm.train.offline.trainer`) and the online one (:mod:`jaxrl_llm.train.online.trainer`) do.
 
@@ -14,7 +14,7 @@ of (seed, step), so a run killed at any moment and resumed logs the same metrics
 the same parameters as one that was never interrupted (``tests/train/test_kill_resume.py``).
 
 Stopping: Ctrl-C or SIGTERM inside a step (:mod:`jaxrl_llm.train.run.signals`), or user code
-failing with ``on_error: raise``, saves the last finished step (:meth:`Trainer.save_on_stop`:
+failing with ``on_error: raise``, saves the last finished step (:meth:`RunLoop.save_on_stop`:
 unless a checkpoint within ``save_every / 2`` steps holds it, or the stop landed inside an
 update) and ends the run with :class:`~jaxrl_llm.train.run.signals.RunStopped` (or the user code's
 one-line error); a run resumed from that checkpoint continues as an uninterrupted one.
@@ -57,7 +57,7 @@ from jaxrl_llm.train.run.signals import (
 )
 
 
-class Trainer:
+class RunLoop:
     """The run loop shared by the trainers (see the module docstring).
 
     Subclasses set ``cfg``, ``plan`` (the :class:`~jaxrl_llm.train.config.plan.RunPlan`),

@@ -5,8 +5,8 @@ it does nothing). On the first signal the handler records it, answers every user
 flight (:func:`jaxrl_llm.rewards.user_code.cancel_all`: a background rollout thread waiting on
 a hung reward or environment goes on at once) and raises :class:`Interrupted` (SIGINT, a
 ``KeyboardInterrupt``) or :class:`Terminated` (SIGTERM, its subclass) in the main thread. The
-run loop (:class:`jaxrl_llm.train.run.loop.Trainer`) then saves what it can
-(:meth:`~jaxrl_llm.train.run.loop.Trainer.save_on_stop`) and raises :class:`RunStopped`; the CLI
+run loop (:class:`jaxrl_llm.train.run.loop.RunLoop`) then saves what it can
+(:meth:`~jaxrl_llm.train.run.loop.RunLoop.save_on_stop`) and raises :class:`RunStopped`; the CLI
 prints where the run stopped and the command that resumes it, and exits 130 (SIGINT) or 143
 (SIGTERM), the shell's 128 + signal number.
 
