@@ -22,20 +22,14 @@ import pytest
 
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.errors import ConfigError
+from tests.train.harness import TINY_MODEL as TINY
+from tests.train.harness import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SFT, DPO, KTO, RANK, GRPO = (
     os.path.join(ROOT, "configs", f"{n}.yaml")
     for n in ("sft", "dpo", "kto", "pairwise_rank", "grpo")
 )
-TINY = [
-    "model.source=tiny",
-    "model.tokenizer=char",
-    "model.tiny.num_layers=1",
-    "logging.tensorboard=false",
-    "logging.plots=false",
-    "data.eval=null",
-]
 DEVICES = 8  # tests/conftest.py: --xla_force_host_platform_device_count=8
 
 
@@ -221,16 +215,6 @@ def _private_model_cache(tmp_path, monkeypatch):
     """A GGUF conversion attempt must not touch the user's model cache."""
     monkeypatch.setenv("JAXRL_LLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("JAXRL_LLM_TRACEBACK", raising=False)
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    """``main(argv)`` -> (exit status, stdout, stderr); argparse usage errors exit themselves."""
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def error_line(err: str, command: str, *, before: tuple[str, ...] = ()) -> str:

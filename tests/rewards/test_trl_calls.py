@@ -13,6 +13,7 @@ import pytest
 import jaxrl_llm
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.rewards import RewardSet, TrainerState, bind_reward, build_reward, hold_callable
+from tests.train.harness import tiny_online_args
 
 # ----- copied as written from TRL's documentation (https://huggingface.co/docs/trl) --------------
 
@@ -128,18 +129,7 @@ STANDARD = [{"prompt": f"{a}+{b}=", "ground_truth": str(a + b)} for a in range(4
 CHAT = [{"prompt": [{"role": "user", "content": f"{a}{b}>"}]} for a in range(4) for b in range(4)]
 
 
-def _tiny(out, **over):
-    base = dict(
-        output_dir=str(out),
-        max_steps=1,
-        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
-        data=dict(max_length=32),
-        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=3),
-        logging=dict(tensorboard=False, plots=False),
-        eval=dict(before=False),
-    )
-    base.update(over)
-    return base
+_tiny = tiny_online_args
 
 
 def _logged(run, key):

@@ -65,3 +65,26 @@ def init_fn(config):
 
 def axes(config):
     return param_logical_axes(config)
+
+
+def nll_train_step(mesh, optimizer, *, config=None, micro_batches: int = 1, **kw):
+    """The tiny model's NLL train step on ``mesh`` (rows split by ``batch_sharding``), from a
+    fresh state (``PRNGKey(0)``): (state, step)."""
+    from jaxrl_llm.parallel import batch_sharding
+    from jaxrl_llm.train import create_train_state, make_train_step
+
+    config = config or tiny_config()
+    state, sharding = create_train_state(
+        init_fn(config), optimizer, mesh, param_axes=axes(config), rng=jax.random.PRNGKey(0)
+    )
+    step = make_train_step(
+        functools.partial(nll_loss, config=config),
+        optimizer,
+        mesh=mesh,
+        state_sharding=sharding,
+        batch_sharding=batch_sharding(mesh),
+        denominator_fn=nll_denominator,
+        micro_batches=micro_batches,
+        **kw,
+    )
+    return state, step

@@ -4,7 +4,6 @@ argv: coordinator_address num_processes process_id out_path. Each process has th
 devices XLA_FLAGS gives it; the mesh spans all processes' devices.
 """
 
-import functools
 import sys
 
 import jax
@@ -20,37 +19,13 @@ def main(address: str, n: int, pid: int, out: str) -> None:
     import optax
     from jax.experimental import multihost_utils
 
-    from jaxrl_llm.parallel import (
-        batch_sharding,
-        host_local_batch_to_global,
-        host_local_rows,
-        make_mesh,
-    )
-    from jaxrl_llm.train import create_train_state, make_train_step
-    from tests.train.common import (
-        axes,
-        init_fn,
-        nll_denominator,
-        nll_loss,
-        ragged_batch,
-        tiny_config,
-    )
+    from jaxrl_llm.parallel import host_local_batch_to_global, host_local_rows, make_mesh
+    from tests.train.common import nll_train_step, ragged_batch, tiny_config
 
     assert jax.process_count() == n and jax.device_count() == 2 * n
-    cfg, opt = tiny_config(), optax.adamw(1e-2)
+    cfg = tiny_config()
     mesh = make_mesh(data=2, fsdp=-1)
-    state, sharding = create_train_state(
-        init_fn(cfg), opt, mesh, param_axes=axes(cfg), rng=jax.random.PRNGKey(0)
-    )
-    step = make_train_step(
-        functools.partial(nll_loss, config=cfg),
-        opt,
-        mesh=mesh,
-        state_sharding=sharding,
-        batch_sharding=batch_sharding(mesh),
-        denominator_fn=nll_denominator,
-        micro_batches=2,
-    )
+    state, step = nll_train_step(mesh, optax.adamw(1e-2), config=cfg, micro_batches=2)
     for i in range(3):
         full = ragged_batch(10 + i, 8, 10, cfg.vocab_size)
         rows = host_local_rows(mesh, 8)

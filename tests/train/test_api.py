@@ -9,12 +9,9 @@ import yaml
 import jaxrl_llm
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.api import build_config, importable_name
+from tests.train.harness import CHAT_ROWS, tiny_online_args
 
-ROWS = [
-    {"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))}
-    for a in range(4)
-    for b in range(4)
-]
+ROWS = CHAT_ROWS
 SEEN: list = []
 
 
@@ -24,18 +21,7 @@ def larger_digit(prompts, completions, answer, **kwargs):
     return [float(answer[i] in c[0]["content"]) for i, c in enumerate(completions)]
 
 
-def _tiny(out, **over):
-    base = dict(
-        output_dir=str(out),
-        max_steps=1,
-        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
-        data=dict(max_length=32),
-        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=3),
-        logging=dict(tensorboard=False, plots=False),
-        eval=dict(before=False),
-    )
-    base.update(over)
-    return base
+_tiny = tiny_online_args
 
 
 def test_trainer_class_with_rows_and_a_python_reward(tmp_path):

@@ -1,4 +1,3 @@
-import functools
 import os
 import socket
 import subprocess
@@ -9,10 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl_llm.parallel import batch_sharding, make_mesh
-from jaxrl_llm.train import create_train_state, make_train_step
+from jaxrl_llm.parallel import make_mesh
 from tests.conftest import FAST_COMPILE_XLA_FLAGS
-from tests.train.common import axes, init_fn, nll_denominator, nll_loss, ragged_batch, tiny_config
+from tests.train.common import nll_train_step, ragged_batch, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,20 +57,9 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
     assert all(p.returncode == 0 for p in procs), "\n".join(x[-3000:] for x in logs)
 
     # the same three steps in this process on a 4-device mesh of the same shape
-    cfg, opt = tiny_config(), optax.adamw(1e-2)
+    cfg = tiny_config()
     mesh = make_mesh(data=2, fsdp=-1, devices=jax.devices()[:4])
-    state, sharding = create_train_state(
-        init_fn(cfg), opt, mesh, param_axes=axes(cfg), rng=jax.random.PRNGKey(0)
-    )
-    step = make_train_step(
-        functools.partial(nll_loss, config=cfg),
-        opt,
-        mesh=mesh,
-        state_sharding=sharding,
-        batch_sharding=batch_sharding(mesh),
-        denominator_fn=nll_denominator,
-        micro_batches=2,
-    )
+    state, step = nll_train_step(mesh, optax.adamw(1e-2), config=cfg, micro_batches=2)
     for i in range(3):
         state, metrics = step(state, ragged_batch(10 + i, 8, 10, cfg.vocab_size))
     got = np.load(out)

@@ -14,113 +14,38 @@ stated time, with no native abort (``*** Check failure stack trace ***``).
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
-import yaml
 
 from jaxrl_llm.train.run.checkpoint import complete_steps
 from jaxrl_llm.train.run.logging import read_metrics
-from tests.conftest import FAST_COMPILE_XLA_FLAGS
+from tests.train.harness import (
+    NATIVE,
+    edit_config,
+    finish,
+    free_port,
+    job,
+    job_args,
+    online_config,
+    reference_run,
+    sigterm_process_1_after_step_2,
+    step_rows,
+    train,
+    wait,
+)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONNECT_S = 6  # the connect timeout the start-up tests give (--connect-timeout)
-NATIVE = ("Check failure", "*** ", "Terminating process", "Segmentation fault")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(d, *, max_steps: int = 2, **extra) -> str:
-    rng = random.Random(0)
-    rows = []
-    for _ in range(40):
-        a, b = rng.sample(range(10), 2)
-        rows.append({"prompt": f"{a}{b}>", "answer": str(max(a, b))})
-    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = dict(
-        seed=0,
-        max_steps=max_steps,
-        algorithm="grpo",
-        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
-        optim=dict(lr=1e-2),
-        data=dict(train=str(d / "train.jsonl"), max_length=32),
-        rollout=dict(prompts_per_step=8, group_size=8, max_new_tokens=3),
-        rewards=[dict(name="tests.train.toy_rewards:larger_digit")],
-        eval=dict(before=False, every=0),
-        checkpoint=dict(save_every=0, export_hf=False),
-        logging=dict(tensorboard=False, plots=False),
-        mesh=dict(data=8),
-        **extra,
-    )
-    path = d / "grpo.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
+    return online_config(d, "grpo", max_steps=max_steps, **extra)
 
 
-_CACHE: list[str] = []
-
-
-@pytest.fixture(autouse=True)
-def _shared_compile_cache(jax_cache_dir):
-    _CACHE[:] = [jax_cache_dir]
-
-
-def _train(config: str, *args: str, devices: int = 4, fault: str | None = None):
-    env = dict(os.environ)
-    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAXRL_LLM_FAULT"):
-        env.pop(k, None)
-    if _CACHE:
-        env.update(
-            JAX_COMPILATION_CACHE_DIR=_CACHE[0],
-            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-        )
-    if fault:
-        env["JAXRL_LLM_FAULT"] = fault
-    env.update(
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=ROOT,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE_XLA_FLAGS}",
-    )
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from jaxrl_llm.cli.main import main; sys.exit(main())",
-    ]
-    return subprocess.Popen(
-        [*cmd, "train", config, *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _job_args(address: str, pid: int, n: int = 2) -> list[str]:
-    return ["--coordinator", address, "--num-processes", str(n), "--process-id", str(pid)]
-
-
-def _finish(procs, timeout: float = 300) -> list[str]:
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise
-    return logs
+def _train(config: str, *args: str, fault: str | None = None):
+    return train(config, *args, devices=4, fault=fault)
 
 
 def _assert_one_line_error(log: str, *words: str) -> None:
@@ -135,29 +60,29 @@ def _assert_one_line_error(log: str, *words: str) -> None:
 def test_start_up_faults_end_in_one_line(tmp_path, fault):
     config = _config(tmp_path)
     out = f"output_dir={tmp_path / 'run'}"
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     timeout = ["--connect-timeout", str(CONNECT_S)]
     holder = None
     t0 = time.monotonic()
     if fault == "notaport":
-        procs = [_train(config, out, *_job_args("localhost:notaport", 0), *timeout)]
+        procs = [_train(config, out, *job_args("localhost:notaport", 0), *timeout)]
         words = [("port in 1..65535",)]
     elif fault == "unreachable":  # nobody is process 0
-        procs = [_train(config, out, *_job_args(address, 1), *timeout)]
+        procs = [_train(config, out, *job_args(address, 1), *timeout)]
         words = [("coordinator unreachable after 6 s",)]
     elif fault == "busy_port":
         holder = socket.socket()
         holder.bind(("0.0.0.0", port))
         holder.listen(1)
-        procs = [_train(config, out, *_job_args(address, 0), *timeout)]
+        procs = [_train(config, out, *job_args(address, 0), *timeout)]
         words = [("port", "already in use")]
     else:  # both processes given --process-id 0: the second finds the port taken, the first
         # waits for a process 1 that never comes
-        procs = [_train(config, out, *_job_args(address, 0), *timeout) for _ in range(2)]
+        procs = [_train(config, out, *job_args(address, 0), *timeout) for _ in range(2)]
         words = [("did not assemble within 6 s", "--process-id"), ("already in use",)]
     try:
-        logs = _finish(procs, timeout=240)
+        logs = finish(procs, timeout=240)
     finally:
         if holder is not None:
             holder.close()
@@ -191,12 +116,12 @@ def test_processes_with_different_configs_stop_before_step_1(tmp_path, key, valu
         other.write_text((tmp_path / "train.jsonl").read_text().replace(">", "?"))
         value = str(other)
     out = f"output_dir={tmp_path / 'run'}"
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     procs = [
-        _train(config, out, *_job_args(address, 0)),
-        _train(config, out, f"{key}={value}", *_job_args(address, 1)),
+        _train(config, out, *job_args(address, 0)),
+        _train(config, out, f"{key}={value}", *job_args(address, 1)),
     ]
-    logs = _finish(procs)
+    logs = finish(procs)
     for p, log in zip(procs, logs):
         assert p.returncode == 2, (p.returncode, log[-3000:])
         _assert_one_line_error(log, "configs differ", key, "process 1")
@@ -208,12 +133,12 @@ def test_processes_with_different_configs_stop_before_step_1(tmp_path, key, valu
 def test_processes_that_do_not_share_output_dir_stop_before_step_1(tmp_path):
     """Process 1 writes to another directory, as a host with its own disk would."""
     config = _config(tmp_path)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     procs = [
-        _train(config, f"output_dir={tmp_path / 'host0'}", *_job_args(address, 0)),
-        _train(config, f"output_dir={tmp_path / 'host1'}", *_job_args(address, 1)),
+        _train(config, f"output_dir={tmp_path / 'host0'}", *job_args(address, 0)),
+        _train(config, f"output_dir={tmp_path / 'host1'}", *job_args(address, 1)),
     ]
-    logs = _finish(procs)
+    logs = finish(procs)
     for p, log in zip(procs, logs):
         assert p.returncode == 2, (p.returncode, log[-3000:])
         _assert_one_line_error(log, "process(es) [1] do not see", "storage every host sees")
@@ -228,19 +153,16 @@ def test_a_killed_process_stops_the_other_and_resume_auto_continues(tmp_path):
     on both continues from that step and ends at step 4, each step logged once."""
     failure_timeout = 10
     config = _config(tmp_path, max_steps=4, distributed=dict(failure_timeout_s=failure_timeout))
-    cfg = yaml.safe_load(open(config))
-    cfg["checkpoint"] = dict(save_every=1, keep=3, export_hf=False)
-    with open(config, "w") as f:
-        yaml.safe_dump(cfg, f)
+    edit_config(config, checkpoint=dict(save_every=1, keep=3, export_hf=False))
     run = tmp_path / "run"
     out = f"output_dir={run}"
-    address = f"127.0.0.1:{_free_port()}"
-    p0 = _train(config, out, *_job_args(address, 0), "--resume", "auto")
-    p1 = _train(config, out, *_job_args(address, 1), "--resume", "auto", fault="update:3")
-    log1 = _finish([p1], timeout=600)[0]
+    address = f"127.0.0.1:{free_port()}"
+    p0 = _train(config, out, *job_args(address, 0), "--resume", "auto")
+    p1 = _train(config, out, *job_args(address, 1), "--resume", "auto", fault="update:3")
+    log1 = finish([p1], timeout=600)[0]
     killed_at = time.monotonic()
     assert p1.returncode == -9, log1[-3000:]
-    log0 = _finish([p0], timeout=failure_timeout + 60)[0]
+    log0 = finish([p0], timeout=failure_timeout + 60)[0]
     waited = time.monotonic() - killed_at
     assert p0.returncode == 1, (p0.returncode, log0[-3000:])
     assert waited < failure_timeout + 30, waited
@@ -251,73 +173,38 @@ def test_a_killed_process_stops_the_other_and_resume_auto_continues(tmp_path):
     _assert_one_line_error(log0, "lost process 1", f"last complete checkpoint is step {last}")
     assert "resume auto: no complete checkpoint" in log0  # the first start said it was fresh
 
-    address = f"127.0.0.1:{_free_port()}"
-    procs = [_train(config, out, *_job_args(address, i), "--resume", "auto") for i in range(2)]
-    logs = _finish(procs, timeout=600)
+    address = f"127.0.0.1:{free_port()}"
+    procs = [_train(config, out, *job_args(address, i), "--resume", "auto") for i in range(2)]
+    logs = finish(procs, timeout=600)
     assert [p.returncode for p in procs] == [0, 0], "\n----\n".join(x[-2500:] for x in logs)
     assert f"resumed from step {last} (resume auto" in logs[0], logs[0][-3000:]
     rows = [r for r in read_metrics(str(run)) if r.get("loss") is not None]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
 
 
-def _metrics(run) -> dict[int, dict]:
-    return {r["step"]: r for r in read_metrics(str(run)) if r.get("loss") is not None}
-
-
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
     """SIGTERM to process 1 during step 3: both processes stop at the same step boundary, save
     the same step (data position included), print the resume line and exit 143 within 60 s;
-    ``--resume auto`` on both logs what an uninterrupted 2-process run logs."""
-    import signal
-    import threading
-
+    ``--resume auto`` on both logs what an uninterrupted run logs (1 process × 8 devices:
+    ``test_multihost_runs.py`` shows that 2 processes log the same)."""
     config = _config(tmp_path, max_steps=4)
     run = tmp_path / "run"
-    address = f"127.0.0.1:{_free_port()}"
-    procs = [_train(config, f"output_dir={run}", *_job_args(address, i)) for i in range(2)]
-    lines: list[str] = []
-    sent: list[float] = []
-
-    def read_process_0() -> None:
-        assert procs[0].stdout is not None
-        for line in procs[0].stdout:
-            lines.append(line)
-            if not sent and "step 2/" in line:
-                procs[1].send_signal(signal.SIGTERM)
-                sent.append(time.monotonic())
-
-    reader = threading.Thread(target=read_process_0, daemon=True)
-    reader.start()
-    log1 = _finish([procs[1]], timeout=600)[0]
-    procs[0].wait(timeout=120)
-    reader.join(timeout=10)
-    log0 = "".join(lines)
-    assert sent, log0[-3000:]
-    assert time.monotonic() - sent[0] < 60
-    assert [p.returncode for p in procs] == [143, 143], (log0[-2500:], log1[-2500:])
+    procs = job(config, str(run))
+    logs, sent = sigterm_process_1_after_step_2(procs)
+    assert time.monotonic() - sent < 60
+    assert [p.returncode for p in procs] == [143, 143], (logs[0][-2500:], logs[1][-2500:])
     steps = complete_steps(run / "checkpoints")
     assert len(steps) == 1 and steps[0] in (2, 3), steps  # the boundary after step 2 or 3
-    for log in (log0, log1):
+    for log in logs:
         assert not any(n in log for n in NATIVE), log[-3000:]
         assert "(signalled: process 1; all stop here)" in log, log[-3000:]
         assert f"saved step {steps[0]}" in log, log[-3000:]
         assert "--num-processes 2 --process-id" in log and "--resume auto" in log
 
-    address = f"127.0.0.1:{_free_port()}"
-    resumed = [
-        _train(config, f"output_dir={run}", *_job_args(address, i), "--resume", "auto")
-        for i in range(2)
-    ]
-    logs = _finish(resumed, timeout=600)
-    assert [p.returncode for p in resumed] == [0, 0], "\n----\n".join(x[-2500:] for x in logs)
+    logs = wait(job(config, str(run), "--resume", "auto"))
     assert f"resumed from step {steps[0]}" in logs[0]
-    whole = tmp_path / "whole"
-    address = f"127.0.0.1:{_free_port()}"
-    ref = [_train(config, f"output_dir={whole}", *_job_args(address, i)) for i in range(2)]
-    logs = _finish(ref, timeout=600)
-    assert [p.returncode for p in ref] == [0, 0], "\n----\n".join(x[-2500:] for x in logs)
-    want, got = _metrics(whole), _metrics(run)
+    want, got = reference_run(config)[0], step_rows(str(run))
     assert sorted(got) == sorted(want) == [1, 2, 3, 4]
     for k, r in want.items():
         assert got[k]["data/prompts_crc32"] == r["data/prompts_crc32"]
@@ -330,40 +217,16 @@ def test_sigterm_to_one_process_of_an_async_run_stops_both_at_one_step(tmp_path)
     """The async producer (``rollout.max_staleness: 1``, a thread sampling the next step while
     the learner updates): SIGTERM to process 1 after step 2 stops both processes at the same
     step boundary, both save that one step and exit 143 within 60 s, with no native abort."""
-    import signal
-    import threading
-
     config = _config(tmp_path, max_steps=5)
     run = tmp_path / "run"
-    address = f"127.0.0.1:{_free_port()}"
-    procs = [
-        _train(config, f"output_dir={run}", "rollout.max_staleness=1", *_job_args(address, i))
-        for i in range(2)
-    ]
-    lines: list[str] = []
-    sent: list[float] = []
-
-    def read_process_0() -> None:
-        assert procs[0].stdout is not None
-        for line in procs[0].stdout:
-            lines.append(line)
-            if not sent and "step 2/" in line:
-                procs[1].send_signal(signal.SIGTERM)
-                sent.append(time.monotonic())
-
-    reader = threading.Thread(target=read_process_0, daemon=True)
-    reader.start()
-    log1 = _finish([procs[1]], timeout=600)[0]
-    procs[0].wait(timeout=120)
-    reader.join(timeout=10)
-    log0 = "".join(lines)
-    assert sent, log0[-3000:]
-    assert time.monotonic() - sent[0] < 60
-    assert [p.returncode for p in procs] == [143, 143], (log0[-2500:], log1[-2500:])
+    procs = job(config, str(run), "rollout.max_staleness=1")
+    logs, sent = sigterm_process_1_after_step_2(procs)
+    assert time.monotonic() - sent < 60
+    assert [p.returncode for p in procs] == [143, 143], (logs[0][-2500:], logs[1][-2500:])
     steps = complete_steps(run / "checkpoints")
     assert len(steps) == 1 and steps[0] in (2, 3, 4), steps
-    for log in (log0, log1):
+    for log in logs:
         assert not any(n in log for n in NATIVE), log[-3000:]
         assert "(signalled: process 1; all stop here)" in log, log[-3000:]
         assert f"saved step {steps[0]}" in log, log[-3000:]
-    assert f"step {steps[0] + 1}/" not in log0, log0[-3000:]  # no step after the boundary
+    assert f"step {steps[0] + 1}/" not in logs[0], logs[0][-3000:]  # no step after the boundary

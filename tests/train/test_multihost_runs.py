@@ -12,148 +12,35 @@ the same in both layouts (8 rows per device), so the runs agree to float roundin
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
 
 from jaxrl_llm.train.run.logging import read_metrics
-from tests.conftest import FAST_COMPILE_XLA_FLAGS
+from tests.train.harness import (
+    edit_config,
+    job,
+    killed,
+    online_config,
+    reference_run,
+    step_rows,
+    train,
+    wait,
+)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _config(d, algorithm: str, *, chat: bool = False, max_steps: int = STEPS, **extra) -> str:
-    rng = random.Random(0)
-    rows = []
-    for _ in range(48):
-        a, b = rng.sample(range(10), 2)
-        prompt = [{"role": "user", "content": f"{a}{b}>"}] if chat else f"{a}{b}>"
-        rows.append({"prompt": prompt, "answer": str(max(a, b))})
-    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:40]))
-    (d / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[40:]))
-    cfg = dict(
-        seed=0,
-        max_steps=max_steps,
-        algorithm=algorithm,
-        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
-        optim=dict(lr=1e-2),
-        data=dict(train=str(d / "train.jsonl"), eval=str(d / "eval.jsonl"), max_length=32),
-        rollout=dict(
-            prompts_per_step=8, group_size=8 if algorithm != "online_dpo" else 4, max_new_tokens=3
-        ),
-        rewards=[dict(name="tests.train.toy_rewards:larger_digit")],
-        eval=dict(before=False, every=0),
-        checkpoint=dict(save_every=0, export_hf=False),
-        logging=dict(tensorboard=False, plots=False),
-        mesh=dict(data=8),
-        **extra,
-    )
-    if chat:  # a multi-turn run: a scripted environment answers each turn
-        cfg["rollout"]["max_new_tokens"] = 24
-        cfg["env"] = dict(
-            name="tests.envs.scripted:Scripted",
-            kwargs=dict(replies=["ok"]),
-            max_turns=2,
-            max_turn_tokens=6,
-        )
-    path = d / f"{algorithm}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
-
-
-_CACHE: list[str] = []  # the session's persistent compilation cache (tests/conftest.py)
-
-
-@pytest.fixture(autouse=True)
-def _shared_compile_cache(jax_cache_dir):
-    """The children share compiled programs: the job's two processes compile the same ones."""
-    _CACHE[:] = [jax_cache_dir]
-
-
-def _env(devices: int, fault: str | None = None) -> dict:
-    env = dict(os.environ)
-    if _CACHE:
-        env.update(
-            JAX_COMPILATION_CACHE_DIR=_CACHE[0],
-            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-        )
-    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAXRL_LLM_FAULT"):
-        env.pop(k, None)
-    if fault:
-        env["JAXRL_LLM_FAULT"] = fault
-    env.update(
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=ROOT,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE_XLA_FLAGS}",
-    )
-    return env
-
-
-def _train(
-    config: str, out: str, *job: str, devices: int, fault: str | None = None
-) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from jaxrl_llm.cli.main import main; sys.exit(main())",
-    ]
-    cmd += ["train", config, f"output_dir={out}", *job]
-    return subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=_env(devices, fault),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise
-    for p in procs:
-        assert p.returncode == 0, "\n----\n".join(x[-2500:] for x in logs)
-    return logs
-
-
-def _job(config: str, out: str, *extra: str, fault: str | None = None) -> list[subprocess.Popen]:
-    """A 2-process job (4 CPU devices each, gloo on localhost) running ``config`` into ``out``."""
-    address = f"127.0.0.1:{_free_port()}"
-    job = ("--coordinator", address, "--num-processes", "2")
-    return [
-        _train(config, out, *job, "--process-id", str(i), *extra, devices=4, fault=fault)
-        for i in range(2)
-    ]
-
-
-def _two_processes_and_one(tmp_path, algorithm: str, **extra):
-    config = _config(tmp_path, algorithm, **extra)
-    two = str(tmp_path / "two")
-    logs = _wait(_job(config, two))
-    assert "process 1 of 2, 4 local / 8 devices" in logs[1]
-    one = str(tmp_path / "one")
-    _wait([_train(config, one, devices=8)])
-    return read_metrics(one), read_metrics(two)
+def _same_steps(want: dict[int, dict], got: dict[int, dict], steps: int) -> None:
+    """The runs trained on the same prompts and logged the same reward and loss each step."""
+    assert sorted(want) == sorted(got) == list(range(1, steps + 1)), (sorted(want), sorted(got))
+    for k, r in want.items():
+        o = got[k]
+        assert o["data/prompts_crc32"] == r["data/prompts_crc32"]
+        assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (r, o)
+        assert o["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, o)
 
 
 @pytest.mark.slow
@@ -163,61 +50,74 @@ def _two_processes_and_one(tmp_path, algorithm: str, **extra):
     ids=["grpo", "ppo", "online_dpo", "env"],
 )
 def test_two_processes_log_what_one_process_logs(tmp_path, algorithm, chat):
-    one, two = _two_processes_and_one(tmp_path, algorithm, chat=chat)
-    steps = [r for r in one if r.get("loss") is not None]
-    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
-    other = {r["step"]: r for r in two if r.get("loss") is not None}
-    assert sorted(other) == list(range(1, STEPS + 1))
-    rewards = {r["reward/mean"] for r in steps}
+    """Steps 1–2 as 2 processes × 4 devices log what 1 process × 8 devices logs, and only
+    numbers go between the hosts. GRPO, PPO and the multi-turn run (env) save step 2 and are
+    killed in step 3's update; steps 3–4 continue as 1 process × 8 devices with ``--resume``
+    (issue 40 item 5: resuming on another topology; PPO's critic is restored beside the
+    policy) and log what the uninterrupted run logs."""
+    resumes = algorithm != "online_dpo"
+    steps = 4 if resumes else STEPS
+    config = online_config(tmp_path, algorithm, chat=chat, max_steps=steps)
+    if resumes:
+        edit_config(config, checkpoint=dict(save_every=2, keep=2, export_hf=False))
+    run = str(tmp_path / "run")
+    procs = job(config, run, fault="update:3" if resumes else None)
+    logs = killed(procs) if resumes else wait(procs)
+    assert "process 1 of 2, 4 local / 8 devices" in logs[1]
+    want = reference_run(config)[0]
+    two = step_rows(run)
+    _same_steps({k: want[k] for k in range(1, STEPS + 1)}, two, STEPS)
+    rewards = {r["reward/mean"] for r in want.values()}
     assert len(rewards) > 1 or rewards != {0.0}  # the runs compare something
-    for r in steps:
-        o = other[r["step"]]
-        assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (r, o)
-        assert o["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, o)
-        assert o["data/prompts_crc32"] == r["data/prompts_crc32"]
+    for step, o in two.items():
         # numbers, not rows, between the hosts: less than 8 int32 token columns of the step;
         # the first step also agrees the metric names (a few hundred bytes of text)
         rows = 8 * (8 if algorithm != "online_dpo" else 4)
-        names = 4096 if r["step"] == 1 else 0
+        names = 4096 if step == 1 else 0
         assert 0 < o["hosts/exchanged_bytes"] < rows * 4 * 8 + names, o
-        if r["step"] > 1:  # the names are agreed: one exchange per metrics merge, 6 in all
+        if step > 1:  # the names are agreed: one exchange per metrics merge, 6 in all
             assert o["hosts/collectives"] <= 6, o["hosts/collectives"]
+    if resumes:
+        (log,) = wait([train(config, f"output_dir={run}", "--resume", devices=8)])
+        assert "resumed from step 2" in log, log[-3000:]
+        _same_steps(want, step_rows(run), steps)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "algorithm, rollout",
     [
-        ("grpo", dict(minibatches=2, epochs=2, advantage_scale="batch")),
+        (
+            "grpo",
+            dict(
+                minibatches=2,
+                epochs=2,
+                advantage_scale="batch",
+                correction=dict(level="token", high=2.0),
+            ),
+        ),
         ("reinforce_pp", dict(minibatches=2)),
         ("remax", {}),
-        ("grpo", dict(correction=dict(level="token", high=2.0))),
     ],
-    ids=["minibatches_batch_scale", "reinforce_pp", "remax", "correction"],
+    ids=["minibatches_batch_scale_correction", "reinforce_pp", "remax"],
 )
 def test_two_processes_train_on_the_whole_step(tmp_path, algorithm, rollout):
     """What needs the whole step across hosts: minibatches drawn from every process's rows
     (a program gathers them; with zero-advantage skipping their groups are laid out by the
     gathered per-row flags), GRPO's batch std and REINFORCE++'s batch whitening (programs
     on the global rows), ReMax's greedy baseline (each process samples its own prompts'),
-    the rollout correction's recompute (as many rows on every process): the job logs what 1
-    process × 8 devices logs."""
-    config = _config(tmp_path, algorithm)
-    cfg = yaml.safe_load(open(config))
-    cfg["rollout"].update(rollout)
-    with open(config, "w") as f:
-        yaml.safe_dump(cfg, f)
-    two, one = str(tmp_path / "two"), str(tmp_path / "one")
-    _wait(_job(config, two))
-    _wait([_train(config, one, devices=8)])
-    want = {r["step"]: r for r in read_metrics(one) if r.get("loss") is not None}
-    got = {r["step"]: r for r in read_metrics(two) if r.get("loss") is not None}
+    the rollout correction's recompute (as many rows on every process; in the minibatch
+    run): the job logs what 1 process × 8 devices logs."""
+    config = edit_config(online_config(tmp_path, algorithm), rollout=rollout)
+    two = str(tmp_path / "two")
+    wait(job(config, two))
+    want, got = reference_run(config)[0], step_rows(two)
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     for k, r in want.items():
         for key in ("reward/mean", "reward/std", "advantage/mean", "advantage/std"):
             assert got[k][key] == pytest.approx(r[key], rel=1e-4, abs=1e-5), (key, r, got[k])
         assert got[k]["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, got[k])
-        if "correction/weight_max" in r:
+        if "correction" in rollout:
             assert got[k]["correction/weight_max"] == pytest.approx(r["correction/weight_max"])
 
 
@@ -226,14 +126,11 @@ def test_two_processes_sample_dynamically_each_its_share(tmp_path):
     """DAPO's dynamic sampling across processes: each process keeps its share of the step's
     groups from its own prompts, the rounds go on until both have theirs (every process
     draws the same prompts), and the step trains on prompts_per_step groups."""
-    config = _config(tmp_path, "dapo")
-    cfg = yaml.safe_load(open(config))
-    cfg["rollout"].update(dynamic_sampling=True, max_sampling_rounds=3)
-    with open(config, "w") as f:
-        yaml.safe_dump(cfg, f)
+    config = online_config(tmp_path, "dapo")
+    edit_config(config, rollout=dict(dynamic_sampling=True, max_sampling_rounds=3))
     two = str(tmp_path / "two")
-    _wait(_job(config, two))
-    rows = [r for r in read_metrics(two) if r.get("loss") is not None]
+    wait(job(config, two))
+    rows = list(step_rows(two).values())
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for r in rows:
         assert r["dynamic/groups_kept"] + r["dynamic/groups_filled"] == 8, r
@@ -258,22 +155,24 @@ def test_two_processes_sample_on_a_tensor_parallel_copy(
     2 on its own 4 devices; rollout.tensor=8 (8 heads and KV heads): one sampler program over
     both processes' devices. Either copy is made by one reshard program over the job, and
     the job logs what 1 process × 8 devices logs with the same sampler layout."""
-    config = _config(tmp_path, "grpo")
-    cfg = yaml.safe_load(open(config))
-    cfg["model"]["tiny"].update(num_heads=heads, num_kv_heads=heads // 2 if tensor < 8 else 8)
-    cfg["rollout"]["tensor"] = tensor
-    with open(config, "w") as f:
-        yaml.safe_dump(cfg, f)
+    config = online_config(tmp_path, "grpo")
+    edit_config(
+        config,
+        model=dict(
+            source="tiny",
+            tokenizer="char",
+            tiny=dict(num_layers=1, num_heads=heads, num_kv_heads=heads // 2 if tensor < 8 else 8),
+        ),
+        rollout=dict(tensor=tensor),
+    )
     two = str(tmp_path / "two")
-    logs = _wait(_job(config, two))
+    logs = wait(job(config, two))
     said = [line for line in logs[0].splitlines() if "sampler" in line]  # process 0 speaks
     assert any(f"sampler: {two_line} on devices 0..7" in line for line in said), said
-    one = str(tmp_path / "one")
-    (log_one,) = _wait([_train(config, one, devices=8)])
+    want, _, log_one = reference_run(config)
     said = [line for line in log_one.splitlines() if "sampler" in line]
     assert any(f"sampler: {one_line} on devices 0..7" in line for line in said), said
-    want = {r["step"]: r for r in read_metrics(one) if r.get("loss") is not None}
-    got = {r["step"]: r for r in read_metrics(two) if r.get("loss") is not None}
+    got = step_rows(two)
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     for k, r in want.items():
         assert got[k]["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6)
@@ -286,27 +185,14 @@ def test_two_process_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path
     preempted job dies; ``--resume`` on both continues from step 2 and the run logs what an
     uninterrupted run (1 process × 8 devices) logs, each step once."""
     steps = 4
-    config = _config(tmp_path, "grpo", max_steps=steps)
-    cfg = yaml.safe_load(open(config))
-    cfg["checkpoint"] = dict(save_every=1, keep=2, export_hf=False)
-    with open(config, "w") as f:
-        yaml.safe_dump(cfg, f)
+    config = online_config(tmp_path, "grpo", max_steps=steps)
+    edit_config(config, checkpoint=dict(save_every=1, keep=2, export_hf=False))
     two = str(tmp_path / "two")
-
-    killed = _job(config, two, fault="update:3")
-    for p in killed:
-        p.communicate(timeout=600)
-    assert {p.returncode for p in killed} == {-9}, [p.returncode for p in killed]
-    _wait(_job(config, two, "--resume"))
-    one = str(tmp_path / "one")
-    _wait([_train(config, one, devices=8)])
-    want = [r for r in read_metrics(one) if r.get("loss") is not None]
+    killed(job(config, two, fault="update:3"))
+    wait(job(config, two, "--resume"))
     got = [r for r in read_metrics(two) if r.get("loss") is not None]
-    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, steps + 1))
-    for r, o in zip(want, got):
-        assert o["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (r, o)
-        assert o["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (r, o)
-        assert o["data/prompts_crc32"] == r["data/prompts_crc32"]
+    assert [r["step"] for r in got] == list(range(1, steps + 1))  # each step once
+    _same_steps(reference_run(config)[0], step_rows(two), steps)
 
 
 @pytest.mark.slow
@@ -336,17 +222,16 @@ def test_two_process_offline_run_logs_what_one_process_logs(tmp_path):
     )
     config = tmp_path / "sft.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    two, one = str(tmp_path / "two"), str(tmp_path / "one")
-    _wait(_job(str(config), two))
-    _wait([_train(str(config), one, devices=8)])
-    want = [r for r in read_metrics(one) if r.get("loss") is not None]
-    got = [r for r in read_metrics(two) if r.get("loss") is not None]
-    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
-    for r, o in zip(want, got):
-        assert o["loss"] == pytest.approx(r["loss"], rel=1e-5), (r, o)
+    two = str(tmp_path / "two")
+    wait(job(str(config), two))
+    want, one, _ = reference_run(str(config))
+    got = step_rows(two)
+    assert sorted(got) == sorted(want) == [1, 2, 3]
+    for k, r in want.items():
+        assert got[k]["loss"] == pytest.approx(r["loss"], rel=1e-5), (r, got[k])
     evals = [r for r in read_metrics(two) if r.get("eval/loss") is not None]
     assert evals and evals[-1]["eval/loss"] == pytest.approx(
-        [r for r in read_metrics(one) if r.get("eval/loss") is not None][-1]["eval/loss"], rel=1e-5
+        [r for r in one if r.get("eval/loss") is not None][-1]["eval/loss"], rel=1e-5
     )
 
 
@@ -357,14 +242,11 @@ def test_two_process_async_run_trains_within_its_staleness_bound(tmp_path):
     the learner's thread); every step trains on a batch at most 1 step old.
     Versions depend on timing, so the run is not compared bit for bit."""
     steps = 4
-    config = _config(tmp_path, "grpo", max_steps=steps)
-    cfg = yaml.safe_load(open(config))
-    cfg["rollout"]["max_staleness"] = 1
-    with open(config, "w") as f:
-        yaml.safe_dump(cfg, f)
+    config = online_config(tmp_path, "grpo", max_steps=steps)
+    edit_config(config, rollout=dict(max_staleness=1))
     two = str(tmp_path / "two")
-    _wait(_job(config, two))
-    rows = [r for r in read_metrics(two) if r.get("loss") is not None]
+    wait(job(config, two))
+    rows = list(step_rows(two).values())
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert any(r["async/staleness_max"] == 1 for r in rows)  # it did run ahead

@@ -30,6 +30,7 @@ from jaxrl_llm.train.run.checkpoint import (
 )
 from tests.train.common import axes, init_fn, tiny_config
 from tests.train.fake_bucket import fake_bucket
+from tests.train.harness import CHECKPOINTED, ROOT, SFT, run_cli
 
 CFG = tiny_config()
 OPT = optax.adamw(1e-2)
@@ -119,18 +120,8 @@ def test_checkpoints_in_a_fake_bucket(tmp_path, monkeypatch):
         assert json.load(f) == {"data": 6}
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SFT = os.path.join(ROOT, "configs", "sft.yaml")
 TINY = [
-    "model.source=tiny",
-    "model.tokenizer=char",
-    "model.tiny.num_layers=1",
-    "logging.tensorboard=false",
-    "logging.plots=false",
-    "data.eval=null",
-    "checkpoint.export_hf=false",
-    "checkpoint.save_every=2",
-    "checkpoint.keep=3",
+    *CHECKPOINTED,
     f"data.train={os.path.join(ROOT, 'data', 'arith_sft', 'train.jsonl')}",  # tests change cwd
 ]
 
@@ -174,13 +165,7 @@ def test_bucket_without_its_filesystem_package_is_one_line(tmp_path, monkeypatch
 
 
 def _train(capsys, *args) -> tuple[int, str]:
-    from jaxrl_llm.cli.main import main
-
-    try:
-        rc = main(["train", SFT, *TINY, *args])
-    except SystemExit as e:
-        rc = e.code
-    _, err = capsys.readouterr()
+    rc, _, err = run_cli(["train", SFT, *TINY, *args], capsys)
     return rc, err
 
 

@@ -16,13 +16,10 @@ import pytest
 import jaxrl_llm
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.errors import ConfigError
+from tests.train.harness import CHAT_ROWS, CHECKPOINTED, SFT, run_cli, tiny_online_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ROWS = [
-    {"prompt": [{"role": "user", "content": f"{a}{b}>"}], "answer": str(max(a, b))}
-    for a in range(4)
-    for b in range(4)
-]
+ROWS = CHAT_ROWS
 OTHER_ROWS = [{**r, "answer": "0"} for r in ROWS]
 
 
@@ -32,18 +29,7 @@ def digit_reward(prompts, completions, answer, **kwargs):
 
 
 def _args(out, **over):
-    base = dict(
-        output_dir=str(out),
-        max_steps=1,
-        model=dict(source="tiny", tokenizer="char", tiny=dict(num_layers=1)),
-        data=dict(max_length=32),
-        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=3),
-        logging=dict(tensorboard=False, plots=False),
-        eval=dict(before=False),
-        checkpoint=dict(export_hf=False),
-    )
-    base.update(over)
-    return base
+    return tiny_online_args(out, **{"checkpoint": dict(export_hf=False), **over})
 
 
 def _one_line(e: BaseException) -> str:
@@ -53,11 +39,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def _cli(capsys, argv) -> tuple[int, str]:
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = e.code
-    _, err = capsys.readouterr()
+    rc, _, err = run_cli(argv, capsys)
     return rc, err
 
 
@@ -284,18 +266,7 @@ def test_failed_episodes_carry_no_gradient(algorithm, tmp_path, capsys):
 
 # ----- 3. resume falls back past a damaged checkpoint ------------------------------------------
 
-SFT = os.path.join(ROOT, "configs", "sft.yaml")
-SFT_TINY = [
-    "model.source=tiny",
-    "model.tokenizer=char",
-    "model.tiny.num_layers=1",
-    "logging.tensorboard=false",
-    "logging.plots=false",
-    "data.eval=null",
-    "checkpoint.export_hf=false",
-    "checkpoint.save_every=2",
-    "checkpoint.keep=3",
-]
+SFT_TINY = CHECKPOINTED
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ never complete. The resume line keeps a job's flags."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 
 import pytest
@@ -13,28 +12,12 @@ import pytest
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.cli.train import resume_command
 from jaxrl_llm.train.run.checkpoint import complete_steps
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SFT = os.path.join(ROOT, "configs", "sft.yaml")
-TINY = [
-    "model.source=tiny",
-    "model.tokenizer=char",
-    "model.tiny.num_layers=1",
-    "logging.tensorboard=false",
-    "logging.plots=false",
-    "data.eval=null",
-    "checkpoint.export_hf=false",
-    "checkpoint.save_every=2",
-    "checkpoint.keep=3",
-]
+from tests.train.harness import CHECKPOINTED as TINY
+from tests.train.harness import SFT, run_cli
 
 
 def _train(capsys, out, *args) -> tuple[int, str]:
-    try:
-        rc = main(["train", SFT, f"output_dir={out}", *TINY, *args])
-    except SystemExit as e:
-        rc = e.code
-    _, err = capsys.readouterr()
+    rc, _, err = run_cli(["train", SFT, f"output_dir={out}", *TINY, *args], capsys)
     return rc, err
 
 

@@ -20,29 +20,12 @@ import shutil
 import pytest
 
 from jaxrl_llm.cli.main import main
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SFT = os.path.join(ROOT, "configs", "sft.yaml")
-PPO = os.path.join(ROOT, "configs", "ppo.yaml")
-TINY = [
-    "model.source=tiny",
-    "model.tokenizer=char",
-    "model.tiny.num_layers=1",
-    "logging.tensorboard=false",
-    "logging.plots=false",
-    "data.eval=null",
-    "checkpoint.export_hf=false",
-]
+from tests.train.harness import PPO, SFT, TINY, run_cli
 
 
 def _train(capsys, config, out, *overrides, resume=False) -> tuple[int, str, str]:
     argv = ["train", config, f"output_dir={out}", *TINY, *overrides]
-    try:
-        rc = main(argv + (["--resume"] if resume else []))
-    except SystemExit as e:
-        rc = e.code
-    stdout, err = capsys.readouterr()
-    return rc, stdout, err
+    return run_cli(argv + (["--resume"] if resume else []), capsys)
 
 
 def _listing(d) -> list[tuple[str, int, int]]:

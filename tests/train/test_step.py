@@ -9,7 +9,12 @@ import pytest
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel import batch_sharding, logical_to_sharding, make_mesh
 from jaxrl_llm.train import count_tokens, create_train_state, make_train_step, split_micro_batches
-from tests.train.common import axes, init_fn, nll_denominator, nll_loss, ragged_batch, tiny_config
+from tests.train.common import (
+    nll_loss,
+    nll_train_step,
+    ragged_batch,
+    tiny_config,
+)
 
 CFG = tiny_config()
 BATCH = ragged_batch(0, 8, 10, CFG.vocab_size)
@@ -20,19 +25,7 @@ def _run(mesh_shape, optimizer, batch, *, micro_batches=1, cfg=CFG, steps=1, **k
     mesh = make_mesh(
         data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2], devices=jax.devices()[:n]
     )
-    state, sharding = create_train_state(
-        init_fn(cfg), optimizer, mesh, param_axes=axes(cfg), rng=jax.random.PRNGKey(0)
-    )
-    step = make_train_step(
-        functools.partial(nll_loss, config=cfg),
-        optimizer,
-        mesh=mesh,
-        state_sharding=sharding,
-        batch_sharding=batch_sharding(mesh),
-        micro_batches=micro_batches,
-        denominator_fn=nll_denominator,
-        **kw,
-    )
+    state, step = nll_train_step(mesh, optimizer, config=cfg, micro_batches=micro_batches, **kw)
     params0 = jax.device_get(state.params)
     for _ in range(steps):
         state, metrics = step(state, batch)
