@@ -49,7 +49,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxrl_llm.errors import CheckpointError
-from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.config import ModelConfig, known_keys
 from jaxrl_llm.train.programs.state import TrainState
 from jaxrl_llm.train.run import paths
 
@@ -61,25 +61,34 @@ TOKENIZER_DIR = "tokenizer"
 
 
 def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
-    """ModelConfig -> JSON-ready dict (enums as their string values, tuples as lists)."""
-    out = {}
-    for f in dataclasses.fields(config):
-        v = getattr(config, f.name)
-        if isinstance(v, enum.Enum):
-            v = v.value
-        elif isinstance(v, tuple):
-            v = list(v)
-        out[f.name] = v
-    return out
+    """ModelConfig -> JSON-ready dict (each group a nested dict; enums as their string values,
+    tuples as lists)."""
+
+    def plain(obj: Any) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if dataclasses.is_dataclass(v):
+                v = plain(v)
+            elif isinstance(v, enum.Enum):
+                v = v.value
+            elif isinstance(v, tuple):
+                v = [t.value if isinstance(t, enum.Enum) else t for t in v]
+            out[f.name] = v
+        return out
+
+    return plain(config)
 
 
 def model_config_from_dict(d: Mapping[str, Any], *, source: str = "checkpoint") -> ModelConfig:
-    """Inverse of :func:`model_config_to_dict`; unknown keys raise CheckpointError."""
-    names = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(d) - names)
+    """Inverse of :func:`model_config_to_dict`; also reads the flat dicts saved before the
+    groups (old names, :data:`~jaxrl_llm.models.FLAT_NAMES`). Unknown keys raise
+    CheckpointError."""
+    names = known_keys()
+    unknown = sorted(set(d) - set(names))
     if unknown:
         raise CheckpointError(
-            f"{source}: model_config has unknown keys {unknown}; allowed: {sorted(names)}"
+            f"{source}: model_config has unknown keys {unknown}; allowed: {names}"
         )
     try:
         return ModelConfig(**d)
