@@ -32,7 +32,6 @@ from :func:`~jaxrl_llm.train.abstract_train_state`); orbax reads each device's s
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import errno
 import json
@@ -61,29 +60,22 @@ TOKENIZER_DIR = "tokenizer"
 
 
 def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
-    """ModelConfig -> JSON-ready dict (each group a nested dict; enums as their string values,
-    tuples as lists)."""
-
-    def plain(obj: Any) -> dict[str, Any]:
-        out = {}
-        for f in dataclasses.fields(obj):
-            v = getattr(obj, f.name)
-            if dataclasses.is_dataclass(v):
-                v = plain(v)
-            elif isinstance(v, enum.Enum):
-                v = v.value
-            elif isinstance(v, tuple):
-                v = [t.value if isinstance(t, enum.Enum) else t for t in v]
-            out[f.name] = v
-        return out
-
-    return plain(config)
+    """ModelConfig -> JSON-ready dict under the flat names (:meth:`ModelConfig.flat`: the
+    format checkpoints have always had, so an older reader loads it too), enums as their
+    string values, tuples as lists."""
+    out: dict[str, Any] = {}
+    for name, v in config.flat().items():
+        if isinstance(v, enum.Enum):
+            v = v.value
+        elif isinstance(v, tuple):
+            v = [t.value if isinstance(t, enum.Enum) else t for t in v]
+        out[name] = v
+    return out
 
 
 def model_config_from_dict(d: Mapping[str, Any], *, source: str = "checkpoint") -> ModelConfig:
-    """Inverse of :func:`model_config_to_dict`; also reads the flat dicts saved before the
-    groups (old names, :data:`~jaxrl_llm.models.FLAT_NAMES`). Unknown keys raise
-    CheckpointError."""
+    """Inverse of :func:`model_config_to_dict`; groups given as nested dicts
+    (``{"attn": {"num_heads": 4, ...}}``) are read too. Unknown keys raise CheckpointError."""
     names = known_keys()
     unknown = sorted(set(d) - set(names))
     if unknown:
