@@ -412,10 +412,7 @@ class ModelConfig:
     @property
     def linear_conv_channels(self) -> int:
         """Channels C of a Gated DeltaNet layer's conv: queries, keys, values together."""
-        return (
-            2 * self.linear.num_key_heads * self.linear.key_head_dim
-            + self.linear.num_value_heads * self.linear.value_head_dim
-        )
+        return self.linear.conv_channels
 
     @property
     def is_moe(self) -> bool:
