@@ -153,3 +153,30 @@ def test_package_reads_grouped_names(folder):
             if _FLAT_READ.search(code):
                 found.append(f"{path.name}:{i}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def _preset_fields():
+    from jaxrl_llm.models.families.gpt_oss.presets import gpt_oss_20b_fields
+    from jaxrl_llm.models.gemma import gemma3_270m_fields
+    from jaxrl_llm.models.gemma4 import gemma4_31b_fields, gemma4_tiny_fields
+    from jaxrl_llm.models.qwen3_5 import qwen3_5_tiny_fields
+
+    return [
+        gemma3_270m_fields(),
+        gemma4_31b_fields(),
+        gemma4_tiny_fields(),
+        gpt_oss_20b_fields(),
+        qwen3_5_tiny_fields(Family.QWEN3_5_MOE),
+    ]
+
+
+@pytest.mark.parametrize("fields", _preset_fields(), ids=lambda f: str(f["family"]))
+def test_preset_fields_land_where_flat_reads_find_them(fields):
+    c = ModelConfig(**fields)
+    flat = c.flat()
+    for key, value in fields.items():
+        if key in ("layer_types", "eos_token_ids"):
+            value = tuple(value)
+        if value is not None or key not in ("head_dim", "moe_intermediate_size"):
+            assert flat[key] == value, key
+    assert ModelConfig(**flat) == c
