@@ -54,11 +54,11 @@ def _generation_config_dict(config: ModelConfig, generation_config: Any) -> dict
             else generation_config.to_dict()
         )
     d.pop("transformers_version", None)
-    eos = list(config.eos_token_ids)
+    eos = list(config.tokens.eos_ids)
     defaults = {
-        "bos_token_id": config.bos_token_id,
+        "bos_token_id": config.tokens.bos_id,
         "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
-        "pad_token_id": config.pad_token_id,
+        "pad_token_id": config.tokens.pad_id,
     }
     for k, v in defaults.items():
         if d.get(k) is None and v is not None:

@@ -253,22 +253,22 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
         Family.QWEN3_MOE: transformers.Qwen3MoeConfig,
         Family.MIXTRAL: transformers.MixtralConfig,
     }[c.family]
-    rope: dict[str, Any] = {"rope_type": c.rope_scaling.value}
-    if c.rope_scaling == RopeScaling.LINEAR:
-        rope["factor"] = c.rope_factor
-    elif c.rope_scaling == RopeScaling.LLAMA3:
+    rope: dict[str, Any] = {"rope_type": c.rope.scaling.value}
+    if c.rope.scaling == RopeScaling.LINEAR:
+        rope["factor"] = c.rope.factor
+    elif c.rope.scaling == RopeScaling.LLAMA3:
         rope.update(
-            factor=c.rope_factor,
-            low_freq_factor=c.rope_low_freq_factor,
-            high_freq_factor=c.rope_high_freq_factor,
-            original_max_position_embeddings=c.rope_original_max_position,
+            factor=c.rope.factor,
+            low_freq_factor=c.rope.low_freq_factor,
+            high_freq_factor=c.rope.high_freq_factor,
+            original_max_position_embeddings=c.rope.original_max_position,
         )
     kw: dict[str, Any] = dict(
         **shared_hf_fields(c),
-        intermediate_size=c.intermediate_size,
+        intermediate_size=c.mlp.intermediate_size,
         hidden_act="silu",
-        rope_theta=c.rope_theta,
-        rope_scaling=None if c.rope_scaling == RopeScaling.NONE else rope,
+        rope_theta=c.rope.theta,
+        rope_scaling=None if c.rope.scaling == RopeScaling.NONE else rope,
     )
     if c.family in moe.MOE_FAMILIES:
         try:
@@ -276,19 +276,19 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
         except ValueError as e:
             raise ModelLoadError(f"export: {e}") from None
     if c.family in (Family.LLAMA, Family.QWEN3, Family.QWEN3_MOE):
-        kw["attention_bias"] = c.attention_bias
-    elif c.family == Family.QWEN2 and not c.attention_bias:
+        kw["attention_bias"] = c.attn.bias
+    elif c.family == Family.QWEN2 and not c.attn.bias:
         raise ModelLoadError(
             "export: transformers' Qwen2 always has q/k/v biases; this config "
             "has attention_bias=False (use family 'llama' or 'qwen3')"
         )
     if c.family in (Family.MISTRAL, Family.MIXTRAL):
-        kw["sliding_window"] = c.sliding_window
+        kw["sliding_window"] = c.attn.sliding_window
     elif c.family in (Family.QWEN2, Family.QWEN3, Family.QWEN3_MOE):
-        kw["use_sliding_window"] = c.sliding_window is not None
-        kw["sliding_window"] = c.sliding_window
-        kw["max_window_layers"] = 0 if c.sliding_window is not None else c.num_layers
-    if c.family == Family.LLAMA and c.qk_norm:
+        kw["use_sliding_window"] = c.attn.sliding_window is not None
+        kw["sliding_window"] = c.attn.sliding_window
+        kw["max_window_layers"] = 0 if c.attn.sliding_window is not None else c.num_layers
+    if c.family == Family.LLAMA and c.attn.qk_norm:
         raise ModelLoadError(
             "export: transformers' Llama has no q/k norm; this config has "
             "qk_norm=True (use family 'qwen3')"

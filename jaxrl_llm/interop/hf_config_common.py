@@ -16,19 +16,19 @@ def shared_hf_fields(c: ModelConfig) -> dict[str, Any]:
     """The ``config.json`` keys every family's transformers config takes alike: sizes, norm
     epsilon, tied embeddings and the special token ids (one eos id as an int, several as a
     list)."""
-    eos = list(c.eos_token_ids)
+    eos = list(c.tokens.eos_ids)
     return dict(
         vocab_size=c.vocab_size,
         hidden_size=c.hidden_size,
         num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps,
+        num_attention_heads=c.attn.num_heads,
+        num_key_value_heads=c.attn.num_kv_heads,
+        head_dim=c.attn.head_dim,
+        max_position_embeddings=c.rope.max_position_embeddings,
+        rms_norm_eps=c.norms.eps,
         tie_word_embeddings=c.tie_embeddings,
-        bos_token_id=c.bos_token_id,
-        pad_token_id=c.pad_token_id,
+        bos_token_id=c.tokens.bos_id,
+        pad_token_id=c.tokens.pad_id,
         eos_token_id=None if not eos else eos[0] if len(eos) == 1 else eos,
     )
 

@@ -77,33 +77,34 @@ def _gemma_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
     """
     c = config
     want = gemma.common_fields(c.family)
-    bad = [k for k, v in want.items() if k != "tie_embeddings" and getattr(c, k) != v]
+    flat = c.flat()  # the helpers name fields flat
+    bad = [k for k, v in want.items() if k != "tie_embeddings" and flat[k] != v]
     if bad:
         raise ValueError(f"transformers' {c.family.value} has fixed {bad}; this config differs")
-    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar % 1:
-        raise ValueError(f"query_pre_attn_scalar={c.query_pre_attn_scalar} is not an integer")
+    if c.attn.query_pre_attn_scalar is not None and c.attn.query_pre_attn_scalar % 1:
+        raise ValueError(f"query_pre_attn_scalar={c.attn.query_pre_attn_scalar} is not an integer")
     kw: dict[str, Any] = dict(
-        hidden_activation=c.mlp_activation.value,
-        layer_types=[t.value for t in c.layer_types] or None,
-        sliding_window=c.sliding_window,
+        hidden_activation=c.mlp.activation.value,
+        layer_types=[t.value for t in c.attn.layer_types] or None,
+        sliding_window=c.attn.sliding_window,
         # transformers' config type is int; Gemma's scalars are whole numbers.
-        query_pre_attn_scalar=int(c.query_pre_attn_scalar or c.head_dim),
-        attn_logit_softcapping=c.attn_logit_softcap,
-        final_logit_softcapping=c.final_logit_softcap,
+        query_pre_attn_scalar=int(c.attn.query_pre_attn_scalar or c.attn.head_dim),
+        attn_logit_softcapping=c.attn.logit_softcap,
+        final_logit_softcapping=c.tokens.final_logit_softcap,
     )
-    glob: dict[str, Any] = {"rope_type": c.rope_scaling.value, "rope_theta": c.rope_theta}
-    if c.rope_scaling == RopeScaling.LINEAR:
-        glob["factor"] = c.rope_factor
-    elif c.rope_scaling != RopeScaling.NONE:
-        raise ValueError(f"Gemma export supports default or linear RoPE, not {c.rope_scaling}")
+    glob: dict[str, Any] = {"rope_type": c.rope.scaling.value, "rope_theta": c.rope.theta}
+    if c.rope.scaling == RopeScaling.LINEAR:
+        glob["factor"] = c.rope.factor
+    elif c.rope.scaling != RopeScaling.NONE:
+        raise ValueError(f"Gemma export supports default or linear RoPE, not {c.rope.scaling}")
     if c.family == Family.GEMMA3:
-        local = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
+        local = c.rope.theta if c.rope.local_theta is None else c.rope.local_theta
         kw["rope_parameters"] = {
             LayerType.GLOBAL.value: glob,
             LayerType.LOCAL.value: {"rope_type": "default", "rope_theta": local},
         }
     else:
-        if c.rope_local_theta not in (None, c.rope_theta):
+        if c.rope.local_theta not in (None, c.rope.theta):
             raise ValueError("transformers' Gemma 2 has one RoPE base for all layers")
         kw["rope_parameters"] = glob
     return kw
@@ -123,8 +124,8 @@ def gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str,
         raise ModelLoadError(f"export: {e}") from None
     hf = cls(
         **shared_hf_fields(c),
-        intermediate_size=c.intermediate_size,
-        attention_bias=c.attention_bias,
+        intermediate_size=c.mlp.intermediate_size,
+        attention_bias=c.attn.bias,
         **gemma_kw,
     )
     return config_json(hf, c, hf_architectures(c.family)[0], dtype)

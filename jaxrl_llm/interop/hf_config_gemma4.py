@@ -131,10 +131,11 @@ def gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
     if c.num_labels:
         raise ModelLoadError("export: Gemma 4 sequence classifiers are not supported")
     want = gemma4.common_fields()
-    bad = [k for k, v in want.items() if getattr(c, k) != v]
-    if bad or c.rope_scaling not in (RopeScaling.NONE, RopeScaling.LINEAR):
+    flat = c.flat()  # the helpers name fields flat
+    bad = [k for k, v in want.items() if flat[k] != v]
+    if bad or c.rope.scaling not in (RopeScaling.NONE, RopeScaling.LINEAR):
         raise ModelLoadError(f"export: transformers' Gemma 4 has fixed {bad or ['rope_scaling']}")
-    if c.is_moe and (not c.moe_beside_mlp or not c.norm_topk_prob or c.shared_expert_size):
+    if c.is_moe and (not c.moe.beside_mlp or not c.moe.norm_topk_prob or c.moe.shared_expert_size):
         raise ModelLoadError(
             "export: transformers' Gemma 4 has its experts beside the MLP (moe_beside_mlp), "
             "renormalised top-k weights and no shared expert; this config differs"
@@ -142,43 +143,45 @@ def gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
     moe: dict[str, Any] = {}
     if c.is_moe:
         moe = dict(
-            num_experts=c.num_experts,
-            top_k_experts=c.num_experts_per_tok,
-            moe_intermediate_size=c.moe_intermediate_size,
+            num_experts=c.moe.num_experts,
+            top_k_experts=c.moe.num_experts_per_tok,
+            moe_intermediate_size=c.moe.intermediate_size,
         )
-    k_glob, e_glob = c.layer_heads(c.layer_types.index(LayerType.GLOBAL))
-    if k_glob != c.num_kv_heads and not c.global_k_eq_v:
+    k_glob, e_glob = c.layer_heads(c.attn.layer_types.index(LayerType.GLOBAL))
+    if k_glob != c.attn.num_kv_heads and not c.attn.global_k_eq_v:
         raise ModelLoadError(
             "export: transformers' Gemma 4 gives full-attention layers their own KV heads only "
             "with attention_k_eq_v"
         )
     glob: dict[str, Any] = {
         "rope_type": "proportional",
-        "partial_rotary_factor": c.global_rope_proportion,
-        "rope_theta": c.rope_theta,
+        "partial_rotary_factor": c.rope.global_proportion,
+        "rope_theta": c.rope.theta,
     }
-    if c.rope_scaling == RopeScaling.LINEAR:
-        glob["factor"] = c.rope_factor
-    local = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
+    if c.rope.scaling == RopeScaling.LINEAR:
+        glob["factor"] = c.rope.factor
+    local = c.rope.theta if c.rope.local_theta is None else c.rope.local_theta
     fields: dict[str, Any] = dict(  # as a dict: transformers' typed __init__ lists fewer keys
         **shared_hf_fields(c),
-        intermediate_size=c.intermediate_size // 2 if c.double_wide_mlp else c.intermediate_size,
+        intermediate_size=c.mlp.intermediate_size // 2
+        if c.mlp.double_wide
+        else c.mlp.intermediate_size,
         global_head_dim=e_glob,
-        num_global_key_value_heads=k_glob if c.global_k_eq_v else None,
-        attention_k_eq_v=c.global_k_eq_v,
-        hidden_activation=c.mlp_activation.value,
-        attention_bias=c.attention_bias,
-        sliding_window=c.sliding_window,
-        layer_types=[t.value for t in c.layer_types],
-        final_logit_softcapping=c.final_logit_softcap,
+        num_global_key_value_heads=k_glob if c.attn.global_k_eq_v else None,
+        attention_k_eq_v=c.attn.global_k_eq_v,
+        hidden_activation=c.mlp.activation.value,
+        attention_bias=c.attn.bias,
+        sliding_window=c.attn.sliding_window,
+        layer_types=[t.value for t in c.attn.layer_types],
+        final_logit_softcapping=c.tokens.final_logit_softcap,
         rope_parameters={
             LayerType.GLOBAL.value: glob,
             LayerType.LOCAL.value: {"rope_type": "default", "rope_theta": local},
         },
-        hidden_size_per_layer_input=c.per_layer_input_size,
+        hidden_size_per_layer_input=c.tokens.per_layer_input_size,
         vocab_size_per_layer_input=c.per_layer_vocab,
-        num_kv_shared_layers=c.kv_shared_layers,
-        use_double_wide_mlp=c.double_wide_mlp,
+        num_kv_shared_layers=c.attn.kv_shared_layers,
+        use_double_wide_mlp=c.mlp.double_wide,
         enable_moe_block=c.is_moe,
         **moe,
     )

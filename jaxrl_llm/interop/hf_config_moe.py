@@ -63,26 +63,26 @@ def moe_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
     c = config
     if c.family == Family.QWEN3_MOE:
         return dict(
-            num_experts=c.num_experts,
-            num_experts_per_tok=c.num_experts_per_tok,
-            moe_intermediate_size=c.moe_intermediate_size,
-            norm_topk_prob=c.norm_topk_prob,
-            router_aux_loss_coef=c.router_aux_loss_coef,
+            num_experts=c.moe.num_experts,
+            num_experts_per_tok=c.moe.num_experts_per_tok,
+            moe_intermediate_size=c.moe.intermediate_size,
+            norm_topk_prob=c.moe.norm_topk_prob,
+            router_aux_loss_coef=c.moe.router_aux_loss_coef,
             decoder_sparse_step=1,
             mlp_only_layers=[],
         )
     if c.family == Family.MIXTRAL:
-        if not c.norm_topk_prob:
+        if not c.moe.norm_topk_prob:
             raise ValueError("transformers' Mixtral always renormalises the top-k weights")
-        if c.moe_intermediate_size != c.intermediate_size:
+        if c.moe.intermediate_size != c.mlp.intermediate_size:
             raise ValueError(
-                f"Mixtral's experts have width intermediate_size={c.intermediate_size}, "
-                f"this config has moe_intermediate_size={c.moe_intermediate_size}"
+                f"Mixtral's experts have width intermediate_size={c.mlp.intermediate_size}, "
+                f"this config has moe_intermediate_size={c.moe.intermediate_size}"
             )
         return dict(
-            num_local_experts=c.num_experts,
-            num_experts_per_tok=c.num_experts_per_tok,
-            router_aux_loss_coef=c.router_aux_loss_coef,
+            num_local_experts=c.moe.num_experts,
+            num_experts_per_tok=c.moe.num_experts_per_tok,
+            router_aux_loss_coef=c.moe.router_aux_loss_coef,
             router_jitter_noise=0.0,
         )
     raise ValueError(f"{c.family.value} is not a mixture-of-experts family")

@@ -74,42 +74,43 @@ def qwen3_5_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[st
     if c.num_labels:
         raise ModelLoadError("export: Qwen3.5 sequence classifiers are not supported")
     want = qwen3_5.common_fields(c.family)
-    bad = [k for k, v in want.items() if getattr(c, k) != v]
-    if bad or c.attention_bias or c.rope_scaling != RopeScaling.NONE:
+    flat = c.flat()  # the helpers name fields flat
+    bad = [k for k, v in want.items() if flat[k] != v]
+    if bad or c.attn.bias or c.rope.scaling != RopeScaling.NONE:
         raise ModelLoadError(
             f"export: transformers' Qwen3.5 has fixed {bad or ['attention_bias', 'rope_scaling']}; "
             f"this config differs"
         )
     if c.family == Family.QWEN3_5_MOE:
-        if not c.norm_topk_prob or not c.shared_expert_size:
+        if not c.moe.norm_topk_prob or not c.moe.shared_expert_size:
             raise ModelLoadError(
                 "export: transformers' Qwen3.5-MoE renormalises the top-k weights and has a "
                 "shared expert; this config differs"
             )
         cls: Any = transformers.Qwen3_5MoeTextConfig
         sizes: dict[str, Any] = dict(
-            num_experts=c.num_experts,
-            num_experts_per_tok=c.num_experts_per_tok,
-            moe_intermediate_size=c.moe_intermediate_size,
-            shared_expert_intermediate_size=c.shared_expert_size,
-            router_aux_loss_coef=c.router_aux_loss_coef,
+            num_experts=c.moe.num_experts,
+            num_experts_per_tok=c.moe.num_experts_per_tok,
+            moe_intermediate_size=c.moe.intermediate_size,
+            shared_expert_intermediate_size=c.moe.shared_expert_size,
+            router_aux_loss_coef=c.moe.router_aux_loss_coef,
         )
     else:
-        cls, sizes = transformers.Qwen3_5TextConfig, dict(intermediate_size=c.intermediate_size)
+        cls, sizes = transformers.Qwen3_5TextConfig, dict(intermediate_size=c.mlp.intermediate_size)
     hf = cls(
         **shared_hf_fields(c),
         **sizes,
         hidden_act="silu",
         rope_parameters={
             "rope_type": "default",
-            "rope_theta": c.rope_theta,
-            "partial_rotary_factor": c.partial_rotary_factor,
+            "rope_theta": c.rope.theta,
+            "partial_rotary_factor": c.rope.partial_rotary_factor,
         },
-        linear_conv_kernel_dim=c.linear_conv_kernel,
-        linear_key_head_dim=c.linear_key_head_dim,
-        linear_value_head_dim=c.linear_value_head_dim,
-        linear_num_key_heads=c.linear_num_key_heads,
-        linear_num_value_heads=c.linear_num_value_heads,
-        layer_types=[t.value for t in c.layer_types],
+        linear_conv_kernel_dim=c.linear.conv_kernel,
+        linear_key_head_dim=c.linear.key_head_dim,
+        linear_value_head_dim=c.linear.value_head_dim,
+        linear_num_key_heads=c.linear.num_key_heads,
+        linear_num_value_heads=c.linear.num_value_heads,
+        layer_types=[t.value for t in c.attn.layer_types],
     )
     return config_json(hf, c, hf_architectures(c.family)[0], dtype)

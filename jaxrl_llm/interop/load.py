@@ -11,7 +11,6 @@ Their public names are importable from here too.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -82,8 +81,8 @@ def _gemma_chat_defaults(config: ModelConfig, tokenizer: Any) -> ModelConfig:
         return config
     tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
     eot = tokenizer.convert_tokens_to_ids(_GEMMA_END_OF_TURN)
-    if isinstance(eot, int) and eot != tokenizer.unk_token_id and eot not in config.eos_token_ids:
-        config = dataclasses.replace(config, eos_token_ids=(*config.eos_token_ids, eot))
+    if isinstance(eot, int) and eot != tokenizer.unk_token_id and eot not in config.tokens.eos_ids:
+        config = config.replace(eos_token_ids=(*config.tokens.eos_ids, eot))
     return config
 
 

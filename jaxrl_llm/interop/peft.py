@@ -132,14 +132,16 @@ def export_peft_adapter(
             f"adapters hold {sorted(layers)}, but the LoRA config targets {sorted(lora.targets)}"
         )
     attention = sorted(set(layers) & {"q_proj", "k_proj", "v_proj", "o_proj"})
-    if attention and (config.has_padded_heads or config.global_k_eq_v or config.kv_shared_layers):
+    if attention and (
+        config.has_padded_heads or config.attn.global_k_eq_v or config.attn.kv_shared_layers
+    ):
         raise ModelLoadError(
             f"PEFT export of adapters on {attention} of a model with attention heads of two "
             f"sizes, values that are keys or KV sharing (Gemma 4) is not supported; export the "
             f"merged model"
         )
     mlp = sorted(set(layers) & {"gate_proj", "up_proj", "down_proj"})
-    if mlp and config.double_wide_mlp:
+    if mlp and config.mlp.double_wide:
         raise ModelLoadError(
             f"PEFT export of adapters on {mlp} of a model whose MLPs have two widths "
             f"(double_wide_mlp, Gemma 4) is not supported; export the merged model"

@@ -8,7 +8,7 @@ pure numpy reshapes/transposes, so a round trip is exact.
 
 Gemma 2 / 3 add a norm after attention and after the MLP; transformers calls the pre-MLP norm
 ``pre_feedforward_layernorm`` there and uses ``post_attention_layernorm`` for the norm *after*
-attention (in Llama it is the pre-MLP norm), so the names depend on ``config.post_norms``.
+attention (in Llama it is the pre-MLP norm), so the names depend on ``config.norms.post_norms``.
 Gemma norm weights are stored as transformers stores them (w of the (1 + w) form).
 
 Each family's own tensors are in its module beside this one: a mixture of experts' router
@@ -78,7 +78,7 @@ _LAYER_NAMES: dict[tuple[str, str], str] = {
     ("down_proj", "kernel"): "mlp.down_proj.weight",
 }
 
-# Gemma 2 / 3 (config.post_norms): the four norms around attention and the MLP.
+# Gemma 2 / 3 (config.norms.post_norms): the four norms around attention and the MLP.
 _POST_NORM_NAMES: dict[tuple[str, str], str] = {
     ("mlp_norm", "scale"): "pre_feedforward_layernorm.weight",
     ("post_attn_norm", "scale"): "post_attention_layernorm.weight",
@@ -116,14 +116,14 @@ def hf_projection_name(module: str, layer: int) -> str:
 
 def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
     """(our layer sub-tree, leaf) -> transformers name inside ``model.layers.{i}.``."""
-    names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.post_norms else dict(_LAYER_NAMES)
-    if config.is_hybrid or config.attn_output_gate:
+    names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.norms.post_norms else dict(_LAYER_NAMES)
+    if config.is_hybrid or config.attn.output_gate:
         names.update(LINEAR_NAMES)
-    if config.layer_scalars:
+    if config.norms.layer_scalars:
         names[("layer_scalar", "value")] = "layer_scalar"
-    if config.moe_beside_mlp:
+    if config.moe.beside_mlp:
         names.update(BESIDE_MLP_NAMES)
-    if config.per_layer_input_size:
+    if config.tokens.per_layer_input_size:
         names.update(PER_LAYER_INPUT_NAMES)
     return names
 
@@ -131,23 +131,23 @@ def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
 def _hf_layer_shape(config: ModelConfig, module: str, leaf: str, layer: int) -> tuple[int, ...]:
     """Shape of layer ``layer``'s tensor in transformers' layout."""
     c = config
-    (k, e), d, f, h = c.layer_heads(layer), c.hidden_size, c.mlp_width(layer), c.num_heads
-    hv, dv, ch = c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_channels
-    q_rows = 2 * h * e if c.attn_output_gate else h * e
+    (k, e), d, f, h = c.layer_heads(layer), c.hidden_size, c.mlp_width(layer), c.attn.num_heads
+    hv, dv, ch = c.linear.num_value_heads, c.linear.value_head_dim, c.linear_conv_channels
+    q_rows = 2 * h * e if c.attn.output_gate else h * e
     return {
         ("in_proj_qkv", "kernel"): (ch, d),
         ("in_proj_z", "kernel"): (hv * dv, d),
         ("in_proj_b", "kernel"): (hv, d),
         ("in_proj_a", "kernel"): (hv, d),
-        ("conv", "kernel"): (ch, 1, c.linear_conv_kernel),
+        ("conv", "kernel"): (ch, 1, c.linear.conv_kernel),
         ("delta", "a_log"): (hv,),
         ("delta", "dt_bias"): (hv,),
         ("linear_norm", "scale"): (dv,),
         ("out_proj", "kernel"): (d, hv * dv),
         ("attn_gate", "kernel"): (q_rows, d),
-        ("shared_gate_proj", "kernel"): (c.shared_expert_size, d),
-        ("shared_up_proj", "kernel"): (c.shared_expert_size, d),
-        ("shared_down_proj", "kernel"): (d, c.shared_expert_size),
+        ("shared_gate_proj", "kernel"): (c.moe.shared_expert_size, d),
+        ("shared_up_proj", "kernel"): (c.moe.shared_expert_size, d),
+        ("shared_down_proj", "kernel"): (d, c.moe.shared_expert_size),
         ("shared_expert_gate", "kernel"): (1, d),
         ("attn_norm", "scale"): (d,),
         ("mlp_norm", "scale"): (d,),
@@ -167,12 +167,12 @@ def _hf_layer_shape(config: ModelConfig, module: str, leaf: str, layer: int) -> 
         ("down_proj", "kernel"): (d, f),
         ("layer_scalar", "value"): (1,),
         ("router_norm", "scale"): (d,),
-        ("expert_scale", "scale"): (c.num_experts,),
+        ("expert_scale", "scale"): (c.moe.num_experts,),
         ("post_dense_norm", "scale"): (d,),
         ("moe_norm", "scale"): (d,),
         ("post_moe_norm", "scale"): (d,),
-        ("per_layer_gate", "kernel"): (c.per_layer_input_size, d),
-        ("per_layer_proj", "kernel"): (d, c.per_layer_input_size),
+        ("per_layer_gate", "kernel"): (c.tokens.per_layer_input_size, d),
+        ("per_layer_proj", "kernel"): (d, c.tokens.per_layer_input_size),
         ("per_layer_post_norm", "scale"): (d,),
     }[(module, leaf)]
 
@@ -197,12 +197,12 @@ def _unstack_to_ours(
         return w.reshape(())
     if leaf == "bias":  # [N*E] -> [N, E]
         return w.reshape(-1, e)
-    if module in LINEAR_LAYOUTS or (module in ("q_proj", "attn_gate") and c.attn_output_gate):
+    if module in LINEAR_LAYOUTS or (module in ("q_proj", "attn_gate") and c.attn.output_gate):
         return linear_to_ours(w, module, config)
     if module in ("q_proj", "k_proj", "v_proj"):  # [N*E, D] -> [D, N, E]
         return w.T.reshape(c.hidden_size, -1, e)
     if module == "o_proj":  # [D, H*E] -> [H, E, D]
-        return w.T.reshape(c.num_heads, e, c.hidden_size)
+        return w.T.reshape(c.attn.num_heads, e, c.hidden_size)
     return w.T  # gate/up [F, D] -> [D, F]; down [D, F] -> [F, D]
 
 
@@ -312,7 +312,7 @@ def params_from_hf_state_dict(
         "layers": layers,
         "final_norm": {"scale": take("model.norm.weight", (d,))},
     }
-    if config.per_layer_input_size:
+    if config.tokens.per_layer_input_size:
         params.update(per_layer_inputs_from_hf(take, config))
     if "lm_head" in specs:
         params["lm_head"] = {"kernel": take("lm_head.weight", (v, d)).T}
@@ -488,20 +488,20 @@ def params_to_hf_state_dict(
             if (module, leaf) in own:
                 continue
             stacked = get(params, ("layers", module, leaf), shape)
-            if module == "q_proj" and config.attn_output_gate:
+            if module == "q_proj" and config.attn.output_gate:
                 gate = get(params, ("layers", "attn_gate", "kernel"), shape)
             hf_name = names[(module, leaf)]
             for j, i in enumerate(module_layers(config, module)):
                 if absent_in_hf(config, module, i):
                     continue
-                if module == "q_proj" and config.attn_output_gate:
+                if module == "q_proj" and config.attn.output_gate:
                     w = gated_q_to_hf(stacked[j], gate[j])
                 else:
                     w = unpad_layer(stacked[j], module, leaf, config, i)
                     w = _layer_to_hf(w, module, leaf, config)
                 out[f"model.layers.{i}.{hf_name}"] = w
     out["model.norm.weight"] = get(params, ("final_norm", "scale"), specs["final_norm"]["scale"][0])
-    if config.per_layer_input_size:
+    if config.tokens.per_layer_input_size:
         ple = {k: get(params, (k, leaf), specs[k][leaf][0]) for k, leaf in PER_LAYER_TOP}
         out.update(per_layer_inputs_to_hf(ple, config))
     if config.num_labels:

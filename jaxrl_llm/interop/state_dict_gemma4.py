@@ -22,14 +22,14 @@ from jaxrl_llm.models.config import LayerType, ModelConfig
 from jaxrl_llm.models.gemma4 import pad_heads, unpad_heads
 from jaxrl_llm.models.params import head_axes
 
-# Gemma 4's per-layer inputs (config.per_layer_input_size): each layer's gate, projection, norm.
+# Gemma 4's per-layer inputs (config.tokens.per_layer_input_size): each layer's gate, projection, norm.
 PER_LAYER_INPUT_NAMES: dict[tuple[str, str], str] = {
     ("per_layer_gate", "kernel"): "per_layer_input_gate.weight",
     ("per_layer_proj", "kernel"): "per_layer_projection.weight",
     ("per_layer_post_norm", "scale"): "post_per_layer_input_norm.weight",
 }
 
-# Gemma 4's MoE block beside the MLP (config.moe_beside_mlp): its router's scales and norms.
+# Gemma 4's MoE block beside the MLP (config.moe.beside_mlp): its router's scales and norms.
 BESIDE_MLP_NAMES: dict[tuple[str, str], str] = {
     ("router_norm", "scale"): "router.scale",
     ("expert_scale", "scale"): "router.per_expert_scale",
@@ -50,7 +50,7 @@ def per_layer_inputs_from_hf(take, config: ModelConfig) -> dict[str, Any]:
     """Gemma 4's per-layer-input embedding ``[V_ple, L·P]``, projection ``[L·P, D]`` and norm
     ``[P]`` as ours (``[V_ple, L, P]``, ``[D, L, P]``, ``[P]``)."""
     c = config
-    n, p, d = c.num_layers, c.per_layer_input_size, c.hidden_size
+    n, p, d = c.num_layers, c.tokens.per_layer_input_size, c.hidden_size
     emb = take("model.embed_tokens_per_layer.weight", (c.per_layer_vocab, n * p))
     proj = take("model.per_layer_model_projection.weight", (n * p, d))
     return {
@@ -80,8 +80,8 @@ def absent_in_hf(config: ModelConfig, module: str, layer: int) -> bool:
         return True
     return (
         module == "v_proj"
-        and config.global_k_eq_v
-        and config.layer_types[layer] == LayerType.GLOBAL
+        and config.attn.global_k_eq_v
+        and config.attn.layer_types[layer] == LayerType.GLOBAL
     )
 
 
@@ -94,9 +94,9 @@ def pad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.
     size: attention heads to the stored heads (:mod:`jaxrl_llm.models.gemma4`), MLP units to
     ``intermediate_size`` (``double_wide_mlp``); other tensors unchanged."""
     units = _MLP_UNITS_AXIS.get(module)
-    if units is not None and config.double_wide_mlp:
+    if units is not None and config.mlp.double_wide:
         pad = [(0, 0)] * w.ndim
-        pad[units] = (0, config.intermediate_size - w.shape[units])
+        pad[units] = (0, config.mlp.intermediate_size - w.shape[units])
         return np.pad(w, pad)
     axes = head_axes(module, leaf)
     if not config.has_padded_heads or axes is None:
@@ -107,7 +107,7 @@ def pad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.
 def unpad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig, layer: int):
     """Inverse of :func:`pad_layer` for layer ``layer``."""
     units = _MLP_UNITS_AXIS.get(module)
-    if units is not None and config.double_wide_mlp:
+    if units is not None and config.mlp.double_wide:
         return np.take(w, np.arange(config.mlp_width(layer)), axis=units)
     axes = head_axes(module, leaf)
     if not config.has_padded_heads or axes is None:

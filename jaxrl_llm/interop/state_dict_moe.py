@@ -37,7 +37,7 @@ def _stack_index_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.
     """Layer ``i``'s router and experts in our layout, from the per-expert checkpoint layout
     or transformers' fused in-memory one (``take(name, shape)`` reads and checks a tensor)."""
     c = config
-    x, d, f = c.num_experts, c.hidden_size, c.moe_intermediate_size
+    x, d, f = c.moe.num_experts, c.hidden_size, c.moe.intermediate_size
     layer = f"model.layers.{i}."
     if c.family == Family.GEMMA4:  # fused experts beside the MLP, the router's own module
         gate_up = take(f"{layer}experts.gate_up_proj", (x, 2 * f, d))
@@ -86,7 +86,7 @@ def _stack_index_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelCon
     block, gate, up, down = _EXPERT_NAMES[config.family]
     prefix = f"model.layers.{i}.{block}."
     out = {f"{prefix}gate.weight": layer["router"].T}
-    for j in range(config.num_experts):
+    for j in range(config.moe.num_experts):
         out[f"{prefix}experts.{j}.{gate}.weight"] = layer["experts_gate"][j].T
         out[f"{prefix}experts.{j}.{up}.weight"] = layer["experts_up"][j].T
         out[f"{prefix}experts.{j}.{down}.weight"] = layer["experts_down"][j].T

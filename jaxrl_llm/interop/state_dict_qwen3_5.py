@@ -43,7 +43,7 @@ def module_layers(config: ModelConfig, module: str) -> list[int]:
     if not config.is_hybrid:
         return list(range(config.num_layers))
     kind = layer_kinds([module])[module]
-    linear = [t == LayerType.LINEAR for t in config.layer_types]
+    linear = [t == LayerType.LINEAR for t in config.attn.layer_types]
     if kind == "linear":
         return [i for i, is_lin in enumerate(linear) if is_lin]
     if kind == "attention":
@@ -57,18 +57,18 @@ LINEAR_LAYOUTS = ("conv", "in_proj_z", "out_proj")
 
 def linear_to_ours(w: np.ndarray, module: str, config: ModelConfig) -> np.ndarray:
     """One layer's transformers kernel -> ours, for :data:`LINEAR_LAYOUTS` and, with an output
-    gate (``config.attn_output_gate``), ``q_proj`` / ``attn_gate`` (their rows of
+    gate (``config.attn.output_gate``), ``q_proj`` / ``attn_gate`` (their rows of
     transformers' q_proj)."""
     c = config
     if module in ("q_proj", "attn_gate"):  # [H*2E, D] -> [D, H, E]
-        qg = w.T.reshape(c.hidden_size, c.num_heads, 2, c.head_dim)
+        qg = w.T.reshape(c.hidden_size, c.attn.num_heads, 2, c.attn.head_dim)
         return qg[:, :, 0 if module == "q_proj" else 1]
     if module == "conv":  # [C, 1, W] -> [W, C]
         return w[:, 0, :].T
     if module == "in_proj_z":  # [H_v*d_v, D] -> [D, H_v, d_v]
-        return w.T.reshape(c.hidden_size, -1, c.linear_value_head_dim)
+        return w.T.reshape(c.hidden_size, -1, c.linear.value_head_dim)
     if module == "out_proj":  # [D, H_v*d_v] -> [H_v, d_v, D]
-        return w.T.reshape(-1, c.linear_value_head_dim, c.hidden_size)
+        return w.T.reshape(-1, c.linear.value_head_dim, c.hidden_size)
     raise ValueError(f"{module!r} has no Qwen3.5 layout of its own")
 
 

@@ -1,7 +1,8 @@
 """Model configuration for the Llama, Gemma and mixture-of-experts families of decoder-only
 transformers.
 
-One frozen dataclass covers Llama (1/2/3, incl. SmolLM2 and Llama 3 rope scaling), Mistral,
+One frozen dataclass of groups (:mod:`jaxrl_llm.models.config_groups`: attn, rope, mlp,
+moe, linear, norms, tokens) covers Llama (1/2/3, incl. SmolLM2 and Llama 3 rope scaling), Mistral,
 Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2, 3 and 4 (text), Qwen3-MoE
 and Mixtral (sparse MoE MLPs), as Hugging Face transformers implements them. Every field that
 only Gemma or the MoE families use defaults to the Llama behaviour, so a Llama-family config
@@ -20,6 +21,19 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jaxrl_llm.errors import did_you_mean
+from jaxrl_llm.models.config_groups import (
+    FLAT_NAMES,
+    GROUPS,
+    AttentionConfig,
+    LinearAttentionConfig,
+    MlpConfig,
+    MoeConfig,
+    NormConfig,
+    RopeConfig,
+    TokenConfig,
+    build_group,
+)
 from jaxrl_llm.models.families.facts import FLOAT32_NORM_FAMILIES, TINY_FIELDS
 from jaxrl_llm.models.gemma import gemma3_270m_fields, tiny_fields
 from jaxrl_llm.models.gemma4 import gemma4_tiny_fields
@@ -34,15 +48,24 @@ from jaxrl_llm.models.options import (
 from jaxrl_llm.models.qwen3_5 import qwen3_5_tiny_fields
 
 __all__ = [
+    "FLAT_NAMES",
     "HF_ARCHITECTURES",
     "Activation",
+    "AttentionConfig",
     "AttentionImpl",
     "Family",
     "LayerType",
+    "LinearAttentionConfig",
+    "MlpConfig",
     "ModelConfig",
+    "MoeConfig",
     "MoeDispatch",
+    "NormConfig",
+    "RopeConfig",
     "RopeScaling",
+    "TokenConfig",
     "dtype_from_name",
+    "known_keys",
 ]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -76,220 +99,134 @@ def dtype_from_name(name: str | Any):
         raise ValueError(f"unknown dtype {name!r}; allowed: {sorted(_DTYPES)}") from None
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class ModelConfig:
-    """Hyperparameters of a Llama-family decoder.
+    """Hyperparameters of a decoder (Llama, Mistral, Qwen 2/3/3.5, Gemma 2/3/4, the MoE
+    families, gpt-oss), in groups (:mod:`jaxrl_llm.models.config_groups`).
 
     Attributes:
       family: which transformers implementation the weights follow.
-      vocab_size, hidden_size (D), intermediate_size (F), num_layers (L), num_heads (H),
-      num_kv_heads (K, grouped-query attention; H % K == 0), head_dim (defaults to D // H).
-      rope_theta: RoPE base. rope_scaling: scheme; rope_factor, rope_low_freq_factor,
-        rope_high_freq_factor, rope_original_max_position: its parameters (Llama 3).
-      rope_beta_fast, rope_beta_slow, rope_truncate, rope_attention_factor: YaRN's
-        (``rope_scaling`` YARN; Peng et al. 2023, https://arxiv.org/abs/2309.00071): the
-        rotation counts bounding the ramp between interpolated and kept frequencies, whether
-        its ends are rounded to whole dims, and the factor q and k are multiplied by (None:
-        0.1 · ln(rope_factor) + 1, the paper's); :attr:`rope_attention_scaling`.
-      rms_norm_eps: RMSNorm ε. tie_embeddings: the unembedding is the embedding's transpose.
-      attention_bias: q/k/v projections have a bias (Qwen2). qk_norm: per-head RMSNorm on q, k
-        before RoPE (Qwen3). sliding_window: Mistral's local attention window (None = global).
-      layer_types: per-layer :class:`LayerType` (Gemma 2 / 3); empty (default) = every layer
-        alike, windowed by ``sliding_window`` if set. With entries, LOCAL layers use
-        ``sliding_window`` and ``rope_local_theta``, GLOBAL layers no window and ``rope_theta``
-        (with ``rope_scaling``).
-      rope_local_theta: RoPE base of LOCAL layers (Gemma 3's ``rope_local_base_freq``; no
-        scaling); None = ``rope_theta``.
-      rms_norm_unit_offset: RMSNorm scales by (1 + w) in float32 before casting back (Gemma);
-        False = w times the normalised input cast to the activation dtype (Llama).
-      post_norms: RMSNorm on the attention and MLP outputs before each residual add (Gemma 2/3).
-      mlp_activation: :class:`Activation` of the gated MLP.
-      scale_embeddings: multiply the embedding by √D in the activation dtype (Gemma).
-      query_pre_attn_scalar: attention scores are q·k / √query_pre_attn_scalar; None = head_dim.
-      attn_logit_softcap, final_logit_softcap: Gemma 2's cap·tanh(x / cap) on the attention
-        scores and on the output logits; None = no cap.
-      num_experts: X > 0 makes every layer's MLP a sparse mixture of X SwiGLU experts
-        (Qwen3-MoE, Mixtral; :mod:`jaxrl_llm.models.moe`); 0 (default) = a dense MLP.
-      num_experts_per_tok: k, the experts each token is routed to (1 ≤ k ≤ X).
-      moe_intermediate_size: F_e, each expert's hidden width; None = ``intermediate_size``.
-      norm_topk_prob: renormalise the k routing weights to sum to 1 (Mixtral; Qwen3-MoE's
-        ``norm_topk_prob``).
-      router_aux_loss_coef: the load-balancing loss's coefficient the checkpoint was trained
-        with (transformers' ``router_aux_loss_coef``), the default of ``model.router_aux_loss_coef``.
-      moe_dispatch: :class:`MoeDispatch`, how tokens reach experts (not what is computed).
-      moe_beside_mlp: every layer has the dense MLP *and* the sparse MoE block, their outputs
-        normed and added (Gemma 4's ``enable_moe_block``; the router reads the residual stream
-        through a scale-free RMSNorm times ``router_norm`` and D^-1/2, and scales each routing
-        weight by its expert's ``expert_scale``; GeGLU experts).
-      shared_expert_size: F_s > 0 adds to every sparse MoE block a shared SwiGLU expert of
-        width F_s, gated per token by σ(h W_sg) (Qwen3.5-MoE); 0 = none.
-      linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
-        linear_value_head_dim, linear_conv_kernel: the Gated DeltaNet layers (LINEAR entries
-        of ``layer_types``, Qwen3.5; :mod:`jaxrl_llm.models.gated_deltanet`): query/key heads
-        H_k, value heads H_v (a multiple of H_k), their dims, the causal conv's width W;
-        0 = no such layers.
-      delta_chunk_size: chunk length of the chunked delta rule (how, not what).
-      partial_rotary_factor: RoPE rotates the first ``int(head_dim · factor)`` dims of each
-        head (Qwen3.5: 0.25); 1 = all.
-      attn_output_gate: attention's output is multiplied by σ(h W_gate) per head before the
-        output projection (Qwen3.5's full-attention layers).
-      global_head_dim, global_kv_heads: head dim and KV heads of the GLOBAL layers (Gemma 4's
-        ``global_head_dim`` / ``num_global_key_value_heads``); None = ``head_dim`` /
-        ``num_kv_heads``. Layers of both sizes are stored padded to the larger
-        (:attr:`store_head_dim`, :attr:`store_kv_heads`; :mod:`jaxrl_llm.models.gemma4`).
-      global_k_eq_v: GLOBAL layers' values are their key projection's output (Gemma 4's
-        ``attention_k_eq_v``); their ``v_proj`` is unused and kept at zero.
-      global_rope_proportion: GLOBAL layers rotate only the first ⌊p · E_g / 2⌋ RoPE pairs,
-        with frequencies over the whole head dim (Gemma 4's "proportional" RoPE); 1 = all.
-      value_norm: a scale-free RMSNorm on each value head (Gemma 4).
-      layer_scalars: each layer's output is multiplied by a stored per-layer scalar
-        (``params["layers"]["layer_scalar"]``, Gemma 4; no gradient reaches it).
-      per_layer_input_size: P > 0 gives every layer a ``[P]`` input per token from a second
-        embedding and a projection of the first, gated into its residual stream after the MLP
-        (Gemma 4's per-layer embeddings, ``hidden_size_per_layer_input``); 0 = none.
-      per_layer_vocab_size: rows of that embedding (``vocab_size_per_layer_input``); None =
-        ``vocab_size``.
-      kv_shared_layers: the last n layers compute no keys/values of their own: each attends
-        over those of the last earlier layer of its type (Gemma 4's ``num_kv_shared_layers``,
-        the E2B / E4B models; :class:`~jaxrl_llm.models.kv_stores.KVShared`). Their k/v
-        weights are kept at zero; 0 = none.
-      double_wide_mlp: the KV-shared layers' MLP is twice as wide as the others' (Gemma 4's
-        ``use_double_wide_mlp``). ``intermediate_size`` is then the wide (stored) width; the
-        other layers use its first half and keep the second half at zero.
-      attention_sinks: every attention layer has a learned logit per query head that joins
-        the softmax's denominator and carries no value (gpt-oss; ``params["layers"]["sinks"]``;
-        Xiao et al. 2023, https://arxiv.org/abs/2309.17453).
-      attention_out_bias: the output projection has a bias (gpt-oss's ``attention_bias``
-        covers q/k/v and o; Qwen2's only q/k/v).
-      expert_bias: the router and every expert's three projections have biases (gpt-oss).
-      swiglu_alpha, swiglu_limit: α and ℓ of :attr:`Activation.CLAMPED_SWIGLU`.
+      vocab_size (V), hidden_size (D), num_layers (L).
+      attn: :class:`~jaxrl_llm.models.config_groups.AttentionConfig`: heads, head dims,
+        the layer pattern, windows, soft-capping, sinks, gates, KV sharing; ``impl`` is how
+        attention is computed (:class:`AttentionImpl`).
+      rope: :class:`~jaxrl_llm.models.config_groups.RopeConfig`: positions (RoPE base, scaling,
+        the rotated fraction).
+      mlp: :class:`~jaxrl_llm.models.config_groups.MlpConfig`: the dense gated MLP.
+      moe: :class:`~jaxrl_llm.models.config_groups.MoeConfig`: the sparse mixture of experts
+        (``num_experts`` 0 = none).
+      linear: :class:`~jaxrl_llm.models.config_groups.LinearAttentionConfig`: Gated DeltaNet
+        layers (Qwen3.5).
+      norms: :class:`~jaxrl_llm.models.config_groups.NormConfig`: RMSNorm ε and flavour,
+        post-norms, layer scalars.
+      tokens: :class:`~jaxrl_llm.models.config_groups.TokenConfig`: special ids, embedding
+        scale, per-layer embeddings, the output logits' soft cap.
       num_labels: 0 for a language model; 1 adds a scalar head (value / reward model).
-      param_dtype, compute_dtype: 'float32' or 'bfloat16'.
-      attention: :class:`AttentionImpl` (default 'auto'); how attention is computed, not what:
-        every choice gives the same result up to float rounding.
-      bos_token_id, eos_token_ids, pad_token_id: special tokens carried for export/sampling.
+      tie_embeddings: the unembedding is the embedding's transpose.
+      param_dtype, compute_dtype: 'float32', 'bfloat16' or 'float16'.
+
+    The constructor also takes every old flat keyword (``num_heads=4``, ``rope_theta=1e6``,
+    ``moe_dispatch="dense"``, ``attention="splash"`` for ``attn.impl``; the table is
+    :data:`~jaxrl_llm.models.config_groups.FLAT_NAMES`) and folds it into its group, over a
+    group given beside it, so ``dataclasses.replace(config, num_heads=8)`` works; a group may
+    be given as a mapping of its fields (a checkpoint's JSON). Flat reads (``config.num_heads``)
+    are read-only aliases of the grouped names; :meth:`flat` is the whole flat view.
     """
 
     family: Family = Family.LLAMA
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
     num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    # None (the default) becomes hidden_size // num_heads in __post_init__, so readers see an int.
-    head_dim: int = None  # type: ignore[assignment]
-    max_position_embeddings: int = 8192
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling = RopeScaling.NONE
-    rope_factor: float = 1.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_position: int = 8192
-    rope_beta_fast: float = 32.0
-    rope_beta_slow: float = 1.0
-    rope_truncate: bool = True
-    rope_attention_factor: float | None = None
-    rms_norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    attention_bias: bool = False
-    qk_norm: bool = False
-    sliding_window: int | None = None
-    layer_types: tuple[LayerType, ...] = ()
-    rope_local_theta: float | None = None
-    rms_norm_unit_offset: bool = False
-    post_norms: bool = False
-    mlp_activation: Activation = Activation.SILU
-    scale_embeddings: bool = False
-    query_pre_attn_scalar: float | None = None
-    attn_logit_softcap: float | None = None
-    final_logit_softcap: float | None = None
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    # None (the default) becomes intermediate_size in __post_init__.
-    moe_intermediate_size: int = None  # type: ignore[assignment]
-    norm_topk_prob: bool = True
-    router_aux_loss_coef: float = 0.001
-    moe_dispatch: MoeDispatch = MoeDispatch.SORTED
-    moe_beside_mlp: bool = False
-    shared_expert_size: int = 0
-    linear_num_key_heads: int = 0
-    linear_num_value_heads: int = 0
-    linear_key_head_dim: int = 0
-    linear_value_head_dim: int = 0
-    linear_conv_kernel: int = 0
-    delta_chunk_size: int = 64
-    partial_rotary_factor: float = 1.0
-    attn_output_gate: bool = False
-    global_head_dim: int | None = None
-    global_kv_heads: int | None = None
-    global_k_eq_v: bool = False
-    global_rope_proportion: float = 1.0
-    value_norm: bool = False
-    layer_scalars: bool = False
-    per_layer_input_size: int = 0
-    per_layer_vocab_size: int | None = None
-    kv_shared_layers: int = 0
-    double_wide_mlp: bool = False
-    attention_sinks: bool = False
-    attention_out_bias: bool = False
-    expert_bias: bool = False
-    swiglu_alpha: float = 1.702
-    swiglu_limit: float = 7.0
+    attn: AttentionConfig
+    rope: RopeConfig
+    mlp: MlpConfig
+    moe: MoeConfig
+    linear: LinearAttentionConfig
+    norms: NormConfig
+    tokens: TokenConfig
     num_labels: int = 0
+    tie_embeddings: bool = False
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
-    attention: AttentionImpl = AttentionImpl.AUTO
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    pad_token_id: int | None = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        top: dict[str, Any] = {}
+        groups: dict[str, Any] = {}
+        flat: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+        for key, value in kwargs.items():
+            if key in GROUPS:
+                groups[key] = value
+            elif key in _TOP_FIELDS:
+                top[key] = value
+            elif key in FLAT_NAMES:
+                group, name = FLAT_NAMES[key]
+                flat[group][name] = value
+            else:
+                raise TypeError(
+                    f"ModelConfig got an unknown field {key!r}{did_you_mean(key, known_keys())}"
+                )
+        for name, f in _TOP_FIELDS.items():
+            if name in GROUPS:
+                continue
+            if name in top:
+                value = top[name]
+            elif f.default is not dataclasses.MISSING:
+                value = f.default
+            else:
+                raise TypeError(f"ModelConfig needs {name}")
+            object.__setattr__(self, name, value)
+        for name in GROUPS:
+            object.__setattr__(self, name, build_group(name, groups.get(name), flat[name]))
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when a slot lookup fails: the old flat names read through their group.
+        if name in FLAT_NAMES:
+            group, field = FLAT_NAMES[name]
+            return getattr(object.__getattribute__(self, group), field)
+        raise AttributeError(
+            f"'ModelConfig' object has no attribute {name!r}{did_you_mean(name, known_keys())}"
+        )
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with ``changes``, under flat or grouped names (``config.replace(num_heads=8,
+        attention="splash")``): :func:`dataclasses.replace` does the same at run time, but
+        mypy's dataclass plugin refuses its flat names."""
+        return dataclasses.replace(self, **changes)
+
+    def flat(self) -> dict[str, Any]:
+        """The config under its old flat names (top-level fields and every name of
+        :data:`~jaxrl_llm.models.config_groups.FLAT_NAMES`; ``attention`` is ``attn.impl``):
+        ``ModelConfig(**config.flat()) == config``."""
+        out = {name: getattr(self, name) for name in _TOP_FIELDS if name not in GROUPS}
+        out.update({old: getattr(getattr(self, g), n) for old, (g, n) in FLAT_NAMES.items()})
+        return out
 
     def __post_init__(self):
         object.__setattr__(self, "family", Family(self.family))
-        object.__setattr__(self, "rope_scaling", RopeScaling(self.rope_scaling))
-        object.__setattr__(self, "attention", AttentionImpl(self.attention))
-        object.__setattr__(self, "mlp_activation", Activation(self.mlp_activation))
-        object.__setattr__(self, "layer_types", tuple(LayerType(t) for t in self.layer_types))
-        object.__setattr__(self, "moe_dispatch", MoeDispatch(self.moe_dispatch))
-        if self.moe_intermediate_size is None:
-            object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
-        if self.head_dim is None:
-            if self.hidden_size % self.num_heads:
+        att, mlp = self.attn, self.mlp
+        if att.head_dim is None:
+            if self.hidden_size % att.num_heads:
                 raise ValueError(
                     f"hidden_size={self.hidden_size} is not divisible by num_heads="
-                    f"{self.num_heads}; set head_dim explicitly"
+                    f"{att.num_heads}; set head_dim explicitly"
                 )
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
-        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-        ):
+            att = dataclasses.replace(att, head_dim=self.hidden_size // att.num_heads)
+            object.__setattr__(self, "attn", att)
+        if self.moe.intermediate_size is None:
+            moe = dataclasses.replace(self.moe, intermediate_size=mlp.intermediate_size)
+            object.__setattr__(self, "moe", moe)
+        for name in ("vocab_size", "hidden_size", "num_layers"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
         if self.num_labels not in (0, 1):
             raise ValueError(
                 f"num_labels must be 0 (language model) or 1 (scalar head), got {self.num_labels}"
             )
-        if self.layer_types and len(self.layer_types) != self.num_layers:
+        if att.layer_types and len(att.layer_types) != self.num_layers:
             raise ValueError(
-                f"layer_types has {len(self.layer_types)} entries for num_layers={self.num_layers}"
+                f"layer_types has {len(att.layer_types)} entries for num_layers={self.num_layers}"
             )
-        if LayerType.LOCAL in self.layer_types and self.sliding_window is None:
-            raise ValueError("layer_types has LOCAL layers but sliding_window is None")
-        for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"ModelConfig.{name} must be positive or None, got {value}")
         self._check_experts()
         self._check_linear()
         self._check_global_heads()
@@ -298,27 +235,23 @@ class ModelConfig:
         dtype_from_name(self.compute_dtype)
 
     def _check_yarn(self) -> None:
-        if self.rope_scaling != RopeScaling.YARN:
+        if self.rope.scaling != RopeScaling.YARN:
             return
-        if self.rotary_dim != self.head_dim or self.global_head_dim is not None:
+        if self.rotary_dim != self.attn.head_dim or self.attn.global_head_dim is not None:
             raise ValueError("YaRN RoPE needs every head dim rotated (partial_rotary_factor=1)")
-        if not self.rope_factor > 0 or not self.rope_beta_fast > self.rope_beta_slow > 0:
-            raise ValueError(
-                f"YaRN needs rope_factor > 0 and rope_beta_fast > rope_beta_slow > 0, got "
-                f"{self.rope_factor}, {self.rope_beta_fast}, {self.rope_beta_slow}"
-            )
 
     @property
     def rope_attention_scaling(self) -> float:
         """The factor RoPE multiplies q and k by (their dot products by its square): YaRN's
-        ``rope_attention_factor``, by default 0.1 · ln(s) + 1 for a factor s > 1 (Peng et al.
+        ``rope.attention_factor``, by default 0.1 · ln(s) + 1 for a factor s > 1 (Peng et al.
         2023, https://arxiv.org/abs/2309.00071 eq. 22; transformers' ``get_mscale``); 1
         for every other scheme."""
-        if self.rope_scaling != RopeScaling.YARN:
+        rope = self.rope
+        if rope.scaling != RopeScaling.YARN:
             return 1.0
-        if self.rope_attention_factor is not None:
-            return float(self.rope_attention_factor)
-        return 1.0 if self.rope_factor <= 1 else 0.1 * math.log(self.rope_factor) + 1.0
+        if rope.attention_factor is not None:
+            return float(rope.attention_factor)
+        return 1.0 if rope.factor <= 1 else 0.1 * math.log(rope.factor) + 1.0
 
     def _check_experts(self) -> None:
         moe_family = self.family in (
@@ -327,64 +260,31 @@ class ModelConfig:
             Family.QWEN3_5_MOE,
             Family.GPT_OSS,
         )
-        if moe_family and self.num_experts <= 0:
+        if moe_family and self.moe.num_experts <= 0:
             raise ValueError(f"family {self.family.value!r} needs num_experts > 0")
-        if self.num_experts < 0:
-            raise ValueError(f"num_experts must be >= 0, got {self.num_experts}")
-        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
-            raise ValueError(
-                f"num_experts_per_tok={self.num_experts_per_tok} must be in "
-                f"[1, num_experts={self.num_experts}]"
-            )
-        if self.moe_intermediate_size <= 0:
-            raise ValueError(
-                f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}"
-            )
-        if self.shared_expert_size < 0 or (self.shared_expert_size and not self.num_experts):
-            raise ValueError(
-                f"shared_expert_size={self.shared_expert_size} must be >= 0, and > 0 only with "
-                f"experts"
-            )
-        if self.moe_beside_mlp and not self.num_experts:
-            raise ValueError("moe_beside_mlp needs num_experts > 0")
-        if not self.router_aux_loss_coef >= 0:
-            raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
 
     def _check_linear(self) -> None:
-        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2:
+        if self.rotary_dim % 2:
             raise ValueError(
-                f"partial_rotary_factor={self.partial_rotary_factor} must be in (0, 1] and give "
-                f"an even number of rotated dims (head_dim={self.head_dim})"
+                f"partial_rotary_factor={self.rope.partial_rotary_factor} must be in (0, 1] and "
+                f"give an even number of rotated dims (head_dim={self.attn.head_dim})"
             )
         if self.family in (Family.QWEN3_5, Family.QWEN3_5_MOE) and not self.is_hybrid:
             raise ValueError(f"family {self.family.value!r} needs LINEAR entries in layer_types")
         if not self.is_hybrid:
             return
-        if LayerType.LOCAL in self.layer_types:
-            raise ValueError("layer_types cannot mix LINEAR and LOCAL layers")
-        for name in (
-            "linear_num_key_heads",
-            "linear_num_value_heads",
-            "linear_key_head_dim",
-            "linear_value_head_dim",
-            "linear_conv_kernel",
-            "delta_chunk_size",
-        ):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"LINEAR layers need {name} > 0, got {getattr(self, name)}")
-        if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ValueError(
-                f"linear_num_value_heads={self.linear_num_value_heads} must be a multiple of "
-                f"linear_num_key_heads={self.linear_num_key_heads}"
-            )
+        for old, (_, name) in FLAT_NAMES.items():
+            if old.startswith(("linear_", "delta_")) and int(getattr(self.linear, name)) <= 0:
+                raise ValueError(f"LINEAR layers need {old} > 0, got {getattr(self.linear, name)}")
         _ = self.layer_period  # raises when the pattern does not repeat
 
     def _check_global_heads(self) -> None:
-        if not self.layer_types and (
-            self.global_head_dim is not None
-            or self.global_kv_heads is not None
-            or self.global_k_eq_v
-            or self.global_rope_proportion != 1.0
+        att = self.attn
+        if not att.layer_types and (
+            att.global_head_dim is not None
+            or att.global_kv_heads is not None
+            or att.global_k_eq_v
+            or self.rope.global_proportion != 1.0
         ):
             raise ValueError("GLOBAL-layer geometry (global_*) needs layer_types")
         for e in {self.layer_heads(i)[1] for i in range(self.num_layers)}:
@@ -392,38 +292,29 @@ class ModelConfig:
                 raise ValueError(f"head dims must be even, got {e}")
         k_store = self.store_kv_heads
         for k, _ in {self.layer_heads(i) for i in range(self.num_layers)}:
-            if k <= 0 or k_store % k or self.num_heads % k_store:
+            if k <= 0 or k_store % k or att.num_heads % k_store:
                 raise ValueError(
                     f"KV heads {k} must divide the stored {k_store}, which must divide "
-                    f"num_heads={self.num_heads}"
+                    f"num_heads={att.num_heads}"
                 )
-        if self.per_layer_input_size < 0 or self.per_layer_vocab < 1:
-            raise ValueError(
-                f"per_layer_input_size={self.per_layer_input_size} must be >= 0 and "
-                f"per_layer_vocab_size={self.per_layer_vocab_size} positive"
-            )
-        if not 0 < self.global_rope_proportion <= 1:
-            raise ValueError(
-                f"global_rope_proportion must be in (0, 1], got {self.global_rope_proportion}"
-            )
         self._check_kv_sharing()
 
     def _check_kv_sharing(self) -> None:
-        n = self.kv_shared_layers
-        if self.double_wide_mlp and (not n or self.intermediate_size % 2):
+        n, layer_types = self.attn.kv_shared_layers, self.attn.layer_types
+        if self.mlp.double_wide and (not n or self.mlp.intermediate_size % 2):
             raise ValueError(
                 "double_wide_mlp needs kv_shared_layers > 0 and an even intermediate_size "
-                f"(the wide width), got {n} and {self.intermediate_size}"
+                f"(the wide width), got {n} and {self.mlp.intermediate_size}"
             )
         if not n:
             return
-        if not 0 < n < self.num_layers or not self.layer_types or self.is_hybrid:
+        if not 0 < n < self.num_layers or not layer_types or self.is_hybrid:
             raise ValueError(
                 f"kv_shared_layers={n} needs 0 < n < num_layers={self.num_layers} and attention "
                 "layer_types (not a hybrid stack)"
             )
         first = self.num_layers - n
-        missing = set(self.layer_types[first:]) - set(self.layer_types[:first])
+        missing = set(layer_types[first:]) - set(layer_types[:first])
         if missing:
             raise ValueError(
                 f"kv_shared_layers={n}: no earlier layer of type "
@@ -432,28 +323,30 @@ class ModelConfig:
 
     def kv_shared(self, layer: int) -> bool:
         """Layer ``layer`` reuses an earlier layer's keys/values (``kv_shared_layers``)."""
-        return layer >= self.num_layers - self.kv_shared_layers
+        return layer >= self.num_layers - self.attn.kv_shared_layers
 
     def mlp_width(self, layer: int) -> int:
         """The MLP width layer ``layer`` uses: ``intermediate_size``, or its first half for a
         layer that is not KV-shared when ``double_wide_mlp``."""
-        if self.double_wide_mlp and not self.kv_shared(layer):
-            return self.intermediate_size // 2
-        return self.intermediate_size
+        if self.mlp.double_wide and not self.kv_shared(layer):
+            return self.mlp.intermediate_size // 2
+        return self.mlp.intermediate_size
 
     def layer_heads(self, layer: int) -> tuple[int, int]:
         """(KV heads, head dim) of layer ``layer`` (the GLOBAL layers' own with
         ``global_kv_heads`` / ``global_head_dim``)."""
-        if self.layer_types and self.layer_types[layer] == LayerType.GLOBAL:
-            k = self.num_kv_heads if self.global_kv_heads is None else self.global_kv_heads
-            e = self.head_dim if self.global_head_dim is None else self.global_head_dim
+        att = self.attn
+        if att.layer_types and att.layer_types[layer] == LayerType.GLOBAL:
+            k = att.num_kv_heads if att.global_kv_heads is None else att.global_kv_heads
+            e = att.head_dim if att.global_head_dim is None else att.global_head_dim
             return k, e
-        return self.num_kv_heads, self.head_dim
+        return att.num_kv_heads, att.head_dim
 
     @property
     def per_layer_vocab(self) -> int:
         """Rows of Gemma 4's per-layer embedding (``per_layer_vocab_size`` or the vocab)."""
-        return self.vocab_size if self.per_layer_vocab_size is None else self.per_layer_vocab_size
+        rows = self.tokens.per_layer_vocab_size
+        return self.vocab_size if rows is None else rows
 
     @property
     def store_head_dim(self) -> int:
@@ -478,27 +371,27 @@ class ModelConfig:
     def rms_norm_float32(self) -> bool:
         """RMSNorm multiplies by its weight in float32 before casting back (Gemma 2 / 3's
         (1 + w) and Gemma 4's plain w), not in the activation dtype (Llama)."""
-        return self.rms_norm_unit_offset or self.family in FLOAT32_NORM_FAMILIES
+        return self.norms.unit_offset or self.family in FLOAT32_NORM_FAMILIES
 
     @property
     def is_hybrid(self) -> bool:
         """Some layers are Gated DeltaNet linear attention (LINEAR entries in ``layer_types``)."""
-        return LayerType.LINEAR in self.layer_types
+        return LayerType.LINEAR in self.attn.layer_types
 
     @property
     def layer_period(self) -> tuple[LayerType, ...]:
         """The shortest run of layer types that ``layer_types`` repeats a whole number of times
         (a hybrid stack scans these periods); ValueError when none is shorter than the stack."""
-        n = len(self.layer_types)
+        n = len(self.attn.layer_types)
         for p in range(1, n + 1):
-            if n % p == 0 and self.layer_types == self.layer_types[:p] * (n // p):
-                return self.layer_types[:p]
-        return self.layer_types
+            if n % p == 0 and self.attn.layer_types == self.attn.layer_types[:p] * (n // p):
+                return self.attn.layer_types[:p]
+        return self.attn.layer_types
 
     @property
     def num_linear_layers(self) -> int:
         """Number of Gated DeltaNet (LINEAR) layers."""
-        return sum(t == LayerType.LINEAR for t in self.layer_types)
+        return sum(t == LayerType.LINEAR for t in self.attn.layer_types)
 
     @property
     def num_attention_layers(self) -> int:
@@ -509,32 +402,29 @@ class ModelConfig:
     def num_kv_layers(self) -> int:
         """Layers a KV cache holds keys/values for: the attention layers but the KV-shared
         ones (``kv_shared_layers``), which read their source layer's."""
-        return self.num_attention_layers - self.kv_shared_layers
+        return self.num_attention_layers - self.attn.kv_shared_layers
 
     @property
     def rotary_dim(self) -> int:
         """Dims of each head RoPE rotates: ``int(head_dim · partial_rotary_factor)``."""
-        return int(self.head_dim * self.partial_rotary_factor)
+        return int(self.attn.head_dim * self.rope.partial_rotary_factor)
 
     @property
     def linear_conv_channels(self) -> int:
         """Channels C of a Gated DeltaNet layer's conv: queries, keys, values together."""
-        return (
-            2 * self.linear_num_key_heads * self.linear_key_head_dim
-            + self.linear_num_value_heads * self.linear_value_head_dim
-        )
+        return self.linear.conv_channels
 
     @property
     def is_moe(self) -> bool:
         """Every layer's MLP is a sparse mixture of experts (``num_experts > 0``)."""
-        return self.num_experts > 0
+        return self.moe.num_experts > 0
 
     @property
     def uses_window(self) -> bool:
         """Some layer attends through a sliding window (the masks then carry positions)."""
-        if self.layer_types:
-            return LayerType.LOCAL in self.layer_types
-        return self.sliding_window is not None
+        if self.attn.layer_types:
+            return LayerType.LOCAL in self.attn.layer_types
+        return self.attn.sliding_window is not None
 
     @property
     def param_jnp_dtype(self):
@@ -553,30 +443,30 @@ class ModelConfig:
         to the largest layer's (:attr:`has_padded_heads`, Gemma 4), KV-shared layers' unused
         k/v weights, every MLP at the wide width (``double_wide_mlp``): what memory holds,
         not what the model uses."""
-        d, f = self.hidden_size, self.intermediate_size
-        dense = not self.is_moe or self.moe_beside_mlp
-        mlp = 3 * d * f if dense and (stored or not self.double_wide_mlp) else 0
+        d, f = self.hidden_size, self.mlp.intermediate_size
+        dense = not self.is_moe or self.moe.beside_mlp
+        mlp = 3 * d * f if dense and (stored or not self.mlp.double_wide) else 0
         if self.is_moe:
-            experts = self.num_experts_per_tok if active else self.num_experts
-            mlp += experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
-            if self.expert_bias:  # each expert's gate, up and down biases; the router's
-                mlp += experts * (2 * self.moe_intermediate_size + d) + self.num_experts
-            if self.shared_expert_size:
-                mlp += 3 * d * self.shared_expert_size + d
-            if self.moe_beside_mlp:  # router norm, expert scales, three norms
-                mlp += d + self.num_experts + 3 * d
+            experts = self.moe.num_experts_per_tok if active else self.moe.num_experts
+            mlp += experts * 3 * d * self.moe.intermediate_size + d * self.moe.num_experts
+            if self.moe.expert_bias:  # each expert's gate, up and down biases; the router's
+                mlp += experts * (2 * self.moe.intermediate_size + d) + self.moe.num_experts
+            if self.moe.shared_expert_size:
+                mlp += 3 * d * self.moe.shared_expert_size + d
+            if self.moe.beside_mlp:  # router norm, expert scales, three norms
+                mlp += d + self.moe.num_experts + 3 * d
         per_layer = mlp + 2 * d
-        if self.post_norms:
+        if self.norms.post_norms:
             per_layer += 2 * d
-        if self.layer_scalars:
+        if self.norms.layer_scalars:
             per_layer += 1
-        p = self.per_layer_input_size
+        p = self.tokens.per_layer_input_size
         if p:  # gate, projection, norm; the embedding, projection and norm beside the trunk
             per_layer += 2 * d * p + d
-        hv, dv = self.linear_num_value_heads, self.linear_value_head_dim
+        hv, dv = self.linear.num_value_heads, self.linear.value_head_dim
         linear = (
             d * self.linear_conv_channels  # in_proj_qkv
-            + self.linear_conv_kernel * self.linear_conv_channels  # conv
+            + self.linear.conv_kernel * self.linear_conv_channels  # conv
             + d * hv * dv  # in_proj_z
             + 2 * d * hv  # in_proj_b, in_proj_a
             + 2 * hv  # dt_bias, A_log
@@ -601,26 +491,28 @@ class ModelConfig:
     def _attention_params(self, layer: int, stored: bool = False) -> int:
         """Parameters of layer ``layer``'s attention (0 for a LINEAR layer), at its own size
         or (``stored``) at the stored one."""
-        if self.layer_types and self.layer_types[layer] == LayerType.LINEAR:
+        if self.attn.layer_types and self.attn.layer_types[layer] == LayerType.LINEAR:
             return 0
-        d, h = self.hidden_size, self.num_heads
+        d, h = self.hidden_size, self.attn.num_heads
         k, e = self.layer_heads(layer)
-        kv = 1 if self.global_k_eq_v and self.layer_types[layer] == LayerType.GLOBAL else 2
+        kv = (
+            1 if self.attn.global_k_eq_v and self.attn.layer_types[layer] == LayerType.GLOBAL else 2
+        )
         norms = 2
         if self.kv_shared(layer):
             kv, norms = 0, 1
         if stored:
             k, e, kv, norms = self.store_kv_heads, self.store_head_dim, 2, 2
         n = d * h * e + kv * d * k * e + h * e * d
-        if self.attn_output_gate:
+        if self.attn.output_gate:
             n += d * h * e
-        if self.attention_bias:
+        if self.attn.bias:
             n += h * e + kv * k * e
-        if self.qk_norm:
+        if self.attn.qk_norm:
             n += norms * e
-        if self.attention_sinks:
+        if self.attn.sinks:
             n += h
-        if self.attention_out_bias:
+        if self.attn.out_bias:
             n += d
         return n
 
@@ -694,3 +586,12 @@ class ModelConfig:
         """Gemma 3 270M: 18 layers (5 local : 1 global), D=640, 4 heads / 1 KV head, E=256,
         window 512, tied, V=262144 (:func:`jaxrl_llm.models.gemma.gemma3_270m_fields`)."""
         return cls(**{**gemma3_270m_fields(), **overrides})
+
+
+_TOP_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
+
+
+def known_keys() -> list[str]:
+    """Every keyword :class:`ModelConfig` takes: its fields (the groups among them) and the old
+    flat names (:data:`~jaxrl_llm.models.config_groups.FLAT_NAMES`), sorted."""
+    return sorted({*_TOP_FIELDS, *FLAT_NAMES})

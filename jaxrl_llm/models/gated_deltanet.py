@@ -122,9 +122,9 @@ def gated_deltanet_block(
     b, t, _ = h_btd.shape
     chex.assert_shape(valid_bt, (b, t))
     dtype = h_btd.dtype
-    hk, hv = c.linear_num_key_heads, c.linear_num_value_heads
-    dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
-    channels, width = c.linear_conv_channels, c.linear_conv_kernel
+    hk, hv = c.linear.num_key_heads, c.linear.num_value_heads
+    dk, dv = c.linear.key_head_dim, c.linear.value_head_dim
+    channels, width = c.linear_conv_channels, c.linear.conv_kernel
     valid = valid_bt.astype(bool)
     h = jnp.where(valid[..., None], h_btd, jnp.zeros((), dtype))
     if window is None:
@@ -148,9 +148,9 @@ def gated_deltanet_block(
     )
     beta = jnp.where(valid[..., None], beta, 0.0)
     g = jnp.where(valid[..., None], g, 0.0)
-    o, new_state = gated_delta_rule(q, k, v, g, beta, state, chunk_size=c.delta_chunk_size)
+    o, new_state = gated_delta_rule(q, k, v, g, beta, state, chunk_size=c.linear.chunk_size)
     z = jnp.einsum("btd,dne->btne", h, lp["in_proj_z"]["kernel"].astype(dtype))
-    o = gated_rms_norm(o.astype(dtype), z, lp["linear_norm"]["scale"], c.rms_norm_eps, dtype)
+    o = gated_rms_norm(o.astype(dtype), z, lp["linear_norm"]["scale"], c.norms.eps, dtype)
     y = jnp.einsum("btne,ned->btd", o, lp["out_proj"]["kernel"].astype(dtype))
     return y, new_window.astype(dtype), new_state
 
@@ -268,9 +268,9 @@ def init_recurrent_state(
     c = config
     dtype = c.compute_jnp_dtype if dtype is None else dtype
     n = c.num_linear_layers
-    conv = jnp.zeros((n, batch_size, c.linear_conv_kernel - 1, c.linear_conv_channels), dtype)
+    conv = jnp.zeros((n, batch_size, c.linear.conv_kernel - 1, c.linear_conv_channels), dtype)
     state = jnp.zeros(
-        (n, batch_size, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim),
+        (n, batch_size, c.linear.num_value_heads, c.linear.key_head_dim, c.linear.value_head_dim),
         jnp.float32,
     )
     return conv, state

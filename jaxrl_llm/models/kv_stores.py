@@ -146,7 +146,7 @@ class SharedPrompt(KVStore):
 )
 @dataclasses.dataclass(frozen=True)
 class KVShared(KVStore):
-    """KV sharing across layers (``config.kv_shared_layers``; Gemma 4's E2B / E4B, transformers'
+    """KV sharing across layers (``config.attn.kv_shared_layers``; Gemma 4's E2B / E4B, transformers'
     ``Gemma4TextAttention`` with ``is_kv_shared_layer``) around another store.
 
     It holds the new tokens' keys/values of the last layer of each type. A layer that is not
@@ -172,7 +172,7 @@ class KVShared(KVStore):
         """The inner store's attend with a KV-shared layer's keys/values replaced by its
         type's held ones; returns (``[B, T, H, E]``, the store holding this layer's)."""
         tables = layer_kv_sharing(config)
-        assert tables is not None, "KVShared needs config.kv_shared_layers"
+        assert tables is not None, "KVShared needs config.attn.kv_shared_layers"
         reuse, slot, source = (jnp.asarray(t)[layer] for t in tables)
         k = jnp.where(reuse, self.k[slot], k_btke.astype(self.k.dtype))
         v = jnp.where(reuse, self.v[slot], v_btke.astype(self.v.dtype))
@@ -183,9 +183,9 @@ class KVShared(KVStore):
 def empty_held_kv(config: ModelConfig, rows: int, length: int, dtype):
     """(k, v) zeros ``[n_types, rows, length, K*, E*]``: what :class:`KVShared` holds before
     the first layer, when the config shares keys/values across layers; None otherwise."""
-    if not config.kv_shared_layers:
+    if not config.attn.kv_shared_layers:
         return None
-    n_types = len(set(config.layer_types))
+    n_types = len(set(config.attn.layer_types))
     shape = (n_types, rows, length, config.store_kv_heads, config.store_head_dim)
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 

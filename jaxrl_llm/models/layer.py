@@ -5,7 +5,7 @@ Every trunk and both engines run this layer (:func:`decoder_layer`)::
     h = norm(x);   y, store = store.mix(h);   x = x + post_norm(y)
     h = norm(x);   z = MLP(h) or MoE(h);      x = x + post_norm(z)
 
-(the post-norms only with ``config.post_norms``, Gemma 2 / 3). The *store* is what the layer's
+(the post-norms only with ``config.norms.post_norms``, Gemma 2 / 3). The *store* is what the layer's
 token mixer remembers of earlier tokens, and how the new tokens mix with it. It is data: a
 pytree passed in and returned (``(x, store) -> (y, new store)``), never hidden state, holding
 every layer's memory and indexed by the traced layer index. Attention layers mix the same way
@@ -28,7 +28,7 @@ variant) therefore goes here, once: in :func:`decoder_layer`, :func:`attention_b
 :func:`mlp_block`.
 
 **A per-row recurrent state is one more store.** The Gated DeltaNet layers of Qwen3.5-class
-hybrids (LINEAR entries of ``config.layer_types``) keep, per row, a causal-conv window (the last
+hybrids (LINEAR entries of ``config.attn.layer_types``) keep, per row, a causal-conv window (the last
 W − 1 projected inputs, ``[B, W−1, C]``) and the delta rule's matrix ``[B, H, K, V]``. Their
 stores live in :mod:`.gated_deltanet`: ``FreshState`` (zeros; the training forward) and
 ``RecurrentState(conv [L', B, W−1, C], state [L', B, H, K, V])``, whose ``mix`` reads its
@@ -148,7 +148,7 @@ class KVStore(abc.ABC):
           q_btne: ``[B, T, H, E]`` queries (RoPE applied, scaled).
           k_btke, v_btke: ``[B, T, K, E]`` the new tokens' keys (RoPE applied) and values.
           layer: ``[]`` int32 traced layer index.
-          sinks: ``[H]`` the layer's attention-sink logits (``config.attention_sinks``) or None.
+          sinks: ``[H]`` the layer's attention-sink logits (``config.attn.sinks``) or None.
 
         Returns:
           (``[B, T, H, E]``, the updated store).
@@ -206,8 +206,8 @@ def apply_norm(config: ModelConfig, x: jax.Array, p: Params | None, width=None) 
     return rms_norm(
         x,
         None if p is None else p["scale"],
-        config.rms_norm_eps,
-        unit_offset=config.rms_norm_unit_offset,
+        config.norms.eps,
+        unit_offset=config.norms.unit_offset,
         float32=config.rms_norm_float32,
         width=width,
     )
@@ -215,11 +215,11 @@ def apply_norm(config: ModelConfig, x: jax.Array, p: Params | None, width=None) 
 
 def embed_tokens(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
     """Token embeddings ``[B, T, D]`` in the compute dtype, times √D in that dtype when
-    ``config.scale_embeddings`` (Gemma)."""
+    ``config.tokens.scale_embeddings`` (Gemma)."""
     chex.assert_rank(tokens, 2)
     dtype = config.compute_jnp_dtype
     x = params["embed"]["embedding"].astype(dtype)[tokens]
-    if config.scale_embeddings:
+    if config.tokens.scale_embeddings:
         x = x * jnp.asarray(math.sqrt(config.hidden_size), dtype)
     return x
 
@@ -228,18 +228,18 @@ def per_layer_inputs(
     config: ModelConfig, params: Params, tokens: jax.Array, x_btd: jax.Array
 ) -> jax.Array | None:
     """Gemma 4's per-layer inputs (PLE) of the new tokens, ``[B, T, L, P]`` in ``x_btd``'s
-    dtype, or None when ``config.per_layer_input_size`` is 0: ``(norm(x W_ple · D^-1/2) +
+    dtype, or None when ``config.tokens.per_layer_input_size`` is 0: ``(norm(x W_ple · D^-1/2) +
     E_ple[token] · √P) / √2``, with ``x_btd`` the scaled input embedding, ``W_ple``
     ``params["per_layer_projection"]`` ``[D, L, P]``, ``E_ple`` ``params["embed_per_layer"]``
     ``[V_ple, L, P]`` and the norm ``params["per_layer_norm"]`` (transformers'
     ``Gemma4TextModel.get_per_layer_inputs`` / ``project_per_layer_inputs``)."""
     c = config
-    if not c.per_layer_input_size:
+    if not c.tokens.per_layer_input_size:
         return None
     chex.assert_rank([tokens, x_btd], [2, 3])
     dtype = x_btd.dtype
     tok = params["embed_per_layer"]["embedding"].astype(dtype)[tokens]
-    tok = tok * jnp.asarray(math.sqrt(c.per_layer_input_size), dtype)
+    tok = tok * jnp.asarray(math.sqrt(c.tokens.per_layer_input_size), dtype)
     w = params["per_layer_projection"]["kernel"].astype(dtype)
     proj = jnp.einsum("btd,dlp->btlp", x_btd, w) * jnp.asarray(c.hidden_size**-0.5, dtype)
     proj = apply_norm(c, proj, params["per_layer_norm"])
@@ -254,7 +254,7 @@ def _per_layer_input_block(config: ModelConfig, lp: Params, x_btd, tokens: Token
     dtype = x_btd.dtype
     p = jax.lax.dynamic_index_in_dim(tokens.per_layer, layer, axis=2, keepdims=False)
     g = jnp.einsum("btd,dp->btp", x_btd, lp["per_layer_gate"]["kernel"].astype(dtype))
-    gelu = c.mlp_activation == Activation.GELU_TANH
+    gelu = c.mlp.activation == Activation.GELU_TANH
     act = jax.nn.gelu(g, approximate=True) if gelu else jax.nn.silu(g)
     y = jnp.einsum(
         "btp,pd->btd", act * p.astype(dtype), lp["per_layer_proj"]["kernel"].astype(dtype)
@@ -287,9 +287,9 @@ def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: Token
     scale-free value RMSNorm (Gemma 4), RoPE (times YaRN's attention factor,
     ``config.rope_attention_scaling``, on q and k).
 
-    With per-layer types (``config.layer_types``) the RoPE frequencies come from
+    With per-layer types (``config.attn.layer_types``) the RoPE frequencies come from
     :func:`layer_rope_inv_freq` at ``layer`` (the traced layer index, required then) instead
-    of ``tokens.inv_freq``. With ``config.query_pre_attn_scalar`` (Gemma) q comes back
+    of ``tokens.inv_freq``. With ``config.attn.query_pre_attn_scalar`` (Gemma) q comes back
     multiplied by √(E / query_pre_attn_scalar), so attention's 1/√E scaling gives scores
     q·k / √query_pre_attn_scalar. Gemma 4: a GLOBAL layer with ``global_k_eq_v`` takes its
     values from its key projection; a layer whose heads are stored padded
@@ -320,10 +320,10 @@ def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: Token
         dims, slots = (jnp.asarray(t)[layer] for t in tables)
         width = dims.astype(jnp.float32)
         k, v = jnp.take(k, slots, axis=2), jnp.take(v, slots, axis=2)
-    if c.qk_norm:
+    if c.attn.qk_norm:
         q = apply_norm(c, q, lp["q_norm"], width)
         k = apply_norm(c, k, lp["k_norm"], width)
-    if c.value_norm:
+    if c.attn.value_norm:
         v = apply_norm(c, v, None, width)
     q = apply_rope(q, tokens.positions, inv_freq)
     k = apply_rope(k, tokens.positions, inv_freq)
@@ -331,8 +331,8 @@ def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: Token
     if scaling != 1.0:
         q, k = q * jnp.asarray(scaling, dtype), k * jnp.asarray(scaling, dtype)
     e = q.shape[-1]
-    if c.query_pre_attn_scalar is not None and c.query_pre_attn_scalar != e:
-        q = q * jnp.asarray(math.sqrt(e / c.query_pre_attn_scalar), dtype)
+    if c.attn.query_pre_attn_scalar is not None and c.attn.query_pre_attn_scalar != e:
+        q = q * jnp.asarray(math.sqrt(e / c.attn.query_pre_attn_scalar), dtype)
     return q, k, v
 
 
@@ -347,11 +347,11 @@ def attend(
     one_query: bool = False,
     sinks: jax.Array | None = None,
 ) -> jax.Array:
-    """Attention of one layer through the configured implementation (``config.attention``),
+    """Attention of one layer through the configured implementation (``config.attn.impl``),
     with the config's attention-logit soft cap and the layer's attention sinks ``[H]`` (None:
     none).
 
-    The window is ``config.sliding_window``, or, with per-layer types, :func:`layer_windows`
+    The window is ``config.attn.sliding_window``, or, with per-layer types, :func:`layer_windows`
     at ``layer`` (the traced layer index, required then; the mask must carry positions).
     ``one_query`` (the paged decode step, T = 1): :func:`attention.one_query_attention`.
 
@@ -362,13 +362,13 @@ def attend(
       ``[B, T, H, E]``.
     """
     check_layer_index(config, layer)
-    window: int | jax.Array | None = config.sliding_window
-    if config.layer_types:
+    window: int | jax.Array | None = config.attn.sliding_window
+    if config.attn.layer_types:
         windows = layer_windows(config)
         window = None if windows is None else jnp.asarray(windows)[layer]
     if one_query and q.shape[1] == 1:
         return attn_lib.one_query_attention(
-            q, k, v, mask, window=window, softcap=config.attn_logit_softcap, sinks=sinks
+            q, k, v, mask, window=window, softcap=config.attn.logit_softcap, sinks=sinks
         )
     return attn_lib.dot_product_attention(
         q,
@@ -376,8 +376,8 @@ def attend(
         v,
         mask,
         window=window,
-        softcap=config.attn_logit_softcap,
-        impl=config.attention,
+        softcap=config.attn.logit_softcap,
+        impl=config.attn.impl,
         sinks=sinks,
     )
 
@@ -387,21 +387,21 @@ def attention_block(
 ) -> tuple[jax.Array, KVStore]:
     """The attention layers' token mixer over a :class:`KVStore`: :func:`project_qkv`, the
     store's :meth:`~KVStore.attend` (with the layer's sink logits ``lp["sinks"]["logit"]``
-    ``[H]`` when ``config.attention_sinks``, gpt-oss), with ``config.attn_output_gate``
+    ``[H]`` when ``config.attn.sinks``, gpt-oss), with ``config.attn.output_gate``
     (Qwen3.5) each head's output times σ(h W_gate) (``lp["attn_gate"]`` ``[D, H, E]``), the
-    output projection (with its LoRA adapter, and its bias with ``config.attention_out_bias``).
+    output projection (with its LoRA adapter, and its bias with ``config.attn.out_bias``).
 
     Returns:
       (``[B, T, D]`` before the residual add, the updated store).
     """
     dtype = h_btd.dtype
     q, k, v = project_qkv(config, lp, h_btd, tokens, layer)
-    sinks = lp["sinks"]["logit"] if config.attention_sinks else None
+    sinks = lp["sinks"]["logit"] if config.attn.sinks else None
     attn, store = store.attend(config, q, k, v, layer, sinks)
-    if config.attn_output_gate:
+    if config.attn.output_gate:
         attn = attn * jax.nn.sigmoid(_linear_heads(h_btd, lp["attn_gate"], dtype))
     o = jnp.einsum("btne,ned->btd", attn, lp["o_proj"]["kernel"].astype(dtype))
-    if config.attention_out_bias:
+    if config.attn.out_bias:
         o = o + lp["o_proj"]["bias"].astype(dtype)
     return _with_adapter(o, attn, lp["o_proj"], 2), store
 
@@ -439,7 +439,7 @@ def mlp_block(
     layer=None,
 ) -> tuple[jax.Array, moe_lib.MoeStats | None]:
     """The layer's MLP on the normed ``h_btd``: the gated MLP (SwiGLU, or GeGLU with tanh-GELU
-    for Gemma), or with ``config.num_experts`` the sparse MoE block
+    for Gemma), or with ``config.moe.num_experts`` the sparse MoE block
     (:func:`jaxrl_llm.models.moe.sparse_moe`, over ``mesh``'s expert axis, its routing
     statistics weighted by ``tokens.weights``; with ``tokens.routing`` the recorded experts
     of layer ``layer`` replayed or compared against).
@@ -458,7 +458,7 @@ def mlp_block(
             recorded_btk=None if rec is None else rec.at_layer(layer),
             replay=rec is not None and rec.replay,
         )
-        if config.shared_expert_size:
+        if config.moe.shared_expert_size:
             y = y + _shared_expert(h_btd, lp, layout_mesh(mesh))
         return y, stats
     return _dense_mlp(config, h_btd, lp, layout_mesh(mesh)), None
@@ -472,7 +472,7 @@ def dense_and_moe_block(
     mesh: jax.sharding.Mesh | None = None,
     layer=None,
 ) -> tuple[jax.Array, moe_lib.MoeStats]:
-    """Gemma 4's feed-forward with ``config.moe_beside_mlp``, on the residual stream ``x_btd``
+    """Gemma 4's feed-forward with ``config.moe.beside_mlp``, on the residual stream ``x_btd``
     (un-normed): the dense MLP of ``mlp_norm(x)``, normed by ``post_dense_norm``, plus the
     sparse MoE block of ``moe_norm(x)``, normed by ``post_moe_norm``; the block routes
     ``rms(x) · router_norm · D^-1/2`` (a scale-free RMSNorm times a learned scale) and scales
@@ -526,10 +526,10 @@ def decoder_layer(
     stack_index=None,
 ) -> tuple[jax.Array, Any, moe_lib.MoeStats | None]:
     """One pre-norm decoder layer over ``store``: the token mixer (``store.mix``) and the MLP,
-    each with its RMSNorm before and residual add after; with ``config.post_norms`` (Gemma 2 /
+    each with its RMSNorm before and residual add after; with ``config.norms.post_norms`` (Gemma 2 /
     3 / 4) their outputs are RMS-normed before each add; Gemma 4's per-layer input
-    (``config.per_layer_input_size``) is gated into the residual stream after the MLP, and with
-    ``config.layer_scalars`` the result is multiplied by the layer's stored scalar (a
+    (``config.tokens.per_layer_input_size``) is gated into the residual stream after the MLP, and with
+    ``config.norms.layer_scalars`` the result is multiplied by the layer's stored scalar (a
     constant: no gradient).
 
     Args:
@@ -559,21 +559,21 @@ def decoder_layer(
     x_btd = place(x_btd, BTD, lay)
     h = apply_norm(c, x_btd, lp["attn_norm"])
     y, store = store.mix(c, lp, h, tokens, layer)
-    if c.post_norms:
+    if c.norms.post_norms:
         y = apply_norm(c, y, lp["post_attn_norm"])
     x = x_btd + y
     at = layer if stack_index is None else stack_index  # per-stack tables: routing, inputs
     stats: moe_lib.MoeStats | None
-    if c.moe_beside_mlp:
+    if c.moe.beside_mlp:
         z, stats = dense_and_moe_block(c, lp, x, tokens, mesh, at)
     else:
         z, stats = mlp_block(c, lp, apply_norm(c, x, lp["mlp_norm"]), tokens, mesh, at)
-    if c.post_norms:
+    if c.norms.post_norms:
         z = apply_norm(c, z, lp["post_mlp_norm"])
     x = x + z
-    if c.per_layer_input_size:
+    if c.tokens.per_layer_input_size:
         x = _per_layer_input_block(c, lp, x, tokens, at)
-    if c.layer_scalars:
+    if c.norms.layer_scalars:
         x = x * jax.lax.stop_gradient(lp["layer_scalar"]["value"]).astype(x.dtype)
     return place(x, BTD, lay), store, stats
 

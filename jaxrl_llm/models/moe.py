@@ -2,7 +2,7 @@
 
 Routing, as transformers implements both families: router logits ``z = x W_r`` (``[N, X]``,
 N tokens, X experts) in the activation dtype, ``p = softmax(z)`` in float32, the top-k
-experts by p, and, when ``config.norm_topk_prob`` (Mixtral always; Qwen3-MoE per its config),
+experts by p, and, when ``config.moe.norm_topk_prob`` (Mixtral always; Qwen3-MoE per its config),
 their weights renormalised to sum to 1 (which for Mixtral is the softmax over the k selected
 logits). Each selected expert is a SwiGLU MLP ``down(silu(x W_g) ⊙ x W_u)``; the block's output
 is ``Σ_j w_j · expert_{e_j}(x)``. No capacity and no token dropping: every token reaches its
@@ -10,7 +10,7 @@ k experts (as in both transformers implementations). Shazeer et al. 2017,
 https://arxiv.org/abs/1701.06538; Mixtral, Jiang et al. 2024, https://arxiv.org/abs/2401.04088;
 Qwen3, Yang et al. 2025, https://arxiv.org/abs/2505.09388.
 
-Dispatch (``config.moe_dispatch``, :class:`~jaxrl_llm.models.config.MoeDispatch`):
+Dispatch (``config.moe.dispatch``, :class:`~jaxrl_llm.models.config.MoeDispatch`):
 
 * ``SORTED`` (default): the N·k (token, expert) assignments are put in expert order by a
   stable counting sort (a ``[N·k, X + 1]`` int32 one-hot and its cumulative sum, no
@@ -53,7 +53,7 @@ and P_x the mean router probability of x, both pooled over the real tokens of ev
 layer, ``aux = X · Σ_x f_x P_x``. Its gradient flows through P only. Each block returns the
 sums it needs (:class:`MoeStats`), so the pooled value is exact under any token sharding.
 
-gpt-oss (``config.expert_bias``) adds a bias to the router's logits and to each expert's three
+gpt-oss (``config.moe.expert_bias``) adds a bias to the router's logits and to each expert's three
 projections, and its experts compute the clamped SwiGLU (:func:`gated_activation`). Its router
 takes the softmax over its top-k logits, which is the top-k of the softmax renormalised
 (``norm_topk_prob``).
@@ -65,7 +65,7 @@ record. Given a :class:`RecordedRouting` (the sampler's choices), a block counts
 its routing decisions differ from them and, with ``replay``, routes every token to the
 recorded experts instead of its own top-k: the gate weights are still the router's
 probabilities, gathered at the recorded experts (and renormalised over them with
-``config.norm_topk_prob``, as :func:`route` does), so the router keeps its gradient over the
+``config.moe.norm_topk_prob``, as :func:`route` does), so the router keeps its gradient over the
 chosen experts while the choice itself is the sampler's.
 """
 
@@ -159,7 +159,7 @@ def route(
     float32, top-k expert ids ``[N, k]`` int32).
 
     ``p = softmax(x W_r)`` (logits in x's dtype, softmax in float32); the k largest; with
-    ``config.norm_topk_prob`` the k weights are divided by their sum. ``experts`` ``[N, k]``
+    ``config.moe.norm_topk_prob`` the k weights are divided by their sum. ``experts`` ``[N, k]``
     (routing replay, R3: https://arxiv.org/abs/2510.11370): route to these instead of the
     top-k; their weights are ``p`` gathered at them, renormalised the same way (with
     ``norm_topk_prob``: the softmax over their k logits), differentiable through ``p``.
@@ -172,11 +172,11 @@ def route(
         logits = logits + router_bias.astype(x_nd.dtype)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     if experts is None:
-        weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
+        weights, experts = jax.lax.top_k(probs, config.moe.num_experts_per_tok)
     else:
-        chex.assert_shape(experts, (x_nd.shape[0], config.num_experts_per_tok))
+        chex.assert_shape(experts, (x_nd.shape[0], config.moe.num_experts_per_tok))
         weights = jnp.take_along_axis(probs, experts, axis=-1)
-    if config.norm_topk_prob:
+    if config.moe.norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     if expert_scale is not None:
         weights = weights * expert_scale.astype(jnp.float32)[experts]
@@ -185,11 +185,11 @@ def route(
 
 def expert_activation(config: ModelConfig):
     """The experts' gate activation: SiLU (SwiGLU experts; Qwen3-MoE, Mixtral, Qwen3.5) or the
-    tanh GELU (GeGLU experts; Gemma 4), per ``config.mlp_activation`` (the clamped SwiGLU is
+    tanh GELU (GeGLU experts; Gemma 4), per ``config.mlp.activation`` (the clamped SwiGLU is
     not a function of the gate alone: :func:`gated_activation`)."""
-    if config.mlp_activation == Activation.GELU_TANH:
+    if config.mlp.activation == Activation.GELU_TANH:
         return functools.partial(jax.nn.gelu, approximate=True)
-    if config.mlp_activation == Activation.CLAMPED_SWIGLU:
+    if config.mlp.activation == Activation.CLAMPED_SWIGLU:
         raise ValueError("the clamped SwiGLU reads gate and up together: use gated_activation")
     return jax.nn.silu
 
@@ -197,10 +197,10 @@ def expert_activation(config: ModelConfig):
 def gated_activation(config: ModelConfig):
     """``glu(gate, up)`` of a gated MLP or expert: ``act(gate) ⊙ up`` with
     :func:`expert_activation`, or gpt-oss's clamped SwiGLU
-    ``(clip(up, −ℓ, ℓ) + 1) ⊙ g σ(α g)``, ``g = min(gate, ℓ)`` (``config.swiglu_alpha`` α,
-    ``config.swiglu_limit`` ℓ; transformers' ``GptOssExperts._apply_gate``)."""
-    if config.mlp_activation == Activation.CLAMPED_SWIGLU:
-        alpha, limit = config.swiglu_alpha, config.swiglu_limit
+    ``(clip(up, −ℓ, ℓ) + 1) ⊙ g σ(α g)``, ``g = min(gate, ℓ)`` (``config.mlp.swiglu_alpha`` α,
+    ``config.mlp.swiglu_limit`` ℓ; transformers' ``GptOssExperts._apply_gate``)."""
+    if config.mlp.activation == Activation.CLAMPED_SWIGLU:
+        alpha, limit = config.mlp.swiglu_alpha, config.mlp.swiglu_limit
 
         def clamped(gate, up):
             g = jnp.minimum(gate, limit)
@@ -213,7 +213,7 @@ def gated_activation(config: ModelConfig):
 
 
 def _stats(config: ModelConfig, probs, experts, token_w) -> MoeStats:
-    hits = jax.nn.one_hot(experts, config.num_experts, dtype=jnp.float32).sum(axis=1)
+    hits = jax.nn.one_hot(experts, config.moe.num_experts, dtype=jnp.float32).sum(axis=1)
     return MoeStats(
         counts=jnp.einsum("nx,n->x", hits, token_w),
         probs=jnp.einsum("nx,n->x", probs, token_w),
@@ -285,7 +285,7 @@ def _experts_dense(x_nd, weights, experts, w, offset, glu):
 
 class ExpertWeights(NamedTuple):
     """One layer's (local) experts: kernels gate / up ``[X, D, F_e]``, down ``[X, F_e, D]``;
-    their biases ``[X, F_e]`` / ``[X, D]`` with ``config.expert_bias`` (gpt-oss), else None."""
+    their biases ``[X, F_e]`` / ``[X, D]`` with ``config.moe.expert_bias`` (gpt-oss), else None."""
 
     gate: jax.Array
     up: jax.Array
@@ -310,14 +310,14 @@ def _block(config, x_nd, rx_nd, token_w, recorded, replay, router, router_bias, 
         expert_scale=scale,
         router_bias=router_bias,
     )
-    run = _experts_dense if config.moe_dispatch == MoeDispatch.DENSE else _experts_sorted
+    run = _experts_dense if config.moe.dispatch == MoeDispatch.DENSE else _experts_sorted
     w = jax.tree.map(lambda a: a.astype(dtype), w)
     y = run(x_nd, weights, experts, w, offset, gated_activation(config))
     stats = _stats(config, probs, experts, token_w)._replace(experts=experts)
     if recorded is not None:
         own = experts
         if replay:
-            own = jax.lax.top_k(probs, config.num_experts_per_tok)[1].astype(jnp.int32)
+            own = jax.lax.top_k(probs, config.moe.num_experts_per_tok)[1].astype(jnp.int32)
         count = lambda e: jnp.einsum(  # noqa: E731
             "n,n->", jnp.sum(differing_decisions(e, recorded), -1).astype(jnp.float32), token_w
         )
@@ -383,7 +383,7 @@ def sparse_moe(
       lp: the layer's parameters: ``router`` ``{"kernel": [D, X]}``, ``experts_gate`` /
         ``experts_up`` ``{"kernel": [X, D, F_e]}``, ``experts_down`` ``{"kernel": [X, F_e, D]}``
         (each with a ``"bias"``, ``[X]`` / ``[X, F_e]`` / ``[X, D]``, under
-        ``config.expert_bias``);
+        ``config.moe.expert_bias``);
         with ``expert_scale`` ``{"scale": [X]}`` (Gemma 4) each routing weight is multiplied
         by its expert's scale.
       mesh: the device mesh; default the ambient one (``jax.set_mesh``). With an
@@ -410,7 +410,7 @@ def sparse_moe(
     token_w_bt = token_w_bt.astype(jnp.float32)
     params = _block_params(lp)
     router_bias, scale, w = params[1:]
-    k = config.num_experts_per_tok
+    k = config.moe.num_experts_per_tok
     recorded = None
     if recorded_btk is not None:
         chex.assert_shape(recorded_btk, (b, t, k))
@@ -427,7 +427,7 @@ def sparse_moe(
         )
 
     num_shards = int(mesh.shape[EXPERT_AXIS])
-    x_count = config.num_experts
+    x_count = config.moe.num_experts
     if x_count % num_shards:
         raise ValueError(
             f"num_experts={x_count} is not divisible by the mesh's {EXPERT_AXIS!r} axis "
@@ -435,7 +435,7 @@ def sparse_moe(
         )
     rows = _split(mesh, b, TOKEN_AXES)
     length = _split(mesh, t, (LENGTH_AXIS,))
-    f_split = _split(mesh, config.moe_intermediate_size, (TENSOR_AXIS,))
+    f_split = _split(mesh, config.moe.intermediate_size, (TENSOR_AXIS,))
     tok_spec = P(rows or None, length or None)
     x_spec = P(rows or None, length or None, None)
     rec_spec = P(rows or None, length or None, None)

@@ -36,8 +36,8 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     L, D, F, H, K, E, V = (
         c.num_layers,
         c.hidden_size,
-        c.intermediate_size,
-        c.num_heads,
+        c.mlp.intermediate_size,
+        c.attn.num_heads,
         c.store_kv_heads,
         c.store_head_dim,
         c.vocab_size,
@@ -51,50 +51,50 @@ def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
         "mlp_norm": {"scale": ((L, D), ("layers", "norm"))},
     }
     if c.is_moe:
-        X, Fe = c.num_experts, c.moe_intermediate_size
+        X, Fe = c.moe.num_experts, c.moe.intermediate_size
         layers["router"] = {"kernel": ((L, D, X), ("layers", "embed", "router"))}
         expert_in = ("layers", "experts", "embed", "mlp")
         layers["experts_gate"] = {"kernel": ((L, X, D, Fe), expert_in)}
         layers["experts_up"] = {"kernel": ((L, X, D, Fe), expert_in)}
         layers["experts_down"] = {"kernel": ((L, X, Fe, D), ("layers", "experts", "mlp", "embed"))}
-        if c.shared_expert_size:
-            Fs = c.shared_expert_size
+        if c.moe.shared_expert_size:
+            Fs = c.moe.shared_expert_size
             layers["shared_gate_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
             layers["shared_up_proj"] = {"kernel": ((L, D, Fs), ("layers", "embed", "mlp"))}
             layers["shared_down_proj"] = {"kernel": ((L, Fs, D), ("layers", "mlp", "embed"))}
             layers["shared_expert_gate"] = {"kernel": ((L, D, 1), ("layers", "embed", None))}
-        if c.expert_bias:  # gpt-oss
+        if c.moe.expert_bias:  # gpt-oss
             layers["router"]["bias"] = ((L, X), ("layers", "router"))
             layers["experts_gate"]["bias"] = ((L, X, Fe), ("layers", "experts", "mlp"))
             layers["experts_up"]["bias"] = ((L, X, Fe), ("layers", "experts", "mlp"))
             layers["experts_down"]["bias"] = ((L, X, D), ("layers", "experts", "embed"))
-        if c.moe_beside_mlp:
+        if c.moe.beside_mlp:
             for name in ("router_norm", "post_dense_norm", "moe_norm", "post_moe_norm"):
                 layers[name] = {"scale": ((L, D), ("layers", "norm"))}
             layers["expert_scale"] = {"scale": ((L, X), ("layers", "router"))}
-    if not c.is_moe or c.moe_beside_mlp:
+    if not c.is_moe or c.moe.beside_mlp:
         layers["gate_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
         layers["up_proj"] = {"kernel": ((L, D, F), ("layers", "embed", "mlp"))}
         layers["down_proj"] = {"kernel": ((L, F, D), ("layers", "mlp", "embed"))}
-    if c.attention_bias:
+    if c.attn.bias:
         layers["q_proj"]["bias"] = ((L, H, E), ("layers", "heads", "head_dim"))
         layers["k_proj"]["bias"] = ((L, K, E), ("layers", "kv_heads", "head_dim"))
         layers["v_proj"]["bias"] = ((L, K, E), ("layers", "kv_heads", "head_dim"))
-    if c.attention_out_bias:
+    if c.attn.out_bias:
         layers["o_proj"]["bias"] = ((L, D), ("layers", "embed"))
-    if c.attention_sinks:  # gpt-oss: one logit per query head
+    if c.attn.sinks:  # gpt-oss: one logit per query head
         layers["sinks"] = {"logit": ((L, H), ("layers", "heads"))}
-    if c.qk_norm:
+    if c.attn.qk_norm:
         layers["q_norm"] = {"scale": ((L, E), ("layers", "head_dim"))}
         layers["k_norm"] = {"scale": ((L, E), ("layers", "head_dim"))}
-    if c.post_norms:
+    if c.norms.post_norms:
         layers["post_attn_norm"] = {"scale": ((L, D), ("layers", "norm"))}
         layers["post_mlp_norm"] = {"scale": ((L, D), ("layers", "norm"))}
-    if c.attn_output_gate:
+    if c.attn.output_gate:
         layers["attn_gate"] = {"kernel": ((L, D, H, E), ("layers", "embed", "heads", "head_dim"))}
-    if c.layer_scalars:
+    if c.norms.layer_scalars:
         layers["layer_scalar"] = {"value": ((L,), ("layers",))}
-    P = c.per_layer_input_size
+    P = c.tokens.per_layer_input_size
     if P:
         layers["per_layer_gate"] = {"kernel": ((L, D, P), ("layers", "embed", None))}
         layers["per_layer_proj"] = {"kernel": ((L, P, D), ("layers", None, "embed"))}
@@ -132,8 +132,8 @@ def _hybrid_layer_specs(config: ModelConfig, layers: dict[str, Any]) -> dict[str
         out[name] = leaves
     D, Hv, dv, C = (
         c.hidden_size,
-        c.linear_num_value_heads,
-        c.linear_value_head_dim,
+        c.linear.num_value_heads,
+        c.linear.value_head_dim,
         c.linear_conv_channels,
     )
     out.update(
@@ -141,7 +141,7 @@ def _hybrid_layer_specs(config: ModelConfig, layers: dict[str, Any]) -> dict[str
         in_proj_z={"kernel": ((n_lin, D, Hv, dv), ("layers", "embed", "heads", "head_dim"))},
         in_proj_b={"kernel": ((n_lin, D, Hv), ("layers", "embed", "heads"))},
         in_proj_a={"kernel": ((n_lin, D, Hv), ("layers", "embed", "heads"))},
-        conv={"kernel": ((n_lin, c.linear_conv_kernel, C), ("layers", None, None))},
+        conv={"kernel": ((n_lin, c.linear.conv_kernel, C), ("layers", None, None))},
         delta={
             "a_log": ((n_lin, Hv), ("layers", "heads")),
             "dt_bias": ((n_lin, Hv), ("layers", "heads")),
@@ -191,7 +191,7 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
                 jnp.log(jax.random.uniform(key, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
             )
         elif "norm" in path and "scale" in path:
-            out.append((jnp.zeros if config.rms_norm_unit_offset else jnp.ones)(shape, dtype))
+            out.append((jnp.zeros if config.norms.unit_offset else jnp.ones)(shape, dtype))
         elif "bias" in path:
             out.append(jnp.zeros(shape, dtype))
         else:
@@ -239,13 +239,13 @@ def padding_masks(config: ModelConfig) -> dict[str, Any]:
     - heads stored padded (``config.has_padded_heads``): each layer's own head dims and KV
       heads (:func:`jaxrl_llm.models.gemma4.pad_heads`); a GLOBAL layer's ``v_proj`` with
       ``global_k_eq_v`` is all 0;
-    - KV-shared layers (``config.kv_shared_layers``): ``k_proj``, ``v_proj``, ``k_norm`` all 0;
+    - KV-shared layers (``config.attn.kv_shared_layers``): ``k_proj``, ``v_proj``, ``k_norm`` all 0;
     - ``double_wide_mlp``: a layer's MLP units past its own width (:meth:`ModelConfig.mlp_width`).
     """
     c = config
     specs = param_shapes_and_axes(c)["layers"]
     out: dict[str, Any] = {}
-    if c.has_padded_heads or c.global_k_eq_v or c.kv_shared_layers:
+    if c.has_padded_heads or c.attn.global_k_eq_v or c.attn.kv_shared_layers:
         k_store, e_store = c.store_kv_heads, c.store_head_dim
         for name in _HEAD_AXES:
             if name not in specs:
@@ -262,14 +262,14 @@ def padding_masks(config: ModelConfig) -> dict[str, Any]:
                     if axes[0] is not None:
                         true_shape[axes[0]] = k
                     m = gemma4.pad_heads(np.ones(true_shape, np.float32), *axes, k_store, e_store)
-                    if name == "v_proj" and c.global_k_eq_v:
-                        m = m * (c.layer_types[i] != LayerType.GLOBAL)
+                    if name == "v_proj" and c.attn.global_k_eq_v:
+                        m = m * (c.attn.layer_types[i] != LayerType.GLOBAL)
                     if name in ("k_proj", "v_proj", "k_norm") and c.kv_shared(i):
                         m = m * 0
                     per_layer.append(m)
                 out[name][leaf] = np.stack(per_layer)
-    if c.double_wide_mlp:
-        f = c.intermediate_size
+    if c.mlp.double_wide:
+        f = c.mlp.intermediate_size
         units = np.stack([np.arange(f) < c.mlp_width(i) for i in range(c.num_layers)]).astype(
             np.float32
         )

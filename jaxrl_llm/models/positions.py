@@ -30,31 +30,31 @@ def rope_inv_freq(config: ModelConfig) -> jax.Array:
     ⌊p · E_g / 2⌋ are ``1/θ^(2j/E_g)``, the rest 0 (pairs that do not rotate; transformers'
     "proportional" RoPE)."""
     e = config.rotary_dim
-    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
-    if config.global_head_dim is not None or config.global_rope_proportion != 1.0:
-        e = config.layer_heads(config.layer_types.index(LayerType.GLOBAL))[1]
-        rotated = int(config.global_rope_proportion * e // 2)
-        inv = 1.0 / (config.rope_theta ** (jnp.arange(0, 2 * rotated, 2, dtype=jnp.float32) / e))
+    inv = 1.0 / (config.rope.theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    if config.attn.global_head_dim is not None or config.rope.global_proportion != 1.0:
+        e = config.layer_heads(config.attn.layer_types.index(LayerType.GLOBAL))[1]
+        rotated = int(config.rope.global_proportion * e // 2)
+        inv = 1.0 / (config.rope.theta ** (jnp.arange(0, 2 * rotated, 2, dtype=jnp.float32) / e))
         inv = jnp.pad(inv, (0, e // 2 - rotated))
     return scale_inv_freq(config, inv)
 
 
 def scale_inv_freq(config: ModelConfig, inv: jax.Array) -> jax.Array:
-    """``config.rope_scaling`` applied to the unscaled inverse frequencies ``inv`` ``[R/2]``
-    of base ``config.rope_theta`` over R rotated dims."""
-    if config.rope_scaling == RopeScaling.YARN:
+    """``config.rope.scaling`` applied to the unscaled inverse frequencies ``inv`` ``[R/2]``
+    of base ``config.rope.theta`` over R rotated dims."""
+    if config.rope.scaling == RopeScaling.YARN:
         return yarn_inv_freq(config, inv)
-    if config.rope_scaling == RopeScaling.LINEAR:
-        inv = inv / config.rope_factor
-    elif config.rope_scaling == RopeScaling.LLAMA3:
+    if config.rope.scaling == RopeScaling.LINEAR:
+        inv = inv / config.rope.factor
+    elif config.rope.scaling == RopeScaling.LLAMA3:
         # Llama 3.1 (arXiv:2407.21783): keep high frequencies, divide low ones by `factor`,
         # interpolate smoothly in between.
         factor, lo, hi = (
-            config.rope_factor,
-            config.rope_low_freq_factor,
-            config.rope_high_freq_factor,
+            config.rope.factor,
+            config.rope.low_freq_factor,
+            config.rope.high_freq_factor,
         )
-        old = config.rope_original_max_position
+        old = config.rope.original_max_position
         low_wavelen, high_wavelen = old / lo, old / hi
         wavelen = 2 * math.pi / inv
         scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
@@ -79,19 +79,19 @@ def yarn_inv_freq(config: ModelConfig, inv: jax.Array) -> jax.Array:
     def boundary(rotations: float) -> float:
         return (
             r
-            * math.log(c.rope_original_max_position / (rotations * 2 * math.pi))
-            / (2 * math.log(c.rope_theta))
+            * math.log(c.rope.original_max_position / (rotations * 2 * math.pi))
+            / (2 * math.log(c.rope.theta))
         )
 
-    low, high = boundary(c.rope_beta_fast), boundary(c.rope_beta_slow)
-    if c.rope_truncate:
+    low, high = boundary(c.rope.beta_fast), boundary(c.rope.beta_slow)
+    if c.rope.truncate:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, r - 1)
     if low == high:
         high += 0.001  # transformers' guard against a zero-width ramp
     ramp = jnp.clip((jnp.arange(r // 2, dtype=jnp.float32) - low) / (high - low), 0.0, 1.0)
     keep = 1.0 - ramp  # 1: extrapolate (keep θ_j); 0: interpolate (θ_j / s)
-    return inv / c.rope_factor * (1.0 - keep) + inv * keep
+    return inv / c.rope.factor * (1.0 - keep) + inv * keep
 
 
 # A global layer's window when layers differ in type: farther than any position.
@@ -100,13 +100,13 @@ NO_WINDOW = 2**30
 
 def layer_windows(config: ModelConfig) -> np.ndarray | None:
     """``[L]`` int32 sliding window of each layer (:data:`NO_WINDOW` on GLOBAL layers); None
-    when the config has no per-layer types (then ``config.sliding_window`` applies to every
+    when the config has no per-layer types (then ``config.attn.sliding_window`` applies to every
     layer) or no LOCAL layer (then no layer has a window)."""
-    if LayerType.LOCAL not in config.layer_types:
+    if LayerType.LOCAL not in config.attn.layer_types:
         return None
-    local = config.sliding_window if config.sliding_window is not None else NO_WINDOW
+    local = config.attn.sliding_window if config.attn.sliding_window is not None else NO_WINDOW
     return np.asarray(
-        [local if t == LayerType.LOCAL else NO_WINDOW for t in config.layer_types], np.int32
+        [local if t == LayerType.LOCAL else NO_WINDOW for t in config.attn.layer_types], np.int32
     )
 
 
@@ -120,18 +120,18 @@ def layer_rope_inv_freq(config: ModelConfig) -> jax.Array | None:
     ``[L, E*/2]`` over the stored head dim E*: a smaller layer's frequencies then zeros, which
     with its heads padded per half (:mod:`jaxrl_llm.models.gemma4`) rotates each of its pairs
     as at its own size and leaves the padding alone."""
-    if LayerType.LOCAL not in config.layer_types:
+    if LayerType.LOCAL not in config.attn.layer_types:
         return None
     e = config.rotary_dim
     glob = rope_inv_freq(config)
-    theta = config.rope_theta if config.rope_local_theta is None else config.rope_local_theta
+    theta = config.rope.theta if config.rope.local_theta is None else config.rope.local_theta
     local = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
-    if config.rope_local_theta is None:
+    if config.rope.local_theta is None:
         local = scale_inv_freq(config, local)
     width = max(local.shape[0], glob.shape[0])
     local = jnp.pad(local, (0, width - local.shape[0]))
     glob = jnp.pad(glob, (0, width - glob.shape[0]))
-    is_local = np.asarray([t == LayerType.LOCAL for t in config.layer_types])
+    is_local = np.asarray([t == LayerType.LOCAL for t in config.attn.layer_types])
     return jnp.where(jnp.asarray(is_local)[:, None], local[None], glob[None])
 
 
@@ -153,36 +153,36 @@ def layer_head_tables(config: ModelConfig) -> tuple[np.ndarray, np.ndarray] | No
 def layer_values_are_keys(config: ModelConfig) -> np.ndarray | None:
     """``[L]`` bool: the layer's values are its key projection (Gemma 4's GLOBAL layers with
     ``global_k_eq_v``); None when no layer's are."""
-    if not config.global_k_eq_v:
+    if not config.attn.global_k_eq_v:
         return None
-    return np.asarray([t == LayerType.GLOBAL for t in config.layer_types])
+    return np.asarray([t == LayerType.GLOBAL for t in config.attn.layer_types])
 
 
 def layer_kv_sharing(config: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Per-layer tables of a stack whose last layers share keys/values
-    (``config.kv_shared_layers``, Gemma 4): (``[L]`` bool the layer reuses the keys/values of
+    (``config.attn.kv_shared_layers``, Gemma 4): (``[L]`` bool the layer reuses the keys/values of
     the last earlier layer of its type; ``[L]`` int32 its type's slot among the stack's types,
     in order of first appearance; ``[L]`` int32 the layer whose cache slot it reads: itself,
     or for a KV-shared layer that source layer, always < ``config.num_kv_layers``). None
     without KV sharing."""
-    if not config.kv_shared_layers:
+    if not config.attn.kv_shared_layers:
         return None
-    kinds = list(dict.fromkeys(config.layer_types))
+    kinds = list(dict.fromkeys(config.attn.layer_types))
     n = config.num_layers
     reuse = np.asarray([config.kv_shared(i) for i in range(n)])
-    slot = np.asarray([kinds.index(t) for t in config.layer_types], np.int32)
+    slot = np.asarray([kinds.index(t) for t in config.attn.layer_types], np.int32)
     first = config.num_kv_layers
-    last_of = {t: max(i for i in range(first) if config.layer_types[i] == t) for t in kinds}
+    last_of = {t: max(i for i in range(first) if config.attn.layer_types[i] == t) for t in kinds}
     source = np.asarray(
-        [last_of[config.layer_types[i]] if reuse[i] else i for i in range(n)], np.int32
+        [last_of[config.attn.layer_types[i]] if reuse[i] else i for i in range(n)], np.int32
     )
     return reuse, slot, source
 
 
 def check_layer_index(config: ModelConfig, layer) -> None:
-    """ValueError when the config has per-layer types (``config.layer_types``) and no layer
+    """ValueError when the config has per-layer types (``config.attn.layer_types``) and no layer
     index was given: the window and RoPE tables are looked up by that index."""
-    if config.layer_types and layer is None:
+    if config.attn.layer_types and layer is None:
         raise ValueError(
             "this config has per-layer attention types (layer_types); pass the layer index"
         )

@@ -20,7 +20,7 @@ slot holds a real token of row ``b``. RoPE positions are per row and passed expl
 padding and per-row prompt lengths are handled by (positions, mask), never by shifting data.
 
 Per-layer attention types (Gemma 2 / 3: local sliding-window layers with their own RoPE base
-interleaved with global layers, ``config.layer_types``) ride in the one layer scan: the scan
+interleaved with global layers, ``config.attn.layer_types``) ride in the one layer scan: the scan
 also carries the layer index, and the two places that differ by type look their layer's
 values up in small constant tables built from the static config (:func:`layer_windows`,
 :func:`layer_rope_inv_freq`, in :mod:`jaxrl_llm.models.positions`). A global layer's "window" is
@@ -28,7 +28,7 @@ values up in small constant tables built from the static config (:func:`layer_wi
 position, so every layer runs the same traced program (one compiled layer body, as before)
 and the KV cache stays dense: a local layer keeps all slots and masks out the old ones.
 
-Mixture of experts (Qwen3-MoE, Mixtral; ``config.num_experts > 0``): every layer's MLP is the
+Mixture of experts (Qwen3-MoE, Mixtral; ``config.moe.num_experts > 0``): every layer's MLP is the
 sparse block of :mod:`jaxrl_llm.models.moe` (router ``[L, D, X]``, experts ``[L, X, D, F_e]``
 with the logical axis ``experts``). The layer scan also returns each block's routing
 statistics, and :func:`apply` pools them into the load-balancing loss
@@ -201,7 +201,7 @@ def trunk(
       remat: rematerialisation of each layer under autodiff: 'none', 'full' or 'dots'.
       mesh: the mesh a mixture of experts runs expert-parallel over (default the ambient
         ``jax.set_mesh`` one; :func:`jaxrl_llm.models.moe.sparse_moe`); unused by dense models.
-    Attention runs through ``config.attention`` (:mod:`jaxrl_llm.models.attention`): naive for
+    Attention runs through ``config.attn.impl`` (:mod:`jaxrl_llm.models.attention`): naive for
     short sequences and the decode step, blockwise (O(T) memory) or a fused kernel otherwise;
     the mask goes in as per-row vectors (only the naive path builds a ``[B, T, S]`` mask).
 
@@ -526,18 +526,18 @@ def unembedding(params: Params, config: ModelConfig) -> jax.Array:
 def logits_from_hidden(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:
     """``[B, T, V]`` logits in float32 (materialises the full vocabulary; prefer the chunked
     log-prob ops in training), soft-capped ``cap · tanh(z / cap)`` when
-    ``config.final_logit_softcap`` is set (Gemma 2, https://arxiv.org/abs/2408.00118)."""
+    ``config.tokens.final_logit_softcap`` is set (Gemma 2, https://arxiv.org/abs/2408.00118)."""
     w = unembedding(params, config).astype(hidden.dtype)
     logits = jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
     return softcap_logits(logits, config)
 
 
 def softcap_logits(logits: jax.Array, config: ModelConfig) -> jax.Array:
-    """``cap · tanh(logits / cap)`` with ``config.final_logit_softcap`` (identity when None).
+    """``cap · tanh(logits / cap)`` with ``config.tokens.final_logit_softcap`` (identity when None).
 
     Code that computes logits from :attr:`ModelOutputs.hidden` and ``unembed`` itself must
     apply this to match :func:`forward` on a Gemma 2 config."""
-    cap = config.final_logit_softcap
+    cap = config.tokens.final_logit_softcap
     return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
@@ -631,8 +631,8 @@ def apply(
             mesh=mesh,
             routing=routing,
         )
-    aux = None if stats is None else moe_lib.load_balancing_loss(stats, config.num_experts)
-    fracs = None if stats is None else routing_mismatch(stats, config.num_experts_per_tok)
+    aux = None if stats is None else moe_lib.load_balancing_loss(stats, config.moe.num_experts)
+    fracs = None if stats is None else routing_mismatch(stats, config.moe.num_experts_per_tok)
     scalar = scalar_head(params, hidden) if config.num_labels else None
     unembed = (
         None
@@ -643,7 +643,7 @@ def apply(
         hidden=hidden,
         unembed=unembed,
         scalar=scalar,
-        logit_softcap=config.final_logit_softcap,
+        logit_softcap=config.tokens.final_logit_softcap,
         router_aux_loss=aux,
         routing_mismatch=None if fracs is None else fracs[0],
         routing_own_mismatch=None if fracs is None else fracs[1],

@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 import json
 import os
@@ -8,6 +9,8 @@ import optax
 import pytest
 
 from jaxrl_llm.errors import CheckpointError
+from jaxrl_llm.models import Family, ModelConfig
+from jaxrl_llm.models.config_groups import GROUPS
 from jaxrl_llm.parallel import batch_sharding, make_mesh
 from jaxrl_llm.train import abstract_train_state, create_train_state, make_train_step
 from jaxrl_llm.train.run.checkpoint import (
@@ -134,6 +137,95 @@ def test_model_config_json_round_trip():
     assert model_config_from_dict(d) == cfg
     with pytest.raises(CheckpointError, match=r"unknown keys \['quantization_config'\]"):
         model_config_from_dict({**d, "quantization_config": {}})
+
+
+# A tiny Gemma 3 config's model_config item as checkpoints saved it before ModelConfig had
+# groups (written by that version's model_config_to_dict).
+_FLAT_GEMMA3 = {
+    "family": "gemma3_text",
+    "vocab_size": 97,
+    "hidden_size": 48,
+    "intermediate_size": 80,
+    "num_layers": 3,
+    "num_heads": 3,
+    "num_kv_heads": 1,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rope_theta": 1000000.0,
+    "rope_scaling": "default",
+    "rope_factor": 1.0,
+    "rope_low_freq_factor": 1.0,
+    "rope_high_freq_factor": 4.0,
+    "rope_original_max_position": 8192,
+    "rope_beta_fast": 32.0,
+    "rope_beta_slow": 1.0,
+    "rope_truncate": True,
+    "rope_attention_factor": None,
+    "rms_norm_eps": 1e-06,
+    "tie_embeddings": True,
+    "attention_bias": False,
+    "qk_norm": True,
+    "sliding_window": 4,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "rope_local_theta": 10000.0,
+    "rms_norm_unit_offset": True,
+    "post_norms": True,
+    "mlp_activation": "gelu_pytorch_tanh",
+    "scale_embeddings": True,
+    "query_pre_attn_scalar": 24.0,
+    "attn_logit_softcap": None,
+    "final_logit_softcap": None,
+    "num_experts": 0,
+    "num_experts_per_tok": 0,
+    "moe_intermediate_size": 80,
+    "norm_topk_prob": True,
+    "router_aux_loss_coef": 0.001,
+    "moe_dispatch": "sorted",
+    "moe_beside_mlp": False,
+    "shared_expert_size": 0,
+    "linear_num_key_heads": 0,
+    "linear_num_value_heads": 0,
+    "linear_key_head_dim": 0,
+    "linear_value_head_dim": 0,
+    "linear_conv_kernel": 0,
+    "delta_chunk_size": 64,
+    "partial_rotary_factor": 1.0,
+    "attn_output_gate": False,
+    "global_head_dim": None,
+    "global_kv_heads": None,
+    "global_k_eq_v": False,
+    "global_rope_proportion": 1.0,
+    "value_norm": False,
+    "layer_scalars": False,
+    "per_layer_input_size": 0,
+    "per_layer_vocab_size": None,
+    "kv_shared_layers": 0,
+    "double_wide_mlp": False,
+    "attention_sinks": False,
+    "attention_out_bias": False,
+    "expert_bias": False,
+    "swiglu_alpha": 1.702,
+    "swiglu_limit": 7.0,
+    "num_labels": 0,
+    "param_dtype": "float32",
+    "compute_dtype": "float32",
+    "attention": "auto",
+    "bos_token_id": None,
+    "eos_token_ids": [],
+    "pad_token_id": None,
+}
+
+
+def test_model_config_from_old_flat_dict_and_nested_groups():
+    want = ModelConfig.tiny(Family.GEMMA3)
+    assert model_config_from_dict(_FLAT_GEMMA3) == want
+    assert model_config_to_dict(want) == _FLAT_GEMMA3  # still the flat format, key for key
+    # Groups as nested dicts (what json makes of dataclasses.asdict) load too.
+    nested = {f.name: getattr(want, f.name) for f in dataclasses.fields(want)}
+    nested = {k: dataclasses.asdict(v) if k in GROUPS else v for k, v in nested.items()}
+    assert model_config_from_dict(json.loads(json.dumps(nested))) == want
+    with pytest.raises(CheckpointError, match=r"invalid model_config: .*did you mean 'num_heads'"):
+        model_config_from_dict({**_FLAT_GEMMA3, "attn": {"num_head": 3}})
 
 
 class _Tokenizer:

@@ -132,8 +132,7 @@ def compile_run(
     plan = plan_run(cfg, check_mesh(cfg, mesh=mesh), processes=_processes(topology), platform="tpu")
     sizes = dict(plan.mesh)
     seq_len, prompt_len = _lengths(plan, seq_len, prompt_len)
-    config = dataclasses.replace(
-        config,
+    config = config.replace(
         param_dtype="float32",
         compute_dtype=cfg.model.compute_dtype,
         attention=models.AttentionImpl(cfg.model.attention),

@@ -6,7 +6,6 @@ vocabulary. :mod:`jaxrl_llm.train.programs.policy` places what this loads on the
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -31,7 +30,7 @@ def load_policy_model(cfg: RunConfig):
             param_dtype=m.param_dtype,
             compute_dtype=m.compute_dtype,
         )
-        allowed = sorted(f.name for f in dataclasses.fields(models.ModelConfig))
+        allowed = models.known_keys()
         unknown = sorted(set(m.tiny or {}) - set(allowed))
         if unknown:
             raise ConfigError(f"model.tiny: unknown key(s) {unknown}; allowed: {allowed}")
@@ -48,7 +47,7 @@ def load_policy_model(cfg: RunConfig):
             fix="set model.tiny.vocab_size >= that (or leave it out)",
         )
         params = models.init_params(config, jax.random.PRNGKey(cfg.seed))
-        return dataclasses.replace(config, attention=models.AttentionImpl(m.attention)), params, tok
+        return config.replace(attention=models.AttentionImpl(m.attention)), params, tok
     from jaxrl_llm.interop import load_model
 
     loaded = load_model(m.source, param_dtype="float32", compute_dtype=m.compute_dtype)
@@ -73,7 +72,7 @@ def load_policy_model(cfg: RunConfig):
         tokenizer_name=f"model.tokenizer={m.tokenizer}",
     )
     return (
-        dataclasses.replace(loaded.config, attention=models.AttentionImpl(m.attention)),
+        loaded.config.replace(attention=models.AttentionImpl(m.attention)),
         loaded.params,
         tok,
     )

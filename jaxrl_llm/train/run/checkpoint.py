@@ -32,7 +32,6 @@ from :func:`~jaxrl_llm.train.abstract_train_state`); orbax reads each device's s
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import errno
 import json
@@ -49,7 +48,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxrl_llm.errors import CheckpointError
-from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.config import ModelConfig, known_keys
 from jaxrl_llm.train.programs.state import TrainState
 from jaxrl_llm.train.run import paths
 
@@ -61,25 +60,27 @@ TOKENIZER_DIR = "tokenizer"
 
 
 def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
-    """ModelConfig -> JSON-ready dict (enums as their string values, tuples as lists)."""
-    out = {}
-    for f in dataclasses.fields(config):
-        v = getattr(config, f.name)
+    """ModelConfig -> JSON-ready dict under the flat names (:meth:`ModelConfig.flat`: the
+    format checkpoints have always had, so an older reader loads it too), enums as their
+    string values, tuples as lists."""
+    out: dict[str, Any] = {}
+    for name, v in config.flat().items():
         if isinstance(v, enum.Enum):
             v = v.value
         elif isinstance(v, tuple):
-            v = list(v)
-        out[f.name] = v
+            v = [t.value if isinstance(t, enum.Enum) else t for t in v]
+        out[name] = v
     return out
 
 
 def model_config_from_dict(d: Mapping[str, Any], *, source: str = "checkpoint") -> ModelConfig:
-    """Inverse of :func:`model_config_to_dict`; unknown keys raise CheckpointError."""
-    names = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(d) - names)
+    """Inverse of :func:`model_config_to_dict`; groups given as nested dicts
+    (``{"attn": {"num_heads": 4, ...}}``) are read too. Unknown keys raise CheckpointError."""
+    names = known_keys()
+    unknown = sorted(set(d) - set(names))
     if unknown:
         raise CheckpointError(
-            f"{source}: model_config has unknown keys {unknown}; allowed: {sorted(names)}"
+            f"{source}: model_config has unknown keys {unknown}; allowed: {names}"
         )
     try:
         return ModelConfig(**d)

@@ -74,40 +74,40 @@ def hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
     """
     c = config
     problems = []
-    if not (c.attention_sinks and c.expert_bias and c.is_moe and c.norm_topk_prob):
+    if not (c.attn.sinks and c.moe.expert_bias and c.is_moe and c.moe.norm_topk_prob):
         problems.append("needs attention_sinks, expert_bias, experts and norm_topk_prob")
-    if c.mlp_activation != Activation.CLAMPED_SWIGLU:
-        problems.append(f"has the clamped SwiGLU, not {c.mlp_activation.value}")
-    if c.attention_bias != c.attention_out_bias or c.qk_norm:
+    if c.mlp.activation != Activation.CLAMPED_SWIGLU:
+        problems.append(f"has the clamped SwiGLU, not {c.mlp.activation.value}")
+    if c.attn.bias != c.attn.out_bias or c.attn.qk_norm:
         problems.append("has q/k/v and output biases together and no q/k norm")
-    if c.rope_scaling not in (RopeScaling.YARN, RopeScaling.NONE):
-        problems.append(f"has YaRN or plain RoPE, not {c.rope_scaling.value}")
-    if c.moe_intermediate_size != c.intermediate_size:
+    if c.rope.scaling not in (RopeScaling.YARN, RopeScaling.NONE):
+        problems.append(f"has YaRN or plain RoPE, not {c.rope.scaling.value}")
+    if c.moe.intermediate_size != c.mlp.intermediate_size:
         problems.append("has experts of width intermediate_size")
     if problems:
         raise ValueError("transformers' gpt-oss " + "; ".join(problems))
-    rope: dict[str, Any] = {"rope_type": c.rope_scaling.value, "rope_theta": c.rope_theta}
-    if c.rope_scaling == RopeScaling.YARN:
+    rope: dict[str, Any] = {"rope_type": c.rope.scaling.value, "rope_theta": c.rope.theta}
+    if c.rope.scaling == RopeScaling.YARN:
         rope.update(
-            factor=c.rope_factor,
-            beta_fast=c.rope_beta_fast,
-            beta_slow=c.rope_beta_slow,
-            truncate=c.rope_truncate,
-            original_max_position_embeddings=c.rope_original_max_position,
+            factor=c.rope.factor,
+            beta_fast=c.rope.beta_fast,
+            beta_slow=c.rope.beta_slow,
+            truncate=c.rope.truncate,
+            original_max_position_embeddings=c.rope.original_max_position,
         )
-        if c.rope_attention_factor is not None:
-            rope["attention_factor"] = c.rope_attention_factor
-    types = c.layer_types or (LayerType.GLOBAL,) * c.num_layers
+        if c.rope.attention_factor is not None:
+            rope["attention_factor"] = c.rope.attention_factor
+    types = c.attn.layer_types or (LayerType.GLOBAL,) * c.num_layers
     return dict(
-        intermediate_size=c.moe_intermediate_size,
-        num_local_experts=c.num_experts,
-        num_experts_per_tok=c.num_experts_per_tok,
-        router_aux_loss_coef=c.router_aux_loss_coef,
-        sliding_window=c.sliding_window,
+        intermediate_size=c.moe.intermediate_size,
+        num_local_experts=c.moe.num_experts,
+        num_experts_per_tok=c.moe.num_experts_per_tok,
+        router_aux_loss_coef=c.moe.router_aux_loss_coef,
+        sliding_window=c.attn.sliding_window,
         layer_types=[t.value for t in types],
         rope_parameters=rope,
-        attention_bias=c.attention_bias,
-        swiglu_alpha=c.swiglu_alpha,
-        swiglu_limit=c.swiglu_limit,
+        attention_bias=c.attn.bias,
+        swiglu_alpha=c.mlp.swiglu_alpha,
+        swiglu_limit=c.mlp.swiglu_limit,
         hidden_act="silu",
     )

@@ -100,7 +100,7 @@ def weights_from_hf(take: Take, sd: Mapping[str, Any], config: ModelConfig):
     ``{module: {leaf: [L, ...]}}`` for :data:`LAYER_WEIGHTS` (``take(name, shape, packed=)``
     reads and checks a tensor of the state dict ``sd``; ``packed`` allows uint8)."""
     c = config
-    x, d, f, h = c.num_experts, c.hidden_size, c.moe_intermediate_size, c.num_heads
+    x, d, f, h = c.moe.num_experts, c.hidden_size, c.moe.intermediate_size, c.attn.num_heads
     per_layer: list[dict[tuple[str, str], np.ndarray]] = []
     quantised = False
     for i in range(c.num_layers):
