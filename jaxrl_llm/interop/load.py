@@ -225,13 +225,20 @@ def peft_base_dir(adapter: PeftAdapter) -> Path:
     if is_hub_id(base) and not (adapter.path / base).exists():
         found = _hub_model_path(hub_snapshot(base))
         return cached_gguf_dir(found) if found.suffix == ".gguf" else found
+    # as given (from the working directory), then next to the adapter: the first that holds a
+    # model wins, so an unrelated folder of that name here does not shadow the adapter's base
+    folders = []
     for cand in (Path(base).expanduser(), adapter.path / base):
         if cand.is_dir() and is_peft_adapter(cand):
             raise ModelLoadError(f"{where}: the base {base} is itself an adapter; merge it first")
-        if cand.is_dir():
+        if cand.is_dir() and (cand / "config.json").is_file():
             return cand
+        if cand.is_dir():
+            folders.append(cand)
         if cand.is_file() and (cand.suffix == ".gguf" or has_gguf_magic(cand)):
             return cached_gguf_dir(cand)
+    if folders:  # a folder without config.json: loading it names what is missing
+        return folders[0]
     raise ModelLoadError(
         f"{where}: base model {base!r} not found (not a model alias, nor a directory or "
         f".gguf file here or next to the adapter); edit base_model_name_or_path"

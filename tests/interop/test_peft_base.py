@@ -75,3 +75,28 @@ def test_auto_peft_model_loads_the_adapter_from_a_local_hub_cache(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == [HF_ID, str(2 * config.num_layers)]
+
+
+def test_a_relative_base_is_found_next_to_the_adapter_past_an_unrelated_folder(
+    tmp_path, monkeypatch
+):
+    # "../base" from the working directory is an empty folder; next to the adapter it is the
+    # model: the model wins (a worktree named base beside the checkout broke this once)
+    from pathlib import Path
+
+    from jaxrl_llm.interop.load import peft_base_dir
+    from jaxrl_llm.interop.peft import PeftAdapter
+
+    (tmp_path / "model" / "base").mkdir(parents=True)
+    (tmp_path / "model" / "base" / "config.json").write_text("{}")
+    adapter_dir = tmp_path / "model" / "adapter"
+    adapter_dir.mkdir()
+    (tmp_path / "here" / "cwd").mkdir(parents=True)
+    (tmp_path / "here" / "base").mkdir()  # the shadow: no config.json
+    monkeypatch.chdir(tmp_path / "here" / "cwd")
+    adapter = PeftAdapter(path=adapter_dir, base_model="../base", scale=1.0, weights={})
+    assert peft_base_dir(adapter).resolve() == (tmp_path / "model" / "base").resolve()
+    # with no model anywhere, the folder that exists is returned (loading it says what is
+    # missing)
+    (tmp_path / "model" / "base" / "config.json").unlink()
+    assert Path(peft_base_dir(adapter)).resolve() == (tmp_path / "here" / "base").resolve()
