@@ -426,6 +426,25 @@ def sparse_moe(
             experts=stats.experts.reshape(b, t, k)
         )
 
+    return _expert_parallel(config, mesh, x_btd, router_x_btd, token_w_bt, recorded, replay, params)
+
+
+def _expert_parallel(
+    config: ModelConfig,
+    mesh: jax.sharding.Mesh,
+    x_btd: jax.Array,
+    router_x_btd: jax.Array | None,
+    token_w_bt: jax.Array,
+    recorded: jax.Array | None,
+    replay: bool,
+    params: tuple,
+) -> tuple[jax.Array, MoeStats]:
+    """:func:`sparse_moe` on a mesh with an :data:`EXPERT_AXIS` axis: each expert shard runs
+    its experts on every token of its rows (``shard_map``), the outputs summed over the
+    expert (and tensor) shards, the statistics over the row shards."""
+    b, t, d = x_btd.shape
+    router_bias, scale, w = params[1:]
+    k = config.moe.num_experts_per_tok
     num_shards = int(mesh.shape[EXPERT_AXIS])
     x_count = config.moe.num_experts
     if x_count % num_shards:

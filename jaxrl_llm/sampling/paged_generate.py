@@ -95,10 +95,7 @@ def generate_paged(
         record_routing=record_routing,
         mesh=mesh,
     )
-    pids = list(range(b)) if prompt_ids is None else [int(i) for i in prompt_ids]
-    steps = [max_new_tokens] * (b * g) if stop_steps is None else [int(s) for s in stop_steps]
-    if len(pids) != b or len(steps) != b * g or max(steps) > max_new_tokens:
-        raise ConfigError("prompt_ids needs B entries, stop_steps B·G entries <= max_new_tokens")
+    pids, steps = _ids_and_budgets(prompt_ids, stop_steps, b, g, max_new_tokens)
     placed: list[int] = []  # row ids, in request order
     for i, toks in enumerate(prompts_tokens):
         placed += engine.submit(
@@ -115,15 +112,49 @@ def generate_paged(
                 engine.swap(new_params, v)
         engine.step()
     rows = [engine.rows[j] for j in placed]
-    m = max_new_tokens
-    out_tok = np.full((b * g, m), engine.pad_id, np.int32)
-    out_lp = np.zeros((b * g, m), np.float32)
+    out = _rollout(rows, tokens, mask, pids, g, max_new_tokens, engine)
+    if not return_versions:
+        return out
+    versions = np.full((b * g, max_new_tokens), -1, np.int64)
+    for i, r in enumerate(rows):
+        versions[i, : len(r.tokens)] = r.versions
+    return out, versions
+
+
+def _ids_and_budgets(
+    prompt_ids: list[int] | None, stop_steps: list[int] | None, b: int, g: int, m: int
+) -> tuple[list[int], list[int]]:
+    """Each prompt's id (default its index) and each row's token budget (default ``m``),
+    checked: B ids, B·G budgets of at most ``m``."""
+    pids = list(range(b)) if prompt_ids is None else [int(i) for i in prompt_ids]
+    steps = [m] * (b * g) if stop_steps is None else [int(s) for s in stop_steps]
+    if len(pids) != b or len(steps) != b * g or max(steps) > m:
+        raise ConfigError("prompt_ids needs B entries, stop_steps B·G entries <= max_new_tokens")
+    return pids, steps
+
+
+def _rollout(
+    rows: list,
+    tokens: np.ndarray,
+    mask: np.ndarray,
+    pids: list[int],
+    g: int,
+    m: int,
+    engine: PagedEngine,
+) -> Rollout:
+    """The :class:`Rollout` of the engine's finished ``rows`` (request order, prompt-major):
+    their tokens and log-probs cut to ``m`` columns, the ``[B, P]`` prompts repeated G times,
+    and the recorded routing when ``engine`` records it."""
+    n = len(rows)
+    out_tok = np.full((n, m), engine.pad_id, np.int32)
+    out_lp = np.zeros((n, m), np.float32)
     lengths = np.array([len(r.tokens) for r in rows], np.int32)
     for i, r in enumerate(rows):
         out_tok[i, : lengths[i]] = r.tokens
         out_lp[i, : lengths[i]] = r.logprobs
     finished = np.array([r.finished for r in rows], bool)
-    out = Rollout(
+    b = len(pids)
+    return Rollout(
         tokens=jnp.asarray(out_tok),
         mask=jnp.asarray((np.arange(m)[None] < lengths[:, None]).astype(np.int32)),
         lengths=jnp.asarray(lengths),
@@ -136,12 +167,6 @@ def generate_paged(
         sample_ids=jnp.asarray(np.tile(np.arange(g, dtype=np.int32), b)),
         routing=_routing(rows, tokens.shape[1], m) if engine.record_routing else None,
     )
-    if not return_versions:
-        return out
-    versions = np.full((b * g, m), -1, np.int64)
-    for i, r in enumerate(rows):
-        versions[i, : lengths[i]] = r.versions
-    return out, versions
 
 
 def _routing(rows, p: int, m: int) -> jax.Array:

@@ -354,6 +354,63 @@ def mesh_sizes(mesh: Any) -> dict[str, int]:
     return {k: int(shape.get(k, 1)) for k in MESH_SIZES}
 
 
+def _plan_rows(cfg: RunConfig, lc: Any, logprobs: Any, shards: int) -> Rows:
+    """How a step's rows split into updates, minibatches and micro-batches (:class:`Rows`)."""
+    r = cfg.rollout
+    if cfg.is_online:
+        micro = update_micro_batches(cfg, lc, shards=shards)
+        per_step = r.prompts_per_step * r.group_size
+        minibatches = 1 if cfg.algo.pairs_per_group else r.minibatches
+        per_update = r.prompts_per_step if cfg.algo.pairs_per_group else per_step // minibatches
+        return Rows(
+            per_step=per_step,
+            per_update=per_update,
+            minibatches=minibatches,
+            epochs=r.epochs,
+            micro_batches=micro,
+            forward=per_update if cfg.algo.pairs_per_group else per_step,
+            group=r.group_size,
+            group_minibatches=micro > 1 or logprobs.prompt_group_size > 1,
+            shards=shards,
+        )
+    return Rows(
+        per_step=cfg.train.batch_size,
+        per_update=cfg.train.batch_size,
+        minibatches=1,
+        epochs=1,
+        micro_batches=cfg.train.micro_batches,
+        forward=cfg.train.batch_size,
+        group=1,
+        group_minibatches=False,
+        shards=shards,
+    )
+
+
+def _plan_layout(
+    cfg: RunConfig, spec: Any, lc: Any, *, ref_in_loss: bool, correction: str | None
+) -> BatchLayout:
+    """The fields of the batch the update takes: the loss's kind, plus the reference's
+    log-probs, the correction's weights and the recorded routing where they are used."""
+    kind = spec.layout_kind(lc)
+    layout = BatchLayout(kind, _KIND_FIELDS[kind])
+    if ref_in_loss:
+        layout = layout.with_fields(*_REFERENCE_FIELDS[kind])
+    if correction is not None:
+        layout = layout.with_fields(*_floats(correction))
+    if cfg.is_online and cfg.rollout.records_routing:
+        if spec.batch_kind == "preference" and not cfg.logprobs.pack:
+            layout = layout.with_fields(*PAIR_ROUTING_FIELDS)
+        elif spec.batch_kind == "rl":
+            layout = layout.with_fields(ROUTING_FIELD)
+        else:
+            raise ConfigError(
+                f"rollout.routing_replay / record_routing: the {cfg.algorithm} update takes "
+                f"{spec.batch_kind!r} batches{' packed' if cfg.logprobs.pack else ''}; "
+                f"routing is replayed in 'rl' batches and unpacked preference pairs only"
+            )
+    return layout
+
+
 def plan_run(
     cfg: RunConfig, mesh: Any, *, processes: int | None = None, platform: str | None = None
 ) -> RunPlan:
@@ -380,38 +437,10 @@ def plan_run(
     correction = None
     if cfg.is_online and r.correction is not None:
         correction = "proximal_logp" if r.correction.decoupled else "is_weights"
-    if cfg.is_online:
-        micro = update_micro_batches(cfg, lc, shards=shards)
-        per_step = r.prompts_per_step * r.group_size
-        minibatches = 1 if algo.pairs_per_group else r.minibatches
-        per_update = r.prompts_per_step if algo.pairs_per_group else per_step // minibatches
-        rows = Rows(
-            per_step=per_step,
-            per_update=per_update,
-            minibatches=minibatches,
-            epochs=r.epochs,
-            micro_batches=micro,
-            forward=per_update if algo.pairs_per_group else per_step,
-            group=r.group_size,
-            group_minibatches=micro > 1 or logprobs.prompt_group_size > 1,
-            shards=shards,
-        )
-    else:
-        micro = cfg.train.micro_batches
-        rows = Rows(
-            per_step=cfg.train.batch_size,
-            per_update=cfg.train.batch_size,
-            minibatches=1,
-            epochs=1,
-            micro_batches=micro,
-            forward=cfg.train.batch_size,
-            group=1,
-            group_minibatches=False,
-            shards=shards,
-        )
+    rows = _plan_rows(cfg, lc, logprobs, shards)
     skip_zero = (
         cfg.is_online
-        and micro > 1
+        and rows.micro_batches > 1
         and spec.zero_batch_fn is not None
         and spec.zero_batch_fn(lc) is not None
     )
@@ -425,23 +454,7 @@ def plan_run(
         teacher=algo.teacher,
         teacher_in_loss=algo.teacher and spec.uses_teacher(lc),
     )
-    kind = spec.layout_kind(lc)
-    layout = BatchLayout(kind, _KIND_FIELDS[kind])
-    if ref_in_loss:
-        layout = layout.with_fields(*_REFERENCE_FIELDS[kind])
-    if correction is not None:
-        layout = layout.with_fields(*_floats(correction))
-    if cfg.is_online and r.records_routing:
-        if spec.batch_kind == "preference" and not cfg.logprobs.pack:
-            layout = layout.with_fields(*PAIR_ROUTING_FIELDS)
-        elif spec.batch_kind == "rl":
-            layout = layout.with_fields(ROUTING_FIELD)
-        else:
-            raise ConfigError(
-                f"rollout.routing_replay / record_routing: the {cfg.algorithm} update takes "
-                f"{spec.batch_kind!r} batches{' packed' if cfg.logprobs.pack else ''}; "
-                f"routing is replayed in 'rl' batches and unpacked preference pairs only"
-            )
+    layout = _plan_layout(cfg, spec, lc, ref_in_loss=ref_in_loss, correction=correction)
     return RunPlan(
         cfg=cfg,
         algo=algo,
