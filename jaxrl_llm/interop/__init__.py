@@ -27,11 +27,8 @@ from jaxrl_llm.interop.peft import (
     merge_peft_adapter,
     read_peft_adapter,
 )
-from jaxrl_llm.interop.state_dict import (
-    check_weights,
-    params_from_hf_state_dict,
-    params_to_hf_state_dict,
-)
+from jaxrl_llm.interop.state_dict import params_from_hf_state_dict, params_to_hf_state_dict
+from jaxrl_llm.interop.weight_checks import check_weights
 
 __all__ = [
     "MODEL_ALIASES",

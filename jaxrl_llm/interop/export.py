@@ -19,7 +19,8 @@ import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.interop.hf_config import hf_config_dict
-from jaxrl_llm.interop.state_dict import check_weights, nan_warning, params_to_hf_state_dict
+from jaxrl_llm.interop.state_dict import params_to_hf_state_dict
+from jaxrl_llm.interop.weight_checks import check_weights, nan_warning
 from jaxrl_llm.models.config import ModelConfig
 
 

@@ -50,12 +50,10 @@ from jaxrl_llm.interop.state_dict_qwen3_5 import (
     linear_to_ours,
     module_layers,
 )
+from jaxrl_llm.interop.weight_checks import float_weight, to_numpy
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.families.registry import family_entry
 from jaxrl_llm.models.params import param_shapes_and_axes
-
-# numpy dtype kinds that are not weights: integers, booleans, complex, objects, strings, times.
-_NOT_FLOAT = "iubcOSUMm"
 
 # Keys transformers may put in a state dict that carry no parameter of ours.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq")
@@ -225,56 +223,6 @@ def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> 
     return w.T
 
 
-def _to_numpy(x: Any) -> np.ndarray:
-    """A numpy view of a numpy / jax / torch tensor (torch bf16 is widened to float32)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "detach"):  # torch.Tensor, without importing torch
-        t = x.detach().cpu()
-        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
-            t = t.float()
-        return t.numpy()
-    return np.asarray(x)
-
-
-def check_weights(tensors: Mapping[str, Any], *, source: str = "weights") -> dict[str, int]:
-    """Refuse non-floating weights and count NaN values, tensor by tensor.
-
-    A model's weights are floating point; an integer, boolean or complex tensor means a
-    corrupt or foreign file (casting it to float would load garbage silently).
-
-    Args:
-      tensors: name -> array (numpy, jax or torch).
-      source: how to name the input in the error.
-
-    Returns:
-      name -> number of NaN values, for the tensors that hold any.
-
-    Raises:
-      ModelLoadError: a tensor is not floating point, naming it and its dtype.
-    """
-    nans: dict[str, int] = {}
-    for name, value in tensors.items():
-        w = _to_numpy(value)
-        if w.dtype.kind in _NOT_FLOAT:
-            raise ModelLoadError(
-                f"{source}: weight {name!r} has dtype {w.dtype}; model weights must be "
-                f"floating point (float32, bfloat16 or float16)"
-            )
-        n = int(np.count_nonzero(np.isnan(w.astype(np.float32, copy=False))))
-        if n:
-            nans[name] = n
-    return nans
-
-
-def nan_warning(nans: Mapping[str, int], *, source: str) -> str:
-    """One line for :func:`check_weights`'s NaN counts: the total and the first tensors."""
-    total = sum(nans.values())
-    first = ", ".join(f"{k} ({v})" for k, v in sorted(nans.items())[:3])
-    more = f" and {len(nans) - 3} more" if len(nans) > 3 else ""
-    return f"{source}: {total} NaN weight value(s) in {len(nans)} tensor(s): {first}{more}"
-
-
 def params_from_hf_state_dict(
     state_dict: Mapping[str, Any], config: ModelConfig, *, source: str = "state dict"
 ) -> dict[str, Any]:
@@ -368,14 +316,9 @@ def _taker(sd: Mapping[str, Any], used: set[str], config: ModelConfig, source: s
                 f"for a {config.family.value} model with "
                 f"{config.num_layers} layers"
             )
-        w = _to_numpy(sd[name])
+        w = to_numpy(sd[name]) if packed else float_weight(name, sd[name], source=source)
         if packed and w.dtype != np.uint8:
             raise ModelLoadError(f"{source}: weight {name!r} has dtype {w.dtype}, expected uint8")
-        if not packed and w.dtype.kind in _NOT_FLOAT:
-            raise ModelLoadError(
-                f"{source}: weight {name!r} has dtype {w.dtype}; model weights must be "
-                f"floating point (float32, bfloat16 or float16)"
-            )
         if tuple(w.shape) != tuple(shape):
             raise ModelLoadError(
                 f"{source}: weight {name!r} has shape {tuple(w.shape)}, "
