@@ -128,7 +128,7 @@ def main(argv=None) -> int:
             AutoModelForCausalLM.from_pretrained(
                 common.hf_model_dir(args.model, config, params),
                 local_files_only=True,
-                dtype=torch.float32,
+                dtype=getattr(torch, config.param_dtype),
             )
             .eval()
             .to(device)
@@ -209,6 +209,25 @@ def main(argv=None) -> int:
     for what, step, note in roof:
         rows.append((what, n / step, step * m, note))
     t_roof = max(t_square, t_mem)
+    sheet = common.datasheet()
+    if sheet is not None:  # an accelerator: the limit is its datasheet, not a measured matmul
+        flops_by_dtype, sheet_bw = sheet
+        # float32 matmuls run as TF32 under XLA's default precision on GPU
+        key = "tf32" if config.compute_dtype == "float32" else config.compute_dtype
+        t_sheet_flops = flops_step / flops_by_dtype[key]
+        t_sheet_mem = (p_bytes + kv_bytes) / sheet_bw
+        rows.append(
+            (
+                f"datasheet roofline ({key} {flops_by_dtype[key] / 1e12:.0f} TFLOP/s, "
+                f"{sheet_bw / 1e12:.2f} TB/s)",
+                n / max(t_sheet_flops, t_sheet_mem),
+                max(t_sheet_flops, t_sheet_mem) * m,
+                f"{jax.devices()[0].device_kind}; the suite's roofline on this device",
+            )
+        )
+        t_square, t_mem = t_sheet_flops, t_sheet_mem
+        t_roof = max(t_square, t_mem)
+        metrics["datasheet_roofline_tokens_per_s"] = n / t_roof
     metrics.update(
         roofline_tokens_per_s=n / t_roof,
         roofline_compute_tokens_per_s=n / t_square,
@@ -314,7 +333,8 @@ def main(argv=None) -> int:
             align="lrrl",
         ),
         "",
-        f"Roofline = max(compute at the square-matmul rate, memory) per step: "
+        f"Roofline = max(compute at the "
+        f"{'datasheet' if sheet is not None else 'square-matmul'} rate, memory) per step: "
         f"{n / t_roof:,.1f} tokens/s ({bound}-bound); jaxrl_llm greedy reaches "
         f"{100 * ours / (n / t_roof):.0f}% of it.",
     ]

@@ -33,6 +33,11 @@ BENCH_DIR = os.path.join(ROOT, "tools", "bench")
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY = "tiny"  # a tiny random Llama (ModelConfig.tiny), no download, for smoke tests
+# ``preset:NAME[:DTYPE]``: random weights at the shapes of a size preset of the memory planner
+# (``jaxrl-llm memory --help`` lists them: 1b, 8b, ...), in DTYPE (float32 by default) for both
+# parameters and compute. For hosts with no copy of the weights (an offline accelerator machine):
+# a step's time does not depend on the weights' values.
+PRESET = "preset:"
 MACHINE_PREFIX = "Machine: "
 
 
@@ -113,6 +118,27 @@ def machine_info() -> dict[str, str]:
     }
 
 
+# Datasheet peaks of accelerators (dense, no sparsity), by JAX's ``device_kind``: FLOP/s per
+# compute dtype and HBM bytes/s. On CPU the limit is a measured matmul; on TPU and GPU it is
+# the datasheet. Sources: NVIDIA H100 / H200 Tensor Core GPU datasheets (SXM: bf16 989.5
+# TFLOP/s, TF32 494.7, fp32 66.9; HBM 3.35 TB/s for the H100, 4.8 TB/s for the H200).
+DATASHEETS: dict[str, tuple[dict[str, float], float]] = {
+    "NVIDIA H200": ({"bfloat16": 989.5e12, "tf32": 494.7e12, "float32": 66.9e12}, 4.8e12),
+    "NVIDIA H100 80GB HBM3": (
+        {"bfloat16": 989.5e12, "tf32": 494.7e12, "float32": 66.9e12},
+        3.35e12,
+    ),
+}
+
+
+def datasheet() -> tuple[dict[str, float], float] | None:
+    """``(FLOP/s by dtype, bytes/s)`` of JAX's first device from :data:`DATASHEETS`, or None
+    (a CPU, or an accelerator not in the table)."""
+    import jax
+
+    return DATASHEETS.get(jax.devices()[0].device_kind)
+
+
 def machine_line() -> str:
     """:func:`machine_info` on one line (the ``Machine:`` paragraph of a report)."""
     return "; ".join(f"{k}: {v}" for k, v in machine_info().items())
@@ -177,26 +203,42 @@ def tiny_config():
     return ModelConfig.tiny(eos_token_ids=(2,), pad_token_id=0)
 
 
+def preset_config(name: str):
+    """The ModelConfig of a ``preset:NAME[:DTYPE]`` model name (see ``PRESET``)."""
+    from jaxrl_llm.train.compile.memory_presets import MODEL_PRESETS
+
+    size, _, dtype = name.removeprefix(PRESET).partition(":")
+    if size not in MODEL_PRESETS:
+        raise SystemExit(
+            f"--model {name}: unknown preset {size!r}; known: {', '.join(MODEL_PRESETS)}"
+        )
+    dtype = dtype or "float32"
+    return MODEL_PRESETS[size].replace(param_dtype=dtype, compute_dtype=dtype)
+
+
 def model_config(name: str):
-    """The ModelConfig of a model name (``tiny``, an alias or a path), without its weights
-    where possible (SmolLM2-135M's shapes are a preset)."""
+    """The ModelConfig of a model name (``tiny``, ``preset:...``, an alias or a path), without
+    its weights where possible (SmolLM2-135M's shapes are a preset)."""
     from jaxrl_llm.models import ModelConfig
 
     if name == TINY:
         return tiny_config()
+    if name.startswith(PRESET):
+        return preset_config(name)
     if name == DEFAULT_MODEL:
         return ModelConfig.smollm2_135m()
     return load_model(name)[0]
 
 
 def load_model(name: str):
-    """``(config, params, tokenizer or None)`` for ``tiny`` (random init) or an alias / path."""
-    if name == TINY:
+    """``(config, params, tokenizer or None)`` for ``tiny`` or ``preset:...`` (random init) or
+    an alias / path."""
+    if name == TINY or name.startswith(PRESET):
         import jax
 
         from jaxrl_llm.models import init_params
 
-        config = tiny_config()
+        config = model_config(name)
         return config, init_params(config, jax.random.PRNGKey(0)), None
     from jaxrl_llm.interop import load_model as _load
 
@@ -232,7 +274,7 @@ def online_run_overrides(model: str, *, kl_coef: float, prefix: str) -> list[str
 
 def hf_model_dir(name: str, config, params) -> str:
     """A Hugging Face directory transformers can load for the same weights."""
-    if name == TINY:
+    if name == TINY or name.startswith(PRESET):
         import atexit
         import shutil
         import tempfile
