@@ -587,6 +587,10 @@ CONFIG = {
 }
 
 MODELS = {
+    "alias-typo": (  # issue 42: the closest alias named
+        _train(SFT, "model.source=smollm2-135m"),
+        ["smollm2-135m: no such file", "(did you mean 'smollm2-135m-instruct'?)"],
+    ),
     "wrong-path": (
         _train(SFT, "model.source={d}/no_model"),
         ["no_model", "no such file or directory", "known aliases"],
@@ -781,6 +785,10 @@ GENERATE = {
         ["--greedy cannot be combined", "--top-k"],
     ),
     "empty-prompt": (["generate", "--prompt", ""], ["--prompt must not be empty"]),
+    "alias-typo": (
+        ["generate", "--model", "smollm2-135m", "--prompt", "hi"],
+        ["(did you mean 'smollm2-135m-instruct'?)"],
+    ),
     "unknown-model": (
         ["generate", "--model", "no-such-model", "--prompt", "hi"],
         ["no-such-model", "not a model alias", "smollm2-135m-instruct"],
