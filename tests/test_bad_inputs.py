@@ -587,6 +587,10 @@ CONFIG = {
 }
 
 MODELS = {
+    "alias-typo": (  # issue 42: the closest alias named
+        _train(SFT, "model.source=smollm2-135m"),
+        ["smollm2-135m: no such file", "(did you mean 'smollm2-135m-instruct'?)"],
+    ),
     "wrong-path": (
         _train(SFT, "model.source={d}/no_model"),
         ["no_model", "no such file or directory", "known aliases"],
@@ -781,6 +785,10 @@ GENERATE = {
         ["--greedy cannot be combined", "--top-k"],
     ),
     "empty-prompt": (["generate", "--prompt", ""], ["--prompt must not be empty"]),
+    "alias-typo": (
+        ["generate", "--model", "smollm2-135m", "--prompt", "hi"],
+        ["(did you mean 'smollm2-135m-instruct'?)"],
+    ),
     "unknown-model": (
         ["generate", "--model", "no-such-model", "--prompt", "hi"],
         ["no-such-model", "not a model alias", "smollm2-135m-instruct"],
@@ -904,8 +912,8 @@ def test_bad_input_is_one_line_error(case, d, tmp_path, capsys):
 @pytest.mark.parametrize(
     "policy,counts",
     [
-        ("drop", "'total': 13, 'kept': 10, 'truncated': 0, 'dropped': 3"),
-        ("truncate", "'total': 13, 'kept': 13, 'truncated': 3, 'dropped': 0"),
+        ("drop", "10 training examples (3 of 13 dropped: longer than data.max_length)"),
+        ("truncate", "13 training examples (3 of 13 truncated to data.max_length)"),
     ],
     ids=["drop", "truncate"],
 )
@@ -924,7 +932,7 @@ def test_length_policy_reports_counts(policy, counts, d, tmp_path, capsys):
         capsys,
     )
     assert rc == 0 and "Traceback" not in err, err
-    assert f"data: {{{counts}}} (train)" in err, err
+    assert f"data: {counts}\n" in err, err  # issue 42: words, not a raw dict
 
 
 # Reward functions for the run below (imported by name, like a user's ``pkg.mod:fn``); the

@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-only",
         action="store_true",
         help="online configs: evaluate model.source on the held-out prompts (greedy, as the "
-        "run's eval does), write output_dir/eval.json and exit without training",
+        "run's eval does), write output_dir/eval.json and exit without training (nothing "
+        "else: no checkpoints/); any model, offline runs and no config: `jaxrl-llm eval`",
     )
     job = parser.add_argument_group(
         "multi-process job (one process per host; JAX detects Cloud TPU pod slices, SLURM "
@@ -224,24 +225,45 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def _eval_only(cfg) -> int:
-    """``--eval-only``: the held-out metrics of ``model.source`` under the run's settings."""
+    """``--eval-only``: the held-out metrics of ``model.source`` under the run's settings,
+    written to ``output_dir/eval.json``; the ``checkpoints/`` folder the trainer's checkpointer
+    makes is removed again when it was not there before (nothing was saved in it)."""
     if not cfg.is_online or cfg.data.eval is None:
         raise ConfigError(
-            "--eval-only needs an online config with data.eval (held-out prompts to sample)"
+            "--eval-only needs an online config with data.eval (held-out prompts to sample); "
+            "for an offline run, or a model with no config: jaxrl-llm eval MODEL --data FILE "
+            "--reward NAME (docs/evaluation.md)"
         )
     from jaxrl_llm.train.online.trainer import OnlineTrainer
+    from jaxrl_llm.train.run import paths
 
+    checkpoints = os.path.join(cfg.output_dir, "checkpoints")
+    made_here = not paths.is_remote(cfg.output_dir) and not os.path.lexists(checkpoints)
     trainer = OnlineTrainer(cfg)
     try:
         metrics = trainer.evaluate()
     finally:
         trainer.close()
+        if made_here:
+            _remove_unsaved_checkpoints(checkpoints)
     os.makedirs(cfg.output_dir, exist_ok=True)
     with open(os.path.join(cfg.output_dir, "eval.json"), "w", encoding="utf-8") as f:
         json.dump({"model": cfg.model.source, **metrics}, f, indent=2)
     for k, v in metrics.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
     return 0
+
+
+def _remove_unsaved_checkpoints(folder: str) -> None:
+    """Remove ``folder`` (a ``checkpoints/`` made by a checkpointer that saved nothing) when it
+    holds no file but the tokenizer copy the checkpointer writes when it is made."""
+    import shutil
+
+    tokenizer = os.path.join(folder, "tokenizer")
+    for root, _, files in os.walk(folder):
+        if files and not (root == tokenizer or root.startswith(tokenizer + os.sep)):
+            return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _print_summary(cfg, summary: dict) -> None:

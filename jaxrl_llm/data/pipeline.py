@@ -65,6 +65,22 @@ class PreparedData:
     items: list[Tokenized]
     stats: dict[str, int]
 
+    def describe(self, what: str) -> str:
+        """The kept count in words, for a run's ``data:`` line: ``"600 training examples"``
+        (``what`` = ``"training examples"``), followed by what the length policy changed when
+        it changed anything: ``"10 training examples (3 of 13 dropped: longer than
+        data.max_length)"``, ``"(3 of 13 truncated to data.max_length)"``."""
+        s = self.stats
+        notes = [
+            f"{s[key]} of {s['total']} {change}"
+            for key, change in (
+                ("dropped", "dropped: longer than data.max_length"),
+                ("truncated", "truncated to data.max_length"),
+            )
+            if s.get(key)
+        ]
+        return f"{s['kept']} {what}" + (f" ({'; '.join(notes)})" if notes else "")
+
 
 def prepare_dataset(
     source: Any,

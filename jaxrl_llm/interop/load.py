@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.errors import ModelLoadError, did_you_mean
 from jaxrl_llm.interop.aliases import (
     MODEL_ALIASES,
     cache_dir,  # noqa: F401  (public here too)
@@ -332,8 +332,8 @@ def load_model(
             f"{path}: not a model source (expected a Hugging Face directory or a .gguf file)"
         )
     raise ModelLoadError(
-        f"{path}: no such file or directory (and not a model alias; known "
-        f"aliases: {sorted(MODEL_ALIASES)})"
+        f"{path}: no such file or directory (and not a model alias"
+        f"{did_you_mean(os.fspath(src), MODEL_ALIASES)}; known aliases: {sorted(MODEL_ALIASES)})"
     )
 
 

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 
 import pytest
 
@@ -21,8 +22,9 @@ def test_logger_writes_jsonl_and_plot_writes_pngs(tmp_path, capsys):
     assert "step 5/5" in err and "loss 0.2" in err
     assert main(["plot", run, "--smooth", "0.5"]) == 0
     out = capsys.readouterr().out.split()
-    assert any(p.endswith("loss.png") for p in out) and any(p.endswith("overview.png") for p in out)
-    with open([p for p in out if p.endswith("loss.png")][0], "rb") as f:
+    # loss and acc have no "/": one figure, "training"
+    assert sorted(os.path.basename(p) for p in out) == ["overview.png", "training.png"]
+    with open([p for p in out if p.endswith("training.png")][0], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
@@ -80,3 +82,105 @@ def test_overview_shows_the_panels_a_user_reads_and_no_constant_series():
     # a run with none of the known metrics: one panel per varying metric
     other = {"acc": (steps, [0.1, 0.2, 0.3]), "const": (steps, [1, 1, 1])}
     assert overview_panels(other) == [("acc", ["acc"])]
+
+
+# The keys of a 2-step tiny GRPO run (configs/grpo.yaml, model.source=tiny), with a reward
+# given as module:function and a pass@k: what varied there varies here, the rest is constant.
+GRPO_VARYING = (
+    "data/epoch",
+    "entropy",
+    "eval/pass@4",
+    "grad_norm",
+    "kl",
+    "loss",
+    "pg/approx_kl",
+    "pg/ratio_mean",
+    "rewards/my_rewards:brevity/mean",
+    "rollout/tokens_per_s",
+    "time/step_s",
+    "time/rollout_s",
+)
+GRPO_CONSTANT = (
+    "advantage/mean",
+    "completion/length_max",
+    "data/prompts_crc32",
+    "dynamic/groups_kept",
+    "eval/num_examples",
+    "loss_tokens",
+    "nonfinite_steps_total",
+    "optim/lr",
+    "pg/clipfrac",
+    "reward/mean",
+    "rewards/my_rewards:brevity/failures",
+)
+
+
+def test_one_png_per_group_with_portable_names_and_no_constants(tmp_path, capsys):
+    """Issue 42: a GRPO run wrote 61 PNGs, with ':' in their names and constants drawn. Now:
+    one figure per metric group, names of [A-Za-z0-9._-] only, and a constant metric is in
+    no figure (a group of constants gets none)."""
+    from jaxrl_llm.train.run.plots import file_stem, metric_groups
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [
+        {"step": s, **{k: 0.5 * s for k in GRPO_VARYING}, **{k: 3 for k in GRPO_CONSTANT}}
+        for s in (1, 2, 3)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert main(["plot", str(run)]) == 0
+    names = sorted(os.listdir(run / "plots"))
+    assert names == [
+        "data.png",
+        "eval.png",
+        "overview.png",
+        "pg.png",
+        "rewards.png",
+        "rollout.png",
+        "time.png",
+        "training.png",
+    ]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+\.png", n) for n in names)
+    series = {k: ([1, 2, 3], [r[k] for r in lines]) for k in lines[0] if k != "step"}
+    drawn = {k for ks in metric_groups(series).values() for k in ks}
+    assert drawn == set(GRPO_VARYING)
+    assert metric_groups(series)["training"] == ["entropy", "grad_norm", "kl", "loss"]
+    assert file_stem("rewards/my_rewards:brevity") == "rewards_my_rewards_brevity"
+    assert file_stem("eval/pass@4 x") == "eval_pass_4_x"
+    # named with --keys, a constant is drawn: the user asked for it
+    capsys.readouterr()
+    assert main(["plot", str(run), "--keys", "optim/lr", "--out", str(tmp_path / "k")]) == 0
+    assert sorted(os.listdir(tmp_path / "k")) == ["optim.png", "overview.png"]
+
+
+@pytest.mark.slow
+def test_a_tiny_grpo_run_writes_a_handful_of_portable_pngs(tmp_path, capsys):
+    """A 2-step tiny GRPO run with plots on, one reward named module:function: a figure per
+    group that varies, none named with ':'."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        os.path.join(root, "configs", "grpo.yaml"),
+        f"output_dir={out}",
+        "model.source=tiny",
+        "model.tokenizer=char",
+        "model.tiny.num_layers=1",
+        "logging.tensorboard=false",
+        "checkpoint.export_hf=false",
+        "max_steps=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=3",
+        "data.max_length=32",
+        "eval.num_examples=4",
+        "eval.batch_size=4",
+        "rewards=[{name: math_answer}, {name: 'tests.train.toy_rewards:larger_digit'}]",
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    names = sorted(os.listdir(out / "plots"))
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+\.png", n) for n in names), names
+    assert "overview.png" in names and "training.png" in names
+    # one figure per group of a GRPO run's metrics (it wrote one per metric, 56, before)
+    groups = "advantage completion data dynamic eval optim pg reward rewards rollout time training"
+    assert set(names) <= {f"{g}.png" for g in [*groups.split(), "overview"]}, names

@@ -49,6 +49,14 @@ def test_prepare_with_length_policy_and_packing(char_tokenizer, tmp_path):
     p = write_lines(tmp_path / "s.jsonl", [json.dumps(r) for r in rows])
     data = prepare_dataset(p, "sft", char_tokenizer, max_len=12, length_policy="drop")
     assert data.stats == {"total": 4, "kept": 3, "truncated": 0, "dropped": 1}
+    # the run's data line (issue 42: words, not the stats dict)
+    assert data.describe("training examples") == (
+        "3 training examples (1 of 4 dropped: longer than data.max_length)"
+    )
+    cut = prepare_dataset(p, "sft", char_tokenizer, max_len=12, length_policy="truncate")
+    assert cut.describe("held-out") == "4 held-out (1 of 4 truncated to data.max_length)"
+    fits = prepare_dataset(p, "sft", char_tokenizer, max_len=64)
+    assert fits.describe("training examples") == "4 training examples"
     with pytest.raises(DataError, match=r"s\.jsonl line 3: 25 tokens exceed max_len=12"):
         prepare_dataset(p, "sft", char_tokenizer, max_len=12)
     pack = collate_fn_for("sft", padding=Padding(max_len=16), pack_rows=2)

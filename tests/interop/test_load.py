@@ -162,6 +162,18 @@ def test_sharded_index_pointing_to_missing_shard(tmp_path):
         interop.load_model(d)
 
 
+def test_alias_typo_says_did_you_mean():
+    """Issue 42: a typo of an alias names the closest one, both as a model source and as an
+    alias."""
+    with pytest.raises(ModelLoadError, match=r"did you mean 'smollm2-135m-instruct'\?"):
+        interop.load_model("smollm2-135m")
+    with pytest.raises(ModelLoadError, match=r"did you mean 'gemma3-270m'\?"):
+        interop.resolve_alias("gemma-270m")
+    with pytest.raises(ModelLoadError) as far:  # nothing close: no guess
+        interop.load_model("no-such-model-here")
+    assert "did you mean" not in str(far.value)
+
+
 def test_alias_errors(monkeypatch):
     with pytest.raises(ModelLoadError, match="unknown model alias 'nope'"):
         interop.resolve_alias("nope")

@@ -122,8 +122,8 @@ class OfflineTrainer(RunLoop):
             unit="examples",
         )
         self.say(
-            f"data: {self.train_data.stats} (train)"
-            + (f", {self.eval_data.stats} (held-out)" if self.eval_data else "")
+            f"data: {self.train_data.describe('training examples')}"
+            + (f", {self.eval_data.describe('held-out')}" if self.eval_data else "")
         )
         if algo.trains_reward_head:
             config, params = _with_score_head(config, params, cfg.seed)

@@ -1,11 +1,20 @@
 """PNG learning curves of a run directory (``jaxrl-llm plot RUN``, and a run's ``plots/``
 when ``logging.plots`` is on): one overview figure and one figure per metric group, read
-from ``metrics.jsonl``."""
+from ``metrics.jsonl``.
+
+A metric's group is its name up to the first ``/`` (``pg/clipfrac`` → ``pg``); names without
+one (``loss``, ``kl``, ``entropy``) form the group ``training``. Each group's figure has one
+panel per metric, and a metric that is constant over the run (a data fingerprint, the example
+count, a fixed learning rate) is not drawn, nor a group left empty. File names are the group
+name with every character outside ``A-Z a-z 0-9 . _ -`` replaced by ``_`` (:func:`file_stem`),
+so that they are valid on Windows and in URLs.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 
 from jaxrl_llm.errors import JaxrlError
 
@@ -26,9 +35,36 @@ OVERVIEW_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _NOT_ON_OVERVIEW = ("eval/num_examples", "eval/valid", "eval/completion_length")
 
 
+# The group of the metrics whose name has no "/".
+UNGROUPED = "training"
+
+
 def _varies(ys) -> bool:
     vals = [y for y in ys if y is not None and not (isinstance(y, float) and math.isnan(y))]
     return len(vals) >= 1 and (len(vals) == 1 or min(vals) != max(vals))
+
+
+def file_stem(name: str) -> str:
+    """``name`` as a portable file name: each character outside ``A-Z a-z 0-9 . _ -`` becomes
+    ``_`` (``rewards/my_rewards:brevity`` → ``rewards_my_rewards_brevity``), so no ``:``
+    (refused by Windows), ``/``, ``@`` or space reaches a file name."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def metric_groups(series: dict, *, drop_constant: bool = True) -> dict[str, list[str]]:
+    """A run's figures: group name -> the metric names drawn in it, in name order.
+
+    The group is the name up to its first ``/`` (:data:`UNGROUPED` for a name without one);
+    with ``drop_constant`` a metric that is constant over the run is left out (a metric with
+    a single value is drawn), and so is a group left with none.
+    """
+    groups: dict[str, list[str]] = {}
+    for k in sorted(series):
+        if drop_constant and not _varies(series[k][1]):
+            continue
+        group = k.split("/", 1)[0] if "/" in k else UNGROUPED
+        groups.setdefault(group, []).append(k)
+    return groups
 
 
 def overview_panels(series: dict) -> list[tuple[str, list[str]]]:
@@ -53,8 +89,10 @@ def overview_panels(series: dict) -> list[tuple[str, list[str]]]:
 
 
 def plot_run(run_dir: str, *, keys=None, out_dir=None, smooth: float = 0.0) -> list[str]:
-    """Write one PNG per metric (x = step) and ``overview.png`` (the panels a user reads:
-    :func:`overview_panels`); returns the written paths."""
+    """Write one PNG per metric group (``<group>.png``, a panel per metric that varies:
+    :func:`metric_groups`; with ``keys``, the named metrics, constant or not) and
+    ``overview.png`` (the panels a user reads: :func:`overview_panels`); returns the written
+    paths."""
     from jaxrl_llm.train.run.logging import read_metrics
 
     if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
@@ -98,16 +136,26 @@ def plot_run(run_dir: str, *, keys=None, out_dir=None, smooth: float = 0.0) -> l
         return out
 
     written = []
-    for k, (xs, ys) in sorted(series.items()):
-        fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
-        ax.plot(xs, ys, lw=1, alpha=0.5 if smooth else 1.0)
-        if smooth:
-            ax.plot(xs, ema(ys), lw=1.8)
-        ax.set_xlabel("step")
-        ax.set_title(k)
-        ax.grid(alpha=0.3)
+    for group, names in metric_groups(series, drop_constant=not keys).items():
+        cols = min(3, len(names))
+        nrows = math.ceil(len(names) / cols)
+        fig, axes = plt.subplots(
+            nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), dpi=100, squeeze=False
+        )
+        for ax, k in zip(axes.flat, names):
+            xs, ys = series[k]
+            ax.plot(
+                xs, ys, lw=1, alpha=0.5 if smooth else 1.0, marker="." if len(xs) < 15 else None
+            )
+            if smooth:
+                ax.plot(xs, ema(ys), lw=1.8)
+            ax.set_xlabel("step", fontsize=8)
+            ax.set_title(k, fontsize=9)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(names) :]:
+            ax.axis("off")
         fig.tight_layout()
-        path = os.path.join(out_dir, k.replace("/", "_") + ".png")
+        path = os.path.join(out_dir, file_stem(group) + ".png")
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
