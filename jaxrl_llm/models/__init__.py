@@ -74,6 +74,7 @@ from jaxrl_llm.models.layer import (
     rms_norm,
     scan_layers,
     scan_periods,
+    separate_layers,
 )
 from jaxrl_llm.models.layer_stack import LayerStores, NewTokens, Stores, stack
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
@@ -236,6 +237,7 @@ __all__ = [
     "scan_layers",
     "scan_periods",
     "select_attention_impl",
+    "separate_layers",
     "softcap_logits",
     "sparse_moe",
     "stack",

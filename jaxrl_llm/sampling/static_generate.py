@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_llm.errors import ConfigError, DataError
-from jaxrl_llm.models import ModelConfig
+from jaxrl_llm.models import ModelConfig, separate_layers
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
 from jaxrl_llm.sampling.decode import (
     DecodeState,
@@ -84,6 +84,7 @@ def rollout(
     prompt_ids: jax.Array | np.ndarray | None = None,
     record_routing: bool = False,
     mesh: Mesh | None = None,
+    separate: bool | None = None,
 ) -> Rollout:
     """Sample G completions for each of B left-padded prompts (arrays in, arrays out).
 
@@ -108,6 +109,10 @@ def rollout(
       mesh: the sampler's mesh (:attr:`jaxrl_llm.parallel.sampler_copy.SamplerCopy.local_mesh`):
         rows split over its batch axes, ``params`` laid out on it (tensor parallel over
         ``tensor``); None: one device's program.
+      separate: run the layers unrolled over separate per-layer arrays
+        (:func:`~jaxrl_llm.models.separate_layers`, one copy of the layer weights per call
+        unless ``params`` come split); None: on GPU only, where XLA copies each scanned
+        layer's weights at every token step (measured 2.6× slower on an H200).
 
     Returns:
       a :class:`Rollout` with N = B·G rows and M = gen_len columns.
@@ -129,6 +134,8 @@ def rollout(
     prompt_tokens, prompt_mask, prompt_ids = (
         _padded_rows(x, extra, mesh) for x in (prompt_tokens, prompt_mask, prompt_ids)
     )
+    if separate if separate is not None else jax.default_backend() == "gpu":
+        params = separate_layers(params, config)
     record = record_routing and config.is_moe
     prompt_routing = None
     with on_rows_mesh(mesh):
@@ -263,6 +270,7 @@ def generate(
     gen_buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     record_routing: bool = False,
     mesh: Mesh | None = None,
+    separate: bool | None = None,
 ) -> Rollout:
     """Host-side generation from token lists: pad into buckets, prefill once, decode.
 

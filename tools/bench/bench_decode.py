@@ -57,6 +57,12 @@ def _parse(argv=None):
         help="torch CPU threads (XLA's CPU client uses every core)",
     )
     p.add_argument("--skip-hf", action="store_true", help="skip transformers generate")
+    p.add_argument(
+        "--both-layer-loops",
+        action="store_true",
+        help="also time greedy with the other layer loop (rollout's separate= flipped: "
+        "scanned stacked weights vs separate per-layer arrays)",
+    )
     p.add_argument("--out", default=None, help="write the markdown report here")
     return p.parse_args(argv)
 
@@ -90,6 +96,12 @@ def main(argv=None) -> int:
         "sampling": SamplingConfig(temperature=1.0, top_p=0.95, use_model_eos=False),
     }
     label = {"greedy": "greedy", "sampling": "sampling (τ=1, top-p 0.95)"}
+    other = jax.default_backend() != "gpu"  # rollout's default is separate on GPU only
+    if args.both_layer_loops:
+        modes["greedy, other layer loop"] = modes["greedy"]
+        label["greedy, other layer loop"] = "greedy, " + (
+            "separate layer arrays" if other else "scanned stacked layers"
+        )
     for name, s in modes.items():
         run = lambda: rollout(
             params,
@@ -100,6 +112,7 @@ def main(argv=None) -> int:
             num_samples=g,
             max_new_tokens=m,
             gen_len=m,
+            separate=other if name == "greedy, other layer loop" else None,
         ).tokens.block_until_ready()
         first = common.timed_first_call(run)
         t = common.best_time(run, args.repeats)
@@ -111,7 +124,7 @@ def main(argv=None) -> int:
                 f"prefill + decode, first call {first:.1f}s incl. compile",
             )
         )
-        metrics[f"jax_{name}_tokens_per_s"] = n * m / t
+        metrics[f"jax_{name.replace(', ', '_').replace(' ', '_')}_tokens_per_s"] = n * m / t
         common.log(rows[-1])
 
     skip_note = None
