@@ -35,7 +35,7 @@ run() {  # run LIMIT_S NAME ARGS...: one benchmark, its report at $OUT/NAME.md
 run "${DECODE_1B_S:-200}" decode_1b $B/bench_decode.py --model preset:1b:bfloat16 \
   --prompts 8 --group 8 --prompt-len 128 --new-tokens 256 --both-layer-loops
 run "${TRAIN_1B_S:-150}" train_step_1b $B/bench_train_step.py --model preset:1b \
-  --batch 8 --seq 1024 --steps 5
+  --batch 8 --seq 512 --steps 5
 run "${DECODE_8B_S:-120}" decode_8b $B/bench_decode.py --model preset:8b:bfloat16 \
   --prompts 8 --group 8 --prompt-len 128 --new-tokens 256 --skip-hf --both-layer-loops
 run "${LAYER_LOOP_S:-60}" layer_loop_8b $B/bench_layer_loop.py --layers 32 --hidden 4096 \
