@@ -651,7 +651,8 @@ def separate_layers(params: Params, config: ModelConfig) -> Params:
     Measured on an H200 (tools/bench/bench_layer_loop.py, 8B-shaped MLP stack, 64 rows): 6.10
     ms per token step under the scan, 2.36 ms with separate arrays; static slices of the stack
     (``w[i]``) gave 6.05 ms, so the arrays must be separate. The split costs one copy of the
-    layer weights; do it once per weight version, not per call.
+    layer weights; do it once per weight version, not per call. XLA:TPU needs none of it: its
+    matmul fusion takes the whole stack and the index (the slice fused into the operand).
 
     A hybrid stack (``config.is_hybrid``) and params already split come back unchanged.
     """
