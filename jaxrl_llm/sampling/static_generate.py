@@ -291,6 +291,7 @@ def generate(
       record_routing: a mixture of experts: record every token's experts
         (:attr:`Rollout.routing`, ``[N, P + max_new_tokens, L, k]``).
       mesh: the sampler's mesh (:func:`rollout`); None: one device's program.
+      separate: the layers as separate arrays (:func:`rollout`); None: on GPU only.
 
     Returns:
       a :class:`Rollout` with N = B·G rows and ``max_new_tokens`` completion columns.
@@ -323,6 +324,7 @@ def generate(
         prompt_ids=None if prompt_ids is None else np.asarray(prompt_ids, np.int32),
         record_routing=record_routing,
         mesh=mesh,
+        separate=separate,
     )
     m = max_new_tokens
     return out._replace(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm.models import ModelConfig, init_params, scan_layers, separate_layers
 from jaxrl_llm.sampling import SamplingConfig, pad_prompts, rollout
@@ -55,3 +57,54 @@ def test_a_separate_stack_unrolls_the_layer_loop():
     split = jax.jit(body).lower(separate_layers(params, config)["layers"], x).as_text()
     assert "stablehlo.while" in stacked
     assert "stablehlo.while" not in split
+
+
+def _spec(x) -> tuple:
+    """The partition spec of ``x``, one entry per dimension (missing ones None)."""
+    spec = tuple(x.sharding.spec)
+    return spec + (None,) * (x.ndim - len(spec))
+
+
+needs_8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (forced) devices")
+
+
+@needs_8
+def test_separate_layers_keep_the_sampler_copys_tensor_parallel_layout():
+    """The sampler's tensor-parallel copy of an fsdp=8 learner's weights, split into separate
+    layers: each layer keeps its shard layout (no weight all-gathered), and the tokens equal
+    the scan's."""
+    from jaxrl_llm.models import param_logical_axes
+    from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh
+    from jaxrl_llm.parallel.placement import plan_placement
+    from jaxrl_llm.parallel.sampler_copy import SamplerCopy
+    from jaxrl_llm.sampling import generate
+
+    config = ModelConfig.tiny(
+        num_heads=4, num_kv_heads=2, vocab_size=96, eos_token_ids=(90,), pad_token_id=0
+    )
+    params = init_params(config, jax.random.PRNGKey(0))
+    mesh = make_mesh(fsdp=8)
+    on_learner = jax.device_put(
+        params, logical_to_sharding(param_logical_axes(config), mesh, DEFAULT_RULES, shapes=params)
+    )
+    copy = SamplerCopy(
+        plan_placement({"fsdp": 8}, num_devices=8, tensor=2).sampler, param_logical_axes(config)
+    )
+    weights = copy(on_learner)
+    split = separate_layers(weights, config)
+    for stacked, layer in zip(
+        jax.tree.leaves(weights["layers"]), jax.tree.leaves(split["layers"][0]), strict=True
+    ):
+        expected = NamedSharding(stacked.sharding.mesh, P(*_spec(stacked)[1:]))
+        assert layer.sharding.is_equivalent_to(expected, layer.ndim), (expected, layer.sharding)
+    prompts = [[5, 17, 3], [40, 2, 9, 11], [60], [7, 7, 7]] * 2
+    kw = dict(
+        sampling=SamplingConfig(temperature=0.8),
+        num_samples=2,
+        seed=3,
+        max_new_tokens=8,
+        mesh=copy.local_mesh,
+    )
+    scanned = generate(weights, config, prompts, separate=False, **kw)
+    separate = generate(split, config, prompts, **kw)
+    np.testing.assert_array_equal(np.asarray(scanned.tokens), np.asarray(separate.tokens))
