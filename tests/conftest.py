@@ -19,6 +19,22 @@ if "xla_force_host_platform_device_count" not in _flags:
     _flags = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ["XLA_FLAGS"] = _flags
 
+# One persistent compilation cache for the whole suite: both xdist workers and every
+# ``jaxrl-llm`` child process the tests start read and write it (the environment variables are
+# inherited), so a program compiled once (a tiny model's train step, its decode loop) is read
+# back by the next test, module or child that needs it instead of being compiled again (each
+# module drops its in-memory programs: _free_compiled_programs). The key holds the program,
+# the flags, the devices and the JAX version, so a cached program is the one the compiler would
+# build. Kept between runs under ~/.cache (a rerun starts warm); capped, least recently used
+# evicted. JAXRL_TEST_COMPILE_CACHE=0 turns it off; JAX_COMPILATION_CACHE_DIR moves it.
+if os.environ.get("JAXRL_TEST_COMPILE_CACHE", "1") != "0":
+    os.environ.setdefault(
+        "JAX_COMPILATION_CACHE_DIR",
+        os.path.join(os.path.expanduser("~"), ".cache", "jaxrl_llm", "test-compile-cache"),
+    )
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
+
 import gc  # noqa: E402
 
 import jax  # noqa: E402
