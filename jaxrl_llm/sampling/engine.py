@@ -43,6 +43,10 @@ prompt-page writes, admission, the decode chunk, extensions) is one jitted progr
 whole mesh that runs every replica's part at once (:func:`jaxrl_llm.sampling.slots.over_replicas`),
 so it compiles once, not once per replica, and one launch per round decodes every replica's
 chunk. A replica with nothing to do runs idle slots (they write only the null page).
+Weights split over a batch axis (``fsdp``, the learner's layout) are gathered whole into each
+replica once per program call (a chunk: outside its decode loop), so every device then holds
+them whole; a run's sampler gets a ``data`` × ``tensor`` copy instead
+(:mod:`jaxrl_llm.parallel.placement`).
 
 The host's records (:class:`Row`, each replica's page table, queues and slots, the host arrays
 each program takes) are :mod:`.engine_rows`; here the engine that schedules them and calls

@@ -234,3 +234,39 @@ def test_fsdp_mesh_runs_one_replica_per_batch_position(params, axes):
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(one.lengths))
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one.logprobs), atol=2e-5)
+
+
+def _computations(hlo: str) -> dict[str, str]:
+    """A compiled HLO module's computations by name (ENTRY's as 'ENTRY')."""
+    out = {}
+    for block in re.split(r"\n(?=%|ENTRY )", hlo):
+        head = block.split(" ", 2)
+        name = "ENTRY" if head[0] == "ENTRY" else head[0]
+        out[name] = block
+    return out
+
+
+@needs_8
+def test_fsdp_mesh_gathers_the_weights_once_per_chunk_outside_the_decode_loop(params, monkeypatch):
+    """On data=2 x fsdp=2 each replica takes the weights whole: the decode chunk gathers every
+    fsdp-split weight at its start, none inside its ``while`` loop (per token)."""
+    import jaxrl_llm.sampling.engine as engine_module
+
+    placed, mesh = _on(params, data=2, fsdp=2)
+    real, seen = engine_module.decode_chunk, []
+
+    def spy(*args, **kwargs):
+        seen.append(real.lower(*args, **kwargs).compile().as_text())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "decode_chunk", spy)
+    eng = PagedEngine(
+        placed, CONFIG, sampling=SAMPLED, num_slots=2, page_size=4, max_len=16, gen_len=4, mesh=mesh
+    )
+    for i in range(4):
+        eng.submit(PROMPTS[i], prompt_id=i, max_new_tokens=4)
+    eng.step()
+    comps = _computations(seen[0])
+    gathering = {n for n, text in comps.items() if re.search(r" all-gather\(", text)}
+    assert gathering == {"ENTRY"}, gathering
+    assert re.search(r" while\(", comps["ENTRY"])  # the decode loop, after the gathers
