@@ -8,7 +8,8 @@ log softmax(logits / τ)[token] (``jaxrl_llm.ops.token_logprobs(..., temperature
 
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
 from jaxrl_llm.sampling.decode import DecodeState, decode, init_decode_state, prefill, trace_counts
-from jaxrl_llm.sampling.engine import PagedEngine, Row
+from jaxrl_llm.sampling.engine import PagedEngine
+from jaxrl_llm.sampling.engine_rows import Row
 from jaxrl_llm.sampling.filters import (
     filtered_logits,
     min_p_filter,

@@ -43,6 +43,14 @@ prompt-page writes, admission, the decode chunk, extensions) is one jitted progr
 whole mesh that runs every replica's part at once (:func:`jaxrl_llm.sampling.slots.over_replicas`),
 so it compiles once, not once per replica, and one launch per round decodes every replica's
 chunk. A replica with nothing to do runs idle slots (they write only the null page).
+Weights split over a batch axis (``fsdp``, the learner's layout) are gathered whole into each
+replica once per program call (a chunk: outside its decode loop), so every device then holds
+them whole; a run's sampler gets a ``data`` × ``tensor`` copy instead
+(:mod:`jaxrl_llm.parallel.placement`).
+
+The host's records (:class:`Row`, each replica's page table, queues and slots, the host arrays
+each program takes) are :mod:`.engine_rows`; here the engine that schedules them and calls
+the device programs of :mod:`.slots`.
 """
 
 from __future__ import annotations
@@ -57,10 +65,20 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.models import NULL_PAGE, ModelConfig, init_paged_cache, init_recurrent_state
+from jaxrl_llm.models import ModelConfig, init_paged_cache, init_recurrent_state
 from jaxrl_llm.sampling.config import SamplingConfig, bucket_length
 from jaxrl_llm.sampling.decode import routing_dtype
-from jaxrl_llm.sampling.paged import PageTable, pages_for
+from jaxrl_llm.sampling.engine_rows import (
+    Replica,
+    Row,
+    Start,
+    extend_arrays,
+    layout_routing,
+    prefill_arrays,
+    resume_arrays,
+    start_arrays,
+)
+from jaxrl_llm.sampling.paged import pages_for
 from jaxrl_llm.sampling.rows import row_split
 from jaxrl_llm.sampling.slots import (
     POW2,
@@ -74,79 +92,10 @@ from jaxrl_llm.sampling.slots import (
     replica_shardings,
     store_prompts,
 )
-from jaxrl_llm.sampling.static_generate import pad_prompts, stop_token_ids
+from jaxrl_llm.sampling.static_generate import stop_token_ids
 
-
-@dataclasses.dataclass
-class Row:
-    """Host record of one sequence: the prompt, its key, and everything generated so far.
-
-    ``tokens`` / ``mask`` / ``logprobs`` hold the completion side of the conversation: policy
-    tokens (mask 1) and appended tokens (mask 0, log-prob 0), in order.
-    """
-
-    prompt: list[int]
-    prompt_id: int
-    sample_id: int
-    budget: int
-    keep: bool = False
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    mask: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    steps: int = 0  # policy tokens drawn so far (the key stream's position)
-    turn_start: int = 0  # index in ``tokens`` where this turn's policy tokens begin
-    cache_len: int = 0
-    finished: bool = False
-    done: bool = False
-    versions: list[int] = dataclasses.field(default_factory=list)  # per token; -1 = appended
-    # with record_routing: [len(prompt), L, k] and one [n, L, k] block per run of ``tokens``
-    prompt_routing: np.ndarray | None = None
-    routing: list[np.ndarray] = dataclasses.field(default_factory=list)
-
-    def token_routing(self) -> np.ndarray | None:
-        """``[len(tokens), L, k]`` the recorded experts of ``tokens`` (None: not recorded)."""
-        if self.prompt_routing is None:
-            return None
-        empty = self.prompt_routing[:0]
-        return np.concatenate([empty, *self.routing], axis=0)
-
-
-def layout_routing(
-    prompt_routing: list[np.ndarray], token_routing: list[np.ndarray], p: int, m: int
-) -> np.ndarray:
-    """``[N, P + M, L, k]`` rows' recorded experts (:attr:`Row.prompt_routing`,
-    :meth:`Row.token_routing`) in the :class:`~jaxrl_llm.sampling.Rollout` layout: row i's
-    prompt left-padded to P, its completion side from column P, cut at M; columns with no
-    token hold the experts 0..k−1 (valid ids, masked in the update)."""
-    first = prompt_routing[0]
-    _, num_layers, k = first.shape
-    out = np.broadcast_to(
-        np.arange(k, dtype=first.dtype), (len(prompt_routing), p + m, num_layers, k)
-    ).copy()
-    for i, (pr, done) in enumerate(zip(prompt_routing, token_routing, strict=True)):
-        out[i, p - len(pr) : p] = pr
-        out[i, p : p + len(done)] = done[:m]
-    return out
-
-
-class _Replica:
-    """Host bookkeeping of one replica: its page table, queues and slots (row ids are the
-    engine's)."""
-
-    def __init__(self, num_pages: int, page_size: int, num_slots: int):
-        self.book = PageTable(num_pages, page_size)
-        self.waiting: collections.deque[list[int]] = collections.deque()  # groups of rows
-        # rows to continue: (row, the logits [1, V] their next token is drawn from, their
-        # version, a hybrid stack's recurrent state of the row [L', 1, ...] or None)
-        self.resume: collections.deque[tuple[int, np.ndarray, int, Any]] = collections.deque()
-        self.slot_row: list[int | None] = [None] * num_slots
-        self.gen: dict[int, int] = {}  # live row -> tokens generated in its turn so far
-        self.logit_version = [0] * num_slots  # per slot: the version of its next logits
-        self.turn_versions: dict[int, list[int]] = {}  # live row -> its turn's token versions
-
-    def live(self) -> list[tuple[int, int]]:
-        """(slot, row) of the rows decoding."""
-        return [(i, r) for i, r in enumerate(self.slot_row) if r is not None]
+# Row and layout_routing live in engine_rows; imported from here too
+__all__ = ["PagedEngine", "Row", "layout_routing"]
 
 
 class PagedEngine:
@@ -210,7 +159,7 @@ class PagedEngine:
         self.mesh = mesh
         self.num_replicas = row_split(mesh)
         self.replicas = [
-            _Replica(num_pages, page_size, self.num_slots) for _ in range(self.num_replicas)
+            Replica(num_pages, page_size, self.num_slots) for _ in range(self.num_replicas)
         ]
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         ids = stop_token_ids(config, sampling)
@@ -270,6 +219,10 @@ class PagedEngine:
         return jax.device_put(
             x, replica_shardings(jax.ShapeDtypeStruct(x.shape, x.dtype), self.mesh)
         )
+
+    def _put_all(self, xs: tuple[np.ndarray, ...] | None) -> tuple[jax.Array, ...] | None:
+        """:meth:`_put` of each array of ``xs`` (None stays None)."""
+        return None if xs is None else tuple(self._put(x) for x in xs)
 
     # ----- requests ---------------------------------------------------------------------------
 
@@ -335,13 +288,9 @@ class PagedEngine:
         if start + len(tokens) + max_new_tokens > self.width * self.page_size:
             raise ConfigError(f"row {row_id} would exceed max_len")
         book.grow(row_id, start + len(tokens))
-        n, t = self.num_replicas, bucket_length(len(tokens))
-        padded = np.full((n, 1, t), self.pad_id, np.int32)  # other replicas: a pad token
-        padded[k, 0, : len(tokens)] = tokens  # written to their null page
-        table = np.full((n, 1, self.width), NULL_PAGE, np.int32)
-        table[k] = book.table([row_id], self.width)
-        start_, last = np.zeros((n, 1), np.int32), np.zeros((n, 1), np.int32)
-        start_[k, 0], last[k, 0] = start, len(tokens) - 1
+        n = self.num_replicas
+        table = book.table([row_id], self.width)
+        host = extend_arrays(tokens, k, n, table=table, start=start, pad_id=self.pad_id)
         rec = None
         if self.config.is_hybrid:
             st = self.state
@@ -357,11 +306,8 @@ class PagedEngine:
         logits, cache, experts, rec = extend_row(
             self.params,
             self.state.cache,
-            self._put(padded),
-            self._put(table),
-            self._put(start_),
-            self._put(last),
-            None if rec is None else tuple(self._put(x) for x in rec),
+            *(self._put(x) for x in host),
+            self._put_all(rec),
             config=self.config,
             mesh=self.mesh,
         )
@@ -429,13 +375,8 @@ class PagedEngine:
                 raise ConfigError("the page pool cannot hold the next group; raise num_pages")
         if not any(lives):
             return False
-        held = 1
-        for rep, live in zip(self.replicas, lives, strict=True):
-            for _, r in live:  # pages one chunk ahead
-                row = self.rows[r]
-                left = row.budget - rep.gen[r]
-                rep.book.grow(r, row.cache_len + min(self.chunk_steps, left))
-                held = max(held, len(rep.book.pages[r]))
+        # pages one chunk ahead
+        held = max(rep.grow_ahead(self.rows, self.chunk_steps) for rep in self.replicas)
         width = min(bucket_length(held, POW2), self.width)
         table = np.stack([rep.book.table(rep.slot_row, self.width) for rep in self.replicas])
         self.state = decode_chunk(
@@ -456,127 +397,65 @@ class PagedEngine:
         )
         return True
 
-    def _reserve(self, rep: _Replica, r: int) -> int:
-        """Pages row ``r`` may still need to finish its turn."""
-        row = self.rows[r]
-        end = len(row.prompt) + row.turn_start + row.budget
-        return pages_for(end, self.page_size) - len(rep.book.pages.get(r, []))
-
     def _fill_slots(self) -> None:
-        n = self.num_replicas
+        frees = [rep.free_slots() for rep in self.replicas]
         # continued rows first: they already hold their pages
-        resumed: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n)]
-        sources: list[list[tuple[np.ndarray, Any]]] = [[] for _ in range(n)]
-        frees = [[i for i, r in enumerate(rep.slot_row) if r is None] for rep in self.replicas]
-        for k, (rep, free) in enumerate(zip(self.replicas, frees, strict=True)):
-            while rep.resume and free:
-                r, logits, version, rec = rep.resume.popleft()
-                resumed[k].append((free.pop(0), r, len(sources[k]), version))
-                sources[k].append((logits, rec))
-        if any(resumed):
-            self._start(resumed, *self._resume_sources(sources))
-        z = self.page_size
-        # (slot, row, index into the logits source, version) per replica
-        admitted: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n)]
-        groups: list[list[tuple[list[int], list[int]]]] = [[] for _ in range(n)]
-        cow: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        for k, (rep, free) in enumerate(zip(self.replicas, frees, strict=True)):
-            reserved = sum(self._reserve(rep, r) for r in rep.slot_row if r is not None)
-            while rep.waiting and len(rep.waiting[0]) <= len(free):
-                ids = rep.waiting[0]
-                plen = len(self.rows[ids[0]].prompt)
-                worst = sum(pages_for(plen + self.rows[r].budget, z) for r in ids)
-                worst -= (len(ids) - 1) * (plen // z)  # full prompt pages are held once
-                if rep.book.alloc.num_free - reserved < worst:
-                    break
-                pages, pairs = rep.book.add_group(ids, plen)
-                reserved += worst - pages_for(plen, z) - len(pairs)
-                rep.waiting.popleft()
-                cow[k] += pairs
-                for r in ids:
-                    admitted[k].append((free.pop(0), r, len(groups[k]), self.version))
-                groups[k].append((ids, pages))
+        resumed = [rep.take_resumed(free) for rep, free in zip(self.replicas, frees, strict=True)]
+        if any(starts for starts, _ in resumed):
+            logits, rec = resume_arrays([src for _, src in resumed], self.config.vocab_size)
+            self._start([starts for starts, _ in resumed], self._put(logits), self._put_all(rec))
+        admitted = [
+            rep.admit(self.rows, free, self.version)
+            for rep, free in zip(self.replicas, frees, strict=True)
+        ]
+        groups = [g for _, g, _ in admitted]
         if any(groups):
             self.stats["prefills"] += 1
             self.stats["refills"] += bool(self.stats["chunks"])  # admitted after decoding began
-            self._prefill(groups, cow, admitted)
+            self._prefill(groups, [c for _, _, c in admitted], [st for st, _, _ in admitted])
 
-    def _resume_sources(self, sources) -> tuple[jax.Array, Any]:
-        """Continued rows' logits ``[R, A, V]`` and recurrent states ``[R, L', A, ...]`` (or
-        None), stacked per replica and padded to A rows."""
-        a = bucket_length(max(map(len, sources)), POW2)
-        v = self.config.vocab_size
-        logits = np.zeros((self.num_replicas, a, v), np.float32)
-        rec = None
-        first = next(src[0][1] for src in sources if src)
-        if first is not None:
-            rec = tuple(
-                np.zeros((self.num_replicas, x.shape[0], a, *x.shape[2:]), x.dtype) for x in first
-            )
-        for k, src in enumerate(sources):
-            for j, (lg, rr) in enumerate(src):
-                logits[k, j] = lg[0]
-                if rec is not None:
-                    rec[0][k, :, j], rec[1][k, :, j] = rr[0][:, 0], rr[1][:, 0]
-        return self._put(logits), None if rec is None else tuple(self._put(x) for x in rec)
-
-    def _prefill(self, groups, cow, admitted) -> None:
-        n = self.num_replicas
-        a = bucket_length(max(map(len, groups)), POW2)
-        prompts = [[self.rows[ids[0]].prompt for ids, _ in gs] for gs in groups]
-        p = bucket_length(max(len(x) for ps in prompts for x in ps))
-        padded = [pad_prompts(ps + [[self.pad_id]] * (a - len(ps)), length=p) for ps in prompts]
-        tokens = np.stack([t for t, _ in padded])
-        mask = np.stack([m for _, m in padded])
+    def _prefill(self, groups, cow, admitted: list[list[Start]]) -> None:
+        host = prefill_arrays(
+            self.rows,
+            groups,
+            cow,
+            pad_id=self.pad_id,
+            page_size=self.page_size,
+            num_slots=self.num_slots,
+        )
+        p = host.width
         logits, k_, v_, rec, routing = prefill_prompts(
             self.params,
-            self._put(tokens),
-            self._put(mask),
+            self._put(host.tokens),
+            self._put(host.mask),
             config=self.config,
             cache_len=p,
             record_routing=self.record_routing,
             mesh=self.mesh,
         )
         if self.record_routing:
-            host = np.asarray(routing)
+            experts = np.asarray(routing)
             for k, gs in enumerate(groups):  # left-padded: the last len(prompt) columns
                 for i, (ids, _) in enumerate(gs):
                     for r in ids:
-                        self.rows[r].prompt_routing = host[k, i, p - len(prompts[k][i]) :]
-        w = pages_for(p, self.page_size)
-        pages = np.full((n, a, w), NULL_PAGE, np.int32)
-        lens = np.ones((n, a), np.int32)
-        pairs = np.zeros((n, self.num_slots, 2), np.int32)  # null → null copies pad the list
-        for k, gs in enumerate(groups):
-            for i, (_, pg) in enumerate(gs):
-                pages[k, i, : len(pg)] = pg
-                lens[k, i] = len(prompts[k][i])
-            if cow[k]:
-                pairs[k, : len(cow[k])] = cow[k]
+                        self.rows[r].prompt_routing = experts[k, i, p - len(host.prompts[k][i]) :]
         cache = store_prompts(
-            self.state.cache, k_, v_, self._put(lens), self._put(pages), mesh=self.mesh
+            self.state.cache,
+            k_,
+            v_,
+            self._put(host.lens),
+            self._put(host.pages),
+            mesh=self.mesh,
         )
-        cache = cow_copy(cache, self._put(pairs[..., 0]), self._put(pairs[..., 1]), mesh=self.mesh)
-        self.state = self.state._replace(cache=cache)
+        src, dst = self._put(host.pairs[..., 0]), self._put(host.pairs[..., 1])
+        self.state = self.state._replace(cache=cow_copy(cache, src, dst, mesh=self.mesh))
         self._start(admitted, logits, rec)
 
-    def _start(self, admitted, src_logits, src_rec=None) -> None:
-        """Start each replica's ``admitted`` (slot, row, source index, version) rows."""
-        n, s = self.num_replicas, self.num_slots
-        slots = np.full((n, s), s, np.int32)
-        src, off, clen, budget = (np.zeros((n, s), np.int32) for _ in range(4))
-        ids = np.zeros((n, s, 2), np.int32)
-        for k, rows in enumerate(admitted):
-            rep = self.replicas[k]
-            for i, (slot, r, j, version) in enumerate(rows):
-                row = self.rows[r]
-                slots[k, i], src[k, i], off[k, i], budget[k, i] = slot, j, row.steps, row.budget
-                clen[k, i] = row.cache_len
-                ids[k, i] = row.prompt_id, row.sample_id
-                rep.slot_row[slot] = r
-                rep.gen[r] = 0
-                rep.logit_version[slot] = version
-                rep.turn_versions[r] = []
+    def _start(self, starts: list[list[Start]], src_logits, src_rec=None) -> None:
+        """Start each replica's rows ``starts`` (slot, row, source index, version)."""
+        slots, src, ids, off, clen, budget = start_arrays(
+            self.rows, self.replicas, starts, self.num_slots
+        )
         self.state = admit_rows(
             self.state,
             self._put(slots),
@@ -595,40 +474,18 @@ class PagedEngine:
         """The second half of :meth:`step`: wait for the chunk :meth:`launch` dispatched and
         hand finished rows back (their ids)."""
         st = self.state
-        ended: list[int] = []
         active, gen, fin = jax.device_get((st.active, st.gen, st.finished))
         out_tok, out_lp = jax.device_get((st.tokens, st.logprobs))
         out_routing = None if st.routing is None else jax.device_get(st.routing)
+        ended: list[int] = []
         for k, rep in enumerate(self.replicas):
-            for slot, r in enumerate(rep.slot_row):
-                if r is None:
-                    continue
-                row = self.rows[r]
-                g = int(gen[k, slot])
-                new = g - rep.gen[r]  # drawn in this chunk: the first from the logits it
-                if new > 0:  # began with, the others from this chunk's weights
-                    vs = rep.turn_versions[r]
-                    vs += [rep.logit_version[slot]] + [self.version] * (new - 1)
-                    rep.logit_version[slot] = self.version
-                rep.gen[r] = g
-                row.cache_len = len(row.prompt) + row.turn_start + g
-                if active[k, slot]:
-                    continue
-                row.tokens += out_tok[k, slot, :g].tolist()
-                row.mask += [1] * g
-                row.logprobs += out_lp[k, slot, :g].tolist()
-                if out_routing is not None:
-                    row.routing.append(out_routing[k, slot, :g])
-                row.steps += g
-                row.versions += rep.turn_versions.pop(r)
-                row.finished, row.done = bool(fin[k, slot]), True
-                rep.slot_row[slot] = None
-                del rep.gen[r]
+            out: dict[str, Any] = dict(active=active[k], gen=gen[k], finished=fin[k])
+            out |= dict(tokens=out_tok[k], logprobs=out_lp[k])
+            out["routing"] = None if out_routing is None else out_routing[k]
+            for slot, r in rep.collect(self.rows, out, self.version):
                 ended.append(r)
-                if not row.keep:
-                    rep.book.free(r)
-                elif st.conv is not None and st.state is not None:  # its state, to extend
-                    self._row_rec[r] = (
+                if self.rows[r].keep and st.conv is not None and st.state is not None:
+                    self._row_rec[r] = (  # its recurrent state, to extend
                         np.asarray(st.conv[k, :, slot : slot + 1]),
                         np.asarray(st.state[k, :, slot : slot + 1]),
                     )

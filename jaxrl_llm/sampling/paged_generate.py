@@ -16,7 +16,8 @@ from jax.sharding import Mesh
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import ModelConfig
 from jaxrl_llm.sampling.config import DEFAULT_BUCKETS, SamplingConfig, bucket_length
-from jaxrl_llm.sampling.engine import PagedEngine, layout_routing
+from jaxrl_llm.sampling.engine import PagedEngine
+from jaxrl_llm.sampling.engine_rows import layout_routing
 from jaxrl_llm.sampling.rows import row_split
 from jaxrl_llm.sampling.static_generate import Rollout, generate, pad_prompts
 
@@ -170,7 +171,7 @@ def _rollout(
 
 
 def _routing(rows, p: int, m: int) -> jax.Array:
-    """:func:`~jaxrl_llm.sampling.engine.layout_routing` of the engines' rows."""
+    """:func:`~jaxrl_llm.sampling.engine_rows.layout_routing` of the engines' rows."""
     prompt = [r.prompt_routing for r in rows]
     return jnp.asarray(layout_routing(prompt, [r.token_routing() for r in rows], p, m))
 

@@ -4,7 +4,9 @@ slots.py: ``over_replicas``; issue 39 item 3).
 On 8 forced CPU devices (tests/conftest.py): on a mesh of R batch positions every engine
 program compiles once, not once per replica; the same seed draws the same tokens and
 log-probs as one device, with partial rollouts (a weight swap mid-rollout), routing records
-of a mixture of experts and multi-turn continuations (kept rows, :meth:`PagedEngine.extend`).
+of a mixture of experts, multi-turn continuations (kept rows, :meth:`PagedEngine.extend`), a
+hybrid stack's recurrent states (Qwen3.5) and a sampler mesh with fsdp > 1 (one replica per
+(data, fsdp) position).
 """
 
 import logging
@@ -34,6 +36,15 @@ def _scaled(config, seed=0):
 @pytest.fixture(scope="module")
 def params():
     return _scaled(CONFIG)
+
+
+# a hybrid stack (Qwen3.5: Gated DeltaNet and attention layers), each slot with its recurrent state
+HYBRID = ModelConfig.tiny("qwen3_5_text", eos_token_ids=(96,), pad_token_id=0, delta_chunk_size=4)
+
+
+@pytest.fixture(scope="module")
+def hybrid_params():
+    return _scaled(HYBRID)
 
 
 def _on(params, config=CONFIG, **axes):
@@ -153,13 +164,17 @@ def test_moe_routing_records_on_replicas_equal_one_device():
 
 
 @needs_8
-def test_multi_turn_rows_on_two_replicas_equal_one_device(params):
-    """Kept rows on different replicas, extended and decoded on: one device's rows."""
+@pytest.mark.parametrize("family", ["llama", pytest.param("qwen3_5", marks=pytest.mark.slow)])
+def test_multi_turn_rows_on_two_replicas_equal_one_device(params, hybrid_params, family):
+    """Kept rows on different replicas, extended and decoded on: one device's rows (a hybrid
+    stack's kept rows carry their recurrent state from their replica's slot to the extension
+    and back into a slot)."""
+    config, params = (CONFIG, params) if family == "llama" else (HYBRID, hybrid_params)
     greedy = SamplingConfig(greedy=True, temperature=0.7)
-    placed, mesh = _on(params, data=2)
+    placed, mesh = _on(params, config, data=2)
     kw = dict(sampling=greedy, seed=3, num_slots=2, page_size=4, max_len=48, gen_len=16)
     results = []
-    for eng in (PagedEngine(params, CONFIG, **kw), PagedEngine(placed, CONFIG, mesh=mesh, **kw)):
+    for eng in (PagedEngine(params, config, **kw), PagedEngine(placed, config, mesh=mesh, **kw)):
         a, b = (eng.submit(PROMPTS[i], prompt_id=i, max_new_tokens=5, keep=True)[0] for i in (1, 3))
         eng.run()
         logits = eng.extend(b, [7, 8, 9], max_new_tokens=6)
@@ -175,3 +190,83 @@ def test_multi_turn_rows_on_two_replicas_equal_one_device(params):
     for r in (0, 1):
         eng.release(r)
     assert all(rep.book.alloc.num_free == rep.book.alloc.num_pages - 1 for rep in eng.replicas)
+
+
+@needs_8
+@pytest.mark.slow
+@pytest.mark.parametrize("axes", [dict(data=4), dict(data=2, tensor=2)], ids=str)
+def test_hybrid_model_on_replicas_equals_one_device(hybrid_params, axes):
+    """Qwen3.5 (Gated DeltaNet + attention): each replica's slots keep their rows' recurrent
+    states (conv windows, delta-rule states; stacked and split over the replicas like the
+    page pool), refilled as rows finish: the same tokens and log-probs as one device."""
+    kw = dict(sampling=SAMPLED, num_samples=2, seed=3, max_new_tokens=8, num_slots=4)
+    kw |= dict(page_size=4, chunk_steps=3)  # refills into slots a row left its state in
+    one = generate_paged(hybrid_params, HYBRID, PROMPTS, **kw)
+    placed, mesh = _on(hybrid_params, HYBRID, **axes)
+    eng = PagedEngine(placed, HYBRID, num_slots=4, page_size=4, max_len=32, gen_len=8, mesh=mesh)
+    assert eng.num_replicas == axes["data"] and eng.state.conv is not None
+    assert eng.state.conv.shape[0] == axes["data"]  # [R, L', S, W-1, C]
+    assert {s.data.shape[0] for s in eng.state.state.addressable_shards} == {1}
+    out = generate_paged(placed, HYBRID, PROMPTS, mesh=mesh, **kw)
+    assert len(set(np.asarray(out.tokens)[:, 0].tolist())) > 1  # not one repeated token
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(one.lengths))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one.logprobs), atol=2e-5)
+
+
+@needs_8
+@pytest.mark.parametrize("axes", [dict(data=2, fsdp=2), dict(fsdp=4)], ids=str)
+def test_fsdp_mesh_runs_one_replica_per_batch_position(params, axes):
+    """A sampler mesh with fsdp > 1 (the learner's layout, weights split over fsdp): fsdp is a
+    batch axis, so every (data, fsdp) position is a replica; each program takes the weights
+    whole (``over_replicas`` passes shared arguments unsplit) and the rows equal one
+    device's."""
+    kw = dict(sampling=SAMPLED, num_samples=2, seed=3, max_new_tokens=10, num_slots=4)
+    kw |= dict(page_size=4, chunk_steps=3)
+    one = generate_paged(params, CONFIG, PROMPTS, **kw)
+    placed, mesh = _on(params, **axes)
+    assert any("fsdp" in str(x.sharding.spec) for x in jax.tree.leaves(placed))
+    assert replica_axes(mesh) == tuple(a for a in ("data", "fsdp") if axes.get(a, 1) > 1)
+    eng = PagedEngine(placed, CONFIG, num_slots=4, page_size=4, max_len=32, gen_len=10, mesh=mesh)
+    assert eng.num_replicas == 4
+    assert {s.data.shape[0] for s in eng.state.cache.k.addressable_shards} == {1}
+    out = generate_paged(placed, CONFIG, PROMPTS, mesh=mesh, **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(one.lengths))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one.logprobs), atol=2e-5)
+
+
+def _computations(hlo: str) -> dict[str, str]:
+    """A compiled HLO module's computations by name (ENTRY's as 'ENTRY')."""
+    out = {}
+    for block in re.split(r"\n(?=%|ENTRY )", hlo):
+        head = block.split(" ", 2)
+        name = "ENTRY" if head[0] == "ENTRY" else head[0]
+        out[name] = block
+    return out
+
+
+@needs_8
+def test_fsdp_mesh_gathers_the_weights_once_per_chunk_outside_the_decode_loop(params, monkeypatch):
+    """On data=2 x fsdp=2 each replica takes the weights whole: the decode chunk gathers every
+    fsdp-split weight at its start, none inside its ``while`` loop (per token)."""
+    import jaxrl_llm.sampling.engine as engine_module
+
+    placed, mesh = _on(params, data=2, fsdp=2)
+    real, seen = engine_module.decode_chunk, []
+
+    def spy(*args, **kwargs):
+        seen.append(real.lower(*args, **kwargs).compile().as_text())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "decode_chunk", spy)
+    eng = PagedEngine(
+        placed, CONFIG, sampling=SAMPLED, num_slots=2, page_size=4, max_len=16, gen_len=4, mesh=mesh
+    )
+    for i in range(4):
+        eng.submit(PROMPTS[i], prompt_id=i, max_new_tokens=4)
+    eng.step()
+    comps = _computations(seen[0])
+    gathering = {n for n, text in comps.items() if re.search(r" all-gather\(", text)}
+    assert gathering == {"ENTRY"}, gathering
+    assert re.search(r" while\(", comps["ENTRY"])  # the decode loop, after the gathers
