@@ -141,7 +141,6 @@ LONG_MODULES_ALLOWED = {
     "train/compile/memory.py",
     "train/online/algorithms.py",
     "train/online/trainer.py",
-    "train/run/checkpoint.py",
     # the paged engine with its replicas as one program (issue 39 item 3): its host-side
     # records (Row, _Replica, layout_routing) are the seam to split along
     "sampling/engine.py",
