@@ -139,7 +139,6 @@ LONG_MODULES_ALLOWED = {
     "train/compile/aot.py",
     "train/compile/hlo_cost.py",
     "train/compile/memory.py",
-    "train/online/algorithms.py",
     "train/online/trainer.py",
     # the paged engine with its replicas as one program (issue 39 item 3): its host-side
     # records (Row, _Replica, layout_routing) are the seam to split along

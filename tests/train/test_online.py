@@ -373,7 +373,7 @@ def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
 
 def test_token_step_ids_follow_the_step_spans():
     from jaxrl_llm.data import CharTokenizer
-    from jaxrl_llm.train.online.algorithms import token_step_ids
+    from jaxrl_llm.train.online.advantages import token_step_ids
 
     tok = CharTokenizer()
     text = "ab\ncd\n\nef"
