@@ -37,7 +37,8 @@ from jaxrl_llm import objectives, ops
 from jaxrl_llm import rewards as reward_lib
 from jaxrl_llm.losses import AlgorithmFamily
 from jaxrl_llm.parallel import over_processes
-from jaxrl_llm.train.config.plan import CRITIC_LAYOUT, RunPlan
+from jaxrl_llm.train.config.batch_layout import CRITIC_LAYOUT
+from jaxrl_llm.train.config.plan import RunPlan
 from jaxrl_llm.train.online.advantages import (
     check_finite_output,
     estimate_advantages,
