@@ -133,12 +133,10 @@ LONG_MODULES_ALLOWED = {
     "models/layer.py",
     "models/moe.py",
     "models/transformer.py",
-    # not yet split: the AOT compile report, the HLO cost walk, the memory estimator and the
-    # online trainer
+    # not yet split: the AOT compile report, the HLO cost walk and the memory estimator
     "train/compile/aot.py",
     "train/compile/hlo_cost.py",
     "train/compile/memory.py",
-    "train/online/trainer.py",
     # the paged engine with its replicas as one program (issue 39 item 3): its host-side
     # records (Row, _Replica, layout_routing) are the seam to split along
     "sampling/engine.py",
