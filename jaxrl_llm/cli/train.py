@@ -141,7 +141,7 @@ def _watch_peers(cfg) -> None:
     """Start the watch on the job's other processes (:func:`jaxrl_llm.parallel.watch_peers`):
     a lost process stops this one with a line naming it and the last complete checkpoint."""
     from jaxrl_llm.parallel import watch_peers
-    from jaxrl_llm.train.run.checkpoint import last_checkpoint_words
+    from jaxrl_llm.train.run.checkpoint_steps import last_checkpoint_words
 
     where = os.path.join(cfg.output_dir, "checkpoints")
     _PEERS["watch"] = watch_peers(lambda: last_checkpoint_words(where))

@@ -19,7 +19,8 @@ Batch layout (all token arrays batch-major ``[B, T]``). Offline batches are righ
 online RL row is its prompt left-padded to the batch's prompt width followed by the
 completion right-padded to the generation budget, so every target sits in the last
 ``rollout.max_new_tokens`` columns (``LogprobSettings.window``). Losses read the masks, never
-the padding side. The trainers' layouts as data: :class:`jaxrl_llm.train.config.plan.BatchLayout`.
+the padding side. The trainers' layouts as data:
+:class:`jaxrl_llm.train.config.batch_layout.BatchLayout`.
 
 * Sequence batch (SFT; also KTO and pairwise-rank rows): ``input_ids`` int32 (prompt +
   completion), ``attention_mask`` (1 = real token), ``loss_mask`` (1 where token t is a

@@ -1,6 +1,7 @@
-"""The algorithm strategies (train/online/algorithms.py): advantage estimators by hand, token step ids,
-the loss weight, and each family's ``prepare`` on a hand-built :class:`Experience`, checked
-against the plan's hand-over layout. Only PPO builds a (tiny) model: its critic."""
+"""The algorithm strategies (train/online/algorithms.py, advantages.py): advantage estimators
+by hand, token step ids, the loss weight, and each family's ``prepare`` on a hand-built
+:class:`Experience`, checked against the plan's hand-over layout. Only PPO builds a (tiny)
+model: its critic."""
 
 import types
 
@@ -14,16 +15,18 @@ from jaxrl_llm.train.config.config_io import from_dict
 from jaxrl_llm.train.config.plan import plan_run
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.config.sections import RolloutSection
+from jaxrl_llm.train.online.advantages import (
+    estimate_advantages,
+    invalid_to_zero,
+    loss_weight,
+    token_step_ids,
+)
 from jaxrl_llm.train.online.algorithms import (
     STRATEGIES,
     GroupPolicyGradient,
     OnlinePairs,
     PPOStrategy,
-    estimate_advantages,
-    invalid_to_zero,
-    loss_weight,
     make_strategy,
-    token_step_ids,
 )
 from tests.train.test_experience import make_experience, make_rollout
 

@@ -72,7 +72,7 @@ def test_an_entry_the_loss_does_not_read_costs_no_argument_bytes(v5e, monkeypatc
     import dataclasses
 
     import jaxrl_llm.train.compile.aot as aot
-    from jaxrl_llm.train.config.plan import BatchField
+    from jaxrl_llm.train.config.batch_layout import BatchField
 
     plain = _programs(compile_run(CONFIG, "dapo", v5e, **RUN))
     planned = aot.plan_run

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from jaxrl_llm.train.run.checkpoint import complete_steps
+from jaxrl_llm.train.run.checkpoint_steps import complete_steps
 from jaxrl_llm.train.run.logging import read_metrics
 from tests.train.harness import (
     NATIVE,

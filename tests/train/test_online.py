@@ -225,7 +225,7 @@ def test_step_metrics_over_updates_weight_the_micro_batches_that_ran():
 
 
 def test_update_micro_batches_keep_groups_on_one_device(toy_data, tmp_path):
-    from jaxrl_llm.train.config.plan import update_micro_batches
+    from jaxrl_llm.train.config.loss_plan import update_micro_batches
 
     cfg = toy_config(
         toy_data,
@@ -373,7 +373,7 @@ def test_ppo_resume_restores_the_critic(toy_data, tmp_path):
 
 def test_token_step_ids_follow_the_step_spans():
     from jaxrl_llm.data import CharTokenizer
-    from jaxrl_llm.train.online.algorithms import token_step_ids
+    from jaxrl_llm.train.online.advantages import token_step_ids
 
     tok = CharTokenizer()
     text = "ab\ncd\n\nef"
@@ -431,7 +431,7 @@ def test_kl_schedule_moves_beta_without_recompiling(toy_data, tmp_path):
     assert betas == pytest.approx([0.1, 0.05, 0.0])
     assert compiled == 1
     with pytest.raises(ConfigError, match="cannot schedule 'beta'"):
-        from jaxrl_llm.train.config.plan import loss_config
+        from jaxrl_llm.train.config.loss_plan import loss_config
 
         loss_config(toy_config(toy_data, tmp_path, "grpo", schedules=[dict(name="beta", end=0.0)]))
 

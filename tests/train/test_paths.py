@@ -22,12 +22,8 @@ from jaxrl_llm.parallel import make_mesh
 from jaxrl_llm.train import abstract_train_state, create_train_state
 from jaxrl_llm.train.config.sections import LoggingSection
 from jaxrl_llm.train.run import paths
-from jaxrl_llm.train.run.checkpoint import (
-    CheckpointManager,
-    complete_steps,
-    last_checkpoint_words,
-    restore_model,
-)
+from jaxrl_llm.train.run.checkpoint import CheckpointManager, restore_model
+from jaxrl_llm.train.run.checkpoint_steps import complete_steps, last_checkpoint_words
 from tests.train.common import axes, init_fn, tiny_config
 from tests.train.fake_bucket import fake_bucket
 from tests.train.harness import CHECKPOINTED, ROOT, SFT, run_cli

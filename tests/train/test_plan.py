@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.parallel import topology
+from jaxrl_llm.train.config.batch_layout import BatchLayout
 from jaxrl_llm.train.config.config_io import from_dict
-from jaxrl_llm.train.config.plan import BatchLayout, plan_run
+from jaxrl_llm.train.config.plan import plan_run
 from jaxrl_llm.train.config.run_config import RunConfig
 from tests.train.test_online import toy_config, toy_data  # noqa: F401  (fixture)
 

@@ -442,7 +442,7 @@ def test_a_teacher_with_non_finite_weights_is_refused_before_its_first_step():
     import jax.numpy as jnp
 
     from jaxrl_llm.errors import ModelLoadError
-    from jaxrl_llm.train.online.algorithms import check_finite_weights
+    from jaxrl_llm.train.online.advantages import check_finite_weights
 
     params = {"embed": {"embedding": jnp.ones((3, 2))}, "layers": {"w": jnp.zeros((2, 2))}}
     check_finite_weights(params, "teacher.source='t'")  # finite: nothing

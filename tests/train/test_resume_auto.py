@@ -11,7 +11,7 @@ import pytest
 
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.cli.train import resume_command
-from jaxrl_llm.train.run.checkpoint import complete_steps
+from jaxrl_llm.train.run.checkpoint_steps import complete_steps
 from tests.train.harness import CHECKPOINTED as TINY
 from tests.train.harness import SFT, run_cli
 

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.train.config.batch_layout import ROUTING_FIELD
 from jaxrl_llm.train.config.config_io import from_dict
-from jaxrl_llm.train.config.plan import ROUTING_FIELD, plan_run
+from jaxrl_llm.train.config.plan import plan_run
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.trainer import OnlineTrainer
 

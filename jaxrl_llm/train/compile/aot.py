@@ -63,13 +63,8 @@ from jaxrl_llm.train.compile.aot_inputs import (
 )
 from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
 from jaxrl_llm.train.compile.memory import estimate_memory
-from jaxrl_llm.train.config.plan import (
-    CRITIC_LAYOUT,
-    SEQUENCE_LAYOUT,
-    RunPlan,
-    plan_for_model,
-    plan_run,
-)
+from jaxrl_llm.train.config.batch_layout import CRITIC_LAYOUT, SEQUENCE_LAYOUT
+from jaxrl_llm.train.config.plan import RunPlan, plan_for_model, plan_run
 from jaxrl_llm.train.config.preflight import check_mesh
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.builder import (

@@ -2,7 +2,7 @@
 line sizes describe (:func:`run_config_for`), compiling one program and reading its memory
 (:func:`compile_program`), the decode state's shardings, per-device bytes of abstract arrays,
 and the analytic FLOPs (see :mod:`jaxrl_llm.train.compile.aot`). The batches are the run plan's
-layouts (:class:`jaxrl_llm.train.config.plan.BatchLayout`)."""
+layouts (:class:`jaxrl_llm.train.config.batch_layout.BatchLayout`)."""
 
 from __future__ import annotations
 

@@ -14,10 +14,14 @@ compile`` ask of a config after validation is a field of it, read, never recompu
   run's layout is decided;
 * what the update needs: a reference forward, a critic, a correction entry, traced
   hyperparameters;
-* the learner batch as data (:class:`BatchLayout`): the keys, dimensions and dtypes the
-  policy's train step takes, and the entries a companion update (PPO's critic) reads beside
-  them. Strategies hand the learner batches that :meth:`BatchLayout.check` accepts, and the
-  compiler lowers the step on :meth:`BatchLayout.abstract` of the same layout.
+* the learner batch as data (:class:`~jaxrl_llm.train.config.batch_layout.BatchLayout`, whose
+  fields are :mod:`~jaxrl_llm.train.config.batch_layout`'s): the keys, dimensions and dtypes
+  the policy's train step takes, and the entries a companion update (PPO's critic) reads
+  beside them. Strategies hand the learner batches that ``BatchLayout.check`` accepts, and
+  the compiler lowers the step on ``BatchLayout.abstract`` of the same layout.
+
+The loss's config, log-prob settings and micro-batches are resolved by
+:mod:`~jaxrl_llm.train.config.loss_plan`.
 
 Per-family answers come from the algorithm's registry entry
 (:class:`jaxrl_llm.losses.Algorithm`: ``rl_batches``, ``pairs_per_group``,
@@ -31,177 +35,28 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.losses import LogprobSettings
-from jaxrl_llm.losses.policy_config import EntropyControl, PolicyGradientConfig
 from jaxrl_llm.losses.registry import Algorithm, LossSpec
 from jaxrl_llm.parallel.decode_model import Chip
 from jaxrl_llm.parallel.placement import Placement, plan_placement, resolve_sampler
+from jaxrl_llm.train.config.batch_layout import (
+    CRITIC_FIELDS,
+    KIND_FIELDS,
+    PAIR_ROUTING_FIELDS,
+    REFERENCE_FIELDS,
+    ROUTING_FIELD,
+    BatchField,
+    BatchLayout,
+    float_fields,
+    packed_layout,
+)
+from jaxrl_llm.train.config.loss_plan import logprob_settings, loss_config, update_micro_batches
 from jaxrl_llm.train.config.run_config import RunConfig
 
 MESH_SIZES = ("data", "fsdp", "tensor", "expert", "context")
-
-
-# ----- the learner batch as data --------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchField:
-    """One learner batch entry.
-
-    Attributes:
-      name: the batch key.
-      dims: symbolic dimensions: ``rows`` (sequences), ``tokens`` (T, the padded length) or
-        ``window`` (W, a packed batch's completion window); ``packed_rows`` / ``packed_len``
-        for a packed batch's model inputs; ``layers`` / ``topk`` (L, k of a mixture of
-        experts: :data:`ROUTING_FIELD`); ``teacher_tokens`` (T', a distillation teacher's
-        own rows: its prompt, then the same completion columns).
-      dtype: ``int32`` or ``float32``.
-    """
-
-    name: str
-    dims: tuple[str, ...]
-    dtype: str
-
-
-def _ints(*names: str, dims=("rows", "tokens")) -> tuple[BatchField, ...]:
-    return tuple(BatchField(n, dims, "int32") for n in names)
-
-
-def _floats(*names: str, dims=("rows", "tokens")) -> tuple[BatchField, ...]:
-    return tuple(BatchField(n, dims, "float32") for n in names)
-
-
-def _sequence(prefix: str = "") -> tuple[BatchField, ...]:
-    return _ints(f"{prefix}input_ids", f"{prefix}attention_mask", f"{prefix}loss_mask")
-
-
-# The losses' batch layouts (``LossSpec.batch_kind``; the losses package docstring), without
-# their optional entries: the reference's and a rollout correction's.
-_KIND_FIELDS: dict[str, tuple[BatchField, ...]] = {
-    "sequence": _sequence(),
-    "rl": _sequence() + _floats("old_logp", "advantages"),
-    "preference": _sequence("chosen_") + _sequence("rejected_"),
-    "kto": _sequence() + _sequence("kl_") + _floats("label", dims=("rows",)),
-    "rank": _sequence() + _floats("scores", dims=("rows",)),
-    # GKD: the teacher runs in the step on its own prompt + the same completion columns
-    "distill": _sequence()
-    + _floats("old_logp", "advantages")
-    + _ints("teacher_input_ids", "teacher_attention_mask", dims=("rows", "teacher_tokens")),
-}
-# what each layout's reference pass adds (``LossSpec.reference_fn``'s keys)
-_REFERENCE_FIELDS: dict[str, tuple[BatchField, ...]] = {
-    "rl": _floats("ref_logp"),
-    "preference": _floats("ref_chosen_logps", "ref_rejected_logps", dims=("rows",)),
-    "kto": _floats("ref_logps", "ref_kl_logps", dims=("rows",)),
-}
-# a mixture of experts' recorded routing (``rollout.routing_replay`` / ``record_routing``, R3):
-# each token's top-k experts per layer, over the whole row as ``input_ids``
-ROUTING_FIELD = BatchField("routing", ("rows", "tokens", "layers", "topk"), "int32")
-# ... and a preference batch's (online DPO), one per side, aligned with ``{side}_input_ids``
-PAIR_ROUTING_FIELDS = tuple(
-    dataclasses.replace(ROUTING_FIELD, name=f"{side}_routing") for side in ("chosen", "rejected")
-)
-# PPO's critic update reads these beside the actor's batch (the actor's step does not take them)
-CRITIC_FIELDS: tuple[BatchField, ...] = _floats("values", "returns")
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchLayout:
-    """A learner batch's keys, symbolic dimensions and dtypes (see :class:`BatchField`).
-
-    Attributes:
-      kind: the loss's ``batch_kind``.
-      fields: the entries, in order.
-    """
-
-    kind: str
-    fields: tuple[BatchField, ...]
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The batch keys."""
-        return tuple(f.name for f in self.fields)
-
-    def with_fields(self, *fields: BatchField) -> BatchLayout:
-        """This layout with ``fields`` added."""
-        return dataclasses.replace(self, fields=self.fields + tuple(fields))
-
-    def without(self, *names: str) -> BatchLayout:
-        """This layout without the entries ``names``."""
-        return dataclasses.replace(
-            self, fields=tuple(f for f in self.fields if f.name not in names)
-        )
-
-    def shapes(self, **sizes: int) -> dict[str, tuple[tuple[int, ...], str]]:
-        """``{key: (shape, dtype)}`` for concrete sizes of the symbolic dimensions."""
-        return {f.name: (tuple(sizes[d] for d in f.dims), f.dtype) for f in self.fields}
-
-    def abstract(self, sharding: Any = None, **sizes: int) -> dict[str, jax.ShapeDtypeStruct]:
-        """The batch as ``ShapeDtypeStruct``s (nothing allocated), each with ``sharding``."""
-        return {
-            k: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
-            for k, (shape, dtype) in self.shapes(**sizes).items()
-        }
-
-    def check(self, batch: Mapping[str, Any], *, where: str) -> None:
-        """Raise unless ``batch`` holds exactly these keys, each with its rank and dtype and
-        one size per symbolic dimension across entries.
-
-        Raises:
-          ValueError: naming ``where`` (the code that built the batch) and the mismatch.
-        """
-        got, want = set(batch), set(self.names)
-        if got != want:
-            raise ValueError(
-                f"{where}: the {self.kind} learner batch has keys {sorted(got)}; the run plan's "
-                f"layout is {sorted(want)} (missing {sorted(want - got)}, extra "
-                f"{sorted(got - want)})"
-            )
-        seen: dict[str, int] = {}
-        for f in self.fields:
-            x = batch[f.name]
-            shape = np.shape(x)
-            dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-            if len(shape) != len(f.dims) or np.dtype(dtype) != np.dtype(f.dtype):
-                raise ValueError(
-                    f"{where}: {f.name} is {dtype}{list(shape)}; the run plan's layout has "
-                    f"{f.dtype}[{', '.join(f.dims)}]"
-                )
-            for d, n in zip(f.dims, shape, strict=True):
-                if seen.setdefault(d, int(n)) != n:
-                    raise ValueError(
-                        f"{where}: {f.name}'s {d} is {n}, another entry's is {seen[d]}"
-                    )
-
-
-SEQUENCE_LAYOUT = BatchLayout("sequence", _KIND_FIELDS["sequence"])
-"""Token ids and masks: what a log-prob forward (the correction's recompute) reads."""
-CRITIC_LAYOUT = BatchLayout("critic", _KIND_FIELDS["sequence"] + CRITIC_FIELDS)
-"""The batch PPO's critic update takes (its loss reads the values and returns)."""
-
-
-def packed_layout(layout: BatchLayout) -> BatchLayout:
-    """The ``rl`` layout after :func:`jaxrl_llm.data.pack_rl_batch`: the model inputs as
-    packed rows (with ``segment_ids`` and ``positions``), every per-token entry cut to the
-    completion window, and ``unpack_index`` pointing each at its packed token."""
-    packed = ("packed_rows", "packed_len")
-    out = []
-    for f in layout.fields:
-        if f.name in ("input_ids", "attention_mask"):
-            out.append(dataclasses.replace(f, dims=packed))
-        elif f.name == ROUTING_FIELD.name:  # packed as the model inputs are
-            out.append(dataclasses.replace(f, dims=(*packed, *f.dims[2:])))
-        elif f.dims == ("rows", "tokens"):
-            out.append(dataclasses.replace(f, dims=("rows", "window")))
-        else:
-            out.append(f)
-    out += [*_ints("segment_ids", "positions", dims=packed)]
-    out += [*_ints("unpack_index", dims=("rows", "window"))]
-    return BatchLayout(layout.kind, tuple(out))
 
 
 # ----- the plan --------------------------------------------------------------------------------
@@ -319,7 +174,7 @@ class RunPlan:
     def input_layout(self) -> BatchLayout:
         """The batch before the reference's and the correction's entries: what the reference
         forward reads."""
-        return BatchLayout(self.layout.kind, _KIND_FIELDS[self.layout.kind])
+        return BatchLayout(self.layout.kind, KIND_FIELDS[self.layout.kind])
 
     @property
     def handover_layout(self) -> BatchLayout:
@@ -392,11 +247,11 @@ def _plan_layout(
     """The fields of the batch the update takes: the loss's kind, plus the reference's
     log-probs, the correction's weights and the recorded routing where they are used."""
     kind = spec.layout_kind(lc)
-    layout = BatchLayout(kind, _KIND_FIELDS[kind])
+    layout = BatchLayout(kind, KIND_FIELDS[kind])
     if ref_in_loss:
-        layout = layout.with_fields(*_REFERENCE_FIELDS[kind])
+        layout = layout.with_fields(*REFERENCE_FIELDS[kind])
     if correction is not None:
-        layout = layout.with_fields(*_floats(correction))
+        layout = layout.with_fields(*float_fields(correction))
     if cfg.is_online and cfg.rollout.records_routing:
         if spec.batch_kind == "preference" and not cfg.logprobs.pack:
             layout = layout.with_fields(*PAIR_ROUTING_FIELDS)
@@ -496,7 +351,7 @@ def plan_for_model(
     return dataclasses.replace(plan, placement=placement)
 
 
-# ----- what a config resolves to (each called once, by plan_run) ------------------------------
+# ----- where each role lives (called once, by plan_run) --------------------------------------
 
 
 def run_placement(
@@ -545,114 +400,3 @@ def run_placement(
             f"use a degree that divides a process's devices"
         )
     return placement
-
-
-def loss_config(cfg: RunConfig):
-    """The algorithm's loss config: its paper preset with ``cfg.loss`` validated on top (and,
-    for a loss with a generation-budget ``max_len``, the rollout's ``max_new_tokens`` unless
-    ``loss.max_len`` is given). Read it from :attr:`RunPlan.loss_config`."""
-    from jaxrl_llm.train.config.config_io import from_dict, to_dict
-
-    algo = cfg.algo
-    spec = algo.loss_spec()
-    try:
-        base = to_dict(algo.preset())
-    except TypeError:  # the preset has required fields (e.g. pairwise_rank's group_size)
-        base = {}
-    overrides = dict(cfg.loss)
-    if (
-        cfg.is_online
-        and "max_new_tokens" in algo.sampling_settings
-        and base.get("max_len") is not None
-        and "max_len" not in overrides
-    ):
-        overrides["max_len"] = cfg.rollout.max_new_tokens
-    config = from_dict(spec.config_cls, {**base, **overrides}, prefix="loss")
-    _check_schedules(cfg, spec, config)
-    if (
-        cfg.is_online
-        and cfg.rollout.correction is not None
-        and isinstance(config, PolicyGradientConfig)
-        and config.entropy_control is not EntropyControl.NONE
-    ):
-        raise ConfigError(
-            f"loss.entropy_control={config.entropy_control.value!r} with rollout.correction: "
-            "KL-Cov / Clip-Cov take no importance weights yet; use one or the other"
-        )
-    return config
-
-
-def _check_schedules(cfg: RunConfig, spec: LossSpec, config) -> None:
-    seen = set()
-    for item in cfg.schedules:
-        key = f"schedules[{item.name}]"
-        if item.name not in spec.traced_hparams:
-            raise ConfigError(
-                f"{key}: {cfg.algorithm}'s loss cannot schedule {item.name!r}; "
-                f"it can schedule: {list(spec.traced_hparams) or 'nothing'}"
-            )
-        if item.name in seen:
-            raise ConfigError(f"{key}: scheduled twice")
-        seen.add(item.name)
-        if not getattr(config, item.name) > 0:
-            raise ConfigError(
-                f"{key}: loss.{item.name} must be > 0 for a schedule (0 switches "
-                f"the term off when the step compiles)"
-            )
-
-
-def logprob_settings(cfg: RunConfig) -> LogprobSettings:
-    """How the policy's losses compute log-probs in this run: online RL batches read the
-    completion window at the sampling temperature and, with ``logprobs.shared_prompt``,
-    compute each prompt once per group; otherwise every column at τ = 1. Read it from
-    :attr:`RunPlan.logprobs`."""
-    lp, r, algo = cfg.logprobs, cfg.rollout, cfg.algo
-    if not algo.rollout_logprobs:
-        return LogprobSettings(chunk_size=lp.chunk_size)
-    temperature = r.temperature if "temperature" in algo.sampling_settings else 1.0
-    # each minibatch holds whole groups: the update's forward can share each group's prompt
-    whole_groups = r.prompts_per_step % r.minibatches == 0
-    group = r.group_size if lp.shared_prompt and whole_groups and not lp.pack else 1
-    # rollout batches keep every target in their last max_new_tokens columns
-    return LogprobSettings(
-        temperature=temperature,
-        chunk_size=lp.chunk_size,
-        window=r.max_new_tokens,
-        prompt_group_size=group,
-    )
-
-
-def update_micro_batches(cfg: RunConfig, loss_cfg=None, *, shards: int = 1) -> int:
-    """How many micro-batches an online minibatch update is split into so that groups whose
-    advantages are all zero can be skipped (``rollout.skip_zero_advantage``). Read it from
-    :attr:`RunPlan.rows`.
-
-    Each micro-batch holds k whole groups: the smallest k ≥ ``rollout.micro_batch_groups``
-    that divides the minibatch's groups into at least two micro-batches and is a multiple of
-    ``shards`` (the mesh's data × fsdp devices: every device then holds whole groups), else
-    the smallest whose k·G rows split over the shards. 1 when skipping does not apply: an
-    algorithm without group skipping, a loss with a β·KL or entropy term, minibatches that
-    split groups.
-    """
-    r = cfg.rollout
-    if (
-        not cfg.algo.group_skipping
-        or not r.skip_zero_advantage
-        or r.group_size < 2
-        or r.prompts_per_step % r.minibatches
-    ):
-        return 1
-    spec = cfg.algo.loss_spec()
-    if spec.zero_batch_fn is None or spec.zero_batch_fn(loss_cfg or loss_config(cfg)) is None:
-        return 1
-    if any(item.name in ("kl_coef", "entropy_coef") for item in cfg.schedules):
-        return 1
-    groups = r.prompts_per_step // r.minibatches
-    sizes = range(max(1, r.micro_batch_groups), groups + 1)
-    # First choice: k a multiple of the shards, so each device holds whole groups (the shared
-    # prompt is then computed without crossing devices); else any k whose rows split evenly.
-    for fits in (lambda k: k % shards == 0, lambda k: (k * r.group_size) % shards == 0):
-        for k in sizes:
-            if groups % k == 0 and groups // k > 1 and fits(k):
-                return groups // k
-    return 1

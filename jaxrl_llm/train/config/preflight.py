@@ -138,7 +138,7 @@ def check_context(cfg: RunConfig, context: int) -> None:
     """
     if context <= 1:
         return
-    from jaxrl_llm.train.config.plan import logprob_settings
+    from jaxrl_llm.train.config.loss_plan import logprob_settings
 
     if cfg.model.attention != "auto":
         raise ConfigError(

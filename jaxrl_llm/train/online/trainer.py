@@ -26,7 +26,7 @@ import optax
 
 from jaxrl_llm import models
 from jaxrl_llm.data import Format, make_iterator
-from jaxrl_llm.parallel import check_host_blocks, gather_numbers
+from jaxrl_llm.parallel import check_host_blocks
 from jaxrl_llm.parallel.decode_model import device_chip
 from jaxrl_llm.parallel.host_rows import EXCHANGED
 from jaxrl_llm.parallel.sampler_copy import SamplerCopy
@@ -47,6 +47,7 @@ from jaxrl_llm.train.online.experience import (
 from jaxrl_llm.train.online.learner import Learner, context_padded
 from jaxrl_llm.train.online.producer import Producer, WeightBox, snapshot
 from jaxrl_llm.train.online.rollout import Rollouts
+from jaxrl_llm.train.online.step_metrics import advantage_metrics, row_metrics
 from jaxrl_llm.train.online.teacher import load_teacher
 from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
@@ -396,85 +397,24 @@ class OnlineTrainer(RunLoop):
         out.update(correction)
         out.update(self.sampler.metrics())
         out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
-        # the step's rows (every process's, host-local): a few numbers per row
-        rewards, valid, lengths, truncated = (
-            gather_numbers(
-                np.stack(
-                    [
-                        np.asarray(exp.rewards, np.float32),
-                        np.asarray(exp.valid, np.float32),
-                        np.asarray(exp.rollout.lengths, np.float32),
-                        np.asarray(exp.rollout.truncated, np.float32),
-                    ]
-                )
-            )
-            .transpose(1, 0, 2)
-            .reshape(4, -1)
-        )
-        lengths = lengths.astype(np.int64)
+        rows, tokens = row_metrics(exp)  # the step's rows (every process's, host-local)
         out.update(
             {
                 **info,
-                "reward/mean": float(rewards.mean()),
-                "reward/std": float(rewards.std()),
-                "reward/failed": int((valid == 0).sum()),
-                "completion/length_mean": float(lengths.mean()),
-                "completion/length_max": int(lengths.max()),
-                "completion/truncated_frac": float(truncated.mean()),
+                **rows,
                 "time/rollout_s": t_rollout,
                 "time/reference_s": self._t_ref,
                 "time/prepare_s": t2 - t1 - self._t_ref - correction.get("time/recompute_s", 0.0),
                 "time/update_s": t_update,
                 "time/step_s": time.perf_counter() - t0,
-                "rollout/tokens_per_s": int(lengths.sum()) / max(t_rollout, 1e-9),
+                "rollout/tokens_per_s": tokens / max(t_rollout, 1e-9),
             }
         )
-        if prepared.advantages is not None:
-            adv = prepared.advantages
-            flat = (
-                adv
-                if adv.ndim == 1
-                else adv[np.asarray(exp.rollout.mask, bool)]
-                if adv.shape == exp.rollout.mask.shape
-                else adv[prepared.batch["loss_mask"] > 0]
-            )
-            out.update(advantage_stats(flat))
+        out.update(advantage_metrics(prepared, exp))
         if jax.process_count() > 1:  # what this step sent other hosts outside its programs
             out["hosts/exchanged_bytes"] = EXCHANGED[0] - sent
             out["hosts/collectives"] = EXCHANGED[1] - calls
         return out
-
-
-def advantage_stats(flat: np.ndarray) -> dict[str, float]:
-    """Mean, std, max and min of a step's advantages (``flat``: this process's, over the
-    tokens or rows the update weighs), over every process's (four numbers each). All zero
-    when every row is masked (all failed: nothing trained)."""
-    flat = np.asarray(flat, np.float64)
-    big = np.finfo(np.float64).max
-    mine = [
-        flat.size,
-        flat.sum(),
-        np.square(flat).sum(),
-        flat.max(initial=-big),
-        flat.min(initial=big),
-    ]
-    n, total, squares, hi, lo = gather_numbers(np.array(mine, np.float64)).T
-    count = n.sum()
-    if count == 0:
-        return {
-            "advantage/mean": 0.0,
-            "advantage/std": 0.0,
-            "advantage/max": 0.0,
-            "advantage/min": 0.0,
-        }
-    mean = total.sum() / count
-    var = max(squares.sum() / count - mean * mean, 0.0)
-    return {
-        "advantage/mean": float(mean),
-        "advantage/std": float(np.sqrt(var)),
-        "advantage/max": float(hi.max()),
-        "advantage/min": float(lo.min()),
-    }
 
 
 def _check_processes(cfg: RunConfig) -> None:

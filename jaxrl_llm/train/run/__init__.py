@@ -1,5 +1,5 @@
 """The run loop shared by the trainers (``loop``): resume, checkpoints (``checkpoint``,
-``run_state``), logging (``logging``), fault points for the kill tests (``faults``) and
-throughput helpers (``throughput``).
+``checkpoint_steps``, ``run_state``), logging (``logging``), fault points for the kill tests
+(``faults``) and throughput helpers (``throughput``).
 
 Public names are exported by :mod:`jaxrl_llm.train`."""

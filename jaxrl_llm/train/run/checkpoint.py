@@ -16,13 +16,14 @@ the same way (temporary name, then rename).
 
 Damage: restoring the newest step skips one whose files are unreadable — truncated arrays, a
 missing item (``params/``), a zero-byte file, metadata that is not JSON, an empty step folder
-(:func:`step_damage`) — with one line naming it, and takes the previous one; only arrays that
-read back but do not fit the target structure (a changed config) are a structure error. A save
-the disk cannot hold is refused before it writes, in one line (the space needed, free, where).
+(:mod:`~jaxrl_llm.train.run.checkpoint_steps`) — with one line naming it, and takes the
+previous one; only arrays that read back but do not fit the target structure (a changed config)
+are a structure error. A save the disk cannot hold is refused before it writes, in one line
+(the space needed, free, where).
 
 Where: ``directory`` is a local path or a URI (``gs://bucket/run/checkpoints``) handed to orbax
 as an :class:`etils.epath.Path` (:mod:`jaxrl_llm.train.run.paths`). On a URI the free-space
-check and :func:`step_damage` are skipped (no local disk to ask: orbax's own errors decide),
+check and the damage check are skipped (no local disk to ask: orbax's own errors decide),
 and the tokenizer is written locally and copied up.
 
 Restoring onto another mesh: pass the abstract state of the *new* mesh (shapes + shardings,
@@ -38,8 +39,6 @@ import json
 import logging
 import os
 import shutil
-import sys
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -51,6 +50,13 @@ from jaxrl_llm.errors import CheckpointError
 from jaxrl_llm.models.config import ModelConfig, known_keys
 from jaxrl_llm.train.programs.state import TrainState
 from jaxrl_llm.train.run import paths
+from jaxrl_llm.train.run.checkpoint_steps import (
+    COMMIT_FILE,
+    PARSE_NOTES,
+    newest_intact,
+    raise_if_damaged,
+    restore_step,
+)
 
 _ARRAY_ITEMS = ("params", "opt_state", "meta")
 _JSON_ITEMS = ("extra", "model_config")
@@ -130,7 +136,7 @@ class CheckpointManager:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
-        logging.getLogger("absl").addFilter(_PARSE_NOTES)  # once: filters are a set
+        logging.getLogger("absl").addFilter(PARSE_NOTES)  # once: filters are a set
         if tokenizer is not None and jax.process_index() == 0:
             # before orbax opens the root: on gs:// it removes every folder there that lacks
             # its commit file as an unfinished step (its cleanup runs as the manager opens)
@@ -298,11 +304,11 @@ class CheckpointManager:
             extra=ocp.args.JsonRestore(),
         )
         items = RESTORED_ITEMS
-        _, out = _newest_intact(
+        _, out = newest_intact(
             self.directory,
             steps,
             step,
-            lambda s: _restore_one(self._mgr, self.directory, s, args, items),
+            lambda s: restore_step(self._mgr, self.directory, s, args, items),
         )
         state = TrainState(
             params=out["params"],
@@ -336,151 +342,6 @@ def _space_message(step: int | None, directory: str, need: int | None, free: int
     )
 
 
-class _ParseNoteFilter(logging.Filter):
-    """Drops orbax's "Failed to json parse Metadata file" log records: a damaged step's
-    metadata is reported once, by the resume's line naming the step (:func:`step_damage`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Failed to json parse Metadata file")
-
-
-_PARSE_NOTES = _ParseNoteFilter()
-
-
-class _Unreadable(Exception):
-    """A step's files cannot be read back (truncated or corrupt)."""
-
-
-#: Files of an orbax step that hold JSON (the step's and each item's metadata).
-_JSON_FILES = ("_CHECKPOINT_METADATA", "_METADATA", "_sharding", "metadata")
-
-
-def step_damage(step_dir: str, items: tuple[str, ...]) -> str | None:
-    """What makes a finalised step unreadable, found without reading its arrays: an empty step
-    folder, a missing item (``params/``), a zero-byte file, metadata that is not JSON; None when
-    it looks intact (a local directory; a URI, ``gs://...``, is not checked here: listing
-    and reading every file of a step from a bucket costs a request each). Orbax reports these
-    as a structure mismatch, which would point at a config change."""
-    if paths.is_remote(step_dir) or not os.path.isdir(os.path.dirname(step_dir)):
-        return None  # not a local path (gs://...): orbax's own errors decide
-    if not os.path.isdir(step_dir) or not os.listdir(step_dir):
-        return "the step folder is empty"
-    for item in items:
-        if not os.path.isdir(os.path.join(step_dir, item)):
-            return f"{item}/ is missing"
-    for root, _, files in os.walk(step_dir):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, step_dir)
-            try:
-                if os.path.getsize(path) == 0:
-                    return f"{rel} is empty (0 bytes)"
-                if name in _JSON_FILES or os.path.basename(root) == "array_metadatas":
-                    with open(path, encoding="utf-8") as f:
-                        json.load(f)
-            except (ValueError, UnicodeDecodeError):
-                return f"{rel} is not valid JSON"
-            except OSError as e:
-                return f"{rel} cannot be read ({e.strerror or e})"
-    return None
-
-
-def _raise_if_damaged(directory: str, step: int, items: tuple[str, ...]) -> None:
-    problem = step_damage(paths.join(directory, str(step)), items)
-    if problem is not None:
-        raise _Unreadable(problem)
-
-
-def _restore_one(mgr, directory: str, step: int, args, items: tuple[str, ...]):
-    """``mgr.restore(step)`` of ``items``; CheckpointError when the arrays do not match
-    ``args``' structure (the config changed), :class:`_Unreadable` when the files are damaged
-    (:func:`step_damage`) or cannot be read."""
-    _raise_if_damaged(directory, step, items)
-    try:
-        return mgr.restore(step, args=args)
-    except (json.JSONDecodeError, FileNotFoundError) as e:
-        raise _Unreadable(_first_line(e)) from None
-    except KeyError as e:
-        if "not found in the checkpoint" in str(e):
-            raise _Unreadable(_first_line(e)) from None
-        raise CheckpointError(
-            f"{directory}/{step}: cannot restore into the given state structure: {_first_line(e)}"
-        ) from None
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(
-            f"{directory}/{step}: cannot restore into the given state structure: {_first_line(e)}"
-        ) from None
-    except Exception as e:  # tensorstore raises a bare Exception for unreadable data
-        _quiet_abandoned_reads()
-        raise _Unreadable(_first_line(e)) from None
-
-
-_QUIETED = False  # whether _quiet_abandoned_reads installed its hooks
-
-
-def _quiet_abandoned_reads() -> None:
-    """After a failed restore, orbax's other array reads are abandoned: their coroutines'
-    errors and their callbacks into the closed event loop would each print a traceback (a
-    truncated checkpoint printed ~600 lines). Drop those reports, keep every other. Installed
-    once per process."""
-    global _QUIETED
-    if _QUIETED:
-        return
-    _QUIETED = True
-    previous = sys.unraisablehook
-
-    def hook(report) -> None:
-        text = f"{report.exc_value!r} {report.object!r}"
-        if "_read_array_index" in text or "Event loop is closed" in text:
-            return
-        previous(report)
-
-    sys.unraisablehook = hook
-    previous_thread = threading.excepthook
-
-    def thread_hook(args) -> None:
-        if isinstance(args.exc_value, RuntimeError) and "Event loop is closed" in str(
-            args.exc_value
-        ):
-            return
-        previous_thread(args)
-
-    threading.excepthook = thread_hook
-
-
-def _newest_intact(directory: str, steps: list[int], step: int | None, restore):
-    """``(s, restore(s))`` for ``step``, or with ``step`` None for the newest step that reads
-    back intact: an unreadable one is skipped with one line on stderr naming it and why.
-
-    Raises:
-      CheckpointError: no finalised step, or none of those tried is readable (each named).
-    """
-    if not steps:
-        raise CheckpointError(f"no finalised checkpoint in {directory}")
-    order = [step] if step is not None else sorted(steps, reverse=True)
-    skipped: list[str] = []
-    for k, s in enumerate(order):
-        try:
-            return s, restore(s)
-        except _Unreadable as e:
-            skipped.append(f"step {s} ({e})")
-            if k + 1 < len(order):
-                print(
-                    f"checkpoint {directory}: step {s} is unreadable, its files truncated or "
-                    f"corrupt ({e}); trying step {order[k + 1]}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    raise CheckpointError(
-        f"{directory}: no readable checkpoint; truncated or corrupt files in " + "; ".join(skipped)
-    )
-
-
-def _first_line(e: BaseException, limit: int = 160) -> str:
-    line = (str(e).splitlines() or [type(e).__name__])[0].split(" See full TensorStore")[0]
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def _save_tokenizer_once(tokenizer: Any, tok_dir: str) -> None:
     """``tokenizer.save_pretrained(tok_dir)`` unless ``tok_dir`` exists, atomically: written
     into a temporary sibling and renamed, so a run killed mid-write never leaves a partial
@@ -500,18 +361,6 @@ def _save_tokenizer_once(tokenizer: Any, tok_dir: str) -> None:
     tmp = f"{tok_dir}.tmp-{os.getpid()}"
     tokenizer.save_pretrained(tmp)
     os.rename(tmp, tok_dir)
-
-
-#: The file that marks a folder finalised where there is no atomic rename: orbax writes it
-#: last into each step it saves on ``gs://`` (its ``CommitFileTemporaryPath``), and takes a
-#: folder of the checkpoint root without it for an unfinished step, which it removes.
-COMMIT_FILE = "commit_success.txt"
-
-
-def _uses_commit_file(directory: str) -> bool:
-    """Whether orbax finalises steps under ``directory`` with :data:`COMMIT_FILE` (``gs://``,
-    orbax's default there) rather than by renaming a temporary folder."""
-    return directory.startswith("gs://")
 
 
 def _copy_tokenizer_up(tokenizer: Any, target) -> None:
@@ -564,7 +413,7 @@ def restore_model(
     if not paths.as_epath(root).is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     absl_logger = logging.getLogger("absl")  # orbax's notes on read-only managers
-    absl_logger.addFilter(_PARSE_NOTES)
+    absl_logger.addFilter(PARSE_NOTES)
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
     try:
@@ -617,7 +466,7 @@ def _restore_model_step(mgr, root: str, step: int | None, sharding):
                 f"{root}/{s} has no model_config; save with "
                 f"CheckpointManager(..., model_config=config)"
             )
-        _raise_if_damaged(root, s, ("params", "model_config"))
+        raise_if_damaged(root, s, ("params", "model_config"))
         meta = mgr.item_metadata(s)["params"]
         target = jax.tree.map(
             lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), meta
@@ -625,31 +474,7 @@ def _restore_model_step(mgr, root: str, step: int | None, sharding):
         args = ocp.args.Composite(
             params=ocp.args.StandardRestore(target), model_config=ocp.args.JsonRestore()
         )
-        return _restore_one(mgr, root, s, args, ("params", "model_config"))
+        return restore_step(mgr, root, s, args, ("params", "model_config"))
 
-    s, out = _newest_intact(root, steps, step, restore)
+    s, out = newest_intact(root, steps, step, restore)
     return model_config_from_dict(out["model_config"], source=f"{root}/{s}"), out["params"], s
-
-
-def complete_steps(directory: str | os.PathLike) -> list[int]:
-    """The finalised steps under a checkpoint root, ascending, read from the listing alone (no
-    orbax manager): orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it
-    to ``<step>`` when every item and every process has finished, so a step that a killed
-    process was still writing is never listed. ``directory`` may be a URI: on ``gs://``, where
-    orbax writes a step in place and marks it finalised with :data:`COMMIT_FILE` last, a step
-    is complete when that file is there."""
-    root = paths.as_epath(directory)
-    if not root.is_dir():
-        return []
-    steps = [e for e in root.iterdir() if e.name.isdigit() and e.is_dir()]
-    if _uses_commit_file(paths.resolve(directory)):
-        steps = [e for e in steps if e.joinpath(COMMIT_FILE).exists()]
-    return sorted(int(e.name) for e in steps)
-
-
-def last_checkpoint_words(directory: str | os.PathLike) -> str:
-    """``"the last complete checkpoint is step N in DIR"`` (or that there is none)."""
-    steps = complete_steps(directory)
-    if not steps:
-        return f"no complete checkpoint in {os.fspath(directory)}"
-    return f"the last complete checkpoint is step {steps[-1]} in {os.fspath(directory)}"

@@ -164,9 +164,10 @@ class RunLoop:
 
     def _newest_intact_in_all(self, steps: set[int]) -> int:
         """The newest of ``steps`` (held by the policy and every companion) whose files look
-        intact in each (:func:`~jaxrl_llm.train.run.checkpoint.step_damage`); a damaged one is
+        intact in each (:func:`~jaxrl_llm.train.run.checkpoint_steps.step_damage`); a damaged one is
         skipped with one line naming it. With none intact, the newest: its restore says why."""
-        from jaxrl_llm.train.run.checkpoint import RESTORED_ITEMS, step_damage
+        from jaxrl_llm.train.run.checkpoint import RESTORED_ITEMS
+        from jaxrl_llm.train.run.checkpoint_steps import step_damage
 
         order = sorted(steps, reverse=True)
         for k, s in enumerate(order):

@@ -28,7 +28,7 @@ def checkpoint_steps(out: str) -> list[int]:
       ConfigError: a URI that cannot be listed: its filesystem package is missing (``gcsfs``
         for ``gs://``), or the store refused (credentials, a missing bucket), in one line.
     """
-    from jaxrl_llm.train.run.checkpoint import complete_steps
+    from jaxrl_llm.train.run.checkpoint_steps import complete_steps
 
     where = paths.join(paths.resolve(out), "checkpoints")
     if not paths.is_remote(out):
