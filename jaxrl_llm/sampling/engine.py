@@ -92,7 +92,7 @@ from jaxrl_llm.sampling.slots import (
     replica_shardings,
     store_prompts,
 )
-from jaxrl_llm.sampling.static_generate import stop_token_ids
+from jaxrl_llm.sampling.static_generate import decode_params, stop_token_ids
 
 # Row and layout_routing live in engine_rows; imported from here too
 __all__ = ["PagedEngine", "Row", "layout_routing"]
@@ -149,7 +149,8 @@ class PagedEngine:
                 raise ConfigError(f"paged engine: {name} must be >= 1, got {value}")
         self._model_config, self._dtype = config, dtype
         self.record_routing = bool(record_routing) and config.is_moe
-        self.params, self.config = cast_for_rollout(params, config, dtype)
+        params, self.config = cast_for_rollout(params, config, dtype)
+        self.params = decode_params(params, self.config)  # separate layers on GPU
         self.version = int(version)
         self.sampling, self.seed = sampling, int(seed)
         self.num_slots, self.gen_len, self.chunk_steps = int(num_slots), int(gen_len), chunk_steps
@@ -333,7 +334,8 @@ class PagedEngine:
         """Decode with new weights from the next chunk on (same shapes: nothing recompiles).
         Rows in flight keep their KV cache and continue (a partial rollout); tokens drawn from
         here on record ``version``."""
-        self.params, _ = cast_for_rollout(params, self._model_config, self._dtype)
+        params, _ = cast_for_rollout(params, self._model_config, self._dtype)
+        self.params = decode_params(params, self.config)
         self.version = int(version)
         self.stats["swaps"] += 1
 

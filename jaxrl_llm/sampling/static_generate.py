@@ -109,10 +109,8 @@ def rollout(
       mesh: the sampler's mesh (:attr:`jaxrl_llm.parallel.sampler_copy.SamplerCopy.local_mesh`):
         rows split over its batch axes, ``params`` laid out on it (tensor parallel over
         ``tensor``); None: one device's program.
-      separate: run the layers unrolled over separate per-layer arrays
-        (:func:`~jaxrl_llm.models.separate_layers`, one copy of the layer weights per call
-        unless ``params`` come split); None: on GPU only, where XLA copies each scanned
-        layer's weights at every token step (measured 2.6× slower on an H200).
+      separate: the layers as separate arrays, run unrolled (:func:`decode_params`); None:
+        on GPU only.
 
     Returns:
       a :class:`Rollout` with N = B·G rows and M = gen_len columns.
@@ -134,8 +132,7 @@ def rollout(
     prompt_tokens, prompt_mask, prompt_ids = (
         _padded_rows(x, extra, mesh) for x in (prompt_tokens, prompt_mask, prompt_ids)
     )
-    if separate if separate is not None else jax.default_backend() == "gpu":
-        params = separate_layers(params, config)
+    params = decode_params(params, config, separate)
     record = record_routing and config.is_moe
     prompt_routing = None
     with on_rows_mesh(mesh):
@@ -173,6 +170,17 @@ def rollout(
     if extra:
         out = jax.tree.map(lambda x: x[: b * num_samples], out)
     return out
+
+
+def decode_params(params, config: ModelConfig, separate: bool | None = None):
+    """The params the decode programs read: the layers as separate per-layer arrays
+    (:func:`~jaxrl_llm.models.separate_layers`, one copy of the layer weights unless
+    ``params`` come split) when ``separate``, or when None on GPU, where XLA copies each
+    scanned layer's weights at every token step (measured 1.9× slower decode of an 8B model on
+    an H200, BENCHMARKS.md); else unchanged."""
+    if separate if separate is not None else jax.default_backend() == "gpu":
+        return separate_layers(params, config)
+    return params
 
 
 def _padded_rows(x, extra: int, mesh) -> jax.Array:

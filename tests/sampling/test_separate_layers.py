@@ -108,3 +108,43 @@ def test_separate_layers_keep_the_sampler_copys_tensor_parallel_layout():
     scanned = generate(weights, config, prompts, separate=False, **kw)
     separate = generate(split, config, prompts, **kw)
     np.testing.assert_array_equal(np.asarray(scanned.tokens), np.asarray(separate.tokens))
+
+
+def test_the_paged_engine_decodes_separate_layers_as_the_scan():
+    """The paged engine's programs take split params too (the engine splits them on GPU)."""
+    from jaxrl_llm.sampling import generate_paged
+
+    config = ModelConfig.tiny(eos_token_ids=(2,), pad_token_id=0)
+    params = init_params(config, jax.random.PRNGKey(0))
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    kw = dict(sampling=SamplingConfig(temperature=1.0), num_samples=2, seed=1, max_new_tokens=6)
+    scanned = generate_paged(params, config, prompts, num_slots=4, **kw)
+    separate = generate_paged(separate_layers(params, config), config, prompts, num_slots=4, **kw)
+    np.testing.assert_array_equal(np.asarray(scanned.tokens), np.asarray(separate.tokens))
+    np.testing.assert_allclose(
+        np.asarray(scanned.logprobs), np.asarray(separate.logprobs), atol=1e-5
+    )
+
+
+@needs_8
+def test_the_paged_engines_replicas_decode_separate_layers_as_the_scan():
+    """Replicas (data=2) × tensor=2: the engine's stacked per-replica programs take split,
+    tensor-parallel params and draw the scan's tokens."""
+    from jaxrl_llm.models import param_logical_axes
+    from jaxrl_llm.parallel import DEFAULT_RULES, logical_to_sharding, make_mesh
+    from jaxrl_llm.sampling import generate_paged
+
+    config = ModelConfig.tiny(
+        num_heads=4, num_kv_heads=2, vocab_size=96, eos_token_ids=(90,), pad_token_id=0
+    )
+    params = init_params(config, jax.random.PRNGKey(0))
+    mesh = make_mesh(data=2, tensor=2, devices=jax.devices()[:4])
+    placed = jax.device_put(
+        params, logical_to_sharding(param_logical_axes(config), mesh, DEFAULT_RULES, shapes=params)
+    )
+    prompts = [[5, 17, 3], [40, 2, 9, 11], [60], [7, 7, 7]]
+    kw = dict(sampling=SamplingConfig(temperature=0.8), num_samples=2, seed=3, max_new_tokens=8)
+    kw |= dict(num_slots=4, mesh=mesh)
+    scanned = generate_paged(placed, config, prompts, **kw)
+    separate = generate_paged(separate_layers(placed, config), config, prompts, **kw)
+    np.testing.assert_array_equal(np.asarray(scanned.tokens), np.asarray(separate.tokens))
