@@ -132,7 +132,9 @@ def main(argv=None) -> int:
         ),
         donate_argnums=(0,),
     )
-    box = {"s": engine.state._replace(budget=jnp.full((slots,), 10**6, jnp.int32))}
+    # the engine's state carries a leading replica dimension (one replica here): one slice
+    state = jax.tree.map(lambda x: x[0], engine.state)
+    box = {"s": state._replace(budget=jnp.full((slots,), 10**6, jnp.int32))}
 
     def one():
         box["s"] = step(box["s"], engine._stop, engine.params)
