@@ -163,3 +163,35 @@ def test_missing_source_tree_is_a_clear_error(capsys, tmp_path, monkeypatch):
     err = capsys.readouterr().err
     assert "tools/bench/run_all.py" in err and "pip install -e ." in err
     assert os.listdir(tmp_path) == []
+
+
+def test_preset_models_are_random_weights_at_a_planner_presets_shapes(suite):
+    """``--model preset:NAME[:DTYPE]`` (hosts with no copy of the weights): the planner's
+    shapes in DTYPE; an unknown preset is one line; no datasheet on CPU."""
+    common = suite.common
+    config = common.preset_config("preset:1b:bfloat16")
+    assert (config.hidden_size, config.num_layers, config.vocab_size) == (2048, 16, 128256)
+    assert config.param_dtype == config.compute_dtype == "bfloat16"
+    assert common.model_config("preset:135m").param_dtype == "float32"
+    with pytest.raises(SystemExit, match="unknown preset '2b'"):
+        common.preset_config("preset:2b")
+    assert common.datasheet() is None  # the suite runs on CPU: rooflines from a matmul
+
+
+def test_layer_loop_benchmark_times_four_loops_with_equal_results(tmp_path):
+    """bench_layer_loop.py at toy sizes: four layer loops, each the scan's result."""
+    path = os.path.join(os.path.dirname(bench.find_suite()), "bench_layer_loop.py")
+    spec = importlib.util.spec_from_file_location("jaxrl_llm_bench_layer_loop_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "layer_loop.md"
+    argv = ["--layers", "2", "--hidden", "16", "--ffn", "32", "--rows", "2", "--steps", "2"]
+    assert module.main([*argv, "--repeats", "1", "--out", str(out)]) == 0
+    rows = [r for r in out.read_text().splitlines() if r.startswith("| ") and "ms" not in r]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| scan",
+        "| scan unrolled",
+        "| static slices",
+        "| separate arrays",
+    ]
+    assert all("max |Δ| vs scan 0;" in r or r.endswith("max |Δ| vs scan 0 |") for r in rows)
