@@ -133,9 +133,8 @@ LONG_MODULES_ALLOWED = {
     "models/layer.py",
     "models/moe.py",
     "models/transformer.py",
-    # not yet split: the AOT compile report, the HLO cost walk and the memory estimator
+    # not yet split: the AOT compile report and the memory estimator
     "train/compile/aot.py",
-    "train/compile/hlo_cost.py",
     "train/compile/memory.py",
 }
 
