@@ -132,7 +132,6 @@ LONG_MODULES_ALLOWED = {
     "models/config.py",
     "models/layer.py",
     "models/moe.py",
-    "models/transformer.py",
     # not yet split: the AOT compile report and the memory estimator
     "train/compile/aot.py",
     "train/compile/memory.py",
