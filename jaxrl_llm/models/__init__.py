@@ -112,24 +112,24 @@ from jaxrl_llm.models.params import (
 from jaxrl_llm.models.positions import (
     NO_WINDOW,
     apply_rope,
+    default_positions,
     layer_head_tables,
     layer_rope_inv_freq,
     layer_values_are_keys,
     layer_windows,
     rope_inv_freq,
 )
+from jaxrl_llm.models.shared_prefix import trunk_shared_prefix
 from jaxrl_llm.models.transformer import (
     KVCache,
     ModelOutputs,
     apply,
-    default_positions,
     forward,
     init_cache,
     logits_from_hidden,
     scalar_head,
     softcap_logits,
     trunk,
-    trunk_shared_prefix,
     trunk_with_routing,
     unembedding,
 )

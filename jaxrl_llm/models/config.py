@@ -34,9 +34,9 @@ from jaxrl_llm.models.config_groups import (
     TokenConfig,
     build_group,
 )
-from jaxrl_llm.models.families.facts import FLOAT32_NORM_FAMILIES, TINY_FIELDS
-from jaxrl_llm.models.gemma import gemma3_270m_fields, tiny_fields
-from jaxrl_llm.models.gemma4 import gemma4_tiny_fields
+from jaxrl_llm.models.config_presets import smollm2_135m_fields, tiny_preset_fields
+from jaxrl_llm.models.families.facts import FLOAT32_NORM_FAMILIES
+from jaxrl_llm.models.gemma import gemma3_270m_fields
 from jaxrl_llm.models.options import (
     Activation,
     AttentionImpl,
@@ -45,7 +45,7 @@ from jaxrl_llm.models.options import (
     MoeDispatch,
     RopeScaling,
 )
-from jaxrl_llm.models.qwen3_5 import qwen3_5_tiny_fields
+from jaxrl_llm.models.param_count import count_params
 
 __all__ = [
     "FLAT_NAMES",
@@ -443,143 +443,18 @@ class ModelConfig:
         to the largest layer's (:attr:`has_padded_heads`, Gemma 4), KV-shared layers' unused
         k/v weights, every MLP at the wide width (``double_wide_mlp``): what memory holds,
         not what the model uses."""
-        d, f = self.hidden_size, self.mlp.intermediate_size
-        dense = not self.is_moe or self.moe.beside_mlp
-        mlp = 3 * d * f if dense and (stored or not self.mlp.double_wide) else 0
-        if self.is_moe:
-            experts = self.moe.num_experts_per_tok if active else self.moe.num_experts
-            mlp += experts * 3 * d * self.moe.intermediate_size + d * self.moe.num_experts
-            if self.moe.expert_bias:  # each expert's gate, up and down biases; the router's
-                mlp += experts * (2 * self.moe.intermediate_size + d) + self.moe.num_experts
-            if self.moe.shared_expert_size:
-                mlp += 3 * d * self.moe.shared_expert_size + d
-            if self.moe.beside_mlp:  # router norm, expert scales, three norms
-                mlp += d + self.moe.num_experts + 3 * d
-        per_layer = mlp + 2 * d
-        if self.norms.post_norms:
-            per_layer += 2 * d
-        if self.norms.layer_scalars:
-            per_layer += 1
-        p = self.tokens.per_layer_input_size
-        if p:  # gate, projection, norm; the embedding, projection and norm beside the trunk
-            per_layer += 2 * d * p + d
-        hv, dv = self.linear.num_value_heads, self.linear.value_head_dim
-        linear = (
-            d * self.linear_conv_channels  # in_proj_qkv
-            + self.linear.conv_kernel * self.linear_conv_channels  # conv
-            + d * hv * dv  # in_proj_z
-            + 2 * d * hv  # in_proj_b, in_proj_a
-            + 2 * hv  # dt_bias, A_log
-            + dv  # gated norm
-            + hv * dv * d  # out_proj
-        )
-        n = (
-            self.vocab_size * d
-            + self.num_layers * per_layer
-            + sum(self._attention_params(i, stored) for i in range(self.num_layers))
-            + sum(3 * d * self.mlp_width(i) for i in range(self.num_layers) if dense and not mlp)
-            + self.num_linear_layers * linear
-            + d
-        )
-        if p:
-            n += (self.per_layer_vocab + d) * self.num_layers * p + p
-        if not self.tie_embeddings:
-            n += d * self.vocab_size
-        n += d * self.num_labels
-        return n
-
-    def _attention_params(self, layer: int, stored: bool = False) -> int:
-        """Parameters of layer ``layer``'s attention (0 for a LINEAR layer), at its own size
-        or (``stored``) at the stored one."""
-        if self.attn.layer_types and self.attn.layer_types[layer] == LayerType.LINEAR:
-            return 0
-        d, h = self.hidden_size, self.attn.num_heads
-        k, e = self.layer_heads(layer)
-        kv = (
-            1 if self.attn.global_k_eq_v and self.attn.layer_types[layer] == LayerType.GLOBAL else 2
-        )
-        norms = 2
-        if self.kv_shared(layer):
-            kv, norms = 0, 1
-        if stored:
-            k, e, kv, norms = self.store_kv_heads, self.store_head_dim, 2, 2
-        n = d * h * e + kv * d * k * e + h * e * d
-        if self.attn.output_gate:
-            n += d * h * e
-        if self.attn.bias:
-            n += h * e + kv * k * e
-        if self.attn.qk_norm:
-            n += norms * e
-        if self.attn.sinks:
-            n += h
-        if self.attn.out_bias:
-            n += d
-        return n
+        return count_params(self, active=active, stored=stored)
 
     # ----- presets -------------------------------------------------------------------------
     @classmethod
     def tiny(cls, family: Family | str = Family.LLAMA, **overrides) -> ModelConfig:
         """A tiny random-init config with odd, distinct sizes for unit tests."""
-        family = Family(family)
-        if family in (Family.GEMMA2, Family.GEMMA3):
-            return cls(**{**tiny_fields(family), **overrides})
-        if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
-            return cls(**{**qwen3_5_tiny_fields(family), **overrides})
-        if family == Family.GEMMA4:
-            return cls(**{**gemma4_tiny_fields(), **overrides})
-        if family in TINY_FIELDS:  # a family folder's own preset (models/families/)
-            return cls(**{**TINY_FIELDS[family](), **overrides})
-        moe: dict[str, Any] = {}
-        if family in (Family.QWEN3_MOE, Family.MIXTRAL):
-            # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).
-            moe = dict(
-                num_experts=8,
-                num_experts_per_tok=2,
-                moe_intermediate_size=40 if family == Family.QWEN3_MOE else None,
-                norm_topk_prob=family == Family.MIXTRAL,
-            )
-        base: dict[str, Any] = dict(
-            family=family,
-            vocab_size=97,
-            hidden_size=48,
-            intermediate_size=80,
-            num_layers=2,
-            num_heads=3,
-            num_kv_heads=1,
-            head_dim=16,
-            max_position_embeddings=256,
-            rope_theta=10000.0,
-            rms_norm_eps=1e-6,
-            tie_embeddings=family == Family.LLAMA,
-            attention_bias=family == Family.QWEN2,
-            qk_norm=family in (Family.QWEN3, Family.QWEN3_MOE),
-            **moe,
-        )
-        base.update(overrides)
-        return cls(**base)
+        return cls(**{**tiny_preset_fields(Family(family)), **overrides})
 
     @classmethod
     def smollm2_135m(cls, **overrides) -> ModelConfig:
         """SmolLM2-135M(-Instruct): 30 layers, D=576, 9 heads / 3 KV heads, tied, V=49152."""
-        base: dict[str, Any] = dict(
-            family=Family.LLAMA,
-            vocab_size=49152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_layers=30,
-            num_heads=9,
-            num_kv_heads=3,
-            head_dim=64,
-            max_position_embeddings=8192,
-            rope_theta=100000.0,
-            rms_norm_eps=1e-5,
-            tie_embeddings=True,
-            bos_token_id=1,
-            eos_token_ids=(2,),
-            pad_token_id=2,
-        )
-        base.update(overrides)
-        return cls(**base)
+        return cls(**{**smollm2_135m_fields(), **overrides})
 
     @classmethod
     def gemma3_270m(cls, **overrides) -> ModelConfig:

@@ -15,7 +15,7 @@ A trunk is then a constructor of :class:`Stores` around it: the training forward
 (:class:`LayerStores` of a ``NoCache`` and a ``FreshState``, closed over), prefill and the
 static engine's decode step (a ``DenseCache`` and a ``RecurrentState``, carried), the paged
 engine (``Pages``), and the shared-prompt forward (two passes per layer, a group's prompt
-then its completions: ``jaxrl_llm.models.transformer``).
+then its completions: ``jaxrl_llm.models.shared_prefix``).
 
 Shapes: B rows, T new tokens, D model width, L layers.
 """

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.models.attention_mask import causal_self_mask
 from jaxrl_llm.models.config import LayerType, ModelConfig, RopeScaling
 
 
@@ -200,3 +201,27 @@ def apply_rope(x_btne: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
     x1, x2 = jnp.split(x[..., :r], 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], axis=-1)
     return out.astype(x_btne.dtype)
+
+
+def default_positions(attention_mask: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    """RoPE positions from a ``[B, T]`` mask: cumsum(mask) − 1 (0 on left padding);
+    with segment ids, positions restart at 0 in every segment (packing)."""
+    m = attention_mask.astype(jnp.int32)
+    if segment_ids is None:
+        return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0)
+    idx = jnp.arange(m.shape[1])[None, :]
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return (idx - start_idx).astype(jnp.int32)
+
+
+def self_attention_mask(config: ModelConfig, attention_mask, positions, segment_ids=None):
+    """Compact mask of causal self-attention: causal, real keys, same segment, inside the
+    sliding window; a query always sees itself (so a padded query's ignorable output stays
+    finite). ``attention_mask`` None = every key real."""
+    window = config.uses_window
+    return causal_self_mask(
+        attention_mask, positions if window else None, segment_ids, num_tokens=positions.shape[1]
+    )

@@ -7,8 +7,9 @@ layers run under ``lax.scan`` (one compiled layer body, fast compiles, a natural
 rematerialisation). The layer itself is :func:`jaxrl_llm.models.layer.decoder_layer`, over a
 store of earlier keys/values, and :func:`jaxrl_llm.models.layer_stack.stack` runs it over the
 L layers; the trunks here build its stores: no cache (training) or a dense :class:`KVCache`
-(:func:`trunk`), a group's shared prompt (:func:`trunk_shared_prefix`); the paged engine's
-trunk (:func:`jaxrl_llm.models.paged_trunk`) builds pages.
+(:func:`trunk`). A group's shared prompt has its own trunk
+(:mod:`jaxrl_llm.models.shared_prefix`), and the paged engine's trunk
+(:func:`jaxrl_llm.models.paged_trunk`) builds pages.
 
 Shapes use dimension letters: B batch, T new tokens, S cache slots, D model width, H query
 heads, K key/value heads, G = H // K query heads per KV head, E head dim, F MLP width, V vocab,
@@ -38,7 +39,6 @@ so a config is all-sparse or all-dense.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import chex
@@ -50,25 +50,19 @@ from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.gated_deltanet import (
     FreshState,
-    GroupPromptState,
     RecurrentState,
-    SharedPromptState,
     init_recurrent_state,
 )
 from jaxrl_llm.models.kv_stores import (
     DenseCache,
-    GroupPrompt,
-    KVShared,
     NoCache,
-    SharedPrompt,
-    empty_held_kv,
-    unshare_kv,
 )
 from jaxrl_llm.models.layer import BTD, apply_norm
-from jaxrl_llm.models.layer_stack import LayerStores, NewTokens, Stores, stack
+from jaxrl_llm.models.layer_stack import LayerStores, NewTokens, stack
 from jaxrl_llm.models.layout import layout_mesh, place
-from jaxrl_llm.models.options import LayerType
 from jaxrl_llm.models.params import Params
+from jaxrl_llm.models.positions import default_positions, self_attention_mask
+from jaxrl_llm.models.shared_prefix import trunk_shared_prefix_with_stats
 
 
 class KVCache(NamedTuple):
@@ -148,30 +142,6 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
 
 
 # ----- the trunks: one layer scan over a store ----------------------------------------------
-
-
-def default_positions(attention_mask: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-    """RoPE positions from a ``[B, T]`` mask: cumsum(mask) − 1 (0 on left padding);
-    with segment ids, positions restart at 0 in every segment (packing)."""
-    m = attention_mask.astype(jnp.int32)
-    if segment_ids is None:
-        return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0)
-    idx = jnp.arange(m.shape[1])[None, :]
-    starts = jnp.concatenate(
-        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
-    )
-    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
-    return (idx - start_idx).astype(jnp.int32)
-
-
-def _self_attention_mask(config: ModelConfig, attention_mask, positions, segment_ids=None):
-    """Compact mask of causal self-attention: causal, real keys, same segment, inside the
-    sliding window; a query always sees itself (so a padded query's ignorable output stays
-    finite). ``attention_mask`` None = every key real."""
-    window = config.uses_window
-    return attn_lib.causal_self_mask(
-        attention_mask, positions if window else None, segment_ids, num_tokens=positions.shape[1]
-    )
 
 
 def trunk(
@@ -260,7 +230,7 @@ def _trunk(
     if cache is None:
         # The stores never change (unless KV sharing carries the held keys): closed over, not
         # carried (under autodiff a carried mask would be saved once per layer).
-        no_cache = NoCache(_self_attention_mask(c, key_mask, positions, segment_ids))
+        no_cache = NoCache(self_attention_mask(c, key_mask, positions, segment_ids))
         fresh = FreshState(attention_mask) if c.is_hybrid else None
         stores = LayerStores(no_cache, fresh, carried=False)
         (x,), _, stats = stack(c, params, [new], stores, remat=remat, mesh=mesh)
@@ -306,175 +276,6 @@ def _dense_cache_store(c: ModelConfig, cache: KVCache, attention_mask, positions
         k_positions=new_pos if window else None,
     )
     return DenseCache(k=cache.k, v=cache.v, index=write, mask=mask), new_mask, new_pos
-
-
-def trunk_shared_prefix(
-    params: Params,
-    tokens: jax.Array,
-    *,
-    config: ModelConfig,
-    prefix_len: int,
-    group_size: int,
-    positions: jax.Array | None = None,
-    attention_mask: jax.Array | None = None,
-    remat: str = "none",
-    mesh: jax.sharding.Mesh | None = None,
-) -> jax.Array:
-    """:func:`trunk` for groups of rows that share a prompt: the prompt is computed once per group.
-
-    In group RL (GRPO and its relatives) a batch holds G completions of each prompt, laid out
-    group by group: rows ``g·G .. g·G+G−1`` have the same first ``prefix_len`` columns. A plain
-    forward runs every prompt token G times; here each layer runs the prompt once per group and
-    lets the G completions attend to its keys/values, repeated G times. The result equals
-    ``trunk(params, tokens, ...)[0]`` up to float rounding — hidden states and, under autodiff,
-    gradients (the repeat's transpose sums the G completions' contributions to the prompt).
-    For a 48-token prompt, 16 completion tokens and G = 4 it runs 28 instead of 64 token
-    positions per row. The caller guarantees the layout; nothing here can check it at run time.
-
-    Args:
-      params, config, remat, mesh: as in :func:`trunk`.
-      tokens: ``[B, T]`` ints, B a multiple of ``group_size``; columns ``< prefix_len`` (the
-        left-padded prompt) identical within each group.
-      prefix_len: static prompt width (columns shared by a group), 0 < prefix_len < T.
-      group_size: static G ≥ 1.
-      positions: ``[B, T]`` (default :func:`default_positions` of the whole row).
-      attention_mask: ``[B, T]`` 1 for real tokens (default all ones).
-
-    Returns:
-      hidden ``[B, T, D]`` (prompt columns repeated from the shared computation).
-    """
-    return _trunk_shared_prefix(
-        params,
-        tokens,
-        config=config,
-        prefix_len=prefix_len,
-        group_size=group_size,
-        positions=positions,
-        attention_mask=attention_mask,
-        remat=remat,
-        mesh=mesh,
-    )[0]
-
-
-def _trunk_shared_prefix(
-    params: Params,
-    tokens: jax.Array,
-    *,
-    config: ModelConfig,
-    prefix_len: int,
-    group_size: int,
-    positions: jax.Array | None,
-    attention_mask: jax.Array | None,
-    remat: str,
-    mesh: jax.sharding.Mesh | None,
-    routing: moe_lib.RecordedRouting | None = None,
-):
-    """:func:`trunk_shared_prefix` -> (hidden, per-layer MoE statistics or None); a shared
-    prompt token counts G times in the statistics, as in the plain forward. Each scanned step
-    runs :func:`~jaxrl_llm.models.layer.decoder_layer` on the prompt rows with a
-    :class:`~jaxrl_llm.models.kv_stores.GroupPrompt` store, then on the completions with a
-    :class:`~jaxrl_llm.models.kv_stores.SharedPrompt` of the keys/values it kept
-    (:class:`_SharedPromptStores` around :func:`~jaxrl_llm.models.layer_stack.stack`)."""
-    c = config
-    chex.assert_rank(tokens, 2)
-    b, t = tokens.shape
-    g, tp = int(group_size), int(prefix_len)
-    if g < 1 or b % g:
-        raise ValueError(f"batch of {b} rows is not a whole number of groups of {g}")
-    if not 0 < tp < t:
-        raise ValueError(f"prefix_len={tp} must be inside (0, {t})")
-    key_mask = None if attention_mask is None else attention_mask.astype(bool)
-    attention_mask = jnp.ones((b, t), bool) if key_mask is None else key_mask
-    if positions is None:
-        positions = default_positions(attention_mask)
-    chex.assert_shape([attention_mask, positions], (b, t))
-    pos_p, pos_c = positions[::g, :tp], positions[:, tp:]
-    window = c.uses_window
-    # Prompt queries over prompt keys (one row per group): causal self-attention.
-    prompt = GroupPrompt(
-        _self_attention_mask(c, None if key_mask is None else key_mask[::g, :tp], pos_p)
-    )
-    # Completion queries (slots tp..T−1) over every key of their row.
-    mask_c = attn_lib.AttentionMask(
-        q_index=jnp.arange(tp, t, dtype=jnp.int32),
-        k_valid=key_mask,
-        q_positions=pos_c if window else None,
-        k_positions=positions if window else None,
-    )
-    rec_p = rec_c = None
-    if routing is not None:  # a group's prompt routing is its first row's
-        rec_p = dataclasses.replace(routing, experts=routing.experts[::g, :tp])
-        rec_c = dataclasses.replace(routing, experts=routing.experts[:, tp:])
-    weights_p = attention_mask[::g, :tp].astype(jnp.float32) * g
-    new_p = NewTokens(tokens[::g, :tp], pos_p, weights_p, rec_p)
-    new_c = NewTokens(tokens[:, tp:], pos_c, attention_mask[:, tp:].astype(jnp.float32), rec_c)
-    stores = _SharedPromptStores(
-        prompt, GroupPromptState(attention_mask[::g, :tp]), mask_c, attention_mask[:, tp:], g
-    )
-    (x_p, x_c), _, stats = stack(c, params, [new_p, new_c], stores, remat=remat, mesh=mesh)
-    x = jnp.concatenate([jnp.repeat(x_p, g, axis=0), x_c], axis=1)
-    return apply_norm(c, x, params["final_norm"]), stats
-
-
-@dataclasses.dataclass(frozen=True)
-class _SharedPromptStores(Stores):
-    """The shared-prompt forward's two passes per layer: the prompt rows (one per group) over
-    a :class:`~jaxrl_llm.models.kv_stores.GroupPrompt` (a LINEAR layer: a
-    :class:`~jaxrl_llm.models.gated_deltanet.GroupPromptState`), then the completions over a
-    :class:`~jaxrl_llm.models.kv_stores.SharedPrompt` of the keys/values the prompt pass kept
-    (a :class:`~jaxrl_llm.models.gated_deltanet.SharedPromptState` of its final state). With
-    KV sharing (Gemma 4) the held keys of both passes, ``(k_p, v_p, k_c, v_c)``, are carried.
-    """
-
-    prompt: GroupPrompt
-    prompt_state: GroupPromptState
-    mask_c: attn_lib.AttentionMask
-    valid_c: jax.Array
-    group_size: int
-
-    def start(self, config: ModelConfig, xs):
-        (x_p, x_c) = xs
-        held_p = empty_held_kv(config, x_p.shape[0], x_p.shape[1], x_p.dtype)
-        held_c = empty_held_kv(config, x_c.shape[0], x_c.shape[1], x_c.dtype)
-        return None if held_p is None or held_c is None else (*held_p, *held_c)
-
-    def store(self, held, kind, i, prev):
-        g = self.group_size
-        if kind == LayerType.LINEAR:
-            if i == 0:
-                return self.prompt_state
-            assert isinstance(prev, GroupPromptState)
-            assert prev.conv is not None and prev.state is not None
-            return SharedPromptState(prev.conv, prev.state, self.valid_c, g)
-        if i == 0:
-            return self.prompt if held is None else KVShared(self.prompt, held[0], held[1])
-        kept = unshare_kv(prev)
-        assert isinstance(kept, GroupPrompt) and kept.k is not None and kept.v is not None
-        shared = SharedPrompt(k=kept.k, v=kept.v, mask=self.mask_c, group_size=g)
-        return shared if held is None else KVShared(shared, held[2], held[3])
-
-    def keep(self, held, kind, i, store):
-        if held is None or kind == LayerType.LINEAR:
-            return held
-        assert isinstance(store, KVShared)
-        return (store.k, store.v, *held[2:]) if i == 0 else (*held[:2], store.k, store.v)
-
-    def pool(self, stats):
-        stats_p, stats_c = stats
-        if stats_p is None or stats_c is None:
-            return None
-        return _pool_shared(stats_p, stats_c, self.group_size)
-
-
-def _pool_shared(stats_p: moe_lib.MoeStats, stats_c: moe_lib.MoeStats, g: int):
-    """One layer's :class:`~jaxrl_llm.models.moe.MoeStats` of the shared-prompt trunk: the
-    prompt rows' sums plus the completions'; the experts of every row, ``[B, T, k]`` (a
-    group's prompt routing repeated over its G rows)."""
-    experts = None
-    if stats_p.experts is not None and stats_c.experts is not None:
-        experts = jnp.concatenate([jnp.repeat(stats_p.experts, g, axis=0), stats_c.experts], 1)
-    sums = jax.tree.map(jnp.add, stats_p._replace(experts=None), stats_c._replace(experts=None))
-    return sums._replace(experts=experts)
 
 
 def trunk_with_routing(
@@ -591,12 +392,12 @@ def apply(
 
     This is the ``apply_fn`` the loss layer calls (bind ``config`` with functools.partial).
     ``shared_prefix=(prefix_len, group_size)`` computes each group's common prompt once
-    (:func:`trunk_shared_prefix`); the outputs keep the plain forward's layout. For a
-    mixture of experts, ``router_aux_loss`` is the load-balancing loss over the real tokens
-    (``attention_mask``) of every layer, and ``mesh`` the mesh the experts are split over
-    (:func:`jaxrl_llm.models.moe.sparse_moe`). ``routing``: a sampler's recorded experts of
-    these tokens (``[B, T, L, k]``, :class:`~jaxrl_llm.models.moe.RecordedRouting`), replayed
-    in every MoE block when ``routing.replay`` (R3, Ma et al. 2025,
+    (:func:`~jaxrl_llm.models.shared_prefix.trunk_shared_prefix`); the outputs keep the plain
+    forward's layout. For a mixture of experts, ``router_aux_loss`` is the load-balancing loss
+    over the real tokens (``attention_mask``) of every layer, and ``mesh`` the mesh the experts
+    are split over (:func:`jaxrl_llm.models.moe.sparse_moe`). ``routing``: a sampler's recorded
+    experts of these tokens (``[B, T, L, k]``, :class:`~jaxrl_llm.models.moe.RecordedRouting`),
+    replayed in every MoE block when ``routing.replay`` (R3, Ma et al. 2025,
     https://arxiv.org/abs/2510.11370) and compared against in ``routing_mismatch`` /
     ``routing_own_mismatch``.
     """
@@ -606,7 +407,7 @@ def apply(
     if shared_prefix is not None and shared_prefix[1] > 1:
         if segment_ids is not None:
             raise ValueError("shared_prefix cannot be combined with segment_ids (packing)")
-        hidden, stats = _trunk_shared_prefix(
+        hidden, stats = trunk_shared_prefix_with_stats(
             params,
             tokens,
             config=config,

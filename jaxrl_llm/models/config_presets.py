@@ -1,0 +1,75 @@
+"""The fields of :class:`~jaxrl_llm.models.config.ModelConfig`'s presets, as keyword dicts:
+:meth:`~jaxrl_llm.models.config.ModelConfig.tiny` (each family's tiny test model) and
+:meth:`~jaxrl_llm.models.config.ModelConfig.smollm2_135m` build a config from them and the
+caller's overrides. The Gemma, Gemma 4, Qwen3.5 and family-folder presets are their own
+modules'; this picks among them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxrl_llm.models.families.facts import TINY_FIELDS
+from jaxrl_llm.models.gemma import tiny_fields
+from jaxrl_llm.models.gemma4 import gemma4_tiny_fields
+from jaxrl_llm.models.options import Family
+from jaxrl_llm.models.qwen3_5 import qwen3_5_tiny_fields
+
+
+def tiny_preset_fields(family: Family) -> dict[str, Any]:
+    """The fields of ``family``'s tiny random-init config (odd, distinct sizes for unit tests)."""
+    if family in (Family.GEMMA2, Family.GEMMA3):
+        return tiny_fields(family)
+    if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
+        return qwen3_5_tiny_fields(family)
+    if family == Family.GEMMA4:
+        return gemma4_tiny_fields()
+    if family in TINY_FIELDS:  # a family folder's own preset (models/families/)
+        return TINY_FIELDS[family]()
+    moe: dict[str, Any] = {}
+    if family in (Family.QWEN3_MOE, Family.MIXTRAL):
+        # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).
+        moe = dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=40 if family == Family.QWEN3_MOE else None,
+            norm_topk_prob=family == Family.MIXTRAL,
+        )
+    return dict(
+        family=family,
+        vocab_size=97,
+        hidden_size=48,
+        intermediate_size=80,
+        num_layers=2,
+        num_heads=3,
+        num_kv_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_embeddings=family == Family.LLAMA,
+        attention_bias=family == Family.QWEN2,
+        qk_norm=family in (Family.QWEN3, Family.QWEN3_MOE),
+        **moe,
+    )
+
+
+def smollm2_135m_fields() -> dict[str, Any]:
+    """SmolLM2-135M(-Instruct)'s fields: 30 layers, D=576, 9 heads / 3 KV heads, tied, V=49152."""
+    return dict(
+        family=Family.LLAMA,
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_embeddings=True,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+        pad_token_id=2,
+    )
