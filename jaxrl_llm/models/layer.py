@@ -64,6 +64,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
+from jaxrl_llm.models import quant
 from jaxrl_llm.models.config import Activation, LayerType, ModelConfig
 from jaxrl_llm.models.layout import layout_mesh, place
 from jaxrl_llm.models.positions import (
@@ -530,7 +531,8 @@ def decoder_layer(
     3 / 4) their outputs are RMS-normed before each add; Gemma 4's per-layer input
     (``config.tokens.per_layer_input_size``) is gated into the residual stream after the MLP, and with
     ``config.norms.layer_scalars`` the result is multiplied by the layer's stored scalar (a
-    constant: no gradient).
+    constant: no gradient). A quantised frozen base's projections (QLoRA,
+    :mod:`jaxrl_llm.models.quant`) are dequantised here, this layer's only, to ``x_btd``'s dtype.
 
     Args:
       config: the model config.
@@ -555,6 +557,7 @@ def decoder_layer(
     chex.assert_rank(x_btd, 3)
     chex.assert_shape(tokens.positions, x_btd.shape[:2])
     c = config
+    lp = quant.dequantize_layer(lp, x_btd.dtype)
     lay = layout_mesh(mesh)
     x_btd = place(x_btd, BTD, lay)
     h = apply_norm(c, x_btd, lp["attn_norm"])
@@ -581,9 +584,14 @@ def decoder_layer(
 # ----- the layer scan -------------------------------------------------------------------------
 
 
-def remat_policy(remat: str):
+def remat_policy(remat: str, *, quantized: bool = False):
     """The ``jax.checkpoint`` policy of a rematerialisation name: 'none' (None: no
-    checkpoint), 'full' (save nothing) or 'dots' (save the matmuls without batch dims)."""
+    checkpoint), 'full' (save nothing) or 'dots' (save the matmuls without batch dims).
+    ``quantized`` (the layers hold a quantised base, :mod:`jaxrl_llm.models.quant`): 'none'
+    saves everything but the dequantised kernels, which the backward recomputes, so a float
+    copy of every layer's kernels is never kept."""
+    if remat == "none" and quantized:
+        return jax.checkpoint_policies.save_anything_except_these_names(quant.DEQUANT_NAME)
     if remat == "none":
         return None
     if remat == "full":
@@ -619,7 +627,7 @@ def scan_layers(
     Returns:
       (final carry, per-layer outputs stacked ``[L, ...]``).
     """
-    policy = remat_policy(remat)
+    policy = remat_policy(remat, quantized=quant.holds_quantized(layers))
     if policy is not None:
         step = jax.checkpoint(step, policy=policy)
 
@@ -728,7 +736,7 @@ def scan_periods(
             return carry, None
         return carry, jax.tree.map(lambda *o: jnp.stack(o), *outs)
 
-    policy = remat_policy(remat)
+    policy = remat_policy(remat, quantized=quant.holds_quantized(layers))
     if policy is not None:
         period_step = jax.checkpoint(period_step, policy=policy)
 
