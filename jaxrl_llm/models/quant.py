@@ -2,7 +2,7 @@
 
 With ``model.lora.base_dtype: int8 | nf4`` the frozen base's seven dense projection kernels
 (q, k, v, o, gate, up, down; every one the model has, adapted or not) are stored quantised;
-norms, embeddings, biases and a mixture of experts' expert weights stay float. Each layer
+norms, embeddings, biases and a mixture of experts' expert weights stay float (bfloat16). Each layer
 dequantises its own kernels at the top of :func:`jaxrl_llm.models.layer.decoder_layer`, to the
 activations' dtype, so under the layer scan only one layer's float kernels exist at a time
 (tagged :data:`DEQUANT_NAME` so the scan's backward recomputes them rather than keeping them,
@@ -73,7 +73,6 @@ def nf4_code_book() -> np.ndarray:
     neg = -norm.ppf(np.linspace(delta, 0.5, 8)[:-1])
     v = np.sort(np.concatenate([pos, [0.0], neg]))
     return (v / v.max()).astype(np.float32)
-
 
 
 def nf4_block(n: int) -> int:
@@ -175,25 +174,34 @@ def holds_quantized(layers: Any) -> bool:
 
 def quantize_base(params: dict, base_dtype: str) -> dict:
     """The frozen base stored as ``base_dtype``: float32 / bfloat16 cast every float leaf;
-    int8 / nf4 quantise the dense projection kernels (:data:`PROJECTION_IN_DIMS`) and keep
-    the rest float32.
+    int8 / nf4 quantise the dense projection kernels (:data:`PROJECTION_IN_DIMS`) and store
+    the rest (embeddings, norms, biases, experts) in bfloat16, as QLoRA keeps them in the
+    16-bit compute dtype.
 
     Raises:
       ValueError: an unknown ``base_dtype``.
     """
     if base_dtype not in BASE_DTYPES:
         raise ValueError(f"unknown base dtype {base_dtype!r}; allowed: {list(BASE_DTYPES)}")
+    dt = jnp.dtype(base_dtype if base_dtype not in QUANTIZED else "bfloat16")
+
+    def cast(tree):
+        return jax.tree.map(
+            lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+        )
+
     if base_dtype not in QUANTIZED:
-        dt = jnp.dtype(base_dtype)
-        return jax.tree.map(lambda x: x.astype(dt), params)
+        return cast(params)
     fn = quantize_int8 if base_dtype == "int8" else quantize_nf4
-    layers = dict(params["layers"])
+    quantized = {}
     for name, n_in in PROJECTION_IN_DIMS.items():
-        p = layers.get(name)
+        p = params["layers"].get(name)
         if isinstance(p, dict) and "kernel" in p:
-            rest = {k: v for k, v in p.items() if k != "kernel"}
-            layers[name] = {**rest, **fn(p["kernel"], n_in)}
-    return {**params, "layers": layers}
+            rest = cast({k: v for k, v in p.items() if k != "kernel"})
+            quantized[name] = {**rest, **fn(p["kernel"], n_in)}
+    others = {k: v for k, v in params["layers"].items() if k not in quantized}
+    out = cast({**params, "layers": others})
+    return {**out, "layers": {**out["layers"], **quantized}}
 
 
 def dequantize_base(params: dict, dtype: Any = jnp.float32) -> dict:
@@ -213,7 +221,9 @@ def quantized_logical_axes(axes: dict, base_dtype: str) -> dict:
     kernel's rank; their size-1 or shortened dims take the same names)."""
     if base_dtype not in QUANTIZED:
         return axes
-    names = ("kernel_int8", "kernel_scale") if base_dtype == "int8" else ("kernel_nf4", "kernel_absmax")
+    names = (
+        ("kernel_int8", "kernel_scale") if base_dtype == "int8" else ("kernel_nf4", "kernel_absmax")
+    )
     layers = dict(axes["layers"])
     for name in PROJECTION_IN_DIMS:
         p = layers.get(name)
@@ -223,25 +233,25 @@ def quantized_logical_axes(axes: dict, base_dtype: str) -> dict:
     return {**axes, "layers": layers}
 
 
-def bytes_per_weight(base_dtype: str, in_size: int = 4096) -> float:
-    """Stored bytes per weight of a projection kernel with a last input dim of ``in_size``:
-    4 (float32), 2 (bfloat16), 1 + 4 / in (int8: a float32 scale per output channel),
-    ½ + 4 / block (nf4: a float32 absmax per block)."""
-    if base_dtype == "int8":
-        return 1 + 4 / in_size
-    if base_dtype == "nf4":
-        return 0.5 + 4 / nf4_block(in_size)
-    return float(jnp.dtype(base_dtype).itemsize)
-
-
-def projection_params(config: Any) -> int:
-    """Weights of the dense projection kernels (those :func:`quantize_base` quantises) of the
-    whole model."""
+def projection_bytes(config: Any, base_dtype: str) -> tuple[int, float]:
+    """(weights, stored bytes) of the dense projection kernels :func:`quantize_base` quantises,
+    over the whole model, stored as ``base_dtype``: 4 / 2 bytes per weight (float32 /
+    bfloat16), 1 + a float32 scale per output channel (int8), ½ + a float32 absmax per block
+    (nf4)."""
     from jaxrl_llm.models.params import param_shapes_and_axes
 
     specs = param_shapes_and_axes(config)["layers"]
-    return sum(
-        math.prod(specs[k]["kernel"][0])
-        for k in PROJECTION_IN_DIMS
-        if k in specs and "kernel" in specs[k]
-    )
+    weights, nbytes = 0, 0.0
+    for name, n_in in PROJECTION_IN_DIMS.items():
+        if name not in specs or "kernel" not in specs[name]:
+            continue
+        shape = specs[name]["kernel"][0]
+        size = math.prod(shape)
+        weights += size
+        if base_dtype == "int8":
+            nbytes += size + 4 * size / math.prod(shape[1 : 1 + n_in])
+        elif base_dtype == "nf4":
+            nbytes += size / 2 + 4 * size / nf4_block(shape[n_in])
+        else:
+            nbytes += size * jnp.dtype(base_dtype).itemsize
+    return weights, nbytes
