@@ -568,6 +568,7 @@ def _estimate_kwargs(plan: RunPlan, topology: Topology, seq_len: int, prompt_len
         group_size=cfg.rollout.group_size,
         dtype=_dtype_name(cfg.model.compute_dtype),
         lora_rank=cfg.model.lora.rank if cfg.model.lora else 0,
+        lora_base_dtype=cfg.model.lora.base_dtype if cfg.model.lora else None,
         remat=cfg.model.remat,
         device=f"tpu-{topology.generation}",
         micro_batches=rows.micro_batches,

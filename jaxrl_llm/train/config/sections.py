@@ -50,8 +50,7 @@ class LoRASection:
 
         if self.base_dtype not in BASE_DTYPES:
             raise ConfigError(
-                f"model.lora.base_dtype: unknown {self.base_dtype!r}; allowed: "
-                f"{list(BASE_DTYPES)}"
+                f"model.lora.base_dtype: unknown {self.base_dtype!r}; allowed: {list(BASE_DTYPES)}"
             )
         if self.rank < 1:
             raise ConfigError(
