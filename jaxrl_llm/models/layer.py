@@ -532,7 +532,8 @@ def decoder_layer(
     (``config.tokens.per_layer_input_size``) is gated into the residual stream after the MLP, and with
     ``config.norms.layer_scalars`` the result is multiplied by the layer's stored scalar (a
     constant: no gradient). A quantised frozen base's projections (QLoRA,
-    :mod:`jaxrl_llm.models.quant`) are dequantised here, this layer's only, to ``x_btd``'s dtype.
+    :mod:`jaxrl_llm.models.quant`) are dequantised here, this layer's only, to ``x_btd``'s
+    dtype (under remat 'dots' / 'full' the backward dequantises them again).
 
     Args:
       config: the model config.
@@ -584,14 +585,9 @@ def decoder_layer(
 # ----- the layer scan -------------------------------------------------------------------------
 
 
-def remat_policy(remat: str, *, quantized: bool = False):
+def remat_policy(remat: str):
     """The ``jax.checkpoint`` policy of a rematerialisation name: 'none' (None: no
-    checkpoint), 'full' (save nothing) or 'dots' (save the matmuls without batch dims).
-    ``quantized`` (the layers hold a quantised base, :mod:`jaxrl_llm.models.quant`): 'none'
-    saves everything but the dequantised kernels, which the backward recomputes, so a float
-    copy of every layer's kernels is never kept."""
-    if remat == "none" and quantized:
-        return jax.checkpoint_policies.save_anything_except_these_names(quant.DEQUANT_NAME)
+    checkpoint), 'full' (save nothing) or 'dots' (save the matmuls without batch dims)."""
     if remat == "none":
         return None
     if remat == "full":
@@ -627,7 +623,7 @@ def scan_layers(
     Returns:
       (final carry, per-layer outputs stacked ``[L, ...]``).
     """
-    policy = remat_policy(remat, quantized=quant.holds_quantized(layers))
+    policy = remat_policy(remat)
     if policy is not None:
         step = jax.checkpoint(step, policy=policy)
 
@@ -736,7 +732,7 @@ def scan_periods(
             return carry, None
         return carry, jax.tree.map(lambda *o: jnp.stack(o), *outs)
 
-    policy = remat_policy(remat, quantized=quant.holds_quantized(layers))
+    policy = remat_policy(remat)
     if policy is not None:
         period_step = jax.checkpoint(period_step, policy=policy)
 

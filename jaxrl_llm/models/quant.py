@@ -4,9 +4,10 @@ With ``model.lora.base_dtype: int8 | nf4`` the frozen base's seven dense project
 (q, k, v, o, gate, up, down; every one the model has, adapted or not) are stored quantised;
 norms, embeddings, biases and a mixture of experts' expert weights stay float (bfloat16). Each layer
 dequantises its own kernels at the top of :func:`jaxrl_llm.models.layer.decoder_layer`, to the
-activations' dtype, so under the layer scan only one layer's float kernels exist at a time
-(tagged :data:`DEQUANT_NAME` so the scan's backward recomputes them rather than keeping them,
-:func:`~jaxrl_llm.models.layer.remat_policy`). The base is a frozen argument: no gradient
+activations' dtype. Under ``model.remat: dots | full`` the backward recomputes each layer and
+dequantises again, so only one layer's float kernels exist at a time; with ``remat: none`` the
+backward keeps every layer's dequantised kernels as residuals, as it keeps a float base's
+per-layer casts to the compute dtype. The base is a frozen argument: no gradient
 reaches it (:func:`dequantize_kernel` stops gradients too).
 
 * **int8**: symmetric, one absmax scale per output channel (the reduction runs over the
@@ -46,8 +47,6 @@ import numpy as np
 #: The frozen base's storage choices (``model.lora.base_dtype``); float32 is the default.
 BASE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "int8", "nf4")
 QUANTIZED: tuple[str, ...] = ("int8", "nf4")
-#: The name the dequantised kernels carry for rematerialisation (``jax.ad_checkpoint``).
-DEQUANT_NAME = "qlora_dequantized_kernel"
 NF4_BLOCK = 64
 
 # projection name -> number of input dims after the leading layers axis (the LoRA targets).
@@ -153,17 +152,15 @@ def _entries(p: dict) -> dict:
 
 def dequantize_layer(lp: dict, dtype: Any) -> dict:
     """One layer's parameters (a slice of ``params["layers"]``) with every quantised projection
-    back as a float ``kernel`` in ``dtype``, named :data:`DEQUANT_NAME`; ``lp`` itself when
-    nothing is quantised (the hook :func:`~jaxrl_llm.models.layer.decoder_layer` calls)."""
+    back as a float ``kernel`` in ``dtype``; ``lp`` itself when nothing is quantised (the
+    hook :func:`~jaxrl_llm.models.layer.decoder_layer` calls)."""
     names = [k for k, p in lp.items() if k in PROJECTION_IN_DIMS and is_quantized(p)]
     if not names:
         return lp
-    from jax.ad_checkpoint import checkpoint_name
-
     out = dict(lp)
     for k in names:
         w = dequantize_kernel(lp[k], PROJECTION_IN_DIMS[k], dtype, stacked=False)
-        out[k] = {**_entries(lp[k]), "kernel": checkpoint_name(w, DEQUANT_NAME)}
+        out[k] = {**_entries(lp[k]), "kernel": w}
     return out
 
 

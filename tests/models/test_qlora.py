@@ -245,3 +245,49 @@ def test_a_lora_grpo_step_runs_on_a_quantised_base(kind, tmp_path):
     with safe_open(f"{out}/model.safetensors", "np") as f:
         dtypes = {f.get_tensor(k).dtype.kind for k in f.keys()}
     assert dtypes == {"f"}  # the merged checkpoint is float, no int8 / uint8 codes
+
+
+def test_nf4_on_an_odd_input_dim_is_a_config_error():
+    """nf4 packs two codes per byte along the last input dim: an odd MLP width (down_proj's
+    input) is refused in one line when the run builds its base."""
+    from jaxrl_llm.parallel import make_mesh
+    from jaxrl_llm.train.programs.policy import frozen_base
+
+    c = M.ModelConfig.tiny("llama", intermediate_size=81)
+    shapes = jax.eval_shape(lambda: M.init_params(c, jax.random.PRNGKey(0)))
+    with pytest.raises(ConfigError, match=r"model.lora.base_dtype=nf4: nf4 needs an even"):
+        frozen_base(shapes, M.param_logical_axes(c), make_mesh(), "nf4", abstract=True)
+    base, _ = frozen_base(shapes, M.param_logical_axes(c), make_mesh(), "int8", abstract=True)
+    assert base["layers"]["o_proj"]["kernel_int8"].dtype == jnp.int8
+
+
+@pytest.mark.parametrize("remat", ["dots", "full"])
+def test_the_backward_keeps_no_float_copy_of_a_quantised_base(remat):
+    """Under remat the layer is recomputed in the backward: what the step saves for it holds no
+    float array of a projection kernel's shape (a float base's kernels are saved, as constants)."""
+    import contextlib
+    import io
+
+    from jax.ad_checkpoint import print_saved_residuals
+
+    c, base, toks = _tiny()
+    lc = LoRAConfig(rank=2)
+    ad = init_lora(c, lc, jax.random.PRNGKey(1))
+    kernels = {
+        f"{t}[{','.join(map(str, base['layers'][n]['kernel'].shape))}]"
+        for n in quant.PROJECTION_IN_DIMS
+        for t in ("f32", "bf16")
+    }
+
+    def float_kernels(b):
+        def loss(ad):
+            h = M.apply(attach_lora(b, ad, lc), toks, config=c, remat=remat).hidden
+            return jnp.mean(h**2)
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_saved_residuals(loss, ad)
+        return [line for line in out.getvalue().splitlines() if line.split(" ")[0] in kernels]
+
+    assert float_kernels(base)  # the check sees kernels where they are kept
+    assert float_kernels(quant.quantize_base(base, "nf4")) == []

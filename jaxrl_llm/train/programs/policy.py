@@ -410,11 +410,18 @@ def frozen_base(
 ) -> tuple[Any, Any]:
     """A LoRA run's frozen base stored as ``base_dtype`` (:func:`models.quant.quantize_base`,
     once, on the mesh) and its sharding; float32: ``params`` as they are. ``params``: the
-    float32 tree (``ShapeDtypeStruct``s when ``abstract``), ``axes`` its logical axes."""
+    float32 tree (``ShapeDtypeStruct``s when ``abstract``), ``axes`` its logical axes.
+
+    Raises:
+      ConfigError: a model nf4 cannot pack (an odd input dim of a projection).
+    """
     if base_dtype == "float32":
         return params, logical_to_sharding(axes, mesh, RULES, shapes=params)
     fn = functools.partial(quant.quantize_base, base_dtype=base_dtype)
-    shapes = jax.eval_shape(fn, params)
+    try:
+        shapes = jax.eval_shape(fn, params)
+    except ValueError as e:  # nf4 packs two codes per byte: an odd input dim
+        raise ConfigError(f"model.lora.base_dtype={base_dtype}: {e}") from None
     qaxes = quant.quantized_logical_axes(axes, base_dtype)
     sharding = logical_to_sharding(qaxes, mesh, RULES, shapes=shapes)
     if abstract:
