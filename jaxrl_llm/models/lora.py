@@ -147,8 +147,8 @@ def merge_lora(base: dict, adapters: dict, lora: LoRAConfig) -> dict:
     """W' = W + (α/r)·A B for every adapted kernel; returns a new params tree (base untouched).
 
     The merged kernel takes the base kernel's dtype; the product is computed in float32. A
-    quantised base (:mod:`jaxrl_llm.models.quant`) is dequantised to float32 first: the
-    result is an ordinary float tree.
+    quantised base (:mod:`jaxrl_llm.models.quant`) is dequantised to bfloat16 first (the dtype
+    it keeps its other weights in): the result is an ordinary bfloat16 tree.
     """
     layers = dict(quant.dequantize_base(base)["layers"])
     for name, ab in adapters["layers"].items():

@@ -31,7 +31,9 @@ reaches it (:func:`dequantize_kernel` stops gradients too).
 
 Quantisation happens once, when the run builds its frozen base
 (:func:`jaxrl_llm.train.programs.policy.policy_on_mesh`); merging the adapters
-(:func:`jaxrl_llm.models.lora.merge_lora`: sampling, export) dequantises to float32 first.
+(:func:`jaxrl_llm.models.lora.merge_lora`: sampling, export) dequantises to bfloat16 first,
+the dtype the rest of the base is held in (the sampler's copy is then the size a bfloat16
+base gives).
 """
 
 from __future__ import annotations
@@ -201,9 +203,10 @@ def quantize_base(params: dict, base_dtype: str) -> dict:
     return {**out, "layers": {**out["layers"], **quantized}}
 
 
-def dequantize_base(params: dict, dtype: Any = jnp.float32) -> dict:
+def dequantize_base(params: dict, dtype: Any = jnp.bfloat16) -> dict:
     """The float tree of a (possibly) quantised base: each quantised projection's kernel
-    dequantised to ``dtype``; other leaves unchanged."""
+    dequantised to ``dtype`` (default bfloat16, the dtype :func:`quantize_base` keeps the
+    rest in); other leaves unchanged."""
     layers = dict(params["layers"])
     for name, p in layers.items():
         if name in PROJECTION_IN_DIMS and is_quantized(p):

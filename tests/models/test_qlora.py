@@ -109,7 +109,7 @@ def test_quantised_forward_is_the_dequantised_forward(kind):
     assert quant.holds_quantized(q["layers"])
     assert not any("kernel" in q["layers"][n] for n in quant.PROJECTION_IN_DIMS)
     got, _ = M.forward(q, toks, config=c)
-    deq, _ = M.forward(quant.dequantize_base(q), toks, config=c)
+    deq, _ = M.forward(quant.dequantize_base(q, jnp.float32), toks, config=c)
     ref, _ = M.forward(base, toks, config=c)
     np.testing.assert_allclose(got, deq, atol=1e-5)
     assert float(jnp.max(jnp.abs(got - ref))) < FORWARD_TOLERANCE[kind] * float(jnp.std(ref))
@@ -130,7 +130,7 @@ def test_adapter_gradients_on_a_quantised_base_match_its_float_copy(remat):
         return jnp.mean(h**2)
 
     g = jax.grad(loss)(ad, q)
-    g_float = jax.grad(loss)(ad, quant.dequantize_base(q))
+    g_float = jax.grad(loss)(ad, quant.dequantize_base(q, jnp.float32))
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_float)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
     assert float(jnp.abs(g["layers"]["q_proj"]["b"]).sum()) > 0
@@ -138,8 +138,8 @@ def test_adapter_gradients_on_a_quantised_base_match_its_float_copy(remat):
 
 @pytest.mark.parametrize("kind", ["int8", "nf4"])
 def test_merge_and_export_give_float_weights(kind, tmp_path):
-    """Export merges into float weights: dequantised base + (α/r)·A B, written as a float
-    Hugging Face checkpoint that loads back to the same kernels."""
+    """Export merges into float weights: dequantised base + (α/r)·A B (in bfloat16), written
+    as a float32 Hugging Face checkpoint that loads back to the same kernels."""
     from jaxrl_llm.interop import export_hf, load_model
 
     c, base, _ = _tiny()
@@ -149,17 +149,24 @@ def test_merge_and_export_give_float_weights(kind, tmp_path):
     ad = jax.tree.map(lambda x: x + 0.05, ad)
     merged = merge_lora(q, ad, lc)
     w = merged["layers"]["down_proj"]["kernel"]
-    assert w.dtype == jnp.float32
-    deq = quant.dequantize_base(q)["layers"]["down_proj"]["kernel"]
+    # merged in bfloat16, the dtype the quantised base keeps its other weights in
+    assert w.dtype == jnp.bfloat16
+    deq = quant.dequantize_base(q, jnp.float32)["layers"]["down_proj"]["kernel"]
     a, b = ad["layers"]["down_proj"]["a"], ad["layers"]["down_proj"]["b"]
-    np.testing.assert_allclose(w, deq + 2.0 * jnp.einsum("lir,lro->lio", a, b), atol=1e-6)
+    want = deq + 2.0 * jnp.einsum("lir,lro->lio", a, b)
+    # two bfloat16 roundings (the dequantised kernel, then the sum), each within 2^-8 of its
+    # value (bfloat16's unit roundoff: 8 significant bits)
+    err = np.abs(np.asarray(w.astype(jnp.float32) - want))
+    assert (err <= 2**-8 * (np.abs(np.asarray(deq)) + np.abs(np.asarray(want))) + 1e-7).all()
     export_hf(tmp_path / "hf", config=c, params=merged, dtype="float32")
     index = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert index["torch_dtype"] == "float32"
     _, loaded, _ = load_model(str(tmp_path / "hf"))
     for name in quant.PROJECTION_IN_DIMS:
         np.testing.assert_allclose(
-            loaded["layers"][name]["kernel"], merged["layers"][name]["kernel"], atol=1e-6
+            loaded["layers"][name]["kernel"],
+            merged["layers"][name]["kernel"].astype(jnp.float32),
+            atol=1e-6,
         )
 
 
@@ -238,7 +245,7 @@ def test_a_lora_grpo_step_runs_on_a_quantised_base(kind, tmp_path):
     b = policy.state.params["layers"]["q_proj"]["b"]
     assert float(jnp.abs(b).max()) > 0  # the adapters trained (B starts at 0)
     merged = trainer.model
-    assert merged["layers"]["q_proj"]["kernel"].dtype == jnp.float32
+    assert merged["layers"]["q_proj"]["kernel"].dtype == jnp.bfloat16
     from safetensors import safe_open
 
     out = trainer.save_model(str(tmp_path / "hf"))

@@ -102,7 +102,7 @@ class Policy:
     def full_shapes(self):
         """The tree :meth:`full_params` returns, as arrays or ``ShapeDtypeStruct``s with their
         shardings (``jaxrl-llm compile``'s sampler copy): with a quantised LoRA base
-        (``model.lora.base_dtype`` int8 / nf4) the float32 tree it dequantises to."""
+        (``model.lora.base_dtype`` int8 / nf4) the bfloat16 tree it dequantises to."""
         if self.lora is None:
             return self.state.params
         if self.lora.base_dtype not in quant.QUANTIZED:
