@@ -233,25 +233,13 @@ def quantized_logical_axes(axes: dict, base_dtype: str) -> dict:
     return {**axes, "layers": layers}
 
 
-def projection_bytes(config: Any, base_dtype: str) -> tuple[int, float]:
-    """(weights, stored bytes) of the dense projection kernels :func:`quantize_base` quantises,
-    over the whole model, stored as ``base_dtype``: 4 / 2 bytes per weight (float32 /
-    bfloat16), 1 + a float32 scale per output channel (int8), ½ + a float32 absmax per block
-    (nf4)."""
-    from jaxrl_llm.models.params import param_shapes_and_axes
-
-    specs = param_shapes_and_axes(config)["layers"]
-    weights, nbytes = 0, 0.0
-    for name, n_in in PROJECTION_IN_DIMS.items():
-        if name not in specs or "kernel" not in specs[name]:
-            continue
-        shape = specs[name]["kernel"][0]
-        size = math.prod(shape)
-        weights += size
-        if base_dtype == "int8":
-            nbytes += size + 4 * size / math.prod(shape[1 : 1 + n_in])
-        elif base_dtype == "nf4":
-            nbytes += size / 2 + 4 * size / nf4_block(shape[n_in])
-        else:
-            nbytes += size * jnp.dtype(base_dtype).itemsize
-    return weights, nbytes
+def kernel_bytes(shape: tuple[int, ...], n_in: int, base_dtype: str) -> float:
+    """Stored bytes of one stacked projection kernel ``[L, in…, out…]`` (``n_in`` input dims)
+    held as ``base_dtype``: 4 / 2 bytes per weight (float32 / bfloat16), 1 + a float32 scale
+    per output channel (int8), ½ + a float32 absmax per block (nf4)."""
+    size = math.prod(shape)
+    if base_dtype == "int8":
+        return size + 4 * size / math.prod(shape[1 : 1 + n_in])
+    if base_dtype == "nf4":
+        return size / 2 + 4 * size / nf4_block(shape[n_in])
+    return float(size * jnp.dtype(base_dtype).itemsize)

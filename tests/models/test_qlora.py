@@ -11,7 +11,7 @@ from jaxrl_llm import models as M
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import quant
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
-from jaxrl_llm.train.compile.memory import MODEL_PRESETS, estimate_memory
+from jaxrl_llm.train.compile.memory import MODEL_PRESETS, estimate_memory, projection_bytes
 
 # QLoRA, Appendix E / bitsandbytes' published NF4 table (facts to check our construction against).
 PUBLISHED_NF4 = [
@@ -204,7 +204,7 @@ def test_8b_lora_memory_shows_the_quantised_base():
     int8, e8 = _base_rows("int8")
     nf4, e4 = _base_rows("nf4")
     n = MODEL_PRESETS["8b"].num_params()
-    proj, _ = quant.projection_bytes(MODEL_PRESETS["8b"], "bfloat16")
+    proj, _ = projection_bytes(MODEL_PRESETS["8b"], "bfloat16")
     assert 0.85 < proj / n < 0.9
     proj16 = proj * 2 / 8
     assert int8["base projections (int8, frozen)"] == pytest.approx(proj16 / 2, rel=1e-3)

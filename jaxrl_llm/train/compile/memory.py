@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 from typing import Any
 
@@ -64,7 +65,8 @@ from jaxrl_llm.losses.registry import Algorithm
 from jaxrl_llm.models.attention import BLOCKWISE_BLOCK, NAIVE_MAX_SCORES
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.options import LayerType
-from jaxrl_llm.models.quant import BASE_DTYPES, QUANTIZED, projection_bytes
+from jaxrl_llm.models.params import param_shapes_and_axes
+from jaxrl_llm.models.quant import BASE_DTYPES, PROJECTION_IN_DIMS, QUANTIZED, kernel_bytes
 from jaxrl_llm.train.compile.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
     DEVICE_MEMORY,
     MODEL_PRESETS,
@@ -154,6 +156,20 @@ def lora_params(config: ModelConfig, rank: int) -> int:
     dense_mlp = not c.is_moe or c.moe_beside_mlp  # Gemma 4's MoE keeps its dense MLP
     mlp = rank * (2 * (d + f) + (f + d)) if dense_mlp else 0
     return c.num_attention_layers * attn + c.num_layers * mlp
+
+
+def projection_bytes(config: ModelConfig, base_dtype: str) -> tuple[int, float]:
+    """(weights, stored bytes) of the dense projection kernels (q, k, v, o, gate, up, down)
+    that a quantised LoRA base quantises (:func:`jaxrl_llm.models.quant.quantize_base`), over
+    the whole model, held as ``base_dtype`` (:func:`~jaxrl_llm.models.quant.kernel_bytes`)."""
+    specs = param_shapes_and_axes(config)["layers"]
+    weights, nbytes = 0, 0.0
+    for name, n_in in PROJECTION_IN_DIMS.items():
+        if "kernel" in specs.get(name, {}):
+            shape = specs[name]["kernel"][0]
+            weights += math.prod(shape)
+            nbytes += kernel_bytes(shape, n_in, base_dtype)
+    return weights, nbytes
 
 
 def expert_params(config: ModelConfig) -> int:
@@ -427,7 +443,7 @@ def _weight_rows(
     (the gradients transient: they exist during that model's update only, so PPO's policy and
     critic gradients are never alive together, nor either beside the rollout's KV cache).
     A LoRA base stored as ``lora_base_dtype`` (None: ``frozen_dtype``) counts its stored
-    bytes: int8 / nf4 quantise the dense projections (:func:`models.quant.projection_bytes`:
+    bytes: int8 / nf4 quantise the dense projections (:func:`projection_bytes`:
     codes and scales), the rest in bfloat16 (:func:`models.quant.quantize_base`)."""
     fb = _BYTES[frozen_dtype]
     opt_factor = 2 if optimizer == "adamw" else 0
