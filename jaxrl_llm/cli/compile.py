@@ -87,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remat", default="full", choices=["none", "dots", "full"])
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full fine-tune)")
     parser.add_argument(
+        "--lora-base-dtype",
+        default="float32",
+        help="with --lora-rank: the frozen base's storage (model.lora.base_dtype: float32, "
+        "bfloat16, int8, nf4)",
+    )
+    parser.add_argument(
         "--no-decode", action="store_true", help="skip compiling the sampler's decode loop"
     )
     parser.add_argument(
@@ -185,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
             remat=args.remat,
             dtype=args.dtype,
             lora_rank=args.lora_rank,
+            lora_base_dtype=args.lora_base_dtype,
             decode=not args.no_decode,
             rollout_tensor=_rollout_layout(args.rollout_layout) or "auto",
             correction=(

@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_and_algorithm(parser)
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full fine-tune)")
     parser.add_argument(
+        "--lora-base-dtype",
+        default=None,
+        help="with --lora-rank: how the frozen base is stored (model.lora.base_dtype: float32, "
+        "bfloat16, int8, nf4; default: float32 as the trainers hold it)",
+    )
+    parser.add_argument(
         "--mesh",
         default="data=1,fsdp=1,tensor=1",
         help="mesh axis sizes, e.g. data=2,fsdp=4,tensor=1 (expert=E splits a mixture of "
@@ -292,6 +298,10 @@ def run(args: argparse.Namespace) -> int:
         tensor=mesh["tensor"],
         expert=mesh["expert"],
     )
+    if args.lora_base_dtype is not None:
+        if not args.lora_rank:
+            raise ConfigError("--lora-base-dtype sizes a LoRA base; give --lora-rank too")
+        setup["lora_base_dtype"] = args.lora_base_dtype
     if args.teacher_model is not None:
         from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, Role
 
@@ -336,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
                 else ""
             )
             + (f", LoRA r={args.lora_rank}" if args.lora_rank else "")
+            + (f" on a {args.lora_base_dtype} base" if args.lora_base_dtype else "")
         )
         print(f"device: {device} (from {why})")
         print(est.table())

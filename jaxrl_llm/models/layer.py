@@ -65,6 +65,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
+from jaxrl_llm.models import quant
 from jaxrl_llm.models.config import Activation, LayerType, ModelConfig
 from jaxrl_llm.models.layout import layout_mesh, place
 from jaxrl_llm.models.positions import (
@@ -531,7 +532,9 @@ def decoder_layer(
     3 / 4) their outputs are RMS-normed before each add; Gemma 4's per-layer input
     (``config.tokens.per_layer_input_size``) is gated into the residual stream after the MLP, and with
     ``config.norms.layer_scalars`` the result is multiplied by the layer's stored scalar (a
-    constant: no gradient).
+    constant: no gradient). A quantised frozen base's projections (QLoRA,
+    :mod:`jaxrl_llm.models.quant`) are dequantised here, this layer's only, to ``x_btd``'s
+    dtype (under remat 'dots' / 'full' the backward dequantises them again).
 
     Args:
       config: the model config.
@@ -556,6 +559,7 @@ def decoder_layer(
     chex.assert_rank(x_btd, 3)
     chex.assert_shape(tokens.positions, x_btd.shape[:2])
     c = config
+    lp = quant.dequantize_layer(lp, x_btd.dtype)
     lay = layout_mesh(mesh)
     x_btd = place(x_btd, BTD, lay)
     h = apply_norm(c, x_btd, lp["attn_norm"])

@@ -29,18 +29,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models import quant
 from jaxrl_llm.models.config import ModelConfig
 
 # kernel name -> number of input dims after the leading layers axis.
-_IN_DIMS = {
-    "q_proj": 1,
-    "k_proj": 1,
-    "v_proj": 1,
-    "o_proj": 2,
-    "gate_proj": 1,
-    "up_proj": 1,
-    "down_proj": 1,
-}
+_IN_DIMS = quant.PROJECTION_IN_DIMS
 ALL_TARGETS: tuple[str, ...] = tuple(_IN_DIMS)
 
 _IN_AXES = {
@@ -71,11 +64,15 @@ class LoRAConfig:
       rank: r ≥ 1. alpha: scale numerator; the update is (alpha / rank) · A B (the paper's
         convention; alpha = 2r is a common choice, default 16 with r = 8).
       targets: which projections get adapters (default all seven of attention and MLP).
+      base_dtype: how the frozen base is stored: float32 (default), bfloat16, or quantised
+        int8 / nf4 (QLoRA, :mod:`jaxrl_llm.models.quant`: the seven dense projections
+        quantised, dequantised per layer in the forward).
     """
 
     rank: int = 8
     alpha: float = 16.0
     targets: tuple[str, ...] = ALL_TARGETS
+    base_dtype: str = "float32"
 
     def __post_init__(self):
         if self.rank < 1:
@@ -84,6 +81,10 @@ class LoRAConfig:
         unknown = [t for t in self.targets if t not in _IN_DIMS]
         if unknown:
             raise ValueError(f"unknown LoRA targets {unknown}; allowed: {list(ALL_TARGETS)}")
+        if self.base_dtype not in quant.BASE_DTYPES:
+            raise ValueError(
+                f"unknown LoRA base_dtype {self.base_dtype!r}; allowed: {list(quant.BASE_DTYPES)}"
+            )
 
     @property
     def scale(self) -> float:
@@ -145,9 +146,11 @@ def lora_logical_axes(lora: LoRAConfig) -> dict:
 def merge_lora(base: dict, adapters: dict, lora: LoRAConfig) -> dict:
     """W' = W + (α/r)·A B for every adapted kernel; returns a new params tree (base untouched).
 
-    The merged kernel takes the base kernel's dtype; the product is computed in float32.
+    The merged kernel takes the base kernel's dtype; the product is computed in float32. A
+    quantised base (:mod:`jaxrl_llm.models.quant`) is dequantised to bfloat16 first (the dtype
+    it keeps its other weights in): the result is an ordinary bfloat16 tree.
     """
-    layers = dict(base["layers"])
+    layers = dict(quant.dequantize_base(base)["layers"])
     for name, ab in adapters["layers"].items():
         w = layers[name]["kernel"]
         delta = (

@@ -160,3 +160,14 @@ def test_the_plain_fsdp_setup_gets_the_tensor_parallel_copy_and_is_3x_faster(cap
     times = [f["step_model"]["step_s"] for f in out["faster"]]
     assert times == sorted(times) and all(t < out["step_model"]["step_s"] for t in times)
     assert all(f["total_bytes_per_device"] <= out["device_bytes"] for f in out["faster"])
+
+
+def test_cli_counts_a_quantised_lora_base(capsys):
+    """--lora-base-dtype nf4 (QLoRA): the base's projections at their stored bytes."""
+    argv = ["memory", "--model", "8b", "--algorithm", "grpo", "--topology", "v5e:2x4"]
+    argv += ["--mesh", "fsdp=8", "--lora-rank", "16"]
+    assert main([*argv, "--lora-base-dtype", "nf4"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "on a nf4 base" in out and "base projections (nf4, frozen)" in out
+    assert main(["memory", "--model", "8b", "--algorithm", "grpo", "--lora-base-dtype", "nf4"]) == 2
+    assert "give --lora-rank too" in capsys.readouterr().err

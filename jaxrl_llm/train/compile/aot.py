@@ -447,7 +447,7 @@ def _sampler(
         models.param_logical_axes(policy.config),
         devices=topology.devices,
     )
-    full = policy.base if policy.lora is not None else policy.state.params
+    full = policy.full_shapes()
     # kept from step to step: each new copy is written into the previous one's buffers (none
     # when the sampler reads the learner's own arrays)
     if not plan.placement.sampler_reads_learner:
@@ -460,7 +460,7 @@ def _compile_reshard(plan: RunPlan, policy: Policy, copy: SamplerCopy, others):
     version (:meth:`SamplerCopy.program`): the learner's master params (LoRA: the merged
     weights, as a fresh argument) in, the sampler's layout and dtype out. Only colocated: a
     sampler on devices of its own receives the copy by a transfer, not a program."""
-    full = policy.base if policy.lora is not None else policy.state.params
+    full = policy.full_shapes()
     # the previous copy is donated to the new one: the output, not a resident array
     resident = others(SAMPLER_COPY)
     if policy.lora is None:
@@ -490,7 +490,7 @@ def _compile_decode(
     r = plan.cfg.rollout
     processes = copy.mesh.size // mesh.size
     n_prompts, gen_len = -(-r.prompts_per_step // processes), seq_len - prompt_len
-    full = policy.base if policy.lora is not None else policy.state.params
+    full = policy.full_shapes()
     weights = copy.abstract(full, local=True)
     _, config = cast_for_rollout(None, policy.config, copy.layout.dtype)
     sampling = _run_sampling(r)
@@ -563,6 +563,7 @@ def _estimate_kwargs(plan: RunPlan, topology: Topology, seq_len: int, prompt_len
         group_size=cfg.rollout.group_size,
         dtype=_dtype_name(cfg.model.compute_dtype),
         lora_rank=cfg.model.lora.rank if cfg.model.lora else 0,
+        lora_base_dtype=cfg.model.lora.base_dtype if cfg.model.lora else None,
         remat=cfg.model.remat,
         device=f"tpu-{topology.generation}",
         micro_batches=rows.micro_batches,

@@ -230,6 +230,7 @@ def run_config_for(
     remat: str = "full",
     dtype: str = "bf16",
     lora_rank: int = 0,
+    lora_base_dtype: str = "float32",
     correction: CorrectionSection | None = None,
     rollout_tensor: int | Literal["auto"] = "auto",
 ) -> tuple[Any, int, int]:
@@ -248,6 +249,8 @@ def run_config_for(
       remat: per-layer rematerialisation 'none' | 'dots' | 'full'.
       dtype: 'bf16' | 'fp32' compute dtype (master weights and optimizer state are float32).
       lora_rank: 0 = full fine-tuning; r > 0 trains rank-r adapters on a frozen base.
+      lora_base_dtype: how that base is stored (``model.lora.base_dtype``: float32, bfloat16,
+        int8, nf4).
       correction: the run's ``rollout.correction`` (online).
       rollout_tensor: the sampler's tensor degree (``rollout.tensor``; ``auto``).
 
@@ -282,7 +285,7 @@ def run_config_for(
         source="(preset)",
         compute_dtype=DTYPES[dtype],
         remat=remat,
-        lora=LoRASection(rank=lora_rank) if lora_rank else None,
+        lora=LoRASection(rank=lora_rank, base_dtype=lora_base_dtype) if lora_rank else None,
     )
     cfg = RunConfig(
         output_dir="(compile)",

@@ -11,7 +11,8 @@ a mixture of experts' expert weights are further split over the ``expert`` axis)
 
 * every model's weights (trainable ones in float32 master precision; frozen ones in
   ``frozen_dtype``, float32 by default as the trainers hold them); with LoRA the reference is
-  the base with adapters off (no second copy) and only the adapters are trainable;
+  the base with adapters off (no second copy) and only the adapters are trainable; a LoRA
+  base stored quantised (``lora_base_dtype`` int8 / nf4, QLoRA) counts its stored bytes;
 * gradients (float32, like the master weights) and AdamW moments (2 × float32) of what trains;
   with gradient accumulation (``micro_batches`` > 1) a second float32 gradient, the sum the
   step's scan over micro-batches carries beside each micro-batch's gradient;
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 from typing import Any
 
@@ -63,6 +65,8 @@ from jaxrl_llm.losses.registry import Algorithm
 from jaxrl_llm.models.attention import BLOCKWISE_BLOCK, NAIVE_MAX_SCORES
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.options import LayerType
+from jaxrl_llm.models.params import param_shapes_and_axes
+from jaxrl_llm.models.quant import BASE_DTYPES, PROJECTION_IN_DIMS, QUANTIZED, kernel_bytes
 from jaxrl_llm.train.compile.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
     DEVICE_MEMORY,
     MODEL_PRESETS,
@@ -152,6 +156,20 @@ def lora_params(config: ModelConfig, rank: int) -> int:
     dense_mlp = not c.is_moe or c.moe_beside_mlp  # Gemma 4's MoE keeps its dense MLP
     mlp = rank * (2 * (d + f) + (f + d)) if dense_mlp else 0
     return c.num_attention_layers * attn + c.num_layers * mlp
+
+
+def projection_bytes(config: ModelConfig, base_dtype: str) -> tuple[int, float]:
+    """(weights, stored bytes) of the dense projection kernels (q, k, v, o, gate, up, down)
+    that a quantised LoRA base quantises (:func:`jaxrl_llm.models.quant.quantize_base`), over
+    the whole model, held as ``base_dtype`` (:func:`~jaxrl_llm.models.quant.kernel_bytes`)."""
+    specs = param_shapes_and_axes(config)["layers"]
+    weights, nbytes = 0, 0.0
+    for name, n_in in PROJECTION_IN_DIMS.items():
+        if "kernel" in specs.get(name, {}):
+            shape = specs[name]["kernel"][0]
+            weights += math.prod(shape)
+            nbytes += kernel_bytes(shape, n_in, base_dtype)
+    return weights, nbytes
 
 
 def expert_params(config: ModelConfig) -> int:
@@ -370,6 +388,7 @@ def _check_estimate_args(
     optimizer: str,
     sizes: dict[str, int],
     lora_rank: int,
+    lora_base_dtype: str | None = None,
 ) -> None:
     """Raises ConfigError for an unknown choice or a size below its minimum (estimate_memory)."""
     if algorithm not in ALGORITHM_MEMORY:
@@ -389,6 +408,10 @@ def _check_estimate_args(
             raise ConfigError(f"{name} must be >= 1, got {v}")
     if lora_rank < 0:
         raise ConfigError(f"lora_rank must be >= 0, got {lora_rank}")
+    if lora_base_dtype is not None and lora_base_dtype not in BASE_DTYPES:
+        raise ConfigError(
+            f"unknown lora_base_dtype {lora_base_dtype!r}; allowed: {list(BASE_DTYPES)}"
+        )
 
 
 def _row(model: str, component: str, nbytes: float, transient: bool = False) -> MemoryRow:
@@ -414,16 +437,35 @@ def _weight_rows(
     frozen_dtype: str,
     optimizer: str,
     weight_shards: int,
+    lora_base_dtype: str | None = None,
 ) -> list[MemoryRow]:
     """A model's weights per device and, when it trains, its gradients and optimizer state
     (the gradients transient: they exist during that model's update only, so PPO's policy and
-    critic gradients are never alive together, nor either beside the rollout's KV cache)."""
+    critic gradients are never alive together, nor either beside the rollout's KV cache).
+    A LoRA base stored as ``lora_base_dtype`` (None: ``frozen_dtype``) counts its stored
+    bytes: int8 / nf4 quantise the dense projections (:func:`projection_bytes`:
+    codes and scales), the rest in bfloat16 (:func:`models.quant.quantize_base`)."""
     fb = _BYTES[frozen_dtype]
     opt_factor = 2 if optimizer == "adamw" else 0
     if trains and lora_rank:
         na = lora_params(config, lora_rank)
+        base = [_row(name, f"base weights ({frozen_dtype}, frozen)", n * fb)]
+        if lora_base_dtype in QUANTIZED:
+            proj, proj_bytes = projection_bytes(config, lora_base_dtype)
+            base = [
+                _row(
+                    name,
+                    f"base projections ({lora_base_dtype}, frozen)",
+                    proj_bytes / weight_shards,
+                ),
+                _row(name, "base other weights (bf16, frozen)", (n - proj / weight_shards) * 2),
+            ]
+        elif lora_base_dtype is not None:
+            base = [
+                _row(name, f"base weights ({lora_base_dtype}, frozen)", n * _BYTES[lora_base_dtype])
+            ]
         return [
-            _row(name, f"base weights ({frozen_dtype}, frozen)", n * fb),
+            *base,
             _row(name, "LoRA adapters (fp32)", na * 4 / weight_shards),
             _row(name, "gradients (adapters, fp32)", na * 4 / weight_shards, True),
             _row(name, f"optimizer state ({optimizer})", opt_factor * na * 4 / weight_shards),
@@ -502,6 +544,7 @@ def _model_rows(
     logits_chunk: int,
     accumulate: bool = False,
     gathered: bool = False,
+    lora_base_dtype: str | None = None,
 ) -> tuple[list[MemoryRow], int]:
     """The rows of every model the algorithm holds, and how many weight copies they are
     (``accumulate``: an update sums the gradients of several micro-batches; ``gathered``: the
@@ -528,6 +571,7 @@ def _model_rows(
             frozen_dtype=frozen_dtype,
             optimizer=optimizer,
             weight_shards=weight_shards,
+            lora_base_dtype=lora_base_dtype,
         )
         if trains:
             rows += _update_rows(
@@ -617,6 +661,7 @@ def estimate_memory(
     sampler_tensor: int | str = 0,
     sampler_replicas: int = 1,
     sampler_dtype: str | None = None,
+    lora_base_dtype: str | None = None,
 ) -> MemoryEstimate:
     """Estimate per-device memory of one training step of ``algorithm``.
 
@@ -657,6 +702,10 @@ def estimate_memory(
         the whole job, its dtype (``bf16`` / ``fp32``; default ``dtype``).
       teacher_config: a distillation teacher's model (None: the policy's size); its weights
         are frozen, held in ``frozen_dtype``.
+      lora_base_dtype: with ``lora_rank``, how the frozen base is stored
+        (``model.lora.base_dtype``: float32, bfloat16, int8, nf4; None: ``frozen_dtype``):
+        int8 / nf4 count the quantised projections' stored bytes (codes and scales) and the
+        other weights at bfloat16.
 
     Returns:
       A :class:`MemoryEstimate`.
@@ -685,7 +734,14 @@ def _estimate_given(
         prompt_group_size=a.prompt_group_size,
     )
     _check_estimate_args(
-        algorithm, a.dtype, a.frozen_dtype, a.logits, a.optimizer, sizes, a.lora_rank
+        algorithm,
+        a.dtype,
+        a.frozen_dtype,
+        a.logits,
+        a.optimizer,
+        sizes,
+        a.lora_rank,
+        a.lora_base_dtype,
     )
     algo = ALGORITHM_MEMORY[algorithm]
     weight_shards = a.fsdp * a.tensor
@@ -718,6 +774,7 @@ def _estimate_given(
         logits_chunk=a.logits_chunk,
         accumulate=a.micro_batches > 1,
         gathered=a.fsdp > 1,
+        lora_base_dtype=a.lora_base_dtype,
     )
     sampler_tensor = a.sampler_tensor
     if algo.online and isinstance(sampler_tensor, int) and sampler_tensor:

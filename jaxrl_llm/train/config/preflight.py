@@ -387,6 +387,7 @@ def check_step_memory(cfg: RunConfig, plan, *, model_config=None, resident_bytes
         group_size=cfg.rollout.group_size,
         dtype="fp32" if cfg.model.compute_dtype == "float32" else "bf16",
         lora_rank=cfg.model.lora.rank if cfg.model.lora else 0,
+        lora_base_dtype=cfg.model.lora.base_dtype if cfg.model.lora else None,
         remat=cfg.model.remat,
         device="cpu",  # only its memory differs; the budget below is this machine's
         micro_batches=rows.micro_batches,

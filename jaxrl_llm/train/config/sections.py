@@ -25,7 +25,11 @@ from jaxrl_llm.train.config.online_sections import (  # noqa: F401  (re-exported
 
 @dataclasses.dataclass(frozen=True)
 class LoRASection:
-    """LoRA adapters (``jaxrl_llm.models.lora``): rank, alpha, target projections."""
+    """LoRA adapters (``jaxrl_llm.models.lora``): rank, alpha, target projections, and how the
+    frozen base is stored: ``base_dtype`` float32 (default, as before), bfloat16, or quantised
+    int8 (per-output-channel scales) / nf4 (QLoRA's 4-bit NormalFloat, blocks of 64), the
+    seven dense projections quantised and dequantised per layer in the forward
+    (``jaxrl_llm.models.quant``); adapters and optimizer state stay float32."""
 
     rank: int = 8
     alpha: float = 16.0
@@ -38,10 +42,16 @@ class LoRASection:
         "up_proj",
         "down_proj",
     )
+    base_dtype: str = "float32"
 
     def __post_init__(self):
         from jaxrl_llm.models.lora import ALL_TARGETS
+        from jaxrl_llm.models.quant import BASE_DTYPES
 
+        if self.base_dtype not in BASE_DTYPES:
+            raise ConfigError(
+                f"model.lora.base_dtype: unknown {self.base_dtype!r}; allowed: {list(BASE_DTYPES)}"
+            )
         if self.rank < 1:
             raise ConfigError(
                 f"model.lora.rank must be >= 1, got {self.rank} (for full "

@@ -36,6 +36,7 @@ import optax
 
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.models import quant
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, lora_logical_axes, merge_lora
 from jaxrl_llm.parallel import (
     DEFAULT_RULES,
@@ -66,7 +67,8 @@ class Policy:
 
     Attributes:
       config: the model config. tokenizer: its tokenizer (with chat template).
-      mesh: the device mesh. base: the frozen base params (LoRA) or None.
+      mesh: the device mesh. base: the frozen base params (LoRA; stored as
+        ``model.lora.base_dtype``, quantised with int8 / nf4) or None.
       lora: the LoRA config or None. state / state_sharding: the sharded TrainState.
       apply_fn: ``apply_fn(params, input_ids, attention_mask=..., ...)`` -> ModelOutputs.
       optimizer: the optax transformation.
@@ -78,6 +80,7 @@ class Policy:
       routing_replay: a mixture of experts: the policy's forwards route each token to the
         experts of the batch's ``routing`` (rollout routing replay) instead of comparing
         their own top-k with them (``rollout.routing_replay``).
+      full_sharding: the sharding of the float parameter tree (:meth:`full_shapes`).
     """
 
     config: models.ModelConfig
@@ -94,6 +97,18 @@ class Policy:
     router_aux_weight: float = 0.0
     lr_schedule: Callable[[Any], Any] | None = None
     routing_replay: bool = False
+    full_sharding: Any = None
+
+    def full_shapes(self):
+        """The tree :meth:`full_params` returns, as arrays or ``ShapeDtypeStruct``s with their
+        shardings (``jaxrl-llm compile``'s sampler copy): with a quantised LoRA base
+        (``model.lora.base_dtype`` int8 / nf4) the bfloat16 tree it dequantises to."""
+        if self.lora is None:
+            return self.state.params
+        if self.lora.base_dtype not in quant.QUANTIZED:
+            return self.base
+        shapes = jax.eval_shape(quant.dequantize_base, self.base)
+        return _with_shardings(shapes, self.full_sharding)
 
     def learning_rate(self) -> float:
         """The learning rate of the last optimizer update (:func:`lr_schedule` at the state's
@@ -348,10 +363,12 @@ def policy_on_mesh(
     if cfg.model.lora is not None:
         lc = cfg.model.lora
         try:
-            lora = LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets)
+            lora = LoRAConfig(
+                rank=lc.rank, alpha=lc.alpha, targets=lc.targets, base_dtype=lc.base_dtype
+            )
         except ValueError as e:
             raise ConfigError(f"model.lora: {e}") from None
-        base = params
+        base, base_sharding = frozen_base(params, axes, mesh, lora.base_dtype, abstract=abstract)
         init = functools.partial(init_lora, config, lora)
         trainable = jax.eval_shape(init, rng) if abstract else init(jax.random.fold_in(rng, 1))
         param_sharding = logical_to_sharding(lora_logical_axes(lora), mesh, RULES, shapes=trainable)
@@ -360,7 +377,7 @@ def policy_on_mesh(
             if abstract
             else jax.device_put(trainable, param_sharding)
         )
-        frozen_sharding = {"base": param_sharding_full}
+        frozen_sharding = {"base": base_sharding}
     else:
         trainable = params
         param_sharding = param_sharding_full
@@ -384,7 +401,32 @@ def policy_on_mesh(
         router_aux_weight=router_aux_weight(cfg, config, micro_batches),
         lr_schedule=schedule,
         routing_replay=cfg.is_online and cfg.rollout.routing_replay,
+        full_sharding=param_sharding_full,
     )
+
+
+def frozen_base(
+    params: Any, axes: Any, mesh: jax.sharding.Mesh, base_dtype: str, *, abstract: bool
+) -> tuple[Any, Any]:
+    """A LoRA run's frozen base stored as ``base_dtype`` (:func:`models.quant.quantize_base`,
+    once, on the mesh) and its sharding; float32: ``params`` as they are. ``params``: the
+    float32 tree (``ShapeDtypeStruct``s when ``abstract``), ``axes`` its logical axes.
+
+    Raises:
+      ConfigError: a model nf4 cannot pack (an odd input dim of a projection).
+    """
+    if base_dtype == "float32":
+        return params, logical_to_sharding(axes, mesh, RULES, shapes=params)
+    fn = functools.partial(quant.quantize_base, base_dtype=base_dtype)
+    try:
+        shapes = jax.eval_shape(fn, params)
+    except ValueError as e:  # nf4 packs two codes per byte: an odd input dim
+        raise ConfigError(f"model.lora.base_dtype={base_dtype}: {e}") from None
+    qaxes = quant.quantized_logical_axes(axes, base_dtype)
+    sharding = logical_to_sharding(qaxes, mesh, RULES, shapes=shapes)
+    if abstract:
+        return _with_shardings(shapes, sharding), sharding
+    return jax.jit(fn, out_shardings=sharding)(params), sharding
 
 
 def _initial_state(
