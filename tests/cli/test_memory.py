@@ -171,3 +171,21 @@ def test_cli_counts_a_quantised_lora_base(capsys):
     assert "on a nf4 base" in out and "base projections (nf4, frozen)" in out
     assert main(["memory", "--model", "8b", "--algorithm", "grpo", "--lora-base-dtype", "nf4"]) == 2
     assert "give --lora-rank too" in capsys.readouterr().err
+
+
+def test_decode_on_gpu_counts_the_separate_layer_arrays():
+    """On a GPU the decode reads the layers as separate arrays (one more copy of the layer
+    weights while the rollout runs, sampling.static_generate.decode_params); a TPU's does
+    not, and an offline run has no decode."""
+    c = MODEL_PRESETS["8b"]
+    setup = dict(batch_size=4, seq_len=1024, group_size=8, fsdp=8, remat="full")
+    name = "separate layer arrays (decode on GPU)"
+
+    def split(device, algorithm="grpo", **kw):
+        e = estimate_memory(c, algorithm, device=device, **setup, **kw)
+        return [r.bytes for r in e.rows if r.component == name]
+
+    layers = c.num_params() - 2 * c.vocab_size * c.hidden_size  # untied embeddings
+    assert split("h200") == [layers * 2 // 8]  # in the rollout dtype (bf16), fsdp=8 shards
+    assert split("h200", sampler_tensor=2, sampler_dtype="fp32") == [layers * 4 // 2]
+    assert split("tpu-v5p") == [] and split("h200", "dpo") == []

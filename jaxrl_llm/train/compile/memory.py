@@ -622,6 +622,11 @@ def _kv_cache_rows(
     return rows
 
 
+#: Devices whose decode reads the layers as separate arrays (XLA:GPU copies a scanned
+#: layer's weights at every token step; models.separate_layers).
+GPU_DEVICES = frozenset(("h100", "h200"))
+
+
 def _peak_bytes(rows: list[MemoryRow]) -> int:
     """The persistent rows' sum plus the largest model's transient rows."""
     # Activations and logits live only during one model's update, the KV cache only during the
@@ -787,6 +792,16 @@ def _estimate_given(
         rows += _kv_cache_rows(config, replica_rows, a.seq_len, sampler_tensor, b)
     elif algo.online:
         rows += _kv_cache_rows(config, local_rows, a.seq_len, a.tensor, _BYTES[a.dtype])
+    if algo.online and a.device in GPU_DEVICES and not config.is_hybrid:
+        # decode on GPU reads the layers as separate arrays (sampling.static_generate.
+        # decode_params): one more copy of the layer weights while the rollout runs
+        shards = sampler_tensor if isinstance(sampler_tensor, int) and sampler_tensor else 0
+        b = _BYTES[(a.sampler_dtype or a.dtype) if shards else a.dtype]
+        layers = config.num_params() - config.vocab_size * config.hidden_size * (
+            1 if config.tie_embeddings else 2
+        )
+        split = layers * b // (shards or weight_shards)
+        rows.append(_row("rollout", "separate layer arrays (decode on GPU)", split, True))
     return MemoryEstimate(
         rows=tuple(rows),
         total_bytes_per_device=_peak_bytes(rows),
