@@ -128,7 +128,8 @@ MAX_MODULE_LINES = 500
 # Modules still over the limit, each with why it is left. Exact, like the list above: a module
 # that no longer is too long fails the test until it is unlisted.
 LONG_MODULES_ALLOWED = {
-    # owned by other helpers today (models/)
+    # the one decoder layer with its attention and MLP blocks (581 lines since its layer loops
+    # went to layer_scan.py); the blocks share its adapter and norm helpers: split them with those
     "models/layer.py",
     # not yet split: the AOT compile report and the memory estimator
     "train/compile/aot.py",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxrl_llm.models.config import LayerType, ModelConfig
-from jaxrl_llm.models.layer import layer_kinds
+from jaxrl_llm.models.layer_scan import layer_kinds
 
 # Qwen3.5's Gated DeltaNet layers (config.is_hybrid) and the attention output gate, which
 # transformers keeps in q_proj's rows: per head, E query rows then E gate rows.

@@ -67,11 +67,13 @@ from jaxrl_llm.models.layer import (
     decoder_layer,
     dense_and_moe_block,
     embed_tokens,
-    layer_kinds,
     mlp_block,
     project_qkv,
-    remat_policy,
     rms_norm,
+)
+from jaxrl_llm.models.layer_scan import (
+    layer_kinds,
+    remat_policy,
     scan_layers,
     scan_periods,
     separate_layers,

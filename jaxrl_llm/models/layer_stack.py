@@ -5,8 +5,8 @@ what every trunk used to rebuild for itself:
 
 - the new tokens' :class:`~jaxrl_llm.models.layer.TokenInfo` (embeddings, RoPE frequencies,
   routing weights, a recorded routing, Gemma 4's per-layer inputs), from :class:`NewTokens`;
-- the layer scan: :func:`~jaxrl_llm.models.layer.scan_layers` for a uniform stack,
-  :func:`~jaxrl_llm.models.layer.scan_periods` for a hybrid one (the layer kinds: a LINEAR
+- the layer scan: :func:`~jaxrl_llm.models.layer_scan.scan_layers` for a uniform stack,
+  :func:`~jaxrl_llm.models.layer_scan.scan_periods` for a hybrid one (the layer kinds: a LINEAR
   layer reads its recurrent-state store, the others their attention store);
 - KV sharing (Gemma 4): the attention store wrapped in
   :class:`~jaxrl_llm.models.kv_stores.KVShared` and carried from layer to layer.
@@ -40,9 +40,8 @@ from jaxrl_llm.models.layer import (
     decoder_layer,
     embed_tokens,
     per_layer_inputs,
-    scan_layers,
-    scan_periods,
 )
+from jaxrl_llm.models.layer_scan import scan_layers, scan_periods
 from jaxrl_llm.models.options import LayerType
 from jaxrl_llm.models.positions import rope_inv_freq
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxrl_llm.models import gemma4
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.layer import layer_kinds
+from jaxrl_llm.models.layer_scan import layer_kinds
 from jaxrl_llm.models.options import LayerType
 
 Params = dict[str, Any]
