@@ -185,7 +185,8 @@ def test_decode_on_gpu_counts_the_separate_layer_arrays():
         e = estimate_memory(c, algorithm, device=device, **setup, **kw)
         return [r.bytes for r in e.rows if r.component == name]
 
-    layers = c.num_params() - 2 * c.vocab_size * c.hidden_size  # untied embeddings
+    layers = c.num_params() - 2 * c.vocab_size * c.hidden_size - c.hidden_size  # less
+    # the untied embeddings and the final norm: the weights under params["layers"]
     assert split("h200") == [layers * 2 // 8]  # in the rollout dtype (bf16), fsdp=8 shards
     assert split("h200", sampler_tensor=2, sampler_dtype="fp32") == [layers * 4 // 2]
     assert split("tpu-v5p") == [] and split("h200", "dpo") == []

@@ -172,6 +172,16 @@ def projection_bytes(config: ModelConfig, base_dtype: str) -> tuple[int, float]:
     return weights, nbytes
 
 
+def layer_weights(config: ModelConfig) -> int:
+    """Weights stored under ``params["layers"]`` (what :func:`~jaxrl_llm.models.separate_layers`
+    copies): every leaf of the stacked layer tree."""
+
+    def count(tree: dict) -> int:  # (shape, logical axes) leaves under nested dicts
+        return sum(count(v) if isinstance(v, dict) else math.prod(v[0]) for v in tree.values())
+
+    return count(param_shapes_and_axes(config)["layers"])
+
+
 def expert_params(config: ModelConfig) -> int:
     """Parameters of a mixture of experts' expert weights (L · X · 3 · D · F_e; 0 when dense):
     the part of :meth:`ModelConfig.num_params` the ``expert`` mesh axis splits."""
@@ -797,10 +807,7 @@ def _estimate_given(
         # decode_params): one more copy of the layer weights while the rollout runs
         shards = sampler_tensor if isinstance(sampler_tensor, int) and sampler_tensor else 0
         b = _BYTES[(a.sampler_dtype or a.dtype) if shards else a.dtype]
-        layers = config.num_params() - config.vocab_size * config.hidden_size * (
-            1 if config.tie_embeddings else 2
-        )
-        split = layers * b // (shards or weight_shards)
+        split = layer_weights(config) * b // (shards or weight_shards)
         rows.append(_row("rollout", "separate layer arrays (decode on GPU)", split, True))
     return MemoryEstimate(
         rows=tuple(rows),
