@@ -3,7 +3,7 @@
 The device is ``--device``, else the generation of ``--topology`` (``v5e:2x2`` -> ``tpu-v5e``),
 else the backend this machine runs (a TPU's or GPU's kind, or ``cpu``). When the setup does
 not fit, the changes that would make it fit are listed, each with the estimator's total
-(:func:`jaxrl_llm.train.compile.memory.fit_advice`).
+(:func:`jaxrl_llm.train.compile.memory_advice.fit_advice`).
 """
 
 from __future__ import annotations
@@ -262,7 +262,8 @@ def _json_report(args, mesh, config, est, why, base_step, faster, advice_steps) 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm memory``."""
-    from jaxrl_llm.train.compile.memory import GiB, estimate_memory, fit_advice
+    from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, GiB, Role, estimate_memory
+    from jaxrl_llm.train.compile.memory_advice import fit_advice
 
     mesh = parse_mesh(args.mesh)
     if mesh["context"] > 1:
@@ -303,8 +304,6 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--lora-base-dtype sizes a LoRA base; give --lora-rank too")
         setup["lora_base_dtype"] = args.lora_base_dtype
     if args.teacher_model is not None:
-        from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, Role
-
         if Role.TEACHER not in ALGORITHM_MEMORY[args.algorithm].roles:
             raise ConfigError(
                 f"--teacher-model: {args.algorithm} holds no teacher; it sizes the teacher of "

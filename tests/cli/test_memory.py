@@ -7,7 +7,8 @@ import pytest
 
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.cli.memory import device_kind, resolve_device
-from jaxrl_llm.train.compile.memory import DEVICE_MEMORY, MODEL_PRESETS, estimate_memory, fit_advice
+from jaxrl_llm.train.compile.memory import DEVICE_MEMORY, MODEL_PRESETS, estimate_memory
+from jaxrl_llm.train.compile.memory_advice import fit_advice
 
 # 14 pairs of 1024 tokens with no remat: 98 GiB a chip, just over a v5p's 95 (each of the four
 # kinds of change fits it)

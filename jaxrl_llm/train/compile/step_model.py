@@ -170,11 +170,11 @@ def faster_setups(
     the same devices. A what-if search on the model, not a compile: ``jaxrl-llm compile``
     checks the one taken."""
     from jaxrl_llm.train.compile.memory import (
-        ADVICE_LORA_RANK,
         ALGORITHM_MEMORY,
         LOSS_ALGORITHMS,
         estimate_memory,
     )
+    from jaxrl_llm.train.compile.memory_advice import ADVICE_LORA_RANK
 
     base = model_setup(config, algorithm, chip, peak, **setup)
     changes: list[tuple[str, str, dict]] = []
