@@ -33,13 +33,6 @@ run: $(STAMP)
 demo-tools: $(STAMP)
 	$(BIN)/python tools/demo_tools.py
 
-# Lint, format and types first (seconds), then the whole suite on two workers that steal
-# queued tests from each other (24:27 on a 2-core host). A test that takes its worker down is
-# run once more on a fresh worker (pytest-rerunfailures; `--only-rerun '(?!)'` matches no error,
-# so an ordinary failure is never rerun). The one such crash seen (a worker that ran out of
-# memory mappings, see tests/conftest.py's _free_compiled_programs) is fixed; the rerun guards
-# against its kind. `--capture=sys` leaves native stderr uncaptured, so a native error's
-# message reaches the log.
 # Lint, format and types: what `make test` runs first, and what .pre-commit-config.yaml runs
 # before each commit (`pip install pre-commit && pre-commit install`).
 lint: $(STAMP)
@@ -47,6 +40,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check jaxrl_llm tests tools
 	$(BIN)/mypy jaxrl_llm
 
+# Lint, format and types first (seconds), then the whole suite on two workers that steal
+# queued tests from each other (about 30 min on a 2-core host with the compilation cache
+# warm, 44 cold; BENCHMARKS.md). A test that takes its worker down is run once more on a
+# fresh worker (pytest-rerunfailures; `--only-rerun '(?!)'` matches no error, so an
+# ordinary failure is never rerun). The one such crash seen (a worker that ran out of
+# memory mappings, see tests/conftest.py's _free_compiled_programs) is fixed; the rerun guards
+# against its kind. `--capture=sys` leaves native stderr uncaptured, so a native error's
+# message reaches the log.
 test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25 --capture=sys \
 		--reruns 1 --only-rerun '(?!)' tests

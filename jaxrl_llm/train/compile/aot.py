@@ -49,15 +49,15 @@ import jax.numpy as jnp
 
 from jaxrl_llm import models
 from jaxrl_llm.errors import ConfigError
-from jaxrl_llm.parallel import DEFAULT_RULES, batch_sharding
+from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.parallel.decode_model import tpu_chip
 from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.parallel.topology import Topology, topology_mesh
+from jaxrl_llm.train.compile.aot_decode import SAMPLER_COPY, compile_decode, compile_reshard
 from jaxrl_llm.train.compile.aot_inputs import (
     DTYPES,
     analytic_train_flops,
     compile_program,
-    decode_state_sharding,
     per_device_bytes,
     run_config_for,
 )
@@ -415,12 +415,9 @@ def _compile_programs(
     if plan.online and decode:
         assert copy is not None
         if plan.placement.colocated and not plan.placement.sampler_reads_learner:
-            out.append(_compile_reshard(plan, policy, copy, others))
-        out.append(_compile_decode(plan, policy, copy, others, seq_len, prompt_len))
+            out.append(compile_reshard(plan, policy, copy, others))
+        out.append(compile_decode(plan, policy, copy, others, seq_len, prompt_len))
     return out
-
-
-SAMPLER_COPY = "sampler copy (rollout dtype)"
 
 
 def _sampler(
@@ -453,100 +450,6 @@ def _sampler(
     if not plan.placement.sampler_reads_learner:
         resident[SAMPLER_COPY] = per_device_bytes(copy.abstract(full, local=True))
     return plan, copy
-
-
-def _compile_reshard(plan: RunPlan, policy: Policy, copy: SamplerCopy, others):
-    """The program that makes the sampler's copy from the learner's weights once per policy
-    version (:meth:`SamplerCopy.program`): the learner's master params (LoRA: the merged
-    weights, as a fresh argument) in, the sampler's layout and dtype out. Only colocated: a
-    sampler on devices of its own receives the copy by a transfer, not a program."""
-    full = policy.full_shapes()
-    # the previous copy is donated to the new one: the output, not a resident array
-    resident = others(SAMPLER_COPY)
-    if policy.lora is None:
-        resident -= per_device_bytes(full)
-    return compile_program(
-        "reshard", copy.program(full), (full,), resident, num_devices=copy.mesh.size
-    )
-
-
-def _compile_decode(
-    plan: RunPlan, policy: Policy, copy: SamplerCopy, others, seq_len: int, prompt_len: int
-):
-    """The sampler's decode loop as the run's sampler runs it: on one process's part of the
-    sampler's layout (its replicas × tensor; :attr:`SamplerCopy.local_mesh`), with that
-    process's rows, the copy's weights in the rollout dtype, the run's sampling settings and
-    the model's stop ids; rows split over the replicas, the mesh bound as the ambient mesh
-    (:func:`jaxrl_llm.sampling.rows.on_rows_mesh`) so the loop's own placements apply. Its
-    ``while_loop`` stops on data; its work is counted for ``seq_len − prompt_len`` steps
-    (every row to the end). The paged engine's chunked programs are not lowered: a run with
-    ``rollout.engine: paged`` is modeled by this loop."""
-    from jaxrl_llm.sampling import decode as decode_loop
-    from jaxrl_llm.sampling import init_decode_state, stop_token_ids
-    from jaxrl_llm.sampling.rows import on_rows_mesh
-    from jaxrl_llm.sampling.slots import cast_for_rollout
-
-    mesh = copy.local_mesh
-    r = plan.cfg.rollout
-    processes = copy.mesh.size // mesh.size
-    n_prompts, gen_len = -(-r.prompts_per_step // processes), seq_len - prompt_len
-    full = policy.full_shapes()
-    weights = copy.abstract(full, local=True)
-    _, config = cast_for_rollout(None, policy.config, copy.layout.dtype)
-    sampling = _run_sampling(r)
-
-    def init(last_logits, cache, pos, ids):
-        return init_decode_state(
-            last_logits,
-            cache,
-            pos,
-            ids,
-            seed=0,
-            num_samples=plan.rows.group,
-            gen_len=gen_len,
-            max_new_tokens=gen_len,
-        )
-
-    dstate = jax.eval_shape(
-        init,
-        jax.ShapeDtypeStruct((n_prompts, config.vocab_size), jnp.float32),
-        jax.eval_shape(lambda: models.init_cache(config, n_prompts, seq_len)),
-        jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
-        jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
-    )
-    # rows over the replicas, the cache's KV heads over tensor, its slots whole
-    dsharding = decode_state_sharding(dstate, mesh, {**DEFAULT_RULES, "length": None})
-    stop = stop_token_ids(config, sampling)
-    dec = jax.jit(
-        lambda p, s: decode_loop(p, s, config=config, sampling=sampling, stop_ids=stop, pad_id=0),
-        in_shardings=(jax.tree.map(lambda x: x.sharding, weights), dsharding),
-        out_shardings=dsharding,
-        donate_argnums=(1,),
-    )
-    abstract_state = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), dstate, dsharding
-    )
-    with on_rows_mesh(mesh):
-        out = compile_program(
-            "decode",
-            dec,
-            (weights, abstract_state),
-            others(SAMPLER_COPY),  # the learner's state stays; the copy is the argument
-            num_devices=mesh.size,
-            unknown_trips=gen_len,
-        )
-    split = dict(
-        weight_bytes=float(per_device_bytes(weights)) * gen_len,
-        kv_bytes=float(per_device_bytes(abstract_state.cache)) * gen_len,
-    )
-    return dataclasses.replace(out, notes=split)
-
-
-def _run_sampling(r) -> Any:
-    """The run's :class:`~jaxrl_llm.sampling.SamplingConfig` (``rollout``'s settings)."""
-    from jaxrl_llm.sampling import SamplingConfig
-
-    return SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p)
 
 
 def _dtype_name(compute_dtype: str) -> str:
