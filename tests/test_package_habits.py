@@ -131,8 +131,6 @@ LONG_MODULES_ALLOWED = {
     # the one decoder layer with its attention and MLP blocks (581 lines since its layer loops
     # went to layer_scan.py); the blocks share its adapter and norm helpers: split them with those
     "models/layer.py",
-    # not yet split: the memory estimator (seams: the activation-bytes model, the weight sizes)
-    "train/compile/memory.py",
 }
 
 

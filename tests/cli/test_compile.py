@@ -207,7 +207,7 @@ SMALL_MOE = {
 @pytest.mark.slow
 def test_moe_sft_compiles_for_v5e_with_experts_split_over_the_expert_axis(tmp_path, capsys):
     from jaxrl_llm.cli.memory import resolve_model_config
-    from jaxrl_llm.train.compile.memory import expert_params, params_per_device
+    from jaxrl_llm.train.compile.memory_terms import expert_params, params_per_device
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(SMALL_MOE))

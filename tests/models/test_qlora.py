@@ -11,7 +11,8 @@ from jaxrl_llm import models as M
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.models import quant
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
-from jaxrl_llm.train.compile.memory import MODEL_PRESETS, estimate_memory, projection_bytes
+from jaxrl_llm.train.compile.memory import MODEL_PRESETS, estimate_memory
+from jaxrl_llm.train.compile.memory_terms import projection_bytes
 
 # QLoRA, Appendix E / bitsandbytes' published NF4 table (facts to check our construction against).
 PUBLISHED_NF4 = [

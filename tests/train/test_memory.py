@@ -137,7 +137,8 @@ def test_every_algorithm_estimates():
 
 
 def test_moe_presets_count_total_and_active_parameters_and_split_experts():
-    from jaxrl_llm.train.compile.memory import MODEL_PRESETS, expert_params
+    from jaxrl_llm.train.compile.memory import MODEL_PRESETS
+    from jaxrl_llm.train.compile.memory_terms import expert_params
 
     c = MODEL_PRESETS["qwen3-30b-a3b"]
     # Qwen3-30B-A3B's model card: 30.5B parameters, 3.3B activated (ours: 3.35B, counting
@@ -186,13 +187,13 @@ def test_gradient_accumulation_holds_a_float32_gradient_sum():
     assert acc.total_bytes_per_device - updates.total_bytes_per_device == gsum
     lora = estimate_memory(c, "dpo", micro_batches=4, lora_rank=16, **kw)
     lora_sum = [r.bytes for r in lora.rows if r.component.startswith("gradient sum")]
-    from jaxrl_llm.train.compile.memory import lora_params
+    from jaxrl_llm.train.compile.memory_terms import lora_params
 
     assert lora_sum == [pytest.approx(4 * lora_params(c, 16) / 4, rel=1e-6)]  # adapters only
 
 
 def test_hybrid_stack_counts_linear_layers_by_kind():
-    from jaxrl_llm.train.compile.memory import activation_bytes_per_token_per_layer
+    from jaxrl_llm.train.compile.memory_terms import activation_bytes_per_token_per_layer
 
     c = MODEL_PRESETS["qwen3.5-9b"]
     assert (c.num_linear_layers, c.num_attention_layers) == (24, 8)
@@ -228,7 +229,7 @@ def test_hybrid_stack_counts_linear_layers_by_kind():
 
 
 def test_qwen3_5_moe_preset_counts_experts_and_the_shared_expert():
-    from jaxrl_llm.train.compile.memory import expert_params
+    from jaxrl_llm.train.compile.memory_terms import expert_params
 
     c = MODEL_PRESETS["qwen3.5-35b-a3b"]
     # transformers' Qwen3_5MoeTextConfig defaults ("Qwen3.5-35B-A3B style"): 34.66B in all,
@@ -244,7 +245,7 @@ def test_long_sequences_keep_one_key_block_of_scores_per_query():
     # compiled step's second largest buffer is one f32[16,8,4,512,512] (16 rows' 512
     # completion tokens x 32 heads x one 512-key block) for the layer its backward
     # recomputes, not 2 · 4 · H · T bytes a token (the naive path's scores and probabilities)
-    from jaxrl_llm.train.compile.memory import kept_scores_bytes_per_token
+    from jaxrl_llm.train.compile.memory_terms import kept_scores_bytes_per_token
 
     assert kept_scores_bytes_per_token(32, 1024) * 16 * 512 == 16 * 8 * 4 * 512 * 512 * 4 + (
         2 * 4 * 32 * 16 * 512  # and the running maximum and sum

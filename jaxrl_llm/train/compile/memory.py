@@ -28,14 +28,16 @@ a mixture of experts' expert weights are further split over the ``expert`` axis)
 
 A hybrid stack (Qwen3.5: Gated DeltaNet linear-attention layers between attention layers) is
 counted by layer kind: the linear layers' own parameters (``ModelConfig.num_params``); their
-token mixer's activations (:func:`linear_mixer_bytes_per_token`, an approximation from the
-block's code) in place of attention's; the unit its backward recomputes is a period of the
+token mixer's activations
+(:func:`~jaxrl_llm.train.compile.memory_terms.linear_mixer_bytes_per_token`, an
+approximation from the block's code) in place of attention's; the unit its backward recomputes is a period of the
 layer pattern (the stack scans periods); in the rollout, keys and values only for the attention
 layers and, for each linear layer, a conv window and a float32 delta-rule state per row.
 
 Mixture of experts (``config.num_experts > 0``): weights, gradients and optimizer state count
-every expert (the total parameters, :func:`expert_params` of them split over ``expert`` as
-well); activations count the k experts a token is routed to (the sorted dispatch's
+every expert (the total parameters,
+:func:`~jaxrl_llm.train.compile.memory_terms.expert_params` of them split over ``expert``
+as well); activations count the k experts a token is routed to (the sorted dispatch's
 ``[N·k, F_e]`` buffers and ``[N·k, D]`` gathered copies, which do not shrink with the expert
 axis) and the router's float32 probabilities. Tokens are replicated over the expert axis.
 
@@ -43,7 +45,7 @@ Gradients, activations, logits and the KV cache are transient: the rollout and t
 models' updates (policy, critic) run one after the other, so the total counts the largest of
 their transient memory, not the sum. Attention keeps its float32 scores (2 · H · T per token)
 only on the naive path of short sequences; longer ones run blockwise and keep one key block's
-worth per query (:func:`kept_scores_bytes_per_token`).
+worth per query (:func:`~jaxrl_llm.train.compile.memory_terms.kept_scores_bytes_per_token`).
 
 These are estimates of the dominant terms, checked against XLA's compiled memory analysis on
 CPU in ``tests/train/test_memory.py`` and against TPU programs compiled for a TPU slice
@@ -54,158 +56,30 @@ compiler's own temporaries (weight casts, collectives' buffers) are not modelled
 from __future__ import annotations
 
 import dataclasses
-import enum
-import math
 import types
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError, did_you_mean
-from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
-from jaxrl_llm.losses.registry import Algorithm
-from jaxrl_llm.models.attention import BLOCKWISE_BLOCK, NAIVE_MAX_SCORES
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.options import LayerType
-from jaxrl_llm.models.params import param_shapes_and_axes
-from jaxrl_llm.models.quant import BASE_DTYPES, PROJECTION_IN_DIMS, QUANTIZED, kernel_bytes
+from jaxrl_llm.models.quant import BASE_DTYPES
 from jaxrl_llm.train.compile.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
     DEVICE_MEMORY,
     MODEL_PRESETS,
     GiB,
     device_memory_bytes,
 )
-
-
-class Role(str, enum.Enum):
-    """A model held during training."""
-
-    POLICY = "policy"
-    REFERENCE = "reference"
-    CRITIC = "critic"
-    REWARD = "reward"
-    TEACHER = "teacher"
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgorithmMemory:
-    """Which models an algorithm holds and how it uses the batch.
-
-    Attributes:
-      roles: the models in memory. trainable: the roles that get gradients and optimizer state.
-      online: samples rollouts (needs a KV cache). sequences_per_example: forward passes per
-      example (2 for chosen + rejected pairs). data / reward: the source texts' columns.
-    """
-
-    roles: tuple[Role, ...]
-    trainable: tuple[Role, ...]
-    online: bool
-    sequences_per_example: int = 1
-    data: str = ""
-    reward: str = ""
-
-
-P, R, C, RM = Role.POLICY, Role.REFERENCE, Role.CRITIC, Role.REWARD
-
-
-def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
-    """The models an algorithm holds, from its registry entry (``jaxrl_llm.losses.ALGORITHMS``):
-    the trained model (a reward model for ``trains_reward_head``), a frozen reference when its
-    loss at the paper's defaults needs one (or for PPO's KL-shaped reward), a critic, and a
-    reward model when its reward usually is a learned one, a frozen teacher (distillation)."""
-    trained = RM if algo.trains_reward_head else P
-    try:
-        preset = algo.preset()
-    except TypeError:  # a preset with required fields (pairwise_rank's group size)
-        preset = None
-    uses_ref = preset is not None and algo.loss_spec().uses_reference(preset)
-    roles = [trained] + ([R] if uses_ref or algo.critic else []) + ([C] if algo.critic else [])
-    roles += [RM] if algo.scores_with_reward_model and trained is not RM else []
-    roles += [Role.TEACHER] if algo.teacher else []
-    data = algo.data_note + (" (+ greedy baseline)" if algo.greedy_baseline else "")
-    return AlgorithmMemory(
-        tuple(roles),
-        (trained,) + ((C,) if algo.critic else ()),
-        algo.online,
-        algo.sequences_per_example,
-        data,
-        algo.reward_note,
-    )
-
-
-# Derived from the algorithm table: one source of algorithm facts.
-ALGORITHM_MEMORY: dict[str, AlgorithmMemory] = {
-    name: algorithm_memory(algo) for name, algo in LOSS_ALGORITHMS.items()
-}
-
-
-_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2}
-
-
-def lora_params(config: ModelConfig, rank: int) -> int:
-    """Adapter parameters for rank-r LoRA on q, k, v, o, gate, up and down of every layer (a
-    mixture of experts: q, k, v, o only; its experts take no adapters; a hybrid stack's
-    linear-attention layers have no q, k, v, o)."""
-    c = config
-    d, f, h, k, e = (
-        c.hidden_size,
-        c.intermediate_size,
-        c.num_heads,
-        c.store_kv_heads,
-        c.store_head_dim,
-    )
-    attn = rank * ((d + h * e) + 2 * (d + k * e) + (h * e + d))
-    dense_mlp = not c.is_moe or c.moe_beside_mlp  # Gemma 4's MoE keeps its dense MLP
-    mlp = rank * (2 * (d + f) + (f + d)) if dense_mlp else 0
-    return c.num_attention_layers * attn + c.num_layers * mlp
-
-
-def projection_bytes(config: ModelConfig, base_dtype: str) -> tuple[int, float]:
-    """(weights, stored bytes) of the dense projection kernels (q, k, v, o, gate, up, down)
-    that a quantised LoRA base quantises (:func:`jaxrl_llm.models.quant.quantize_base`), over
-    the whole model, held as ``base_dtype`` (:func:`~jaxrl_llm.models.quant.kernel_bytes`)."""
-    specs = param_shapes_and_axes(config)["layers"]
-    weights, nbytes = 0, 0.0
-    for name, n_in in PROJECTION_IN_DIMS.items():
-        if "kernel" in specs.get(name, {}):
-            shape = specs[name]["kernel"][0]
-            weights += math.prod(shape)
-            nbytes += kernel_bytes(shape, n_in, base_dtype)
-    return weights, nbytes
-
-
-def layer_weights(config: ModelConfig) -> int:
-    """Weights stored under ``params["layers"]`` (what :func:`~jaxrl_llm.models.separate_layers`
-    copies): every leaf of the stacked layer tree."""
-
-    def count(tree: dict) -> int:  # (shape, logical axes) leaves under nested dicts
-        return sum(count(v) if isinstance(v, dict) else math.prod(v[0]) for v in tree.values())
-
-    return count(param_shapes_and_axes(config)["layers"])
-
-
-def expert_params(config: ModelConfig) -> int:
-    """Parameters of a mixture of experts' expert weights (L · X · 3 · D · F_e; 0 when dense):
-    the part of :meth:`ModelConfig.num_params` the ``expert`` mesh axis splits."""
-    c = config
-    if not c.is_moe:
-        return 0
-    return c.num_layers * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size
-
-
-def params_per_device(config: ModelConfig, *, weight_shards: int, expert: int = 1) -> float:
-    """Parameters one device holds: the dense ones over fsdp × tensor (``weight_shards``), the
-    experts' over ``expert`` too; attention heads as stored (Gemma 4's padded ones)."""
-    ne = expert_params(config)
-    return (config.num_params(stored=True) - ne) / weight_shards + ne / (weight_shards * expert)
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryRow:
-    """One line of the estimate: a model (or "run") and a component with its bytes/device."""
-
-    model: str
-    component: str
-    bytes: int
-    transient: bool = False
+from jaxrl_llm.train.compile.memory_rows import (  # noqa: F401  (re-exported: the algorithm table)
+    ALGORITHM_MEMORY,
+    AlgorithmMemory,
+    MemoryRow,
+    Role,
+    kv_cache_rows,
+    model_rows,
+    peak_bytes,
+    row,
+    update_tokens,
+)
+from jaxrl_llm.train.compile.memory_terms import DTYPE_BYTES, layer_weights, params_per_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,135 +135,6 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def activation_bytes_per_token_per_layer(
-    config: ModelConfig,
-    seq_len: int,
-    *,
-    remat: str,
-    dtype_bytes: int,
-    tensor: int = 1,
-    linear: bool = False,
-) -> int:
-    """Bytes kept for the backward pass, per token and layer, in one model's training forward.
-
-    ``none``: layer input, both norm outputs, q/k/v (pre and post RoPE), what attention keeps
-    of its scores (:func:`kept_scores_bytes_per_token`), attention output, residual, MLP
-    gate/up/activation/product.
-    ``dots``: only matmul outputs (q, k, v, attention output projection, gate, up, down).
-    ``full``: only the layer input (the layer is recomputed in the backward pass).
-    A mixture of experts holds its MLP tensors for each of the k experts of a token (F →
-    k · F_e), the routed copies of the token (k · D in, k · D out; ``dots``: the k · D down
-    outputs in place of D) and the float32 router probabilities (X).
-    ``linear``: a Gated DeltaNet layer of a hybrid stack (Qwen3.5) in place of attention:
-    its token mixer's tensors (:func:`linear_mixer_bytes_per_token`) instead of q/k/v and the
-    scores; the norms, residual and MLP as above.
-    """
-    c = config
-    d, f, e = c.hidden_size, c.intermediate_size // tensor, c.store_head_dim
-    h, k = max(c.num_heads // tensor, 1), max(c.store_kv_heads // tensor, 1)
-    moe_extra = 0
-    if c.is_moe:
-        kk = c.num_experts_per_tok
-        f = kk * c.moe_intermediate_size // tensor
-        moe_extra = {"dots": dtype_bytes * (kk - 1) * d, "none": dtype_bytes * 2 * kk * d}.get(
-            remat, 0
-        ) + 4 * c.num_experts * (remat != "full")
-        if c.shared_expert_size and remat != "full":  # its gate/up/act/product (dots: gate, up)
-            f += c.shared_expert_size // tensor
-    if remat == "full":
-        return dtype_bytes * d
-    if remat not in ("dots", "none"):
-        raise ConfigError(f"unknown remat {remat!r}; allowed: 'none', 'dots', 'full'")
-    if linear:
-        mixer = linear_mixer_bytes_per_token(c, remat=remat, dtype_bytes=dtype_bytes, tensor=tensor)
-        mlp = dtype_bytes * (2 * f + d) if remat == "dots" else dtype_bytes * (5 * d + 4 * f)
-        return mixer + mlp + moe_extra
-    if remat == "dots":
-        return dtype_bytes * (h * e + 2 * k * e + d + 2 * f + d) + moe_extra
-    scores = kept_scores_bytes_per_token(h, seq_len)
-    return dtype_bytes * (5 * d + 3 * h * e + 4 * k * e + 4 * f) + scores + moe_extra
-
-
-def kept_scores_bytes_per_token(heads: int, seq_len: int) -> int:
-    """What attention keeps of its scores per token for the backward pass. The naive path
-    (``AttentionImpl.AUTO`` for T² ≤ :data:`~jaxrl_llm.models.NAIVE_MAX_SCORES`): the float32
-    scores and probabilities, 2 · 4 · H · T bytes. The blockwise path (longer T): one key
-    block's float32 probabilities per query and head, 4 · H · 512 bytes, and the running
-    maximum and sum, 2 · 4 · H, however long T is. Measured: the compiled Llama-3.2-1B GRPO
-    step on v5e:2x2 holds ``f32[16,8,4,512,512]`` (16 rows' 512 completion tokens × 32
-    heads × one 512-key block) for the layer its backward recomputes; a tiny Llama's step
-    compiled on CPU with no remat at T = 1024 and 2048 holds about 4 · H · 512 bytes a token
-    in every layer beyond the rest (``tests/train/test_memory.py``). Splash and cuDNN are
-    not told apart from the blockwise path."""
-    if seq_len * seq_len <= NAIVE_MAX_SCORES:
-        return 2 * 4 * heads * seq_len
-    return 4 * heads * min(seq_len, BLOCKWISE_BLOCK) + 2 * 4 * heads
-
-
-def linear_mixer_bytes_per_token(
-    config: ModelConfig, *, remat: str, dtype_bytes: int, tensor: int = 1
-) -> int:
-    """Bytes a Gated DeltaNet token mixer (:mod:`jaxrl_llm.models.gated_deltanet`, chunked
-    delta rule :func:`jaxrl_llm.models.delta_rule.delta_rule_chunked`) keeps per token for the
-    backward pass: an approximation from the block's code, not checked tensor by tensor.
-
-    ``none``: the q/k/v projection, the conv's output and its SiLU (C channels each), z and the
-    gated norm's output (H_v · d_v each) in the compute dtype; in float32 q and k normalised and
-    repeated to the value heads, W (H_v · d_k each), U and the output (H_v · d_v each), β and
-    the gate, the chunk's three C_k × C_k matrices per head (K Kᵀ, its triangular solve, the
-    decayed Q Kᵀ), and the chunk-start states (H_v · d_k · d_v per chunk of C_k tokens).
-    ``dots``: the matmul outputs only: the four input projections, the output projection, and
-    the delta rule's matrix products (two C_k × C_k matrices, U, W, the output, the states).
-    """
-    c = config
-    hv = max(c.linear_num_value_heads // tensor, 1)
-    dk, dv, ck = c.linear_key_head_dim, c.linear_value_head_dim, c.delta_chunk_size
-    channels = c.linear_conv_channels // tensor
-    states = 4 * hv * dk * dv // ck
-    if remat == "dots":
-        proj = dtype_bytes * (channels + hv * dv + c.hidden_size) + 4 * 2 * hv
-        return proj + 4 * hv * (2 * ck + dk + 2 * dv) + states
-    return (
-        dtype_bytes * (3 * channels + 2 * hv * dv)
-        + 4 * hv * (3 * dk + 2 * dv + 2 + 3 * ck)
-        + states
-    )
-
-
-def activation_bytes(
-    config: ModelConfig, tokens: int, seq_len: int, *, remat: str, dtype_bytes: int, tensor: int
-) -> int:
-    """Activations one training forward over ``tokens`` keeps for its backward pass, with the
-    unit the backward recomputes (``dots`` / ``full``) live again once in full.
-
-    A plain stack scans layer by layer: L layers of :func:`activation_bytes_per_token_per_layer`
-    and, with remat, one layer's ``none`` share. A hybrid stack (Qwen3.5) scans periods of its
-    layer pattern (three linear-attention layers then one attention layer) and rematerialises
-    a period as a unit: with ``full`` it keeps one input per period, and the period's layers
-    are all live during its backward pass.
-    """
-
-    def per_token(kind_remat: str, linear: bool) -> int:
-        return activation_bytes_per_token_per_layer(
-            config, seq_len, remat=kind_remat, dtype_bytes=dtype_bytes, tensor=tensor, linear=linear
-        )
-
-    if not config.is_hybrid:
-        per_layer = per_token(remat, False) * config.num_layers
-        live = 0 if remat == "none" else per_token("none", False)
-        return (per_layer + live) * tokens
-    n_lin, n_att = config.num_linear_layers, config.num_attention_layers
-    period = config.layer_period
-    if remat == "full":
-        kept = dtype_bytes * config.hidden_size * (config.num_layers // len(period))
-    else:
-        kept = n_lin * per_token(remat, True) + n_att * per_token(remat, False)
-    live = 0
-    if remat != "none":
-        live = sum(per_token("none", t == LayerType.LINEAR) for t in period)
-    return (kept + live) * tokens
-
-
 def _check_estimate_args(
     algorithm: str,
     dtype: str,
@@ -407,7 +152,7 @@ def _check_estimate_args(
             f"{sorted(ALGORITHM_MEMORY)}"
         )
     for name, text in (("dtype", dtype), ("frozen_dtype", frozen_dtype)):
-        if text not in _BYTES:
+        if text not in DTYPE_BYTES:
             raise ConfigError(f"unknown {name} {text!r}; allowed: 'bf16', 'fp32'")
     if logits not in ("chunked", "full"):
         raise ConfigError(f"logits must be 'chunked' or 'full', got {logits!r}")
@@ -424,228 +169,9 @@ def _check_estimate_args(
         )
 
 
-def _row(model: str, component: str, nbytes: float, transient: bool = False) -> MemoryRow:
-    """One row of the estimate, its bytes rounded to an int."""
-    return MemoryRow(model, component, int(round(nbytes)), transient)
-
-
-def _update_tokens(train_rows: int, seq_len: int, prompt_len: int | None, group: int) -> int:
-    """Tokens of one forward/backward slice: the shared prompt once per group of ``group``."""
-    tokens = train_rows * seq_len
-    if group > 1 and prompt_len:  # the shared prompt once per group
-        tokens = train_rows * (seq_len - prompt_len) + -(-train_rows // group) * prompt_len
-    return tokens
-
-
-def _weight_rows(
-    config: ModelConfig,
-    name: str,
-    trains: bool,
-    *,
-    n: float,
-    lora_rank: int,
-    frozen_dtype: str,
-    optimizer: str,
-    weight_shards: int,
-    lora_base_dtype: str | None = None,
-) -> list[MemoryRow]:
-    """A model's weights per device and, when it trains, its gradients and optimizer state
-    (the gradients transient: they exist during that model's update only, so PPO's policy and
-    critic gradients are never alive together, nor either beside the rollout's KV cache).
-    A LoRA base stored as ``lora_base_dtype`` (None: ``frozen_dtype``) counts its stored
-    bytes: int8 / nf4 quantise the dense projections (:func:`projection_bytes`:
-    codes and scales), the rest in bfloat16 (:func:`models.quant.quantize_base`)."""
-    fb = _BYTES[frozen_dtype]
-    opt_factor = 2 if optimizer == "adamw" else 0
-    if trains and lora_rank:
-        na = lora_params(config, lora_rank)
-        base = [_row(name, f"base weights ({frozen_dtype}, frozen)", n * fb)]
-        if lora_base_dtype in QUANTIZED:
-            proj, proj_bytes = projection_bytes(config, lora_base_dtype)
-            base = [
-                _row(
-                    name,
-                    f"base projections ({lora_base_dtype}, frozen)",
-                    proj_bytes / weight_shards,
-                ),
-                _row(name, "base other weights (bf16, frozen)", (n - proj / weight_shards) * 2),
-            ]
-        elif lora_base_dtype is not None:
-            base = [
-                _row(name, f"base weights ({lora_base_dtype}, frozen)", n * _BYTES[lora_base_dtype])
-            ]
-        return [
-            *base,
-            _row(name, "LoRA adapters (fp32)", na * 4 / weight_shards),
-            _row(name, "gradients (adapters, fp32)", na * 4 / weight_shards, True),
-            _row(name, f"optimizer state ({optimizer})", opt_factor * na * 4 / weight_shards),
-        ]
-    if trains:
-        return [
-            _row(name, "weights (fp32 master)", n * 4),
-            _row(name, "gradients (fp32)", n * 4, True),
-            _row(name, f"optimizer state ({optimizer})", opt_factor * n * 4),
-        ]
-    return [_row(name, f"weights ({frozen_dtype}, frozen)", n * fb)]
-
-
-def _update_rows(
-    config: ModelConfig,
-    role: Role,
-    *,
-    n: float,
-    seq_len: int,
-    tokens: int,
-    train_rows: int,
-    dtype: str,
-    tensor: int,
-    remat: str,
-    logits: str,
-    logits_chunk: int,
-    accumulated_bytes: float = 0,
-    gathered: bool = False,
-) -> list[MemoryRow]:
-    """The transient rows of a trained model's step: activations, cast weights, the gradient
-    sum of accumulation (``accumulated_bytes`` per device, 0 without), logits, and with the
-    weights split over fsdp (``gathered``) the whole unembedding in the compute dtype, which
-    XLA all-gathers once for the log-prob chunks (``bf16[4096,128256]``, 1002 MiB, in the
-    8B steps compiled for v5p on fsdp=4), and its gradient, also whole: XLA all-reduces
-    ``bf16[8192,128256]`` over fsdp three times in the 70B GRPO step on v5p:4x4x4, whose
-    buffer report holds two dedicated 1.96 GiB slots of it beside a third it shares (in the
-    8B steps gradient and weight shared one slot: counting both is the safe side)."""
-    name, b = role.value, _BYTES[dtype]
-    act = activation_bytes(config, tokens, seq_len, remat=remat, dtype_bytes=b, tensor=tensor)
-    rows = [_row(name, f"activations (remat={remat})", act, True)]
-    if b < 4:  # XLA hoists the per-layer casts out of the scan over layers
-        rows.append(_row(name, f"weights cast to {dtype} (in the step)", n * b, True))
-    if accumulated_bytes:  # the scan over micro-batches carries Σ∇ beside each slice's ∇
-        rows.append(_row(name, "gradient sum (fp32, micro-batches)", accumulated_bytes, True))
-    if role != Role.CRITIC and role != Role.REWARD:
-        vocab = config.vocab_size / tensor
-        if gathered:  # the log-prob ops take the unembedding whole, all-gathered over fsdp
-            unembed = vocab * config.hidden_size * b
-            rows.append(_row(name, f"unembedding gathered ({dtype})", unembed, True))
-            # ... and its gradient is formed whole before the all-reduce over fsdp sums it
-            rows.append(_row(name, f"unembedding gradient, whole ({dtype})", unembed, True))
-        width = seq_len if logits == "full" else min(logits_chunk, seq_len)
-        # float32 logits and their gradient (softmax fused into them by XLA)
-        rows.append(_row(name, f"logits ({logits})", 2 * train_rows * width * vocab * 4, True))
-    return rows
-
-
-def _model_rows(
-    config: ModelConfig,
-    algo: AlgorithmMemory,
-    *,
-    n: float,
-    n_teacher: float,
-    lora_rank: int,
-    reference_offloaded: bool,
-    frozen_dtype: str,
-    optimizer: str,
-    weight_shards: int,
-    seq_len: int,
-    tokens: int,
-    train_rows: int,
-    dtype: str,
-    tensor: int,
-    remat: str,
-    logits: str,
-    logits_chunk: int,
-    accumulate: bool = False,
-    gathered: bool = False,
-    lora_base_dtype: str | None = None,
-) -> tuple[list[MemoryRow], int]:
-    """The rows of every model the algorithm holds, and how many weight copies they are
-    (``accumulate``: an update sums the gradients of several micro-batches; ``gathered``: the
-    weights are split over fsdp, :func:`_update_rows`)."""
-    rows: list[MemoryRow] = []
-    weight_copies = 0
-    trained = lora_params(config, lora_rank) / weight_shards if lora_rank else n
-    for role in algo.roles:
-        trains = role in algo.trainable
-        name = role.value
-        if role == Role.REFERENCE and lora_rank:
-            rows.append(_row(name, "weights (base, adapters off: shared)", 0))
-            continue
-        if role == Role.REFERENCE and reference_offloaded:
-            rows.append(_row(name, "weights (offloaded to host)", 0))
-            continue
-        weight_copies += 1
-        rows += _weight_rows(
-            config,
-            name,
-            trains,
-            n=n_teacher if role == Role.TEACHER else n,
-            lora_rank=lora_rank,
-            frozen_dtype=frozen_dtype,
-            optimizer=optimizer,
-            weight_shards=weight_shards,
-            lora_base_dtype=lora_base_dtype,
-        )
-        if trains:
-            rows += _update_rows(
-                config,
-                role,
-                n=n,
-                seq_len=seq_len,
-                tokens=tokens,
-                train_rows=train_rows,
-                dtype=dtype,
-                tensor=tensor,
-                remat=remat,
-                logits=logits,
-                logits_chunk=logits_chunk,
-                accumulated_bytes=4 * trained if accumulate else 0,
-                gathered=gathered,
-            )
-    return rows, weight_copies
-
-
-def _kv_cache_rows(
-    config: ModelConfig, local_rows: int, seq_len: int, tensor: int, b: int
-) -> list[MemoryRow]:
-    """The rollout's KV cache on one device (transient): keys and values of the attention
-    layers that compute their own (not Gemma 4's KV-shared ones); a hybrid stack's linear-attention layers hold instead a conv window
-    (``[W−1, C]`` per row, compute dtype) and a float32 delta-rule state (``[H_v, d_k, d_v]``
-    per row), whatever the length."""
-    c = config
-    kv = (
-        2
-        * c.num_kv_layers
-        * local_rows
-        * seq_len
-        * max(c.store_kv_heads // tensor, 1)
-        * c.store_head_dim
-        * b
-    )
-    rows = [_row("rollout", f"KV cache ({local_rows} rows x {seq_len} slots)", kv, True)]
-    if c.is_hybrid:
-        hv = max(c.linear_num_value_heads // tensor, 1)
-        per_row = (c.linear_conv_kernel - 1) * (c.linear_conv_channels // tensor) * b + (
-            4 * hv * c.linear_key_head_dim * c.linear_value_head_dim
-        )
-        state = c.num_linear_layers * local_rows * per_row
-        rows.append(
-            _row("rollout", f"recurrent state ({c.num_linear_layers} linear layers)", state, True)
-        )
-    return rows
-
-
 #: Devices whose decode reads the layers as separate arrays (XLA:GPU copies a scanned
 #: layer's weights at every token step; models.separate_layers).
 GPU_DEVICES = frozenset(("h100", "h200"))
-
-
-def _peak_bytes(rows: list[MemoryRow]) -> int:
-    """The persistent rows' sum plus the largest model's transient rows."""
-    # Activations and logits live only during one model's update, the KV cache only during the
-    # rollout; these phases run one after the other, so the peak holds the largest, not the sum.
-    transient: dict[str, int] = {}
-    for r in rows:
-        if r.transient:
-            transient[r.model] = transient.get(r.model, 0) + r.bytes
-    return sum(r.bytes for r in rows if not r.transient) + max(transient.values(), default=0)
 
 
 def estimate_memory(
@@ -769,8 +295,8 @@ def _estimate_given(
     rows_per_step = a.batch_size * (a.group_size if algo.online else 1) * algo.sequences_per_example
     local_rows = -(-rows_per_step // batch_shards)
     train_rows = -(-local_rows // (a.micro_batches * a.minibatches))  # one forward/backward's
-    tokens = _update_tokens(train_rows, a.seq_len, a.prompt_len, a.prompt_group_size)
-    rows, weight_copies = _model_rows(
+    tokens = update_tokens(train_rows, a.seq_len, a.prompt_len, a.prompt_group_size)
+    rows, weight_copies = model_rows(
         config,
         algo,
         n=n,
@@ -796,23 +322,23 @@ def _estimate_given(
     if algo.online and isinstance(sampler_tensor, int) and sampler_tensor:
         # the sampler's copy (parallel/placement.py): tensor parallel, whole per replica,
         # kept from step to step (its buffers take the next copy); the cache by KV heads
-        b = _BYTES[a.sampler_dtype or a.dtype]
+        b = DTYPE_BYTES[a.sampler_dtype or a.dtype]
         copy = config.num_params() * b // sampler_tensor
-        rows.append(_row("rollout", f"sampler copy (tensor={sampler_tensor})", copy, False))
+        rows.append(row("rollout", f"sampler copy (tensor={sampler_tensor})", copy, False))
         replica_rows = -(-rows_per_step // max(a.sampler_replicas, 1))
-        rows += _kv_cache_rows(config, replica_rows, a.seq_len, sampler_tensor, b)
+        rows += kv_cache_rows(config, replica_rows, a.seq_len, sampler_tensor, b)
     elif algo.online:
-        rows += _kv_cache_rows(config, local_rows, a.seq_len, a.tensor, _BYTES[a.dtype])
+        rows += kv_cache_rows(config, local_rows, a.seq_len, a.tensor, DTYPE_BYTES[a.dtype])
     if algo.online and a.device in GPU_DEVICES and not config.is_hybrid:
         # decode on GPU reads the layers as separate arrays (sampling.static_generate.
         # decode_params): one more copy of the layer weights while the rollout runs
         shards = sampler_tensor if isinstance(sampler_tensor, int) and sampler_tensor else 0
-        b = _BYTES[(a.sampler_dtype or a.dtype) if shards else a.dtype]
+        b = DTYPE_BYTES[(a.sampler_dtype or a.dtype) if shards else a.dtype]
         split = layer_weights(config) * b // (shards or weight_shards)
-        rows.append(_row("rollout", "separate layer arrays (decode on GPU)", split, True))
+        rows.append(row("rollout", "separate layer arrays (decode on GPU)", split, True))
     return MemoryEstimate(
         rows=tuple(rows),
-        total_bytes_per_device=_peak_bytes(rows),
+        total_bytes_per_device=peak_bytes(rows),
         device_bytes=device_memory_bytes(a.device),
         models_in_memory=len(algo.roles),
         weight_copies=weight_copies,

@@ -169,11 +169,8 @@ def faster_setups(
     sampler's copy), lighter rematerialisation, LoRA, a tensor split of the learner within
     the same devices. A what-if search on the model, not a compile: ``jaxrl-llm compile``
     checks the one taken."""
-    from jaxrl_llm.train.compile.memory import (
-        ALGORITHM_MEMORY,
-        LOSS_ALGORITHMS,
-        estimate_memory,
-    )
+    from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
+    from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, estimate_memory
     from jaxrl_llm.train.compile.memory_advice import ADVICE_LORA_RANK
 
     base = model_setup(config, algorithm, chip, peak, **setup)

@@ -26,7 +26,7 @@ from jaxrl_llm.data import CharTokenizer, encode_completion, encode_prompt, is_c
 from jaxrl_llm.errors import ConfigError, DataError
 from jaxrl_llm.interop.peft import is_peft_adapter
 from jaxrl_llm.parallel import free_memory
-from jaxrl_llm.train.compile.memory import params_per_device
+from jaxrl_llm.train.compile.memory_terms import params_per_device
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.experience import Experience
 from jaxrl_llm.train.programs.policy import Policy, load_policy_model, tokenizer_size
