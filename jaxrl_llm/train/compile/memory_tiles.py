@@ -16,8 +16,9 @@ query kernel ``f32[24,360,64,64]`` ``{1,3,2,0}``; ``experts_gate`` / ``experts_u
 ``f32[24,32,360,2880]`` keep the default. The buffer report's peak of temporaries is in the
 optimizer update: ``experts_down``'s weight and moments copied to ``{3,2,1,0}`` and the fused
 update's three results, six ``f32[24,32,2880,360]`` of 3.16 GiB (19.0 GiB), more than the
-backward pass's 14.0 GiB. Llama-3-8B / 70B, Qwen3-MoE and Qwen3.5 on their benchmark meshes have
-every sharded minor dimension a multiple of 128: nothing re-laid.
+backward pass's 14.0 GiB. On the other benchmark meshes Llama-3-8B / 70B and Qwen3-MoE re-lay
+nothing and Qwen3.5 only small kernels (``in_proj_a`` / ``in_proj_b``, ``f32[24,1024,32]`` on
+fsdp=4): their estimates are unchanged.
 """
 
 from __future__ import annotations
