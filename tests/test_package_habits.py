@@ -141,3 +141,43 @@ def test_no_module_is_over_500_lines():
     too_long = {k: n for k, n in lengths.items() if n > MAX_MODULE_LINES}
     assert sorted(set(too_long) - LONG_MODULES_ALLOWED) == [], too_long
     assert sorted(LONG_MODULES_ALLOWED - set(too_long)) == [], "no longer too long: unlist"
+
+
+def _top_level_functions(package: str) -> dict[str, dict[str, str]]:
+    """name -> {``path``: its parameters as written} of every module-level function of a
+    sub-package (``losses``, ``objectives``)."""
+    out: dict[str, dict[str, str]] = {}
+    for f in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                where = str(f.relative_to(ROOT))
+                out.setdefault(node.name, {})[where] = ast.unparse(node.args)
+    return out
+
+
+def test_no_function_name_means_two_things_in_losses_and_objectives():
+    """A name defined in both ``losses/`` and ``objectives/`` has one signature (issue 41: 8
+    losses, ``dpo_loss`` among them, took ``(params, batch, *, apply_fn, config)`` in
+    ``losses/`` and log-prob arrays in ``objectives/``); the public names of the two packages
+    likewise."""
+    import inspect
+
+    from jaxrl_llm import losses, objectives
+
+    defined = _top_level_functions("losses"), _top_level_functions("objectives")
+    assert len(defined[0]) > 20 and len(defined[1]) > 50
+    clashes = {
+        name: {**defined[0][name], **defined[1][name]}
+        for name in set(defined[0]) & set(defined[1])
+        if len({*defined[0][name].values(), *defined[1][name].values()}) > 1
+    }
+    assert clashes == {}
+    public = {
+        name: (
+            inspect.signature(getattr(losses, name)),
+            inspect.signature(getattr(objectives, name)),
+        )
+        for name in set(losses.__all__) & set(objectives.__all__)
+        if callable(getattr(losses, name)) and callable(getattr(objectives, name))
+    }
+    assert {name: sigs for name, sigs in public.items() if sigs[0] != sigs[1]} == {}

@@ -201,7 +201,7 @@ def pack_preferences(
     """Preference pairs packed: every chosen and rejected sequence (prompt + response) a
     segment of a row of ``row_len`` tokens.
 
-    The pair losses (``jaxrl_llm.losses.dpo_loss`` / ``simpo_loss`` / ``orpo_loss`` and
+    The pair losses (``jaxrl_llm.losses.dpo_model_loss`` / ``simpo_model_loss`` / ``orpo_model_loss`` and
     ``preference_reference_logps``) recognise the layout by ``pair_index`` and sum each
     sequence's log-probs over its segment: the same per-pair sums as the padded
     ``[2B, T]`` forward, without its padding.

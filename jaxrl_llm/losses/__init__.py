@@ -6,6 +6,12 @@ chunking, completion window, shared prompt: how log-probs are computed, not a hy
 The loss table is :data:`LOSSES` (``loss_specs.py``) and the algorithm table
 :data:`ALGORITHMS` (``registry.py``).
 
+The losses whose math has an array-level function of the same algorithm in
+:mod:`jaxrl_llm.objectives` are named ``<algorithm>_model_loss`` (``dpo_model_loss``,
+``kto_model_loss``, ...), so that ``dpo_loss`` means one thing: ``objectives.dpo_loss`` over
+log-prob arrays. The names these had before (``losses.dpo_loss`` etc., :data:`RENAMED`) still
+resolve, with a ``DeprecationWarning`` that names the new one.
+
 ``apply_fn(params, input_ids, attention_mask=..., positions=None, segment_ids=None)`` returns
 :class:`jaxrl_llm.models.ModelOutputs` (hidden ``[B, T, D]``, unembed ``[D, V]`` or None,
 scalar ``[B, T]`` or None); in practice
@@ -100,17 +106,17 @@ from jaxrl_llm.losses.preference import (
     RewardModelConfig,
     SimPOConfig,
     dpo_config,
-    dpo_loss,
+    dpo_model_loss,
     last_token_scores,
     orpo_config,
-    orpo_loss,
+    orpo_model_loss,
     pair_denominator,
     preference_reference_logps,
     reward_model_config,
     reward_model_loss,
     reward_scores,
     simpo_config,
-    simpo_loss,
+    simpo_model_loss,
 )
 from jaxrl_llm.losses.registry import (
     ALGORITHMS,
@@ -124,25 +130,33 @@ from jaxrl_llm.losses.surrogates import (
     GMPOConfig,
     SAPOConfig,
     cispo_config,
-    cispo_loss,
+    cispo_model_loss,
     gmpo_config,
-    gmpo_loss,
+    gmpo_model_loss,
     sapo_config,
-    sapo_loss,
+    sapo_model_loss,
 )
 from jaxrl_llm.losses.unpaired import (
     KTOConfig,
     PairwiseRankConfig,
     group_denominator,
     kto_config,
-    kto_loss,
+    kto_model_loss,
     kto_reference_logps,
     pairwise_rank_config,
-    pairwise_rank_loss,
+    pairwise_rank_model_loss,
     row_denominator,
 )
 
+#: Old name -> new name of the losses renamed in session 20 (issue 41): each shared its name
+#: with a function of a different signature in :mod:`jaxrl_llm.objectives`.
+RENAMED = {
+    f"{algorithm}_loss": f"{algorithm}_model_loss"
+    for algorithm in ("cispo", "dpo", "gmpo", "kto", "orpo", "pairwise_rank", "sapo", "simpo")
+}
+
 __all__ = [
+    "RENAMED",
     "DistillConfig",
     "DistillKind",
     "distill_config",
@@ -150,11 +164,11 @@ __all__ = [
     "distill_loss",
     "gkd_loss",
     "window_logits",
-    "sapo_loss",
+    "sapo_model_loss",
     "sapo_config",
-    "gmpo_loss",
+    "gmpo_model_loss",
     "gmpo_config",
-    "cispo_loss",
+    "cispo_model_loss",
     "cispo_config",
     "SAPOConfig",
     "GMPOConfig",
@@ -182,7 +196,7 @@ __all__ = [
     "critic_values",
     "dapo_config",
     "dpo_config",
-    "dpo_loss",
+    "dpo_model_loss",
     "dr_grpo_config",
     "get_algorithm",
     "get_loss",
@@ -190,14 +204,14 @@ __all__ = [
     "grpo_config",
     "gspo_config",
     "kto_config",
-    "kto_loss",
+    "kto_model_loss",
     "kto_reference_logps",
     "last_token_scores",
     "orpo_config",
-    "orpo_loss",
+    "orpo_model_loss",
     "pair_denominator",
     "pairwise_rank_config",
-    "pairwise_rank_loss",
+    "pairwise_rank_model_loss",
     "batch_key",
     "policy_gradient_denominator",
     "policy_gradient_loss",
@@ -220,6 +234,23 @@ __all__ = [
     "sft_denominator",
     "sft_loss",
     "simpo_config",
-    "simpo_loss",
+    "simpo_model_loss",
     "summed_logps",
 ]
+
+
+def __getattr__(name: str):
+    """The old names of the renamed losses (:data:`RENAMED`): the new function, with a
+    ``DeprecationWarning`` that names it."""
+    if name in RENAMED:
+        import warnings
+
+        new = RENAMED[name]
+        warnings.warn(
+            f"jaxrl_llm.losses.{name} is now jaxrl_llm.losses.{new} (jaxrl_llm.objectives.{name} "
+            "is the array-level objective)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module 'jaxrl_llm.losses' has no attribute {name!r}")

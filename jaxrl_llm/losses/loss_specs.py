@@ -62,15 +62,15 @@ from jaxrl_llm.losses.preference import (
     RewardModelConfig,
     SimPOConfig,
     dpo_config,
-    dpo_loss,
+    dpo_model_loss,
     orpo_config,
-    orpo_loss,
+    orpo_model_loss,
     pair_denominator,
     preference_reference_logps,
     reward_model_config,
     reward_model_loss,
     simpo_config,
-    simpo_loss,
+    simpo_model_loss,
 )
 from jaxrl_llm.losses.sft import SFTConfig, sft_config, sft_denominator, sft_loss
 from jaxrl_llm.losses.surrogates import (
@@ -78,11 +78,11 @@ from jaxrl_llm.losses.surrogates import (
     GMPOConfig,
     SAPOConfig,
     cispo_config,
-    cispo_loss,
+    cispo_model_loss,
     gmpo_config,
-    gmpo_loss,
+    gmpo_model_loss,
     sapo_config,
-    sapo_loss,
+    sapo_model_loss,
     sequence_denominator,
     token_denominator,
     zero_advantage_batch,
@@ -92,10 +92,10 @@ from jaxrl_llm.losses.unpaired import (
     PairwiseRankConfig,
     group_denominator,
     kto_config,
-    kto_loss,
+    kto_model_loss,
     kto_reference_logps,
     pairwise_rank_config,
-    pairwise_rank_loss,
+    pairwise_rank_model_loss,
     row_denominator,
 )
 
@@ -202,7 +202,7 @@ LOSSES: dict[str, LossSpec] = {
     "rloo": _pg(rloo_config),
     "remax": _pg(remax_config),
     "dpo": LossSpec(
-        dpo_loss,
+        dpo_model_loss,
         pair_denominator,
         DPOConfig,
         dpo_config,
@@ -211,14 +211,22 @@ LOSSES: dict[str, LossSpec] = {
         "preference",
     ),
     "kto": LossSpec(
-        kto_loss, row_denominator, KTOConfig, kto_config, kto_reference_logps, lambda c: True, "kto"
+        kto_model_loss,
+        row_denominator,
+        KTOConfig,
+        kto_config,
+        kto_reference_logps,
+        lambda c: True,
+        "kto",
     ),
-    "orpo": LossSpec(orpo_loss, pair_denominator, ORPOConfig, orpo_config, batch_kind="preference"),
+    "orpo": LossSpec(
+        orpo_model_loss, pair_denominator, ORPOConfig, orpo_config, batch_kind="preference"
+    ),
     "simpo": LossSpec(
-        simpo_loss, pair_denominator, SimPOConfig, simpo_config, batch_kind="preference"
+        simpo_model_loss, pair_denominator, SimPOConfig, simpo_config, batch_kind="preference"
     ),
     "cispo": LossSpec(
-        cispo_loss,
+        cispo_model_loss,
         token_denominator,
         CISPOConfig,
         cispo_config,
@@ -227,7 +235,7 @@ LOSSES: dict[str, LossSpec] = {
         rollout_corrections=("is_weights",),
     ),
     "sapo": LossSpec(
-        sapo_loss,
+        sapo_model_loss,
         token_denominator,
         SAPOConfig,
         sapo_config,
@@ -236,7 +244,7 @@ LOSSES: dict[str, LossSpec] = {
         rollout_corrections=("is_weights",),
     ),
     "gmpo": LossSpec(
-        gmpo_loss,
+        gmpo_model_loss,
         sequence_denominator,
         GMPOConfig,
         gmpo_config,
@@ -244,7 +252,7 @@ LOSSES: dict[str, LossSpec] = {
         zero_batch_fn=zero_advantage_batch,
     ),
     "pairwise_rank": LossSpec(
-        pairwise_rank_loss,
+        pairwise_rank_model_loss,
         group_denominator,
         PairwiseRankConfig,
         pairwise_rank_config,

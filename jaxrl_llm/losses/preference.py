@@ -30,10 +30,13 @@ from jaxrl_llm.losses.common import (
     summed_logps,
 )
 from jaxrl_llm.objectives import coerce_enum
-from jaxrl_llm.objectives.preference import DPOKind, bradley_terry_loss
-from jaxrl_llm.objectives.preference import dpo_loss as dpo_objective
-from jaxrl_llm.objectives.preference import orpo_loss as orpo_objective
-from jaxrl_llm.objectives.preference import simpo_loss as simpo_objective
+from jaxrl_llm.objectives.preference import (
+    DPOKind,
+    bradley_terry_loss,
+    dpo_loss,
+    orpo_loss,
+    simpo_loss,
+)
 from jaxrl_llm.ops.masked import masked_count, masked_sum, safe_divide
 
 
@@ -151,7 +154,7 @@ def _ref_pair(batch: Batch, b: int, reference_free: bool, loss: str):
     return jnp.asarray(rc, jnp.float32), jnp.asarray(rr, jnp.float32)
 
 
-def dpo_loss(
+def dpo_model_loss(
     params: Any,
     batch: Batch,
     *,
@@ -180,7 +183,7 @@ def dpo_loss(
     name = "dpo"
     c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs, name)
     ref_c, ref_r = _ref_pair(batch, c.shape[0], config.reference_free, name)
-    losses, _ = dpo_objective(
+    losses, _ = dpo_loss(
         c,
         r,
         ref_c,
@@ -219,7 +222,7 @@ def simpo_config(**overrides) -> SimPOConfig:
     return SimPOConfig(**overrides)
 
 
-def simpo_loss(
+def simpo_model_loss(
     params: Any,
     batch: Batch,
     *,
@@ -241,7 +244,7 @@ def simpo_loss(
     """
     c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs, "simpo")
     avg_c, avg_r = safe_divide(c, n_c), safe_divide(r, n_r)
-    losses, _ = simpo_objective(avg_c, avg_r, beta=config.beta, gamma=config.gamma)
+    losses, _ = simpo_loss(avg_c, avg_r, beta=config.beta, gamma=config.gamma)
     loss = finish(masked_sum(losses, valid), masked_count(valid), batch)
     metrics = _pair_metrics(config.beta * avg_c, config.beta * avg_r, avg_c, avg_r, valid)
     metrics["loss"] = loss
@@ -267,7 +270,7 @@ def orpo_config(**overrides) -> ORPOConfig:
     return ORPOConfig(**overrides)
 
 
-def orpo_loss(
+def orpo_model_loss(
     params: Any,
     batch: Batch,
     *,
@@ -294,7 +297,7 @@ def orpo_loss(
     """
     c, r, n_c, n_r, valid, _, _ = _pair_forward(params, batch, apply_fn, logprobs, "orpo")
     avg_c, avg_r = safe_divide(c, n_c), safe_divide(r, n_r)
-    or_losses, _ = orpo_objective(avg_c, avg_r, beta=config.beta)
+    or_losses, _ = orpo_loss(avg_c, avg_r, beta=config.beta)
     nll = -avg_c
     loss = finish(masked_sum(nll + or_losses, valid), masked_count(valid), batch)
     metrics = _pair_metrics(config.beta * avg_c, config.beta * avg_r, avg_c, avg_r, valid)

@@ -135,7 +135,7 @@ def _finish(num, den, batch, metrics, ent, mask):
     return loss, out
 
 
-def cispo_loss(
+def cispo_model_loss(
     params: Any,
     batch: Batch,
     *,
@@ -162,7 +162,7 @@ def cispo_loss(
     return _finish(num, den, batch, m, ent, mask)
 
 
-def sapo_loss(
+def sapo_model_loss(
     params: Any,
     batch: Batch,
     *,
@@ -188,7 +188,7 @@ def sapo_loss(
     return _finish(num, den, batch, m, ent, mask)
 
 
-def gmpo_loss(
+def gmpo_model_loss(
     params: Any,
     batch: Batch,
     *,

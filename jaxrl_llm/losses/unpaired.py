@@ -21,8 +21,7 @@ from jaxrl_llm.losses.common import (
     row_valid,
     summed_logps,
 )
-from jaxrl_llm.objectives.preference import kto_loss as kto_objective
-from jaxrl_llm.objectives.preference import pairwise_rank_loss as pairwise_rank_objective
+from jaxrl_llm.objectives.preference import kto_loss, pairwise_rank_loss
 from jaxrl_llm.ops.masked import masked_count, masked_sum
 
 _SEQ_KEYS = ("input_ids", "attention_mask", "loss_mask", "positions")
@@ -84,7 +83,7 @@ def _stack_kto(batch: Batch) -> dict[str, jax.Array]:
     return out
 
 
-def kto_loss(
+def kto_model_loss(
     params: Any,
     batch: Batch,
     *,
@@ -128,7 +127,7 @@ def kto_loss(
     z0 = masked_rows_mean(jax.lax.stop_gradient(pol_kl - ref_kl), kl_valid)
     r = pol - ref
     # Each row is scored both ways; its label picks which loss applies (static shapes).
-    both, _ = kto_objective(
+    both, _ = kto_loss(
         r,
         r,
         z0,
@@ -218,12 +217,12 @@ def group_valid(loss_mask: jax.Array, group_size: int) -> jax.Array:
 
 
 def group_denominator(batch: Batch, config: PairwiseRankConfig) -> jax.Array:
-    """Number of real groups in ``batch``: the denominator of :func:`pairwise_rank_loss`."""
+    """Number of real groups in ``batch``: the denominator of :func:`pairwise_rank_model_loss`."""
     mask = require(batch, "loss_mask", loss="pairwise_rank")
     return masked_count(group_valid(mask, config.group_size))
 
 
-def pairwise_rank_loss(
+def pairwise_rank_model_loss(
     params: Any,
     batch: Batch,
     *,
@@ -251,7 +250,7 @@ def pairwise_rank_loss(
     logp, _, _ = forward_logps(params, batch, apply_fn=apply_fn, loss=name, **logprobs.kwargs())
     seq = jnp.sum(logp, axis=-1)
     gv = group_valid(batch["loss_mask"], config.group_size)
-    losses, obj_metrics = pairwise_rank_objective(
+    losses, obj_metrics = pairwise_rank_loss(
         seq, scores, group_size=config.group_size, beta=config.beta
     )
     loss = finish(masked_sum(losses, gv), masked_count(gv), batch)

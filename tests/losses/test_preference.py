@@ -54,7 +54,7 @@ def test_dpo_equals_objective_on_known_logps(lm, kind, smoothing):
     batch["ref_chosen_logps"] = jnp.asarray(rng.normal(-40, 3, 4), jnp.float32)
     batch["ref_rejected_logps"] = jnp.asarray(rng.normal(-40, 3, 4), jnp.float32)
     cfg = losses.dpo_config(kind=kind, label_smoothing=smoothing, beta=0.2)
-    loss, metrics = losses.dpo_loss(params, batch, apply_fn=apply_fn, config=cfg)
+    loss, metrics = losses.dpo_model_loss(params, batch, apply_fn=apply_fn, config=cfg)
     c, r = _sums(params, batch, apply_fn)
     n_c = np.asarray(batch["chosen_loss_mask"]).sum(-1)
     n_r = np.asarray(batch["rejected_loss_mask"]).sum(-1)
@@ -79,9 +79,9 @@ def test_reference_free_dpo_and_missing_reference(lm):
     _, params, apply_fn = lm
     batch = pref_batch()
     with pytest.raises(DataError, match="ref_chosen_logps"):
-        losses.dpo_loss(params, batch, apply_fn=apply_fn, config=DPO)
+        losses.dpo_model_loss(params, batch, apply_fn=apply_fn, config=DPO)
     cfg = losses.dpo_config(reference_free=True)
-    loss, _ = losses.dpo_loss(params, batch, apply_fn=apply_fn, config=cfg)
+    loss, _ = losses.dpo_model_loss(params, batch, apply_fn=apply_fn, config=cfg)
     c, r = _sums(params, batch, apply_fn)
     expected = np.mean(np.logaddexp(0.0, -0.1 * (c - r)))  # −log σ(β(c − r))
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
@@ -121,11 +121,13 @@ def test_simpo_and_orpo_by_hand(lm):
     c, r = _sums(params, batch, apply_fn)
     ac = c / np.asarray(batch["chosen_loss_mask"]).sum(-1)
     ar = r / np.asarray(batch["rejected_loss_mask"]).sum(-1)
-    simpo, _ = losses.simpo_loss(params, batch, apply_fn=apply_fn, config=losses.simpo_config())
+    simpo, _ = losses.simpo_model_loss(
+        params, batch, apply_fn=apply_fn, config=losses.simpo_config()
+    )
     np.testing.assert_allclose(
         float(simpo), np.mean(np.logaddexp(0, -(2.0 * (ac - ar) - 0.5))), rtol=1e-5
     )
-    orpo, m = losses.orpo_loss(params, batch, apply_fn=apply_fn, config=losses.orpo_config())
+    orpo, m = losses.orpo_model_loss(params, batch, apply_fn=apply_fn, config=losses.orpo_config())
     log_odds = lambda a: a - np.log(-np.expm1(a))  # noqa: E731
     or_term = 0.1 * np.logaddexp(0, -(log_odds(ac) - log_odds(ar)))
     np.testing.assert_allclose(float(orpo), np.mean(-ac + or_term), rtol=1e-5)

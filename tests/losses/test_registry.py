@@ -206,3 +206,19 @@ def test_traced_kl_coef_equals_the_config_value(lm):
     tree_allclose(traced[1], fixed[1], atol=1e-5)
     with pytest.raises(ConfigError, match="cannot be traced"):
         spec.loss_fn(params, batch, apply_fn=apply_fn, config=cfg, hparams={"dual_clip": 2.0})
+
+
+@pytest.mark.parametrize("old", sorted(losses.RENAMED))
+def test_a_renamed_loss_resolves_by_its_old_name_with_a_warning(old):
+    """The 8 losses renamed ``<algorithm>_model_loss`` in issue 41 (their old names clashed with
+    ``objectives``' array-level functions) still resolve by the old name, and say the new one."""
+    new = losses.RENAMED[old]
+    assert new in losses.__all__ and old not in losses.__all__
+    with pytest.warns(DeprecationWarning, match=f"jaxrl_llm.losses.{new}"):
+        assert getattr(losses, old) is getattr(losses, new)
+    assert losses.LOSSES[old.removesuffix("_loss")].loss_fn is getattr(losses, new)
+
+
+def test_an_unknown_losses_attribute_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'dpo_losss'"):
+        losses.dpo_losss  # noqa: B018

@@ -290,3 +290,61 @@ def test_kv_shared_layers_hold_no_cache_of_their_own():
     assert shared.num_kv_layers == 2 and kv[2] * 2 == kv[0]
     assert M.init_cache(shared, 8, 64).k.shape[0] == 2
     assert M.init_paged_cache(shared, 4, 16).k.shape[0] == 2
+
+
+# The entry layouts of gpt-oss-20b's GRPO train step compiled for v5p:2x2x2 with fsdp=8
+# (XLA_FLAGS=--xla_dump_to, after_optimizations.txt: entry_computation_layout): shard shape ->
+# the dimension laid out minor (the first of the minor-to-major list).
+GPT_OSS_FSDP8_MINOR = {
+    (2, 1024): 1,
+    (201088, 360): 0,  # the embedding: 201,088 lanes pad nothing, 360 pads to 384
+    (24, 2880): 1,
+    (24, 32, 2880, 360): 2,  # experts_down, laid out {2,3,1,0}
+    (24, 32, 2880): 2,
+    (24, 32, 360, 2880): 3,  # experts_gate / experts_up keep the default
+    (24, 32, 360): 2,
+    (24, 32): 1,
+    (24, 360, 32): 1,
+    (24, 360, 64, 64): 1,
+    (24, 360, 8, 64): 1,
+    (24, 360): 1,
+    (24, 64, 64, 360): 3,
+    (24, 64, 64): 2,
+    (24, 64): 1,
+    (24, 8, 64): 2,
+    (2880,): 0,
+    (360, 201088): 1,
+}
+
+
+def test_tpu_lays_out_minor_the_dimension_padded_least():
+    from jaxrl_llm.train.compile.memory_tiles import tpu_minor_dim
+
+    assert {s: tpu_minor_dim(s) for s in GPT_OSS_FSDP8_MINOR} == GPT_OSS_FSDP8_MINOR
+
+
+def test_tpu_update_of_a_relaid_weight_is_a_phase_of_its_own():
+    # gpt-oss-20b on fsdp=8: experts_down's shard f32[24,32,2880,360] is laid out with 2,880
+    # minor; its weight and AdamW moments are copied into the gradient's layout and updated
+    # there: six f32[24,32,2880,360] (360 padded to 384) live at the compiled step's peak
+    from jaxrl_llm.train.compile.memory_tiles import relaid_weights
+
+    c = MODEL_PRESETS["gpt-oss-20b"]
+    assert relaid_weights(c, {"fsdp": 8})["layers/experts_down/kernel"] == (24, 32, 2880, 360)
+    kw = dict(batch_size=8, group_size=8, seq_len=1024, remat="full", fsdp=8, minibatches=4)
+    est = estimate_memory(c, "grpo", device="tpu-v5p", **kw)
+    rows = {(r.model, r.component): r for r in est.rows}
+    update = rows["optimizer", "update out of place (TPU layout)"]
+    assert update.transient and update.bytes == 6 * 4 * 24 * 32 * 2880 * 384
+    # a phase after the backward pass: the peak holds it or the policy's transients, not both
+    policy = sum(r.bytes for r in est.rows if r.model == "policy" and r.transient)
+    resident = sum(r.bytes for r in est.rows if not r.transient)
+    rollout = sum(r.bytes for r in est.rows if r.model == "rollout" and r.transient)
+    assert est.total_bytes_per_device == resident + max(policy, update.bytes, rollout)
+    # not on a GPU, not with LoRA (the adapters train), not where every shard is lane-aligned
+    for other in (
+        estimate_memory(c, "grpo", device="h100", **kw),
+        estimate_memory(c, "grpo", device="tpu-v5p", lora_rank=16, **kw),
+        estimate_memory(MODEL_PRESETS["8b"], "grpo", device="tpu-v5p", **{**kw, "fsdp": 4}),
+    ):
+        assert not any(r.model == "optimizer" for r in other.rows)

@@ -1,4 +1,4 @@
-"""Compiled per-device TPU memory of Llama-3-8B / 70B and Qwen3.5 post-training runs vs the
+"""Compiled per-device TPU memory of Llama-3-8B / 70B, Qwen3.5 and gpt-oss post-training runs vs the
 estimator, compiled on a CPU machine with the TPU compiler (``jaxrl-llm compile``; needs
 ``libtpu``).
 
@@ -58,6 +58,10 @@ CONFIGS = [
     # Qwen3.5 (issue 34): the hybrid linear-attention stack, dense and a mixture of experts
     ("qwen3.5-9b", "grpo", "v5p:2x2x1", "fsdp=4", _ONLINE),
     ("qwen3.5-35b-a3b", "grpo", "v5p:2x2x4", "fsdp=4,expert=4", _ONLINE),
+    # gpt-oss-20b (issue 41): attention sinks, alternating sliding / full layers, biased experts;
+    # FSDP over 8 chips, and its 32 experts split over expert=4 beside fsdp=4
+    ("gpt-oss-20b", "grpo", "v5p:2x2x2", "fsdp=8", _ONLINE),
+    ("gpt-oss-20b", "grpo", "v5p:2x2x4", "fsdp=4,expert=4", _ONLINE),
 ]
 
 
@@ -129,6 +133,16 @@ NOTES = [
     "* **On-chip memory.** XLA places small temporaries in the chip's on-chip memory first "
     "(46 MiB of vmem in the 8B DPO step on v5p); the HBM numbers leave it out. Fragmentation "
     "and the runtime's own reservations are not in either number.",
+    "* **An optimizer update out of place (gpt-oss, issue 41).** XLA's TPU backend lays out "
+    "each argument with the dimension padded least to 128 lanes as its minor one; gpt-oss's "
+    "width 2,880 over fsdp=8 leaves `experts_down` shards `f32[24,32,2880,360]`, laid out "
+    "2,880-minor, while their gradient is 360-minor: the update copies the weight and both "
+    "moments into the gradient's layout and forms their new values there, six 3.16 GiB "
+    "arrays (1.58 GiB each with expert=4), the train step's live peak of temporaries; counted "
+    "since session 20 (`memory_tiles.py`). Both gpt-oss rows' `memory_analysis()` "
+    "temporaries exceed the dumped buffer assignment (28.1 against 21.2 GiB on fsdp=8, 16.3 "
+    "against 12.1 GiB with expert=4), which exceeds the live peak (19.3, 10.1 GiB): not "
+    "modelled.",
     "* **FLOPs**: XLA's cost analysis counts a loop body once (the scan over layers, "
     "micro-batches, decode steps), so its number is about 1/L of a step; the report gives "
     "6N (8N with full remat) per token beside it.",

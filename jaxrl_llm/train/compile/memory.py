@@ -24,7 +24,11 @@ a mixture of experts' expert weights are further split over the ``expert`` axis)
   its gradient, whole until the all-reduce over fsdp sums it;
 * logits: the ``[B, T, V]`` float32 tensor and its softmax/gradient when materialised, or one
   ``[B, chunk, V]`` slice with the chunked log-prob ops (the default here);
-* the rollout KV cache for online algorithms (prompts × G rows × (prompt + completion) slots).
+* the rollout KV cache for online algorithms (prompts × G rows × (prompt + completion) slots);
+* on TPU, full fine-tuning a weight whose shard XLA lays out other than by default (a sharded
+  minor dimension that is not a multiple of 128, as gpt-oss's width 2,880 over fsdp=8): the
+  optimizer update's out-of-place copies of it, a phase of their own
+  (:func:`~jaxrl_llm.train.compile.memory_tiles.relaid_update_bytes`).
 
 A hybrid stack (Qwen3.5: Gated DeltaNet linear-attention layers between attention layers) is
 counted by layer kind: the linear layers' own parameters (``ModelConfig.num_params``); their
@@ -80,6 +84,7 @@ from jaxrl_llm.train.compile.memory_rows import (  # noqa: F401  (re-exported: t
     update_tokens,
 )
 from jaxrl_llm.train.compile.memory_terms import DTYPE_BYTES, layer_weights, params_per_device
+from jaxrl_llm.train.compile.memory_tiles import relaid_update_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +323,14 @@ def _estimate_given(
         gathered=a.fsdp > 1,
         lora_base_dtype=a.lora_base_dtype,
     )
+    if a.device.startswith("tpu") and algo.trainable and not a.lora_rank:
+        # the update after the backward pass: weight and moments of a re-laid weight copied
+        # into the gradient's layout, and their new values (memory_tiles.py)
+        mesh = dict(fsdp=a.fsdp, tensor=a.tensor, expert=a.expert)
+        moments = 2 if a.optimizer == "adamw" else 0
+        relaid = relaid_update_bytes(config, mesh, arrays=1 + moments)
+        if relaid:
+            rows.append(row("optimizer", "update out of place (TPU layout)", relaid, True))
     sampler_tensor = a.sampler_tensor
     if algo.online and isinstance(sampler_tensor, int) and sampler_tensor:
         # the sampler's copy (parallel/placement.py): tensor parallel, whole per replica,
