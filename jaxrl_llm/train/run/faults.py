@@ -4,6 +4,8 @@
 reaches ``PHASE``, the way a preempted or OOM-killed job dies (no cleanup, no flush, an async
 checkpoint write cut off). The phases, in the order a step passes them:
 
+- ``start`` (step 0): a trainer's start-up begins, before its model loads and its programs
+  compile (``JAXRL_LLM_FAULT=start:0:TERM``: a stop during start-up).
 - ``rollout``: the step's prompts are drawn and sampled (the data iterator has advanced).
 - ``update``: the first minibatch update of the step has been applied to the state in memory.
 - ``checkpoint``: the step's checkpoint write has started and is still in flight.

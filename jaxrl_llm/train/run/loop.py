@@ -78,6 +78,7 @@ class RunLoop:
     eval_before: bool = True
 
     def __init__(self, cfg: RunConfig, *, log_stream=None):
+        fault_point("start", 0)  # a trainer's start-up begins: nothing is loaded yet
         self.cfg = cfg
         self.log_stream = log_stream or sys.stderr
         self.companions: list[tuple[Any, Policy]] = []
@@ -295,6 +296,7 @@ class RunLoop:
         cfg = self.cfg
         summary: dict[str, Any] = {}
         t_start = time.perf_counter()
+        self._synced_stop(self.start_step + 1, starting=True)  # a stop during start-up
         if self.eval_before and self.eval_data is not None and self.start_step == 0:
             summary["eval_before"] = self.evaluate()
             logger.log(0, summary["eval_before"])
@@ -332,11 +334,13 @@ class RunLoop:
         )
         return summary
 
-    def _synced_stop(self, step: int) -> None:
+    def _synced_stop(self, step: int, *, starting: bool = False) -> None:
         """A multi-process job's stop, at the boundary before ``step``: when any process has
         received a stop signal since the last boundary (:func:`pending_stop`, gathered from every
         process), every process saves the last finished step (:meth:`save_on_stop`, the same
-        on each) and raises RunStopped. One process: nothing (its stop is raised at once)."""
+        on each) and raises RunStopped. ``starting``: the boundary after start-up (model load,
+        compile, resume), where no step of this run has finished: nothing is saved. One
+        process: nothing (its stop is raised at once)."""
         if jax.process_count() == 1:
             return
         import numpy as np
@@ -347,6 +351,14 @@ class RunLoop:
         if not signum:
             return
         who = ", ".join(str(i) for i, f in enumerate(flags.reshape(-1)) if f)
+        if starting:
+            last = self.start_step if self.resumed else None
+            raise RunStopped(
+                signum,
+                f"during start-up, before step {step} (signalled: process {who}; all stop here): "
+                f"no step finished, nothing to save"
+                + (f"; the newest checkpoint is step {last}" if last else ""),
+            )
         done = self.save_on_stop(self._boundary(step))
         raise RunStopped(signum, f"step {step} (signalled: process {who}; all stop here): {done}")
 

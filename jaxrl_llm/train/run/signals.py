@@ -195,14 +195,20 @@ def stop_signals():
     for the length of the block (see the module docstring); the previous handlers come back
     after it. User calls run again from its start
     (:func:`~jaxrl_llm.rewards.user_code.resume_calls`); after a signal they stay refused past
-    its end, so that the clean-up after it (a rollout thread finishing its job) is quick."""
-    resume_calls()
-    _DEFER.update(depth=0, pending=0)
+    its end, so that the clean-up after it (a rollout thread finishing its job) is quick.
+    A block inside another (the run loop's inside the trainer's start-up) keeps what the
+    outer one recorded: a signal held during start-up (:func:`synced_stops`) is still
+    pending at the first step boundary."""
     if threading.current_thread() is not threading.main_thread():
+        resume_calls()
+        _DEFER.update(depth=0, pending=0)
         yield
         return
-    old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
     outermost = _WATCH["dog"] is None
+    if outermost:
+        resume_calls()
+        _DEFER.update(depth=0, pending=0)
+    old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
     if outermost:
         _WATCH["dog"] = _Watchdog(_grace())
     try:
