@@ -66,8 +66,9 @@ def _each_process_wrote_its_samples(run: str, rows: dict[int, dict], *, group: i
     ids=["grpo", "ppo", "online_dpo", "env"],
 )
 def test_two_processes_log_what_one_process_logs(tmp_path, algorithm, chat):
-    """Steps 1–2 as 2 processes × 4 devices log what 1 process × 8 devices logs, and only
-    numbers go between the hosts. GRPO, PPO and the multi-turn run (env) save step 2 and are
+    """Steps 1–2 as 2 processes × 4 devices log what 1 process × 8 devices logs, only
+    numbers go between the hosts (two exchanges a step once the metric names are agreed),
+    and each process writes the samples it drew (``logging.samples_every``). GRPO, PPO and the multi-turn run (env) save step 2 and are
     killed in step 3's update; steps 3–4 continue as 1 process × 8 devices with ``--resume``
     (issue 40 item 5: resuming on another topology; PPO's critic is restored beside the
     policy) and log what the uninterrupted run logs."""
