@@ -300,6 +300,28 @@ CLUSTER_ENV = {
 }
 
 
+def preemption_notice(step: int) -> bool:
+    """Whether the job has reached JAX's preemption sync point at ``step``
+    (:func:`jax.experimental.multihost_utils.reached_preemption_sync_point`): a process was
+    told of a preemption and every process is to stop at this same step. Every process must
+    call it at every step, from the same first step. False on one process, or where JAX's
+    preemption service is off (``jax_enable_preemption_service``).
+
+    In jax 0.10.2 the notice comes from a SIGTERM caught by the handler that
+    ``jax.distributed.initialize`` installs (XLA's ``SigtermNotifier``); a run's own SIGTERM
+    handler (:func:`jaxrl_llm.train.run.signals.stop_signals`) replaces it for the run's
+    length, so this fires for a SIGTERM that lands between joining the job and the run's
+    start (which that handler would otherwise swallow: the process would not stop)."""
+    if jax.process_count() == 1:
+        return False
+    from jax.experimental import multihost_utils
+
+    try:
+        return bool(multihost_utils.reached_preemption_sync_point(step))
+    except RuntimeError:  # the preemption service is off
+        return False
+
+
 def detected_cluster() -> str | None:
     """The variable that shows this process is one of a detectable multi-process job, or
     None (a single-host run: ``jax.distributed`` is not started)."""

@@ -208,8 +208,10 @@ def run_training(cfg: RunConfig) -> dict:
       RunStopped: Ctrl-C or SIGTERM stopped the run (a checkpoint was saved where one was
         due; :mod:`jaxrl_llm.train.run.signals`).
     """
+    import jax
+
     from jaxrl_llm.train.run.run_state import output_dir_lock
-    from jaxrl_llm.train.run.signals import stop_signals
+    from jaxrl_llm.train.run.signals import stop_signals, synced_stops
 
     check_output_dir(cfg)  # again: another run may have written checkpoints since the check
     if jax_main_process():  # the model loads and the first programs compile before any step
@@ -221,6 +223,9 @@ def run_training(cfg: RunConfig) -> dict:
         made_output_dir(lock) if paths.is_remote(cfg.output_dir) else contextlib.nullcontext(),
         output_dir_lock(lock),
         stop_signals(),
+        # across processes a stop during start-up (model load, compile) is held until every
+        # process agrees on it before step 1 (RunLoop), so that all end the same way
+        synced_stops(jax.process_count() > 1),
     ):
         if cfg.is_online:
             from jaxrl_llm.train.online.voting_eval import voting_online_trainer

@@ -62,11 +62,21 @@ def test_the_package_uses_no_private_jax_module():
 def test_one_process_data_path_is_the_identity():
     """On one process the host-local helpers change nothing (the single-host run is the
     reference the multi-process tests compare against)."""
-    from jaxrl_llm.parallel import gather_numbers, gather_strings, over_processes, rows_to_global
+    from jaxrl_llm.parallel import (
+        gather_numbers,
+        gather_packed,
+        gather_strings,
+        over_processes,
+        rows_to_global,
+    )
 
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     assert rows_to_global({"x": x})["x"] is x
     np.testing.assert_array_equal(gather_numbers(np.array([1.5, 2.0])), [[1.5, 2.0]])
     assert gather_strings("a\nb") == ["a\nb"]
+    width, pair = gather_packed([np.int64(3), np.array([[1.5, 2.0]], np.float32)])
+    assert width.shape == (1,) and width.dtype == np.int64 and width[0] == 3
+    assert pair.shape == (1, 1, 2) and pair.dtype == np.float32
+    np.testing.assert_array_equal(pair[0], [[1.5, 2.0]])
     fn = lambda v: v * 2  # noqa: E731
     assert over_processes(fn) is fn

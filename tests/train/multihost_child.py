@@ -52,6 +52,7 @@ def host_local_primitives(mesh, pid: int) -> dict:
     from jaxrl_llm.parallel import (
         check_host_blocks,
         gather_numbers,
+        gather_packed,
         gather_strings,
         over_processes,
         rows_to_global,
@@ -69,7 +70,24 @@ def host_local_primitives(mesh, pid: int) -> dict:
     centred = over_processes(lambda x: x - x.mean())(local.astype(np.float32))
     numbers = gather_numbers(np.array([pid, 2**40 + pid], np.int64))
     names = gather_strings("a\nb" if pid == 0 else "c")
+    from jaxrl_llm.parallel.host_rows import EXCHANGED
+    from jaxrl_llm.train.online.experience import merge_process_metrics
+
+    before = EXCHANGED[1]
+    wide, small, flags = gather_packed(
+        [np.int64(7 + pid), np.array([0.5, pid], np.float32), np.array([pid == 0, True])]
+    )
+    packed_calls = EXCHANGED[1] - before
+    # process 1 reports a name the other does not: the names are agreed, then one exchange
+    merges = []
+    for _ in range(2):
+        before = EXCHANGED[1]
+        mine = {"loss": 1.0 + pid, **({"reward/failed": 2} if pid else {})}
+        merged = merge_process_metrics(mine, 4 + 4 * pid, site="child")
+        merges.append([merged["loss"], merged["reward/failed"], EXCHANGED[1] - before])
     return {
+        "packed": np.array([*wide, *small.reshape(-1), *flags.reshape(-1), packed_calls]),
+        "merges": np.array(merges),
         "taken": np.asarray(taken),
         "centred": np.asarray(multihost_utils.process_allgather(centred, tiled=False)),
         "numbers": numbers,

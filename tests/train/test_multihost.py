@@ -71,6 +71,11 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
     np.testing.assert_allclose(prims["centred"].reshape(8, 3), whole - whole.mean())
     np.testing.assert_array_equal(prims["numbers"], [[0, 2**40], [1, 2**40 + 1]])
     assert list(prims["names"]) == ["a\nb", "c"]
+    # gather_packed: an int64, a float32 pair and bools of both processes, in one collective
+    np.testing.assert_array_equal(prims["packed"], [7, 8, 0.5, 0, 0.5, 1, 1, 1, 0, 1, 1])
+    # rows 4 and 8: the loss weighted by rows, failures summed over the process reporting
+    # them; the first merge agrees the new name (3 exchanges), the next takes one
+    np.testing.assert_allclose(prims["merges"], [[20 / 12, 2, 4], [20 / 12, 2, 1]])
     assert float(got["loss"]) == pytest.approx(float(metrics["loss"]), abs=1e-5)
     ref = {
         jax.tree_util.keystr(p): np.asarray(x)

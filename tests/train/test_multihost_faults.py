@@ -230,3 +230,58 @@ def test_sigterm_to_one_process_of_an_async_run_stops_both_at_one_step(tmp_path)
         assert "(signalled: process 1; all stop here)" in log, log[-3000:]
         assert f"saved step {steps[0]}" in log, log[-3000:]
     assert f"step {steps[0] + 1}/" not in logs[0], logs[0][-3000:]  # no step after the boundary
+
+
+@pytest.mark.slow
+def test_sigterm_during_start_up_stops_every_process_before_step_1(tmp_path):
+    """SIGTERM to process 1 as its trainer starts (before the model loads and the programs
+    compile): the stop is held until both processes agree on it before step 1, and both exit
+    143 with the same line (no step finished, nothing saved), no native abort, nobody left in
+    a collective."""
+    config = _config(tmp_path)
+    run = tmp_path / "run"
+    out = f"output_dir={run}"
+    address = f"127.0.0.1:{free_port()}"
+    procs = [
+        _train(config, out, *job_args(address, 0)),
+        _train(config, out, *job_args(address, 1), fault="start:0:TERM"),
+    ]
+    logs = finish(procs, timeout=300)
+    assert [p.returncode for p in procs] == [143, 143], (logs[0][-2500:], logs[1][-2500:])
+    said = (
+        "jaxrl-llm train: stopped by SIGTERM: during start-up, before step 1 (signalled: "
+        "process 1; all stop here): no step finished, nothing to save"
+    )
+    for log in logs:
+        assert not any(n in log for n in NATIVE), log[-3000:]
+        assert said in log.splitlines(), log[-3000:]
+        assert "step 1/" not in log and "Traceback" not in log, log[-3000:]
+    assert complete_steps(run / "checkpoints") == []
+
+
+@pytest.mark.slow
+def test_a_sigterm_that_jax_takes_before_the_run_stops_every_process(tmp_path):
+    """SIGTERM to process 1 after the job's checks and before its run installs its own
+    handler: JAX's handler (``jax.distributed.initialize``'s preemption notifier) takes it and
+    the process goes on, as it did unnoticed before. The run loop asks JAX's preemption sync
+    point at every step boundary beside its own flag: both processes stop at the same boundary,
+    with the same line naming the notice, and exit 143."""
+    config = _config(tmp_path, max_steps=4)
+    run = tmp_path / "run"
+    out = f"output_dir={run}"
+    address = f"127.0.0.1:{free_port()}"
+    procs = [
+        _train(config, out, *job_args(address, 0)),
+        _train(config, out, *job_args(address, 1), fault="job:0:TERM"),
+    ]
+    logs = finish(procs, timeout=300)
+    assert [p.returncode for p in procs] == [143, 143], (logs[0][-2500:], logs[1][-2500:])
+    stops = [
+        [x for x in log.splitlines() if x.startswith("jaxrl-llm train: stopped by SIGTERM")]
+        for log in logs
+    ]
+    assert len(stops[0]) == 1 and stops[0] == stops[1], stops
+    assert "(signalled: JAX's preemption notice; all stop here)" in stops[0][0], stops
+    for log in logs:
+        assert not any(n in log for n in NATIVE), log[-3000:]
+    assert "step 4/" not in logs[0], logs[0][-3000:]  # it stopped, not ran to the end

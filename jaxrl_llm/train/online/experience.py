@@ -124,14 +124,6 @@ def widen(ro: Rollout, width: int) -> Rollout:
     )
 
 
-def agree_prompt_width(exp: Experience) -> Experience:
-    """A process's host-local experience with its prompts left-padded to the widest of every
-    process's (their rows meet in one global array): the width one process holding every
-    row would have (prompt buckets grow with the longest prompt)."""
-    width = int(gather_numbers(np.int64(exp.rollout.prompt_tokens.shape[1])).max())
-    return dataclasses.replace(exp, rollout=widen(exp.rollout, width))
-
-
 def concat_experience(parts: list[Experience], *, max_groups: int) -> Experience:
     """Experience of several sampling rounds as one, cut to ``max_groups`` groups; prompts of
     different (bucketed) widths are left-padded to the widest. ``metrics`` are the first
@@ -192,16 +184,57 @@ def merge_process_metrics(metrics: dict[str, float], rows: int, *, site: str) ->
     values in that order, with a flag saying whether it had a name beyond them. Only when one did
     are the names gathered (:func:`~jaxrl_llm.parallel.gather_strings`) and the values sent
     again. ``site`` names the call (every process makes the same calls in the same order):
-    each keeps its own names, so a call sends only its own metrics."""
+    each keeps its own names, so a call sends only its own metrics. The two halves,
+    :func:`metrics_numbers` and :func:`merged_metrics`, let a merge travel in one exchange
+    with other numbers (:func:`~jaxrl_llm.parallel.gather_packed`)."""
     if jax.process_count() == 1:
         return metrics
+    table = gather_numbers(metrics_numbers(metrics, rows, site=site))
+    return merged_metrics(table, metrics, rows, site=site)
+
+
+def metrics_numbers(metrics: dict[str, float], rows: int, *, site: str) -> np.ndarray:
+    """What this process sends for a :func:`merge_process_metrics` at ``site`` (uint8, of one
+    size on every process): its ``rows``, whether all its names are agreed, its values of the
+    agreed names (NaN where it has none; float64) and which of them it reports (bits)."""
+    names = _AGREED_NAMES[site]
+    fits = set(metrics) <= set(names)
+    mine = [float(metrics[k]) if k in metrics else np.nan for k in names]
+    numbers = np.array([rows, float(fits), *mine], np.float64)
+    flags = np.packbits(np.array([k in metrics for k in names], bool))
+    return np.concatenate([numbers.view(np.uint8), flags])
+
+
+def merged_metrics(
+    table: np.ndarray, metrics: dict[str, float], rows: int, *, site: str
+) -> dict[str, float]:
+    """:func:`merge_process_metrics` from ``table``, every process's :func:`metrics_numbers`
+    (``[processes, bytes]``, gathered); when a process had a name not yet agreed, the names
+    are agreed and the values gathered again here (every process takes this branch
+    together: the flag is in the table)."""
     agreed = _AGREED_NAMES[site]
-    present, table = _gather_metrics(metrics, rows, agreed)
-    if not table[:, 1].all():  # a process has a name the others have not seen yet
+    present, values = _unpack_metrics(table, len(agreed))
+    if not values[:, 1].all():  # a process has a name the others have not seen yet
         names = gather_strings("\n".join(sorted(metrics)))
         new = {k for n in names for k in n.split("\n") if k}
         agreed[:] = sorted(new.union(agreed))
-        present, table = _gather_metrics(metrics, rows, agreed)
+        table = gather_numbers(metrics_numbers(metrics, rows, site=site))
+        present, values = _unpack_metrics(table, len(agreed))
+    return _merge(metrics, agreed, present, values)
+
+
+def _unpack_metrics(table: np.ndarray, names: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every process's ``[names]`` flags and ``[2 + names]`` numbers from gathered
+    :func:`metrics_numbers`."""
+    size = (2 + names) * 8
+    present = np.unpackbits(table[:, size:], axis=1, count=names).astype(bool)
+    return present, np.ascontiguousarray(table[:, :size]).view(np.float64)
+
+
+def _merge(
+    metrics: dict[str, float], agreed: list[str], present: np.ndarray, table: np.ndarray
+) -> dict[str, float]:
+    """The merge rules of :func:`merge_process_metrics` over the gathered values."""
     values = table[:, 2:]
     out: dict[str, float] = {}
     for j, key in enumerate(agreed):
@@ -225,21 +258,6 @@ def merge_process_metrics(metrics: dict[str, float], rows: int, *, site: str) ->
         if isinstance(metrics.get(key), int):
             out[key] = int(out[key])
     return out
-
-
-def _gather_metrics(
-    metrics: dict[str, float], rows: int, names: list[str]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Every process's ``[names]`` flags, which of the agreed ``names`` it reports (sent as
-    bits), and ``[2 + names]`` numbers: its rows, whether all its names are agreed, and its
-    values (NaN where it has none)."""
-    fits = set(metrics) <= set(names)
-    mine = [float(metrics[k]) if k in metrics else np.nan for k in names]
-    numbers = np.array([rows, float(fits), *mine], np.float64)
-    flags = np.packbits(np.array([k in metrics for k in names], bool))
-    table = gather_numbers(np.concatenate([numbers.view(np.uint8), flags]))
-    present = np.unpackbits(table[:, numbers.nbytes :], axis=1, count=len(names)).astype(bool)
-    return present, np.ascontiguousarray(table[:, : numbers.nbytes]).view(np.float64)
 
 
 def rl_batch(exp: Experience, advantages: np.ndarray, loss_weight: np.ndarray) -> dict:

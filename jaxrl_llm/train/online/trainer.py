@@ -17,7 +17,6 @@ run loop (:class:`~jaxrl_llm.train.run.loop.RunLoop`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import jax
@@ -38,16 +37,11 @@ from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.algorithms import make_strategy
 from jaxrl_llm.train.online.correction import RolloutCorrector
 from jaxrl_llm.train.online.episode_sampler import check_environment, episode_records
-from jaxrl_llm.train.online.experience import (
-    Experience,
-    ExperienceBuffer,
-    agree_prompt_width,
-    merge_process_metrics,
-)
+from jaxrl_llm.train.online.experience import Experience, ExperienceBuffer
 from jaxrl_llm.train.online.learner import Learner, context_padded
 from jaxrl_llm.train.online.producer import Producer, WeightBox, snapshot
 from jaxrl_llm.train.online.rollout import Rollouts
-from jaxrl_llm.train.online.step_metrics import advantage_metrics, row_metrics
+from jaxrl_llm.train.online.step_metrics import share_experience, share_prepared
 from jaxrl_llm.train.online.teacher import load_teacher
 from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
@@ -346,7 +340,8 @@ class OnlineTrainer(RunLoop):
         super().close()
 
     def _write_samples(self, step: int, exp: Experience) -> None:
-        """``logging.samples_every``: this step's episodes to ``samples.jsonl``."""
+        """``logging.samples_every``: this step's episodes to ``samples.jsonl`` (across
+        processes each writes its own rows: ``samples.process-k.jsonl`` for k > 0)."""
         every = self.cfg.logging.samples_every
         if not every:
             return
@@ -355,7 +350,7 @@ class OnlineTrainer(RunLoop):
                 paths.log_dir(self.cfg),  # local: output_dir may be a bucket
                 every,
                 resume_step=self.start_step if self.resumed else None,
-                is_main_process=jax.process_index() == 0,
+                process_index=jax.process_index(),  # each process its own rows
             )
         if step % every == 0:
             self.samples.write(step, episode_records(exp))
@@ -367,12 +362,8 @@ class OnlineTrainer(RunLoop):
         if self.rollouts.rewards is not None:  # the reward functions' trainer_state
             self.rollouts.rewards.advance(step, self._epoch(), self.cfg.max_steps)
         exp, info = self.experience(step)
-        if jax.process_count() > 1:  # host-local rows: one prompt width, metrics of all
-            exp = agree_prompt_width(exp)
-            info = merge_process_metrics(info, len(exp), site="rollout")
-            exp = dataclasses.replace(
-                exp, metrics=merge_process_metrics(exp.metrics, len(exp), site="experience")
-            )
+        # host-local rows: one prompt width, the metrics and row numbers of every process's
+        exp, info, rows, tokens = share_experience(exp, info)
         t_rollout = info.pop("time/rollout_s")
         t1 = time.perf_counter()
         self._t_ref = 0.0
@@ -392,12 +383,12 @@ class OnlineTrainer(RunLoop):
         if self.producer is not None:
             self.producer.box.publish(*snapshot(self.policy, self.sampler))
         self._write_samples(step, exp)
+        prepared_metrics, advantages = share_prepared(prepared, exp)
         out.update(exp.metrics)
-        out.update(merge_process_metrics(prepared.metrics, len(exp), site="prepare"))
+        out.update(prepared_metrics)
         out.update(correction)
         out.update(self.sampler.metrics())
         out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
-        rows, tokens = row_metrics(exp)  # the step's rows (every process's, host-local)
         out.update(
             {
                 **info,
@@ -410,7 +401,7 @@ class OnlineTrainer(RunLoop):
                 "rollout/tokens_per_s": tokens / max(t_rollout, 1e-9),
             }
         )
-        out.update(advantage_metrics(prepared, exp))
+        out.update(advantages)
         if jax.process_count() > 1:  # what this step sent other hosts outside its programs
             out["hosts/exchanged_bytes"] = EXCHANGED[0] - sent
             out["hosts/collectives"] = EXCHANGED[1] - calls

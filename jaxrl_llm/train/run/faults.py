@@ -4,6 +4,11 @@
 reaches ``PHASE``, the way a preempted or OOM-killed job dies (no cleanup, no flush, an async
 checkpoint write cut off). The phases, in the order a step passes them:
 
+- ``job`` (step 0): a multi-process job's start-up checks have passed
+  (:func:`jaxrl_llm.train.run.job.check_job`); the run has not started, and no handler of
+  the run's is installed (``job:0:TERM``: a SIGTERM that JAX's own handler takes).
+- ``start`` (step 0): a trainer's start-up begins, before its model loads and its programs
+  compile (``JAXRL_LLM_FAULT=start:0:TERM``: a stop during start-up).
 - ``rollout``: the step's prompts are drawn and sampled (the data iterator has advanced).
 - ``update``: the first minibatch update of the step has been applied to the state in memory.
 - ``checkpoint``: the step's checkpoint write has started and is still in flight.

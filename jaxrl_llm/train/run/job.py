@@ -32,6 +32,7 @@ import numpy as np
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.run import paths
+from jaxrl_llm.train.run.faults import fault_point
 
 #: The file in ``output_dir`` that holds the id of the job that writes there.
 MARKER = ".jaxrl-llm-job"
@@ -171,3 +172,4 @@ def check_job(cfg: RunConfig) -> None:
     """Both checks (:func:`check_same_config`, then :func:`check_shared_output_dir`)."""
     check_same_config(cfg)
     check_shared_output_dir(cfg.output_dir)
+    fault_point("job", 0)  # the job is checked; the run has not started

@@ -330,20 +330,31 @@ def read_metrics(run_dir: str) -> list[dict]:
     return rows
 
 
+def samples_file(process_index: int) -> str:
+    """The name of the samples file process ``process_index`` writes: ``samples.jsonl`` for
+    process 0 (every single-process run), ``samples.process-<k>.jsonl`` for process k."""
+    return "samples.jsonl" if not process_index else f"samples.process-{process_index}.jsonl"
+
+
 class SamplesLog:
     """``samples.jsonl``: the episodes of every ``every``-th step, one JSON line each
     (``{"step", "prompt_id", "sample", "messages", "reward"}``), for reading what the policy
     does. Resumed at ``resume_step``, lines of later steps (the killed run's, sampled again now)
     are dropped first (atomic rewrite); a fresh run (``resume_step`` None) starts the file
     afresh, as ``metrics.jsonl`` does, so a run killed before its first checkpoint and started
-    again does not log its first steps twice. Only the main process writes."""
+    again does not log its first steps twice.
+
+    Across processes (host-local rows) each process writes the rows it sampled, in its own
+    log directory: process 0 ``samples.jsonl``, process k ``samples.process-k.jsonl``
+    (:func:`samples_file`); no row crosses hosts. On a shared log directory the files lie
+    side by side; together they are the step's episodes."""
 
     def __init__(
-        self, run_dir: str, every: int, *, resume_step: int | None, is_main_process: bool = True
+        self, run_dir: str, every: int, *, resume_step: int | None, process_index: int = 0
     ):
         self.every = int(every)
-        self.path = os.path.join(run_dir, "samples.jsonl")
-        self.enabled = bool(self.every) and is_main_process
+        self.path = os.path.join(run_dir, samples_file(process_index))
+        self.enabled = bool(self.every)
         if self.enabled and os.path.exists(self.path):
             keep = []
             if resume_step is not None:

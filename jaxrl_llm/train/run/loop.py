@@ -78,6 +78,7 @@ class RunLoop:
     eval_before: bool = True
 
     def __init__(self, cfg: RunConfig, *, log_stream=None):
+        fault_point("start", 0)  # a trainer's start-up begins: nothing is loaded yet
         self.cfg = cfg
         self.log_stream = log_stream or sys.stderr
         self.companions: list[tuple[Any, Policy]] = []
@@ -295,12 +296,14 @@ class RunLoop:
         cfg = self.cfg
         summary: dict[str, Any] = {}
         t_start = time.perf_counter()
+        first = self.start_step + 1
         if self.eval_before and self.eval_data is not None and self.start_step == 0:
+            self._synced_stop(first, starting=True)  # a stop during start-up
             summary["eval_before"] = self.evaluate()
             logger.log(0, summary["eval_before"])
-        for step in range(self.start_step + 1, cfg.max_steps + 1):
+        for step in range(first, cfg.max_steps + 1):
             self._stop_point = self._boundary(step)
-            self._synced_stop(step)
+            self._synced_stop(step, starting=step == first)
             try:
                 self._step(step)
             except Interrupted as e:
@@ -332,23 +335,42 @@ class RunLoop:
         )
         return summary
 
-    def _synced_stop(self, step: int) -> None:
+    def _synced_stop(self, step: int, *, starting: bool = False) -> None:
         """A multi-process job's stop, at the boundary before ``step``: when any process has
         received a stop signal since the last boundary (:func:`pending_stop`, gathered from every
         process), every process saves the last finished step (:meth:`save_on_stop`, the same
-        on each) and raises RunStopped. One process: nothing (its stop is raised at once)."""
+        on each) and raises RunStopped. ``starting``: the boundary after start-up (model load,
+        compile, resume), where no step of this run has finished: nothing is saved. One
+        process: nothing (its stop is raised at once)."""
         if jax.process_count() == 1:
             return
+        import signal
+
         import numpy as np
         from jax.experimental import multihost_utils
 
-        flags = np.asarray(multihost_utils.process_allgather(np.int32(pending_stop())))
-        signum = int(flags.max())
+        from jaxrl_llm.parallel.distributed import preemption_notice
+
+        mine = np.array([pending_stop(), preemption_notice(step)], np.int32)
+        flags = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 2)
+        signum = int(flags[:, 0].max()) or (signal.SIGTERM if flags[:, 1].any() else 0)
         if not signum:
             return
-        who = ", ".join(str(i) for i, f in enumerate(flags.reshape(-1)) if f)
+        who = (
+            "process " + ", ".join(str(i) for i, f in enumerate(flags[:, 0]) if f)
+            if flags[:, 0].any()
+            else "JAX's preemption notice"
+        )
+        if starting:
+            last = self.start_step if self.resumed else None
+            raise RunStopped(
+                signum,
+                f"during start-up, before step {step} (signalled: {who}; all stop here): "
+                f"no step finished, nothing to save"
+                + (f"; the newest checkpoint is step {last}" if last else ""),
+            )
         done = self.save_on_stop(self._boundary(step))
-        raise RunStopped(signum, f"step {step} (signalled: process {who}; all stop here): {done}")
+        raise RunStopped(signum, f"step {step} (signalled: {who}; all stop here): {done}")
 
     def _step(self, step: int) -> None:
         """One step with its cadences: train, evaluate, the non-finite guard, log, save."""

@@ -22,13 +22,19 @@ In a multi-process job a stop waits for the next step boundary instead
 signal (one all-reduced flag a step), and all of them save the same step and exit together,
 so that no process is left waiting in a collective for one that stopped (the way MaxText and
 orbax sync a preemption: ``jax.experimental.multihost_utils.reached_preemption_sync_point``).
+This holds from the start of the run's start-up (model load, compile, resume): a stop then is
+agreed at the boundary before the first step, where every process ends with exit 143 and
+nothing to save.
 
-JAX's own preemption notice (that function) is not a second trigger here. Its notifier (XLA's,
-started by ``jax.distributed.initialize``) learns of a preemption from a SIGTERM, through a C
-handler that :func:`stop_signals` replaces for the length of a run, so on a run here it would
-never fire (read from jaxlib's ``SigtermNotifier`` and Python's ``signal.signal``, which
-installs its own C handler; not measured); what it adds on a cloud scheduler (a notice without a SIGTERM) cannot be triggered
-on localhost, and an untested trigger at every step boundary was not added.
+JAX's own preemption notice is a second trigger at the same boundary
+(:func:`jaxrl_llm.parallel.distributed.preemption_notice`, asked at every boundary beside
+the gathered flag). In jax 0.10.2 the notice comes from a SIGTERM caught by the C handler
+that ``jax.distributed.initialize`` installs (XLA's ``SigtermNotifier``; measured on CPU/gloo:
+the signalled process goes on, and both reach the sync point at the same step).
+:func:`stop_signals` replaces that handler for the length of a run (Python's
+``signal.signal`` installs its own C handler), so during a run a SIGTERM comes here; the
+notice covers a SIGTERM between joining the job and the run's start, which JAX's handler
+takes and which, unasked, nothing would answer.
 
 A ``KeyboardInterrupt`` raised by user code is not one of these: user code runs on the threads
 of :mod:`jaxrl_llm.rewards.user_code`, where it is that call's failure, and Python delivers
@@ -195,14 +201,20 @@ def stop_signals():
     for the length of the block (see the module docstring); the previous handlers come back
     after it. User calls run again from its start
     (:func:`~jaxrl_llm.rewards.user_code.resume_calls`); after a signal they stay refused past
-    its end, so that the clean-up after it (a rollout thread finishing its job) is quick."""
-    resume_calls()
-    _DEFER.update(depth=0, pending=0)
+    its end, so that the clean-up after it (a rollout thread finishing its job) is quick.
+    A block inside another (the run loop's inside the trainer's start-up) keeps what the
+    outer one recorded: a signal held during start-up (:func:`synced_stops`) is still
+    pending at the first step boundary."""
     if threading.current_thread() is not threading.main_thread():
+        resume_calls()
+        _DEFER.update(depth=0, pending=0)
         yield
         return
-    old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
     outermost = _WATCH["dog"] is None
+    if outermost:
+        resume_calls()
+        _DEFER.update(depth=0, pending=0)
+    old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
     if outermost:
         _WATCH["dog"] = _Watchdog(_grace())
     try:
