@@ -235,8 +235,9 @@ class LoggingSection:
     environment variables: ``WANDB_MODE=offline``, ``WANDB_DIR``, ``MLFLOW_TRACKING_URI``.
 
     ``samples_every: N`` (online runs) writes every N-th step's episodes to
-    ``output_dir/samples.jsonl``, one line per episode: ``{"step", "prompt_id", "sample",
-    "messages", "reward"}`` (0 = never).
+    ``samples.jsonl`` in the log directory (``dir`` below), one line per episode: ``{"step",
+    "prompt_id", "sample", "messages", "reward"}`` (0 = never). Across processes each writes
+    its own episodes, process k to ``samples.process-k.jsonl``.
 
     ``dir``: a local directory for the logs and metrics (``metrics.jsonl``, ``config.yaml``,
     TensorBoard, plots, samples, ``summary.json``). Default: ``output_dir`` when it is local;
