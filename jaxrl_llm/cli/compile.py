@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         if layout is not None:
             overrides.append(f"rollout.tensor={layout}")
         cfg = load_config(RunConfig, args.config, overrides)
-        config = resolve_model_config(args.model or cfg.model.source)
+        config = resolve_model_config(args.model or cfg.model.source, cfg.model.tiny)
         report = compile_run(
             cfg,
             config,
