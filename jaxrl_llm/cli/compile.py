@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,8 +142,41 @@ def _rollout_layout(text: str | None) -> int | str | None:
     return int(v)
 
 
+#: Cloud TPU's accelerator-type name of a slice by generation: ``{n}`` is the slice's chips
+#: (v5e, v6e) or TensorCores (v4, v5p: two per chip), as the Cloud TPU pages name them
+#: (``v5litepod-4``, ``v5p-8``, ``v6e-4``, ``v4-8``).
+_ACCELERATOR_TYPES = {"v5e": ("v5litepod-{n}", 1), "v6e": ("v6e-{n}", 1), "v5p": ("v5p-{n}", 2)}
+_ACCELERATOR_TYPES["v4"] = ("v4-{n}", 2)
+
+
+def accelerator_type(topology: str) -> str | None:
+    """The ``TPU_ACCELERATOR_TYPE`` of a slice ``GEN:GRID`` (``v5e:2x2`` -> ``v5litepod-4``),
+    or None for a generation or a name this does not know (``tpu_topology`` judges the name).
+
+    On a host with no TPU, libtpu asks this variable for the slice's host layout when
+    ``compile`` loads it, and without it prints "Failed to find host bounds for accelerator
+    type: WARNING: could not determine TPU accelerator type". The compiled programs do not
+    depend on it (the same ``--json`` report with and without it, v4 / v5e / v5p / v6e)."""
+    gen, _, grid = topology.partition(":")
+    if gen not in _ACCELERATOR_TYPES or not grid:
+        return None
+    try:
+        chips = math.prod(int(x) for x in grid.split("x"))
+    except ValueError:
+        return None
+    name, per_chip = _ACCELERATOR_TYPES[gen]
+    return name.format(n=chips * per_chip)
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``jaxrl-llm compile``."""
+    import glob
+    import os
+
+    if not (glob.glob("/dev/accel*") or os.path.exists("/dev/vfio")):  # no TPU here
+        name = accelerator_type(args.topology)
+        if name is not None:
+            os.environ.setdefault("TPU_ACCELERATOR_TYPE", name)
     from jaxrl_llm.cli.memory import params_text, resolve_model_config
     from jaxrl_llm.errors import ConfigError
     from jaxrl_llm.parallel.topology import first_devices, tpu_topology
@@ -161,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         if layout is not None:
             overrides.append(f"rollout.tensor={layout}")
         cfg = load_config(RunConfig, args.config, overrides)
-        config = resolve_model_config(args.model or cfg.model.source)
+        config = resolve_model_config(args.model or cfg.model.source, cfg.model.tiny)
         report = compile_run(
             cfg,
             config,

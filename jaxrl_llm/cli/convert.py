@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     Returns 0."""
     from jaxrl_llm.cli.sources import SourceKind, classify_source, describe, load_any
     from jaxrl_llm.interop import export_hf
-    from jaxrl_llm.interop.peft import export_peft_adapter
+    from jaxrl_llm.interop.peft import export_peft_adapter, peft_base_model
 
     src = Path(str(args.src)).expanduser()
     out = Path(args.out)
@@ -175,18 +175,22 @@ def run(args: argparse.Namespace) -> int:
             f"{args.src}: holds full weights, not LoRA adapters; --adapter-only needs a "
             f"run trained with model.lora (drop --adapter-only to export the model)"
         )
-    print(f"found {describe(source, restored)}")
+    print(f"found {describe(source, restored, merged=not adapter_only)}")
     if adapter_only:
         assert restored is not None and restored.lora is not None
+        base = _base_for_peft(restored.base_source, str(args.src))
         written = export_peft_adapter(
             out,
             config=config,
             adapters=restored.adapters,
             lora=restored.lora,
-            base_model=_base_for_peft(restored.base_source, str(args.src)),
+            base_model=base,
             dtype=args.dtype,
         )
-        what = f"PEFT LoRA adapter r={restored.lora.rank}, base {restored.base_source}"
+        # the base as adapter_config.json names it (an alias is written as its hub id)
+        named = peft_base_model(base)
+        named = named if named == base else f"{named} ({base})"
+        what = f"PEFT LoRA adapter r={restored.lora.rank}, base_model_name_or_path {named}"
     else:
         inf = inf_weights(params, args.dtype)
         if inf:

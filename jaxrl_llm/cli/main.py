@@ -110,8 +110,9 @@ def quiet_tpu_discovery(environ=os.environ) -> None:
     there are none to find; with no CUDA / ROCm plugin installed either, the CPU is the only
     platform JAX could use anyway, so asking for it alone changes nothing but the noise.
     ``jaxrl-llm compile`` loads libtpu itself (``jax.experimental.topologies``), which works
-    under ``JAX_PLATFORMS=cpu`` (the test suite runs it so); one line of libtpu's remains
-    there (``Failed to find host bounds for accelerator type``)."""
+    under ``JAX_PLATFORMS=cpu`` (the test suite runs it so), and names the slice to libtpu
+    (``TPU_ACCELERATOR_TYPE``, :func:`jaxrl_llm.cli.compile.accelerator_type`), which would
+    otherwise print ``Failed to find host bounds for accelerator type``."""
     import glob
     import importlib.util
 

@@ -19,15 +19,17 @@ from jaxrl_llm.errors import ConfigError, did_you_mean
 def add_model_and_algorithm(
     parser: argparse.ArgumentParser, *, default_model: str | None = "135m", required: bool = True
 ) -> None:
-    """``--model`` (a size preset, an HF directory or a config.json) and ``--algorithm``, as
-    ``jaxrl-llm memory`` and ``jaxrl-llm compile`` take them (``required``: ``--algorithm``
-    must be given; ``compile --config`` reads it from the run config)."""
+    """``--model`` (a size preset, a model alias, ``tiny``, an HF directory or a config.json)
+    and ``--algorithm``, as ``jaxrl-llm memory`` and ``jaxrl-llm compile`` take them
+    (``required``: ``--algorithm`` must be given; ``compile --config`` reads it from the run
+    config)."""
     from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, MODEL_PRESETS
 
     parser.add_argument(
         "--model",
         default=default_model,
-        help=f"a size preset ({', '.join(MODEL_PRESETS)}), a Hugging Face model "
+        help=f"a size preset ({', '.join(MODEL_PRESETS)}), a model alias "
+        f"({', '.join(ALIAS_PRESETS)}: its preset's shapes), tiny, a Hugging Face model "
         f"directory, or a config.json file",
     )
     parser.add_argument(
@@ -151,18 +153,40 @@ def check_splits(config, mesh: dict[str, int], model: str) -> None:
                 )
 
 
-def resolve_model_config(spec: str):
-    """A size preset, an HF directory or a config.json path -> ModelConfig."""
+# Model aliases (interop/aliases.py) -> the size preset of the same shapes. An estimate or a
+# compile needs only the shapes, so a shipped config's ``model.source`` (an alias) needs no
+# model file; the presets match the aliases' GGUF configs in every shape (they differ in the
+# norm epsilon's float32 rounding and Gemma's end-of-turn id).
+ALIAS_PRESETS: dict[str, str] = {
+    "smollm2-135m-instruct": "135m",
+    "gemma3-270m": "gemma3-270m",
+}
+
+
+def resolve_model_config(spec: str, tiny: dict | None = None):
+    """A size preset, a model alias (its preset, :data:`ALIAS_PRESETS`), ``tiny`` (with the
+    run's ``model.tiny`` overrides), an HF directory or a config.json path -> ModelConfig.
+
+    Raises:
+      ConfigError: one line naming ``spec``, with the closest preset or alias.
+    """
     from jaxrl_llm.interop.hf_config import model_config_from_hf
     from jaxrl_llm.train.compile.memory import MODEL_PRESETS
+    from jaxrl_llm.train.config.preflight import known_model_config
 
     if spec in MODEL_PRESETS:
         return MODEL_PRESETS[spec]
+    if spec in ALIAS_PRESETS:
+        return MODEL_PRESETS[ALIAS_PRESETS[spec]]
+    if spec == "tiny":
+        return known_model_config(spec, tiny)
     path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
     if not os.path.isfile(path):
+        names = [*MODEL_PRESETS, *ALIAS_PRESETS, "tiny"]
         raise ConfigError(
-            f"--model {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) "
-            f"and no config.json found at {path!r}"
+            f"--model {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}), a model alias "
+            f"({', '.join(ALIAS_PRESETS)}) or tiny, and no config.json found at {path!r}"
+            f"{did_you_mean(spec, names)}"
         )
     try:
         with open(path, encoding="utf-8") as f:

@@ -237,14 +237,18 @@ def _merge_run_adapters(source: Source, config, adapters, tokenizer, step) -> Re
     )
 
 
-def describe(source: Source, restored: RestoredModel | None = None) -> str:
+def describe(source: Source, restored: RestoredModel | None = None, *, merged: bool = True) -> str:
     """One line saying what was found, e.g. ``run directory runs/x: checkpoint step 40
-    (LoRA r=8 adapters merged into smollm2-135m-instruct)``."""
+    (LoRA r=8 adapters merged into smollm2-135m-instruct)``.
+
+    ``merged=False`` (``convert --adapter-only``, which writes the adapters as they are) says
+    ``LoRA r=8 adapters on smollm2-135m-instruct`` instead."""
     if source.kind in (SourceKind.RUN, SourceKind.CHECKPOINT) and restored is not None:
         name = source.run_dir if source.kind == SourceKind.RUN else source.path
         what = f"{source.kind.value} {name}: checkpoint step {restored.step}"
         if restored.lora is not None:
-            what += f" (LoRA r={restored.lora.rank} adapters merged into {restored.base_source})"
+            how = "merged into" if merged else "on"
+            what += f" (LoRA r={restored.lora.rank} adapters {how} {restored.base_source})"
         return what
     if source.kind == SourceKind.RUN:
         return f"{source.kind.value} {source.run_dir}: its {HF_EXPORT}/ export"

@@ -267,22 +267,34 @@ def _remove_unsaved_checkpoints(folder: str) -> None:
 
 
 def _print_summary(cfg, summary: dict) -> None:
+    for line in held_out_lines(summary):
+        print(line)
+    if "train_time_s" in summary:
+        print(f"{training_time(summary)}; run directory: {cfg.output_dir}")
+
+
+def held_out_lines(summary: dict) -> list[str]:
+    """``held-out <metric>: before -> after`` for each headline held-out metric of a run's
+    summary; a resumed run, which does not evaluate before its first step, gets the value
+    after (the one before is the step-0 row of ``metrics.jsonl``)."""
     before = summary.get("eval_before") or {}
     after = summary.get("eval_after") or {}
+    n = after.get("eval/num_examples")
+    lines = []
     for key in after:
         if (
             key.startswith("eval/")
-            and key in before
             and key.count("/") == 1
             and not key.endswith(("num_examples", "num_tokens", "valid", "completion_length"))
+            and (key in before or not before)
         ):
-            n = after.get("eval/num_examples")
-            print(
-                f"held-out {key[5:]}: {before[key]:.3f} -> {after[key]:.3f}"
+            start = f"{before[key]:.3f} -> " if key in before else ""
+            lines.append(
+                f"held-out {key[5:]}: {start}{after[key]:.3f}"
                 + (f" ({n} examples, greedy)" if n is not None else "")
+                + ("" if key in before else " (before training: metrics.jsonl, step 0)")
             )
-    if "train_time_s" in summary:
-        print(f"{training_time(summary)}; run directory: {cfg.output_dir}")
+    return lines
 
 
 def training_time(summary: dict) -> str:

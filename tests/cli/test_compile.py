@@ -98,6 +98,19 @@ def test_datasheet_numbers_and_roofline():
     assert v4.roofline(train).ici_s is None
 
 
+def test_accelerator_type_names_the_slice_as_cloud_tpu_does():
+    # what compile gives libtpu on a host with no TPU, so that it prints no "Failed to find
+    # host bounds" line (test_main.py's test_compile_prints_no_libtpu_errors runs it)
+    from jaxrl_llm.cli.compile import accelerator_type
+
+    assert accelerator_type("v5e:2x2") == "v5litepod-4"
+    assert accelerator_type("v6e:2x4") == "v6e-8"
+    assert accelerator_type("v5p:2x2x1") == "v5p-8"  # TensorCores: two per chip
+    assert accelerator_type("v4:2x2x2") == "v4-16"
+    assert accelerator_type("v9:2x2") is None and accelerator_type("v5e") is None
+    assert accelerator_type("v5e:2xq") is None
+
+
 def test_first_devices_is_a_slice_of_its_own():
     slice_ = Topology("v5p:2x2x2", "v5p", 8, tuple(range(8)), 95 * 2**30, 459e12, 2765e9, 1.2e12)
     one = first_devices(slice_, 1)

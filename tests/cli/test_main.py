@@ -118,6 +118,23 @@ def test_a_resumed_runs_training_time_counts_its_own_steps():
     assert training_time(done) == "training time: 0.0 min over 0 steps (resumed from step 10)"
 
 
+def test_a_resumed_run_still_prints_its_held_out_metric():
+    # a resumed run does not evaluate before its first step: it printed no held-out line
+    from jaxrl_llm.cli.train import held_out_lines
+
+    after = {"eval/loss": 1.779, "eval/num_tokens": 29.0}
+    fresh = {"eval_before": {"eval/loss": 2.796, "eval/num_tokens": 29.0}, "eval_after": after}
+    assert held_out_lines(fresh) == ["held-out loss: 2.796 -> 1.779"]
+    assert held_out_lines({"eval_after": after}) == [
+        "held-out loss: 1.779 (before training: metrics.jsonl, step 0)"
+    ]
+    online = {"eval/math_answer": 0.47, "eval/num_examples": 200, "eval/maj@4": 0.5}
+    assert held_out_lines({"eval_before": {"eval/math_answer": 0.25}, "eval_after": online}) == [
+        "held-out math_answer: 0.250 -> 0.470 (200 examples, greedy)"
+    ]
+    assert held_out_lines({}) == []
+
+
 def test_a_shipped_config_runs_from_another_directory(tmp_path, monkeypatch, capsys):
     """configs/*.yaml name data/... from the repository's root: from elsewhere, a relative
     path that is not found is read from beside the config file, and said."""
@@ -143,7 +160,7 @@ def test_a_shipped_config_runs_from_another_directory(tmp_path, monkeypatch, cap
     assert printed["data"]["train"] == "data/arith_sft/train.jsonl"
 
 
-_NOISE = ("JAX_PLATFORMS", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES")
+_NOISE = ("JAX_PLATFORMS", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE")
 
 
 def _child(code: str):
@@ -192,3 +209,4 @@ def test_compile_prints_no_libtpu_errors(tmp_path):
     p = _child(f"import sys; from jaxrl_llm.cli.main import main; sys.exit(main({argv!r}))")
     assert json.loads(p.stdout)["topology"] == "v5e:2x2"
     assert "E0000" not in p.stderr and "worker hostname" not in p.stderr, p.stderr
+    assert "host bounds" not in p.stderr, p.stderr  # compile names the slice to libtpu

@@ -191,3 +191,23 @@ def test_decode_on_gpu_counts_the_separate_layer_arrays():
     assert split("h200") == [layers * 2 // 8]  # in the rollout dtype (bf16), fsdp=8 shards
     assert split("h200", sampler_tensor=2, sampler_dtype="fp32") == [layers * 4 // 2]
     assert split("tpu-v5p") == [] and split("h200", "dpo") == []
+
+
+def test_a_model_alias_and_tiny_are_models_for_memory_and_compile(capsys):
+    # every shipped config's model.source is an alias: `compile --config configs/grpo.yaml`
+    # resolved it as a path and stopped on "not a preset"
+    from jaxrl_llm.cli.memory import resolve_model_config
+    from jaxrl_llm.errors import ConfigError
+
+    assert resolve_model_config("smollm2-135m-instruct") == MODEL_PRESETS["135m"]
+    assert resolve_model_config("gemma3-270m") == MODEL_PRESETS["gemma3-270m"]
+    tiny = resolve_model_config("tiny", {"num_layers": 3, "max_position_embeddings": 1024})
+    assert (tiny.num_layers, tiny.max_position_embeddings, tiny.vocab_size) == (3, 1024, 259)
+    with pytest.raises(ConfigError, match="did you mean 'smollm2-135m-instruct'"):
+        resolve_model_config("smollm2-135m")
+    argv = ["memory", "--model", "smollm2-135m-instruct", "--algorithm", "grpo", "--json"]
+    assert main(argv) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["model"] == "smollm2-135m-instruct"
+    assert main(["memory", "--model", "135m", "--algorithm", "grpo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == js["rows"]
