@@ -16,7 +16,7 @@ import pytest
 import jaxrl_llm
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.errors import ConfigError
-from tests.train.harness import CHAT_ROWS, CHECKPOINTED, SFT, run_cli, tiny_online_args
+from tests.train.harness import CHAT_ROWS, CHECKPOINTED, SFT, TINY, run_cli, tiny_online_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROWS = CHAT_ROWS
@@ -671,3 +671,60 @@ def test_a_stop_signal_in_a_long_device_computation_ends_within_the_grace(signum
     )
     assert "Traceback" not in err
     assert 2 <= waited < 30, waited
+
+
+# ----- 4c. a stop inside an update saves that step ----------------------------------------------
+
+GRPO_CONFIG = os.path.join(ROOT, "configs", "grpo.yaml")
+STOP_IN_UPDATE = {
+    # offline: the step's one update; online: after the first of two minibatch updates
+    "sft": (SFT, []),
+    "grpo": (
+        GRPO_CONFIG,
+        [
+            f"data.train={ROOT}/data/addition/train.jsonl",
+            "rollout.prompts_per_step=8",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=3",
+            "rollout.minibatches=2",
+            "eval.before=false",
+        ],
+    ),
+}
+
+
+def _steps_of(out) -> dict[int, dict]:
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    return {r["step"]: r for r in rows if "loss" in r}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(STOP_IN_UPDATE))
+def test_a_stop_inside_an_update_saves_that_step_and_resumes_exactly(
+    kind, tmp_path, capsys, monkeypatch
+):
+    """SIGTERM while step 3's update runs (``JAXRL_LLM_FAULT=update:3:TERM``), one process,
+    no checkpoint due: the update finishes, step 3 is logged and saved, exit 143. Before, the
+    stop found the state replaced mid-step and saved nothing (a newcomer's SFT run lost every
+    step). ``--resume`` then gives steps 4-5 as an uninterrupted run does."""
+    config, extra = STOP_IN_UPDATE[kind]
+    args = [*TINY, *extra, "max_steps=5", "checkpoint.save_every=100"]
+    ref = tmp_path / "ref"
+    rc, err = _cli(capsys, ["train", config, f"output_dir={ref}", *args])
+    assert rc == 0, err
+    out = tmp_path / "run"
+    monkeypatch.setenv("JAXRL_LLM_FAULT", "update:3:TERM")
+    rc, err = _cli(capsys, ["train", config, f"output_dir={out}", *args])
+    assert rc == 143, err
+    assert "Traceback" not in err, err
+    assert f"saved step 3 in {out / 'checkpoints'}" in err, err
+    assert sorted(int(s) for s in os.listdir(out / "checkpoints") if s.isdigit()) == [3]
+    assert sorted(_steps_of(out)) == [1, 2, 3]
+    monkeypatch.delenv("JAXRL_LLM_FAULT")
+    rc, err = _cli(capsys, ["train", config, f"output_dir={out}", *args, "--resume"])
+    assert rc == 0, err
+    want, got = _steps_of(ref), _steps_of(out)
+    assert sorted(got) == [1, 2, 3, 4, 5]
+    for step in (4, 5):
+        for key in ("loss", "grad_norm"):
+            assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (step, key)

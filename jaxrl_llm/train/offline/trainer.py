@@ -37,8 +37,10 @@ from jaxrl_llm.train.config.preflight import check_mesh, read_splits
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
+from jaxrl_llm.train.run.faults import fault_point
 from jaxrl_llm.train.run.loop import RunLoop
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
+from jaxrl_llm.train.run.signals import held
 
 # Metrics that summarise held-out quality per algorithm family (higher is better).
 EVAL_KEYS = ("rewards/accuracies", "rewards/margins", "nll", "loss")
@@ -181,8 +183,10 @@ class OfflineTrainer(RunLoop):
         p = self.policy
         t0 = time.perf_counter()
         batch = self._prepare(next(self.iterator))
-        p.state, metrics = self.step_fn(p.state, batch, p.frozen())
-        out: dict[str, float] = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        with held():  # the update, once begun, finishes and is logged: a stop inside saves it
+            p.state, metrics = self.step_fn(p.state, batch, p.frozen())
+            fault_point("update", step)
+            out: dict[str, float] = {k: float(v) for k, v in jax.device_get(metrics).items()}
         dt = time.perf_counter() - t0
         out.update({"time/step_s": dt, "tokens_per_s": out["tokens"] / dt})
         return out

@@ -49,6 +49,7 @@ from jaxrl_llm.train.run import paths
 from jaxrl_llm.train.run.logging import SamplesLog
 from jaxrl_llm.train.run.loop import RunLoop
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
+from jaxrl_llm.train.run.signals import held
 
 
 def _encoder(tok):
@@ -376,36 +377,41 @@ class OnlineTrainer(RunLoop):
             prepared.batch, correction = self.corrector(prepared.batch)
         t2 = time.perf_counter()
         hp = self.hparams(step)
-        out = self.learner.update(
-            self.policy, prepared.batch, step, frozen=self.frozen(), hparams=hp
-        )
-        t_update = time.perf_counter() - t2
-        if self.producer is not None:
-            self.producer.box.publish(*snapshot(self.policy, self.sampler))
-        self._write_samples(step, exp)
-        prepared_metrics, advantages = share_prepared(prepared, exp)
-        out.update(exp.metrics)
-        out.update(prepared_metrics)
-        out.update(correction)
-        out.update(self.sampler.metrics())
-        out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
-        out.update(
-            {
-                **info,
-                **rows,
-                "time/rollout_s": t_rollout,
-                "time/reference_s": self._t_ref,
-                "time/prepare_s": t2 - t1 - self._t_ref - correction.get("time/recompute_s", 0.0),
-                "time/update_s": t_update,
-                "time/step_s": time.perf_counter() - t0,
-                "rollout/tokens_per_s": tokens / max(t_rollout, 1e-9),
-            }
-        )
-        out.update(advantages)
-        if jax.process_count() > 1:  # what this step sent other hosts outside its programs
-            out["hosts/exchanged_bytes"] = EXCHANGED[0] - sent
-            out["hosts/collectives"] = EXCHANGED[1] - calls
-        return out
+        # the updates, once begun, finish and the step is logged: a stop inside saves it
+        with held():
+            out = self.learner.update(
+                self.policy, prepared.batch, step, frozen=self.frozen(), hparams=hp
+            )
+            t_update = time.perf_counter() - t2
+            if self.producer is not None:
+                self.producer.box.publish(*snapshot(self.policy, self.sampler))
+            self._write_samples(step, exp)
+            prepared_metrics, advantages = share_prepared(prepared, exp)
+            out.update(exp.metrics)
+            out.update(prepared_metrics)
+            out.update(correction)
+            out.update(self.sampler.metrics())
+            out.update({f"hparams/{k}": v for k, v in (hp or {}).items()})
+            out.update(
+                {
+                    **info,
+                    **rows,
+                    "time/rollout_s": t_rollout,
+                    "time/reference_s": self._t_ref,
+                    "time/prepare_s": t2
+                    - t1
+                    - self._t_ref
+                    - correction.get("time/recompute_s", 0.0),
+                    "time/update_s": t_update,
+                    "time/step_s": time.perf_counter() - t0,
+                    "rollout/tokens_per_s": tokens / max(t_rollout, 1e-9),
+                }
+            )
+            out.update(advantages)
+            if jax.process_count() > 1:  # what this step sent other hosts outside its programs
+                out["hosts/exchanged_bytes"] = EXCHANGED[0] - sent
+                out["hosts/collectives"] = EXCHANGED[1] - calls
+            return out
 
 
 def _check_processes(cfg: RunConfig) -> None:

@@ -10,7 +10,8 @@ checkpoint write cut off). The phases, in the order a step passes them:
 - ``start`` (step 0): a trainer's start-up begins, before its model loads and its programs
   compile (``JAXRL_LLM_FAULT=start:0:TERM``: a stop during start-up).
 - ``rollout``: the step's prompts are drawn and sampled (the data iterator has advanced).
-- ``update``: the first minibatch update of the step has been applied to the state in memory.
+- ``update``: the first minibatch update of the step has been applied to the state in memory
+  (offline: the step's update has been dispatched).
 - ``checkpoint``: the step's checkpoint write has started and is still in flight.
 
 ``JAXRL_LLM_FAULT=PHASE:STEP:INT`` (or ``TERM``) sends that signal instead, as Ctrl-C or a

@@ -52,6 +52,7 @@ from jaxrl_llm.train.run.signals import (
     RunStopped,
     deferred,
     pending_stop,
+    stop_held,
     stop_signals,
     synced_stops,
 )
@@ -382,7 +383,9 @@ class RunLoop:
         metrics["time/train_elapsed_s"] = self.train_time
         if self.policy.lr_schedule is not None:  # the lr of the step's last update
             metrics["optim/lr"] = self.policy.learning_rate()
-        if self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps:
+        # (a stop the update held: the step is saved, not evaluated)
+        evaluates = self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps
+        if evaluates and not stop_held():
             metrics.update(self.evaluate())
         with deferred():  # a signal here waits until the step counts as finished
             bad = metrics.get("nonfinite", 0.0)

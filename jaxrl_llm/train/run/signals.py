@@ -83,6 +83,9 @@ class RunStopped(Exception):
 
 _DEFER = {"depth": 0, "pending": 0}
 
+#: Open :func:`held` blocks (an update in flight).
+_HOLD = {"depth": 0}
+
 #: Whether a stop waits for the step boundary that every process of a job agrees on
 #: (:func:`synced_stops`).
 _SYNC = {"on": False}
@@ -154,7 +157,7 @@ def _handler(signum, frame):
         _DEFER["pending"] = max(_DEFER["pending"], signum)
         return
     cancel_all("interrupted")
-    if _DEFER["depth"]:
+    if _DEFER["depth"] or _HOLD["depth"]:
         _DEFER["pending"] = signum
         return
     _raise(signum)
@@ -174,6 +177,30 @@ def deferred():
             signum, _DEFER["pending"] = _DEFER["pending"], 0
             if signum and not _DEFER["depth"]:
                 _raise(signum)
+
+
+@contextlib.contextmanager
+def held():
+    """A block that runs whole, then the step goes on to its end: a stop signal inside it is
+    recorded, not raised, and stays pending past the block until the run loop has logged the
+    step (its :func:`deferred` block in :meth:`~jaxrl_llm.train.run.loop.RunLoop._step`);
+    the stop then saves that step. For a step's updates: a stop inside them would leave the
+    train state between two steps (the previous one donated to the update, the new one not
+    yet a finished step), with nothing a checkpoint could hold. A signal before the block
+    (the rollout) is raised at once, as ever; the block's own work has no user code to wait
+    on, so the wait is that of the update (:data:`STOP_GRACE_S` still bounds a computation
+    that outlasts it)."""
+    _HOLD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HOLD["depth"] -= 1
+
+
+def stop_held() -> int:
+    """A stop signal recorded by a :func:`held` block and not yet answered, one process
+    (0 when none; a multi-process job's stops are :func:`pending_stop`'s)."""
+    return 0 if _SYNC["on"] else int(_DEFER["pending"])
 
 
 @contextlib.contextmanager
@@ -214,6 +241,7 @@ def stop_signals():
     if outermost:
         resume_calls()
         _DEFER.update(depth=0, pending=0)
+        _HOLD.update(depth=0)
     old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
     if outermost:
         _WATCH["dog"] = _Watchdog(_grace())
