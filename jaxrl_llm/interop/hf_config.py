@@ -1,14 +1,15 @@
 """Mapping between transformers' model configs (``config.json`` / a ``PretrainedConfig``) and
 our :class:`~jaxrl_llm.models.ModelConfig`, both ways, for every family: :func:`model_config_from_hf`
-(the field mapping: the keys every family shares, then Gemma 2 / 3 / 4's, Qwen3.5's and the MoE
-families' own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
+(the field mapping: the keys every family shares, then Gemma 2 / 3 / 4's, the MoE families' and
+a family folder's own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
 implement, as one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3,
 Gemma 2 / 3 / 4 text, Qwen3-MoE, Mixtral, Qwen3.5) and :func:`hf_config_dict` (what export
 writes). This module holds the keys every family shares, Llama / Mistral / Qwen2 / 3's, and the
 dispatch; each other family's keys, both ways, are in its module beside it
 (:mod:`~jaxrl_llm.interop.hf_config_gemma`, :mod:`~jaxrl_llm.interop.hf_config_gemma4`,
-:mod:`~jaxrl_llm.interop.hf_config_qwen3_5`, :mod:`~jaxrl_llm.interop.hf_config_moe`), and what
-they all write alike in :mod:`~jaxrl_llm.interop.hf_config_common`. ``models/`` holds what a
+:mod:`~jaxrl_llm.interop.hf_config_moe`) or, for a family kept in a folder (gpt-oss, Qwen3.5),
+its ``hf_config`` module, asked through its entry (:mod:`jaxrl_llm.models.families.registry`);
+what they all write alike is in :mod:`~jaxrl_llm.interop.hf_config_common`. ``models/`` holds what a
 family computes and its presets; the transformers field names are all in these modules. The
 weights' names and layouts are :mod:`jaxrl_llm.interop.state_dict`."""
 
@@ -27,22 +28,14 @@ from jaxrl_llm.interop.hf_config_common import (
 from jaxrl_llm.interop.hf_config_gemma import gemma_fields_from_hf, gemma_hf_config_dict
 from jaxrl_llm.interop.hf_config_gemma4 import gemma4_fields_from_hf, gemma4_hf_config_dict
 from jaxrl_llm.interop.hf_config_moe import moe_fields_from_hf, moe_hf_config_kwargs
-from jaxrl_llm.interop.hf_config_qwen3_5 import qwen3_5_fields_from_hf, qwen3_5_hf_config_dict
 from jaxrl_llm.models import moe
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
-from jaxrl_llm.models.families.registry import family_entry
+from jaxrl_llm.models.families.registry import MULTIMODAL_TEXT, family_entry
 
 # model_type values of Gemma 2, Gemma 3 / 4 text and the multimodal Gemma 3 / 4 (its text part).
 _GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4")
-# model_type values of Qwen3.5 text and the multimodal Qwen3.5 (its text part).
-_QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
-# The multimodal model_type -> its text part's family.
-_MULTIMODAL_TEXT = {
-    "gemma3": Family.GEMMA3,
-    "qwen3_5": Family.QWEN3_5,
-    "qwen3_5_moe": Family.QWEN3_5_MOE,
-    "gemma4": Family.GEMMA4,
-}
+# The multimodal model_type -> its text part's family (a family folder's from its entry).
+_MULTIMODAL_TEXT = {"gemma3": Family.GEMMA3, "gemma4": Family.GEMMA4, **MULTIMODAL_TEXT}
 
 
 def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfig:
@@ -131,8 +124,6 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         kwargs.update(gemma4_fields_from_hf(d))
     if family in moe.MOE_FAMILIES:
         kwargs.update(moe_fields_from_hf(d, family))
-    if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
-        kwargs.update(qwen3_5_fields_from_hf(d, family))
     entry = family_entry(family)
     if entry is not None:  # a family kept in a folder (models/families/) maps its own keys
         kwargs.update(entry.fields_from_hf(d))
@@ -162,9 +153,9 @@ def config_from_hf_dict(
     """
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
     own = family_entry(d.get("model_type", "")) is not None  # checks its own features
-    if d.get("model_type") in _GEMMA_TYPES + _QWEN3_5_TYPES or own:
-        # Gemma's activation, per-layer types and RoPE bases: gemma_fields_from_hf;
-        # Qwen3.5's layer pattern and linear layers: qwen3_5_fields_from_hf.
+    if d.get("model_type") in _GEMMA_TYPES or own:
+        # Gemma's activation, per-layer types and RoPE bases: gemma_fields_from_hf; a family
+        # folder's (Qwen3.5's layer pattern and linear layers): its entry's fields_from_hf.
         try:
             return model_config_from_hf(d, **overrides)
         except (ValueError, KeyError, TypeError) as e:
@@ -236,8 +227,6 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
         return config_json(hf, c, seqcls if c.num_labels else causal, dtype)
     if c.family in (Family.GEMMA2, Family.GEMMA3):
         return gemma_hf_config_dict(c, dtype=dtype)
-    if c.family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
-        return qwen3_5_hf_config_dict(c, dtype=dtype)
     if c.family == Family.GEMMA4:
         return gemma4_hf_config_dict(c, dtype=dtype)
     if c.is_moe and c.family not in moe.MOE_FAMILIES:

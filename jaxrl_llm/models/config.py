@@ -35,7 +35,11 @@ from jaxrl_llm.models.config_groups import (
     build_group,
 )
 from jaxrl_llm.models.config_presets import smollm2_135m_fields, tiny_preset_fields
-from jaxrl_llm.models.families.facts import FLOAT32_NORM_FAMILIES
+from jaxrl_llm.models.families.facts import (
+    EXPERT_FAMILIES,
+    FLOAT32_NORM_FAMILIES,
+    HYBRID_FAMILIES,
+)
 from jaxrl_llm.models.gemma import gemma3_270m_fields
 from jaxrl_llm.models.options import (
     Activation,
@@ -254,13 +258,7 @@ class ModelConfig:
         return 1.0 if rope.factor <= 1 else 0.1 * math.log(rope.factor) + 1.0
 
     def _check_experts(self) -> None:
-        moe_family = self.family in (
-            Family.QWEN3_MOE,
-            Family.MIXTRAL,
-            Family.QWEN3_5_MOE,
-            Family.GPT_OSS,
-        )
-        if moe_family and self.moe.num_experts <= 0:
+        if self.family in EXPERT_FAMILIES and self.moe.num_experts <= 0:
             raise ValueError(f"family {self.family.value!r} needs num_experts > 0")
 
     def _check_linear(self) -> None:
@@ -269,7 +267,7 @@ class ModelConfig:
                 f"partial_rotary_factor={self.rope.partial_rotary_factor} must be in (0, 1] and "
                 f"give an even number of rotated dims (head_dim={self.attn.head_dim})"
             )
-        if self.family in (Family.QWEN3_5, Family.QWEN3_5_MOE) and not self.is_hybrid:
+        if self.family in HYBRID_FAMILIES and not self.is_hybrid:
             raise ValueError(f"family {self.family.value!r} needs LINEAR entries in layer_types")
         if not self.is_hybrid:
             return
