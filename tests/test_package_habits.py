@@ -152,12 +152,11 @@ def test_no_module_is_over_500_lines():
 # ``Family.<NAME>``. Exact, like the lists above: moving a family into its folder lowers a
 # count here, and the test fails until the list says so, so it only goes down.
 FAMILY_COMPARISONS_ALLOWED = {
-    "interop/hf_config.py": 13,
+    "interop/hf_config.py": 11,
     "interop/hf_config_gemma.py": 5,
     "interop/hf_config_moe.py": 4,
     "interop/load.py": 1,
-    "interop/state_dict_moe.py": 2,
-    "models/config_presets.py": 8,
+    "models/config_presets.py": 7,
     "models/gemma.py": 2,
 }
 

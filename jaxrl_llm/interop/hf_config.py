@@ -1,17 +1,16 @@
 """Mapping between transformers' model configs (``config.json`` / a ``PretrainedConfig``) and
 our :class:`~jaxrl_llm.models.ModelConfig`, both ways, for every family: :func:`model_config_from_hf`
-(the field mapping: the keys every family shares, then Gemma 2 / 3 / 4's, the MoE families' and
-a family folder's own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
+(the field mapping: the keys every family shares, then Gemma 2 / 3's, the MoE families' and a
+family folder's own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
 implement, as one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3,
-Gemma 2 / 3 / 4 text, Qwen3-MoE, Mixtral, Qwen3.5) and :func:`hf_config_dict` (what export
-writes). This module holds the keys every family shares, Llama / Mistral / Qwen2 / 3's, and the
-dispatch; each other family's keys, both ways, are in its module beside it
-(:mod:`~jaxrl_llm.interop.hf_config_gemma`, :mod:`~jaxrl_llm.interop.hf_config_gemma4`,
-:mod:`~jaxrl_llm.interop.hf_config_moe`) or, for a family kept in a folder (gpt-oss, Qwen3.5),
-its ``hf_config`` module, asked through its entry (:mod:`jaxrl_llm.models.families.registry`);
-what they all write alike is in :mod:`~jaxrl_llm.interop.hf_config_common`. ``models/`` holds what a
-family computes and its presets; the transformers field names are all in these modules. The
-weights' names and layouts are :mod:`jaxrl_llm.interop.state_dict`."""
+Gemma 2 / 3 / 4 text, Qwen3-MoE, Mixtral, Qwen3.5, gpt-oss) and :func:`hf_config_dict` (what
+export writes). This module holds the keys every family shares, Llama / Mistral / Qwen2 / 3's,
+and the dispatch; Gemma 2 / 3's and the MoE families' keys, both ways, are in their modules
+beside it (:mod:`~jaxrl_llm.interop.hf_config_gemma`, :mod:`~jaxrl_llm.interop.hf_config_moe`);
+a family kept in a folder (gpt-oss, Qwen3.5, Gemma 4) has its ``hf_config`` module there,
+asked through its entry (:mod:`jaxrl_llm.models.families.registry`); what they all write alike
+is in :mod:`~jaxrl_llm.interop.hf_config_common`. The weights' names and layouts are
+:mod:`jaxrl_llm.interop.state_dict`'s."""
 
 from __future__ import annotations
 
@@ -26,16 +25,15 @@ from jaxrl_llm.interop.hf_config_common import (
     shared_hf_fields,
 )
 from jaxrl_llm.interop.hf_config_gemma import gemma_fields_from_hf, gemma_hf_config_dict
-from jaxrl_llm.interop.hf_config_gemma4 import gemma4_fields_from_hf, gemma4_hf_config_dict
 from jaxrl_llm.interop.hf_config_moe import moe_fields_from_hf, moe_hf_config_kwargs
 from jaxrl_llm.models import moe
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
 from jaxrl_llm.models.families.registry import MULTIMODAL_TEXT, family_entry
 
-# model_type values of Gemma 2, Gemma 3 / 4 text and the multimodal Gemma 3 / 4 (its text part).
-_GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4")
+# model_type values of Gemma 2, Gemma 3 text and the multimodal Gemma 3 (its text part).
+_GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3")
 # The multimodal model_type -> its text part's family (a family folder's from its entry).
-_MULTIMODAL_TEXT = {"gemma3": Family.GEMMA3, "gemma4": Family.GEMMA4, **MULTIMODAL_TEXT}
+_MULTIMODAL_TEXT = {"gemma3": Family.GEMMA3, **MULTIMODAL_TEXT}
 
 
 def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfig:
@@ -120,8 +118,6 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
     )
     if family in (Family.GEMMA2, Family.GEMMA3):
         kwargs.update(gemma_fields_from_hf(d, family))
-    if family == Family.GEMMA4:
-        kwargs.update(gemma4_fields_from_hf(d))
     if family in moe.MOE_FAMILIES:
         kwargs.update(moe_fields_from_hf(d, family))
     entry = family_entry(family)
@@ -227,8 +223,6 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
         return config_json(hf, c, seqcls if c.num_labels else causal, dtype)
     if c.family in (Family.GEMMA2, Family.GEMMA3):
         return gemma_hf_config_dict(c, dtype=dtype)
-    if c.family == Family.GEMMA4:
-        return gemma4_hf_config_dict(c, dtype=dtype)
     if c.is_moe and c.family not in moe.MOE_FAMILIES:
         raise ModelLoadError(
             f"export: a {c.family.value} config with experts has no transformers class "

@@ -11,10 +11,10 @@ Gemma 2 / 3 add a norm after attention and after the MLP; transformers calls the
 attention (in Llama it is the pre-MLP norm), so the names depend on ``config.norms.post_norms``.
 Gemma norm weights are stored as transformers stores them (w of the (1 + w) form).
 
-Each family's own tensors are in its module beside this one: a mixture of experts' router
-and experts in :mod:`~jaxrl_llm.interop.state_dict_moe`, Gemma 4's padded heads, per-layer
-inputs and MoE-block norms in :mod:`~jaxrl_llm.interop.state_dict_gemma4`. A family kept in a
-folder (:mod:`jaxrl_llm.models.families`: gpt-oss, Qwen3.5) maps its own tensors through its
+A mixture of experts' router and experts are mapped in :mod:`~jaxrl_llm.interop.state_dict_moe`;
+padded heads, per-layer inputs and the k/v tensors of KV-shared layers (the features Gemma 4
+brought) in :mod:`~jaxrl_llm.interop.state_dict_gemma4`. A family kept in a
+folder (:mod:`jaxrl_llm.models.families`: gpt-oss, Qwen3.5, Gemma 4) maps its own tensors through its
 entry (:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.layer_weights`).
 
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
@@ -31,7 +31,6 @@ import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.interop.state_dict_gemma4 import (
-    BESIDE_MLP_NAMES,
     PER_LAYER_INPUT_NAMES,
     PER_LAYER_TOP,
     absent_in_hf,
@@ -109,8 +108,6 @@ def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
     names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.norms.post_norms else dict(_LAYER_NAMES)
     if config.norms.layer_scalars:
         names[("layer_scalar", "value")] = "layer_scalar"
-    if config.moe.beside_mlp:
-        names.update(BESIDE_MLP_NAMES)
     if config.tokens.per_layer_input_size:
         names.update(PER_LAYER_INPUT_NAMES)
     return names
@@ -138,11 +135,6 @@ def _hf_layer_shape(config: ModelConfig, module: str, leaf: str, layer: int) -> 
         ("up_proj", "kernel"): (f, d),
         ("down_proj", "kernel"): (d, f),
         ("layer_scalar", "value"): (1,),
-        ("router_norm", "scale"): (d,),
-        ("expert_scale", "scale"): (c.moe.num_experts,),
-        ("post_dense_norm", "scale"): (d,),
-        ("moe_norm", "scale"): (d,),
-        ("post_moe_norm", "scale"): (d,),
         ("per_layer_gate", "kernel"): (c.tokens.per_layer_input_size, d),
         ("per_layer_proj", "kernel"): (d, c.tokens.per_layer_input_size),
         ("per_layer_post_norm", "scale"): (d,),

@@ -349,7 +349,7 @@ class ModelConfig:
     @property
     def store_head_dim(self) -> int:
         """E*, the head dim every layer's q/k/v/o weights and KV cache are stored at: the
-        largest layer's (smaller heads are zero-padded, :mod:`jaxrl_llm.models.gemma4`)."""
+        largest layer's (smaller heads are zero-padded, :mod:`jaxrl_llm.models.padded_heads`)."""
         return max(self.layer_heads(i)[1] for i in range(self.num_layers))
 
     @property

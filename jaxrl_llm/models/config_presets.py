@@ -1,7 +1,7 @@
 """The fields of :class:`~jaxrl_llm.models.config.ModelConfig`'s presets, as keyword dicts:
 :meth:`~jaxrl_llm.models.config.ModelConfig.tiny` (each family's tiny test model) and
 :meth:`~jaxrl_llm.models.config.ModelConfig.smollm2_135m` build a config from them and the
-caller's overrides. The Gemma, Gemma 4 and family-folder presets are their own
+caller's overrides. The Gemma 2 / 3 and family-folder presets are their own
 modules'; this picks among them.
 """
 
@@ -11,7 +11,6 @@ from typing import Any
 
 from jaxrl_llm.models.families.facts import TINY_FIELDS
 from jaxrl_llm.models.gemma import tiny_fields
-from jaxrl_llm.models.gemma4 import gemma4_tiny_fields
 from jaxrl_llm.models.options import Family
 
 
@@ -19,8 +18,6 @@ def tiny_preset_fields(family: Family) -> dict[str, Any]:
     """The fields of ``family``'s tiny random-init config (odd, distinct sizes for unit tests)."""
     if family in (Family.GEMMA2, Family.GEMMA3):
         return tiny_fields(family)
-    if family == Family.GEMMA4:
-        return gemma4_tiny_fields()
     if family in TINY_FIELDS:  # a family folder's own preset (models/families/)
         return TINY_FIELDS[family]()
     moe: dict[str, Any] = {}

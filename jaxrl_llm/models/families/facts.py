@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl_llm.models.families.gemma4 import presets as gemma4
 from jaxrl_llm.models.families.gpt_oss import presets as gpt_oss
 from jaxrl_llm.models.families.qwen3_5 import presets as qwen3_5
 from jaxrl_llm.models.options import Family
 
 #: Family -> the fields of its tiny random-init config for unit tests.
 TINY_FIELDS: dict[Family, Callable[[], dict[str, Any]]] = {
+    Family.GEMMA4: gemma4.tiny_fields,
     Family.GPT_OSS: gpt_oss.tiny_fields,
     Family.QWEN3_5: qwen3_5.tiny_fields,
     Family.QWEN3_5_MOE: qwen3_5.moe_tiny_fields,

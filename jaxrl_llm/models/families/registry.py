@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxrl_llm.models.families.gemma4 import hf_config as gemma4_hf
+from jaxrl_llm.models.families.gemma4 import weights as gemma4_weights
 from jaxrl_llm.models.families.gpt_oss import hf_config as gpt_oss_hf
 from jaxrl_llm.models.families.gpt_oss import weights as gpt_oss_weights
 from jaxrl_llm.models.families.qwen3_5 import hf_config as qwen3_5_hf
@@ -56,6 +58,16 @@ FAMILIES: dict[Family, FamilyEntry] = {
         layer_weights=gpt_oss_weights.LAYER_WEIGHTS,
         weights_from_hf=gpt_oss_weights.weights_from_hf,
         weights_to_hf=gpt_oss_weights.weights_to_hf,
+    ),
+    Family.GEMMA4: FamilyEntry(
+        family=Family.GEMMA4,
+        fields_from_hf=gemma4_hf.fields_from_hf,
+        hf_config_class=gemma4_hf.HF_CONFIG_CLASS,
+        hf_config_kwargs=gemma4_hf.hf_config_kwargs,
+        layer_weights=gemma4_weights.LAYER_WEIGHTS,
+        weights_from_hf=gemma4_weights.weights_from_hf,
+        weights_to_hf=gemma4_weights.weights_to_hf,
+        multimodal_model_type=gemma4_hf.MULTIMODAL_MODEL_TYPE,
     ),
     Family.QWEN3_5: FamilyEntry(
         family=Family.QWEN3_5,

@@ -8,9 +8,9 @@ import os
 
 from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
+from jaxrl_llm.models.families.gemma4.presets import gemma4_31b_fields
 from jaxrl_llm.models.families.gpt_oss.presets import gpt_oss_20b_fields, gpt_oss_120b_fields
 from jaxrl_llm.models.families.qwen3_5.presets import qwen3_5_9b_fields, qwen3_5_35b_a3b_fields
-from jaxrl_llm.models.gemma4 import gemma4_31b_fields
 
 GiB = 1024**3
 
@@ -26,7 +26,8 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "135m": ModelConfig.smollm2_135m(),
     "gemma3-270m": ModelConfig.gemma3_270m(),
     # Gemma 4 31B (text): 30.7B parameters; sliding heads 16 x 256, full-attention 4 x 512
-    # (stored padded to 16 x 512: jaxrl_llm.models.gemma4). Sources: gemma4.gemma4_31b_fields.
+    # (stored padded to 16 x 512: jaxrl_llm.models.padded_heads). Sources:
+    # models/families/gemma4/presets.py.
     "gemma4-31b": ModelConfig(**gemma4_31b_fields()),
     "1b": _llama(
         vocab_size=128256,
