@@ -156,7 +156,6 @@ FAMILY_COMPARISONS_ALLOWED = {
     "interop/hf_config_gemma.py": 5,
     "interop/hf_config_moe.py": 4,
     "interop/load.py": 1,
-    "models/config_presets.py": 7,
     "models/gemma.py": 2,
 }
 
