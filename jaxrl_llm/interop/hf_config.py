@@ -1,13 +1,13 @@
 """Mapping between transformers' model configs (``config.json`` / a ``PretrainedConfig``) and
 our :class:`~jaxrl_llm.models.ModelConfig`, both ways, for every family: :func:`model_config_from_hf`
-(the field mapping: the keys every family shares, then Gemma 2 / 3's, the MoE families' and a
-family folder's own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
+(the field mapping: the keys every family shares, then the MoE families' and a family
+folder's own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
 implement, as one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3,
 Gemma 2 / 3 / 4 text, Qwen3-MoE, Mixtral, Qwen3.5, gpt-oss) and :func:`hf_config_dict` (what
 export writes). This module holds the keys every family shares, Llama / Mistral / Qwen2 / 3's,
-and the dispatch; Gemma 2 / 3's and the MoE families' keys, both ways, are in their modules
-beside it (:mod:`~jaxrl_llm.interop.hf_config_gemma`, :mod:`~jaxrl_llm.interop.hf_config_moe`);
-a family kept in a folder (gpt-oss, Qwen3.5, Gemma 4) has its ``hf_config`` module there,
+and the dispatch; the MoE families' keys, both ways, are in
+:mod:`~jaxrl_llm.interop.hf_config_moe` beside it; a family kept in a folder (Gemma 2 / 3 / 4,
+Qwen3.5, gpt-oss) has its ``hf_config`` module there,
 asked through its entry (:mod:`jaxrl_llm.models.families.registry`); what they all write alike
 is in :mod:`~jaxrl_llm.interop.hf_config_common`. The weights' names and layouts are
 :mod:`jaxrl_llm.interop.state_dict`'s."""
@@ -24,16 +24,10 @@ from jaxrl_llm.interop.hf_config_common import (
     hf_architectures,
     shared_hf_fields,
 )
-from jaxrl_llm.interop.hf_config_gemma import gemma_fields_from_hf, gemma_hf_config_dict
 from jaxrl_llm.interop.hf_config_moe import moe_fields_from_hf, moe_hf_config_kwargs
 from jaxrl_llm.models import moe
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
 from jaxrl_llm.models.families.registry import MULTIMODAL_TEXT, family_entry
-
-# model_type values of Gemma 2, Gemma 3 text and the multimodal Gemma 3 (its text part).
-_GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3")
-# The multimodal model_type -> its text part's family (a family folder's from its entry).
-_MULTIMODAL_TEXT = {"gemma3": Family.GEMMA3, **MULTIMODAL_TEXT}
 
 
 def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfig:
@@ -53,9 +47,10 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         feature we do not implement; KeyError: a required key is missing.
     """
     d: Mapping[str, Any] = hf if isinstance(hf, Mapping) else hf.to_dict()
-    if d.get("model_type") in _MULTIMODAL_TEXT and d.get("text_config"):
-        # Gemma3 / Qwen3_5(Moe) ForConditionalGeneration: the language model is the text config.
-        text = _MULTIMODAL_TEXT[d["model_type"]]
+    if d.get("model_type") in MULTIMODAL_TEXT and d.get("text_config"):
+        # Gemma3 / 4, Qwen3_5(Moe) ForConditionalGeneration: the language model is the text
+        # config (the multimodal model_type is the family folder's entry's).
+        text = MULTIMODAL_TEXT[d["model_type"]]
         d = {"architectures": d.get("architectures"), **d["text_config"]}
         d["model_type"] = text.value
     model_type = d.get("model_type")
@@ -116,8 +111,6 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         eos_token_ids=eos,
         pad_token_id=d.get("pad_token_id"),
     )
-    if family in (Family.GEMMA2, Family.GEMMA3):
-        kwargs.update(gemma_fields_from_hf(d, family))
     if family in moe.MOE_FAMILIES:
         kwargs.update(moe_fields_from_hf(d, family))
     entry = family_entry(family)
@@ -149,9 +142,9 @@ def config_from_hf_dict(
     """
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
     own = family_entry(d.get("model_type", "")) is not None  # checks its own features
-    if d.get("model_type") in _GEMMA_TYPES or own:
-        # Gemma's activation, per-layer types and RoPE bases: gemma_fields_from_hf; a family
-        # folder's (Qwen3.5's layer pattern and linear layers): its entry's fields_from_hf.
+    if own:
+        # A family folder's entry checks its own features in its fields_from_hf (Gemma's
+        # activation, per-layer types and RoPE bases; Qwen3.5's layer pattern and linear layers).
         try:
             return model_config_from_hf(d, **overrides)
         except (ValueError, KeyError, TypeError) as e:
@@ -221,8 +214,6 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
             own["num_labels"] = c.num_labels
         hf = getattr(transformers, entry.hf_config_class)(**own)
         return config_json(hf, c, seqcls if c.num_labels else causal, dtype)
-    if c.family in (Family.GEMMA2, Family.GEMMA3):
-        return gemma_hf_config_dict(c, dtype=dtype)
     if c.is_moe and c.family not in moe.MOE_FAMILIES:
         raise ModelLoadError(
             f"export: a {c.family.value} config with experts has no transformers class "

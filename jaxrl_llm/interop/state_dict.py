@@ -311,7 +311,7 @@ def _layers_from_hf(take, sd: Mapping[str, Any], config: ModelConfig, specs) -> 
     names = _layer_names(config)
     layers: dict[str, dict[str, np.ndarray]] = {}
     entry, own = _own_weights(config)
-    if entry is not None:
+    if entry is not None and entry.weights_from_hf is not None:
         layers.update(entry.weights_from_hf(take, sd, config))
     if config.is_moe and not _maps_experts(own):
         layers.update(experts_from_hf(take, sd, config))
@@ -381,7 +381,7 @@ def params_to_hf_state_dict(
     )
     names = _layer_names(config)
     entry, own = _own_weights(config)
-    if entry is not None:
+    if entry is not None and entry.weights_to_hf is not None:
         mine: dict[str, dict[str, np.ndarray]] = {}
         for m, leaf in sorted(own):
             if leaf in specs["layers"].get(m, {}):

@@ -7,7 +7,7 @@ Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2, 3 and 4 (text), Q
 and Mixtral (sparse MoE MLPs), as Hugging Face transformers implements them. Every field that
 only Gemma or the MoE families use defaults to the Llama behaviour, so a Llama-family config
 computes exactly what it did before those fields existed; the Gemma presets' values live in
-:mod:`jaxrl_llm.models.gemma`. The enumerated options (:class:`Family`, :class:`LayerType`,
+:mod:`jaxrl_llm.models.families.gemma`. The enumerated options (:class:`Family`, :class:`LayerType`,
 ...) are :mod:`jaxrl_llm.models.options`', imported here. Building a config from a transformers
 config is :func:`jaxrl_llm.interop.model_config_from_hf` (``models/`` knows nothing of
 transformers' field names).
@@ -40,7 +40,7 @@ from jaxrl_llm.models.families.facts import (
     FLOAT32_NORM_FAMILIES,
     HYBRID_FAMILIES,
 )
-from jaxrl_llm.models.gemma import gemma3_270m_fields
+from jaxrl_llm.models.families.gemma.presets import gemma3_270m_fields
 from jaxrl_llm.models.options import (
     Activation,
     AttentionImpl,
@@ -457,7 +457,7 @@ class ModelConfig:
     @classmethod
     def gemma3_270m(cls, **overrides) -> ModelConfig:
         """Gemma 3 270M: 18 layers (5 local : 1 global), D=640, 4 heads / 1 KV head, E=256,
-        window 512, tied, V=262144 (:func:`jaxrl_llm.models.gemma.gemma3_270m_fields`)."""
+        window 512, tied, V=262144 (:func:`jaxrl_llm.models.families.gemma.presets.gemma3_270m_fields`)."""
         return cls(**{**gemma3_270m_fields(), **overrides})
 
 

@@ -1,8 +1,7 @@
 """What :class:`~jaxrl_llm.models.ModelConfig` asks a family without comparing family names:
 its tiny preset, whether its RMSNorm multiplies by the weight in float32, whether it needs
 experts, whether its stack must be a hybrid. A leaf table: it imports only the options and the
-families' preset modules (which import only the options; Gemma 2 / 3's are still
-:mod:`jaxrl_llm.models.gemma`)."""
+families' preset modules (which import only the options)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from jaxrl_llm.models import gemma
+from jaxrl_llm.models.families.gemma import presets as gemma
 from jaxrl_llm.models.families.gemma4 import presets as gemma4
 from jaxrl_llm.models.families.gpt_oss import presets as gpt_oss
 from jaxrl_llm.models.families.qwen3_5 import presets as qwen3_5

@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxrl_llm.models.families.gemma import chat as gemma_chat
+from jaxrl_llm.models.families.gemma import hf_config as gemma_hf
 from jaxrl_llm.models.families.gemma4 import hf_config as gemma4_hf
 from jaxrl_llm.models.families.gemma4 import weights as gemma4_weights
 from jaxrl_llm.models.families.gpt_oss import hf_config as gpt_oss_hf
@@ -33,23 +35,46 @@ class FamilyEntry:
       layer_weights: the ``(module, leaf)`` pairs of ``params["layers"]`` the family maps
         itself (the shared mapping skips them); a config's params tree may lack some (a dense
         Qwen3.5 has no shared expert).
-      weights_from_hf: ``(take, state_dict, config)`` -> ``{module: {leaf: [L, ...]}}``.
-      weights_to_hf: ``(stacked layers, config)`` -> transformers name -> array.
+      weights_from_hf: ``(take, state_dict, config)`` -> ``{module: {leaf: [L, ...]}}``;
+        None when the family has no layer tensors of its own (Gemma 2 / 3).
+      weights_to_hf: ``(stacked layers, config)`` -> transformers name -> array; None with
+        ``weights_from_hf``.
       multimodal_model_type: the ``model_type`` of transformers' multimodal model whose
         ``text_config`` is this family's (import reads its text part), if any.
+      chat_template: the chat template a tokenizer of this family without one gets, if any;
+      end_of_turn: the token that then ends a chat reply (a stop token of the config).
     """
 
     family: Family
     fields_from_hf: Callable[[Mapping[str, Any]], dict[str, Any]]
     hf_config_class: str
     hf_config_kwargs: Callable[[Any], dict[str, Any]]
-    layer_weights: frozenset[tuple[str, str]]
-    weights_from_hf: Callable[..., dict[str, dict[str, Any]]]
-    weights_to_hf: Callable[..., dict[str, Any]]
+    layer_weights: frozenset[tuple[str, str]] = frozenset()
+    weights_from_hf: Callable[..., dict[str, dict[str, Any]]] | None = None
+    weights_to_hf: Callable[..., dict[str, Any]] | None = None
     multimodal_model_type: str | None = None
+    chat_template: str | None = None
+    end_of_turn: str | None = None
 
 
 FAMILIES: dict[Family, FamilyEntry] = {
+    Family.GEMMA2: FamilyEntry(
+        family=Family.GEMMA2,
+        fields_from_hf=gemma_hf.gemma2_fields_from_hf,
+        hf_config_class=gemma_hf.HF_CONFIG_CLASSES[Family.GEMMA2],
+        hf_config_kwargs=gemma_hf.hf_config_kwargs,
+        chat_template=gemma_chat.CHAT_TEMPLATE,
+        end_of_turn=gemma_chat.END_OF_TURN,
+    ),
+    Family.GEMMA3: FamilyEntry(
+        family=Family.GEMMA3,
+        fields_from_hf=gemma_hf.gemma3_fields_from_hf,
+        hf_config_class=gemma_hf.HF_CONFIG_CLASSES[Family.GEMMA3],
+        hf_config_kwargs=gemma_hf.hf_config_kwargs,
+        multimodal_model_type=gemma_hf.MULTIMODAL_MODEL_TYPE,
+        chat_template=gemma_chat.CHAT_TEMPLATE,
+        end_of_turn=gemma_chat.END_OF_TURN,
+    ),
     Family.GPT_OSS: FamilyEntry(
         family=Family.GPT_OSS,
         fields_from_hf=gpt_oss_hf.fields_from_hf,
