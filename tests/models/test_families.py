@@ -63,3 +63,26 @@ def test_multimodal_model_types_resolve_to_their_text_family():
     assert family_entry(Family.GPT_OSS).family == Family.GPT_OSS
     assert family_entry("llama") is None
     assert family_entry("gpt2") is None
+
+
+def test_gemma_2_and_3_carry_the_gemma_chat_template():
+    """What interop.load gives a Gemma 2 / 3 tokenizer that arrives without a template (Gemma
+    4 and the other families have none on their entry)."""
+    import jinja2
+
+    for family in (Family.GEMMA2, Family.GEMMA3):
+        entry = family_entry(family)
+        assert entry.end_of_turn == "<end_of_turn>"
+        text = jinja2.Template(entry.chat_template).render(
+            bos_token="<bos>",
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+            ],
+            add_generation_prompt=True,
+        )
+        assert (
+            text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+        )
+    assert family_entry(Family.GEMMA4).chat_template is None
+    assert family_entry(Family.QWEN3_5).chat_template is None
