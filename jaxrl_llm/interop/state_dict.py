@@ -11,11 +11,12 @@ Gemma 2 / 3 add a norm after attention and after the MLP; transformers calls the
 attention (in Llama it is the pre-MLP norm), so the names depend on ``config.norms.post_norms``.
 Gemma norm weights are stored as transformers stores them (w of the (1 + w) form).
 
-A mixture of experts' router and experts are mapped in :mod:`~jaxrl_llm.interop.state_dict_moe`;
-padded heads, per-layer inputs and the k/v tensors of KV-shared layers (the features Gemma 4
-brought) in :mod:`~jaxrl_llm.interop.state_dict_gemma4`. A family kept in a
-folder (:mod:`jaxrl_llm.models.families`: gpt-oss, Qwen3.5, Gemma 4) maps its own tensors through its
-entry (:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.layer_weights`).
+A mixture of experts' router and experts are mapped in
+:mod:`~jaxrl_llm.interop.state_dict_moe`; padded heads, per-layer inputs and the k/v tensors of
+KV-shared layers (the features Gemma 4 brought) in :mod:`~jaxrl_llm.interop.state_dict_gemma4`.
+A family kept in a folder (:mod:`jaxrl_llm.models.families`: gpt-oss, Qwen3.5, Gemma 4) maps
+its own tensors through its entry
+(:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.layer_weights`).
 
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
 what :func:`jaxrl_llm.models.positions.apply_rope` implements, so q/k weights need no
