@@ -181,3 +181,65 @@ def test_no_function_name_means_two_things_in_losses_and_objectives():
         if callable(getattr(losses, name)) and callable(getattr(objectives, name))
     }
     assert {name: sigs for name, sigs in public.items() if sigs[0] != sigs[1]} == {}
+
+
+# Model-family names compared outside models/families/ (issue 41: "the shared code asks the
+# family's entry. It does not branch on a family's name anywhere outside the registry of
+# families"): path -> how many comparisons (==, !=, in, is) or ``case`` patterns name a
+# ``Family.<NAME>``. Exact, like the lists above: moving a family into its folder lowers a
+# count here, and the test fails until the list says so, so it only goes down.
+FAMILY_COMPARISONS_ALLOWED = {
+    "interop/hf_config.py": 9,
+    "interop/hf_config_moe.py": 4,
+}
+
+
+def _names_a_family(node: ast.AST) -> bool:
+    """``Family.<NAME>``, or a tuple / list / set literal holding one."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_family(e) for e in node.elts)
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "Family"
+    )
+
+
+def family_comparisons(source: str) -> int:
+    """How many comparisons (``==``, ``!=``, ``in``, ``is``, ...) and ``case`` patterns of
+    ``source`` name a model family (``Family.<NAME>``)."""
+    count = 0
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            count += any(_names_a_family(x) for x in [node.left, *node.comparators])
+        elif isinstance(node, ast.match_case):
+            count += sum(
+                isinstance(p, ast.MatchValue) and _names_a_family(p.value)
+                for p in ast.walk(node.pattern)
+            )
+    return count
+
+
+def test_family_comparisons_counts_what_branches_on_a_family():
+    src = """
+if c.family == Family.GEMMA4: pass
+if family in (Family.QWEN2, Family.QWEN3) and x: pass
+y = Family.LLAMA if a != b else Family.MISTRAL
+z = {Family.LLAMA: 1}
+match f:
+    case Family.MIXTRAL: pass
+    case _: pass
+"""
+    assert family_comparisons(src) == 3
+
+
+def test_no_family_name_is_compared_outside_the_family_registry():
+    found = {}
+    for f in sorted(ROOT.rglob("*.py")):
+        rel = str(f.relative_to(ROOT))
+        if rel.startswith("models/families/"):
+            continue
+        n = family_comparisons(f.read_text())
+        if n:
+            found[rel] = n
+    assert found == FAMILY_COMPARISONS_ALLOWED, "a family name compared outside its registry"

@@ -1,16 +1,16 @@
 """Mapping between transformers' model configs (``config.json`` / a ``PretrainedConfig``) and
 our :class:`~jaxrl_llm.models.ModelConfig`, both ways, for every family: :func:`model_config_from_hf`
-(the field mapping: the keys every family shares, then Gemma 2 / 3 / 4's, Qwen3.5's and the MoE
-families' own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
+(the field mapping: the keys every family shares, then the MoE families' and a family
+folder's own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
 implement, as one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3,
-Gemma 2 / 3 / 4 text, Qwen3-MoE, Mixtral, Qwen3.5) and :func:`hf_config_dict` (what export
-writes). This module holds the keys every family shares, Llama / Mistral / Qwen2 / 3's, and the
-dispatch; each other family's keys, both ways, are in its module beside it
-(:mod:`~jaxrl_llm.interop.hf_config_gemma`, :mod:`~jaxrl_llm.interop.hf_config_gemma4`,
-:mod:`~jaxrl_llm.interop.hf_config_qwen3_5`, :mod:`~jaxrl_llm.interop.hf_config_moe`), and what
-they all write alike in :mod:`~jaxrl_llm.interop.hf_config_common`. ``models/`` holds what a
-family computes and its presets; the transformers field names are all in these modules. The
-weights' names and layouts are :mod:`jaxrl_llm.interop.state_dict`."""
+Gemma 2 / 3 / 4 text, Qwen3-MoE, Mixtral, Qwen3.5, gpt-oss) and :func:`hf_config_dict` (what
+export writes). This module holds the keys every family shares, Llama / Mistral / Qwen2 / 3's,
+and the dispatch; the MoE families' keys, both ways, are in
+:mod:`~jaxrl_llm.interop.hf_config_moe` beside it; a family kept in a folder (Gemma 2 / 3 / 4,
+Qwen3.5, gpt-oss) has its ``hf_config`` module there,
+asked through its entry (:mod:`jaxrl_llm.models.families.registry`); what they all write alike
+is in :mod:`~jaxrl_llm.interop.hf_config_common`. The weights' names and layouts are
+:mod:`jaxrl_llm.interop.state_dict`'s."""
 
 from __future__ import annotations
 
@@ -24,25 +24,10 @@ from jaxrl_llm.interop.hf_config_common import (
     hf_architectures,
     shared_hf_fields,
 )
-from jaxrl_llm.interop.hf_config_gemma import gemma_fields_from_hf, gemma_hf_config_dict
-from jaxrl_llm.interop.hf_config_gemma4 import gemma4_fields_from_hf, gemma4_hf_config_dict
 from jaxrl_llm.interop.hf_config_moe import moe_fields_from_hf, moe_hf_config_kwargs
-from jaxrl_llm.interop.hf_config_qwen3_5 import qwen3_5_fields_from_hf, qwen3_5_hf_config_dict
 from jaxrl_llm.models import moe
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
-from jaxrl_llm.models.families.registry import family_entry
-
-# model_type values of Gemma 2, Gemma 3 / 4 text and the multimodal Gemma 3 / 4 (its text part).
-_GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4")
-# model_type values of Qwen3.5 text and the multimodal Qwen3.5 (its text part).
-_QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
-# The multimodal model_type -> its text part's family.
-_MULTIMODAL_TEXT = {
-    "gemma3": Family.GEMMA3,
-    "qwen3_5": Family.QWEN3_5,
-    "qwen3_5_moe": Family.QWEN3_5_MOE,
-    "gemma4": Family.GEMMA4,
-}
+from jaxrl_llm.models.families.registry import MULTIMODAL_TEXT, family_entry
 
 
 def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfig:
@@ -62,9 +47,10 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         feature we do not implement; KeyError: a required key is missing.
     """
     d: Mapping[str, Any] = hf if isinstance(hf, Mapping) else hf.to_dict()
-    if d.get("model_type") in _MULTIMODAL_TEXT and d.get("text_config"):
-        # Gemma3 / Qwen3_5(Moe) ForConditionalGeneration: the language model is the text config.
-        text = _MULTIMODAL_TEXT[d["model_type"]]
+    if d.get("model_type") in MULTIMODAL_TEXT and d.get("text_config"):
+        # Gemma3 / 4, Qwen3_5(Moe) ForConditionalGeneration: the language model is the text
+        # config (the multimodal model_type is the family folder's entry's).
+        text = MULTIMODAL_TEXT[d["model_type"]]
         d = {"architectures": d.get("architectures"), **d["text_config"]}
         d["model_type"] = text.value
     model_type = d.get("model_type")
@@ -125,14 +111,8 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         eos_token_ids=eos,
         pad_token_id=d.get("pad_token_id"),
     )
-    if family in (Family.GEMMA2, Family.GEMMA3):
-        kwargs.update(gemma_fields_from_hf(d, family))
-    if family == Family.GEMMA4:
-        kwargs.update(gemma4_fields_from_hf(d))
     if family in moe.MOE_FAMILIES:
         kwargs.update(moe_fields_from_hf(d, family))
-    if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
-        kwargs.update(qwen3_5_fields_from_hf(d, family))
     entry = family_entry(family)
     if entry is not None:  # a family kept in a folder (models/families/) maps its own keys
         kwargs.update(entry.fields_from_hf(d))
@@ -162,9 +142,9 @@ def config_from_hf_dict(
     """
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
     own = family_entry(d.get("model_type", "")) is not None  # checks its own features
-    if d.get("model_type") in _GEMMA_TYPES + _QWEN3_5_TYPES or own:
-        # Gemma's activation, per-layer types and RoPE bases: gemma_fields_from_hf;
-        # Qwen3.5's layer pattern and linear layers: qwen3_5_fields_from_hf.
+    if own:
+        # A family folder's entry checks its own features in its fields_from_hf (Gemma's
+        # activation, per-layer types and RoPE bases; Qwen3.5's layer pattern and linear layers).
         try:
             return model_config_from_hf(d, **overrides)
         except (ValueError, KeyError, TypeError) as e:
@@ -234,12 +214,6 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
             own["num_labels"] = c.num_labels
         hf = getattr(transformers, entry.hf_config_class)(**own)
         return config_json(hf, c, seqcls if c.num_labels else causal, dtype)
-    if c.family in (Family.GEMMA2, Family.GEMMA3):
-        return gemma_hf_config_dict(c, dtype=dtype)
-    if c.family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
-        return qwen3_5_hf_config_dict(c, dtype=dtype)
-    if c.family == Family.GEMMA4:
-        return gemma4_hf_config_dict(c, dtype=dtype)
     if c.is_moe and c.family not in moe.MOE_FAMILIES:
         raise ModelLoadError(
             f"export: a {c.family.value} config with experts has no transformers class "

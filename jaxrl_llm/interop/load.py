@@ -49,38 +49,24 @@ from jaxrl_llm.interop.peft import (
     merge_peft_adapter,
     read_peft_adapter,
 )
-from jaxrl_llm.models.config import Family, ModelConfig
-
-# Gemma's chat turn format (https://ai.google.dev/gemma/docs/core/prompt-structure): turns
-# ``<start_of_turn>{user|model}\n...<end_of_turn>\n``, a system message folded into the first
-# user turn. Given to a Gemma tokenizer that arrives without a template (the GGUF files of
-# llama.cpp carry none for Gemma 3 270M).
-GEMMA_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% if messages and messages[0]['role'] == 'system' %}"
-    "{% set system = messages[0]['content'] + '\\n\\n' %}{% set turns = messages[1:] %}"
-    "{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
-    "{% for m in turns %}"
-    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n'"
-    " + (system if loop.first else '') + (m['content'] | trim) + '<end_of_turn>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
-)
-_GEMMA_END_OF_TURN = "<end_of_turn>"
-
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.families.registry import family_entry
 
 # ----- building blocks --------------------------------------------------------------------------
 
 
-def _gemma_chat_defaults(config: ModelConfig, tokenizer: Any) -> ModelConfig:
-    """A Gemma tokenizer without a chat template gets :data:`GEMMA_CHAT_TEMPLATE`, and then
-    ``<end_of_turn>`` becomes a stop token of the config (a chat reply ends with it)."""
+def _chat_defaults(config: ModelConfig, tokenizer: Any) -> ModelConfig:
+    """A tokenizer without a chat template gets its family's, if the family's entry has one
+    (:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.chat_template`; Gemma 2 / 3:
+    :mod:`jaxrl_llm.models.families.gemma.chat`), and then the family's end-of-turn token
+    becomes a stop token of the config (a chat reply ends with it)."""
     if tokenizer is None or getattr(tokenizer, "chat_template", None):
         return config
-    if config.family not in (Family.GEMMA2, Family.GEMMA3):
+    entry = family_entry(config.family)
+    if entry is None or entry.chat_template is None or entry.end_of_turn is None:
         return config
-    tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
-    eot = tokenizer.convert_tokens_to_ids(_GEMMA_END_OF_TURN)
+    tokenizer.chat_template = entry.chat_template
+    eot = tokenizer.convert_tokens_to_ids(entry.end_of_turn)
     if isinstance(eot, int) and eot != tokenizer.unk_token_id and eot not in config.tokens.eos_ids:
         config = config.replace(eos_token_ids=(*config.tokens.eos_ids, eot))
     return config
@@ -198,7 +184,7 @@ def load_hf_dir(
     """
     d = Path(path)
     config, sd, tokenizer = _hf_dir_parts(d)
-    config = _gemma_chat_defaults(config, tokenizer)
+    config = _chat_defaults(config, tokenizer)
     _check_tokenizer_fits(d, config, tokenizer)
     return loaded_model(
         config, sd, tokenizer, source=str(d), param_dtype=param_dtype, compute_dtype=compute_dtype
@@ -262,7 +248,7 @@ def load_peft_dir(
     config, sd, tokenizer = _hf_dir_parts(base)
     sd = merge_peft_adapter(sd, adapter, source=str(base))
     tokenizer = _load_tokenizer(adapter.path) or tokenizer
-    config = _gemma_chat_defaults(config, tokenizer)
+    config = _chat_defaults(config, tokenizer)
     _check_tokenizer_fits(adapter.path, config, tokenizer)
     return loaded_model(
         config,

@@ -11,12 +11,12 @@ Gemma 2 / 3 add a norm after attention and after the MLP; transformers calls the
 attention (in Llama it is the pre-MLP norm), so the names depend on ``config.norms.post_norms``.
 Gemma norm weights are stored as transformers stores them (w of the (1 + w) form).
 
-Each family's own tensors are in its module beside this one: a mixture of experts' router
-and experts in :mod:`~jaxrl_llm.interop.state_dict_moe`, Qwen3.5's linear-attention layers
-and gated q_proj in :mod:`~jaxrl_llm.interop.state_dict_qwen3_5`, Gemma 4's padded heads,
-per-layer inputs and MoE-block norms in :mod:`~jaxrl_llm.interop.state_dict_gemma4`. A family
-kept in a folder (:mod:`jaxrl_llm.models.families`, gpt-oss) maps its own tensors through its
-entry (:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.layer_weights`).
+A mixture of experts' router and experts are mapped in
+:mod:`~jaxrl_llm.interop.state_dict_moe`; padded heads, per-layer inputs and the k/v tensors of
+KV-shared layers (the features Gemma 4 brought) in :mod:`~jaxrl_llm.interop.state_dict_gemma4`.
+A family kept in a folder (:mod:`jaxrl_llm.models.families`: gpt-oss, Qwen3.5, Gemma 4) maps
+its own tensors through its entry
+(:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.layer_weights`).
 
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
 what :func:`jaxrl_llm.models.positions.apply_rope` implements, so q/k weights need no
@@ -32,7 +32,6 @@ import numpy as np
 
 from jaxrl_llm.errors import ModelLoadError
 from jaxrl_llm.interop.state_dict_gemma4 import (
-    BESIDE_MLP_NAMES,
     PER_LAYER_INPUT_NAMES,
     PER_LAYER_TOP,
     absent_in_hf,
@@ -42,17 +41,10 @@ from jaxrl_llm.interop.state_dict_gemma4 import (
     unpad_layer,
 )
 from jaxrl_llm.interop.state_dict_moe import MOE_MODULES, experts_from_hf, experts_to_hf
-from jaxrl_llm.interop.state_dict_qwen3_5 import (
-    LINEAR_LAYOUTS,
-    LINEAR_NAMES,
-    gated_q_to_hf,
-    linear_to_hf,
-    linear_to_ours,
-    module_layers,
-)
 from jaxrl_llm.interop.weight_checks import float_weight, to_numpy
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.families.registry import family_entry
+from jaxrl_llm.models.families.registry import FamilyEntry, family_entry
+from jaxrl_llm.models.layer_scan import module_layers
 from jaxrl_llm.models.params import param_shapes_and_axes
 
 # Keys transformers may put in a state dict that carry no parameter of ours.
@@ -115,12 +107,8 @@ def hf_projection_name(module: str, layer: int) -> str:
 def _layer_names(config: ModelConfig) -> dict[tuple[str, str], str]:
     """(our layer sub-tree, leaf) -> transformers name inside ``model.layers.{i}.``."""
     names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if config.norms.post_norms else dict(_LAYER_NAMES)
-    if config.is_hybrid or config.attn.output_gate:
-        names.update(LINEAR_NAMES)
     if config.norms.layer_scalars:
         names[("layer_scalar", "value")] = "layer_scalar"
-    if config.moe.beside_mlp:
-        names.update(BESIDE_MLP_NAMES)
     if config.tokens.per_layer_input_size:
         names.update(PER_LAYER_INPUT_NAMES)
     return names
@@ -130,28 +118,12 @@ def _hf_layer_shape(config: ModelConfig, module: str, leaf: str, layer: int) -> 
     """Shape of layer ``layer``'s tensor in transformers' layout."""
     c = config
     (k, e), d, f, h = c.layer_heads(layer), c.hidden_size, c.mlp_width(layer), c.attn.num_heads
-    hv, dv, ch = c.linear.num_value_heads, c.linear.value_head_dim, c.linear_conv_channels
-    q_rows = 2 * h * e if c.attn.output_gate else h * e
     return {
-        ("in_proj_qkv", "kernel"): (ch, d),
-        ("in_proj_z", "kernel"): (hv * dv, d),
-        ("in_proj_b", "kernel"): (hv, d),
-        ("in_proj_a", "kernel"): (hv, d),
-        ("conv", "kernel"): (ch, 1, c.linear.conv_kernel),
-        ("delta", "a_log"): (hv,),
-        ("delta", "dt_bias"): (hv,),
-        ("linear_norm", "scale"): (dv,),
-        ("out_proj", "kernel"): (d, hv * dv),
-        ("attn_gate", "kernel"): (q_rows, d),
-        ("shared_gate_proj", "kernel"): (c.moe.shared_expert_size, d),
-        ("shared_up_proj", "kernel"): (c.moe.shared_expert_size, d),
-        ("shared_down_proj", "kernel"): (d, c.moe.shared_expert_size),
-        ("shared_expert_gate", "kernel"): (1, d),
         ("attn_norm", "scale"): (d,),
         ("mlp_norm", "scale"): (d,),
         ("post_attn_norm", "scale"): (d,),
         ("post_mlp_norm", "scale"): (d,),
-        ("q_proj", "kernel"): (q_rows, d),
+        ("q_proj", "kernel"): (h * e, d),
         ("k_proj", "kernel"): (k * e, d),
         ("v_proj", "kernel"): (k * e, d),
         ("o_proj", "kernel"): (d, h * e),
@@ -164,11 +136,6 @@ def _hf_layer_shape(config: ModelConfig, module: str, leaf: str, layer: int) -> 
         ("up_proj", "kernel"): (f, d),
         ("down_proj", "kernel"): (d, f),
         ("layer_scalar", "value"): (1,),
-        ("router_norm", "scale"): (d,),
-        ("expert_scale", "scale"): (c.moe.num_experts,),
-        ("post_dense_norm", "scale"): (d,),
-        ("moe_norm", "scale"): (d,),
-        ("post_moe_norm", "scale"): (d,),
         ("per_layer_gate", "kernel"): (c.tokens.per_layer_input_size, d),
         ("per_layer_proj", "kernel"): (d, c.tokens.per_layer_input_size),
         ("per_layer_post_norm", "scale"): (d,),
@@ -189,14 +156,12 @@ def _unstack_to_ours(
     """Layer ``layer``'s transformers tensor -> ours at the layer's own head size."""
     c = config
     e = c.layer_heads(layer)[1]
-    if leaf in ("scale", "a_log", "dt_bias"):
+    if leaf == "scale":
         return w
     if leaf == "value":  # layer_scalar [1] -> []
         return w.reshape(())
     if leaf == "bias":  # [N*E] -> [N, E]
         return w.reshape(-1, e)
-    if module in LINEAR_LAYOUTS or (module in ("q_proj", "attn_gate") and c.attn.output_gate):
-        return linear_to_ours(w, module, config)
     if module in ("q_proj", "k_proj", "v_proj"):  # [N*E, D] -> [D, N, E]
         return w.T.reshape(c.hidden_size, -1, e)
     if module == "o_proj":  # [D, H*E] -> [H, E, D]
@@ -205,15 +170,12 @@ def _unstack_to_ours(
 
 
 def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
-    """Inverse of :func:`_layer_to_ours` for one layer (``q_proj`` with an output gate:
-    :func:`gated_q_to_hf`)."""
+    """Inverse of :func:`_layer_to_ours` for one layer."""
     c = config
-    if leaf in ("scale", "a_log", "dt_bias"):
+    if leaf == "scale":
         return w
     if leaf == "value":  # layer_scalar [] -> [1]
         return w.reshape(1)
-    if module in LINEAR_LAYOUTS:
-        return linear_to_hf(w, module, config)
     if leaf == "bias":
         return w.reshape(-1)
     if module in ("q_proj", "k_proj", "v_proj"):  # [D, N, E] -> [N*E, D]
@@ -221,6 +183,19 @@ def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> 
     if module == "o_proj":  # [H, E, D] -> [D, H*E]
         return w.reshape(-1, c.hidden_size).T
     return w.T
+
+
+def _own_weights(config: ModelConfig) -> tuple[FamilyEntry | None, frozenset[tuple[str, str]]]:
+    """The entry of ``config``'s family folder (None without one) and the ``(module, leaf)``
+    pairs of ``params["layers"]`` it maps itself."""
+    entry = family_entry(config.family)
+    return entry, (entry.layer_weights if entry is not None else frozenset())
+
+
+def _maps_experts(own: frozenset[tuple[str, str]]) -> bool:
+    """Whether a family maps the router and experts itself (gpt-oss), not
+    :mod:`~jaxrl_llm.interop.state_dict_moe`."""
+    return ("router", "kernel") in own
 
 
 def params_from_hf_state_dict(
@@ -331,19 +306,18 @@ def _taker(sd: Mapping[str, Any], used: set[str], config: ModelConfig, source: s
 
 
 def _layers_from_hf(take, sd: Mapping[str, Any], config: ModelConfig, specs) -> dict[str, Any]:
-    """``params["layers"]``: the family's own tensors (a family folder's entry, or the MoE
-    experts), then every other leaf of ``specs["layers"]`` stacked over its layers (zeros
-    where transformers has none, :func:`absent_in_hf`)."""
+    """``params["layers"]``: the family's own tensors (a family folder's entry), the MoE
+    experts unless the family maps them, then every other leaf of ``specs["layers"]`` stacked
+    over its layers (zeros where transformers has none, :func:`absent_in_hf`)."""
     names = _layer_names(config)
     layers: dict[str, dict[str, np.ndarray]] = {}
-    entry = family_entry(config.family)
-    own = entry.layer_weights if entry is not None else frozenset()
-    if entry is not None:
+    entry, own = _own_weights(config)
+    if entry is not None and entry.weights_from_hf is not None:
         layers.update(entry.weights_from_hf(take, sd, config))
-    elif config.is_moe:
+    if config.is_moe and not _maps_experts(own):
         layers.update(experts_from_hf(take, sd, config))
     for module, leaves in specs["layers"].items():
-        if module in MOE_MODULES and entry is None:
+        if module in MOE_MODULES and not _maps_experts(own):
             continue
         layers.setdefault(module, {})
         for leaf, (shape, _) in leaves.items():
@@ -407,42 +381,33 @@ def params_to_hf_state_dict(
         params, ("embed", "embedding"), specs["embed"]["embedding"][0]
     )
     names = _layer_names(config)
-    entry = family_entry(config.family)
-    own = entry.layer_weights if entry is not None else frozenset()
-    if entry is not None:
+    entry, own = _own_weights(config)
+    if entry is not None and entry.weights_to_hf is not None:
         mine: dict[str, dict[str, np.ndarray]] = {}
-        for m, leaf in own:
-            mine.setdefault(m, {})[leaf] = get(
-                params, ("layers", m, leaf), specs["layers"][m][leaf][0]
-            )
+        for m, leaf in sorted(own):
+            if leaf in specs["layers"].get(m, {}):
+                shape = specs["layers"][m][leaf][0]
+                mine.setdefault(m, {})[leaf] = get(params, ("layers", m, leaf), shape)
         out.update(entry.weights_to_hf(mine, config))
-    elif config.is_moe:
+    if config.is_moe and not _maps_experts(own):
         moe = {
             m: get(params, ("layers", m, "kernel"), specs["layers"][m]["kernel"][0])
             for m in MOE_MODULES
         }
         out.update(experts_to_hf(moe, config))
     for module, leaves in specs["layers"].items():
-        if module in MOE_MODULES and entry is None:
-            continue
-        if module == "attn_gate":  # written with q_proj
+        if module in MOE_MODULES and not _maps_experts(own):
             continue
         for leaf, (shape, _) in leaves.items():
             if (module, leaf) in own:
                 continue
             stacked = get(params, ("layers", module, leaf), shape)
-            if module == "q_proj" and config.attn.output_gate:
-                gate = get(params, ("layers", "attn_gate", "kernel"), shape)
             hf_name = names[(module, leaf)]
             for j, i in enumerate(module_layers(config, module)):
                 if absent_in_hf(config, module, i):
                     continue
-                if module == "q_proj" and config.attn.output_gate:
-                    w = gated_q_to_hf(stacked[j], gate[j])
-                else:
-                    w = unpad_layer(stacked[j], module, leaf, config, i)
-                    w = _layer_to_hf(w, module, leaf, config)
-                out[f"model.layers.{i}.{hf_name}"] = w
+                w = unpad_layer(stacked[j], module, leaf, config, i)
+                out[f"model.layers.{i}.{hf_name}"] = _layer_to_hf(w, module, leaf, config)
     out["model.norm.weight"] = get(params, ("final_norm", "scale"), specs["final_norm"]["scale"][0])
     if config.tokens.per_layer_input_size:
         ple = {k: get(params, (k, leaf), specs[k][leaf][0]) for k, leaf in PER_LAYER_TOP}

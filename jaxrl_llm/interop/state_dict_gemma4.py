@@ -1,13 +1,15 @@
-"""Gemma 4's own tensors between transformers' state dicts and our params tree: the names of
-its per-layer inputs and of the MoE block beside the MLP, the per-layer-input tensors beside
-the layers, the padding of heads and of the double-wide MLP, and the tensors a layer does
-not have in transformers; the rest of the mapping is :mod:`jaxrl_llm.interop.state_dict`'s
-(the fused experts: :mod:`jaxrl_llm.interop.state_dict_moe`).
+"""What the shared mapping (:mod:`jaxrl_llm.interop.state_dict`) does for the config features
+Gemma 4 brought, asked by feature and not by family: the names of the per-layer inputs
+(``per_layer_input_size``) and their tensors beside the layers, the padding of heads
+(``has_padded_heads``) and of the double-wide MLP (``double_wide_mlp``), and the tensors a
+layer does not have in transformers (KV sharing, ``global_k_eq_v``). Gemma 4's own tensors
+(its fused experts and the MoE block's router scales and norms) are its folder's
+(:mod:`jaxrl_llm.models.families.gemma4.weights`).
 
 Gemma 4: the same names as Gemma 3 (and ``layer_scalar`` ``[1]`` per layer, ours a scalar of
 ``layer_scalar/value``). Its full-attention layers' q/k/v/o and q/k norms have their own head
 dim and KV heads; ours are stored padded to the larger layer's
-(:mod:`jaxrl_llm.models.gemma4`): import pads, export strips the padding. A full-attention
+(:mod:`jaxrl_llm.models.padded_heads`): import pads, export strips the padding. A full-attention
 layer with ``attention_k_eq_v`` has no ``v_proj`` (ours stays zero).
 """
 
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_llm.models.config import LayerType, ModelConfig
-from jaxrl_llm.models.gemma4 import pad_heads, unpad_heads
+from jaxrl_llm.models.padded_heads import pad_heads, unpad_heads
 from jaxrl_llm.models.params import head_axes
 
 # Gemma 4's per-layer inputs (config.tokens.per_layer_input_size): each layer's gate, projection, norm.
@@ -27,15 +29,6 @@ PER_LAYER_INPUT_NAMES: dict[tuple[str, str], str] = {
     ("per_layer_gate", "kernel"): "per_layer_input_gate.weight",
     ("per_layer_proj", "kernel"): "per_layer_projection.weight",
     ("per_layer_post_norm", "scale"): "post_per_layer_input_norm.weight",
-}
-
-# Gemma 4's MoE block beside the MLP (config.moe.beside_mlp): its router's scales and norms.
-BESIDE_MLP_NAMES: dict[tuple[str, str], str] = {
-    ("router_norm", "scale"): "router.scale",
-    ("expert_scale", "scale"): "router.per_expert_scale",
-    ("post_dense_norm", "scale"): "post_feedforward_layernorm_1.weight",
-    ("moe_norm", "scale"): "pre_feedforward_layernorm_2.weight",
-    ("post_moe_norm", "scale"): "post_feedforward_layernorm_2.weight",
 }
 
 # Gemma 4's per-layer-input tensors beside the layers: (our sub-tree, leaf).
@@ -91,7 +84,7 @@ _MLP_UNITS_AXIS = {"gate_proj": 1, "up_proj": 1, "down_proj": 0}
 
 def pad_layer(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> np.ndarray:
     """One layer's tensor (ours, at the layer's own size) padded with zeros to the stored
-    size: attention heads to the stored heads (:mod:`jaxrl_llm.models.gemma4`), MLP units to
+    size: attention heads to the stored heads (:mod:`jaxrl_llm.models.padded_heads`), MLP units to
     ``intermediate_size`` (``double_wide_mlp``); other tensors unchanged."""
     units = _MLP_UNITS_AXIS.get(module)
     if units is not None and config.mlp.double_wide:

@@ -1,7 +1,7 @@
 """A mixture of experts' router and experts between transformers' state dicts and our params
 tree, every layer's stacked (:func:`experts_from_hf`, :func:`experts_to_hf`): Qwen3-MoE,
-Mixtral, Qwen3.5-MoE, and Gemma 4, whose checkpoints hold the fused layout under
-``model.layers.{i}.experts`` with the router at ``router.proj``. The rest of the mapping is
+Mixtral and Qwen3.5-MoE (a family kept in a folder that maps its experts itself, gpt-oss or
+Gemma 4, does so through its entry). The rest of the mapping is
 :mod:`jaxrl_llm.interop.state_dict`'s.
 
 Mixture of experts (Qwen3-MoE, Mixtral): checkpoints store one ``nn.Linear`` per expert, under
@@ -39,14 +39,6 @@ def _stack_index_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.
     c = config
     x, d, f = c.moe.num_experts, c.hidden_size, c.moe.intermediate_size
     layer = f"model.layers.{i}."
-    if c.family == Family.GEMMA4:  # fused experts beside the MLP, the router's own module
-        gate_up = take(f"{layer}experts.gate_up_proj", (x, 2 * f, d))
-        return {
-            "router": take(f"{layer}router.proj.weight", (x, d)).T,
-            "experts_gate": gate_up[:, :f, :].transpose(0, 2, 1),
-            "experts_up": gate_up[:, f:, :].transpose(0, 2, 1),
-            "experts_down": take(f"{layer}experts.down_proj", (x, d, f)).transpose(0, 2, 1),
-        }
     block, gate, up, down = _EXPERT_NAMES[c.family]
     fused = f"{layer}mlp.experts.gate_up_proj"
     if fused in sd:
@@ -72,17 +64,7 @@ def _stack_index_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.
 
 def _stack_index_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfig):
     """Layer ``i``'s router and experts (ours, no layer axis) in the per-expert checkpoint
-    layout (Gemma 4: its fused layout, as its checkpoints hold them): name -> array."""
-    if config.family == Family.GEMMA4:
-        layer_ = f"model.layers.{i}."
-        return {
-            f"{layer_}router.proj.weight": layer["router"].T,
-            f"{layer_}experts.gate_up_proj": np.concatenate(
-                [layer["experts_gate"].transpose(0, 2, 1), layer["experts_up"].transpose(0, 2, 1)],
-                axis=1,
-            ),
-            f"{layer_}experts.down_proj": layer["experts_down"].transpose(0, 2, 1),
-        }
+    layout: name -> array."""
     block, gate, up, down = _EXPERT_NAMES[config.family]
     prefix = f"model.layers.{i}.{block}."
     out = {f"{prefix}gate.weight": layer["router"].T}

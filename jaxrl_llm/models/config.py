@@ -7,7 +7,7 @@ Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2, 3 and 4 (text), Q
 and Mixtral (sparse MoE MLPs), as Hugging Face transformers implements them. Every field that
 only Gemma or the MoE families use defaults to the Llama behaviour, so a Llama-family config
 computes exactly what it did before those fields existed; the Gemma presets' values live in
-:mod:`jaxrl_llm.models.gemma`. The enumerated options (:class:`Family`, :class:`LayerType`,
+:mod:`jaxrl_llm.models.families.gemma`. The enumerated options (:class:`Family`, :class:`LayerType`,
 ...) are :mod:`jaxrl_llm.models.options`', imported here. Building a config from a transformers
 config is :func:`jaxrl_llm.interop.model_config_from_hf` (``models/`` knows nothing of
 transformers' field names).
@@ -35,8 +35,12 @@ from jaxrl_llm.models.config_groups import (
     build_group,
 )
 from jaxrl_llm.models.config_presets import smollm2_135m_fields, tiny_preset_fields
-from jaxrl_llm.models.families.facts import FLOAT32_NORM_FAMILIES
-from jaxrl_llm.models.gemma import gemma3_270m_fields
+from jaxrl_llm.models.families.facts import (
+    EXPERT_FAMILIES,
+    FLOAT32_NORM_FAMILIES,
+    HYBRID_FAMILIES,
+)
+from jaxrl_llm.models.families.gemma.presets import gemma3_270m_fields
 from jaxrl_llm.models.options import (
     Activation,
     AttentionImpl,
@@ -254,13 +258,7 @@ class ModelConfig:
         return 1.0 if rope.factor <= 1 else 0.1 * math.log(rope.factor) + 1.0
 
     def _check_experts(self) -> None:
-        moe_family = self.family in (
-            Family.QWEN3_MOE,
-            Family.MIXTRAL,
-            Family.QWEN3_5_MOE,
-            Family.GPT_OSS,
-        )
-        if moe_family and self.moe.num_experts <= 0:
+        if self.family in EXPERT_FAMILIES and self.moe.num_experts <= 0:
             raise ValueError(f"family {self.family.value!r} needs num_experts > 0")
 
     def _check_linear(self) -> None:
@@ -269,7 +267,7 @@ class ModelConfig:
                 f"partial_rotary_factor={self.rope.partial_rotary_factor} must be in (0, 1] and "
                 f"give an even number of rotated dims (head_dim={self.attn.head_dim})"
             )
-        if self.family in (Family.QWEN3_5, Family.QWEN3_5_MOE) and not self.is_hybrid:
+        if self.family in HYBRID_FAMILIES and not self.is_hybrid:
             raise ValueError(f"family {self.family.value!r} needs LINEAR entries in layer_types")
         if not self.is_hybrid:
             return
@@ -351,7 +349,7 @@ class ModelConfig:
     @property
     def store_head_dim(self) -> int:
         """E*, the head dim every layer's q/k/v/o weights and KV cache are stored at: the
-        largest layer's (smaller heads are zero-padded, :mod:`jaxrl_llm.models.gemma4`)."""
+        largest layer's (smaller heads are zero-padded, :mod:`jaxrl_llm.models.padded_heads`)."""
         return max(self.layer_heads(i)[1] for i in range(self.num_layers))
 
     @property
@@ -459,7 +457,7 @@ class ModelConfig:
     @classmethod
     def gemma3_270m(cls, **overrides) -> ModelConfig:
         """Gemma 3 270M: 18 layers (5 local : 1 global), D=640, 4 heads / 1 KV head, E=256,
-        window 512, tied, V=262144 (:func:`jaxrl_llm.models.gemma.gemma3_270m_fields`)."""
+        window 512, tied, V=262144 (:func:`jaxrl_llm.models.families.gemma.presets.gemma3_270m_fields`)."""
         return cls(**{**gemma3_270m_fields(), **overrides})
 
 

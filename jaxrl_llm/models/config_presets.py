@@ -1,7 +1,7 @@
 """The fields of :class:`~jaxrl_llm.models.config.ModelConfig`'s presets, as keyword dicts:
 :meth:`~jaxrl_llm.models.config.ModelConfig.tiny` (each family's tiny test model) and
 :meth:`~jaxrl_llm.models.config.ModelConfig.smollm2_135m` build a config from them and the
-caller's overrides. The Gemma, Gemma 4, Qwen3.5 and family-folder presets are their own
+caller's overrides. The Gemma 2 / 3 and family-folder presets are their own
 modules'; this picks among them.
 """
 
@@ -10,32 +10,33 @@ from __future__ import annotations
 from typing import Any
 
 from jaxrl_llm.models.families.facts import TINY_FIELDS
-from jaxrl_llm.models.gemma import tiny_fields
-from jaxrl_llm.models.gemma4 import gemma4_tiny_fields
 from jaxrl_llm.models.options import Family
-from jaxrl_llm.models.qwen3_5 import qwen3_5_tiny_fields
+
+# The tiny MoE: 8 experts of width 40, top-2.
+_TINY_EXPERTS: dict[str, Any] = dict(num_experts=8, num_experts_per_tok=2)
+
+#: What each Llama-like family's tiny config sets beyond :func:`tiny_preset_fields`' shared
+#: sizes (Qwen3-MoE without renormalisation, as its default; Mixtral renormalised, its experts
+#: as wide as the MLP).
+TINY_OWN_FIELDS: dict[Family, dict[str, Any]] = {
+    Family.LLAMA: dict(tie_embeddings=True),
+    Family.MISTRAL: {},
+    Family.QWEN2: dict(attention_bias=True),
+    Family.QWEN3: dict(qk_norm=True),
+    Family.QWEN3_MOE: dict(
+        qk_norm=True, **_TINY_EXPERTS, moe_intermediate_size=40, norm_topk_prob=False
+    ),
+    Family.MIXTRAL: dict(**_TINY_EXPERTS, moe_intermediate_size=None, norm_topk_prob=True),
+}
 
 
 def tiny_preset_fields(family: Family) -> dict[str, Any]:
-    """The fields of ``family``'s tiny random-init config (odd, distinct sizes for unit tests)."""
-    if family in (Family.GEMMA2, Family.GEMMA3):
-        return tiny_fields(family)
-    if family in (Family.QWEN3_5, Family.QWEN3_5_MOE):
-        return qwen3_5_tiny_fields(family)
-    if family == Family.GEMMA4:
-        return gemma4_tiny_fields()
-    if family in TINY_FIELDS:  # a family folder's own preset (models/families/)
+    """The fields of ``family``'s tiny random-init config (odd, distinct sizes for unit tests):
+    a family folder's or Gemma 2 / 3's own preset, else the shared Llama-like sizes with
+    :data:`TINY_OWN_FIELDS`."""
+    if family in TINY_FIELDS:  # a family folder's own preset (models/families/), Gemma 2 / 3
         return TINY_FIELDS[family]()
-    moe: dict[str, Any] = {}
-    if family in (Family.QWEN3_MOE, Family.MIXTRAL):
-        # 8 experts of width 40, top-2 (Qwen3-MoE without renormalisation, as its default).
-        moe = dict(
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=40 if family == Family.QWEN3_MOE else None,
-            norm_topk_prob=family == Family.MIXTRAL,
-        )
-    return dict(
+    shared: dict[str, Any] = dict(
         family=family,
         vocab_size=97,
         hidden_size=48,
@@ -47,11 +48,11 @@ def tiny_preset_fields(family: Family) -> dict[str, Any]:
         max_position_embeddings=256,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
-        tie_embeddings=family == Family.LLAMA,
-        attention_bias=family == Family.QWEN2,
-        qk_norm=family in (Family.QWEN3, Family.QWEN3_MOE),
-        **moe,
+        tie_embeddings=False,
+        attention_bias=False,
+        qk_norm=False,
     )
+    return {**shared, **TINY_OWN_FIELDS[family]}
 
 
 def smollm2_135m_fields() -> dict[str, Any]:

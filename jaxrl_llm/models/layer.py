@@ -294,7 +294,7 @@ def project_qkv(config: ModelConfig, lp: Params, h_btd: jax.Array, tokens: Token
     q·k / √query_pre_attn_scalar. Gemma 4: a GLOBAL layer with ``global_k_eq_v`` takes its
     values from its key projection; a layer whose heads are stored padded
     (``config.has_padded_heads``) fills the K* stored KV slots from its own heads and norms
-    each head over its own dims (:mod:`jaxrl_llm.models.gemma4`).
+    each head over its own dims (:mod:`jaxrl_llm.models.padded_heads`).
 
     Returns:
       (q ``[B, T, H, E]``, k ``[B, T, K, E]``, v ``[B, T, K, E]``) in ``h_btd``'s dtype (the

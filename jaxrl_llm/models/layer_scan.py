@@ -1,6 +1,7 @@
 """The layer loops: :func:`scan_layers` (a uniform stack under ``lax.scan``, or unrolled over
 :func:`separate_layers`' per-layer arrays), :func:`scan_periods` (a hybrid stack's periods),
-the parameter sub-trees each layer kind is stacked over (:func:`layer_kinds`) and the
+the parameter sub-trees each layer kind is stacked over (:func:`layer_kinds`; their layer
+indices: :func:`module_layers`) and the
 rematerialisation policies (:func:`remat_policy`). :func:`~jaxrl_llm.models.layer_stack.stack`
 runs :func:`~jaxrl_llm.models.layer.decoder_layer` through them."""
 
@@ -115,6 +116,21 @@ def layer_kinds(modules) -> dict[str, str]:
         else:
             out[name] = "all"
     return out
+
+
+def module_layers(config: ModelConfig, module: str) -> list[int]:
+    """The layer indices a stacked sub-tree of ``params["layers"]`` holds, in order: in a
+    hybrid stack the LINEAR layers' or the attention layers' own (:func:`layer_kinds`), else
+    all (what import and export walk to name each layer's checkpoint tensor)."""
+    if not config.is_hybrid:
+        return list(range(config.num_layers))
+    kind = layer_kinds([module])[module]
+    linear = [t == LayerType.LINEAR for t in config.attn.layer_types]
+    if kind == "linear":
+        return [i for i, is_lin in enumerate(linear) if is_lin]
+    if kind == "attention":
+        return [i for i, is_lin in enumerate(linear) if not is_lin]
+    return list(range(config.num_layers))
 
 
 #: Parameter sub-trees of a hybrid stack's LINEAR layers (Gated DeltaNet,

@@ -2,7 +2,7 @@
 layer types, activation, RoPE scaling, the attention implementation and the MoE dispatch.
 
 A leaf module (it imports nothing from the package), so that the config and the families'
-preset modules (:mod:`jaxrl_llm.models.gemma`) can both use these enums without importing
+preset modules (:mod:`jaxrl_llm.models.families`) can both use these enums without importing
 each other. :mod:`jaxrl_llm.models.config` re-exports every name.
 """
 

@@ -1,7 +1,7 @@
 """The decoder's parameters as data: every parameter's shape and logical axes
 (:func:`param_shapes_and_axes`, :func:`param_logical_axes`), random initialisation
 (:func:`init_params`), and where the stored weights hold padding a layer does not use
-(:func:`head_axes`, :func:`padding_masks`; Gemma 4, :mod:`jaxrl_llm.models.gemma4`).
+(:func:`head_axes`, :func:`padding_masks`; Gemma 4, :mod:`jaxrl_llm.models.padded_heads`).
 
 Parameters are a plain nested dict; per-layer weights are stacked along a leading ``layers``
 axis, which the layer scan of :mod:`jaxrl_llm.models.transformer` runs over (a hybrid stack,
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.models import gemma4
+from jaxrl_llm.models import padded_heads
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.layer_scan import layer_kinds
 from jaxrl_llm.models.options import LayerType
@@ -32,7 +32,7 @@ Params = dict[str, Any]
 def param_shapes_and_axes(config: ModelConfig) -> dict[str, Any]:
     """Nested dict of ``(shape, logical_axes)`` leaves describing every parameter."""
     c = config
-    # Heads of two sizes (Gemma 4) are stored padded to the larger (models/gemma4.py).
+    # Heads of two sizes (Gemma 4) are stored padded to the larger (models/padded_heads.py).
     L, D, F, H, K, E, V = (
         c.num_layers,
         c.hidden_size,
@@ -224,7 +224,7 @@ _BIAS_HEAD_AXES = {"q_proj": (None, 1), "k_proj": (0, 1), "v_proj": (0, 1)}
 def head_axes(module: str, leaf: str) -> tuple[int | None, int] | None:
     """(KV-heads axis or None, head-dim axis) of one layer's ``params["layers"][module][leaf]``
     (no layer axis) for the attention tensors a padded head layout pads
-    (:mod:`jaxrl_llm.models.gemma4`); None for every other tensor."""
+    (:mod:`jaxrl_llm.models.padded_heads`); None for every other tensor."""
     table = _BIAS_HEAD_AXES if leaf == "bias" else _HEAD_AXES
     return table.get(module)
 
@@ -234,10 +234,10 @@ def padding_masks(config: ModelConfig) -> dict[str, Any]:
     that broadcast to their stacked shapes (size 1 on every axis but the layers and the
     padded ones, so a real model's masks stay small); 1 where the layer's own weights sit,
     and {} when every layer uses all of them. Zero there stays zero under training: the
-    gradient is zero. Gemma 4 (:mod:`jaxrl_llm.models.gemma4`):
+    gradient is zero. Gemma 4 (:mod:`jaxrl_llm.models.padded_heads`):
 
     - heads stored padded (``config.has_padded_heads``): each layer's own head dims and KV
-      heads (:func:`jaxrl_llm.models.gemma4.pad_heads`); a GLOBAL layer's ``v_proj`` with
+      heads (:func:`jaxrl_llm.models.padded_heads.pad_heads`); a GLOBAL layer's ``v_proj`` with
       ``global_k_eq_v`` is all 0;
     - KV-shared layers (``config.attn.kv_shared_layers``): ``k_proj``, ``v_proj``, ``k_norm`` all 0;
     - ``double_wide_mlp``: a layer's MLP units past its own width (:meth:`ModelConfig.mlp_width`).
@@ -261,7 +261,9 @@ def padding_masks(config: ModelConfig) -> dict[str, Any]:
                     true_shape[axes[1]] = e
                     if axes[0] is not None:
                         true_shape[axes[0]] = k
-                    m = gemma4.pad_heads(np.ones(true_shape, np.float32), *axes, k_store, e_store)
+                    m = padded_heads.pad_heads(
+                        np.ones(true_shape, np.float32), *axes, k_store, e_store
+                    )
                     if name == "v_proj" and c.attn.global_k_eq_v:
                         m = m * (c.attn.layer_types[i] != LayerType.GLOBAL)
                     if name in ("k_proj", "v_proj", "k_norm") and c.kv_shared(i):

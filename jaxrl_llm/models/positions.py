@@ -119,7 +119,7 @@ def layer_rope_inv_freq(config: ModelConfig) -> jax.Array | None:
     ``rope_theta`` with the config's scaling (one rotary table for every layer, as in Gemma 2 and
     gpt-oss). With heads of two sizes (Gemma 4) the table is
     ``[L, E*/2]`` over the stored head dim E*: a smaller layer's frequencies then zeros, which
-    with its heads padded per half (:mod:`jaxrl_llm.models.gemma4`) rotates each of its pairs
+    with its heads padded per half (:mod:`jaxrl_llm.models.padded_heads`) rotates each of its pairs
     as at its own size and leaves the padding alone."""
     if LayerType.LOCAL not in config.attn.layer_types:
         return None
@@ -140,7 +140,7 @@ def layer_head_tables(config: ModelConfig) -> tuple[np.ndarray, np.ndarray] | No
     """Per-layer tables of a stack whose heads are stored padded
     (``config.has_padded_heads``, Gemma 4): (``[L]`` int32 each layer's own head dim, the
     divisor of its per-head RMSNorms; ``[L, K*]`` int32 the KV head of that layer that fills
-    each of the K* stored KV slots, :func:`jaxrl_llm.models.gemma4.kv_slot_heads`). None when
+    each of the K* stored KV slots, :func:`jaxrl_llm.models.padded_heads.kv_slot_heads`). None when
     every layer has the stored size."""
     if not config.has_padded_heads:
         return None

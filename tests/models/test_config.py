@@ -156,10 +156,11 @@ def test_package_reads_grouped_names(folder):
 
 
 def _preset_fields():
+    from jaxrl_llm.models.families.gemma.presets import gemma3_270m_fields
+    from jaxrl_llm.models.families.gemma4.presets import gemma4_31b_fields
+    from jaxrl_llm.models.families.gemma4.presets import tiny_fields as gemma4_tiny_fields
     from jaxrl_llm.models.families.gpt_oss.presets import gpt_oss_20b_fields
-    from jaxrl_llm.models.gemma import gemma3_270m_fields
-    from jaxrl_llm.models.gemma4 import gemma4_31b_fields, gemma4_tiny_fields
-    from jaxrl_llm.models.qwen3_5 import qwen3_5_tiny_fields
+    from jaxrl_llm.models.families.qwen3_5.presets import qwen3_5_tiny_fields
 
     return [
         gemma3_270m_fields(),

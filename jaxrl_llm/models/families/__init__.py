@@ -1,6 +1,7 @@
 """Model families whose facts live in one folder each (``models/families/<name>/``): presets,
 the Hugging Face config mapping both ways, the weight names for import and export, and the
-memory-planning sizes. gpt-oss is the first (:mod:`.gpt_oss`).
+memory-planning sizes: Gemma 2 / 3 (:mod:`.gemma`), Gemma 4 (:mod:`.gemma4`), Qwen3.5
+(:mod:`.qwen3_5`) and gpt-oss (:mod:`.gpt_oss`).
 
 Layout, and why it sits under ``models/``:
 
@@ -13,7 +14,7 @@ Layout, and why it sits under ``models/``:
   asks the family's entry (``interop`` → ``models`` is the direction the package already
   allows; nothing in ``models/`` imports ``interop/``).
 - :mod:`.facts`: what the shared config asks a family without naming it (its tiny preset, its
-  norm's product dtype); a leaf table.
+  norm's product dtype, whether it needs experts or a hybrid stack); a leaf table.
 - :mod:`.registry`: the one table from :class:`~jaxrl_llm.models.Family` to a family's entry
   (:class:`~jaxrl_llm.models.families.registry.FamilyEntry`), the only place a family is named
   outside its folder.

@@ -9,8 +9,14 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxrl_llm.models.families.gemma import chat as gemma_chat
+from jaxrl_llm.models.families.gemma import hf_config as gemma_hf
+from jaxrl_llm.models.families.gemma4 import hf_config as gemma4_hf
+from jaxrl_llm.models.families.gemma4 import weights as gemma4_weights
 from jaxrl_llm.models.families.gpt_oss import hf_config as gpt_oss_hf
 from jaxrl_llm.models.families.gpt_oss import weights as gpt_oss_weights
+from jaxrl_llm.models.families.qwen3_5 import hf_config as qwen3_5_hf
+from jaxrl_llm.models.families.qwen3_5 import weights as qwen3_5_weights
 from jaxrl_llm.models.options import Family
 
 
@@ -27,21 +33,48 @@ class FamilyEntry:
       hf_config_kwargs: ModelConfig -> that class's keywords beyond the shared ones;
         ValueError when transformers cannot express the config.
       layer_weights: the ``(module, leaf)`` pairs of ``params["layers"]`` the family maps
-        itself (the shared mapping skips them).
-      weights_from_hf: ``(take, state_dict, config)`` -> ``{module: {leaf: [L, ...]}}``.
-      weights_to_hf: ``(stacked layers, config)`` -> transformers name -> array.
+        itself (the shared mapping skips them); a config's params tree may lack some (a dense
+        Qwen3.5 has no shared expert).
+      weights_from_hf: ``(take, state_dict, config)`` -> ``{module: {leaf: [L, ...]}}``;
+        None when the family has no layer tensors of its own (Gemma 2 / 3).
+      weights_to_hf: ``(stacked layers, config)`` -> transformers name -> array; None with
+        ``weights_from_hf``.
+      multimodal_model_type: the ``model_type`` of transformers' multimodal model whose
+        ``text_config`` is this family's (import reads its text part), if any.
+      chat_template: the chat template a tokenizer of this family without one gets, if any;
+      end_of_turn: the token that then ends a chat reply (a stop token of the config).
     """
 
     family: Family
     fields_from_hf: Callable[[Mapping[str, Any]], dict[str, Any]]
     hf_config_class: str
     hf_config_kwargs: Callable[[Any], dict[str, Any]]
-    layer_weights: frozenset[tuple[str, str]]
-    weights_from_hf: Callable[..., dict[str, dict[str, Any]]]
-    weights_to_hf: Callable[..., dict[str, Any]]
+    layer_weights: frozenset[tuple[str, str]] = frozenset()
+    weights_from_hf: Callable[..., dict[str, dict[str, Any]]] | None = None
+    weights_to_hf: Callable[..., dict[str, Any]] | None = None
+    multimodal_model_type: str | None = None
+    chat_template: str | None = None
+    end_of_turn: str | None = None
 
 
 FAMILIES: dict[Family, FamilyEntry] = {
+    Family.GEMMA2: FamilyEntry(
+        family=Family.GEMMA2,
+        fields_from_hf=gemma_hf.gemma2_fields_from_hf,
+        hf_config_class=gemma_hf.HF_CONFIG_CLASSES[Family.GEMMA2],
+        hf_config_kwargs=gemma_hf.hf_config_kwargs,
+        chat_template=gemma_chat.CHAT_TEMPLATE,
+        end_of_turn=gemma_chat.END_OF_TURN,
+    ),
+    Family.GEMMA3: FamilyEntry(
+        family=Family.GEMMA3,
+        fields_from_hf=gemma_hf.gemma3_fields_from_hf,
+        hf_config_class=gemma_hf.HF_CONFIG_CLASSES[Family.GEMMA3],
+        hf_config_kwargs=gemma_hf.hf_config_kwargs,
+        multimodal_model_type=gemma_hf.MULTIMODAL_MODEL_TYPE,
+        chat_template=gemma_chat.CHAT_TEMPLATE,
+        end_of_turn=gemma_chat.END_OF_TURN,
+    ),
     Family.GPT_OSS: FamilyEntry(
         family=Family.GPT_OSS,
         fields_from_hf=gpt_oss_hf.fields_from_hf,
@@ -51,11 +84,51 @@ FAMILIES: dict[Family, FamilyEntry] = {
         weights_from_hf=gpt_oss_weights.weights_from_hf,
         weights_to_hf=gpt_oss_weights.weights_to_hf,
     ),
+    Family.GEMMA4: FamilyEntry(
+        family=Family.GEMMA4,
+        fields_from_hf=gemma4_hf.fields_from_hf,
+        hf_config_class=gemma4_hf.HF_CONFIG_CLASS,
+        hf_config_kwargs=gemma4_hf.hf_config_kwargs,
+        layer_weights=gemma4_weights.LAYER_WEIGHTS,
+        weights_from_hf=gemma4_weights.weights_from_hf,
+        weights_to_hf=gemma4_weights.weights_to_hf,
+        multimodal_model_type=gemma4_hf.MULTIMODAL_MODEL_TYPE,
+    ),
+    Family.QWEN3_5: FamilyEntry(
+        family=Family.QWEN3_5,
+        fields_from_hf=qwen3_5_hf.dense_fields_from_hf,
+        hf_config_class=qwen3_5_hf.HF_CONFIG_CLASSES[Family.QWEN3_5],
+        hf_config_kwargs=qwen3_5_hf.hf_config_kwargs,
+        layer_weights=qwen3_5_weights.LAYER_WEIGHTS,
+        weights_from_hf=qwen3_5_weights.weights_from_hf,
+        weights_to_hf=qwen3_5_weights.weights_to_hf,
+        multimodal_model_type=qwen3_5_hf.MULTIMODAL_MODEL_TYPES[Family.QWEN3_5],
+    ),
+    Family.QWEN3_5_MOE: FamilyEntry(
+        family=Family.QWEN3_5_MOE,
+        fields_from_hf=qwen3_5_hf.moe_fields_from_hf,
+        hf_config_class=qwen3_5_hf.HF_CONFIG_CLASSES[Family.QWEN3_5_MOE],
+        hf_config_kwargs=qwen3_5_hf.hf_config_kwargs,
+        layer_weights=qwen3_5_weights.LAYER_WEIGHTS,
+        weights_from_hf=qwen3_5_weights.weights_from_hf,
+        weights_to_hf=qwen3_5_weights.weights_to_hf,
+        multimodal_model_type=qwen3_5_hf.MULTIMODAL_MODEL_TYPES[Family.QWEN3_5_MOE],
+    ),
+}
+
+#: transformers' multimodal ``model_type`` -> the family of its text part, for the families
+#: kept in a folder.
+MULTIMODAL_TEXT: dict[str, Family] = {
+    e.multimodal_model_type: e.family for e in FAMILIES.values() if e.multimodal_model_type
 }
 
 
 def family_entry(family: Family | str) -> FamilyEntry | None:
-    """The :class:`FamilyEntry` of ``family``, or None for a family without a folder."""
+    """The :class:`FamilyEntry` of ``family`` (a :class:`~jaxrl_llm.models.Family` or its
+    ``model_type``, or the multimodal ``model_type`` of its text part), or None for a family
+    without a folder."""
+    if isinstance(family, str) and family in MULTIMODAL_TEXT:
+        family = MULTIMODAL_TEXT[family]
     try:
         return FAMILIES.get(Family(family))
     except ValueError:

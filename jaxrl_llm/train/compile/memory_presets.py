@@ -8,41 +8,15 @@ import os
 
 from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
+from jaxrl_llm.models.families.gemma4.presets import gemma4_31b_fields
 from jaxrl_llm.models.families.gpt_oss.presets import gpt_oss_20b_fields, gpt_oss_120b_fields
-from jaxrl_llm.models.gemma4 import gemma4_31b_fields
-from jaxrl_llm.models.qwen3_5 import common_fields, hybrid_layer_types
+from jaxrl_llm.models.families.qwen3_5.presets import qwen3_5_9b_fields, qwen3_5_35b_a3b_fields
 
 GiB = 1024**3
 
 
 def _llama(**kw) -> ModelConfig:
     return ModelConfig(family=Family.LLAMA, **kw)
-
-
-def _qwen3_5(family: Family, num_layers: int, **kw) -> ModelConfig:
-    """A Qwen3.5 text decoder: three Gated DeltaNet layers then one attention layer, repeated;
-    the sizes both of transformers' Qwen3.5 text configs default to (vocabulary 248,320, head
-    dim 256 with RoPE on a quarter of it, linear attention with 16 key heads and 32 value heads
-    of 128, conv width 4).
-    RoPE base 1e7, as in THUDM/slime's Qwen3.5-27B training script (transformers' classes
-    default to 10,000); the base changes no memory."""
-    return ModelConfig(
-        **common_fields(family),
-        vocab_size=248320,
-        num_layers=num_layers,
-        head_dim=256,
-        max_position_embeddings=32768,
-        rope_theta=10_000_000.0,
-        rms_norm_eps=1e-6,
-        partial_rotary_factor=0.25,
-        layer_types=hybrid_layer_types(num_layers),
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel=4,
-        **kw,
-    )
 
 
 # Published architectures by size (Llama 2 / 3.x, SmolLM2, Gemma 3 / 4, Qwen3-MoE, Qwen3.5,
@@ -52,7 +26,8 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "135m": ModelConfig.smollm2_135m(),
     "gemma3-270m": ModelConfig.gemma3_270m(),
     # Gemma 4 31B (text): 30.7B parameters; sliding heads 16 x 256, full-attention 4 x 512
-    # (stored padded to 16 x 512: jaxrl_llm.models.gemma4). Sources: gemma4.gemma4_31b_fields.
+    # (stored padded to 16 x 512: jaxrl_llm.models.padded_heads). Sources:
+    # models/families/gemma4/presets.py.
     "gemma4-31b": ModelConfig(**gemma4_31b_fields()),
     "1b": _llama(
         vocab_size=128256,
@@ -138,33 +113,11 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         moe_intermediate_size=768,
         norm_topk_prob=True,
     ),
-    # Qwen3.5-9B: the defaults of transformers' Qwen3_5TextConfig (5.23.0), which its
-    # docstring calls "the Qwen3.5-9B style configuration": 32 layers (24 linear, 8 attention),
-    # D 4096, MLP 12288, 16 heads / 4 KV heads, untied; 8.95B parameters.
-    "qwen3.5-9b": _qwen3_5(
-        Family.QWEN3_5,
-        32,
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_heads=16,
-        num_kv_heads=4,
-    ),
-    # Qwen3.5-35B-A3B: the defaults of transformers' Qwen3_5MoeTextConfig (5.23.0), "the
-    # Qwen3.5-35B-A3B style configuration": 40 layers (30 linear, 10 attention), D 2048, 16
-    # heads / 2 KV heads, 256 experts of width 512, top-8 renormalised, a shared expert of 512.
-    "qwen3.5-35b-a3b": _qwen3_5(
-        Family.QWEN3_5_MOE,
-        40,
-        hidden_size=2048,
-        intermediate_size=512,  # no dense MLP: the expert width (as interop.hf_config maps it)
-        num_heads=16,
-        num_kv_heads=2,
-        num_experts=256,
-        num_experts_per_tok=8,
-        moe_intermediate_size=512,
-        shared_expert_size=512,
-        norm_topk_prob=True,
-    ),
+    # Qwen3.5-9B (8.95B parameters) and Qwen3.5-35B-A3B: the defaults of transformers'
+    # Qwen3_5TextConfig / Qwen3_5MoeTextConfig (5.23.0). Sources:
+    # models/families/qwen3_5/presets.py.
+    "qwen3.5-9b": ModelConfig(**qwen3_5_9b_fields()),
+    "qwen3.5-35b-a3b": ModelConfig(**qwen3_5_35b_a3b_fields()),
     # gpt-oss-20b / -120b: 24 / 36 layers, 32 / 128 experts of width 2880, top-4, sliding
     # window 128 on every other layer, attention sinks; 20.9B / 116.8B parameters (4.2B / 5.7B
     # active with the embeddings). Sources: models/families/gpt_oss/presets.py.

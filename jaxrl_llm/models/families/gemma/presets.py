@@ -1,25 +1,6 @@
-"""Gemma 2 and Gemma 3 (text) as :class:`~jaxrl_llm.models.ModelConfig` values.
-
-The decoder in :mod:`jaxrl_llm.models.transformer` runs Gemma through config fields whose
-defaults are the Llama behaviour; this module says which values make a Gemma:
-
-- Gemma 2 (Gemma Team, "Gemma 2: Improving Open Language Models at a Practical Size", 2024,
-  https://arxiv.org/abs/2408.00118): local (sliding window 4096) and global layers alternate,
-  RMSNorm before *and after* attention and the MLP ("pre-norm and post-norm", §2), GeGLU with
-  the tanh GELU, logit soft-capping ``cap · tanh(x / cap)`` on the attention scores (cap 50)
-  and the final logits (cap 30), the embedding multiplied by √D, tied embeddings, scores
-  scaled by ``query_pre_attn_scalar^-1/2``.
-- Gemma 3 (Gemma Team, "Gemma 3 Technical Report", 2025, https://arxiv.org/abs/2503.19786,
-  §2): five local layers (window 512 or 1024) per global layer, the soft-capping replaced by
-  q/k RMSNorm, RoPE base 10k on local and 1M on global layers (with linear scaling ×8 on
-  global layers for the long-context models).
-
-RMSNorm in both is ``x / rms(x) · (1 + w)`` computed in float32 (weights stored as w, initialised
-at zero), which :func:`jaxrl_llm.models.layer.rms_norm` does with ``unit_offset``.
-
-The mapping from and to transformers' ``Gemma2Config`` / ``Gemma3TextConfig`` is
-:mod:`jaxrl_llm.interop.hf_config_gemma`'s.
-"""
+"""Gemma 2 and Gemma 3 (text) sizes as :class:`~jaxrl_llm.models.ModelConfig` field dicts:
+the fields that make a Gemma, tiny random-init configs for tests and Gemma 3 270M. Imports only
+the options (a leaf for the config, :mod:`jaxrl_llm.models.families.facts`)."""
 
 from __future__ import annotations
 

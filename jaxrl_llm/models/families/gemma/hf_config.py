@@ -1,18 +1,21 @@
 """Gemma 2 / Gemma 3 text's part of the config mapping, both ways: the ModelConfig fields of a
-transformers ``Gemma2Config`` / ``Gemma3TextConfig`` dict (:func:`gemma_fields_from_hf`, read on
-top of the keys every family shares in :func:`jaxrl_llm.interop.hf_config.model_config_from_hf`)
-and the ``config.json`` export writes for them (:func:`gemma_hf_config_dict`). The values that
-make a Gemma are :mod:`jaxrl_llm.models.gemma`'s."""
+transformers ``Gemma2Config`` / ``Gemma3TextConfig`` dict (:func:`fields_from_hf`, read on top
+of the keys every family shares in :func:`jaxrl_llm.interop.hf_config.model_config_from_hf`)
+and the keywords export passes to those classes (:func:`hf_config_kwargs`), asked through
+:mod:`jaxrl_llm.models.families.registry`. The values that make a Gemma are :mod:`.presets`'."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.interop.hf_config_common import config_json, hf_architectures, shared_hf_fields
-from jaxrl_llm.models import gemma
 from jaxrl_llm.models.config import Family, LayerType, ModelConfig, RopeScaling
+from jaxrl_llm.models.families.gemma import presets
+
+#: transformers' config classes export builds, per family.
+HF_CONFIG_CLASSES = {Family.GEMMA2: "Gemma2Config", Family.GEMMA3: "Gemma3TextConfig"}
+#: The multimodal ``model_type`` whose text part is Gemma 3.
+MULTIMODAL_MODEL_TYPE = "gemma3"
 
 
 def _gemma_rope_fields(rope: Mapping[str, Any] | None, prefix: str) -> dict[str, Any]:
@@ -24,7 +27,7 @@ def _gemma_rope_fields(rope: Mapping[str, Any] | None, prefix: str) -> dict[str,
     return dict(rope_scaling=kind, rope_factor=float(rope.get("factor", 1.0)))
 
 
-def gemma_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+def fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
     """The Gemma-specific ModelConfig fields of a transformers ``Gemma2Config`` /
     ``Gemma3TextConfig`` dict (``to_dict()`` or ``config.json``), read on top of the fields
     every family shares.
@@ -40,10 +43,10 @@ def gemma_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]
         raise ValueError("use_bidirectional_attention=true (EmbeddingGemma) is not supported")
     n = int(d["num_hidden_layers"])
     period = 2 if family == Family.GEMMA2 else int(d.get("sliding_window_pattern", 6))
-    types = tuple(LayerType(t) for t in (d.get("layer_types") or ())) or gemma.pattern_layer_types(
-        n, period
-    )
-    out: dict[str, Any] = gemma.common_fields(family)
+    types = tuple(
+        LayerType(t) for t in (d.get("layer_types") or ())
+    ) or presets.pattern_layer_types(n, period)
+    out: dict[str, Any] = presets.common_fields(family)
     out.update(
         layer_types=types,
         sliding_window=d.get("sliding_window"),
@@ -68,15 +71,28 @@ def gemma_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]
     return out
 
 
-def _gemma_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
-    """Keyword arguments of transformers' ``Gemma2Config`` / ``Gemma3TextConfig`` for the
-    Gemma-specific fields of ``config`` (the inverse of :func:`gemma_fields_from_hf`).
+def gemma2_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`fields_from_hf` of a ``Gemma2Config`` dict."""
+    return fields_from_hf(d, Family.GEMMA2)
 
-    Raises ValueError when the config is not expressible in transformers' Gemma (e.g. untied
-    or without post-norms).
+
+def gemma3_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`fields_from_hf` of a ``Gemma3TextConfig`` dict."""
+    return fields_from_hf(d, Family.GEMMA3)
+
+
+def hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """Keyword arguments of transformers' ``Gemma2Config`` / ``Gemma3TextConfig``
+    (``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM``) for ``config`` beyond the shared ones (the
+    inverse of :func:`fields_from_hf`).
+
+    Raises ValueError when the config is not expressible in transformers' Gemma (a sequence
+    classifier, untied or without post-norms, ...).
     """
     c = config
-    want = gemma.common_fields(c.family)
+    if c.num_labels:
+        raise ValueError("Gemma sequence classifiers are not supported")
+    want = presets.common_fields(c.family)
     flat = c.flat()  # the helpers name fields flat
     bad = [k for k, v in want.items() if k != "tie_embeddings" and flat[k] != v]
     if bad:
@@ -84,6 +100,8 @@ def _gemma_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
     if c.attn.query_pre_attn_scalar is not None and c.attn.query_pre_attn_scalar % 1:
         raise ValueError(f"query_pre_attn_scalar={c.attn.query_pre_attn_scalar} is not an integer")
     kw: dict[str, Any] = dict(
+        intermediate_size=c.mlp.intermediate_size,
+        attention_bias=c.attn.bias,
         hidden_activation=c.mlp.activation.value,
         layer_types=[t.value for t in c.attn.layer_types] or None,
         sliding_window=c.attn.sliding_window,
@@ -108,24 +126,3 @@ def _gemma_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
             raise ValueError("transformers' Gemma 2 has one RoPE base for all layers")
         kw["rope_parameters"] = glob
     return kw
-
-
-def gemma_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
-    """:func:`hf_config_dict` for Gemma 2 / Gemma 3 text (``Gemma3ForCausalLM``)."""
-    import transformers
-
-    c = config
-    if c.num_labels:
-        raise ModelLoadError("export: Gemma sequence classifiers are not supported")
-    cls = transformers.Gemma2Config if c.family == Family.GEMMA2 else transformers.Gemma3TextConfig
-    try:
-        gemma_kw = _gemma_hf_config_kwargs(c)
-    except ValueError as e:
-        raise ModelLoadError(f"export: {e}") from None
-    hf = cls(
-        **shared_hf_fields(c),
-        intermediate_size=c.mlp.intermediate_size,
-        attention_bias=c.attn.bias,
-        **gemma_kw,
-    )
-    return config_json(hf, c, hf_architectures(c.family)[0], dtype)

@@ -1,24 +1,29 @@
 """Gemma 4 text's part of the config mapping, both ways: the ModelConfig fields of a
-transformers ``Gemma4TextConfig`` dict (:func:`gemma4_fields_from_hf`: layer types, both RoPEs,
-the full-attention layers' own heads, per-layer inputs, the MoE block beside the MLP, KV
-sharing and the double-wide MLP) and the ``config.json`` export writes for it
-(:func:`gemma4_hf_config_dict`). What we do not implement is refused in one ValueError. The
-values that make a Gemma 4 are :mod:`jaxrl_llm.models.gemma4`'s."""
+transformers ``Gemma4TextConfig`` dict (:func:`fields_from_hf`: layer types, both RoPEs, the
+full-attention layers' own heads, per-layer inputs, the MoE block beside the MLP, KV sharing
+and the double-wide MLP) and the keywords export passes to that class
+(:func:`hf_config_kwargs`). What we do not implement is refused in one ValueError. The keys
+every family shares are read and written by :mod:`jaxrl_llm.interop.hf_config`, which asks
+this module through :mod:`jaxrl_llm.models.families.registry`. The values that make a Gemma 4
+are :mod:`.presets`'."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.interop.hf_config_common import config_json, hf_architectures, shared_hf_fields
-from jaxrl_llm.models import gemma4
 from jaxrl_llm.models.config import LayerType, ModelConfig, RopeScaling
+from jaxrl_llm.models.families.gemma4 import presets
+
+#: transformers' config class export builds.
+HF_CONFIG_CLASS = "Gemma4TextConfig"
+#: The multimodal ``model_type`` whose text part is Gemma 4.
+MULTIMODAL_MODEL_TYPE = "gemma4"
 
 
 def _gemma4_refusals(d: Mapping[str, Any]) -> None:
     """ValueError naming the first Gemma 4 feature of ``d`` we do not implement
-    (:mod:`jaxrl_llm.models.gemma4` lists them)."""
+    (:mod:`jaxrl_llm.models.families.gemma4` lists them)."""
     act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise ValueError(f"unsupported Gemma 4 hidden_activation {act!r}")
@@ -51,7 +56,7 @@ def _gemma4_global_heads(d: Mapping[str, Any], types: tuple[LayerType, ...]) -> 
     return found.pop() if found else (e, k)
 
 
-def gemma4_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
+def fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     """The Gemma 4 ModelConfig fields of a transformers ``Gemma4TextConfig`` dict (``to_dict()``
     or ``config.json``): layer types (the last forced full, as transformers does), the window,
     the full-attention layers' head dim, KV heads and ``attention_k_eq_v``, both RoPEs (the
@@ -64,7 +69,7 @@ def gemma4_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     _gemma4_refusals(d)
     n = int(d["num_hidden_layers"])
     types = tuple(LayerType(t) for t in (d.get("layer_types") or ()))
-    types = (types[:-1] + (LayerType.GLOBAL,)) if types else gemma4.default_layer_types(n)
+    types = (types[:-1] + (LayerType.GLOBAL,)) if types else presets.default_layer_types(n)
     head_dim, kv_heads = _gemma4_global_heads(d, types)
     rope = d.get("rope_parameters") or {}
     loc = rope.get(LayerType.LOCAL.value) or {"rope_type": "default", "rope_theta": 10_000.0}
@@ -80,7 +85,7 @@ def gemma4_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"unsupported Gemma 4 full-attention rope_type {kind!r}")
     factor = float(glob.get("factor", 1.0)) if kind == "proportional" else 1.0
     proportion = float(glob.get("partial_rotary_factor") or 1.0) if kind == "proportional" else 1.0
-    out: dict[str, Any] = gemma4.common_fields()
+    out: dict[str, Any] = presets.common_fields()
     # transformers' defaults: per-layer inputs of 256 from an embedding of 262144 rows.
     ple = int(d.get("hidden_size_per_layer_input", 256) or 0)
     if ple:
@@ -121,23 +126,28 @@ def gemma4_fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str, Any]:
-    """:func:`hf_config_dict` for Gemma 4 text (``Gemma4ForCausalLM``), with its MoE block
-    beside the MLP when ``moe_beside_mlp``, its per-layer inputs when
-    ``per_layer_input_size`` and its KV sharing when ``kv_shared_layers``."""
-    import transformers
+def hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """The keywords of transformers' ``Gemma4TextConfig`` (``Gemma4ForCausalLM``) for
+    ``config`` beyond the shared ones, with its MoE block beside the MLP when
+    ``moe_beside_mlp``, its per-layer inputs when ``per_layer_input_size`` and its KV sharing
+    when ``kv_shared_layers``.
 
+    Raises:
+      ValueError: a config transformers' Gemma 4 cannot express (a sequence classifier, other
+        values of the fields :func:`.presets.common_fields` fixes, another RoPE scaling,
+        experts not beside the MLP, full-attention KV heads without ``attention_k_eq_v``).
+    """
     c = config
     if c.num_labels:
-        raise ModelLoadError("export: Gemma 4 sequence classifiers are not supported")
-    want = gemma4.common_fields()
+        raise ValueError("Gemma 4 sequence classifiers are not supported")
+    want = presets.common_fields()
     flat = c.flat()  # the helpers name fields flat
     bad = [k for k, v in want.items() if flat[k] != v]
     if bad or c.rope.scaling not in (RopeScaling.NONE, RopeScaling.LINEAR):
-        raise ModelLoadError(f"export: transformers' Gemma 4 has fixed {bad or ['rope_scaling']}")
+        raise ValueError(f"transformers' Gemma 4 has fixed {bad or ['rope_scaling']}")
     if c.is_moe and (not c.moe.beside_mlp or not c.moe.norm_topk_prob or c.moe.shared_expert_size):
-        raise ModelLoadError(
-            "export: transformers' Gemma 4 has its experts beside the MLP (moe_beside_mlp), "
+        raise ValueError(
+            "transformers' Gemma 4 has its experts beside the MLP (moe_beside_mlp), "
             "renormalised top-k weights and no shared expert; this config differs"
         )
     moe: dict[str, Any] = {}
@@ -149,8 +159,8 @@ def gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
         )
     k_glob, e_glob = c.layer_heads(c.attn.layer_types.index(LayerType.GLOBAL))
     if k_glob != c.attn.num_kv_heads and not c.attn.global_k_eq_v:
-        raise ModelLoadError(
-            "export: transformers' Gemma 4 gives full-attention layers their own KV heads only "
+        raise ValueError(
+            "transformers' Gemma 4 gives full-attention layers their own KV heads only "
             "with attention_k_eq_v"
         )
     glob: dict[str, Any] = {
@@ -161,8 +171,7 @@ def gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
     if c.rope.scaling == RopeScaling.LINEAR:
         glob["factor"] = c.rope.factor
     local = c.rope.theta if c.rope.local_theta is None else c.rope.local_theta
-    fields: dict[str, Any] = dict(  # as a dict: transformers' typed __init__ lists fewer keys
-        **shared_hf_fields(c),
+    return dict(
         intermediate_size=c.mlp.intermediate_size // 2
         if c.mlp.double_wide
         else c.mlp.intermediate_size,
@@ -185,5 +194,3 @@ def gemma4_hf_config_dict(config: ModelConfig, *, dtype: str | None) -> dict[str
         enable_moe_block=c.is_moe,
         **moe,
     )
-    hf = transformers.Gemma4TextConfig(**fields)
-    return config_json(hf, c, hf_architectures(c.family)[0], dtype)
