@@ -183,6 +183,41 @@ def test_a_killed_process_stops_the_other_and_resume_auto_continues(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_process_killed_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path):
+    """Process 1 is SIGKILLed while step 2's checkpoint write is in flight
+    (``JAXRL_LLM_FAULT=checkpoint:2``): step 2 is never taken as complete, process 0 stops
+    within failure_timeout_s + 30 s in one line naming process 1 and step 1, with no native
+    abort; ``--resume auto`` on both continues from step 1 and logs what an uninterrupted run
+    logs."""
+    failure_timeout = 10
+    config = _config(tmp_path, max_steps=4, distributed=dict(failure_timeout_s=failure_timeout))
+    edit_config(config, checkpoint=dict(save_every=1, keep=3, export_hf=False))
+    run = tmp_path / "run"
+    out = f"output_dir={run}"
+    address = f"127.0.0.1:{free_port()}"
+    p0 = _train(config, out, *job_args(address, 0))
+    p1 = _train(config, out, *job_args(address, 1), fault="checkpoint:2")
+    log1 = finish([p1], timeout=600)[0]
+    killed_at = time.monotonic()
+    assert p1.returncode == -9, log1[-3000:]
+    log0 = finish([p0], timeout=failure_timeout + 60)[0]
+    assert p0.returncode != 0, log0[-3000:]
+    assert time.monotonic() - killed_at < failure_timeout + 30
+    assert not any(n in log0 for n in NATIVE), log0[-3000:]
+    assert complete_steps(run / "checkpoints") == [1]
+    _assert_one_line_error(log0, "lost process 1", "last complete checkpoint is step 1")
+
+    logs = wait(job(config, str(run), "--resume", "auto"))
+    assert "resumed from step 1 (resume auto" in logs[0], logs[0][-3000:]
+    want, got = reference_run(config)[0], step_rows(str(run))
+    assert sorted(got) == sorted(want) == [1, 2, 3, 4]
+    for k, r in want.items():
+        assert got[k]["data/prompts_crc32"] == r["data/prompts_crc32"]
+        assert got[k]["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (k, r)
+        assert got[k]["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (k, r)
+
+
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
     """SIGTERM to process 1 during step 3: both processes stop at the same step boundary, save
     the same step (data position included), print the resume line and exit 143 within 60 s;
