@@ -150,7 +150,8 @@ def test_a_killed_process_stops_the_other_and_resume_auto_continues(tmp_path):
     """Process 1 is SIGKILLed in step 3's update (steps 1 and 2 are checkpointed, step 2's
     write possibly unfinished); process 0 stops within failure_timeout_s + 30 s with one line
     naming process 1 and the last complete checkpoint. The same command with ``--resume auto``
-    on both continues from that step and ends at step 4, each step logged once."""
+    on both continues from that step and ends at step 4, each step logged once, as the
+    uninterrupted run logs it."""
     failure_timeout = 10
     config = _config(tmp_path, max_steps=4, distributed=dict(failure_timeout_s=failure_timeout))
     edit_config(config, checkpoint=dict(save_every=1, keep=3, export_hf=False))
@@ -180,6 +181,11 @@ def test_a_killed_process_stops_the_other_and_resume_auto_continues(tmp_path):
     assert f"resumed from step {last} (resume auto" in logs[0], logs[0][-3000:]
     rows = [r for r in read_metrics(str(run)) if r.get("loss") is not None]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    want, got = reference_run(config)[0], step_rows(str(run))  # the uninterrupted run's
+    for k, r in want.items():
+        assert got[k]["data/prompts_crc32"] == r["data/prompts_crc32"]
+        assert got[k]["reward/mean"] == pytest.approx(r["reward/mean"], abs=1e-6), (k, r)
+        assert got[k]["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (k, r)
 
 
 @pytest.mark.slow
