@@ -258,8 +258,9 @@ def test_two_process_offline_run_logs_what_one_process_logs(tmp_path):
 def test_two_process_async_run_trains_within_its_staleness_bound(tmp_path):
     """``rollout.max_staleness: 1`` across processes: each process's background sampler
     samples and scores its own share and keeps it (host-local: nothing crosses hosts off
-    the learner's thread); every step trains on a batch at most 1 step old.
-    Versions depend on timing, so the run is not compared bit for bit."""
+    the learner's thread); every step trains on a batch at most 1 step old, and on the same
+    prompts as one process × 8 devices. Which policy version sampled a batch depends on
+    timing (one process's async run too), so rewards and losses are not compared."""
     steps = 4
     config = online_config(tmp_path, "grpo", max_steps=steps)
     edit_config(config, rollout=dict(max_staleness=1))
@@ -267,6 +268,10 @@ def test_two_process_async_run_trains_within_its_staleness_bound(tmp_path):
     wait(job(config, two))
     rows = list(step_rows(two).values())
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    want = reference_run(config)[0]
+    assert [r["data/prompts_crc32"] for r in rows] == [
+        want[r["step"]]["data/prompts_crc32"] for r in rows
+    ]
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert any(r["async/staleness_max"] == 1 for r in rows)  # it did run ahead
     assert all(np.isfinite(r["loss"]) for r in rows)
