@@ -186,23 +186,28 @@ def test_no_function_name_means_two_things_in_losses_and_objectives():
 # Model-family names compared outside models/families/ (issue 41: "the shared code asks the
 # family's entry. It does not branch on a family's name anywhere outside the registry of
 # families"): path -> how many comparisons (==, !=, in, is) or ``case`` patterns name a
-# ``Family.<NAME>``. Exact, like the lists above: moving a family into its folder lowers a
-# count here, and the test fails until the list says so, so it only goes down.
-FAMILY_COMPARISONS_ALLOWED = {
-    "interop/hf_config.py": 9,
-    "interop/hf_config_moe.py": 4,
-}
+# ``Family.<NAME>``, and how many tables name one (a dict keyed by a family, a tuple / list /
+# set of families given a name). Exact, like the lists above. Every family has its folder and
+# its registry entry now (43 comparisons before Qwen3.5 and Gemma 2/3/4 moved, 13 before the
+# Llama-layout and MoE families did, 0 after), so both stay empty.
+FAMILY_COMPARISONS_ALLOWED: dict[str, int] = {}
+FAMILY_TABLES_ALLOWED: dict[str, int] = {}
+
+
+def _is_family(node: ast.AST | None) -> bool:
+    """``Family.<NAME>``."""
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "Family"
+    )
 
 
 def _names_a_family(node: ast.AST) -> bool:
     """``Family.<NAME>``, or a tuple / list / set literal holding one."""
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return any(_names_a_family(e) for e in node.elts)
-    return (
-        isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "Family"
-    )
+    return _is_family(node)
 
 
 def family_comparisons(source: str) -> int:
@@ -220,6 +225,35 @@ def family_comparisons(source: str) -> int:
     return count
 
 
+def _collection_of(node: ast.AST) -> ast.AST:
+    """The literal inside ``frozenset(...)`` / ``set(...)`` / ``tuple(...)`` / ``list(...)``,
+    else ``node``."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("frozenset", "set", "tuple", "list")
+        and len(node.args) == 1
+    ):
+        return node.args[0]
+    return node
+
+
+def family_tables(source: str) -> int:
+    """How many tables of ``source`` name a model family: dict literals with a
+    ``Family.<NAME>`` key (``dict(...)`` calls and comprehensions are not seen), and named
+    collections of families (an assignment of a tuple / list / set literal holding one, bare
+    or in ``frozenset(...)``, ``set(...)``, ``tuple(...)``, ``list(...)``). A family passed as a
+    value (``ModelConfig(family=Family.LLAMA)``) is neither."""
+    count = 0
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            count += any(_is_family(k) for k in node.keys)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            value = _collection_of(node.value)
+            count += isinstance(value, (ast.Tuple, ast.List, ast.Set)) and _names_a_family(value)
+    return count
+
+
 def test_family_comparisons_counts_what_branches_on_a_family():
     src = """
 if c.family == Family.GEMMA4: pass
@@ -233,13 +267,40 @@ match f:
     assert family_comparisons(src) == 3
 
 
-def test_no_family_name_is_compared_outside_the_family_registry():
+def test_family_tables_counts_what_keys_or_collects_families():
+    src = """
+A = {Family.LLAMA: ("LlamaForCausalLM", "x"), Family.QWEN2: ("Qwen2ForCausalLM", "y")}
+B: dict = {"x": 1, Family.MIXTRAL: 2}
+MOE = (Family.QWEN3_MOE, Family.MIXTRAL)
+NORM: frozenset = frozenset({Family.GEMMA4})
+ALSO = [Family.LLAMA]
+config = ModelConfig(family=Family.LLAMA, **{"vocab_size": 3})
+names = {"llama": 1}
+if c.family in (Family.QWEN2, Family.QWEN3): pass
+fams = [f for f in Family]
+"""
+    assert family_tables(src) == 5
+
+
+def _count_outside_families(count) -> dict[str, int]:
     found = {}
     for f in sorted(ROOT.rglob("*.py")):
         rel = str(f.relative_to(ROOT))
         if rel.startswith("models/families/"):
             continue
-        n = family_comparisons(f.read_text())
+        n = count(f.read_text())
         if n:
             found[rel] = n
+    return found
+
+
+def test_no_family_name_is_compared_outside_the_family_registry():
+    found = _count_outside_families(family_comparisons)
     assert found == FAMILY_COMPARISONS_ALLOWED, "a family name compared outside its registry"
+
+
+def test_no_table_keyed_by_family_outside_the_family_registry():
+    """A table of families (``HF_ARCHITECTURES``, ``MOE_FAMILIES``, expert names by family)
+    belongs on the families' entries in ``models/families/``."""
+    found = _count_outside_families(family_tables)
+    assert found == FAMILY_TABLES_ALLOWED, "a table of families outside models/families/"

@@ -1,16 +1,14 @@
 """Mapping between transformers' model configs (``config.json`` / a ``PretrainedConfig``) and
 our :class:`~jaxrl_llm.models.ModelConfig`, both ways, for every family: :func:`model_config_from_hf`
-(the field mapping: the keys every family shares, then the MoE families' and a family
-folder's own), :func:`config_from_hf_dict` (that, plus the checks of features we do not
-implement, as one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3,
-Gemma 2 / 3 / 4 text, Qwen3-MoE, Mixtral, Qwen3.5, gpt-oss) and :func:`hf_config_dict` (what
-export writes). This module holds the keys every family shares, Llama / Mistral / Qwen2 / 3's,
-and the dispatch; the MoE families' keys, both ways, are in
-:mod:`~jaxrl_llm.interop.hf_config_moe` beside it; a family kept in a folder (Gemma 2 / 3 / 4,
-Qwen3.5, gpt-oss) has its ``hf_config`` module there,
-asked through its entry (:mod:`jaxrl_llm.models.families.registry`); what they all write alike
-is in :mod:`~jaxrl_llm.interop.hf_config_common`. The weights' names and layouts are
-:mod:`jaxrl_llm.interop.state_dict`'s."""
+(the field mapping: the keys every family shares, then the family's own),
+:func:`config_from_hf_dict` (that, plus the checks of features we do not implement, as
+one-line :class:`~jaxrl_llm.errors.ModelLoadError`; Llama, Mistral, Qwen2 / 3, Gemma 2 / 3 / 4
+text, Qwen3-MoE, Mixtral, Qwen3.5, gpt-oss) and :func:`hf_config_dict` (what export writes).
+This module holds the keys every family shares and the dispatch; each family's own keys, both
+ways, are in its folder's ``hf_config`` module (:mod:`jaxrl_llm.models.families`), asked
+through its entry (:mod:`jaxrl_llm.models.families.registry`), never by its name; what they
+all write alike is in :mod:`~jaxrl_llm.interop.hf_config_common`. The weights' names and
+layouts are :mod:`jaxrl_llm.interop.state_dict`'s."""
 
 from __future__ import annotations
 
@@ -18,22 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxrl_llm.errors import ModelLoadError
-from jaxrl_llm.interop.hf_config_common import (
-    SUPPORTED_ACT,
-    config_json,
-    hf_architectures,
-    shared_hf_fields,
-)
-from jaxrl_llm.interop.hf_config_moe import moe_fields_from_hf, moe_hf_config_kwargs
-from jaxrl_llm.models import moe
+from jaxrl_llm.interop.hf_config_common import config_json, hf_architectures, shared_hf_fields
 from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
-from jaxrl_llm.models.families.registry import MULTIMODAL_TEXT, family_entry
+from jaxrl_llm.models.families.registry import MULTIMODAL_TEXT, entry_of, family_entry
 
 
 def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfig:
     """A :class:`ModelConfig` from a transformers ``PretrainedConfig`` (or its ``to_dict()``),
-    reading the fields every family shares and then the family's own (Gemma 2 / 3, Qwen3-MoE,
-    Mixtral). :func:`config_from_hf_dict` adds the checks of features we do not implement.
+    reading the fields every family shares and then the family's own (its entry's
+    ``fields_from_hf``). :func:`config_from_hf_dict` adds the checks of features we do not implement.
 
     Args:
       hf: a ``PretrainedConfig`` or its ``to_dict()`` / ``config.json`` dict.
@@ -49,7 +40,7 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
     d: Mapping[str, Any] = hf if isinstance(hf, Mapping) else hf.to_dict()
     if d.get("model_type") in MULTIMODAL_TEXT and d.get("text_config"):
         # Gemma3 / 4, Qwen3_5(Moe) ForConditionalGeneration: the language model is the text
-        # config (the multimodal model_type is the family folder's entry's).
+        # config (the multimodal model_type is the family's entry's).
         text = MULTIMODAL_TEXT[d["model_type"]]
         d = {"architectures": d.get("architectures"), **d["text_config"]}
         d["model_type"] = text.value
@@ -73,9 +64,6 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         rope_theta = rope.get("rope_theta", 10000.0) if rope else 10000.0
     eos = d.get("eos_token_id")
     eos = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
-    sliding = d.get("sliding_window") if family in (Family.MISTRAL, Family.MIXTRAL) else None
-    if family in (Family.QWEN2, Family.QWEN3, Family.QWEN3_MOE) and d.get("use_sliding_window"):
-        sliding = d.get("sliding_window")
     num_labels = 0
     archs = d.get("architectures") or []
     if any(a.endswith("ForSequenceClassification") for a in archs):
@@ -103,19 +91,15 @@ def model_config_from_hf(hf: Mapping[str, Any] | Any, **overrides) -> ModelConfi
         else 8192,
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(d.get("tie_word_embeddings", False)),
-        attention_bias=bool(d.get("attention_bias", family == Family.QWEN2)),
-        qk_norm=family in (Family.QWEN3, Family.QWEN3_MOE),
-        sliding_window=sliding,
+        attention_bias=bool(d.get("attention_bias", False)),
+        qk_norm=False,
+        sliding_window=None,
         num_labels=num_labels,
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=eos,
         pad_token_id=d.get("pad_token_id"),
     )
-    if family in moe.MOE_FAMILIES:
-        kwargs.update(moe_fields_from_hf(d, family))
-    entry = family_entry(family)
-    if entry is not None:  # a family kept in a folder (models/families/) maps its own keys
-        kwargs.update(entry.fields_from_hf(d))
+    kwargs.update(entry_of(family).fields_from_hf(d))  # the family's own keys (its folder's)
     kwargs.update(overrides)
     return ModelConfig(**kwargs)
 
@@ -141,45 +125,14 @@ def config_from_hf_dict(
       ModelLoadError: unsupported architecture or feature, naming the source and the key.
     """
     d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
-    own = family_entry(d.get("model_type", "")) is not None  # checks its own features
-    if own:
-        # A family folder's entry checks its own features in its fields_from_hf (Gemma's
-        # activation, per-layer types and RoPE bases; Qwen3.5's layer pattern and linear layers).
-        try:
-            return model_config_from_hf(d, **overrides)
-        except (ValueError, KeyError, TypeError) as e:
-            msg = f"missing key {e}" if isinstance(e, KeyError) else str(e)
-            raise ModelLoadError(f"{source}: {msg}") from None
-    act = d.get("hidden_act", "silu")
-    if act not in SUPPORTED_ACT:
-        raise ModelLoadError(
-            f"{source}: hidden_act={act!r} is not supported; allowed: {list(SUPPORTED_ACT)}"
-        )
-    if d.get("mlp_bias"):
-        raise ModelLoadError(
-            f"{source}: mlp_bias=true is not supported (Llama-family models without MLP bias only)"
-        )
-    layer_types = set(d.get("layer_types") or ())
-    if len(layer_types) > 1:
-        raise ModelLoadError(
-            f"{source}: per-layer attention types (layer_types="
-            f"{sorted(layer_types)}) are not supported; all layers must match"
-        )
-    if layer_types == {"full_attention"} and "sliding_window" not in overrides:
-        overrides = {**overrides, "sliding_window": None}
-    archs = d.get("architectures") or []
-    if any(a.endswith("ForSequenceClassification") for a in archs):
-        num_labels = int(d.get("num_labels", len(d.get("id2label") or {}) or 1))
-        if num_labels != 1:
-            raise ModelLoadError(
-                f"{source}: a sequence classifier with num_labels={num_labels} "
-                f"is not supported; only scalar heads (num_labels=1)"
-            )
-        # A transformers sequence classifier has no output projection; treating it as tied
-        # means our tree has no lm_head either (the unembedding is then unused).
-        d["num_labels"] = 1
-        d["tie_word_embeddings"] = True
+    entry = family_entry(d.get("model_type", ""))
     try:
+        if entry is not None and entry.check_hf is not None:
+            # The Llama layout's checks; a family whose entry has none checks its own features
+            # in its fields_from_hf (Gemma's activation, per-layer types and RoPE bases;
+            # Qwen3.5's layer pattern and linear layers). An unknown model_type is named by
+            # model_config_from_hf.
+            d = entry.check_hf(d)
         return model_config_from_hf(d, **overrides)
     except (ValueError, KeyError, TypeError) as e:
         msg = f"missing key {e}" if isinstance(e, KeyError) else str(e)
@@ -203,71 +156,13 @@ def hf_config_dict(config: ModelConfig, *, dtype: str | None = None) -> dict[str
     import transformers
 
     c = config
-    entry = family_entry(c.family)
-    if entry is not None:  # a family kept in a folder (models/families/)
-        try:
-            own = {**shared_hf_fields(c), **entry.hf_config_kwargs(c)}
-        except ValueError as e:
-            raise ModelLoadError(f"export: {e}") from None
-        causal, seqcls = hf_architectures(c.family)
-        if c.num_labels:
-            own["num_labels"] = c.num_labels
-        hf = getattr(transformers, entry.hf_config_class)(**own)
-        return config_json(hf, c, seqcls if c.num_labels else causal, dtype)
-    if c.is_moe and c.family not in moe.MOE_FAMILIES:
-        raise ModelLoadError(
-            f"export: a {c.family.value} config with experts has no transformers class "
-            f"(use family 'qwen3_moe' or 'mixtral')"
-        )
-    cls = {
-        Family.LLAMA: transformers.LlamaConfig,
-        Family.MISTRAL: transformers.MistralConfig,
-        Family.QWEN2: transformers.Qwen2Config,
-        Family.QWEN3: transformers.Qwen3Config,
-        Family.QWEN3_MOE: transformers.Qwen3MoeConfig,
-        Family.MIXTRAL: transformers.MixtralConfig,
-    }[c.family]
-    rope: dict[str, Any] = {"rope_type": c.rope.scaling.value}
-    if c.rope.scaling == RopeScaling.LINEAR:
-        rope["factor"] = c.rope.factor
-    elif c.rope.scaling == RopeScaling.LLAMA3:
-        rope.update(
-            factor=c.rope.factor,
-            low_freq_factor=c.rope.low_freq_factor,
-            high_freq_factor=c.rope.high_freq_factor,
-            original_max_position_embeddings=c.rope.original_max_position,
-        )
-    kw: dict[str, Any] = dict(
-        **shared_hf_fields(c),
-        intermediate_size=c.mlp.intermediate_size,
-        hidden_act="silu",
-        rope_theta=c.rope.theta,
-        rope_scaling=None if c.rope.scaling == RopeScaling.NONE else rope,
-    )
-    if c.family in moe.MOE_FAMILIES:
-        try:
-            kw.update(moe_hf_config_kwargs(c))
-        except ValueError as e:
-            raise ModelLoadError(f"export: {e}") from None
-    if c.family in (Family.LLAMA, Family.QWEN3, Family.QWEN3_MOE):
-        kw["attention_bias"] = c.attn.bias
-    elif c.family == Family.QWEN2 and not c.attn.bias:
-        raise ModelLoadError(
-            "export: transformers' Qwen2 always has q/k/v biases; this config "
-            "has attention_bias=False (use family 'llama' or 'qwen3')"
-        )
-    if c.family in (Family.MISTRAL, Family.MIXTRAL):
-        kw["sliding_window"] = c.attn.sliding_window
-    elif c.family in (Family.QWEN2, Family.QWEN3, Family.QWEN3_MOE):
-        kw["use_sliding_window"] = c.attn.sliding_window is not None
-        kw["sliding_window"] = c.attn.sliding_window
-        kw["max_window_layers"] = 0 if c.attn.sliding_window is not None else c.num_layers
-    if c.family == Family.LLAMA and c.attn.qk_norm:
-        raise ModelLoadError(
-            "export: transformers' Llama has no q/k norm; this config has "
-            "qk_norm=True (use family 'qwen3')"
-        )
+    entry = entry_of(c.family)
+    try:
+        kw = {**shared_hf_fields(c), **entry.hf_config_kwargs(c)}
+    except ValueError as e:
+        raise ModelLoadError(f"export: {e}") from None
     causal, seqcls = hf_architectures(c.family)
     if c.num_labels:
         kw["num_labels"] = c.num_labels
-    return config_json(cls(**kw), c, seqcls if c.num_labels else causal, dtype)
+    hf = getattr(transformers, entry.hf_config_class)(**kw)
+    return config_json(hf, c, seqcls if c.num_labels else causal, dtype)

@@ -1,15 +1,14 @@
 """What every family's part of the config mapping (:mod:`jaxrl_llm.interop.hf_config` and the
-``hf_config_*`` family modules beside it) writes alike: the ``config.json`` keys all families
-share, the dict a transformers config object becomes, the architecture names, and the MLP
-activations the Llama-style families support."""
+families' ``hf_config`` modules, :mod:`jaxrl_llm.models.families`) writes alike: the
+``config.json`` keys all families share, the dict a transformers config object becomes, and
+the architecture names (the family's entry's)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from jaxrl_llm.models.config import HF_ARCHITECTURES, Family, ModelConfig
-
-SUPPORTED_ACT = ("silu", "swish")
+from jaxrl_llm.models.config import Family, ModelConfig
+from jaxrl_llm.models.families.registry import entry_of
 
 
 def shared_hf_fields(c: ModelConfig) -> dict[str, Any]:
@@ -50,4 +49,4 @@ def config_json(hf: Any, config: ModelConfig, architecture: str, dtype: str | No
 
 def hf_architectures(family: Family) -> tuple[str, str]:
     """(causal LM, sequence classifier): transformers' architecture names of ``family``."""
-    return HF_ARCHITECTURES[family]
+    return entry_of(family).hf_architectures

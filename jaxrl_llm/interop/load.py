@@ -50,7 +50,7 @@ from jaxrl_llm.interop.peft import (
     read_peft_adapter,
 )
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.families.registry import family_entry
+from jaxrl_llm.models.families.registry import entry_of
 
 # ----- building blocks --------------------------------------------------------------------------
 
@@ -62,8 +62,8 @@ def _chat_defaults(config: ModelConfig, tokenizer: Any) -> ModelConfig:
     becomes a stop token of the config (a chat reply ends with it)."""
     if tokenizer is None or getattr(tokenizer, "chat_template", None):
         return config
-    entry = family_entry(config.family)
-    if entry is None or entry.chat_template is None or entry.end_of_turn is None:
+    entry = entry_of(config.family)
+    if entry.chat_template is None or entry.end_of_turn is None:
         return config
     tokenizer.chat_template = entry.chat_template
     eot = tokenizer.convert_tokens_to_ids(entry.end_of_turn)

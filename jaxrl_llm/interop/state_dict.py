@@ -11,11 +11,12 @@ Gemma 2 / 3 add a norm after attention and after the MLP; transformers calls the
 attention (in Llama it is the pre-MLP norm), so the names depend on ``config.norms.post_norms``.
 Gemma norm weights are stored as transformers stores them (w of the (1 + w) form).
 
-A mixture of experts' router and experts are mapped in
-:mod:`~jaxrl_llm.interop.state_dict_moe`; padded heads, per-layer inputs and the k/v tensors of
+These are the Llama layout's names (:mod:`jaxrl_llm.models.families.llama`: Llama, Mistral,
+Qwen2 / 3 have no tensors of their own). A mixture of experts' router and experts are mapped in
+:mod:`~jaxrl_llm.interop.state_dict_moe`, under the names the family's entry gives; padded heads, per-layer inputs and the k/v tensors of
 KV-shared layers (the features Gemma 4 brought) in :mod:`~jaxrl_llm.interop.state_dict_gemma4`.
-A family kept in a folder (:mod:`jaxrl_llm.models.families`: gpt-oss, Qwen3.5, Gemma 4) maps
-its own tensors through its entry
+A family with tensors of its own (:mod:`jaxrl_llm.models.families`: gpt-oss, Qwen3.5,
+Gemma 4) maps them through its entry
 (:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.layer_weights`).
 
 RoPE layout: transformers' Llama/Mistral/Qwen/Gemma checkpoints use the "rotate half" layout, which is
@@ -43,7 +44,7 @@ from jaxrl_llm.interop.state_dict_gemma4 import (
 from jaxrl_llm.interop.state_dict_moe import MOE_MODULES, experts_from_hf, experts_to_hf
 from jaxrl_llm.interop.weight_checks import float_weight, to_numpy
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.families.registry import FamilyEntry, family_entry
+from jaxrl_llm.models.families.registry import FamilyEntry, entry_of
 from jaxrl_llm.models.layer_scan import module_layers
 from jaxrl_llm.models.params import param_shapes_and_axes
 
@@ -185,11 +186,11 @@ def _layer_to_hf(w: np.ndarray, module: str, leaf: str, config: ModelConfig) -> 
     return w.T
 
 
-def _own_weights(config: ModelConfig) -> tuple[FamilyEntry | None, frozenset[tuple[str, str]]]:
-    """The entry of ``config``'s family folder (None without one) and the ``(module, leaf)``
-    pairs of ``params["layers"]`` it maps itself."""
-    entry = family_entry(config.family)
-    return entry, (entry.layer_weights if entry is not None else frozenset())
+def _own_weights(config: ModelConfig) -> tuple[FamilyEntry, frozenset[tuple[str, str]]]:
+    """The entry of ``config``'s family and the ``(module, leaf)`` pairs of
+    ``params["layers"]`` it maps itself (none for the Llama layout's families)."""
+    entry = entry_of(config.family)
+    return entry, entry.layer_weights
 
 
 def _maps_experts(own: frozenset[tuple[str, str]]) -> bool:
@@ -306,13 +307,13 @@ def _taker(sd: Mapping[str, Any], used: set[str], config: ModelConfig, source: s
 
 
 def _layers_from_hf(take, sd: Mapping[str, Any], config: ModelConfig, specs) -> dict[str, Any]:
-    """``params["layers"]``: the family's own tensors (a family folder's entry), the MoE
+    """``params["layers"]``: the family's own tensors (its entry's weights), the MoE
     experts unless the family maps them, then every other leaf of ``specs["layers"]`` stacked
     over its layers (zeros where transformers has none, :func:`absent_in_hf`)."""
     names = _layer_names(config)
     layers: dict[str, dict[str, np.ndarray]] = {}
     entry, own = _own_weights(config)
-    if entry is not None and entry.weights_from_hf is not None:
+    if entry.weights_from_hf is not None:
         layers.update(entry.weights_from_hf(take, sd, config))
     if config.is_moe and not _maps_experts(own):
         layers.update(experts_from_hf(take, sd, config))
@@ -382,7 +383,7 @@ def params_to_hf_state_dict(
     )
     names = _layer_names(config)
     entry, own = _own_weights(config)
-    if entry is not None and entry.weights_to_hf is not None:
+    if entry.weights_to_hf is not None:
         mine: dict[str, dict[str, np.ndarray]] = {}
         for m, leaf in sorted(own):
             if leaf in specs["layers"].get(m, {}):

@@ -1,8 +1,9 @@
 """A mixture of experts' router and experts between transformers' state dicts and our params
 tree, every layer's stacked (:func:`experts_from_hf`, :func:`experts_to_hf`): Qwen3-MoE,
-Mixtral and Qwen3.5-MoE (a family kept in a folder that maps its experts itself, gpt-oss or
-Gemma 4, does so through its entry). The rest of the mapping is
-:mod:`jaxrl_llm.interop.state_dict`'s.
+Mixtral and Qwen3.5-MoE, under the per-expert names their entries give
+(:attr:`~jaxrl_llm.models.families.registry.FamilyEntry.expert_names`; a family that maps its
+experts itself, gpt-oss or Gemma 4, does so through its entry's weights). The rest of the
+mapping is :mod:`jaxrl_llm.interop.state_dict`'s.
 
 Mixture of experts (Qwen3-MoE, Mixtral): checkpoints store one ``nn.Linear`` per expert, under
 ``mlp.experts.{j}.{gate,up,down}_proj`` (Qwen3-MoE) or ``block_sparse_moe.experts.{j}.w1 / w3
@@ -21,16 +22,27 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jaxrl_llm.models.config import Family, ModelConfig
+from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.families.registry import entry_of
 
 # Our expert sub-trees; read and written by experts_from_hf / experts_to_hf.
 MOE_MODULES = ("router", "experts_gate", "experts_up", "experts_down")
-# Per-expert checkpoint names: family -> (block prefix, gate, up, down).
-_EXPERT_NAMES = {
-    Family.QWEN3_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
-    Family.MIXTRAL: ("block_sparse_moe", "w1", "w3", "w2"),
-    Family.QWEN3_5_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
-}
+
+
+def _expert_names(config: ModelConfig) -> tuple[str, str, str, str]:
+    """(block prefix, gate, up, down) of ``config``'s family's per-expert checkpoint names.
+
+    Raises:
+      ModelLoadError: the family has no experts in transformers (a Llama config given experts).
+    """
+    names = entry_of(config.family).expert_names
+    if names is None:
+        raise ModelLoadError(
+            f"a {config.family.value} config with experts has no transformers expert weights "
+            f"(use family 'qwen3_moe' or 'mixtral')"
+        )
+    return names
 
 
 def _stack_index_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.ndarray]:
@@ -39,7 +51,7 @@ def _stack_index_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.
     c = config
     x, d, f = c.moe.num_experts, c.hidden_size, c.moe.intermediate_size
     layer = f"model.layers.{i}."
-    block, gate, up, down = _EXPERT_NAMES[c.family]
+    block, gate, up, down = _expert_names(c)
     fused = f"{layer}mlp.experts.gate_up_proj"
     if fused in sd:
         gate_up = take(fused, (x, 2 * f, d))
@@ -65,7 +77,7 @@ def _stack_index_from_hf(take, sd, i: int, config: ModelConfig) -> dict[str, np.
 def _stack_index_to_hf(layer: Mapping[str, np.ndarray], i: int, config: ModelConfig):
     """Layer ``i``'s router and experts (ours, no layer axis) in the per-expert checkpoint
     layout: name -> array."""
-    block, gate, up, down = _EXPERT_NAMES[config.family]
+    block, gate, up, down = _expert_names(config)
     prefix = f"model.layers.{i}.{block}."
     out = {f"{prefix}gate.weight": layer["router"].T}
     for j in range(config.moe.num_experts):

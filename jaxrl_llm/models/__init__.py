@@ -24,7 +24,6 @@ from jaxrl_llm.models.attention import (
     splash_attention,
 )
 from jaxrl_llm.models.config import (
-    HF_ARCHITECTURES,
     Activation,
     AttentionImpl,
     Family,
@@ -46,6 +45,7 @@ from jaxrl_llm.models.config_groups import (
     TokenConfig,
 )
 from jaxrl_llm.models.delta_rule import delta_rule_chunked, delta_rule_recurrent, gated_delta_rule
+from jaxrl_llm.models.families.registry import HF_ARCHITECTURES
 from jaxrl_llm.models.gated_deltanet import (
     FreshState,
     GroupPromptState,

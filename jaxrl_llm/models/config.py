@@ -6,8 +6,8 @@ moe, linear, norms, tokens) covers Llama (1/2/3, incl. SmolLM2 and Llama 3 rope 
 Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 2, 3 and 4 (text), Qwen3-MoE
 and Mixtral (sparse MoE MLPs), as Hugging Face transformers implements them. Every field that
 only Gemma or the MoE families use defaults to the Llama behaviour, so a Llama-family config
-computes exactly what it did before those fields existed; the Gemma presets' values live in
-:mod:`jaxrl_llm.models.families.gemma`. The enumerated options (:class:`Family`, :class:`LayerType`,
+computes exactly what it did before those fields existed; each family's presets live in its
+folder (:mod:`jaxrl_llm.models.families`), asked through :mod:`jaxrl_llm.models.families.facts`. The enumerated options (:class:`Family`, :class:`LayerType`,
 ...) are :mod:`jaxrl_llm.models.options`', imported here. Building a config from a transformers
 config is :func:`jaxrl_llm.interop.model_config_from_hf` (``models/`` knows nothing of
 transformers' field names).
@@ -34,13 +34,14 @@ from jaxrl_llm.models.config_groups import (
     TokenConfig,
     build_group,
 )
-from jaxrl_llm.models.config_presets import smollm2_135m_fields, tiny_preset_fields
 from jaxrl_llm.models.families.facts import (
     EXPERT_FAMILIES,
     FLOAT32_NORM_FAMILIES,
     HYBRID_FAMILIES,
+    TINY_FIELDS,
 )
 from jaxrl_llm.models.families.gemma.presets import gemma3_270m_fields
+from jaxrl_llm.models.families.llama.presets import smollm2_135m_fields
 from jaxrl_llm.models.options import (
     Activation,
     AttentionImpl,
@@ -53,7 +54,6 @@ from jaxrl_llm.models.param_count import count_params
 
 __all__ = [
     "FLAT_NAMES",
-    "HF_ARCHITECTURES",
     "Activation",
     "AttentionConfig",
     "AttentionImpl",
@@ -73,24 +73,6 @@ __all__ = [
 ]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-# transformers architecture names per family, used for export.
-HF_ARCHITECTURES = {
-    Family.LLAMA: ("LlamaForCausalLM", "LlamaForSequenceClassification"),
-    Family.MISTRAL: ("MistralForCausalLM", "MistralForSequenceClassification"),
-    Family.QWEN2: ("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
-    Family.QWEN3: ("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"),
-    Family.GEMMA2: ("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
-    Family.GEMMA3: ("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
-    Family.QWEN3_MOE: ("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
-    Family.MIXTRAL: ("MixtralForCausalLM", "MixtralForSequenceClassification"),
-    Family.QWEN3_5: ("Qwen3_5ForCausalLM", "Qwen3_5TextForSequenceClassification"),
-    # transformers has no Qwen3.5-MoE text sequence classifier; export refuses a scalar head.
-    Family.QWEN3_5_MOE: ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForSequenceClassification"),
-    # transformers has no Gemma 4 sequence classifier; export refuses a scalar head.
-    Family.GEMMA4: ("Gemma4ForCausalLM", "Gemma4ForSequenceClassification"),
-    Family.GPT_OSS: ("GptOssForCausalLM", "GptOssForSequenceClassification"),
-}
 
 
 def dtype_from_name(name: str | Any):
@@ -447,7 +429,7 @@ class ModelConfig:
     @classmethod
     def tiny(cls, family: Family | str = Family.LLAMA, **overrides) -> ModelConfig:
         """A tiny random-init config with odd, distinct sizes for unit tests."""
-        return cls(**{**tiny_preset_fields(Family(family)), **overrides})
+        return cls(**{**TINY_FIELDS[Family(family)](), **overrides})
 
     @classmethod
     def smollm2_135m(cls, **overrides) -> ModelConfig:

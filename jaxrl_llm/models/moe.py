@@ -70,7 +70,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.models.config import Activation, Family, ModelConfig, MoeDispatch
+from jaxrl_llm.models.config import Activation, ModelConfig, MoeDispatch
 from jaxrl_llm.models.expert_dispatch import ExpertWeights, experts_dense, experts_sorted
 
 #: Mesh axis the experts are split over (``jaxrl_llm.parallel.MESH_AXES``; named here because
@@ -82,9 +82,6 @@ TOKEN_AXES = ("data", "fsdp")
 LENGTH_AXIS = "context"
 #: Mesh axis that splits each expert's hidden width F_e (the ``mlp`` rule).
 TENSOR_AXIS = "tensor"
-
-# transformers model_type -> family with experts.
-MOE_FAMILIES = (Family.QWEN3_MOE, Family.MIXTRAL)
 
 
 class MoeStats(NamedTuple):

@@ -2,12 +2,14 @@
 shared import and export code both ways, and the multimodal model types resolve to their text
 family."""
 
+import jax
 import numpy as np
 import pytest
 
 from jaxrl_llm import interop
-from jaxrl_llm.models import Family, ModelConfig, param_shapes_and_axes
-from jaxrl_llm.models.families.registry import FAMILIES, family_entry
+from jaxrl_llm.errors import ModelLoadError
+from jaxrl_llm.models import HF_ARCHITECTURES, Family, ModelConfig, param_shapes_and_axes
+from jaxrl_llm.models.families.registry import FAMILIES, entry_of, family_entry
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES), ids=lambda f: f.value)
@@ -61,7 +63,7 @@ def test_multimodal_model_types_resolve_to_their_text_family():
     assert family_entry("gemma3").family == Family.GEMMA3
     assert family_entry("gemma4").family == Family.GEMMA4
     assert family_entry(Family.GPT_OSS).family == Family.GPT_OSS
-    assert family_entry("llama") is None
+    assert family_entry("llama").family == Family.LLAMA
     assert family_entry("gpt2") is None
 
 
@@ -86,3 +88,50 @@ def test_gemma_2_and_3_carry_the_gemma_chat_template():
         )
     assert family_entry(Family.GEMMA4).chat_template is None
     assert family_entry(Family.QWEN3_5).chat_template is None
+
+
+def test_every_family_has_its_entry():
+    """The shared code asks :func:`entry_of` for any family, so every member has an entry, under
+    its own key, and the exported table of architecture names is the entries'."""
+    assert set(FAMILIES) == set(Family)
+    assert all(entry.family == family for family, entry in FAMILIES.items())
+    assert {f: entry_of(f.value).hf_architectures for f in Family} == HF_ARCHITECTURES
+    with pytest.raises(ValueError):
+        entry_of("gpt2")
+
+
+def test_the_llama_layouts_checks_come_from_the_entry():
+    """config_from_hf_dict runs a family's ``check_hf`` (the Llama layout's: Qwen3-MoE and
+    Mixtral share it); an unknown model_type is named as such, whatever else it has."""
+    base = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2)
+    base.update(num_attention_heads=3, num_experts=4, num_local_experts=4, num_experts_per_tok=2)
+    base.update(moe_intermediate_size=8)
+    for family in (Family.LLAMA, Family.QWEN3_MOE, Family.MIXTRAL):
+        assert entry_of(family).check_hf is not None
+        with pytest.raises(ModelLoadError, match=r"^src: mlp_bias=true is not supported"):
+            interop.config_from_hf_dict(
+                {**base, "model_type": family.value, "mlp_bias": True}, source="src"
+            )
+    with pytest.raises(ModelLoadError, match="unsupported architecture model_type='phi'"):
+        interop.config_from_hf_dict({**base, "model_type": "phi", "hidden_act": "gelu_new"})
+    full = {**base, "model_type": "mistral", "sliding_window": 7}
+    assert interop.config_from_hf_dict(full).attn.sliding_window == 7
+    full["layer_types"] = ["full_attention"] * 2
+    assert interop.config_from_hf_dict(full).attn.sliding_window is None
+    assert interop.config_from_hf_dict(full, sliding_window=5).attn.sliding_window == 5
+
+
+def test_a_family_without_expert_names_refuses_experts():
+    """The shared expert mapping reads the per-expert names from the entry; a Llama config
+    given experts has none in transformers, and says so."""
+    assert entry_of(Family.MIXTRAL).expert_names == ("block_sparse_moe", "w1", "w3", "w2")
+    config = ModelConfig.tiny(Family.LLAMA, num_experts=4, num_experts_per_tok=2)
+    params = jax.tree.map(
+        lambda spec: np.zeros(spec[0], np.float32),
+        param_shapes_and_axes(config),
+        is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple),
+    )
+    with pytest.raises(ModelLoadError, match="llama config with experts has no transformers"):
+        interop.params_to_hf_state_dict(params, config)
+    with pytest.raises(ModelLoadError, match="llama config with experts has no transformers"):
+        interop.hf_config_dict(config)

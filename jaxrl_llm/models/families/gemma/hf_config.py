@@ -14,6 +14,11 @@ from jaxrl_llm.models.families.gemma import presets
 
 #: transformers' config classes export builds, per family.
 HF_CONFIG_CLASSES = {Family.GEMMA2: "Gemma2Config", Family.GEMMA3: "Gemma3TextConfig"}
+#: (causal LM, sequence classifier): transformers' architecture names, per family.
+HF_ARCHITECTURES = {
+    Family.GEMMA2: ("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
+    Family.GEMMA3: ("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
+}
 #: The multimodal ``model_type`` whose text part is Gemma 3.
 MULTIMODAL_MODEL_TYPE = "gemma3"
 

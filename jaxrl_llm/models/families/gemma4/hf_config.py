@@ -17,6 +17,9 @@ from jaxrl_llm.models.families.gemma4 import presets
 
 #: transformers' config class export builds.
 HF_CONFIG_CLASS = "Gemma4TextConfig"
+#: (causal LM, sequence classifier): transformers' architecture names (transformers has no
+#: Gemma 4 sequence classifier; export refuses a scalar head).
+HF_ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForSequenceClassification")
 #: The multimodal ``model_type`` whose text part is Gemma 4.
 MULTIMODAL_MODEL_TYPE = "gemma4"
 

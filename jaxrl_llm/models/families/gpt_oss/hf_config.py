@@ -13,6 +13,8 @@ from jaxrl_llm.models.config import Activation, LayerType, ModelConfig, RopeScal
 
 #: transformers' config class export builds.
 HF_CONFIG_CLASS = "GptOssConfig"
+#: (causal LM, sequence classifier): transformers' architecture names.
+HF_ARCHITECTURES = ("GptOssForCausalLM", "GptOssForSequenceClassification")
 
 
 def fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:

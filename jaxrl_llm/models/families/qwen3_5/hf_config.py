@@ -20,10 +20,16 @@ HF_CONFIG_CLASSES = {
     Family.QWEN3_5: "Qwen3_5TextConfig",
     Family.QWEN3_5_MOE: "Qwen3_5MoeTextConfig",
 }
+#: (causal LM, sequence classifier): transformers' architecture names, per family
+#: (transformers has no Qwen3.5-MoE text sequence classifier; export refuses a scalar head).
+HF_ARCHITECTURES = {
+    Family.QWEN3_5: ("Qwen3_5ForCausalLM", "Qwen3_5TextForSequenceClassification"),
+    Family.QWEN3_5_MOE: ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForSequenceClassification"),
+}
 #: The multimodal ``model_type`` whose text part each family is.
 MULTIMODAL_MODEL_TYPES = {Family.QWEN3_5: "qwen3_5", Family.QWEN3_5_MOE: "qwen3_5_moe"}
 
-# transformers' names of SiLU (hf_config_common.SUPPORTED_ACT's).
+# transformers' names of SiLU (the Llama layout's, families.llama.hf_config.SUPPORTED_ACT).
 _SILU = ("silu", "swish")
 
 

@@ -45,6 +45,10 @@ NAMES: dict[tuple[str, str], str] = {
     ("shared_down_proj", "kernel"): "mlp.shared_expert.down_proj.weight",
     ("shared_expert_gate", "kernel"): "mlp.shared_expert_gate.weight",
 }
+#: Qwen3.5-MoE's per-expert checkpoint names (block prefix, gate, up, down), as Qwen3-MoE's:
+#: ``mlp.experts.{j}.gate_proj`` ...; the shared expert mapping reads them
+#: (:mod:`jaxrl_llm.interop.state_dict_moe`).
+EXPERT_NAMES = ("mlp", "gate_proj", "up_proj", "down_proj")
 #: The (module, leaf) pairs of ``params["layers"]`` this module maps; the rest are the shared
 #: mapping's.
 LAYER_WEIGHTS = frozenset(NAMES)

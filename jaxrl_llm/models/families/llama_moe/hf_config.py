@@ -1,18 +1,29 @@
-"""Qwen3-MoE and Mixtral's part of the config mapping, both ways: the expert fields of their
-transformers config dicts (:func:`moe_fields_from_hf`) and the MoE keywords of
-``Qwen3MoeConfig`` / ``MixtralConfig`` export passes (:func:`moe_hf_config_kwargs`); the rest of
-their keys are the Llama-style ones of :mod:`jaxrl_llm.interop.hf_config`."""
+"""Qwen3-MoE and Mixtral's part of the config mapping, both ways: the ModelConfig fields of
+their transformers config dicts beyond the keys every family shares (:func:`fields_from_hf`:
+the Llama layout's and the experts'), and the keywords of ``Qwen3MoeConfig`` /
+``MixtralConfig`` export passes (:func:`hf_config_kwargs`), asked through
+:mod:`jaxrl_llm.models.families.registry`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from jaxrl_llm.models.config import Family, ModelConfig
+from jaxrl_llm.models.families.llama import hf_config as llama_hf
+
+#: transformers' config classes export builds, per family.
+HF_CONFIG_CLASSES = {Family.QWEN3_MOE: "Qwen3MoeConfig", Family.MIXTRAL: "MixtralConfig"}
+#: (causal LM, sequence classifier): transformers' architecture names, per family.
+HF_ARCHITECTURES = {
+    Family.QWEN3_MOE: ("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
+    Family.MIXTRAL: ("MixtralForCausalLM", "MixtralForSequenceClassification"),
+}
 
 
 def moe_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
-    """ModelConfig fields of a Qwen3-MoE / Mixtral transformers config dict.
+    """The expert fields of a Qwen3-MoE / Mixtral transformers config dict.
 
     Raises:
       ValueError: a Qwen3-MoE config that mixes dense and sparse layers (``decoder_sparse_step``
@@ -53,6 +64,12 @@ def moe_fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
     raise ValueError(f"{family.value} is not a mixture-of-experts family")
 
 
+def fields_from_hf(d: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """The Llama layout's family fields (:func:`..llama.hf_config.fields_from_hf`) and the
+    experts' (:func:`moe_fields_from_hf`) of a Qwen3-MoE / Mixtral config dict."""
+    return {**llama_hf.fields_from_hf(d, family), **moe_fields_from_hf(d, family)}
+
+
 def moe_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
     """The MoE keywords of transformers' ``Qwen3MoeConfig`` / ``MixtralConfig`` for ``config``.
 
@@ -86,3 +103,19 @@ def moe_hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
             router_jitter_noise=0.0,
         )
     raise ValueError(f"{c.family.value} is not a mixture-of-experts family")
+
+
+def hf_config_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """The keywords of ``Qwen3MoeConfig`` / ``MixtralConfig`` for ``config`` beyond the shared
+    ones: the experts' (:func:`moe_hf_config_kwargs`, checked first) and the Llama layout's
+    (:func:`..llama.hf_config.layout_hf_config_kwargs`).
+
+    Raises:
+      ValueError: what either refuses.
+    """
+    experts = moe_hf_config_kwargs(config)
+    return {**llama_hf.layout_hf_config_kwargs(config), **experts}
+
+
+#: Family -> :func:`fields_from_hf` of its config dicts (the registry's entries).
+FIELDS_FROM_HF = {f: functools.partial(fields_from_hf, family=f) for f in HF_CONFIG_CLASSES}
