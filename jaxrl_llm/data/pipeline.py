@@ -129,9 +129,11 @@ def prepare_dataset(
     )
 
 
-def describe_prompt_splits(train: PreparedData, held_out: PreparedData | None) -> str:
+def describe_prompt_splits(train: PreparedData | None, held_out: PreparedData | None) -> str:
     """An online run's ``data:`` line (after ``"data: "``): the prompts kept in each split,
     then, always, how many were dropped and why, so that "none" is said and not left to guess.
+    ``jaxrl-llm eval`` says its held-out prompts alone (``train`` None): ``"5 held-out
+    prompts; none dropped (...)"``.
 
     A prompt is dropped only for its length: longer than ``data.max_length`` tokens under
     ``data.length_policy: drop`` (the model's context is not a second limit: ``data.max_length``
@@ -147,14 +149,17 @@ def describe_prompt_splits(train: PreparedData, held_out: PreparedData | None) -
         10 training prompts; none dropped; 2 of 10 training prompts cut from the left to
         data.max_length=16 tokens (data.length_policy: truncate)
     """
-    splits = [("training", train)] + ([("held-out", held_out)] if held_out is not None else [])
+    splits = [(n, d) for n, d in (("training", train), ("held-out", held_out)) if d is not None]
+    if not splits:
+        raise ValueError("describe_prompt_splits: no split to describe")
     kept = ", ".join(
-        f"{d.stats['kept']} {'training prompts' if name == 'training' else name}"
-        for name, d in splits
+        f"{d.stats['kept']} {n}" + (" prompts" if n == "training" or len(splits) == 1 else "")
+        for n, d in splits
     )
-    limit = f"data.max_length={train.max_len} tokens" if train.max_len else "data.max_length"
+    first = splits[0][1]
+    limit = f"data.max_length={first.max_len} tokens" if first.max_len else "data.max_length"
     policy = (
-        "" if train.length_policy is None else f" (data.length_policy: {train.length_policy.value})"
+        "" if first.length_policy is None else f" (data.length_policy: {first.length_policy.value})"
     )
 
     def counted(key: str) -> str:

@@ -111,6 +111,11 @@ def test_the_online_data_line_says_what_was_kept_and_dropped(char_tokenizer, tmp
         "10 training prompts; none dropped; 2 of 10 training prompts cut from the left to "
         "data.max_length=8 tokens (data.length_policy: truncate)"
     )
+    # jaxrl-llm eval: the held-out prompts alone
+    assert describe_prompt_splits(None, splits(8, "drop")[1]) == (
+        "2 held-out prompts; dropped 1 of 3 held-out prompts: longer than data.max_length=8 "
+        "tokens (data.length_policy: drop)"
+    )
     # only the held-out split changed: the training split is not named among the changes
     assert describe_prompt_splits(*splits(32, "truncate")) == (
         "10 training prompts, 3 held-out; none dropped; 1 of 3 held-out prompts cut from the "
