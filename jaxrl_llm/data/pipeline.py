@@ -140,14 +140,21 @@ def describe_prompt_splits(train: PreparedData | None, held_out: PreparedData | 
     + ``rollout.max_new_tokens`` is checked against it before anything compiles). Under
     ``truncate`` (the default) a longer prompt is kept with its beginning cut off, which the
     line counts too; under ``error`` it stops the run. A row that cannot be read stops the run
-    with its file and line, so none is dropped for that. Examples::
+    with its file and line, so none is dropped for that.
+
+    Args:
+      train: the training split (:func:`prepare_dataset`), or None.
+      held_out: the held-out split, or None (not both None).
+
+    Returns:
+      the line's text, e.g. (the main job; tests/data/test_pipeline.py)::
 
         2000 training prompts, 256 held-out; none dropped (every prompt within
         data.max_length=128 tokens)
         8 training prompts, 2 held-out; dropped 2 of 10 training and 1 of 3 held-out prompts:
-        longer than data.max_length=16 tokens (data.length_policy: drop)
+        longer than data.max_length=8 tokens (data.length_policy: drop)
         10 training prompts; none dropped; 2 of 10 training prompts cut from the left to
-        data.max_length=16 tokens (data.length_policy: truncate)
+        data.max_length=8 tokens (data.length_policy: truncate)
     """
     splits = [(n, d) for n, d in (("training", train), ("held-out", held_out)) if d is not None]
     if not splits:
