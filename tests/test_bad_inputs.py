@@ -935,6 +935,31 @@ def test_length_policy_reports_counts(policy, counts, d, tmp_path, capsys):
     assert f"data: {counts}\n" in err, err  # issue 42: words, not a raw dict
 
 
+def test_online_run_says_how_many_prompts_it_dropped(d, tmp_path, capsys):
+    """An online run's data line names the prompts kept and dropped per split, and why
+    (issue 42); mixedlen.jsonl: 10 short prompts and 3 of 201 characters."""
+    rc, _, err = run_cli(
+        _train(
+            GRPO,
+            f"output_dir={tmp_path / 'out'}",
+            f"data.train={d}/mixedlen.jsonl",
+            f"data.eval={d}/mixedlen.jsonl",
+            "data.max_length=32",
+            "data.length_policy=drop",
+            *REWARD_SETUP[1:],
+            "eval.num_examples=2",
+            "max_steps=1",
+            "rewards=[{name: 'tests.test_bad_inputs:reward_plain'}]",
+        ),
+        capsys,
+    )
+    assert rc == 0 and "Traceback" not in err, err
+    assert (
+        "data: 10 training prompts, 10 held-out; dropped 3 of 13 training and 3 of 13 held-out "
+        "prompts: longer than data.max_length=32 tokens (data.length_policy: drop)\n"
+    ) in err, err
+
+
 # Reward functions for the run below (imported by name, like a user's ``pkg.mod:fn``); the
 # data's ``mode`` column says which sample each one cannot score.
 def reward_raises(prompts, completions, *, mode, **_):

@@ -209,7 +209,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     import jax
 
     from jaxrl_llm.cli.sources import classify_source, describe, load_any
-    from jaxrl_llm.data import Format, prepare_dataset
+    from jaxrl_llm.data import Format, describe_prompt_splits, prepare_dataset
     from jaxrl_llm.data.formats import as_prompt_row
     from jaxrl_llm.data.readers import read_records
     from jaxrl_llm.rewards import build_reward_set
@@ -239,6 +239,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     held_out = prepare_dataset(
         rows, Format.PROMPT, tok, max_len=d.max_length, length_policy=d.length_policy
     )
+    print(f"data: {describe_prompt_splits(None, held_out)}", file=sys.stderr, flush=True)
     weights = (jax.device_put(params), 0)
     rollouts = Rollouts(
         r,

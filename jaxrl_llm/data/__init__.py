@@ -44,7 +44,13 @@ from jaxrl_llm.data.packing import (
     pack_sequences,
     packing_stats,
 )
-from jaxrl_llm.data.pipeline import PreparedData, collate_fn_for, load_examples, prepare_dataset
+from jaxrl_llm.data.pipeline import (
+    PreparedData,
+    collate_fn_for,
+    describe_prompt_splits,
+    load_examples,
+    prepare_dataset,
+)
 from jaxrl_llm.data.readers import (
     Record,
     read_hf,
@@ -98,6 +104,7 @@ __all__ = [
     "collate_prompts",
     "collate_ranks",
     "collate_sequences",
+    "describe_prompt_splits",
     "encode_completion",
     "encode_conversation",
     "encode_prompt",

@@ -59,11 +59,15 @@ class PreparedData:
       format: the :class:`Format`.
       items: tokenised examples (after the length policy).
       stats: ``{"total", "kept", "truncated", "dropped"}`` from the length policy.
+      max_len: the length limit the policy enforced (``data.max_length``); None when unknown.
+      length_policy: the :class:`~jaxrl_llm.data.tokenize.LengthPolicy` it enforced.
     """
 
     format: Format
     items: list[Tokenized]
     stats: dict[str, int]
+    max_len: int | None = None
+    length_policy: LengthPolicy | None = None
 
     def describe(self, what: str) -> str:
         """The kept count in words, for a run's ``data:`` line: ``"600 training examples"``
@@ -116,7 +120,65 @@ def prepare_dataset(
     items, stats = apply_length_policy(
         tokenized, max_len=max_len, policy=length_policy, locations=locations, source=name
     )
-    return PreparedData(format=fmt, items=items, stats=stats)
+    return PreparedData(
+        format=fmt,
+        items=items,
+        stats=stats,
+        max_len=max_len,
+        length_policy=LengthPolicy(length_policy),
+    )
+
+
+def describe_prompt_splits(train: PreparedData | None, held_out: PreparedData | None) -> str:
+    """An online run's ``data:`` line (after ``"data: "``): the prompts kept in each split,
+    then, always, how many were dropped and why, so that "none" is said and not left to guess.
+    ``jaxrl-llm eval`` says its held-out prompts alone (``train`` None): ``"5 held-out
+    prompts; none dropped (...)"``.
+
+    A prompt is dropped only for its length: longer than ``data.max_length`` tokens under
+    ``data.length_policy: drop`` (the model's context is not a second limit: ``data.max_length``
+    + ``rollout.max_new_tokens`` is checked against it before anything compiles). Under
+    ``truncate`` (the default) a longer prompt is kept with its beginning cut off, which the
+    line counts too; under ``error`` it stops the run. A row that cannot be read stops the run
+    with its file and line, so none is dropped for that.
+
+    Args:
+      train: the training split (:func:`prepare_dataset`), or None.
+      held_out: the held-out split, or None (not both None).
+
+    Returns:
+      the line's text, e.g. (the main job; tests/data/test_pipeline.py)::
+
+        2000 training prompts, 256 held-out; none dropped (every prompt within
+        data.max_length=128 tokens)
+        8 training prompts, 2 held-out; dropped 2 of 10 training and 1 of 3 held-out prompts:
+        longer than data.max_length=8 tokens (data.length_policy: drop)
+        10 training prompts; none dropped; 2 of 10 training prompts cut from the left to
+        data.max_length=8 tokens (data.length_policy: truncate)
+    """
+    splits = [(n, d) for n, d in (("training", train), ("held-out", held_out)) if d is not None]
+    if not splits:
+        raise ValueError("describe_prompt_splits: no split to describe")
+    kept = ", ".join(
+        f"{d.stats['kept']} {n}" + (" prompts" if n == "training" or len(splits) == 1 else "")
+        for n, d in splits
+    )
+    first = splits[0][1]
+    limit = f"data.max_length={first.max_len} tokens" if first.max_len else "data.max_length"
+    policy = (
+        "" if first.length_policy is None else f" (data.length_policy: {first.length_policy.value})"
+    )
+
+    def counted(key: str) -> str:
+        """``"2 of 10 training and 1 of 3 held-out prompts"``: the splits where ``key`` > 0."""
+        parts = [f"{d.stats[key]} of {d.stats['total']} {n}" for n, d in splits if d.stats.get(key)]
+        return " and ".join(parts) + " prompts"
+
+    if any(d.stats.get("dropped") for _, d in splits):
+        return f"{kept}; dropped {counted('dropped')}: longer than {limit}{policy}"
+    if any(d.stats.get("truncated") for _, d in splits):
+        return f"{kept}; none dropped; {counted('truncated')} cut from the left to {limit}{policy}"
+    return f"{kept}; none dropped (every prompt within {limit})"
 
 
 def collate_fn_for(

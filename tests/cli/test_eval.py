@@ -50,6 +50,11 @@ def test_eval_scores_an_hf_directory_with_no_training_config(hf_dir, tmp_path, c
         "--output", out_dir,
     )  # fmt: skip
     assert rc == 0, err
+    # the held-out prompts read, and how many the length policy dropped (issue 42)
+    assert (
+        "data: 5 held-out prompts; none dropped (every prompt within data.max_length=16 tokens)\n"
+        in err
+    )
     report = json.loads((out_dir / "eval.json").read_text())
     m = report["metrics"]
     assert m["eval/num_examples"] == len(PROMPTS)

@@ -1,11 +1,19 @@
 """End to end: demo data files → validated, tokenised examples → collated batches."""
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
 
-from jaxrl_llm.data import Format, Padding, collate_fn_for, make_iterator, prepare_dataset
+from jaxrl_llm.data import (
+    Format,
+    Padding,
+    collate_fn_for,
+    describe_prompt_splits,
+    make_iterator,
+    prepare_dataset,
+)
 from jaxrl_llm.errors import ConfigError, DataError
 from tests.data.conftest import write_lines
 
@@ -67,3 +75,49 @@ def test_prepare_with_length_policy_and_packing(char_tokenizer, tmp_path):
     )
     with pytest.raises(ConfigError, match="sft and preference formats"):
         collate_fn_for("kto", padding=Padding(max_len=16), pack_rows=2)
+
+
+def test_the_online_data_line_says_what_was_kept_and_dropped(char_tokenizer, tmp_path):
+    """An online run's ``data:`` line (issue 42): the prompts kept per split, then how many
+    were dropped and why, "none" included; truncated prompts are counted as cut."""
+    # char tokenizer: a prompt of n characters is n + 1 tokens (BOS); 8 fit 8 tokens, 2 do not
+    train = write_lines(
+        tmp_path / "train.jsonl",
+        [json.dumps({"prompt": "p" * n, "answer": "1"}) for n in [3] * 8 + [20, 30]],
+    )
+    held = write_lines(
+        tmp_path / "held.jsonl", [json.dumps({"prompt": "q" * n}) for n in (2, 4, 40)]
+    )
+
+    def splits(max_len, policy, with_held_out=True):
+        read = functools.partial(
+            prepare_dataset,
+            fmt="prompt",
+            tokenizer=char_tokenizer,
+            max_len=max_len,
+            length_policy=policy,
+        )
+        return read(train), read(held) if with_held_out else None
+
+    assert describe_prompt_splits(*splits(64, "error")) == (
+        "10 training prompts, 3 held-out; none dropped (every prompt within "
+        "data.max_length=64 tokens)"
+    )
+    assert describe_prompt_splits(*splits(8, "drop")) == (
+        "8 training prompts, 2 held-out; dropped 2 of 10 training and 1 of 3 held-out "
+        "prompts: longer than data.max_length=8 tokens (data.length_policy: drop)"
+    )
+    assert describe_prompt_splits(*splits(8, "truncate", with_held_out=False)) == (
+        "10 training prompts; none dropped; 2 of 10 training prompts cut from the left to "
+        "data.max_length=8 tokens (data.length_policy: truncate)"
+    )
+    # jaxrl-llm eval: the held-out prompts alone
+    assert describe_prompt_splits(None, splits(8, "drop")[1]) == (
+        "2 held-out prompts; dropped 1 of 3 held-out prompts: longer than data.max_length=8 "
+        "tokens (data.length_policy: drop)"
+    )
+    # only the held-out split changed: the training split is not named among the changes
+    assert describe_prompt_splits(*splits(32, "truncate")) == (
+        "10 training prompts, 3 held-out; none dropped; 1 of 3 held-out prompts cut from the "
+        "left to data.max_length=32 tokens (data.length_policy: truncate)"
+    )

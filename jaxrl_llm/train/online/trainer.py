@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 from jaxrl_llm import models
-from jaxrl_llm.data import Format, make_iterator
+from jaxrl_llm.data import Format, describe_prompt_splits, make_iterator
 from jaxrl_llm.parallel import check_host_blocks
 from jaxrl_llm.parallel.decode_model import device_chip
 from jaxrl_llm.parallel.host_rows import EXCHANGED
@@ -215,10 +215,7 @@ class OnlineTrainer(RunLoop):
             per_step_key="rollout.prompts_per_step",
             unit="prompts",
         )
-        self.say(
-            f"data: {self.train_data.stats['kept']} training prompts"
-            + (f", {self.eval_data.stats['kept']} held-out" if self.eval_data else "")
-        )
+        self.say(f"data: {describe_prompt_splits(self.train_data, self.eval_data)}")
         if cfg.env is not None:  # a broken environment fails here, before anything compiles
             check_environment(cfg.env, self.train_data.items[0])
             self.say(
