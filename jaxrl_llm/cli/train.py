@@ -267,10 +267,32 @@ def _remove_unsaved_checkpoints(folder: str) -> None:
 
 
 def _print_summary(cfg, summary: dict) -> None:
-    for line in held_out_lines(summary):
+    for line in held_out_lines(_with_eval_before(cfg, summary)):
         print(line)
     if "train_time_s" in summary:
         print(f"{training_time(summary)}; run directory: {cfg.output_dir}")
+
+
+def _with_eval_before(cfg, summary: dict) -> dict:
+    """A resumed run's summary with the held-out metrics before training read back from the
+    step-0 row of its ``metrics.jsonl`` (the first run's evaluation), when there is one."""
+    if summary.get("eval_before") or not summary.get("eval_after"):
+        return summary
+    from jaxrl_llm.train.run.logging import read_metrics
+    from jaxrl_llm.train.run.paths import log_dir
+
+    try:
+        rows = read_metrics(log_dir(cfg))
+    except OSError:
+        return summary
+    before = {
+        k: v
+        for r in rows
+        if r.get("step") == 0
+        for k, v in r.items()
+        if k in summary["eval_after"] and isinstance(v, (int, float))
+    }
+    return {**summary, "eval_before": before} if before else summary
 
 
 def held_out_lines(summary: dict) -> list[str]:

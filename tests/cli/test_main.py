@@ -210,3 +210,34 @@ def test_compile_prints_no_libtpu_errors(tmp_path):
     assert json.loads(p.stdout)["topology"] == "v5e:2x2"
     assert "E0000" not in p.stderr and "worker hostname" not in p.stderr, p.stderr
     assert "host bounds" not in p.stderr, p.stderr  # compile names the slice to libtpu
+
+
+def test_a_resumed_run_prints_its_held_out_metric_before_and_after(tmp_path, capsys):
+    """The value before training comes back from the first run's step-0 row of
+    ``metrics.jsonl``: a resumed SFT run prints ``held-out loss: before -> after``."""
+    import json
+    import os
+
+    from tests.train.harness import SFT
+
+    out = tmp_path / "run"
+    args = [
+        "train",
+        SFT,
+        f"output_dir={out}",
+        "model.source=tiny",
+        "model.tokenizer=char",
+        "model.tiny.num_layers=1",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+        "checkpoint.export_hf=false",
+        "train.eval_batches=1",
+    ]
+    assert main([*args, "max_steps=1"]) == 0
+    capsys.readouterr()
+    assert main([*args, "max_steps=2", "--resume"]) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    before = next(r["eval/loss"] for r in rows if r["step"] == 0)
+    after = next(r["eval/loss"] for r in rows if r["step"] == 2 and r.get("eval/loss"))
+    assert f"held-out loss: {before:.3f} -> {after:.3f}" in printed, printed
