@@ -71,6 +71,8 @@ class PeerWatch:
         self.checkpoints = checkpoints
         self._exit = exit
         self._finished = threading.Event()
+        self._ended = threading.Event()  # a peer's connection reached its end
+        self._reported = threading.Event()  # this process said which process was lost
         self._lock = threading.Lock()
         self._socks: dict[int, socket.socket] = {}
         self._done: set[int] = set()
@@ -134,6 +136,7 @@ class PeerWatch:
                 return self._lost(lost, "seen by process 0")
             # end of stream: the peer's process ended. When this one is ending too (every
             # process stopping on the same error), it says so itself within a moment.
+            self._ended.set()
             if self._finished.wait(_LEAVE_GRACE_S):
                 return
             return self._lost(peer, "it exited or was killed")
@@ -146,6 +149,7 @@ class PeerWatch:
             for other in self._socks:
                 if other != peer:
                     self._send(other, _LOST + struct.pack("!i", peer))
+        self._reported.set()
         where = self.checkpoints()
         os.write(
             2,
@@ -166,9 +170,18 @@ class PeerWatch:
         for peer in list(self._socks):
             self._send(peer, _DONE)
 
-    def leave(self) -> None:
+    def leave(self, settle_s: float = 1.0) -> None:
         """This process stops on its own (an error, a signal): stop watching and close the
-        sockets without a word, so that the others see it leave now."""
+        sockets without a word, so that the others see it leave now.
+
+        Unless a peer's connection ended within ``settle_s`` of the call: then the error here
+        is most likely that loss surfacing (a collective that failed when the peer died), and
+        the watch reports it first, naming the lost process, and exits (within
+        ``_LEAVE_GRACE_S``). Leaving quietly instead would let this process end through JAX's
+        shutdown barrier, which waits for the lost process until the heartbeat timeout and then
+        aborts natively."""
+        if not self._finished.is_set() and self._ended.wait(settle_s):
+            self._reported.wait(_LEAVE_GRACE_S + 1.0)  # the listener reports and exits
         self._finished.set()
         self._close()
 
@@ -179,6 +192,10 @@ class PeerWatch:
 
     def _close(self) -> None:
         for conn in self._socks.values():
+            try:  # the end of stream goes out now, even while a listener waits on the socket
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 conn.close()
             except OSError:

@@ -74,3 +74,27 @@ def test_peer_watch_lets_a_finished_process_go(capfd):
     assert not _wait_for(lambda: exits[0], seconds=2.0)
     made[0].close()
     assert "lost process" not in capfd.readouterr().err
+
+
+def test_an_error_after_a_peer_died_reports_the_lost_peer(capfd):
+    """Process 1 dies; process 0's own run then fails (its collective with process 1 broke)
+    and its error path leaves the watch: the watch names the lost process and exits, rather
+    than leaving quietly (which let JAX's shutdown barrier wait for the dead process and
+    abort natively)."""
+    made, exits = _pair(timeout_s=30.0)
+    made[1]._close()  # process 1 is SIGKILLed: its sockets close without a word
+    made[0].leave()  # process 0's run raised: its error path leaves the watch
+    assert exits[0] == [LOST_EXIT_STATUS]
+    assert (
+        "process 0: lost process 1 of the job (it exited or was killed)" in capfd.readouterr().err
+    )
+
+
+def test_an_error_of_its_own_leaves_quietly(capfd):
+    made, exits = _pair(timeout_s=30.0)
+    t = time.monotonic()
+    made[0].leave(settle_s=0.5)  # no peer ended: a fault of this process
+    assert time.monotonic() - t < 2.0 and exits[0] == []
+    assert _wait_for(lambda: exits[1] == [LOST_EXIT_STATUS])  # process 1 sees it leave
+    made[1].close()
+    assert "process 1: lost process 0" in capfd.readouterr().err
