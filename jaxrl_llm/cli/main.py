@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compile": ("jaxrl_llm.cli.compile", "compile for a TPU slice: per-device memory, FLOPs, fit"),
     "plot": ("jaxrl_llm.cli.plot", "write PNG learning curves for a run directory"),
     "bench": ("jaxrl_llm.cli.bench", "run the benchmark suite and rewrite BENCHMARKS.md"),
+    "serve": ("jaxrl_llm.cli.serve", "serve a model over HTTP (Tinker API, OpenAI-compatible)"),
 }
 
 #: What ``jaxrl-llm --help`` says above and below the commands (for a user, not a developer).
