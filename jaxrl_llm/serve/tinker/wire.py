@@ -87,7 +87,9 @@ def decode_forward_backward(body: bytes, content_encoding: str | None) -> FwdBwd
     try:
         msg.ParseFromString(body)
     except Exception as e:
-        raise ServeError(400, f"the forward_backward body is not a ForwardBackwardRequest: {e}")
+        raise ServeError(
+            400, f"the forward_backward body is not a ForwardBackwardRequest: {e}"
+        ) from e
     data = []
     for i, d in enumerate(msg.data):
         parts = []
