@@ -171,8 +171,9 @@ class Batcher:
             groups.setdefault(key, []).append(i)
         results: list[Any] = [None] * len(works)
         for key, idx in groups.items():
+            outs: list[Any]
             try:
-                outs = self._group(key, [works[i] for i in idx])
+                outs = list(self._group(key, [works[i] for i in idx]))
             except Exception as e:  # one group's failure is its tenants' only
                 outs = [e] * len(idx)
             for i, o in zip(idx, outs):

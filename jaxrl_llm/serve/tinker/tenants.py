@@ -161,7 +161,8 @@ def save(root: pathlib.Path, tenant: Tenant, kind: str, name: str, base_model: s
     arrays = {f"adapters/{k}": v for k, v in _leaves(tenant.adapters).items()}
     if kind == "weights":
         arrays.update({f"opt/{k}": v for k, v in _leaves(tenant.opt_state).items()})
-    np.savez(d / "arrays.npz", **arrays)
+    with open(d / "arrays.npz", "wb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]
     meta = {
         "base_model": base_model,
         "lora": dataclasses.asdict(tenant.request),
