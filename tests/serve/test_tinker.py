@@ -21,7 +21,7 @@ from tinker import types  # noqa: E402
 from jaxrl_llm import models  # noqa: E402
 from jaxrl_llm.losses.sft import sft_config, sft_loss  # noqa: E402
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora  # noqa: E402
-from jaxrl_llm.objectives import policy_loss_parts  # noqa: E402
+from jaxrl_llm.objectives import cispo_loss_parts, policy_loss_parts  # noqa: E402
 from jaxrl_llm.serve import EngineLoop, ServerThread, make_app  # noqa: E402
 from jaxrl_llm.serve.served import ServedModel  # noqa: E402
 from jaxrl_llm.serve.tinker import build_state, protocol  # noqa: E402
@@ -193,6 +193,16 @@ def test_rl_losses_equal_our_objectives(server, service):
             clip_eps_high=eps[1],
         )
         np.testing.assert_allclose(out.metrics["loss:sum"], float(num), rtol=1e-5)
+    out = tc.forward([datum], "cispo").result()
+    num, _, _ = cispo_loss_parts(
+        jnp.asarray(logp),
+        jnp.asarray(sampled[None]),
+        jnp.asarray(adv[None]),
+        jnp.ones((1, n)),
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+    )
+    np.testing.assert_allclose(out.metrics["loss:sum"], float(num), rtol=1e-5)
     by_hand = -np.sum(np.exp(logp[0] - sampled) * adv)
     np.testing.assert_allclose(
         tc.forward([datum], "importance_sampling").result().metrics["loss:sum"],

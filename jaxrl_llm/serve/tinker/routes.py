@@ -263,7 +263,9 @@ def _sampling_routes(router: fastapi.APIRouter, state: TinkerState) -> None:
         seed = next(state.seeds)
         rid_ids = [str(uuid.uuid4()) for _ in range(n)]
         out = state.queue(
-            lambda: sample(state.served, sampler, body, tokens, seed), None, proto=True
+            lambda: sample(state.served, sampler, body, tokens, seed, state.merged),
+            None,
+            proto=True,
         )
         return {**out, "sample_sequence_ids": rid_ids}
 
@@ -285,6 +287,7 @@ def _future_routes(router: fastapi.APIRouter, state: TinkerState) -> None:
             return wire.failed(str(e))
         except Exception as e:  # the request failed on the device; the server goes on
             return wire.failed(f"{type(e).__name__}: {e}")
+        state.delivered(rid)
         if proto:
             return Response(content=result, media_type=wire.PROTO)
         return result

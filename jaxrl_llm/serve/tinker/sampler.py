@@ -11,6 +11,7 @@ with ``prompt_logprobs``) scores the prompt with one forward of the same merged 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Any
@@ -27,6 +28,9 @@ from jaxrl_llm.serve.served import ServedModel
 from jaxrl_llm.serve.server import ServeError
 from jaxrl_llm.serve.tinker import wire
 
+#: merged weight copies kept at once (most recently used samplers)
+MERGED_KEPT = 2
+
 
 @dataclasses.dataclass
 class Sampler:
@@ -37,16 +41,18 @@ class Sampler:
     model_path: str | None
     adapters: Any = None
     lora: LoRAConfig | None = None
-    _params: Any = None
 
-    def params(self, served: ServedModel) -> Any:
-        """The merged weights (computed once)."""
-        if self._params is None:
-            if self.adapters is None or self.lora is None:
-                self._params = served.params
-            else:
-                self._params = merge_lora(served.params, self.adapters, self.lora)
-        return self._params
+    def params(self, served: ServedModel, cache: collections.OrderedDict) -> Any:
+        """The merged weights, kept in ``cache`` for the :data:`MERGED_KEPT` most recently
+        used samplers (an RL loop makes a sampler per step; each merged copy is model-sized)."""
+        if self.adapters is None or self.lora is None:
+            return served.params
+        if self.sampler_id not in cache:
+            cache[self.sampler_id] = merge_lora(served.params, self.adapters, self.lora)
+            while len(cache) > MERGED_KEPT:
+                cache.popitem(last=False)
+        cache.move_to_end(self.sampler_id)
+        return cache[self.sampler_id]
 
 
 def _stop_ids(served: ServedModel, stop: Any) -> tuple[tuple[int, ...], bool]:
@@ -74,9 +80,15 @@ def _prompt_logprobs(params, tokens, *, config):
 
 
 def sample(
-    served: ServedModel, sampler: Sampler, request: dict[str, Any], tokens: np.ndarray, seed: int
+    served: ServedModel,
+    sampler: Sampler,
+    request: dict[str, Any],
+    tokens: np.ndarray,
+    seed: int,
+    cache: collections.OrderedDict,
 ) -> bytes:
-    """A ``SampleResponse`` for one ``asample`` request of ``tokens``."""
+    """A ``SampleResponse`` for one ``asample`` request of ``tokens`` (``cache``: see
+    :meth:`Sampler.params`)."""
     sp = request.get("sampling_params") or {}
     n = int(request.get("num_samples", 1))
     max_tokens = int(sp.get("max_tokens") or 16)
@@ -100,7 +112,7 @@ def sample(
     )
     if sp.get("seed") is not None:
         seed = int(sp["seed"]) % (1 << 31)
-    params = sampler.params(served)
+    params = sampler.params(served, cache)
     out = generate(
         params,
         served.config,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import itertools
 import json
@@ -19,6 +20,8 @@ from jaxrl_llm.serve.tinker.service import Batcher, FwdBwd
 KIND = "tinker"
 RESUME = "_resume.json"
 LAST = "_last"
+#: delivered futures remembered (for a client that retries a lost response)
+KEPT = 4096
 
 
 class TinkerState:
@@ -39,6 +42,8 @@ class TinkerState:
         self.tenants: dict[str, tn.Tenant] = {}
         self.samplers: dict[str, Sampler] = {}
         self.futures: dict[str, tuple[concurrent.futures.Future, bool]] = {}
+        self._delivered: collections.deque[str] = collections.deque()
+        self.merged: collections.OrderedDict = collections.OrderedDict()
         self.batcher = Batcher(served)
         self.seeds = itertools.count(1)
         #: forward_backward requests accepted so far (a test waits on it)
@@ -83,6 +88,13 @@ class TinkerState:
         rid = str(uuid.uuid4())
         self.futures[rid] = (self.loop.submit(KIND, work), proto)
         return {"request_id": rid, "model_id": model_id}
+
+    def delivered(self, request_id: str) -> None:
+        """Note a future whose result went out; the oldest past :data:`KEPT` are forgotten
+        (kept a while so that a client retrying a lost response still finds it)."""
+        self._delivered.append(request_id)
+        while len(self._delivered) > KEPT:
+            self.futures.pop(self._delivered.popleft(), None)
 
     def handle(self, items: list[Any]) -> list[Any]:
         """The engine loop's handler: items in arrival order, runs of consecutive
