@@ -289,3 +289,17 @@ def _unknown_loss(url, model_id):
         headers={"X-API-Key": KEY, "Content-Type": "application/x-protobuf"},
     )
     assert r.status_code == 400 and r.json()["detail"].startswith("loss_fn 'xyz' is not served")
+
+
+@pytest.mark.slow
+def test_padding_and_batch_neighbours_do_not_change_a_datum(server, service):
+    tc = _client(service, 10)
+    alone = tc.forward([_datum()], "cross_entropy").result()
+    longer = _datum(list(range(3, 43)), [1.0] * 39)  # pads the batch to T = 64, B = 2
+    both = tc.forward([_datum(), longer], "cross_entropy").result()
+    np.testing.assert_allclose(
+        both.loss_fn_outputs[0]["logprobs"].data,
+        alone.loss_fn_outputs[0]["logprobs"].data,
+        atol=1e-6,
+    )
+    assert len(both.loss_fn_outputs[1]["logprobs"].data) == 39
