@@ -45,7 +45,20 @@ def _tiny_dir(path):
     path.mkdir()
     save_file(params_to_hf_state_dict(params, config), str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(hf_config_dict(config)))
+    _word_tokenizer(config.vocab_size).save_pretrained(str(path))
     return path
+
+
+def _word_tokenizer(vocab_size):
+    """A word-level tokenizer: ``"t5 t7"`` -> ``[5, 7]``."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, vocab_size)}}
+    tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
 
 
 class _Server:
@@ -92,6 +105,7 @@ def test_save_load_sigterm_and_resume(tmp_path):
     try:
         service = tinker.ServiceClient(base_url=server.url, api_key=KEY)
         tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
+        assert tc.get_tokenizer().encode("t5 t7") == [5, 7]  # get_info names the model's files
         tc.forward_backward([_datum()], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         trained = _loss(tc)

@@ -48,7 +48,7 @@ class TinkerState:
         self.seeds = itertools.count(1)
         #: forward_backward requests accepted so far (a test waits on it)
         self.received = 0
-        self.tokenizer_id = served.source if served.tokenizer is not None else None
+        self.tokenizer_id = _tokenizer_id(served)
         loop.register(KIND, self.handle)
 
     # ----- lookups that refuse -----------------------------------------------------------------
@@ -154,3 +154,15 @@ class TinkerState:
             self.tenants[model_id] = tenant
             self.sessions.add(model_id.split(":train:")[0])
         return len(self.tenants)
+
+
+def _tokenizer_id(served: ServedModel) -> str | None:
+    """What ``get_info`` names as the tokenizer (``AutoTokenizer.from_pretrained`` of it is
+    what the SDK's ``get_tokenizer`` does): the loaded tokenizer's own directory or Hub id
+    when it has one (an alias resolves to its files), else ``--model``; None without one."""
+    if served.tokenizer is None:
+        return None
+    path = getattr(served.tokenizer, "name_or_path", None)
+    if not isinstance(path, str) or not path:
+        return served.source
+    return str(pathlib.Path(path).resolve()) if pathlib.Path(path).is_dir() else path
