@@ -271,6 +271,13 @@ def test_bad_inputs_are_clear_4xx_and_leave_other_tenants_alone(server, service)
     with pytest.raises(tinker.AuthenticationError):
         tinker.ServiceClient(base_url=url, api_key="tml-wrong").get_server_capabilities()
     _unknown_loss(url, good.model_id)
+    state = server[1]
+    state.max_tenants, kept = len(state.tenants), state.max_tenants
+    try:
+        with pytest.raises(tinker.BadRequestError, match="maximum of .* tenants"):
+            _client(service, 11)
+    finally:
+        state.max_tenants = kept
 
     after = good.forward([_datum()], "cross_entropy").result().metrics["loss:sum"]
     assert after == before

@@ -23,6 +23,7 @@ import pathlib
 import sys
 import tempfile
 
+from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.serve.engine_loop import EngineLoop
 from jaxrl_llm.serve.served import ServedModel
 from jaxrl_llm.serve.server import Protocol
@@ -52,6 +53,8 @@ def build_state(
     resume: bool = False,
 ) -> TinkerState:
     """The service's state over ``model`` (and the tenants ``--resume`` restores)."""
+    if resume and output_dir is None:
+        raise ConfigError("--resume needs the --output-dir that the stopped server saved to")
     root = pathlib.Path(output_dir or tempfile.mkdtemp(prefix="jaxrl-tinker-"))
     root.mkdir(parents=True, exist_ok=True)
     state = TinkerState(model, loop, root, max_tenants)
