@@ -55,7 +55,12 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def service(server):
     client = tinker.ServiceClient(base_url=server[0], api_key=KEY)
-    yield client
+    try:
+        yield client
+    finally:
+        client.close("success").result(
+            30
+        )  # finishes the session while the server is up: no stray heartbeats
 
 
 def _client(service, seed):

@@ -124,6 +124,7 @@ def test_save_load_sigterm_and_resume(tmp_path):
         stepped = _loss(tc)
         assert _loss(copy) == stepped and stepped < trained
         model_id = tc.model_id
+        service.close("success").result(30)
     finally:
         rc = server.stop()
     assert rc == 143, "".join(server.lines)
@@ -138,5 +139,6 @@ def test_save_load_sigterm_and_resume(tmp_path):
         service = tinker.ServiceClient(base_url=again.url, api_key=KEY)
         last = service.create_training_client_from_state(f"tinker://{model_id}/weights/_last")
         np.testing.assert_equal(_loss(last.result()), stepped)
+        service.close("success").result(30)
     finally:
         assert again.stop() == 143
