@@ -21,6 +21,10 @@ from jaxrl_llm.serve.openai import Sample, cut_at_stop, protocol, tool_calls
 from jaxrl_llm.serve.openai.routes import OpenAIRoutes
 from jaxrl_llm.serve.served import ServedModel
 
+# the first test compiles the engine's programs (~50 s on 2 busy cores), the concurrent one
+# more prefill buckets (~25 s): the module takes ~2 min
+pytestmark = pytest.mark.slow
+
 TOK = CharTokenizer()
 CONFIG = ModelConfig.tiny(vocab_size=259, eos_token_ids=(2,), pad_token_id=0)
 MAX_LEN, MAX_TOKENS = 96, 24

@@ -31,17 +31,37 @@ Example::
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxrl_llm.envs.tools import CALL_FORMATS
 from jaxrl_llm.errors import ConfigError, did_you_mean
+from jaxrl_llm.serve.openai.agent import (
+    AgentOutcome,
+    AgentRunner,
+    Segment,
+    check_rewards,
+    load_agent,
+    segments,
+)
 from jaxrl_llm.serve.openai.generation import Generator, Job, Sample, top_logprobs
 from jaxrl_llm.serve.openai.routes import OpenAIRoutes
+from jaxrl_llm.serve.openai.turns import EPISODE_HEADER, Turn, TurnRecorder
 from jaxrl_llm.serve.openai.wire import call_format_for, cut_at_stop, tool_calls
 from jaxrl_llm.serve.served import ServedModel
 from jaxrl_llm.serve.server import Protocol
 
 __all__ = [
+    "EPISODE_HEADER",
+    "AgentOutcome",
+    "AgentRunner",
+    "Endpoint",
+    "Segment",
+    "Turn",
+    "TurnRecorder",
+    "check_rewards",
+    "endpoint",
+    "load_agent",
+    "segments",
     "Generator",
     "Job",
     "OpenAIRoutes",
@@ -81,7 +101,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def protocol(
+class Endpoint(NamedTuple):
+    """The endpoint's parts: the protocol to serve, its generator (``swap`` new weights), its
+    routes, and the turn recorder (None unless asked for)."""
+
+    protocol: Protocol
+    generator: Generator
+    routes: OpenAIRoutes
+    recorder: TurnRecorder | None
+
+
+def endpoint(
     model: ServedModel,
     loop,
     *,
@@ -93,10 +123,12 @@ def protocol(
     dtype: str | None = None,
     seed: int = 0,
     tool_call_format: str | None = None,
-) -> Protocol:
-    """The endpoint as a :class:`~jaxrl_llm.serve.Protocol` over ``model``, its device work on
-    ``loop`` (an :class:`~jaxrl_llm.serve.EngineLoop`). ``max_len`` is clamped to the model's
-    ``max_position_embeddings``; ``max_tokens`` to ``max_len``."""
+    record_turns: bool = False,
+) -> Endpoint:
+    """The endpoint over ``model``, its device work on ``loop`` (an
+    :class:`~jaxrl_llm.serve.EngineLoop`). ``max_len`` is clamped to the model's
+    ``max_position_embeddings``; ``max_tokens`` to ``max_len``; ``record_turns`` records the
+    requests that name an episode (:mod:`.turns`)."""
     fmt = tool_call_format or call_format_for(model.config)
     if fmt not in CALL_FORMATS:
         raise ConfigError(
@@ -116,8 +148,15 @@ def protocol(
         chunk_steps=chunk_steps,
         dtype=dtype,
     )
-    routes = OpenAIRoutes(model, gen, fmt)
-    return Protocol("openai", routes.router, prefix="/v1/", error_body=error_body)
+    recorder = TurnRecorder() if record_turns else None
+    routes = OpenAIRoutes(model, gen, fmt, recorder)
+    proto = Protocol("openai", routes.router, prefix="/v1/", error_body=error_body)
+    return Endpoint(proto, gen, routes, recorder)
+
+
+def protocol(model: ServedModel, loop, **kw: Any) -> Protocol:
+    """:func:`endpoint`'s protocol alone (what ``jaxrl-llm serve openai`` serves)."""
+    return endpoint(model, loop, **kw).protocol
 
 
 def build(args: argparse.Namespace, model: ServedModel, loop) -> Protocol:

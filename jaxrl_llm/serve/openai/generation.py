@@ -68,6 +68,7 @@ class Sample:
 class Job:
     """One prompt's request: ``n`` samples of ``max_tokens`` under ``sampling``.
 
+    ``episode``: the episode whose turn this is (recorded by the routes), if any.
     ``on_progress(index, tokens, logprobs)`` (optional) is called from the engine thread after
     every chunk with each unfinished sample's tokens so far (streaming); ``future`` resolves to
     the list of :class:`Sample` (one per choice) or to the error that failed the job.
@@ -79,6 +80,7 @@ class Job:
     sampling: SamplingConfig
     prompt_id: int | None = None
     top_logprobs: int = 0
+    episode: str | None = None
     on_progress: Callable[[int, list[int], list[float]], None] | None = None
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
 
@@ -170,6 +172,7 @@ class Generator:
         )
         self.max_len, self.gen_len, self.num_slots = int(max_len), int(gen_len), int(num_slots)
         self.max_engines = int(max_engines)
+        self.version = 0  # the weights' version (swap)
         self.engines: dict[SamplingConfig, PagedEngine] = {}
         self._live: dict[tuple[int, int], _Live] = {}  # (engine id, row) -> its job
         self._stepping = False
@@ -186,6 +189,18 @@ class Generator:
         self.loop.submit("openai.admit", job)
         return job.future
 
+    def swap(self, params, version: int) -> None:
+        """Serve new weights from the next decode chunk on (a training run's policy update):
+        every engine swaps (:meth:`~jaxrl_llm.sampling.PagedEngine.swap`; rows in flight
+        continue, their new tokens record ``version``), on the engine thread, in queue order."""
+
+        def swap() -> None:
+            self.params, self.version = params, int(version)
+            for eng in self.engines.values():
+                eng.swap(params, version)
+
+        self.loop.call(swap).result()
+
     # ----- the engine thread -------------------------------------------------------------------
 
     def _engine(self, sampling: SamplingConfig) -> PagedEngine:
@@ -196,7 +211,8 @@ class Generator:
             idle = [s for s, e in self.engines.items() if not e.busy]
             if idle:
                 del self.engines[idle[0]]
-        eng = PagedEngine(self.params, self.config, sampling=sampling, **self.engine_kw)
+        kw = self.engine_kw | {"version": self.version}
+        eng = PagedEngine(self.params, self.config, sampling=sampling, **kw)
         self.engines[sampling] = eng
         return eng
 

@@ -19,7 +19,7 @@ from typing import Any
 import fastapi
 from fastapi.responses import StreamingResponse
 
-from jaxrl_llm.serve.openai.generation import Generator, Job
+from jaxrl_llm.serve.openai.generation import Generator, Job, Sample
 from jaxrl_llm.serve.openai.schema import ChatRequest, CompletionRequest, Sampling
 from jaxrl_llm.serve.openai.shapes import (
     Cut,
@@ -31,6 +31,7 @@ from jaxrl_llm.serve.openai.shapes import (
     cut,
     usage,
 )
+from jaxrl_llm.serve.openai.turns import EPISODE_HEADER, Turn, TurnRecorder
 from jaxrl_llm.serve.openai.wire import (
     chat_prompt,
     check_messages,
@@ -76,10 +77,19 @@ class OpenAIRoutes:
       model: the served model (its ``name`` is the only model a request may name).
       generator: the :class:`~jaxrl_llm.serve.openai.generation.Generator` that decodes.
       call_format: how the model writes tool calls (a ``CALL_FORMATS`` name).
+      recorder: records the turns of requests that name their episode
+        (:data:`~jaxrl_llm.serve.openai.turns.EPISODE_HEADER`); None: nothing is recorded.
     """
 
-    def __init__(self, model: ServedModel, generator: Generator, call_format: str):
+    def __init__(
+        self,
+        model: ServedModel,
+        generator: Generator,
+        call_format: str,
+        recorder: TurnRecorder | None = None,
+    ):
         self.model, self.gen, self.call_format = model, generator, call_format
+        self.recorder = recorder
         self.tok = model.tokenizer
         self.router = fastapi.APIRouter()
         self.router.add_api_route("/v1/models", self.models, methods=["GET"])
@@ -94,7 +104,24 @@ class OpenAIRoutes:
                 404, f"The model {name!r} does not exist; this server serves {self.model.name!r}."
             )
 
-    def _job(self, prompt: list[int], req: Sampling, max_tokens: int | None, top: int) -> Job:
+    def _record(self, job: Job, cuts: list[Cut], samples: list[Sample]) -> None:
+        """Each choice of ``job`` as a turn of its episode (when it names one)."""
+        if self.recorder is None or job.episode is None:
+            return
+        for c, s in zip(cuts, samples, strict=True):
+            turn = Turn(
+                job.prompt, c.tokens, c.logprobs, s.versions[: len(c.tokens)], c.finish_reason
+            )
+            self.recorder.record(job.episode, turn)
+
+    def _job(
+        self,
+        prompt: list[int],
+        req: Sampling,
+        max_tokens: int | None,
+        top: int,
+        episode: str | None = None,
+    ) -> Job:
         """The engine job of one prompt, after the context-length and size checks (400s)."""
         p, ctx, gen = len(prompt), self.gen.max_len, self.gen.gen_len
         if p == 0:
@@ -126,6 +153,7 @@ class OpenAIRoutes:
             sampling_config(req),
             prompt_id=None if req.seed is None else req.seed % 2**31,
             top_logprobs=top,
+            episode=episode,
         )
 
     def _head(self, kind: str) -> dict[str, Any]:
@@ -148,14 +176,15 @@ class OpenAIRoutes:
         }
         return {"object": "list", "data": [entry]}
 
-    async def chat(self, req: ChatRequest) -> Any:
+    async def chat(self, req: ChatRequest, request: fastapi.Request) -> Any:
         """``POST /v1/chat/completions``."""
         self._check_model(req.model)
         messages = check_messages(req.messages)
         tools = check_tools(req.tools, req.tool_choice)
         prompt = chat_prompt(self.tok, messages, tools)
         top = (req.top_logprobs or 0) if req.logprobs else 0
-        job = self._job(prompt, req, req.max_completion_tokens or req.max_tokens, top)
+        episode = request.headers.get(EPISODE_HEADER)
+        job = self._job(prompt, req, req.max_completion_tokens or req.max_tokens, top, episode)
         shaping = Shaping(
             self.tok,
             tuple(stop_strings(req)),
@@ -169,6 +198,7 @@ class OpenAIRoutes:
             return self._stream_chat(job, shaping, head, req)
         samples = await asyncio.wrap_future(self.gen.submit(job))
         cuts = [cut(s, shaping) for s in samples]
+        self._record(job, cuts, samples)
         body = head | {
             "choices": [chat_choice(i, c, shaping) for i, c in enumerate(cuts)],
             "usage": usage([prompt], [len(c.tokens) for c in cuts]),
@@ -202,14 +232,15 @@ class OpenAIRoutes:
             out.append(ids)
         return out
 
-    async def completions(self, req: CompletionRequest) -> Any:
+    async def completions(self, req: CompletionRequest, request: fastapi.Request) -> Any:
         """``POST /v1/completions``: one job per prompt, choices prompt-major."""
         self._check_model(req.model)
         if req.echo or req.suffix:
             raise ServeError(400, "echo and suffix are not served")
         prompts = self._prompts(req.prompt)
         top = req.logprobs or 0
-        jobs = [self._job(p, req, req.max_tokens or 16, top) for p in prompts]
+        episode = request.headers.get(EPISODE_HEADER)
+        jobs = [self._job(p, req, req.max_tokens or 16, top, episode) for p in prompts]
         shaping = Shaping(
             self.tok,
             tuple(stop_strings(req)),
@@ -222,6 +253,8 @@ class OpenAIRoutes:
             return self._stream_completions(jobs, shaping, head, req)
         results = await asyncio.gather(*(asyncio.wrap_future(self.gen.submit(j)) for j in jobs))
         cuts = [cut(s, shaping) for samples in results for s in samples]
+        for j, (job, samples) in enumerate(zip(jobs, results, strict=True)):
+            self._record(job, cuts[j * req.n : (j + 1) * req.n], samples)
         choices = [completion_choice(i, c, shaping) for i, c in enumerate(cuts)]
         if req.return_token_ids:
             for i, ch in enumerate(choices):
@@ -317,8 +350,10 @@ class OpenAIRoutes:
                 message = e.message if isinstance(e, ServeError) else f"{type(e).__name__}: {e}"
                 yield _sse({"error": {"message": message, "type": "server_error", "code": 500}})
                 break
-            for i, s in enumerate(samples):
-                k, c = j * n + i, cut(s, shaping)
+            job_cuts = [cut(s, shaping) for s in samples]
+            self._record(jobs[j], job_cuts, samples)
+            for i, c in enumerate(job_cuts):
+                k = j * n + i
                 rest = c.text[len(sent_text[k]) :] if c.text.startswith(sent_text[k]) else c.text
                 counts[k] = len(c.tokens)
                 yield _sse(
