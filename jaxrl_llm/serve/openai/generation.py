@@ -173,6 +173,9 @@ class Generator:
         self.max_len, self.gen_len, self.num_slots = int(max_len), int(gen_len), int(num_slots)
         self.max_engines = int(max_engines)
         self.version = 0  # the weights' version (swap)
+        #: when set, every request is sampled with this config (a training run's rollout
+        #: settings: the behaviour log-probs are then the policy's at the loss's temperature)
+        self.forced: SamplingConfig | None = None
         self.engines: dict[SamplingConfig, PagedEngine] = {}
         self._live: dict[tuple[int, int], _Live] = {}  # (engine id, row) -> its job
         self._stepping = False

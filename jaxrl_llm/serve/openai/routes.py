@@ -133,6 +133,8 @@ class OpenAIRoutes:
                 f"has {p} tokens. Please reduce the length of the messages or prompt.",
             )
         m = min(gen, ctx - p) if max_tokens is None else int(max_tokens)
+        if self.gen.forced is not None:  # a training run's endpoint: its budget, not a 400
+            m = min(m, gen)
         if m > gen:
             raise ServeError(
                 400, f"max_tokens is {m}, more than this server's limit of {gen} tokens per reply"
@@ -150,7 +152,7 @@ class OpenAIRoutes:
             prompt,
             req.n,
             m,
-            sampling_config(req),
+            self.gen.forced or sampling_config(req),
             prompt_id=None if req.seed is None else req.seed % 2**31,
             top_logprobs=top,
             episode=episode,
