@@ -183,6 +183,7 @@ class _FakeGenerator:
     """Answers every job with fixed text (a tool call the tiny model cannot be made to write)."""
 
     max_len, gen_len, num_slots = MAX_LEN, MAX_TOKENS, 8
+    forced = None  # no training run's sampling
 
     def __init__(self, text):
         self.ids = TOK.encode(text, add_special_tokens=False) + [2]
