@@ -57,6 +57,9 @@ class FamilyEntry:
         ``text_config`` is this family's (import reads its text part), if any.
       chat_template: the chat template a tokenizer of this family without one gets, if any;
       end_of_turn: the token that then ends a chat reply (a stop token of the config).
+      tool_call_format: how the family's chat models write a tool call, a
+        :data:`jaxrl_llm.envs.tools.CALL_FORMATS` name (``hermes``: Qwen / Hermes JSON in
+        ``<tool_call>`` tags, the default; ``gemma4``; ``harmony``: gpt-oss).
     """
 
     family: Family
@@ -72,6 +75,7 @@ class FamilyEntry:
     multimodal_model_type: str | None = None
     chat_template: str | None = None
     end_of_turn: str | None = None
+    tool_call_format: str = "hermes"
 
 
 FAMILIES: dict[Family, FamilyEntry] = {
@@ -126,6 +130,7 @@ FAMILIES: dict[Family, FamilyEntry] = {
         layer_weights=gpt_oss_weights.LAYER_WEIGHTS,
         weights_from_hf=gpt_oss_weights.weights_from_hf,
         weights_to_hf=gpt_oss_weights.weights_to_hf,
+        tool_call_format="harmony",
     ),
     Family.GEMMA4: FamilyEntry(
         family=Family.GEMMA4,
@@ -137,6 +142,7 @@ FAMILIES: dict[Family, FamilyEntry] = {
         weights_from_hf=gemma4_weights.weights_from_hf,
         weights_to_hf=gemma4_weights.weights_to_hf,
         multimodal_model_type=gemma4_hf.MULTIMODAL_MODEL_TYPE,
+        tool_call_format="gemma4",
     ),
     Family.QWEN3_5: FamilyEntry(
         family=Family.QWEN3_5,

@@ -27,6 +27,7 @@ from jaxrl_llm.rewards.user_code import STOPPING, shared_runner
 from jaxrl_llm.sampling import Rollout, SamplingConfig, pad_prompts, stop_token_ids
 from jaxrl_llm.sampling.engine import layout_routing
 from jaxrl_llm.train.config.sections import EnvSection, RolloutSection
+from jaxrl_llm.train.online.agent_sampler import AGENT_ENV, check_agent_env
 from jaxrl_llm.train.online.experience import Experience
 
 log = logging.getLogger("jaxrl_llm")
@@ -46,7 +47,12 @@ def raw_item(x: Any) -> dict:
 
 def check_environment(env: EnvSection, item: Any) -> None:
     """The start-up checks of a run's environment: the class and its methods, its keyword
-    arguments, and (``env.check``) one ``reset`` on ``item`` and one ``step("")``."""
+    arguments, and (``env.check``) one ``reset`` on ``item`` and one ``step("")``. An
+    ``openai_agent`` environment: its agent function imports
+    (:func:`jaxrl_llm.train.online.agent_sampler.check_agent_env`)."""
+    if env.name == AGENT_ENV:
+        check_agent_env(env)
+        return
     factory = environment_factory(env.name, env.kwargs, timeout_s=env.step_timeout_s)
     if env.check:
         probe_environment(factory, raw_item(item), env.name, timeout_s=env.step_timeout_s)

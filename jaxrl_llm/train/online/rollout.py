@@ -30,6 +30,7 @@ from jaxrl_llm.rewards import RewardSet
 from jaxrl_llm.sampling import ROLLOUT_ENGINES, SamplingConfig, bucket_length, cast_for_rollout
 from jaxrl_llm.train.config.preflight import check_context_budget
 from jaxrl_llm.train.config.sections import EnvSection, EvalSection, RolloutSection
+from jaxrl_llm.train.online.agent_sampler import AGENT_ENV, AgentSampler
 from jaxrl_llm.train.online.episode_sampler import EpisodeSampler
 from jaxrl_llm.train.online.experience import Experience, concat_experience
 from jaxrl_llm.train.run.faults import fault_point
@@ -111,7 +112,7 @@ class Rollouts:
         self.episodes = (
             None
             if env is None
-            else EpisodeSampler(
+            else (AgentSampler if env.name == AGENT_ENV else EpisodeSampler)(
                 env,
                 settings,
                 rewards,

@@ -335,6 +335,9 @@ class OnlineTrainer(RunLoop):
         """Stop the rollout thread (if any), then release the checkpoint managers."""
         if self.producer is not None:
             self.producer.close()
+        close_episodes = getattr(self.rollouts.episodes, "close", None)
+        if close_episodes is not None:  # an openai_agent run's endpoint
+            close_episodes()
         super().close()
 
     def _write_samples(self, step: int, exp: Experience) -> None:
