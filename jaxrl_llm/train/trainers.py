@@ -81,7 +81,7 @@ class Trainer:
         callbacks: Iterable[Callback] = (),
         **overrides: Any,
     ):
-        from jaxrl_llm.train.trl_config import TrainingConfig
+        from jaxrl_llm.train.trl_config import TrainingConfig, dataset_rows
 
         model, base = _trainer_arguments(type(self).__name__, model, args, algorithm)
         if isinstance(base, TrainingConfig):
@@ -91,7 +91,7 @@ class Trainer:
                     f"args: a {type(base).__name__} is for {base.algorithm}, this trainer runs "
                     f"{wanted}"
                 )
-            base = base.to_dict()
+            base = base.to_dict(num_rows=dataset_rows(train_dataset))
         if not isinstance(base, (str, RunConfig)):
             base = dict(base)
             base.setdefault("algorithm", algorithm or self.algorithm)
