@@ -211,7 +211,7 @@ def run_training(cfg: RunConfig) -> dict:
     import jax
 
     from jaxrl_llm.train.run.run_state import output_dir_lock
-    from jaxrl_llm.train.run.signals import stop_signals, synced_stops
+    from jaxrl_llm.train.run.signals import RunStopped, stop_signals, synced_stops
 
     check_output_dir(cfg)  # again: another run may have written checkpoints since the check
     if jax_main_process():  # the model loads and the first programs compile before any step
@@ -238,16 +238,34 @@ def run_training(cfg: RunConfig) -> dict:
         try:
             check_loaded_step_memory(trainer)
             summary = trainer.run()
+        except RunStopped as e:  # the steps it finished are logged: plots and a summary too
+            write_run_outputs(cfg, stopped_summary(e, trainer.start_step))
+            raise
         finally:
             trainer.close()
         summary["start_step"] = trainer.start_step  # a resumed run trained the steps after it
-    if cfg.logging.plots:
+    write_run_outputs(cfg, summary)
+    return summary
+
+
+def stopped_summary(stop: Any, start_step: int) -> dict:
+    """The ``summary.json`` of a run a signal stopped (:class:`~jaxrl_llm.train.run.signals.
+    RunStopped` ``stop``): how it stopped, its exit status and the step it started from."""
+    return {"stopped": stop.message, "exit_status": stop.exit_status, "start_step": start_step}
+
+
+def write_run_outputs(cfg: RunConfig, summary: dict) -> None:
+    """Write a run's plots (``logging.plots``) and ``summary.json`` into its log directory,
+    for a run that ended and for one a signal stopped alike. A run that logged no metrics
+    (stopped before step 1) gets its summary and no plots."""
+    log_dir = paths.log_dir(cfg)
+    if cfg.logging.plots and os.path.isfile(os.path.join(log_dir, "metrics.jsonl")):
         from jaxrl_llm.train.run.plots import plot_run
 
-        plot_run(paths.log_dir(cfg))
-    with open(os.path.join(paths.log_dir(cfg), "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
-    return summary
+        plot_run(log_dir)
+    if os.path.isdir(log_dir):
+        with open(os.path.join(log_dir, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
 
 
 #: How :func:`start_line` begins (a progress line, as the trainers' ``data: ...``).

@@ -9,7 +9,6 @@ code as :func:`jaxrl_llm.train.api.train` and ``jaxrl-llm train`` (module docstr
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +22,8 @@ from jaxrl_llm.train.api import (
     check_loaded_step_memory,
     check_run,
     start_line,
+    stopped_summary,
+    write_run_outputs,
 )
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.voting_eval import voting_online_trainer
@@ -164,19 +165,18 @@ class Trainer:
             self._loop = None
         self._started = True
         check_output_dir(self.config)  # again: another run may have written checkpoints since
+        from jaxrl_llm.train.run.signals import RunStopped
+
         loop = self.loop
         try:
             summary = loop.run()
+        except RunStopped as e:  # the steps it finished are logged: plots and a summary too
+            write_run_outputs(self.config, stopped_summary(e, loop.start_step))
+            raise
         finally:
             loop.close()
         summary["start_step"] = loop.start_step
-        if self.config.logging.plots:
-            from jaxrl_llm.train.run.plots import plot_run
-
-            plot_run(paths.log_dir(self.config))
-        summary_path = os.path.join(paths.log_dir(self.config), "summary.json")
-        with open(summary_path, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+        write_run_outputs(self.config, summary)
         self._finished = True
         return summary
 
