@@ -137,10 +137,8 @@ class RunLoop:
                 restore_latest(c, holder, step)
         extra = restore_latest(self.ckpt, self.policy, step)
         if extra is None:
-            if self.cfg.resume == "auto":
-                self.say(
-                    f"resume auto: no complete checkpoint in {self.ckpt.directory}; starting fresh"
-                )
+            how = "resume auto" if self.cfg.resume == "auto" else "--resume"
+            self.say(f"{how}: no complete checkpoint in {self.ckpt.directory}; starting fresh")
             return
         step = int(extra.get("step", int(self.policy.state.step)))
         check_same_data(self.cfg, extra, self.data_sha256)
