@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.train.config.config_io import from_dict, load_config, to_dict
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
 from jaxrl_llm.train.config.preflight import (
@@ -88,6 +88,7 @@ def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
       ConfigError: one line naming the key to change.
     """
     pending = set(rows_to_write)
+    check_model_alias(cfg.model.source)
     plan = plan_run(cfg, check_mesh(cfg))
     check_tokenizer_sizes(cfg)
     check_lengths(cfg)
@@ -107,6 +108,25 @@ def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
             raise ConfigError(f"data.{key}: no such data file {src!r}")
     check_output_dir(cfg)
     return plan
+
+
+def check_model_alias(source: Any) -> None:
+    """A bare ``model.source`` name (no ``/``, no ``:``) must be ``tiny``, a model alias or
+    an existing path: a mistyped alias is refused before anything loads, not at load time.
+
+    Raises:
+      ConfigError: one line with the closest alias.
+    """
+    if not isinstance(source, str) or source == "tiny" or "/" in source or ":" in source:
+        return
+    from jaxrl_llm.interop.aliases import MODEL_ALIASES
+
+    if source in MODEL_ALIASES or os.path.exists(source):
+        return
+    raise ConfigError(
+        f"model.source {source!r}: not a model alias{did_you_mean(source, MODEL_ALIASES)} nor "
+        f"a file or directory here; known aliases: {sorted(MODEL_ALIASES)}"
+    )
 
 
 #: Sections only online algorithms read; ``train`` only offline ones.

@@ -9,7 +9,7 @@ import yaml
 import jaxrl_llm
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.api import build_config, importable_name
-from tests.train.harness import CHAT_ROWS, tiny_online_args
+from tests.train.harness import CHAT_ROWS, SFT, run_cli, tiny_online_args
 
 ROWS = CHAT_ROWS
 SEEN: list = []
@@ -181,3 +181,12 @@ def test_a_model_known_only_once_loaded_has_its_step_memory_checked(tmp_path):
         jaxrl_llm.train(cfg)
     assert "GiB per device by the memory estimate" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_refuses_a_mistyped_model_alias(capsys):
+    rc, _, err = run_cli(["train", SFT, "model.source=smollm2-135m-instrct", "--dry-run"], capsys)
+    assert rc == 2, err[-2000:]
+    errors = [x for x in err.splitlines() if "error" in x]
+    assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert "model.source 'smollm2-135m-instrct': not a model alias (did you mean " in errors[0]
+    assert "'smollm2-135m-instruct'" in errors[0]
