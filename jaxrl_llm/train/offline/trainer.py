@@ -39,6 +39,7 @@ from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.run.faults import fault_point
 from jaxrl_llm.train.run.loop import RunLoop
+from jaxrl_llm.train.run.progress import phase
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
 from jaxrl_llm.train.run.signals import held
 
@@ -112,7 +113,8 @@ class OfflineTrainer(RunLoop):
         self.plan = plan = plan_run(cfg, check_mesh(cfg))  # before the model loads
         d, t = cfg.data, cfg.train
         self.eval_every = t.eval_every
-        config, params, tok = load_policy_model(cfg)
+        with phase(f"model load ({cfg.model.source})"):
+            config, params, tok = load_policy_model(cfg)
         # The data is read and checked before anything compiles: a bad line costs no compile.
         self.format = Format(algo.data_format)
         self.train_data, self.eval_data = read_splits(

@@ -37,6 +37,7 @@ from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.policy import Policy, export_policy
 from jaxrl_llm.train.run import paths
 from jaxrl_llm.train.run.faults import fault_point
+from jaxrl_llm.train.run.progress import phase
 from jaxrl_llm.train.run.run_state import (
     NonFiniteGuard,
     check_same_data,
@@ -298,7 +299,8 @@ class RunLoop:
         first = self.start_step + 1
         if self.eval_before and self.eval_data is not None and self.start_step == 0:
             self._synced_stop(first, starting=True)  # a stop during start-up
-            summary["eval_before"] = self.evaluate()
+            with phase("eval before training", self.say):
+                summary["eval_before"] = self.evaluate()
             logger.log(0, summary["eval_before"])
         for step in range(first, cfg.max_steps + 1):
             self._stop_point = self._boundary(step)
@@ -314,7 +316,8 @@ class RunLoop:
         # evaluates (and logs) it exactly once.
         self.save(cfg.max_steps, force=True)
         if self.eval_data is not None:
-            summary["eval_after"] = self.evaluate()
+            with phase("eval after training", self.say):
+                summary["eval_after"] = self.evaluate()
             logger.log(cfg.max_steps, summary["eval_after"], progress=False)
         self.ckpt.wait_until_finished()
         for c, _ in self.companions:
@@ -384,7 +387,8 @@ class RunLoop:
         # (a stop the update held: the step is saved, not evaluated)
         evaluates = self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps
         if evaluates and not stop_held():
-            metrics.update(self.evaluate())
+            with phase(f"eval at step {step}", self.say):
+                metrics.update(self.evaluate())
         with deferred():  # a signal here waits until the step counts as finished
             bad = metrics.get("nonfinite", 0.0)
             metrics.update(self.guard.update(step, bad))
