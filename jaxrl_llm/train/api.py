@@ -398,11 +398,27 @@ def build_config(
         texts[data[key]] = rows_text(rows, f"{key}_dataset")
         merged["data"] = data
     cfg = from_dict(RunConfig, merged)
+    for path, text in texts.items():  # before anything is written: errors name the user's row
+        check_rows(text, f"{os.path.basename(path).split('.')[0]}_dataset", cfg.algo.data_format)
     if texts:
         check_run(cfg, rows_to_write=texts)
         for path, text in texts.items():
             write_rows(text, path, cfg)
     return cfg
+
+
+def check_rows(text: str, what: str, fmt: str) -> None:
+    """Parse in-memory rows (their JSONL ``text``) as data format ``fmt``, each named as the
+    caller knows it: ``train_dataset[3]`` (0-based, the list's or ``datasets.Dataset``'s index).
+
+    Raises:
+      DataError: one line naming the row and the field (with a rename for a common dataset's
+        columns).
+    """
+    from jaxrl_llm.data import Record, parse_example
+
+    for i, line in enumerate(text.splitlines()):
+        parse_example(Record(json.loads(line), f"{what}[{i}]"), fmt)
 
 
 @dataclasses.dataclass(frozen=True)
