@@ -14,8 +14,8 @@ of (seed, step), so a run killed at any moment and resumed logs the same metrics
 the same parameters as one that was never interrupted (``tests/train/test_kill_resume.py``).
 
 Stopping: Ctrl-C or SIGTERM inside a step (:mod:`jaxrl_llm.train.run.signals`), or user code
-failing with ``on_error: raise``, saves the last finished step (:meth:`RunLoop.save_on_stop`:
-unless a checkpoint within ``save_every / 2`` steps holds it, or the stop landed inside an
+failing with ``on_error: raise``, saves the last finished step on every process
+(:meth:`RunLoop.save_on_stop`: unless it is on disk already, or the stop landed inside an
 update) and ends the run with :class:`~jaxrl_llm.train.run.signals.RunStopped` (or the user code's
 one-line error); a run resumed from that checkpoint continues as an uninterrupted one.
 """
@@ -244,12 +244,12 @@ class RunLoop:
 
     def save_on_stop(self, boundary: tuple[int, dict, list[int]]) -> str:
         """Save the last finished step when a run stops inside the next one (a signal, or user
-        code with ``on_error: raise``), unless a checkpoint within ``save_every / 2`` steps
-        holds it already; returns what happened, in words. Nothing is saved when the stop
+        code with ``on_error: raise``), unless it is on disk already: no finished step is lost
+        (a checkpoint a few steps back once stood in for it, and the steps after it were
+        trained again); returns what happened, in words. Nothing is saved when the stop
         landed inside an update (the state is then between two steps)."""
         step, data, counts = boundary
         holders = [self.policy] + [h for _, h in self.companions]
-        every = self.cfg.checkpoint.save_every
         self.ckpt.wait_until_finished()  # a periodic save the stop cut into, if any
         on_disk = self.ckpt.all_steps()
         last = max(on_disk) if on_disk else None
@@ -263,8 +263,8 @@ class RunLoop:
             )
         if step <= 0:
             return "stopped in the first step; nothing to save"
-        if last is not None and step >= last and (step - last) * 2 < every:
-            return f"checkpoint of step {last} kept (within save_every / 2 = {every / 2:g} steps)"
+        if step == last:
+            return f"step {step} is saved already in {where}"
         self.save(step, force=True, data=data)
         self.ckpt.wait_until_finished()
         for c, _ in self.companions:
