@@ -264,7 +264,7 @@ class RunLoop:
         if step <= 0:
             return "stopped in the first step; nothing to save"
         if step == last:
-            return f"step {step} is saved already in {where}"
+            return f"checkpoint of step {step} kept (on disk already in {where})"
         self.save(step, force=True, data=data)
         self.ckpt.wait_until_finished()
         for c, _ in self.companions:
