@@ -62,7 +62,8 @@ class Trainer:
       environment, train_dataset, eval_dataset: as :func:`train` takes them.
       args: the rest of the config: a typed config with TRL's names
         (:class:`~jaxrl_llm.train.trl_config.GRPOConfig`, ...), a dict, a YAML path or a
-        ``RunConfig``; ``output_dir`` and ``max_steps`` are required.
+        ``RunConfig``; ``output_dir`` is required, and ``max_steps`` unless a typed config
+        trains ``num_train_epochs`` over ``train_dataset`` (TRL's default).
       callbacks: :class:`Callback` objects.
       **overrides: config keys, as :func:`train` takes them.
     """

@@ -39,7 +39,7 @@ from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.run.faults import fault_point
 from jaxrl_llm.train.run.loop import RunLoop
-from jaxrl_llm.train.run.progress import phase
+from jaxrl_llm.train.run.progress import bar, phase
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
 from jaxrl_llm.train.run.signals import held
 
@@ -204,7 +204,7 @@ class OfflineTrainer(RunLoop):
         n_batches = len(items) // bs
         if t.eval_batches:
             n_batches = min(n_batches, t.eval_batches)
-        for i in range(max(n_batches, 1)):
+        for i in bar(range(max(n_batches, 1)), total=max(n_batches, 1), desc="eval batches"):
             chunk = items[i * bs : (i + 1) * bs]
             if len(chunk) < bs:
                 break
