@@ -168,11 +168,46 @@ _SIGNATURES = (
 )
 
 
+#: Common public datasets' columns for a field this package reads, and the shape's name: a
+#: missing field with one of these present gets the rename in its message.
+_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "prompt": (
+        ("question", "GSM8K's"),
+        ("problem", "MATH's"),
+        ("instruction", "Alpaca's (prompt = instruction + input, completion = output)"),
+        ("query", "a query/response"),
+        ("input", "an input/output"),
+    ),
+    "completion": (
+        ("output", "Alpaca's (prompt = instruction + input, completion = output)"),
+        ("response", "a query/response"),
+        ("answer", "a question/answer"),
+        ("solution", "MATH's"),
+    ),
+}
+
+
+def _rename_hint(field: str, present: list[str]) -> str:
+    """``"; rename 'question' to 'prompt' (GSM8K's shape)"`` when a common dataset's column
+    stands where ``field`` is missing, else ``""``; ShareGPT's ``conversations`` gets how it
+    is read."""
+    if field == "prompt" and "conversations" in present:
+        return (
+            "; ShareGPT's shape (conversations of {from, value}) is read as SFT messages; for "
+            "prompts, give 'prompt' as a list of {role, content} messages"
+        )
+    for column, shape in _RENAMES.get(field, ()):
+        if column in present:
+            return f"; rename {column!r} to {field!r} ({shape} shape)"
+    return ""
+
+
 def _get(record: Record, field: str) -> Any:
     if field not in record.fields or record.fields[field] is None:
         present = sorted(k for k, v in record.fields.items() if v is not None)
         raise _MissingField(
             f"{record.location}: missing field {field!r} (fields present: {present})"
+            f"{_rename_hint(field, present)}"
         )
     return record.fields[field]
 

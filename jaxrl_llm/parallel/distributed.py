@@ -13,7 +13,6 @@ import threading
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxrl_llm.errors import ConfigError, TrainingError
 
@@ -265,12 +264,7 @@ def watch_peers(checkpoints: Any = None) -> Any:
     """
     if jax.process_count() == 1 or "host" not in _JOB:
         return None
-    from jax.experimental import multihost_utils
-
     from jaxrl_llm.parallel.peers import PeerWatch
-
-    def exchange_port(port: int | None) -> int:
-        return int(multihost_utils.broadcast_one_to_all(np.int32(port or 0)))
 
     kwargs = {} if checkpoints is None else {"checkpoints": checkpoints}
     try:
@@ -279,15 +273,41 @@ def watch_peers(checkpoints: Any = None) -> Any:
             jax.process_count(),
             _JOB["host"],
             _JOB["failure_timeout_s"],
-            exchange_port,
+            _exchange_through_jax,
+            port=_env_int(ENV_WATCH_PORT) or 0,
             **kwargs,
         )
     except OSError as e:  # a process that never connected, a port the network blocks
         raise TrainingError(
             f"process {jax.process_index()}: the watch on the job's other processes could not "
             f"start ({e.strerror or e}); process 0's host must accept TCP connections from "
-            f"every host on an ephemeral port"
+            f"every host on {_JOB['host']}, port {os.environ.get(ENV_WATCH_PORT) or 'any'} "
+            f"({ENV_WATCH_PORT} picks it)"
         ) from None
+
+
+#: Environment variable naming the port process 0's peer watch listens on (default: one the
+#: system picks), for a network that opens only named ports.
+ENV_WATCH_PORT = "JAXRL_LLM_WATCH_PORT"
+
+_WATCH_KEY = "jaxrl_llm/peer_watch"
+
+
+def _exchange_through_jax(value: str | None) -> str:
+    """The peer watch's address and secret, from process 0 to the others through JAX's
+    coordination service key-value store (only the job's processes reach it)."""
+    from jax._src.distributed import global_state
+
+    client = global_state.client
+    if client is None:
+        raise OSError("JAX's coordination service is not running")
+    if value is not None:
+        client.key_value_set(_WATCH_KEY, value, allow_overwrite=True)
+        return value
+    try:
+        return str(client.blocking_key_value_get(_WATCH_KEY, int(connect_timeout() * 1000)))
+    except Exception as e:  # XlaRuntimeError: DEADLINE_EXCEEDED, the service gone
+        raise OSError(f"process 0 did not publish its watch ({str(e).splitlines()[0]})") from None
 
 
 #: Environment variables by which a launcher announces a multi-process job that

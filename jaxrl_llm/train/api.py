@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.train.config.config_io import from_dict, load_config, to_dict
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
 from jaxrl_llm.train.config.preflight import (
@@ -88,6 +88,7 @@ def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
       ConfigError: one line naming the key to change.
     """
     pending = set(rows_to_write)
+    check_model_alias(cfg.model.source)
     plan = plan_run(cfg, check_mesh(cfg))
     check_tokenizer_sizes(cfg)
     check_lengths(cfg)
@@ -107,6 +108,25 @@ def check_run(cfg: RunConfig, *, rows_to_write: Iterable[str] = ()) -> RunPlan:
             raise ConfigError(f"data.{key}: no such data file {src!r}")
     check_output_dir(cfg)
     return plan
+
+
+def check_model_alias(source: Any) -> None:
+    """A bare ``model.source`` name (no ``/``, no ``:``) must be ``tiny``, a model alias or
+    an existing path: a mistyped alias is refused before anything loads, not at load time.
+
+    Raises:
+      ConfigError: one line with the closest alias.
+    """
+    if not isinstance(source, str) or source == "tiny" or "/" in source or ":" in source:
+        return
+    from jaxrl_llm.interop.aliases import MODEL_ALIASES
+
+    if source in MODEL_ALIASES or os.path.exists(source):
+        return
+    raise ConfigError(
+        f"model.source {source!r}: not a model alias{did_you_mean(source, MODEL_ALIASES)} nor "
+        f"a file or directory here; known aliases: {sorted(MODEL_ALIASES)}"
+    )
 
 
 #: Sections only online algorithms read; ``train`` only offline ones.
@@ -211,7 +231,7 @@ def run_training(cfg: RunConfig) -> dict:
     import jax
 
     from jaxrl_llm.train.run.run_state import output_dir_lock
-    from jaxrl_llm.train.run.signals import stop_signals, synced_stops
+    from jaxrl_llm.train.run.signals import RunStopped, stop_signals, synced_stops
 
     check_output_dir(cfg)  # again: another run may have written checkpoints since the check
     if jax_main_process():  # the model loads and the first programs compile before any step
@@ -238,16 +258,34 @@ def run_training(cfg: RunConfig) -> dict:
         try:
             check_loaded_step_memory(trainer)
             summary = trainer.run()
+        except RunStopped as e:  # the steps it finished are logged: plots and a summary too
+            write_run_outputs(cfg, stopped_summary(e, trainer.start_step))
+            raise
         finally:
             trainer.close()
         summary["start_step"] = trainer.start_step  # a resumed run trained the steps after it
-    if cfg.logging.plots:
+    write_run_outputs(cfg, summary)
+    return summary
+
+
+def stopped_summary(stop: Any, start_step: int) -> dict:
+    """The ``summary.json`` of a run a signal stopped (:class:`~jaxrl_llm.train.run.signals.
+    RunStopped` ``stop``): how it stopped, its exit status and the step it started from."""
+    return {"stopped": stop.message, "exit_status": stop.exit_status, "start_step": start_step}
+
+
+def write_run_outputs(cfg: RunConfig, summary: dict) -> None:
+    """Write a run's plots (``logging.plots``) and ``summary.json`` into its log directory,
+    for a run that ended and for one a signal stopped alike. A run that logged no metrics
+    (stopped before step 1) gets its summary and no plots."""
+    log_dir = paths.log_dir(cfg)
+    if cfg.logging.plots and os.path.isfile(os.path.join(log_dir, "metrics.jsonl")):
         from jaxrl_llm.train.run.plots import plot_run
 
-        plot_run(paths.log_dir(cfg))
-    with open(os.path.join(paths.log_dir(cfg), "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
-    return summary
+        plot_run(log_dir)
+    if os.path.isdir(log_dir):
+        with open(os.path.join(log_dir, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
 
 
 #: How :func:`start_line` begins (a progress line, as the trainers' ``data: ...``).
@@ -360,11 +398,27 @@ def build_config(
         texts[data[key]] = rows_text(rows, f"{key}_dataset")
         merged["data"] = data
     cfg = from_dict(RunConfig, merged)
+    for path, text in texts.items():  # before anything is written: errors name the user's row
+        check_rows(text, f"{os.path.basename(path).split('.')[0]}_dataset", cfg.algo.data_format)
     if texts:
         check_run(cfg, rows_to_write=texts)
         for path, text in texts.items():
             write_rows(text, path, cfg)
     return cfg
+
+
+def check_rows(text: str, what: str, fmt: str) -> None:
+    """Parse in-memory rows (their JSONL ``text``) as data format ``fmt``, each named as the
+    caller knows it: ``train_dataset[3]`` (0-based, the list's or ``datasets.Dataset``'s index).
+
+    Raises:
+      DataError: one line naming the row and the field (with a rename for a common dataset's
+        columns).
+    """
+    from jaxrl_llm.data import Record, parse_example
+
+    for i, line in enumerate(text.splitlines()):
+        parse_example(Record(json.loads(line), f"{what}[{i}]"), fmt)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,6 @@ code as :func:`jaxrl_llm.train.api.train` and ``jaxrl-llm train`` (module docstr
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +22,8 @@ from jaxrl_llm.train.api import (
     check_loaded_step_memory,
     check_run,
     start_line,
+    stopped_summary,
+    write_run_outputs,
 )
 from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.online.voting_eval import voting_online_trainer
@@ -61,7 +62,8 @@ class Trainer:
       environment, train_dataset, eval_dataset: as :func:`train` takes them.
       args: the rest of the config: a typed config with TRL's names
         (:class:`~jaxrl_llm.train.trl_config.GRPOConfig`, ...), a dict, a YAML path or a
-        ``RunConfig``; ``output_dir`` and ``max_steps`` are required.
+        ``RunConfig``; ``output_dir`` is required, and ``max_steps`` unless a typed config
+        trains ``num_train_epochs`` over ``train_dataset`` (TRL's default).
       callbacks: :class:`Callback` objects.
       **overrides: config keys, as :func:`train` takes them.
     """
@@ -81,7 +83,7 @@ class Trainer:
         callbacks: Iterable[Callback] = (),
         **overrides: Any,
     ):
-        from jaxrl_llm.train.trl_config import TrainingConfig
+        from jaxrl_llm.train.trl_config import TrainingConfig, dataset_rows
 
         model, base = _trainer_arguments(type(self).__name__, model, args, algorithm)
         if isinstance(base, TrainingConfig):
@@ -91,7 +93,7 @@ class Trainer:
                     f"args: a {type(base).__name__} is for {base.algorithm}, this trainer runs "
                     f"{wanted}"
                 )
-            base = base.to_dict()
+            base = base.to_dict(num_rows=dataset_rows(train_dataset))
         if not isinstance(base, (str, RunConfig)):
             base = dict(base)
             base.setdefault("algorithm", algorithm or self.algorithm)
@@ -164,19 +166,18 @@ class Trainer:
             self._loop = None
         self._started = True
         check_output_dir(self.config)  # again: another run may have written checkpoints since
+        from jaxrl_llm.train.run.signals import RunStopped
+
         loop = self.loop
         try:
             summary = loop.run()
+        except RunStopped as e:  # the steps it finished are logged: plots and a summary too
+            write_run_outputs(self.config, stopped_summary(e, loop.start_step))
+            raise
         finally:
             loop.close()
         summary["start_step"] = loop.start_step
-        if self.config.logging.plots:
-            from jaxrl_llm.train.run.plots import plot_run
-
-            plot_run(paths.log_dir(self.config))
-        summary_path = os.path.join(paths.log_dir(self.config), "summary.json")
-        with open(summary_path, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+        write_run_outputs(self.config, summary)
         self._finished = True
         return summary
 

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import os
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from jaxrl_llm.errors import ConfigError
+from jaxrl_llm.train.trl_checks import check_fields, checked_init
 
 log = logging.getLogger("jaxrl_llm")
 
@@ -82,6 +85,30 @@ def lora_section(peft_config: Any) -> dict | None:
     return out
 
 
+def dataset_rows(dataset: Any) -> int | None:
+    """The number of rows of a training dataset as a trainer takes it (a list, a
+    ``datasets.Dataset``, anything with ``len``; a ``.jsonl`` path: its non-blank lines), or
+    None when it is not known without reading it (an iterable, a hub name)."""
+    if isinstance(dataset, (str, os.PathLike)):
+        path = os.fspath(dataset)
+        if not (path.endswith(".jsonl") and os.path.isfile(path)):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return sum(1 for line in f if line.strip())
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _advantage_scale(scale_rewards: str | bool) -> str:
+    """``rollout.advantage_scale`` of TRL's ``scale_rewards`` (True: ``group``, False:
+    ``none``)."""
+    if isinstance(scale_rewards, bool):
+        return "group" if scale_rewards else "none"
+    return scale_rewards
+
+
 def _devices() -> int:
     import jax
 
@@ -94,11 +121,16 @@ class TrainingConfig:
 
     Attributes:
       output_dir: the run directory (``output_dir``).
-      max_steps: optimizer steps (``max_steps``; there is no ``num_train_epochs``).
+      max_steps: optimizer steps (``max_steps``); -1 (TRL's default): ``num_train_epochs``
+        passes over the training dataset (:meth:`steps`).
+      num_train_epochs: passes over the training dataset when ``max_steps`` is -1 (TRL's
+        default 3); a fraction is a part of one.
       learning_rate: peak learning rate (``optim.lr``).
       lr_scheduler_type: ``constant``, ``cosine`` or ``linear`` (``optim.schedule``).
       warmup_steps: linear warm-up steps (``optim.warmup_steps``).
+      warmup_ratio: warm-up as a fraction of the steps, used when ``warmup_steps`` is 0.
       weight_decay: AdamW's decoupled weight decay (``optim.weight_decay``).
+      adam_beta1, adam_beta2, adam_epsilon: Adam's β₁, β₂, ε (``optim.b1``, ``b2``, ``eps``).
       max_grad_norm: global gradient-norm clip, None = off (``optim.grad_clip``).
       per_device_train_batch_size: with the devices and ``gradient_accumulation_steps``, the
         global batch of one step (module docstring); None: the algorithm's default.
@@ -123,11 +155,16 @@ class TrainingConfig:
     algorithm: ClassVar[str] = ""
 
     output_dir: str
-    max_steps: int
+    max_steps: int = -1
+    num_train_epochs: float = 3.0
     learning_rate: float = 1e-5
     lr_scheduler_type: Literal["constant", "cosine", "linear"] = "constant"
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
     weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
     max_grad_norm: float | None = 1.0
     per_device_train_batch_size: int | None = None
     gradient_accumulation_steps: int = 1
@@ -144,26 +181,50 @@ class TrainingConfig:
     peft_config: Any = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        """The run config this stands for, as the nested dict a trainer's ``args`` takes."""
-        if not isinstance(self.resume_from_checkpoint, bool):
+    def __post_init__(self) -> None:
+        check_fields(self)  # every field's type and range (trl_checks.RANGES)
+
+    def steps(self, num_rows: int | None) -> int:
+        """Optimizer steps: ``max_steps``, or with -1 (TRL's default) ``num_train_epochs``
+        passes over ``num_rows`` training rows, ⌈epochs × rows / rows per step⌉ (rows per step:
+        prompts online, rows offline), at least 1.
+
+        Raises:
+          ConfigError: ``max_steps`` is -1 and the dataset's size is not known.
+        """
+        if self.max_steps != -1:
+            return self.max_steps
+        if num_rows is None:
             raise ConfigError(
-                "resume_from_checkpoint: true or false (a run resumes the newest checkpoint of "
-                "its own output_dir)"
+                f"{type(self).__name__}: max_steps=-1 trains num_train_epochs="
+                f"{self.num_train_epochs:g} epochs, which needs the training dataset's size: "
+                f"pass train_dataset (rows or a .jsonl file), or give max_steps"
             )
-        if self.gradient_accumulation_steps < 1:
-            raise ConfigError("gradient_accumulation_steps must be >= 1")
+        return max(1, math.ceil(self.num_train_epochs * num_rows / self._rows_per_step()))
+
+    def _rows_per_step(self) -> int:
+        """Training rows one step consumes (the subclasses)."""
+        raise NotImplementedError
+
+    def to_dict(self, num_rows: int | None = None) -> dict:
+        """The run config this stands for, as the nested dict a trainer's ``args`` takes;
+        ``num_rows`` (the training dataset's size) turns epochs into steps (:meth:`steps`)."""
+        max_steps = self.steps(num_rows)
+        warmup = self.warmup_steps or math.ceil(self.warmup_ratio * max_steps)
         out: dict[str, Any] = {
             "algorithm": self.algorithm,
             "output_dir": self.output_dir,
-            "max_steps": self.max_steps,
+            "max_steps": max_steps,
             "seed": self.seed,
             "resume": self.resume_from_checkpoint,
             "optim": {
                 "lr": self.learning_rate,
                 "schedule": self.lr_scheduler_type,
-                "warmup_steps": self.warmup_steps,
+                "warmup_steps": warmup,
                 "weight_decay": self.weight_decay,
+                "b1": self.adam_beta1,
+                "b2": self.adam_beta2,
+                "eps": self.adam_epsilon,
                 "grad_clip": self.max_grad_norm,
             },
             "logging": {"log_every": self.logging_steps, "run_name": self.run_name},
@@ -212,6 +273,8 @@ class GRPOConfig(TrainingConfig):
       epsilon: the ratio clip ε (``loss.clip_eps``; None: the default).
       mask_truncated_completions: no loss on completions cut at the length limit
         (``rollout.mask_truncated``).
+      scale_rewards: divide advantages by the reward's std over the ``"group"`` (True), the
+        ``"batch"``, or not at all (``"none"``, False; Dr. GRPO) (``rollout.advantage_scale``).
       eval_num_samples, pass_at, maj_at: sampled completions per held-out prompt and the k
         of ``eval/pass@k`` and ``eval/maj@k`` (``eval.num_samples``, ``eval.pass_at``,
         ``eval.maj_at``).
@@ -232,21 +295,27 @@ class GRPOConfig(TrainingConfig):
     beta: float | None = None
     epsilon: float | None = None
     mask_truncated_completions: bool = False
+    scale_rewards: Literal["group", "batch", "none"] | bool = "group"
     eval_num_samples: int = 0
     pass_at: tuple[int, ...] = ()
     maj_at: tuple[int, ...] = ()
 
-    def _algorithm_keys(self, out: dict) -> None:
-        prompts = self.prompts_per_step
+    def _rows_per_step(self) -> int:
+        """Prompts per step: ``prompts_per_step``, or the global batch of completions over
+        ``num_generations``."""
         rows = self._global_batch()
-        if rows is not None:
-            if rows % self.num_generations:
-                raise ConfigError(
-                    f"per_device_train_batch_size x {_devices()} devices x "
-                    f"gradient_accumulation_steps = {rows} completions per step is not a "
-                    f"multiple of num_generations={self.num_generations}"
-                )
-            prompts = rows // self.num_generations
+        if rows is None:
+            return self.prompts_per_step
+        if rows % self.num_generations:
+            raise ConfigError(
+                f"per_device_train_batch_size x {_devices()} devices x "
+                f"gradient_accumulation_steps = {rows} completions per step is not a "
+                f"multiple of num_generations={self.num_generations}"
+            )
+        return rows // self.num_generations
+
+    def _algorithm_keys(self, out: dict) -> None:
+        prompts = self._rows_per_step()
         out["rollout"] = {
             "group_size": self.num_generations,
             "prompts_per_step": prompts,
@@ -257,6 +326,7 @@ class GRPOConfig(TrainingConfig):
             "min_p": self.min_p,
             "epochs": self.num_iterations,
             "mask_truncated": self.mask_truncated_completions,
+            "advantage_scale": _advantage_scale(self.scale_rewards),
         }
         out["data"] = {"max_length": self.max_prompt_length}
         out["eval"] = {
@@ -309,10 +379,14 @@ class SFTConfig(TrainingConfig):
     packing: bool = False
     batch_size: int = 8
 
-    def _algorithm_keys(self, out: dict) -> None:
+    def _rows_per_step(self) -> int:
+        """Rows per step: ``batch_size``, or the global batch."""
         rows = self._global_batch()
+        return self.batch_size if rows is None else rows
+
+    def _algorithm_keys(self, out: dict) -> None:
         out["train"] = {
-            "batch_size": self.batch_size if rows is None else rows,
+            "batch_size": self._rows_per_step(),
             "micro_batches": self.gradient_accumulation_steps,
             "eval_every": self.eval_steps,
         }
@@ -389,3 +463,5 @@ def _merge(base: dict, over: Mapping[str, Any]) -> dict:
 
 for _cls in CONFIGS.values():  # help() on a config lists the shared fields too
     _cls.__doc__ = (_cls.__doc__ or "").rstrip() + "\n\n" + _shared_fields_doc()
+    checked_init(_cls)  # TRL names this package lacks, unknown keywords: one line each
+checked_init(TrainingConfig)

@@ -152,3 +152,27 @@ def test_an_sft_row_as_a_prompt_row_for_evaluation():
     assert as_prompt_row(prompt_row) is prompt_row
     with pytest.raises(DataError, match="f.jsonl line 7"):
         as_prompt_row(rec(messages=USER))  # no assistant turn to take as the answer
+
+
+@pytest.mark.parametrize(
+    "fmt, fields, words",
+    [
+        ("prompt", {"question": "2+2?", "answer": "4"}, "rename 'question' to 'prompt' (GSM8K's"),
+        ("prompt", {"problem": "x", "solution": "y"}, "rename 'problem' to 'prompt' (MATH's"),
+        (
+            "sft",
+            {"instruction": "Add.", "input": "2 2", "output": "4"},
+            "rename 'instruction' to 'prompt' (Alpaca's (prompt = instruction + input",
+        ),
+        ("sft", {"prompt": "q", "response": "a"}, "rename 'response' to 'completion'"),
+        (
+            "prompt",
+            {"conversations": [{"from": "human", "value": "hi"}]},
+            "ShareGPT's shape (conversations of {from, value})",
+        ),
+    ],
+)
+def test_a_common_datasets_columns_get_the_rename(fmt, fields, words):
+    with pytest.raises(DataError) as e:
+        parse_example(rec(**fields), fmt)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -9,7 +9,7 @@ import yaml
 import jaxrl_llm
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.api import build_config, importable_name
-from tests.train.harness import CHAT_ROWS, tiny_online_args
+from tests.train.harness import CHAT_ROWS, SFT, run_cli, tiny_online_args
 
 ROWS = CHAT_ROWS
 SEEN: list = []
@@ -65,7 +65,14 @@ def test_overrides_merge_and_objects_without_a_name_are_refused(tmp_path):
         _tiny(tmp_path / "run", algorithm="sft"),
         train=dict(batch_size=8),
         data__max_length=48,
-        train_dataset=[{"messages": [{"role": "user", "content": "hi"}]}],
+        train_dataset=[
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"},
+                ]
+            }
+        ],
     )
     assert cfg.train.batch_size == 8 and cfg.data.max_length == 48
     assert cfg.model.source == "tiny"
@@ -181,3 +188,27 @@ def test_a_model_known_only_once_loaded_has_its_step_memory_checked(tmp_path):
         jaxrl_llm.train(cfg)
     assert "GiB per device by the memory estimate" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_refuses_a_mistyped_model_alias(capsys):
+    rc, _, err = run_cli(["train", SFT, "model.source=smollm2-135m-instrct", "--dry-run"], capsys)
+    assert rc == 2, err[-2000:]
+    errors = [x for x in err.splitlines() if "error" in x]
+    assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert "model.source 'smollm2-135m-instrct': not a model alias (did you mean " in errors[0]
+    assert "'smollm2-135m-instruct'" in errors[0]
+
+
+def test_a_bad_in_memory_row_is_named_by_its_index_and_nothing_is_written(tmp_path):
+    rows = [*CHAT_ROWS[:3], {"question": "2+2?", "answer": "4"}]
+    out = tmp_path / "run"
+    with pytest.raises(jaxrl_llm.errors.DataError) as e:
+        build_config(
+            {"algorithm": "grpo", "output_dir": str(out), "max_steps": 1},
+            train_dataset=rows,
+            reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        )
+    msg = str(e.value)
+    assert msg.startswith("train_dataset[3]: missing field 'prompt'"), msg
+    assert "rename 'question' to 'prompt' (GSM8K's shape)" in msg and "\n" not in msg
+    assert not out.exists()  # no copy of the rows left behind

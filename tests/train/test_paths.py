@@ -179,7 +179,7 @@ def test_a_run_on_a_fake_bucket_resumes_with_logs_kept_locally(tmp_path, monkeyp
     bucket.mkdir()
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    uri = "gs://b/exp/run1"
+    uri = "gs://bkt/exp/run1"
     logs = cwd / "jaxrl-llm-logs" / "run1"
     with fake_bucket(str(bucket)):
         rc, err = _train(capsys, f"output_dir={uri}", "max_steps=2")
@@ -194,7 +194,7 @@ def test_a_run_on_a_fake_bucket_resumes_with_logs_kept_locally(tmp_path, monkeyp
     assert os.listdir(cwd) == ["jaxrl-llm-logs"]  # nothing under ./gs:
     assert {"metrics.jsonl", "config.yaml", "summary.json", ".lock"} <= set(os.listdir(logs))
     assert [r["step"] for r in _metrics(logs / "metrics.jsonl")] == [1, 2, 3, 4]
-    run = bucket / "b" / "exp" / "run1"
+    run = bucket / "bkt" / "exp" / "run1"
     assert sorted(os.listdir(run)) == ["checkpoints"]
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]  # the char tokenizer: not saved
 
@@ -209,3 +209,25 @@ def test_logging_dir_takes_the_logs_of_a_local_run(tmp_path, capsys):
     assert not {"metrics.jsonl", "config.yaml", "summary.json"} & set(os.listdir(out))
     assert complete_steps(out / "checkpoints") == [2]
     assert [r["step"] for r in _metrics(logs / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "uri, words",
+    [
+        ("gs://", "output_dir 'gs://': no bucket name; expected gs://BUCKET/path"),
+        ("gs:///run", "no bucket name"),
+        ("s3://", "output_dir 's3://': no bucket name; expected s3://BUCKET/path"),
+        ("gs:/bucket/run", "a gs:// URI takes two slashes"),
+        ("gs://My_Bucket/run", "'My_Bucket' is not a valid gs:// bucket name"),
+        ("s3://b/run", "'b' is not a valid s3:// bucket name"),
+    ],
+)
+def test_a_malformed_bucket_uri_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, capsys, uri, words
+):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = run_cli(["train", SFT, *CHECKPOINTED, f"output_dir={uri}"], capsys)
+    assert rc == 2 and words in err, err[-2000:]
+    assert len([x for x in err.splitlines() if "error" in x]) == 1, err[-2000:]
+    assert "Traceback" not in err and os.listdir(tmp_path) == []  # no ./gs: folder, no logs
+    assert paths.resolve("gs://bucket/run") == "gs://bucket/run"

@@ -185,3 +185,15 @@ def test_ppo_killed_between_critic_and_policy_saves_resumes(tmp_path, capsys):
     assert "resumed from step 2" in err
     for sub in ("checkpoints", "critic_checkpoints"):
         assert sorted(int(s) for s in os.listdir(out / sub) if s.isdigit()) == [2, 4]
+
+
+def test_plain_resume_with_no_checkpoint_says_it_starts_fresh(tmp_path, capsys):
+    """``--resume`` on a directory with no checkpoint starts fresh, and says so in one line
+    (it used to say nothing: a mistyped output_dir trained from scratch unnoticed)."""
+    out = tmp_path / "run"
+    rc, _, err = _train(capsys, SFT, out, "max_steps=1", resume=True)
+    assert rc == 0, err[-2000:]
+    said = [x for x in err.splitlines() if "no complete checkpoint" in x]
+    assert said == [f"--resume: no complete checkpoint in {out / 'checkpoints'}; starting fresh"], (
+        err
+    )

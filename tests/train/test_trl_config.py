@@ -199,3 +199,75 @@ def test_an_offline_trainer_has_the_same_surface(tmp_path):
     assert out == str(run / "hf") and os.path.isfile(os.path.join(out, "config.json"))
     with pytest.raises(ConfigError, match="is for sft, this trainer runs dpo"):
         jaxrl_llm.DPOTrainer(args=SFTConfig(output_dir=str(tmp_path / "x"), max_steps=1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"bf16": "false"}, "GRPOConfig: bf16: expected true or false, got 'false'"),
+        ({"num_generations": 0}, "num_generations: expected an integer >= 1, got 0"),
+        ({"num_generations": 2.5}, "num_generations: expected an integer >= 1, got 2.5"),
+        ({"learning_rate": "1e-5"}, "learning_rate: expected a number > 0, got '1e-5'"),
+        ({"learning_rate": float("nan")}, "learning_rate: expected a number > 0, got nan"),
+        ({"temperature": 0}, "temperature: expected a number > 0, got 0"),
+        ({"top_p": 1.5}, "top_p: expected a number in (0, 1], got 1.5"),
+        ({"max_steps": 0}, "max_steps: expected an integer >= 1 (or -1"),
+        ({"lr_scheduler_type": "cosin"}, "expected one of 'constant', 'cosine', 'linear'"),
+        ({"report_to": 3}, "report_to: expected a string or a list of a string or None, got 3"),
+        ({"pass_at": [1, 0]}, "pass_at: expected a list of an integer >= 1, got [1, 0]"),
+        ({"max_grad_norm": -1.0}, "max_grad_norm: expected a number > 0 or None, got -1.0"),
+        ({"resume_from_checkpoint": "/x"}, "resume_from_checkpoint: expected true or false"),
+        ({"extra": ["rollout"]}, "extra: expected a dict, got ['rollout']"),
+        ({"use_vllm": True}, "'use_vllm' is TRL's name for something this package does not"),
+        ({"fp16": True}, "'fp16' is TRL's name for something this package does not have"),
+        ({"num_generation": 4}, "unknown argument 'num_generation' (did you mean"),
+    ],
+)
+def test_typed_config_misuse_is_one_config_error_line(kwargs, words):
+    with pytest.raises(ConfigError) as e:
+        GRPOConfig(**{"output_dir": "/tmp/unused", "max_steps": 2, **kwargs})
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_typed_configs_check_at_construction_and_normalise():
+    with pytest.raises(ConfigError, match="GRPOConfig: missing output_dir"):
+        GRPOConfig(max_steps=2)
+    with pytest.raises(ConfigError, match="keyword arguments only"):
+        GRPOConfig("/tmp/unused")
+    with pytest.raises(ConfigError, match="SFTConfig: batch_size: expected an integer >= 1"):
+        jaxrl_llm.SFTConfig(output_dir="/tmp/unused", max_steps=2, batch_size=0)
+    with pytest.raises(ConfigError, match=r"DPOConfig: beta: expected a number >= 0 or None"):
+        jaxrl_llm.DPOConfig(output_dir="/tmp/unused", max_steps=2, beta=-0.1)
+    c = GRPOConfig(output_dir="/tmp/unused", max_steps=2, learning_rate=1, pass_at=[1, 4])
+    assert c.learning_rate == 1.0 and isinstance(c.learning_rate, float) and c.pass_at == (1, 4)
+    d = GRPOConfig(
+        output_dir="/tmp/unused",
+        max_steps=10,
+        warmup_ratio=0.25,
+        adam_beta2=0.95,
+        scale_rewards=False,
+    ).to_dict()
+    assert d["optim"]["warmup_steps"] == 3 and d["optim"]["b2"] == 0.95
+    assert d["rollout"]["advantage_scale"] == "none"
+
+
+def test_num_train_epochs_sets_max_steps_from_the_dataset_size(tmp_path):
+    """TRL's default: max_steps -1 and 3 epochs; steps = ⌈epochs × rows / rows per step⌉."""
+    c = GRPOConfig(output_dir="/tmp/unused", prompts_per_step=4, num_train_epochs=2)
+    assert c.to_dict(num_rows=16)["max_steps"] == 8
+    assert GRPOConfig(output_dir="/tmp/unused").to_dict(num_rows=10)["max_steps"] == 8  # 3 x 10/4
+    assert jaxrl_llm.SFTConfig(output_dir="/x", batch_size=8).to_dict(num_rows=20)["max_steps"] == 8
+    with pytest.raises(ConfigError, match="needs the training dataset's size"):
+        GRPOConfig(output_dir="/tmp/unused").to_dict()
+    trainer = jaxrl_llm.GRPOTrainer(
+        model={"source": "tiny", "tokenizer": "char", "tiny": {"num_layers": 1}},
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        train_dataset=ROWS,
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "g"),
+            num_train_epochs=0.5,
+            max_prompt_length=16,
+            max_completion_length=8,
+        ),
+    )
+    assert trainer.config.max_steps == 2  # 0.5 x 16 rows / 4 prompts per step

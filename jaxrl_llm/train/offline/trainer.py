@@ -39,6 +39,7 @@ from jaxrl_llm.train.programs.builder import build_programs
 from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_model
 from jaxrl_llm.train.run.faults import fault_point
 from jaxrl_llm.train.run.loop import RunLoop
+from jaxrl_llm.train.run.progress import bar, phase
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
 from jaxrl_llm.train.run.signals import held
 
@@ -112,7 +113,8 @@ class OfflineTrainer(RunLoop):
         self.plan = plan = plan_run(cfg, check_mesh(cfg))  # before the model loads
         d, t = cfg.data, cfg.train
         self.eval_every = t.eval_every
-        config, params, tok = load_policy_model(cfg)
+        with phase(f"model load ({cfg.model.source})"):
+            config, params, tok = load_policy_model(cfg)
         # The data is read and checked before anything compiles: a bad line costs no compile.
         self.format = Format(algo.data_format)
         self.train_data, self.eval_data = read_splits(
@@ -202,7 +204,7 @@ class OfflineTrainer(RunLoop):
         n_batches = len(items) // bs
         if t.eval_batches:
             n_batches = min(n_batches, t.eval_batches)
-        for i in range(max(n_batches, 1)):
+        for i in bar(range(max(n_batches, 1)), total=max(n_batches, 1), desc="eval batches"):
             chunk = items[i * bs : (i + 1) * bs]
             if len(chunk) < bs:
                 break

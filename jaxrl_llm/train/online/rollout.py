@@ -34,6 +34,7 @@ from jaxrl_llm.train.online.agent_sampler import AGENT_ENV, AgentSampler
 from jaxrl_llm.train.online.episode_sampler import EpisodeSampler
 from jaxrl_llm.train.online.experience import Experience, concat_experience
 from jaxrl_llm.train.run.faults import fault_point
+from jaxrl_llm.train.run.progress import bar
 
 # Prompt-length buckets for rollouts: ~1.5x apart, so padding wastes at most a third while a run
 # compiles only a few programs.
@@ -381,7 +382,8 @@ class Rollouts:
         items = items[: settings.num_examples or None]
         total = np.zeros(4)  # scored rows' metric, scored rows, completion tokens, rows
         fracs: dict[str, float] = {}  # multi-turn: the share of episodes doing each env thing
-        for i in range(0, len(items), settings.batch_size):
+        starts = range(0, len(items), settings.batch_size)
+        for i in bar(starts, total=len(starts), desc="eval batches"):
             exp = self.sample(
                 items[i : i + settings.batch_size], seed=0, greedy=True, num_samples=1
             )
@@ -414,7 +416,8 @@ class Rollouts:
         fixed seed, so every evaluation of a run draws the same way)."""
         n = settings.num_samples
         correct: list[int] = []
-        for i in range(0, len(items), settings.batch_size):
+        starts = range(0, len(items), settings.batch_size)
+        for i in bar(starts, total=len(starts), desc="eval batches"):
             exp = self.sample(items[i : i + settings.batch_size], seed=7_777_777 + i, num_samples=n)
             if exp is None:
                 continue

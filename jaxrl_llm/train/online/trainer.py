@@ -48,6 +48,7 @@ from jaxrl_llm.train.programs.policy import Policy, build_policy, load_policy_mo
 from jaxrl_llm.train.run import paths
 from jaxrl_llm.train.run.logging import SamplesLog
 from jaxrl_llm.train.run.loop import RunLoop
+from jaxrl_llm.train.run.progress import phase
 from jaxrl_llm.train.run.run_state import NonFiniteGuard, make_checkpointer
 from jaxrl_llm.train.run.signals import held
 
@@ -96,7 +97,11 @@ class OnlineTrainer(RunLoop):
         # the held-out metric: the first reward function (an env-only run: the env's reward)
         self.eval_metric = cfg.rewards[0].name if cfg.rewards else "env"
         self.progress_keys = ("reward/mean", "loss", "eval/" + self.eval_metric, "time/step_s")
-        loaded = None if policy is not None else load_policy_model(cfg)
+        if policy is None:
+            with phase(f"model load ({cfg.model.source})"):
+                loaded = load_policy_model(cfg)
+        else:
+            loaded = None
         tok = policy.tokenizer if policy is not None else loaded[2]  # type: ignore[index]
         rewards = self._read_inputs(tok)  # rewards, data, env: checked before anything compiles
         if policy is None:

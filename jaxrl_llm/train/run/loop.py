@@ -14,8 +14,8 @@ of (seed, step), so a run killed at any moment and resumed logs the same metrics
 the same parameters as one that was never interrupted (``tests/train/test_kill_resume.py``).
 
 Stopping: Ctrl-C or SIGTERM inside a step (:mod:`jaxrl_llm.train.run.signals`), or user code
-failing with ``on_error: raise``, saves the last finished step (:meth:`RunLoop.save_on_stop`:
-unless a checkpoint within ``save_every / 2`` steps holds it, or the stop landed inside an
+failing with ``on_error: raise``, saves the last finished step on every process
+(:meth:`RunLoop.save_on_stop`: unless it is on disk already, or the stop landed inside an
 update) and ends the run with :class:`~jaxrl_llm.train.run.signals.RunStopped` (or the user code's
 one-line error); a run resumed from that checkpoint continues as an uninterrupted one.
 """
@@ -37,6 +37,7 @@ from jaxrl_llm.train.config.run_config import RunConfig
 from jaxrl_llm.train.programs.policy import Policy, export_policy
 from jaxrl_llm.train.run import paths
 from jaxrl_llm.train.run.faults import fault_point
+from jaxrl_llm.train.run.progress import phase
 from jaxrl_llm.train.run.run_state import (
     NonFiniteGuard,
     check_same_data,
@@ -137,10 +138,8 @@ class RunLoop:
                 restore_latest(c, holder, step)
         extra = restore_latest(self.ckpt, self.policy, step)
         if extra is None:
-            if self.cfg.resume == "auto":
-                self.say(
-                    f"resume auto: no complete checkpoint in {self.ckpt.directory}; starting fresh"
-                )
+            how = "resume auto" if self.cfg.resume == "auto" else "--resume"
+            self.say(f"{how}: no complete checkpoint in {self.ckpt.directory}; starting fresh")
             return
         step = int(extra.get("step", int(self.policy.state.step)))
         check_same_data(self.cfg, extra, self.data_sha256)
@@ -245,12 +244,12 @@ class RunLoop:
 
     def save_on_stop(self, boundary: tuple[int, dict, list[int]]) -> str:
         """Save the last finished step when a run stops inside the next one (a signal, or user
-        code with ``on_error: raise``), unless a checkpoint within ``save_every / 2`` steps
-        holds it already; returns what happened, in words. Nothing is saved when the stop
+        code with ``on_error: raise``), unless it is on disk already: no finished step is lost
+        (a checkpoint a few steps back once stood in for it, and the steps after it were
+        trained again); returns what happened, in words. Nothing is saved when the stop
         landed inside an update (the state is then between two steps)."""
         step, data, counts = boundary
         holders = [self.policy] + [h for _, h in self.companions]
-        every = self.cfg.checkpoint.save_every
         self.ckpt.wait_until_finished()  # a periodic save the stop cut into, if any
         on_disk = self.ckpt.all_steps()
         last = max(on_disk) if on_disk else None
@@ -264,8 +263,8 @@ class RunLoop:
             )
         if step <= 0:
             return "stopped in the first step; nothing to save"
-        if last is not None and step >= last and (step - last) * 2 < every:
-            return f"checkpoint of step {last} kept (within save_every / 2 = {every / 2:g} steps)"
+        if step == last:
+            return f"checkpoint of step {step} kept (on disk already in {where})"
         self.save(step, force=True, data=data)
         self.ckpt.wait_until_finished()
         for c, _ in self.companions:
@@ -300,7 +299,8 @@ class RunLoop:
         first = self.start_step + 1
         if self.eval_before and self.eval_data is not None and self.start_step == 0:
             self._synced_stop(first, starting=True)  # a stop during start-up
-            summary["eval_before"] = self.evaluate()
+            with phase("eval before training", self.say):
+                summary["eval_before"] = self.evaluate()
             logger.log(0, summary["eval_before"])
         for step in range(first, cfg.max_steps + 1):
             self._stop_point = self._boundary(step)
@@ -316,7 +316,8 @@ class RunLoop:
         # evaluates (and logs) it exactly once.
         self.save(cfg.max_steps, force=True)
         if self.eval_data is not None:
-            summary["eval_after"] = self.evaluate()
+            with phase("eval after training", self.say):
+                summary["eval_after"] = self.evaluate()
             logger.log(cfg.max_steps, summary["eval_after"], progress=False)
         self.ckpt.wait_until_finished()
         for c, _ in self.companions:
@@ -386,7 +387,8 @@ class RunLoop:
         # (a stop the update held: the step is saved, not evaluated)
         evaluates = self.eval_every and step % self.eval_every == 0 and step < cfg.max_steps
         if evaluates and not stop_held():
-            metrics.update(self.evaluate())
+            with phase(f"eval at step {step}", self.say):
+                metrics.update(self.evaluate())
         with deferred():  # a signal here waits until the step counts as finished
             bad = metrics.get("nonfinite", 0.0)
             metrics.update(self.guard.update(step, bad))

@@ -112,6 +112,7 @@ def check_output_dir(cfg: RunConfig) -> None:
         raise ConfigError(
             f"output_dir {out!r}: not valid UTF-8 (checkpoint paths must be); rename it"
         ) from None
+    paths.check_uri(out)  # gs:// with no bucket, before anything is written
     if paths.is_remote(out):
         _check_fresh(cfg)
         return

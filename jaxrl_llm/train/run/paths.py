@@ -11,9 +11,11 @@ step's damaged files) are skipped on a URI, each saying why where it is skipped.
 from __future__ import annotations
 
 import os
+import re
 
 from etils import epath
 
+from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.train.config.run_config import RunConfig
 
 #: The directory, under the working directory, that holds the logs of a run whose
@@ -29,10 +31,51 @@ def is_remote(path: str | os.PathLike) -> bool:
     return bool(sep) and scheme.isidentifier() and scheme != "file"
 
 
+#: URI schemes of object stores whose first part is a bucket, and the bucket names each takes
+#: (GCS: https://cloud.google.com/storage/docs/buckets#naming, S3:
+#: https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
+BUCKET_SCHEMES = {
+    "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]"),
+    "gcs": re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]"),
+    "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
+}
+
+
+def check_uri(path: str | os.PathLike, key: str = "output_dir") -> None:
+    """Refuse a malformed object-store URI before anything is written: ``gs://`` with no
+    bucket, a bucket name the store does not allow, ``gs:/bucket`` (one slash, which a local
+    path would silently become: ``./gs:/bucket``).
+
+    Raises:
+      ConfigError: one line naming ``key``, the URI and the form it takes.
+    """
+    text = os.fspath(path)
+    scheme, sep, rest = text.partition(":")
+    if scheme.lower() not in BUCKET_SCHEMES or not sep:
+        return
+    form = f"{scheme}://BUCKET/path"
+    if not rest.startswith("//"):
+        raise ConfigError(f"{key} {text!r}: a {scheme}:// URI takes two slashes: {form}")
+    bucket = rest[2:].split("/", 1)[0]
+    if not bucket:
+        raise ConfigError(f"{key} {text!r}: no bucket name; expected {form}")
+    if not BUCKET_SCHEMES[scheme.lower()].fullmatch(bucket) or ".." in bucket:
+        raise ConfigError(
+            f"{key} {text!r}: {bucket!r} is not a valid {scheme}:// bucket name (3 to 63 "
+            f"lowercase letters, digits, '-' and '.', starting and ending with a letter or "
+            f"digit); expected {form}"
+        )
+
+
 def resolve(path: str | os.PathLike) -> str:
     """``path`` as the run names it: a URI unchanged (less a trailing ``/``), a local path
-    absolute (a ``file://`` prefix dropped)."""
+    absolute (a ``file://`` prefix dropped).
+
+    Raises:
+      ConfigError: a malformed object-store URI (:func:`check_uri`).
+    """
     text = os.fspath(path)
+    check_uri(text, "path")
     if is_remote(text):
         return text.rstrip("/")
     if text.startswith("file://"):
