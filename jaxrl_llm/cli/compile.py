@@ -97,6 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-decode", action="store_true", help="skip compiling the sampler's decode loop"
     )
     parser.add_argument(
+        "--sampler-only",
+        action="store_true",
+        help="online: compile only the sampler's programs (reshard, decode loop), not the "
+        "train step and the other forwards (a quick look at the decode loop)",
+    )
+    parser.add_argument(
         "--correction",
         choices=["is", "decoupled"],
         default=None,
@@ -203,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             seq_len=args.seq_len,
             prompt_len=args.prompt_len,
             decode=not args.no_decode,
+            sampler_only=args.sampler_only,
         )
         algorithm, model = cfg.algorithm, args.model or cfg.model.source
     else:
@@ -227,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
             lora_rank=args.lora_rank,
             lora_base_dtype=args.lora_base_dtype,
             decode=not args.no_decode,
+            sampler_only=args.sampler_only,
             rollout_tensor=_rollout_layout(args.rollout_layout) or "auto",
             correction=(
                 None
