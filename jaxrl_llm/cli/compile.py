@@ -97,10 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-decode", action="store_true", help="skip compiling the sampler's decode loop"
     )
     parser.add_argument(
-        "--sampler-only",
-        action="store_true",
-        help="online: compile only the sampler's programs (reshard, decode loop), not the "
-        "train step and the other forwards (a quick look at the decode loop)",
+        "--sampler-only", action="store_true", help="online: only the reshard and decode loop"
     )
     parser.add_argument(
         "--correction",

@@ -264,6 +264,32 @@ def test_fsdp_run_decodes_on_a_tensor_parallel_copy_for_tpu(tmp_path, capsys):
     assert "sampler copy (rollout dtype)" in out["resident"]
 
 
+@needs_libtpu
+@pytest.mark.slow
+def test_sampler_only_decode_reads_its_cache_without_copies(tmp_path, capsys):
+    """``--sampler-only`` compiles the reshard and the decode loop alone; the decode loop's
+    layered KV cache is read in place (issue 54: the stacked cache's per-layer slice was
+    copied out at every step), its copies are reported apart, and its modeled time adds the
+    collectives' latency and the prefill to the bound."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**SMALL, "num_hidden_layers": 2}))
+    args = ["compile", "--model", str(cfg), "--algorithm", "grpo", "--topology", "v5p:2x2x1"]
+    args += ["--mesh", "fsdp=4", "--batch", "16", "--group-size", "16", "--seq-len", "512"]
+    assert main([*args, "--sampler-only", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    programs = {p["name"]: p for p in out["programs"]}
+    assert set(programs) == {"reshard", "decode"}
+    decode = programs["decode"]
+    assert decode["copy_bytes"] <= 0.05 * decode["hbm_access_bytes"]
+    r = decode["roofline"]
+    assert decode["collective_hops"] > 0 and r["latency_s"] > 0 and r["prefill_s"] > 0
+    assert r["modeled_s"] == pytest.approx(r["seconds"] + r["latency_s"] + r["prefill_s"])
+    t = out["throughput"]
+    assert t["decode_floor_gb"] > 0 and t["decode_copy_gb"] == pytest.approx(
+        decode["copy_bytes"] / 1e9
+    )
+
+
 def test_modeled_time_adds_collective_latency_and_prefill():
     # issue 54 item 3: the modeled time is the roofline plus each collective's hops at the
     # chip's per-hop latency, plus the decode program's prefill; never below the bound

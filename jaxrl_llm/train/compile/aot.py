@@ -53,7 +53,7 @@ from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.parallel.decode_model import tpu_chip
 from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.parallel.topology import Topology, topology_mesh
-from jaxrl_llm.train.compile.aot_decode import SAMPLER_COPY, compile_decode, compile_reshard
+from jaxrl_llm.train.compile.aot_decode import SAMPLER_COPY, compile_sampler
 from jaxrl_llm.train.compile.aot_inputs import (
     DTYPES,
     analytic_train_flops,
@@ -86,20 +86,12 @@ def compile_preset(
     """:func:`compile_run` of the run :func:`~jaxrl_llm.train.compile.aot_inputs.run_config_for`
     builds from ``algorithm`` and ``sizes`` (``jaxrl-llm compile --model ... --algorithm ...``).
 
-    ``sizes``: ``run_config_for``'s keywords, ``decode`` (compile the sampler's loop) and
-    ``sampler_only`` (compile only the sampler's programs)."""
+    ``sizes``: ``run_config_for``'s keywords, ``decode`` and ``sampler_only``."""
     decode = bool(sizes.pop("decode", True))
     sampler_only = bool(sizes.pop("sampler_only", False))
     cfg, seq_len, prompt_len = run_config_for(algorithm, **sizes)
-    return compile_run(
-        cfg,
-        config,
-        topology,
-        seq_len=seq_len,
-        prompt_len=prompt_len,
-        decode=decode,
-        sampler_only=sampler_only,
-    )
+    kw = dict(seq_len=seq_len, prompt_len=prompt_len, decode=decode, sampler_only=sampler_only)
+    return compile_run(cfg, config, topology, **kw)  # type: ignore[arg-type]
 
 
 def compile_run(
@@ -125,8 +117,7 @@ def compile_run(
         ``mesh.context``.
       prompt_len: online, the prompt part of ``seq_len`` (default ``data.max_length``).
       decode: also compile the sampler's decode loop (online).
-      sampler_only: compile only the sampler's programs (the reshard and the decode loop;
-        online): the quick look at the decode loop, without the step's other programs.
+      sampler_only: compile only the sampler's programs (reshard, decode loop; online).
 
     Returns:
       A :class:`CompileReport`.
@@ -164,7 +155,8 @@ def compile_run(
     if plan.online:
         plan, copy = _sampler(plan, policy, topology, resident, seq_len, prompt_len)
     if sampler_only and copy is not None:
-        programs = _compile_sampler(plan, policy, resident, seq_len, prompt_len, copy)
+        rest = lambda *used: sum(v for k, v in resident.items() if k not in used)
+        programs = compile_sampler(plan, policy, copy, rest, seq_len, prompt_len)
     else:
         programs = _compile_programs(
             plan, policy, resident, seq_len, prompt_len, decode, teacher, copy
@@ -434,27 +426,7 @@ def _compile_programs(
         )
     if plan.online and decode:
         assert copy is not None
-        out += _compile_sampler(plan, policy, resident, seq_len, prompt_len, copy)
-    return out
-
-
-def _compile_sampler(
-    plan: RunPlan,
-    policy: Policy,
-    resident: dict[str, int],
-    seq_len: int,
-    prompt_len: int,
-    copy: SamplerCopy,
-) -> list[ProgramMemory]:
-    """The sampler's programs: the reshard into its copy (colocated) and the decode loop."""
-
-    def others(*used: str, minus: int = 0) -> int:
-        return sum(v for k, v in resident.items() if k not in used) - minus
-
-    out = []
-    if plan.placement.colocated and not plan.placement.sampler_reads_learner:
-        out.append(compile_reshard(plan, policy, copy, others))
-    out.append(compile_decode(plan, policy, copy, others, seq_len, prompt_len))
+        out += compile_sampler(plan, policy, copy, others, seq_len, prompt_len)
     return out
 
 

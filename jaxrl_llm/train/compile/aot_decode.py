@@ -23,7 +23,7 @@ from jaxrl_llm.train.compile.aot_inputs import (
 from jaxrl_llm.train.config.plan import RunPlan
 from jaxrl_llm.train.programs.policy import Policy
 
-__all__ = ["SAMPLER_COPY", "compile_decode", "compile_reshard", "run_sampling"]
+__all__ = ["SAMPLER_COPY", "compile_decode", "compile_reshard", "compile_sampler", "run_sampling"]
 
 SAMPLER_COPY = "sampler copy (rollout dtype)"
 
@@ -127,6 +127,18 @@ def compile_decode(
         kv_written_bytes=cache_bytes * written_slots / seq_len,
     )
     return dataclasses.replace(out, notes=split)
+
+
+def compile_sampler(
+    plan: RunPlan, policy: Policy, copy: SamplerCopy, others, seq_len: int, prompt_len: int
+) -> list:
+    """The sampler's programs as a step runs them: the reshard into its copy (colocated, a
+    copy of its own) and the decode loop (:func:`compile_reshard`, :func:`compile_decode`)."""
+    out = []
+    if plan.placement.colocated and not plan.placement.sampler_reads_learner:
+        out.append(compile_reshard(plan, policy, copy, others))
+    out.append(compile_decode(plan, policy, copy, others, seq_len, prompt_len))
+    return out
 
 
 def run_sampling(r) -> Any:
