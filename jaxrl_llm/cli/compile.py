@@ -97,6 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-decode", action="store_true", help="skip compiling the sampler's decode loop"
     )
     parser.add_argument(
+        "--sampler-only", action="store_true", help="online: only the reshard and decode loop"
+    )
+    parser.add_argument(
         "--correction",
         choices=["is", "decoupled"],
         default=None,
@@ -203,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
             seq_len=args.seq_len,
             prompt_len=args.prompt_len,
             decode=not args.no_decode,
+            sampler_only=args.sampler_only,
         )
         algorithm, model = cfg.algorithm, args.model or cfg.model.source
     else:
@@ -227,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
             lora_rank=args.lora_rank,
             lora_base_dtype=args.lora_base_dtype,
             decode=not args.no_decode,
+            sampler_only=args.sampler_only,
             rollout_tensor=_rollout_layout(args.rollout_layout) or "auto",
             correction=(
                 None

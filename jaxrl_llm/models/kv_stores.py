@@ -8,7 +8,9 @@ new keys/values; an updated store comes back as a new value.
   self-attention, padding, packing, sliding windows by RoPE position).
 - :class:`DenseCache`: the preallocated cache of prefill and the static engine
   (:class:`~jaxrl_llm.models.KVCache`): this layer's new keys/values are written at one slot
-  index for every row, the queries read every slot the mask allows.
+  index for every row, the queries read every slot the mask allows. Stacked ``[L, ...]``
+  (read at a traced layer index under ``lax.scan``) or layered (a tuple of per-layer
+  buffers, the layer loop unrolled: what the samplers use, read in place).
 - :class:`GroupPrompt` then :class:`SharedPrompt`: a group's prompt computed once per group.
   The prompt rows (one per group) run as self-attention and keep their keys/values; the G
   completions of each group attend to those keys repeated G times and to their own.
@@ -62,7 +64,8 @@ class DenseCache(KVStore):
     """A dense KV cache: every row's slots ``[S]`` of every layer, written at one slot index.
 
     Attributes:
-      k, v: ``[L, B, S, K, E]`` keys (after RoPE) and values of every layer.
+      k, v: ``[L, B, S, K, E]`` keys (after RoPE) and values of every layer, or (layered)
+        tuples of L ``[1, B, S, K, E]`` buffers, one per layer.
       index: ``[]`` int32 slot of the first new token (the same for every row).
       mask: the :class:`AttentionMask` of the new queries (slots ``index + t``) over the S
         slots, with this call's tokens already marked valid.
@@ -76,6 +79,8 @@ class DenseCache(KVStore):
     def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks=None):
         """Write the new keys/values in place at ``(layer, :, index)`` and attend over the
         layer's S slots; returns (``[B, T, H, E]``, the store with the written cache)."""
+        if isinstance(self.k, tuple):
+            return self._attend_layered(config, q_btne, k_btke, v_btke, layer, sinks)
         zero = jnp.zeros((), jnp.int32)
         at = (layer, zero, self.index, zero, zero)
         k_all = jax.lax.dynamic_update_slice(self.k, k_btke.astype(self.k.dtype)[None], at)
@@ -85,6 +90,45 @@ class DenseCache(KVStore):
         v_att = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False).astype(dtype)
         out = attend(config, q_btne, k_att, v_att, self.mask, layer, sinks=sinks)
         return out, dataclasses.replace(self, k=k_all, v=v_all)
+
+    def _attend_layered(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks):
+        """:meth:`attend` over a layered cache (:func:`~jaxrl_llm.models.init_cache` with
+        ``layered=True``): layer ``layer`` (a static index: the unrolled layer loop's) owns
+        its own ``[1, B, S, K, E]`` buffers, written in place and read whole, so no slice
+        of a stacked buffer is copied out for the attention to read."""
+        i = static_layer(layer)
+        zero = jnp.zeros((), jnp.int32)
+        at = (zero, zero, self.index, zero, zero)
+        k_i = jax.lax.dynamic_update_slice(self.k[i], k_btke.astype(self.k[i].dtype)[None], at)
+        v_i = jax.lax.dynamic_update_slice(self.v[i], v_btke.astype(self.v[i].dtype)[None], at)
+        dtype = q_btne.dtype
+        k_att, v_att = k_i[0].astype(dtype), v_i[0].astype(dtype)
+        out = attend(config, q_btne, k_att, v_att, self.mask, layer, sinks=sinks)
+        k = (*self.k[:i], k_i, *self.k[i + 1 :])
+        v = (*self.v[:i], v_i, *self.v[i + 1 :])
+        return out, dataclasses.replace(self, k=k, v=v)
+
+    @property
+    def layered(self) -> bool:
+        """The cache is one ``[1, B, S, K, E]`` buffer per layer (a tuple), not a stack."""
+        return isinstance(self.k, tuple)
+
+
+def static_layer(layer) -> int:
+    """The layer index as a Python int: a layered cache's layer loop is unrolled and passes
+    concrete indices (:func:`~jaxrl_llm.models.layer_scan.scan_layers` with ``unroll``).
+
+    Raises:
+      TypeError: ``layer`` is traced (a ``lax.scan`` over the layers, or KV sharing's
+        source-layer table), which a layered cache cannot index.
+    """
+    try:
+        return int(layer)
+    except jax.errors.ConcretizationTypeError:
+        raise TypeError(
+            "a layered KV cache needs a static layer index: run the layers unrolled "
+            "(scan_layers(unroll=True)); KV-shared and hybrid stacks keep the stacked cache"
+        ) from None
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["mask", "k", "v"], meta_fields=[])

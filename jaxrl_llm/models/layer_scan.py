@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.models.config import LayerType, ModelConfig
 
@@ -38,6 +39,7 @@ def scan_layers(
     step: Callable[[Any, Params, jax.Array], tuple[Any, Any]],
     *,
     remat: str = "none",
+    unroll: bool = False,
 ):
     """The one layer scan: ``step(carry, lp, layer) -> (carry, per-layer output)`` over the L
     stacked layers under ``lax.scan`` (one compiled layer body), ``layer`` the traced int32
@@ -54,21 +56,33 @@ def scan_layers(
       carry: the scan carry (the residual stream, and the store when it changes).
       step: the layer step, calling :func:`decoder_layer`.
       remat: 'none', 'full' or 'dots'.
+      unroll: run the layers unrolled over static slices ``w[i]`` of the stacked weights
+        (what a layered KV cache needs: each layer writes its own buffer; XLA:TPU fuses the
+        static slice into the matmul as it does the scan's dynamic one). Separate per-layer
+        arrays always run unrolled. Unrolled, ``layer`` is a concrete ``np.int32``.
 
     Returns:
       (final carry, per-layer outputs stacked ``[L, ...]``).
     """
     policy = remat_policy(remat)
-    if policy is not None:
-        step = jax.checkpoint(step, policy=policy)
-    if isinstance(layers, tuple):  # separate per-layer arrays (separate_layers): unrolled
+    if isinstance(layers, tuple) or unroll:  # separate per-layer arrays, or a layered cache
+        if policy is not None:  # the layer index stays static (a layered cache reads it)
+            step = jax.checkpoint(step, policy=policy, static_argnums=(2,))
+        if not isinstance(layers, tuple):
+            stacked = layers
+            layers = tuple(
+                jax.tree.map(lambda w, i=i: w[i], stacked) for i in range(config.num_layers)
+            )
         outs = []
         for i, lp in enumerate(layers):
-            carry, out = step(carry, lp, jnp.asarray(i, jnp.int32))
+            carry, out = step(carry, lp, np.int32(i))
             outs.append(out)
         if all(o is None for o in outs):
             return carry, None
         return carry, jax.tree.map(lambda *o: jnp.stack(o), *outs)
+
+    if policy is not None:
+        step = jax.checkpoint(step, policy=policy)
 
     def body(carry, xs):
         lp, layer = xs

@@ -31,7 +31,7 @@ import jax
 
 from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.kv_stores import share_kv, unshare_kv
+from jaxrl_llm.models.kv_stores import DenseCache, share_kv, unshare_kv
 from jaxrl_llm.models.layer import (
     KVStore,
     Params,
@@ -86,6 +86,11 @@ class Stores(abc.ABC):
         """A layer's per-layer output from its passes' MoE statistics (default: the first)."""
         return stats[0]
 
+    @property
+    def unrolled(self) -> bool:
+        """The layers must run unrolled with static indices (a layered KV cache)."""
+        return False
+
 
 @dataclasses.dataclass(frozen=True)
 class LayerStores(Stores):
@@ -128,6 +133,12 @@ class LayerStores(Stores):
         if not held:
             return held
         return (held[0], store) if kind == LayerType.LINEAR else (store, held[1])
+
+    @property
+    def unrolled(self) -> bool:
+        """The attention store is a layered :class:`~jaxrl_llm.models.kv_stores.DenseCache`
+        (one buffer per layer), which the layers index statically."""
+        return isinstance(self.attention, DenseCache) and self.attention.layered
 
     def pool(self, stats: Sequence[moe_lib.MoeStats | None]) -> Any:
         """The layer's MoE statistics, or with ``experts_only`` its experts (None if dense)."""
@@ -201,5 +212,6 @@ def stack(
             carry,
             lambda carry, lp, layer: step(carry, lp, LayerType.GLOBAL, layer, None),
             remat=remat,
+            unroll=stores.unrolled,
         )
     return xs_out, held, outs

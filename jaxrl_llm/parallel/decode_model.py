@@ -79,10 +79,10 @@ def choose_sampler_tensor(
     """``(t, why, costs)``: the tensor degree among ``candidates`` with the fastest modeled
     decode step that fits (:func:`decode_step_cost`; ``model``: its keywords), the reason in
     one line, and every candidate's cost. Without a chip model (CPU devices, which share one
-    host's memory and cores: splitting weights buys no bandwidth) the smallest degree."""
+    host's memory and cores: splitting weights buys no bandwidth) the smallest degree that
+    fits ``model["free_bytes"]`` when it is given (else the smallest degree)."""
     if chip is None or not chip.hbm_bandwidth or not candidates:
-        t = min(candidates) if candidates else 1
-        return t, f"tensor={t}: no chip model for these devices (CPU), the smallest degree", []
+        return _smallest_that_fits(candidates, **model)
     costs = [decode_step_cost(t, chip=chip, **model) for t in candidates]
     fits = [c for c in costs if c.fits]
     if not fits:
@@ -103,6 +103,41 @@ def choose_sampler_tensor(
             f"tensor={best.tensor}: modeled decode step {best.step_s * 1e3:.2f} ms "
             f"({best.bytes_per_chip / 1e9:.2f} GB read per chip) against "
             f"{base.step_s * 1e3:.2f} ms at tensor={base.tensor}, on {chip.name}"
+        ),
+        costs,
+    )
+
+
+def _smallest_that_fits(candidates: Sequence[int], **model: Any) -> tuple[int, str, list]:
+    """:func:`choose_sampler_tensor` without a chip model: the smallest degree whose copy and
+    KV cache fit ``free_bytes`` (no bandwidth to rank by); the smallest one when no budget
+    is given, the one holding the least (and why) when none fits."""
+    if not candidates:
+        return 1, "tensor=1: no chip model for these devices (CPU), the smallest degree", []
+    free = model.get("free_bytes")
+    if free is None:
+        t = min(candidates)
+        return t, f"tensor={t}: no chip model for these devices (CPU), the smallest degree", []
+    cpu = Chip("cpu", float(free), 1.0, None)  # the bandwidth ranks nothing here
+    costs = [decode_step_cost(t, chip=cpu, **model) for t in sorted(candidates)]
+    fits = [c for c in costs if c.fits]
+    if fits:
+        c = fits[0]
+        return (
+            c.tensor,
+            (
+                f"tensor={c.tensor}: the smallest degree whose copy and KV cache fit the memory "
+                f"left ({c.bytes_per_chip / 1e9:.1f} of {free / 1e9:.1f} GB per device; CPU: no "
+                "bandwidth model)"
+            ),
+            costs,
+        )
+    best = min(costs, key=lambda c: c.bytes_per_chip)
+    return (
+        best.tensor,
+        (
+            f"tensor={best.tensor}: no degree fits the {free / 1e9:.1f} GB per device left; the "
+            f"one holding the least ({best.bytes_per_chip / 1e9:.1f} GB per device)"
         ),
         costs,
     )

@@ -38,6 +38,7 @@ from jaxrl_llm.models import (
     ModelConfig,
     default_positions,
     init_cache,
+    layered_cache_supported,
     softcap_logits,
     trunk_with_routing,
     unembedding,
@@ -63,7 +64,8 @@ class DecodeState(NamedTuple):
       tokens: ``[N, M]`` int32 generated tokens (pad after a row is done).
       logprobs: ``[N, M]`` float32 log π_τ of each generated token (0 after done).
       positions: ``[N]`` int32 RoPE position of the next token of each row.
-      cache: the :class:`jaxrl_llm.models.KVCache` with ``P + M`` slots.
+      cache: the :class:`jaxrl_llm.models.KVCache` with ``P + M`` slots (layered, one
+        buffer per layer, for a uniform stack: read in place, not sliced out of a stack).
       done: ``[N]`` bool, the row has emitted a stop token.
       lengths: ``[N]`` int32 generated tokens per row so far (incl. the stop token).
       keys: ``[N, 2]`` uint32 per-row PRNG keys (step t uses fold_in(key, t)).
@@ -114,7 +116,9 @@ def _prefill(
         config=config,
         positions=positions,
         attention_mask=mask,
-        cache=_cache_rows(init_cache(config, b, cache_len)),
+        cache=_cache_rows(
+            init_cache(config, b, cache_len, layered=layered_cache_supported(config))
+        ),
     )
     assert cache is not None  # a cache in, a cache out
     cache = _cache_rows(cache)
@@ -134,8 +138,8 @@ def _cache_rows(cache: KVCache) -> KVCache:
     """The cache with its rows over the ambient mesh's batch axes (:mod:`.rows`)."""
     return KVCache(
         # KV heads over tensor, as the layers' k/v projections leave them (no gather)
-        k=constrain_rows(cache.k, axis=1, tensor=3),
-        v=constrain_rows(cache.v, axis=1, tensor=3),
+        k=jax.tree.map(lambda x: constrain_rows(x, axis=1, tensor=3), cache.k),
+        v=jax.tree.map(lambda x: constrain_rows(x, axis=1, tensor=3), cache.v),
         mask=constrain_rows(cache.mask),
         positions=constrain_rows(cache.positions),
         index=cache.index,
@@ -237,8 +241,8 @@ def _init_decode_state(
     g = num_samples
     rep = lambda x, axis: jnp.repeat(x, g, axis=axis, total_repeat_length=x.shape[axis] * g)
     cache = KVCache(
-        k=rep(cache.k, 1),
-        v=rep(cache.v, 1),
+        k=jax.tree.map(lambda x: rep(x, 1), cache.k),  # stacked or layered (a tuple)
+        v=jax.tree.map(lambda x: rep(x, 1), cache.v),
         mask=rep(cache.mask, 0),
         positions=rep(cache.positions, 0),
         index=cache.index,

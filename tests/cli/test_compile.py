@@ -262,3 +262,63 @@ def test_fsdp_run_decodes_on_a_tensor_parallel_copy_for_tpu(tmp_path, capsys):
     assert t["decode_tokens_per_s_per_chip"] > 0 and t["step_tokens_per_s_per_chip"] > 0
     assert t["decode_weight_gb"] > 0 and t["decode_kv_gb"] > 0
     assert "sampler copy (rollout dtype)" in out["resident"]
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_sampler_only_decode_reads_its_cache_without_copies(tmp_path, capsys):
+    """``--sampler-only`` compiles the reshard and the decode loop alone; the decode loop's
+    layered KV cache is read in place (issue 54: the stacked cache's per-layer slice was
+    copied out at every step), its copies are reported apart, and its modeled time adds the
+    collectives' latency and the prefill to the bound."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**SMALL, "num_hidden_layers": 2}))
+    args = ["compile", "--model", str(cfg), "--algorithm", "grpo", "--topology", "v5p:2x2x1"]
+    args += ["--mesh", "fsdp=4", "--batch", "16", "--group-size", "16", "--seq-len", "512"]
+    assert main([*args, "--sampler-only", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    programs = {p["name"]: p for p in out["programs"]}
+    assert set(programs) == {"reshard", "decode"}
+    decode = programs["decode"]
+    assert decode["copy_bytes"] <= 0.05 * decode["hbm_access_bytes"]
+    r = decode["roofline"]
+    assert decode["collective_hops"] > 0 and r["latency_s"] > 0 and r["prefill_s"] > 0
+    assert r["modeled_s"] == pytest.approx(r["seconds"] + r["latency_s"] + r["prefill_s"])
+    t = out["throughput"]
+    assert t["decode_floor_gb"] > 0 and t["decode_copy_gb"] == pytest.approx(
+        decode["copy_bytes"] / 1e9
+    )
+
+
+def test_modeled_time_adds_collective_latency_and_prefill():
+    # issue 54 item 3: the modeled time is the roofline plus each collective's hops at the
+    # chip's per-hop latency, plus the decode program's prefill; never below the bound
+    from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
+
+    def decode(hops, prefill_flops=0.0):
+        return ProgramMemory(
+            "decode", 0, 0, 0, 0, 0, 0.0, 0, hlo_flops=1e12, hbm_access_bytes=3e12,
+            collective_hops=hops, model_flops=1e12,
+            notes={"prefill_flops": prefill_flops, "prefill_bytes": 1e9},
+        )  # fmt: skip
+
+    chip = dict(peak_flops=100e12, hbm_bandwidth=1e12, ici_bandwidth=0.5e12, hop_latency=1e-6)
+    times = []
+    for hops in (0, 1000, 64_000):
+        report = CompileReport("v5p:2x2x2", "grpo", {}, 0, (decode(hops),), {}, None, {}, chip)
+        r = report.roofline(report.programs[0])
+        assert r.seconds == 3.0 and r.latency_s == pytest.approx(hops * 1e-6)
+        assert r.prefill_s == pytest.approx(1e-3)  # the weights read once: 1 GB at 1 TB/s
+        assert r.modeled_s >= r.seconds and r.modeled_mfu <= r.mfu
+        modeled, _ = report.step_roofline(modeled=True)
+        assert modeled == pytest.approx(r.modeled_s)
+        times.append(r.modeled_s)
+    assert times[0] < times[1] < times[2]  # more collectives, more latency
+    # a compute-bound prefill: 2e14 FLOPs at 100 TFLOP/s, counted in the modeled MFU too
+    report = CompileReport("v5p:2x2x2", "grpo", {}, 0, (decode(0, 2e14),), {}, None, {}, chip)
+    r = report.roofline(report.programs[0])
+    assert r.prefill_s == pytest.approx(2.0) and r.modeled_s == pytest.approx(5.0)
+    assert r.modeled_mfu == pytest.approx((1e12 + 2e14) / (5.0 * 100e12))
+    # without a per-hop latency (a chip with no entry) no latency is charged
+    bare = dataclasses.replace(report, chip={**chip, "hop_latency": None})
+    assert bare.roofline(bare.programs[0]).latency_s == 0.0

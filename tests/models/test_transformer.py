@@ -157,3 +157,41 @@ def test_shared_prefix_rejects_a_batch_that_is_not_whole_groups():
         M.trunk_shared_prefix(p, toks[:5], config=c, prefix_len=5, group_size=3)
     with pytest.raises(ValueError, match="prefix_len"):
         M.trunk_shared_prefix(p, toks, config=c, prefix_len=9, group_size=3)
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["stacked weights", "separate layers"])
+def test_layered_cache_equals_the_stacked_cache(separate):
+    # one [1, B, S, K, E] buffer per layer (the samplers' cache, read in place on TPU) holds
+    # and returns what the stacked [L, B, S, K, E] cache does, step by step
+    c = M.ModelConfig.tiny("llama")
+    p = M.init_params(c, jax.random.PRNGKey(0))
+    if separate:
+        p = M.separate_layers(p, c)
+    toks = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, c.vocab_size)
+    mask = jnp.ones((2, 8), bool).at[1, :2].set(False)
+    pos = M.default_positions(mask)
+    step = jax.jit(
+        lambda p, t, m, ps, cache: M.forward(
+            p, t, config=c, attention_mask=m, positions=ps, cache=cache
+        )
+    )
+    caches = {lay: M.init_cache(c, 2, 12, layered=lay) for lay in (False, True)}
+    assert isinstance(caches[True].k, tuple) and len(caches[True].k) == c.num_layers
+    assert caches[True].max_len == caches[False].max_len == 12
+    for lo, hi in [(0, 5), (5, 6), (6, 7), (7, 8)]:
+        out = {}
+        for lay in (False, True):
+            out[lay], caches[lay] = step(
+                p, toks[:, lo:hi], mask[:, lo:hi], pos[:, lo:hi], caches[lay]
+            )
+        np.testing.assert_allclose(out[True], out[False], rtol=1e-6, atol=1e-6)
+    stacked = jnp.concatenate(caches[True].k, axis=0)
+    np.testing.assert_array_equal(stacked, caches[False].k)
+    np.testing.assert_array_equal(jnp.concatenate(caches[True].v, axis=0), caches[False].v)
+
+
+def test_layered_cache_refuses_a_stack_it_cannot_index():
+    # a hybrid stack scans its periods (its attention layers at a traced index)
+    with pytest.raises(ValueError, match="layered"):
+        M.init_cache(M.ModelConfig.tiny("qwen3_5_text"), 1, 4, layered=True)
+    assert M.layered_cache_supported(M.ModelConfig.tiny("llama"))

@@ -9,7 +9,7 @@ import pytest
 from jaxrl_llm import models
 from jaxrl_llm.parallel.topology import Topology
 from jaxrl_llm.train.compile.aot import compile_preset
-from jaxrl_llm.train.compile.hlo_cost import hlo_cost
+from jaxrl_llm.train.compile.hlo_cost import collective_hops, hlo_cost
 
 L, B, D = 5, 24, 40  # odd, distinct sizes
 
@@ -256,3 +256,59 @@ def test_fusion_reads_the_slice_it_takes_of_a_stacked_operand():
     # the slice (16 · 16 floats) + the index (4 bytes) + x (8 · 16) + the result (8 · 16)
     assert hlo_cost(_NESTED).hbm_bytes == 4 * (16 * 16 + 1 + 8 * 16 + 8 * 16)
     assert hlo_cost(_NESTED).flops == 2 * 8 * 16 * 16
+
+
+def test_all_gather_hops_and_calls():
+    # a ring over 4 devices passes 3 steps; one collective call
+    cost = hlo_cost(_GATHER.replace("GROUPS", "replica_groups=[2,4]<=[8]"), num_devices=8)
+    assert cost.collective_calls == 1 and cost.collective_hops == 3
+    assert collective_hops("all-reduce", 8) == 14 and collective_hops("all-gather", 1) == 0
+    assert collective_hops("collective-permute", 2) == 1
+
+
+# a layer's slice copied out of a stacked cache (a dynamic-slice fusion, as XLA:TPU leaves it
+# before the attention reads it), an in-place write of one token (not a copy) and an eviction
+# of an on-chip buffer back to HBM (an asynchronous copy, counted as a copy); the prefetch
+# into on-chip memory reads HBM but is no copy
+_COPIES = """HloModule c
+
+%slice_it (a: bf16[4,8,16], i: s32[]) -> bf16[1,8,16] {
+  %a = bf16[4,8,16]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %s = bf16[1,8,16]{2,1,0} dynamic-slice(%a, %i, %z, %z), dynamic_slice_sizes={1,8,16}
+}
+
+%write_it (a: bf16[4,8,16], u: bf16[1,1,16], i: s32[]) -> bf16[4,8,16] {
+  %a = bf16[4,8,16]{2,1,0} parameter(0)
+  %u = bf16[1,1,16]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %w = bf16[4,8,16]{2,1,0} dynamic-update-slice(%a, %u, %i, %z, %z)
+}
+
+ENTRY %main (a: bf16[4,8,16], u: bf16[1,1,16], i: s32[], b: bf16[8,16]) -> bf16[1,8,16] {
+  %a = bf16[4,8,16]{2,1,0} parameter(0)
+  %u = bf16[1,1,16]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %b = bf16[8,16]{1,0} parameter(3)
+  %pre = (bf16[8,16]{1,0:S(1)}, bf16[8,16]{1,0}, u32[]) copy-start(%b)
+  %on = bf16[8,16]{1,0:S(1)} copy-done(%pre)
+  %ev = (bf16[8,16]{1,0}, bf16[8,16]{1,0:S(1)}, u32[]) copy-start(%on)
+  %back = bf16[8,16]{1,0} copy-done(%ev)
+  %w = bf16[4,8,16]{2,1,0} fusion(%a, %u, %i), kind=kLoop, calls=%write_it
+  ROOT %s = bf16[1,8,16]{2,1,0} fusion(%w, %i), kind=kLoop, calls=%slice_it
+}
+"""
+
+
+def test_copies_are_reported_apart():
+    cost = hlo_cost(_COPIES)
+    layer = 8 * 16 * 2  # one layer's slice, bf16
+    token = 16 * 2
+    slice_copy = layer + 4 + layer  # reads the slice (and the index), writes it
+    write = 2 * token + 4 + token  # in place: the update read and written, the update operand
+    prefetch = 8 * 16 * 2  # reads b from HBM into on-chip memory
+    eviction = 8 * 16 * 2  # writes it back
+    assert cost.copy_bytes == slice_copy + eviction
+    assert cost.hbm_bytes == slice_copy + write + prefetch + eviction

@@ -53,7 +53,7 @@ from jaxrl_llm.parallel import batch_sharding
 from jaxrl_llm.parallel.decode_model import tpu_chip
 from jaxrl_llm.parallel.sampler_copy import SamplerCopy
 from jaxrl_llm.parallel.topology import Topology, topology_mesh
-from jaxrl_llm.train.compile.aot_decode import SAMPLER_COPY, compile_decode, compile_reshard
+from jaxrl_llm.train.compile.aot_decode import SAMPLER_COPY, compile_sampler
 from jaxrl_llm.train.compile.aot_inputs import (
     DTYPES,
     analytic_train_flops,
@@ -63,6 +63,7 @@ from jaxrl_llm.train.compile.aot_inputs import (
 )
 from jaxrl_llm.train.compile.aot_report import CompileReport, ProgramMemory
 from jaxrl_llm.train.compile.memory import estimate_memory
+from jaxrl_llm.train.compile.step_model import HOP_LATENCY_S
 from jaxrl_llm.train.config.batch_layout import CRITIC_LAYOUT, SEQUENCE_LAYOUT
 from jaxrl_llm.train.config.plan import RunPlan, plan_for_model, plan_run
 from jaxrl_llm.train.config.preflight import check_mesh
@@ -85,10 +86,12 @@ def compile_preset(
     """:func:`compile_run` of the run :func:`~jaxrl_llm.train.compile.aot_inputs.run_config_for`
     builds from ``algorithm`` and ``sizes`` (``jaxrl-llm compile --model ... --algorithm ...``).
 
-    ``sizes``: ``run_config_for``'s keywords, and ``decode`` (compile the sampler's loop)."""
+    ``sizes``: ``run_config_for``'s keywords, ``decode`` and ``sampler_only``."""
     decode = bool(sizes.pop("decode", True))
+    sampler_only = bool(sizes.pop("sampler_only", False))
     cfg, seq_len, prompt_len = run_config_for(algorithm, **sizes)
-    return compile_run(cfg, config, topology, seq_len=seq_len, prompt_len=prompt_len, decode=decode)
+    kw = dict(seq_len=seq_len, prompt_len=prompt_len, decode=decode, sampler_only=sampler_only)
+    return compile_run(cfg, config, topology, **kw)  # type: ignore[arg-type]
 
 
 def compile_run(
@@ -99,6 +102,7 @@ def compile_run(
     seq_len: int | None = None,
     prompt_len: int | None = None,
     decode: bool = True,
+    sampler_only: bool = False,
 ) -> CompileReport:
     """Compile the programs ``jaxrl-llm train cfg`` runs for ``topology`` and compare their
     memory with the estimate (module docstring).
@@ -113,6 +117,7 @@ def compile_run(
         ``mesh.context``.
       prompt_len: online, the prompt part of ``seq_len`` (default ``data.max_length``).
       decode: also compile the sampler's decode loop (online).
+      sampler_only: compile only the sampler's programs (reshard, decode loop; online).
 
     Returns:
       A :class:`CompileReport`.
@@ -149,7 +154,13 @@ def compile_run(
     copy = None
     if plan.online:
         plan, copy = _sampler(plan, policy, topology, resident, seq_len, prompt_len)
-    programs = _compile_programs(plan, policy, resident, seq_len, prompt_len, decode, teacher, copy)
+    if sampler_only and copy is not None:
+        rest = lambda *used: sum(v for k, v in resident.items() if k not in used)
+        programs = compile_sampler(plan, policy, copy, rest, seq_len, prompt_len)
+    else:
+        programs = _compile_programs(
+            plan, policy, resident, seq_len, prompt_len, decode, teacher, copy
+        )
     programs = _with_model_flops(programs, plan, config, seq_len, prompt_len)
     est = None
     if sizes["context"] == 1:  # the estimator knows no ring attention
@@ -171,6 +182,7 @@ def compile_run(
             peak_flops=topology.peak_flops_per_device,
             hbm_bandwidth=topology.hbm_bandwidth_per_device,
             ici_bandwidth=topology.ici_bandwidth_per_device,
+            hop_latency=HOP_LATENCY_S.get(topology.generation),
         ),
     )
 
@@ -414,9 +426,7 @@ def _compile_programs(
         )
     if plan.online and decode:
         assert copy is not None
-        if plan.placement.colocated and not plan.placement.sampler_reads_learner:
-            out.append(compile_reshard(plan, policy, copy, others))
-        out.append(compile_decode(plan, policy, copy, others, seq_len, prompt_len))
+        out += compile_sampler(plan, policy, copy, others, seq_len, prompt_len)
     return out
 
 

@@ -23,7 +23,7 @@ from jaxrl_llm.train.compile.aot_inputs import (
 from jaxrl_llm.train.config.plan import RunPlan
 from jaxrl_llm.train.programs.policy import Policy
 
-__all__ = ["SAMPLER_COPY", "compile_decode", "compile_reshard", "run_sampling"]
+__all__ = ["SAMPLER_COPY", "compile_decode", "compile_reshard", "compile_sampler", "run_sampling"]
 
 SAMPLER_COPY = "sampler copy (rollout dtype)"
 
@@ -83,7 +83,11 @@ def compile_decode(
     dstate = jax.eval_shape(
         init,
         jax.ShapeDtypeStruct((n_prompts, config.vocab_size), jnp.float32),
-        jax.eval_shape(lambda: models.init_cache(config, n_prompts, seq_len)),
+        jax.eval_shape(
+            lambda: models.init_cache(
+                config, n_prompts, seq_len, layered=models.layered_cache_supported(config)
+            )
+        ),
         jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
         jax.ShapeDtypeStruct((n_prompts,), jnp.int32),
     )
@@ -108,11 +112,33 @@ def compile_decode(
             num_devices=mesh.size,
             unknown_trips=gen_len,
         )
+    cache_bytes = float(per_device_bytes(abstract_state.cache))
+    # slots written by step t (1-based): the prompt's and t new tokens' (every row to the end)
+    written_slots = gen_len * prompt_len + gen_len * (gen_len + 1) / 2
+    # the prefill (not lowered): 2 N FLOPs per prompt token, the weights read once
+    n = config.num_params(active=True)
+    if not config.tie_embeddings:  # the input embedding is a lookup
+        n -= config.vocab_size * config.hidden_size
     split = dict(
+        prefill_flops=2.0 * n * n_prompts * prompt_len / mesh.size,
+        prefill_bytes=float(per_device_bytes(weights)),
         weight_bytes=float(per_device_bytes(weights)) * gen_len,
-        kv_bytes=float(per_device_bytes(abstract_state.cache)) * gen_len,
+        kv_bytes=cache_bytes * gen_len,
+        kv_written_bytes=cache_bytes * written_slots / seq_len,
     )
     return dataclasses.replace(out, notes=split)
+
+
+def compile_sampler(
+    plan: RunPlan, policy: Policy, copy: SamplerCopy, others, seq_len: int, prompt_len: int
+) -> list:
+    """The sampler's programs as a step runs them: the reshard into its copy (colocated, a
+    copy of its own) and the decode loop (:func:`compile_reshard`, :func:`compile_decode`)."""
+    out = []
+    if plan.placement.colocated and not plan.placement.sampler_reads_learner:
+        out.append(compile_reshard(plan, policy, copy, others))
+    out.append(compile_decode(plan, policy, copy, others, seq_len, prompt_len))
+    return out
 
 
 def run_sampling(r) -> Any:

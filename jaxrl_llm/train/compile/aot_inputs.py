@@ -81,6 +81,8 @@ def compile_program(
         hlo_flops=work.flops,
         hlo_flops_once=work.flops_once,
         hbm_access_bytes=work.hbm_bytes,
+        copy_bytes=work.copy_bytes,
+        collective_hops=work.collective_hops,
         collective_bytes=work.collective_bytes,
         collectives=work.collectives,
         trip_counts=work.trip_counts,
@@ -379,7 +381,7 @@ def decode_state_sharding(dstate, mesh, rules=DEFAULT_RULES):
         if f == "cache":
             fields[f] = type(x)(
                 **{
-                    k: None if v is None else named(_CACHE_AXES[k], v, f"cache.{k}")
+                    k: jax.tree.map(lambda a, k=k: named(_CACHE_AXES[k], a, f"cache.{k}"), v)
                     for k, v in x._asdict().items()
                 }
             )

@@ -33,8 +33,12 @@ class ProgramMemory:
         (``flops`` adds elementwise work; the two agree within a few percent when matmuls
         dominate).
       hbm_access_bytes: HBM bytes read and written per device in one call, trip counts
-        applied. collective_bytes: bytes one device sends in collectives in one call (ring
-        model), trip counts applied; ``collectives`` by kind.
+        applied; ``copy_bytes`` the part of it spent only moving data (copies, relayouts,
+        slices copied out: :func:`~jaxrl_llm.train.compile.hlo_cost.is_copy`).
+        collective_bytes: bytes one device sends in collectives in one call (ring
+        model), trip counts applied; ``collectives`` by kind; ``collective_hops`` the link
+        hops they wait through in sequence (:func:`~jaxrl_llm.train.compile.hlo_cost.
+        collective_hops`), what the modeled time charges latency for.
       trip_counts: the program's loops' trip counts. unknown_loops: loops whose count the
         HLO does not say (the decode loop: counted as ``max_new_tokens`` steps, every row
         running to the end).
@@ -46,7 +50,8 @@ class ProgramMemory:
         per optimizer update).
       notes: program-specific figures per device and call (the decode loop: the HBM bytes
         of reading its weights, ``weight_bytes``, and its KV cache, ``kv_bytes``, once per
-        step: the model's split of what it reads).
+        step: the model's split of what it reads; ``kv_written_bytes``: only the slots
+        written so far, read once per step, which with the weights is the decode floor).
     """
 
     name: str
@@ -62,6 +67,8 @@ class ProgramMemory:
     hlo_flops: float = 0.0
     hlo_flops_once: float = 0.0
     hbm_access_bytes: float = 0.0
+    copy_bytes: float = 0.0
+    collective_hops: float = 0.0
     collective_bytes: float = 0.0
     collectives: dict[str, float] = dataclasses.field(default_factory=dict)
     trip_counts: tuple[int, ...] = ()
@@ -93,6 +100,12 @@ class Roofline:
       seconds: the largest. bound: which term it is ("compute", "HBM", "ICI").
       mfu: ``model_flops / (seconds · peak)``, the model FLOPs utilisation the bound
         implies (an upper bound on the MFU the program can reach); None without model FLOPs.
+      latency_s: the collectives' latency, ``collective_hops`` × the chip's per-hop latency
+        (:data:`~jaxrl_llm.train.compile.step_model.HOP_LATENCY_S`), none of it overlapped.
+      prefill_s: the decode program's prefill, which ``compile`` does not lower:
+        ``max(prefill FLOPs / peak, weight bytes / HBM bandwidth)`` (0 for other programs).
+      modeled_s: ``seconds + latency_s + prefill_s``, the modeled time (still no host work,
+        no launch gaps, no imperfect overlap inside a term). modeled_mfu: the MFU against it.
     """
 
     compute_s: float
@@ -101,6 +114,10 @@ class Roofline:
     seconds: float
     bound: str
     mfu: float | None
+    latency_s: float = 0.0
+    prefill_s: float = 0.0
+    modeled_s: float = 0.0
+    modeled_mfu: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,9 +155,15 @@ class CompileReport:
             terms["ICI"] = p.collective_bytes / ici_bw
         bound = max(terms, key=lambda k: terms[k])
         seconds = terms[bound]
-        mfu = None
+        latency = p.collective_hops * float(self.chip.get("hop_latency") or 0.0)
+        prefill = max(
+            p.notes.get("prefill_flops", 0.0) / peak, p.notes.get("prefill_bytes", 0.0) / hbm_bw
+        )
+        modeled = seconds + latency + prefill
+        mfu = modeled_mfu = None
         if p.model_flops is not None and seconds > 0:
             mfu = p.model_flops / (seconds * peak)
+            modeled_mfu = (p.model_flops + p.notes.get("prefill_flops", 0.0)) / (modeled * peak)
         return Roofline(
             compute_s=terms["compute"],
             hbm_s=terms["HBM"],
@@ -148,17 +171,31 @@ class CompileReport:
             seconds=seconds,
             bound=bound,
             mfu=mfu,
+            latency_s=latency,
+            prefill_s=prefill,
+            modeled_s=modeled,
+            modeled_mfu=modeled_mfu,
         )
 
-    def step_roofline(self) -> tuple[float, float | None] | None:
-        """(seconds, MFU) of one training step: each program's roofline times its calls per
-        step, summed; MFU = the model FLOPs of those calls / (seconds · peak). None without
-        the chip; the MFU None when a program has no model FLOPs."""
+    def step_roofline(self, *, modeled: bool = False) -> tuple[float, float | None] | None:
+        """(seconds, MFU) of one training step: each program's roofline (``modeled``: its
+        modeled time, :attr:`Roofline.modeled_s`, and its prefill's FLOPs) times its calls
+        per step, summed; MFU = the model FLOPs of those calls / (seconds · peak). None
+        without the chip; the MFU None when a program has no model FLOPs."""
         lines = [(p, self.roofline(p)) for p in self.programs]
         if any(r is None for _, r in lines):
             return None
-        seconds = sum(p.calls_per_step * r.seconds for p, r in lines if r is not None)
-        flops = [p.calls_per_step * p.model_flops for p, _ in lines if p.model_flops is not None]
+        seconds = sum(
+            p.calls_per_step * (r.modeled_s if modeled else r.seconds)
+            for p, r in lines
+            if r is not None
+        )
+        extra = lambda p: p.notes.get("prefill_flops", 0.0) if modeled else 0.0
+        flops = [
+            p.calls_per_step * (p.model_flops + extra(p))
+            for p, _ in lines
+            if p.model_flops is not None
+        ]
         peak = self.chip.get("peak_flops") or 0.0
         if len(flops) < len(lines) or seconds <= 0 or not peak:
             return seconds, None
@@ -200,6 +237,7 @@ class CompileReport:
                 for p in self.programs
             ],
             "step_roofline": _step_json(self.step_roofline()),
+            "step_modeled": _step_json(self.step_roofline(modeled=True)),
             "throughput": self.throughput(),
             "resident": {k: int(v) for k, v in self.resident.items()},
             "compiled_peak_bytes": int(self.peak_bytes),
@@ -238,6 +276,13 @@ class CompileReport:
         if step is not None:
             mfu = "" if step[1] is None else f", MFU at most {step[1]:.1%}"
             lines.append(f"step (programs x calls): roofline {step[0] * 1e3:.1f} ms{mfu}")
+        modeled = self.step_roofline(modeled=True)
+        if modeled is not None:
+            mfu = "" if modeled[1] is None else f", MFU {modeled[1]:.1%}"
+            lines.append(
+                f"step modeled (+ collective latency, + decode's prefill): "
+                f"{modeled[0] * 1e3:.1f} ms{mfu}"
+            )
         lines += self._throughput_lines()
         lines.append(
             "TFLOP: matmul FLOPs from the compiled HLO with loop trip counts applied; model: "
@@ -272,8 +317,19 @@ class CompileReport:
             "decode_tokens_per_s_per_chip": rows * gen / devices / r.seconds,
             "step_tokens_per_s_per_chip": rows * int(s["seq_len"]) / devices / step[0],
             "decode_s": r.seconds,
+            "decode_modeled_s": r.modeled_s,
+            "step_modeled_tokens_per_s_per_chip": rows
+            * int(s["seq_len"])
+            / devices
+            / (self.step_roofline(modeled=True) or step)[0],
             "decode_weight_gb": decode.notes.get("weight_bytes", 0.0) / 1e9,
             "decode_kv_gb": decode.notes.get("kv_bytes", 0.0) / 1e9,
+            "decode_hbm_gb": decode.hbm_access_bytes / 1e9,
+            "decode_copy_gb": decode.copy_bytes / 1e9,
+            "decode_floor_gb": (
+                decode.notes.get("weight_bytes", 0.0) + decode.notes.get("kv_written_bytes", 0.0)
+            )
+            / 1e9,
             "decode_collective_gb_per_token_step": decode.collective_bytes / max(gen, 1) / 1e9,
         }
 
@@ -289,8 +345,12 @@ class CompileReport:
             f"{t['decode_weight_gb']:.1f} GB of weights and {t['decode_kv_gb']:.1f} GB of KV "
             f"cache per device (model); {t['decode_collective_gb_per_token_step']:.3f} GB of "
             "collectives per token step",
+            f"decode HBM: {t['decode_hbm_gb']:.1f} GB per device (HLO), of which "
+            f"{t['decode_copy_gb']:.1f} GB copies; floor {t['decode_floor_gb']:.1f} GB "
+            "(weights + the KV slots written so far, read once per step)",
             f"step: {t['step_tokens_per_s_per_chip']:,.0f} tokens/s per chip (prompt + "
-            "completion tokens of every row over the step's roofline)",
+            "completion tokens of every row over the step's roofline), "
+            f"{t['step_modeled_tokens_per_s_per_chip']:,.0f} over its modeled time",
         ]
 
     def table(self) -> str:

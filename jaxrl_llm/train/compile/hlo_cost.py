@@ -39,10 +39,13 @@ computation by how many times it runs:
   slices' share of it; an in-place ``dynamic-update-slice`` (a KV
   cache write, a scan's stacked output) counts its update twice (read, write), not the
   whole buffer. Arrays the TPU compiler placed in on-chip memory (layout ``S(1)``) are
-  left out. What this leaves: a fusion that reads an operand twice counts it once, cache
+  left out; the asynchronous copies that move them (``copy-start``) count their HBM side:
+  a prefetch reads HBM, an eviction writes it. What this leaves: a fusion that reads an operand twice counts it once, cache
   effects and the compiler's own rematerialisation are invisible, and the count is of
   traffic, not of time (no overlap). It is an estimate, checked against XLA's ``bytes
   accessed`` on small programs only (within 10% on XLA:CPU with each loop counted once).
+* **Copy bytes**: the part of the HBM bytes spent by instructions that only move data
+  (:func:`is_copy`), reported apart so that a copy is not counted as weight or KV traffic.
 * **Collective bytes**: what one device sends in each collective under a ring model over
   its group of n devices: all-gather (n − 1) · operand, reduce-scatter and all-to-all
   (n − 1)/n · operand, all-reduce 2 (n − 1)/n · operand, collective-permute the operand. The
@@ -99,7 +102,6 @@ _NO_TRAFFIC = frozenset(
         "partition-id",
         "replica-id",
         "opt-barrier",
-        "copy-start",
         "copy-done",
         "add-dependency",
         "domain",
@@ -107,6 +109,10 @@ _NO_TRAFFIC = frozenset(
     )
 )
 _SLICING = frozenset(("dynamic-slice", "slice", "gather"))
+# ops that only move or re-lay out data: a top-level one, or a fusion of nothing else, is a
+# copy (a layer's K/V slice copied out of the stacked cache, a relayout between programs)
+_MOVES = frozenset(("copy", "transpose", "dynamic-slice", "slice", "concatenate"))
+_MOVE_PASSIVE = frozenset(("parameter", "constant", "bitcast", "reshape", "tuple"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +131,13 @@ class HloCost:
       trip_counts: the trip counts of the program's loops as found (outermost first is not
         guaranteed), unknown ones as the ``unknown_trips`` they were given.
       unknown_loops: loops whose trip count the HLO does not say.
+      copy_bytes: the part of ``hbm_bytes`` that only moves data (:func:`is_copy`: a
+        ``copy``, ``transpose``, slice or concatenation, or a fusion of nothing else), trip
+        counts applied: bytes a program spends re-reading and re-writing what it already
+        holds, such as a layer's K/V slice copied out of a stacked cache at every step.
+      collective_calls: collectives one call runs, trip counts applied.
+      collective_hops: the link hops those collectives wait through one after another
+        (:func:`collective_hops`), trip counts applied: what a per-hop latency multiplies.
     """
 
     flops: float
@@ -135,6 +148,34 @@ class HloCost:
     collectives: dict[str, float]
     trip_counts: tuple[int, ...]
     unknown_loops: int
+    copy_bytes: float = 0.0
+    collective_calls: float = 0.0
+    collective_hops: float = 0.0
+
+
+def is_copy(instr: Instr, comps: dict[str, Computation]) -> bool:
+    """A top-level instruction that only moves data: a ``copy`` / ``transpose`` / slice /
+    concatenation, or a fusion whose computation (nested fusions too) holds only those and
+    bitcasts, reshapes, parameters and constants; or a ``copy-start`` that evicts an
+    on-chip buffer back to HBM (a prefetch into on-chip memory is the read a consumer needs,
+    not a copy). An in-place ``dynamic-update-slice`` (a cache write) is not one: it writes
+    new values."""
+    if instr.op in _MOVES:
+        return True
+    if instr.op == "copy-start":  # an eviction from on-chip memory back to HBM
+        return bool(instr.result) and not instr.result[0].on_chip
+    if instr.op != "fusion":
+        return False
+    fused = comps.get(dict(callees(instr)).get("calls", ""))
+    if fused is None:
+        return False
+    moved = False
+    for i in fused.instrs:
+        if i.op in _MOVES or i.op == "fusion" and is_copy(i, comps):
+            moved = True
+        elif i.op not in _MOVE_PASSIVE:
+            return False
+    return moved
 
 
 def _dot_flops(instr: Instr, comp: Computation, operand) -> float:
@@ -215,6 +256,18 @@ def _collective_bytes(kind: str, operand_bytes: float, n: int) -> float:
     return operand_bytes  # collective-permute: each device sends its buffer once
 
 
+def collective_hops(kind: str, n: int) -> int:
+    """The sequential link hops of one collective over a group of ``n`` devices under the
+    ring model of the bytes (module docstring): a ring all-gather, reduce-scatter or
+    all-to-all passes n − 1 steps, an all-reduce (reduce-scatter then all-gather) 2 (n − 1),
+    a collective-permute one; 0 over one device."""
+    if kind == "collective-permute":
+        return 1
+    if n <= 1:
+        return 0
+    return 2 * (n - 1) if kind == "all-reduce" else n - 1
+
+
 def _hbm(arrays: Iterable[Array]) -> float:
     return sum(a.nbytes for a in arrays if not a.on_chip)
 
@@ -277,6 +330,14 @@ def _root_update(comp: Computation | None, instr: Instr, operand) -> tuple[Array
     return operand(comp if comp is not None else None, inner.operands[1])
 
 
+def _async_copy_traffic(instr: Instr, comp: Computation, operand) -> float:
+    """HBM bytes of a ``copy-start`` (result ``(destination, source, context)``): the
+    source read where it lies in HBM, the destination written where it does (a prefetch
+    into on-chip memory reads HBM; an eviction back writes it)."""
+    source = _hbm(operand(comp, instr.operands[0])) if instr.operands else 0.0
+    return source + (_hbm(instr.result[:1]) if instr.result else 0.0)
+
+
 def _fusion_traffic(
     instr: Instr,
     comp: Computation,
@@ -285,6 +346,8 @@ def _fusion_traffic(
     comps: dict[str, Computation],
 ) -> float:
     """HBM bytes of one top-level instruction (module docstring)."""
+    if instr.op == "copy-start":
+        return _async_copy_traffic(instr, comp, operand)
     update = _root_update(fused, instr, lambda c, n: operand(c or comp, n))
     total = _hbm(instr.result) if update is None else 2 * _hbm(update)
     params = _parameters(fused) if fused is not None else {}
@@ -325,7 +388,7 @@ def hlo_cost(hlo_text: str, *, num_devices: int = 1, unknown_trips: int = 1) -> 
         instr = comp.by_name.get(name)
         return instr.result if instr is not None else ()
 
-    flops = flops_once = hbm = hbm_once = 0.0
+    flops = flops_once = hbm = hbm_once = copies = calls = hops = 0.0
     coll: dict[str, float] = {}
     for comp in comps.values():
         runs = mult.get(comp.name, 0.0)
@@ -335,12 +398,13 @@ def hlo_cost(hlo_text: str, *, num_devices: int = 1, unknown_trips: int = 1) -> 
             flops_once += f * mult_once.get(comp.name, 0.0)
             kind = COLLECTIVES.get(instr.op)
             if kind is not None:
+                n = _group_size(instr.attrs, num_devices)
                 sent = _collective_bytes(
-                    kind,
-                    sum(sum(a.nbytes for a in operand(comp, o)) for o in instr.operands),
-                    _group_size(instr.attrs, num_devices),
+                    kind, sum(sum(a.nbytes for a in operand(comp, o)) for o in instr.operands), n
                 )
                 coll[kind] = coll.get(kind, 0.0) + sent * runs
+                calls += runs
+                hops += collective_hops(kind, n) * runs
                 continue
             if comp.name in inner or instr.op in _NO_TRAFFIC or instr.op.endswith("-done"):
                 continue
@@ -350,6 +414,8 @@ def hlo_cost(hlo_text: str, *, num_devices: int = 1, unknown_trips: int = 1) -> 
             traffic = _fusion_traffic(instr, comp, fused, operand, comps)
             hbm += traffic * runs
             hbm_once += traffic * mult_once.get(comp.name, 0.0)
+            if is_copy(instr, comps):
+                copies += traffic * runs
     return HloCost(
         flops=flops,
         flops_once=flops_once,
@@ -359,4 +425,7 @@ def hlo_cost(hlo_text: str, *, num_devices: int = 1, unknown_trips: int = 1) -> 
         collectives=coll,
         trip_counts=tuple(trips),
         unknown_loops=unknown,
+        copy_bytes=copies,
+        collective_calls=calls,
+        collective_hops=hops,
     )

@@ -34,6 +34,25 @@ from jaxrl_llm.train.compile.memory import ALGORITHM_MEMORY, Role
 _GPU_PEAK = {"h100": 989e12, "h200": 989e12, "a100": 312e12}
 
 
+#: Latency of one link hop of a collective, seconds, by chip generation: what a collective
+#: costs on top of its bytes (:func:`~jaxrl_llm.train.compile.hlo_cost.collective_hops`
+#: counts the hops). TPU ICI: about 1 µs per hop, the figure "How to Scale Your Model"
+#: (Austin et al. 2025, https://jax-ml.github.io/scaling-book/sharding/) uses for the
+#: latency-bound regime of small collectives; an order of magnitude, not a measurement of
+#: ours, the same for every TPU generation until one is measured. GPUs (NVLink, NCCL): 5 µs
+#: per hop, NCCL's ring latency order for small messages on one node (NVIDIA's NCCL tests);
+#: again an order, not a measurement.
+HOP_LATENCY_S: dict[str, float] = {
+    "v4": 1e-6,
+    "v5e": 1e-6,
+    "v5p": 1e-6,
+    "v6e": 1e-6,
+    "h100": 5e-6,
+    "h200": 5e-6,
+    "a100": 5e-6,
+}
+
+
 def peak_flops(kind: str) -> float | None:
     """A device kind's bf16 peak FLOP/s (``tpu-v5p``, ``h100``; None for ``cpu``)."""
     from jaxrl_llm.parallel.topology import TPU_PEAK_BF16_FLOPS
