@@ -21,17 +21,6 @@ The trainer classes load on first use, so ``import jaxrl_llm`` stays light.
 
 __version__ = "0.1.0"
 
-
-def _quiet_tpu_discovery() -> None:
-    """No libtpu noise on a machine without a TPU (:func:`jaxrl_llm.cli.main.
-    quiet_tpu_discovery`), before anything imports JAX."""
-    from jaxrl_llm.cli.main import quiet_tpu_discovery
-
-    quiet_tpu_discovery()
-
-
-_quiet_tpu_discovery()
-
 #: The trainer classes, imported from :mod:`jaxrl_llm.train.trainers` on first use.
 TRAINERS = (
     "Trainer",

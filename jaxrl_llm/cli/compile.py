@@ -115,24 +115,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _mesh(text: str) -> dict[str, int]:
-    from jaxrl_llm.errors import ConfigError
-
-    out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1, "context": 1}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        k, sep, v = part.partition("=")
-        if not sep or k not in out:
-            raise ConfigError(
-                f"--mesh: {part!r} must be axis=size with axis data, fsdp, tensor, expert or "
-                f"context"
-            )
-        try:
-            out[k] = int(v)
-        except ValueError:
-            raise ConfigError(f"--mesh: size of {k!r} must be an integer, got {v!r}") from None
-    return out
-
-
 def _rollout_layout(text: str | None) -> int | str | None:
     """``--rollout-layout``: None (the run's own), ``"auto"`` or the tensor degree."""
     from jaxrl_llm.errors import ConfigError
@@ -180,12 +162,13 @@ def run(args: argparse.Namespace) -> int:
         name = accelerator_type(args.topology)
         if name is not None:
             os.environ.setdefault("TPU_ACCELERATOR_TYPE", name)
-    from jaxrl_llm.cli.memory import params_text, resolve_model_config
+    from jaxrl_llm.cli.memory import params_text, parse_mesh, resolve_model_config
     from jaxrl_llm.errors import ConfigError
     from jaxrl_llm.parallel.topology import first_devices, tpu_topology
     from jaxrl_llm.train.compile.aot import compile_preset, compile_run
     from jaxrl_llm.train.config.sections import CorrectionSection
 
+    mesh = parse_mesh(args.mesh)  # a bad --mesh fails before the compiler loads
     topology = tpu_topology(args.topology)  # LibtpuMissingError: one line, exit status 2
     if args.devices is not None:
         topology = first_devices(topology, args.devices)
@@ -238,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                 if args.correction is None
                 else CorrectionSection(decoupled=args.correction == "decoupled")
             ),
-            **_mesh(args.mesh),
+            **mesh,
         )
         algorithm = args.algorithm
     if args.json:

@@ -101,7 +101,8 @@ NO_TPU_HOST = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost"}
 def quiet_tpu_discovery(environ=os.environ) -> None:
     """On a machine with no TPU, tell libtpu there is none (:data:`NO_TPU_HOST`, each unless
     set) and, with no GPU plugin either, set ``JAX_PLATFORMS=cpu`` (unless set); before JAX is
-    imported. ``import jaxrl_llm`` calls it too, so the Python API is as quiet as the CLI.
+    imported. The CLI's entry point calls it; ``import jaxrl_llm`` does not (importing the
+    package changes no environment variable: tests/test_import_effects.py).
 
     The development install carries ``libtpu`` (the ``jax[tpu]`` wheel: ``jaxrl-llm compile``
     compiles for a TPU slice on a CPU host with it). When JAX starts with every platform

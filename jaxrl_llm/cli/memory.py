@@ -14,6 +14,7 @@ import math
 import os
 
 from jaxrl_llm.errors import ConfigError, did_you_mean
+from jaxrl_llm.parallel.chips import chip_kind
 
 
 def add_model_and_algorithm(
@@ -101,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_mesh(text: str) -> dict[str, int]:
     """``"data=2,fsdp=4"`` -> {"data": 2, "fsdp": 4, "tensor": 1, "expert": 1, "context": 1};
-    clear errors otherwise."""
+    clear errors otherwise. The one ``--mesh`` parser: ``jaxrl-llm memory`` and ``compile``."""
     out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1, "context": 1}
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
@@ -199,25 +200,6 @@ def resolve_model_config(spec: str, tiny: dict | None = None):
         raise ConfigError(f"--model {path!r}: {e}") from None
 
 
-# jax device_kind substrings -> DEVICE_MEMORY key, most specific first.
-_KINDS = (
-    ("v5 lite", "tpu-v5e"),
-    ("v5e", "tpu-v5e"),
-    ("v5p", "tpu-v5p"),
-    ("v6", "tpu-v6e"),
-    ("v4", "tpu-v4"),
-    ("h200", "h200"),
-    ("h100", "h100"),
-)
-
-
-def device_kind(kind: str) -> str | None:
-    """The :data:`~jaxrl_llm.train.compile.memory.DEVICE_MEMORY` key of a jax ``device_kind``
-    (``"TPU v5 lite"`` -> ``"tpu-v5e"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``), or None."""
-    low = kind.lower()
-    return next((key for sub, key in _KINDS if sub in low), None)
-
-
 def resolve_device(device: str | None, topology: str | None) -> tuple[str, str, int]:
     """``(device kind, why, most devices)`` for ``jaxrl-llm memory``: ``--device`` if given,
     else ``--topology``'s generation, else the detected backend's device kind (``cpu`` on a
@@ -246,7 +228,7 @@ def resolve_device(device: str | None, topology: str | None) -> tuple[str, str, 
     if backend == "cpu":
         return "cpu", "this machine's backend", max_devices
     kind = jax.devices()[0].device_kind
-    key = device_kind(kind)
+    key = chip_kind(kind)
     if key is None:
         raise ConfigError(
             f"this machine's {backend} devices are {kind!r}, whose memory is not in the "

@@ -60,17 +60,13 @@ from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedP
 from jaxrl_llm.models.layer import (
     KVStore,
     Store,
-    TokenInfo,
-    apply_norm,
     attend,
     attention_block,
     decoder_layer,
-    dense_and_moe_block,
     embed_tokens,
-    mlp_block,
     project_qkv,
-    rms_norm,
 )
+from jaxrl_llm.models.layer_base import TokenInfo, apply_norm, rms_norm
 from jaxrl_llm.models.layer_scan import (
     layer_kinds,
     remat_policy,
@@ -80,6 +76,7 @@ from jaxrl_llm.models.layer_scan import (
 )
 from jaxrl_llm.models.layer_stack import LayerStores, NewTokens, Stores, stack
 from jaxrl_llm.models.lora import LoRAConfig, attach_lora, init_lora, merge_lora
+from jaxrl_llm.models.mlp import dense_and_moe_block, mlp_block
 from jaxrl_llm.models.moe import (
     EXPERT_AXIS,
     MoeStats,

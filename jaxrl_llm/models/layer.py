@@ -25,7 +25,8 @@ layer scan and :func:`jaxrl_llm.models.stack` the one caller of :func:`decoder_l
 trunk (:func:`jaxrl_llm.models.trunk`), the shared-prompt trunk and the paged trunk
 (:func:`jaxrl_llm.models.paged_trunk`) only build the stores it runs the layers over. A layer feature (a norm, a gate, an activation, an MLP
 variant) therefore goes here, once: in :func:`decoder_layer`, :func:`attention_block` or
-:func:`mlp_block`.
+:func:`~.mlp.mlp_block` (the feed-forward blocks live in :mod:`.mlp`; the norm, the LoRA adapter
+and :class:`~.layer_base.TokenInfo` they share in :mod:`.layer_base`, below both).
 
 **A per-row recurrent state is one more store.** The Gated DeltaNet layers of Qwen3.5-class
 hybrids (LINEAR entries of ``config.attn.layer_types``) keep, per row, a causal-conv window (the last
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import chex
 import jax
@@ -65,7 +66,9 @@ from jaxrl_llm.models import attention as attn_lib
 from jaxrl_llm.models import moe as moe_lib
 from jaxrl_llm.models import quant
 from jaxrl_llm.models.config import Activation, ModelConfig
+from jaxrl_llm.models.layer_base import BTD, Params, TokenInfo, apply_norm, with_adapter
 from jaxrl_llm.models.layout import layout_mesh, place
+from jaxrl_llm.models.mlp import dense_and_moe_block, mlp_block
 from jaxrl_llm.models.positions import (
     apply_rope,
     check_layer_index,
@@ -74,32 +77,6 @@ from jaxrl_llm.models.positions import (
     layer_values_are_keys,
     layer_windows,
 )
-
-Params = dict[str, Any]
-
-
-class TokenInfo(NamedTuple):
-    """What every layer needs to know of the new tokens, built once per forward (a pytree).
-
-    Attributes:
-      positions: ``[B, T]`` int32 RoPE position of each new token.
-      inv_freq: ``[E/2]`` RoPE inverse frequencies (:func:`jaxrl_llm.models.rope_inv_freq`);
-        with per-layer types each layer's come from
-        :func:`jaxrl_llm.models.layer_rope_inv_freq` at its index instead.
-      weights: ``[B, T]`` float32 weight of each token in a mixture of experts' routing
-        statistics (the attention mask); None = 1 each.
-      routing: a mixture of experts' :class:`~jaxrl_llm.models.moe.RecordedRouting` of the
-        new tokens (``[B, T, L, k]``, each layer reads its slice): the sampler's experts, to
-        replay or compare against (R3); None = each block routes by its own top-k.
-      per_layer: ``[B, T, L, P]`` Gemma 4's per-layer inputs of the new tokens
-        (:func:`per_layer_inputs`; each layer reads its slice); None without them.
-    """
-
-    positions: jax.Array
-    inv_freq: jax.Array
-    weights: jax.Array | None = None
-    routing: moe_lib.RecordedRouting | None = None
-    per_layer: jax.Array | None = None
 
 
 class Store(Protocol):
@@ -164,55 +141,6 @@ class KVStore(abc.ABC):
 # ----- building blocks ------------------------------------------------------------------------
 
 
-def rms_norm(
-    x: jax.Array,
-    scale: jax.Array | None,
-    eps: float,
-    *,
-    unit_offset: bool = False,
-    float32: bool = False,
-    width=None,
-) -> jax.Array:
-    """RMSNorm ``x / √(mean(x²) + ε)`` times a learned scale (Zhang & Sennrich 2019,
-    https://arxiv.org/abs/1910.07467), normalised in float32.
-
-    ``unit_offset=False`` (Llama): ``w · cast(x̂)``, the product in x's dtype; with
-    ``float32`` (Gemma 4) ``cast(w · x̂)``, the product in float32.
-    ``unit_offset=True`` (Gemma 2 / 3, https://arxiv.org/abs/2408.00118): ``cast((1 + w) · x̂)``,
-    the product in float32, with w stored as trained (zero = identity).
-    ``scale=None``: no learned scale, ``cast(x̂)`` (Gemma 4's value norm).
-    ``width``: the mean is ``Σx² / width`` (a zero-padded head: its own size; may be traced);
-    None = the last axis' size.
-    """
-    dtype = x.dtype
-    x32 = x.astype(jnp.float32)
-    sq = jnp.square(x32)
-    ms = (
-        jnp.mean(sq, -1, keepdims=True) if width is None else jnp.sum(sq, -1, keepdims=True) / width
-    )
-    x32 = x32 * jax.lax.rsqrt(ms + eps)
-    if scale is None:
-        return x32.astype(dtype)
-    if unit_offset:
-        return (x32 * (1.0 + scale.astype(jnp.float32))).astype(dtype)
-    if float32:
-        return (x32 * scale.astype(jnp.float32)).astype(dtype)
-    return scale.astype(dtype) * x32.astype(dtype)
-
-
-def apply_norm(config: ModelConfig, x: jax.Array, p: Params | None, width=None) -> jax.Array:
-    """The config's RMSNorm (ε, unit offset, float32 product) of ``x`` with one norm's
-    parameters ``p`` (``{"scale": [D]}``; None: scale-free) over ``width`` dims (None: all)."""
-    return rms_norm(
-        x,
-        None if p is None else p["scale"],
-        config.norms.eps,
-        unit_offset=config.norms.unit_offset,
-        float32=config.rms_norm_float32,
-        width=width,
-    )
-
-
 def embed_tokens(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
     """Token embeddings ``[B, T, D]`` in the compute dtype, times √D in that dtype when
     ``config.tokens.scale_embeddings`` (Gemma)."""
@@ -262,20 +190,8 @@ def _per_layer_input_block(config: ModelConfig, lp: Params, x_btd, tokens: Token
     return x_btd + apply_norm(c, y, lp["per_layer_post_norm"])
 
 
-def _with_adapter(y, x, p, n_in: int):
-    """``y + (x A) B`` when the projection carries an unmerged LoRA adapter (``lora_a``
-    ``[in, r]``, ``lora_b`` ``[r, out]``, scale folded into B: :func:`models.lora.attach_lora`);
-    ``x``'s last ``n_in`` dims are the kernel's input dims. Otherwise ``y`` unchanged."""
-    if "lora_a" not in p:
-        return y
-    dtype = y.dtype
-    lead = x.shape[: x.ndim - n_in]
-    low = x.reshape(*lead, -1) @ p["lora_a"].astype(dtype)
-    return y + (low @ p["lora_b"].astype(dtype)).reshape(y.shape)
-
-
 def _linear_heads(x_btd, p, dtype):
-    y = _with_adapter(jnp.einsum("btd,dne->btne", x_btd, p["kernel"].astype(dtype)), x_btd, p, 1)
+    y = with_adapter(jnp.einsum("btd,dne->btne", x_btd, p["kernel"].astype(dtype)), x_btd, p, 1)
     if "bias" in p:
         y = y + p["bias"].astype(dtype)
     return y
@@ -403,115 +319,7 @@ def attention_block(
     o = jnp.einsum("btne,ned->btd", attn, lp["o_proj"]["kernel"].astype(dtype))
     if config.attn.out_bias:
         o = o + lp["o_proj"]["bias"].astype(dtype)
-    return _with_adapter(o, attn, lp["o_proj"], 2), store
-
-
-#: Logical axes of the residual stream ``[B, T, D]`` and the MLP's hidden units ``[B, T, F]``
-#: (:mod:`jaxrl_llm.models.layout`).
-BTD = ("batch", "length", "embed")
-BTF = ("batch", "length", "mlp")
-
-
-def _dense_mlp(config: ModelConfig, h_btd, lp, mesh=None):
-    """The gated MLP ``down(act(h W_g) ⊙ h W_u)``: SwiGLU, or GeGLU with tanh-GELU (Gemma).
-    ``mesh`` (resolved, :func:`~jaxrl_llm.models.layout.layout_mesh`): the ``[B, T, F]``
-    activations are placed by rows over it (None: not placed)."""
-    dtype = h_btd.dtype
-    h = h_btd
-    gate = _with_adapter(
-        jnp.einsum("btd,df->btf", h, lp["gate_proj"]["kernel"].astype(dtype)), h, lp["gate_proj"], 1
-    )
-    up = _with_adapter(
-        jnp.einsum("btd,df->btf", h, lp["up_proj"]["kernel"].astype(dtype)), h, lp["up_proj"], 1
-    )
-    gate, up = place(gate, BTF, mesh), place(up, BTF, mesh)
-    act = place(moe_lib.gated_activation(config)(gate, up), BTF, mesh)
-    down = jnp.einsum("btf,fd->btd", act, lp["down_proj"]["kernel"].astype(dtype))
-    return _with_adapter(down, act, lp["down_proj"], 1)
-
-
-def mlp_block(
-    config: ModelConfig,
-    lp: Params,
-    h_btd: jax.Array,
-    tokens: TokenInfo,
-    mesh: jax.sharding.Mesh | None = None,
-    layer=None,
-) -> tuple[jax.Array, moe_lib.MoeStats | None]:
-    """The layer's MLP on the normed ``h_btd``: the gated MLP (SwiGLU, or GeGLU with tanh-GELU
-    for Gemma), or with ``config.moe.num_experts`` the sparse MoE block
-    (:func:`jaxrl_llm.models.moe.sparse_moe`, over ``mesh``'s expert axis, its routing
-    statistics weighted by ``tokens.weights``; with ``tokens.routing`` the recorded experts
-    of layer ``layer`` replayed or compared against).
-
-    Returns:
-      (``[B, T, D]`` before the residual add, :class:`~jaxrl_llm.models.moe.MoeStats` or None).
-    """
-    if config.is_moe:
-        rec = tokens.routing
-        y, stats = moe_lib.sparse_moe(
-            config,
-            h_btd,
-            tokens.weights,
-            lp,
-            mesh=mesh,
-            recorded_btk=None if rec is None else rec.at_layer(layer),
-            replay=rec is not None and rec.replay,
-        )
-        if config.moe.shared_expert_size:
-            y = y + _shared_expert(h_btd, lp, layout_mesh(mesh))
-        return y, stats
-    return _dense_mlp(config, h_btd, lp, layout_mesh(mesh)), None
-
-
-def dense_and_moe_block(
-    config: ModelConfig,
-    lp: Params,
-    x_btd: jax.Array,
-    tokens: TokenInfo,
-    mesh: jax.sharding.Mesh | None = None,
-    layer=None,
-) -> tuple[jax.Array, moe_lib.MoeStats]:
-    """Gemma 4's feed-forward with ``config.moe.beside_mlp``, on the residual stream ``x_btd``
-    (un-normed): the dense MLP of ``mlp_norm(x)``, normed by ``post_dense_norm``, plus the
-    sparse MoE block of ``moe_norm(x)``, normed by ``post_moe_norm``; the block routes
-    ``rms(x) · router_norm · D^-1/2`` (a scale-free RMSNorm times a learned scale) and scales
-    each weight by its expert's ``expert_scale`` (transformers' ``Gemma4TextDecoderLayer`` and
-    ``Gemma4TextRouter``).
-
-    Returns:
-      (``[B, T, D]`` before the post-norm and residual add, the MoE block's statistics).
-    """
-    c = config
-    lay = layout_mesh(mesh)
-    dense = _dense_mlp(c, apply_norm(c, x_btd, lp["mlp_norm"]), lp, lay)
-    rx = apply_norm(c, x_btd, None) * lp["router_norm"]["scale"].astype(x_btd.dtype)
-    rx = rx * jnp.asarray(c.hidden_size**-0.5, rx.dtype)
-    rec = tokens.routing
-    y, stats = moe_lib.sparse_moe(
-        c,
-        apply_norm(c, x_btd, lp["moe_norm"]),
-        tokens.weights,
-        lp,
-        mesh=mesh,
-        recorded_btk=None if rec is None else rec.at_layer(layer),
-        replay=rec is not None and rec.replay,
-        router_x_btd=rx,
-    )
-    z = apply_norm(c, dense, lp["post_dense_norm"]) + apply_norm(c, y, lp["post_moe_norm"])
-    return z, stats
-
-
-def _shared_expert(h_btd, lp, mesh=None):
-    """Qwen3.5-MoE's shared expert: ``σ(h W_sg) · down(SiLU(h W_g) ⊙ h W_u)``, every token."""
-    dtype = h_btd.dtype
-    h = h_btd
-    gate = jnp.einsum("btd,df->btf", h, lp["shared_gate_proj"]["kernel"].astype(dtype))
-    up = jnp.einsum("btd,df->btf", h, lp["shared_up_proj"]["kernel"].astype(dtype))
-    act = place(jax.nn.silu(gate) * up, BTF, mesh)
-    down = jnp.einsum("btf,fd->btd", act, lp["shared_down_proj"]["kernel"].astype(dtype))
-    weight = jnp.einsum("btd,dl->btl", h, lp["shared_expert_gate"]["kernel"].astype(dtype))
-    return jax.nn.sigmoid(weight) * down
+    return with_adapter(o, attn, lp["o_proj"], 2), store
 
 
 def decoder_layer(

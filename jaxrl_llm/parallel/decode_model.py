@@ -5,8 +5,8 @@ heads from HBM once, and all-reduces the rows' hidden states twice per layer ove
 links (Megatron-LM, Shoeybi et al. 2019, https://arxiv.org/abs/1909.08053).
 :func:`choose_sampler_tensor` takes the degree with the fastest modeled step among those that
 fit HBM; :func:`auto_tensor` is what ``rollout.tensor: auto``, ``jaxrl-llm memory`` and
-``jaxrl-llm compile`` all call. Chips come from datasheets (:class:`Chip`: TPU generations from
-:mod:`jaxrl_llm.parallel.topology`, NVIDIA GPUs below).
+``jaxrl-llm compile`` all call. Chips come from datasheets, through the one chip table
+(:data:`jaxrl_llm.parallel.chips.CHIPS`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
+
+from jaxrl_llm.parallel.chips import CHIPS, chip_kind
 
 #: The time one all-reduce of a decode step's hidden states takes on top of its bytes
 #: (launch and synchronisation). An assumption of the model, not a measurement: 10 µs is
@@ -202,14 +204,11 @@ def auto_tensor(
 
 def kind_chip(kind: str) -> Chip | None:
     """The :class:`Chip` of a device kind as ``jaxrl-llm memory`` names it (``tpu-v5p``,
-    ``h100``; None for ``cpu``)."""
-    from jaxrl_llm.parallel.topology import TPU_HBM_BANDWIDTH, TPU_HBM_BYTES, TPU_ICI_BANDWIDTH
-
-    if kind.startswith("tpu-"):
-        g = kind[4:]
-        return Chip(kind, TPU_HBM_BYTES[g], TPU_HBM_BANDWIDTH[g], TPU_ICI_BANDWIDTH[g])
-    gpu = _GPUS.get(kind.upper())
-    return None if gpu is None else Chip(kind, *gpu)
+    ``h100``; None for ``cpu`` or a kind not in :data:`~jaxrl_llm.parallel.chips.CHIPS`)."""
+    spec = CHIPS.get(kind)
+    if spec is None:
+        return None
+    return Chip(kind, spec.hbm_bytes, spec.hbm_bandwidth, spec.link_bandwidth)
 
 
 def host_devices(kind: str, devices: int) -> int:
@@ -235,41 +234,13 @@ def tpu_chip(topology: Any) -> Chip:
     )
 
 
-# Datasheet numbers of accelerators a run may find itself on (HBM bytes, HBM bytes/s, one
-# chip's interconnect bytes/s): NVIDIA's H100 SXM, H200 and A100 80GB SXM datasheets
-# (NVLink 900 / 900 / 600 GB/s); TPUs from :mod:`jaxrl_llm.parallel.topology`.
-_GPUS: dict[str, tuple[float, float, float]] = {
-    "H200": (141e9, 4.8e12, 900e9),
-    "H100": (80e9, 3.35e12, 900e9),
-    "A100": (80e9, 2.039e12, 600e9),
-}
-_TPU_KINDS = {
-    "v5 lite": "v5e",
-    "v5e": "v5e",
-    "v5p": "v5p",
-    "v5": "v5p",
-    "v6 lite": "v6e",
-    "v6e": "v6e",
-    "v4": "v4",
-}
-
-
 def device_chip(device: Any) -> Chip | None:
     """The :class:`Chip` of a real device from its ``device_kind`` (None: a CPU or an
-    accelerator with no datasheet entry here)."""
-    from jaxrl_llm.parallel.topology import TPU_HBM_BANDWIDTH, TPU_HBM_BYTES, TPU_ICI_BANDWIDTH
-
-    kind = str(getattr(device, "device_kind", ""))
-    if device.platform == "gpu":
-        for name, (hbm, bw, link) in _GPUS.items():
-            if name in kind:
-                return Chip(kind, hbm, bw, link)
+    accelerator with no entry in :data:`~jaxrl_llm.parallel.chips.CHIPS`)."""
+    if device.platform not in ("gpu", "tpu"):
         return None
-    if device.platform == "tpu":
-        low = kind.lower()
-        for key, gen in _TPU_KINDS.items():
-            if key in low:
-                return Chip(
-                    kind, TPU_HBM_BYTES[gen], TPU_HBM_BANDWIDTH[gen], TPU_ICI_BANDWIDTH[gen]
-                )
-    return None
+    kind = chip_kind(str(getattr(device, "device_kind", "")))
+    if kind is None or kind.startswith("tpu-") != (device.platform == "tpu"):
+        return None
+    spec = CHIPS[kind]
+    return Chip(device.device_kind, spec.hbm_bytes, spec.hbm_bandwidth, spec.link_bandwidth)

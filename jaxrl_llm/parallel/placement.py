@@ -44,8 +44,10 @@ from jax.sharding import AxisType, Mesh
 from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel.decode_model import Chip, auto_tensor, tensor_candidates
 from jaxrl_llm.parallel.mesh import MESH_AXES, make_mesh, mesh_shape
+from jaxrl_llm.parallel.roles import PLACED_ROLES
 
-ROLES: tuple[str, ...] = ("learner", "sampler", "reference", "teacher", "critic")
+#: The names of the roles placed (:data:`jaxrl_llm.parallel.roles.PLACED_ROLES`, the one vocabulary).
+ROLES: tuple[str, ...] = tuple(r.value for r in PLACED_ROLES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,41 +47,23 @@ from collections.abc import Sequence
 import jax
 
 from jaxrl_llm.errors import ConfigError, JaxrlError
+from jaxrl_llm.parallel.chips import CHIPS, tpu_generation
 
-GiB = 1024**3
+_TPUS = {tpu_generation(k): c for k, c in CHIPS.items() if k.startswith("tpu-")}
 
-#: HBM per chip (bytes) by TPU generation, the prefix of a topology name.
-TPU_HBM_BYTES: dict[str, int] = {
-    "v4": 32 * GiB,
-    "v5e": 16 * GiB,
-    "v5p": 95 * GiB,
-    "v6e": 32 * GiB,
-}
+#: HBM per chip (bytes) by TPU generation, the prefix of a topology name (from
+#: :data:`jaxrl_llm.parallel.chips.CHIPS`, the one chip table; sources: this module's docstring).
+TPU_HBM_BYTES: dict[str, int] = {g: c.hbm_bytes for g, c in _TPUS.items()}
 
-#: Peak dense bf16 FLOP/s per chip (module docstring for the source).
-TPU_PEAK_BF16_FLOPS: dict[str, float] = {
-    "v4": 275e12,
-    "v5e": 197e12,
-    "v5p": 459e12,
-    "v6e": 918e12,
-}
+#: Peak dense bf16 FLOP/s per chip.
+TPU_PEAK_BF16_FLOPS: dict[str, float] = {g: c.peak_bf16_flops for g, c in _TPUS.items()}
 
 #: HBM bandwidth per chip, bytes/s (module docstring: v5e's and v6e's are UNSURE).
-TPU_HBM_BANDWIDTH: dict[str, float] = {
-    "v4": 1200e9,
-    "v5e": 819e9,
-    "v5p": 2765e9,
-    "v6e": 1640e9,
-}
+TPU_HBM_BANDWIDTH: dict[str, float] = {g: c.hbm_bandwidth for g, c in _TPUS.items()}
 
 #: Bidirectional ICI bandwidth per chip, bytes/s; None: not on the datasheet (v4). v6e's is
 #: UNSURE (module docstring).
-TPU_ICI_BANDWIDTH: dict[str, float | None] = {
-    "v4": None,
-    "v5e": 400e9,
-    "v5p": 1200e9,
-    "v6e": 800e9,
-}
+TPU_ICI_BANDWIDTH: dict[str, float | None] = {g: c.link_bandwidth for g, c in _TPUS.items()}
 
 #: How to get the TPU compiler when it is missing (one line, shown by the CLI).
 LIBTPU_HINT = (

@@ -43,13 +43,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jaxrl_llm.errors import ConfigError, did_you_mean
+from jaxrl_llm.train.compile.memory_check import check_step_memory
 from jaxrl_llm.train.config.config_io import from_dict, load_config, to_dict
 from jaxrl_llm.train.config.plan import RunPlan, plan_run
 from jaxrl_llm.train.config.preflight import (
     check_lengths,
     check_mesh,
     check_routing,
-    check_step_memory,
     check_tokenizer_sizes,
     check_trackers,
 )

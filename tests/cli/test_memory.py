@@ -6,7 +6,8 @@ import json
 import pytest
 
 from jaxrl_llm.cli.main import main
-from jaxrl_llm.cli.memory import device_kind, resolve_device
+from jaxrl_llm.cli.memory import resolve_device
+from jaxrl_llm.parallel.chips import chip_kind as device_kind
 from jaxrl_llm.train.compile.memory import DEVICE_MEMORY, MODEL_PRESETS, estimate_memory
 from jaxrl_llm.train.compile.memory_advice import fit_advice
 
@@ -88,6 +89,17 @@ def test_cli_refuses_a_mesh_larger_than_the_slice(capsys):
     rc = main(["memory", "--algorithm", "sft", "--topology", "v5e:2x2", "--mesh", "fsdp=8"])
     assert rc == 2
     assert "8 devices, more than the 4 chips of --topology v5e:2x2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mesh", ["data=0", "model=2", "fsdp"])
+def test_memory_and_compile_share_one_mesh_parser(capsys, mesh):
+    """One ``--mesh`` parser (issue 51): the same bad mesh, the same one-line error, from both
+    commands (``compile`` used to accept ``data=0``)."""
+    errs = []
+    for cmd in (["memory"], ["compile", "--topology", "v5e:2x2"]):
+        assert main([*cmd, "--algorithm", "sft", "--mesh", mesh]) == 2
+        errs.append(capsys.readouterr().err.strip().splitlines()[-1].split(": error: ")[-1])
+    assert errs[0] == errs[1] and errs[0].startswith("--mesh")
 
 
 @pytest.mark.parametrize("bad", ["v9:2x2", "v5e"])

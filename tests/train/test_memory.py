@@ -46,11 +46,11 @@ def test_sharding_lora_and_remat_reduce_memory():
     # reference: a float32 copy of the master weights, as the trainers hold it
     # (frozen_dtype="fp32"); the fp32 gradients (4 bytes/param) only during the update.
     weights = sum(
-        r.bytes for r in base.rows if r.model in ("policy", "reference") and not r.transient
+        r.bytes for r in base.rows if r.model in ("learner", "reference") and not r.transient
     )
     assert weights == pytest.approx(c.num_params() * (12 + 4), rel=1e-6)
     grads = [r for r in base.rows if r.component == "gradients (fp32)"]
-    assert [(r.model, r.transient) for r in grads] == [("policy", True)]
+    assert [(r.model, r.transient) for r in grads] == [("learner", True)]
     assert grads[0].bytes == pytest.approx(4 * c.num_params(), rel=1e-6)
 
 
@@ -148,8 +148,8 @@ def test_moe_presets_count_total_and_active_parameters_and_split_experts():
     kw = dict(batch_size=4, seq_len=512, dtype="bf16", remat="full", fsdp=2)
     one = estimate_memory(c, "sft", **kw)
     four = estimate_memory(c, "sft", expert=4, **kw)
-    rows = {r.component: r.bytes for r in one.rows if r.model == "policy"}
-    rows4 = {r.component: r.bytes for r in four.rows if r.model == "policy"}
+    rows = {r.component: r.bytes for r in one.rows if r.model == "learner"}
+    rows4 = {r.component: r.bytes for r in four.rows if r.model == "learner"}
     dense = c.num_params() - expert_params(c)
     # the expert axis splits only the experts' weights (and their gradients, moments)
     assert rows["weights (fp32 master)"] == pytest.approx(4 * c.num_params() / 2, rel=1e-6)
@@ -179,7 +179,7 @@ def test_gradient_accumulation_holds_a_float32_gradient_sum():
     kw = dict(batch_size=16, seq_len=1024, fsdp=4, remat="full", device="tpu-v5p")
     acc = estimate_memory(c, "dpo", micro_batches=4, **kw)
     updates = estimate_memory(c, "dpo", minibatches=4, **kw)
-    summed = {r.component: r.bytes for r in acc.rows if r.model == "policy"}
+    summed = {r.component: r.bytes for r in acc.rows if r.model == "learner"}
     gsum = summed["gradient sum (fp32, micro-batches)"]
     assert gsum == pytest.approx(4 * c.num_params() / 4, rel=1e-6)
     assert not any("gradient sum" in r.component for r in updates.rows)
@@ -337,7 +337,7 @@ def test_tpu_update_of_a_relaid_weight_is_a_phase_of_its_own():
     update = rows["optimizer", "update out of place (TPU layout)"]
     assert update.transient and update.bytes == 6 * 4 * 24 * 32 * 2880 * 384
     # a phase after the backward pass: the peak holds it or the policy's transients, not both
-    policy = sum(r.bytes for r in est.rows if r.model == "policy" and r.transient)
+    policy = sum(r.bytes for r in est.rows if r.model == "learner" and r.transient)
     resident = sum(r.bytes for r in est.rows if not r.transient)
     rollout = sum(r.bytes for r in est.rows if r.model == "rollout" and r.transient)
     assert est.total_bytes_per_device == resident + max(policy, update.bytes, rollout)

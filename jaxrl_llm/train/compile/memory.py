@@ -66,10 +66,10 @@ from typing import Any
 from jaxrl_llm.errors import ConfigError, did_you_mean
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.quant import BASE_DTYPES
+from jaxrl_llm.parallel.chips import GiB
 from jaxrl_llm.train.compile.memory_presets import (  # noqa: F401  (re-exported: the planning tables)
     DEVICE_MEMORY,
     MODEL_PRESETS,
-    GiB,
     device_memory_bytes,
 )
 from jaxrl_llm.train.compile.memory_rows import (  # noqa: F401  (re-exported: the algorithm table)

@@ -11,8 +11,7 @@ from jaxrl_llm.models.config import Family, ModelConfig, RopeScaling
 from jaxrl_llm.models.families.gemma4.presets import gemma4_31b_fields
 from jaxrl_llm.models.families.gpt_oss.presets import gpt_oss_20b_fields, gpt_oss_120b_fields
 from jaxrl_llm.models.families.qwen3_5.presets import qwen3_5_9b_fields, qwen3_5_35b_a3b_fields
-
-GiB = 1024**3
+from jaxrl_llm.parallel.chips import CHIPS
 
 
 def _llama(**kw) -> ModelConfig:
@@ -140,16 +139,10 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     ),
 }
 
-# Memory per device (bytes): datasheets (TPU v4 32 GiB HBM, v5e 16 GB HBM, v5p 95 GB, v6e 32 GB;
-# H100 SXM 80 GB, H200 141 GB). "cpu" reads this machine's RAM.
-DEVICE_MEMORY: dict[str, int] = {
-    "tpu-v4": 32 * GiB,
-    "tpu-v5e": 16 * GiB,
-    "tpu-v5p": 95 * GiB,
-    "tpu-v6e": 32 * GiB,
-    "h100": 80 * GiB,
-    "h200": 141 * GiB,
-}
+#: Memory per device (bytes) of each device kind: the HBM of
+#: :data:`jaxrl_llm.parallel.chips.CHIPS` (the one chip table, with its sources). "cpu" reads
+#: this machine's RAM (:func:`device_memory_bytes`).
+DEVICE_MEMORY: dict[str, int] = {kind: chip.hbm_bytes for kind, chip in CHIPS.items()}
 
 
 def device_memory_bytes(device: str) -> int:

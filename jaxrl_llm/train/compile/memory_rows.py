@@ -7,28 +7,18 @@ counts the persistent rows and the largest model's transient ones."""
 from __future__ import annotations
 
 import dataclasses
-import enum
 
 from jaxrl_llm.losses.registry import ALGORITHMS as LOSS_ALGORITHMS
 from jaxrl_llm.losses.registry import Algorithm
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.quant import QUANTIZED
+from jaxrl_llm.parallel.roles import Role
 from jaxrl_llm.train.compile.memory_terms import (
     DTYPE_BYTES,
     activation_bytes,
     lora_params,
     projection_bytes,
 )
-
-
-class Role(str, enum.Enum):
-    """A model held during training."""
-
-    POLICY = "policy"
-    REFERENCE = "reference"
-    CRITIC = "critic"
-    REWARD = "reward"
-    TEACHER = "teacher"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +39,7 @@ class AlgorithmMemory:
     reward: str = ""
 
 
-P, R, C, RM = Role.POLICY, Role.REFERENCE, Role.CRITIC, Role.REWARD
+P, R, C, RM = Role.LEARNER, Role.REFERENCE, Role.CRITIC, Role.REWARD
 
 
 def algorithm_memory(algo: Algorithm) -> AlgorithmMemory:
