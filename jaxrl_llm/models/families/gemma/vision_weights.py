@@ -14,11 +14,18 @@ import numpy as np
 
 from jaxrl_llm.models.families.gemma.vision_config import GemmaVisionConfig
 
-#: The prefix transformers 5 writes; older checkpoints nest SigLIP one level deeper.
+#: The prefixes of transformers 5's module tree (what :func:`hf_vision_names` gives).
 TOWER = "model.vision_tower."
-_TOWER_OLD = "model.vision_tower.vision_model."
 PROJECTOR = "model.multi_modal_projector."
-#: Prefixes of every vision tensor of the checkpoint (what a text-only load drops).
+#: Checkpoint spellings -> those: transformers' ``save_pretrained`` writes the original
+#: checkpoints' top-level names (``vision_tower.*``; the hub's ``vision_tower.vision_model.*``).
+_RENAMES = (
+    ("model.vision_tower.vision_model.", TOWER),
+    ("vision_tower.vision_model.", TOWER),
+    ("vision_tower.", TOWER),
+    ("multi_modal_projector.", PROJECTOR),
+)
+#: Prefixes of every vision tensor after :func:`hf_vision_names`.
 VISION_PREFIXES = (TOWER, PROJECTOR)
 
 # (our stacked module, leaf) -> transformers name inside ``encoder.layers.{i}.``
@@ -84,12 +91,19 @@ def _to_hf(w: np.ndarray, module: str, leaf: str, v: GemmaVisionConfig) -> np.nd
     return w.T if leaf == "kernel" else w
 
 
+def _renamed(k: str) -> str:
+    """One checkpoint name under transformers 5's module tree."""
+    for old, new in _RENAMES:
+        if k.startswith(old):
+            return new + k[len(old) :]
+    return k
+
+
 def hf_vision_names(sd: Mapping[str, Any]) -> dict[str, Any]:
-    """``sd`` with an older checkpoint's ``model.vision_tower.vision_model.*`` names under
-    transformers 5's ``model.vision_tower.*``."""
-    return {
-        (TOWER + k[len(_TOWER_OLD) :] if k.startswith(_TOWER_OLD) else k): w for k, w in sd.items()
-    }
+    """``sd`` with the vision tensors of every checkpoint spelling (``vision_tower.*``,
+    ``vision_tower.vision_model.*``, ``multi_modal_projector.*``, with or without ``model.``)
+    under transformers 5's ``model.vision_tower.*`` / ``model.multi_modal_projector.*``."""
+    return {_renamed(k): w for k, w in sd.items()}
 
 
 def vision_weights_from_hf(
