@@ -411,6 +411,8 @@ def apply(
     shared_prefix: tuple[int, int] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     routing: moe_lib.RecordedRouting | None = None,
+    embeds: jax.Array | None = None,
+    blocks: jax.Array | None = None,
 ) -> ModelOutputs:
     """Training-time forward: hidden states, the unembedding and the scalar head if any.
 
@@ -423,14 +425,15 @@ def apply(
     experts of these tokens (``[B, T, L, k]``, :class:`~jaxrl_llm.models.moe.RecordedRouting`),
     replayed in every MoE block when ``routing.replay`` (R3, Ma et al. 2025,
     https://arxiv.org/abs/2510.11370) and compared against in ``routing_mismatch`` /
-    ``routing_own_mismatch``.
+    ``routing_own_mismatch``. ``embeds`` / ``blocks``: a multimodal batch's input embeddings
+    and bidirectional blocks, as in :func:`trunk` (not with ``shared_prefix``).
     """
     if routing is not None:
         chex.assert_rank(routing.experts, 4)
         chex.assert_equal_shape_prefix([routing.experts, tokens], 2)
     if shared_prefix is not None and shared_prefix[1] > 1:
-        if segment_ids is not None:
-            raise ValueError("shared_prefix cannot be combined with segment_ids (packing)")
+        if segment_ids is not None or embeds is not None:
+            raise ValueError("shared_prefix cannot be combined with segment_ids or embeds")
         hidden, stats = trunk_shared_prefix_with_stats(
             params,
             tokens,
@@ -455,6 +458,8 @@ def apply(
             remat=remat,
             mesh=mesh,
             routing=routing,
+            embeds=embeds,
+            blocks=blocks,
         )
     aux = None if stats is None else moe_lib.load_balancing_loss(stats, config.moe.num_experts)
     fracs = None if stats is None else routing_mismatch(stats, config.moe.num_experts_per_tok)

@@ -87,6 +87,11 @@ def saved(tmp_path_factory):
     return model, d, pixels
 
 
+@pytest.fixture(scope="module")
+def vlm(saved):
+    return interop.load_vision_model(saved[1])
+
+
 def _hf_logits(model, ids, pixels):
     tokens = torch.tensor([ids])
     with torch.no_grad():
@@ -94,9 +99,8 @@ def _hf_logits(model, ids, pixels):
     return out.logits.numpy()
 
 
-def test_import_keeps_the_tower_and_logits_equal_transformers(saved):
-    model, d, pixels = saved
-    vlm = interop.load_vision_model(d)
+def test_import_keeps_the_tower_and_logits_equal_transformers(saved, vlm):
+    model, _, pixels = saved
     assert vlm.vision.mm_tokens_per_image == M and "vision" in vlm.params
     ids = _prompt()
     ours = V.forward_with_images(
@@ -114,11 +118,9 @@ def test_import_keeps_the_tower_and_logits_equal_transformers(saved):
     assert np.abs(causal - ref).max() > 1e-2
 
 
-def test_text_only_load_of_the_same_directory_drops_the_tower(saved):
-    _, d, _ = saved
-    text = interop.load_model(str(d))
+def test_text_only_load_of_the_same_directory_drops_the_tower(saved, vlm):
+    text = interop.load_model(str(saved[1]))
     assert "vision" not in text.params
-    vlm = interop.load_vision_model(d)
     assert set(vlm.params) == set(text.params) | {"vision"}
     jax.tree.map(
         np.testing.assert_array_equal,
@@ -127,9 +129,8 @@ def test_text_only_load_of_the_same_directory_drops_the_tower(saved):
     )
 
 
-def test_greedy_generation_with_images_equals_transformers_generate(saved):
-    model, d, pixels = saved
-    vlm = interop.load_vision_model(d)
+def test_greedy_generation_with_images_equals_transformers_generate(saved, vlm):
+    model, _, pixels = saved
     ids, new = _prompt(), 8
     tokens = torch.tensor([ids])
     with torch.no_grad():
@@ -177,9 +178,8 @@ def test_greedy_generation_with_images_equals_transformers_generate(saved):
     assert ours == hf
 
 
-def test_export_loads_back_into_transformers_with_the_same_logits(saved, tmp_path):
-    model, d, pixels = saved
-    vlm = interop.load_vision_model(d)
+def test_export_loads_back_into_transformers_with_the_same_logits(saved, vlm, tmp_path):
+    model, _, pixels = saved
     interop.export_vision_hf(tmp_path, config=vlm.config, vision=vlm.vision, params=vlm.params)
     back, info = transformers.Gemma3ForConditionalGeneration.from_pretrained(
         tmp_path, output_loading_info=True
@@ -207,10 +207,29 @@ def test_an_image_on_a_text_only_model_is_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_more_images_than_placeholders_is_one_line(saved):
-    _, d, _ = saved
-    vlm = interop.load_vision_model(d)
+def test_images_on_text_only_params_are_one_line(vlm):
+    text = {k: v for k, v in vlm.params.items() if k != "vision"}
+    with pytest.raises(ValueError, match="without a vision tower") as e:
+        V.embed_with_images(
+            text,
+            jnp.asarray([_prompt()]),
+            jnp.zeros((2, 3, 24, 24)),
+            config=vlm.config,
+            vision=vlm.vision,
+        )
+    assert "\n" not in str(e.value)
+
+
+def test_more_images_than_placeholders_is_one_line(vlm):
     with pytest.raises(ValueError, match=r"3 image\(s\) need 27 image placeholder tokens") as e:
         V.check_placeholders(np.asarray([_prompt()]), 3, vlm.vision)
     assert "\n" not in str(e.value)
     V.check_placeholders(np.asarray([_prompt()]), 2, vlm.vision)  # the right count passes
+    with pytest.raises(ValueError, match="3 image"):  # the model's entry point checks too
+        V.forward_with_images(
+            vlm.params,
+            jnp.asarray([_prompt()]),
+            jnp.zeros((3, 3, 24, 24)),
+            config=vlm.config,
+            vision=vlm.vision,
+        )

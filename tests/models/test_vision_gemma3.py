@@ -85,6 +85,9 @@ def test_cached_prefill_with_blocks_equals_the_uncached_forward():
     )
     real = np.asarray(mask, bool)
     np.testing.assert_allclose(np.asarray(cached)[real], np.asarray(full)[real], atol=1e-5)
+    out = M.apply(params, tokens, **kw)  # the training forward takes them too
+    logits = jnp.einsum("btd,dv->btv", out.hidden, out.unembed)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(full), atol=1e-5)
     plain, _ = M.forward(params, tokens, config=config, attention_mask=mask, embeds=embeds)
     assert np.abs(np.asarray(plain)[real] - np.asarray(full)[real]).max() > 1e-3
 

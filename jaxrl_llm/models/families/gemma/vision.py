@@ -32,6 +32,7 @@ from typing import Any
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.families.gemma.vision_config import GemmaVisionConfig
@@ -151,8 +152,6 @@ def insert_image_features(
 def check_placeholders(tokens: Any, num_images: int, v: GemmaVisionConfig) -> None:
     """Raise a one-line ValueError unless ``tokens`` (host ints ``[B, T]``) hold exactly
     ``num_images · m`` image placeholders."""
-    import numpy as np
-
     have = int(np.sum(np.asarray(tokens) == v.image_token_id))
     want = num_images * v.mm_tokens_per_image
     if have != want:
@@ -174,7 +173,19 @@ def embed_with_images(
     of a prompt with images: the tokens' scaled embeddings (a placeholder id past the
     vocabulary reads row 0, as transformers does) with :func:`encode_images`' soft tokens
     inserted; ``params`` is the whole tree (``params["vision"]`` the tower). Pass both to
-    :func:`jaxrl_llm.models.trunk` / :func:`~jaxrl_llm.models.forward`."""
+    :func:`jaxrl_llm.models.trunk` / :func:`~jaxrl_llm.models.forward`.
+
+    Raises:
+      ValueError: ``params`` has no vision tower; concrete ``tokens`` whose placeholders do
+        not number ``N · m`` (:func:`check_placeholders`); one line each.
+    """
+    if "vision" not in params:
+        raise ValueError(
+            "images given to a model without a vision tower (params has no 'vision'; load a "
+            "vision-language model with jaxrl_llm.interop.load_vision_model)"
+        )
+    if not isinstance(tokens, jax.core.Tracer):  # checked on the host when it can be
+        check_placeholders(tokens, pixels.shape[0], vision)
     ids = jnp.where(tokens >= config.vocab_size, 0, tokens)
     x = embed_tokens(config, params, ids)
     feats = encode_images(params["vision"], vision, pixels)
