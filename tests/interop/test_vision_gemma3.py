@@ -129,12 +129,10 @@ def test_text_only_load_of_the_same_directory_drops_the_tower(saved, vlm):
     )
 
 
-def test_greedy_generation_with_images_equals_transformers_generate(saved, vlm):
-    model, _, pixels = saved
-    ids, new = _prompt(), 8
+def _hf_greedy(model, ids, pixels, new):
     tokens = torch.tensor([ids])
     with torch.no_grad():
-        hf = model.generate(
+        out = model.generate(
             input_ids=tokens,
             attention_mask=torch.ones_like(tokens),
             pixel_values=pixels,
@@ -143,26 +141,39 @@ def test_greedy_generation_with_images_equals_transformers_generate(saved, vlm):
             do_sample=False,
             eos_token_id=EOS,
             pad_token_id=0,
-        )[0, len(ids) :].tolist()
-    # left padding: the engine's layout (two pad slots in front of the prompt)
-    row = jnp.asarray([[0, 0, *ids]])
-    mask = jnp.asarray([[0, 0] + [1] * len(ids)])
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def test_greedy_generation_with_images_equals_transformers_generate(saved, vlm):
+    """Two left-padded prompts (two images, one image) prefilled once each and decoded as
+    groups of two samples (the engine's shared-prompt layout): every row equals
+    transformers' ``generate`` of its prompt alone."""
+    model, _, pixels = saved
+    a = _prompt()
+    b = [1, 12, BOI, *[IMAGE] * M, EOI, 13, 14]
+    pix_b = torch.randn(1, 3, 24, 24, generator=torch.Generator().manual_seed(9))
+    new, g = 8, 2
+    want = [_hf_greedy(model, a, pixels, new), _hf_greedy(model, b, pix_b, new)]
+    width = len(a) + 1  # one pad slot in front of the longer prompt too
+    rows = [[0] * (width - len(p)) + p for p in (a, b)]
+    mask = [[0] * (width - len(p)) + [1] * len(p) for p in (a, b)]
     logits, cache, nxt = V.prefill_with_images(
         vlm.params,
-        row,
-        mask,
-        jnp.asarray(pixels.numpy()),
+        jnp.asarray(rows),
+        jnp.asarray(mask),
+        jnp.asarray(torch.cat([pixels, pix_b]).numpy()),  # images in reading order
         config=vlm.config,
         vision=vlm.vision,
-        cache_len=row.shape[1] + new,
+        cache_len=width + new,
     )
     state = sampling.init_decode_state(
         logits,
         cache,
         nxt,
-        jnp.zeros((1,), jnp.int32),
+        jnp.arange(2, dtype=jnp.int32),
         seed=0,
-        num_samples=1,
+        num_samples=g,
         gen_len=new,
         max_new_tokens=new,
     )
@@ -174,8 +185,9 @@ def test_greedy_generation_with_images_equals_transformers_generate(saved, vlm):
         sampling=sampling.SamplingConfig(greedy=True),
         stop_ids=(EOS,),
     )
-    ours = np.asarray(out.tokens[0, : int(out.lengths[0])]).tolist()
-    assert ours == hf
+    got = [np.asarray(out.tokens[r, : int(out.lengths[r])]).tolist() for r in range(2 * g)]
+    assert got == [want[0], want[0], want[1], want[1]]
+    assert want[0] != want[1]  # the prompts differ in what they generate
 
 
 def test_export_loads_back_into_transformers_with_the_same_logits(saved, vlm, tmp_path):
