@@ -4,7 +4,9 @@ Import: :func:`load_model` takes a local Hugging Face directory (safetensors onl
 (de-quantised through transformers and cached on disk), a model alias such as
 ``"smollm2-135m-instruct"``, or a transformers model object, and returns
 ``LoadedModel(config, params, tokenizer)``; a PEFT LoRA adapter directory loads merged onto its
-base (:mod:`jaxrl_llm.interop.peft`), and :func:`export_peft_adapter` writes one. Export: :func:`export_hf` writes a directory that
+base (:mod:`jaxrl_llm.interop.peft`), and :func:`export_peft_adapter` writes one. A
+vision-language directory loads with its vision tower through :func:`load_vision_model` and is
+written back by :func:`export_vision_hf` (:mod:`jaxrl_llm.interop.vision`). Export: :func:`export_hf` writes a directory that
 ``transformers`` loads with no missing or unexpected keys and identical logits.
 """
 
@@ -28,18 +30,21 @@ from jaxrl_llm.interop.peft import (
     read_peft_adapter,
 )
 from jaxrl_llm.interop.state_dict import params_from_hf_state_dict, params_to_hf_state_dict
+from jaxrl_llm.interop.vision import VisionLanguageModel, export_vision_hf, load_vision_model
 from jaxrl_llm.interop.weight_checks import check_weights
 
 __all__ = [
     "MODEL_ALIASES",
     "LoadedModel",
     "PeftAdapter",
+    "VisionLanguageModel",
     "cache_dir",
     "cached_gguf_dir",
     "check_weights",
     "config_from_hf_dict",
     "export_hf",
     "export_peft_adapter",
+    "export_vision_hf",
     "from_hf_model",
     "hf_config_dict",
     "hub_cache_dir",
@@ -51,6 +56,7 @@ __all__ = [
     "load_model",
     "model_config_from_hf",
     "load_peft_dir",
+    "load_vision_model",
     "merge_peft_adapter",
     "peft_base_dir",
     "read_peft_adapter",

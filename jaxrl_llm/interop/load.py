@@ -87,7 +87,7 @@ def _load_tokenizer(directory: Path) -> Any:
         raise ModelLoadError(f"{directory}: tokenizer files cannot be loaded ({e})") from None
 
 
-def _read_safetensors(directory: Path) -> dict[str, np.ndarray]:
+def read_safetensors(directory: Path) -> dict[str, np.ndarray]:
     """All tensors of an HF directory (single file, sharded with an index, or a glob)."""
     from safetensors import safe_open
 
@@ -149,7 +149,7 @@ def _hf_dir_parts(d: Path) -> tuple[ModelConfig, dict[str, Any], Any]:
             f"{cfg_file}: expected a JSON object of model settings, got {type(hf_cfg).__name__}"
         )
     config = config_from_hf_dict(hf_cfg, source=str(cfg_file))
-    sd = _read_safetensors(d)
+    sd = read_safetensors(d)
     tokenizer = _load_tokenizer(d)
     return config, sd, tokenizer
 

@@ -86,6 +86,10 @@ _MULTIMODAL_OTHER = (
     "model.embed_vision.",
     "model.embed_audio.",
 )
+# The original checkpoints' spellings (what transformers' save_pretrained writes for Gemma 3):
+# ``language_model.model.*`` / ``language_model.lm_head.*`` beside the top-level towers.
+_LEGACY_TEXT = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+_LEGACY_OTHER = ("vision_tower.", "multi_modal_projector.")
 # Qwen3.5 checkpoints carry a multi-token-prediction head that transformers does not load.
 _IGNORED_PREFIXES = ("mtp.",)
 
@@ -227,7 +231,7 @@ def params_from_hf_state_dict(
     """
     sd = _text_model_names(dict(state_dict))
     used: set[str] = set()
-    take = _taker(sd, used, config, source)
+    take = checked_taker(sd, used, config, source)
     specs = param_shapes_and_axes(config)
     layers = _layers_from_hf(take, sd, config, specs)
     v, d = config.vocab_size, config.hidden_size
@@ -266,6 +270,8 @@ def _text_model_names(sd: dict[str, Any]) -> dict[str, Any]:
     """A state dict under the names of a text-only ``*ForCausalLM``: a multimodal
     checkpoint's text tower renamed (its other towers dropped), and ``model.`` put in front
     of a bare model's names."""
+    if any(k.startswith(_LEGACY_TEXT[0][0]) for k in sd):
+        sd = {_legacy_name(k): v for k, v in sd.items() if not k.startswith(_LEGACY_OTHER)}
     if any(k.startswith(_MULTIMODAL_TEXT_PREFIX) for k in sd):
         sd = {
             "model." + k[len(_MULTIMODAL_TEXT_PREFIX) :] if k.startswith("model.") else k: v
@@ -280,7 +286,15 @@ def _text_model_names(sd: dict[str, Any]) -> dict[str, Any]:
     return sd
 
 
-def _taker(sd: Mapping[str, Any], used: set[str], config: ModelConfig, source: str):
+def _legacy_name(k: str) -> str:
+    """A legacy multimodal checkpoint's text name under a ``*ForCausalLM``'s."""
+    for old, new in _LEGACY_TEXT:
+        if k.startswith(old):
+            return new + k[len(old) :]
+    return k
+
+
+def checked_taker(sd: Mapping[str, Any], used: set[str], config: ModelConfig, source: str):
     """``take(name, shape, *, packed=False)``: the tensor ``name`` of ``sd``, checked (present,
     of ``shape``, floating point; ``packed``: uint8, a quantised format its family unpacks),
     and recorded in ``used``."""

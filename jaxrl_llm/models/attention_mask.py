@@ -4,8 +4,8 @@ block, never a ``[B, T, S]`` array), the argument checks and Gemma 2's score sof
 
 Query t of row b may attend to key s when
 
-    (s ≤ q_index[t]  or no causal index)  ∧ k_valid[b, s]  ∧ q_seg[b, t] = k_seg[b, s]
-        ∧ q_pos[b, t] − k_pos[b, s] < window,
+    (s ≤ q_index[t]  or no causal index  or q_blk[b, t] = k_blk[b, s] ≥ 0)  ∧ k_valid[b, s]
+        ∧ q_seg[b, t] = k_seg[b, s]  ∧ q_pos[b, t] − k_pos[b, s] < window,
 
 or when s = q_index[t] (a query always sees its own slot, so no row is empty and padded queries
 stay finite; their output is ignored). Scores are ``q·k / √E``, soft-capped as in Gemma 2
@@ -28,7 +28,16 @@ NEG_INF = -1e30  # large finite negative: masked scores stay finite (no inf − 
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["q_index", "k_valid", "q_positions", "k_positions", "q_segments", "k_segments"],
+    data_fields=[
+        "q_index",
+        "k_valid",
+        "q_positions",
+        "k_positions",
+        "q_segments",
+        "k_segments",
+        "q_blocks",
+        "k_blocks",
+    ],
     meta_fields=["self_attention"],
 )
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +53,9 @@ class AttentionMask:
         only; None without a window).
       q_segments, k_segments: ``[B, T]``, ``[B, S]`` int segment ids (packing); None = one
         segment.
+      q_blocks, k_blocks: ``[B, T]``, ``[B, S]`` int bidirectional block ids: a query of
+        block ``n ≥ 0`` also sees every key of block ``n``, later ones too (Gemma 3's image
+        tokens); −1 = no block; None = none anywhere.
       self_attention: static; True when the keys are the queries' own tokens and
         ``q_index == arange(T)`` (:func:`causal_self_mask`), the case the fused kernels take.
     """
@@ -54,6 +66,8 @@ class AttentionMask:
     k_positions: jax.Array | None = None
     q_segments: jax.Array | None = None
     k_segments: jax.Array | None = None
+    q_blocks: jax.Array | None = None
+    k_blocks: jax.Array | None = None
     self_attention: bool = False
 
 
@@ -63,6 +77,7 @@ def causal_self_mask(
     segment_ids: jax.Array | None = None,
     *,
     num_tokens: int | None = None,
+    blocks: jax.Array | None = None,
 ) -> AttentionMask:
     """The :class:`AttentionMask` of causal self-attention over ``[B, T]`` tokens.
 
@@ -71,6 +86,8 @@ def causal_self_mask(
       positions: ``[B, T]`` RoPE positions (needed only with a sliding window).
       segment_ids: ``[B, T]`` packing segment ids or None.
       num_tokens: T, needed only when all three are None.
+      blocks: ``[B, T]`` bidirectional block ids (:class:`AttentionMask`'s ``q_blocks``) or
+        None; with them the mask is no plain causal self-attention (no fused kernel takes it).
     """
     known = [x for x in (attention_mask, positions, segment_ids) if x is not None]
     if known:
@@ -89,7 +106,9 @@ def causal_self_mask(
         k_positions=positions,
         q_segments=segment_ids,
         k_segments=segment_ids,
-        self_attention=True,
+        q_blocks=blocks,
+        k_blocks=blocks,
+        self_attention=blocks is None,
     )
 
 
@@ -100,6 +119,9 @@ def mask_allows(mask: AttentionMask, q_index, k_index, q_sl, k_sl, window):
     ok = jnp.ones((1, 1, k_index.shape[0]), bool)
     if q_index is not None:
         ok = (k_index[None, :] <= q_index[:, None])[None]
+    if mask.q_blocks is not None:
+        qb, kb = q_sl(mask.q_blocks)[:, :, None], k_sl(mask.k_blocks)[:, None, :]
+        ok = ok | ((qb == kb) & (qb >= 0))
     if mask.k_valid is not None:
         ok = ok & k_sl(mask.k_valid)[:, None, :]
     if mask.q_segments is not None:
@@ -136,6 +158,11 @@ def check_attention_args(q, k, v, mask: AttentionMask, window):
     if mask.q_segments is not None:
         chex.assert_shape([mask.q_segments], (b, t))
         chex.assert_shape([mask.k_segments], (b, s))
+    if (mask.q_blocks is None) != (mask.k_blocks is None):
+        raise ValueError("q_blocks and k_blocks must be given together")
+    if mask.q_blocks is not None:
+        chex.assert_shape([mask.q_blocks], (b, t))
+        chex.assert_shape([mask.k_blocks], (b, s))
     if window is not None:
         if mask.q_positions is None or mask.k_positions is None:
             raise ValueError("a sliding window needs q_positions and k_positions")

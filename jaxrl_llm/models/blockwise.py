@@ -53,6 +53,8 @@ def _pad_mask(mask: AttentionMask, tp: int, sp: int) -> AttentionMask:
         k_positions=pad(mask.k_positions, sp, 1),
         q_segments=pad(mask.q_segments, tp, 1),
         k_segments=pad(mask.k_segments, sp, 1),
+        q_blocks=pad(mask.q_blocks, tp, 1, -1),
+        k_blocks=pad(mask.k_blocks, sp, 1, -1),
     )
 
 
@@ -77,8 +79,9 @@ def _block_fns(mask: AttentionMask, window, bq, bk):
 
 
 def _kv_blocks_for(mask: AttentionMask, nq, nk, bq, bk):
-    """``[nq]`` number of key blocks each query block must visit (causal skipping)."""
-    if mask.q_index is None:
+    """``[nq]`` number of key blocks each query block must visit (causal skipping; none with
+    bidirectional blocks, whose keys may lie ahead)."""
+    if mask.q_index is None or mask.q_blocks is not None:
         return jnp.full((nq,), nk, jnp.int32)
     last = jnp.max(mask.q_index.reshape(nq, bq), axis=1)
     return jnp.clip(last // bk + 1, 0, nk).astype(jnp.int32)
@@ -86,7 +89,7 @@ def _kv_blocks_for(mask: AttentionMask, nq, nk, bq, bk):
 
 def _first_q_block_for(mask: AttentionMask, nq, nk, bq, bk):
     """``[nk]`` first query block that can see key block j (blocks before it are skipped)."""
-    if mask.q_index is None:
+    if mask.q_index is None or mask.q_blocks is not None:
         return jnp.zeros((nk,), jnp.int32)
     last = jnp.max(mask.q_index.reshape(nq, bq), axis=1)  # [nq]
     starts = jnp.arange(nk, dtype=jnp.int32) * bk  # [nk]

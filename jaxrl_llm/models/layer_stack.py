@@ -56,12 +56,15 @@ class NewTokens(NamedTuple):
       weights: ``[B, T]`` float32 weight of each token in a mixture of experts' statistics
         (None: 1 each).
       routing: a recorded routing of these tokens (``[B, T, L, k]``) or None.
+      embeds: ``[B, T, D]`` input embeddings that stand for the ids' (a multimodal prompt's,
+        image features inserted), or None: the ids' own.
     """
 
     ids: jax.Array
     positions: jax.Array
     weights: jax.Array | None = None
     routing: moe_lib.RecordedRouting | None = None
+    embeds: jax.Array | None = None
 
 
 class Stores(abc.ABC):
@@ -186,7 +189,8 @@ def stack(
     inv_freq = rope_inv_freq(c)
     xs, infos = [], []
     for new in tokens:
-        x = embed_tokens(c, params, new.ids)
+        x = embed_tokens(c, params, new.ids) if new.embeds is None else new.embeds
+        x = x.astype(c.compute_jnp_dtype)
         ple = per_layer_inputs(c, params, new.ids, x)
         xs.append(x)
         infos.append(TokenInfo(new.positions, inv_freq, new.weights, new.routing, ple))

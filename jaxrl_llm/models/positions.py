@@ -217,11 +217,18 @@ def default_positions(attention_mask: jax.Array, segment_ids: jax.Array | None =
     return (idx - start_idx).astype(jnp.int32)
 
 
-def self_attention_mask(config: ModelConfig, attention_mask, positions, segment_ids=None):
+def self_attention_mask(
+    config: ModelConfig, attention_mask, positions, segment_ids=None, blocks=None
+):
     """Compact mask of causal self-attention: causal, real keys, same segment, inside the
     sliding window; a query always sees itself (so a padded query's ignorable output stays
-    finite). ``attention_mask`` None = every key real."""
+    finite). ``attention_mask`` None = every key real; ``blocks`` ``[B, T]``: bidirectional
+    block ids (tokens of one block ≥ 0 see each other both ways), or None."""
     window = config.uses_window
     return causal_self_mask(
-        attention_mask, positions if window else None, segment_ids, num_tokens=positions.shape[1]
+        attention_mask,
+        positions if window else None,
+        segment_ids,
+        num_tokens=positions.shape[1],
+        blocks=blocks,
     )

@@ -181,6 +181,8 @@ def trunk(
     cache: KVCache | None = None,
     remat: str = "none",
     mesh: jax.sharding.Mesh | None = None,
+    embeds: jax.Array | None = None,
+    blocks: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
     """Embeddings → L decoder layers → final RMSNorm.
 
@@ -197,6 +199,10 @@ def trunk(
       remat: rematerialisation of each layer under autodiff: 'none', 'full' or 'dots'.
       mesh: the mesh a mixture of experts runs expert-parallel over (default the ambient
         ``jax.set_mesh`` one; :func:`jaxrl_llm.models.moe.sparse_moe`); unused by dense models.
+      embeds: ``[B, T, D]`` input embeddings used instead of the tokens' (a multimodal
+        prompt's, e.g. :func:`jaxrl_llm.models.families.gemma.vision.embed_with_images`).
+      blocks: ``[B, T]`` int bidirectional block ids: tokens of one block ``≥ 0`` attend to
+        each other both ways (Gemma 3's image tokens), −1 elsewhere; None = causal only.
     Attention runs through ``config.attn.impl`` (:mod:`jaxrl_llm.models.attention`): naive for
     short sequences and the decode step, blockwise (O(T) memory) or a fused kernel otherwise;
     the mask goes in as per-row vectors (only the naive path builds a ``[B, T, S]`` mask).
@@ -214,6 +220,8 @@ def trunk(
         cache=cache,
         remat=remat,
         mesh=mesh,
+        embeds=embeds,
+        blocks=blocks,
     )
     return hidden, new_cache
 
@@ -230,6 +238,8 @@ def _trunk(
     remat: str,
     mesh: jax.sharding.Mesh | None,
     routing: moe_lib.RecordedRouting | None = None,
+    embeds: jax.Array | None = None,
+    blocks: jax.Array | None = None,
 ):
     """:func:`trunk` -> (hidden, new cache, per-layer MoE statistics ``[L, ...]`` or None):
     :func:`~jaxrl_llm.models.layer_stack.stack` over a
@@ -246,7 +256,9 @@ def _trunk(
     if positions is None:
         positions = default_positions(attention_mask, segment_ids)
     chex.assert_shape(positions, (b, t))
-    new = NewTokens(tokens, positions, attention_mask.astype(jnp.float32), routing)
+    new = NewTokens(tokens, positions, attention_mask.astype(jnp.float32), routing, embeds)
+    if embeds is not None:
+        chex.assert_shape(embeds, (b, t, c.hidden_size))
     if c.is_hybrid and segment_ids is not None:
         raise ValueError(
             "segment_ids (packing) is not supported by linear-attention (hybrid) stacks: the "
@@ -256,7 +268,7 @@ def _trunk(
     if cache is None:
         # The stores never change (unless KV sharing carries the held keys): closed over, not
         # carried (under autodiff a carried mask would be saved once per layer).
-        no_cache = NoCache(self_attention_mask(c, key_mask, positions, segment_ids))
+        no_cache = NoCache(self_attention_mask(c, key_mask, positions, segment_ids, blocks))
         fresh = FreshState(attention_mask) if c.is_hybrid else None
         stores = LayerStores(no_cache, fresh, carried=False)
         (x,), _, stats = stack(c, params, [new], stores, remat=remat, mesh=mesh)
@@ -270,7 +282,7 @@ def _trunk(
         if cache.conv is None or cache.state is None:
             raise ValueError("a hybrid stack's cache needs conv and state (init_cache builds them)")
         rec = RecurrentState(conv=cache.conv, state=cache.state, valid=attention_mask)
-    dense, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions)
+    dense, new_mask, new_pos = _dense_cache_store(c, cache, attention_mask, positions, blocks)
     (x,), held, stats = stack(c, params, [new], LayerStores(dense, rec), remat=remat, mesh=mesh)
     dense, rec = LayerStores.finish(held)
     assert isinstance(dense, DenseCache)
@@ -286,8 +298,9 @@ def _trunk(
     return apply_norm(c, x, params["final_norm"]), new_cache, stats
 
 
-def _dense_cache_store(c: ModelConfig, cache: KVCache, attention_mask, positions):
-    """(the :class:`DenseCache` store of a cached call, its new mask and positions)."""
+def _dense_cache_store(c: ModelConfig, cache: KVCache, attention_mask, positions, blocks=None):
+    """(the :class:`DenseCache` store of a cached call, its new mask and positions); the new
+    tokens' bidirectional ``blocks`` hold for this call only (the cache keeps none)."""
     t = attention_mask.shape[1]
     write = cache.index
     new_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attention_mask, write, 1)
@@ -300,6 +313,12 @@ def _dense_cache_store(c: ModelConfig, cache: KVCache, attention_mask, positions
         k_valid=new_mask,
         q_positions=positions.astype(jnp.int32) if window else None,
         k_positions=new_pos if window else None,
+        q_blocks=blocks,
+        k_blocks=None
+        if blocks is None
+        else jax.lax.dynamic_update_slice_in_dim(
+            jnp.full_like(cache.mask, -1, jnp.int32), blocks.astype(jnp.int32), write, 1
+        ),
     )
     return DenseCache(k=cache.k, v=cache.v, index=write, mask=mask), new_mask, new_pos
 
@@ -385,8 +404,11 @@ def forward(
     cache: KVCache | None = None,
     remat: str = "none",
     mesh: jax.sharding.Mesh | None = None,
+    embeds: jax.Array | None = None,
+    blocks: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
-    """Full forward to float32 logits ``[B, T, V]``; returns (logits, new cache)."""
+    """Full forward to float32 logits ``[B, T, V]``; returns (logits, new cache). ``embeds``
+    and ``blocks`` as in :func:`trunk` (a multimodal prompt)."""
     hidden, cache = trunk(
         params,
         tokens,
@@ -397,6 +419,8 @@ def forward(
         cache=cache,
         remat=remat,
         mesh=mesh,
+        embeds=embeds,
+        blocks=blocks,
     )
     return logits_from_hidden(params, hidden, config), cache
 
@@ -413,6 +437,8 @@ def apply(
     shared_prefix: tuple[int, int] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     routing: moe_lib.RecordedRouting | None = None,
+    embeds: jax.Array | None = None,
+    blocks: jax.Array | None = None,
 ) -> ModelOutputs:
     """Training-time forward: hidden states, the unembedding and the scalar head if any.
 
@@ -425,14 +451,15 @@ def apply(
     experts of these tokens (``[B, T, L, k]``, :class:`~jaxrl_llm.models.moe.RecordedRouting`),
     replayed in every MoE block when ``routing.replay`` (R3, Ma et al. 2025,
     https://arxiv.org/abs/2510.11370) and compared against in ``routing_mismatch`` /
-    ``routing_own_mismatch``.
+    ``routing_own_mismatch``. ``embeds`` / ``blocks``: a multimodal batch's input embeddings
+    and bidirectional blocks, as in :func:`trunk` (not with ``shared_prefix``).
     """
     if routing is not None:
         chex.assert_rank(routing.experts, 4)
         chex.assert_equal_shape_prefix([routing.experts, tokens], 2)
     if shared_prefix is not None and shared_prefix[1] > 1:
-        if segment_ids is not None:
-            raise ValueError("shared_prefix cannot be combined with segment_ids (packing)")
+        if segment_ids is not None or embeds is not None:
+            raise ValueError("shared_prefix cannot be combined with segment_ids or embeds")
         hidden, stats = trunk_shared_prefix_with_stats(
             params,
             tokens,
@@ -457,6 +484,8 @@ def apply(
             remat=remat,
             mesh=mesh,
             routing=routing,
+            embeds=embeds,
+            blocks=blocks,
         )
     aux = None if stats is None else moe_lib.load_balancing_loss(stats, config.moe.num_experts)
     fracs = None if stats is None else routing_mismatch(stats, config.moe.num_experts_per_tok)

@@ -12,6 +12,8 @@ from typing import Any
 
 from jaxrl_llm.models.families.gemma import chat as gemma_chat
 from jaxrl_llm.models.families.gemma import hf_config as gemma_hf
+from jaxrl_llm.models.families.gemma import vision_config as gemma_vision
+from jaxrl_llm.models.families.gemma import vision_weights as gemma_vision_weights
 from jaxrl_llm.models.families.gemma4 import hf_config as gemma4_hf
 from jaxrl_llm.models.families.gemma4 import weights as gemma4_weights
 from jaxrl_llm.models.families.gpt_oss import hf_config as gpt_oss_hf
@@ -22,6 +24,32 @@ from jaxrl_llm.models.families.llama_moe import weights as llama_moe_weights
 from jaxrl_llm.models.families.qwen3_5 import hf_config as qwen3_5_hf
 from jaxrl_llm.models.families.qwen3_5 import weights as qwen3_5_weights
 from jaxrl_llm.models.options import Family
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionEntry:
+    """A multimodal family's vision part: what import and export ask it.
+
+    Attributes:
+      architecture: transformers' conditional-generation class export names.
+      config_from_hf: (the multimodal ``config.json`` dict, the text width D) -> the family's
+        vision config; ValueError on a feature we do not implement.
+      config_to_hf: vision config -> the multimodal config's keys beside ``text_config``.
+      hf_names: state dict -> the same under the names ``weights_from_hf`` reads (older
+        checkpoints' spellings renamed).
+      weights_from_hf: ``(take, vision config)`` -> ``params["vision"]``, reading through the
+        importer's checked ``take(name, shape)``.
+      weights_to_hf: ``(params["vision"], vision config)`` -> transformers name -> array.
+      prefixes: the name prefixes of every vision tensor of a checkpoint.
+    """
+
+    architecture: str
+    config_from_hf: Callable[[Mapping[str, Any], int], Any]
+    config_to_hf: Callable[[Any], dict[str, Any]]
+    hf_names: Callable[[Mapping[str, Any]], dict[str, Any]]
+    weights_from_hf: Callable[..., dict[str, dict[str, Any]]]
+    weights_to_hf: Callable[..., dict[str, Any]]
+    prefixes: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +88,8 @@ class FamilyEntry:
       tool_call_format: how the family's chat models write a tool call, a
         :data:`jaxrl_llm.envs.tools.CALL_FORMATS` name (``hermes``: Qwen / Hermes JSON in
         ``<tool_call>`` tags, the default; ``gemma4``; ``harmony``: gpt-oss).
+      vision: the family's vision tower and projector (:class:`VisionEntry`), if we
+        implement them.
     """
 
     family: Family
@@ -76,6 +106,7 @@ class FamilyEntry:
     chat_template: str | None = None
     end_of_turn: str | None = None
     tool_call_format: str = "hermes"
+    vision: VisionEntry | None = None
 
 
 FAMILIES: dict[Family, FamilyEntry] = {
@@ -120,6 +151,15 @@ FAMILIES: dict[Family, FamilyEntry] = {
         multimodal_model_type=gemma_hf.MULTIMODAL_MODEL_TYPE,
         chat_template=gemma_chat.CHAT_TEMPLATE,
         end_of_turn=gemma_chat.END_OF_TURN,
+        vision=VisionEntry(
+            architecture=gemma_hf.MULTIMODAL_ARCHITECTURE,
+            config_from_hf=gemma_vision.vision_config_from_hf,
+            config_to_hf=gemma_vision.vision_config_to_hf,
+            hf_names=gemma_vision_weights.hf_vision_names,
+            weights_from_hf=gemma_vision_weights.vision_weights_from_hf,
+            weights_to_hf=gemma_vision_weights.vision_weights_to_hf,
+            prefixes=gemma_vision_weights.VISION_PREFIXES,
+        ),
     ),
     Family.GPT_OSS: FamilyEntry(
         family=Family.GPT_OSS,

@@ -22,7 +22,9 @@ This folder holds only what is Gemma 2 / 3's own:
 
 - :mod:`.presets`: the fields that make a Gemma, the tiny test sizes and Gemma 3 270M;
 - :mod:`.hf_config`: transformers' ``Gemma2Config`` / ``Gemma3TextConfig`` keys both ways;
-- :mod:`.chat`: the chat template a Gemma tokenizer without one gets.
+- :mod:`.chat`: the chat template a Gemma tokenizer without one gets;
+- :mod:`.vision` (with :mod:`.vision_config` and :mod:`.vision_weights`): Gemma 3's image
+  encoder (SigLIP), projector and soft-token insertion, its config and weight names.
 
 Their weights have Llama's names plus the four norms around attention and the MLP, which the
 shared mapping (:mod:`jaxrl_llm.interop.state_dict`) names by the ``post_norms`` feature

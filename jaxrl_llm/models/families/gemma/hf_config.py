@@ -21,6 +21,8 @@ HF_ARCHITECTURES = {
 }
 #: The multimodal ``model_type`` whose text part is Gemma 3.
 MULTIMODAL_MODEL_TYPE = "gemma3"
+#: transformers' class of that multimodal model (export names it).
+MULTIMODAL_ARCHITECTURE = "Gemma3ForConditionalGeneration"
 
 
 def _gemma_rope_fields(rope: Mapping[str, Any] | None, prefix: str) -> dict[str, Any]:
