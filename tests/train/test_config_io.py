@@ -125,3 +125,22 @@ def test_yaml_merge_keys_and_anchors_under_x_keys(tmp_path):
     with pytest.raises(ConfigError, match=r"line 4: invalid YAML \(expected a mapping") as e:
         load_config(Run, str(p))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_big_plain_yaml_is_not_called_an_alias_bomb(tmp_path):
+    """50,001 plain keys (100,003 values as written, no alias): one line saying the file is
+    too big, not an alias bomb (PyYAML takes ~20 s to compose them on a loaded host)."""
+    from jaxrl_llm.train.config.config_io import load_yaml
+
+    big = tmp_path / "big.yaml"
+    big.write_text("".join(f"k{i}: {i}\n" for i in range(50_001)))
+    with pytest.raises(ConfigError) as e:
+        load_yaml(str(big))
+    assert "holds more than 100,000 values" in str(e.value) and "alias" not in str(e.value)
+    bomb = tmp_path / "bomb.yaml"
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"{c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdef", "bcdefg")]
+    bomb.write_text("\n".join(levels) + "\n")
+    with pytest.raises(ConfigError, match="an alias bomb"):
+        load_yaml(str(bomb))

@@ -108,6 +108,21 @@ def _expanded_size(node, limit: int) -> int:
     return size(node)
 
 
+def _distinct_size(node) -> int:
+    """Values ``node`` holds as written (each node once, however many aliases use it)."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            todo.extend(x for kv in n.value for x in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            todo.extend(n.value)
+    return len(seen)
+
+
 #: Deepest nesting a YAML document may have: a config is a few levels deep; PyYAML's parser
 #: recurses once per level and a 20,000-deep document exhausts Python's stack.
 MAX_YAML_DEPTH = 100
@@ -147,6 +162,11 @@ def _safe_load(stream) -> Any:
         if not _depth_at_most(node, MAX_YAML_DEPTH):
             raise deep
         if _expanded_size(node, MAX_YAML_VALUES) > MAX_YAML_VALUES:
+            if _distinct_size(node) > MAX_YAML_VALUES:  # big as written: no alias needed
+                raise ConfigError(
+                    f"holds more than {MAX_YAML_VALUES:,} values; a config holds a few hundred "
+                    f"(rows go in a data file: data.train)"
+                )
             raise ConfigError(
                 f"expands to more than {MAX_YAML_VALUES:,} values through anchors/aliases "
                 f"(an alias bomb?); write the values out"
