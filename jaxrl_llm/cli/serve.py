@@ -57,6 +57,12 @@ def load_served(source: str, name: str | None = None):
     from jaxrl_llm.serve.served import ServedModel
 
     t0 = time.perf_counter()
+    if source == "tiny":  # what model.source=tiny trains: a random model, the char tokenizer
+        from jaxrl_llm.train.programs.model_load import tiny_model
+
+        config, params, tokenizer = tiny_model()
+        print(f"loaded a tiny random model in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        return ServedModel(name or source, config, params, tokenizer, source)
     kind = classify_source(source)
     config, params, tokenizer, restored = load_any(kind, prefer_export=True)
     print(

@@ -11,6 +11,7 @@ import time
 
 import fastapi
 import httpx
+import jax
 import pytest
 from pydantic import BaseModel
 
@@ -119,3 +120,14 @@ def test_sigterm_runs_on_stop_and_exits_143(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_loads_the_tiny_model_as_train_does():
+    from jaxrl_llm.cli.serve import load_served
+    from jaxrl_llm.data import CharTokenizer
+
+    m = load_served("tiny")
+    assert m.name == "tiny" and m.source == "tiny"
+    assert isinstance(m.tokenizer, CharTokenizer)
+    assert m.config.vocab_size == CharTokenizer().vocab_size
+    assert len(jax.tree_util.tree_leaves(m.params)) > 0

@@ -19,34 +19,9 @@ def load_policy_model(cfg: RunConfig):
     """(ModelConfig, params as numpy/jax arrays, tokenizer) for ``cfg.model``."""
     m = cfg.model
     if m.source == "tiny":
-        from jaxrl_llm.data import CharTokenizer
-
-        tok = CharTokenizer()
-        overrides: dict[str, Any] = dict(
-            vocab_size=tok.vocab_size,
-            eos_token_ids=(tok.eos_token_id,),
-            pad_token_id=tok.pad_token_id,
-            bos_token_id=tok.bos_token_id,
-            param_dtype=m.param_dtype,
-            compute_dtype=m.compute_dtype,
+        config, params, tok = tiny_model(
+            m.tiny, seed=cfg.seed, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype
         )
-        allowed = models.known_keys()
-        unknown = sorted(set(m.tiny or {}) - set(allowed))
-        if unknown:
-            raise ConfigError(f"model.tiny: unknown key(s) {unknown}; allowed: {allowed}")
-        overrides.update(m.tiny or {})
-        try:
-            config = models.ModelConfig.tiny(**overrides)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"model.tiny: {e}") from None
-        check_vocab(
-            config,
-            tok,
-            source="model.source=tiny",
-            tokenizer_name="model.tokenizer=char",
-            fix="set model.tiny.vocab_size >= that (or leave it out)",
-        )
-        params = models.init_params(config, jax.random.PRNGKey(cfg.seed))
         return config.replace(attention=models.AttentionImpl(m.attention)), params, tok
     from jaxrl_llm.interop import load_model
 
@@ -76,6 +51,52 @@ def load_policy_model(cfg: RunConfig):
         loaded.params,
         tok,
     )
+
+
+def tiny_model(
+    tiny: dict[str, Any] | None = None,
+    *,
+    seed: int = 0,
+    param_dtype: str = "float32",
+    compute_dtype: str = "float32",
+):
+    """``(config, params, CharTokenizer)`` of ``model.source: tiny``: a small random model
+    (:meth:`jaxrl_llm.models.ModelConfig.tiny`, ``tiny`` overriding its fields) keyed by
+    ``seed``, with the char tokenizer; what a config's ``tiny`` and ``jaxrl-llm serve --model
+    tiny`` load.
+
+    Raises:
+      ConfigError: an unknown ``tiny`` key, a value the config refuses, or a vocabulary
+        smaller than the char tokenizer's.
+    """
+    from jaxrl_llm.data import CharTokenizer
+
+    tok = CharTokenizer()
+    overrides: dict[str, Any] = dict(
+        vocab_size=tok.vocab_size,
+        eos_token_ids=(tok.eos_token_id,),
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        param_dtype=param_dtype,
+        compute_dtype=compute_dtype,
+    )
+    allowed = models.known_keys()
+    unknown = sorted(set(tiny or {}) - set(allowed))
+    if unknown:
+        raise ConfigError(f"model.tiny: unknown key(s) {unknown}; allowed: {allowed}")
+    overrides.update(tiny or {})
+    try:
+        config = models.ModelConfig.tiny(**overrides)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model.tiny: {e}") from None
+    check_vocab(
+        config,
+        tok,
+        source="model.source=tiny",
+        tokenizer_name="model.tokenizer=char",
+        fix="set model.tiny.vocab_size >= that (or leave it out)",
+    )
+    return config, models.init_params(config, jax.random.PRNGKey(seed)), tok
 
 
 def tokenizer_size(tokenizer) -> int | None:
