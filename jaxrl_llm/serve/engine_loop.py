@@ -9,6 +9,11 @@ thread that owns the accelerator, while the HTTP side stays responsive (the vLLM
 split of an API server from its engine loop; the Tinker service's per-step batching of
 concurrent clients' work, https://tinker-docs.thinkingmachines.ai/).
 
+Order: items of one kind reach their handler in arrival order; kinds run in the order of their
+first item in the drained queue, so an item of one kind may run before an earlier item of
+another. Work that must stay ordered (a tenant's ``forward_backward`` before its
+``optim_step``) is one kind whose handler keeps the order (the Tinker protocol does this).
+
 A handler returns one result per item, or raises: an exception raised by the handler fails
 every item of its group, while a :class:`BaseException` instance *returned* in an item's
 place fails only that item (one bad request never costs the others theirs).
