@@ -7,20 +7,26 @@ import subprocess
 import sys
 
 # In a fresh interpreter: import JAX first (with libtpu installed, JAX's own import sets
-# TPU_LIBRARY_PATH and friends: not ours), then every module of the package, and print what
-# changed in os.environ.
+# TPU_LIBRARY_PATH and friends: not ours), then every module of the package (those of an
+# optional extra that is not installed skipped), and print what changed in os.environ.
 _CHILD = """
 import importlib, json, os, pkgutil
 import jax
 before = dict(os.environ)
 import jaxrl_llm
 names = [m.name for m in pkgutil.walk_packages(jaxrl_llm.__path__, "jaxrl_llm.")]
+skipped = []
 for name in names:
-    importlib.import_module(name)
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:  # an optional extra not installed (serve: fastapi)
+        if (e.name or "").startswith("jaxrl_llm"):
+            raise
+        skipped.append(name)
 after = dict(os.environ)
 changed = {k: [before.get(k), after.get(k)] for k in before.keys() | after.keys()
            if before.get(k) != after.get(k)}
-print(json.dumps({"modules": len(names), "changed": changed}))
+print(json.dumps({"modules": len(names) - len(skipped), "changed": changed}))
 """
 
 

@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl_llm.train.compile.aot import compile_preset, compile_run
     from jaxrl_llm.train.config.sections import CorrectionSection
 
-    mesh = parse_mesh(args.mesh)  # a bad --mesh fails before the compiler loads
+    mesh = parse_mesh(args.mesh, rest=True)  # a bad --mesh fails before the compiler loads
     topology = tpu_topology(args.topology)  # LibtpuMissingError: one line, exit status 2
     if args.devices is not None:
         topology = first_devices(topology, args.devices)

@@ -100,9 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def parse_mesh(text: str) -> dict[str, int]:
+def parse_mesh(text: str, *, rest: bool = False) -> dict[str, int]:
     """``"data=2,fsdp=4"`` -> {"data": 2, "fsdp": 4, "tensor": 1, "expert": 1, "context": 1};
-    clear errors otherwise. The one ``--mesh`` parser: ``jaxrl-llm memory`` and ``compile``."""
+    clear errors otherwise. The one ``--mesh`` parser: ``jaxrl-llm memory`` and ``compile``;
+    with ``rest`` (``compile``, whose slice sizes the mesh) one axis may be -1, the devices left."""
     out = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1, "context": 1}
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
@@ -117,8 +118,9 @@ def parse_mesh(text: str) -> dict[str, int]:
             out[k] = int(v)
         except ValueError:
             raise ConfigError(f"--mesh: size of {k!r} must be an integer, got {v!r}") from None
-        if out[k] < 1:
-            raise ConfigError(f"--mesh: size of {k!r} must be >= 1, got {out[k]}")
+        if out[k] < 1 and not (rest and out[k] == -1):
+            least = "-1 (the rest) or >= 1" if rest else ">= 1"
+            raise ConfigError(f"--mesh: size of {k!r} must be {least}, got {out[k]}")
     return out
 
 

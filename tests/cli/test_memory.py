@@ -6,7 +6,8 @@ import json
 import pytest
 
 from jaxrl_llm.cli.main import main
-from jaxrl_llm.cli.memory import resolve_device
+from jaxrl_llm.cli.memory import parse_mesh, resolve_device
+from jaxrl_llm.errors import ConfigError
 from jaxrl_llm.parallel.chips import chip_kind as device_kind
 from jaxrl_llm.train.compile.memory import DEVICE_MEMORY, MODEL_PRESETS, estimate_memory
 from jaxrl_llm.train.compile.memory_advice import fit_advice
@@ -93,13 +94,16 @@ def test_cli_refuses_a_mesh_larger_than_the_slice(capsys):
 
 @pytest.mark.parametrize("mesh", ["data=0", "model=2", "fsdp"])
 def test_memory_and_compile_share_one_mesh_parser(capsys, mesh):
-    """One ``--mesh`` parser (issue 51): the same bad mesh, the same one-line error, from both
-    commands (``compile`` used to accept ``data=0``)."""
-    errs = []
+    """One ``--mesh`` parser (issue 51): the same bad mesh, a one-line ``--mesh`` error from
+    both commands (``compile`` used to accept ``data=0``); only ``compile`` takes -1 (the rest
+    of its slice)."""
     for cmd in (["memory"], ["compile", "--topology", "v5e:2x2"]):
         assert main([*cmd, "--algorithm", "sft", "--mesh", mesh]) == 2
-        errs.append(capsys.readouterr().err.strip().splitlines()[-1].split(": error: ")[-1])
-    assert errs[0] == errs[1] and errs[0].startswith("--mesh")
+        err = capsys.readouterr().err.strip().splitlines()[-1].split(": error: ")[-1]
+        assert err.startswith("--mesh")
+    assert parse_mesh("fsdp=-1", rest=True)["fsdp"] == -1
+    with pytest.raises(ConfigError, match="'fsdp' must be >= 1, got -1"):
+        parse_mesh("fsdp=-1")
 
 
 @pytest.mark.parametrize("bad", ["v9:2x2", "v5e"])

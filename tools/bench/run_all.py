@@ -224,7 +224,7 @@ def machine_block(
     ``results/*.json``, first of ``names`` that has one): this process may see other devices
     (e.g. under a test harness that forces 8 host devices). Without such a file, this process's
     own view."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     info = None
     reports = _load_metrics(results_dir) if results_dir else {}
     for name in names:
