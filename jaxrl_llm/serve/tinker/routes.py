@@ -281,7 +281,7 @@ def _future_routes(router: fastapi.APIRouter, state: TinkerState) -> None:
         future, proto = held
         try:
             result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), POLL_S)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             return wire.try_again(rid)
         except (ServeError, JaxrlError) as e:
             return wire.failed(str(e))

@@ -167,7 +167,7 @@ def save(root: pathlib.Path, tenant: Tenant, kind: str, name: str, base_model: s
         "base_model": base_model,
         "lora": dataclasses.asdict(tenant.request),
         "steps": tenant.steps,
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "time": datetime.datetime.now(datetime.UTC).isoformat(),
     }
     (d / "meta.json").write_text(json.dumps(meta))
     return tinker_path(tenant.model_id, kind, name)
