@@ -71,15 +71,15 @@ class DenseCache(KVStore):
         slots, with this call's tokens already marked valid.
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
     index: jax.Array
     mask: AttentionMask
 
     def attend(self, config: ModelConfig, q_btne, k_btke, v_btke, layer, sinks=None):
         """Write the new keys/values in place at ``(layer, :, index)`` and attend over the
         layer's S slots; returns (``[B, T, H, E]``, the store with the written cache)."""
-        if isinstance(self.k, tuple):
+        if isinstance(self.k, tuple) or isinstance(self.v, tuple):
             return self._attend_layered(config, q_btne, k_btke, v_btke, layer, sinks)
         zero = jnp.zeros((), jnp.int32)
         at = (layer, zero, self.index, zero, zero)
@@ -97,6 +97,7 @@ class DenseCache(KVStore):
         its own ``[1, B, S, K, E]`` buffers, written in place and read whole, so no slice
         of a stacked buffer is copied out for the attention to read."""
         i = static_layer(layer)
+        assert isinstance(self.k, tuple) and isinstance(self.v, tuple)
         zero = jnp.zeros((), jnp.int32)
         at = (zero, zero, self.index, zero, zero)
         k_i = jax.lax.dynamic_update_slice(self.k[i], k_btke.astype(self.k[i].dtype)[None], at)

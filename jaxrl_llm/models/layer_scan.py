@@ -36,7 +36,7 @@ def scan_layers(
     config: ModelConfig,
     layers: Params,
     carry: Any,
-    step: Callable[[Any, Params, jax.Array], tuple[Any, Any]],
+    step: Callable[[Any, Params, Any], tuple[Any, Any]],
     *,
     remat: str = "none",
     unroll: bool = False,
@@ -68,13 +68,13 @@ def scan_layers(
     if isinstance(layers, tuple) or unroll:  # separate per-layer arrays, or a layered cache
         if policy is not None:  # the layer index stays static (a layered cache reads it)
             step = jax.checkpoint(step, policy=policy, static_argnums=(2,))
-        if not isinstance(layers, tuple):
-            stacked = layers
-            layers = tuple(
-                jax.tree.map(lambda w, i=i: w[i], stacked) for i in range(config.num_layers)
-            )
+        per_layer: tuple[Params, ...] = (
+            layers
+            if isinstance(layers, tuple)
+            else tuple(jax.tree.map(lambda w, i=i: w[i], layers) for i in range(config.num_layers))
+        )
         outs = []
-        for i, lp in enumerate(layers):
+        for i, lp in enumerate(per_layer):
             carry, out = step(carry, lp, np.int32(i))
             outs.append(out)
         if all(o is None for o in outs):

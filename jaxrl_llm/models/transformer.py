@@ -81,8 +81,8 @@ class KVCache(NamedTuple):
         (:class:`~jaxrl_llm.models.gated_deltanet.RecurrentState`); None otherwise.
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
     mask: jax.Array
     positions: jax.Array
     index: jax.Array  # type: ignore[assignment]  # shadows tuple.index; fine at run time
@@ -148,6 +148,8 @@ def init_cache(
     conv, state = (
         init_recurrent_state(config, batch_size, dtype) if config.is_hybrid else (None, None)
     )
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
     if layered:
         if not layered_cache_supported(config):
             raise ValueError("a layered cache needs a uniform stack without KV sharing")
