@@ -56,6 +56,7 @@ from jaxrl_llm.models.gated_deltanet import (
     gated_rms_norm,
     init_recurrent_state,
 )
+from jaxrl_llm.models.kv_cache import KVCache, init_cache, layered_cache_supported
 from jaxrl_llm.models.kv_stores import DenseCache, GroupPrompt, NoCache, SharedPrompt
 from jaxrl_llm.models.layer import (
     KVStore,
@@ -120,12 +121,9 @@ from jaxrl_llm.models.positions import (
 )
 from jaxrl_llm.models.shared_prefix import trunk_shared_prefix
 from jaxrl_llm.models.transformer import (
-    KVCache,
     ModelOutputs,
     apply,
     forward,
-    init_cache,
-    layered_cache_supported,
     logits_from_hidden,
     scalar_head,
     softcap_logits,

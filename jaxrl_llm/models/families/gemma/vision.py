@@ -36,16 +36,10 @@ import numpy as np
 
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.families.gemma.vision_config import GemmaVisionConfig
+from jaxrl_llm.models.kv_cache import KVCache, init_cache
 from jaxrl_llm.models.layer import embed_tokens
 from jaxrl_llm.models.positions import default_positions
-from jaxrl_llm.models.transformer import (
-    KVCache,
-    forward,
-    init_cache,
-    softcap_logits,
-    trunk,
-    unembedding,
-)
+from jaxrl_llm.models.transformer import forward, softcap_logits, trunk, unembedding
 
 Params = dict[str, Any]
 
