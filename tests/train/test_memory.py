@@ -348,3 +348,30 @@ def test_tpu_update_of_a_relaid_weight_is_a_phase_of_its_own():
         estimate_memory(MODEL_PRESETS["8b"], "grpo", device="tpu-v5p", **{**kw, "fsdp": 4}),
     ):
         assert not any(r.model == "optimizer" for r in other.rows)
+
+
+def test_auto_sampler_on_cpu_picks_a_degree_that_fits(monkeypatch):
+    """Issue 54: ``rollout.tensor: auto`` for 7B at fsdp=8 on 8 CPU devices took tensor=1 (a
+    whole float32 copy per device, which did not fit) where tensor=8 fits; on CPU (no chip
+    model) it now sizes against the memory the table fits against."""
+    from jaxrl_llm.train.compile import memory
+
+    gib = 1024**3
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda device: int(23.54 * gib))
+    c = MODEL_PRESETS["7b"]
+    kw = dict(
+        device="cpu",
+        fsdp=8,
+        batch_size=8,
+        group_size=8,
+        seq_len=1024,
+        remat="full",
+        lora_rank=16,
+    )
+    chosen = memory.auto_sampler(c, "grpo", **kw)
+    assert chosen["sampler_tensor"] > 1, chosen
+    fits = estimate_memory(c, "grpo", **kw, **chosen).total_bytes_per_device
+    whole = estimate_memory(
+        c, "grpo", **kw, sampler_tensor=1, sampler_replicas=8, sampler_dtype="fp32"
+    ).total_bytes_per_device
+    assert fits <= 23.54 * gib < whole  # the chosen layout fits; a copy per device does not

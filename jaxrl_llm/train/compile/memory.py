@@ -389,7 +389,11 @@ def auto_sampler(config: ModelConfig, algorithm: str, **kwargs: Any) -> dict[str
         tokens=kwargs.get("seq_len", 512),
         chip=chip,
         dtype="bfloat16" if dtype == "bf16" else "float32",
-        free_bytes=None if chip is None else max(chip.hbm_bytes - without, 0.0),
+        # the memory the rest of the step leaves, on a chip's HBM or (CPU, no chip model)
+        # what the table itself fits against: this machine's RAM (device_memory_bytes)
+        free_bytes=max(
+            (device_memory_bytes(device) if chip is None else chip.hbm_bytes) - without, 0.0
+        ),
         cross_process=device.startswith("tpu-"),
     )
     if t == 0:
