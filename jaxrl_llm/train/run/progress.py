@@ -30,8 +30,10 @@ def _stderr(line: str) -> None:
 @contextlib.contextmanager
 def phase(name: str, say: Callable[[str], None] | None = None) -> Iterator[None]:
     """Say ``"{name}: started"`` now and ``"{name}: done in {s} s"`` (or ``"{name}: failed
-    after {s} s"``, or ``"stopped after"`` on Ctrl-C) when the block ends; ``say`` defaults to
-    a line on stderr from the main process.
+    after {s} s"`` on an unexpected error, or ``"stopped after"`` on Ctrl-C) when the block
+    ends; a :class:`jaxrl_llm.errors.JaxrlError` adds no line (the CLI prints it as the one
+    line that says what went wrong). ``say`` defaults to a line on stderr from the main
+    process.
 
     Example::
 
@@ -47,8 +49,11 @@ def phase(name: str, say: Callable[[str], None] | None = None) -> Iterator[None]
     except KeyboardInterrupt:
         say(f"{name}: stopped after {time.perf_counter() - t0:.1f} s")
         raise
-    except BaseException:
-        say(f"{name}: failed after {time.perf_counter() - t0:.1f} s")
+    except Exception as e:
+        from jaxrl_llm.errors import JaxrlError
+
+        if not isinstance(e, JaxrlError):  # a user's error is its own one line (the CLI's)
+            say(f"{name}: failed after {time.perf_counter() - t0:.1f} s")
         raise
     say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
 
