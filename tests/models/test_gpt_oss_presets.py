@@ -35,6 +35,6 @@ def test_memory_estimate_splits_the_experts():
 
     def weights(expert):
         m = estimate_memory(c, "grpo", batch_size=4, seq_len=1024, group_size=8, expert=expert)
-        return next(r.bytes for r in m.rows if r.model == "policy" and "master" in r.component)
+        return next(r.bytes for r in m.rows if r.model == "learner" and "master" in r.component)
 
     assert weights(4) / weights(1) == pytest.approx(0.31, abs=0.01)
