@@ -61,8 +61,11 @@ def test_greedy_generation_of_both_engines_equals_transformers_generate(hf_and_l
         chunk_steps=3,
     )
     np.testing.assert_array_equal(np.asarray(paged.tokens), ref)
+    # the static engine's layers run unrolled over a layered cache, the paged engine's scanned:
+    # float32 rounding differs by up to ~1.4e-5 on Gemma 4's per-layer-input variant (measured
+    # after the merge of the layered cache and the image-block attention mask); tokens equal
     np.testing.assert_allclose(
-        np.asarray(paged.logprobs), np.asarray(static.logprobs), atol=1e-5, rtol=0
+        np.asarray(paged.logprobs), np.asarray(static.logprobs), atol=5e-5, rtol=0
     )
 
 
