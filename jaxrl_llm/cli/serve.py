@@ -24,6 +24,8 @@ import importlib
 import sys
 import time
 
+from jaxrl_llm.errors import ConfigError
+
 #: protocol -> (module, one-line help)
 PROTOCOLS: dict[str, tuple[str, str]] = {
     "tinker": ("jaxrl_llm.serve.tinker", "the Tinker training API (forward_backward, sample, ...)"),
@@ -35,18 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One sub-parser per protocol, each with the common flags and the protocol's own."""
     sub = parser.add_subparsers(dest="protocol", metavar="PROTOCOL", required=True)
     for name, (module_name, help_text) in PROTOCOLS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name == module_name:
-                continue  # protocol not built yet
-            raise
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--model", required=True, help="what model.source takes (alias, path, tiny)")
         p.add_argument("--model-name", default=None, help="the name clients use (default: --model)")
         p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
         p.add_argument("--port", type=int, default=8000, help="port (0: a free one; default 8000)")
         p.add_argument("--api-key", default=None, help="require this key on every request")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:  # an optional extra (fastapi, tinker, ...) missing
+            p.set_defaults(_protocol=None, _missing=(name, e.name))
+            continue
         module.add_arguments(p)
         p.set_defaults(_protocol=module)
 
@@ -76,6 +77,11 @@ def load_served(source: str, name: str | None = None):
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, build the protocol, serve until stopped; returns the exit status."""
+    if args._protocol is None:
+        name, missing = args._missing
+        raise ConfigError(
+            f"serve {name} needs the module {missing!r}: pip install 'jaxrl_llm[{name}]'"
+        )
     from jaxrl_llm.serve import EngineLoop, serve
 
     model = load_served(args.model, args.model_name)

@@ -131,3 +131,26 @@ def test_serve_loads_the_tiny_model_as_train_does():
     assert isinstance(m.tokenizer, CharTokenizer)
     assert m.config.vocab_size == CharTokenizer().vocab_size
     assert len(jax.tree_util.tree_leaves(m.params)) > 0
+
+
+def test_serve_without_its_extra_is_one_line(monkeypatch, capsys):
+    """A protocol whose extra is not installed still leaves every command working, and
+    ``serve`` names the extra to install."""
+    import importlib
+
+    from jaxrl_llm.cli.main import main
+
+    real = importlib.import_module
+
+    def no_tinker(name, *a, **k):
+        if name == "jaxrl_llm.serve.tinker":
+            raise ModuleNotFoundError("No module named 'tinker'", name="tinker")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(importlib, "import_module", no_tinker)
+    assert main(["serve", "tinker", "--model", "tiny"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "jaxrl-llm serve: error: serve tinker needs the module 'tinker': "
+        "pip install 'jaxrl_llm[tinker]'"
+    )

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
+from jaxrl_llm.errors import JaxrlError
+
 T = TypeVar("T")
 
 
@@ -50,8 +52,6 @@ def phase(name: str, say: Callable[[str], None] | None = None) -> Iterator[None]
         say(f"{name}: stopped after {time.perf_counter() - t0:.1f} s")
         raise
     except Exception as e:
-        from jaxrl_llm.errors import JaxrlError
-
         if not isinstance(e, JaxrlError):  # a user's error is its own one line (the CLI's)
             say(f"{name}: failed after {time.perf_counter() - t0:.1f} s")
         raise
