@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxrl_llm.errors import ConfigError, TrainingError
 
@@ -290,24 +291,26 @@ def watch_peers(checkpoints: Any = None) -> Any:
 #: system picks), for a network that opens only named ports.
 ENV_WATCH_PORT = "JAXRL_LLM_WATCH_PORT"
 
-_WATCH_KEY = "jaxrl_llm/peer_watch"
-
 
 def _exchange_through_jax(value: str | None) -> str:
-    """The peer watch's address and secret, from process 0 to the others through JAX's
-    coordination service key-value store (only the job's processes reach it)."""
-    from jax._src.distributed import global_state
+    """The peer watch's address and secret, from process 0 to the others over the job's own
+    devices (:func:`jax.experimental.multihost_utils.broadcast_one_to_all`: only the job's
+    processes take part). Every process calls it once at start-up, process 0 with the value."""
+    from jax.experimental import multihost_utils
 
-    client = global_state.client
-    if client is None:
-        raise OSError("JAX's coordination service is not running")
+    raw = np.zeros(_WATCH_BYTES, np.uint8)
     if value is not None:
-        client.key_value_set(_WATCH_KEY, value, allow_overwrite=True)
-        return value
+        data = value.encode()
+        raw[: len(data)] = np.frombuffer(data, np.uint8)
     try:
-        return str(client.blocking_key_value_get(_WATCH_KEY, int(connect_timeout() * 1000)))
-    except Exception as e:  # XlaRuntimeError: DEADLINE_EXCEEDED, the service gone
+        out = multihost_utils.broadcast_one_to_all(raw, is_source=value is not None)
+    except Exception as e:  # XlaRuntimeError: a process gone before the watch started
         raise OSError(f"process 0 did not publish its watch ({str(e).splitlines()[0]})") from None
+    return bytes(np.asarray(out, np.uint8)).rstrip(b"\0").decode()
+
+
+#: bytes of the broadcast holding "PORT SECRET_HEX" (5 + 1 + 64)
+_WATCH_BYTES = 96
 
 
 #: Environment variables by which a launcher announces a multi-process job that

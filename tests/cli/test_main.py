@@ -178,9 +178,13 @@ def _child(code: str):
     return p
 
 
-def test_the_python_api_is_as_quiet_as_the_cli():
-    """``import jaxrl_llm`` before JAX: no libtpu lines on a machine without a TPU."""
-    p = _child("import jaxrl_llm, jax; print(jax.devices()[0].platform)")
+def test_the_python_api_is_as_quiet_as_the_cli_when_asked():
+    """``import jaxrl_llm`` changes no environment variable (issue 51: no magic at import), so
+    a program that uses the Python API on a CPU host where the development install put libtpu
+    asks for the CLI's quiet start itself: ``quiet_tpu_discovery()`` before JAX, then no
+    libtpu lines."""
+    code = "from jaxrl_llm.cli.main import quiet_tpu_discovery; quiet_tpu_discovery()\n"
+    p = _child(code + "import jaxrl_llm, jax; print(jax.devices()[0].platform)")
     assert p.stdout.split()[-1] == "cpu"
     assert "E0000" not in p.stderr and "worker hostname" not in p.stderr, p.stderr
 
