@@ -10,7 +10,7 @@ accumulation) reduces them.
 Contents: KL estimators (:func:`kl_penalty`), aggregation modes, advantage estimators
 (GRPO, RLOO, ReMax, REINFORCE++, GAE, process supervision) and reward shaping, the clipped
 policy loss (PPO/GRPO/DAPO/GSPO, with importance weights and decoupled PPO), the 2025
-surrogates (CISPO, SAPO, GMPO) and covariance-based entropy control (KL-Cov, Clip-Cov),
+surrogates (CISPO, SAPO, GMPO, DRO) and covariance-based entropy control (KL-Cov, Clip-Cov),
 rollout/learner mismatch correction (TIS, MIS), on-policy distillation (GKD's generalised
 JSD, sampled-token reverse-KL advantages), the value loss, preference losses (DPO family,
 KTO, ORPO, SimPO, Bradley–Terry, pairwise rank), the pass@k estimator, and re-exports of the
@@ -75,6 +75,8 @@ from jaxrl_llm.objectives.preference import (
 from jaxrl_llm.objectives.surrogates import (
     cispo_loss,
     cispo_loss_parts,
+    dro_loss,
+    dro_loss_parts,
     gmpo_loss,
     gmpo_loss_parts,
     sapo_loss,
@@ -109,6 +111,8 @@ __all__ = [
     "clip_cov_loss_parts",
     "discounted_returns",
     "dpo_loss",
+    "dro_loss",
+    "dro_loss_parts",
     "entropy_from_hidden",
     "entropy_from_logits",
     "gae",

@@ -1,4 +1,4 @@
-"""Policy surrogates of 2025: CISPO, SAPO and GMPO, beside the clipped PPO loss of ``policy.py``.
+"""Policy surrogates of 2024–25: CISPO, SAPO, GMPO and DRO, beside the clipped PPO loss of ``policy.py``.
 
 With the token log-ratio ``log r_t = log π_θ(y_t) − log π_old(y_t)`` and advantage ``A``
 (we minimise loss = −objective):
@@ -13,6 +13,10 @@ With the token log-ratio ``log r_t = log π_θ(y_t) − log π_old(y_t)`` and ad
 * GMPO (https://arxiv.org/abs/2507.20673): one term per sequence,
   ``ℓ_i = −A_i·exp((1/|y_i|) Σ_t clip_A(log r_t))``, the geometric mean of token ratios,
   with each log-ratio clipped to ``[−ε, ε]`` on the side the sign of A makes active.
+* DRO (Richemond et al. 2024, https://arxiv.org/abs/2405.19107; Kimi k1.5,
+  https://arxiv.org/abs/2501.12599): ``ℓ_t = −(A·log π_θ(y_t) − (β/2)·(log r_t)²)``, a plain
+  policy gradient held near the sampler by a quadratic penalty instead of a clip; works on
+  off-policy and offline data.
 
 Each has a ``*_parts`` form returning ``(num, den, metrics)``: sum ``num`` and ``den`` over
 micro-batches (or ``psum`` over devices) and divide once for the exact global loss.
@@ -333,4 +337,67 @@ def gmpo_loss(
       ``ratio_min``, ``ratio_max``.
     """
     num, den, metrics = gmpo_loss_parts(logp, old_logp, advantages, mask, clip_eps=clip_eps)
+    return safe_divide(num, den), metrics
+
+
+def dro_loss_parts(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    beta: float = 0.1,
+    aggregation: AggregationMode | str = AggregationMode.TOKEN_MEAN,
+    max_len: int | None = None,
+) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+    """:func:`dro_loss` as ``(num, den, metrics)`` with ``loss = num / den``; with the default
+    ``token_mean``, ``num`` is the sum over tokens (Tinker's ``dro`` loss)."""
+    if beta < 0:
+        raise ConfigError(f"beta={beta} must be >= 0 (the quadratic penalty's weight)")
+    m, logp, old, adv = _inputs(logp, old_logp, advantages, mask)
+    log_ratio = jnp.where(m, logp - old, 0.0)
+    per_token = jnp.where(m, -(adv * logp - 0.5 * float(beta) * jnp.square(log_ratio)), 0.0)
+    num, den = aggregate_parts(per_token, mask, mode=aggregation, max_len=max_len)
+    metrics = {
+        "penalty_mean": masked_mean(jnp.square(log_ratio), m),
+        **_ratio_metrics(log_ratio, m),
+    }
+    return num, den, {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
+
+
+def dro_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    beta: float = 0.1,
+    aggregation: AggregationMode | str = AggregationMode.TOKEN_MEAN,
+    max_len: int | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """DRO: a policy gradient with a quadratic penalty on the log-ratio to the sampler.
+
+    ``ℓ_t = −(A_t·log π_θ(y_t) − (β/2)·(log π_θ(y_t) − log q(y_t))²)`` (Direct Reward
+    Optimisation, Richemond et al. 2024, https://arxiv.org/abs/2405.19107, as the policy loss
+    of Kimi k1.5, https://arxiv.org/abs/2501.12599, and Tinker's ``dro``,
+    https://tinker-docs.thinkingmachines.ai/tinker/losses/dro). The advantage is the
+    client's (DRO's soft value baseline is computed outside the loss). Gradient per token:
+    ``−(A_t − β·log r_t)·∇log π``: the penalty pulls back any token whose log-ratio has
+    drifted, with no clip and no dead zone.
+
+    Args:
+      logp: ``[B, T]`` log π_θ(y_t) (differentiated).
+      old_logp: ``[B, T]`` log q(y_t), the sampler's (constant).
+      advantages: ``[B]`` or ``[B, T]``.
+      mask: ``[B, T]`` 1 = valid response token.
+      beta: β ≥ 0, the penalty's weight (Tinker's ``loss_fn_config["beta"]``).
+      aggregation, max_len: as :func:`jaxrl_llm.objectives.aggregate`.
+
+    Returns:
+      ``(loss, metrics)``: ``penalty_mean`` (mean squared log-ratio), ``approx_kl``,
+      ``ratio_mean``, ``ratio_min``, ``ratio_max``.
+    """
+    num, den, metrics = dro_loss_parts(
+        logp, old_logp, advantages, mask, beta=beta, aggregation=aggregation, max_len=max_len
+    )
     return safe_divide(num, den), metrics

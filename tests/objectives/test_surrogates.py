@@ -199,3 +199,21 @@ def test_rollout_weights_multiply_each_tokens_loss(name, run):
     assert float(a) + float(b) == pytest.approx(float(plain), rel=1e-5)
     assert float(a) != pytest.approx(float(b))
     assert float(met["rollout_weight_mean"]) == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- DRO
+
+
+def test_dro_hand_values_and_gradient(run):
+    # ℓ_t = −(A·log π − β/2·(log π − log q)²), token mean; ∇ = −(A − β·log r)/N
+    logp, old, adv, m = tokens([1.5, 0.5, 1.1], [1.0, -1.0, 2.0])
+    loss, met = run(obj.dro_loss, logp, old, adv, m, beta=0.5)
+    lp, lq = np.asarray(logp)[0], np.asarray(old)[0]
+    lr = lp - lq
+    want = np.mean(-(np.array([1.0, -1.0, 2.0]) * lp - 0.25 * lr**2))
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    assert float(met["penalty_mean"]) == pytest.approx(np.mean(lr**2), rel=1e-5)
+    g = _grad(lambda x: obj.dro_loss(x, old, adv, m, beta=0.5)[0])(logp)
+    np.testing.assert_allclose(g[0], -(np.array([1.0, -1.0, 2.0]) - 0.5 * lr) / 3, rtol=1e-5)
+    with pytest.raises(ConfigError, match="beta"):
+        obj.dro_loss(logp, old, adv, m, beta=-1.0)

@@ -58,6 +58,29 @@ def test_logprobs_equal_teacher_forced_logprobs(params):
     assert not np.array_equal(out.tokens[0], out.tokens[1])
 
 
+def test_layered_cache_samples_what_the_stacked_cache_samples(params, monkeypatch):
+    """The static engine's layered KV cache (one buffer per layer, unrolled layers: what it
+    runs on TPU and GPU) samples the same tokens and log-probs as the stacked one (CPU)."""
+    import importlib
+
+    decode_module = importlib.import_module("jaxrl_llm.sampling.decode")  # not the function
+    def run():
+        return generate(
+            params, CONFIG, PROMPTS, sampling=SAMPLED, num_samples=2, seed=3, max_new_tokens=8
+        )
+
+    stacked = run()
+    monkeypatch.setattr(decode_module, "use_layered_cache", lambda config: True)
+    jax.clear_caches()  # prefill traces again, now with the layered cache
+    before = trace_counts()["prefill"]
+    layered = run()
+    assert trace_counts()["prefill"] == before + 1
+    np.testing.assert_array_equal(np.asarray(layered.tokens), np.asarray(stacked.tokens))
+    np.testing.assert_allclose(
+        np.asarray(layered.logprobs), np.asarray(stacked.logprobs), atol=2e-5
+    )
+
+
 def test_greedy_tokens_are_argmax_of_teacher_forced_logits_and_top_k_one_equals_greedy(params):
     out = generate(params, CONFIG, PROMPTS, sampling=GREEDY, max_new_tokens=12)
     logits, lp = teacher_forced_logprobs(params, out, 0.7)

@@ -208,6 +208,9 @@ def test_rl_losses_equal_our_objectives(server, service):
         clip_eps_high=0.2,
     )
     np.testing.assert_allclose(out.metrics["loss:sum"], float(num), rtol=1e-5)
+    dro = tc.forward([datum], "dro", loss_fn_config={"beta": 0.5}).result()
+    want = -np.sum(adv * logp[0] - 0.25 * np.square(logp[0] - sampled))  # Tinker's formula
+    np.testing.assert_allclose(dro.metrics["loss:sum"], want, rtol=1e-5)
     by_hand = -np.sum(np.exp(logp[0] - sampled) * adv)
     np.testing.assert_allclose(
         tc.forward([datum], "importance_sampling").result().metrics["loss:sum"],

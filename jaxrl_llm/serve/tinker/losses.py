@@ -14,10 +14,15 @@ end (our padding) have ``mask`` 0 and contribute nothing.
   ``clip_low_threshold`` (0.8) and ``clip_high_threshold`` (1.2) (Schulman et al. 2017,
   https://arxiv.org/abs/1707.06347; :func:`jaxrl_llm.objectives.policy_loss_parts`);
 - ``cispo``: L = −Σ_t sg(clip(ρ_t, lo, hi)) A_t log π_t, same thresholds (MiniMax-M1,
-  https://arxiv.org/abs/2506.13585; :func:`jaxrl_llm.objectives.cispo_loss_parts`).
+  https://arxiv.org/abs/2506.13585; :func:`jaxrl_llm.objectives.cispo_loss_parts`);
+- ``dro``: L = −Σ_t (A_t log π_t − (β/2)(log π_t − log q_t)²), ``loss_fn_config`` ``beta``
+  (Richemond et al. 2024; :func:`jaxrl_llm.objectives.dro_loss_parts`). Tinker's documentation
+  does not state its default β; ours is 0.1, so a client that cares passes it.
 
-Arrays are batch-major ``[B, T]``. ``dro``, ``gspo`` and ``stable_reinforce`` are not served
-yet (a 400 names the ones that are).
+Arrays are batch-major ``[B, T]``. ``gspo`` and ``stable_reinforce`` are not served (a 400
+names the ones that are): Tinker documents neither loss's inputs (which positions form GSPO's
+sequence, StableReinforce's ``loss_fn_input_spans`` provenance), and guessing them would train
+something other than what the client asked for.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.objectives import cispo_loss_parts, policy_loss_parts
+from jaxrl_llm.objectives import cispo_loss_parts, dro_loss_parts, policy_loss_parts
 
 #: ``(logp [B, T], inputs, mask [B, T], config) -> loss`` (a float32 scalar: the SUM)
 LossFn = Callable[[jax.Array, dict[str, jax.Array], jax.Array, dict[str, float]], jax.Array]
@@ -72,10 +77,19 @@ def cispo(logp, inputs, mask, config):
     return num
 
 
+def dro(logp, inputs, mask, config):
+    """Σ_t −(A log π − (β/2)(log π − log q)²) (Tinker's ``dro``)."""
+    beta = float(config.get("beta", 0.1))
+    old, adv = inputs["logprobs"], inputs["advantages"]
+    num, _, _ = dro_loss_parts(logp, old, adv, mask, beta=beta)
+    return num
+
+
 #: loss name -> (per-token loss, required ``loss_fn_inputs`` besides ``target_tokens``)
 LOSSES: dict[str, tuple[LossFn, tuple[str, ...]]] = {
     "cross_entropy": (cross_entropy, ("weights",)),
     "importance_sampling": (importance_sampling, ("logprobs", "advantages")),
     "ppo": (ppo, ("logprobs", "advantages")),
     "cispo": (cispo, ("logprobs", "advantages")),
+    "dro": (dro, ("logprobs", "advantages")),
 }
