@@ -1,8 +1,11 @@
-"""Kill and resume of a multi-turn run (issue 17): GRPO in a scripted environment (the tiny
-model ends its turns on letters and digits, so episodes take several turns), SIGKILLed during
-an update and at a random moment, resumed to the end: the same parameters bit for bit and the
-same metrics rows (apart from wall-clock timings) as an uninterrupted run. The harness is
-tests/train/test_kill_resume.py's (``jaxrl-llm train`` in a subprocess)."""
+"""Kill and resume of a multi-turn run (issues 17 and 31): GRPO in a scripted environment (the
+tiny model ends its turns on letters and digits, so episodes take several turns) whose episodes
+and reward misbehave, SIGKILLed during an update, stopped by Ctrl-C and resumed to the end: the
+same parameters bit for bit and the same metrics rows (apart from wall-clock timings) as an
+uninterrupted run. Kills at random moments are tests/train/test_kill_resume.py's, whose harness
+this is (``jaxrl-llm train`` in a subprocess); a well-behaved multi-turn run killed and resumed
+was a test of its own here until session 22 (the misbehaving run covers its path: 100-150 s of
+the suite on a 2-core host)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ from tests.envs.scripted import STOP, write_chat_rows
 from tests.train.test_kill_resume import (
     TIMING_KEYS,
     _env,
-    _finalised_steps,
     _run_and_kill,
     _run_to_end,
 )
@@ -54,36 +56,6 @@ def _config(d) -> str:
 
 def _deterministic(rows):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in rows]
-
-
-@pytest.mark.slow
-def test_killed_and_resumed_multi_turn_run_equals_uninterrupted_run(tmp_path):
-    config = _config(tmp_path)
-    cache = str(tmp_path / "jax_cache")
-    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-    _run_to_end(config, straight, _env(cache))
-    for phase, step in [("update", 2), ("random", 3)]:
-        before = _finalised_steps(killed)
-        if phase == "random":
-            err = _run_and_kill(config, killed, _env(cache), after_step=step, delay=0.05)
-        else:
-            err = _run_and_kill(
-                config, killed, _env(cache, f"{phase}:{step}"), after_step=None, delay=0.0
-            )
-        resumed = [ln for ln in err.splitlines() if ln.startswith("resumed from step")]
-        assert resumed == ([f"resumed from step {before[-1]}"] if before else []), (phase, err)
-    _run_to_end(config, killed, _env(cache), resume=True)
-    _, pa, _ = restore_model(os.path.join(straight, "checkpoints"), step=MAX_STEPS)
-    _, pb, _ = restore_model(os.path.join(killed, "checkpoints"), step=MAX_STEPS)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), pa, pb)
-    a, b = read_metrics(straight), read_metrics(killed)
-    assert [r["step"] for r in b if r.get("loss") is not None] == list(range(1, MAX_STEPS + 1))
-    assert all(r["env/turns_mean"] > 1 for r in b if r.get("loss") is not None)
-    assert _deterministic(b) == _deterministic(a)
-    # samples.jsonl holds each step's episodes once, as the uninterrupted run wrote them
-    sa = open(os.path.join(straight, "samples.jsonl")).read().splitlines()
-    sb = open(os.path.join(killed, "samples.jsonl")).read().splitlines()
-    assert sb == sa and len(sa) == MAX_STEPS * 8
 
 
 # ----- issue 31: an environment and a reward that misbehave ------------------------------------
