@@ -45,10 +45,17 @@ def _cli(capsys, argv) -> tuple[int, str]:
 
 def _error_line(err: str, command: str = "train", progress: tuple[str, ...] = ()) -> str:
     """The one error line; before it only the run's progress lines (data counts, skipped
-    checkpoints, the placement, and those ``progress`` starts)."""
+    checkpoints, the placement, each long phase's start and end, and those ``progress``
+    starts)."""
+    from tests.test_bad_inputs import PHASE_LINE
+
     assert "Traceback" not in err, err
     before = ("start: ", "data: ", "checkpoint ", "sampler: ", *progress)
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(before)]
+    lines = [
+        ln
+        for ln in err.strip().splitlines()
+        if not ln.startswith(before) and not PHASE_LINE.fullmatch(ln)
+    ]
     assert len(lines) == 1 and lines[0].startswith(f"jaxrl-llm {command}: error: "), err
     return lines[0]
 

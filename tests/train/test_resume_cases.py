@@ -50,12 +50,15 @@ def _truncate_largest(step_dir) -> str:
 
 
 def _one_error_line(err: str, command: str = "train") -> str:
-    """The error line; before it only progress lines (data counts, skipped checkpoints)."""
+    """The error line; before it only progress lines (data counts, skipped checkpoints, each
+    long phase's start and end)."""
+    from tests.test_bad_inputs import PHASE_LINE
+
     assert "Traceback" not in err, err
     lines = [
         ln
         for ln in err.strip().splitlines()
-        if not ln.startswith(("start: ", "data: ", "checkpoint "))
+        if not ln.startswith(("start: ", "data: ", "checkpoint ")) and not PHASE_LINE.fullmatch(ln)
     ]
     assert len(lines) == 1, err
     assert lines[0].startswith(f"jaxrl-llm {command}: error: "), err
