@@ -136,7 +136,9 @@ def test_trailing_and_leading_padding_leave_the_recurrent_state_of_the_real_toke
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe_text"])
+# the dense stack (its MoE sibling differs in the feed-forward block, which acts per token and
+# carries no prompt state; its case took 90 s of the suite on a 2-core host)
+@pytest.mark.parametrize("family", ["qwen3_5_text"])
 def test_shared_prompt_forward_equals_the_plain_one(family):
     """Groups of G = 3 rows sharing a left-padded prompt: the prompt runs once per group, the
     completions continue its recurrent state (and read its keys) repeated G times; hidden
