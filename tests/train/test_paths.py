@@ -134,13 +134,13 @@ def test_log_dir_defaults(tmp_path, monkeypatch):
     local = _cfg("output_dir=runs/a")
     assert paths.log_dir(local) == paths.lock_dir(local) == str(tmp_path / "runs" / "a")
     assert paths.where_words(local) is None
-    bucket = _cfg("output_dir=gs://b/exp/run7/")
+    bucket = _cfg("output_dir=gs://bkt/exp/run7/")
     assert paths.log_dir(bucket) == str(tmp_path / "jaxrl-llm-logs" / "run7")
     assert paths.lock_dir(bucket) == paths.log_dir(bucket)
     assert paths.where_words(bucket) == (
-        f"checkpoints go to gs://b/exp/run7; logs and metrics to {tmp_path}/jaxrl-llm-logs/run7"
+        f"checkpoints go to gs://bkt/exp/run7; logs and metrics to {tmp_path}/jaxrl-llm-logs/run7"
     )
-    named = _cfg("output_dir=gs://b/run", "logging.run_name=mine")
+    named = _cfg("output_dir=gs://bkt/run", "logging.run_name=mine")
     assert paths.log_dir(named) == str(tmp_path / "jaxrl-llm-logs" / "mine")
     mine = _cfg("output_dir=runs/a", "logging.dir=logs/x")
     assert paths.log_dir(mine) == str(tmp_path / "logs" / "x")
@@ -154,8 +154,8 @@ def test_bucket_without_its_filesystem_package_is_one_line(tmp_path, monkeypatch
     from jaxrl_llm.train.api import check_run
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"output_dir 'gs://b/run': .*gcsfs") as e:
-        check_run(_cfg("output_dir=gs://b/run"))
+    with pytest.raises(ConfigError, match=r"output_dir 'gs://bkt/run': .*gcsfs") as e:
+        check_run(_cfg("output_dir=gs://bkt/run"))
     assert "\n" not in str(e.value)
     assert os.listdir(tmp_path) == []
 
