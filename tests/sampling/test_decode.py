@@ -64,6 +64,7 @@ def test_layered_cache_samples_what_the_stacked_cache_samples(params, monkeypatc
     import importlib
 
     decode_module = importlib.import_module("jaxrl_llm.sampling.decode")  # not the function
+
     def run():
         return generate(
             params, CONFIG, PROMPTS, sampling=SAMPLED, num_samples=2, seed=3, max_new_tokens=8
