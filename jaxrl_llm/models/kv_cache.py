@@ -44,6 +44,15 @@ class KVCache(NamedTuple):
         """Number of slots S."""
         return (self.k[0] if isinstance(self.k, tuple) else self.k).shape[2]
 
+    def stacked_kv(self) -> tuple[jax.Array, jax.Array]:
+        """Keys and values as ``[L, B, S, K, E]`` arrays, a layered cache's buffers
+        concatenated (what the paged engine writes into its pages)."""
+
+        def stack(kv):
+            return jnp.concatenate(kv, axis=0) if isinstance(kv, tuple) else kv
+
+        return stack(self.k), stack(self.v)
+
 
 def layered_cache_supported(config: ModelConfig) -> bool:
     """A layered cache (one buffer per layer, :func:`init_cache` ``layered=True``) runs this

@@ -292,6 +292,10 @@ def watch_peers(checkpoints: Any = None) -> Any:
 ENV_WATCH_PORT = "JAXRL_LLM_WATCH_PORT"
 
 
+#: bytes of the broadcast holding "PORT SECRET_HEX" (5 + 1 + 64)
+_WATCH_BYTES = 96
+
+
 def _exchange_through_jax(value: str | None) -> str:
     """The peer watch's address and secret, from process 0 to the others over the job's own
     devices (:func:`jax.experimental.multihost_utils.broadcast_one_to_all`: only the job's
@@ -307,10 +311,6 @@ def _exchange_through_jax(value: str | None) -> str:
     except Exception as e:  # XlaRuntimeError: a process gone before the watch started
         raise OSError(f"process 0 did not publish its watch ({str(e).splitlines()[0]})") from None
     return bytes(np.asarray(out, np.uint8)).rstrip(b"\0").decode()
-
-
-#: bytes of the broadcast holding "PORT SECRET_HEX" (5 + 1 + 64)
-_WATCH_BYTES = 96
 
 
 #: Environment variables by which a launcher announces a multi-process job that

@@ -248,9 +248,7 @@ def prefill_prompts(params, tokens, mask, *, config, cache_len, record_routing, 
         else:
             logits, dense, _ = prefill(params, tokens, mask, config=config, cache_len=cache_len)
         rec = (dense.conv, dense.state) if config.is_hybrid else None
-        # a layered prefill cache (one buffer per layer) stacked once for the page writes
-        stacked = lambda kv: jnp.concatenate(kv, axis=0) if isinstance(kv, tuple) else kv
-        return logits, stacked(dense.k), stacked(dense.v), rec, routing
+        return logits, *dense.stacked_kv(), rec, routing  # stacked once for the page writes
 
     return _pin(over_replicas(one, mesh, shared=(0,))(params, tokens, mask), mesh)
 

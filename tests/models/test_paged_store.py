@@ -75,11 +75,7 @@ def test_paged_forward_equals_dense_forward_token_by_token(params):
         group_pages.append(pages + [NULL_PAGE] * (3 - len(pages)))
         cow += pairs
     assert len(cow) == 2  # prompts of 6 and 3 tokens end in a partial page, 8 fills two pages
-    # prefill's cache is layered on TPU / GPU (one buffer per layer): stacked for the page
-    # writes, as the paged engine's prefill does (sampling/slots.py)
-    dense_k, dense_v = (
-        jnp.concatenate(kv, axis=0) if isinstance(kv, tuple) else kv for kv in (dense.k, dense.v)
-    )
+    dense_k, dense_v = dense.stacked_kv()  # as the paged engine's prefill writes its pages
     cache = write_prompt_pages(
         cache, dense_k, dense_v, jnp.asarray(lens, jnp.int32), jnp.asarray(group_pages, jnp.int32)
     )

@@ -93,6 +93,23 @@ CHILD_CACHE: list[str] = []
 NATIVE = ("Check failure", "*** ", "Terminating process", "Segmentation fault")
 
 
+def one_error_line(err: str, command: str = "train", progress: tuple[str, ...] = ()) -> str:
+    """The one error line of a failed ``jaxrl-llm`` command's stderr; before it only the run's
+    progress lines (data counts, skipped checkpoints, the placement, each long phase's start
+    and end, and those ``progress`` starts), and no traceback."""
+    from tests.test_bad_inputs import PHASE_LINE
+
+    assert "Traceback" not in err, err
+    before = ("start: ", "data: ", "checkpoint ", "sampler: ", *progress)
+    lines = [
+        ln
+        for ln in err.strip().splitlines()
+        if not ln.startswith(before) and not PHASE_LINE.fullmatch(ln)
+    ]
+    assert len(lines) == 1 and lines[0].startswith(f"jaxrl-llm {command}: error: "), err
+    return lines[0]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,15 @@ import pytest
 import jaxrl_llm
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.errors import ConfigError
-from tests.train.harness import CHAT_ROWS, CHECKPOINTED, SFT, TINY, run_cli, tiny_online_args
+from tests.train.harness import (
+    CHAT_ROWS,
+    CHECKPOINTED,
+    SFT,
+    TINY,
+    one_error_line,
+    run_cli,
+    tiny_online_args,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROWS = CHAT_ROWS
@@ -41,23 +49,6 @@ def _one_line(e: BaseException) -> str:
 def _cli(capsys, argv) -> tuple[int, str]:
     rc, _, err = run_cli(argv, capsys)
     return rc, err
-
-
-def _error_line(err: str, command: str = "train", progress: tuple[str, ...] = ()) -> str:
-    """The one error line; before it only the run's progress lines (data counts, skipped
-    checkpoints, the placement, each long phase's start and end, and those ``progress``
-    starts)."""
-    from tests.test_bad_inputs import PHASE_LINE
-
-    assert "Traceback" not in err, err
-    before = ("start: ", "data: ", "checkpoint ", "sampler: ", *progress)
-    lines = [
-        ln
-        for ln in err.strip().splitlines()
-        if not ln.startswith(before) and not PHASE_LINE.fullmatch(ln)
-    ]
-    assert len(lines) == 1 and lines[0].startswith(f"jaxrl-llm {command}: error: "), err
-    return lines[0]
 
 
 # ----- 1. the Python API ---------------------------------------------------------------------
@@ -120,7 +111,7 @@ def test_a_resume_over_changed_rows_is_refused(api_run, tmp_path, capsys):
     before = _snapshot(out)
     rc, err = _cli(capsys, ["train", str(out / "config.yaml"), "max_steps=2", "--resume"])
     assert rc == 2, err
-    line = _error_line(err)
+    line = one_error_line(err)
     assert f"data.train '{rows}' differs from the rows the checkpoint of step 1" in line, line
     assert _snapshot(out) == before  # nothing trained, logged or checkpointed
 
@@ -521,7 +512,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_loses_no_metrics(
         ["train", SFT, f"output_dir={out}", *SFT_TINY, "max_steps=2", "checkpoint.save_every=1"],
     )
     assert rc == 2, err
-    line = _error_line(err, progress=("step 1/2 ",))
+    line = one_error_line(err, progress=("step 1/2 ",))
     assert "the checkpoint of step 1 needs about" in line and "which has 1.0 MB free" in line
     assert f"in {out}/checkpoints" in line and "lower checkpoint.keep" in line
     assert [json.loads(r)["step"] for r in open(out / "metrics.jsonl")] == [1]

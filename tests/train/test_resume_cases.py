@@ -20,7 +20,7 @@ import shutil
 import pytest
 
 from jaxrl_llm.cli.main import main
-from tests.train.harness import PPO, SFT, TINY, run_cli
+from tests.train.harness import PPO, SFT, TINY, one_error_line, run_cli
 
 
 def _train(capsys, config, out, *overrides, resume=False) -> tuple[int, str, str]:
@@ -47,22 +47,6 @@ def _truncate_largest(step_dir) -> str:
     with open(victim, "r+b") as f:
         f.truncate(100)
     return victim
-
-
-def _one_error_line(err: str, command: str = "train") -> str:
-    """The error line; before it only progress lines (data counts, skipped checkpoints, each
-    long phase's start and end)."""
-    from tests.test_bad_inputs import PHASE_LINE
-
-    assert "Traceback" not in err, err
-    lines = [
-        ln
-        for ln in err.strip().splitlines()
-        if not ln.startswith(("start: ", "data: ", "checkpoint ")) and not PHASE_LINE.fullmatch(ln)
-    ]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"jaxrl-llm {command}: error: "), err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +96,7 @@ def test_convert_of_a_truncated_checkpoint_is_one_line(run_copy, tmp_path, capsy
         rc = e.code
     _, err = capsys.readouterr()
     assert rc == 2
-    line = _one_error_line(err, "convert")
+    line = one_error_line(err, "convert")
     assert "no readable checkpoint" in line and "step 4" in line and "step 2" in line
 
 
@@ -120,7 +104,7 @@ def test_resume_below_the_checkpoint_step_is_refused_and_changes_nothing(run_cop
     before = _listing(run_copy)
     rc, _, err = _train(capsys, SFT, run_copy, "max_steps=2", resume=True)
     assert rc == 2
-    line = _one_error_line(err)
+    line = one_error_line(err)
     assert "at step 4, past max_steps=2" in line and "max_steps >= 4" in line
     assert _listing(run_copy) == before
 
@@ -131,7 +115,7 @@ def test_resume_with_a_changed_model_shape_is_one_line(run_copy, capsys):
         capsys, SFT, run_copy, "max_steps=6", "model.tiny.num_layers=2", resume=True
     )
     assert rc == 2
-    line = _one_error_line(err)
+    line = one_error_line(err)
     assert "cannot restore into the given state structure" in line
     assert _listing(run_copy) == before
 
@@ -158,7 +142,7 @@ def test_second_run_on_a_held_output_dir_stops(tmp_path, capsys):
     finally:
         os.close(fd)
     assert rc == 2
-    line = _one_error_line(err)
+    line = one_error_line(err)
     assert "is in use by another run" in line
     assert not (out / "checkpoints").exists()
     rc, _, err = _train(capsys, SFT, out, "max_steps=2")  # released: the run goes ahead

@@ -79,9 +79,11 @@ def cispo(logp, inputs, mask, config):
 
 def dro(logp, inputs, mask, config):
     """Σ_t −(A log π − (β/2)(log π − log q)²) (Tinker's ``dro``)."""
-    beta = float(config.get("beta", 0.1))
     old, adv = inputs["logprobs"], inputs["advantages"]
-    num, _, _ = dro_loss_parts(logp, old, adv, mask, beta=beta)
+    if "beta" in config:
+        num, _, _ = dro_loss_parts(logp, old, adv, mask, beta=float(config["beta"]))
+    else:  # the objective's default β
+        num, _, _ = dro_loss_parts(logp, old, adv, mask)
     return num
 
 
